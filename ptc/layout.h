@@ -1,0 +1,108 @@
+// Layouts (σ, φ of the PTC model): for every tensor, the regions each rank
+// holds under a parallel config, and placements (α): rank -> (host, GPU).
+//
+//   PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, config));
+//   for (const Shard& s : layout.shards(t)) { ... s.rank, s.region ... }
+//   PTC_ASSIGN_OR_RETURN(Placement p, ContiguousPlacement(cluster, hosts, n));
+#ifndef PTC_PTC_LAYOUT_H_
+#define PTC_PTC_LAYOUT_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ptc/model_spec.h"
+#include "ptc/parallel_config.h"
+#include "ptc/region.h"
+
+namespace ptc {
+
+// One region of one tensor held by one rank.
+struct Shard {
+  int32_t rank = 0;
+  Region region;
+};
+
+class Layout {
+ public:
+  Layout() = default;
+  Layout(int world_size, std::vector<std::vector<Shard>> shards,
+         std::optional<ParallelConfig> config)
+      : world_size_(world_size),
+        shards_(std::move(shards)),
+        config_(std::move(config)) {}
+
+  int world_size() const { return world_size_; }
+  int num_tensors() const { return static_cast<int>(shards_.size()); }
+  // Shards of tensor `t`, sorted by rank; a rank may hold several regions
+  // (grouped splits, ZeRO ranges) or none.
+  const std::vector<Shard>& shards(int t) const { return shards_[t]; }
+  // The parallel config the layout was built from; empty for an explicit
+  // layout registered by a framework the rules do not cover.
+  const std::optional<ParallelConfig>& config() const { return config_; }
+
+  // Bytes rank `rank` holds in total.
+  int64_t RankBytes(const ModelSpec& spec, int rank) const;
+
+ private:
+  int world_size_ = 0;
+  std::vector<std::vector<Shard>> shards_;
+  std::optional<ParallelConfig> config_;
+};
+
+// Builds the layout of `spec` under `config` from the sharding rules,
+// resolving ZeRO-1: with config.zero1 each (stage, tp rank)'s optimizer
+// state is the concatenation, in spec order, of the flattened local shards
+// of the stage's parameters (a shard's regions in order, each row-major),
+// split over dp in contiguous chunks; a chunk boundary may cut a tensor
+// anywhere, and the piece becomes at most 2*rank-1 rectangles per region.
+absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
+                                   const ParallelConfig& config);
+
+// A layout given rank by rank; checks every region against its tensor's
+// shape and every rank against world_size.
+absl::StatusOr<Layout> ExplicitLayout(const ModelSpec& spec, int world_size,
+                                      std::vector<std::vector<Shard>> shards);
+
+// A machine that holds part of a job's state.
+struct Host {
+  std::string name;
+  int gpus = 8;
+  // Link bandwidth to the other hosts, bytes per second.
+  double bandwidth = 25e9;
+};
+
+// The hosts a plan may involve; host ids are indices into `hosts`.
+struct Cluster {
+  std::vector<Host> hosts;
+
+  // "host<i>" for i in [0, n) with `gpus` each.
+  static Cluster Uniform(int n, int gpus, double bandwidth = 25e9);
+  // Index of the host named `name`, or -1.
+  int FindHost(absl::string_view name) const;
+};
+
+// Where every rank runs.
+struct Placement {
+  std::vector<int32_t> host;    // rank -> host id
+  std::vector<int32_t> device;  // rank -> GPU index on that host
+
+  int world_size() const { return static_cast<int>(host.size()); }
+};
+
+// Fills `hosts` in order, GPU 0 upwards, one rank per GPU. Ranks that are
+// adjacent in rank order (tp first, in Megatron's order) share a host.
+// INVALID_ARGUMENT if the hosts have fewer GPUs than ranks.
+absl::StatusOr<Placement> ContiguousPlacement(const Cluster& cluster,
+                                              const std::vector<int>& hosts,
+                                              int world_size);
+
+// Checks an explicit placement: known hosts, devices in range, at most one
+// rank per (host, GPU).
+absl::Status ValidatePlacement(const Cluster& cluster,
+                               const Placement& placement);
+
+}  // namespace ptc
+
+#endif  // PTC_PTC_LAYOUT_H_

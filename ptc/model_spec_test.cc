@@ -1,0 +1,120 @@
+#include "ptc/model_spec.h"
+
+#include <catch2/catch.hpp>
+
+namespace ptc {
+namespace {
+
+int64_t ParamCount(const ModelSpec& spec) {
+  int64_t n = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    // The tied embedding is one tensor held by two stages: counted once.
+    if (t.role == Role::kParameter) n += NumElements(t.shape);
+  }
+  return n;
+}
+
+TEST_CASE("model spec: GPT-3 sizes match the paper's parameter counts",
+          "[ptc][spec]") {
+  struct Want {
+    const char* name;
+    double billions;
+  };
+  for (Want w : {Want{"gpt3-125m", 0.125}, Want{"gpt3-350m", 0.35},
+                 Want{"gpt3-760m", 0.76}, Want{"gpt3-1.3b", 1.3},
+                 Want{"gpt3-2.7b", 2.7}, Want{"gpt3-6.7b", 6.7},
+                 Want{"gpt3-13b", 13}, Want{"gpt3-175b", 175}}) {
+    auto arch = ArchitectureByName(w.name);
+    REQUIRE(arch.ok());
+    auto spec = BuildModelSpec(*arch);
+    REQUIRE(spec.ok());
+    const double got = ParamCount(*spec) / 1e9;
+    INFO(w.name << " has " << got << "B parameters");
+    CHECK(got > w.billions * 0.93);
+    CHECK(got < w.billions * 1.07);
+  }
+}
+
+TEST_CASE("model spec: Adam state is three fp32 tensors per parameter",
+          "[ptc][spec]") {
+  auto spec = BuildModelSpec(*ArchitectureByName("gpt3-125m"));
+  REQUIRE(spec.ok());
+  const int64_t params = ParamCount(*spec);
+  // fp16 weights + fp32 master, exp_avg, exp_avg_sq: 14 bytes per parameter.
+  CHECK(spec->TotalBytes() == 14 * params);
+  const int i = spec->FindTensor("optim.exp_avg.layers.3.mlp.fc1.weight");
+  REQUIRE(i >= 0);
+  CHECK(spec->tensors[i].dtype == DType::kFloat32);
+  CHECK(spec->tensors[i].role == Role::kOptimizerState);
+  CHECK(spec->tensors[spec->tensors[i].zero_param].key == "layers.3.mlp.fc1.weight");
+}
+
+TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
+  auto spec = BuildModelSpec(*ArchitectureByName("gpt3-350m"));
+  REQUIRE(spec.ok());
+  auto rule = [&](const char* key) {
+    const int i = spec->FindTensor(key);
+    REQUIRE(i >= 0);
+    return spec->tensors[i].rule;
+  };
+  CHECK(rule("layers.0.attn.qkv.weight").tp.kind == AxisRule::Kind::kSplit);
+  CHECK(rule("layers.0.attn.qkv.weight").tp.dim == 0);
+  CHECK(rule("layers.0.attn.proj.weight").tp.dim == 1);
+  CHECK(rule("layers.0.attn.proj.bias").tp.kind == AxisRule::Kind::kReplicate);
+  CHECK(rule("layers.0.mlp.fc2.weight").tp.dim == 1);
+  CHECK(rule("layers.0.mlp.norm.weight").tp.kind == AxisRule::Kind::kReplicate);
+  CHECK(rule("embedding.word.weight").stage.kind == StageRule::Kind::kFirstAndLast);
+  CHECK(rule("final_norm.weight").stage.kind == StageRule::Kind::kLast);
+}
+
+TEST_CASE("model spec: the padded vocabulary grows with tp as in Megatron",
+          "[ptc][spec]") {
+  auto arch = ArchitectureByName("gpt3-175b");
+  REQUIRE(arch.ok());
+  CHECK(PaddedVocab(*arch, 1) == 50304);
+  CHECK(PaddedVocab(*arch, 2) == 50432);
+  CHECK(PaddedVocab(*arch, 4) == 50688);
+  CHECK(PaddedVocab(*arch, 8) == 51200);
+  CHECK(PaddedVocab(*arch, 16) == 51200);
+}
+
+TEST_CASE("model spec: LLaMA uses grouped splits for GQA and SwiGLU",
+          "[ptc][spec]") {
+  auto spec = BuildModelSpec(*ArchitectureByName("llama3-8b"));
+  REQUIRE(spec.ok());
+  const TensorSpec& qkv = spec->tensors[spec->FindTensor("layers.0.attn.qkv.weight")];
+  CHECK(qkv.rule.tp.kind == AxisRule::Kind::kGroupedSplit);
+  CHECK(qkv.rule.tp.groups == std::vector<int64_t>{4096, 1024, 1024});
+  const TensorSpec& fc1 = spec->tensors[spec->FindTensor("layers.0.mlp.fc1.weight")];
+  CHECK(fc1.rule.tp.groups == std::vector<int64_t>{14336, 14336});
+  CHECK(spec->FindTensor("output.weight") >= 0);
+  CHECK(spec->FindTensor("layers.0.attn.qkv.bias") < 0);
+}
+
+TEST_CASE("model spec: configs that cannot work are rejected with a reason",
+          "[ptc][spec]") {
+  auto arch = ArchitectureByName("llama3-8b");  // 32 heads, 8 kv groups
+  REQUIRE(arch.ok());
+  auto s = CheckFits(*arch, *ParallelConfig::Parse("tp=16"));
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("8 key/value groups") != std::string::npos);
+  s = CheckFits(*arch, *ParallelConfig::Parse("tp=3"));
+  CHECK(s.message().find("32 attention heads") != std::string::npos);
+  s = CheckFits(*arch, *ParallelConfig::Parse("pp=64"));
+  CHECK(s.message().find("pp=64") != std::string::npos);
+  CHECK(CheckFits(*arch, *ParallelConfig::Parse("tp=8,pp=4,dp=2")).ok());
+}
+
+TEST_CASE("model spec: custom architectures parse and unknown names fail",
+          "[ptc][spec]") {
+  auto a = ResolveArchitecture("llama:layers=3,hidden=32,heads=4,kv_heads=2,ffn=40,vocab=77");
+  REQUIRE(a.ok());
+  CHECK(a->layers == 3);
+  CHECK(a->kv_heads == 2);
+  CHECK(ResolveArchitecture("gpt3-9b").status().code() == absl::StatusCode::kNotFound);
+  CHECK(!ResolveArchitecture("gpt:heads=3,hidden=64").ok());
+  CHECK(!ResolveArchitecture("gpt:wings=2").ok());
+}
+
+}  // namespace
+}  // namespace ptc

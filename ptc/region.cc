@@ -1,0 +1,239 @@
+#include "ptc/region.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ptc {
+
+Region Region::Full(absl::Span<const int64_t> shape) {
+  Region r;
+  for (int64_t extent : shape) r.dims_.push_back({0, extent});
+  return r;
+}
+
+Shape Region::shape() const {
+  Shape s;
+  for (const Interval& i : dims_) s.push_back(i.size());
+  return s;
+}
+
+int64_t Region::volume() const {
+  int64_t v = 1;
+  for (const Interval& i : dims_) v *= i.size();
+  return v;
+}
+
+bool Region::Contains(const Region& other) const {
+  if (other.rank() != rank()) return false;
+  if (other.empty()) return true;
+  for (int d = 0; d < rank(); ++d) {
+    if (other.dims_[d].begin < dims_[d].begin ||
+        other.dims_[d].end > dims_[d].end) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Region Region::Intersect(const Region& other) const {
+  assert(other.rank() == rank());
+  Region r = *this;
+  for (int d = 0; d < rank(); ++d) {
+    r.dims_[d].begin = std::max(dims_[d].begin, other.dims_[d].begin);
+    r.dims_[d].end = std::min(dims_[d].end, other.dims_[d].end);
+    if (r.dims_[d].end < r.dims_[d].begin) r.dims_[d].end = r.dims_[d].begin;
+  }
+  return r;
+}
+
+bool Region::Intersects(const Region& other) const {
+  return !Intersect(other).empty();
+}
+
+std::vector<Region> Region::Difference(const Region& other) const {
+  std::vector<Region> out;
+  Region overlap = Intersect(other);
+  if (overlap.empty()) {
+    if (!empty()) out.push_back(*this);
+    return out;
+  }
+  // Peel off slabs dimension by dimension: below and above the overlap in
+  // dimension d, with dimensions < d already narrowed to the overlap.
+  Region rest = *this;
+  for (int d = 0; d < rank(); ++d) {
+    Region below = rest;
+    below.dims_[d].end = overlap.dims_[d].begin;
+    if (!below.empty()) out.push_back(below);
+    Region above = rest;
+    above.dims_[d].begin = overlap.dims_[d].end;
+    if (!above.empty()) out.push_back(above);
+    rest.dims_[d] = overlap.dims_[d];
+  }
+  return out;
+}
+
+std::string Region::ToString() const {
+  return absl::StrCat(
+      "[",
+      absl::StrJoin(dims_, ", ",
+                    [](std::string* out, const Interval& i) {
+                      absl::StrAppend(out, i.begin, ":", i.end);
+                    }),
+      "]");
+}
+
+bool Region::operator<(const Region& o) const {
+  if (rank() != o.rank()) return rank() < o.rank();
+  for (int d = 0; d < rank(); ++d) {
+    if (dims_[d].begin != o.dims_[d].begin) {
+      return dims_[d].begin < o.dims_[d].begin;
+    }
+    if (dims_[d].end != o.dims_[d].end) return dims_[d].end < o.dims_[d].end;
+  }
+  return false;
+}
+
+absl::Status ValidateRegion(const Region& region,
+                            absl::Span<const int64_t> shape) {
+  if (region.rank() != static_cast<int>(shape.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", region.ToString(), " has rank ", region.rank(),
+                     " but the tensor has rank ", shape.size(), " (shape [",
+                     absl::StrJoin(shape, ", "), "])"));
+  }
+  for (int d = 0; d < region.rank(); ++d) {
+    const Interval& i = region.dim(d);
+    if (i.begin < 0 || i.begin > i.end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region ", region.ToString(), ": dimension ", d, " has begin ",
+          i.begin, " and end ", i.end, "; need 0 <= begin <= end"));
+    }
+    if (i.end > shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region ", region.ToString(), " is out of bounds: dimension ", d,
+          " ends at ", i.end, " but the tensor's extent is ", shape[d],
+          " (shape [", absl::StrJoin(shape, ", "), "])"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t NumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
+namespace {
+
+// Appends the regions of flat range [begin, end) of the sub-tensor
+// shape[d:], with dimensions < d fixed by `prefix`.
+void AppendFlatRange(absl::Span<const int64_t> shape, int d, int64_t begin,
+                     int64_t end, Region prefix, std::vector<Region>* out) {
+  if (begin >= end) return;
+  const int rank = static_cast<int>(shape.size());
+  if (d == rank - 1) {
+    prefix.mutable_dim(d) = {begin, end};
+    out->push_back(prefix);
+    return;
+  }
+  const int64_t inner = NumElements(shape.subspan(d + 1));
+  if (inner == 0) return;
+  const int64_t first_row = begin / inner;
+  const int64_t last_row = end / inner;  // row holding `end` (exclusive)
+  if (first_row == last_row) {
+    prefix.mutable_dim(d) = {first_row, first_row + 1};
+    AppendFlatRange(shape, d + 1, begin % inner, end % inner, prefix, out);
+    return;
+  }
+  int64_t full_begin = first_row;
+  if (begin % inner != 0) {
+    prefix.mutable_dim(d) = {first_row, first_row + 1};
+    AppendFlatRange(shape, d + 1, begin % inner, inner, prefix, out);
+    full_begin = first_row + 1;
+  }
+  if (full_begin < last_row) {
+    Region full = prefix;
+    full.mutable_dim(d) = {full_begin, last_row};
+    for (int k = d + 1; k < rank; ++k) full.mutable_dim(k) = {0, shape[k]};
+    out->push_back(full);
+  }
+  if (end % inner != 0) {
+    prefix.mutable_dim(d) = {last_row, last_row + 1};
+    AppendFlatRange(shape, d + 1, 0, end % inner, prefix, out);
+  }
+}
+
+}  // namespace
+
+std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
+                                       int64_t begin, int64_t end) {
+  std::vector<Region> out;
+  if (begin >= end) return out;
+  if (shape.empty()) {  // a scalar: its single element
+    out.push_back(Region());
+    return out;
+  }
+  AppendFlatRange(shape, 0, begin, end, Region::Full(shape), &out);
+  return out;
+}
+
+void CopyRegion(const void* src, const Region& src_box, void* dst,
+                const Region& dst_box, const Region& what,
+                int64_t element_size) {
+  assert(src_box.Contains(what) && dst_box.Contains(what));
+  if (what.empty()) return;
+  const int rank = what.rank();
+  if (rank == 0) {
+    std::memcpy(dst, src, element_size);
+    return;
+  }
+  // Merge trailing dimensions that are whole in src, dst and what into one
+  // contiguous run: dimension `split` and everything after it is one run.
+  int64_t run = element_size;
+  int split = rank - 1;
+  run *= what.dim(rank - 1).size();
+  while (split > 0 && what.dim(split) == src_box.dim(split) &&
+         what.dim(split) == dst_box.dim(split)) {
+    --split;
+    run *= what.dim(split).size();
+  }
+  // Byte strides of every dimension in both buffers.
+  absl::InlinedVector<int64_t, 4> src_stride(rank), dst_stride(rank);
+  int64_t s = element_size, t = element_size;
+  for (int d = rank - 1; d >= 0; --d) {
+    src_stride[d] = s;
+    dst_stride[d] = t;
+    s *= src_box.dim(d).size();
+    t *= dst_box.dim(d).size();
+  }
+  // Offsets of what's first element.
+  int64_t src_off = 0, dst_off = 0;
+  for (int d = 0; d < rank; ++d) {
+    src_off += (what.dim(d).begin - src_box.dim(d).begin) * src_stride[d];
+    dst_off += (what.dim(d).begin - dst_box.dim(d).begin) * dst_stride[d];
+  }
+  const char* sp = static_cast<const char*>(src);
+  char* dp = static_cast<char*>(dst);
+  // Odometer over dimensions [0, split).
+  absl::InlinedVector<int64_t, 4> idx(split, 0);
+  while (true) {
+    std::memcpy(dp + dst_off, sp + src_off, run);
+    int d = split - 1;
+    for (; d >= 0; --d) {
+      src_off += src_stride[d];
+      dst_off += dst_stride[d];
+      if (++idx[d] < what.dim(d).size()) break;
+      src_off -= src_stride[d] * idx[d];
+      dst_off -= dst_stride[d] * idx[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace ptc

@@ -1,0 +1,108 @@
+// Regions: hyper-rectangles of a tensor's global index space, [begin, end)
+// per dimension, and the strided copy between dense row-major buffers that
+// every component uses to move them.
+//
+//   Region w = Region::Full({4096, 1024});          // [0:4096, 0:1024]
+//   Region mine = Region({{0, 4096}, {512, 1024}}); // a column slice
+//   Region both = w.Intersect(mine);
+//   CopyRegion(src, w, dst, mine, both, ElementSize(DType::kBFloat16));
+#ifndef PTC_PTC_REGION_H_
+#define PTC_PTC_REGION_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace ptc {
+
+// A half-open range [begin, end) of one dimension.
+struct Interval {
+  int64_t begin = 0;
+  int64_t end = 0;
+
+  int64_t size() const { return end > begin ? end - begin : 0; }
+  bool operator==(const Interval& o) const {
+    return begin == o.begin && end == o.end;
+  }
+  bool operator!=(const Interval& o) const { return !(*this == o); }
+};
+
+using Shape = absl::InlinedVector<int64_t, 4>;
+
+// A hyper-rectangle: one Interval per dimension. A region of rank 0 is the
+// single element of a scalar (volume 1). Regions are values; cheap to copy
+// for rank <= 4.
+class Region {
+ public:
+  Region() = default;
+  Region(std::initializer_list<Interval> dims) : dims_(dims) {}
+  explicit Region(absl::Span<const Interval> dims)
+      : dims_(dims.begin(), dims.end()) {}
+
+  // [0, shape[d]) in every dimension.
+  static Region Full(absl::Span<const int64_t> shape);
+
+  int rank() const { return static_cast<int>(dims_.size()); }
+  const Interval& dim(int d) const { return dims_[d]; }
+  Interval& mutable_dim(int d) { return dims_[d]; }
+  absl::Span<const Interval> dims() const { return dims_; }
+
+  // Extent per dimension.
+  Shape shape() const;
+  // Number of elements; 0 if any dimension is empty.
+  int64_t volume() const;
+  bool empty() const { return volume() == 0; }
+
+  // Whether `other` (same rank) lies inside this region. An empty `other`
+  // is contained in everything.
+  bool Contains(const Region& other) const;
+  // The common part (possibly empty) of two regions of the same rank.
+  Region Intersect(const Region& other) const;
+  bool Intersects(const Region& other) const;
+  // This region minus `other`, as at most 2*rank disjoint regions.
+  std::vector<Region> Difference(const Region& other) const;
+
+  // "[0:4096, 512:1024]"; a scalar is "[]".
+  std::string ToString() const;
+
+  bool operator==(const Region& o) const { return dims_ == o.dims_; }
+  bool operator!=(const Region& o) const { return !(*this == o); }
+  // Lexicographic by (begin, end) per dimension; for sorting and dedup.
+  bool operator<(const Region& o) const;
+
+ private:
+  absl::InlinedVector<Interval, 4> dims_;
+};
+
+// Checks that `region` is a well-formed part of a tensor of `shape`: same
+// rank, 0 <= begin <= end <= shape[d]. INVALID_ARGUMENT says which
+// dimension is wrong and how.
+absl::Status ValidateRegion(const Region& region,
+                            absl::Span<const int64_t> shape);
+
+// Product of `shape` (1 for a scalar).
+int64_t NumElements(absl::Span<const int64_t> shape);
+
+// Decomposes the flat row-major range [begin, end) of a tensor of `shape`
+// into at most 2*rank-1 disjoint regions, in row-major order. Used for
+// ZeRO-style optimizer partitions that ignore tensor boundaries.
+std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
+                                       int64_t begin, int64_t end);
+
+// Copies the elements of `what` from `src` (a dense row-major buffer
+// holding exactly `src_box`) into `dst` (dense row-major, holding exactly
+// `dst_box`). `what` must lie inside both boxes (checked in debug builds).
+// Contiguous runs are copied with one memcpy each; trailing dimensions that
+// both boxes hold in full are merged into one run. No temporary buffers.
+void CopyRegion(const void* src, const Region& src_box, void* dst,
+                const Region& dst_box, const Region& what,
+                int64_t element_size);
+
+}  // namespace ptc
+
+#endif  // PTC_PTC_REGION_H_
