@@ -1,0 +1,59 @@
+// Test support for plans: a job builder, an in-memory executor that runs a
+// plan on tensors whose every element encodes (tensor, global index), and a
+// brute-force cross-host lower bound computed element by element. Neither
+// shares code with the planner's refinement, so they check it
+// independently.
+#ifndef PTC_COORDINATOR_INTERNAL_PLAN_TESTING_H_
+#define PTC_COORDINATOR_INTERNAL_PLAN_TESTING_H_
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/plan.h"
+
+namespace ptc::testing {
+
+// A job: model, cluster, source and target layouts and placements.
+struct TestJob {
+  ModelSpec spec;
+  Cluster cluster;
+  Layout source, target;
+  Placement source_placement, target_placement;
+  std::vector<bool> alive;
+
+  PlanInput input() const {
+    return PlanInput{&spec,   &cluster, &source, &source_placement,
+                     &target, &target_placement, alive};
+  }
+};
+
+// Builds a job from a model name or custom architecture, configs as text,
+// a cluster, and the host ids each side is placed on (contiguously).
+absl::StatusOr<TestJob> MakeJob(const std::string& model, const std::string& from,
+                                const std::vector<int>& from_hosts,
+                                const std::string& to,
+                                const std::vector<int>& to_hosts, Cluster cluster,
+                                std::vector<bool> alive = {});
+
+// A random small job (random architecture, configs, placements, extra
+// hosts and dead hosts); for property tests. `description` says what it is.
+TestJob RandomJob(std::mt19937* rng, std::string* description);
+
+// Runs `plan` against the source state held by the live source hosts and
+// checks that every target unit (host, or rank for per-rank plans) ends
+// with exactly the right value in every element of every region it needs,
+// each written exactly once. The first problem is returned as an error.
+absl::Status ExecuteAndVerify(const PlanInput& input, const Plan& plan);
+
+// sum over target hosts of the bytes they need but do not hold, counted
+// element by element.
+int64_t BruteForceCrossHostLowerBound(const PlanInput& input);
+
+// Whether some element a target host needs has no copy on a live host.
+bool BruteForceSomethingLost(const PlanInput& input);
+
+}  // namespace ptc::testing
+
+#endif  // PTC_COORDINATOR_INTERNAL_PLAN_TESTING_H_

@@ -1,0 +1,121 @@
+// A reconfiguration plan: for every target host, the regions it will hold
+// and where each piece of them comes from. Produced by the planner
+// (planner.h), checked by the validator (plan_validator.h), written as JSON
+// (plan_json.h), executed by the state transformers on each host.
+#ifndef PTC_COORDINATOR_PLAN_H_
+#define PTC_COORDINATOR_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ptc/layout.h"
+#include "ptc/model_spec.h"
+#include "ptc/region.h"
+
+namespace ptc {
+
+// Everything a plan is computed from. Pointers are borrowed; they must
+// outlive the call that takes the input.
+struct PlanInput {
+  const ModelSpec* spec = nullptr;
+  // Hosts of both placements; host ids index cluster->hosts.
+  const Cluster* cluster = nullptr;
+  const Layout* source = nullptr;
+  const Placement* source_placement = nullptr;
+  const Layout* target = nullptr;
+  const Placement* target_placement = nullptr;
+  // alive[h] for every cluster host; empty means every host is alive.
+  std::vector<bool> alive;
+
+  bool IsAlive(int host) const { return alive.empty() || alive[host]; }
+};
+
+// One piece of a target region and where it comes from. A piece whose
+// source host is its target host is a copy inside the host's store.
+struct Transfer {
+  int32_t tensor = 0;
+  Region region;
+  int32_t source_host = 0;
+  int32_t target_host = 0;
+  // Set only in per-rank plans (the Tenplex-style baseline), where every
+  // target rank fetches its own copy; -1 in host-level plans.
+  int32_t target_rank = -1;
+};
+
+// A region a target host's store will hold in the new version.
+struct HeldRegion {
+  int32_t tensor = 0;
+  Region region;
+};
+
+struct HostFragment {
+  int32_t host = 0;
+  // Distinct regions the host holds after the change (ranks on the host
+  // that need the same region share it). Distinct regions may overlap:
+  // ZeRO-1 shards the optimizer state of a tp-replicated parameter
+  // differently in each tp rank's buffer.
+  std::vector<HeldRegion> holds;
+  // Pieces that fill `holds`: local copies and pieces from peers. They
+  // cover the union of `holds` exactly once; a piece is copied into every
+  // held region it intersects.
+  std::vector<Transfer> transfers;
+};
+
+// A small object (RNG state, step counter, ...) a target rank takes from a
+// source rank under the scope's rule (ptc/small_object.h).
+struct SmallObjectMove {
+  std::string name;
+  int32_t target_rank = 0;
+  int32_t source_rank = 0;
+  int32_t source_host = 0;
+  int32_t target_host = 0;
+};
+
+struct PlanSummary {
+  // Bytes the target hosts hold after the change, each element counted once
+  // per host. kept_in_place + copied_within_host + cross_host add up to it.
+  int64_t target_bytes = 0;
+  // Held regions identical to one the host already stores: no copy at all.
+  int64_t kept_in_place_bytes = 0;
+  // Bytes the host already had, copied into new region boundaries.
+  int64_t copied_within_host_bytes = 0;
+  // Bytes sent between hosts, and the least any plan must send: what each
+  // host needs minus what it already holds.
+  int64_t cross_host_bytes = 0;
+  int64_t cross_host_bytes_lower_bound = 0;
+  // Bytes the ranks sharing a host would have fetched twice without
+  // host-level dedup.
+  int64_t dedup_saved_bytes = 0;
+  // The largest number of bytes one host sends, and its lower bound: the
+  // optimum when pieces may be split across replicas arbitrarily
+  // (fractional optimum, rounded up to whole bytes).
+  int64_t max_host_send_bytes = 0;
+  int64_t max_host_send_bytes_lower_bound = 0;
+  int32_t max_host_send_host = -1;
+  // The same in seconds at each host's link bandwidth (what the planner
+  // balances when bandwidths differ).
+  double max_host_send_seconds = 0;
+  double max_host_send_seconds_lower_bound = 0;
+  int64_t transfers = 0;
+  int64_t small_object_moves = 0;
+  // Wall time to compute the plan; filled by the caller who timed it.
+  double plan_seconds = 0;
+  // Per cluster host.
+  std::vector<int64_t> host_send_bytes;
+  std::vector<int64_t> host_receive_bytes;
+};
+
+struct Plan {
+  // "ptc" or "tenplex".
+  std::string strategy = "ptc";
+  // True for per-rank plans: every target rank fetches its own pieces.
+  bool per_rank = false;
+  std::vector<HostFragment> fragments;
+  std::vector<SmallObjectMove> small_objects;
+  PlanSummary summary;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_PLAN_H_

@@ -1,0 +1,560 @@
+#include "coordinator/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "coordinator/internal/grid.h"
+#include "coordinator/internal/max_flow.h"
+
+namespace ptc {
+namespace {
+
+using coordinator_internal::CoalesceBoxes;
+using coordinator_internal::Grid;
+using coordinator_internal::MaxFlow;
+
+// Refuse tensors whose regions would refine into more cells than this
+// (about 1 GiB of planner memory); real layouts stay far below.
+constexpr int64_t kMaxCellsPerTensor = int64_t{1} << 25;
+
+struct HostRegion {
+  int32_t host;
+  Region region;
+  bool operator<(const HostRegion& o) const {
+    return host != o.host ? host < o.host : region < o.region;
+  }
+  bool operator==(const HostRegion& o) const {
+    return host == o.host && region == o.region;
+  }
+};
+
+// The distinct (host, region) pairs of tensor `t` in `layout`, optionally
+// only those on live hosts.
+std::vector<HostRegion> HostRegions(const PlanInput& in, const Layout& layout,
+                                    const Placement& placement, int t,
+                                    bool alive_only) {
+  std::vector<HostRegion> out;
+  for (const Shard& s : layout.shards(t)) {
+    const int h = placement.host[s.rank];
+    if (alive_only && !in.IsAlive(h)) continue;
+    out.push_back({h, s.region});
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// A cell of tensor `tensor` that `target_host` needs and does not hold.
+struct Demand {
+  int32_t tensor;
+  int32_t target_host;
+  int32_t klass;  // index into Analysis::classes
+  Region region;
+};
+
+// What the target hosts need, before choosing senders.
+struct Analysis {
+  std::vector<HostFragment> fragments;  // indexed by host id
+  std::vector<Demand> demands;
+  // Distinct sets of live hosts that can send a demand, and their bytes.
+  std::vector<std::vector<int32_t>> classes;
+  std::vector<int64_t> class_bytes;
+  int64_t target_bytes = 0;
+  int64_t rank_target_bytes = 0;
+  int64_t kept_in_place_bytes = 0;
+  int64_t copied_within_host_bytes = 0;
+  int64_t cross_host_lower_bound = 0;
+};
+
+std::string HostNames(const Cluster& cluster, absl::Span<const int32_t> hosts) {
+  return absl::StrJoin(hosts, ", ", [&](std::string* out, int32_t h) {
+    absl::StrAppend(out, cluster.hosts[h].name);
+  });
+}
+
+absl::Status NoSurvivingCopy(const PlanInput& in, int t, const Region& cell,
+                             int target_host) {
+  std::vector<int32_t> dead;
+  for (const Shard& s : in.source->shards(t)) {
+    const int h = in.source_placement->host[s.rank];
+    if (!in.IsAlive(h) && s.region.Intersects(cell)) dead.push_back(h);
+  }
+  std::sort(dead.begin(), dead.end());
+  dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+  const std::string& key = in.spec->tensors[t].key;
+  const std::string& host = in.cluster->hosts[target_host].name;
+  if (dead.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", cell.ToString(), " of tensor '", key, "' (needed on ", host,
+        ") is held by no rank of the source layout; the source state does "
+        "not cover the target"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "region ", cell.ToString(), " of tensor '", key, "' (needed on ", host,
+      ") has no surviving copy: it was held only by dead host(s) ",
+      HostNames(*in.cluster, dead),
+      "; restore it from a snapshot or bring a holder back"));
+}
+
+// Per-tensor scratch, reused so that planning does not allocate per cell.
+struct Scratch {
+  Grid grid;
+  std::vector<absl::InlinedVector<int32_t, 4>> holders, needers, in_place;
+  std::vector<std::vector<Region>> local;  // per target host
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> class_of;
+};
+
+absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
+                           Analysis* a) {
+  const TensorSpec& ts = in.spec->tensors[t];
+  const int64_t elem = ElementSize(ts.dtype);
+  const std::vector<HostRegion> src =
+      HostRegions(in, *in.source, *in.source_placement, t, true);
+  const std::vector<HostRegion> dst =
+      HostRegions(in, *in.target, *in.target_placement, t, false);
+  if (dst.empty()) return absl::OkStatus();
+  for (const Shard& sh : in.target->shards(t)) {
+    a->rank_target_bytes += sh.region.volume() * elem;
+  }
+
+  Grid& grid = s->grid;
+  grid.Reset(static_cast<int>(ts.shape.size()));
+  for (const HostRegion& r : src) grid.AddCuts(r.region);
+  for (const HostRegion& r : dst) grid.AddCuts(r.region);
+  grid.Finalize();
+  const int64_t cells = grid.num_cells();
+  if (cells > kMaxCellsPerTensor) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tensor '", ts.key, "': the source and target regions refine into ",
+        cells, " cells, more than the planner's limit of ", kMaxCellsPerTensor));
+  }
+  if (static_cast<int64_t>(s->holders.size()) < cells) {
+    s->holders.resize(cells);
+    s->needers.resize(cells);
+    s->in_place.resize(cells);
+  }
+  for (int64_t c = 0; c < cells; ++c) {
+    s->holders[c].clear();
+    s->needers[c].clear();
+    s->in_place[c].clear();
+  }
+  for (const HostRegion& r : src) {
+    grid.ForEachCell(r.region, [&](int64_t c) { s->holders[c].push_back(r.host); });
+  }
+  for (const HostRegion& r : dst) {
+    HostFragment& f = a->fragments[r.host];
+    f.holds.push_back({t, r.region});
+    if (std::binary_search(src.begin(), src.end(), r)) {
+      // The host stores exactly this region already: it stays as it is.
+      f.transfers.push_back({t, r.region, r.host, r.host, -1});
+      grid.ForEachCell(r.region, [&](int64_t c) { s->in_place[c].push_back(r.host); });
+    }
+    grid.ForEachCell(r.region, [&](int64_t c) { s->needers[c].push_back(r.host); });
+  }
+
+  auto contains = [](const absl::InlinedVector<int32_t, 4>& v, int32_t h) {
+    return std::find(v.begin(), v.end(), h) != v.end();
+  };
+  std::vector<int32_t> local_hosts;
+  for (int64_t c = 0; c < cells; ++c) {
+    auto& need = s->needers[c];
+    if (need.empty()) continue;
+    std::sort(need.begin(), need.end());
+    need.erase(std::unique(need.begin(), need.end()), need.end());
+    auto& hold = s->holders[c];
+    std::sort(hold.begin(), hold.end());
+    hold.erase(std::unique(hold.begin(), hold.end()), hold.end());
+    const Region cell = grid.CellRegion(c);
+    const int64_t bytes = cell.volume() * elem;
+    for (int32_t h : need) {
+      // Bytes count once per host and element: distinct regions of one host
+      // may overlap (ZeRO-1 state of tp-replicated parameters).
+      a->target_bytes += bytes;
+      if (contains(s->in_place[c], h)) {
+        a->kept_in_place_bytes += bytes;
+        continue;
+      }
+      if (contains(hold, h)) {
+        if (s->local[h].empty()) local_hosts.push_back(h);
+        s->local[h].push_back(cell);
+        a->copied_within_host_bytes += bytes;
+        continue;
+      }
+      if (hold.empty()) return NoSurvivingCopy(in, t, cell, h);
+      std::vector<int32_t> key(hold.begin(), hold.end());
+      auto [it, inserted] =
+          s->class_of.emplace(std::move(key), static_cast<int32_t>(a->classes.size()));
+      if (inserted) {
+        a->classes.push_back(it->first);
+        a->class_bytes.push_back(0);
+      }
+      a->class_bytes[it->second] += bytes;
+      a->demands.push_back({t, h, it->second, cell});
+      a->cross_host_lower_bound += bytes;
+    }
+  }
+  for (int32_t h : local_hosts) {
+    CoalesceBoxes(&s->local[h]);
+    for (const Region& r : s->local[h]) {
+      a->fragments[h].transfers.push_back({t, r, h, h, -1});
+    }
+    s->local[h].clear();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Analysis> Analyze(const PlanInput& in) {
+  Analysis a;
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  a.fragments.resize(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) a.fragments[h].host = h;
+  Scratch scratch;
+  scratch.local.resize(num_hosts);
+  for (int t = 0; t < static_cast<int>(in.spec->tensors.size()); ++t) {
+    PTC_RETURN_IF_ERROR(AnalyzeTensor(in, t, &scratch, &a));
+  }
+  return a;
+}
+
+// The senders' quotas per class, from a max-flow at the smallest feasible
+// makespan.
+struct Balance {
+  std::vector<std::vector<int64_t>> quota;  // [class][i] for classes[class][i]
+  int64_t budget = 0;  // bytes the fastest host may send
+};
+
+// Finds the smallest budget B such that every class's bytes can be sent
+// with host h sending at most floor(B * weight[h]) bytes.
+Balance Solve(const Analysis& a, const std::vector<double>& weight,
+              bool want_quotas) {
+  Balance out;
+  const int k = static_cast<int>(a.classes.size());
+  int64_t total = 0;
+  for (int64_t b : a.class_bytes) total += b;
+  if (total == 0) {
+    out.quota.resize(k);
+    return out;
+  }
+  const int num_hosts = static_cast<int>(weight.size());
+  const int source = 0, sink = 1 + k + num_hosts;
+  MaxFlow flow(sink + 1);
+  std::vector<std::vector<int>> class_edges(k);
+  for (int c = 0; c < k; ++c) {
+    flow.AddEdge(source, 1 + c, a.class_bytes[c]);
+    for (int32_t h : a.classes[c]) {
+      class_edges[c].push_back(flow.AddEdge(1 + c, 1 + k + h, total));
+    }
+  }
+  std::vector<int> host_edge(num_hosts);
+  double min_weight = 1;
+  for (int h = 0; h < num_hosts; ++h) {
+    host_edge[h] = flow.AddEdge(1 + k + h, sink, 0);
+    if (weight[h] > 0) min_weight = std::min(min_weight, weight[h]);
+  }
+  auto feasible = [&](int64_t budget) {
+    flow.Reset();
+    for (int h = 0; h < num_hosts; ++h) {
+      flow.SetCapacity(host_edge[h],
+                       static_cast<int64_t>(std::floor(budget * weight[h])));
+    }
+    return flow.Solve(source, sink) == total;
+  };
+  int64_t lo = 0;
+  int64_t hi = static_cast<int64_t>(std::ceil(total / min_weight)) + 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (feasible(mid) ? hi : lo) = mid;
+  }
+  out.budget = hi;
+  if (want_quotas) {
+    feasible(hi);
+    out.quota.resize(k);
+    for (int c = 0; c < k; ++c) {
+      for (int e : class_edges[c]) out.quota[c].push_back(flow.Flow(e));
+    }
+  }
+  return out;
+}
+
+// Splits every demand among its class's senders according to the quotas,
+// striping a demand over several senders where a quota runs out. Appends
+// the transfers, coalesced per (tensor, sender), to the target fragments.
+void Assign(const PlanInput& in, Analysis* a, Balance* b) {
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  std::vector<size_t> cursor(a->classes.size(), 0);
+  std::vector<std::vector<Transfer>> remote(num_hosts);
+  for (const Demand& d : a->demands) {
+    const int64_t elem = ElementSize(in.spec->tensors[d.tensor].dtype);
+    const std::vector<int32_t>& senders = a->classes[d.klass];
+    std::vector<int64_t>& quota = b->quota[d.klass];
+    size_t& i = cursor[d.klass];
+    const Shape shape = d.region.shape();
+    int64_t done = 0, n = d.region.volume();
+    while (done < n) {
+      while (i < senders.size() && quota[i] < elem) ++i;
+      int64_t take;
+      size_t who;
+      if (i < senders.size()) {
+        who = i;
+        take = std::min(n - done, quota[i] / elem);
+      } else {
+        // Rounding left less than an element on each sender: the one with
+        // the most left takes the rest.
+        who = std::max_element(quota.begin(), quota.end()) - quota.begin();
+        take = n - done;
+      }
+      quota[who] -= take * elem;
+      for (Region piece : FlatRangeToRegions(shape, done, done + take)) {
+        for (int k = 0; k < piece.rank(); ++k) {
+          piece.mutable_dim(k).begin += d.region.dim(k).begin;
+          piece.mutable_dim(k).end += d.region.dim(k).begin;
+        }
+        remote[d.target_host].push_back(
+            {d.tensor, piece, senders[who], d.target_host, -1});
+      }
+      done += take;
+    }
+  }
+  for (int h = 0; h < num_hosts; ++h) {
+    std::vector<Transfer>& list = remote[h];
+    std::stable_sort(list.begin(), list.end(), [](const Transfer& x, const Transfer& y) {
+      return x.tensor != y.tensor ? x.tensor < y.tensor : x.source_host < y.source_host;
+    });
+    for (size_t begin = 0; begin < list.size();) {
+      size_t end = begin;
+      std::vector<Region> boxes;
+      while (end < list.size() && list[end].tensor == list[begin].tensor &&
+             list[end].source_host == list[begin].source_host) {
+        boxes.push_back(list[end++].region);
+      }
+      CoalesceBoxes(&boxes);
+      for (const Region& r : boxes) {
+        a->fragments[h].transfers.push_back(
+            {list[begin].tensor, r, list[begin].source_host, h, -1});
+      }
+      begin = end;
+    }
+  }
+}
+
+std::vector<double> Weights(const PlanInput& in, bool uniform) {
+  double fastest = 0;
+  for (const Host& h : in.cluster->hosts) fastest = std::max(fastest, h.bandwidth);
+  std::vector<double> w;
+  for (const Host& h : in.cluster->hosts) {
+    w.push_back(uniform || fastest <= 0 ? 1.0 : h.bandwidth / fastest);
+  }
+  return w;
+}
+
+bool UniformBandwidth(const Cluster& cluster) {
+  for (const Host& h : cluster.hosts) {
+    if (h.bandwidth != cluster.hosts.front().bandwidth) return false;
+  }
+  return true;
+}
+
+// Fills the byte and time totals that follow from the transfers.
+void Summarize(const PlanInput& in, Plan* plan) {
+  PlanSummary& s = plan->summary;
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  s.host_send_bytes.assign(num_hosts, 0);
+  s.host_receive_bytes.assign(num_hosts, 0);
+  s.cross_host_bytes = 0;
+  s.transfers = 0;
+  for (const HostFragment& f : plan->fragments) {
+    for (const Transfer& x : f.transfers) {
+      ++s.transfers;
+      if (x.source_host == x.target_host) continue;
+      const int64_t bytes =
+          x.region.volume() * ElementSize(in.spec->tensors[x.tensor].dtype);
+      s.cross_host_bytes += bytes;
+      s.host_send_bytes[x.source_host] += bytes;
+      s.host_receive_bytes[x.target_host] += bytes;
+    }
+  }
+  s.max_host_send_bytes = 0;
+  s.max_host_send_seconds = 0;
+  for (int h = 0; h < num_hosts; ++h) {
+    if (s.host_send_bytes[h] > s.max_host_send_bytes) {
+      s.max_host_send_bytes = s.host_send_bytes[h];
+      s.max_host_send_host = h;
+    }
+    const double bw = in.cluster->hosts[h].bandwidth;
+    if (bw > 0) {
+      s.max_host_send_seconds = std::max(s.max_host_send_seconds, s.host_send_bytes[h] / bw);
+    }
+  }
+  s.small_object_moves = static_cast<int64_t>(plan->small_objects.size());
+}
+
+absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
+  if (!in.source->config() || !in.target->config()) return absl::OkStatus();
+  const ParallelConfig& from = *in.source->config();
+  const ParallelConfig& to = *in.target->config();
+  for (int r = 0; r < to.world_size(); ++r) {
+    for (const SmallObjectSpec& obj : in.spec->small_objects) {
+      const std::vector<int> candidates = SmallObjectSourceCandidates(
+          obj.scope, from, to, in.spec->num_layers, to.CoordOf(r));
+      auto alive = std::find_if(candidates.begin(), candidates.end(), [&](int c) {
+        return in.IsAlive(in.source_placement->host[c]);
+      });
+      if (alive == candidates.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "small object '", obj.name, "' (scope ", ScopeName(obj.scope),
+            ") for target rank ", r, " has no surviving source: every rank "
+            "that may provide it is on a dead host"));
+      }
+      plan->small_objects.push_back({obj.name, r, *alive,
+                                     in.source_placement->host[*alive],
+                                     in.target_placement->host[r]});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Lower bounds shared by both strategies.
+void SetBounds(const PlanInput& in, const Analysis& a, const Balance& weighted,
+               Plan* plan) {
+  PlanSummary& s = plan->summary;
+  s.cross_host_bytes_lower_bound = a.cross_host_lower_bound;
+  double fastest = 0;
+  for (const Host& h : in.cluster->hosts) fastest = std::max(fastest, h.bandwidth);
+  s.max_host_send_seconds_lower_bound = fastest > 0 ? weighted.budget / fastest : 0;
+  s.max_host_send_bytes_lower_bound =
+      UniformBandwidth(*in.cluster)
+          ? weighted.budget
+          : Solve(a, Weights(in, /*uniform=*/true), false).budget;
+}
+
+}  // namespace
+
+absl::Status CheckPlanInput(const PlanInput& in) {
+  if (!in.spec || !in.cluster || !in.source || !in.source_placement ||
+      !in.target || !in.target_placement) {
+    return absl::InvalidArgumentError("plan input is missing a part");
+  }
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  const int num_tensors = static_cast<int>(in.spec->tensors.size());
+  if (in.source->num_tensors() != num_tensors ||
+      in.target->num_tensors() != num_tensors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layouts have ", in.source->num_tensors(), " and ",
+        in.target->num_tensors(), " tensors but model '", in.spec->name,
+        "' has ", num_tensors));
+  }
+  if (!in.alive.empty() && static_cast<int>(in.alive.size()) != num_hosts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "liveness is given for ", in.alive.size(), " hosts but the cluster has ",
+        num_hosts));
+  }
+  struct Side {
+    const char* name;
+    const Layout* layout;
+    const Placement* placement;
+  };
+  for (Side side : {Side{"source", in.source, in.source_placement},
+                    Side{"target", in.target, in.target_placement}}) {
+    if (side.placement->world_size() != side.layout->world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", side.name, " layout has ", side.layout->world_size(),
+          " ranks but its placement places ", side.placement->world_size()));
+    }
+    PTC_RETURN_IF_ERROR(Annotate(ValidatePlacement(*in.cluster, *side.placement),
+                                 absl::StrCat(side.name, " placement")));
+  }
+  for (const Host& h : in.cluster->hosts) {
+    if (!(h.bandwidth > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host ", h.name, " has link bandwidth ", h.bandwidth,
+          " bytes/s; every host needs a positive bandwidth"));
+    }
+  }
+  for (int r = 0; r < in.target_placement->world_size(); ++r) {
+    const int h = in.target_placement->host[r];
+    if (!in.IsAlive(h)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the target placement puts rank ", r, " on ", in.cluster->hosts[h].name,
+          ", which is dead; place the target on live hosts"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> PlanReconfiguration(const PlanInput& in) {
+  PTC_RETURN_IF_ERROR(CheckPlanInput(in));
+  PTC_ASSIGN_OR_RETURN(Analysis a, Analyze(in));
+  Balance balance = Solve(a, Weights(in, /*uniform=*/false), true);
+  Assign(in, &a, &balance);
+  Plan plan;
+  plan.strategy = "ptc";
+  for (HostFragment& f : a.fragments) {
+    if (!f.holds.empty()) plan.fragments.push_back(std::move(f));
+  }
+  PTC_RETURN_IF_ERROR(PlanSmallObjects(in, &plan));
+  PlanSummary& s = plan.summary;
+  s.target_bytes = a.target_bytes;
+  s.kept_in_place_bytes = a.kept_in_place_bytes;
+  s.copied_within_host_bytes = a.copied_within_host_bytes;
+  s.dedup_saved_bytes = a.rank_target_bytes - a.target_bytes;
+  SetBounds(in, a, balance, &plan);
+  Summarize(in, &plan);
+  return plan;
+}
+
+absl::StatusOr<Plan> PlanTenplexBaseline(const PlanInput& in) {
+  PTC_RETURN_IF_ERROR(CheckPlanInput(in));
+  // The analysis proves every region has a live source and gives the
+  // bounds both strategies are measured against.
+  PTC_ASSIGN_OR_RETURN(Analysis a, Analyze(in));
+  Plan plan;
+  plan.strategy = "tenplex";
+  plan.per_rank = true;
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  std::vector<HostFragment> fragments(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) fragments[h].host = h;
+  for (int t = 0; t < static_cast<int>(in.spec->tensors.size()); ++t) {
+    const int64_t elem = ElementSize(in.spec->tensors[t].dtype);
+    std::vector<const Shard*> sources;  // live, in rank order
+    for (const Shard& s : in.source->shards(t)) {
+      if (in.IsAlive(in.source_placement->host[s.rank])) sources.push_back(&s);
+    }
+    for (const Shard& dst : in.target->shards(t)) {
+      const int h = in.target_placement->host[dst.rank];
+      fragments[h].holds.push_back({t, dst.region});
+      plan.summary.target_bytes += dst.region.volume() * elem;
+      std::vector<Region> missing = {dst.region};
+      for (const Shard* src : sources) {
+        if (missing.empty()) break;
+        std::vector<Region> still;
+        for (const Region& m : missing) {
+          const Region got = m.Intersect(src->region);
+          if (got.empty()) {
+            still.push_back(m);
+            continue;
+          }
+          const int sh = in.source_placement->host[src->rank];
+          fragments[h].transfers.push_back({t, got, sh, h, dst.rank});
+          if (sh == h) plan.summary.copied_within_host_bytes += got.volume() * elem;
+          for (Region& rest : m.Difference(src->region)) still.push_back(std::move(rest));
+        }
+        missing.swap(still);
+      }
+    }
+  }
+  for (HostFragment& f : fragments) {
+    if (!f.holds.empty()) plan.fragments.push_back(std::move(f));
+  }
+  PTC_RETURN_IF_ERROR(PlanSmallObjects(in, &plan));
+  SetBounds(in, a, Solve(a, Weights(in, /*uniform=*/false), false), &plan);
+  Summarize(in, &plan);
+  return plan;
+}
+
+}  // namespace ptc
