@@ -57,6 +57,13 @@ TEST_CASE("planner properties: plans reproduce every target region exactly, "
     REQUIRE(ValidatePlan(job.input(), *base).ok());
     REQUIRE(ExecuteAndVerify(job.input(), *base).ok());
     CHECK(base->summary.cross_host_bytes >= s.cross_host_bytes);
+    // The bound is a true lower bound: no correct plan beats it, the
+    // baseline included, and it is at least an even split over the live
+    // senders.
+    CHECK(base->summary.max_host_send_bytes >= s.max_host_send_bytes_lower_bound);
+    int live = 0;
+    for (size_t h = 0; h < job.cluster.hosts.size(); ++h) live += job.input().IsAlive(h);
+    CHECK(s.max_host_send_bytes_lower_bound * live >= s.cross_host_bytes);
   }
   INFO(planned << " planned, " << lost << " with lost regions");
   CHECK(planned >= kCases / 2);

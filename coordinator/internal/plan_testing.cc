@@ -42,35 +42,6 @@ struct Buffer {
 
 }  // namespace
 
-absl::StatusOr<TestJob> MakeJob(const std::string& model, const std::string& from,
-                                const std::vector<int>& from_hosts,
-                                const std::string& to,
-                                const std::vector<int>& to_hosts, Cluster cluster,
-                                std::vector<bool> alive) {
-  TestJob job;
-  auto arch = ResolveArchitecture(model);
-  if (!arch.ok()) return arch.status();
-  auto spec = BuildModelSpec(*arch);
-  if (!spec.ok()) return spec.status();
-  job.spec = std::move(*spec);
-  job.cluster = std::move(cluster);
-  job.alive = std::move(alive);
-  for (auto [text, hosts, layout, placement] :
-       {std::make_tuple(&from, &from_hosts, &job.source, &job.source_placement),
-        std::make_tuple(&to, &to_hosts, &job.target, &job.target_placement)}) {
-    auto config = ParallelConfig::Parse(*text);
-    if (!config.ok()) return config.status();
-    if (auto s = CheckFits(*arch, *config); !s.ok()) return s;
-    auto l = BuildLayout(job.spec, *config);
-    if (!l.ok()) return l.status();
-    *layout = std::move(*l);
-    auto p = ContiguousPlacement(job.cluster, *hosts, config->world_size());
-    if (!p.ok()) return p.status();
-    *placement = std::move(*p);
-  }
-  return job;
-}
-
 TestJob RandomJob(std::mt19937* rng, std::string* description) {
   auto pick = [&](int lo, int hi) { return lo + static_cast<int>((*rng)() % (hi - lo + 1)); };
   while (true) {

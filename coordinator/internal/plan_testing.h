@@ -12,30 +12,21 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/plan.h"
+#include "coordinator/plan_scenario.h"
 
 namespace ptc::testing {
 
-// A job: model, cluster, source and target layouts and placements.
-struct TestJob {
-  ModelSpec spec;
-  Cluster cluster;
-  Layout source, target;
-  Placement source_placement, target_placement;
-  std::vector<bool> alive;
+// Test jobs are plan scenarios.
+using TestJob = PlanScenario;
 
-  PlanInput input() const {
-    return PlanInput{&spec,   &cluster, &source, &source_placement,
-                     &target, &target_placement, alive};
-  }
-};
-
-// Builds a job from a model name or custom architecture, configs as text,
-// a cluster, and the host ids each side is placed on (contiguously).
-absl::StatusOr<TestJob> MakeJob(const std::string& model, const std::string& from,
-                                const std::vector<int>& from_hosts,
-                                const std::string& to,
-                                const std::vector<int>& to_hosts, Cluster cluster,
-                                std::vector<bool> alive = {});
+inline absl::StatusOr<TestJob> MakeJob(const std::string& model, const std::string& from,
+                                       const std::vector<int>& from_hosts,
+                                       const std::string& to,
+                                       const std::vector<int>& to_hosts, Cluster cluster,
+                                       std::vector<bool> alive = {}) {
+  return MakePlanScenario(model, from, from_hosts, to, to_hosts, std::move(cluster),
+                          std::move(alive));
+}
 
 // A random small job (random architecture, configs, placements, extra
 // hosts and dead hosts); for property tests. `description` says what it is.

@@ -1,0 +1,25 @@
+"""Shared fixtures: where the Bazel-built binaries are."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def bin_dir():
+    path = pathlib.Path(os.environ.get("PTC_BIN_DIR", ROOT / "bazel-bin"))
+    if not (path / "tools" / "ptcctl").exists():
+        pytest.fail(f"{path}/tools/ptcctl is missing; build with `bazel build //...` "
+                    "or set PTC_BIN_DIR")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ptcctl(bin_dir):
+    def run(*args):
+        return subprocess.run([str(bin_dir / "tools" / "ptcctl"), *args],
+                              capture_output=True, text=True, timeout=300)
+    return run

@@ -1,0 +1,38 @@
+#include "tools/internal/args.h"
+
+#include <catch2/catch.hpp>
+
+#include "tools/internal/format.h"
+
+namespace ptc::tools {
+namespace {
+
+TEST_CASE("args: values, inline values, flags and positionals", "[tools]") {
+  const char* argv[] = {"ptcctl", "plan", "--model", "gpt3-125m", "--to=tp=2", "--json", "extra"};
+  auto args = Args::Parse(7, argv, 2, {"model", "to"}, {"json"});
+  REQUIRE(args.ok());
+  CHECK(args->Get("model") == "gpt3-125m");
+  CHECK(args->Get("to") == "tp=2");
+  CHECK(args->Flag("json"));
+  CHECK(args->positional() == std::vector<std::string>{"extra"});
+  CHECK(args->Required("from").status().message() == "missing required option --from");
+}
+
+TEST_CASE("args: unknown options and missing values are named", "[tools]") {
+  const char* unknown[] = {"ptcctl", "plan", "--modle", "x"};
+  CHECK(Args::Parse(4, unknown, 2, {"model"}, {}).status().message() ==
+        "unknown option --modle");
+  const char* missing[] = {"ptcctl", "plan", "--model"};
+  CHECK(Args::Parse(3, missing, 2, {"model"}, {}).status().message() ==
+        "option --model needs a value");
+}
+
+TEST_CASE("format: bytes, seconds and percentages read well", "[tools]") {
+  CHECK(HumanBytes(512) == "512 B");
+  CHECK(HumanBytes(3.0 * (1 << 30)) == "3.00 GiB");
+  CHECK(HumanSeconds(0.0123) == "12.3 ms");
+  CHECK(PercentOver(105, 100) == "+5.0%");
+}
+
+}  // namespace
+}  // namespace ptc::tools

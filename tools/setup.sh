@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what ptc needs on Debian 12 (as root): Bazel and the system
+# libraries it builds against. CUDA and NCCL are expected under
+# /usr/local/cuda. Safe to run again; with CI=true it always refreshes apt.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+  protobuf-compiler libabsl-dev libspdlog-dev libfmt-dev catch2 libucx-dev
+  ucx-utils libxxhash-dev pybind11-dev python3-numpy python3-pytest
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -gt 0 || "${CI:-}" == "true" ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages (${missing[*]}); run as root to install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${#PACKAGES[@]} Debian packages (${#missing[@]} missing)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null
+fi

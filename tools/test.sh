@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs every ptc test: the Bazel (Catch2) tests and the Python tests, and
+# ends with one line "N passed, N failed" counting test cases. Exits
+# non-zero if anything failed or did not build.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || exit 1
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+echo "== bazel test //... (build and unit/integration tests)"
+bazel test --keep_going //... >"$log" 2>&1
+bazel_rc=$?
+grep -E "^(//|FAIL|ERROR|Executed|INFO: Build)|error:" "$log"
+testlogs=$(bazel info bazel-testlogs 2>/dev/null)
+
+passed=0
+failed=0
+# Count Catch2 test cases per test target from its log; a target without a
+# Catch2 summary (crashed, timed out, did not build) counts as one failure.
+for target in $(bazel query 'tests(//...)' 2>/dev/null); do
+  path=${target#//}
+  path=${path/://}
+  file="$testlogs/$path/test.log"
+  if grep -q -E "FAILED TO BUILD|NO STATUS" <(grep -F "$target " "$log"); then
+    echo "   $target did not build or run"
+    failed=$((failed + 1))
+    continue
+  fi
+  summary=$(grep -E "^(All tests passed|test cases:)" "$file" 2>/dev/null | tail -1)
+  if [[ "$summary" =~ All\ tests\ passed\ \(.*\ in\ ([0-9]+)\ test\ case ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+  elif [[ "$summary" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
+    passed=$((passed + BASH_REMATCH[2]))
+    failed=$((failed + BASH_REMATCH[3]))
+  elif [[ "$summary" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    echo "   $target ended without a Catch2 summary (crash or timeout); see $file"
+    failed=$((failed + 1))
+  fi
+done
+
+echo "== python tests (Debian's /usr/bin/python3)"
+py_out=$(PTC_BIN_DIR="$(bazel info bazel-bin 2>/dev/null)" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python 2>&1)
+py_rc=$?
+echo "$py_out" | tail -25
+py_summary=$(echo "$py_out" | tail -1)
+py_passed=$(echo "$py_summary" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || echo 0)
+py_failed=0
+for n in $(echo "$py_summary" | grep -oE "[0-9]+ (failed|errors?)" | grep -oE "^[0-9]+"); do
+  py_failed=$((py_failed + n))
+done
+if [[ $py_rc -ne 0 && $py_failed -eq 0 ]]; then py_failed=1; fi
+passed=$((passed + py_passed))
+failed=$((failed + py_failed))
+
+if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then
+  echo "   bazel test failed (exit $bazel_rc) without a failing test case; see above"
+  failed=1
+fi
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
