@@ -12,11 +12,21 @@ std::string JsonEscape(absl::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrFormat("\\u%04x", c);
@@ -67,7 +77,9 @@ JsonWriter& JsonWriter::BeginArray() {
   return *this;
 }
 
-JsonWriter& JsonWriter::EndArray() { return EndObject(), out_.back() = ']', *this; }
+JsonWriter& JsonWriter::EndArray() {
+  return EndObject(), out_.back() = ']', *this;
+}
 
 JsonWriter& JsonWriter::Key(absl::string_view key) {
   BeforeValue();

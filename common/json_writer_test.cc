@@ -15,8 +15,7 @@ TEST_CASE("json writer: nested objects and arrays are well formed",
   w.Key("d").BeginArray().EndArray();
   w.Key("e").Double(0.5);
   w.EndObject();
-  CHECK(w.str() ==
-        R"({"a":-5,"b":["x\"y",true,null],"c":{},"d":[],"e":0.5})");
+  CHECK(w.str() == R"({"a":-5,"b":["x\"y",true,null],"c":{},"d":[],"e":0.5})");
 }
 
 TEST_CASE("json writer: control characters are escaped", "[common]") {

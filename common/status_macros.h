@@ -15,16 +15,17 @@
 #define PTC_STATUS_CONCAT_(a, b) PTC_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` is not OK.
-#define PTC_RETURN_IF_ERROR(expr)                \
-  do {                                           \
-    const absl::Status ptc_status_ = (expr);     \
-    if (!ptc_status_.ok()) return ptc_status_;   \
+#define PTC_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    const absl::Status ptc_status_ = (expr);   \
+    if (!ptc_status_.ok()) return ptc_status_; \
   } while (0)
 
 // Evaluates `rexpr` (a StatusOr); returns its status on error, otherwise
 // moves the value into `lhs` (which may be a declaration).
-#define PTC_ASSIGN_OR_RETURN(lhs, rexpr) \
-  PTC_ASSIGN_OR_RETURN_IMPL_(PTC_STATUS_CONCAT_(ptc_statusor_, __LINE__), lhs, rexpr)
+#define PTC_ASSIGN_OR_RETURN(lhs, rexpr)                                       \
+  PTC_ASSIGN_OR_RETURN_IMPL_(PTC_STATUS_CONCAT_(ptc_statusor_, __LINE__), lhs, \
+                             rexpr)
 
 #define PTC_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                               \
@@ -38,8 +39,8 @@ namespace ptc {
 inline absl::Status Annotate(const absl::Status& status,
                              absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      std::string(context) + ": " + std::string(status.message()));
+  return absl::Status(status.code(), std::string(context) + ": " +
+                                         std::string(status.message()));
 }
 
 }  // namespace ptc

@@ -5,11 +5,13 @@ namespace {
 
 void WriteRegion(const Region& r, JsonWriter* w) {
   w->BeginArray();
-  for (const Interval& i : r.dims()) w->BeginArray().Int(i.begin).Int(i.end).EndArray();
+  for (const Interval& i : r.dims())
+    w->BeginArray().Int(i.begin).Int(i.end).EndArray();
   w->EndArray();
 }
 
-void WriteSide(const Layout& layout, const Placement& placement, JsonWriter* w) {
+void WriteSide(const Layout& layout, const Placement& placement,
+               JsonWriter* w) {
   w->BeginObject();
   w->Key("config");
   if (layout.config()) {
@@ -26,7 +28,8 @@ void WriteSide(const Layout& layout, const Placement& placement, JsonWriter* w) 
   w->Key("shards").BeginArray();
   for (int t = 0; t < layout.num_tensors(); ++t) {
     for (const Shard& s : layout.shards(t)) {
-      w->BeginObject().Key("tensor").Int(t).Key("rank").Int(s.rank).Key("region");
+      w->BeginObject().Key("tensor").Int(t).Key("rank").Int(s.rank).Key(
+          "region");
       WriteRegion(s.region, w);
       w->EndObject();
     }
@@ -37,7 +40,8 @@ void WriteSide(const Layout& layout, const Placement& placement, JsonWriter* w) 
 
 }  // namespace
 
-void WritePlanSummary(const PlanSummary& s, const Cluster& cluster, JsonWriter* w) {
+void WritePlanSummary(const PlanSummary& s, const Cluster& cluster,
+                      JsonWriter* w) {
   w->BeginObject();
   w->Key("target_bytes").Int(s.target_bytes);
   w->Key("kept_in_place_bytes").Int(s.kept_in_place_bytes);
@@ -46,7 +50,8 @@ void WritePlanSummary(const PlanSummary& s, const Cluster& cluster, JsonWriter* 
   w->Key("cross_host_bytes_lower_bound").Int(s.cross_host_bytes_lower_bound);
   w->Key("dedup_saved_bytes").Int(s.dedup_saved_bytes);
   w->Key("max_host_send_bytes").Int(s.max_host_send_bytes);
-  w->Key("max_host_send_bytes_lower_bound").Int(s.max_host_send_bytes_lower_bound);
+  w->Key("max_host_send_bytes_lower_bound")
+      .Int(s.max_host_send_bytes_lower_bound);
   w->Key("max_host_send_host");
   if (s.max_host_send_host >= 0) {
     w->String(cluster.hosts[s.max_host_send_host].name);
@@ -54,7 +59,8 @@ void WritePlanSummary(const PlanSummary& s, const Cluster& cluster, JsonWriter* 
     w->Null();
   }
   w->Key("max_host_send_seconds").Double(s.max_host_send_seconds);
-  w->Key("max_host_send_seconds_lower_bound").Double(s.max_host_send_seconds_lower_bound);
+  w->Key("max_host_send_seconds_lower_bound")
+      .Double(s.max_host_send_seconds_lower_bound);
   w->Key("transfers").Int(s.transfers);
   w->Key("small_object_moves").Int(s.small_object_moves);
   w->Key("plan_seconds").Double(s.plan_seconds);
@@ -79,7 +85,10 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
   for (size_t t = 0; t < in.spec->tensors.size(); ++t) {
     const TensorSpec& ts = in.spec->tensors[t];
     w.BeginObject().Key("id").Int(t).Key("key").String(ts.key);
-    w.Key("dtype").String(DTypeName(ts.dtype)).Key("element_size").Int(ElementSize(ts.dtype));
+    w.Key("dtype")
+        .String(DTypeName(ts.dtype))
+        .Key("element_size")
+        .Int(ElementSize(ts.dtype));
     w.Key("shape").BeginArray();
     for (int64_t e : ts.shape) w.Int(e);
     w.EndArray().EndObject();
@@ -94,15 +103,25 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
     for (const Transfer& x : f.transfers) {
       w.BeginObject().Key("tensor").Int(x.tensor).Key("region");
       WriteRegion(x.region, &w);
-      w.Key("source_host").Int(x.source_host).Key("target_host").Int(x.target_host);
+      w.Key("source_host")
+          .Int(x.source_host)
+          .Key("target_host")
+          .Int(x.target_host);
       w.Key("target_rank").Int(x.target_rank).EndObject();
     }
   }
   w.EndArray();
   w.Key("small_objects").BeginArray();
   for (const SmallObjectMove& m : plan.small_objects) {
-    w.BeginObject().Key("name").String(m.name).Key("target_rank").Int(m.target_rank);
-    w.Key("source_rank").Int(m.source_rank).Key("source_host").Int(m.source_host);
+    w.BeginObject()
+        .Key("name")
+        .String(m.name)
+        .Key("target_rank")
+        .Int(m.target_rank);
+    w.Key("source_rank")
+        .Int(m.source_rank)
+        .Key("source_host")
+        .Int(m.source_host);
     w.Key("target_host").Int(m.target_host).EndObject();
   }
   w.EndArray();

@@ -18,9 +18,9 @@ absl::StatusOr<Region> RegionFromProto(const proto::Region& wire) {
   std::vector<Interval> dims;
   for (const proto::Interval& d : wire.dims()) {
     if (d.begin() < 0 || d.begin() > d.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region dimension ", dims.size(), " is [", d.begin(), ", ", d.end(),
-          "); need 0 <= begin <= end"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("region dimension ", dims.size(), " is [", d.begin(),
+                       ", ", d.end(), "); need 0 <= begin <= end"));
     }
     dims.push_back({d.begin(), d.end()});
   }
@@ -68,7 +68,8 @@ proto::Plan PlanToProto(const Plan& plan) {
   ps->set_max_host_send_bytes_lower_bound(s.max_host_send_bytes_lower_bound);
   ps->set_max_host_send_host(s.max_host_send_host);
   ps->set_max_host_send_seconds(s.max_host_send_seconds);
-  ps->set_max_host_send_seconds_lower_bound(s.max_host_send_seconds_lower_bound);
+  ps->set_max_host_send_seconds_lower_bound(
+      s.max_host_send_seconds_lower_bound);
   ps->set_transfers(s.transfers);
   ps->set_small_object_moves(s.small_object_moves);
   ps->set_plan_seconds(s.plan_seconds);
@@ -90,8 +91,8 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
     }
     for (const proto::Transfer& px : pf.transfers()) {
       PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(px.region()));
-      f.transfers.push_back(
-          {px.tensor(), std::move(r), px.source_host(), px.target_host(), px.target_rank()});
+      f.transfers.push_back({px.tensor(), std::move(r), px.source_host(),
+                             px.target_host(), px.target_rank()});
     }
     plan.fragments.push_back(std::move(f));
   }
@@ -115,8 +116,10 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
   s.transfers = ps.transfers();
   s.small_object_moves = ps.small_object_moves();
   s.plan_seconds = ps.plan_seconds();
-  s.host_send_bytes.assign(ps.host_send_bytes().begin(), ps.host_send_bytes().end());
-  s.host_receive_bytes.assign(ps.host_receive_bytes().begin(), ps.host_receive_bytes().end());
+  s.host_send_bytes.assign(ps.host_send_bytes().begin(),
+                           ps.host_send_bytes().end());
+  s.host_receive_bytes.assign(ps.host_receive_bytes().begin(),
+                              ps.host_receive_bytes().end());
   return plan;
 }
 

@@ -11,9 +11,9 @@ namespace {
 
 TEST_CASE("plan proto: a plan survives the wire and still validates",
           "[coordinator][proto]") {
-  auto job = testing::MakeJob("gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4",
-                              "tp=2,dp=2", {0, 1}, "tp=4,dp=2", {1, 2, 3, 0},
-                              Cluster::Uniform(4, 2));
+  auto job = testing::MakeJob(
+      "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
+      {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
   REQUIRE(job.ok());
   auto plan = PlanReconfiguration(job->input());
   REQUIRE(plan.ok());

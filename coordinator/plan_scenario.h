@@ -28,7 +28,7 @@ struct PlanScenario {
 
   // Points into this object: keep it alive (and unmoved) while in use.
   PlanInput input() const {
-    return PlanInput{&spec,   &cluster, &source, &source_placement,
+    return PlanInput{&spec,   &cluster,          &source, &source_placement,
                      &target, &target_placement, alive};
   }
 };

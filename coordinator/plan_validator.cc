@@ -24,7 +24,8 @@ struct Piece {
   const Transfer* transfer;
 };
 
-absl::Status Bad(const PlanInput& in, const Transfer& x, absl::string_view what) {
+absl::Status Bad(const PlanInput& in, const Transfer& x,
+                 absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(
       "invalid plan: transfer of tensor '", in.spec->tensors[x.tensor].key,
       "' region ", x.region.ToString(), " from ",
@@ -51,10 +52,12 @@ absl::StatusOr<std::vector<std::vector<const Transfer*>>> GroupTransfers(
             in.cluster->hosts[f.host].name,
             " names an unknown tensor or host, or another target host"));
       }
-      PTC_RETURN_IF_ERROR(Annotate(
-          ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
-          absl::StrCat("invalid plan: tensor '", in.spec->tensors[x.tensor].key, "'")));
-      if (!in.IsAlive(x.source_host)) return Bad(in, x, "the source host is dead");
+      PTC_RETURN_IF_ERROR(
+          Annotate(ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
+                   absl::StrCat("invalid plan: tensor '",
+                                in.spec->tensors[x.tensor].key, "'")));
+      if (!in.IsAlive(x.source_host))
+        return Bad(in, x, "the source host is dead");
       if (plan.per_rank) {
         if (x.target_rank < 0 || x.target_rank >= in.target->world_size() ||
             in.target_placement->host[x.target_rank] != x.target_host) {
@@ -72,7 +75,8 @@ absl::Status ValidateTensor(const PlanInput& in, const Plan& plan, int t,
   const TensorSpec& ts = in.spec->tensors[t];
   std::vector<UnitRegion> needed;
   for (const Shard& s : in.target->shards(t)) {
-    const int32_t unit = plan.per_rank ? s.rank : in.target_placement->host[s.rank];
+    const int32_t unit =
+        plan.per_rank ? s.rank : in.target_placement->host[s.rank];
     needed.push_back({unit, s.region});
   }
   std::vector<std::pair<int32_t, Region>> held;  // (live host, region)
@@ -106,25 +110,28 @@ absl::Status ValidateTensor(const PlanInput& in, const Plan& plan, int t,
     std::sort(n.begin(), n.end());
     n.erase(std::unique(n.begin(), n.end()), n.end());
     for (const Piece& p : pieces[c]) {
-      if (std::find(hold[c].begin(), hold[c].end(), p.source_host) == hold[c].end()) {
-        return Bad(in, *p.transfer, absl::StrCat("the source host does not hold ",
-                                                 grid.CellRegion(c).ToString()));
+      if (std::find(hold[c].begin(), hold[c].end(), p.source_host) ==
+          hold[c].end()) {
+        return Bad(in, *p.transfer,
+                   absl::StrCat("the source host does not hold ",
+                                grid.CellRegion(c).ToString()));
       }
       if (!std::binary_search(n.begin(), n.end(), p.unit)) {
-        return Bad(in, *p.transfer, absl::StrCat("it delivers ",
-                                                 grid.CellRegion(c).ToString(),
-                                                 ", which the target does not need"));
+        return Bad(in, *p.transfer,
+                   absl::StrCat("it delivers ", grid.CellRegion(c).ToString(),
+                                ", which the target does not need"));
       }
     }
     for (int32_t unit : n) {
-      const int count = static_cast<int>(std::count_if(
-          pieces[c].begin(), pieces[c].end(), [&](const Piece& p) { return p.unit == unit; }));
+      const int count = static_cast<int>(
+          std::count_if(pieces[c].begin(), pieces[c].end(),
+                        [&](const Piece& p) { return p.unit == unit; }));
       if (count != 1) {
-        const std::string who =
-            plan.per_rank ? absl::StrCat("rank ", unit) : in.cluster->hosts[unit].name;
+        const std::string who = plan.per_rank ? absl::StrCat("rank ", unit)
+                                              : in.cluster->hosts[unit].name;
         return absl::InvalidArgumentError(absl::StrCat(
-            "invalid plan: region ", grid.CellRegion(c).ToString(), " of tensor '",
-            ts.key, "' is covered ", count, " times for ", who,
+            "invalid plan: region ", grid.CellRegion(c).ToString(),
+            " of tensor '", ts.key, "' is covered ", count, " times for ", who,
             "; every needed region must be covered exactly once"));
       }
     }

@@ -132,7 +132,8 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
   if (cells > kMaxCellsPerTensor) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tensor '", ts.key, "': the source and target regions refine into ",
-        cells, " cells, more than the planner's limit of ", kMaxCellsPerTensor));
+        cells, " cells, more than the planner's limit of ",
+        kMaxCellsPerTensor));
   }
   if (static_cast<int64_t>(s->holders.size()) < cells) {
     s->holders.resize(cells);
@@ -145,7 +146,8 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     s->in_place[c].clear();
   }
   for (const HostRegion& r : src) {
-    grid.ForEachCell(r.region, [&](int64_t c) { s->holders[c].push_back(r.host); });
+    grid.ForEachCell(r.region,
+                     [&](int64_t c) { s->holders[c].push_back(r.host); });
   }
   for (const HostRegion& r : dst) {
     HostFragment& f = a->fragments[r.host];
@@ -153,9 +155,11 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     if (std::binary_search(src.begin(), src.end(), r)) {
       // The host stores exactly this region already: it stays as it is.
       f.transfers.push_back({t, r.region, r.host, r.host, -1});
-      grid.ForEachCell(r.region, [&](int64_t c) { s->in_place[c].push_back(r.host); });
+      grid.ForEachCell(r.region,
+                       [&](int64_t c) { s->in_place[c].push_back(r.host); });
     }
-    grid.ForEachCell(r.region, [&](int64_t c) { s->needers[c].push_back(r.host); });
+    grid.ForEachCell(r.region,
+                     [&](int64_t c) { s->needers[c].push_back(r.host); });
   }
 
   auto contains = [](const absl::InlinedVector<int32_t, 4>& v, int32_t h) {
@@ -188,8 +192,8 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
       }
       if (hold.empty()) return NoSurvivingCopy(in, t, cell, h);
       std::vector<int32_t> key(hold.begin(), hold.end());
-      auto [it, inserted] =
-          s->class_of.emplace(std::move(key), static_cast<int32_t>(a->classes.size()));
+      auto [it, inserted] = s->class_of.emplace(
+          std::move(key), static_cast<int32_t>(a->classes.size()));
       if (inserted) {
         a->classes.push_back(it->first);
         a->class_bytes.push_back(0);
@@ -226,7 +230,7 @@ absl::StatusOr<Analysis> Analyze(const PlanInput& in) {
 // makespan.
 struct Balance {
   std::vector<std::vector<int64_t>> quota;  // [class][i] for classes[class][i]
-  int64_t budget = 0;  // bytes the fastest host may send
+  int64_t budget = 0;                       // bytes the fastest host may send
 };
 
 // Finds the smallest budget B such that every class's bytes can be sent
@@ -323,9 +327,11 @@ void Assign(const PlanInput& in, Analysis* a, Balance* b) {
   }
   for (int h = 0; h < num_hosts; ++h) {
     std::vector<Transfer>& list = remote[h];
-    std::stable_sort(list.begin(), list.end(), [](const Transfer& x, const Transfer& y) {
-      return x.tensor != y.tensor ? x.tensor < y.tensor : x.source_host < y.source_host;
-    });
+    std::stable_sort(
+        list.begin(), list.end(), [](const Transfer& x, const Transfer& y) {
+          return x.tensor != y.tensor ? x.tensor < y.tensor
+                                      : x.source_host < y.source_host;
+        });
     for (size_t begin = 0; begin < list.size();) {
       size_t end = begin;
       std::vector<Region> boxes;
@@ -345,7 +351,8 @@ void Assign(const PlanInput& in, Analysis* a, Balance* b) {
 
 std::vector<double> Weights(const PlanInput& in, bool uniform) {
   double fastest = 0;
-  for (const Host& h : in.cluster->hosts) fastest = std::max(fastest, h.bandwidth);
+  for (const Host& h : in.cluster->hosts)
+    fastest = std::max(fastest, h.bandwidth);
   std::vector<double> w;
   for (const Host& h : in.cluster->hosts) {
     w.push_back(uniform || fastest <= 0 ? 1.0 : h.bandwidth / fastest);
@@ -388,7 +395,8 @@ void Summarize(const PlanInput& in, Plan* plan) {
     }
     const double bw = in.cluster->hosts[h].bandwidth;
     if (bw > 0) {
-      s.max_host_send_seconds = std::max(s.max_host_send_seconds, s.host_send_bytes[h] / bw);
+      s.max_host_send_seconds =
+          std::max(s.max_host_send_seconds, s.host_send_bytes[h] / bw);
     }
   }
   s.small_object_moves = static_cast<int64_t>(plan->small_objects.size());
@@ -402,14 +410,15 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
     for (const SmallObjectSpec& obj : in.spec->small_objects) {
       const std::vector<int> candidates = SmallObjectSourceCandidates(
           obj.scope, from, to, in.spec->num_layers, to.CoordOf(r));
-      auto alive = std::find_if(candidates.begin(), candidates.end(), [&](int c) {
-        return in.IsAlive(in.source_placement->host[c]);
-      });
+      auto alive = std::find_if(
+          candidates.begin(), candidates.end(),
+          [&](int c) { return in.IsAlive(in.source_placement->host[c]); });
       if (alive == candidates.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "small object '", obj.name, "' (scope ", ScopeName(obj.scope),
-            ") for target rank ", r, " has no surviving source: every rank "
-            "that may provide it is on a dead host"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("small object '", obj.name, "' (scope ",
+                         ScopeName(obj.scope), ") for target rank ", r,
+                         " has no surviving source: every rank "
+                         "that may provide it is on a dead host"));
       }
       plan->small_objects.push_back({obj.name, r, *alive,
                                      in.source_placement->host[*alive],
@@ -425,8 +434,10 @@ void SetBounds(const PlanInput& in, const Analysis& a, const Balance& weighted,
   PlanSummary& s = plan->summary;
   s.cross_host_bytes_lower_bound = a.cross_host_lower_bound;
   double fastest = 0;
-  for (const Host& h : in.cluster->hosts) fastest = std::max(fastest, h.bandwidth);
-  s.max_host_send_seconds_lower_bound = fastest > 0 ? weighted.budget / fastest : 0;
+  for (const Host& h : in.cluster->hosts)
+    fastest = std::max(fastest, h.bandwidth);
+  s.max_host_send_seconds_lower_bound =
+      fastest > 0 ? weighted.budget / fastest : 0;
   s.max_host_send_bytes_lower_bound =
       UniformBandwidth(*in.cluster)
           ? weighted.budget
@@ -444,15 +455,15 @@ absl::Status CheckPlanInput(const PlanInput& in) {
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   if (in.source->num_tensors() != num_tensors ||
       in.target->num_tensors() != num_tensors) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the layouts have ", in.source->num_tensors(), " and ",
-        in.target->num_tensors(), " tensors but model '", in.spec->name,
-        "' has ", num_tensors));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layouts have ", in.source->num_tensors(), " and ",
+                     in.target->num_tensors(), " tensors but model '",
+                     in.spec->name, "' has ", num_tensors));
   }
   if (!in.alive.empty() && static_cast<int>(in.alive.size()) != num_hosts) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "liveness is given for ", in.alive.size(), " hosts but the cluster has ",
-        num_hosts));
+    return absl::InvalidArgumentError(
+        absl::StrCat("liveness is given for ", in.alive.size(),
+                     " hosts but the cluster has ", num_hosts));
   }
   struct Side {
     const char* name;
@@ -466,22 +477,24 @@ absl::Status CheckPlanInput(const PlanInput& in) {
           "the ", side.name, " layout has ", side.layout->world_size(),
           " ranks but its placement places ", side.placement->world_size()));
     }
-    PTC_RETURN_IF_ERROR(Annotate(ValidatePlacement(*in.cluster, *side.placement),
-                                 absl::StrCat(side.name, " placement")));
+    PTC_RETURN_IF_ERROR(
+        Annotate(ValidatePlacement(*in.cluster, *side.placement),
+                 absl::StrCat(side.name, " placement")));
   }
   for (const Host& h : in.cluster->hosts) {
     if (!(h.bandwidth > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "host ", h.name, " has link bandwidth ", h.bandwidth,
-          " bytes/s; every host needs a positive bandwidth"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("host ", h.name, " has link bandwidth ", h.bandwidth,
+                       " bytes/s; every host needs a positive bandwidth"));
     }
   }
   for (int r = 0; r < in.target_placement->world_size(); ++r) {
     const int h = in.target_placement->host[r];
     if (!in.IsAlive(h)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the target placement puts rank ", r, " on ", in.cluster->hosts[h].name,
-          ", which is dead; place the target on live hosts"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the target placement puts rank ", r, " on ",
+                       in.cluster->hosts[h].name,
+                       ", which is dead; place the target on live hosts"));
     }
   }
   return absl::OkStatus();
@@ -541,8 +554,10 @@ absl::StatusOr<Plan> PlanTenplexBaseline(const PlanInput& in) {
           }
           const int sh = in.source_placement->host[src->rank];
           fragments[h].transfers.push_back({t, got, sh, h, dst.rank});
-          if (sh == h) plan.summary.copied_within_host_bytes += got.volume() * elem;
-          for (Region& rest : m.Difference(src->region)) still.push_back(std::move(rest));
+          if (sh == h)
+            plan.summary.copied_within_host_bytes += got.volume() * elem;
+          for (Region& rest : m.Difference(src->region))
+            still.push_back(std::move(rest));
         }
         missing.swap(still);
       }

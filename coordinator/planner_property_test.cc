@@ -19,9 +19,10 @@ using testing::TestJob;
 
 constexpr int kCases = 400;
 
-TEST_CASE("planner properties: plans reproduce every target region exactly, "
-          "with cross-host bytes at the lower bound and balanced senders",
-          "[coordinator][planner][property]") {
+TEST_CASE(
+    "planner properties: plans reproduce every target region exactly, "
+    "with cross-host bytes at the lower bound and balanced senders",
+    "[coordinator][planner][property]") {
   std::mt19937 rng(20261122);
   int planned = 0, lost = 0;
   for (int i = 0; i < kCases; ++i) {
@@ -48,8 +49,10 @@ TEST_CASE("planner properties: plans reproduce every target region exactly, "
     // Within 5% of the fractional optimum; on these tiny tensors a piece
     // split between senders rounds to whole elements (<= 4 bytes each), so
     // allow one element per sender class on top.
-    CHECK(s.max_host_send_bytes <= 1.05 * s.max_host_send_bytes_lower_bound + 4 * 8);
-    CHECK(s.kept_in_place_bytes + s.copied_within_host_bytes + s.cross_host_bytes ==
+    CHECK(s.max_host_send_bytes <=
+          1.05 * s.max_host_send_bytes_lower_bound + 4 * 8);
+    CHECK(s.kept_in_place_bytes + s.copied_within_host_bytes +
+              s.cross_host_bytes ==
           s.target_bytes);
 
     auto base = PlanTenplexBaseline(job.input());
@@ -60,9 +63,11 @@ TEST_CASE("planner properties: plans reproduce every target region exactly, "
     // The bound is a true lower bound: no correct plan beats it, the
     // baseline included, and it is at least an even split over the live
     // senders.
-    CHECK(base->summary.max_host_send_bytes >= s.max_host_send_bytes_lower_bound);
+    CHECK(base->summary.max_host_send_bytes >=
+          s.max_host_send_bytes_lower_bound);
     int live = 0;
-    for (size_t h = 0; h < job.cluster.hosts.size(); ++h) live += job.input().IsAlive(h);
+    for (size_t h = 0; h < job.cluster.hosts.size(); ++h)
+      live += job.input().IsAlive(h);
     CHECK(s.max_host_send_bytes_lower_bound * live >= s.cross_host_bytes);
   }
   INFO(planned << " planned, " << lost << " with lost regions");
@@ -82,7 +87,8 @@ TEST_CASE("planner properties: the validator rejects corrupted plans",
     // Find a fragment with a transfer.
     std::vector<std::pair<size_t, size_t>> where;
     for (size_t f = 0; f < plan->fragments.size(); ++f) {
-      for (size_t x = 0; x < plan->fragments[f].transfers.size(); ++x) where.push_back({f, x});
+      for (size_t x = 0; x < plan->fragments[f].transfers.size(); ++x)
+        where.push_back({f, x});
     }
     if (where.empty()) continue;
     const auto [f, x] = where[rng() % where.size()];
@@ -99,15 +105,18 @@ TEST_CASE("planner properties: the validator rejects corrupted plans",
           transfers.push_back(t);
           break;
         case 2:  // a piece comes from a host that does not hold it
-          t.source_host = (t.source_host + 1) % static_cast<int>(job.cluster.hosts.size());
-          if (ValidatePlan(job.input(), bad).ok()) continue;  // it may hold it too
+          t.source_host =
+              (t.source_host + 1) % static_cast<int>(job.cluster.hosts.size());
+          if (ValidatePlan(job.input(), bad).ok())
+            continue;  // it may hold it too
           break;
         case 3:  // a piece grows past the tensor
           t.region.mutable_dim(0).end += 1000000;
           if (t.region.rank() == 0) continue;
           break;
       }
-      CHECK(ValidatePlan(job.input(), bad).code() == absl::StatusCode::kInvalidArgument);
+      CHECK(ValidatePlan(job.input(), bad).code() ==
+            absl::StatusCode::kInvalidArgument);
       ++corrupted;
     }
   }

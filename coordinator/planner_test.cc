@@ -15,10 +15,12 @@ using testing::TestJob;
 constexpr char kSmallGpt[] =
     "gpt:layers=4,hidden=32,heads=4,ffn=64,vocab=100,positions=16,pad=8";
 
-TestJob Job(const std::string& from, std::vector<int> from_hosts, const std::string& to,
-            std::vector<int> to_hosts, Cluster cluster, std::vector<bool> alive = {},
+TestJob Job(const std::string& from, std::vector<int> from_hosts,
+            const std::string& to, std::vector<int> to_hosts, Cluster cluster,
+            std::vector<bool> alive = {},
             const std::string& model = kSmallGpt) {
-  auto job = MakeJob(model, from, from_hosts, to, to_hosts, std::move(cluster), alive);
+  auto job =
+      MakeJob(model, from, from_hosts, to, to_hosts, std::move(cluster), alive);
   REQUIRE(job.ok());
   return std::move(*job);
 }
@@ -26,7 +28,8 @@ TestJob Job(const std::string& from, std::vector<int> from_hosts, const std::str
 void CheckGood(const TestJob& job, const Plan& plan) {
   REQUIRE(ValidatePlan(job.input(), plan).ok());
   REQUIRE(ExecuteAndVerify(job.input(), plan).ok());
-  CHECK(plan.summary.cross_host_bytes == plan.summary.cross_host_bytes_lower_bound);
+  CHECK(plan.summary.cross_host_bytes ==
+        plan.summary.cross_host_bytes_lower_bound);
 }
 
 TEST_CASE("planner: an unchanged layout keeps everything in place",
@@ -43,7 +46,8 @@ TEST_CASE("planner: an unchanged layout keeps everything in place",
 
 TEST_CASE("planner: a tp change inside one host copies within the host",
           "[coordinator][planner]") {
-  const TestJob job = Job("tp=4", {0}, "tp=2,dp=2", {0}, Cluster::Uniform(1, 4));
+  const TestJob job =
+      Job("tp=4", {0}, "tp=2,dp=2", {0}, Cluster::Uniform(1, 4));
   auto plan = PlanReconfiguration(job.input());
   REQUIRE(plan.ok());
   CheckGood(job, *plan);
@@ -53,13 +57,15 @@ TEST_CASE("planner: a tp change inside one host copies within the host",
   // tensors) share one copy in the store.
   int64_t rank_bytes = 0;
   for (int r = 0; r < 4; ++r) rank_bytes += job.target.RankBytes(job.spec, r);
-  CHECK(plan->summary.dedup_saved_bytes == rank_bytes - plan->summary.target_bytes);
+  CHECK(plan->summary.dedup_saved_bytes ==
+        rank_bytes - plan->summary.target_bytes);
   CHECK(plan->summary.dedup_saved_bytes >= plan->summary.target_bytes);
 }
 
-TEST_CASE("planner: a dp scale-up fetches each region once per new host and "
-          "balances the replicas",
-          "[coordinator][planner]") {
+TEST_CASE(
+    "planner: a dp scale-up fetches each region once per new host and "
+    "balances the replicas",
+    "[coordinator][planner]") {
   // Two replicas on hosts 0 and 1; hosts 2 and 3 join.
   const TestJob job = Job("tp=2,dp=2", {0, 1}, "tp=2,dp=4", {0, 1, 2, 3},
                           Cluster::Uniform(4, 2));
@@ -71,7 +77,8 @@ TEST_CASE("planner: a dp scale-up fetches each region once per new host and "
   CHECK(s.cross_host_bytes == 2 * job.spec.TotalBytes());
   // Each old host sends one replica's worth (within an element per class).
   CHECK(s.max_host_send_bytes_lower_bound == job.spec.TotalBytes());
-  CHECK(s.max_host_send_bytes <= s.max_host_send_bytes_lower_bound * 1.001 + 64);
+  CHECK(s.max_host_send_bytes <=
+        s.max_host_send_bytes_lower_bound * 1.001 + 64);
   CHECK(s.host_send_bytes[0] > 0);
   CHECK(s.host_send_bytes[1] > 0);
 }
@@ -103,7 +110,8 @@ TEST_CASE("planner: faster links send more when bandwidths differ",
   CheckGood(job, *plan);
   const PlanSummary& s = plan->summary;
   // Host 0 sends about three quarters.
-  const double share = static_cast<double>(s.host_send_bytes[0]) / s.cross_host_bytes;
+  const double share =
+      static_cast<double>(s.host_send_bytes[0]) / s.cross_host_bytes;
   CHECK(share > 0.7);
   CHECK(share < 0.8);
   CHECK(s.max_host_send_seconds <= s.max_host_send_seconds_lower_bound * 1.01);
@@ -123,12 +131,13 @@ TEST_CASE("planner: dead hosts are never sources", "[coordinator][planner]") {
   CHECK(baseline->summary.host_send_bytes[1] == 0);
 }
 
-TEST_CASE("planner: a region with no surviving copy is FAILED_PRECONDITION "
-          "naming it",
-          "[coordinator][planner]") {
+TEST_CASE(
+    "planner: a region with no surviving copy is FAILED_PRECONDITION "
+    "naming it",
+    "[coordinator][planner]") {
   // pp=2 without replicas: stage 1 lives only on host 1, which dies.
-  const TestJob job = Job("pp=2", {0, 1}, "pp=1", {0}, Cluster::Uniform(2, 1),
-                          {true, false});
+  const TestJob job =
+      Job("pp=2", {0, 1}, "pp=1", {0}, Cluster::Uniform(2, 1), {true, false});
   auto plan = PlanReconfiguration(job.input());
   REQUIRE(!plan.ok());
   CHECK(plan.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -161,7 +170,8 @@ TEST_CASE("planner: inputs that do not fit together are rejected",
           absl::StatusCode::kInvalidArgument);
   }
   SECTION("a layout of another model") {
-    auto other = BuildModelSpec(*ResolveArchitecture("gpt:layers=1,hidden=8,heads=2"));
+    auto other =
+        BuildModelSpec(*ResolveArchitecture("gpt:layers=1,hidden=8,heads=2"));
     REQUIRE(other.ok());
     job.spec = *other;
     auto plan = PlanReconfiguration(job.input());
@@ -175,9 +185,10 @@ TEST_CASE("planner: inputs that do not fit together are rejected",
   }
 }
 
-TEST_CASE("planner: the Tenplex-style baseline pulls from replica 0 without "
-          "dedup or locality",
-          "[coordinator][planner]") {
+TEST_CASE(
+    "planner: the Tenplex-style baseline pulls from replica 0 without "
+    "dedup or locality",
+    "[coordinator][planner]") {
   // dp=2 on hosts 0 (replica 0) and 1 -> dp=4 on hosts 0..3 with 2 GPUs per
   // host... each host holds tp=2 of one replica.
   const TestJob job = Job("tp=2,dp=2", {0, 1}, "tp=2,dp=4", {1, 2, 3, 0},
@@ -198,7 +209,8 @@ TEST_CASE("planner: the Tenplex-style baseline pulls from replica 0 without "
 
 TEST_CASE("planner: small objects follow their scope's rule",
           "[coordinator][planner]") {
-  const TestJob job = Job("tp=2,pp=2", {0, 1}, "tp=4", {1}, Cluster::Uniform(2, 4));
+  const TestJob job =
+      Job("tp=2,pp=2", {0, 1}, "tp=4", {1}, Cluster::Uniform(2, 4));
   auto plan = PlanReconfiguration(job.input());
   REQUIRE(plan.ok());
   CHECK(plan->summary.small_object_moves ==
@@ -212,10 +224,10 @@ TEST_CASE("planner: small objects follow their scope's rule",
 
 TEST_CASE("planner: LLaMA with grouped splits and ZeRO-1 re-partitions exactly",
           "[coordinator][planner]") {
-  const TestJob job = Job("tp=2,pp=2,dp=2,zero=1", {0, 1, 2, 3},
-                          "tp=4,pp=1,dp=2,zero=1,order=dp-tp-pp", {2, 3},
-                          Cluster::Uniform(4, 4), {},
-                          "llama:layers=3,hidden=32,heads=8,kv_heads=4,ffn=24,vocab=90,pad=2");
+  const TestJob job = Job(
+      "tp=2,pp=2,dp=2,zero=1", {0, 1, 2, 3},
+      "tp=4,pp=1,dp=2,zero=1,order=dp-tp-pp", {2, 3}, Cluster::Uniform(4, 4),
+      {}, "llama:layers=3,hidden=32,heads=8,kv_heads=4,ffn=24,vocab=90,pad=2");
   auto plan = PlanReconfiguration(job.input());
   REQUIRE(plan.ok());
   CheckGood(job, *plan);

@@ -17,7 +17,8 @@ uint64_t Feistel(uint64_t x, int half, uint64_t key) {
   const uint64_t mask = (uint64_t{1} << half) - 1;
   uint64_t left = x >> half, right = x & mask;
   for (int round = 0; round < 4; ++round) {
-    const uint64_t next = left ^ (Mix(key ^ (right * 0x100000001b3ULL) ^ round) & mask);
+    const uint64_t next =
+        left ^ (Mix(key ^ (right * 0x100000001b3ULL) ^ round) & mask);
     left = right;
     right = next;
   }
@@ -47,7 +48,8 @@ std::vector<int64_t> NextSamples(const DataCursor& cursor, int dp_rank,
   auto [b, e] = ChunkOf(cursor.global_batch, dp, dp_rank);
   std::vector<int64_t> out;
   out.reserve(e - b);
-  for (int64_t i = b; i < e; ++i) out.push_back(SampleAt(cursor, cursor.consumed + i));
+  for (int64_t i = b; i < e; ++i)
+    out.push_back(SampleAt(cursor, cursor.consumed + i));
   return out;
 }
 

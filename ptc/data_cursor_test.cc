@@ -19,9 +19,10 @@ TEST_CASE("data cursor: each epoch is a permutation of the dataset",
   }
 }
 
-TEST_CASE("data cursor: changes of dp and batch size consume every sample "
-          "exactly once",
-          "[ptc][cursor]") {
+TEST_CASE(
+    "data cursor: changes of dp and batch size consume every sample "
+    "exactly once",
+    "[ptc][cursor]") {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 100; ++trial) {
     const int64_t n = 50 + rng() % 200;

@@ -54,7 +54,8 @@ void ResolveZero(const ModelSpec& spec, const ParallelConfig& config,
           int64_t at = offset[t.zero_param];
           for (const Region& r :
                RegionsOf(t.rule, t.shape, config, spec.num_layers, first)) {
-            const int64_t b = std::max(lo, at), e = std::min(hi, at + r.volume());
+            const int64_t b = std::max(lo, at),
+                          e = std::min(hi, at + r.volume());
             if (b < e) {
               const Shape local = r.shape();
               for (Region piece : FlatRangeToRegions(local, b - at, e - at)) {
@@ -110,18 +111,19 @@ absl::StatusOr<Layout> ExplicitLayout(const ModelSpec& spec, int world_size,
   for (size_t t = 0; t < shards.size(); ++t) {
     for (const Shard& s : shards[t]) {
       if (s.rank < 0 || s.rank >= world_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "explicit layout: tensor '", spec.tensors[t].key,
-            "' is assigned to rank ", s.rank, " but the job has ", world_size,
-            " ranks"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("explicit layout: tensor '", spec.tensors[t].key,
+                         "' is assigned to rank ", s.rank, " but the job has ",
+                         world_size, " ranks"));
       }
-      PTC_RETURN_IF_ERROR(Annotate(
-          ValidateRegion(s.region, spec.tensors[t].shape),
-          absl::StrCat("explicit layout: tensor '", spec.tensors[t].key,
-                       "' on rank ", s.rank)));
+      PTC_RETURN_IF_ERROR(
+          Annotate(ValidateRegion(s.region, spec.tensors[t].shape),
+                   absl::StrCat("explicit layout: tensor '",
+                                spec.tensors[t].key, "' on rank ", s.rank)));
     }
-    std::stable_sort(shards[t].begin(), shards[t].end(),
-                     [](const Shard& a, const Shard& b) { return a.rank < b.rank; });
+    std::stable_sort(
+        shards[t].begin(), shards[t].end(),
+        [](const Shard& a, const Shard& b) { return a.rank < b.rank; });
   }
   return Layout(world_size, std::move(shards), std::nullopt);
 }
@@ -173,24 +175,26 @@ absl::StatusOr<Placement> ContiguousPlacement(const Cluster& cluster,
 absl::Status ValidatePlacement(const Cluster& cluster,
                                const Placement& placement) {
   if (placement.host.size() != placement.device.size()) {
-    return absl::InvalidArgumentError("placement: host and device lists differ in length");
+    return absl::InvalidArgumentError(
+        "placement: host and device lists differ in length");
   }
   std::set<std::pair<int, int>> used;
   for (int r = 0; r < placement.world_size(); ++r) {
     const int h = placement.host[r], g = placement.device[r];
     if (h < 0 || h >= static_cast<int>(cluster.hosts.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "placement: rank ", r, " is on unknown host id ", h));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: rank ", r, " is on unknown host id ", h));
     }
     if (g < 0 || g >= cluster.hosts[h].gpus) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "placement: rank ", r, " is on GPU ", g, " of ", cluster.hosts[h].name,
-          " which has ", cluster.hosts[h].gpus, " GPUs"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: rank ", r, " is on GPU ", g, " of ",
+                       cluster.hosts[h].name, " which has ",
+                       cluster.hosts[h].gpus, " GPUs"));
     }
     if (!used.insert({h, g}).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "placement: rank ", r, " shares GPU ", g, " of ",
-          cluster.hosts[h].name, " with another rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: rank ", r, " shares GPU ", g, " of ",
+                       cluster.hosts[h].name, " with another rank"));
     }
   }
   return absl::OkStatus();

@@ -8,7 +8,8 @@ namespace {
 
 // Counts how many ranks hold each element of tensor t (by brute force over
 // its elements; shapes here are tiny).
-std::map<int64_t, int> Coverage(const ModelSpec& spec, const Layout& layout, int t) {
+std::map<int64_t, int> Coverage(const ModelSpec& spec, const Layout& layout,
+                                int t) {
   std::map<int64_t, int> count;
   const Shape& shape = spec.tensors[t].shape;
   for (const Shard& s : layout.shards(t)) {
@@ -30,20 +31,23 @@ std::map<int64_t, int> Coverage(const ModelSpec& spec, const Layout& layout, int
 
 TEST_CASE("layout: every element is held dp times (or once per dp with ZeRO)",
           "[ptc][layout]") {
-  auto arch = ParseArchitecture("gpt:layers=3,hidden=16,heads=4,vocab=50,positions=8,pad=4");
+  auto arch = ParseArchitecture(
+      "gpt:layers=3,hidden=16,heads=4,vocab=50,positions=8,pad=4");
   REQUIRE(arch.ok());
   auto spec = BuildModelSpec(*arch);
   REQUIRE(spec.ok());
-  for (const char* cfg : {"tp=2,pp=3,dp=2", "tp=4,pp=2,dp=3,zero=1",
-                          "tp=1,pp=1,dp=5,zero=1"}) {
+  for (const char* cfg :
+       {"tp=2,pp=3,dp=2", "tp=4,pp=2,dp=3,zero=1", "tp=1,pp=1,dp=5,zero=1"}) {
     const ParallelConfig c = *ParallelConfig::Parse(cfg);
     auto layout = BuildLayout(*spec, c);
     REQUIRE(layout.ok());
     for (int t = 0; t < layout->num_tensors(); ++t) {
       const TensorSpec& ts = spec->tensors[t];
       int stages = 0;
-      for (int s = 0; s < c.pp; ++s) stages += ts.rule.stage.HeldBy(s, c, spec->num_layers);
-      const int tp_copies = ts.rule.tp.kind == AxisRule::Kind::kReplicate ? c.tp : 1;
+      for (int s = 0; s < c.pp; ++s)
+        stages += ts.rule.stage.HeldBy(s, c, spec->num_layers);
+      const int tp_copies =
+          ts.rule.tp.kind == AxisRule::Kind::kReplicate ? c.tp : 1;
       const int copies =
           (c.zero1 && ts.zero_param >= 0 ? 1 : c.dp) * stages * tp_copies;
       const auto cov = Coverage(*spec, *layout, t);
@@ -58,7 +62,8 @@ TEST_CASE("layout: every element is held dp times (or once per dp with ZeRO)",
 
 TEST_CASE("layout: ZeRO-1 splits each stage's buffer evenly over dp",
           "[ptc][layout]") {
-  auto spec = BuildModelSpec(*ParseArchitecture("gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8"));
+  auto spec = BuildModelSpec(*ParseArchitecture(
+      "gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8"));
   REQUIRE(spec.ok());
   const ParallelConfig c = *ParallelConfig::Parse("tp=2,pp=1,dp=3,zero=1");
   auto layout = BuildLayout(*spec, c);
@@ -69,7 +74,8 @@ TEST_CASE("layout: ZeRO-1 splits each stage's buffer evenly over dp",
   std::vector<int64_t> optim(c.world_size(), 0);
   for (int t = 0; t < layout->num_tensors(); ++t) {
     if (spec->tensors[t].role != Role::kOptimizerState) continue;
-    for (const Shard& s : layout->shards(t)) optim[s.rank] += s.region.volume() * 4;
+    for (const Shard& s : layout->shards(t))
+      optim[s.rank] += s.region.volume() * 4;
   }
   for (int tp = 0; tp < c.tp; ++tp) {
     int64_t lo = INT64_MAX, hi = 0;
@@ -94,18 +100,21 @@ TEST_CASE("layout: placements fill hosts in order and reject too few GPUs",
   CHECK(too_many.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(too_many.status().message().find("needs 5 GPUs") != std::string::npos);
   Placement shared{{0, 0}, {1, 1}};
-  CHECK(ValidatePlacement(cluster, shared).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ValidatePlacement(cluster, shared).code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("layout: an explicit layout with a region out of bounds is rejected",
           "[ptc][layout]") {
-  auto spec = BuildModelSpec(*ParseArchitecture("gpt:layers=1,hidden=8,heads=2,vocab=10,positions=4,adam=0"));
+  auto spec = BuildModelSpec(*ParseArchitecture(
+      "gpt:layers=1,hidden=8,heads=2,vocab=10,positions=4,adam=0"));
   REQUIRE(spec.ok());
   std::vector<std::vector<Shard>> shards(spec->tensors.size());
   shards[0].push_back({0, Region{{0, 11}, {0, 8}}});
   auto bad = ExplicitLayout(*spec, 1, shards);
   CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(bad.status().message().find("embedding.word.weight") != std::string::npos);
+  CHECK(bad.status().message().find("embedding.word.weight") !=
+        std::string::npos);
   shards[0][0].rank = 3;
   CHECK(!ExplicitLayout(*spec, 1, shards).ok());
 }

@@ -3,8 +3,8 @@
 #include <map>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -14,10 +14,14 @@ namespace ptc {
 
 absl::string_view RoleName(Role role) {
   switch (role) {
-    case Role::kParameter: return "parameter";
-    case Role::kOptimizerState: return "optimizer_state";
-    case Role::kDataset: return "dataset";
-    case Role::kOther: return "other";
+    case Role::kParameter:
+      return "parameter";
+    case Role::kOptimizerState:
+      return "optimizer_state";
+    case Role::kDataset:
+      return "dataset";
+    case Role::kOther:
+      return "other";
   }
   return "?";
 }
@@ -47,10 +51,9 @@ absl::Status ModelSpec::Validate() const {
     PTC_RETURN_IF_ERROR(ValidateRule(t.rule, t.shape, t.key));
     if (t.rule.stage.kind == StageRule::Kind::kLayer &&
         (t.rule.stage.layer < 0 || t.rule.stage.layer >= num_layers)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", t.key, "' belongs to layer ",
-                       t.rule.stage.layer, " but the model has ", num_layers,
-                       " layers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.key, "' belongs to layer ", t.rule.stage.layer,
+          " but the model has ", num_layers, " layers"));
     }
   }
   return absl::OkStatus();
@@ -121,10 +124,11 @@ absl::StatusOr<Architecture> ArchitectureByName(absl::string_view name) {
   for (const Architecture& a : Known()) {
     if (a.name == name) return a;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "unknown model '", name, "'; known models: ",
-      absl::StrJoin(KnownModels(), ", "),
-      " (or a custom one, e.g. gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=1000)"));
+  return absl::NotFoundError(
+      absl::StrCat("unknown model '", name,
+                   "'; known models: ", absl::StrJoin(KnownModels(), ", "),
+                   " (or a custom one, e.g. "
+                   "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=1000)"));
 }
 
 absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
@@ -143,7 +147,8 @@ absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
   }
   a.name = std::string(text);
   bool ffn_given = false;
-  for (absl::string_view kv : absl::StrSplit(fam.second, ',', absl::SkipEmpty())) {
+  for (absl::string_view kv :
+       absl::StrSplit(fam.second, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> p =
         absl::StrSplit(kv, absl::MaxSplits('=', 1));
     if (p.first == "dtype") {
@@ -152,19 +157,30 @@ absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
     }
     int64_t v;
     if (!absl::SimpleAtoi(p.second, &v) || v < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad value in '", kv, "' of custom model '", text, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad value in '", kv, "' of custom model '", text, "'"));
     }
-    if (p.first == "layers") a.layers = static_cast<int>(v);
-    else if (p.first == "hidden") a.hidden = v;
-    else if (p.first == "heads") a.heads = static_cast<int>(v);
-    else if (p.first == "kv_heads") a.kv_heads = static_cast<int>(v);
-    else if (p.first == "ffn") { a.ffn = v; ffn_given = true; }
-    else if (p.first == "vocab") a.vocab = v;
-    else if (p.first == "positions") a.max_positions = v;
-    else if (p.first == "adam") a.adam = v != 0;
-    else if (p.first == "tied") a.tied_embeddings = v != 0;
-    else if (p.first == "pad") a.vocab_pad_multiple = static_cast<int>(v);
+    if (p.first == "layers")
+      a.layers = static_cast<int>(v);
+    else if (p.first == "hidden")
+      a.hidden = v;
+    else if (p.first == "heads")
+      a.heads = static_cast<int>(v);
+    else if (p.first == "kv_heads")
+      a.kv_heads = static_cast<int>(v);
+    else if (p.first == "ffn") {
+      a.ffn = v;
+      ffn_given = true;
+    } else if (p.first == "vocab")
+      a.vocab = v;
+    else if (p.first == "positions")
+      a.max_positions = v;
+    else if (p.first == "adam")
+      a.adam = v != 0;
+    else if (p.first == "tied")
+      a.tied_embeddings = v != 0;
+    else if (p.first == "pad")
+      a.vocab_pad_multiple = static_cast<int>(v);
     else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown key '", p.first, "' in custom model '", text,
@@ -183,10 +199,10 @@ absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
         "': layers, hidden, heads, kv_heads, vocab and pad must be >= 1"));
   }
   if (a.hidden % a.heads != 0 || a.heads % a.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "custom model '", text, "': hidden (", a.hidden,
-        ") must divide by heads (", a.heads, ") and heads by kv_heads (",
-        a.kv_heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("custom model '", text, "': hidden (", a.hidden,
+                     ") must divide by heads (", a.heads,
+                     ") and heads by kv_heads (", a.kv_heads, ")"));
   }
   return a;
 }
@@ -204,10 +220,10 @@ int64_t PaddedVocab(const Architecture& arch, int tp) {
 absl::Status CheckFits(const Architecture& arch, const ParallelConfig& config) {
   PTC_RETURN_IF_ERROR(config.Validate(arch.layers));
   if (arch.heads % config.tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tp=", config.tp, " does not divide the ", arch.heads,
-        " attention heads of ", arch.name,
-        "; choose a tp that divides the head count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp=", config.tp, " does not divide the ", arch.heads,
+                     " attention heads of ", arch.name,
+                     "; choose a tp that divides the head count"));
   }
   if (arch.kv_heads % config.tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -245,10 +261,10 @@ absl::StatusOr<ModelSpec> BuildModelSpec(const Architecture& arch) {
 
   // Word embedding: vocab-parallel over the padded vocabulary; tied
   // embeddings keep a copy on the last stage for the output layer.
-  AddParam(&spec, arch, "embedding.word.weight", {arch.vocab, h},
-           AxisRule::Split(0, arch.vocab_pad_multiple),
-           arch.tied_embeddings ? StageRule::FirstAndLast()
-                                : StageRule::First());
+  AddParam(
+      &spec, arch, "embedding.word.weight", {arch.vocab, h},
+      AxisRule::Split(0, arch.vocab_pad_multiple),
+      arch.tied_embeddings ? StageRule::FirstAndLast() : StageRule::First());
   if (gpt && arch.max_positions > 0) {
     AddParam(&spec, arch, "embedding.position.weight", {arch.max_positions, h},
              rep, StageRule::First());
@@ -285,7 +301,8 @@ absl::StatusOr<ModelSpec> BuildModelSpec(const Architecture& arch) {
     if (gpt) AddParam(&spec, arch, p + "mlp.fc2.bias", {h}, rep, st);
   }
   AddParam(&spec, arch, "final_norm.weight", {h}, rep, StageRule::Last());
-  if (gpt) AddParam(&spec, arch, "final_norm.bias", {h}, rep, StageRule::Last());
+  if (gpt)
+    AddParam(&spec, arch, "final_norm.bias", {h}, rep, StageRule::Last());
   if (!arch.tied_embeddings) {
     AddParam(&spec, arch, "output.weight", {arch.vocab, h},
              AxisRule::Split(0, arch.vocab_pad_multiple), StageRule::Last());

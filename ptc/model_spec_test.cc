@@ -20,10 +20,10 @@ TEST_CASE("model spec: GPT-3 sizes match the paper's parameter counts",
     const char* name;
     double billions;
   };
-  for (Want w : {Want{"gpt3-125m", 0.125}, Want{"gpt3-350m", 0.35},
-                 Want{"gpt3-760m", 0.76}, Want{"gpt3-1.3b", 1.3},
-                 Want{"gpt3-2.7b", 2.7}, Want{"gpt3-6.7b", 6.7},
-                 Want{"gpt3-13b", 13}, Want{"gpt3-175b", 175}}) {
+  for (Want w :
+       {Want{"gpt3-125m", 0.125}, Want{"gpt3-350m", 0.35},
+        Want{"gpt3-760m", 0.76}, Want{"gpt3-1.3b", 1.3}, Want{"gpt3-2.7b", 2.7},
+        Want{"gpt3-6.7b", 6.7}, Want{"gpt3-13b", 13}, Want{"gpt3-175b", 175}}) {
     auto arch = ArchitectureByName(w.name);
     REQUIRE(arch.ok());
     auto spec = BuildModelSpec(*arch);
@@ -46,7 +46,8 @@ TEST_CASE("model spec: Adam state is three fp32 tensors per parameter",
   REQUIRE(i >= 0);
   CHECK(spec->tensors[i].dtype == DType::kFloat32);
   CHECK(spec->tensors[i].role == Role::kOptimizerState);
-  CHECK(spec->tensors[spec->tensors[i].zero_param].key == "layers.3.mlp.fc1.weight");
+  CHECK(spec->tensors[spec->tensors[i].zero_param].key ==
+        "layers.3.mlp.fc1.weight");
 }
 
 TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
@@ -63,7 +64,8 @@ TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
   CHECK(rule("layers.0.attn.proj.bias").tp.kind == AxisRule::Kind::kReplicate);
   CHECK(rule("layers.0.mlp.fc2.weight").tp.dim == 1);
   CHECK(rule("layers.0.mlp.norm.weight").tp.kind == AxisRule::Kind::kReplicate);
-  CHECK(rule("embedding.word.weight").stage.kind == StageRule::Kind::kFirstAndLast);
+  CHECK(rule("embedding.word.weight").stage.kind ==
+        StageRule::Kind::kFirstAndLast);
   CHECK(rule("final_norm.weight").stage.kind == StageRule::Kind::kLast);
 }
 
@@ -82,10 +84,12 @@ TEST_CASE("model spec: LLaMA uses grouped splits for GQA and SwiGLU",
           "[ptc][spec]") {
   auto spec = BuildModelSpec(*ArchitectureByName("llama3-8b"));
   REQUIRE(spec.ok());
-  const TensorSpec& qkv = spec->tensors[spec->FindTensor("layers.0.attn.qkv.weight")];
+  const TensorSpec& qkv =
+      spec->tensors[spec->FindTensor("layers.0.attn.qkv.weight")];
   CHECK(qkv.rule.tp.kind == AxisRule::Kind::kGroupedSplit);
   CHECK(qkv.rule.tp.groups == std::vector<int64_t>{4096, 1024, 1024});
-  const TensorSpec& fc1 = spec->tensors[spec->FindTensor("layers.0.mlp.fc1.weight")];
+  const TensorSpec& fc1 =
+      spec->tensors[spec->FindTensor("layers.0.mlp.fc1.weight")];
   CHECK(fc1.rule.tp.groups == std::vector<int64_t>{14336, 14336});
   CHECK(spec->FindTensor("output.weight") >= 0);
   CHECK(spec->FindTensor("layers.0.attn.qkv.bias") < 0);
@@ -107,11 +111,13 @@ TEST_CASE("model spec: configs that cannot work are rejected with a reason",
 
 TEST_CASE("model spec: custom architectures parse and unknown names fail",
           "[ptc][spec]") {
-  auto a = ResolveArchitecture("llama:layers=3,hidden=32,heads=4,kv_heads=2,ffn=40,vocab=77");
+  auto a = ResolveArchitecture(
+      "llama:layers=3,hidden=32,heads=4,kv_heads=2,ffn=40,vocab=77");
   REQUIRE(a.ok());
   CHECK(a->layers == 3);
   CHECK(a->kv_heads == 2);
-  CHECK(ResolveArchitecture("gpt3-9b").status().code() == absl::StatusCode::kNotFound);
+  CHECK(ResolveArchitecture("gpt3-9b").status().code() ==
+        absl::StatusCode::kNotFound);
   CHECK(!ResolveArchitecture("gpt:heads=3,hidden=64").ok());
   CHECK(!ResolveArchitecture("gpt:wings=2").ok());
 }

@@ -12,9 +12,12 @@ namespace ptc {
 
 absl::string_view AxisName(Axis axis) {
   switch (axis) {
-    case Axis::kPipeline: return "pp";
-    case Axis::kData: return "dp";
-    case Axis::kTensor: return "tp";
+    case Axis::kPipeline:
+      return "pp";
+    case Axis::kData:
+      return "dp";
+    case Axis::kTensor:
+      return "tp";
   }
   return "?";
 }
@@ -39,9 +42,12 @@ std::pair<int64_t, int64_t> ChunkOf(int64_t extent, int64_t parts, int64_t i) {
 
 int ParallelConfig::size(Axis a) const {
   switch (a) {
-    case Axis::kPipeline: return pp;
-    case Axis::kData: return dp;
-    case Axis::kTensor: return tp;
+    case Axis::kPipeline:
+      return pp;
+    case Axis::kData:
+      return dp;
+    case Axis::kTensor:
+      return tp;
   }
   return 1;
 }
@@ -74,8 +80,8 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
         int layers;
         if (!absl::SimpleAtoi(n, &layers)) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "bad layers-per-stage list '", value,
-              "' in parallel config '", text, "'; expected e.g. layers=10/14"));
+              "bad layers-per-stage list '", value, "' in parallel config '",
+              text, "'; expected e.g. layers=10/14"));
         }
         c.layers_per_stage.push_back(layers);
       }
@@ -84,9 +90,10 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
     if (key == "order") {
       std::vector<absl::string_view> names = absl::StrSplit(value, '-');
       if (names.size() != kNumAxes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "bad rank order '", value, "'; expected the three axes fastest "
-            "first, e.g. order=tp-dp-pp"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad rank order '", value,
+                         "'; expected the three axes fastest "
+                         "first, e.g. order=tp-dp-pp"));
       }
       for (int i = 0; i < kNumAxes; ++i) {
         auto axis = ParseAxis(names[i]);
@@ -97,9 +104,9 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
     }
     int n;
     if (!absl::SimpleAtoi(value, &n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bad value in '", token, "' of parallel config '", text,
-          "'; expected e.g. tp=2,pp=2,dp=4"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad value in '", token, "' of parallel config '", text,
+                       "'; expected e.g. tp=2,pp=2,dp=4"));
     }
     if (key == "zero") {
       if (n != 0 && n != 1) {
@@ -111,9 +118,9 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
     }
     auto axis = ParseAxis(key);
     if (!axis.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown key '", key, "' in parallel config '", text,
-          "'; expected tp, pp, dp, zero, layers or order"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown key '", key, "' in parallel config '", text,
+                       "'; expected tp, pp, dp, zero, layers or order"));
     }
     if (n < 1) {
       return absl::InvalidArgumentError(
@@ -121,9 +128,15 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
                        "': every degree must be at least 1"));
     }
     switch (*axis) {
-      case Axis::kPipeline: c.pp = n; break;
-      case Axis::kData: c.dp = n; break;
-      case Axis::kTensor: c.tp = n; break;
+      case Axis::kPipeline:
+        c.pp = n;
+        break;
+      case Axis::kData:
+        c.dp = n;
+        break;
+      case Axis::kTensor:
+        c.tp = n;
+        break;
     }
   }
   return c;
@@ -151,9 +164,9 @@ absl::Status ParallelConfig::Validate(int num_layers) const {
   bool seen[kNumAxes] = {false, false, false};
   for (Axis a : order) {
     if (seen[static_cast<int>(a)]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parallel config ", ToString(), ": rank order names ", AxisName(a),
-          " twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel config ", ToString(), ": rank order names ",
+                       AxisName(a), " twice"));
     }
     seen[static_cast<int>(a)] = true;
   }
@@ -171,9 +184,9 @@ absl::Status ParallelConfig::Validate(int num_layers) const {
     int total = 0;
     for (int n : layers_per_stage) {
       if (n < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parallel config ", ToString(),
-            ": every pipeline stage needs at least one layer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("parallel config ", ToString(),
+                         ": every pipeline stage needs at least one layer"));
       }
       total += n;
     }

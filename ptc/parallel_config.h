@@ -2,8 +2,9 @@
 // (pp, dp, tp), the order in which ranks are numbered, the pipeline's
 // layers per stage, and whether the optimizer state is ZeRO-1 sharded.
 //
-//   PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse("tp=2,pp=2,dp=4"));
-//   MeshCoord m = c.CoordOf(5);   // {pp=0, dp=2, tp=1} in Megatron order
+//   PTC_ASSIGN_OR_RETURN(ParallelConfig c,
+//   ParallelConfig::Parse("tp=2,pp=2,dp=4")); MeshCoord m = c.CoordOf(5);   //
+//   {pp=0, dp=2, tp=1} in Megatron order
 #ifndef PTC_PTC_PARALLEL_CONFIG_H_
 #define PTC_PTC_PARALLEL_CONFIG_H_
 

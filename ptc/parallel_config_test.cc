@@ -53,7 +53,8 @@ TEST_CASE("parallel config: bad configs are rejected naming the value",
   CHECK(!ParallelConfig::Parse("tp=two").ok());
   auto twice = ParallelConfig::Parse("order=tp-tp-pp");
   REQUIRE(twice.ok());
-  CHECK(twice->Validate(4).message().find("names tp twice") != std::string::npos);
+  CHECK(twice->Validate(4).message().find("names tp twice") !=
+        std::string::npos);
   auto too_deep = ParallelConfig::Parse("pp=8");
   REQUIRE(too_deep.ok());
   auto s = too_deep->Validate(4);
@@ -61,7 +62,8 @@ TEST_CASE("parallel config: bad configs are rejected naming the value",
   CHECK(s.message().find("pp=8") != std::string::npos);
   auto wrong_sum = ParallelConfig::Parse("pp=2,layers=1/2");
   REQUIRE(wrong_sum.ok());
-  CHECK(wrong_sum->Validate(4).message().find("add up to 3") != std::string::npos);
+  CHECK(wrong_sum->Validate(4).message().find("add up to 3") !=
+        std::string::npos);
 }
 
 TEST_CASE("parallel config: chunks give earlier ranks the larger pieces",

@@ -77,13 +77,12 @@ std::vector<Region> Region::Difference(const Region& other) const {
 }
 
 std::string Region::ToString() const {
-  return absl::StrCat(
-      "[",
-      absl::StrJoin(dims_, ", ",
-                    [](std::string* out, const Interval& i) {
-                      absl::StrAppend(out, i.begin, ":", i.end);
-                    }),
-      "]");
+  return absl::StrCat("[",
+                      absl::StrJoin(dims_, ", ",
+                                    [](std::string* out, const Interval& i) {
+                                      absl::StrAppend(out, i.begin, ":", i.end);
+                                    }),
+                      "]");
 }
 
 bool Region::operator<(const Region& o) const {

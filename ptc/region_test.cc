@@ -80,7 +80,8 @@ TEST_CASE("region: a flat range becomes at most 2n-1 rectangles in order",
         for (size_t d = 0; d < shape.size(); ++d) idx[d] = p.dim(d).begin;
         for (int64_t k = 0; k < p.volume(); ++k) {
           int64_t flat = 0;
-          for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
+          for (size_t d = 0; d < shape.size(); ++d)
+            flat = flat * shape[d] + idx[d];
           CHECK(flat == next);
           ++next;
           for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
@@ -127,8 +128,10 @@ TEST_CASE("region: copy moves exactly the requested elements between boxes",
     for (int64_t i = dst_box.dim(0).begin; i < dst_box.dim(0).end; ++i)
       for (int64_t j = dst_box.dim(1).begin; j < dst_box.dim(1).end; ++j)
         for (int64_t l = dst_box.dim(2).begin; l < dst_box.dim(2).end; ++l) {
-          const bool inside = what.Contains(Region{{i, i + 1}, {j, j + 1}, {l, l + 1}});
-          const int32_t want = inside ? static_cast<int32_t>((i * 7 + j) * 5 + l) : -1;
+          const bool inside =
+              what.Contains(Region{{i, i + 1}, {j, j + 1}, {l, l + 1}});
+          const int32_t want =
+              inside ? static_cast<int32_t>((i * 7 + j) * 5 + l) : -1;
           CHECK(dst[k++] == want);
         }
   }

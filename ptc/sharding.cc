@@ -31,7 +31,8 @@ AxisRule AxisRule::ZeroFlat() {
 
 std::string AxisRule::ToString() const {
   switch (kind) {
-    case Kind::kReplicate: return "replicate";
+    case Kind::kReplicate:
+      return "replicate";
     case Kind::kSplit:
       return pad_multiple > 0
                  ? absl::StrCat("split(", dim, ", pad ", pad_multiple, ")")
@@ -39,7 +40,8 @@ std::string AxisRule::ToString() const {
     case Kind::kGroupedSplit:
       return absl::StrCat("grouped_split(", dim, ", [",
                           absl::StrJoin(groups, ","), "])");
-    case Kind::kZeroFlat: return "zero1_flat";
+    case Kind::kZeroFlat:
+      return "zero1_flat";
   }
   return "?";
 }
@@ -47,22 +49,32 @@ std::string AxisRule::ToString() const {
 bool StageRule::HeldBy(int stage, const ParallelConfig& config,
                        int num_layers) const {
   switch (kind) {
-    case Kind::kLayer: return config.StageOfLayer(layer, num_layers) == stage;
-    case Kind::kFirst: return stage == 0;
-    case Kind::kLast: return stage == config.pp - 1;
-    case Kind::kFirstAndLast: return stage == 0 || stage == config.pp - 1;
-    case Kind::kAll: return true;
+    case Kind::kLayer:
+      return config.StageOfLayer(layer, num_layers) == stage;
+    case Kind::kFirst:
+      return stage == 0;
+    case Kind::kLast:
+      return stage == config.pp - 1;
+    case Kind::kFirstAndLast:
+      return stage == 0 || stage == config.pp - 1;
+    case Kind::kAll:
+      return true;
   }
   return false;
 }
 
 std::string StageRule::ToString() const {
   switch (kind) {
-    case Kind::kLayer: return absl::StrCat("layer ", layer);
-    case Kind::kFirst: return "first stage";
-    case Kind::kLast: return "last stage";
-    case Kind::kFirstAndLast: return "first and last stage";
-    case Kind::kAll: return "every stage";
+    case Kind::kLayer:
+      return absl::StrCat("layer ", layer);
+    case Kind::kFirst:
+      return "first stage";
+    case Kind::kLast:
+      return "last stage";
+    case Kind::kFirstAndLast:
+      return "first and last stage";
+    case Kind::kAll:
+      return "every stage";
   }
   return "?";
 }
@@ -76,19 +88,19 @@ absl::Status ValidateRule(const ShardingRule& rule,
       continue;
     }
     if (r->dim < 0 || r->dim >= static_cast<int>(shape.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", tensor_key, "': rule ", r->ToString(),
-          " splits dimension ", r->dim, " but the tensor has rank ",
-          shape.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", tensor_key, "': rule ", r->ToString(),
+                       " splits dimension ", r->dim,
+                       " but the tensor has rank ", shape.size()));
     }
     if (r->kind == AxisRule::Kind::kGroupedSplit) {
       const int64_t sum =
           std::accumulate(r->groups.begin(), r->groups.end(), int64_t{0});
       if (sum != shape[r->dim]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", tensor_key, "': groups of ", r->ToString(),
-            " add up to ", sum, " but dimension ", r->dim, " has extent ",
-            shape[r->dim]));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", tensor_key, "': groups of ", r->ToString(),
+                         " add up to ", sum, " but dimension ", r->dim,
+                         " has extent ", shape[r->dim]));
       }
     }
   }

@@ -53,8 +53,10 @@ TEST_CASE("sharding: padded vocabulary split clips to the real rows",
   ShardingRule emb;
   emb.tp = AxisRule::Split(0, 128);
   const ParallelConfig c = Config("tp=4");
-  CHECK(RegionsOf(emb, {1000, 2}, c, 1, At(0, 0, 2))[0] == Region{{512, 768}, {0, 2}});
-  CHECK(RegionsOf(emb, {1000, 2}, c, 1, At(0, 0, 3))[0] == Region{{768, 1000}, {0, 2}});
+  CHECK(RegionsOf(emb, {1000, 2}, c, 1, At(0, 0, 2))[0] ==
+        Region{{512, 768}, {0, 2}});
+  CHECK(RegionsOf(emb, {1000, 2}, c, 1, At(0, 0, 3))[0] ==
+        Region{{768, 1000}, {0, 2}});
 }
 
 TEST_CASE("sharding: stage rules place layers and embeddings",
@@ -75,7 +77,8 @@ TEST_CASE("sharding: a rule that does not fit the shape is rejected",
           "[ptc][sharding]") {
   ShardingRule r;
   r.tp = AxisRule::Split(2);
-  CHECK(ValidateRule(r, {4, 4}, "w").code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ValidateRule(r, {4, 4}, "w").code() ==
+        absl::StatusCode::kInvalidArgument);
   r.tp = AxisRule::GroupedSplit(0, {2, 3});
   auto s = ValidateRule(r, {4, 4}, "w");
   CHECK(s.message().find("add up to 5") != std::string::npos);

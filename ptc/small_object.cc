@@ -6,10 +6,14 @@ namespace ptc {
 
 absl::string_view ScopeName(SmallObjectScope scope) {
   switch (scope) {
-    case SmallObjectScope::kGlobal: return "global";
-    case SmallObjectScope::kStage: return "stage";
-    case SmallObjectScope::kTpRank: return "tp_rank";
-    case SmallObjectScope::kRank: return "rank";
+    case SmallObjectScope::kGlobal:
+      return "global";
+    case SmallObjectScope::kStage:
+      return "stage";
+    case SmallObjectScope::kTpRank:
+      return "tp_rank";
+    case SmallObjectScope::kRank:
+      return "rank";
   }
   return "?";
 }

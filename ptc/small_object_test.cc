@@ -12,12 +12,14 @@ TEST_CASE("small objects: each scope picks a deterministic source",
   MeshCoord t;
   t.index = {0, 0, 3};
   // Global: rank 0 first.
-  CHECK(SmallObjectSourceCandidates(SmallObjectScope::kGlobal, from, to, 8, t)[0] == 0);
+  CHECK(SmallObjectSourceCandidates(SmallObjectScope::kGlobal, from, to, 8,
+                                    t)[0] == 0);
   // Per tp rank: old tp 3 % 2 = 1 of stage 0, dp 0 then dp 1.
-  CHECK(SmallObjectSourceCandidates(SmallObjectScope::kTpRank, from, to, 8, t) ==
-        std::vector<int>{1, 3});
+  CHECK(SmallObjectSourceCandidates(SmallObjectScope::kTpRank, from, to, 8,
+                                    t) == std::vector<int>{1, 3});
   // Per rank never falls back to another tp index.
-  for (int r : SmallObjectSourceCandidates(SmallObjectScope::kRank, from, to, 8, t)) {
+  for (int r :
+       SmallObjectSourceCandidates(SmallObjectScope::kRank, from, to, 8, t)) {
     CHECK(from.CoordOf(r).tp() == 1);
   }
 }

@@ -44,8 +44,14 @@ std::vector<Case> Cases() {
     if (alive[h]) survivors.push_back(h);
   }
   return {
-      {"(a) scale out: tp=8,pp=8,dp=16 on the same 128 hosts", "tp=8,pp=8,dp=16", Range(128), {}},
-      {"(b) scale in: tp=8,pp=8,dp=8 on 64 of the hosts", "tp=8,pp=8,dp=8", Range(64), {}},
+      {"(a) scale out: tp=8,pp=8,dp=16 on the same 128 hosts",
+       "tp=8,pp=8,dp=16",
+       Range(128),
+       {}},
+      {"(b) scale in: tp=8,pp=8,dp=8 on 64 of the hosts",
+       "tp=8,pp=8,dp=8",
+       Range(64),
+       {}},
       {"(c) recover: tp=8,pp=8,dp=14 on the 112 hosts left after 16 died",
        "tp=8,pp=8,dp=14", survivors, alive},
   };
@@ -63,13 +69,14 @@ Stats Summarize(std::vector<double> v) {
 int Run(int runs, bool zero) {
   const std::string suffix = zero ? ",zero=1" : "";
   std::cout << absl::StrFormat(
-      "GPT-3 175B, tp=8,pp=16,dp=8%s on 128 hosts x 8 GPUs, %d runs per case\n\n",
+      "GPT-3 175B, tp=8,pp=16,dp=8%s on 128 hosts x 8 GPUs, %d runs per "
+      "case\n\n",
       suffix, runs);
   bool all_under_a_second = true;
   for (const Case& c : Cases()) {
-    auto scenario = MakePlanScenario("gpt3-175b", "tp=8,pp=16,dp=8" + suffix, Range(128),
-                                     c.to + suffix, c.to_hosts, Cluster::Uniform(128, 8),
-                                     c.alive);
+    auto scenario = MakePlanScenario("gpt3-175b", "tp=8,pp=16,dp=8" + suffix,
+                                     Range(128), c.to + suffix, c.to_hosts,
+                                     Cluster::Uniform(128, 8), c.alive);
     if (!scenario.ok()) {
       std::cerr << c.name << ": " << scenario.status() << "\n";
       return 1;
@@ -83,7 +90,8 @@ int Run(int runs, bool zero) {
       t = absl::Now();
       base = PlanTenplexBaseline(scenario->input());
       base_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
-      if (!ours.ok() && ours.status().code() == absl::StatusCode::kFailedPrecondition) {
+      if (!ours.ok() &&
+          ours.status().code() == absl::StatusCode::kFailedPrecondition) {
         // Expected with ZeRO-1 after host failures: the optimizer state has
         // no replica, so only a snapshot could restore it.
         std::cout << c.name << "\n  not plannable from live hosts: "
@@ -91,7 +99,8 @@ int Run(int runs, bool zero) {
         break;
       }
       if (!ours.ok() || !base.ok()) {
-        std::cerr << c.name << ": " << (ours.ok() ? base.status() : ours.status()) << "\n";
+        std::cerr << c.name << ": "
+                  << (ours.ok() ? base.status() : ours.status()) << "\n";
         return 1;
       }
     }
@@ -105,28 +114,37 @@ int Run(int runs, bool zero) {
     all_under_a_second &= t.max < 1.0;
     std::cout << c.name << "\n";
     std::cout << absl::StrFormat(
-        "  plan time       ptc median %s (min %s, max %s); tenplex-style median %s\n",
+        "  plan time       ptc median %s (min %s, max %s); tenplex-style "
+        "median %s\n",
         HumanSeconds(t.median), HumanSeconds(t.min), HumanSeconds(t.max),
         HumanSeconds(b.median));
     std::cout << absl::StrFormat(
-        "  plan size       %d pieces to %d hosts, %d small-object moves; tenplex-style "
+        "  plan size       %d pieces to %d hosts, %d small-object moves; "
+        "tenplex-style "
         "%d pieces\n",
         p.transfers, ours->fragments.size(), p.small_object_moves, q.transfers);
     std::cout << absl::StrFormat(
         "  across hosts    ptc %s (lower bound %s); tenplex-style %s (%.2fx)\n",
-        HumanBytes(p.cross_host_bytes), HumanBytes(p.cross_host_bytes_lower_bound),
+        HumanBytes(p.cross_host_bytes),
+        HumanBytes(p.cross_host_bytes_lower_bound),
         HumanBytes(q.cross_host_bytes),
-        p.cross_host_bytes ? static_cast<double>(q.cross_host_bytes) / p.cross_host_bytes : 0);
+        p.cross_host_bytes
+            ? static_cast<double>(q.cross_host_bytes) / p.cross_host_bytes
+            : 0);
     std::cout << absl::StrFormat(
-        "  largest send    ptc %s (lower bound %s, %s); tenplex-style %s (%.2fx)\n",
-        HumanBytes(p.max_host_send_bytes), HumanBytes(p.max_host_send_bytes_lower_bound),
+        "  largest send    ptc %s (lower bound %s, %s); tenplex-style %s "
+        "(%.2fx)\n",
+        HumanBytes(p.max_host_send_bytes),
+        HumanBytes(p.max_host_send_bytes_lower_bound),
         PercentOver(p.max_host_send_bytes, p.max_host_send_bytes_lower_bound),
         HumanBytes(q.max_host_send_bytes),
-        p.max_host_send_bytes ? static_cast<double>(q.max_host_send_bytes) / p.max_host_send_bytes
-                              : 0);
-    std::cout << absl::StrFormat("  validation      %s in %s\n\n",
-                                 valid.ok() ? "passed" : std::string(valid.message()),
-                                 HumanSeconds(validate_s));
+        p.max_host_send_bytes
+            ? static_cast<double>(q.max_host_send_bytes) / p.max_host_send_bytes
+            : 0);
+    std::cout << absl::StrFormat(
+        "  validation      %s in %s\n\n",
+        valid.ok() ? "passed" : std::string(valid.message()),
+        HumanSeconds(validate_s));
     if (!valid.ok()) return 1;
   }
   std::cout << (all_under_a_second ? "every plan took under 1 second\n"

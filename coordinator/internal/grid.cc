@@ -10,7 +10,8 @@ void CoalesceBoxes(std::vector<Region>* boxes) {
     auto key_less = [d, rank](const Region& a, const Region& b) {
       for (int k = 0; k < rank; ++k) {
         if (k == d) continue;
-        if (a.dim(k).begin != b.dim(k).begin) return a.dim(k).begin < b.dim(k).begin;
+        if (a.dim(k).begin != b.dim(k).begin)
+          return a.dim(k).begin < b.dim(k).begin;
         if (a.dim(k).end != b.dim(k).end) return a.dim(k).end < b.dim(k).end;
       }
       return a.dim(d).begin < b.dim(d).begin;

@@ -31,7 +31,8 @@ TEST_CASE("grid: coalescing merges abutting boxes into the whole",
           "[coordinator][grid]") {
   std::vector<Region> boxes;
   for (int64_t i = 0; i < 4; ++i) {
-    for (int64_t j = 0; j < 3; ++j) boxes.push_back(Region{{i, i + 1}, {2 * j, 2 * j + 2}});
+    for (int64_t j = 0; j < 3; ++j)
+      boxes.push_back(Region{{i, i + 1}, {2 * j, 2 * j + 2}});
   }
   std::shuffle(boxes.begin(), boxes.end(), std::mt19937(4));
   CoalesceBoxes(&boxes);

@@ -13,7 +13,8 @@ namespace {
 // Calls fn(flat global index, offset in box) for each element of `what`
 // inside a dense row-major buffer holding `box`.
 template <typename Fn>
-void ForEachElement(const Shape& shape, const Region& box, const Region& what, Fn fn) {
+void ForEachElement(const Shape& shape, const Region& box, const Region& what,
+                    Fn fn) {
   const int rank = what.rank();
   if (what.empty()) return;
   std::vector<int64_t> idx(rank);
@@ -43,16 +44,19 @@ struct Buffer {
 }  // namespace
 
 TestJob RandomJob(std::mt19937* rng, std::string* description) {
-  auto pick = [&](int lo, int hi) { return lo + static_cast<int>((*rng)() % (hi - lo + 1)); };
+  auto pick = [&](int lo, int hi) {
+    return lo + static_cast<int>((*rng)() % (hi - lo + 1));
+  };
   while (true) {
     const bool llama = pick(0, 1) == 1;
     const int heads = 1 << pick(1, 3);
     const int kv = llama ? heads >> pick(0, 1) : heads;
     const int head_dim = pick(1, 3);
     std::string model = absl::StrCat(
-        llama ? "llama:" : "gpt:", "layers=", pick(1, 4), ",hidden=", heads * head_dim,
-        ",heads=", heads, ",kv_heads=", kv, ",ffn=", pick(5, 19), ",vocab=", pick(7, 40),
-        ",pad=", 1 << pick(0, 2), ",adam=", pick(0, 3) > 0 ? 1 : 0,
+        llama ? "llama:" : "gpt:", "layers=", pick(1, 4),
+        ",hidden=", heads * head_dim, ",heads=", heads, ",kv_heads=", kv,
+        ",ffn=", pick(5, 19), ",vocab=", pick(7, 40), ",pad=", 1 << pick(0, 2),
+        ",adam=", pick(0, 3) > 0 ? 1 : 0,
         llama ? "" : absl::StrCat(",positions=", pick(2, 5)));
     auto arch = ResolveArchitecture(model);
     if (!arch.ok()) continue;
@@ -83,15 +87,20 @@ TestJob RandomJob(std::mt19937* rng, std::string* description) {
     std::shuffle(order.begin(), order.end(), *rng);
     auto take_hosts = [&](int ranks, int offset) {
       std::vector<int> hosts;
-      for (int i = 0; i < num_hosts && static_cast<int>(hosts.size()) * gpus < ranks; ++i) {
+      for (int i = 0;
+           i < num_hosts && static_cast<int>(hosts.size()) * gpus < ranks;
+           ++i) {
         hosts.push_back(order[(i + offset) % num_hosts]);
       }
       return hosts;
     };
-    if (from.world_size() > num_hosts * gpus || to.world_size() > num_hosts * gpus) continue;
+    if (from.world_size() > num_hosts * gpus ||
+        to.world_size() > num_hosts * gpus)
+      continue;
     const std::vector<int> from_hosts = take_hosts(from.world_size(), 0);
     // Targets: the same hosts, shifted (redeploy), or a random offset.
-    const std::vector<int> to_hosts = take_hosts(to.world_size(), pick(0, num_hosts - 1));
+    const std::vector<int> to_hosts =
+        take_hosts(to.world_size(), pick(0, num_hosts - 1));
     std::vector<bool> alive(num_hosts, true);
     if (pick(0, 2) == 0) {
       // Kill a source host the target does not use.
@@ -102,13 +111,14 @@ TestJob RandomJob(std::mt19937* rng, std::string* description) {
         }
       }
     }
-    auto job = MakeJob(model, from.ToString(), from_hosts, to.ToString(), to_hosts,
-                       cluster, alive);
+    auto job = MakeJob(model, from.ToString(), from_hosts, to.ToString(),
+                       to_hosts, cluster, alive);
     if (!job.ok()) continue;
     int dead = 0;
     for (bool a : alive) dead += !a;
-    *description = absl::StrCat(model, " from ", from.ToString(), " to ", to.ToString(),
-                                " on ", num_hosts, "x", gpus, " hosts, ", dead, " dead");
+    *description =
+        absl::StrCat(model, " from ", from.ToString(), " to ", to.ToString(),
+                     " on ", num_hosts, "x", gpus, " hosts, ", dead, " dead");
     return std::move(*job);
   }
 }
@@ -128,8 +138,9 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
         continue;
       }
       Buffer b{s.region, std::vector<int64_t>(s.region.volume()), {}};
-      ForEachElement(shape, s.region, s.region,
-                     [&](int64_t flat, int64_t off) { b.values[off] = Encode(t, flat); });
+      ForEachElement(shape, s.region, s.region, [&](int64_t flat, int64_t off) {
+        b.values[off] = Encode(t, flat);
+      });
       list.push_back(std::move(b));
     }
   }
@@ -137,7 +148,8 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
   std::map<std::pair<int, int>, std::vector<Buffer>> target;
   for (int t = 0; t < num_tensors; ++t) {
     for (const Shard& s : in.target->shards(t)) {
-      const int unit = plan.per_rank ? s.rank : in.target_placement->host[s.rank];
+      const int unit =
+          plan.per_rank ? s.rank : in.target_placement->host[s.rank];
       auto& list = target[{unit, t}];
       if (std::any_of(list.begin(), list.end(),
                       [&](const Buffer& b) { return b.region == s.region; })) {
@@ -164,17 +176,21 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
           for (Buffer& d : dst) {
             const Region w = got.Intersect(d.region);
             if (w.empty()) continue;
-            CopyRegion(src.values.data(), src.region, d.values.data(), d.region, w, 8);
-            ForEachElement(shape, d.region, w, [&](int64_t, int64_t off) { ++d.writes[off]; });
+            CopyRegion(src.values.data(), src.region, d.values.data(), d.region,
+                       w, 8);
+            ForEachElement(shape, d.region, w,
+                           [&](int64_t, int64_t off) { ++d.writes[off]; });
           }
-          for (Region& r : m.Difference(src.region)) still.push_back(std::move(r));
+          for (Region& r : m.Difference(src.region))
+            still.push_back(std::move(r));
         }
         missing.swap(still);
       }
       if (!missing.empty()) {
-        return absl::InternalError(absl::StrCat(
-            "source host ", x.source_host, " does not hold ", missing[0].ToString(),
-            " of tensor ", in.spec->tensors[x.tensor].key));
+        return absl::InternalError(
+            absl::StrCat("source host ", x.source_host, " does not hold ",
+                         missing[0].ToString(), " of tensor ",
+                         in.spec->tensors[x.tensor].key));
       }
     }
   }
@@ -187,8 +203,9 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
         if (!status.ok()) return;
         if (b.writes[off] != 1 || b.values[off] != Encode(t, flat)) {
           status = absl::InternalError(absl::StrCat(
-              "unit ", key.first, " tensor ", in.spec->tensors[t].key, " element ", flat,
-              " written ", b.writes[off], " times, value ", b.values[off]));
+              "unit ", key.first, " tensor ", in.spec->tensors[t].key,
+              " element ", flat, " written ", b.writes[off], " times, value ",
+              b.values[off]));
         }
       });
       if (!status.ok()) return status;
@@ -200,18 +217,18 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
 namespace {
 
 // (tensor, flat) of every element held by each host on one side.
-std::map<int, std::unordered_set<int64_t>> ElementsByHost(const PlanInput& in,
-                                                         const Layout& layout,
-                                                         const Placement& placement,
-                                                         bool alive_only) {
+std::map<int, std::unordered_set<int64_t>> ElementsByHost(
+    const PlanInput& in, const Layout& layout, const Placement& placement,
+    bool alive_only) {
   std::map<int, std::unordered_set<int64_t>> out;
   for (int t = 0; t < layout.num_tensors(); ++t) {
     const Shape& shape = in.spec->tensors[t].shape;
     for (const Shard& s : layout.shards(t)) {
       const int h = placement.host[s.rank];
       if (alive_only && !in.IsAlive(h)) continue;
-      ForEachElement(shape, s.region, s.region,
-                     [&](int64_t flat, int64_t) { out[h].insert(Encode(t, flat)); });
+      ForEachElement(shape, s.region, s.region, [&](int64_t flat, int64_t) {
+        out[h].insert(Encode(t, flat));
+      });
     }
   }
   return out;

@@ -19,13 +19,15 @@ namespace ptc::testing {
 // Test jobs are plan scenarios.
 using TestJob = PlanScenario;
 
-inline absl::StatusOr<TestJob> MakeJob(const std::string& model, const std::string& from,
+inline absl::StatusOr<TestJob> MakeJob(const std::string& model,
+                                       const std::string& from,
                                        const std::vector<int>& from_hosts,
                                        const std::string& to,
-                                       const std::vector<int>& to_hosts, Cluster cluster,
+                                       const std::vector<int>& to_hosts,
+                                       Cluster cluster,
                                        std::vector<bool> alive = {}) {
-  return MakePlanScenario(model, from, from_hosts, to, to_hosts, std::move(cluster),
-                          std::move(alive));
+  return MakePlanScenario(model, from, from_hosts, to, to_hosts,
+                          std::move(cluster), std::move(alive));
 }
 
 // A random small job (random architecture, configs, placements, extra

@@ -11,7 +11,8 @@ absl::StatusOr<Args> Args::Parse(int argc, const char* const* argv, int first,
                                  const std::vector<std::string>& value_options,
                                  const std::vector<std::string>& flags) {
   Args args;
-  auto known = [](const std::vector<std::string>& list, const std::string& name) {
+  auto known = [](const std::vector<std::string>& list,
+                  const std::string& name) {
     return std::find(list.begin(), list.end(), name) != list.end();
   };
   for (int i = first; i < argc; ++i) {
@@ -32,11 +33,13 @@ absl::StatusOr<Args> Args::Parse(int argc, const char* const* argv, int first,
       continue;
     }
     if (!known(value_options, name)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown option --", name));
     }
     if (!inline_value) {
       if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("option --", name, " needs a value"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("option --", name, " needs a value"));
       }
       value = argv[++i];
     }
@@ -45,7 +48,8 @@ absl::StatusOr<Args> Args::Parse(int argc, const char* const* argv, int first,
   return args;
 }
 
-std::string Args::Get(const std::string& name, const std::string& fallback) const {
+std::string Args::Get(const std::string& name,
+                      const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
 }
@@ -53,7 +57,8 @@ std::string Args::Get(const std::string& name, const std::string& fallback) cons
 absl::StatusOr<std::string> Args::Required(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("missing required option --", name));
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing required option --", name));
   }
   return it->second;
 }

@@ -2,9 +2,9 @@
 // boolean "--flag"; anything else is positional. Unknown options are an
 // error that names them.
 //
-//   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 2, {"model"}, {"json"}));
-//   std::string model = args.Get("model");
-//   bool json = args.Flag("json");
+//   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 2, {"model"},
+//   {"json"})); std::string model = args.Get("model"); bool json =
+//   args.Flag("json");
 #ifndef PTC_TOOLS_INTERNAL_ARGS_H_
 #define PTC_TOOLS_INTERNAL_ARGS_H_
 
@@ -18,12 +18,14 @@ namespace ptc::tools {
 
 class Args {
  public:
-  static absl::StatusOr<Args> Parse(int argc, const char* const* argv, int first,
-                                    const std::vector<std::string>& value_options,
-                                    const std::vector<std::string>& flags);
+  static absl::StatusOr<Args> Parse(
+      int argc, const char* const* argv, int first,
+      const std::vector<std::string>& value_options,
+      const std::vector<std::string>& flags);
 
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
-  std::string Get(const std::string& name, const std::string& fallback = "") const;
+  std::string Get(const std::string& name,
+                  const std::string& fallback = "") const;
   bool Flag(const std::string& name) const { return flags_.count(name) > 0; }
   // INVALID_ARGUMENT naming the option if it is missing.
   absl::StatusOr<std::string> Required(const std::string& name) const;

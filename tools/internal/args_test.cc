@@ -8,14 +8,16 @@ namespace ptc::tools {
 namespace {
 
 TEST_CASE("args: values, inline values, flags and positionals", "[tools]") {
-  const char* argv[] = {"ptcctl", "plan", "--model", "gpt3-125m", "--to=tp=2", "--json", "extra"};
+  const char* argv[] = {"ptcctl",    "plan",   "--model", "gpt3-125m",
+                        "--to=tp=2", "--json", "extra"};
   auto args = Args::Parse(7, argv, 2, {"model", "to"}, {"json"});
   REQUIRE(args.ok());
   CHECK(args->Get("model") == "gpt3-125m");
   CHECK(args->Get("to") == "tp=2");
   CHECK(args->Flag("json"));
   CHECK(args->positional() == std::vector<std::string>{"extra"});
-  CHECK(args->Required("from").status().message() == "missing required option --from");
+  CHECK(args->Required("from").status().message() ==
+        "missing required option --from");
 }
 
 TEST_CASE("args: unknown options and missing values are named", "[tools]") {

@@ -21,7 +21,8 @@ std::string HumanSeconds(double s) {
   if (s < 1e-3) return absl::StrFormat("%.1f us", s * 1e6);
   if (s < 1) return absl::StrFormat("%.1f ms", s * 1e3);
   if (s < 120) return absl::StrFormat("%.2f s", s);
-  return absl::StrFormat("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return absl::StrFormat("%dm%02ds", static_cast<int>(s) / 60,
+                         static_cast<int>(s) % 60);
 }
 
 std::string PercentOver(double value, double base) {

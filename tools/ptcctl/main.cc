@@ -17,11 +17,13 @@ Run "ptcctl COMMAND --help" for a command's options.
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "help")) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
   }
-  if (!std::strcmp(argv[1], "plan")) return ptc::tools::RunPlanCommand(argc, argv);
+  if (!std::strcmp(argv[1], "plan"))
+    return ptc::tools::RunPlanCommand(argc, argv);
   std::cerr << "ptcctl: unknown command '" << argv[1] << "'\n\n" << kUsage;
   return 2;
 }

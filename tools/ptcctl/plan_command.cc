@@ -1,8 +1,8 @@
 #include "tools/ptcctl/plan_command.h"
 
 #include <fstream>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -22,7 +22,8 @@
 
 namespace ptc::tools {
 
-const char kPlanUsage[] = R"(usage: ptcctl plan --model MODEL --from CONFIG --to CONFIG --hosts NxG
+const char kPlanUsage[] =
+    R"(usage: ptcctl plan --model MODEL --from CONFIG --to CONFIG --hosts NxG
                    [--to-hosts NxG] [--dead-hosts LIST] [--link-gbps GBPS]
                    [--baseline tenplex [--baseline-out FILE]] [--json] [--out FILE]
 
@@ -78,12 +79,14 @@ absl::StatusOr<std::set<int>> ParseHostList(const std::string& text,
       hi = lo;
     } else if (range.size() != 2 || !absl::SimpleAtoi(range[0], &lo) ||
                !absl::SimpleAtoi(range[1], &hi)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--dead-hosts: '", item, "' is neither a host name, an id nor a range like 3-5"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dead-hosts: '", item,
+                       "' is neither a host name, an id nor a range like 3-5"));
     }
     if (lo < 0 || hi >= n || lo > hi) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--dead-hosts: '", item, "' is outside the cluster's hosts 0-", n - 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dead-hosts: '", item,
+                       "' is outside the cluster's hosts 0-", n - 1));
     }
     for (int h = lo; h <= hi; ++h) out.insert(h);
   }
@@ -102,22 +105,24 @@ absl::StatusOr<PlanRun> Build(const Args& args) {
   PTC_ASSIGN_OR_RETURN(std::string to, args.Required("to"));
   PTC_ASSIGN_OR_RETURN(std::string hosts_text, args.Required("hosts"));
   PTC_ASSIGN_OR_RETURN(auto from_hosts, ParseHosts(hosts_text, "hosts"));
-  PTC_ASSIGN_OR_RETURN(auto to_hosts,
-                       ParseHosts(args.Get("to-hosts", hosts_text), "to-hosts"));
+  PTC_ASSIGN_OR_RETURN(
+      auto to_hosts, ParseHosts(args.Get("to-hosts", hosts_text), "to-hosts"));
   if (to_hosts.second != from_hosts.second) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--hosts has ", from_hosts.second, " GPUs per host but --to-hosts has ",
         to_hosts.second, "; ptcctl plan models hosts of one size"));
   }
   double gbps = 200;
-  if (args.Has("link-gbps") && (!absl::SimpleAtod(args.Get("link-gbps"), &gbps) || gbps <= 0)) {
+  if (args.Has("link-gbps") &&
+      (!absl::SimpleAtod(args.Get("link-gbps"), &gbps) || gbps <= 0)) {
     return absl::InvalidArgumentError("--link-gbps needs a positive number");
   }
   Cluster cluster = Cluster::Uniform(std::max(from_hosts.first, to_hosts.first),
                                      from_hosts.second, gbps * 1e9 / 8);
   std::vector<bool> alive(cluster.hosts.size(), true);
   if (args.Has("dead-hosts")) {
-    PTC_ASSIGN_OR_RETURN(std::set<int> dead, ParseHostList(args.Get("dead-hosts"), cluster));
+    PTC_ASSIGN_OR_RETURN(std::set<int> dead,
+                         ParseHostList(args.Get("dead-hosts"), cluster));
     for (int h : dead) alive[h] = false;
   }
   std::vector<int> source, target;
@@ -128,19 +133,23 @@ absl::StatusOr<PlanRun> Build(const Args& args) {
   const std::string baseline = args.Get("baseline");
   if (!baseline.empty() && baseline != "tenplex") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--baseline '", baseline, "' is unknown; the one baseline is 'tenplex'"));
+        absl::StrCat("--baseline '", baseline,
+                     "' is unknown; the one baseline is 'tenplex'"));
   }
   PlanRun run;
-  PTC_ASSIGN_OR_RETURN(run.scenario, MakePlanScenario(model, from, source, to, target,
-                                                      std::move(cluster), alive));
+  PTC_ASSIGN_OR_RETURN(run.scenario,
+                       MakePlanScenario(model, from, source, to, target,
+                                        std::move(cluster), alive));
   const absl::Time start = absl::Now();
   PTC_ASSIGN_OR_RETURN(run.plan, PlanReconfiguration(run.scenario.input()));
   run.plan.summary.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(run.scenario.input(), run.plan),
-                               "the planner produced a plan that does not validate"));
+  PTC_RETURN_IF_ERROR(
+      Annotate(ValidatePlan(run.scenario.input(), run.plan),
+               "the planner produced a plan that does not validate"));
   if (!baseline.empty()) {
     const absl::Time b = absl::Now();
-    PTC_ASSIGN_OR_RETURN(run.baseline, PlanTenplexBaseline(run.scenario.input()));
+    PTC_ASSIGN_OR_RETURN(run.baseline,
+                         PlanTenplexBaseline(run.scenario.input()));
     run.baseline->summary.plan_seconds = absl::ToDoubleSeconds(absl::Now() - b);
   }
   return run;
@@ -153,17 +162,21 @@ void PrintText(const PlanRun& run) {
   for (bool a : s.alive) dead += !a;
   std::cout << absl::StrFormat(
       "Plan for %s (%s of state with Adam): %s on %d ranks -> %s on %d ranks\n",
-      s.spec.name, HumanBytes(s.spec.TotalBytes()), s.source.config()->ToString(),
-      s.source.world_size(), s.target.config()->ToString(), s.target.world_size());
-  std::cout << absl::StrFormat("hosts: %d in the cluster, %d dead, link %s/s each\n\n",
-                               s.cluster.hosts.size(), dead,
-                               HumanBytes(s.cluster.hosts[0].bandwidth));
+      s.spec.name, HumanBytes(s.spec.TotalBytes()),
+      s.source.config()->ToString(), s.source.world_size(),
+      s.target.config()->ToString(), s.target.world_size());
+  std::cout << absl::StrFormat(
+      "hosts: %d in the cluster, %d dead, link %s/s each\n\n",
+      s.cluster.hosts.size(), dead, HumanBytes(s.cluster.hosts[0].bandwidth));
   const PlanSummary* b = run.baseline ? &run.baseline->summary : nullptr;
-  auto row = [&](const char* name, const std::string& ours, const std::string& theirs) {
-    std::cout << absl::StrFormat("  %-26s %-34s %s\n", name, ours, b ? theirs : "");
+  auto row = [&](const char* name, const std::string& ours,
+                 const std::string& theirs) {
+    std::cout << absl::StrFormat("  %-26s %-34s %s\n", name, ours,
+                                 b ? theirs : "");
   };
   row("", "ptc", "tenplex-style baseline");
-  row("state on target hosts", HumanBytes(p.target_bytes), b ? HumanBytes(b->target_bytes) : "");
+  row("state on target hosts", HumanBytes(p.target_bytes),
+      b ? HumanBytes(b->target_bytes) : "");
   row("kept in place", HumanBytes(p.kept_in_place_bytes), b ? "-" : "");
   row("copied within hosts", HumanBytes(p.copied_within_host_bytes),
       b ? HumanBytes(b->copied_within_host_bytes) : "");
@@ -171,21 +184,28 @@ void PrintText(const PlanRun& run) {
       absl::StrCat(HumanBytes(p.cross_host_bytes), " (bound ",
                    HumanBytes(p.cross_host_bytes_lower_bound), ")"),
       b ? absl::StrCat(HumanBytes(b->cross_host_bytes), " (",
-                       PercentOver(b->cross_host_bytes, p.cross_host_bytes), ")")
+                       PercentOver(b->cross_host_bytes, p.cross_host_bytes),
+                       ")")
         : "");
   row("largest send of a host",
-      absl::StrCat(HumanBytes(p.max_host_send_bytes), " (bound ",
-                   HumanBytes(p.max_host_send_bytes_lower_bound), ", ",
-                   PercentOver(p.max_host_send_bytes, p.max_host_send_bytes_lower_bound), ")"),
-      b ? absl::StrCat(HumanBytes(b->max_host_send_bytes), " (",
-                       PercentOver(b->max_host_send_bytes, p.max_host_send_bytes), ")")
+      absl::StrCat(
+          HumanBytes(p.max_host_send_bytes), " (bound ",
+          HumanBytes(p.max_host_send_bytes_lower_bound), ", ",
+          PercentOver(p.max_host_send_bytes, p.max_host_send_bytes_lower_bound),
+          ")"),
+      b ? absl::StrCat(
+              HumanBytes(b->max_host_send_bytes), " (",
+              PercentOver(b->max_host_send_bytes, p.max_host_send_bytes), ")")
         : "");
   row("  at link speed", HumanSeconds(p.max_host_send_seconds),
       b ? HumanSeconds(b->max_host_send_seconds) : "");
-  row("shared by ranks on a host", HumanBytes(p.dedup_saved_bytes), b ? "0 B" : "");
+  row("shared by ranks on a host", HumanBytes(p.dedup_saved_bytes),
+      b ? "0 B" : "");
   row("pieces", absl::StrCat(p.transfers), b ? absl::StrCat(b->transfers) : "");
-  row("plan time", HumanSeconds(p.plan_seconds), b ? HumanSeconds(b->plan_seconds) : "");
-  std::cout << "\nvalidated: every target region covered exactly once, every piece held "
+  row("plan time", HumanSeconds(p.plan_seconds),
+      b ? HumanSeconds(b->plan_seconds) : "");
+  std::cout << "\nvalidated: every target region covered exactly once, every "
+               "piece held "
                "by its live source host\n";
 }
 
@@ -201,7 +221,10 @@ void PrintJson(const PlanRun& run) {
   w.Key("summary");
   WritePlanSummary(run.plan.summary, s.cluster, &w);
   if (run.baseline) {
-    w.Key("baseline").BeginObject().Key("strategy").String(run.baseline->strategy);
+    w.Key("baseline")
+        .BeginObject()
+        .Key("strategy")
+        .String(run.baseline->strategy);
     w.Key("summary");
     WritePlanSummary(run.baseline->summary, s.cluster, &w);
     w.EndObject();
@@ -213,10 +236,11 @@ void PrintJson(const PlanRun& run) {
 }  // namespace
 
 int RunPlanCommand(int argc, const char* const* argv) {
-  auto args = Args::Parse(argc, argv, 2,
-                          {"model", "from", "to", "hosts", "to-hosts", "dead-hosts",
-                           "link-gbps", "baseline", "out", "baseline-out"},
-                          {"json", "help"});
+  auto args =
+      Args::Parse(argc, argv, 2,
+                  {"model", "from", "to", "hosts", "to-hosts", "dead-hosts",
+                   "link-gbps", "baseline", "out", "baseline-out"},
+                  {"json", "help"});
   if (args.ok() && args->Flag("help")) {
     std::cout << kPlanUsage;
     return 0;
@@ -237,22 +261,26 @@ int RunPlanCommand(int argc, const char* const* argv) {
   if (!args.ok()) return fail(args.status(), 2);
   auto run = Build(*args);
   if (!run.ok()) {
-    const bool usage = absl::StartsWith(run.status().message(), "missing required option");
+    const bool usage =
+        absl::StartsWith(run.status().message(), "missing required option");
     return fail(run.status(), usage ? 2 : 1);
   }
   if (args->Has("baseline-out") && !run->baseline) {
-    return fail(absl::InvalidArgumentError("--baseline-out needs --baseline tenplex"), 2);
+    return fail(
+        absl::InvalidArgumentError("--baseline-out needs --baseline tenplex"),
+        2);
   }
-  for (auto [option, plan] : {std::make_pair("out", &run->plan),
-                              std::make_pair("baseline-out",
-                                             run->baseline ? &*run->baseline : nullptr)}) {
+  for (auto [option, plan] :
+       {std::make_pair("out", &run->plan),
+        std::make_pair("baseline-out",
+                       run->baseline ? &*run->baseline : nullptr)}) {
     if (!args->Has(option) || plan == nullptr) continue;
     std::ofstream out(args->Get(option));
     out << PlanJson(run->scenario.input(), *plan) << "\n";
     out.close();
     if (!out) {
-      return fail(absl::UnavailableError(
-                      absl::StrCat("cannot write the plan to ", args->Get(option))),
+      return fail(absl::UnavailableError(absl::StrCat(
+                      "cannot write the plan to ", args->Get(option))),
                   1);
     }
   }
@@ -260,7 +288,8 @@ int RunPlanCommand(int argc, const char* const* argv) {
     PrintJson(*run);
   } else {
     PrintText(*run);
-    if (args->Has("out")) std::cout << "plan written to " << args->Get("out") << "\n";
+    if (args->Has("out"))
+      std::cout << "plan written to " << args->Get("out") << "\n";
   }
   return 0;
 }
