@@ -17,7 +17,7 @@
 #include "coordinator/plan_scenario.h"
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
-#include "tools/internal/args.h"
+#include "common/args.h"
 #include "tools/internal/format.h"
 
 namespace ptc::tools {

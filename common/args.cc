@@ -1,11 +1,11 @@
-#include "tools/internal/args.h"
+#include "common/args.h"
 
 #include <algorithm>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
-namespace ptc::tools {
+namespace ptc {
 
 absl::StatusOr<Args> Args::Parse(int argc, const char* const* argv, int first,
                                  const std::vector<std::string>& value_options,
@@ -63,4 +63,4 @@ absl::StatusOr<std::string> Args::Required(const std::string& name) const {
   return it->second;
 }
 
-}  // namespace ptc::tools
+}  // namespace ptc

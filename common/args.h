@@ -1,12 +1,12 @@
-// Command-line options for ptc's tools: "--name value", "--name=value" and
+// Command-line options for ptc's binaries: "--name value", "--name=value" and
 // boolean "--flag"; anything else is positional. Unknown options are an
 // error that names them.
 //
 //   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 2, {"model"},
 //   {"json"})); std::string model = args.Get("model"); bool json =
 //   args.Flag("json");
-#ifndef PTC_TOOLS_INTERNAL_ARGS_H_
-#define PTC_TOOLS_INTERNAL_ARGS_H_
+#ifndef PTC_COMMON_ARGS_H_
+#define PTC_COMMON_ARGS_H_
 
 #include <map>
 #include <string>
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace ptc::tools {
+namespace ptc {
 
 class Args {
  public:
@@ -37,6 +37,6 @@ class Args {
   std::vector<std::string> positional_;
 };
 
-}  // namespace ptc::tools
+}  // namespace ptc
 
-#endif  // PTC_TOOLS_INTERNAL_ARGS_H_
+#endif  // PTC_COMMON_ARGS_H_

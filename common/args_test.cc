@@ -1,10 +1,10 @@
-#include "tools/internal/args.h"
+#include "common/args.h"
 
 #include <catch2/catch.hpp>
 
-#include "tools/internal/format.h"
 
-namespace ptc::tools {
+
+namespace ptc {
 namespace {
 
 TEST_CASE("args: values, inline values, flags and positionals", "[tools]") {
@@ -29,12 +29,5 @@ TEST_CASE("args: unknown options and missing values are named", "[tools]") {
         "option --model needs a value");
 }
 
-TEST_CASE("format: bytes, seconds and percentages read well", "[tools]") {
-  CHECK(HumanBytes(512) == "512 B");
-  CHECK(HumanBytes(3.0 * (1 << 30)) == "3.00 GiB");
-  CHECK(HumanSeconds(0.0123) == "12.3 ms");
-  CHECK(PercentOver(105, 100) == "+5.0%");
-}
-
 }  // namespace
-}  // namespace ptc::tools
+}  // namespace ptc

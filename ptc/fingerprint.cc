@@ -1,0 +1,56 @@
+#include "ptc/fingerprint.h"
+
+#include <cstring>
+#include <vector>
+
+namespace ptc {
+namespace {
+
+inline uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t FingerprintRegion(const void* data, const Region& box,
+                           const Region& what, absl::Span<const int64_t> shape,
+                           int64_t element_size) {
+  if (what.empty()) return 0;
+  const int rank = what.rank();
+  const char* base = static_cast<const char*>(data);
+  if (rank == 0) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, base, element_size);
+    return Mix(Mix(bits) + 0x9e3779b97f4a7c15ULL);
+  }
+  // Walk the rows (last dimension) of `what`.
+  std::vector<int64_t> idx(rank);
+  for (int d = 0; d < rank; ++d) idx[d] = what.dim(d).begin;
+  const int64_t row = what.dim(rank - 1).size();
+  uint64_t sum = 0;
+  while (true) {
+    int64_t flat = 0, off = 0;
+    for (int d = 0; d < rank; ++d) {
+      flat = flat * shape[d] + idx[d];
+      off = off * box.dim(d).size() + (idx[d] - box.dim(d).begin);
+    }
+    const char* p = base + off * element_size;
+    for (int64_t k = 0; k < row; ++k, p += element_size) {
+      uint64_t bits = 0;
+      std::memcpy(&bits, p, element_size);
+      sum += Mix(static_cast<uint64_t>(flat + k) * 0x9e3779b97f4a7c15ULL + Mix(bits));
+    }
+    int d = rank - 2;
+    for (; d >= 0; --d) {
+      if (++idx[d] < what.dim(d).end) break;
+      idx[d] = what.dim(d).begin;
+    }
+    if (d < 0) return sum;
+  }
+}
+
+}  // namespace ptc

@@ -1,0 +1,28 @@
+// The partition-invariant fingerprint of a tensor's values: the sum, mod
+// 2^64, over elements of a 64-bit hash of (global flat index, value bytes).
+// Because a sum does not care about order or grouping, the fingerprints of
+// disjoint pieces add up to the fingerprint of their union: a coordinator
+// can prove that a re-partitioned tensor holds exactly the old values.
+//
+//   uint64_t f = FingerprintRegion(buf, box, box, shape, ElementSize(dtype));
+//   // f(A) + f(B) == f(A u B) for disjoint A, B
+#ifndef PTC_PTC_FINGERPRINT_H_
+#define PTC_PTC_FINGERPRINT_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "ptc/region.h"
+
+namespace ptc {
+
+// Fingerprint of the elements of `what` (inside `box`) read from `data`, a
+// dense row-major buffer holding `box` of a tensor of `shape`. Elements are
+// at most 8 bytes.
+uint64_t FingerprintRegion(const void* data, const Region& box,
+                           const Region& what, absl::Span<const int64_t> shape,
+                           int64_t element_size);
+
+}  // namespace ptc
+
+#endif  // PTC_PTC_FINGERPRINT_H_
