@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/plan.h"
 #include "proto/plan.pb.h"
+#include "ptc/region_proto.h"
 
 namespace ptc {
 
@@ -15,9 +16,6 @@ proto::Plan PlanToProto(const Plan& plan);
 // INVALID_ARGUMENT if a region has begin > end; ids are checked against a
 // job by ValidatePlan, not here.
 absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire);
-
-void RegionToProto(const Region& region, proto::Region* out);
-absl::StatusOr<Region> RegionFromProto(const proto::Region& wire);
 
 }  // namespace ptc
 

@@ -1,0 +1,72 @@
+#include "tensor_store/internal/unix_socket.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ptc::store_internal {
+
+absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
+  struct iovec iov;
+  iov.iov_base = const_cast<char*>(bytes.data());
+  iov.iov_len = bytes.size();
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  while (sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
+    if (errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("sending on the local socket: ",
+                                               std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
+  *fd = -1;
+  std::string buf(kMaxPacket, '\0');
+  struct iovec iov;
+  iov.iov_base = buf.data();
+  iov.iov_len = buf.size();
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  while ((n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC)) < 0) {
+    if (errno == EINTR) continue;
+    return absl::UnavailableError(absl::StrCat("receiving on the local socket: ",
+                                               std::strerror(errno)));
+  }
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (n == 0) return absl::UnavailableError("the peer closed the local connection");
+  if (msg.msg_flags & MSG_TRUNC) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("a local message is larger than ", kMaxPacket, " bytes"));
+  }
+  buf.resize(n);
+  return buf;
+}
+
+}  // namespace ptc::store_internal

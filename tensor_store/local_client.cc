@@ -1,0 +1,195 @@
+#include "tensor_store/local_client.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+#include "tensor_store/internal/unix_socket.h"
+
+namespace ptc {
+
+LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(PutBuffer&& o) noexcept {
+  if (this != &o) {
+    Unmap();
+    handle_ = o.handle_;
+    data_ = o.data_;
+    size_ = o.size_;
+    fd_ = o.fd_;
+    o.data_ = nullptr;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void LocalClient::PutBuffer::Unmap() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    this->~Mapping();
+    client_ = o.client_;
+    lease_ = o.lease_;
+    data_ = o.data_;
+    size_ = o.size_;
+    checksum_ = o.checksum_;
+    fd_ = o.fd_;
+    o.client_ = nullptr;
+    o.data_ = nullptr;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+LocalClient::Mapping::~Mapping() {
+  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) close(fd_);
+  if (client_ != nullptr) client_->Release(lease_).IgnoreError();
+  client_ = nullptr;
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+ino_t LocalClient::Mapping::inode() const {
+  struct stat st;
+  return fd_ >= 0 && fstat(fd_, &st) == 0 ? st.st_ino : 0;
+}
+
+absl::StatusOr<std::unique_ptr<LocalClient>> LocalClient::Connect(
+    const std::string& socket_path) {
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", socket_path, "' is too long"));
+  }
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(std::strerror(errno));
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to ptcd at ", socket_path, ": ", why, "; is ptcd running on this host?"));
+  }
+  return std::unique_ptr<LocalClient>(new LocalClient(fd));
+}
+
+LocalClient::~LocalClient() { close(fd_); }
+
+absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req, int* fd_out) {
+  absl::MutexLock lock(&mu_);
+  req.set_request_id(next_request_++);
+  PTC_RETURN_IF_ERROR(store_internal::SendPacket(fd_, req.SerializeAsString()));
+  int fd = -1;
+  PTC_ASSIGN_OR_RETURN(std::string packet, store_internal::ReceivePacket(fd_, &fd));
+  proto::LocalResponse resp;
+  if (!resp.ParseFromString(packet)) {
+    if (fd >= 0) close(fd);
+    return absl::InternalError("ptcd sent a malformed local response");
+  }
+  if (fd_out != nullptr) {
+    *fd_out = fd;
+  } else if (fd >= 0) {
+    close(fd);
+  }
+  return resp;
+}
+
+namespace {
+
+absl::Status StatusOf(const proto::LocalResponse& resp) {
+  return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
+}
+
+}  // namespace
+
+absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::string& job,
+                                                                int64_t version,
+                                                                const std::string& tensor,
+                                                                const Region& region) {
+  proto::LocalRequest req;
+  proto::AllocatePutOp* op = req.mutable_allocate_put();
+  op->set_job(job);
+  op->set_version(version);
+  op->set_tensor(tensor);
+  RegionToProto(region, op->mutable_region());
+  int fd = -1;
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
+  PTC_RETURN_IF_ERROR(StatusOf(resp));
+  PutBuffer buf;
+  buf.handle_ = resp.handle();
+  buf.size_ = resp.bytes();
+  buf.fd_ = fd;
+  void* p = mmap(nullptr, buf.size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mapping ", buf.size_, " bytes of shared memory: ", std::strerror(errno)));
+  }
+  buf.data_ = static_cast<uint8_t*>(p);
+  return buf;
+}
+
+absl::StatusOr<uint64_t> LocalClient::CommitPut(PutBuffer* buffer, uint64_t checksum) {
+  buffer->Unmap();
+  proto::LocalRequest req;
+  req.mutable_commit_put()->set_handle(buffer->handle_);
+  req.mutable_commit_put()->set_checksum(checksum);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  PTC_RETURN_IF_ERROR(StatusOf(resp));
+  return resp.checksum();
+}
+
+absl::Status LocalClient::AbortPut(PutBuffer* buffer) {
+  buffer->Unmap();
+  proto::LocalRequest req;
+  req.mutable_abort_put()->set_handle(buffer->handle_);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  return StatusOf(resp);
+}
+
+absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, int64_t version,
+                                                      const std::string& tensor,
+                                                      const Region& region) {
+  proto::LocalRequest req;
+  proto::MapOp* op = req.mutable_map();
+  op->set_job(job);
+  op->set_version(version);
+  op->set_tensor(tensor);
+  RegionToProto(region, op->mutable_region());
+  int fd = -1;
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
+  PTC_RETURN_IF_ERROR(StatusOf(resp));
+  Mapping m;
+  m.client_ = this;
+  m.lease_ = resp.handle();
+  m.size_ = resp.bytes();
+  m.checksum_ = resp.checksum();
+  m.fd_ = fd;
+  void* p = mmap(nullptr, m.size_, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mapping ", m.size_, " bytes of shared memory: ", std::strerror(errno)));
+  }
+  m.data_ = static_cast<const uint8_t*>(p);
+  return m;
+}
+
+absl::Status LocalClient::Release(uint64_t lease) {
+  proto::LocalRequest req;
+  req.mutable_release()->set_lease(lease);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  return StatusOf(resp);
+}
+
+}  // namespace ptc

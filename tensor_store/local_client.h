@@ -1,0 +1,105 @@
+// The client side of ptcd's local protocol: save a region by filling
+// daemon-owned shared memory, load one by mapping it read-only, zero-copy.
+// A LocalClient serves one request at a time (calls are serialized).
+//
+//   PTC_ASSIGN_OR_RETURN(auto client, LocalClient::Connect("/run/ptcd/ptcd.sock"));
+//   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf, client->AllocatePut("run7", 1, "w", r));
+//   std::memcpy(buf.data(), src, buf.size());
+//   PTC_RETURN_IF_ERROR(client->CommitPut(&buf).status());
+//   PTC_ASSIGN_OR_RETURN(LocalClient::Mapping m, client->Map("run7", 1, "w", r));
+//   use(m.data(), m.size());   // valid until m is destroyed
+#ifndef PTC_TENSOR_STORE_LOCAL_CLIENT_H_
+#define PTC_TENSOR_STORE_LOCAL_CLIENT_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/local.pb.h"
+#include "ptc/region.h"
+
+namespace ptc {
+
+class LocalClient {
+ public:
+  // A writable shared buffer for one region, from AllocatePut. Move-only;
+  // unmapped when destroyed (the put stays pending until committed or
+  // aborted, or until the client disconnects, which aborts it).
+  class PutBuffer {
+   public:
+    PutBuffer() = default;
+    PutBuffer(PutBuffer&& o) noexcept { *this = std::move(o); }
+    PutBuffer& operator=(PutBuffer&& o) noexcept;
+    ~PutBuffer() { Unmap(); }
+    uint8_t* data() { return data_; }
+    int64_t size() const { return size_; }
+    uint64_t handle() const { return handle_; }
+    void Unmap();
+
+   private:
+    friend class LocalClient;
+    uint64_t handle_ = 0;
+    uint8_t* data_ = nullptr;
+    int64_t size_ = 0;
+    int fd_ = -1;
+  };
+
+  // A read-only mapping of one stored region, from Map. Move-only; on
+  // destruction it unmaps and releases the lease. Must not outlive the
+  // client that made it.
+  class Mapping {
+   public:
+    Mapping() = default;
+    Mapping(Mapping&& o) noexcept { *this = std::move(o); }
+    Mapping& operator=(Mapping&& o) noexcept;
+    ~Mapping();
+    const uint8_t* data() const { return data_; }
+    int64_t size() const { return size_; }
+    // xxh3-64 the daemon took when the region was stored.
+    uint64_t checksum() const { return checksum_; }
+    // The shared memory's inode (equal to the daemon's buffer: no copy).
+    ino_t inode() const;
+
+   private:
+    friend class LocalClient;
+    LocalClient* client_ = nullptr;
+    uint64_t lease_ = 0;
+    const uint8_t* data_ = nullptr;
+    int64_t size_ = 0;
+    uint64_t checksum_ = 0;
+    int fd_ = -1;
+  };
+
+  // UNAVAILABLE naming the path if no ptcd listens there.
+  static absl::StatusOr<std::unique_ptr<LocalClient>> Connect(const std::string& socket_path);
+  ~LocalClient();
+
+  absl::StatusOr<PutBuffer> AllocatePut(const std::string& job, int64_t version,
+                                        const std::string& tensor, const Region& region);
+  // Unmaps the buffer and commits it; `checksum` (0: none) is the xxh3-64
+  // of the bytes written. Returns the checksum the daemon stored.
+  absl::StatusOr<uint64_t> CommitPut(PutBuffer* buffer, uint64_t checksum = 0);
+  absl::Status AbortPut(PutBuffer* buffer);
+  // Maps a stored region (exactly one region the daemon stores).
+  absl::StatusOr<Mapping> Map(const std::string& job, int64_t version, const std::string& tensor,
+                              const Region& region);
+
+  // Sends a raw request; for tests of the daemon's error handling.
+  absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req, int* fd_out);
+
+ private:
+  explicit LocalClient(int fd) : fd_(fd) {}
+  absl::Status Release(uint64_t lease);
+
+  int fd_;
+  absl::Mutex mu_;
+  uint64_t next_request_ = 1;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_LOCAL_CLIENT_H_

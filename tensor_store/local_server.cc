@@ -1,0 +1,297 @@
+#include "tensor_store/local_server.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+#include "tensor_store/internal/unix_socket.h"
+
+namespace ptc {
+namespace {
+
+using store_internal::ReceivePacket;
+using store_internal::SendPacket;
+
+Counter& local_puts_total = GetCounter("ptc_store_local_puts_total");
+Counter& local_maps_total = GetCounter("ptc_store_local_maps_total");
+Counter& local_bytes_in_total = GetCounter("ptc_store_local_bytes_in_total");
+
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+struct LocalServer::Connection {
+  uint64_t id = 0;
+  int fd = -1;
+  uid_t uid = 0;
+  pid_t pid = 0;
+  // Only the connection's own thread touches these.
+  std::map<uint64_t, std::unique_ptr<PendingPut>> puts;
+  std::map<uint64_t, std::shared_ptr<RegionBuffer>> leases;
+};
+
+absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(Store* store,
+                                                               LocalServerOptions options) {
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (options.socket_path.empty() || options.socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local socket path '", options.socket_path, "' must be non-empty and shorter than ",
+        sizeof(addr.sun_path), " characters"));
+  }
+  std::strncpy(addr.sun_path, options.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("creating the local socket");
+  unlink(options.socket_path.c_str());  // a stale socket of a previous run
+  if (bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const absl::Status s = Errno(absl::StrCat("binding ", options.socket_path));
+    close(fd);
+    return s;
+  }
+  chmod(options.socket_path.c_str(), 0660);
+  if (listen(fd, 128) != 0) {
+    const absl::Status s = Errno("listening on the local socket");
+    close(fd);
+    return s;
+  }
+  std::unique_ptr<LocalServer> server(new LocalServer(store, std::move(options), fd));
+  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  Log("tensor_store")->info("local socket {} ready", server->options_.socket_path);
+  return server;
+}
+
+LocalServer::~LocalServer() { Stop(); }
+
+void LocalServer::Stop() {
+  if (stopping_.exchange(true)) return;
+  shutdown(listen_fd_, SHUT_RDWR);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  close(listen_fd_);
+  std::map<uint64_t, std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, conn] : connections_) shutdown(conn->fd, SHUT_RDWR);
+    threads.swap(threads_);
+  }
+  for (auto& [id, t] : threads) t.join();
+  unlink(options_.socket_path.c_str());
+}
+
+void LocalServer::ReapFinished() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : finished_) {
+      auto it = threads_.find(id);
+      if (it != threads_.end()) {
+        done.push_back(std::move(it->second));
+        threads_.erase(it);
+      }
+    }
+    finished_.clear();
+  }
+  for (std::thread& t : done) t.join();
+}
+
+void LocalServer::AcceptLoop() {
+  while (!stopping_) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    ReapFinished();
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stopping_) Log("tensor_store")->error("accept on the local socket: {}", std::strerror(errno));
+      return;
+    }
+    auto conn = std::make_shared<Connection>();
+    conn->id = next_id_++;
+    conn->fd = fd;
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      conn->uid = cred.uid;
+      conn->pid = cred.pid;
+    }
+    const bool allowed = conn->uid == geteuid() || conn->uid == 0 ||
+                         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
+                                   conn->uid) != options_.allowed_uids.end();
+    if (!allowed) {
+      proto::LocalResponse denied;
+      denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
+      denied.set_message(absl::StrCat("user ", conn->uid,
+                                      " may not use this ptcd; ask the admin to add it to "
+                                      "allowed_uids"));
+      SendPacket(fd, denied.SerializeAsString()).IgnoreError();
+      Log("tensor_store")->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
+      close(fd);
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      close(fd);
+      return;
+    }
+    connections_[conn->id] = conn;
+    threads_[conn->id] = std::thread([this, conn] { Serve(conn); });
+  }
+}
+
+void LocalServer::Serve(std::shared_ptr<Connection> conn) {
+  clients_.fetch_add(1);
+  Log("tensor_store")->debug("local client {} connected (pid {})", conn->id, conn->pid);
+  while (true) {
+    int fd_in = -1;
+    auto packet = ReceivePacket(conn->fd, &fd_in);
+    if (fd_in >= 0) close(fd_in);  // clients never send descriptors
+    proto::LocalResponse resp;
+    int fd_out = -1;
+    if (!packet.ok()) {
+      if (packet.status().code() == absl::StatusCode::kUnavailable) break;
+      resp.set_code(static_cast<int>(packet.status().code()));
+      resp.set_message(std::string(packet.status().message()));
+    } else {
+      proto::LocalRequest req;
+      if (!req.ParseFromString(*packet)) {
+        resp.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+        resp.set_message("malformed local request: not a LocalRequest message");
+      } else {
+        resp = Handle(conn.get(), req, &fd_out);
+      }
+    }
+    if (!SendPacket(conn->fd, resp.SerializeAsString(), fd_out).ok()) break;
+  }
+  const size_t aborted = conn->puts.size(), released = conn->leases.size();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [h, p] : conn->puts) owners_.erase(h);
+    for (const auto& [l, b] : conn->leases) owners_.erase(l);
+    connections_.erase(conn->id);
+    finished_.push_back(conn->id);
+  }
+  conn->puts.clear();
+  conn->leases.clear();
+  close(conn->fd);
+  clients_.fetch_sub(1);
+  Log("tensor_store")->debug("local client {} left; {} puts aborted, {} mappings released",
+                             conn->id, aborted, released);
+}
+
+absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn, const char* what) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(id);
+  if (it == owners_.end()) {
+    return absl::NotFoundError(absl::StrCat(what, " ", id, " does not exist (or is finished)"));
+  }
+  if (it->second != conn->id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " ", id, " belongs to another client connection"));
+  }
+  return absl::OkStatus();
+}
+
+proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalRequest& req,
+                                         int* fd_out) {
+  proto::LocalResponse resp;
+  resp.set_request_id(req.request_id());
+  auto fail = [&](const absl::Status& s) {
+    resp.set_code(static_cast<int>(s.code()));
+    resp.set_message(std::string(s.message()));
+    return resp;
+  };
+  switch (req.op_case()) {
+    case proto::LocalRequest::kAllocatePut: {
+      const proto::AllocatePutOp& op = req.allocate_put();
+      auto region = RegionFromProto(op.region());
+      if (!region.ok()) return fail(region.status());
+      auto put = store_->BeginPut(op.job(), op.version(), op.tensor(), *region, std::nullopt,
+                                  /*map=*/false);
+      if (!put.ok()) return fail(put.status());
+      const uint64_t handle = next_id_++;
+      resp.set_handle(handle);
+      resp.set_bytes((*put)->bytes);
+      *fd_out = (*put)->buffer->fd();
+      conn->puts[handle] = std::move(*put);
+      absl::MutexLock lock(&mu_);
+      owners_[handle] = conn->id;
+      return resp;
+    }
+    case proto::LocalRequest::kCommitPut: {
+      const uint64_t handle = req.commit_put().handle();
+      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok()) return fail(s);
+      auto it = conn->puts.find(handle);
+      // Seal first: if the client still maps the buffer writable, the put
+      // stays pending and the client may unmap and commit again.
+      if (absl::Status s = it->second->buffer->Seal(); !s.ok()) return fail(s);
+      std::unique_ptr<PendingPut> put = std::move(it->second);
+      conn->puts.erase(it);
+      {
+        absl::MutexLock lock(&mu_);
+        owners_.erase(handle);
+      }
+      const int64_t bytes = put->bytes;
+      auto sum = store_->FinishPut(std::move(put), std::nullopt, req.commit_put().checksum());
+      if (!sum.ok()) return fail(sum.status());
+      local_puts_total.Add();
+      local_bytes_in_total.Add(bytes);
+      resp.set_checksum(*sum);
+      resp.set_bytes(bytes);
+      return resp;
+    }
+    case proto::LocalRequest::kAbortPut: {
+      const uint64_t handle = req.abort_put().handle();
+      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok()) return fail(s);
+      conn->puts.erase(handle);
+      absl::MutexLock lock(&mu_);
+      owners_.erase(handle);
+      return resp;
+    }
+    case proto::LocalRequest::kMap: {
+      const proto::MapOp& op = req.map();
+      auto region = RegionFromProto(op.region());
+      if (!region.ok()) return fail(region.status());
+      auto view = store_->OpenRead(op.job(), op.version(), op.tensor(), *region);
+      if (!view.ok()) return fail(view.status());
+      if (!view->exact) {
+        return fail(absl::FailedPreconditionError(absl::StrCat(
+            "region ", region->ToString(), " of tensor '", op.tensor(),
+            "' is not one stored region; Map maps stored regions as they are (zero-copy), "
+            "read other regions with the gRPC Read")));
+      }
+      const StoredRegionRef& s = view->sources[0];
+      const uint64_t lease = next_id_++;
+      resp.set_handle(lease);
+      resp.set_bytes(s.buffer->size());
+      resp.set_checksum(s.checksum);
+      *fd_out = s.buffer->fd();
+      conn->leases[lease] = s.buffer;
+      local_maps_total.Add();
+      absl::MutexLock lock(&mu_);
+      owners_[lease] = conn->id;
+      return resp;
+    }
+    case proto::LocalRequest::kRelease: {
+      const uint64_t lease = req.release().lease();
+      if (absl::Status s = CheckOwner(lease, conn, "lease"); !s.ok()) return fail(s);
+      conn->leases.erase(lease);
+      absl::MutexLock lock(&mu_);
+      owners_.erase(lease);
+      return resp;
+    }
+    case proto::LocalRequest::OP_NOT_SET:
+      break;
+  }
+  return fail(absl::InvalidArgumentError("local request names no operation"));
+}
+
+}  // namespace ptc

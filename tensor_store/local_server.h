@@ -1,0 +1,82 @@
+// The Unix-socket server through which training processes on this host
+// save and load regions by shared memory (proto/local.proto).
+//
+// One thread per connection. Puts a connection allocated but did not
+// commit are aborted, and regions it mapped are released, when it
+// disconnects. A handle or lease belongs to the connection that obtained
+// it; others get PERMISSION_DENIED. Only the daemon's own user, root and
+// `allowed_uids` may connect (checked with SO_PEERCRED); the socket file
+// is created mode 0660.
+//
+//   PTC_ASSIGN_OR_RETURN(auto local, LocalServer::Start(&store, {.socket_path = p}));
+#ifndef PTC_TENSOR_STORE_LOCAL_SERVER_H_
+#define PTC_TENSOR_STORE_LOCAL_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/local.pb.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+struct LocalServerOptions {
+  std::string socket_path;
+  // Users allowed besides the daemon's own and root.
+  std::vector<uid_t> allowed_uids;
+};
+
+class LocalServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalServer>> Start(Store* store,
+                                                           LocalServerOptions options);
+  ~LocalServer();
+  LocalServer(const LocalServer&) = delete;
+  LocalServer& operator=(const LocalServer&) = delete;
+
+  // Closes the socket and every connection, and joins their threads.
+  void Stop();
+  int num_clients() const { return clients_.load(); }
+  const std::string& socket_path() const { return options_.socket_path; }
+
+ private:
+  struct Connection;
+
+  LocalServer(Store* store, LocalServerOptions options, int listen_fd)
+      : store_(store), options_(std::move(options)), listen_fd_(listen_fd) {}
+
+  void AcceptLoop();
+  // Joins the threads of connections that have ended.
+  void ReapFinished();
+  void Serve(std::shared_ptr<Connection> conn);
+  proto::LocalResponse Handle(Connection* conn, const proto::LocalRequest& req, int* fd_out);
+  absl::Status CheckOwner(uint64_t id, const Connection* conn, const char* what);
+
+  Store* store_;
+  LocalServerOptions options_;
+  int listen_fd_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> clients_{0};
+  std::atomic<uint64_t> next_id_{1};
+  std::thread accept_thread_;
+
+  absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  // Handle or lease -> id of the connection that owns it.
+  std::map<uint64_t, uint64_t> owners_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_LOCAL_SERVER_H_

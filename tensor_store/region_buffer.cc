@@ -1,0 +1,72 @@
+#include "tensor_store/region_buffer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ptc {
+namespace {
+
+absl::Status Errno(const std::string& what) {
+  const int e = errno;
+  const std::string msg = absl::StrCat(what, ": ", std::strerror(e));
+  if (e == ENOMEM || e == ENOSPC) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Create(
+    int64_t size, MemoryBudget::Reservation reservation, const std::string& name,
+    bool map) {
+  if (size <= 0) {
+    return absl::InvalidArgumentError("a region buffer needs at least one byte");
+  }
+  const int fd = memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Errno("memfd_create");
+  std::shared_ptr<RegionBuffer> buf(new RegionBuffer(fd, size, std::move(reservation)));
+  if (ftruncate(fd, size) != 0) return Errno(absl::StrCat("ftruncate to ", size, " bytes"));
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Errno("fstat");
+  buf->inode_ = st.st_ino;
+  if (map) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return Errno(absl::StrCat("mmap of ", size, " bytes"));
+    buf->data_ = static_cast<uint8_t*>(p);
+  }
+  return buf;
+}
+
+RegionBuffer::~RegionBuffer() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status RegionBuffer::Seal() {
+  if (sealed_) return absl::OkStatus();
+  if (data_ != nullptr) {
+    munmap(data_, size_);
+    data_ = nullptr;
+  }
+  if (fcntl(fd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    if (errno == EBUSY) {
+      return absl::FailedPreconditionError(
+          "the region's buffer is still mapped writable; unmap it before "
+          "committing");
+    }
+    return Errno("sealing the region's memfd");
+  }
+  void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) return Errno(absl::StrCat("mmap of ", size_, " bytes"));
+  data_ = static_cast<uint8_t*>(p);
+  sealed_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace ptc

@@ -1,0 +1,67 @@
+// The bytes of one stored region, in a memfd. A buffer is writable until
+// Seal(); sealing forbids every later write or resize (F_SEAL_WRITE,
+// F_SEAL_GROW, F_SEAL_SHRINK) and maps it read-only, so the checksum taken
+// at sealing stays true and the fd can be handed to local clients to map,
+// zero-copy, with no way to change it. The buffer owns the memory
+// reservation that pays for it; the memory returns to the budget when the
+// last reference (the store's or a local client's lease) goes away.
+//
+//   PTC_ASSIGN_OR_RETURN(auto buf, RegionBuffer::Create(n, std::move(r), "job/v1/w"));
+//   std::memcpy(buf->mutable_data(), src, n);
+//   PTC_RETURN_IF_ERROR(buf->Seal());
+//   const uint8_t* bytes = buf->data();
+#ifndef PTC_TENSOR_STORE_REGION_BUFFER_H_
+#define PTC_TENSOR_STORE_REGION_BUFFER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tensor_store/memory_budget.h"
+
+namespace ptc {
+
+class RegionBuffer {
+ public:
+  // A writable buffer of `size` > 0 bytes. If `map` is false the daemon
+  // does not map it until Seal() (a local client fills it through the fd).
+  static absl::StatusOr<std::shared_ptr<RegionBuffer>> Create(
+      int64_t size, MemoryBudget::Reservation reservation,
+      const std::string& name, bool map = true);
+
+  ~RegionBuffer();
+  RegionBuffer(const RegionBuffer&) = delete;
+  RegionBuffer& operator=(const RegionBuffer&) = delete;
+
+  // Seals and maps read-only. FAILED_PRECONDITION if someone still maps it
+  // writable (a local client must unmap before committing).
+  absl::Status Seal();
+
+  int64_t size() const { return size_; }
+  bool sealed() const { return sealed_; }
+  // Readable after Seal(), or writable before it if created mapped.
+  const uint8_t* data() const { return data_; }
+  uint8_t* mutable_data() { return sealed_ ? nullptr : data_; }
+  // The memfd; stays owned by the buffer.
+  int fd() const { return fd_; }
+  // The memfd's inode: two fds with the same inode share the same memory.
+  ino_t inode() const { return inode_; }
+
+ private:
+  RegionBuffer(int fd, int64_t size, MemoryBudget::Reservation r)
+      : fd_(fd), size_(size), reservation_(std::move(r)) {}
+
+  int fd_;
+  int64_t size_;
+  MemoryBudget::Reservation reservation_;
+  uint8_t* data_ = nullptr;
+  bool sealed_ = false;
+  ino_t inode_ = 0;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_REGION_BUFFER_H_

@@ -1,0 +1,424 @@
+#include "tensor_store/store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/checksum.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ptc/fingerprint.h"
+
+namespace ptc {
+namespace {
+
+// Extents and totals beyond these are certainly mistakes (and would
+// overflow byte counts).
+constexpr int64_t kMaxExtent = int64_t{1} << 40;
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
+
+std::string Where(const std::string& job, int64_t version, const std::string& tensor) {
+  return absl::StrCat("tensor '", tensor, "' of job '", job, "' version ", version);
+}
+
+absl::Status CheckDecl(const TensorDecl& d) {
+  if (d.key.empty()) return absl::InvalidArgumentError("a tensor key must not be empty");
+  int64_t elements = 1;
+  for (int64_t e : d.shape) {
+    if (e < 0 || e > kMaxExtent) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", d.key, "' has extent ", e, " in shape [",
+          absl::StrJoin(d.shape, ", "), "]; extents must be in [0, 2^40]"));
+    }
+    elements = e == 0 ? 0 : std::min(elements * e, kMaxTensorBytes + 1);
+  }
+  if (elements * ElementSize(d.dtype) > kMaxTensorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", d.key, "' would be larger than 2^50 bytes"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DeclString(const TensorDecl& d) {
+  return absl::StrCat(DTypeName(d.dtype), " [", absl::StrJoin(d.shape, ", "), "]");
+}
+
+}  // namespace
+
+absl::Status ForEachCoveringPiece(
+    const Region& region, const std::vector<StoredRegionRef>& sources,
+    const std::function<void(const Region&, const StoredRegionRef&)>& fn) {
+  std::vector<Region> missing = {region};
+  for (const StoredRegionRef& s : sources) {
+    std::vector<Region> still;
+    for (const Region& m : missing) {
+      const Region got = m.Intersect(s.region);
+      if (got.empty()) {
+        still.push_back(m);
+        continue;
+      }
+      fn(got, s);
+      for (Region& rest : m.Difference(s.region)) still.push_back(std::move(rest));
+    }
+    missing.swap(still);
+    if (missing.empty()) break;
+  }
+  if (!missing.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "region ", missing[0].ToString(), " is not stored on this host"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(const std::string& job) const {
+  if (job.empty()) return absl::InvalidArgumentError("the job name must not be empty");
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", job, "' is unknown to this ptcd; declare its tensors first"));
+  }
+  return it->second;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Store::Job>>> Store::Jobs() const {
+  absl::MutexLock lock(&mu_);
+  return {jobs_.begin(), jobs_.end()};
+}
+
+absl::StatusOr<int> Store::DeclareTensors(const std::string& job,
+                                          const std::vector<TensorDecl>& tensors) {
+  if (job.empty()) return absl::InvalidArgumentError("the job name must not be empty");
+  for (const TensorDecl& d : tensors) PTC_RETURN_IF_ERROR(CheckDecl(d));
+  std::shared_ptr<Job> j;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<Job>& slot = jobs_[job];
+    if (!slot) slot = std::make_shared<Job>();
+    j = slot;
+  }
+  absl::MutexLock lock(&j->mu);
+  for (const TensorDecl& d : tensors) {
+    auto it = j->decls.find(d.key);
+    if (it != j->decls.end() &&
+        (it->second.dtype != d.dtype || it->second.shape != d.shape)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", d.key, "' of job '", job, "' is declared as ",
+          DeclString(it->second), "; it cannot be re-declared as ", DeclString(d)));
+    }
+  }
+  int added = 0;
+  for (const TensorDecl& d : tensors) added += j->decls.emplace(d.key, d).second;
+  return added;
+}
+
+absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const Region& region, std::optional<DType> dtype, bool map) {
+  if (version < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("version ", version, " is negative"));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  auto put = std::make_unique<PendingPut>();
+  put->job = job;
+  put->version = version;
+  put->region = region;
+  {
+    absl::MutexLock lock(&j->mu);
+    auto d = j->decls.find(tensor);
+    if (d == j->decls.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor '", tensor, "' is not declared for job '", job, "'"));
+    }
+    put->decl = d->second;
+    auto v = j->versions.find(version);
+    if (v != j->versions.end() && v->second.committed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " of job '", job,
+          "' is committed and cannot change; write into a new version"));
+    }
+  }
+  const std::string where = Where(job, version, tensor);
+  PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(region, put->decl.shape), where));
+  if (region.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": region ", region.ToString(), " is empty"));
+  }
+  if (dtype && *dtype != put->decl.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " is declared ", DTypeName(put->decl.dtype), " but the put sends ",
+        DTypeName(*dtype)));
+  }
+  put->bytes = region.volume() * ElementSize(put->decl.dtype);
+  PTC_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation r,
+      budget_.Reserve(put->bytes, absl::StrCat("a put of ", region.ToString(), " of ", where)));
+  PTC_ASSIGN_OR_RETURN(put->buffer,
+                       RegionBuffer::Create(put->bytes, std::move(r),
+                                            absl::StrCat(job, "/", version, "/", tensor), map));
+  // Remember which incarnation of the version the put writes into, so that
+  // a delete (and re-creation) while it runs is detected. A version is
+  // created by its first successful put, never by one that fails.
+  absl::MutexLock lock(&j->mu);
+  auto v = j->versions.find(version);
+  put->version_id = v == j->versions.end() ? 0 : v->second.id;
+  return put;
+}
+
+absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
+                                          std::optional<uint64_t> computed,
+                                          uint64_t expected) {
+  const std::string where = Where(put->job, put->version, put->decl.key);
+  PTC_RETURN_IF_ERROR(Annotate(put->buffer->Seal(), where));
+  const uint64_t checksum =
+      computed ? *computed : Checksum(put->buffer->data(), put->buffer->size());
+  if (expected != 0 && expected != checksum) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": the bytes of ", put->region.ToString(), " have checksum ", checksum,
+        " but the writer sent ", expected, "; nothing was stored"));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(put->job));
+  absl::MutexLock lock(&j->mu);
+  auto v = j->versions.find(put->version);
+  if (put->version_id != 0 &&
+      (v == j->versions.end() || v->second.id != put->version_id)) {
+    return absl::AbortedError(absl::StrCat(
+        "version ", put->version, " of job '", put->job,
+        "' was deleted while the put was in progress"));
+  }
+  if (v == j->versions.end()) {
+    v = j->versions.emplace(put->version, Version()).first;
+    v->second.id = j->next_version_id++;
+  }
+  if (v->second.committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", put->version, " of job '", put->job,
+        "' was committed while the put was in progress"));
+  }
+  std::vector<StoredRegionRef>& regions = v->second.tensors[put->decl.key];
+  for (const StoredRegionRef& s : regions) {
+    if (s.region == put->region) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          where, " already holds region ", put->region.ToString(),
+          "; delete the version to write it again"));
+    }
+  }
+  regions.push_back({put->region, put->buffer, checksum});
+  v->second.bytes += put->bytes;
+  Log("tensor_store")->debug("stored {} of {} ({} bytes, xxh3 {:016x})",
+                             put->region.ToString(), where, put->bytes, checksum);
+  return checksum;
+}
+
+absl::StatusOr<ReadView> Store::OpenRead(const std::string& job, int64_t version,
+                                         const std::string& tensor, const Region& region) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  ReadView view;
+  view.region = region;
+  const std::string where = Where(job, version, tensor);
+  {
+    absl::MutexLock lock(&j->mu);
+    auto d = j->decls.find(tensor);
+    if (d == j->decls.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor '", tensor, "' is not declared for job '", job, "'"));
+    }
+    view.decl = d->second;
+    auto v = j->versions.find(version);
+    if (v == j->versions.end()) {
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ", version,
+                                              " on this host"));
+    }
+    PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(region, view.decl.shape), where));
+    auto t = v->second.tensors.find(tensor);
+    if (t != v->second.tensors.end()) {
+      for (const StoredRegionRef& s : t->second) {
+        if (s.region.Intersects(region) || (region.empty() && s.region == region)) {
+          view.sources.push_back(s);
+        }
+      }
+    }
+  }
+  // Exact match first, so that a whole-region read uses one source.
+  auto exact = std::find_if(view.sources.begin(), view.sources.end(),
+                            [&](const StoredRegionRef& s) { return s.region == region; });
+  if (exact != view.sources.end()) {
+    std::iter_swap(view.sources.begin(), exact);
+    view.exact = true;
+  }
+  PTC_RETURN_IF_ERROR(
+      Annotate(ForEachCoveringPiece(region, view.sources, [](const Region&, const StoredRegionRef&) {}),
+               where));
+  return view;
+}
+
+absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const std::vector<Region>& regions) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  TensorDecl decl;
+  std::vector<StoredRegionRef> stored;
+  {
+    absl::MutexLock lock(&j->mu);
+    auto d = j->decls.find(tensor);
+    if (d == j->decls.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor '", tensor, "' is not declared for job '", job, "'"));
+    }
+    decl = d->second;
+    auto v = j->versions.find(version);
+    if (v == j->versions.end()) {
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ", version,
+                                              " on this host"));
+    }
+    auto t = v->second.tensors.find(tensor);
+    if (t != v->second.tensors.end()) stored = t->second;
+  }
+  const int64_t elem = ElementSize(decl.dtype);
+  uint64_t sum = 0;
+  int64_t elements = 0;
+  auto add = [&](const Region& piece, const StoredRegionRef& s) {
+    sum += FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape, elem);
+    elements += piece.volume();
+  };
+  const std::string where = Where(job, version, tensor);
+  if (regions.empty()) {
+    // The union of the stored regions, each element once.
+    for (size_t i = 0; i < stored.size(); ++i) {
+      std::vector<Region> fresh = {stored[i].region};
+      for (size_t k = 0; k < i; ++k) {
+        std::vector<Region> next;
+        for (const Region& f : fresh) {
+          for (Region& r : f.Difference(stored[k].region)) next.push_back(std::move(r));
+        }
+        fresh.swap(next);
+      }
+      for (const Region& f : fresh) add(f, stored[i]);
+    }
+  }
+  for (const Region& r : regions) {
+    PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(r, decl.shape), where));
+    PTC_RETURN_IF_ERROR(Annotate(ForEachCoveringPiece(r, stored, add), where));
+  }
+  return std::make_pair(sum, elements);
+}
+
+absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  absl::MutexLock lock(&j->mu);
+  auto v = j->versions.find(version);
+  if (v == j->versions.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+  }
+  v->second.committed = true;
+  Log("tensor_store")->info("job {} version {} committed ({} bytes)", job, version,
+                            v->second.bytes);
+  return v->second.bytes;
+}
+
+absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job, int64_t version) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  Version gone;  // destroyed after the lock is released
+  {
+    absl::MutexLock lock(&j->mu);
+    auto v = j->versions.find(version);
+    if (v == j->versions.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+    }
+    gone = std::move(v->second);
+    j->versions.erase(v);
+  }
+  Log("tensor_store")->info("job {} version {} deleted ({} bytes)", job, version, gone.bytes);
+  return gone.bytes;
+}
+
+namespace {
+
+void FillDecl(const TensorDecl& d, proto::TensorDecl* out) {
+  out->set_key(d.key);
+  out->set_dtype(std::string(DTypeName(d.dtype)));
+  for (int64_t e : d.shape) out->add_shape(e);
+}
+
+void FillRegion(const Region& r, proto::Region* out) {
+  for (const Interval& i : r.dims()) {
+    proto::Interval* d = out->add_dims();
+    d->set_begin(i.begin);
+    d->set_end(i.end);
+  }
+}
+
+void FillTensor(const TensorDecl& d, const std::vector<StoredRegionRef>& regions,
+                proto::TensorInfo* out) {
+  FillDecl(d, out->mutable_decl());
+  for (const StoredRegionRef& s : regions) {
+    proto::StoredRegion* r = out->add_regions();
+    FillRegion(s.region, r->mutable_region());
+    r->set_bytes(s.buffer->size());
+    r->set_checksum(s.checksum);
+  }
+}
+
+}  // namespace
+
+proto::ListResponse Store::List(const std::string& job) const {
+  proto::ListResponse out;
+  for (const auto& [name, j] : Jobs()) {
+    if (!job.empty() && name != job) continue;
+    proto::JobInfo* ji = out.add_jobs();
+    ji->set_job(name);
+    absl::MutexLock lock(&j->mu);
+    ji->set_declared_tensors(static_cast<int32_t>(j->decls.size()));
+    for (const auto& [number, v] : j->versions) {
+      proto::VersionInfo* vi = ji->add_versions();
+      vi->set_version(number);
+      vi->set_committed(v.committed);
+      vi->set_bytes(v.bytes);
+      for (const auto& [key, regions] : v.tensors) {
+        FillTensor(j->decls.at(key), regions, vi->add_tensors());
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<proto::StatResponse> Store::Stat(const std::string& job, int64_t version,
+                                                const std::string& tensor) const {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  absl::MutexLock lock(&j->mu);
+  auto d = j->decls.find(tensor);
+  if (d == j->decls.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", tensor, "' is not declared for job '", job, "'"));
+  }
+  auto v = j->versions.find(version);
+  if (v == j->versions.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+  }
+  proto::StatResponse out;
+  out.set_committed(v->second.committed);
+  auto t = v->second.tensors.find(tensor);
+  FillTensor(d->second, t == v->second.tensors.end() ? std::vector<StoredRegionRef>{} : t->second,
+             out.mutable_tensor());
+  return out;
+}
+
+void Store::FillStats(proto::StatsResponse* out) const {
+  out->set_memory_used_bytes(budget_.used());
+  out->set_memory_limit_bytes(budget_.limit());
+  for (const auto& [name, j] : Jobs()) {
+    absl::MutexLock lock(&j->mu);
+    for (const auto& [number, v] : j->versions) {
+      proto::VersionBytes* vb = out->add_versions();
+      vb->set_job(name);
+      vb->set_version(number);
+      vb->set_bytes(v.bytes);
+      vb->set_committed(v.committed);
+    }
+  }
+}
+
+}  // namespace ptc

@@ -1,0 +1,157 @@
+// The versioned in-memory store of one host: for every job, its declared
+// tensors (key, dtype, shape) and its versions; in every version, the
+// stored regions of each tensor, each a sealed RegionBuffer with the xxh3
+// checksum taken when it entered the store.
+//
+// Writes are atomic: BeginPut reserves memory and allocates the buffer,
+// the caller fills it, FinishPut seals, checks and publishes it in one step;
+// a PendingPut that is dropped leaves nothing behind. Committed versions
+// are immutable. Reads collect references to the buffers they need under
+// the job's lock and copy outside it.
+//
+// Thread-safe. Lock order: Store::mu_ (the job map) before Job::mu; data is
+// never copied while a lock is held.
+//
+//   Store store({.memory_limit_bytes = 8LL << 30});
+//   store.DeclareTensors("run7", {{"w", DType::kFloat16, {1024, 1024}}});
+//   PTC_ASSIGN_OR_RETURN(auto put, store.BeginPut("run7", 1, "w", region));
+//   std::memcpy(put->buffer->mutable_data(), bytes, put->bytes);
+//   PTC_RETURN_IF_ERROR(store.FinishPut(std::move(put)).status());
+#ifndef PTC_TENSOR_STORE_STORE_H_
+#define PTC_TENSOR_STORE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/tensor_store.pb.h"
+#include "ptc/dtype.h"
+#include "ptc/region.h"
+#include "tensor_store/memory_budget.h"
+#include "tensor_store/region_buffer.h"
+
+namespace ptc {
+
+struct TensorDecl {
+  std::string key;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+};
+
+struct StoredRegionRef {
+  Region region;
+  std::shared_ptr<RegionBuffer> buffer;
+  uint64_t checksum = 0;
+};
+
+// A region being written; invisible until FinishPut.
+struct PendingPut {
+  std::string job;
+  int64_t version = 0;
+  TensorDecl decl;
+  Region region;
+  int64_t bytes = 0;
+  std::shared_ptr<RegionBuffer> buffer;
+  // The version's incarnation when the put began (0: it did not exist);
+  // detects a delete while the put runs.
+  uint64_t version_id = 0;
+};
+
+// What a read of `region` needs: the tensor and the stored regions that
+// intersect it (which together cover it).
+struct ReadView {
+  TensorDecl decl;
+  Region region;
+  std::vector<StoredRegionRef> sources;
+  // True if `region` is exactly sources[0]'s region.
+  bool exact = false;
+};
+
+struct StoreOptions {
+  int64_t memory_limit_bytes = int64_t{8} << 30;
+};
+
+class Store {
+ public:
+  explicit Store(StoreOptions options) : budget_(options.memory_limit_bytes) {}
+
+  // Declares tensors of `job` (creating the job); returns how many were new.
+  absl::StatusOr<int> DeclareTensors(const std::string& job,
+                                     const std::vector<TensorDecl>& tensors);
+
+  // Starts a put of `region` of `tensor` into `version` (created if new).
+  // `dtype`, if given, must match the declaration. With `map` false the
+  // buffer is not mapped here (a local client fills it through its fd).
+  absl::StatusOr<std::unique_ptr<PendingPut>> BeginPut(
+      const std::string& job, int64_t version, const std::string& tensor,
+      const Region& region, std::optional<DType> dtype = std::nullopt,
+      bool map = true);
+
+  // Seals the buffer, checksums it (or takes `computed`, the checksum the
+  // caller took while writing), compares with `expected` (0: no check) and
+  // publishes the region. Returns the checksum.
+  absl::StatusOr<uint64_t> FinishPut(std::unique_ptr<PendingPut> put,
+                                     std::optional<uint64_t> computed = std::nullopt,
+                                     uint64_t expected = 0);
+
+  absl::StatusOr<ReadView> OpenRead(const std::string& job, int64_t version,
+                                    const std::string& tensor, const Region& region);
+
+  // Fingerprint (ptc/fingerprint.h) and element count of `regions`, or of
+  // the union of the stored regions if `regions` is empty.
+  absl::StatusOr<std::pair<uint64_t, int64_t>> Fingerprint(
+      const std::string& job, int64_t version, const std::string& tensor,
+      const std::vector<Region>& regions);
+
+  // Returns the version's bytes.
+  absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
+  absl::StatusOr<int64_t> DeleteVersion(const std::string& job, int64_t version);
+
+  // Empty `job` lists all jobs.
+  proto::ListResponse List(const std::string& job) const;
+  absl::StatusOr<proto::StatResponse> Stat(const std::string& job, int64_t version,
+                                           const std::string& tensor) const;
+  // Fills memory and per-version bytes.
+  void FillStats(proto::StatsResponse* out) const;
+
+  const MemoryBudget& budget() const { return budget_; }
+
+ private:
+  struct Version {
+    uint64_t id = 0;
+    bool committed = false;
+    int64_t bytes = 0;
+    std::map<std::string, std::vector<StoredRegionRef>> tensors;
+  };
+  struct Job {
+    mutable absl::Mutex mu;
+    std::map<std::string, TensorDecl> decls ABSL_GUARDED_BY(mu);
+    std::map<int64_t, Version> versions ABSL_GUARDED_BY(mu);
+    uint64_t next_version_id ABSL_GUARDED_BY(mu) = 1;
+  };
+
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Job>>> Jobs() const;
+
+  MemoryBudget budget_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Splits `region` into disjoint pieces, each inside one of `sources`, and
+// calls fn(piece, source) for each. NOT_FOUND naming the first uncovered
+// part if the sources do not cover `region`.
+absl::Status ForEachCoveringPiece(
+    const Region& region, const std::vector<StoredRegionRef>& sources,
+    const std::function<void(const Region&, const StoredRegionRef&)>& fn);
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_STORE_H_

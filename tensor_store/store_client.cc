@@ -1,0 +1,218 @@
+#include "tensor_store/store_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+
+namespace ptc {
+namespace {
+
+void SetDeadline(grpc::ClientContext* ctx, int64_t bytes) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + StoreClient::DeadlineFor(bytes)));
+}
+
+}  // namespace
+
+absl::Duration StoreClient::DeadlineFor(int64_t bytes) {
+  return absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 100e6);
+}
+
+StoreClient::StoreClient(std::shared_ptr<grpc::Channel> channel)
+    : stub_(proto::TensorStore::NewStub(channel)) {}
+
+std::unique_ptr<StoreClient> StoreClient::Connect(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(16 << 20);
+  return std::make_unique<StoreClient>(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::Status StoreClient::Declare(const std::string& job, const std::vector<TensorDecl>& tensors) {
+  proto::DeclareTensorsRequest req;
+  req.set_job(job);
+  for (const TensorDecl& t : tensors) {
+    proto::TensorDecl* d = req.add_tensors();
+    d->set_key(t.key);
+    d->set_dtype(std::string(DTypeName(t.dtype)));
+    for (int64_t e : t.shape) d->add_shape(e);
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::DeclareTensorsResponse resp;
+  return FromGrpcStatus(stub_->DeclareTensors(&ctx, req, &resp));
+}
+
+absl::StatusOr<uint64_t> StoreClient::PutWith(const std::string& job, int64_t version,
+                                              const std::string& tensor, const Region& region,
+                                              int64_t bytes, const Producer& produce,
+                                              int64_t chunk_bytes) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, bytes);
+  proto::PutResponse resp;
+  std::unique_ptr<grpc::ClientWriter<proto::PutRequest>> writer = stub_->Put(&ctx, &resp);
+  proto::PutRequest msg;
+  proto::PutHeader* h = msg.mutable_header();
+  h->set_job(job);
+  h->set_version(version);
+  h->set_tensor(tensor);
+  RegionToProto(region, h->mutable_region());
+  bool ok = writer->Write(msg);
+  msg.Clear();
+  StreamingChecksum checksum;
+  for (int64_t off = 0; ok && off < bytes; off += chunk_bytes) {
+    const int64_t n = std::min(chunk_bytes, bytes - off);
+    std::string* data = msg.mutable_data();
+    data->resize(n);
+    produce(off, data->data(), n);
+    checksum.Update(data->data(), n);
+    if (off + n >= bytes) msg.set_checksum(checksum.Digest());
+    ok = writer->Write(msg);
+  }
+  writer->WritesDone();
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  return resp.checksum();
+}
+
+absl::StatusOr<uint64_t> StoreClient::Put(const std::string& job, int64_t version,
+                                          const std::string& tensor, const Region& region,
+                                          const void* data, int64_t bytes) {
+  const char* src = static_cast<const char*>(data);
+  return PutWith(job, version, tensor, region, bytes,
+                 [src](int64_t off, char* dst, int64_t n) { std::memcpy(dst, src + off, n); });
+}
+
+absl::StatusOr<int64_t> StoreClient::ReadWith(const std::string& job, int64_t version,
+                                              const std::string& tensor, const Region& region,
+                                              const Consumer& consume, int32_t chunk_bytes) {
+  proto::ReadRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_tensor(tensor);
+  req.set_chunk_bytes(chunk_bytes);
+  RegionToProto(region, req.mutable_region());
+  grpc::ClientContext ctx;
+  // The size is unknown before the first message; budget for 64 GiB.
+  SetDeadline(&ctx, int64_t{64} << 30);
+  std::unique_ptr<grpc::ClientReader<proto::ReadResponse>> reader = stub_->Read(&ctx, req);
+  proto::ReadResponse resp;
+  StreamingChecksum checksum;
+  int64_t received = 0;
+  bool last = false;
+  uint64_t sent_checksum = 0;
+  while (reader->Read(&resp)) {
+    consume(received, resp.data().data(), resp.data().size());
+    checksum.Update(resp.data().data(), resp.data().size());
+    received += resp.data().size();
+    if (resp.last()) {
+      last = true;
+      sent_checksum = resp.checksum();
+    }
+  }
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (!last) return absl::DataLossError("the read ended without its final message");
+  if (checksum.Digest() != sent_checksum) {
+    return absl::DataLossError(absl::StrCat(
+        "region ", region.ToString(), " of tensor '", tensor, "' arrived with checksum ",
+        checksum.Digest(), " but ptcd sent ", sent_checksum));
+  }
+  return received;
+}
+
+absl::Status StoreClient::Read(const std::string& job, int64_t version, const std::string& tensor,
+                               const Region& region, void* out, int64_t bytes) {
+  char* dst = static_cast<char*>(out);
+  bool overflow = false;
+  PTC_ASSIGN_OR_RETURN(int64_t got,
+                       ReadWith(job, version, tensor, region,
+                                [&](int64_t off, const char* src, int64_t n) {
+                                  if (off + n > bytes) {
+                                    overflow = true;
+                                    return;
+                                  }
+                                  std::memcpy(dst + off, src, n);
+                                }));
+  if (overflow || got != bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "region ", region.ToString(), " of tensor '", tensor, "' has ", got,
+        " bytes but the buffer holds ", bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<proto::ListResponse> StoreClient::List(const std::string& job) {
+  proto::ListRequest req;
+  req.set_job(job);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::ListResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->List(&ctx, req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<proto::StatResponse> StoreClient::Stat(const std::string& job, int64_t version,
+                                                      const std::string& tensor) {
+  proto::StatRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_tensor(tensor);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::StatResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Stat(&ctx, req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const std::vector<Region>& regions) {
+  proto::FingerprintRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_tensor(tensor);
+  for (const Region& r : regions) RegionToProto(r, req.add_regions());
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, int64_t{8} << 30);
+  proto::FingerprintResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Fingerprint(&ctx, req, &resp)));
+  return resp;
+}
+
+absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job, int64_t version) {
+  proto::CommitVersionRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::CommitVersionResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->CommitVersion(&ctx, req, &resp)));
+  return resp.bytes();
+}
+
+absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job, int64_t version) {
+  proto::DeleteVersionRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::DeleteVersionResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->DeleteVersion(&ctx, req, &resp)));
+  return resp.bytes();
+}
+
+absl::StatusOr<proto::StatsResponse> StoreClient::Stats() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 0);
+  proto::StatsResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Stats(&ctx, proto::StatsRequest(), &resp)));
+  return resp;
+}
+
+}  // namespace ptc

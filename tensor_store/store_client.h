@@ -1,0 +1,76 @@
+// A client of a ptcd's TensorStore service over gRPC, for peers, tools and
+// tests. Puts are chunked and carry their checksum; reads verify theirs
+// (DATA_LOSS on mismatch). Every call has a deadline that grows with the
+// bytes it moves.
+//
+//   StoreClient c(grpc::CreateChannel("localhost:7070", creds));
+//   PTC_RETURN_IF_ERROR(c.Declare("run7", {{"w", DType::kFloat32, {1024, 1024}}}));
+//   PTC_RETURN_IF_ERROR(c.Put("run7", 1, "w", region, data, bytes).status());
+//   PTC_RETURN_IF_ERROR(c.Read("run7", 1, "w", part, out, out_bytes));
+#ifndef PTC_TENSOR_STORE_STORE_CLIENT_H_
+#define PTC_TENSOR_STORE_STORE_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/tensor_store.grpc.pb.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+class StoreClient {
+ public:
+  explicit StoreClient(std::shared_ptr<grpc::Channel> channel);
+  // An insecure channel to `address` (host:port), with ptcd's message size.
+  static std::unique_ptr<StoreClient> Connect(const std::string& address);
+
+  absl::Status Declare(const std::string& job, const std::vector<TensorDecl>& tensors);
+
+  // Fills [offset, offset + n) of the region's row-major bytes into dst.
+  using Producer = std::function<void(int64_t offset, char* dst, int64_t n)>;
+  // Receives [offset, offset + n) of the region's row-major bytes.
+  using Consumer = std::function<void(int64_t offset, const char* src, int64_t n)>;
+
+  // Stores `bytes` bytes made by `produce`; returns the stored checksum.
+  absl::StatusOr<uint64_t> PutWith(const std::string& job, int64_t version,
+                                   const std::string& tensor, const Region& region,
+                                   int64_t bytes, const Producer& produce,
+                                   int64_t chunk_bytes = int64_t{1} << 20);
+  absl::StatusOr<uint64_t> Put(const std::string& job, int64_t version, const std::string& tensor,
+                               const Region& region, const void* data, int64_t bytes);
+
+  // Reads `region`, checks its size and checksum, hands bytes to `consume`.
+  // Returns the number of bytes read.
+  absl::StatusOr<int64_t> ReadWith(const std::string& job, int64_t version,
+                                   const std::string& tensor, const Region& region,
+                                   const Consumer& consume, int32_t chunk_bytes = 0);
+  // Reads `region` into `out`, which holds exactly `bytes` bytes.
+  absl::Status Read(const std::string& job, int64_t version, const std::string& tensor,
+                    const Region& region, void* out, int64_t bytes);
+
+  absl::StatusOr<proto::ListResponse> List(const std::string& job = "");
+  absl::StatusOr<proto::StatResponse> Stat(const std::string& job, int64_t version,
+                                           const std::string& tensor);
+  absl::StatusOr<proto::FingerprintResponse> Fingerprint(const std::string& job, int64_t version,
+                                                         const std::string& tensor,
+                                                         const std::vector<Region>& regions = {});
+  absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
+  absl::StatusOr<int64_t> DeleteVersion(const std::string& job, int64_t version);
+  absl::StatusOr<proto::StatsResponse> Stats();
+
+  proto::TensorStore::Stub* stub() { return stub_.get(); }
+
+  // Deadline for a call that moves `bytes`: 30 s plus 1 s per 100 MB.
+  static absl::Duration DeadlineFor(int64_t bytes);
+
+ private:
+  std::unique_ptr<proto::TensorStore::Stub> stub_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_STORE_CLIENT_H_

@@ -1,0 +1,57 @@
+#include "tensor_store/tensor_store_server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace ptc {
+
+absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
+    TensorStoreServerOptions options) {
+  if (options.memory_limit_bytes <= 0) {
+    return absl::InvalidArgumentError("the memory limit must be positive");
+  }
+  std::unique_ptr<TensorStoreServer> s(new TensorStoreServer(options));
+  if (!options.socket_path.empty()) {
+    PTC_ASSIGN_OR_RETURN(s->local_,
+                         LocalServer::Start(&s->store_, {options.socket_path, options.allowed_uids}));
+  }
+  LocalServer* local = s->local_.get();
+  s->service_ = std::make_unique<TensorStoreService>(
+      &s->store_, [local] { return local ? local->num_clients() : 0; });
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,
+                                               " (address in use or not local?)"));
+  }
+  Log("tensor_store")->info("ptcd serving on port {} (memory limit {} bytes)", s->port_,
+                            options.memory_limit_bytes);
+  return s;
+}
+
+void TensorStoreServer::Shutdown(absl::Duration drain) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (local_) local_->Stop();
+  if (server_) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+    server_->Wait();
+  }
+}
+
+void TensorStoreServer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&shut_down_));
+}
+
+}  // namespace ptc

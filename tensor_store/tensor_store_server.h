@@ -1,0 +1,69 @@
+// The ptcd daemon as a handle: the store, its gRPC service and its local
+// Unix-socket server, started together and stopped in the destructor.
+// Tests start it in-process on localhost:0; ptcd's main() starts it from
+// flags and a config file.
+//
+//   PTC_ASSIGN_OR_RETURN(auto ptcd, TensorStoreServer::Start({
+//       .listen_address = "127.0.0.1:0", .socket_path = dir + "/ptcd.sock"}));
+//   auto client = StoreClient::Connect(absl::StrCat("127.0.0.1:", ptcd->port()));
+#ifndef PTC_TENSOR_STORE_TENSOR_STORE_SERVER_H_
+#define PTC_TENSOR_STORE_TENSOR_STORE_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tensor_store/local_server.h"
+#include "tensor_store/store.h"
+#include "tensor_store/tensor_store_service.h"
+
+namespace ptc {
+
+struct TensorStoreServerOptions {
+  // host:port for gRPC; port 0 picks a free port (see port()).
+  std::string listen_address = "127.0.0.1:0";
+  // Unix socket for local clients; empty: no local server.
+  std::string socket_path;
+  int64_t memory_limit_bytes = int64_t{8} << 30;
+  // Largest gRPC message accepted; larger ones fail with RESOURCE_EXHAUSTED.
+  int max_message_bytes = 8 << 20;
+  // Users besides the daemon's own and root allowed on the local socket.
+  std::vector<uid_t> allowed_uids;
+};
+
+class TensorStoreServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<TensorStoreServer>> Start(
+      TensorStoreServerOptions options);
+  ~TensorStoreServer() { Shutdown(absl::ZeroDuration()); }
+
+  int port() const { return port_; }
+  Store* store() { return &store_; }
+  LocalServer* local() { return local_.get(); }
+
+  // Stops taking new calls and local connections, lets calls in flight
+  // finish for up to `drain`, then cancels the rest. Idempotent.
+  void Shutdown(absl::Duration drain);
+  // Blocks until Shutdown has completed.
+  void Wait();
+
+ private:
+  explicit TensorStoreServer(const TensorStoreServerOptions& options)
+      : store_(StoreOptions{options.memory_limit_bytes}) {}
+
+  Store store_;
+  std::unique_ptr<LocalServer> local_;
+  std::unique_ptr<TensorStoreService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_TENSOR_STORE_SERVER_H_

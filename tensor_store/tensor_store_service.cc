@@ -1,0 +1,148 @@
+#include "tensor_store/tensor_store_service.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+
+namespace ptc {
+namespace {
+
+Counter& requests_total = GetCounter("ptc_store_requests_total");
+Counter& errors_total = GetCounter("ptc_store_errors_total");
+
+}  // namespace
+
+class TensorStoreService::Call {
+ public:
+  Call(TensorStoreService* s, const char* method) : s_(s), method_(method) {
+    s_->active_calls_.fetch_add(1);
+    requests_total.Add();
+  }
+  ~Call() { s_->active_calls_.fetch_sub(1); }
+
+  grpc::Status Done(const absl::Status& status) {
+    if (!status.ok()) {
+      errors_total.Add();
+      const bool client_fault = status.code() == absl::StatusCode::kInvalidArgument ||
+                                status.code() == absl::StatusCode::kNotFound ||
+                                status.code() == absl::StatusCode::kCancelled ||
+                                status.code() == absl::StatusCode::kAlreadyExists;
+      Log("rpc")->log(client_fault ? spdlog::level::debug : spdlog::level::warn, "{}: {}",
+                      method_, status.ToString());
+    }
+    return ToGrpcStatus(status);
+  }
+
+ private:
+  TensorStoreService* s_;
+  const char* method_;
+};
+
+grpc::Status TensorStoreService::DeclareTensors(grpc::ServerContext*,
+                                                const proto::DeclareTensorsRequest* req,
+                                                proto::DeclareTensorsResponse* resp) {
+  Call call(this, "DeclareTensors");
+  std::vector<TensorDecl> decls;
+  for (const proto::TensorDecl& d : req->tensors()) {
+    TensorDecl decl;
+    decl.key = d.key();
+    auto dtype = ParseDType(d.dtype());
+    if (!dtype.ok()) return call.Done(Annotate(dtype.status(), absl::StrCat("tensor '", d.key(), "'")));
+    decl.dtype = *dtype;
+    decl.shape.assign(d.shape().begin(), d.shape().end());
+    decls.push_back(std::move(decl));
+  }
+  auto added = store_->DeclareTensors(req->job(), decls);
+  if (added.ok()) resp->set_declared(*added);
+  return call.Done(added.status());
+}
+
+grpc::Status TensorStoreService::Put(grpc::ServerContext* ctx,
+                                     grpc::ServerReader<proto::PutRequest>* reader,
+                                     proto::PutResponse* resp) {
+  Call call(this, "Put");
+  return call.Done(DoPut(ctx, reader, resp));
+}
+
+grpc::Status TensorStoreService::Read(grpc::ServerContext* ctx, const proto::ReadRequest* req,
+                                      grpc::ServerWriter<proto::ReadResponse>* writer) {
+  Call call(this, "Read");
+  return call.Done(DoRead(ctx, *req, writer));
+}
+
+grpc::Status TensorStoreService::List(grpc::ServerContext*, const proto::ListRequest* req,
+                                      proto::ListResponse* resp) {
+  Call call(this, "List");
+  *resp = store_->List(req->job());
+  if (!req->job().empty() && resp->jobs().empty()) {
+    return call.Done(absl::NotFoundError(
+        absl::StrCat("job '", req->job(), "' is unknown to this ptcd")));
+  }
+  return call.Done(absl::OkStatus());
+}
+
+grpc::Status TensorStoreService::Stat(grpc::ServerContext*, const proto::StatRequest* req,
+                                      proto::StatResponse* resp) {
+  Call call(this, "Stat");
+  auto stat = store_->Stat(req->job(), req->version(), req->tensor());
+  if (stat.ok()) *resp = std::move(*stat);
+  return call.Done(stat.status());
+}
+
+grpc::Status TensorStoreService::Fingerprint(grpc::ServerContext*,
+                                             const proto::FingerprintRequest* req,
+                                             proto::FingerprintResponse* resp) {
+  Call call(this, "Fingerprint");
+  std::vector<Region> regions;
+  for (const proto::Region& r : req->regions()) {
+    auto region = RegionFromProto(r);
+    if (!region.ok()) return call.Done(region.status());
+    regions.push_back(std::move(*region));
+  }
+  auto fp = store_->Fingerprint(req->job(), req->version(), req->tensor(), regions);
+  if (fp.ok()) {
+    resp->set_fingerprint(fp->first);
+    resp->set_elements(fp->second);
+  }
+  return call.Done(fp.status());
+}
+
+grpc::Status TensorStoreService::CommitVersion(grpc::ServerContext*,
+                                               const proto::CommitVersionRequest* req,
+                                               proto::CommitVersionResponse* resp) {
+  Call call(this, "CommitVersion");
+  auto bytes = store_->Commit(req->job(), req->version());
+  if (bytes.ok()) resp->set_bytes(*bytes);
+  return call.Done(bytes.status());
+}
+
+grpc::Status TensorStoreService::DeleteVersion(grpc::ServerContext*,
+                                               const proto::DeleteVersionRequest* req,
+                                               proto::DeleteVersionResponse* resp) {
+  Call call(this, "DeleteVersion");
+  auto bytes = store_->DeleteVersion(req->job(), req->version());
+  if (bytes.ok()) resp->set_bytes(*bytes);
+  return call.Done(bytes.status());
+}
+
+grpc::Status TensorStoreService::Stats(grpc::ServerContext*, const proto::StatsRequest*,
+                                       proto::StatsResponse* resp) {
+  Call call(this, "Stats");
+  store_->FillStats(resp);
+  resp->set_local_clients(local_clients_ ? local_clients_() : 0);
+  resp->set_active_calls(active_calls_.load());
+  resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - started_));
+  for (const auto& [name, value] : CounterValues()) {
+    if (!absl::StartsWith(name, "ptc_")) continue;
+    proto::Counter* c = resp->add_counters();
+    c->set_name(name);
+    c->set_value(value);
+  }
+  return call.Done(absl::OkStatus());
+}
+
+}  // namespace ptc

@@ -1,0 +1,67 @@
+// The gRPC face of a Store (proto/tensor_store.proto).
+//
+// Uses gRPC's synchronous API: every handler only copies memory between
+// the store's buffers and gRPC messages (no disk, no UCX, no planning), so
+// a handler thread is never blocked on anything slower than memcpy, and
+// the streaming handlers stay straight-line code with gRPC's flow control.
+//
+//   TensorStoreService service(&store, [&] { return local.num_clients(); });
+//   builder.RegisterService(&service);
+#ifndef PTC_TENSOR_STORE_TENSOR_STORE_SERVICE_H_
+#define PTC_TENSOR_STORE_TENSOR_STORE_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+
+#include "absl/time/time.h"
+#include "proto/tensor_store.grpc.pb.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+class TensorStoreService final : public proto::TensorStore::Service {
+ public:
+  // `store` must outlive the service; `local_clients` reports how many
+  // Unix-socket clients are connected (for Stats).
+  TensorStoreService(Store* store, std::function<int()> local_clients)
+      : store_(store), local_clients_(std::move(local_clients)) {}
+
+  grpc::Status DeclareTensors(grpc::ServerContext* ctx,
+                              const proto::DeclareTensorsRequest* req,
+                              proto::DeclareTensorsResponse* resp) override;
+  grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+                   proto::PutResponse* resp) override;
+  grpc::Status Read(grpc::ServerContext* ctx, const proto::ReadRequest* req,
+                    grpc::ServerWriter<proto::ReadResponse>* writer) override;
+  grpc::Status List(grpc::ServerContext* ctx, const proto::ListRequest* req,
+                    proto::ListResponse* resp) override;
+  grpc::Status Stat(grpc::ServerContext* ctx, const proto::StatRequest* req,
+                    proto::StatResponse* resp) override;
+  grpc::Status Fingerprint(grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
+                           proto::FingerprintResponse* resp) override;
+  grpc::Status CommitVersion(grpc::ServerContext* ctx, const proto::CommitVersionRequest* req,
+                             proto::CommitVersionResponse* resp) override;
+  grpc::Status DeleteVersion(grpc::ServerContext* ctx, const proto::DeleteVersionRequest* req,
+                             proto::DeleteVersionResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest* req,
+                     proto::StatsResponse* resp) override;
+
+ private:
+  // Counts the call in active_calls_ and the request counters while alive;
+  // Done() records the outcome.
+  class Call;
+
+  absl::Status DoPut(grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+                     proto::PutResponse* resp);
+  absl::Status DoRead(grpc::ServerContext* ctx, const proto::ReadRequest& req,
+                      grpc::ServerWriter<proto::ReadResponse>* writer);
+
+  Store* store_;
+  std::function<int()> local_clients_;
+  std::atomic<int> active_calls_{0};
+  const absl::Time started_ = absl::Now();
+};
+
+}  // namespace ptc
+
+#endif  // PTC_TENSOR_STORE_TENSOR_STORE_SERVICE_H_
