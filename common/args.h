@@ -37,6 +37,15 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// Parses a byte count: "1073741824", "8GiB", "512MiB", "64KiB", "2TiB", or
+// decimal "8GB", "500MB", "10kB". INVALID_ARGUMENT names the text.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text);
+
+// Reads a config file of "key = value" lines; '#' starts a comment. Keys
+// are returned as written. INVALID_ARGUMENT names the file and line of a
+// malformed line; NOT_FOUND if the file cannot be read.
+absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::string& path);
+
 }  // namespace ptc
 
 #endif  // PTC_COMMON_ARGS_H_

@@ -29,5 +29,14 @@ TEST_CASE("args: unknown options and missing values are named", "[tools]") {
         "option --model needs a value");
 }
 
+TEST_CASE("args: byte counts with binary and decimal units", "[common]") {
+  CHECK(*ParseBytes("8GiB") == (int64_t{8} << 30));
+  CHECK(*ParseBytes("512MiB") == (int64_t{512} << 20));
+  CHECK(*ParseBytes("1.5 GB") == 1500000000);
+  CHECK(*ParseBytes("4096") == 4096);
+  CHECK(ParseBytes("lots").status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ParseBytes("-1GiB").status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ptc

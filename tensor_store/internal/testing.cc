@@ -1,0 +1,79 @@
+#include "tensor_store/internal/testing.h"
+
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+
+namespace ptc::testing {
+namespace {
+
+inline uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+TempDir::TempDir() {
+  const char* base = getenv("TEST_TMPDIR");
+  std::string tmpl = absl::StrCat(base ? base : "/tmp", "/ptc-XXXXXX");
+  // Unix socket paths are limited to 108 bytes; fall back to /tmp.
+  if (tmpl.size() > 80) tmpl = "/tmp/ptc-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    std::cerr << "mkdtemp failed\n";
+    std::abort();
+  }
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", server->port()); }
+
+std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit) {
+  auto d = std::make_unique<Daemon>();
+  TensorStoreServerOptions options;
+  options.socket_path = d->socket_path();
+  options.memory_limit_bytes = memory_limit;
+  auto server = TensorStoreServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "starting the daemon: " << server.status() << "\n";
+    std::abort();
+  }
+  d->server = std::move(*server);
+  d->client = StoreClient::Connect(d->address());
+  return d;
+}
+
+void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n) {
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t o = offset + i;
+    const uint64_t word = Mix(seed * 0x100000001b3ULL ^ static_cast<uint64_t>(o / 8));
+    const int64_t skip = o % 8;
+    const int64_t take = std::min<int64_t>(8 - skip, n - i);
+    std::memcpy(dst + i, reinterpret_cast<const char*>(&word) + skip, take);
+    i += take;
+  }
+}
+
+bool CheckPattern(uint64_t seed, int64_t offset, const char* src, int64_t n) {
+  char buf[4096];
+  for (int64_t i = 0; i < n; i += sizeof(buf)) {
+    const int64_t m = std::min<int64_t>(sizeof(buf), n - i);
+    FillPattern(seed, offset + i, buf, m);
+    if (std::memcmp(buf, src + i, m) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace ptc::testing

@@ -1,0 +1,47 @@
+// Test support for the tensor store: an in-process daemon on localhost:0
+// with a socket in a fresh temporary directory, and a deterministic byte
+// pattern that can be produced and checked in chunks of any size.
+#ifndef PTC_TENSOR_STORE_INTERNAL_TESTING_H_
+#define PTC_TENSOR_STORE_INTERNAL_TESTING_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor_store/store_client.h"
+#include "tensor_store/tensor_store_server.h"
+
+namespace ptc::testing {
+
+// A fresh directory under $TEST_TMPDIR (or /tmp), removed with its files
+// when destroyed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct Daemon {
+  TempDir dir;
+  std::unique_ptr<TensorStoreServer> server;
+  std::unique_ptr<StoreClient> client;
+
+  std::string socket_path() const { return dir.path() + "/ptcd.sock"; }
+  std::string address() const;
+};
+
+// Starts a daemon with `memory_limit` bytes; aborts the test on failure.
+std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30);
+
+// Byte `offset` of stream `seed`: the same whatever the chunking.
+void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n);
+// Whether [offset, offset+n) of stream `seed` equals `src`.
+bool CheckPattern(uint64_t seed, int64_t offset, const char* src, int64_t n);
+
+}  // namespace ptc::testing
+
+#endif  // PTC_TENSOR_STORE_INTERNAL_TESTING_H_

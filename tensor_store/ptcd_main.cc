@@ -1,0 +1,129 @@
+// ptcd: the per-host daemon of ptc. Holds the tensor store of the jobs
+// whose ranks run on this host and serves it to peers (gRPC) and local
+// training processes (Unix socket, shared memory).
+//
+// SIGTERM or SIGINT drains: no new calls are taken, calls in flight get
+// --drain-seconds to finish, then the daemon exits 0.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/args.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "tensor_store/tensor_store_server.h"
+
+namespace ptc {
+namespace {
+
+constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
+            [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
+            [--drain-seconds N] [--port-file FILE]
+
+  --config         "key = value" file with the same keys (listen, socket,
+                   memory_limit, log_level, allowed_uids, drain_seconds);
+                   flags override it
+  --listen         gRPC address (default 127.0.0.1:7070; port 0 picks one)
+  --socket         Unix socket for local training processes
+                   (default /run/ptcd/ptcd.sock; "none" disables it)
+  --memory-limit   most bytes the store may hold, e.g. 64GiB (default 8GiB)
+  --log-level      trace, debug, info, warn, error (default info)
+  --allowed-uids   users besides ptcd's own and root that may use the socket
+  --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
+  --port-file      write the bound gRPC port here once serving
+)";
+
+absl::Status Run(int argc, char** argv) {
+  PTC_ASSIGN_OR_RETURN(
+      Args args, Args::Parse(argc, argv, 1,
+                             {"config", "listen", "socket", "memory-limit", "log-level",
+                              "allowed-uids", "drain-seconds", "port-file"},
+                             {"help"}));
+  if (args.Flag("help")) {
+    std::cout << kUsage;
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::string> config;
+  if (args.Has("config")) {
+    PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
+    for (const auto& [key, value] : config) {
+      static const char* kKeys[] = {"listen",       "socket",       "memory_limit",
+                                    "log_level",    "allowed_uids", "drain_seconds"};
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(args.Get("config"), ": unknown key '", key, "'"));
+      }
+    }
+  }
+  // Flag, else config key, else default.
+  auto setting = [&](const std::string& flag, const std::string& key, const std::string& def) {
+    if (args.Has(flag)) return args.Get(flag);
+    auto it = config.find(key);
+    return it != config.end() ? it->second : def;
+  };
+  PTC_RETURN_IF_ERROR(SetLogLevel(setting("log-level", "log_level", "info")));
+  TensorStoreServerOptions options;
+  options.listen_address = setting("listen", "listen", "127.0.0.1:7070");
+  options.socket_path = setting("socket", "socket", "/run/ptcd/ptcd.sock");
+  if (options.socket_path == "none") options.socket_path.clear();
+  PTC_ASSIGN_OR_RETURN(options.memory_limit_bytes,
+                       ParseBytes(setting("memory-limit", "memory_limit", "8GiB")));
+  for (absl::string_view uid :
+       absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',', absl::SkipEmpty())) {
+    uid_t u;
+    if (!absl::SimpleAtoi(uid, &u)) {
+      return absl::InvalidArgumentError(absl::StrCat("allowed uid '", uid, "' is not a number"));
+    }
+    options.allowed_uids.push_back(u);
+  }
+  int drain_seconds;
+  if (!absl::SimpleAtoi(setting("drain-seconds", "drain_seconds", "10"), &drain_seconds) ||
+      drain_seconds < 0) {
+    return absl::InvalidArgumentError("drain seconds must be a non-negative integer");
+  }
+
+  // Signals go to sigwait below, not to whichever thread gRPC runs.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
+                       TensorStoreServer::Start(options));
+  if (args.Has("port-file")) {
+    const std::string path = args.Get("port-file");
+    {
+      std::ofstream out(path + ".tmp");
+      out << server->port() << "\n";
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  Log("tensor_store")->info("ptcd ready: gRPC port {}, socket {}", server->port(),
+                            options.socket_path.empty() ? "disabled" : options.socket_path);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  Log("tensor_store")->info("signal {}: draining for up to {} s", sig, drain_seconds);
+  server->Shutdown(absl::Seconds(drain_seconds));
+  Log("tensor_store")->info("ptcd stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ptc
+
+int main(int argc, char** argv) {
+  const absl::Status status = ptc::Run(argc, argv);
+  if (!status.ok()) {
+    std::cerr << "ptcd: " << status.message() << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

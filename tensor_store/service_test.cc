@@ -1,0 +1,347 @@
+// The TensorStore gRPC service against a real in-process server on
+// localhost:0.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/notification.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "common/checksum.h"
+#include "ptc/fingerprint.h"
+#include "ptc/region_proto.h"
+#include "tensor_store/internal/testing.h"
+
+namespace ptc {
+namespace {
+
+using testing::StartDaemon;
+
+std::vector<char> RandomBytes(int64_t n, uint32_t seed) {
+  std::vector<char> v(n);
+  std::mt19937 rng(seed);
+  for (char& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+// The bytes of `what` cut out of a row-major buffer holding `box`.
+std::vector<char> Cut(const std::vector<char>& full, const Region& box, const Region& what,
+                      int64_t elem) {
+  std::vector<char> out(what.volume() * elem);
+  CopyRegion(full.data(), box, out.data(), what, what, elem);
+  return out;
+}
+
+TEST_CASE("tensor store: every dtype round-trips, whole and across regions",
+          "[tensor_store][service]") {
+  auto d = StartDaemon();
+  const Shape shape = {5, 7, 3};
+  const Region full = Region::Full(shape);
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const DType dtype = AllDTypes()[i];
+    const std::string key = absl::StrCat("t_", DTypeName(dtype));
+    INFO(key);
+    REQUIRE(d->client->Declare("job", {{key, dtype, shape}}).ok());
+    const int64_t elem = ElementSize(dtype);
+    const std::vector<char> data = RandomBytes(full.volume() * elem, i);
+    // Two stored regions: columns [0, 3) and [3, 7).
+    const Region left{{0, 5}, {0, 3}, {0, 3}}, right{{0, 5}, {3, 7}, {0, 3}};
+    for (const Region& r : {left, right}) {
+      const std::vector<char> part = Cut(data, full, r, elem);
+      auto sum = d->client->Put("job", 1, key, r, part.data(), part.size());
+      REQUIRE(sum.ok());
+      CHECK(*sum == Checksum(part.data(), part.size()));
+    }
+    std::vector<char> back(data.size());
+    REQUIRE(d->client->Read("job", 1, key, full, back.data(), back.size()).ok());
+    CHECK(back == data);
+  }
+  auto list = d->client->List("job");
+  REQUIRE(list.ok());
+  REQUIRE(list->jobs_size() == 1);
+  CHECK(list->jobs(0).versions(0).tensors_size() == kNumDTypes);
+  CHECK(list->jobs(0).versions(0).tensors(0).regions_size() == 2);
+}
+
+TEST_CASE("tensor store: partial reads spanning several stored regions are exact",
+          "[tensor_store][service]") {
+  auto d = StartDaemon();
+  const Shape shape = {40, 24};
+  const Region full = Region::Full(shape);
+  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, shape}}).ok());
+  const std::vector<char> data = RandomBytes(full.volume() * 4, 11);
+  // A 2 x 3 grid of stored regions with uneven sizes.
+  for (Interval rows : {Interval{0, 17}, Interval{17, 40}}) {
+    for (Interval cols : {Interval{0, 5}, Interval{5, 16}, Interval{16, 24}}) {
+      const Region r{rows, cols};
+      const std::vector<char> part = Cut(data, full, r, 4);
+      REQUIRE(d->client->Put("job", 3, "w", r, part.data(), part.size()).ok());
+    }
+  }
+  std::mt19937 rng(5);
+  for (int iter = 0; iter < 60; ++iter) {
+    Region r = full;
+    for (int dim = 0; dim < 2; ++dim) {
+      int64_t a = rng() % (shape[dim] + 1), b = rng() % (shape[dim] + 1);
+      r.mutable_dim(dim) = {std::min(a, b), std::max(a, b)};
+    }
+    if (r.empty()) continue;
+    const std::vector<char> want = Cut(data, full, r, 4);
+    std::vector<char> got(want.size());
+    // Small chunks, so that chunks cut rows and cross stored regions.
+    int64_t off = 0;
+    auto n = d->client->ReadWith("job", 3, "w", r,
+                                 [&](int64_t o, const char* src, int64_t k) {
+                                   std::memcpy(got.data() + o, src, k);
+                                   off = o + k;
+                                 },
+                                 /*chunk_bytes=*/100);
+    REQUIRE(n.ok());
+    CHECK(*n == static_cast<int64_t>(want.size()));
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("tensor store: fingerprints add up across any partition and match the values",
+          "[tensor_store][service]") {
+  auto d = StartDaemon();
+  const Shape shape = {16, 10};
+  const Region full = Region::Full(shape);
+  REQUIRE(d->client->Declare("job", {{"w", DType::kBFloat16, shape}}).ok());
+  const std::vector<char> data = RandomBytes(full.volume() * 2, 3);
+  for (Interval rows : {Interval{0, 9}, Interval{9, 16}}) {
+    const Region r{rows, {0, 10}};
+    const std::vector<char> part = Cut(data, full, r, 2);
+    REQUIRE(d->client->Put("job", 1, "w", r, part.data(), part.size()).ok());
+  }
+  const uint64_t want = FingerprintRegion(data.data(), full, full, shape, 2);
+  auto all = d->client->Fingerprint("job", 1, "w");
+  REQUIRE(all.ok());
+  CHECK(all->fingerprint() == want);
+  CHECK(all->elements() == full.volume());
+  auto cols = d->client->Fingerprint("job", 1, "w", {Region{{0, 16}, {0, 3}}, Region{{0, 16}, {3, 10}}});
+  REQUIRE(cols.ok());
+  CHECK(cols->fingerprint() == want);
+}
+
+TEST_CASE("tensor store: commit, stat, stats and delete", "[tensor_store][service]") {
+  auto d = StartDaemon();
+  REQUIRE(d->client->Declare("job", {{"w", DType::kInt64, {100}}}).ok());
+  const std::vector<char> data = RandomBytes(800, 1);
+  REQUIRE(d->client->Put("job", 1, "w", Region{{0, 100}}, data.data(), 800).ok());
+  REQUIRE(d->client->Commit("job", 1).ok());
+  auto stat = d->client->Stat("job", 1, "w");
+  REQUIRE(stat.ok());
+  CHECK(stat->committed());
+  CHECK(stat->tensor().regions(0).bytes() == 800);
+  auto stats = d->client->Stats();
+  REQUIRE(stats.ok());
+  CHECK(stats->memory_used_bytes() == 800);
+  CHECK(stats->versions(0).bytes() == 800);
+  bool counted = false;
+  for (const auto& c : stats->counters()) {
+    if (c.name() == "ptc_store_bytes_in_total") counted = c.value() >= 800;
+  }
+  CHECK(counted);
+  auto deleted = d->client->DeleteVersion("job", 1);
+  REQUIRE(deleted.ok());
+  CHECK(*deleted == 800);
+  CHECK(d->client->Stats()->memory_used_bytes() == 0);
+  CHECK(d->client->Stat("job", 1, "w").status().code() == absl::StatusCode::kNotFound);
+}
+
+// A Put built by hand: the header, then data chunks, optionally cancelled
+// or with a wrong checksum.
+struct RawPut {
+  std::string job = "job";
+  int64_t version = 1;
+  std::string tensor = "w";
+  Region region{{0, 4}, {0, 8}};
+  std::string dtype;
+  bool header = true;
+  bool second_header = false;
+  std::vector<int64_t> chunks = {128};  // bytes per data message
+  uint64_t checksum = 0;
+  bool cancel_midway = false;
+};
+
+absl::Status SendRaw(StoreClient& client, const RawPut& p) {
+  grpc::ClientContext ctx;
+  proto::PutResponse resp;
+  auto writer = client.stub()->Put(&ctx, &resp);
+  proto::PutRequest msg;
+  if (p.header) {
+    proto::PutHeader* h = msg.mutable_header();
+    h->set_job(p.job);
+    h->set_version(p.version);
+    h->set_tensor(p.tensor);
+    h->set_dtype(p.dtype);
+    RegionToProto(p.region, h->mutable_region());
+    writer->Write(msg);
+    if (p.second_header) writer->Write(msg);
+  }
+  for (size_t i = 0; i < p.chunks.size(); ++i) {
+    proto::PutRequest chunk;
+    chunk.set_data(std::string(p.chunks[i], 'x'));
+    chunk.set_checksum(p.checksum);
+    if (!writer->Write(chunk)) break;
+    if (p.cancel_midway && i == 0) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+TEST_CASE("tensor store: bad input gets a clear status, changes nothing, and the "
+          "daemon keeps serving",
+          "[tensor_store][service]") {
+  auto d = StartDaemon();
+  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  // One good region stored beforehand: rows [4, 8).
+  const std::vector<char> good = RandomBytes(128, 2);
+  REQUIRE(d->client->Put("job", 1, "w", Region{{4, 8}, {0, 8}}, good.data(), 128).ok());
+  const int64_t used_before = d->client->Stats()->memory_used_bytes();
+
+  struct Case {
+    const char* name;
+    std::function<absl::Status()> call;
+    absl::StatusCode code;
+    const char* says;
+  };
+  auto put = [&](std::function<void(RawPut&)> edit) {
+    return [&d, edit] {
+      RawPut p;
+      edit(p);
+      return SendRaw(*d->client, p);
+    };
+  };
+  auto read = [&](std::string job, int64_t version, std::string tensor, Region r) {
+    return [&d, job, version, tensor, r] {
+      std::vector<char> out(std::max<int64_t>(r.volume(), 1) * 8);
+      return d->client->Read(job, version, tensor, r, out.data(), r.volume() * 4);
+    };
+  };
+  const std::vector<Case> cases = {
+      {"unknown job", put([](RawPut& p) { p.job = "nojob"; }), absl::StatusCode::kNotFound,
+       "job 'nojob' is unknown"},
+      {"empty job", put([](RawPut& p) { p.job = ""; }), absl::StatusCode::kInvalidArgument,
+       "must not be empty"},
+      {"unknown tensor", put([](RawPut& p) { p.tensor = "v"; }), absl::StatusCode::kNotFound,
+       "tensor 'v' is not declared"},
+      {"negative version", put([](RawPut& p) { p.version = -2; }),
+       absl::StatusCode::kInvalidArgument, "negative"},
+      {"region out of bounds", put([](RawPut& p) { p.region = Region{{0, 4}, {0, 9}}; }),
+       absl::StatusCode::kInvalidArgument, "out of bounds"},
+      {"region with begin > end", put([](RawPut& p) { p.region = Region{{3, 1}, {0, 8}}; }),
+       absl::StatusCode::kInvalidArgument, "begin <= end"},
+      {"region of the wrong rank", put([](RawPut& p) { p.region = Region{{0, 4}}; }),
+       absl::StatusCode::kInvalidArgument, "rank 1"},
+      {"empty region", put([](RawPut& p) { p.region = Region{{2, 2}, {0, 8}}; }),
+       absl::StatusCode::kInvalidArgument, "is empty"},
+      {"dtype mismatch", put([](RawPut& p) { p.dtype = "fp16"; }),
+       absl::StatusCode::kInvalidArgument, "declared fp32 but the put sends fp16"},
+      {"unknown dtype", put([](RawPut& p) { p.dtype = "fp7"; }),
+       absl::StatusCode::kInvalidArgument, "unknown dtype"},
+      {"chunks overflow the region", put([](RawPut& p) { p.chunks = {100, 100}; }),
+       absl::StatusCode::kInvalidArgument, "more than the 128 bytes"},
+      {"chunks underfill the region", put([](RawPut& p) { p.chunks = {64}; }),
+       absl::StatusCode::kInvalidArgument, "after 64 of the 128 bytes"},
+      {"no header", put([](RawPut& p) { p.header = false; }), absl::StatusCode::kInvalidArgument,
+       "header"},
+      {"two headers", put([](RawPut& p) { p.second_header = true; }),
+       absl::StatusCode::kInvalidArgument, "exactly one header"},
+      {"wrong checksum", put([](RawPut& p) { p.checksum = 12345; }),
+       absl::StatusCode::kDataLoss, "checksum"},
+      {"put cancelled half way", put([](RawPut& p) {
+         p.chunks = {64, 64};
+         p.cancel_midway = true;
+       }),
+       absl::StatusCode::kCancelled, ""},
+      {"oversized message", put([](RawPut& p) {
+         p.region = Region{{0, 8}, {0, 8}};
+         p.chunks = {9 << 20};
+       }),
+       absl::StatusCode::kResourceExhausted, ""},
+      {"region stored already", put([](RawPut& p) { p.region = Region{{4, 8}, {0, 8}}; }),
+       absl::StatusCode::kAlreadyExists, "already holds"},
+      {"read of a region not stored here", read("job", 1, "w", Region{{0, 8}, {0, 8}}),
+       absl::StatusCode::kNotFound, "not stored on this host"},
+      {"read of an unknown version", read("job", 9, "w", Region{{4, 8}, {0, 8}}),
+       absl::StatusCode::kNotFound, "no version 9"},
+      {"read out of bounds", read("job", 1, "w", Region{{4, 9}, {0, 8}}),
+       absl::StatusCode::kInvalidArgument, "out of bounds"},
+      {"declare with another shape",
+       [&] { return d->client->Declare("job", {{"w", DType::kFloat32, {8, 9}}}); },
+       absl::StatusCode::kFailedPrecondition, "cannot be re-declared"},
+      {"declare a negative extent",
+       [&] { return d->client->Declare("job", {{"z", DType::kFloat32, {-1}}}); },
+       absl::StatusCode::kInvalidArgument, "extent -1"},
+      {"malformed message bytes",
+       [&] {
+         grpc::GenericStub generic(grpc::CreateChannel(d->address(),
+                                                       grpc::InsecureChannelCredentials()));
+         grpc::ClientContext ctx;
+         const char garbage[] = "\xff\xff\xff\xff\x0f not a protobuf";
+         grpc::Slice slice(garbage, sizeof(garbage));
+         grpc::ByteBuffer request(&slice, 1), response;
+         absl::Status result;
+         absl::Notification done;
+         generic.UnaryCall(&ctx, "/ptc.proto.TensorStore/Stat", grpc::StubOptions(), &request,
+                           &response, [&](grpc::Status s) {
+                             result = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                                   s.error_message());
+                             done.Notify();
+                           });
+         done.WaitForNotification();
+         return result;
+       },
+       absl::StatusCode::kInternal, ""},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const absl::Status s = c.call();
+    CHECK(s.code() == c.code);
+    CHECK(s.message().find(c.says) != std::string::npos);
+    INFO(s.ToString());
+    // Nothing partial is left, and the daemon still serves.
+    auto stats = d->client->Stats();
+    REQUIRE(stats.ok());
+    CHECK(stats->memory_used_bytes() == used_before);
+    auto list = d->client->List("job");
+    REQUIRE(list.ok());
+    CHECK(list->jobs(0).versions_size() == 1);
+    CHECK(list->jobs(0).versions(0).tensors(0).regions_size() == 1);
+    std::vector<char> back(128);
+    REQUIRE(d->client->Read("job", 1, "w", Region{{4, 8}, {0, 8}}, back.data(), 128).ok());
+    CHECK(back == good);
+  }
+  // And the region that failed so often can still be stored.
+  const std::vector<char> top = RandomBytes(128, 4);
+  CHECK(d->client->Put("job", 1, "w", Region{{0, 4}, {0, 8}}, top.data(), 128).ok());
+}
+
+TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
+          "[tensor_store][service]") {
+  auto d = StartDaemon(/*memory_limit=*/1 << 20);
+  REQUIRE(d->client->Declare("job", {{"w", DType::kUInt8, {2, 600 << 10}}}).ok());
+  const std::vector<char> row = RandomBytes(600 << 10, 8);
+  REQUIRE(d->client->Put("job", 1, "w", Region{{0, 1}, {0, 600 << 10}}, row.data(), row.size()).ok());
+  const int64_t used = d->client->Stats()->memory_used_bytes();
+  CHECK(used == (600 << 10));
+  auto over = d->client->Put("job", 1, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(), row.size());
+  CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(over.status().message().find("memory limit") != std::string::npos);
+  CHECK(d->client->Stats()->memory_used_bytes() == used);
+  REQUIRE(d->client->DeleteVersion("job", 1).ok());
+  CHECK(d->client->Stats()->memory_used_bytes() == 0);
+  CHECK(d->client->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(), row.size()).ok());
+}
+
+}  // namespace
+}  // namespace ptc

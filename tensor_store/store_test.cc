@@ -1,0 +1,105 @@
+// Unit tests of Store itself, without gRPC.
+#include "tensor_store/store.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "common/checksum.h"
+
+namespace ptc {
+namespace {
+
+std::unique_ptr<PendingPut> Begin(Store& s, int64_t version, const Region& r) {
+  auto put = s.BeginPut("job", version, "w", r);
+  REQUIRE(put.ok());
+  std::memset((*put)->buffer->mutable_data(), 7, (*put)->bytes);
+  return std::move(*put);
+}
+
+TEST_CASE("store: a put is invisible until finished and gone if dropped",
+          "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region r{{0, 4}, {0, 8}};
+  {
+    auto put = Begin(s, 1, r);
+    CHECK(s.budget().used() == 128);
+    CHECK(s.List("job").jobs(0).versions_size() == 0);  // not visible yet
+  }  // dropped: nothing stays
+  CHECK(s.budget().used() == 0);
+  CHECK(s.List("job").jobs(0).versions_size() == 0);
+  auto sum = s.FinishPut(Begin(s, 1, r));
+  REQUIRE(sum.ok());
+  std::vector<char> sevens(128, 7);
+  CHECK(*sum == Checksum(sevens.data(), sevens.size()));
+  CHECK(s.List("job").jobs(0).versions(0).tensors(0).regions(0).checksum() == *sum);
+}
+
+TEST_CASE("store: a version deleted while a put runs aborts the put",
+          "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  REQUIRE(s.FinishPut(Begin(s, 1, Region{{0, 4}, {0, 8}})).ok());
+  auto put = Begin(s, 1, Region{{4, 8}, {0, 8}});
+  REQUIRE(s.DeleteVersion("job", 1).ok());
+  CHECK(s.FinishPut(std::move(put)).status().code() == absl::StatusCode::kAborted);
+  CHECK(s.budget().used() == 0);
+}
+
+TEST_CASE("store: a committed version cannot change", "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  REQUIRE(s.FinishPut(Begin(s, 1, Region{{0, 4}, {0, 8}})).ok());
+  auto pending = Begin(s, 1, Region{{4, 8}, {0, 8}});
+  REQUIRE(s.Commit("job", 1).ok());
+  CHECK(s.FinishPut(std::move(pending)).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  auto late = s.BeginPut("job", 1, "w", Region{{4, 8}, {0, 8}});
+  CHECK(late.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(late.status().message().find("committed") != std::string::npos);
+}
+
+TEST_CASE("store: the union's fingerprint counts overlapping regions once",
+          "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kInt32, {6}}}).ok());
+  // [0:4] and [2:6] overlap on [2:4]; values are the global indices.
+  for (Region r : {Region{{0, 4}}, Region{{2, 6}}}) {
+    auto put = s.BeginPut("job", 1, "w", r);
+    REQUIRE(put.ok());
+    int32_t* v = reinterpret_cast<int32_t*>((*put)->buffer->mutable_data());
+    for (int64_t i = r.dim(0).begin; i < r.dim(0).end; ++i) v[i - r.dim(0).begin] = i;
+    REQUIRE(s.FinishPut(std::move(*put)).ok());
+  }
+  auto all = s.Fingerprint("job", 1, "w", {});
+  REQUIRE(all.ok());
+  CHECK(all->second == 6);
+  auto whole = s.Fingerprint("job", 1, "w", {Region{{0, 6}}});
+  REQUIRE(whole.ok());
+  CHECK(whole->first == all->first);
+  auto parts = s.Fingerprint("job", 1, "w", {Region{{0, 1}}, Region{{1, 6}}});
+  CHECK(parts->first == all->first);
+}
+
+TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
+  Store s({64 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kUInt8, {64, 4096}}}).ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 4; ++k) {
+        const int64_t row = t * 4 + k;
+        auto put = s.BeginPut("job", 1, "w", Region{{row, row + 1}, {0, 4096}});
+        if (put.ok()) s.FinishPut(std::move(*put)).IgnoreError();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto list = s.List("job");
+  CHECK(list.jobs(0).versions(0).tensors(0).regions_size() == 64);
+  CHECK(list.jobs(0).versions(0).bytes() == 64 * 4096);
+}
+
+}  // namespace
+}  // namespace ptc
