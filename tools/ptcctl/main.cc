@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "tools/ptcctl/plan_command.h"
+#include "tools/ptcctl/store_command.h"
 
 namespace {
 
@@ -10,6 +11,7 @@ constexpr char kUsage[] = R"(usage: ptcctl COMMAND [options]
 
 commands:
   plan     preview how a job's state would move for a change of parallelism
+  store    what a ptcd holds: store ls | stat | stats --host ADDR
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
@@ -24,6 +26,8 @@ int main(int argc, char** argv) {
   }
   if (!std::strcmp(argv[1], "plan"))
     return ptc::tools::RunPlanCommand(argc, argv);
+  if (!std::strcmp(argv[1], "store"))
+    return ptc::tools::RunStoreCommand(argc, argv);
   std::cerr << "ptcctl: unknown command '" << argv[1] << "'\n\n" << kUsage;
   return 2;
 }
