@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/unix_socket.h"
+#include "tensor_store/region_buffer.h"
 
 namespace ptc {
 
@@ -136,6 +137,7 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::strin
     return absl::ResourceExhaustedError(
         absl::StrCat("mapping ", buf.size_, " bytes of shared memory: ", std::strerror(errno)));
   }
+  AdviseHugePages(p, buf.size_);
   buf.data_ = static_cast<uint8_t*>(p);
   return buf;
 }
@@ -181,6 +183,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, in
     return absl::ResourceExhaustedError(
         absl::StrCat("mapping ", m.size_, " bytes of shared memory: ", std::strerror(errno)));
   }
+  AdviseHugePages(p, m.size_);
   m.data_ = static_cast<const uint8_t*>(p);
   return m;
 }

@@ -25,15 +25,18 @@ namespace {
 
 constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
-            [--drain-seconds N] [--port-file FILE]
+            [--spare-pool BYTES] [--drain-seconds N] [--port-file FILE]
 
   --config         "key = value" file with the same keys (listen, socket,
-                   memory_limit, log_level, allowed_uids, drain_seconds);
-                   flags override it
+                   memory_limit, spare_pool, log_level, allowed_uids,
+                   drain_seconds); flags override it
   --listen         gRPC address (default 127.0.0.1:7070; port 0 picks one)
   --socket         Unix socket for local training processes
                    (default /run/ptcd/ptcd.sock; "none" disables it)
   --memory-limit   most bytes the store may hold, e.g. 64GiB (default 8GiB)
+  --spare-pool     memory kept allocated for the next local saves (checkpoints
+                   repeat their sizes); part of the limit, given up first when
+                   a put needs room (default: memory limit / 16; 0 disables)
   --log-level      trace, debug, info, warn, error (default info)
   --allowed-uids   users besides ptcd's own and root that may use the socket
   --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
@@ -43,7 +46,8 @@ constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [-
 absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(
       Args args, Args::Parse(argc, argv, 1,
-                             {"config", "listen", "socket", "memory-limit", "log-level",
+                             {"config", "listen", "socket", "memory-limit", "spare-pool",
+                              "log-level",
                               "allowed-uids", "drain-seconds", "port-file"},
                              {"help"}));
   if (args.Flag("help")) {
@@ -54,8 +58,8 @@ absl::Status Run(int argc, char** argv) {
   if (args.Has("config")) {
     PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
     for (const auto& [key, value] : config) {
-      static const char* kKeys[] = {"listen",       "socket",       "memory_limit",
-                                    "log_level",    "allowed_uids", "drain_seconds"};
+      static const char* kKeys[] = {"listen",    "socket",       "memory_limit", "spare_pool",
+                                    "log_level", "allowed_uids", "drain_seconds"};
       if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
         return absl::InvalidArgumentError(
             absl::StrCat(args.Get("config"), ": unknown key '", key, "'"));
@@ -75,6 +79,10 @@ absl::Status Run(int argc, char** argv) {
   if (options.socket_path == "none") options.socket_path.clear();
   PTC_ASSIGN_OR_RETURN(options.memory_limit_bytes,
                        ParseBytes(setting("memory-limit", "memory_limit", "8GiB")));
+  PTC_ASSIGN_OR_RETURN(
+      options.spare_pool_bytes,
+      ParseBytes(setting("spare-pool", "spare_pool",
+                         std::to_string(options.memory_limit_bytes / 16))));
   for (absl::string_view uid :
        absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',', absl::SkipEmpty())) {
     uid_t u;

@@ -32,6 +32,11 @@ class RegionBuffer {
       int64_t size, MemoryBudget::Reservation reservation,
       const std::string& name, bool map = true);
 
+  // Takes ownership of `fd`, a writable memfd of exactly `size` bytes
+  // created with MFD_ALLOW_SEALING (e.g. a spare from the SparePool).
+  static absl::StatusOr<std::shared_ptr<RegionBuffer>> Adopt(
+      int fd, int64_t size, MemoryBudget::Reservation reservation, bool map);
+
   ~RegionBuffer();
   RegionBuffer(const RegionBuffer&) = delete;
   RegionBuffer& operator=(const RegionBuffer&) = delete;
@@ -61,6 +66,10 @@ class RegionBuffer {
   bool sealed_ = false;
   ino_t inode_ = 0;
 };
+
+// madvise(MADV_HUGEPAGE) for mappings of at least 2 MiB: fewer page faults
+// where the host enables transparent huge pages for shared memory.
+void AdviseHugePages(void* addr, int64_t size);
 
 }  // namespace ptc
 

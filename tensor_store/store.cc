@@ -150,12 +150,23 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
         DTypeName(*dtype)));
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
-  PTC_ASSIGN_OR_RETURN(
-      MemoryBudget::Reservation r,
-      budget_.Reserve(put->bytes, absl::StrCat("a put of ", region.ToString(), " of ", where)));
-  PTC_ASSIGN_OR_RETURN(put->buffer,
-                       RegionBuffer::Create(put->bytes, std::move(r),
-                                            absl::StrCat(job, "/", version, "/", tensor), map));
+  // Take ready memory if there is some (saves repeat their sizes).
+  std::optional<SparePool::Spare> spare = spares_.Take(put->bytes);
+  if (spare) {
+    PTC_ASSIGN_OR_RETURN(put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
+                                                          std::move(spare->reservation), map));
+  } else {
+    const std::string what = absl::StrCat("a put of ", region.ToString(), " of ", where);
+    auto r = budget_.Reserve(put->bytes, what);
+    if (!r.ok() && spares_.ready_bytes() > 0) {
+      spares_.EvictAll();  // spares give way to real data
+      r = budget_.Reserve(put->bytes, what);
+    }
+    if (!r.ok()) return r.status();
+    PTC_ASSIGN_OR_RETURN(put->buffer,
+                         RegionBuffer::Create(put->bytes, std::move(*r),
+                                              absl::StrCat(job, "/", version, "/", tensor), map));
+  }
   // Remember which incarnation of the version the put writes into, so that
   // a delete (and re-creation) while it runs is detected. A version is
   // created by its first successful put, never by one that fails.
@@ -408,6 +419,7 @@ absl::StatusOr<proto::StatResponse> Store::Stat(const std::string& job, int64_t 
 
 void Store::FillStats(proto::StatsResponse* out) const {
   out->set_memory_used_bytes(budget_.used());
+  out->set_spare_bytes(spares_.ready_bytes());
   out->set_memory_limit_bytes(budget_.limit());
   for (const auto& [name, j] : Jobs()) {
     absl::MutexLock lock(&j->mu);

@@ -36,6 +36,7 @@
 #include "ptc/region.h"
 #include "tensor_store/memory_budget.h"
 #include "tensor_store/region_buffer.h"
+#include "tensor_store/spare_pool.h"
 
 namespace ptc {
 
@@ -76,11 +77,15 @@ struct ReadView {
 
 struct StoreOptions {
   int64_t memory_limit_bytes = int64_t{8} << 30;
+  // Bytes of pre-allocated memory kept ready for local saves (SparePool);
+  // counted in the memory limit, evicted first when a put needs room.
+  int64_t spare_pool_bytes = 0;
 };
 
 class Store {
  public:
-  explicit Store(StoreOptions options) : budget_(options.memory_limit_bytes) {}
+  explicit Store(StoreOptions options)
+      : budget_(options.memory_limit_bytes), spares_(&budget_, options.spare_pool_bytes) {}
 
   // Declares tensors of `job` (creating the job); returns how many were new.
   absl::StatusOr<int> DeclareTensors(const std::string& job,
@@ -122,6 +127,7 @@ class Store {
   void FillStats(proto::StatsResponse* out) const;
 
   const MemoryBudget& budget() const { return budget_; }
+  SparePool& spares() { return spares_; }
 
  private:
   struct Version {
@@ -141,6 +147,7 @@ class Store {
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> Jobs() const;
 
   MemoryBudget budget_;
+  SparePool spares_;  // after budget_: returns its memory before budget_ dies
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

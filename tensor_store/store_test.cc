@@ -101,5 +101,37 @@ TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
   CHECK(list.jobs(0).versions(0).bytes() == 64 * 4096);
 }
 
+TEST_CASE("store: local saves of a repeated size get ready memory, which gives way "
+          "to real data",
+          "[tensor_store]") {
+  Store s({/*memory_limit_bytes=*/16 << 20, /*spare_pool_bytes=*/4 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kUInt8, {8, 1 << 20}}}).ok());
+  const Region row0{{0, 1}, {0, 1 << 20}};
+  auto first = s.BeginPut("job", 1, "w", row0, std::nullopt, /*map=*/false);
+  REQUIRE(first.ok());
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (1 << 20));  // prepared for the next save
+  first->reset();
+  auto second = s.BeginPut("job", 1, "w", row0, std::nullopt, /*map=*/false);
+  REQUIRE(second.ok());
+  // The spare was taken; a replacement is on its way.
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (1 << 20));
+  CHECK(s.budget().used() == (2 << 20));
+  // A save of another size pushes out the spare of the old size.
+  auto other = s.BeginPut("job", 2, "w", Region{{0, 4}, {0, 1 << 20}}, std::nullopt, false);
+  REQUIRE(other.ok());
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (4 << 20));
+  other->reset();
+  second->reset();
+  // Real data that needs the spare's room gets it.
+  CHECK(s.budget().used() == (4 << 20));  // just the spare
+  REQUIRE(s.DeclareTensors("job", {{"big", DType::kUInt8, {13 << 20}}}).ok());
+  auto big = s.BeginPut("job", 3, "big", Region{{0, 13 << 20}});
+  REQUIRE(big.ok());
+  CHECK(s.spares().ready_bytes() == 0);
+}
+
 }  // namespace
 }  // namespace ptc

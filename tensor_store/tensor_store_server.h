@@ -29,6 +29,8 @@ struct TensorStoreServerOptions {
   // Unix socket for local clients; empty: no local server.
   std::string socket_path;
   int64_t memory_limit_bytes = int64_t{8} << 30;
+  // Pre-allocated memory kept ready for local saves (see SparePool); 0: none.
+  int64_t spare_pool_bytes = 0;
   // Largest gRPC message accepted; larger ones fail with RESOURCE_EXHAUSTED.
   int max_message_bytes = 8 << 20;
   // Users besides the daemon's own and root allowed on the local socket.
@@ -53,7 +55,7 @@ class TensorStoreServer {
 
  private:
   explicit TensorStoreServer(const TensorStoreServerOptions& options)
-      : store_(StoreOptions{options.memory_limit_bytes}) {}
+      : store_(StoreOptions{options.memory_limit_bytes, options.spare_pool_bytes}) {}
 
   Store store_;
   std::unique_ptr<LocalServer> local_;

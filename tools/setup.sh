@@ -25,3 +25,12 @@ if [[ ${#missing[@]} -gt 0 || "${CI:-}" == "true" ]]; then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null
 fi
+
+# Host tuning for ptcd: let shared memory use transparent huge pages where
+# a program asks for them (madvise). ptcd's and its clients' mappings ask;
+# nothing else changes. Without it, saves through shared memory fault in
+# every 4 KiB page. See deploy/README.md.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+if [[ -w $thp ]] && grep -q "\[never\]" "$thp"; then
+  echo advise > "$thp" 2>/dev/null && echo "setup: shared-memory huge pages set to 'advise'"
+fi

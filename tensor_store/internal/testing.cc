@@ -39,11 +39,12 @@ TempDir::~TempDir() {
 
 std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", server->port()); }
 
-std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit) {
+std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit, int64_t spare_pool) {
   auto d = std::make_unique<Daemon>();
   TensorStoreServerOptions options;
   options.socket_path = d->socket_path();
   options.memory_limit_bytes = memory_limit;
+  options.spare_pool_bytes = spare_pool;
   auto server = TensorStoreServer::Start(options);
   if (!server.ok()) {
     std::cerr << "starting the daemon: " << server.status() << "\n";

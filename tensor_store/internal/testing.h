@@ -34,8 +34,10 @@ struct Daemon {
   std::string address() const;
 };
 
-// Starts a daemon with `memory_limit` bytes; aborts the test on failure.
-std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30);
+// Starts a daemon with `memory_limit` bytes (and `spare_pool` bytes of
+// ready memory for local saves); aborts the test on failure.
+std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30,
+                                    int64_t spare_pool = 0);
 
 // Byte `offset` of stream `seed`: the same whatever the chunking.
 void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n);

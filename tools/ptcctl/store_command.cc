@@ -140,6 +140,7 @@ absl::Status Stats(StoreClient& c, bool json) {
     w.BeginObject();
     w.Key("memory_used_bytes").Int(s.memory_used_bytes());
     w.Key("memory_limit_bytes").Int(s.memory_limit_bytes());
+    w.Key("spare_bytes").Int(s.spare_bytes());
     w.Key("local_clients").Int(s.local_clients()).Key("active_calls").Int(s.active_calls());
     w.Key("uptime_seconds").Double(s.uptime_seconds());
     w.Key("versions").BeginArray();
@@ -156,6 +157,10 @@ absl::Status Stats(StoreClient& c, bool json) {
   std::cout << absl::StrFormat("memory: %s of %s used (%.1f%%)\n", HumanBytes(s.memory_used_bytes()),
                                HumanBytes(s.memory_limit_bytes()),
                                100.0 * s.memory_used_bytes() / std::max<int64_t>(1, s.memory_limit_bytes()));
+  if (s.spare_bytes() > 0) {
+    std::cout << absl::StrFormat("        of which %s kept ready for the next local saves\n",
+                                 HumanBytes(s.spare_bytes()));
+  }
   std::cout << absl::StrFormat("clients: %d local, %d calls in progress; up %s\n", s.local_clients(),
                                s.active_calls(), HumanSeconds(s.uptime_seconds()));
   for (const auto& v : s.versions()) {

@@ -1,0 +1,136 @@
+#include "tensor_store/spare_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "tensor_store/region_buffer.h"
+
+namespace ptc {
+namespace {
+
+Counter& spares_used_total = GetCounter("ptc_store_spares_used_total");
+Counter& spares_missed_total = GetCounter("ptc_store_spares_missed_total");
+
+}  // namespace
+
+SparePool::SparePool(MemoryBudget* budget, int64_t capacity)
+    : budget_(budget), capacity_(capacity) {
+  if (capacity_ > 0) thread_ = std::thread([this] { Loop(); });
+}
+
+SparePool::~SparePool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  EvictAll();
+}
+
+std::optional<SparePool::Spare> SparePool::Take(int64_t size) {
+  if (capacity_ <= 0 || size > capacity_) return std::nullopt;
+  std::vector<Spare> stale;  // closed after the lock is released
+  std::optional<Spare> taken;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ready_.find(size);
+    if (it != ready_.end() && !it->second.empty()) {
+      taken = std::move(it->second.back());
+      it->second.pop_back();
+      ready_bytes_ -= size;
+    }
+    // Queue the replacement (or the first one). Spares of other sizes give
+    // way: the job's current layout is what the next save will use.
+    int64_t pending = 0;
+    for (int64_t q : queue_) pending += q;
+    for (auto other = ready_.begin();
+         ready_bytes_ + pending + size > capacity_ && other != ready_.end(); ++other) {
+      while (other->first != size && !other->second.empty() &&
+             ready_bytes_ + pending + size > capacity_) {
+        ready_bytes_ -= other->first;
+        stale.push_back(std::move(other->second.back()));
+        other->second.pop_back();
+      }
+    }
+    if (ready_bytes_ + pending + size <= capacity_) queue_.push_back(size);
+  }
+  for (Spare& s : stale) close(s.fd);
+  (taken ? spares_used_total : spares_missed_total).Add();
+  return taken;
+}
+
+void SparePool::EvictAll() {
+  std::map<int64_t, std::vector<Spare>> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    gone.swap(ready_);
+    ready_bytes_ = 0;
+  }
+  for (auto& [size, spares] : gone) {
+    for (Spare& s : spares) close(s.fd);
+  }
+}
+
+void SparePool::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) { return p->queue_.empty() && !p->busy_; },
+      this));
+}
+
+int64_t SparePool::ready_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return ready_bytes_;
+}
+
+void SparePool::Loop() {
+  while (true) {
+    int64_t size;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->queue_.empty(); },
+          this));
+      if (stop_) return;
+      size = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+    }
+    Prepare(size);
+    absl::MutexLock lock(&mu_);
+    busy_ = false;
+  }
+}
+
+void SparePool::Prepare(int64_t size) {
+  auto reservation = budget_->Reserve(size, "a spare save buffer");
+  if (!reservation.ok()) return;  // the store is full: no spare
+  const int fd = memfd_create("ptc-spare", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return;
+  if (ftruncate(fd, size) != 0) {
+    close(fd);
+    return;
+  }
+  // Allocate every page now (huge pages where allowed) by touching it.
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return;
+  }
+  AdviseHugePages(p, size);
+  volatile char* bytes = static_cast<char*>(p);
+  for (int64_t off = 0; off < size; off += 4096) bytes[off] = 0;
+  munmap(p, size);
+  absl::MutexLock lock(&mu_);
+  if (stop_ || ready_bytes_ + size > capacity_) {
+    close(fd);
+    return;
+  }
+  ready_[size].push_back(Spare{fd, std::move(*reservation)});
+  ready_bytes_ += size;
+  Log("tensor_store")->trace("spare save buffer of {} bytes ready", size);
+}
+
+}  // namespace ptc

@@ -1,0 +1,127 @@
+// Tensor store benchmark (not a test): save and load throughput for region
+// sizes from 1 MiB to 1 GiB, (a) through shared memory (the local socket)
+// and (b) through gRPC on loopback, each against memcpy of the same size
+// measured in the same run. Reports min/median/max GB/s and the ratio of
+// the medians to memcpy's.
+//
+//   bazel build -c opt //tools:store_benchmark && bazel-bin/tools/store_benchmark
+//
+// The daemon runs in this process (same code as ptcd) with its own
+// threads; the client side of each measurement runs on the main thread.
+// "shm save" is the steady state of a checkpointing job: the daemon's spare
+// pool has prepared memory of the region's size in the background since
+// the previous save (the benchmark waits for it outside the timed window);
+// "shm save cold" is the first save of a size, into freshly allocated pages.
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/checksum.h"
+#include "tensor_store/internal/testing.h"
+#include "tensor_store/local_client.h"
+
+namespace ptc {
+namespace {
+
+struct Stats {
+  double min, median, max;
+};
+
+Stats Summarize(std::vector<double> gbps) {
+  std::sort(gbps.begin(), gbps.end());
+  return {gbps.front(), gbps[gbps.size() / 2], gbps.back()};
+}
+
+template <typename Fn>
+double Measure(int64_t bytes, Fn&& fn) {
+  const absl::Time t = absl::Now();
+  fn();
+  return bytes / absl::ToDoubleSeconds(absl::Now() - t) / 1e9;
+}
+
+void Die(const absl::Status& s) {
+  std::cerr << s << "\n";
+  std::exit(1);
+}
+
+int Run(int max_mib) {
+  auto d = testing::StartDaemon(int64_t{6} << 30, /*spare_pool=*/int64_t{1} << 30);
+  auto local = LocalClient::Connect(d->socket_path());
+  if (!local.ok()) Die(local.status());
+  std::cout << absl::StrFormat(
+      "%-9s %-16s %8s %8s %8s  %s\n", "size", "path", "min", "median", "max",
+      "median vs memcpy (GB/s = 1e9 bytes/s)");
+  int64_t version = 0;
+  for (int64_t mib = 1; mib <= max_mib; mib *= 4) {
+    const int64_t bytes = mib << 20;
+    const int runs = 1 + (mib >= 256 ? 3 : mib >= 16 ? 5 : 9);  // + the cold one
+    const std::string key = absl::StrCat("r", mib);
+    if (auto s = d->client->Declare("bench", {{key, DType::kUInt8, {bytes}}}); !s.ok()) Die(s);
+    const Region r{{0, bytes}};
+    std::vector<char> src(bytes), dst(bytes);
+    for (int64_t i = 0; i < bytes; i += 4096) src[i] = static_cast<char>(i / 4096);
+    std::memset(dst.data(), 1, bytes);
+    std::vector<double> copy, shm_save, shm_cold, shm_load, shm_map, grpc_save, grpc_load;
+    for (int run = 0; run < runs; ++run) {
+      copy.push_back(Measure(bytes, [&] { std::memcpy(dst.data(), src.data(), bytes); }));
+      ++version;
+      d->server->store()->spares().WaitIdle();
+      (run == 0 ? shm_cold : shm_save).push_back(Measure(bytes, [&] {
+        auto buf = (*local)->AllocatePut("bench", version, key, r);
+        if (!buf.ok()) Die(buf.status());
+        std::memcpy(buf->data(), src.data(), bytes);
+        if (auto sum = (*local)->CommitPut(&*buf); !sum.ok()) Die(sum.status());
+      }));
+      shm_map.push_back(Measure(bytes, [&] {
+        auto m = (*local)->Map("bench", version, key, r);
+        if (!m.ok()) Die(m.status());
+      }));
+      shm_load.push_back(Measure(bytes, [&] {
+        auto m = (*local)->Map("bench", version, key, r);
+        if (!m.ok()) Die(m.status());
+        std::memcpy(dst.data(), m->data(), bytes);
+      }));
+      if (auto s = d->client->DeleteVersion("bench", version); !s.ok()) Die(s.status());
+      ++version;
+      grpc_save.push_back(Measure(bytes, [&] {
+        if (auto s = d->client->Put("bench", version, key, r, src.data(), bytes); !s.ok()) {
+          Die(s.status());
+        }
+      }));
+      grpc_load.push_back(Measure(bytes, [&] {
+        if (auto s = d->client->Read("bench", version, key, r, dst.data(), bytes); !s.ok()) Die(s);
+      }));
+      if (auto s = d->client->DeleteVersion("bench", version); !s.ok()) Die(s.status());
+    }
+    const Stats base = Summarize(copy);
+    auto row = [&](const char* name, const std::vector<double>& v) {
+      const Stats s = Summarize(v);
+      std::cout << absl::StrFormat("%-9s %-16s %8.2f %8.2f %8.2f  %5.0f%%\n",
+                                   absl::StrCat(mib, " MiB"), name, s.min, s.median, s.max,
+                                   100 * s.median / base.median);
+    };
+    row("memcpy", copy);
+    row("shm save", shm_save);
+    row("shm save cold", shm_cold);
+    row("shm load+copy", shm_load);
+    row("shm map only", shm_map);
+    row("grpc save", grpc_save);
+    row("grpc load", grpc_load);
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ptc
+
+int main(int argc, char** argv) {
+  int max_mib = 1024;
+  if (argc == 3 && std::string(argv[1]) == "--max-mib") max_mib = std::atoi(argv[2]);
+  return ptc::Run(max_mib);
+}
