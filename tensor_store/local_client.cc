@@ -113,6 +113,16 @@ absl::Status StatusOf(const proto::LocalResponse& resp) {
   return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
 }
 
+// AllocatePutOp and MapOp name a region of a tensor of a version alike.
+template <typename Op>
+void NameRegion(const std::string& job, int64_t version, const std::string& tensor,
+                const Region& region, Op* op) {
+  op->set_job(job);
+  op->set_version(version);
+  op->set_tensor(tensor);
+  RegionToProto(region, op->mutable_region());
+}
+
 }  // namespace
 
 absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::string& job,
@@ -120,11 +130,7 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::strin
                                                                 const std::string& tensor,
                                                                 const Region& region) {
   proto::LocalRequest req;
-  proto::AllocatePutOp* op = req.mutable_allocate_put();
-  op->set_job(job);
-  op->set_version(version);
-  op->set_tensor(tensor);
-  RegionToProto(region, op->mutable_region());
+  NameRegion(job, version, tensor, region, req.mutable_allocate_put());
   int fd = -1;
   PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
   PTC_RETURN_IF_ERROR(StatusOf(resp));
@@ -164,11 +170,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, in
                                                       const std::string& tensor,
                                                       const Region& region) {
   proto::LocalRequest req;
-  proto::MapOp* op = req.mutable_map();
-  op->set_job(job);
-  op->set_version(version);
-  op->set_tensor(tensor);
-  RegionToProto(region, op->mutable_region());
+  NameRegion(job, version, tensor, region, req.mutable_map());
   int fd = -1;
   PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
   PTC_RETURN_IF_ERROR(StatusOf(resp));

@@ -20,6 +20,18 @@ void SetDeadline(grpc::ClientContext* ctx, int64_t bytes) {
 
 }  // namespace
 
+template <typename Request, typename Response>
+absl::StatusOr<Response> StoreClient::Unary(
+    grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                     Response*),
+    const Request& req, int64_t bytes) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, bytes);
+  Response resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp)));
+  return resp;
+}
+
 absl::Duration StoreClient::DeadlineFor(int64_t bytes) {
   return absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 100e6);
 }
@@ -44,10 +56,7 @@ absl::Status StoreClient::Declare(const std::string& job, const std::vector<Tens
     d->set_dtype(std::string(DTypeName(t.dtype)));
     for (int64_t e : t.shape) d->add_shape(e);
   }
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::DeclareTensorsResponse resp;
-  return FromGrpcStatus(stub_->DeclareTensors(&ctx, req, &resp));
+  return Unary(&proto::TensorStore::Stub::DeclareTensors, req).status();
 }
 
 absl::StatusOr<uint64_t> StoreClient::PutWith(const std::string& job, int64_t version,
@@ -150,11 +159,7 @@ absl::Status StoreClient::Read(const std::string& job, int64_t version, const st
 absl::StatusOr<proto::ListResponse> StoreClient::List(const std::string& job) {
   proto::ListRequest req;
   req.set_job(job);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::ListResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->List(&ctx, req, &resp)));
-  return resp;
+  return Unary(&proto::TensorStore::Stub::List, req);
 }
 
 absl::StatusOr<proto::StatResponse> StoreClient::Stat(const std::string& job, int64_t version,
@@ -163,11 +168,7 @@ absl::StatusOr<proto::StatResponse> StoreClient::Stat(const std::string& job, in
   req.set_job(job);
   req.set_version(version);
   req.set_tensor(tensor);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::StatResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Stat(&ctx, req, &resp)));
-  return resp;
+  return Unary(&proto::TensorStore::Stub::Stat, req);
 }
 
 absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
@@ -178,21 +179,14 @@ absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
   req.set_version(version);
   req.set_tensor(tensor);
   for (const Region& r : regions) RegionToProto(r, req.add_regions());
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, int64_t{8} << 30);
-  proto::FingerprintResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Fingerprint(&ctx, req, &resp)));
-  return resp;
+  return Unary(&proto::TensorStore::Stub::Fingerprint, req, int64_t{8} << 30);
 }
 
 absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job, int64_t version) {
   proto::CommitVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::CommitVersionResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->CommitVersion(&ctx, req, &resp)));
+  PTC_ASSIGN_OR_RETURN(auto resp, Unary(&proto::TensorStore::Stub::CommitVersion, req));
   return resp.bytes();
 }
 
@@ -200,19 +194,12 @@ absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job, int64
   proto::DeleteVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::DeleteVersionResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->DeleteVersion(&ctx, req, &resp)));
+  PTC_ASSIGN_OR_RETURN(auto resp, Unary(&proto::TensorStore::Stub::DeleteVersion, req));
   return resp.bytes();
 }
 
 absl::StatusOr<proto::StatsResponse> StoreClient::Stats() {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, 0);
-  proto::StatsResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->Stats(&ctx, proto::StatsRequest(), &resp)));
-  return resp;
+  return Unary(&proto::TensorStore::Stub::Stats, proto::StatsRequest());
 }
 
 }  // namespace ptc

@@ -68,6 +68,13 @@ class StoreClient {
   static absl::Duration DeadlineFor(int64_t bytes);
 
  private:
+  // One unary call with a deadline for `bytes`.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                       Response*),
+      const Request& req, int64_t bytes = 0);
+
   std::unique_ptr<proto::TensorStore::Stub> stub_;
 };
 
