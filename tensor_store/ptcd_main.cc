@@ -18,6 +18,7 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
 
 namespace ptc {
@@ -104,6 +105,8 @@ absl::Status Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  options.services.push_back(
+      [](Store* store) { return std::make_unique<TransformerService>(store); });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
   if (args.Has("port-file")) {

@@ -26,6 +26,10 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
+  for (const auto& make : options.services) {
+    s->extra_services_.push_back(make(&s->store_));
+    builder.RegisterService(s->extra_services_.back().get());
+  }
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,

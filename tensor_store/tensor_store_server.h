@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/impl/codegen/service_type.h>
 #include <grpcpp/server.h>
+
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,6 +38,9 @@ struct TensorStoreServerOptions {
   int max_message_bytes = 8 << 20;
   // Users besides the daemon's own and root allowed on the local socket.
   std::vector<uid_t> allowed_uids;
+  // More services on the same port, built over the store (ptcd adds the
+  // state transformer this way; tensor_store does not depend on it).
+  std::vector<std::function<std::unique_ptr<grpc::Service>(Store*)>> services;
 };
 
 class TensorStoreServer {
@@ -60,6 +66,7 @@ class TensorStoreServer {
   Store store_;
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<TensorStoreService> service_;
+  std::vector<std::unique_ptr<grpc::Service>> extra_services_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Mutex mu_;

@@ -1,0 +1,29 @@
+#include "coordinator/internal/cover.h"
+
+#include <limits>
+
+#include "coordinator/internal/grid.h"
+
+namespace ptc::coordinator_internal {
+
+std::map<int32_t, std::vector<Region>> DisjointCover(
+    int rank, const std::vector<std::pair<int32_t, Region>>& held) {
+  Grid grid;
+  grid.Reset(rank);
+  for (const auto& [h, r] : held) grid.AddCuts(r);
+  grid.Finalize();
+  std::vector<int32_t> owner(grid.num_cells(), std::numeric_limits<int32_t>::max());
+  for (const auto& [h, r] : held) {
+    grid.ForEachCell(r, [&](int64_t c) { owner[c] = std::min(owner[c], h); });
+  }
+  std::map<int32_t, std::vector<Region>> out;
+  for (int64_t c = 0; c < grid.num_cells(); ++c) {
+    if (owner[c] != std::numeric_limits<int32_t>::max()) {
+      out[owner[c]].push_back(grid.CellRegion(c));
+    }
+  }
+  for (auto& [h, boxes] : out) CoalesceBoxes(&boxes);
+  return out;
+}
+
+}  // namespace ptc::coordinator_internal

@@ -1,0 +1,60 @@
+// Drives one reconfiguration across the daemons of a job, atomically:
+//   1. every target host stages version v+1 by executing its fragment
+//      (ExecuteFragment; pieces from its own store and from peers);
+//   2. the per-tensor fingerprints of v+1 (each element counted once across
+//      target hosts) must equal those of v (each element once across live
+//      source hosts): the new layout holds exactly the old values;
+//   3. then v+1 is committed on every target host and v released on every
+//      live source host.
+// Any failure before step 3 aborts v+1 on every target host and leaves v
+// exactly as it was; the error names the host and what went wrong.
+//
+//   PTC_ASSIGN_OR_RETURN(ReconfigureReport r, RunReconfiguration(request, on_progress));
+#ifndef PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
+#define PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/plan.h"
+
+namespace ptc {
+
+struct ReconfigureRequest {
+  const PlanInput* input = nullptr;
+  const Plan* plan = nullptr;  // validated host-level plan for `input`
+  std::string job;
+  int64_t source_version = 0;  // committed on the source hosts
+  int64_t target_version = 0;  // new
+  int64_t plan_epoch = 0;      // > every earlier epoch of the job
+  // gRPC address of every host id the plan involves.
+  std::map<int32_t, std::string> addresses;
+  int parallel_pulls = 4;
+  // Keep version v on the source hosts after the commit (default: release).
+  bool keep_source = false;
+};
+
+struct ReconfigureProgress {
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  int hosts_done = 0;
+  int hosts_total = 0;
+};
+
+struct ReconfigureReport {
+  double seconds = 0;
+  int64_t bytes_moved = 0;         // all pieces, local and remote
+  int64_t bytes_from_peers = 0;    // pieces that crossed hosts
+  int tensors_verified = 0;        // fingerprints equal before and after
+};
+
+// `progress` is called from the driver's threads, serialized.
+absl::StatusOr<ReconfigureReport> RunReconfiguration(
+    const ReconfigureRequest& request,
+    const std::function<void(const ReconfigureProgress&)>& progress = nullptr);
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_RECONFIGURE_DRIVER_H_

@@ -1,0 +1,168 @@
+#include "state_transformer/fragment_executor.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+
+namespace ptc {
+namespace {
+
+Counter& pieces_total = GetCounter("ptc_transformer_pieces_total");
+Counter& bytes_received_total = GetCounter("ptc_transformer_bytes_received_total");
+Counter& bytes_copied_local_total = GetCounter("ptc_transformer_bytes_copied_local_total");
+
+// A staged region and its pending put.
+struct Staged {
+  Region region;
+  PendingPut* put;
+};
+
+// Copies `box` (whose bytes are `src`, dense) into every staged region of
+// the tensor that it intersects.
+void Scatter(const char* src, const Region& box, const std::vector<Staged>& staged, int64_t elem) {
+  for (const Staged& s : staged) {
+    const Region part = box.Intersect(s.region);
+    if (!part.empty()) CopyRegion(src, box, s.put->buffer->mutable_data(), s.region, part, elem);
+  }
+}
+
+}  // namespace
+
+GrpcPieceTransport::GrpcPieceTransport(const std::map<int32_t, std::string>& peers)
+    : addresses_(peers) {
+  for (const auto& [host, address] : peers) clients_[host] = StoreClient::Connect(address);
+}
+
+absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job, int64_t version,
+                                       const std::string& tensor, const Region& region,
+                                       const StoreClient::Consumer& consume) {
+  auto it = clients_.find(host);
+  if (it == clients_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan names source host ", host, " but no address was given for it"));
+  }
+  auto got = it->second->ReadWith(job, version, tensor, region, consume);
+  if (!got.ok()) {
+    return Annotate(got.status(), absl::StrCat("pulling ", region.ToString(), " of '", tensor,
+                                               "' from host ", host, " (", addresses_[host], ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTransport* transport,
+                             const std::function<void(const FragmentProgress&)>& progress) {
+  PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
+  const int num_tensors = static_cast<int>(job.tensors.size());
+  // Stage every held region: invisible until all are published.
+  std::vector<std::unique_ptr<PendingPut>> pending;
+  std::vector<std::vector<Staged>> staged(num_tensors);
+  for (const auto& [t, region] : job.holds) {
+    if (t < 0 || t >= num_tensors) {
+      return absl::InvalidArgumentError(absl::StrCat("the fragment holds unknown tensor id ", t));
+    }
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
+                         store->BeginPut(job.job, job.target_version, job.tensors[t].key, region));
+    staged[t].push_back({region, put.get()});
+    pending.push_back(std::move(put));
+  }
+  FragmentProgress totals;
+  totals.pieces_total = static_cast<int64_t>(job.pieces.size());
+  for (const FragmentPiece& p : job.pieces) {
+    if (p.tensor < 0 || p.tensor >= num_tensors) {
+      return absl::InvalidArgumentError(absl::StrCat("a piece names unknown tensor id ", p.tensor));
+    }
+    totals.bytes_total += p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+  }
+
+  absl::Mutex mu;
+  absl::Status failure;
+  std::atomic<size_t> next{0};
+  auto run_piece = [&](const FragmentPiece& p) -> absl::Status {
+    const TensorDecl& decl = job.tensors[p.tensor];
+    const int64_t elem = ElementSize(decl.dtype);
+    if (p.source_host == job.host) {
+      PTC_ASSIGN_OR_RETURN(ReadView view,
+                           store->OpenRead(job.job, job.source_version, decl.key, p.region));
+      return ForEachCoveringPiece(p.region, view.sources, [&](const Region& sub, const StoredRegionRef& s) {
+        for (const Staged& st : staged[p.tensor]) {
+          const Region part = sub.Intersect(st.region);
+          if (!part.empty()) {
+            CopyRegion(s.buffer->data(), s.region, st.put->buffer->mutable_data(), st.region, part, elem);
+          }
+        }
+      });
+    }
+    const Shape shape = p.region.shape();
+    absl::Status bad_chunk;
+    PTC_RETURN_IF_ERROR(transport->Fetch(
+        p.source_host, job.job, job.source_version, decl.key, p.region,
+        [&](int64_t offset, const char* data, int64_t n) {
+          if (offset % elem != 0 || n % elem != 0) {
+            bad_chunk = absl::DataLossError("a peer sent a chunk that splits an element");
+            return;
+          }
+          const int64_t first = offset / elem;
+          int64_t at = 0;
+          for (Region box : FlatRangeToRegions(shape, first, first + n / elem)) {
+            for (int d = 0; d < box.rank(); ++d) {
+              box.mutable_dim(d).begin += p.region.dim(d).begin;
+              box.mutable_dim(d).end += p.region.dim(d).begin;
+            }
+            Scatter(data + at, box, staged[p.tensor], elem);
+            at += box.volume() * elem;
+          }
+        }));
+    return bad_chunk;
+  };
+  auto worker = [&] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!failure.ok()) return;
+      }
+      const size_t i = next.fetch_add(1);
+      if (i >= job.pieces.size()) return;
+      const FragmentPiece& p = job.pieces[i];
+      const absl::Status s = run_piece(p);
+      const int64_t bytes = p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+      absl::MutexLock lock(&mu);
+      if (!s.ok()) {
+        if (failure.ok()) {
+          failure = Annotate(s, absl::StrCat("piece ", p.region.ToString(), " of tensor '",
+                                             job.tensors[p.tensor].key, "'"));
+        }
+        return;
+      }
+      pieces_total.Add();
+      (p.source_host == job.host ? bytes_copied_local_total : bytes_received_total).Add(bytes);
+      totals.bytes_done += bytes;
+      if (p.source_host != job.host) totals.remote_bytes_done += bytes;
+      ++totals.pieces_done;
+      if (progress) progress(totals);
+    }
+  };
+  const int threads = std::max(1, job.parallel_pulls);
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+  if (!failure.ok()) return failure;  // pending puts are dropped: nothing stays
+
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto sum = store->FinishPut(std::move(pending[i]));
+    if (!sum.ok()) {
+      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      return sum.status();
+    }
+  }
+  Log("transformer")->info("job {}: version {} staged on host {} ({} pieces, {} bytes, {} from peers)",
+                           job.job, job.target_version, job.host, totals.pieces_done,
+                           totals.bytes_done, totals.remote_bytes_done);
+  return absl::OkStatus();
+}
+
+}  // namespace ptc

@@ -1,0 +1,87 @@
+// Executes one host's fragment of a reconfiguration plan against its
+// store: every region the host must hold is staged in the target version
+// (a pending, invisible put), filled piece by piece — local pieces copied
+// from the host's own source version, remote ones streamed from peers —
+// and published only when all pieces have arrived. Pieces are written
+// straight into the staged buffers (no whole-tensor copies); at most
+// `parallel_pulls` pieces are in flight, each streamed in 1 MiB chunks
+// whose checksum the transport verifies.
+//
+// On any error nothing of the target version stays on this host.
+//
+//   GrpcPieceTransport transport(peers);
+//   PTC_RETURN_IF_ERROR(ExecuteFragment(&store, job, &transport, on_progress));
+#ifndef PTC_STATE_TRANSFORMER_FRAGMENT_EXECUTOR_H_
+#define PTC_STATE_TRANSFORMER_FRAGMENT_EXECUTOR_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tensor_store/store.h"
+#include "tensor_store/store_client.h"
+
+namespace ptc {
+
+// Where remote pieces come from.
+class PieceTransport {
+ public:
+  virtual ~PieceTransport() = default;
+  // Streams the row-major bytes of `region` of `tensor` in `version` of
+  // `job` from host `host`, in chunks of whole elements, verifying them.
+  virtual absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                             const std::string& tensor, const Region& region,
+                             const StoreClient::Consumer& consume) = 0;
+};
+
+// The transport that always works: the peers' TensorStore Read streams.
+class GrpcPieceTransport : public PieceTransport {
+ public:
+  // host id -> "host:port".
+  explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers);
+  absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                     const std::string& tensor, const Region& region,
+                     const StoreClient::Consumer& consume) override;
+
+ private:
+  std::map<int32_t, std::unique_ptr<StoreClient>> clients_;
+  std::map<int32_t, std::string> addresses_;
+};
+
+struct FragmentPiece {
+  int32_t tensor = 0;  // index into FragmentJob::tensors
+  Region region;
+  int32_t source_host = 0;  // == FragmentJob::host for a local copy
+};
+
+struct FragmentJob {
+  std::string job;
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  int32_t host = 0;
+  std::vector<TensorDecl> tensors;
+  // (tensor, region) the host holds afterwards; may overlap.
+  std::vector<std::pair<int32_t, Region>> holds;
+  std::vector<FragmentPiece> pieces;
+  int parallel_pulls = 4;
+};
+
+struct FragmentProgress {
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  int64_t remote_bytes_done = 0;
+  int64_t pieces_done = 0;
+  int64_t pieces_total = 0;
+};
+
+// Runs `job` to completion. `progress` is called after every piece, never
+// concurrently with itself. Errors name the piece, tensor and peer.
+absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTransport* transport,
+                             const std::function<void(const FragmentProgress&)>& progress);
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_FRAGMENT_EXECUTOR_H_

@@ -1,0 +1,136 @@
+#include "state_transformer/transformer_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+#include "state_transformer/fragment_executor.h"
+
+namespace ptc {
+
+absl::Status TransformerService::CheckEpoch(const std::string& job, int64_t epoch, bool exact) {
+  if (epoch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("plan epoch ", epoch, " must be positive"));
+  }
+  absl::MutexLock lock(&mu_);
+  int64_t& newest = epochs_[job];
+  if (epoch < newest || (exact && epoch != newest)) {
+    return absl::AbortedError(absl::StrCat("plan epoch ", epoch, " of job '", job,
+                                           "' is stale: this host is at epoch ", newest,
+                                           "; restart from the current plan"));
+  }
+  newest = epoch;
+  return absl::OkStatus();
+}
+
+absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
+                                           const proto::ExecuteFragmentRequest& req,
+                                           grpc::ServerWriter<proto::FragmentProgress>* writer) {
+  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
+  if (req.fragment().host() != req.host()) {
+    return absl::InvalidArgumentError(absl::StrCat("the fragment is for host ", req.fragment().host(),
+                                                   " but the request says host ", req.host()));
+  }
+  if (auto stat = store_->List(req.job()); stat.jobs_size() > 0) {
+    for (const auto& v : stat.jobs(0).versions()) {
+      if (v.version() == req.target_version()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version ", req.target_version(), " of job '", req.job(),
+            "' already exists on this host; abort it before staging it again"));
+      }
+    }
+  }
+  FragmentJob job;
+  job.job = req.job();
+  job.source_version = req.source_version();
+  job.target_version = req.target_version();
+  job.host = req.host();
+  job.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
+  for (const proto::TensorDecl& d : req.tensors()) {
+    TensorDecl decl;
+    decl.key = d.key();
+    PTC_ASSIGN_OR_RETURN(decl.dtype, ParseDType(d.dtype()));
+    decl.shape.assign(d.shape().begin(), d.shape().end());
+    job.tensors.push_back(std::move(decl));
+  }
+  for (const proto::HeldRegion& h : req.fragment().holds()) {
+    PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(h.region()));
+    job.holds.push_back({h.tensor(), std::move(r)});
+  }
+  for (const proto::Transfer& x : req.fragment().transfers()) {
+    PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(x.region()));
+    job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
+  }
+  std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
+  GrpcPieceTransport transport(peers);
+  proto::FragmentProgress msg;
+  absl::Time last_report = absl::InfinitePast();
+  bool reader_gone = false;
+  auto report = [&](const FragmentProgress& p) {
+    if (reader_gone) return;
+    // At most every 50 ms, and the last piece always.
+    if (p.pieces_done < p.pieces_total && absl::Now() - last_report < absl::Milliseconds(50)) return;
+    last_report = absl::Now();
+    msg.set_bytes_done(p.bytes_done);
+    msg.set_bytes_total(p.bytes_total);
+    msg.set_remote_bytes_done(p.remote_bytes_done);
+    msg.set_pieces_done(p.pieces_done);
+    msg.set_pieces_total(p.pieces_total);
+    if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
+  };
+  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, &transport, report));
+  if (reader_gone || ctx->IsCancelled()) {
+    store_->DeleteVersion(job.job, job.target_version).IgnoreError();
+    return absl::CancelledError("the coordinator went away; the staged version was deleted");
+  }
+  msg.set_done(true);
+  writer->Write(msg);
+  return absl::OkStatus();
+}
+
+grpc::Status TransformerService::ExecuteFragment(grpc::ServerContext* ctx,
+                                                 const proto::ExecuteFragmentRequest* req,
+                                                 grpc::ServerWriter<proto::FragmentProgress>* writer) {
+  const absl::Status s = DoExecute(ctx, *req, writer);
+  if (!s.ok()) {
+    Log("transformer")->warn("job {} epoch {}: fragment for version {} failed: {}", req->job(),
+                             req->plan_epoch(), req->target_version(), s.ToString());
+  }
+  return ToGrpcStatus(s);
+}
+
+grpc::Status TransformerService::AbortStaged(grpc::ServerContext*, const proto::AbortStagedRequest* req,
+                                             proto::AbortStagedResponse* resp) {
+  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), false); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto stat = store_->List(req->job());
+  for (const auto& j : stat.jobs()) {
+    for (const auto& v : j.versions()) {
+      if (v.version() != req->version()) continue;
+      if (v.committed()) {
+        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+            "version ", req->version(), " of job '", req->job(), "' is committed; it is not staged")));
+      }
+      const absl::Status s = store_->DeleteVersion(req->job(), req->version()).status();
+      resp->set_deleted(s.ok());
+      return ToGrpcStatus(s);
+    }
+  }
+  resp->set_deleted(false);
+  return grpc::Status::OK;
+}
+
+grpc::Status TransformerService::CommitStaged(grpc::ServerContext*, const proto::CommitStagedRequest* req,
+                                              proto::CommitStagedResponse* resp) {
+  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), true); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto bytes = store_->Commit(req->job(), req->version());
+  if (bytes.ok()) resp->set_bytes(*bytes);
+  return ToGrpcStatus(bytes.status());
+}
+
+}  // namespace ptc

@@ -1,0 +1,44 @@
+// ptcd's Transformer service (proto/transformer.proto): executes this
+// host's fragment of a plan into a staged version, and commits or aborts
+// it when the coordinator decides. Every call carries the plan epoch; a
+// call older than the newest epoch the host has seen for the job is
+// refused with ABORTED, so a superseded plan can never touch the store.
+#ifndef PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
+#define PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/transformer.grpc.pb.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+class TransformerService final : public proto::Transformer::Service {
+ public:
+  explicit TransformerService(Store* store) : store_(store) {}
+
+  grpc::Status ExecuteFragment(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
+                               grpc::ServerWriter<proto::FragmentProgress>* writer) override;
+  grpc::Status AbortStaged(grpc::ServerContext* ctx, const proto::AbortStagedRequest* req,
+                           proto::AbortStagedResponse* resp) override;
+  grpc::Status CommitStaged(grpc::ServerContext* ctx, const proto::CommitStagedRequest* req,
+                            proto::CommitStagedResponse* resp) override;
+
+ private:
+  // OK and records `epoch` if it is not older than the newest seen for
+  // `job`; `exact` also refuses newer ones (commit must name the plan).
+  absl::Status CheckEpoch(const std::string& job, int64_t epoch, bool exact);
+  absl::Status DoExecute(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
+                         grpc::ServerWriter<proto::FragmentProgress>* writer);
+
+  Store* store_;
+  absl::Mutex mu_;
+  std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
