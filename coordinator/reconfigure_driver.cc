@@ -73,16 +73,19 @@ absl::Status StageAll(const ReconfigureRequest& r,
       total.bytes_total += x.region.volume() * ElementSize(r.input->spec->tensors[x.tensor].dtype);
     }
   }
+  std::vector<grpc::ClientContext> contexts(n);
+  std::atomic<int> running{n};
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       const HostFragment& f = r.plan->fragments[i];
       auto it = r.addresses.find(f.host);
       if (it == r.addresses.end()) {
         status[i] = absl::InvalidArgumentError("no address for this target host");
+        running.fetch_sub(1);
         return;
       }
       auto stub = proto::Transformer::NewStub(Channel(it->second));
-      grpc::ClientContext ctx;
+      grpc::ClientContext& ctx = contexts[i];
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(2)));
       auto reader = stub->ExecuteFragment(&ctx, FragmentRequest(r, f));
       proto::FragmentProgress p;
@@ -102,9 +105,19 @@ absl::Status StageAll(const ReconfigureRequest& r,
       if (status[i].ok() && !finished) {
         status[i] = absl::UnavailableError("the fragment's stream ended before it was done");
       }
+      running.fetch_sub(1);
     });
   }
+  bool cancelled = false;
+  while (running.load() > 0) {
+    if (!cancelled && r.cancel != nullptr && r.cancel->load()) {
+      cancelled = true;
+      for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   for (std::thread& t : threads) t.join();
+  if (cancelled) return absl::CancelledError("the reconfiguration was aborted by request");
   for (int i = 0; i < n; ++i) {
     report->bytes_moved += done[i];
     report->bytes_from_peers += remote[i];
@@ -118,63 +131,66 @@ absl::Status StageAll(const ReconfigureRequest& r,
   return absl::OkStatus();
 }
 
-// Sum of the fingerprints of every tensor, each element once, over the
-// hosts of one side.
+// The fingerprint and element count of every tensor of one side, each
+// element counted once: a disjoint cover of the replicas assigns every
+// element to one host, and each host fingerprints its share. Hosts are
+// asked in parallel.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
-    const ReconfigureRequest& r, const Layout& layout, const Placement& placement, int64_t version,
-    std::map<int32_t, std::unique_ptr<StoreClient>>* clients) {
+    const ReconfigureRequest& r, const Layout& layout, const Placement& placement,
+    int64_t version) {
   const PlanInput& in = *r.input;
-  std::vector<std::pair<uint64_t, int64_t>> out;
-  for (int t = 0; t < static_cast<int>(in.spec->tensors.size()); ++t) {
+  const int num_tensors = static_cast<int>(in.spec->tensors.size());
+  // host -> [(tensor, regions)]
+  std::map<int32_t, std::vector<std::pair<int, std::vector<Region>>>> asks;
+  for (int t = 0; t < num_tensors; ++t) {
     std::vector<std::pair<int32_t, Region>> held;
     for (const Shard& s : layout.shards(t)) {
       const int h = placement.host[s.rank];
       if (in.IsAlive(h)) held.push_back({h, s.region});
     }
-    uint64_t sum = 0;
-    int64_t elements = 0;
     const int rank = static_cast<int>(in.spec->tensors[t].shape.size());
-    for (const auto& [host, regions] : coordinator_internal::DisjointCover(rank, held)) {
-      auto& client = (*clients)[host];
-      if (!client) {
-        auto it = r.addresses.find(host);
-        if (it == r.addresses.end()) {
-          return absl::InvalidArgumentError(absl::StrCat("no address for host ", host));
-        }
-        client = StoreClient::Connect(it->second);
-      }
-      auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key, regions);
-      if (!fp.ok()) {
-        return Annotate(fp.status(), absl::StrCat("fingerprinting version ", version, " on ",
-                                                  HostLabel(r, host)));
-      }
-      sum += fp->fingerprint();
-      elements += fp->elements();
+    for (auto& [host, regions] : coordinator_internal::DisjointCover(rank, held)) {
+      asks[host].push_back({t, std::move(regions)});
     }
-    out.push_back({sum, elements});
   }
+  std::vector<std::pair<uint64_t, int64_t>> out(num_tensors, {0, 0});
+  absl::Mutex mu;
+  absl::Status failure;
+  std::vector<std::thread> threads;
+  for (const auto& [host, list] : asks) {
+    auto it = r.addresses.find(host);
+    if (it == r.addresses.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no address for host ", host));
+    }
+    threads.emplace_back([&, host = host, address = it->second, list = &list] {
+      auto client = StoreClient::Connect(address);
+      for (const auto& [t, regions] : *list) {
+        auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key, regions);
+        absl::MutexLock lock(&mu);
+        if (!fp.ok()) {
+          if (failure.ok()) {
+            failure = Annotate(fp.status(), absl::StrCat("fingerprinting version ", version,
+                                                         " on ", HostLabel(r, host)));
+          }
+          return;
+        }
+        out[t].first += fp->fingerprint();
+        out[t].second += fp->elements();
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  if (!failure.ok()) return failure;
   return out;
 }
 
-void AbortAll(const ReconfigureRequest& r) {
+std::vector<std::string> TargetAddresses(const ReconfigureRequest& r) {
+  std::vector<std::string> out;
   for (const HostFragment& f : r.plan->fragments) {
     auto it = r.addresses.find(f.host);
-    if (it == r.addresses.end()) continue;
-    auto stub = proto::Transformer::NewStub(Channel(it->second));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    proto::AbortStagedRequest req;
-    req.set_job(r.job);
-    req.set_version(r.target_version);
-    req.set_plan_epoch(r.plan_epoch);
-    proto::AbortStagedResponse resp;
-    const grpc::Status s = stub->AbortStaged(&ctx, req, &resp);
-    if (!s.ok()) {
-      Log("coordinator")->warn("job {} epoch {}: aborting version {} on {}: {}", r.job,
-                               r.plan_epoch, r.target_version, HostLabel(r, f.host),
-                               s.error_message());
-    }
+    if (it != r.addresses.end()) out.push_back(it->second);
   }
+  return out;
 }
 
 }  // namespace
@@ -192,10 +208,14 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   const absl::Time start = absl::Now();
   ReconfigureReport report;
   absl::Status staged = StageAll(r, progress, &report);
-  std::map<int32_t, std::unique_ptr<StoreClient>> clients;
   if (staged.ok()) {
-    auto before = Fingerprints(r, *r.input->source, *r.input->source_placement, r.source_version, &clients);
-    auto after = Fingerprints(r, *r.input->target, *r.input->target_placement, r.target_version, &clients);
+    // Both sides at once.
+    absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
+    std::thread source([&] {
+      before = Fingerprints(r, *r.input->source, *r.input->source_placement, r.source_version);
+    });
+    auto after = Fingerprints(r, *r.input->target, *r.input->target_placement, r.target_version);
+    source.join();
     if (!before.ok()) staged = before.status();
     if (staged.ok() && !after.ok()) staged = after.status();
     for (size_t t = 0; staged.ok() && t < before->size(); ++t) {
@@ -208,55 +228,92 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
       ++report.tensors_verified;
     }
   }
+  if (staged.ok() && r.cancel != nullptr && r.cancel->load()) {
+    staged = absl::CancelledError("the reconfiguration was aborted by request");
+  }
+  if (staged.ok() && r.before_commit) staged = r.before_commit();
   if (!staged.ok()) {
-    AbortAll(r);
+    AbortStagedOn(TargetAddresses(r), r.job, r.target_version, r.plan_epoch);
     Log("coordinator")->error("job {} epoch {}: reconfiguration aborted, version {} intact: {}",
                               r.job, r.plan_epoch, r.source_version, staged.ToString());
     return staged;
   }
   // Commit everywhere. From here the decision is made: a host that does
   // not acknowledge is retried, never rolled back.
-  for (const HostFragment& f : r.plan->fragments) {
-    absl::Status s;
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      auto stub = proto::Transformer::NewStub(Channel(r.addresses.at(f.host)));
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-      proto::CommitStagedRequest req;
-      req.set_job(r.job);
-      req.set_version(r.target_version);
-      req.set_plan_epoch(r.plan_epoch);
-      proto::CommitStagedResponse resp;
-      s = FromGrpcStatus(stub->CommitStaged(&ctx, req, &resp));
-      if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
-      absl::SleepFor(absl::Milliseconds(200 << attempt));
-    }
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("version ", r.target_version,
-                                      " is decided committed but not acknowledged by ",
-                                      HostLabel(r, f.host), "; retry the commit"));
-    }
-  }
+  PTC_RETURN_IF_ERROR(CommitStagedOn(TargetAddresses(r), r.job, r.target_version, r.plan_epoch));
   if (!r.keep_source) {
     std::set<int32_t> sources;
     for (int32_t h : r.input->source_placement->host) {
       if (r.input->IsAlive(h)) sources.insert(h);
     }
+    std::vector<std::string> release;
     for (int32_t h : sources) {
-      auto& client = clients[h];
-      if (!client) client = StoreClient::Connect(r.addresses.at(h));
-      auto deleted = client->DeleteVersion(r.job, r.source_version);
-      if (!deleted.ok() && deleted.status().code() != absl::StatusCode::kNotFound) {
-        Log("coordinator")->warn("job {}: releasing version {} on {}: {}", r.job, r.source_version,
-                                 HostLabel(r, h), deleted.status().ToString());
-      }
+      auto it = r.addresses.find(h);
+      if (it != r.addresses.end()) release.push_back(it->second);
     }
+    ReleaseOn(release, r.job, r.source_version);
   }
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Log("coordinator")->info("job {} epoch {}: version {} committed ({} bytes, {} from peers, {:.2f} s)",
                            r.job, r.plan_epoch, r.target_version, report.bytes_moved,
                            report.bytes_from_peers, report.seconds);
   return report;
+}
+
+absl::Status CommitStagedOn(const std::vector<std::string>& addresses, const std::string& job,
+                            int64_t version, int64_t epoch) {
+  for (const std::string& address : addresses) {
+    absl::Status s;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      auto stub = proto::Transformer::NewStub(Channel(address));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      proto::CommitStagedRequest req;
+      req.set_job(job);
+      req.set_version(version);
+      req.set_plan_epoch(epoch);
+      proto::CommitStagedResponse resp;
+      s = FromGrpcStatus(stub->CommitStaged(&ctx, req, &resp));
+      if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
+      absl::SleepFor(absl::Milliseconds(200 << attempt));
+    }
+    if (!s.ok()) {
+      return Annotate(s, absl::StrCat("version ", version, " of job '", job,
+                                      "' is decided committed but ", address,
+                                      " has not acknowledged; the commit will be retried"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AbortStagedOn(const std::vector<std::string>& addresses, const std::string& job,
+                   int64_t version, int64_t epoch) {
+  for (const std::string& address : addresses) {
+    auto stub = proto::Transformer::NewStub(Channel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::AbortStagedRequest req;
+    req.set_job(job);
+    req.set_version(version);
+    req.set_plan_epoch(epoch);
+    proto::AbortStagedResponse resp;
+    const grpc::Status s = stub->AbortStaged(&ctx, req, &resp);
+    if (!s.ok()) {
+      Log("coordinator")->warn("job {} epoch {}: aborting version {} on {}: {}", job, epoch,
+                               version, address, s.error_message());
+    }
+  }
+}
+
+void ReleaseOn(const std::vector<std::string>& addresses, const std::string& job,
+               int64_t version) {
+  for (const std::string& address : addresses) {
+    auto deleted = StoreClient::Connect(address)->DeleteVersion(job, version);
+    if (!deleted.ok() && deleted.status().code() != absl::StatusCode::kNotFound) {
+      Log("coordinator")->warn("job {}: releasing version {} on {}: {}", job, version, address,
+                               deleted.status().ToString());
+    }
+  }
 }
 
 }  // namespace ptc

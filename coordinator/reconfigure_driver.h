@@ -13,7 +13,9 @@
 #ifndef PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
 #define PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
 
+#include <atomic>
 #include <functional>
+#include <vector>
 #include <map>
 #include <string>
 
@@ -34,6 +36,12 @@ struct ReconfigureRequest {
   int parallel_pulls = 4;
   // Keep version v on the source hosts after the commit (default: release).
   bool keep_source = false;
+  // Called once the fingerprints are proven, before any host commits: the
+  // coordinator makes its commit decision durable here. An error aborts.
+  std::function<absl::Status()> before_commit;
+  // Set by another thread to abort: staging calls are cancelled and the
+  // staged version is deleted everywhere (unless the commit was decided).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct ReconfigureProgress {
@@ -54,6 +62,16 @@ struct ReconfigureReport {
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
     const ReconfigureRequest& request,
     const std::function<void(const ReconfigureProgress&)>& progress = nullptr);
+
+// The last steps on their own, by address, for a coordinator that restarts
+// with a decision on disk: commit a staged version on every host (retrying
+// hosts that are unavailable), abort it, or release an old version.
+absl::Status CommitStagedOn(const std::vector<std::string>& addresses, const std::string& job,
+                            int64_t version, int64_t epoch);
+void AbortStagedOn(const std::vector<std::string>& addresses, const std::string& job,
+                   int64_t version, int64_t epoch);
+void ReleaseOn(const std::vector<std::string>& addresses, const std::string& job,
+               int64_t version);
 
 }  // namespace ptc
 

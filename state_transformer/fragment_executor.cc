@@ -1,6 +1,7 @@
 #include "state_transformer/fragment_executor.h"
 
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -58,12 +59,26 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
                              const std::function<void(const FragmentProgress&)>& progress) {
   PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
   const int num_tensors = static_cast<int>(job.tensors.size());
-  // Stage every held region: invisible until all are published.
+  // A held region that this host already stores unchanged in the source
+  // version is linked, not copied: versions share immutable buffers.
+  std::set<std::pair<int32_t, Region>> in_place;
+  for (const FragmentPiece& p : job.pieces) {
+    if (p.source_host == job.host) in_place.insert({p.tensor, p.region});
+  }
+  std::vector<std::pair<int32_t, StoredRegionRef>> links;
+  // Stage every other held region: invisible until all are published.
   std::vector<std::unique_ptr<PendingPut>> pending;
   std::vector<std::vector<Staged>> staged(num_tensors);
   for (const auto& [t, region] : job.holds) {
     if (t < 0 || t >= num_tensors) {
       return absl::InvalidArgumentError(absl::StrCat("the fragment holds unknown tensor id ", t));
+    }
+    if (in_place.count({t, region})) {
+      auto view = store->OpenRead(job.job, job.source_version, job.tensors[t].key, region);
+      if (view.ok() && view->exact) {
+        links.push_back({t, view->sources[0]});
+        continue;
+      }
     }
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
                          store->BeginPut(job.job, job.target_version, job.tensors[t].key, region));
@@ -71,13 +86,24 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
     pending.push_back(std::move(put));
   }
   FragmentProgress totals;
-  totals.pieces_total = static_cast<int64_t>(job.pieces.size());
+  std::set<std::pair<int32_t, Region>> linked;
+  for (const auto& [t, ref] : links) linked.insert({t, ref.region});
+  std::vector<const FragmentPiece*> work;  // pieces that need copying
   for (const FragmentPiece& p : job.pieces) {
     if (p.tensor < 0 || p.tensor >= num_tensors) {
       return absl::InvalidArgumentError(absl::StrCat("a piece names unknown tensor id ", p.tensor));
     }
-    totals.bytes_total += p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+    const int64_t bytes = p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+    totals.bytes_total += bytes;
+    if (p.source_host == job.host && linked.count({p.tensor, p.region})) {
+      totals.bytes_done += bytes;  // kept in place: nothing to move
+      ++totals.pieces_done;
+    } else {
+      work.push_back(&p);
+    }
   }
+  totals.pieces_total = static_cast<int64_t>(job.pieces.size());
+  if (progress) progress(totals);
 
   absl::Mutex mu;
   absl::Status failure;
@@ -126,8 +152,8 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
         if (!failure.ok()) return;
       }
       const size_t i = next.fetch_add(1);
-      if (i >= job.pieces.size()) return;
-      const FragmentPiece& p = job.pieces[i];
+      if (i >= work.size()) return;
+      const FragmentPiece& p = *work[i];
       const absl::Status s = run_piece(p);
       const int64_t bytes = p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
       absl::MutexLock lock(&mu);
@@ -159,9 +185,17 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
       return sum.status();
     }
   }
-  Log("transformer")->info("job {}: version {} staged on host {} ({} pieces, {} bytes, {} from peers)",
-                           job.job, job.target_version, job.host, totals.pieces_done,
-                           totals.bytes_done, totals.remote_bytes_done);
+  for (const auto& [t, ref] : links) {
+    if (absl::Status s = store->Link(job.job, job.target_version, job.tensors[t].key, ref); !s.ok()) {
+      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      return s;
+    }
+  }
+  Log("transformer")->info(
+      "job {}: version {} staged on host {} ({} pieces, {} bytes, {} from peers, {} regions kept "
+      "in place)",
+      job.job, job.target_version, job.host, totals.pieces_done, totals.bytes_done,
+      totals.remote_bytes_done, links.size());
   return absl::OkStatus();
 }
 

@@ -69,15 +69,14 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
   absl::Time last_report = absl::InfinitePast();
   bool reader_gone = false;
   auto report = [&](const FragmentProgress& p) {
-    if (reader_gone) return;
-    // At most every 50 ms, and the last piece always.
-    if (p.pieces_done < p.pieces_total && absl::Now() - last_report < absl::Milliseconds(50)) return;
-    last_report = absl::Now();
     msg.set_bytes_done(p.bytes_done);
     msg.set_bytes_total(p.bytes_total);
     msg.set_remote_bytes_done(p.remote_bytes_done);
     msg.set_pieces_done(p.pieces_done);
     msg.set_pieces_total(p.pieces_total);
+    // At most every 50 ms; the final message below always carries totals.
+    if (reader_gone || absl::Now() - last_report < absl::Milliseconds(50)) return;
+    last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
   PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, &transport, report));

@@ -5,6 +5,7 @@
 // SIGTERM or SIGINT drains: no new calls are taken, calls in flight get
 // --drain-seconds to finish, then the daemon exits 0.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "absl/strings/match.h"
+#include "state_transformer/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
 
@@ -27,6 +30,8 @@ namespace {
 constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
             [--spare-pool BYTES] [--drain-seconds N] [--port-file FILE]
+            [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
+             [--bandwidth BYTES_PER_S]]
 
   --config         "key = value" file with the same keys (listen, socket,
                    memory_limit, spare_pool, log_level, allowed_uids,
@@ -42,6 +47,12 @@ constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [-
   --allowed-uids   users besides ptcd's own and root that may use the socket
   --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
   --port-file      write the bound gRPC port here once serving
+  --coordinator    register with this ptc-coordinator and heartbeat to it
+  --name           this host's name in the cluster (default: the hostname)
+  --gpus           GPUs of this host (default 8)
+  --advertise      address peers and the coordinator use to reach this ptcd
+                   (default: --listen, with the bound port)
+  --bandwidth      this host's link, bytes per second (default 25e9)
 )";
 
 absl::Status Run(int argc, char** argv) {
@@ -49,7 +60,8 @@ absl::Status Run(int argc, char** argv) {
       Args args, Args::Parse(argc, argv, 1,
                              {"config", "listen", "socket", "memory-limit", "spare-pool",
                               "log-level",
-                              "allowed-uids", "drain-seconds", "port-file"},
+                              "allowed-uids", "drain-seconds", "port-file", "coordinator", "name",
+                              "gpus", "advertise", "bandwidth"},
                              {"help"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
@@ -117,11 +129,36 @@ absl::Status Run(int argc, char** argv) {
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
+  std::unique_ptr<CoordinatorAgent> agent;
+  if (args.Has("coordinator")) {
+    proto::HostStatus host;
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    host.set_name(args.Get("name", hostname));
+    int gpus = 8;
+    double bandwidth = 25e9;
+    if (!absl::SimpleAtoi(args.Get("gpus", "8"), &gpus) || gpus < 1 ||
+        !absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) || bandwidth <= 0) {
+      return absl::InvalidArgumentError("--gpus and --bandwidth need positive numbers");
+    }
+    host.set_gpus(gpus);
+    host.set_bandwidth(bandwidth);
+    host.set_memory_bytes(options.memory_limit_bytes);
+    std::string advertise = args.Get("advertise");
+    if (advertise.empty()) {
+      const std::string listen = options.listen_address;
+      advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", server->port());
+      if (absl::StartsWith(advertise, "0.0.0.0:")) advertise = absl::StrCat(hostname, ":", server->port());
+    }
+    host.set_address(advertise);
+    agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host);
+  }
   Log("tensor_store")->info("ptcd ready: gRPC port {}, socket {}", server->port(),
                             options.socket_path.empty() ? "disabled" : options.socket_path);
   int sig = 0;
   sigwait(&signals, &sig);
   Log("tensor_store")->info("signal {}: draining for up to {} s", sig, drain_seconds);
+  agent.reset();
   server->Shutdown(absl::Seconds(drain_seconds));
   Log("tensor_store")->info("ptcd stopped");
   return absl::OkStatus();

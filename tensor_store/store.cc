@@ -221,6 +221,35 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
   return checksum;
 }
 
+absl::Status Store::Link(const std::string& job, int64_t version, const std::string& tensor,
+                         const StoredRegionRef& ref) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  absl::MutexLock lock(&j->mu);
+  if (!j->decls.count(tensor)) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", tensor, "' is not declared for job '", job, "'"));
+  }
+  auto v = j->versions.find(version);
+  if (v == j->versions.end()) {
+    v = j->versions.emplace(version, Version()).first;
+    v->second.id = j->next_version_id++;
+  }
+  if (v->second.committed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " of job '", job, "' is committed and cannot change"));
+  }
+  std::vector<StoredRegionRef>& regions = v->second.tensors[tensor];
+  for (const StoredRegionRef& s : regions) {
+    if (s.region == ref.region) {
+      return absl::AlreadyExistsError(absl::StrCat(Where(job, version, tensor),
+                                                   " already holds region ", ref.region.ToString()));
+    }
+  }
+  regions.push_back(ref);
+  v->second.bytes += ref.buffer->size();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ReadView> Store::OpenRead(const std::string& job, int64_t version,
                                          const std::string& tensor, const Region& region) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));

@@ -106,6 +106,13 @@ class Store {
                                      std::optional<uint64_t> computed = std::nullopt,
                                      uint64_t expected = 0);
 
+  // Adds `ref` (a region stored in another version of the job, e.g. from
+  // OpenRead) to `version` as it is: the two versions share the sealed,
+  // immutable buffer, and its memory is counted once. Creates the version
+  // if new; refuses committed versions and regions already there.
+  absl::Status Link(const std::string& job, int64_t version, const std::string& tensor,
+                    const StoredRegionRef& ref);
+
   absl::StatusOr<ReadView> OpenRead(const std::string& job, int64_t version,
                                     const std::string& tensor, const Region& region);
 

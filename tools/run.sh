@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
-# The main job. Until the cluster exists, a planning run: how the state of
-# a GPT-3 6.7B job (fp16 weights and fp32 Adam state, ~94 GB) would move
-# when it scales up from 16 GPUs on two hosts to 32 GPUs on four, and when
-# one of its hosts then dies, compared with the Tenplex-style plan.
+# The main job: a ptc cluster on this machine (a coordinator and four ptcd
+# "hosts" with 4 GPUs each, on loopback), a GPT-style job whose ranks save
+# synthetic state through shared memory, and a sequence of
+# reconfigurations (a TP change, a PP change, a DP scale-up, a redeploy to
+# other hosts, a scale-down), each verified element by element.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-bazel build //tools:ptcctl 2>&1 | grep -E "^(ERROR|FAILED)" && exit 1
+echo "== building"
+if ! bazel build //tools:ptcctl //tools:synthetic_job //tensor_store:ptcd \
+    //coordinator:ptc-coordinator > /tmp/ptc-build.log 2>&1; then
+  cat /tmp/ptc-build.log; exit 1
+fi
 ptcctl=bazel-bin/tools/ptcctl
+job_tool=bazel-bin/tools/synthetic_job
+dir=$(mktemp -d /tmp/ptc-cluster-XXXXXX)
+trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
 
+echo "== starting a local cluster"
+tools/local_cluster.sh up "$dir" 4 4 3GiB
+source "$dir/env"
+c="--coordinator $COORDINATOR"
+$ptcctl hosts $c
+
+model="gpt:layers=8,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024"
 echo
-echo "== scale-up: tp=4,pp=2,dp=2 on 2 hosts x 8 GPUs -> tp=4,pp=2,dp=4 on 4 hosts x 8 GPUs"
-$ptcctl plan --model gpt3-6.7b --from tp=4,pp=2,dp=2 --to tp=4,pp=2,dp=4 \
-  --hosts 2x8 --to-hosts 4x8 --baseline tenplex
+echo "== a GPT job (8 layers, hidden 768, fp16 weights + fp32 Adam) at tp=2,pp=2,dp=1 on host0"
+$ptcctl register $c --job demo --model "$model" --config tp=2,pp=2,dp=1 --hosts host0
+$job_tool save $c --job demo --host host0 --socket "$HOST0_SOCKET" --version 1
+$job_tool verify $c --job demo
+
+step() {
+  echo
+  echo "== $1: to $2 on $3"
+  $ptcctl reconfigure $c --job demo --to "$2" --hosts "$3"
+  $job_tool verify $c --job demo
+}
+step "TP change" tp=4,pp=1,dp=1 host0
+step "PP change" tp=1,pp=4,dp=1 host0
+step "DP scale-up" tp=1,pp=4,dp=2 host0,host1
+step "redeploy to other hosts" tp=1,pp=4,dp=2 host2,host3
+step "scale-down" tp=2,pp=1,dp=1 host3
 echo
-echo "== re-partition: tp=4,pp=2,dp=4 -> tp=8,pp=1,dp=4 on the same 4 hosts, ZeRO-1 optimizer"
-$ptcctl plan --model gpt3-6.7b --from tp=4,pp=2,dp=4,zero=1 --to tp=8,pp=1,dp=4,zero=1 \
-  --hosts 4x8 --baseline tenplex
+$ptcctl jobs $c
 echo
-echo "== failure: host3 dies; tp=4,pp=2,dp=4 -> tp=4,pp=2,dp=3 on the 3 hosts left"
-$ptcctl plan --model gpt3-6.7b --from tp=4,pp=2,dp=4 --to tp=4,pp=2,dp=3 \
-  --hosts 4x8 --dead-hosts host3 --baseline tenplex
+echo "all reconfigurations committed and verified"

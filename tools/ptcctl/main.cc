@@ -2,6 +2,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "tools/ptcctl/cluster_command.h"
 #include "tools/ptcctl/plan_command.h"
 #include "tools/ptcctl/store_command.h"
 
@@ -10,8 +11,14 @@ namespace {
 constexpr char kUsage[] = R"(usage: ptcctl COMMAND [options]
 
 commands:
-  plan     preview how a job's state would move for a change of parallelism
-  store    what a ptcd holds: store ls | stat | stats --host ADDR
+  plan         preview how a job's state would move for a change of parallelism
+  store        what a ptcd holds: store ls | stat | stats --host ADDR
+  register     register a job with the coordinator
+  reconfigure  change a job's parallelism and hosts, with progress and a report
+  hosts        the cluster's hosts and their liveness
+  jobs         the jobs, their committed versions and reconfigurations
+  status J     one job
+  abort J      abort a job's reconfiguration in flight
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
@@ -28,6 +35,8 @@ int main(int argc, char** argv) {
     return ptc::tools::RunPlanCommand(argc, argv);
   if (!std::strcmp(argv[1], "store"))
     return ptc::tools::RunStoreCommand(argc, argv);
+  if (ptc::tools::IsClusterCommand(argv[1]))
+    return ptc::tools::RunClusterCommand(argc, argv);
   std::cerr << "ptcctl: unknown command '" << argv[1] << "'\n\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,82 @@
+// ptc-coordinator: one per cluster. Registries of hosts and jobs,
+// reconfiguration plans driven to an atomic commit, dead-host detection.
+// Its metadata lives in --state-dir and survives restarts.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "common/args.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/coordinator_server.h"
+
+namespace ptc {
+namespace {
+
+constexpr char kUsage[] = R"(usage: ptc-coordinator --state-dir DIR [--listen HOST:PORT]
+                       [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
+
+  --state-dir      directory for the coordinator's metadata (state.pb)
+  --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
+  --host-timeout   a host silent for this long is dead (default 5)
+  --log-level      trace, debug, info, warn, error (default info)
+  --port-file      write the bound port here once serving
+)";
+
+absl::Status Run(int argc, char** argv) {
+  PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1,
+                                              {"state-dir", "listen", "host-timeout",
+                                               "log-level", "port-file"},
+                                              {"help"}));
+  if (args.Flag("help")) {
+    std::cout << kUsage;
+    return absl::OkStatus();
+  }
+  PTC_RETURN_IF_ERROR(SetLogLevel(args.Get("log-level", "info")));
+  CoordinatorServerOptions options;
+  options.listen_address = args.Get("listen", "127.0.0.1:7000");
+  PTC_ASSIGN_OR_RETURN(options.service.state_dir, args.Required("state-dir"));
+  double timeout = 5;
+  if (!absl::SimpleAtod(args.Get("host-timeout", "5"), &timeout) || timeout <= 0) {
+    return absl::InvalidArgumentError("--host-timeout needs a positive number of seconds");
+  }
+  options.service.host_timeout = absl::Seconds(timeout);
+  options.service.heartbeat_interval = std::min(absl::Seconds(1), absl::Seconds(timeout / 4));
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  PTC_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(options));
+  if (args.Has("port-file")) {
+    const std::string path = args.Get("port-file");
+    {
+      std::ofstream out(path + ".tmp");
+      out << server->port() << "\n";
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  Log("coordinator")->info("ptc-coordinator serving on port {}, state in {}", server->port(),
+                           options.service.state_dir);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  Log("coordinator")->info("signal {}: stopping", sig);
+  server->Shutdown();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ptc
+
+int main(int argc, char** argv) {
+  const absl::Status s = ptc::Run(argc, argv);
+  if (!s.ok()) {
+    std::cerr << "ptc-coordinator: " << s.message() << "\n";
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

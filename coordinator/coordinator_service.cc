@@ -1,0 +1,297 @@
+// Registries, persistence, saves and the monitor of CoordinatorService.
+// Reconfigurations are in reconfigure_rpc.cc.
+#include "coordinator/coordinator_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ptc/layout.h"
+#include "ptc/model_spec.h"
+#include "coordinator/reconfigure_driver.h"
+#include "tensor_store/store_client.h"
+
+namespace ptc {
+
+absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
+    CoordinatorOptions options) {
+  if (options.state_dir.empty()) {
+    return absl::InvalidArgumentError("the coordinator needs a state directory");
+  }
+  std::unique_ptr<CoordinatorService> s(new CoordinatorService(std::move(options)));
+  PTC_RETURN_IF_ERROR(s->Load());
+  s->Recover();
+  s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
+  return s;
+}
+
+CoordinatorService::~CoordinatorService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    for (auto& [name, job] : jobs_) job->cancel = true;
+  }
+  if (monitor_.joinable()) monitor_.join();
+  std::vector<std::thread> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, job] : jobs_) {
+      if (job->worker.joinable()) workers.push_back(std::move(job->worker));
+    }
+  }
+  for (std::thread& t : workers) t.join();
+}
+
+std::vector<std::string> CoordinatorService::recovery_log() const {
+  absl::MutexLock lock(&mu_);
+  return recovery_log_;
+}
+
+absl::Status CoordinatorService::PersistLocked() {
+  proto::CoordinatorState state;
+  for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
+  for (const auto& [name, j] : jobs_) *state.add_jobs() = j->state;
+  return WriteFileAtomically(options_.state_dir + "/state.pb", state.SerializeAsString());
+}
+
+namespace {
+
+// Ranks and state bytes of a job, or why it cannot run.
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const std::string& model,
+                                                      const std::string& config) {
+  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(model));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse(config));
+  PTC_RETURN_IF_ERROR(CheckFits(arch, c));
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
+  return std::make_pair(c.world_size(), spec.TotalBytes());
+}
+
+}  // namespace
+
+absl::Status CoordinatorService::Load() {
+  PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
+                       ReadFileIfExists(options_.state_dir + "/state.pb"));
+  if (!bytes) return absl::OkStatus();
+  proto::CoordinatorState state;
+  if (!state.ParseFromString(*bytes)) {
+    return absl::DataLossError(absl::StrCat(options_.state_dir,
+                                            "/state.pb is not a coordinator state file"));
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (const proto::HostStatus& h : state.hosts()) {
+    // Known hosts get one timeout from now to heartbeat again.
+    hosts_[h.name()] = Host{h, now};
+  }
+  for (const auto& js : state.jobs()) {
+    auto job = std::make_unique<Job>();
+    job->state = js;
+    auto shape = JobShape(js.model(), js.config());
+    if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
+    jobs_[js.job()] = std::move(job);
+  }
+  Log("coordinator")->info("loaded {} hosts and {} jobs from {}", hosts_.size(), jobs_.size(),
+                           options_.state_dir);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
+    const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& n : names) {
+    auto it = hosts_.find(n);
+    if (it == hosts_.end()) return absl::NotFoundError(absl::StrCat("host '", n, "' is unknown"));
+    out.push_back(it->second.status.address());
+  }
+  return out;
+}
+
+grpc::Status CoordinatorService::RegisterHost(grpc::ServerContext*,
+                                              const proto::RegisterHostRequest* req,
+                                              proto::RegisterHostResponse* resp) {
+  const proto::HostStatus& h = req->host();
+  if (h.name().empty() || h.address().empty() || h.gpus() < 1) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "a host needs a name, an address and at least one GPU"));
+  }
+  absl::MutexLock lock(&mu_);
+  Host& host = hosts_[h.name()];
+  const bool was_dead = !host.status.name().empty() && !host.status.alive();
+  host.status = h;
+  host.status.set_alive(true);
+  host.last_heartbeat = absl::Now();
+  Log("coordinator")->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(), h.gpus(),
+                           was_dead ? ", back from the dead" : "");
+  resp->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
+  return ToGrpcStatus(PersistLocked());
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+                                           proto::HeartbeatResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  auto it = hosts_.find(req->name());
+  if (it == hosts_.end() || !it->second.status.alive()) {
+    // Unknown, or declared dead: it must register again (its state is
+    // no longer trusted as a source).
+    resp->set_known(false);
+    return grpc::Status::OK;
+  }
+  it->second.last_heartbeat = absl::Now();
+  resp->set_known(true);
+  return grpc::Status::OK;
+}
+
+void CoordinatorService::MonitorLoop() {
+  while (true) {
+    std::vector<std::string> retry;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(200))) return;
+      const absl::Time now = absl::Now();
+      bool changed = false;
+      for (auto& [name, h] : hosts_) {
+        if (h.status.alive() && now - h.last_heartbeat > options_.host_timeout) {
+          h.status.set_alive(false);
+          changed = true;
+          Log("coordinator")->warn("host {} missed its heartbeats for {}; marked dead", name,
+                                   absl::FormatDuration(now - h.last_heartbeat));
+        }
+      }
+      if (changed) PersistLocked().IgnoreError();
+      for (auto& [name, j] : jobs_) {
+        if (j->state.commit_decided() && !j->running) retry.push_back(name);
+      }
+    }
+    for (const std::string& job : retry) FinishDecidedCommit(job);
+  }
+}
+
+grpc::Status CoordinatorService::RegisterJob(grpc::ServerContext*, const proto::RegisterJobRequest* req,
+                                             proto::RegisterJobResponse* resp) {
+  if (req->job().empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("the job name must not be empty"));
+  }
+  auto shape = JobShape(req->model(), req->config());
+  if (!shape.ok()) return ToGrpcStatus(shape.status());
+  absl::MutexLock lock(&mu_);
+  if (jobs_.count(req->job())) {
+    return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat("job '", req->job(), "' exists")));
+  }
+  int64_t gpus = 0;
+  for (const std::string& h : req->hosts()) {
+    auto it = hosts_.find(h);
+    if (it == hosts_.end()) {
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat("host '", h, "' is not registered")));
+    }
+    gpus += it->second.status.gpus();
+  }
+  if (gpus < shape->first) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "job '", req->job(), "' has ", shape->first, " ranks but the hosts given have ", gpus,
+        " GPUs")));
+  }
+  auto job = std::make_unique<Job>();
+  job->state.set_job(req->job());
+  job->state.set_model(req->model());
+  job->state.set_config(req->config());
+  for (const std::string& h : req->hosts()) job->state.add_hosts(h);
+  std::tie(job->ranks, job->state_bytes) = *shape;
+  resp->set_ranks(job->ranks);
+  resp->set_state_bytes(job->state_bytes);
+  jobs_[req->job()] = std::move(job);
+  Log("coordinator")->info("job {} registered: {} {} on {} hosts", req->job(), req->model(),
+                           req->config(), req->hosts_size());
+  return ToGrpcStatus(PersistLocked());
+}
+
+grpc::Status CoordinatorService::ReportSaved(grpc::ServerContext*, const proto::ReportSavedRequest* req,
+                                             proto::ReportSavedResponse* resp) {
+  const absl::Status s = DoReportSaved(*req, resp);
+  return ToGrpcStatus(s);
+}
+
+absl::Status CoordinatorService::DoReportSaved(const proto::ReportSavedRequest& req,
+                                               proto::ReportSavedResponse* resp) {
+  std::vector<std::string> addresses;
+  int64_t previous = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    Job& job = *it->second;
+    if (req.rank() < 0 || req.rank() >= job.ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
+    }
+    if (req.version() <= job.state.committed_version()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", req.version(), " is not newer than the committed version ",
+          job.state.committed_version()));
+    }
+    if (job.state.target_version() != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", req.job(), "' is being reconfigured; save again after it ends"));
+    }
+    std::set<int32_t>& ranks = job.saved[req.version()];
+    ranks.insert(req.rank());
+    if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
+    PTC_ASSIGN_OR_RETURN(addresses, AddressesLocked({job.state.hosts().begin(), job.state.hosts().end()}));
+    previous = job.state.committed_version();
+  }
+  // Every rank saved: commit the version on every host of the job.
+  std::set<std::string> unique(addresses.begin(), addresses.end());
+  for (const std::string& address : unique) {
+    auto committed = StoreClient::Connect(address)->Commit(req.job(), req.version());
+    if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
+      return Annotate(committed.status(), absl::StrCat("committing version ", req.version(), " on ", address));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(req.job());
+    job.state.set_committed_version(req.version());
+    job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
+    PTC_RETURN_IF_ERROR(PersistLocked());
+  }
+  if (previous > 0) ReleaseOn({unique.begin(), unique.end()}, req.job(), previous);
+  Log("coordinator")->info("job {} version {} committed by all ranks", req.job(), req.version());
+  resp->set_committed(true);
+  return absl::OkStatus();
+}
+
+grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*, const proto::ListHostsRequest*,
+                                           proto::ListHostsResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (const auto& [name, h] : hosts_) {
+    proto::HostStatus* s = resp->add_hosts();
+    *s = h.status;
+    s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - h.last_heartbeat));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const proto::ListJobsRequest* req,
+                                          proto::ListJobsResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, j] : jobs_) {
+    if (!req->job().empty() && name != req->job()) continue;
+    proto::JobStatus* s = resp->add_jobs();
+    s->set_job(name);
+    s->set_model(j->state.model());
+    s->set_config(j->state.config());
+    for (const std::string& h : j->state.hosts()) s->add_hosts(h);
+    s->set_committed_version(j->state.committed_version());
+    s->set_ranks(j->ranks);
+    s->set_state_bytes(j->state_bytes);
+    if (!j->saved.empty()) s->set_ranks_saved(static_cast<int32_t>(j->saved.rbegin()->second.size()));
+    *s->mutable_reconfiguration() = j->event;
+  }
+  if (!req->job().empty() && resp->jobs().empty()) {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace ptc

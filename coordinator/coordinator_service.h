@@ -1,0 +1,115 @@
+// ptc-coordinator's service (proto/coordinator.proto): the registries of
+// hosts and jobs, commits of saved versions, reconfigurations driven to an
+// atomic commit (reconfigure_driver.h), and dead-host detection.
+//
+// Durability: every change of the metadata is written atomically to
+// <state_dir>/state.pb before it is acknowledged. A reconfiguration records
+// its target before it starts and its commit decision (once fingerprints
+// are proven) before any host commits. A coordinator that restarts with a
+// reconfiguration on disk finishes the commit if it was decided, and aborts
+// the staged version otherwise: afterwards the job is at exactly v or v+1
+// on every host.
+//
+// Threads: gRPC handler threads; one worker thread per reconfiguration in
+// flight; one monitor thread (heartbeat deadlines, retries of decided
+// commits). All state is guarded by mu_; no RPC to a ptcd is made while
+// holding it.
+#ifndef PTC_COORDINATOR_COORDINATOR_SERVICE_H_
+#define PTC_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace ptc {
+
+struct CoordinatorOptions {
+  // Where state.pb lives; must exist and be writable.
+  std::string state_dir;
+  // A host that has not sent a heartbeat for this long is dead.
+  absl::Duration host_timeout = absl::Seconds(5);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+class CoordinatorService final : public proto::Coordinator::Service {
+ public:
+  // Loads the state (if any) and settles reconfigurations that were in
+  // flight when the previous coordinator stopped.
+  static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(CoordinatorOptions options);
+  ~CoordinatorService() override;
+
+  grpc::Status RegisterHost(grpc::ServerContext*, const proto::RegisterHostRequest*,
+                            proto::RegisterHostResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
+                         proto::HeartbeatResponse*) override;
+  grpc::Status RegisterJob(grpc::ServerContext*, const proto::RegisterJobRequest*,
+                           proto::RegisterJobResponse*) override;
+  grpc::Status ReportSaved(grpc::ServerContext*, const proto::ReportSavedRequest*,
+                           proto::ReportSavedResponse*) override;
+  grpc::Status Reconfigure(grpc::ServerContext*, const proto::ReconfigureRequest*,
+                           proto::ReconfigureResponse*) override;
+  grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest*,
+                     grpc::ServerWriter<proto::ReconfigureEvent>*) override;
+  grpc::Status Abort(grpc::ServerContext*, const proto::AbortRequest*,
+                     proto::AbortResponse*) override;
+  grpc::Status ListHosts(grpc::ServerContext*, const proto::ListHostsRequest*,
+                         proto::ListHostsResponse*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const proto::ListJobsRequest*,
+                        proto::ListJobsResponse*) override;
+
+  // What the last restart did with reconfigurations it found in flight,
+  // one line per job ("job j: resumed the commit of epoch 3").
+  std::vector<std::string> recovery_log() const;
+
+ private:
+  struct Host {
+    proto::HostStatus status;
+    absl::Time last_heartbeat;
+  };
+  struct Job {
+    proto::CoordinatorState::Job state;
+    std::map<int64_t, std::set<int32_t>> saved;  // version -> ranks reported
+    proto::ReconfigureEvent event;               // in flight or last
+    std::atomic<bool> cancel{false};
+    std::thread worker;
+    bool running = false;  // the worker has not finished RunFlight yet
+    int32_t ranks = 0;
+    int64_t state_bytes = 0;
+  };
+  struct Flight;
+
+  explicit CoordinatorService(CoordinatorOptions options) : options_(std::move(options)) {}
+
+  absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Load();
+  void Recover();
+  void MonitorLoop();
+  // Finishes a decided commit; true if done.
+  bool FinishDecidedCommit(const std::string& job);
+  absl::StatusOr<std::vector<std::string>> AddressesLocked(const std::vector<std::string>& names)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DoReconfigure(const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp);
+  absl::Status DoReportSaved(const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp);
+  void RunFlight(std::shared_ptr<Flight> flight);
+
+  const CoordinatorOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Host> hosts_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread monitor_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,0 +1,348 @@
+// Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/plan_proto.h"
+#include "coordinator/plan_scenario.h"
+#include "coordinator/plan_validator.h"
+#include "coordinator/planner.h"
+#include "coordinator/reconfigure_driver.h"
+
+namespace ptc {
+
+// One reconfiguration in flight; owns what the driver's request points to.
+struct CoordinatorService::Flight {
+  std::string job;
+  PlanScenario scenario;
+  PlanInput input;
+  Plan plan;
+  ReconfigureRequest request;
+};
+
+namespace {
+
+bool Final(const proto::ReconfigureEvent& e) {
+  return e.phase() == "committed" || e.phase() == "aborted";
+}
+
+}  // namespace
+
+grpc::Status CoordinatorService::Reconfigure(grpc::ServerContext*, const proto::ReconfigureRequest* req,
+                                             proto::ReconfigureResponse* resp) {
+  const absl::Status s = DoReconfigure(*req, resp);
+  if (!s.ok()) Log("coordinator")->warn("reconfigure {}: {}", req->job(), s.ToString());
+  return ToGrpcStatus(s);
+}
+
+absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& req,
+                                               proto::ReconfigureResponse* resp) {
+  // Gather what planning needs, then plan without holding the lock.
+  std::string model, from;
+  std::vector<std::string> names, from_hosts, to_hosts;
+  Cluster cluster;
+  std::vector<bool> alive;
+  std::map<int32_t, std::string> addresses;
+  int64_t committed = 0, epoch = 0;
+  std::thread finished;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    Job& job = *it->second;
+    if (job.state.target_version() != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", req.job(), "' is already being reconfigured (epoch ", job.state.target_epoch(),
+          "); watch it or abort it first"));
+    }
+    if (job.state.committed_version() <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", req.job(), "' has no committed state yet: every rank must save and report first"));
+    }
+    if (job.worker.joinable()) finished = std::move(job.worker);  // ended: join below
+    model = job.state.model();
+    from = job.state.config();
+    from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
+    for (const auto& [name, h] : hosts_) {
+      addresses[static_cast<int32_t>(names.size())] = h.status.address();
+      names.push_back(name);
+      cluster.hosts.push_back({name, h.status.gpus(),
+                               h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
+      alive.push_back(h.status.alive());
+    }
+    if (req.hosts().empty()) {
+      for (const std::string& h : from_hosts) {
+        if (hosts_.count(h) && hosts_.at(h).status.alive()) to_hosts.push_back(h);
+      }
+    } else {
+      to_hosts.assign(req.hosts().begin(), req.hosts().end());
+    }
+    committed = job.state.committed_version();
+    epoch = job.state.last_epoch() + 1;
+  }
+  if (finished.joinable()) finished.join();
+  auto id_of = [&](const std::vector<std::string>& list) -> absl::StatusOr<std::vector<int>> {
+    std::vector<int> ids;
+    for (const std::string& n : list) {
+      auto it = std::find(names.begin(), names.end(), n);
+      if (it == names.end()) return absl::NotFoundError(absl::StrCat("host '", n, "' is not registered"));
+      ids.push_back(static_cast<int>(it - names.begin()));
+    }
+    return ids;
+  };
+  PTC_ASSIGN_OR_RETURN(std::vector<int> from_ids, id_of(from_hosts));
+  PTC_ASSIGN_OR_RETURN(std::vector<int> to_ids, id_of(to_hosts));
+  for (int id : to_ids) {
+    if (!alive[id]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target host '", names[id], "' is dead; choose live hosts"));
+    }
+  }
+  auto flight = std::make_shared<Flight>();
+  flight->job = req.job();
+  PTC_ASSIGN_OR_RETURN(flight->scenario,
+                       MakePlanScenario(model, from, from_ids, req.to(), to_ids, cluster, alive));
+  flight->input = flight->scenario.input();
+  PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
+  PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan), "internal planner error"));
+  ReconfigureRequest& r = flight->request;
+  r.input = &flight->input;
+  r.plan = &flight->plan;
+  r.job = req.job();
+  r.source_version = committed;
+  r.target_version = committed + 1;
+  r.plan_epoch = epoch;
+  r.addresses = addresses;
+  r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(req.job());
+    if (job.state.target_version() != 0 || job.state.committed_version() != committed) {
+      return absl::AbortedError("the job changed while planning; try again");
+    }
+    job.state.set_last_epoch(epoch);
+    job.state.set_target_config(flight->scenario.target.config()->ToString());
+    job.state.clear_target_hosts();
+    for (const std::string& h : to_hosts) job.state.add_target_hosts(h);
+    job.state.set_target_version(committed + 1);
+    job.state.set_target_epoch(epoch);
+    job.state.set_commit_decided(false);
+    job.state.clear_release_hosts();
+    for (int id : from_ids) {
+      if (alive[id]) job.state.add_release_hosts(names[id]);
+    }
+    PTC_RETURN_IF_ERROR(PersistLocked());
+    job.cancel = false;
+    job.event.Clear();
+    job.event.set_plan_epoch(epoch);
+    job.event.set_phase("staging");
+    job.event.set_hosts_total(static_cast<int32_t>(flight->plan.fragments.size()));
+    *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
+    r.cancel = &job.cancel;
+    r.before_commit = [this, name = req.job()] {
+      absl::MutexLock lock(&mu_);
+      Job& j = *jobs_.at(name);
+      j.state.set_commit_decided(true);
+      j.event.set_phase("committing");
+      return PersistLocked();
+    };
+    job.running = true;
+    job.worker = std::thread([this, flight] { RunFlight(flight); });
+  }
+  resp->set_plan_epoch(epoch);
+  resp->set_source_version(committed);
+  resp->set_target_version(committed + 1);
+  *resp->mutable_plan() = PlanToProto(flight->plan).summary();
+  Log("coordinator")->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)", req.job(),
+                           epoch, from, req.to(), to_hosts.size(),
+                           flight->plan.summary.cross_host_bytes);
+  return absl::OkStatus();
+}
+
+void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
+  const std::string& name = flight->job;
+  auto report = RunReconfiguration(flight->request, [&](const ReconfigureProgress& p) {
+    absl::MutexLock lock(&mu_);
+    proto::ReconfigureEvent& e = jobs_.at(name)->event;
+    e.set_bytes_done(p.bytes_done);
+    e.set_bytes_total(p.bytes_total);
+    e.set_hosts_done(p.hosts_done);
+    e.set_hosts_total(p.hosts_total);
+    if (p.hosts_done == p.hosts_total && e.phase() == "staging") e.set_phase("verifying");
+  });
+  absl::MutexLock lock(&mu_);
+  Job& job = *jobs_.at(name);
+  job.running = false;
+  proto::ReconfigureEvent& e = job.event;
+  if (report.ok()) {
+    job.state.set_config(job.state.target_config());
+    job.state.clear_hosts();
+    for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
+    job.state.set_committed_version(job.state.target_version());
+    e.set_phase("committed");
+    e.set_seconds(report->seconds);
+    e.set_bytes_from_peers(report->bytes_from_peers);
+    e.set_tensors_verified(report->tensors_verified);
+  } else if (job.state.commit_decided()) {
+    // Decided but not acknowledged everywhere: the monitor retries.
+    e.set_error(std::string(report.status().message()));
+    PersistLocked().IgnoreError();
+    return;
+  } else {
+    e.set_phase("aborted");
+    e.set_error(std::string(report.status().message()));
+  }
+  job.state.clear_target_config();
+  job.state.clear_target_hosts();
+  job.state.set_target_version(0);
+  job.state.set_target_epoch(0);
+  job.state.set_commit_decided(false);
+  job.state.clear_release_hosts();
+  if (absl::Status s = PersistLocked(); !s.ok()) {
+    Log("coordinator")->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(), name,
+                              s.ToString());
+  }
+}
+
+bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
+  std::vector<std::string> targets, release;
+  int64_t version, epoch, old_version;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(name);
+    if (!job.state.commit_decided()) return true;
+    auto t = AddressesLocked({job.state.target_hosts().begin(), job.state.target_hosts().end()});
+    auto r = AddressesLocked({job.state.release_hosts().begin(), job.state.release_hosts().end()});
+    if (!t.ok() || !r.ok()) return false;
+    targets = *t;
+    release = *r;
+    version = job.state.target_version();
+    epoch = job.state.target_epoch();
+    old_version = job.state.committed_version();
+  }
+  if (!CommitStagedOn(targets, name, version, epoch).ok()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    Job& job = *jobs_.at(name);
+    job.state.set_config(job.state.target_config());
+    job.state.clear_hosts();
+    for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
+    job.state.set_committed_version(version);
+    job.state.clear_target_config();
+    job.state.clear_target_hosts();
+    job.state.set_target_version(0);
+    job.state.set_target_epoch(0);
+    job.state.set_commit_decided(false);
+    job.state.clear_release_hosts();
+    job.event.set_plan_epoch(epoch);
+    job.event.set_phase("committed");
+    PersistLocked().IgnoreError();
+  }
+  ReleaseOn(release, name, old_version);
+  Log("coordinator")->info("job {}: finished the decided commit of epoch {} (version {})", name,
+                           epoch, version);
+  return true;
+}
+
+void CoordinatorService::Recover() {
+  std::vector<std::string> in_flight;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, j] : jobs_) {
+      if (j->state.target_version() != 0) in_flight.push_back(name);
+    }
+  }
+  for (const std::string& name : in_flight) {
+    bool decided;
+    int64_t epoch, version;
+    std::vector<std::string> targets;
+    {
+      absl::MutexLock lock(&mu_);
+      Job& job = *jobs_.at(name);
+      decided = job.state.commit_decided();
+      epoch = job.state.target_epoch();
+      version = job.state.target_version();
+      auto t = AddressesLocked({job.state.target_hosts().begin(), job.state.target_hosts().end()});
+      if (t.ok()) targets = *t;
+    }
+    std::string line;
+    if (decided) {
+      const bool done = FinishDecidedCommit(name);
+      line = absl::StrCat("job ", name, ": resumed the decided commit of epoch ", epoch,
+                          done ? " (version " : " (still retrying version ", version, ")");
+    } else {
+      AbortStagedOn(targets, name, version, epoch);
+      absl::MutexLock lock(&mu_);
+      Job& job = *jobs_.at(name);
+      job.state.clear_target_config();
+      job.state.clear_target_hosts();
+      job.state.set_target_version(0);
+      job.state.set_target_epoch(0);
+      job.state.clear_release_hosts();
+      job.event.set_plan_epoch(epoch);
+      job.event.set_phase("aborted");
+      job.event.set_error("the coordinator restarted before the commit was decided");
+      PersistLocked().IgnoreError();
+      line = absl::StrCat("job ", name, ": aborted epoch ", epoch, " (version ", version,
+                          " was staged, not decided); version ", job.state.committed_version(),
+                          " stays");
+    }
+    Log("coordinator")->warn("recovery: {}", line);
+    absl::MutexLock lock(&mu_);
+    recovery_log_.push_back(line);
+  }
+}
+
+grpc::Status CoordinatorService::Watch(grpc::ServerContext* ctx, const proto::WatchRequest* req,
+                                       grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
+  std::string last;
+  while (!ctx->IsCancelled()) {
+    proto::ReconfigureEvent e;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(req->job());
+      if (it == jobs_.end()) {
+        return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+      }
+      e = it->second->event;
+    }
+    if (e.phase().empty()) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("job '", req->job(), "' has not been reconfigured yet")));
+    }
+    const std::string now = e.SerializeAsString();
+    if (now != last) {
+      if (!writer->Write(e)) return grpc::Status::CANCELLED;
+      last = now;
+    }
+    if (Final(e)) return grpc::Status::OK;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return grpc::Status::CANCELLED;
+}
+
+grpc::Status CoordinatorService::Abort(grpc::ServerContext*, const proto::AbortRequest* req,
+                                       proto::AbortResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(req->job());
+  if (it == jobs_.end()) {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+  }
+  Job& job = *it->second;
+  if (job.state.target_version() == 0) {
+    resp->set_aborting(false);
+    return grpc::Status::OK;
+  }
+  if (job.state.commit_decided()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "epoch ", job.state.target_epoch(), " is already decided to commit; it will complete")));
+  }
+  job.cancel = true;
+  resp->set_aborting(true);
+  return grpc::Status::OK;
+}
+
+}  // namespace ptc

@@ -1,0 +1,67 @@
+#include "state_transformer/coordinator_agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace ptc {
+
+CoordinatorAgent::CoordinatorAgent(std::string coordinator, proto::HostStatus host)
+    : coordinator_(std::move(coordinator)), host_(std::move(host)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CoordinatorAgent::~CoordinatorAgent() {
+  stop_.Notify();
+  thread_.join();
+}
+
+bool CoordinatorAgent::registered() const {
+  absl::MutexLock lock(&mu_);
+  return registered_;
+}
+
+void CoordinatorAgent::Loop() {
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+  absl::Duration interval = absl::Seconds(1);
+  bool registered = false;
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    if (!registered) {
+      proto::RegisterHostRequest req;
+      *req.mutable_host() = host_;
+      proto::RegisterHostResponse resp;
+      const grpc::Status s = stub->RegisterHost(&ctx, req, &resp);
+      if (s.ok()) {
+        registered = true;
+        if (resp.heartbeat_interval_seconds() > 0) {
+          interval = absl::Seconds(resp.heartbeat_interval_seconds());
+        }
+        Log("transformer")->info("registered with the coordinator at {} as {}", coordinator_,
+                                 host_.name());
+      } else {
+        Log("transformer")->debug("registering with {}: {}", coordinator_, s.error_message());
+      }
+    } else {
+      proto::HeartbeatRequest req;
+      req.set_name(host_.name());
+      proto::HeartbeatResponse resp;
+      const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        Log("transformer")->warn("the coordinator does not know {} any more; registering again",
+                                 host_.name());
+        registered = false;
+        continue;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      registered_ = registered;
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(interval / 2));
+}
+
+}  // namespace ptc

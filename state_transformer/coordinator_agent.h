@@ -1,0 +1,41 @@
+// ptcd's link to the coordinator: registers the host, then heartbeats; if
+// the coordinator forgets the host (restart, or it was declared dead), it
+// registers again. Runs on its own thread until destroyed.
+//
+//   CoordinatorAgent agent({.coordinator = "10.0.0.1:7000", .host = status});
+#ifndef PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
+#define PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
+
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "proto/coordinator.grpc.pb.h"
+
+namespace ptc {
+
+class CoordinatorAgent {
+ public:
+  CoordinatorAgent(std::string coordinator, proto::HostStatus host);
+  ~CoordinatorAgent();
+  CoordinatorAgent(const CoordinatorAgent&) = delete;
+  CoordinatorAgent& operator=(const CoordinatorAgent&) = delete;
+
+  // True once a registration succeeded; for tests and status output.
+  bool registered() const;
+
+ private:
+  void Loop();
+
+  const std::string coordinator_;
+  const proto::HostStatus host_;
+  absl::Notification stop_;
+  mutable absl::Mutex mu_;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_

@@ -1,0 +1,187 @@
+// synthetic_job: stands in for a training job's ranks, for the local
+// cluster demo and process tests (the real PyTorch job comes with the
+// client library).
+//
+//   synthetic_job save --coordinator ADDR --job J --host NAME --socket PATH --version V
+//       saves, through the host's ptcd socket (shared memory), the regions
+//       of every rank the job places on NAME, and reports each rank saved;
+//   synthetic_job verify --coordinator ADDR --job J
+//       reads every rank's regions of the committed version from its host
+//       and checks every element.
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/args.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "ptc/layout.h"
+#include "tensor_store/local_client.h"
+#include "tensor_store/store_client.h"
+#include "tools/internal/synthetic.h"
+
+namespace ptc::tools {
+namespace {
+
+struct JobView {
+  proto::JobStatus status;
+  ModelSpec spec;
+  Layout layout;
+  Placement placement;
+  std::vector<std::string> host_names;             // placement host id -> name
+  std::map<std::string, std::string> addresses;    // name -> address
+};
+
+absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub, const std::string& job) {
+  JobView v;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::ListJobsRequest req;
+    req.set_job(job);
+    proto::ListJobsResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListJobs(&ctx, req, &resp)));
+    v.status = resp.jobs(0);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    proto::ListHostsResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp)));
+    for (const auto& h : resp.hosts()) v.addresses[h.name()] = h.address();
+  }
+  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(v.status.model()));
+  PTC_ASSIGN_OR_RETURN(v.spec, BuildModelSpec(arch));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig config, ParallelConfig::Parse(v.status.config()));
+  PTC_ASSIGN_OR_RETURN(v.layout, BuildLayout(v.spec, config));
+  Cluster cluster;
+  std::vector<int> ids;
+  for (const std::string& h : v.status.hosts()) {
+    ids.push_back(static_cast<int>(cluster.hosts.size()));
+    cluster.hosts.push_back({h, 1 << 20, 25e9});
+    v.host_names.push_back(h);
+  }
+  // Contiguous placement with the hosts' real GPU counts is what the
+  // coordinator uses; GPU counts only matter for how many ranks fit, and
+  // the coordinator accepted the job, so fill host by host by GPUs.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  proto::ListHostsResponse hosts;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &hosts)));
+  for (auto& h : cluster.hosts) {
+    for (const auto& s : hosts.hosts()) {
+      if (s.name() == h.name) h.gpus = s.gpus();
+    }
+  }
+  PTC_ASSIGN_OR_RETURN(v.placement, ContiguousPlacement(cluster, ids, config.world_size()));
+  return v;
+}
+
+absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
+  PTC_ASSIGN_OR_RETURN(std::string job, args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(std::string host, args.Required("host"));
+  PTC_ASSIGN_OR_RETURN(std::string socket, args.Required("socket"));
+  int64_t version;
+  if (!absl::SimpleAtoi(args.Get("version", "1"), &version) || version < 1) {
+    return absl::InvalidArgumentError("--version needs a positive number");
+  }
+  PTC_ASSIGN_OR_RETURN(JobView v, LoadJob(stub, job));
+  // Tensors are declared over gRPC; bytes go through shared memory.
+  std::vector<TensorDecl> decls;
+  for (const TensorSpec& t : v.spec.tensors) decls.push_back({t.key, t.dtype, t.shape});
+  PTC_RETURN_IF_ERROR(StoreClient::Connect(v.addresses.at(host))->Declare(job, decls));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<LocalClient> local, LocalClient::Connect(socket));
+  std::set<std::pair<int, Region>> done;
+  std::set<int> ranks;
+  int64_t bytes = 0;
+  for (int t = 0; t < v.layout.num_tensors(); ++t) {
+    const TensorSpec& ts = v.spec.tensors[t];
+    for (const Shard& s : v.layout.shards(t)) {
+      if (v.host_names[v.placement.host[s.rank]] != host) continue;
+      ranks.insert(s.rank);
+      if (!done.insert({t, s.region}).second) continue;  // ranks on a host share
+      PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf, local->AllocatePut(job, version, ts.key, s.region));
+      FillSynthetic(t, ts.shape, s.region, ElementSize(ts.dtype), reinterpret_cast<char*>(buf.data()));
+      PTC_RETURN_IF_ERROR(local->CommitPut(&buf).status());
+      bytes += buf.size();
+    }
+  }
+  bool committed = false;
+  for (int rank : ranks) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    proto::ReportSavedRequest req;
+    req.set_job(job);
+    req.set_rank(rank);
+    req.set_version(version);
+    proto::ReportSavedResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp)));
+    committed |= resp.committed();
+  }
+  std::cout << absl::StrFormat("%s: saved %d ranks of job %s version %d (%d regions, %.1f MiB)%s\n",
+                               host, ranks.size(), job, version, done.size(), bytes / 1048576.0,
+                               committed ? "; version committed by all ranks" : "");
+  return absl::OkStatus();
+}
+
+absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
+  PTC_ASSIGN_OR_RETURN(std::string job, args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(JobView v, LoadJob(stub, job));
+  const int64_t version = v.status.committed_version();
+  std::map<std::string, std::unique_ptr<StoreClient>> clients;
+  int64_t regions = 0, bytes = 0;
+  for (int t = 0; t < v.layout.num_tensors(); ++t) {
+    const TensorSpec& ts = v.spec.tensors[t];
+    for (const Shard& s : v.layout.shards(t)) {
+      const std::string& host = v.host_names[v.placement.host[s.rank]];
+      auto& c = clients[host];
+      if (!c) c = StoreClient::Connect(v.addresses.at(host));
+      const std::vector<char> want = Synthetic(t, ts.shape, s.region, ElementSize(ts.dtype));
+      std::vector<char> got(want.size());
+      PTC_RETURN_IF_ERROR(Annotate(c->Read(job, version, ts.key, s.region, got.data(), got.size()),
+                                   absl::StrCat("rank ", s.rank, " on ", host)));
+      if (got != want) {
+        return absl::DataLossError(absl::StrCat("rank ", s.rank, " on ", host, ": region ",
+                                                s.region.ToString(), " of '", ts.key,
+                                                "' holds wrong values"));
+      }
+      ++regions;
+      bytes += got.size();
+    }
+  }
+  std::cout << absl::StrFormat(
+      "verified job %s version %d (%s on %d hosts): %d rank regions, %.1f MiB, every element exact\n",
+      job, version, v.status.config(), v.status.hosts_size(), regions, bytes / 1048576.0);
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  const std::string cmd = argc > 1 ? argv[1] : "";
+  auto args = Args::Parse(argc, argv, 2, {"coordinator", "job", "host", "socket", "version"}, {});
+  if ((cmd != "save" && cmd != "verify") || !args.ok()) {
+    std::cerr << "usage: synthetic_job save|verify --coordinator ADDR --job J "
+                 "[--host NAME --socket PATH --version V]\n";
+    if (!args.ok()) std::cerr << args.status().message() << "\n";
+    return 2;
+  }
+  auto stub = proto::Coordinator::NewStub(grpc::CreateChannel(
+      args->Get("coordinator", "127.0.0.1:7000"), grpc::InsecureChannelCredentials()));
+  const absl::Status s = cmd == "save" ? Save(stub.get(), *args) : Verify(stub.get(), *args);
+  if (!s.ok()) {
+    std::cerr << "synthetic_job " << cmd << ": " << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ptc::tools
+
+int main(int argc, char** argv) { return ptc::tools::Main(argc, argv); }
