@@ -53,6 +53,7 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   for (const Transfer& x : f.transfers) {
     auto it = r.addresses.find(x.source_host);
     if (it != r.addresses.end()) (*req.mutable_peers())[x.source_host] = it->second;
+    (*req.mutable_peer_names())[x.source_host] = r.input->cluster->hosts[x.source_host].name;
   }
   return req;
 }

@@ -257,7 +257,7 @@ void CoordinatorService::Recover() {
   }
   for (const std::string& name : in_flight) {
     bool decided;
-    int64_t epoch, version;
+    int64_t epoch, version, fence;
     std::vector<std::string> targets;
     {
       absl::MutexLock lock(&mu_);
@@ -265,6 +265,13 @@ void CoordinatorService::Recover() {
       decided = job.state.commit_decided();
       epoch = job.state.target_epoch();
       version = job.state.target_version();
+      // Aborting under a new epoch fences the old plan: a coordinator that
+      // was only frozen can never commit it afterwards.
+      fence = std::max(job.state.last_epoch(), epoch) + 1;
+      if (!decided) {
+        job.state.set_last_epoch(fence);
+        PersistLocked().IgnoreError();
+      }
       auto t = AddressesLocked({job.state.target_hosts().begin(), job.state.target_hosts().end()});
       if (t.ok()) targets = *t;
     }
@@ -274,7 +281,7 @@ void CoordinatorService::Recover() {
       line = absl::StrCat("job ", name, ": resumed the decided commit of epoch ", epoch,
                           done ? " (version " : " (still retrying version ", version, ")");
     } else {
-      AbortStagedOn(targets, name, version, epoch);
+      AbortStagedOn(targets, name, version, fence);
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(name);
       job.state.clear_target_config();

@@ -34,8 +34,9 @@ void Scatter(const char* src, const Region& box, const std::vector<Staged>& stag
 
 }  // namespace
 
-GrpcPieceTransport::GrpcPieceTransport(const std::map<int32_t, std::string>& peers)
-    : addresses_(peers) {
+GrpcPieceTransport::GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
+                                       std::map<int32_t, std::string> names)
+    : addresses_(peers), names_(std::move(names)) {
   for (const auto& [host, address] : peers) clients_[host] = StoreClient::Connect(address);
 }
 
@@ -49,8 +50,11 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job, int
   }
   auto got = it->second->ReadWith(job, version, tensor, region, consume);
   if (!got.ok()) {
-    return Annotate(got.status(), absl::StrCat("pulling ", region.ToString(), " of '", tensor,
-                                               "' from host ", host, " (", addresses_[host], ")"));
+    const auto name = names_.find(host);
+    return Annotate(got.status(),
+                    absl::StrCat("pulling ", region.ToString(), " of '", tensor, "' from ",
+                                 name != names_.end() ? name->second : absl::StrCat("host ", host),
+                                 " (", addresses_[host], ")"));
   }
   return absl::OkStatus();
 }

@@ -40,8 +40,9 @@ class PieceTransport {
 // The transport that always works: the peers' TensorStore Read streams.
 class GrpcPieceTransport : public PieceTransport {
  public:
-  // host id -> "host:port".
-  explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers);
+  // host id -> "host:port", and host id -> name (for messages; optional).
+  explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
+                              std::map<int32_t, std::string> names = {});
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
                      const std::string& tensor, const Region& region,
                      const StoreClient::Consumer& consume) override;
@@ -49,6 +50,7 @@ class GrpcPieceTransport : public PieceTransport {
  private:
   std::map<int32_t, std::unique_ptr<StoreClient>> clients_;
   std::map<int32_t, std::string> addresses_;
+  std::map<int32_t, std::string> names_;
 };
 
 struct FragmentPiece {

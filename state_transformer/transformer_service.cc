@@ -64,7 +64,8 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
     job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
   }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
-  GrpcPieceTransport transport(peers);
+  GrpcPieceTransport transport(
+      peers, std::map<int32_t, std::string>(req.peer_names().begin(), req.peer_names().end()));
   proto::FragmentProgress msg;
   absl::Time last_report = absl::InfinitePast();
   bool reader_gone = false;

@@ -1,0 +1,138 @@
+// A coordinator that restarts with a reconfiguration on disk: it finishes a
+// commit it had decided, and aborts one it had not. Deterministic: the
+// "crashed" coordinator is frozen right after (or before) its decision and
+// a second one starts from the same metadata.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "common/atomic_file.h"
+#include "coordinator/coordinator_server.h"
+#include "coordinator/planner.h"
+#include "coordinator/reconfigure_driver.h"
+#include "tests/testing.h"
+
+namespace ptc {
+namespace {
+
+constexpr char kModel[] = "gpt:layers=2,hidden=32,heads=4,ffn=48,vocab=64,positions=8,pad=8";
+
+// The metadata a coordinator would have written for a job at version 1 on
+// hosts 0,1 while moving it to `to` on hosts 2,3 at epoch 7.
+proto::CoordinatorState InFlightState(const testing::DaemonCluster& c, bool decided) {
+  proto::CoordinatorState state;
+  for (int h = 0; h < 4; ++h) {
+    proto::HostStatus* s = state.add_hosts();
+    s->set_name(absl::StrCat("host", h));
+    s->set_address(c.addresses.at(h));
+    s->set_gpus(2);
+    s->set_alive(true);
+  }
+  auto* j = state.add_jobs();
+  j->set_job("gpt");
+  j->set_model(kModel);
+  j->set_config("tp=2,pp=1,dp=2");
+  j->add_hosts("host0");
+  j->add_hosts("host1");
+  j->set_committed_version(1);
+  j->set_last_epoch(7);
+  j->set_target_config("tp=1,pp=2,dp=2");
+  j->add_target_hosts("host2");
+  j->add_target_hosts("host3");
+  j->set_target_version(2);
+  j->set_target_epoch(7);
+  j->set_commit_decided(decided);
+  j->add_release_hosts("host0");
+  j->add_release_hosts("host1");
+  return state;
+}
+
+void Recovers(bool decided) {
+  testing::DaemonCluster c(4);
+  auto s = MakePlanScenario(kModel, "tp=2,pp=1,dp=2", {0, 1}, "tp=1,pp=2,dp=2", {2, 3},
+                            ptc::Cluster::Uniform(4, 2));
+  REQUIRE(s.ok());
+  testing::SaveSource(c, "gpt", *s, 1);
+  auto plan = PlanReconfiguration(s->input());
+  REQUIRE(plan.ok());
+  // The first coordinator stages version 2 and freezes at its decision.
+  const PlanInput input = s->input();
+  ReconfigureRequest req;
+  req.input = &input;
+  req.plan = &*plan;
+  req.job = "gpt";
+  req.source_version = 1;
+  req.target_version = 2;
+  req.plan_epoch = 7;
+  req.addresses = c.addresses;
+  absl::Notification frozen, thaw;
+  req.before_commit = [&] {
+    frozen.Notify();
+    thaw.WaitForNotification();
+    return absl::UnavailableError("the first coordinator crashed");
+  };
+  absl::StatusOr<ReconfigureReport> first;
+  std::thread crashed([&] { first = RunReconfiguration(req); });
+  frozen.WaitForNotification();
+  for (int h : {2, 3}) {  // staged, not committed
+    auto list = c.daemons[h]->client->List("gpt");
+    REQUIRE(list.ok());
+    REQUIRE(list->jobs(0).versions(0).version() == 2);
+    REQUIRE(!list->jobs(0).versions(0).committed());
+  }
+  // A second coordinator starts from the metadata on disk.
+  testing::TempDir dir;
+  REQUIRE(WriteFileAtomically(dir.path() + "/state.pb",
+                              InFlightState(c, decided).SerializeAsString())
+              .ok());
+  auto second = CoordinatorServer::Start({"127.0.0.1:0", {dir.path()}});
+  REQUIRE(second.ok());
+  const std::vector<std::string> log = (*second)->service()->recovery_log();
+  REQUIRE(log.size() == 1);
+  thaw.Notify();
+  crashed.join();
+  CHECK(!first.ok());
+  if (decided) {
+    CHECK(log[0].find("resumed the decided commit of epoch 7") != std::string::npos);
+    testing::VerifyTarget(c, "gpt", *s, 2);
+    for (int h : {2, 3}) {
+      auto list = c.daemons[h]->client->List("gpt");
+      CHECK(list->jobs(0).versions_size() == 1);
+      CHECK(list->jobs(0).versions(0).committed());
+    }
+    for (int h : {0, 1}) {  // the old version was released
+      CHECK(c.daemons[h]->client->List("gpt")->jobs(0).versions_size() == 0);
+    }
+  } else {
+    CHECK(log[0].find("aborted epoch 7") != std::string::npos);
+    // The old plan is fenced off: its epoch is stale on the hosts now.
+    CHECK(CommitStagedOn({c.addresses.at(2)}, "gpt", 2, 7).code() == absl::StatusCode::kAborted);
+    for (int h : {2, 3}) CHECK(c.daemons[h]->client->List("gpt")->jobs(0).versions_size() == 0);
+    for (int h : {0, 1}) {
+      auto list = c.daemons[h]->client->List("gpt");
+      CHECK(list->jobs(0).versions_size() == 1);
+      CHECK(list->jobs(0).versions(0).version() == 1);
+    }
+  }
+  // What the restarted coordinator persisted agrees.
+  auto bytes = ReadFileIfExists(dir.path() + "/state.pb");
+  REQUIRE(bytes.ok());
+  proto::CoordinatorState after;
+  REQUIRE(after.ParseFromString(**bytes));
+  CHECK(after.jobs(0).committed_version() == (decided ? 2 : 1));
+  CHECK(after.jobs(0).target_version() == 0);
+}
+
+TEST_CASE("coordinator recovery: a decided commit is finished after a restart",
+          "[coordinator][recovery]") {
+  Recovers(/*decided=*/true);
+}
+
+TEST_CASE("coordinator recovery: an undecided reconfiguration is aborted after a restart",
+          "[coordinator][recovery]") {
+  Recovers(/*decided=*/false);
+}
+
+}  // namespace
+}  // namespace ptc

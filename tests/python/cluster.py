@@ -1,0 +1,119 @@
+"""A local ptc cluster of real processes for tests: a coordinator and N ptcd."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+
+class LocalCluster:
+    def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2):
+        self.bin = bin_dir
+        self.dir = tmp_path
+        self.gpus = gpus
+        self.procs = {}
+        self.host_timeout = host_timeout
+        self.coord_port = self._start_coordinator(port=0)
+        self.coordinator = f"127.0.0.1:{self.coord_port}"
+        for i in range(hosts):
+            self._start_ptcd(i, memory)
+        self.wait_alive(hosts)
+
+    def _wait_port(self, path):
+        for _ in range(400):
+            if path.exists() and path.read_text().strip():
+                return int(path.read_text())
+            time.sleep(0.025)
+        raise RuntimeError(f"{path} never appeared")
+
+    def _start_coordinator(self, port):
+        port_file = self.dir / "coordinator.port"
+        if port_file.exists():
+            port_file.unlink()
+        (self.dir / "coordinator").mkdir(exist_ok=True)
+        log = open(self.dir / "coordinator.log", "a")
+        self.procs["coordinator"] = subprocess.Popen(
+            [str(self.bin / "coordinator/ptc-coordinator"), "--listen", f"127.0.0.1:{port}",
+             "--state-dir", str(self.dir / "coordinator"), "--port-file", str(port_file),
+             "--host-timeout", str(self.host_timeout), "--log-level", "info"],
+            stdout=log, stderr=log)
+        return self._wait_port(port_file)
+
+    def _start_ptcd(self, i, memory):
+        log = open(self.dir / f"host{i}.log", "a")
+        self.procs[f"host{i}"] = subprocess.Popen(
+            [str(self.bin / "tensor_store/ptcd"), "--listen", "127.0.0.1:0",
+             "--socket", str(self.dir / f"host{i}.sock"),
+             "--port-file", str(self.dir / f"host{i}.port"), "--memory-limit", memory,
+             "--coordinator", self.coordinator, "--name", f"host{i}", "--gpus", str(self.gpus),
+             "--log-level", "info"],
+            stdout=log, stderr=log)
+        self._wait_port(self.dir / f"host{i}.port")
+
+    def restart_coordinator(self):
+        self.kill("coordinator")
+        self._start_coordinator(port=self.coord_port)
+
+    def kill(self, name, sig=signal.SIGKILL):
+        p = self.procs[name]
+        p.send_signal(sig)
+        p.wait(timeout=30)
+
+    def ptcctl(self, *args, check=False):
+        r = subprocess.run([str(self.bin / "tools/ptcctl"), *args, "--coordinator", self.coordinator],
+                           capture_output=True, text=True, timeout=300)
+        if check:
+            assert r.returncode == 0, r.stdout + r.stderr
+        return r
+
+    def ptcctl_json(self, *args):
+        r = self.ptcctl(*args, "--json")
+        return r.returncode, json.loads(r.stdout)
+
+    def job_tool(self, *args):
+        return subprocess.run([str(self.bin / "tools/synthetic_job"), *args,
+                               "--coordinator", self.coordinator],
+                              capture_output=True, text=True, timeout=300)
+
+    def save(self, job, host, version):
+        r = self.job_tool("save", "--job", job, "--host", host, "--socket",
+                          str(self.dir / f"{host}.sock"), "--version", str(version))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def hosts(self):
+        return {h["name"]: h for h in self.ptcctl_json("hosts")[1]["hosts"]}
+
+    def wait_alive(self, n):
+        for _ in range(400):
+            if sum(h["alive"] for h in self.hosts().values()) >= n:
+                return
+            time.sleep(0.025)
+        raise RuntimeError("hosts did not register")
+
+    def wait_dead(self, name):
+        for _ in range(400):
+            if not self.hosts()[name]["alive"]:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} was never declared dead")
+
+    def job(self, job):
+        return self.ptcctl_json("status", job)[1]["jobs"][0]
+
+    def store_versions(self, host, job):
+        port = (self.dir / f"{host}.port").read_text().strip()
+        r = subprocess.run([str(self.bin / "tools/ptcctl"), "store", "ls", "--host",
+                            f"127.0.0.1:{port}", "--json"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        jobs = [j for j in json.loads(r.stdout)["jobs"] if j["job"] == job]
+        return sorted((v["version"], v["committed"]) for j in jobs for v in j["versions"])
+
+    def stop(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,137 @@
+"""Reconfiguration with the real binaries as separate processes: the whole
+flow, clear errors that change nothing, a ptcd SIGKILLed in the middle of
+a transfer, and a coordinator SIGKILLed and restarted in the middle of a
+plan."""
+import subprocess
+import time
+
+import pytest
+
+from cluster import LocalCluster
+
+MODEL = "gpt:layers=4,hidden=512,heads=8,ffn=2048,vocab=8192,positions=512"
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path)
+    yield c
+    c.stop()
+
+
+def start_job(c, config="tp=2,pp=1,dp=2", hosts=("host0", "host1")):
+    c.ptcctl("register", "--job", "j", "--model", MODEL, "--config", config,
+             "--hosts", ",".join(hosts), check=True)
+    for h in hosts:
+        c.save("j", h, 1)
+    assert c.job("j")["committed_version"] == 1
+
+
+def test_reconfigure_commits_and_every_element_is_exact(cluster):
+    start_job(cluster)
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=2",
+                                       "--hosts", "host1,host2,host3")
+    assert code == 0, report
+    assert report["phase"] == "committed"
+    assert report["tensors_verified"] > 0
+    assert report["bytes_from_peers"] == report["plan"]["cross_host_bytes"]
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+    assert "every element exact" in v.stdout
+    # Every host holds only the committed version 2 (or nothing).
+    for h in ("host0", "host1", "host2", "host3"):
+        assert cluster.store_versions(h, "j") in ([], [(2, True)])
+
+
+def test_bad_requests_get_clear_errors_and_change_nothing(cluster):
+    start_job(cluster)
+    r = cluster.ptcctl("reconfigure", "--job", "nojob", "--to", "tp=2")
+    assert r.returncode == 1 and "job 'nojob' is unknown" in r.stderr
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2,dp=4", "--hosts", "host0")
+    assert r.returncode == 1 and "needs 8 GPUs" in r.stderr
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=3", "--hosts", "host0,host1")
+    assert r.returncode == 1 and "does not divide" in r.stderr
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2", "--hosts", "host9")
+    assert r.returncode == 1 and "host 'host9' is not registered" in r.stderr
+    assert cluster.job("j")["committed_version"] == 1
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+
+
+def test_a_region_with_no_surviving_copy_is_refused(cluster):
+    # pp=2 without replicas: stage 1 lives only on host1.
+    start_job(cluster, config="tp=2,pp=2,dp=1", hosts=("host0", "host1"))
+    cluster.kill("host1")
+    cluster.wait_dead("host1")
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2,pp=2,dp=1",
+                       "--hosts", "host2,host3")
+    assert r.returncode == 1
+    assert "no surviving copy" in r.stderr and "host1" in r.stderr
+    assert cluster.job("j")["committed_version"] == 1
+
+
+def wait_staging(c, job, min_bytes=1):
+    for _ in range(2000):
+        r = c.job(job)["reconfiguration"]
+        if r["phase"] == "staging" and r["bytes_done"] >= min_bytes:
+            return True
+        if r["phase"] in ("committed", "aborted"):
+            return False
+        time.sleep(0.005)
+    return False
+
+
+def test_a_ptcd_killed_mid_transfer_aborts_and_a_replan_without_it_succeeds(cluster):
+    # dp=2: host0 and host1 each hold a whole replica; the target is on
+    # host2 and host3, so every byte crosses hosts, half of it from host1.
+    start_job(cluster)
+    proc = subprocess.Popen(
+        [str(cluster.bin / "tools/ptcctl"), "reconfigure", "--job", "j", "--to", "tp=2,pp=1,dp=2",
+         "--hosts", "host2,host3", "--parallel-pulls", "1", "--coordinator", cluster.coordinator],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_staging(cluster, "j"), "the transfer ended before it could be interrupted"
+    cluster.kill("host1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "aborted" in err and "host1" in err
+    assert cluster.job("j")["committed_version"] == 1
+    # Version 1 is intact on the survivor; nothing of version 2 anywhere.
+    assert cluster.store_versions("host0", "j") == [(1, True)]
+    for h in ("host2", "host3"):
+        assert cluster.store_versions(h, "j") == []
+    cluster.wait_dead("host1")
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,pp=1,dp=2",
+                                       "--hosts", "host2,host3")
+    assert code == 0, report
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+
+
+def test_a_coordinator_killed_mid_plan_restarts_and_every_host_agrees(cluster):
+    start_job(cluster)
+    proc = subprocess.Popen(
+        [str(cluster.bin / "tools/ptcctl"), "reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=2",
+         "--hosts", "host2,host3", "--parallel-pulls", "1", "--coordinator", cluster.coordinator],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_staging(cluster, "j")
+    cluster.restart_coordinator()
+    proc.communicate(timeout=60)
+    cluster.wait_alive(4)
+    job = cluster.job("j")
+    assert job["committed_version"] in (1, 2)
+    assert job["reconfiguration"]["phase"] in ("committed", "aborted")
+    v = job["committed_version"]
+    # Every host agrees: the job's hosts hold exactly the committed
+    # version, the others nothing; no staged version is left behind.
+    for _ in range(200):
+        views = {h: cluster.store_versions(h, "j") for h in ("host0", "host1", "host2", "host3")}
+        if all(s in ([], [(v, True)]) for s in views.values()):
+            break
+        time.sleep(0.05)
+    assert all(s in ([], [(v, True)]) for s in views.values()), views
+    for h in job["hosts"]:
+        assert views[h] == [(v, True)]
+    check = cluster.job_tool("verify", "--job", "j")
+    assert check.returncode == 0, check.stderr
+    log = (cluster.dir / "coordinator.log").read_text()
+    assert ("aborted epoch" in log) or ("resumed the decided commit" in log) or v == 2
