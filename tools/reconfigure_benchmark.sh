@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Reconfiguration benchmark (not a test): a GPT-3 350M job with fp16
+# weights and ZeRO-1 fp32 Adam state (~4.9 GB) moved between the ptcd of a
+# local cluster, RUNS times per case, against ucx_perftest bandwidth
+# between two processes measured in the same run. Transfers use ptc's gRPC
+# transport (the UCX transport is not built yet).
+#
+#   bash tools/reconfigure_benchmark.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-3}
+bazel build -c opt //tools:ptcctl //tools:synthetic_job //tensor_store:ptcd \
+  //coordinator:ptc-coordinator >/dev/null 2>&1
+ptcctl=bazel-bin/tools/ptcctl
+dir=$(mktemp -d /tmp/ptc-bench-XXXXXX)
+trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
+
+perftest() {  # $1: UCX_TLS, $2: port -> MB/s (overall)
+  UCX_TLS=$1 ucx_perftest -t ucp_put_bw -s 16777216 -n 200 -p "$2" >/dev/null 2>&1 &
+  local srv=$!
+  sleep 1
+  UCX_TLS=$1 timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s 16777216 -n 200 -p "$2" 2>/dev/null |
+    awk '/^Final:/ {print $(NF-2)}'
+  wait $srv 2>/dev/null || true
+}
+ucx_shm=$(perftest posix,cma,self 13511)
+ucx_tcp=$(perftest tcp 13512)
+echo "ucx_perftest put_bw, 16 MiB messages, 200 iterations: shared memory ${ucx_shm} MB/s, loopback TCP ${ucx_tcp} MB/s"
+
+tools/local_cluster.sh up "$dir" 4 4 8GiB >/dev/null
+source "$dir/env"
+c="--coordinator $COORDINATOR"
+model=gpt3-350m
+start=tp=4,pp=1,dp=1,zero=1
+$ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
+bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --version 1
+
+measure() {  # $1 name, $2 config, $3 hosts
+  local times=() rates=()
+  for i in $(seq 1 "$runs"); do
+    out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --json)
+    secs=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
+    cross=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes_from_peers"])')
+    times+=("$secs"); rates+=("$(/usr/bin/python3 -c "print($cross / $secs / 1e6)")")
+    $ptcctl reconfigure $c --job bench --to $start --hosts host0 --json >/dev/null   # back
+  done
+  /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_tcp" "${times[*]}" "${rates[*]}" <<'PY'
+import statistics, sys
+name, cross, shm, tcp, times, rates = sys.argv[1:]
+t = sorted(map(float, times.split())); r = sorted(map(float, rates.split()))
+med = statistics.median(r)
+print(f"{name}: {int(cross)/1e9:.2f} GB across hosts; time min/median/max "
+      f"{t[0]:.2f}/{statistics.median(t):.2f}/{t[-1]:.2f} s; throughput min/median/max "
+      f"{r[0]:.0f}/{med:.0f}/{r[-1]:.0f} MB/s = {100*med/float(shm):.0f}% of ucx_perftest shm, "
+      f"{100*med/float(tcp):.0f}% of ucx_perftest tcp")
+PY
+}
+measure "tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1
+measure "tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 host1
