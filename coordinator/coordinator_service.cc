@@ -2,6 +2,8 @@
 // Reconfigurations are in reconfigure_rpc.cc.
 #include "coordinator/coordinator_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/grpc_status.h"
@@ -117,7 +119,22 @@ grpc::Status CoordinatorService::RegisterHost(grpc::ServerContext*,
   }
   absl::MutexLock lock(&mu_);
   Host& host = hosts_[h.name()];
-  const bool was_dead = !host.status.name().empty() && !host.status.alive();
+  const bool known = !host.status.name().empty();
+  const bool was_dead = known && !host.status.alive();
+  if (known && (was_dead || host.status.incarnation() != h.incarnation())) {
+    // Its memory is gone (or not to be trusted): not a source any more.
+    for (auto& [name, job] : jobs_) {
+      const auto& hosts = job->state.hosts();
+      const auto& lost = job->state.lost_hosts();
+      if (std::find(hosts.begin(), hosts.end(), h.name()) != hosts.end() &&
+          std::find(lost.begin(), lost.end(), h.name()) == lost.end()) {
+        job->state.add_lost_hosts(h.name());
+        Log("coordinator")->warn("job {}: host {} came back as a new process; its share of "
+                                 "version {} is gone", name, h.name(),
+                                 job->state.committed_version());
+      }
+    }
+  }
   host.status = h;
   host.status.set_alive(true);
   host.last_heartbeat = absl::Now();
@@ -251,6 +268,7 @@ absl::Status CoordinatorService::DoReportSaved(const proto::ReportSavedRequest& 
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(req.job());
     job.state.set_committed_version(req.version());
+    job.state.clear_lost_hosts();
     job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
     PTC_RETURN_IF_ERROR(PersistLocked());
   }

@@ -45,6 +45,7 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   std::vector<std::string> names, from_hosts, to_hosts;
   Cluster cluster;
   std::vector<bool> alive;
+  std::vector<std::string> lost;  // alive, but without the job's state
   std::map<int32_t, std::string> addresses;
   int64_t committed = 0, epoch = 0;
   std::thread finished;
@@ -73,6 +74,7 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
                                h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
       alive.push_back(h.status.alive());
     }
+    lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
     if (req.hosts().empty()) {
       for (const std::string& h : from_hosts) {
         if (hosts_.count(h) && hosts_.at(h).status.alive()) to_hosts.push_back(h);
@@ -105,6 +107,19 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
                        MakePlanScenario(model, from, from_ids, req.to(), to_ids, cluster, alive));
+  if (!lost.empty()) {
+    // Hosts that restarted hold nothing of the committed version: drop
+    // their ranks' shards from the source side (they can still be targets).
+    PlanScenario& sc = flight->scenario;
+    std::vector<std::vector<Shard>> shards(sc.source.num_tensors());
+    for (int t = 0; t < sc.source.num_tensors(); ++t) {
+      for (const Shard& s : sc.source.shards(t)) {
+        const std::string& host = names[sc.source_placement.host[s.rank]];
+        if (std::find(lost.begin(), lost.end(), host) == lost.end()) shards[t].push_back(s);
+      }
+    }
+    sc.source = Layout(sc.source.world_size(), std::move(shards), sc.source.config());
+  }
   flight->input = flight->scenario.input();
   PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
   PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan), "internal planner error"));
@@ -182,6 +197,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     job.state.clear_hosts();
     for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
     job.state.set_committed_version(job.state.target_version());
+    job.state.clear_lost_hosts();
     e.set_phase("committed");
     e.set_seconds(report->seconds);
     e.set_bytes_from_peers(report->bytes_from_peers);
@@ -231,6 +247,7 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     job.state.clear_hosts();
     for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
     job.state.set_committed_version(version);
+    job.state.clear_lost_hosts();
     job.state.clear_target_config();
     job.state.clear_target_hosts();
     job.state.set_target_version(0);

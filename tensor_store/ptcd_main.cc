@@ -19,6 +19,7 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "state_transformer/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
@@ -144,6 +145,7 @@ absl::Status Run(int argc, char** argv) {
     host.set_gpus(gpus);
     host.set_bandwidth(bandwidth);
     host.set_memory_bytes(options.memory_limit_bytes);
+    host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
     std::string advertise = args.Get("advertise");
     if (advertise.empty()) {
       const std::string listen = options.listen_address;

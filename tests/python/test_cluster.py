@@ -70,6 +70,21 @@ def test_a_region_with_no_surviving_copy_is_refused(cluster):
     assert cluster.job("j")["committed_version"] == 1
 
 
+def test_a_restarted_ptcd_is_not_trusted_as_a_source(cluster):
+    # dp=2 across host0 and host1; host1 restarts (empty) and registers again.
+    start_job(cluster)
+    cluster.kill("host1")
+    cluster.wait_dead("host1")
+    cluster._start_ptcd(1, "2GiB")
+    cluster.wait_alive(4)
+    # The plan must take everything from host0; host1 may be a target.
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,pp=1,dp=2",
+                                       "--hosts", "host1,host2")
+    assert code == 0, report
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+
+
 def wait_staging(c, job, min_bytes=1):
     for _ in range(2000):
         r = c.job(job)["reconfiguration"]
