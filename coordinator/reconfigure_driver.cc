@@ -41,6 +41,7 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   req.set_plan_epoch(r.plan_epoch);
   req.set_host(f.host);
   req.set_parallel_pulls(r.parallel_pulls);
+  req.set_transport(r.transport);
   for (const TensorSpec& t : r.input->spec->tensors) {
     proto::TensorDecl* d = req.add_tensors();
     d->set_key(t.key);

@@ -132,6 +132,11 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   r.plan_epoch = epoch;
   r.addresses = addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
+  if (!req.transport().empty() && req.transport() != "ucx" && req.transport() != "grpc") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  }
+  r.transport = req.transport();
   {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(req.job());

@@ -42,6 +42,7 @@ GrpcPieceTransport::GrpcPieceTransport(const std::map<int32_t, std::string>& pee
 
 absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job, int64_t version,
                                        const std::string& tensor, const Region& region,
+                                       int64_t /*element_size*/,
                                        const StoreClient::Consumer& consume) {
   auto it = clients_.find(host);
   if (it == clients_.end()) {
@@ -130,7 +131,7 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
     const Shape shape = p.region.shape();
     absl::Status bad_chunk;
     PTC_RETURN_IF_ERROR(transport->Fetch(
-        p.source_host, job.job, job.source_version, decl.key, p.region,
+        p.source_host, job.job, job.source_version, decl.key, p.region, elem,
         [&](int64_t offset, const char* data, int64_t n) {
           if (offset % elem != 0 || n % elem != 0) {
             bad_chunk = absl::DataLossError("a peer sent a chunk that splits an element");

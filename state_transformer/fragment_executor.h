@@ -30,11 +30,12 @@ namespace ptc {
 class PieceTransport {
  public:
   virtual ~PieceTransport() = default;
-  // Streams the row-major bytes of `region` of `tensor` in `version` of
-  // `job` from host `host`, in chunks of whole elements, verifying them.
+  // Streams the row-major bytes of `region` of `tensor` (elements of
+  // `element_size` bytes) in `version` of `job` from host `host`, in chunks
+  // of whole elements, verifying them.
   virtual absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
                              const std::string& tensor, const Region& region,
-                             const StoreClient::Consumer& consume) = 0;
+                             int64_t element_size, const StoreClient::Consumer& consume) = 0;
 };
 
 // The transport that always works: the peers' TensorStore Read streams.
@@ -44,7 +45,7 @@ class GrpcPieceTransport : public PieceTransport {
   explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
                               std::map<int32_t, std::string> names = {});
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
-                     const std::string& tensor, const Region& region,
+                     const std::string& tensor, const Region& region, int64_t element_size,
                      const StoreClient::Consumer& consume) override;
 
  private:

@@ -6,9 +6,24 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
+#include "common/checksum.h"
 #include "state_transformer/fragment_executor.h"
+#include "state_transformer/ucx_transport.h"
 
 namespace ptc {
+
+TransformerService::TransformerService(Store* store, bool use_ucx) : store_(store) {
+  if (!use_ucx) return;
+  auto worker = UcxWorker::Create();
+  if (worker.ok()) {
+    ucx_ = std::move(*worker);
+  } else {
+    Log("transformer")->warn("no UCX worker ({}); peers will use the gRPC transport",
+                             worker.status().ToString());
+  }
+}
+
+TransformerService::~TransformerService() = default;
 
 absl::Status TransformerService::CheckEpoch(const std::string& job, int64_t epoch, bool exact) {
   if (epoch <= 0) {
@@ -64,8 +79,25 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
     job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
   }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
-  GrpcPieceTransport transport(
-      peers, std::map<int32_t, std::string>(req.peer_names().begin(), req.peer_names().end()));
+  std::map<int32_t, std::string> names(req.peer_names().begin(), req.peer_names().end());
+  std::unique_ptr<PieceTransport> transport;
+  if (req.transport() == "grpc") {
+    transport = std::make_unique<GrpcPieceTransport>(peers, names);
+  } else if (req.transport() == "ucx") {
+    if (!ucx_) {
+      return absl::FailedPreconditionError(
+          "the UCX transport was asked for, but this ptcd has no UCX worker");
+    }
+    transport = std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(), peers, names);
+  } else if (req.transport().empty()) {
+    transport = std::make_unique<AutoTransport>(
+        ucx_ ? std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(), peers, names)
+             : nullptr,
+        std::make_unique<GrpcPieceTransport>(peers, names));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  }
   proto::FragmentProgress msg;
   absl::Time last_report = absl::InfinitePast();
   bool reader_gone = false;
@@ -80,7 +112,7 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
     last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
-  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, &transport, report));
+  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, transport.get(), report));
   if (reader_gone || ctx->IsCancelled()) {
     store_->DeleteVersion(job.job, job.target_version).IgnoreError();
     return absl::CancelledError("the coordinator went away; the staged version was deleted");
@@ -131,6 +163,45 @@ grpc::Status TransformerService::CommitStaged(grpc::ServerContext*, const proto:
   auto bytes = store_->Commit(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
   return ToGrpcStatus(bytes.status());
+}
+
+absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
+                                            proto::SendPartResponse* resp) {
+  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
+  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
+  PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
+  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(), req.tensor(), region));
+  const int64_t elem = ElementSize(view.decl.dtype);
+  if (req.first() < 0 || req.count() < 1 || req.first() + req.count() > region.volume()) {
+    return absl::InvalidArgumentError(absl::StrCat("part [", req.first(), ", +", req.count(),
+                                                   ") is outside region ", region.ToString()));
+  }
+  // Pack the part at the source: the few boxes of a flat range, each dense.
+  thread_local std::vector<char> buffer;
+  buffer.resize(req.count() * elem);
+  char* dst = buffer.data();
+  for (Region box : FlatRangeToRegions(region.shape(), req.first(), req.first() + req.count())) {
+    for (int d = 0; d < box.rank(); ++d) {
+      box.mutable_dim(d).begin += region.dim(d).begin;
+      box.mutable_dim(d).end += region.dim(d).begin;
+    }
+    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {
+      CopyRegion(s.buffer->data(), s.region, dst, box, piece, elem);
+    }));
+    dst += box.volume() * elem;
+  }
+  resp->set_checksum(Checksum(buffer.data(), buffer.size()));
+  resp->set_bytes(buffer.size());
+  return ucx_->Send(req.ucx_address(), req.tag(), buffer.data(), buffer.size(), absl::Seconds(60));
+}
+
+grpc::Status TransformerService::SendPart(grpc::ServerContext*, const proto::SendPartRequest* req,
+                                          proto::SendPartResponse* resp) {
+  const absl::Status s = DoSendPart(*req, resp);
+  if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
+    Log("transformer")->warn("SendPart of '{}' for job {}: {}", req->tensor(), req->job(), s.ToString());
+  }
+  return ToGrpcStatus(s);
 }
 
 }  // namespace ptc

@@ -12,13 +12,17 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/transformer.grpc.pb.h"
+#include "state_transformer/ucx_worker.h"
 #include "tensor_store/store.h"
 
 namespace ptc {
 
 class TransformerService final : public proto::Transformer::Service {
  public:
-  explicit TransformerService(Store* store) : store_(store) {}
+  // Creates this daemon's UCX worker unless `use_ucx` is false (or UCX
+  // cannot start here: then peers and this host fall back to gRPC).
+  explicit TransformerService(Store* store, bool use_ucx = true);
+  ~TransformerService() override;
 
   grpc::Status ExecuteFragment(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
                                grpc::ServerWriter<proto::FragmentProgress>* writer) override;
@@ -26,6 +30,10 @@ class TransformerService final : public proto::Transformer::Service {
                            proto::AbortStagedResponse* resp) override;
   grpc::Status CommitStaged(grpc::ServerContext* ctx, const proto::CommitStagedRequest* req,
                             proto::CommitStagedResponse* resp) override;
+  grpc::Status SendPart(grpc::ServerContext* ctx, const proto::SendPartRequest* req,
+                        proto::SendPartResponse* resp) override;
+
+  bool has_ucx() const { return ucx_ != nullptr; }
 
  private:
   // OK and records `epoch` if it is not older than the newest seen for
@@ -34,7 +42,10 @@ class TransformerService final : public proto::Transformer::Service {
   absl::Status DoExecute(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
                          grpc::ServerWriter<proto::FragmentProgress>* writer);
 
+  absl::Status DoSendPart(const proto::SendPartRequest& req, proto::SendPartResponse* resp);
+
   Store* store_;
+  std::unique_ptr<UcxWorker> ucx_;
   absl::Mutex mu_;
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
 };

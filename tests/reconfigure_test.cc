@@ -13,6 +13,7 @@
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
 #include "coordinator/reconfigure_driver.h"
+#include "common/metrics.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/transformer_service.h"
 #include "tests/testing.h"
@@ -34,10 +35,21 @@ void VerifyTarget(DaemonCluster& c, const PlanScenario& s, int64_t version) {
   testing::VerifyTarget(c, "gpt", s, version);
 }
 
+int64_t UcxBytes() {
+  for (const auto& [name, value] : CounterValues()) {
+    if (name == "ptc_transformer_ucx_bytes_received_total") return value;
+  }
+  return 0;
+}
+
 TEST_CASE("reconfigure: a GPT job moves through six layouts between four daemons, "
-          "every element exact and fingerprints proven",
+          "every element exact and fingerprints proven, over UCX and over gRPC",
           "[reconfigure]") {
+  const std::string transport = GENERATE(as<std::string>(), "grpc", "ucx");
+  INFO("transport " << transport);
   DaemonCluster c(kHosts);
+  const int64_t ucx_before = UcxBytes();
+  int64_t cross_host = 0;
   struct Step {
     const char* to;
     std::vector<int> hosts;
@@ -76,6 +88,8 @@ TEST_CASE("reconfigure: a GPT job moves through six layouts between four daemons
     req.target_version = version + 1;
     req.plan_epoch = ++epoch;
     req.addresses = c.addresses;
+    req.transport = transport;
+    cross_host += plan->summary.cross_host_bytes;
     int64_t last_done = -1, total = 0;
     auto report = RunReconfiguration(req, [&](const ReconfigureProgress& p) {
       CHECK(p.bytes_done >= last_done);
@@ -101,6 +115,8 @@ TEST_CASE("reconfigure: a GPT job moves through six layouts between four daemons
     from = step.to;
     from_hosts = step.hosts;
   }
+  // Every byte that crossed hosts went over the transport asked for.
+  CHECK(UcxBytes() - ucx_before == (transport == "ucx" ? cross_host : 0));
 }
 
 TEST_CASE("reconfigure: a source host that fails mid-way aborts the change and "

@@ -25,6 +25,7 @@ namespace ptc::tools {
 const char kClusterUsage[] = R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
   ptcctl register    --job J --model MODEL --config CONFIG --hosts h1,h2,...
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
+                     [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
   ptcctl hosts
   ptcctl jobs
   ptcctl status J
@@ -99,6 +100,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     return absl::InvalidArgumentError("--parallel-pulls needs a positive number");
   }
   req.set_parallel_pulls(pulls);
+  req.set_transport(args.Get("transport"));
   proto::ReconfigureResponse started;
   PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
   const proto::PlanSummary& plan = started.plan();
@@ -269,7 +271,8 @@ bool IsClusterCommand(const char* c) {
 int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
   auto args = Args::Parse(argc, argv, 2,
-                          {"coordinator", "job", "model", "config", "hosts", "to", "parallel-pulls"},
+                          {"coordinator", "job", "model", "config", "hosts", "to", "parallel-pulls",
+                           "transport"},
                           {"json", "help"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {

@@ -1,0 +1,132 @@
+#include "state_transformer/ucx_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "ptc/region_proto.h"
+
+namespace ptc {
+namespace {
+
+constexpr int64_t kPartBytes = int64_t{16} << 20;
+
+Counter& ucx_bytes_received_total = GetCounter("ptc_transformer_ucx_bytes_received_total");
+
+uint64_t NewTag() {
+  static std::atomic<uint64_t> counter{absl::Uniform<uint64_t>(absl::BitGen()) << 20};
+  return counter.fetch_add(1);
+}
+
+}  // namespace
+
+UcxPieceTransport::UcxPieceTransport(UcxWorker* worker, int64_t plan_epoch,
+                                     const std::map<int32_t, std::string>& peers,
+                                     std::map<int32_t, std::string> names)
+    : worker_(worker), epoch_(plan_epoch), addresses_(peers), names_(std::move(names)) {
+  for (const auto& [host, address] : peers) {
+    grpc::ChannelArguments args;
+    stubs_[host] = proto::Transformer::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+}
+
+absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job, int64_t version,
+                                      const std::string& tensor, const Region& region,
+                                      int64_t element_size, const StoreClient::Consumer& consume) {
+  auto stub = stubs_.find(host);
+  if (stub == stubs_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("no address for source host ", host));
+  }
+  const auto name = names_.find(host);
+  const std::string peer = absl::StrCat(
+      name != names_.end() ? name->second : absl::StrCat("host ", host), " (", addresses_[host], ")");
+  const int64_t elements = region.volume();
+  const int64_t per_part = std::max<int64_t>(1, kPartBytes / element_size);
+  thread_local std::vector<char> buffer;
+  int64_t first = 0, offset = 0;
+  while (first < elements) {
+    const int64_t count = std::min(per_part, elements - first);
+    const size_t capacity = static_cast<size_t>(count * element_size);
+    if (buffer.size() < capacity) buffer.resize(capacity);
+    const uint64_t tag = NewTag();
+    PTC_ASSIGN_OR_RETURN(auto receive, worker_->PostReceive(tag, buffer.data(), capacity));
+    proto::SendPartRequest req;
+    req.set_job(job);
+    req.set_version(version);
+    req.set_tensor(tensor);
+    RegionToProto(region, req.mutable_region());
+    req.set_first(first);
+    req.set_count(count);
+    req.set_plan_epoch(epoch_);
+    req.set_tag(tag);
+    req.set_ucx_address(worker_->address());
+    // The source sends while we wait for its reply; the receiver must keep
+    // progressing its worker meanwhile (UCX rendezvous needs both sides),
+    // so the call runs on a helper thread.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    proto::SendPartResponse resp;
+    absl::Status sent;
+    std::atomic<bool> replied{false};
+    std::thread call([&] {
+      sent = FromGrpcStatus(stub->second->SendPart(&ctx, req, &resp));
+      replied = true;
+    });
+    auto got = worker_->Wait(receive.get(), absl::Seconds(120),
+                             [&] { return replied.load() && !sent.ok(); });
+    call.join();
+    if (!sent.ok()) {
+      return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '", tensor,
+                                         "' from ", peer, " over UCX"));
+    }
+    if (!got.ok()) return Annotate(got.status(), absl::StrCat("receiving from ", peer));
+    if (static_cast<int64_t>(*got) != resp.bytes() || resp.bytes() != static_cast<int64_t>(capacity) ||
+        Checksum(buffer.data(), *got) != resp.checksum()) {
+      return absl::DataLossError(absl::StrCat("a part of ", region.ToString(), " of '", tensor,
+                                              "' from ", peer, " arrived damaged over UCX"));
+    }
+    ucx_bytes_received_total.Add(*got);
+    consume(offset, buffer.data(), *got);
+    offset += *got;
+    first += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AutoTransport::Fetch(int32_t host, const std::string& job, int64_t version,
+                                  const std::string& tensor, const Region& region,
+                                  int64_t element_size, const StoreClient::Consumer& consume) {
+  bool use_grpc = ucx_ == nullptr;
+  if (!use_grpc) {
+    absl::MutexLock lock(&mu_);
+    use_grpc = grpc_only_.count(host) > 0;
+  }
+  if (!use_grpc) {
+    bool consumed = false;
+    const absl::Status s = ucx_->Fetch(host, job, version, tensor, region, element_size,
+                                       [&](int64_t off, const char* data, int64_t n) {
+                                         consumed = true;
+                                         consume(off, data, n);
+                                       });
+    const bool peer_has_no_ucx = s.code() == absl::StatusCode::kFailedPrecondition &&
+                                 absl::StrContains(s.message(), kNoUcxWorker);
+    if (!peer_has_no_ucx || consumed) return s;
+    Log("transformer")->warn("host {} has no UCX worker; using the gRPC transport for it", host);
+    absl::MutexLock lock(&mu_);
+    grpc_only_.insert(host);
+  }
+  return grpc_->Fetch(host, job, version, tensor, region, element_size, consume);
+}
+
+}  // namespace ptc

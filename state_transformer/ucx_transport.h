@@ -1,0 +1,61 @@
+// The UCX piece transport: for each part of a piece (at most 16 MiB) the
+// destination posts a tagged UCX receive, then asks the source over gRPC
+// (SendPart, epoch-checked) to pack the part and send it to its worker.
+// Bytes travel over UCX; the part's xxh3 checksum comes back on the gRPC
+// reply and is checked on arrival.
+//
+// AutoTransport uses UCX and falls back to the gRPC-stream transport for a
+// peer whose ptcd has no UCX worker (or if this one has none).
+#ifndef PTC_STATE_TRANSFORMER_UCX_TRANSPORT_H_
+#define PTC_STATE_TRANSFORMER_UCX_TRANSPORT_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "proto/transformer.grpc.pb.h"
+#include "state_transformer/fragment_executor.h"
+#include "state_transformer/ucx_worker.h"
+
+namespace ptc {
+
+// What SendPart answers (FAILED_PRECONDITION) when its ptcd has no worker.
+inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
+
+class UcxPieceTransport : public PieceTransport {
+ public:
+  // `worker` must outlive the transport.
+  UcxPieceTransport(UcxWorker* worker, int64_t plan_epoch,
+                    const std::map<int32_t, std::string>& peers,
+                    std::map<int32_t, std::string> names = {});
+  absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                     const std::string& tensor, const Region& region, int64_t element_size,
+                     const StoreClient::Consumer& consume) override;
+
+ private:
+  UcxWorker* worker_;
+  const int64_t epoch_;
+  std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
+  std::map<int32_t, std::string> addresses_, names_;
+};
+
+class AutoTransport : public PieceTransport {
+ public:
+  // `ucx` may be null (no UCX here): then gRPC is used for every peer.
+  AutoTransport(std::unique_ptr<PieceTransport> ucx, std::unique_ptr<PieceTransport> grpc)
+      : ucx_(std::move(ucx)), grpc_(std::move(grpc)) {}
+  absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                     const std::string& tensor, const Region& region, int64_t element_size,
+                     const StoreClient::Consumer& consume) override;
+
+ private:
+  std::unique_ptr<PieceTransport> ucx_, grpc_;
+  absl::Mutex mu_;
+  std::set<int32_t> grpc_only_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_UCX_TRANSPORT_H_
