@@ -19,7 +19,7 @@
 namespace ptc {
 namespace {
 
-constexpr int64_t kPartBytes = int64_t{16} << 20;
+constexpr int64_t kPartBytes = int64_t{64} << 20;
 
 Counter& ucx_bytes_received_total = GetCounter("ptc_transformer_ucx_bytes_received_total");
 

@@ -1,4 +1,4 @@
-// The UCX piece transport: for each part of a piece (at most 16 MiB) the
+// The UCX piece transport: for each part of a piece (at most 64 MiB) the
 // destination posts a tagged UCX receive, then asks the source over gRPC
 // (SendPart, epoch-checked) to pack the part and send it to its worker.
 // Bytes travel over UCX; the part's xxh3 checksum comes back on the gRPC

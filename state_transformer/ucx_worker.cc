@@ -69,8 +69,14 @@ UcxWorker::~UcxWorker() {
 
 absl::Status UcxWorker::Progress(void* request, absl::Time deadline, const char* what,
                                  const std::function<bool()>& give_up) {
+  int idle = 0;
   while (ucp_request_check_status(request) == UCS_INPROGRESS) {
-    if (ucp_worker_progress(Wkr(worker_)) == 0) {
+    if (ucp_worker_progress(Wkr(worker_)) != 0) {
+      idle = 0;
+    } else {
+      // Spin briefly, then back off: a waiting thread must not starve the
+      // threads (or the peer daemon) that produce what it waits for.
+      if (++idle > 256) absl::SleepFor(absl::Microseconds(20));
       if (give_up && give_up()) return absl::CancelledError(absl::StrCat("UCX ", what, " given up"));
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat("UCX ", what, " did not complete in time"));

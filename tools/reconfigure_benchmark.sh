@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Reconfiguration benchmark (not a test): a GPT-3 350M job with fp16
 # weights and ZeRO-1 fp32 Adam state (~4.9 GB) moved between the ptcd of a
-# local cluster, RUNS times per case, against ucx_perftest bandwidth
-# between two processes measured in the same run. Transfers use ptc's gRPC
-# transport (the UCX transport is not built yet).
+# local cluster, RUNS times per case and transport (UCX, gRPC stream),
+# against ucx_perftest bandwidth between two processes measured in the
+# same run.
 #
 #   bash tools/reconfigure_benchmark.sh [RUNS]
 set -euo pipefail
@@ -35,14 +35,14 @@ start=tp=4,pp=1,dp=1,zero=1
 $ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
 bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --version 1
 
-measure() {  # $1 name, $2 config, $3 hosts
+measure() {  # $1 name, $2 config, $3 hosts, $4 transport
   local times=() rates=()
   for i in $(seq 1 "$runs"); do
-    out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --json)
+    out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --transport "$4" --json)
     secs=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
     cross=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes_from_peers"])')
     times+=("$secs"); rates+=("$(/usr/bin/python3 -c "print($cross / $secs / 1e6)")")
-    $ptcctl reconfigure $c --job bench --to $start --hosts host0 --json >/dev/null   # back
+    $ptcctl reconfigure $c --job bench --to $start --hosts host0 --transport "$4" --json >/dev/null
   done
   /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_tcp" "${times[*]}" "${rates[*]}" <<'PY'
 import statistics, sys
@@ -55,5 +55,7 @@ print(f"{name}: {int(cross)/1e9:.2f} GB across hosts; time min/median/max "
       f"{100*med/float(tcp):.0f}% of ucx_perftest tcp")
 PY
 }
-measure "tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1
-measure "tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 host1
+for transport in ucx grpc; do
+  measure "[$transport] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1 $transport
+  measure "[$transport] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 host1 $transport
+done
