@@ -25,6 +25,16 @@ struct CoordinatorService::Flight {
 
 namespace {
 
+// Forgets the reconfiguration in flight (its target and decision).
+void ClearFlight(proto::CoordinatorState::Job* job) {
+  job->clear_target_config();
+  job->clear_target_hosts();
+  job->set_target_version(0);
+  job->set_target_epoch(0);
+  job->set_commit_decided(false);
+  job->clear_release_hosts();
+}
+
 bool Final(const proto::ReconfigureEvent& e) {
   return e.phase() == "committed" || e.phase() == "aborted";
 }
@@ -216,12 +226,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     e.set_phase("aborted");
     e.set_error(std::string(report.status().message()));
   }
-  job.state.clear_target_config();
-  job.state.clear_target_hosts();
-  job.state.set_target_version(0);
-  job.state.set_target_epoch(0);
-  job.state.set_commit_decided(false);
-  job.state.clear_release_hosts();
+  ClearFlight(&job.state);
   if (absl::Status s = PersistLocked(); !s.ok()) {
     Log("coordinator")->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(), name,
                               s.ToString());
@@ -253,12 +258,7 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
     job.state.set_committed_version(version);
     job.state.clear_lost_hosts();
-    job.state.clear_target_config();
-    job.state.clear_target_hosts();
-    job.state.set_target_version(0);
-    job.state.set_target_epoch(0);
-    job.state.set_commit_decided(false);
-    job.state.clear_release_hosts();
+    ClearFlight(&job.state);
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("committed");
     PersistLocked().IgnoreError();
@@ -306,11 +306,7 @@ void CoordinatorService::Recover() {
       AbortStagedOn(targets, name, version, fence);
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(name);
-      job.state.clear_target_config();
-      job.state.clear_target_hosts();
-      job.state.set_target_version(0);
-      job.state.set_target_epoch(0);
-      job.state.clear_release_hosts();
+      ClearFlight(&job.state);
       job.event.set_plan_epoch(epoch);
       job.event.set_phase("aborted");
       job.event.set_error("the coordinator restarted before the commit was decided");

@@ -1,3 +1,4 @@
+#include "common/mix.h"
 #include "ptc/data_cursor.h"
 
 #include "ptc/parallel_config.h"
@@ -5,20 +6,13 @@
 namespace ptc {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // A bijection of [0, 2^(2*half)) built from a 4-round Feistel network.
 uint64_t Feistel(uint64_t x, int half, uint64_t key) {
   const uint64_t mask = (uint64_t{1} << half) - 1;
   uint64_t left = x >> half, right = x & mask;
   for (int round = 0; round < 4; ++round) {
     const uint64_t next =
-        left ^ (Mix(key ^ (right * 0x100000001b3ULL) ^ round) & mask);
+        left ^ (SplitMix64(key ^ (right * 0x100000001b3ULL) ^ round) & mask);
     left = right;
     right = next;
   }
@@ -35,7 +29,7 @@ int64_t SampleAt(const DataCursor& cursor, int64_t position) {
   int bits = 1;
   while ((uint64_t{1} << bits) < static_cast<uint64_t>(n)) ++bits;
   const int half = (bits + 1) / 2;
-  const uint64_t key = Mix(cursor.seed ^ Mix(epoch));
+  const uint64_t key = SplitMix64(cursor.seed ^ SplitMix64(epoch));
   // Cycle walking: re-apply until the value falls inside [0, n).
   do {
     x = Feistel(x, half, key);

@@ -1,3 +1,4 @@
+#include "common/mix.h"
 #include "tensor_store/internal/testing.h"
 
 #include <stdlib.h>
@@ -9,17 +10,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ptc::testing {
-namespace {
-
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 TempDir::TempDir() {
   const char* base = getenv("TEST_TMPDIR");
   std::string tmpl = absl::StrCat(base ? base : "/tmp", "/ptc-XXXXXX");
@@ -59,7 +49,7 @@ void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n) {
   int64_t i = 0;
   while (i < n) {
     const int64_t o = offset + i;
-    const uint64_t word = Mix(seed * 0x100000001b3ULL ^ static_cast<uint64_t>(o / 8));
+    const uint64_t word = SplitMix64(seed * 0x100000001b3ULL ^ static_cast<uint64_t>(o / 8));
     const int64_t skip = o % 8;
     const int64_t take = std::min<int64_t>(8 - skip, n - i);
     std::memcpy(dst + i, reinterpret_cast<const char*>(&word) + skip, take);

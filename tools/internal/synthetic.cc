@@ -1,19 +1,9 @@
+#include "common/mix.h"
 #include "tools/internal/synthetic.h"
 
 #include <cstring>
 
 namespace ptc::tools {
-namespace {
-
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 void FillSynthetic(int tensor, absl::Span<const int64_t> shape, const Region& region,
                    int64_t element_size, char* dst) {
   const int rank = region.rank();
@@ -27,7 +17,7 @@ void FillSynthetic(int tensor, absl::Span<const int64_t> shape, const Region& re
     int64_t flat = 0;
     for (int d = 0; d < rank; ++d) flat = flat * shape[d] + idx[d];
     for (int64_t j = 0; j < row; ++j, ++k) {
-      const uint64_t v = Mix(salt ^ static_cast<uint64_t>(flat + j));
+      const uint64_t v = SplitMix64(salt ^ static_cast<uint64_t>(flat + j));
       std::memcpy(dst + k * element_size, &v, element_size);
     }
     int d = rank - 2;

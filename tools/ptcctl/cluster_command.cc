@@ -18,6 +18,7 @@
 #include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 
 namespace ptc::tools {
@@ -276,16 +277,9 @@ int RunClusterCommand(int argc, const char* const* argv) {
                           {"json", "help"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
-    if (json) {
-      JsonWriter w;
-      w.BeginObject().Key("error").BeginObject().Key("code").String(absl::StatusCodeToString(s.code()));
-      w.Key("message").String(s.message()).EndObject().EndObject();
-      std::cout << w.str() << "\n";
-    }
-    std::cerr << "ptcctl " << cmd << ": " << s.message() << "\n";
-    if (code == 2) std::cerr << "\n" << kClusterUsage;
-    return code;
+    return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);
   };
+
   if (!args.ok()) return fail(args.status(), 2);
   if (args->Flag("help")) {
     std::cout << kClusterUsage;

@@ -18,6 +18,7 @@
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
 #include "common/args.h"
+#include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 
 namespace ptc::tools {
@@ -247,17 +248,9 @@ int RunPlanCommand(int argc, const char* const* argv) {
   }
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& status, int code) {
-    if (json) {
-      JsonWriter w;
-      w.BeginObject().Key("error").BeginObject();
-      w.Key("code").String(absl::StatusCodeToString(status.code()));
-      w.Key("message").String(status.message()).EndObject().EndObject();
-      std::cout << w.str() << "\n";
-    }
-    std::cerr << "ptcctl plan: " << status.message() << "\n";
-    if (code == 2) std::cerr << "\n" << kPlanUsage;
-    return code;
+    return Fail("ptcctl plan", status, code, json, kPlanUsage);
   };
+
   if (!args.ok()) return fail(args.status(), 2);
   auto run = Build(*args);
   if (!run.ok()) {

@@ -11,6 +11,7 @@
 #include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "tensor_store/store_client.h"
+#include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 
 namespace ptc::tools {
@@ -185,15 +186,9 @@ int RunStoreCommand(int argc, const char* const* argv) {
                           {"json", "regions", "help"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
-    if (json) {
-      JsonWriter w;
-      w.BeginObject().Key("error").BeginObject().Key("code").String(absl::StatusCodeToString(s.code()));
-      w.Key("message").String(s.message()).EndObject().EndObject();
-      std::cout << w.str() << "\n";
-    }
-    std::cerr << "ptcctl store " << sub << ": " << s.message() << "\n";
-    return code;
+    return Fail("ptcctl store " + sub, s, code, json);
   };
+
   if (!args.ok()) return fail(args.status(), 2);
   if (args->Flag("help")) {
     std::cout << kStoreUsage;

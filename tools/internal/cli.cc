@@ -1,0 +1,23 @@
+#include "tools/internal/cli.h"
+
+#include <iostream>
+
+#include "common/json_writer.h"
+
+namespace ptc::tools {
+
+int Fail(const std::string& command, const absl::Status& status, int exit_code, bool json,
+         const char* usage) {
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("error").BeginObject();
+    w.Key("code").String(absl::StatusCodeToString(status.code()));
+    w.Key("message").String(status.message()).EndObject().EndObject();
+    std::cout << w.str() << "\n";
+  }
+  std::cerr << command << ": " << status.message() << "\n";
+  if (exit_code == 2 && usage != nullptr) std::cerr << "\n" << usage;
+  return exit_code;
+}
+
+}  // namespace ptc::tools
