@@ -4,8 +4,8 @@
 #include <cmath>
 #include <fstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -70,10 +70,11 @@ absl::StatusOr<std::string> Args::Required(const std::string& name) const {
 
 absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   static const std::pair<const char*, double> kUnits[] = {
-      {"KiB", 1024.0},       {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-      {"TiB", 1099511627776.0}, {"kB", 1e3},      {"KB", 1e3},
-      {"MB", 1e6},           {"GB", 1e9},        {"TB", 1e12},
-      {"B", 1.0}};
+      {"KiB", 1024.0},       {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"kB", 1e3},           {"KB", 1e3},
+      {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},          {"B", 1.0}};
   absl::string_view number = absl::StripAsciiWhitespace(text);
   double scale = 1;
   for (const auto& [suffix, factor] : kUnits) {
@@ -83,17 +84,20 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
     }
   }
   double value;
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &value) || value < 0 ||
-      !std::isfinite(value * scale) || value * scale > 9.2e18) {
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &value) ||
+      value < 0 || !std::isfinite(value * scale) || value * scale > 9.2e18) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is not a byte count; write e.g. 8GiB, 512MiB or 1000000"));
+        "'", text,
+        "' is not a byte count; write e.g. 8GiB, 512MiB or 1000000"));
   }
   return static_cast<int64_t>(value * scale);
 }
 
-absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::string& path) {
+absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(
+    const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
   std::map<std::string, std::string> out;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {

@@ -44,7 +44,8 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text);
 // Reads a config file of "key = value" lines; '#' starts a comment. Keys
 // are returned as written. INVALID_ARGUMENT names the file and line of a
 // malformed line; NOT_FOUND if the file cannot be read.
-absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::string& path);
+absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(
+    const std::string& path);
 
 }  // namespace ptc
 

@@ -2,8 +2,6 @@
 
 #include <catch2/catch.hpp>
 
-
-
 namespace ptc {
 namespace {
 
@@ -34,8 +32,10 @@ TEST_CASE("args: byte counts with binary and decimal units", "[common]") {
   CHECK(*ParseBytes("512MiB") == (int64_t{512} << 20));
   CHECK(*ParseBytes("1.5 GB") == 1500000000);
   CHECK(*ParseBytes("4096") == 4096);
-  CHECK(ParseBytes("lots").status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(ParseBytes("-1GiB").status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ParseBytes("lots").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(ParseBytes("-1GiB").status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

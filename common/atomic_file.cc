@@ -19,9 +19,11 @@ absl::Status Errno(const std::string& what) {
 
 }  // namespace
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& contents) {
   const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   if (fd < 0) return Errno(absl::StrCat("creating ", tmp));
   size_t off = 0;
   while (off < contents.size()) {
@@ -40,11 +42,13 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
     return s;
   }
   close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno(absl::StrCat("renaming ", tmp));
-  const std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos
-                                             ? 0
-                                             : path.find_last_of('/'));
-  const int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (rename(tmp.c_str(), path.c_str()) != 0)
+    return Errno(absl::StrCat("renaming ", tmp));
+  const std::string dir = path.substr(
+      0,
+      path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+  const int dfd =
+      open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);
     close(dfd);
@@ -52,7 +56,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
+absl::StatusOr<std::optional<std::string>> ReadFileIfExists(
+    const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (access(path.c_str(), F_OK) != 0) return std::optional<std::string>();

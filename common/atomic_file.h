@@ -3,7 +3,8 @@
 // either the old or the new contents, never a mix.
 //
 //   PTC_RETURN_IF_ERROR(WriteFileAtomically(dir + "/state.pb", bytes));
-//   PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes, ReadFileIfExists(path));
+//   PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
+//   ReadFileIfExists(path));
 #ifndef PTC_COMMON_ATOMIC_FILE_H_
 #define PTC_COMMON_ATOMIC_FILE_H_
 
@@ -14,9 +15,11 @@
 
 namespace ptc {
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& contents);
 // nullopt if the file does not exist.
-absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path);
+absl::StatusOr<std::optional<std::string>> ReadFileIfExists(
+    const std::string& path);
 
 }  // namespace ptc
 

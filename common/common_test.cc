@@ -25,7 +25,8 @@ TEST_CASE("checksum: streaming equals one-shot over any chunking", "[common]") {
 }
 
 TEST_CASE("grpc status: codes and messages survive both ways", "[common]") {
-  const absl::Status s = absl::DataLossError("checksum mismatch in region [0:4]");
+  const absl::Status s =
+      absl::DataLossError("checksum mismatch in region [0:4]");
   const grpc::Status g = ToGrpcStatus(s);
   CHECK(g.error_code() == grpc::StatusCode::DATA_LOSS);
   CHECK(FromGrpcStatus(g) == s);

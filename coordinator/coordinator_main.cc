@@ -17,7 +17,8 @@
 namespace ptc {
 namespace {
 
-constexpr char kUsage[] = R"(usage: ptc-coordinator --state-dir DIR [--listen HOST:PORT]
+constexpr char kUsage[] =
+    R"(usage: ptc-coordinator --state-dir DIR [--listen HOST:PORT]
                        [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
 
   --state-dir      directory for the coordinator's metadata (state.pb)
@@ -28,10 +29,11 @@ constexpr char kUsage[] = R"(usage: ptc-coordinator --state-dir DIR [--listen HO
 )";
 
 absl::Status Run(int argc, char** argv) {
-  PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1,
-                                              {"state-dir", "listen", "host-timeout",
-                                               "log-level", "port-file"},
-                                              {"help"}));
+  PTC_ASSIGN_OR_RETURN(Args args,
+                       Args::Parse(argc, argv, 1,
+                                   {"state-dir", "listen", "host-timeout",
+                                    "log-level", "port-file"},
+                                   {"help"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -41,11 +43,14 @@ absl::Status Run(int argc, char** argv) {
   options.listen_address = args.Get("listen", "127.0.0.1:7000");
   PTC_ASSIGN_OR_RETURN(options.service.state_dir, args.Required("state-dir"));
   double timeout = 5;
-  if (!absl::SimpleAtod(args.Get("host-timeout", "5"), &timeout) || timeout <= 0) {
-    return absl::InvalidArgumentError("--host-timeout needs a positive number of seconds");
+  if (!absl::SimpleAtod(args.Get("host-timeout", "5"), &timeout) ||
+      timeout <= 0) {
+    return absl::InvalidArgumentError(
+        "--host-timeout needs a positive number of seconds");
   }
   options.service.host_timeout = absl::Seconds(timeout);
-  options.service.heartbeat_interval = std::min(absl::Seconds(1), absl::Seconds(timeout / 4));
+  options.service.heartbeat_interval =
+      std::min(absl::Seconds(1), absl::Seconds(timeout / 4));
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -60,8 +65,9 @@ absl::Status Run(int argc, char** argv) {
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  Log("coordinator")->info("ptc-coordinator serving on port {}, state in {}", server->port(),
-                           options.service.state_dir);
+  Log("coordinator")
+      ->info("ptc-coordinator serving on port {}, state in {}", server->port(),
+             options.service.state_dir);
   int sig = 0;
   sigwait(&signals, &sig);
   Log("coordinator")->info("signal {}: stopping", sig);

@@ -11,13 +11,16 @@ namespace ptc {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer);
-  PTC_ASSIGN_OR_RETURN(s->service_, CoordinatorService::Create(options.service));
+  PTC_ASSIGN_OR_RETURN(s->service_,
+                       CoordinatorService::Create(options.service));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
   }
   return s;
 }

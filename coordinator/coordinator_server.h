@@ -1,7 +1,8 @@
 // ptc-coordinator as a handle: the service on a gRPC port, stopped in the
 // destructor. Tests start it in-process on localhost:0.
 //
-//   PTC_ASSIGN_OR_RETURN(auto c, CoordinatorServer::Start({"127.0.0.1:0", {dir}}));
+//   PTC_ASSIGN_OR_RETURN(auto c, CoordinatorServer::Start({"127.0.0.1:0",
+//   {dir}}));
 #ifndef PTC_COORDINATOR_COORDINATOR_SERVER_H_
 #define PTC_COORDINATOR_COORDINATOR_SERVER_H_
 
@@ -22,7 +23,8 @@ struct CoordinatorServerOptions {
 
 class CoordinatorServer {
  public:
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorServerOptions options);
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      CoordinatorServerOptions options);
   ~CoordinatorServer() { Shutdown(); }
   int port() const { return port_; }
   CoordinatorService* service() { return service_.get(); }

@@ -9,9 +9,9 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/reconfigure_driver.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
-#include "coordinator/reconfigure_driver.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
@@ -19,9 +19,11 @@ namespace ptc {
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     CoordinatorOptions options) {
   if (options.state_dir.empty()) {
-    return absl::InvalidArgumentError("the coordinator needs a state directory");
+    return absl::InvalidArgumentError(
+        "the coordinator needs a state directory");
   }
-  std::unique_ptr<CoordinatorService> s(new CoordinatorService(std::move(options)));
+  std::unique_ptr<CoordinatorService> s(
+      new CoordinatorService(std::move(options)));
   PTC_RETURN_IF_ERROR(s->Load());
   s->Recover();
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
@@ -54,14 +56,15 @@ absl::Status CoordinatorService::PersistLocked() {
   proto::CoordinatorState state;
   for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
   for (const auto& [name, j] : jobs_) *state.add_jobs() = j->state;
-  return WriteFileAtomically(options_.state_dir + "/state.pb", state.SerializeAsString());
+  return WriteFileAtomically(options_.state_dir + "/state.pb",
+                             state.SerializeAsString());
 }
 
 namespace {
 
 // Ranks and state bytes of a job, or why it cannot run.
-absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const std::string& model,
-                                                      const std::string& config) {
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
+    const std::string& model, const std::string& config) {
   PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(model));
   PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse(config));
   PTC_RETURN_IF_ERROR(CheckFits(arch, c));
@@ -77,8 +80,8 @@ absl::Status CoordinatorService::Load() {
   if (!bytes) return absl::OkStatus();
   proto::CoordinatorState state;
   if (!state.ParseFromString(*bytes)) {
-    return absl::DataLossError(absl::StrCat(options_.state_dir,
-                                            "/state.pb is not a coordinator state file"));
+    return absl::DataLossError(absl::StrCat(
+        options_.state_dir, "/state.pb is not a coordinator state file"));
   }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
@@ -93,8 +96,9 @@ absl::Status CoordinatorService::Load() {
     if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
     jobs_[js.job()] = std::move(job);
   }
-  Log("coordinator")->info("loaded {} hosts and {} jobs from {}", hosts_.size(), jobs_.size(),
-                           options_.state_dir);
+  Log("coordinator")
+      ->info("loaded {} hosts and {} jobs from {}", hosts_.size(), jobs_.size(),
+             options_.state_dir);
   return absl::OkStatus();
 }
 
@@ -103,15 +107,16 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
   std::vector<std::string> out;
   for (const std::string& n : names) {
     auto it = hosts_.find(n);
-    if (it == hosts_.end()) return absl::NotFoundError(absl::StrCat("host '", n, "' is unknown"));
+    if (it == hosts_.end())
+      return absl::NotFoundError(absl::StrCat("host '", n, "' is unknown"));
     out.push_back(it->second.status.address());
   }
   return out;
 }
 
-grpc::Status CoordinatorService::RegisterHost(grpc::ServerContext*,
-                                              const proto::RegisterHostRequest* req,
-                                              proto::RegisterHostResponse* resp) {
+grpc::Status CoordinatorService::RegisterHost(
+    grpc::ServerContext*, const proto::RegisterHostRequest* req,
+    proto::RegisterHostResponse* resp) {
   const proto::HostStatus& h = req->host();
   if (h.name().empty() || h.address().empty() || h.gpus() < 1) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -129,22 +134,27 @@ grpc::Status CoordinatorService::RegisterHost(grpc::ServerContext*,
       if (std::find(hosts.begin(), hosts.end(), h.name()) != hosts.end() &&
           std::find(lost.begin(), lost.end(), h.name()) == lost.end()) {
         job->state.add_lost_hosts(h.name());
-        Log("coordinator")->warn("job {}: host {} came back as a new process; its share of "
-                                 "version {} is gone", name, h.name(),
-                                 job->state.committed_version());
+        Log("coordinator")
+            ->warn(
+                "job {}: host {} came back as a new process; its share of "
+                "version {} is gone",
+                name, h.name(), job->state.committed_version());
       }
     }
   }
   host.status = h;
   host.status.set_alive(true);
   host.last_heartbeat = absl::Now();
-  Log("coordinator")->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(), h.gpus(),
-                           was_dead ? ", back from the dead" : "");
-  resp->set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
+  Log("coordinator")
+      ->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(),
+             h.gpus(), was_dead ? ", back from the dead" : "");
+  resp->set_heartbeat_interval_seconds(
+      absl::ToDoubleSeconds(options_.heartbeat_interval));
   return ToGrpcStatus(PersistLocked());
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+                                           const proto::HeartbeatRequest* req,
                                            proto::HeartbeatResponse* resp) {
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(req->name());
@@ -164,15 +174,19 @@ void CoordinatorService::MonitorLoop() {
     std::vector<std::string> retry;
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(200))) return;
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               absl::Milliseconds(200)))
+        return;
       const absl::Time now = absl::Now();
       bool changed = false;
       for (auto& [name, h] : hosts_) {
-        if (h.status.alive() && now - h.last_heartbeat > options_.host_timeout) {
+        if (h.status.alive() &&
+            now - h.last_heartbeat > options_.host_timeout) {
           h.status.set_alive(false);
           changed = true;
-          Log("coordinator")->warn("host {} missed its heartbeats for {}; marked dead", name,
-                                   absl::FormatDuration(now - h.last_heartbeat));
+          Log("coordinator")
+              ->warn("host {} missed its heartbeats for {}; marked dead", name,
+                     absl::FormatDuration(now - h.last_heartbeat));
         }
       }
       if (changed) PersistLocked().IgnoreError();
@@ -184,29 +198,33 @@ void CoordinatorService::MonitorLoop() {
   }
 }
 
-grpc::Status CoordinatorService::RegisterJob(grpc::ServerContext*, const proto::RegisterJobRequest* req,
-                                             proto::RegisterJobResponse* resp) {
+grpc::Status CoordinatorService::RegisterJob(
+    grpc::ServerContext*, const proto::RegisterJobRequest* req,
+    proto::RegisterJobResponse* resp) {
   if (req->job().empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError("the job name must not be empty"));
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("the job name must not be empty"));
   }
   auto shape = JobShape(req->model(), req->config());
   if (!shape.ok()) return ToGrpcStatus(shape.status());
   absl::MutexLock lock(&mu_);
   if (jobs_.count(req->job())) {
-    return ToGrpcStatus(absl::AlreadyExistsError(absl::StrCat("job '", req->job(), "' exists")));
+    return ToGrpcStatus(absl::AlreadyExistsError(
+        absl::StrCat("job '", req->job(), "' exists")));
   }
   int64_t gpus = 0;
   for (const std::string& h : req->hosts()) {
     auto it = hosts_.find(h);
     if (it == hosts_.end()) {
-      return ToGrpcStatus(absl::NotFoundError(absl::StrCat("host '", h, "' is not registered")));
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("host '", h, "' is not registered")));
     }
     gpus += it->second.status.gpus();
   }
   if (gpus < shape->first) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "job '", req->job(), "' has ", shape->first, " ranks but the hosts given have ", gpus,
-        " GPUs")));
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("job '", req->job(), "' has ", shape->first,
+                     " ranks but the hosts given have ", gpus, " GPUs")));
   }
   auto job = std::make_unique<Job>();
   job->state.set_job(req->job());
@@ -217,51 +235,62 @@ grpc::Status CoordinatorService::RegisterJob(grpc::ServerContext*, const proto::
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
   jobs_[req->job()] = std::move(job);
-  Log("coordinator")->info("job {} registered: {} {} on {} hosts", req->job(), req->model(),
-                           req->config(), req->hosts_size());
+  Log("coordinator")
+      ->info("job {} registered: {} {} on {} hosts", req->job(), req->model(),
+             req->config(), req->hosts_size());
   return ToGrpcStatus(PersistLocked());
 }
 
-grpc::Status CoordinatorService::ReportSaved(grpc::ServerContext*, const proto::ReportSavedRequest* req,
-                                             proto::ReportSavedResponse* resp) {
+grpc::Status CoordinatorService::ReportSaved(
+    grpc::ServerContext*, const proto::ReportSavedRequest* req,
+    proto::ReportSavedResponse* resp) {
   const absl::Status s = DoReportSaved(*req, resp);
   return ToGrpcStatus(s);
 }
 
-absl::Status CoordinatorService::DoReportSaved(const proto::ReportSavedRequest& req,
-                                               proto::ReportSavedResponse* resp) {
+absl::Status CoordinatorService::DoReportSaved(
+    const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp) {
   std::vector<std::string> addresses;
   int64_t previous = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    if (it == jobs_.end())
+      return absl::NotFoundError(
+          absl::StrCat("job '", req.job(), "' is unknown"));
     Job& job = *it->second;
     if (req.rank() < 0 || req.rank() >= job.ranks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
     }
     if (req.version() <= job.state.committed_version()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", req.version(), " is not newer than the committed version ",
-          job.state.committed_version()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", req.version(),
+                       " is not newer than the committed version ",
+                       job.state.committed_version()));
     }
     if (job.state.target_version() != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", req.job(), "' is being reconfigured; save again after it ends"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", req.job(),
+                       "' is being reconfigured; save again after it ends"));
     }
     std::set<int32_t>& ranks = job.saved[req.version()];
     ranks.insert(req.rank());
     if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
-    PTC_ASSIGN_OR_RETURN(addresses, AddressesLocked({job.state.hosts().begin(), job.state.hosts().end()}));
+    PTC_ASSIGN_OR_RETURN(addresses, AddressesLocked({job.state.hosts().begin(),
+                                                     job.state.hosts().end()}));
     previous = job.state.committed_version();
   }
   // Every rank saved: commit the version on every host of the job.
   std::set<std::string> unique(addresses.begin(), addresses.end());
   for (const std::string& address : unique) {
-    auto committed = StoreClient::Connect(address)->Commit(req.job(), req.version());
-    if (!committed.ok() && committed.status().code() != absl::StatusCode::kNotFound) {
-      return Annotate(committed.status(), absl::StrCat("committing version ", req.version(), " on ", address));
+    auto committed =
+        StoreClient::Connect(address)->Commit(req.job(), req.version());
+    if (!committed.ok() &&
+        committed.status().code() != absl::StatusCode::kNotFound) {
+      return Annotate(
+          committed.status(),
+          absl::StrCat("committing version ", req.version(), " on ", address));
     }
   }
   {
@@ -272,25 +301,31 @@ absl::Status CoordinatorService::DoReportSaved(const proto::ReportSavedRequest& 
     job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
     PTC_RETURN_IF_ERROR(PersistLocked());
   }
-  if (previous > 0) ReleaseOn({unique.begin(), unique.end()}, req.job(), previous);
-  Log("coordinator")->info("job {} version {} committed by all ranks", req.job(), req.version());
+  if (previous > 0)
+    ReleaseOn({unique.begin(), unique.end()}, req.job(), previous);
+  Log("coordinator")
+      ->info("job {} version {} committed by all ranks", req.job(),
+             req.version());
   resp->set_committed(true);
   return absl::OkStatus();
 }
 
-grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*, const proto::ListHostsRequest*,
+grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
+                                           const proto::ListHostsRequest*,
                                            proto::ListHostsResponse* resp) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (const auto& [name, h] : hosts_) {
     proto::HostStatus* s = resp->add_hosts();
     *s = h.status;
-    s->set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - h.last_heartbeat));
+    s->set_seconds_since_heartbeat(
+        absl::ToDoubleSeconds(now - h.last_heartbeat));
   }
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const proto::ListJobsRequest* req,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
+                                          const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
   absl::MutexLock lock(&mu_);
   for (const auto& [name, j] : jobs_) {
@@ -303,11 +338,14 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const proto::Lis
     s->set_committed_version(j->state.committed_version());
     s->set_ranks(j->ranks);
     s->set_state_bytes(j->state_bytes);
-    if (!j->saved.empty()) s->set_ranks_saved(static_cast<int32_t>(j->saved.rbegin()->second.size()));
+    if (!j->saved.empty())
+      s->set_ranks_saved(
+          static_cast<int32_t>(j->saved.rbegin()->second.size()));
     *s->mutable_reconfiguration() = j->event;
   }
   if (!req->job().empty() && resp->jobs().empty()) {
-    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
   }
   return grpc::Status::OK;
 }

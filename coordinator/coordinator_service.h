@@ -44,18 +44,23 @@ class CoordinatorService final : public proto::Coordinator::Service {
  public:
   // Loads the state (if any) and settles reconfigurations that were in
   // flight when the previous coordinator stopped.
-  static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(CoordinatorOptions options);
+  static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(
+      CoordinatorOptions options);
   ~CoordinatorService() override;
 
-  grpc::Status RegisterHost(grpc::ServerContext*, const proto::RegisterHostRequest*,
+  grpc::Status RegisterHost(grpc::ServerContext*,
+                            const proto::RegisterHostRequest*,
                             proto::RegisterHostResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
                          proto::HeartbeatResponse*) override;
-  grpc::Status RegisterJob(grpc::ServerContext*, const proto::RegisterJobRequest*,
+  grpc::Status RegisterJob(grpc::ServerContext*,
+                           const proto::RegisterJobRequest*,
                            proto::RegisterJobResponse*) override;
-  grpc::Status ReportSaved(grpc::ServerContext*, const proto::ReportSavedRequest*,
+  grpc::Status ReportSaved(grpc::ServerContext*,
+                           const proto::ReportSavedRequest*,
                            proto::ReportSavedResponse*) override;
-  grpc::Status Reconfigure(grpc::ServerContext*, const proto::ReconfigureRequest*,
+  grpc::Status Reconfigure(grpc::ServerContext*,
+                           const proto::ReconfigureRequest*,
                            proto::ReconfigureResponse*) override;
   grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest*,
                      grpc::ServerWriter<proto::ReconfigureEvent>*) override;
@@ -87,7 +92,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
   };
   struct Flight;
 
-  explicit CoordinatorService(CoordinatorOptions options) : options_(std::move(options)) {}
+  explicit CoordinatorService(CoordinatorOptions options)
+      : options_(std::move(options)) {}
 
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Load();
@@ -95,10 +101,12 @@ class CoordinatorService final : public proto::Coordinator::Service {
   void MonitorLoop();
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
-  absl::StatusOr<std::vector<std::string>> AddressesLocked(const std::vector<std::string>& names)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status DoReconfigure(const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp);
-  absl::Status DoReportSaved(const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp);
+  absl::StatusOr<std::vector<std::string>> AddressesLocked(
+      const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
+                             proto::ReconfigureResponse* resp);
+  absl::Status DoReportSaved(const proto::ReportSavedRequest& req,
+                             proto::ReportSavedResponse* resp);
   void RunFlight(std::shared_ptr<Flight> flight);
 
   const CoordinatorOptions options_;

@@ -29,7 +29,8 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
 }
 
 proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
@@ -53,16 +54,19 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   *req.mutable_fragment() = PlanToProto(one).fragments(0);
   for (const Transfer& x : f.transfers) {
     auto it = r.addresses.find(x.source_host);
-    if (it != r.addresses.end()) (*req.mutable_peers())[x.source_host] = it->second;
-    (*req.mutable_peer_names())[x.source_host] = r.input->cluster->hosts[x.source_host].name;
+    if (it != r.addresses.end())
+      (*req.mutable_peers())[x.source_host] = it->second;
+    (*req.mutable_peer_names())[x.source_host] =
+        r.input->cluster->hosts[x.source_host].name;
   }
   return req;
 }
 
 // Stages the target version on every target host, in parallel.
-absl::Status StageAll(const ReconfigureRequest& r,
-                      const std::function<void(const ReconfigureProgress&)>& progress,
-                      ReconfigureReport* report) {
+absl::Status StageAll(
+    const ReconfigureRequest& r,
+    const std::function<void(const ReconfigureProgress&)>& progress,
+    ReconfigureReport* report) {
   const int n = static_cast<int>(r.plan->fragments.size());
   absl::Mutex mu;
   ReconfigureProgress total;
@@ -72,7 +76,8 @@ absl::Status StageAll(const ReconfigureRequest& r,
   std::vector<std::thread> threads;
   for (const HostFragment& f : r.plan->fragments) {
     for (const Transfer& x : f.transfers) {
-      total.bytes_total += x.region.volume() * ElementSize(r.input->spec->tensors[x.tensor].dtype);
+      total.bytes_total += x.region.volume() *
+                           ElementSize(r.input->spec->tensors[x.tensor].dtype);
     }
   }
   std::vector<grpc::ClientContext> contexts(n);
@@ -82,7 +87,8 @@ absl::Status StageAll(const ReconfigureRequest& r,
       const HostFragment& f = r.plan->fragments[i];
       auto it = r.addresses.find(f.host);
       if (it == r.addresses.end()) {
-        status[i] = absl::InvalidArgumentError("no address for this target host");
+        status[i] =
+            absl::InvalidArgumentError("no address for this target host");
         running.fetch_sub(1);
         return;
       }
@@ -105,7 +111,8 @@ absl::Status StageAll(const ReconfigureRequest& r,
       }
       status[i] = FromGrpcStatus(reader->Finish());
       if (status[i].ok() && !finished) {
-        status[i] = absl::UnavailableError("the fragment's stream ended before it was done");
+        status[i] = absl::UnavailableError(
+            "the fragment's stream ended before it was done");
       }
       running.fetch_sub(1);
     });
@@ -119,15 +126,17 @@ absl::Status StageAll(const ReconfigureRequest& r,
     absl::SleepFor(absl::Milliseconds(10));
   }
   for (std::thread& t : threads) t.join();
-  if (cancelled) return absl::CancelledError("the reconfiguration was aborted by request");
+  if (cancelled)
+    return absl::CancelledError("the reconfiguration was aborted by request");
   for (int i = 0; i < n; ++i) {
     report->bytes_moved += done[i];
     report->bytes_from_peers += remote[i];
   }
   for (int i = 0; i < n; ++i) {
     if (!status[i].ok()) {
-      return Annotate(status[i], absl::StrCat("staging version ", r.target_version, " on ",
-                                              HostLabel(r, r.plan->fragments[i].host)));
+      return Annotate(status[i],
+                      absl::StrCat("staging version ", r.target_version, " on ",
+                                   HostLabel(r, r.plan->fragments[i].host)));
     }
   }
   return absl::OkStatus();
@@ -138,8 +147,8 @@ absl::Status StageAll(const ReconfigureRequest& r,
 // element to one host, and each host fingerprints its share. Hosts are
 // asked in parallel.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
-    const ReconfigureRequest& r, const Layout& layout, const Placement& placement,
-    int64_t version) {
+    const ReconfigureRequest& r, const Layout& layout,
+    const Placement& placement, int64_t version) {
   const PlanInput& in = *r.input;
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   // host -> [(tensor, regions)]
@@ -151,7 +160,8 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
       if (in.IsAlive(h)) held.push_back({h, s.region});
     }
     const int rank = static_cast<int>(in.spec->tensors[t].shape.size());
-    for (auto& [host, regions] : coordinator_internal::DisjointCover(rank, held)) {
+    for (auto& [host, regions] :
+         coordinator_internal::DisjointCover(rank, held)) {
       asks[host].push_back({t, std::move(regions)});
     }
   }
@@ -162,17 +172,20 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   for (const auto& [host, list] : asks) {
     auto it = r.addresses.find(host);
     if (it == r.addresses.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("no address for host ", host));
+      return absl::InvalidArgumentError(
+          absl::StrCat("no address for host ", host));
     }
     threads.emplace_back([&, host = host, address = it->second, list = &list] {
       auto client = StoreClient::Connect(address);
       for (const auto& [t, regions] : *list) {
-        auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key, regions);
+        auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
+                                      regions);
         absl::MutexLock lock(&mu);
         if (!fp.ok()) {
           if (failure.ok()) {
-            failure = Annotate(fp.status(), absl::StrCat("fingerprinting version ", version,
-                                                         " on ", HostLabel(r, host)));
+            failure = Annotate(fp.status(),
+                               absl::StrCat("fingerprinting version ", version,
+                                            " on ", HostLabel(r, host)));
           }
           return;
         }
@@ -198,14 +211,17 @@ std::vector<std::string> TargetAddresses(const ReconfigureRequest& r) {
 }  // namespace
 
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
-    const ReconfigureRequest& r, const std::function<void(const ReconfigureProgress&)>& progress) {
-  if (r.input == nullptr || r.plan == nullptr || r.job.empty() || r.plan_epoch <= 0 ||
-      r.target_version == r.source_version) {
+    const ReconfigureRequest& r,
+    const std::function<void(const ReconfigureProgress&)>& progress) {
+  if (r.input == nullptr || r.plan == nullptr || r.job.empty() ||
+      r.plan_epoch <= 0 || r.target_version == r.source_version) {
     return absl::InvalidArgumentError(
-        "a reconfiguration needs an input, a plan, a job, a positive epoch and a new version");
+        "a reconfiguration needs an input, a plan, a job, a positive epoch and "
+        "a new version");
   }
   if (r.plan->per_rank) {
-    return absl::InvalidArgumentError("per-rank (baseline) plans are for comparison only");
+    return absl::InvalidArgumentError(
+        "per-rank (baseline) plans are for comparison only");
   }
   const absl::Time start = absl::Now();
   ReconfigureReport report;
@@ -214,18 +230,22 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     // Both sides at once.
     absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
     std::thread source([&] {
-      before = Fingerprints(r, *r.input->source, *r.input->source_placement, r.source_version);
+      before = Fingerprints(r, *r.input->source, *r.input->source_placement,
+                            r.source_version);
     });
-    auto after = Fingerprints(r, *r.input->target, *r.input->target_placement, r.target_version);
+    auto after = Fingerprints(r, *r.input->target, *r.input->target_placement,
+                              r.target_version);
     source.join();
     if (!before.ok()) staged = before.status();
     if (staged.ok() && !after.ok()) staged = after.status();
     for (size_t t = 0; staged.ok() && t < before->size(); ++t) {
       if ((*before)[t] != (*after)[t]) {
         staged = absl::DataLossError(absl::StrCat(
-            "tensor '", r.input->spec->tensors[t].key, "' differs after the reconfiguration: ",
-            (*after)[t].second, " elements with fingerprint ", (*after)[t].first, " vs ",
-            (*before)[t].second, " elements with fingerprint ", (*before)[t].first, " before"));
+            "tensor '", r.input->spec->tensors[t].key,
+            "' differs after the reconfiguration: ", (*after)[t].second,
+            " elements with fingerprint ", (*after)[t].first, " vs ",
+            (*before)[t].second, " elements with fingerprint ",
+            (*before)[t].first, " before"));
       }
       ++report.tensors_verified;
     }
@@ -236,13 +256,16 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   if (staged.ok() && r.before_commit) staged = r.before_commit();
   if (!staged.ok()) {
     AbortStagedOn(TargetAddresses(r), r.job, r.target_version, r.plan_epoch);
-    Log("coordinator")->error("job {} epoch {}: reconfiguration aborted, version {} intact: {}",
-                              r.job, r.plan_epoch, r.source_version, staged.ToString());
+    Log("coordinator")
+        ->error(
+            "job {} epoch {}: reconfiguration aborted, version {} intact: {}",
+            r.job, r.plan_epoch, r.source_version, staged.ToString());
     return staged;
   }
   // Commit everywhere. From here the decision is made: a host that does
   // not acknowledge is retried, never rolled back.
-  PTC_RETURN_IF_ERROR(CommitStagedOn(TargetAddresses(r), r.job, r.target_version, r.plan_epoch));
+  PTC_RETURN_IF_ERROR(CommitStagedOn(TargetAddresses(r), r.job,
+                                     r.target_version, r.plan_epoch));
   if (!r.keep_source) {
     std::set<int32_t> sources;
     for (int32_t h : r.input->source_placement->host) {
@@ -256,14 +279,18 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     ReleaseOn(release, r.job, r.source_version);
   }
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  Log("coordinator")->info("job {} epoch {}: version {} committed ({} bytes, {} from peers, {:.2f} s)",
-                           r.job, r.plan_epoch, r.target_version, report.bytes_moved,
-                           report.bytes_from_peers, report.seconds);
+  Log("coordinator")
+      ->info(
+          "job {} epoch {}: version {} committed ({} bytes, {} from peers, "
+          "{:.2f} s)",
+          r.job, r.plan_epoch, r.target_version, report.bytes_moved,
+          report.bytes_from_peers, report.seconds);
   return report;
 }
 
-absl::Status CommitStagedOn(const std::vector<std::string>& addresses, const std::string& job,
-                            int64_t version, int64_t epoch) {
+absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
+                            const std::string& job, int64_t version,
+                            int64_t epoch) {
   for (const std::string& address : addresses) {
     absl::Status s;
     for (int attempt = 0; attempt < 5; ++attempt) {
@@ -280,16 +307,17 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses, const std
       absl::SleepFor(absl::Milliseconds(200 << attempt));
     }
     if (!s.ok()) {
-      return Annotate(s, absl::StrCat("version ", version, " of job '", job,
-                                      "' is decided committed but ", address,
-                                      " has not acknowledged; the commit will be retried"));
+      return Annotate(
+          s, absl::StrCat("version ", version, " of job '", job,
+                          "' is decided committed but ", address,
+                          " has not acknowledged; the commit will be retried"));
     }
   }
   return absl::OkStatus();
 }
 
-void AbortStagedOn(const std::vector<std::string>& addresses, const std::string& job,
-                   int64_t version, int64_t epoch) {
+void AbortStagedOn(const std::vector<std::string>& addresses,
+                   const std::string& job, int64_t version, int64_t epoch) {
   for (const std::string& address : addresses) {
     auto stub = proto::Transformer::NewStub(Channel(address));
     grpc::ClientContext ctx;
@@ -301,19 +329,22 @@ void AbortStagedOn(const std::vector<std::string>& addresses, const std::string&
     proto::AbortStagedResponse resp;
     const grpc::Status s = stub->AbortStaged(&ctx, req, &resp);
     if (!s.ok()) {
-      Log("coordinator")->warn("job {} epoch {}: aborting version {} on {}: {}", job, epoch,
-                               version, address, s.error_message());
+      Log("coordinator")
+          ->warn("job {} epoch {}: aborting version {} on {}: {}", job, epoch,
+                 version, address, s.error_message());
     }
   }
 }
 
-void ReleaseOn(const std::vector<std::string>& addresses, const std::string& job,
-               int64_t version) {
+void ReleaseOn(const std::vector<std::string>& addresses,
+               const std::string& job, int64_t version) {
   for (const std::string& address : addresses) {
     auto deleted = StoreClient::Connect(address)->DeleteVersion(job, version);
-    if (!deleted.ok() && deleted.status().code() != absl::StatusCode::kNotFound) {
-      Log("coordinator")->warn("job {}: releasing version {} on {}: {}", job, version, address,
-                               deleted.status().ToString());
+    if (!deleted.ok() &&
+        deleted.status().code() != absl::StatusCode::kNotFound) {
+      Log("coordinator")
+          ->warn("job {}: releasing version {} on {}: {}", job, version,
+                 address, deleted.status().ToString());
     }
   }
 }

@@ -9,15 +9,16 @@
 // Any failure before step 3 aborts v+1 on every target host and leaves v
 // exactly as it was; the error names the host and what went wrong.
 //
-//   PTC_ASSIGN_OR_RETURN(ReconfigureReport r, RunReconfiguration(request, on_progress));
+//   PTC_ASSIGN_OR_RETURN(ReconfigureReport r, RunReconfiguration(request,
+//   on_progress));
 #ifndef PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
 #define PTC_COORDINATOR_RECONFIGURE_DRIVER_H_
 
 #include <atomic>
 #include <functional>
-#include <vector>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/plan.h"
@@ -55,9 +56,9 @@ struct ReconfigureProgress {
 
 struct ReconfigureReport {
   double seconds = 0;
-  int64_t bytes_moved = 0;         // all pieces, local and remote
-  int64_t bytes_from_peers = 0;    // pieces that crossed hosts
-  int tensors_verified = 0;        // fingerprints equal before and after
+  int64_t bytes_moved = 0;       // all pieces, local and remote
+  int64_t bytes_from_peers = 0;  // pieces that crossed hosts
+  int tensors_verified = 0;      // fingerprints equal before and after
 };
 
 // `progress` is called from the driver's threads, serialized.
@@ -68,12 +69,13 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
 // The last steps on their own, by address, for a coordinator that restarts
 // with a decision on disk: commit a staged version on every host (retrying
 // hosts that are unavailable), abort it, or release an old version.
-absl::Status CommitStagedOn(const std::vector<std::string>& addresses, const std::string& job,
-                            int64_t version, int64_t epoch);
-void AbortStagedOn(const std::vector<std::string>& addresses, const std::string& job,
-                   int64_t version, int64_t epoch);
-void ReleaseOn(const std::vector<std::string>& addresses, const std::string& job,
-               int64_t version);
+absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
+                            const std::string& job, int64_t version,
+                            int64_t epoch);
+void AbortStagedOn(const std::vector<std::string>& addresses,
+                   const std::string& job, int64_t version, int64_t epoch);
+void ReleaseOn(const std::vector<std::string>& addresses,
+               const std::string& job, int64_t version);
 
 }  // namespace ptc
 

@@ -41,15 +41,17 @@ bool Final(const proto::ReconfigureEvent& e) {
 
 }  // namespace
 
-grpc::Status CoordinatorService::Reconfigure(grpc::ServerContext*, const proto::ReconfigureRequest* req,
-                                             proto::ReconfigureResponse* resp) {
+grpc::Status CoordinatorService::Reconfigure(
+    grpc::ServerContext*, const proto::ReconfigureRequest* req,
+    proto::ReconfigureResponse* resp) {
   const absl::Status s = DoReconfigure(*req, resp);
-  if (!s.ok()) Log("coordinator")->warn("reconfigure {}: {}", req->job(), s.ToString());
+  if (!s.ok())
+    Log("coordinator")->warn("reconfigure {}: {}", req->job(), s.ToString());
   return ToGrpcStatus(s);
 }
 
-absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& req,
-                                               proto::ReconfigureResponse* resp) {
+absl::Status CoordinatorService::DoReconfigure(
+    const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
   // Gather what planning needs, then plan without holding the lock.
   std::string model, from;
   std::vector<std::string> names, from_hosts, to_hosts;
@@ -62,32 +64,39 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    if (it == jobs_.end())
+      return absl::NotFoundError(
+          absl::StrCat("job '", req.job(), "' is unknown"));
     Job& job = *it->second;
     if (job.state.target_version() != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "job '", req.job(), "' is already being reconfigured (epoch ", job.state.target_epoch(),
-          "); watch it or abort it first"));
+          "job '", req.job(), "' is already being reconfigured (epoch ",
+          job.state.target_epoch(), "); watch it or abort it first"));
     }
     if (job.state.committed_version() <= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", req.job(), "' has no committed state yet: every rank must save and report first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", req.job(),
+                       "' has no committed state yet: every rank must save and "
+                       "report first"));
     }
-    if (job.worker.joinable()) finished = std::move(job.worker);  // ended: join below
+    if (job.worker.joinable())
+      finished = std::move(job.worker);  // ended: join below
     model = job.state.model();
     from = job.state.config();
     from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
     for (const auto& [name, h] : hosts_) {
       addresses[static_cast<int32_t>(names.size())] = h.status.address();
       names.push_back(name);
-      cluster.hosts.push_back({name, h.status.gpus(),
-                               h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
+      cluster.hosts.push_back(
+          {name, h.status.gpus(),
+           h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
       alive.push_back(h.status.alive());
     }
     lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
     if (req.hosts().empty()) {
       for (const std::string& h : from_hosts) {
-        if (hosts_.count(h) && hosts_.at(h).status.alive()) to_hosts.push_back(h);
+        if (hosts_.count(h) && hosts_.at(h).status.alive())
+          to_hosts.push_back(h);
       }
     } else {
       to_hosts.assign(req.hosts().begin(), req.hosts().end());
@@ -96,11 +105,14 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
     epoch = job.state.last_epoch() + 1;
   }
   if (finished.joinable()) finished.join();
-  auto id_of = [&](const std::vector<std::string>& list) -> absl::StatusOr<std::vector<int>> {
+  auto id_of = [&](const std::vector<std::string>& list)
+      -> absl::StatusOr<std::vector<int>> {
     std::vector<int> ids;
     for (const std::string& n : list) {
       auto it = std::find(names.begin(), names.end(), n);
-      if (it == names.end()) return absl::NotFoundError(absl::StrCat("host '", n, "' is not registered"));
+      if (it == names.end())
+        return absl::NotFoundError(
+            absl::StrCat("host '", n, "' is not registered"));
       ids.push_back(static_cast<int>(it - names.begin()));
     }
     return ids;
@@ -116,7 +128,8 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   auto flight = std::make_shared<Flight>();
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
-                       MakePlanScenario(model, from, from_ids, req.to(), to_ids, cluster, alive));
+                       MakePlanScenario(model, from, from_ids, req.to(), to_ids,
+                                        cluster, alive));
   if (!lost.empty()) {
     // Hosts that restarted hold nothing of the committed version: drop
     // their ranks' shards from the source side (they can still be targets).
@@ -125,14 +138,17 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
     for (int t = 0; t < sc.source.num_tensors(); ++t) {
       for (const Shard& s : sc.source.shards(t)) {
         const std::string& host = names[sc.source_placement.host[s.rank]];
-        if (std::find(lost.begin(), lost.end(), host) == lost.end()) shards[t].push_back(s);
+        if (std::find(lost.begin(), lost.end(), host) == lost.end())
+          shards[t].push_back(s);
       }
     }
-    sc.source = Layout(sc.source.world_size(), std::move(shards), sc.source.config());
+    sc.source =
+        Layout(sc.source.world_size(), std::move(shards), sc.source.config());
   }
   flight->input = flight->scenario.input();
   PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
-  PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan), "internal planner error"));
+  PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
+                               "internal planner error"));
   ReconfigureRequest& r = flight->request;
   r.input = &flight->input;
   r.plan = &flight->plan;
@@ -142,15 +158,17 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   r.plan_epoch = epoch;
   r.addresses = addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
-  if (!req.transport().empty() && req.transport() != "ucx" && req.transport() != "grpc") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  if (!req.transport().empty() && req.transport() != "ucx" &&
+      req.transport() != "grpc") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
   r.transport = req.transport();
   {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(req.job());
-    if (job.state.target_version() != 0 || job.state.committed_version() != committed) {
+    if (job.state.target_version() != 0 ||
+        job.state.committed_version() != committed) {
       return absl::AbortedError("the job changed while planning; try again");
     }
     job.state.set_last_epoch(epoch);
@@ -169,7 +187,8 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
     job.event.Clear();
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("staging");
-    job.event.set_hosts_total(static_cast<int32_t>(flight->plan.fragments.size()));
+    job.event.set_hosts_total(
+        static_cast<int32_t>(flight->plan.fragments.size()));
     *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
     r.cancel = &job.cancel;
     r.before_commit = [this, name = req.job()] {
@@ -186,23 +205,26 @@ absl::Status CoordinatorService::DoReconfigure(const proto::ReconfigureRequest& 
   resp->set_source_version(committed);
   resp->set_target_version(committed + 1);
   *resp->mutable_plan() = PlanToProto(flight->plan).summary();
-  Log("coordinator")->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)", req.job(),
-                           epoch, from, req.to(), to_hosts.size(),
-                           flight->plan.summary.cross_host_bytes);
+  Log("coordinator")
+      ->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)",
+             req.job(), epoch, from, req.to(), to_hosts.size(),
+             flight->plan.summary.cross_host_bytes);
   return absl::OkStatus();
 }
 
 void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   const std::string& name = flight->job;
-  auto report = RunReconfiguration(flight->request, [&](const ReconfigureProgress& p) {
-    absl::MutexLock lock(&mu_);
-    proto::ReconfigureEvent& e = jobs_.at(name)->event;
-    e.set_bytes_done(p.bytes_done);
-    e.set_bytes_total(p.bytes_total);
-    e.set_hosts_done(p.hosts_done);
-    e.set_hosts_total(p.hosts_total);
-    if (p.hosts_done == p.hosts_total && e.phase() == "staging") e.set_phase("verifying");
-  });
+  auto report =
+      RunReconfiguration(flight->request, [&](const ReconfigureProgress& p) {
+        absl::MutexLock lock(&mu_);
+        proto::ReconfigureEvent& e = jobs_.at(name)->event;
+        e.set_bytes_done(p.bytes_done);
+        e.set_bytes_total(p.bytes_total);
+        e.set_hosts_done(p.hosts_done);
+        e.set_hosts_total(p.hosts_total);
+        if (p.hosts_done == p.hosts_total && e.phase() == "staging")
+          e.set_phase("verifying");
+      });
   absl::MutexLock lock(&mu_);
   Job& job = *jobs_.at(name);
   job.running = false;
@@ -210,7 +232,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   if (report.ok()) {
     job.state.set_config(job.state.target_config());
     job.state.clear_hosts();
-    for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
+    for (const std::string& h : job.state.target_hosts())
+      job.state.add_hosts(h);
     job.state.set_committed_version(job.state.target_version());
     job.state.clear_lost_hosts();
     e.set_phase("committed");
@@ -228,8 +251,9 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   }
   ClearFlight(&job.state);
   if (absl::Status s = PersistLocked(); !s.ok()) {
-    Log("coordinator")->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(), name,
-                              s.ToString());
+    Log("coordinator")
+        ->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(),
+                name, s.ToString());
   }
 }
 
@@ -240,8 +264,10 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(name);
     if (!job.state.commit_decided()) return true;
-    auto t = AddressesLocked({job.state.target_hosts().begin(), job.state.target_hosts().end()});
-    auto r = AddressesLocked({job.state.release_hosts().begin(), job.state.release_hosts().end()});
+    auto t = AddressesLocked(
+        {job.state.target_hosts().begin(), job.state.target_hosts().end()});
+    auto r = AddressesLocked(
+        {job.state.release_hosts().begin(), job.state.release_hosts().end()});
     if (!t.ok() || !r.ok()) return false;
     targets = *t;
     release = *r;
@@ -255,7 +281,8 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     Job& job = *jobs_.at(name);
     job.state.set_config(job.state.target_config());
     job.state.clear_hosts();
-    for (const std::string& h : job.state.target_hosts()) job.state.add_hosts(h);
+    for (const std::string& h : job.state.target_hosts())
+      job.state.add_hosts(h);
     job.state.set_committed_version(version);
     job.state.clear_lost_hosts();
     ClearFlight(&job.state);
@@ -264,8 +291,9 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     PersistLocked().IgnoreError();
   }
   ReleaseOn(release, name, old_version);
-  Log("coordinator")->info("job {}: finished the decided commit of epoch {} (version {})", name,
-                           epoch, version);
+  Log("coordinator")
+      ->info("job {}: finished the decided commit of epoch {} (version {})",
+             name, epoch, version);
   return true;
 }
 
@@ -294,14 +322,16 @@ void CoordinatorService::Recover() {
         job.state.set_last_epoch(fence);
         PersistLocked().IgnoreError();
       }
-      auto t = AddressesLocked({job.state.target_hosts().begin(), job.state.target_hosts().end()});
+      auto t = AddressesLocked(
+          {job.state.target_hosts().begin(), job.state.target_hosts().end()});
       if (t.ok()) targets = *t;
     }
     std::string line;
     if (decided) {
       const bool done = FinishDecidedCommit(name);
-      line = absl::StrCat("job ", name, ": resumed the decided commit of epoch ", epoch,
-                          done ? " (version " : " (still retrying version ", version, ")");
+      line = absl::StrCat(
+          "job ", name, ": resumed the decided commit of epoch ", epoch,
+          done ? " (version " : " (still retrying version ", version, ")");
     } else {
       AbortStagedOn(targets, name, version, fence);
       absl::MutexLock lock(&mu_);
@@ -309,11 +339,12 @@ void CoordinatorService::Recover() {
       ClearFlight(&job.state);
       job.event.set_plan_epoch(epoch);
       job.event.set_phase("aborted");
-      job.event.set_error("the coordinator restarted before the commit was decided");
+      job.event.set_error(
+          "the coordinator restarted before the commit was decided");
       PersistLocked().IgnoreError();
-      line = absl::StrCat("job ", name, ": aborted epoch ", epoch, " (version ", version,
-                          " was staged, not decided); version ", job.state.committed_version(),
-                          " stays");
+      line = absl::StrCat("job ", name, ": aborted epoch ", epoch, " (version ",
+                          version, " was staged, not decided); version ",
+                          job.state.committed_version(), " stays");
     }
     Log("coordinator")->warn("recovery: {}", line);
     absl::MutexLock lock(&mu_);
@@ -321,8 +352,9 @@ void CoordinatorService::Recover() {
   }
 }
 
-grpc::Status CoordinatorService::Watch(grpc::ServerContext* ctx, const proto::WatchRequest* req,
-                                       grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
+grpc::Status CoordinatorService::Watch(
+    grpc::ServerContext* ctx, const proto::WatchRequest* req,
+    grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
   std::string last;
   while (!ctx->IsCancelled()) {
     proto::ReconfigureEvent e;
@@ -330,13 +362,14 @@ grpc::Status CoordinatorService::Watch(grpc::ServerContext* ctx, const proto::Wa
       absl::MutexLock lock(&mu_);
       auto it = jobs_.find(req->job());
       if (it == jobs_.end()) {
-        return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+        return ToGrpcStatus(absl::NotFoundError(
+            absl::StrCat("job '", req->job(), "' is unknown")));
       }
       e = it->second->event;
     }
     if (e.phase().empty()) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("job '", req->job(), "' has not been reconfigured yet")));
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "job '", req->job(), "' has not been reconfigured yet")));
     }
     const std::string now = e.SerializeAsString();
     if (now != last) {
@@ -349,12 +382,14 @@ grpc::Status CoordinatorService::Watch(grpc::ServerContext* ctx, const proto::Wa
   return grpc::Status::CANCELLED;
 }
 
-grpc::Status CoordinatorService::Abort(grpc::ServerContext*, const proto::AbortRequest* req,
+grpc::Status CoordinatorService::Abort(grpc::ServerContext*,
+                                       const proto::AbortRequest* req,
                                        proto::AbortResponse* resp) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(req->job());
   if (it == jobs_.end()) {
-    return ToGrpcStatus(absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
   }
   Job& job = *it->second;
   if (job.state.target_version() == 0) {
@@ -362,8 +397,9 @@ grpc::Status CoordinatorService::Abort(grpc::ServerContext*, const proto::AbortR
     return grpc::Status::OK;
   }
   if (job.state.commit_decided()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "epoch ", job.state.target_epoch(), " is already decided to commit; it will complete")));
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("epoch ", job.state.target_epoch(),
+                     " is already decided to commit; it will complete")));
   }
   job.cancel = true;
   resp->set_aborting(true);

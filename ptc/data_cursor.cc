@@ -1,6 +1,6 @@
-#include "common/mix.h"
 #include "ptc/data_cursor.h"
 
+#include "common/mix.h"
 #include "ptc/parallel_config.h"
 
 namespace ptc {

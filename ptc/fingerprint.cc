@@ -56,10 +56,18 @@ uint64_t FingerprintRegion(const void* data, const Region& box,
     }
     const char* p = base + off * element_size;
     switch (element_size) {
-      case 1: sum += SumRow<1>(p, flat, row); break;
-      case 2: sum += SumRow<2>(p, flat, row); break;
-      case 4: sum += SumRow<4>(p, flat, row); break;
-      default: sum += SumRow<8>(p, flat, row); break;
+      case 1:
+        sum += SumRow<1>(p, flat, row);
+        break;
+      case 2:
+        sum += SumRow<2>(p, flat, row);
+        break;
+      case 4:
+        sum += SumRow<4>(p, flat, row);
+        break;
+      default:
+        sum += SumRow<8>(p, flat, row);
+        break;
     }
     int d = rank - 2;
     for (; d >= 0; --d) {

@@ -19,9 +19,9 @@ absl::StatusOr<Region> RegionFromProto(const proto::Region& wire) {
   std::vector<Interval> dims;
   for (const proto::Interval& d : wire.dims()) {
     if (d.begin() < 0 || d.begin() > d.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region dimension ", dims.size(), " is [", d.begin(), ", ", d.end(),
-          "); need 0 <= begin <= end"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("region dimension ", dims.size(), " is [", d.begin(),
+                       ", ", d.end(), "); need 0 <= begin <= end"));
     }
     dims.push_back({d.begin(), d.end()});
   }

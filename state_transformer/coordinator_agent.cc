@@ -7,7 +7,8 @@
 
 namespace ptc {
 
-CoordinatorAgent::CoordinatorAgent(std::string coordinator, proto::HostStatus host)
+CoordinatorAgent::CoordinatorAgent(std::string coordinator,
+                                   proto::HostStatus host)
     : coordinator_(std::move(coordinator)), host_(std::move(host)) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -40,10 +41,12 @@ void CoordinatorAgent::Loop() {
         if (resp.heartbeat_interval_seconds() > 0) {
           interval = absl::Seconds(resp.heartbeat_interval_seconds());
         }
-        Log("transformer")->info("registered with the coordinator at {} as {}", coordinator_,
-                                 host_.name());
+        Log("transformer")
+            ->info("registered with the coordinator at {} as {}", coordinator_,
+                   host_.name());
       } else {
-        Log("transformer")->debug("registering with {}: {}", coordinator_, s.error_message());
+        Log("transformer")
+            ->debug("registering with {}: {}", coordinator_, s.error_message());
       }
     } else {
       proto::HeartbeatRequest req;
@@ -51,8 +54,10 @@ void CoordinatorAgent::Loop() {
       proto::HeartbeatResponse resp;
       const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
-        Log("transformer")->warn("the coordinator does not know {} any more; registering again",
-                                 host_.name());
+        Log("transformer")
+            ->warn(
+                "the coordinator does not know {} any more; registering again",
+                host_.name());
         registered = false;
         continue;
       }

@@ -14,8 +14,10 @@ namespace ptc {
 namespace {
 
 Counter& pieces_total = GetCounter("ptc_transformer_pieces_total");
-Counter& bytes_received_total = GetCounter("ptc_transformer_bytes_received_total");
-Counter& bytes_copied_local_total = GetCounter("ptc_transformer_bytes_copied_local_total");
+Counter& bytes_received_total =
+    GetCounter("ptc_transformer_bytes_received_total");
+Counter& bytes_copied_local_total =
+    GetCounter("ptc_transformer_bytes_copied_local_total");
 
 // A staged region and its pending put.
 struct Staged {
@@ -25,43 +27,53 @@ struct Staged {
 
 // Copies `box` (whose bytes are `src`, dense) into every staged region of
 // the tensor that it intersects.
-void Scatter(const char* src, const Region& box, const std::vector<Staged>& staged, int64_t elem) {
+void Scatter(const char* src, const Region& box,
+             const std::vector<Staged>& staged, int64_t elem) {
   for (const Staged& s : staged) {
     const Region part = box.Intersect(s.region);
-    if (!part.empty()) CopyRegion(src, box, s.put->buffer->mutable_data(), s.region, part, elem);
+    if (!part.empty())
+      CopyRegion(src, box, s.put->buffer->mutable_data(), s.region, part, elem);
   }
 }
 
 }  // namespace
 
-GrpcPieceTransport::GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
-                                       std::map<int32_t, std::string> names)
+GrpcPieceTransport::GrpcPieceTransport(
+    const std::map<int32_t, std::string>& peers,
+    std::map<int32_t, std::string> names)
     : addresses_(peers), names_(std::move(names)) {
-  for (const auto& [host, address] : peers) clients_[host] = StoreClient::Connect(address);
+  for (const auto& [host, address] : peers)
+    clients_[host] = StoreClient::Connect(address);
 }
 
-absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job, int64_t version,
-                                       const std::string& tensor, const Region& region,
+absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
+                                       int64_t version,
+                                       const std::string& tensor,
+                                       const Region& region,
                                        int64_t /*element_size*/,
                                        const StoreClient::Consumer& consume) {
   auto it = clients_.find(host);
   if (it == clients_.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the plan names source host ", host, " but no address was given for it"));
+        absl::StrCat("the plan names source host ", host,
+                     " but no address was given for it"));
   }
   auto got = it->second->ReadWith(job, version, tensor, region, consume);
   if (!got.ok()) {
     const auto name = names_.find(host);
-    return Annotate(got.status(),
-                    absl::StrCat("pulling ", region.ToString(), " of '", tensor, "' from ",
-                                 name != names_.end() ? name->second : absl::StrCat("host ", host),
-                                 " (", addresses_[host], ")"));
+    return Annotate(
+        got.status(),
+        absl::StrCat(
+            "pulling ", region.ToString(), " of '", tensor, "' from ",
+            name != names_.end() ? name->second : absl::StrCat("host ", host),
+            " (", addresses_[host], ")"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTransport* transport,
-                             const std::function<void(const FragmentProgress&)>& progress) {
+absl::Status ExecuteFragment(
+    Store* store, const FragmentJob& job, PieceTransport* transport,
+    const std::function<void(const FragmentProgress&)>& progress) {
   PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
   const int num_tensors = static_cast<int>(job.tensors.size());
   // A held region that this host already stores unchanged in the source
@@ -76,17 +88,20 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
   std::vector<std::vector<Staged>> staged(num_tensors);
   for (const auto& [t, region] : job.holds) {
     if (t < 0 || t >= num_tensors) {
-      return absl::InvalidArgumentError(absl::StrCat("the fragment holds unknown tensor id ", t));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the fragment holds unknown tensor id ", t));
     }
     if (in_place.count({t, region})) {
-      auto view = store->OpenRead(job.job, job.source_version, job.tensors[t].key, region);
+      auto view = store->OpenRead(job.job, job.source_version,
+                                  job.tensors[t].key, region);
       if (view.ok() && view->exact) {
         links.push_back({t, view->sources[0]});
         continue;
       }
     }
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
-                         store->BeginPut(job.job, job.target_version, job.tensors[t].key, region));
+                         store->BeginPut(job.job, job.target_version,
+                                         job.tensors[t].key, region));
     staged[t].push_back({region, put.get()});
     pending.push_back(std::move(put));
   }
@@ -96,9 +111,11 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
   std::vector<const FragmentPiece*> work;  // pieces that need copying
   for (const FragmentPiece& p : job.pieces) {
     if (p.tensor < 0 || p.tensor >= num_tensors) {
-      return absl::InvalidArgumentError(absl::StrCat("a piece names unknown tensor id ", p.tensor));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a piece names unknown tensor id ", p.tensor));
     }
-    const int64_t bytes = p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+    const int64_t bytes =
+        p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
     totals.bytes_total += bytes;
     if (p.source_host == job.host && linked.count({p.tensor, p.region})) {
       totals.bytes_done += bytes;  // kept in place: nothing to move
@@ -117,16 +134,21 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
     const TensorDecl& decl = job.tensors[p.tensor];
     const int64_t elem = ElementSize(decl.dtype);
     if (p.source_host == job.host) {
-      PTC_ASSIGN_OR_RETURN(ReadView view,
-                           store->OpenRead(job.job, job.source_version, decl.key, p.region));
-      return ForEachCoveringPiece(p.region, view.sources, [&](const Region& sub, const StoredRegionRef& s) {
-        for (const Staged& st : staged[p.tensor]) {
-          const Region part = sub.Intersect(st.region);
-          if (!part.empty()) {
-            CopyRegion(s.buffer->data(), s.region, st.put->buffer->mutable_data(), st.region, part, elem);
-          }
-        }
-      });
+      PTC_ASSIGN_OR_RETURN(
+          ReadView view,
+          store->OpenRead(job.job, job.source_version, decl.key, p.region));
+      return ForEachCoveringPiece(
+          p.region, view.sources,
+          [&](const Region& sub, const StoredRegionRef& s) {
+            for (const Staged& st : staged[p.tensor]) {
+              const Region part = sub.Intersect(st.region);
+              if (!part.empty()) {
+                CopyRegion(s.buffer->data(), s.region,
+                           st.put->buffer->mutable_data(), st.region, part,
+                           elem);
+              }
+            }
+          });
     }
     const Shape shape = p.region.shape();
     absl::Status bad_chunk;
@@ -134,12 +156,14 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
         p.source_host, job.job, job.source_version, decl.key, p.region, elem,
         [&](int64_t offset, const char* data, int64_t n) {
           if (offset % elem != 0 || n % elem != 0) {
-            bad_chunk = absl::DataLossError("a peer sent a chunk that splits an element");
+            bad_chunk = absl::DataLossError(
+                "a peer sent a chunk that splits an element");
             return;
           }
           const int64_t first = offset / elem;
           int64_t at = 0;
-          for (Region box : FlatRangeToRegions(shape, first, first + n / elem)) {
+          for (Region box :
+               FlatRangeToRegions(shape, first, first + n / elem)) {
             for (int d = 0; d < box.rank(); ++d) {
               box.mutable_dim(d).begin += p.region.dim(d).begin;
               box.mutable_dim(d).end += p.region.dim(d).begin;
@@ -160,17 +184,21 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
       if (i >= work.size()) return;
       const FragmentPiece& p = *work[i];
       const absl::Status s = run_piece(p);
-      const int64_t bytes = p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+      const int64_t bytes =
+          p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
       absl::MutexLock lock(&mu);
       if (!s.ok()) {
         if (failure.ok()) {
-          failure = Annotate(s, absl::StrCat("piece ", p.region.ToString(), " of tensor '",
-                                             job.tensors[p.tensor].key, "'"));
+          failure = Annotate(
+              s, absl::StrCat("piece ", p.region.ToString(), " of tensor '",
+                              job.tensors[p.tensor].key, "'"));
         }
         return;
       }
       pieces_total.Add();
-      (p.source_host == job.host ? bytes_copied_local_total : bytes_received_total).Add(bytes);
+      (p.source_host == job.host ? bytes_copied_local_total
+                                 : bytes_received_total)
+          .Add(bytes);
       totals.bytes_done += bytes;
       if (p.source_host != job.host) totals.remote_bytes_done += bytes;
       ++totals.pieces_done;
@@ -191,16 +219,20 @@ absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTranspor
     }
   }
   for (const auto& [t, ref] : links) {
-    if (absl::Status s = store->Link(job.job, job.target_version, job.tensors[t].key, ref); !s.ok()) {
+    if (absl::Status s =
+            store->Link(job.job, job.target_version, job.tensors[t].key, ref);
+        !s.ok()) {
       store->DeleteVersion(job.job, job.target_version).IgnoreError();
       return s;
     }
   }
-  Log("transformer")->info(
-      "job {}: version {} staged on host {} ({} pieces, {} bytes, {} from peers, {} regions kept "
-      "in place)",
-      job.job, job.target_version, job.host, totals.pieces_done, totals.bytes_done,
-      totals.remote_bytes_done, links.size());
+  Log("transformer")
+      ->info(
+          "job {}: version {} staged on host {} ({} pieces, {} bytes, {} from "
+          "peers, {} regions kept "
+          "in place)",
+          job.job, job.target_version, job.host, totals.pieces_done,
+          totals.bytes_done, totals.remote_bytes_done, links.size());
   return absl::OkStatus();
 }
 

@@ -33,9 +33,10 @@ class PieceTransport {
   // Streams the row-major bytes of `region` of `tensor` (elements of
   // `element_size` bytes) in `version` of `job` from host `host`, in chunks
   // of whole elements, verifying them.
-  virtual absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
-                             const std::string& tensor, const Region& region,
-                             int64_t element_size, const StoreClient::Consumer& consume) = 0;
+  virtual absl::Status Fetch(int32_t host, const std::string& job,
+                             int64_t version, const std::string& tensor,
+                             const Region& region, int64_t element_size,
+                             const StoreClient::Consumer& consume) = 0;
 };
 
 // The transport that always works: the peers' TensorStore Read streams.
@@ -45,7 +46,8 @@ class GrpcPieceTransport : public PieceTransport {
   explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
                               std::map<int32_t, std::string> names = {});
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
-                     const std::string& tensor, const Region& region, int64_t element_size,
+                     const std::string& tensor, const Region& region,
+                     int64_t element_size,
                      const StoreClient::Consumer& consume) override;
 
  private:
@@ -82,8 +84,9 @@ struct FragmentProgress {
 
 // Runs `job` to completion. `progress` is called after every piece, never
 // concurrently with itself. Errors name the piece, tensor and peer.
-absl::Status ExecuteFragment(Store* store, const FragmentJob& job, PieceTransport* transport,
-                             const std::function<void(const FragmentProgress&)>& progress);
+absl::Status ExecuteFragment(
+    Store* store, const FragmentJob& job, PieceTransport* transport,
+    const std::function<void(const FragmentProgress&)>& progress);
 
 }  // namespace ptc
 

@@ -2,51 +2,57 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
-#include "common/checksum.h"
 #include "state_transformer/fragment_executor.h"
 #include "state_transformer/ucx_transport.h"
 
 namespace ptc {
 
-TransformerService::TransformerService(Store* store, bool use_ucx) : store_(store) {
+TransformerService::TransformerService(Store* store, bool use_ucx)
+    : store_(store) {
   if (!use_ucx) return;
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
     ucx_ = std::move(*worker);
   } else {
-    Log("transformer")->warn("no UCX worker ({}); peers will use the gRPC transport",
-                             worker.status().ToString());
+    Log("transformer")
+        ->warn("no UCX worker ({}); peers will use the gRPC transport",
+               worker.status().ToString());
   }
 }
 
 TransformerService::~TransformerService() = default;
 
-absl::Status TransformerService::CheckEpoch(const std::string& job, int64_t epoch, bool exact) {
+absl::Status TransformerService::CheckEpoch(const std::string& job,
+                                            int64_t epoch, bool exact) {
   if (epoch <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("plan epoch ", epoch, " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan epoch ", epoch, " must be positive"));
   }
   absl::MutexLock lock(&mu_);
   int64_t& newest = epochs_[job];
   if (epoch < newest || (exact && epoch != newest)) {
-    return absl::AbortedError(absl::StrCat("plan epoch ", epoch, " of job '", job,
-                                           "' is stale: this host is at epoch ", newest,
-                                           "; restart from the current plan"));
+    return absl::AbortedError(
+        absl::StrCat("plan epoch ", epoch, " of job '", job,
+                     "' is stale: this host is at epoch ", newest,
+                     "; restart from the current plan"));
   }
   newest = epoch;
   return absl::OkStatus();
 }
 
-absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
-                                           const proto::ExecuteFragmentRequest& req,
-                                           grpc::ServerWriter<proto::FragmentProgress>* writer) {
+absl::Status TransformerService::DoExecute(
+    grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
+    grpc::ServerWriter<proto::FragmentProgress>* writer) {
   PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
   if (req.fragment().host() != req.host()) {
-    return absl::InvalidArgumentError(absl::StrCat("the fragment is for host ", req.fragment().host(),
-                                                   " but the request says host ", req.host()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the fragment is for host ", req.fragment().host(),
+                     " but the request says host ", req.host()));
   }
   if (auto stat = store_->List(req.job()); stat.jobs_size() > 0) {
     for (const auto& v : stat.jobs(0).versions()) {
@@ -79,7 +85,8 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
     job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
   }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
-  std::map<int32_t, std::string> names(req.peer_names().begin(), req.peer_names().end());
+  std::map<int32_t, std::string> names(req.peer_names().begin(),
+                                       req.peer_names().end());
   std::unique_ptr<PieceTransport> transport;
   if (req.transport() == "grpc") {
     transport = std::make_unique<GrpcPieceTransport>(peers, names);
@@ -88,15 +95,17 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
       return absl::FailedPreconditionError(
           "the UCX transport was asked for, but this ptcd has no UCX worker");
     }
-    transport = std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(), peers, names);
+    transport = std::make_unique<UcxPieceTransport>(
+        ucx_.get(), req.plan_epoch(), peers, names);
   } else if (req.transport().empty()) {
     transport = std::make_unique<AutoTransport>(
-        ucx_ ? std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(), peers, names)
+        ucx_ ? std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(),
+                                                   peers, names)
              : nullptr,
         std::make_unique<GrpcPieceTransport>(peers, names));
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport '", req.transport(), "' is unknown; use ucx or grpc"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
   proto::FragmentProgress msg;
   absl::Time last_report = absl::InfinitePast();
@@ -108,34 +117,41 @@ absl::Status TransformerService::DoExecute(grpc::ServerContext* ctx,
     msg.set_pieces_done(p.pieces_done);
     msg.set_pieces_total(p.pieces_total);
     // At most every 50 ms; the final message below always carries totals.
-    if (reader_gone || absl::Now() - last_report < absl::Milliseconds(50)) return;
+    if (reader_gone || absl::Now() - last_report < absl::Milliseconds(50))
+      return;
     last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
-  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, transport.get(), report));
+  PTC_RETURN_IF_ERROR(
+      ::ptc::ExecuteFragment(store_, job, transport.get(), report));
   if (reader_gone || ctx->IsCancelled()) {
     store_->DeleteVersion(job.job, job.target_version).IgnoreError();
-    return absl::CancelledError("the coordinator went away; the staged version was deleted");
+    return absl::CancelledError(
+        "the coordinator went away; the staged version was deleted");
   }
   msg.set_done(true);
   writer->Write(msg);
   return absl::OkStatus();
 }
 
-grpc::Status TransformerService::ExecuteFragment(grpc::ServerContext* ctx,
-                                                 const proto::ExecuteFragmentRequest* req,
-                                                 grpc::ServerWriter<proto::FragmentProgress>* writer) {
+grpc::Status TransformerService::ExecuteFragment(
+    grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
+    grpc::ServerWriter<proto::FragmentProgress>* writer) {
   const absl::Status s = DoExecute(ctx, *req, writer);
   if (!s.ok()) {
-    Log("transformer")->warn("job {} epoch {}: fragment for version {} failed: {}", req->job(),
-                             req->plan_epoch(), req->target_version(), s.ToString());
+    Log("transformer")
+        ->warn("job {} epoch {}: fragment for version {} failed: {}",
+               req->job(), req->plan_epoch(), req->target_version(),
+               s.ToString());
   }
   return ToGrpcStatus(s);
 }
 
-grpc::Status TransformerService::AbortStaged(grpc::ServerContext*, const proto::AbortStagedRequest* req,
-                                             proto::AbortStagedResponse* resp) {
-  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), false); !s.ok()) {
+grpc::Status TransformerService::AbortStaged(
+    grpc::ServerContext*, const proto::AbortStagedRequest* req,
+    proto::AbortStagedResponse* resp) {
+  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), false);
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   auto stat = store_->List(req->job());
@@ -143,10 +159,12 @@ grpc::Status TransformerService::AbortStaged(grpc::ServerContext*, const proto::
     for (const auto& v : j.versions()) {
       if (v.version() != req->version()) continue;
       if (v.committed()) {
-        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            "version ", req->version(), " of job '", req->job(), "' is committed; it is not staged")));
+        return ToGrpcStatus(absl::FailedPreconditionError(
+            absl::StrCat("version ", req->version(), " of job '", req->job(),
+                         "' is committed; it is not staged")));
       }
-      const absl::Status s = store_->DeleteVersion(req->job(), req->version()).status();
+      const absl::Status s =
+          store_->DeleteVersion(req->job(), req->version()).status();
       resp->set_deleted(s.ok());
       return ToGrpcStatus(s);
     }
@@ -155,9 +173,11 @@ grpc::Status TransformerService::AbortStaged(grpc::ServerContext*, const proto::
   return grpc::Status::OK;
 }
 
-grpc::Status TransformerService::CommitStaged(grpc::ServerContext*, const proto::CommitStagedRequest* req,
-                                              proto::CommitStagedResponse* resp) {
-  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), true); !s.ok()) {
+grpc::Status TransformerService::CommitStaged(
+    grpc::ServerContext*, const proto::CommitStagedRequest* req,
+    proto::CommitStagedResponse* resp) {
+  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), true);
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   auto bytes = store_->Commit(req->job(), req->version());
@@ -170,36 +190,45 @@ absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
   if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
   PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
   PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
-  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(), req.tensor(), region));
+  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(),
+                                                       req.tensor(), region));
   const int64_t elem = ElementSize(view.decl.dtype);
-  if (req.first() < 0 || req.count() < 1 || req.first() + req.count() > region.volume()) {
-    return absl::InvalidArgumentError(absl::StrCat("part [", req.first(), ", +", req.count(),
-                                                   ") is outside region ", region.ToString()));
+  if (req.first() < 0 || req.count() < 1 ||
+      req.first() + req.count() > region.volume()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("part [", req.first(), ", +", req.count(),
+                     ") is outside region ", region.ToString()));
   }
   // Pack the part at the source: the few boxes of a flat range, each dense.
   thread_local std::vector<char> buffer;
   buffer.resize(req.count() * elem);
   char* dst = buffer.data();
-  for (Region box : FlatRangeToRegions(region.shape(), req.first(), req.first() + req.count())) {
+  for (Region box : FlatRangeToRegions(region.shape(), req.first(),
+                                       req.first() + req.count())) {
     for (int d = 0; d < box.rank(); ++d) {
       box.mutable_dim(d).begin += region.dim(d).begin;
       box.mutable_dim(d).end += region.dim(d).begin;
     }
-    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {
-      CopyRegion(s.buffer->data(), s.region, dst, box, piece, elem);
-    }));
+    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
+        box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {
+          CopyRegion(s.buffer->data(), s.region, dst, box, piece, elem);
+        }));
     dst += box.volume() * elem;
   }
   resp->set_checksum(Checksum(buffer.data(), buffer.size()));
   resp->set_bytes(buffer.size());
-  return ucx_->Send(req.ucx_address(), req.tag(), buffer.data(), buffer.size(), absl::Seconds(60));
+  return ucx_->Send(req.ucx_address(), req.tag(), buffer.data(), buffer.size(),
+                    absl::Seconds(60));
 }
 
-grpc::Status TransformerService::SendPart(grpc::ServerContext*, const proto::SendPartRequest* req,
+grpc::Status TransformerService::SendPart(grpc::ServerContext*,
+                                          const proto::SendPartRequest* req,
                                           proto::SendPartResponse* resp) {
   const absl::Status s = DoSendPart(*req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
-    Log("transformer")->warn("SendPart of '{}' for job {}: {}", req->tensor(), req->job(), s.ToString());
+    Log("transformer")
+        ->warn("SendPart of '{}' for job {}: {}", req->tensor(), req->job(),
+               s.ToString());
   }
   return ToGrpcStatus(s);
 }

@@ -24,13 +24,17 @@ class TransformerService final : public proto::Transformer::Service {
   explicit TransformerService(Store* store, bool use_ucx = true);
   ~TransformerService() override;
 
-  grpc::Status ExecuteFragment(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
-                               grpc::ServerWriter<proto::FragmentProgress>* writer) override;
-  grpc::Status AbortStaged(grpc::ServerContext* ctx, const proto::AbortStagedRequest* req,
+  grpc::Status ExecuteFragment(
+      grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
+      grpc::ServerWriter<proto::FragmentProgress>* writer) override;
+  grpc::Status AbortStaged(grpc::ServerContext* ctx,
+                           const proto::AbortStagedRequest* req,
                            proto::AbortStagedResponse* resp) override;
-  grpc::Status CommitStaged(grpc::ServerContext* ctx, const proto::CommitStagedRequest* req,
+  grpc::Status CommitStaged(grpc::ServerContext* ctx,
+                            const proto::CommitStagedRequest* req,
                             proto::CommitStagedResponse* resp) override;
-  grpc::Status SendPart(grpc::ServerContext* ctx, const proto::SendPartRequest* req,
+  grpc::Status SendPart(grpc::ServerContext* ctx,
+                        const proto::SendPartRequest* req,
                         proto::SendPartResponse* resp) override;
 
   bool has_ucx() const { return ucx_ != nullptr; }
@@ -39,10 +43,12 @@ class TransformerService final : public proto::Transformer::Service {
   // OK and records `epoch` if it is not older than the newest seen for
   // `job`; `exact` also refuses newer ones (commit must name the plan).
   absl::Status CheckEpoch(const std::string& job, int64_t epoch, bool exact);
-  absl::Status DoExecute(grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
+  absl::Status DoExecute(grpc::ServerContext* ctx,
+                         const proto::ExecuteFragmentRequest& req,
                          grpc::ServerWriter<proto::FragmentProgress>* writer);
 
-  absl::Status DoSendPart(const proto::SendPartRequest& req, proto::SendPartResponse* resp);
+  absl::Status DoSendPart(const proto::SendPartRequest& req,
+                          proto::SendPartResponse* resp);
 
   Store* store_;
   std::unique_ptr<UcxWorker> ucx_;

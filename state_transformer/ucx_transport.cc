@@ -21,36 +21,47 @@ namespace {
 
 constexpr int64_t kPartBytes = int64_t{64} << 20;
 
-Counter& ucx_bytes_received_total = GetCounter("ptc_transformer_ucx_bytes_received_total");
+Counter& ucx_bytes_received_total =
+    GetCounter("ptc_transformer_ucx_bytes_received_total");
 
 uint64_t NewTag() {
-  static std::atomic<uint64_t> counter{absl::Uniform<uint64_t>(absl::BitGen()) << 20};
+  static std::atomic<uint64_t> counter{absl::Uniform<uint64_t>(absl::BitGen())
+                                       << 20};
   return counter.fetch_add(1);
 }
 
 }  // namespace
 
-UcxPieceTransport::UcxPieceTransport(UcxWorker* worker, int64_t plan_epoch,
-                                     const std::map<int32_t, std::string>& peers,
-                                     std::map<int32_t, std::string> names)
-    : worker_(worker), epoch_(plan_epoch), addresses_(peers), names_(std::move(names)) {
+UcxPieceTransport::UcxPieceTransport(
+    UcxWorker* worker, int64_t plan_epoch,
+    const std::map<int32_t, std::string>& peers,
+    std::map<int32_t, std::string> names)
+    : worker_(worker),
+      epoch_(plan_epoch),
+      addresses_(peers),
+      names_(std::move(names)) {
   for (const auto& [host, address] : peers) {
     grpc::ChannelArguments args;
-    stubs_[host] = proto::Transformer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stubs_[host] = proto::Transformer::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args));
   }
 }
 
-absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job, int64_t version,
-                                      const std::string& tensor, const Region& region,
-                                      int64_t element_size, const StoreClient::Consumer& consume) {
+absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
+                                      int64_t version,
+                                      const std::string& tensor,
+                                      const Region& region,
+                                      int64_t element_size,
+                                      const StoreClient::Consumer& consume) {
   auto stub = stubs_.find(host);
   if (stub == stubs_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("no address for source host ", host));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no address for source host ", host));
   }
   const auto name = names_.find(host);
   const std::string peer = absl::StrCat(
-      name != names_.end() ? name->second : absl::StrCat("host ", host), " (", addresses_[host], ")");
+      name != names_.end() ? name->second : absl::StrCat("host ", host), " (",
+      addresses_[host], ")");
   const int64_t elements = region.volume();
   const int64_t per_part = std::max<int64_t>(1, kPartBytes / element_size);
   thread_local std::vector<char> buffer;
@@ -60,7 +71,8 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job, int6
     const size_t capacity = static_cast<size_t>(count * element_size);
     if (buffer.size() < capacity) buffer.resize(capacity);
     const uint64_t tag = NewTag();
-    PTC_ASSIGN_OR_RETURN(auto receive, worker_->PostReceive(tag, buffer.data(), capacity));
+    PTC_ASSIGN_OR_RETURN(auto receive,
+                         worker_->PostReceive(tag, buffer.data(), capacity));
     proto::SendPartRequest req;
     req.set_job(job);
     req.set_version(version);
@@ -87,14 +99,17 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job, int6
                              [&] { return replied.load() && !sent.ok(); });
     call.join();
     if (!sent.ok()) {
-      return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '", tensor,
-                                         "' from ", peer, " over UCX"));
+      return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '",
+                                         tensor, "' from ", peer, " over UCX"));
     }
-    if (!got.ok()) return Annotate(got.status(), absl::StrCat("receiving from ", peer));
-    if (static_cast<int64_t>(*got) != resp.bytes() || resp.bytes() != static_cast<int64_t>(capacity) ||
+    if (!got.ok())
+      return Annotate(got.status(), absl::StrCat("receiving from ", peer));
+    if (static_cast<int64_t>(*got) != resp.bytes() ||
+        resp.bytes() != static_cast<int64_t>(capacity) ||
         Checksum(buffer.data(), *got) != resp.checksum()) {
-      return absl::DataLossError(absl::StrCat("a part of ", region.ToString(), " of '", tensor,
-                                              "' from ", peer, " arrived damaged over UCX"));
+      return absl::DataLossError(absl::StrCat("a part of ", region.ToString(),
+                                              " of '", tensor, "' from ", peer,
+                                              " arrived damaged over UCX"));
     }
     ucx_bytes_received_total.Add(*got);
     consume(offset, buffer.data(), *got);
@@ -104,9 +119,10 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job, int6
   return absl::OkStatus();
 }
 
-absl::Status AutoTransport::Fetch(int32_t host, const std::string& job, int64_t version,
-                                  const std::string& tensor, const Region& region,
-                                  int64_t element_size, const StoreClient::Consumer& consume) {
+absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
+                                  int64_t version, const std::string& tensor,
+                                  const Region& region, int64_t element_size,
+                                  const StoreClient::Consumer& consume) {
   bool use_grpc = ucx_ == nullptr;
   if (!use_grpc) {
     absl::MutexLock lock(&mu_);
@@ -114,19 +130,24 @@ absl::Status AutoTransport::Fetch(int32_t host, const std::string& job, int64_t 
   }
   if (!use_grpc) {
     bool consumed = false;
-    const absl::Status s = ucx_->Fetch(host, job, version, tensor, region, element_size,
-                                       [&](int64_t off, const char* data, int64_t n) {
-                                         consumed = true;
-                                         consume(off, data, n);
-                                       });
-    const bool peer_has_no_ucx = s.code() == absl::StatusCode::kFailedPrecondition &&
-                                 absl::StrContains(s.message(), kNoUcxWorker);
+    const absl::Status s =
+        ucx_->Fetch(host, job, version, tensor, region, element_size,
+                    [&](int64_t off, const char* data, int64_t n) {
+                      consumed = true;
+                      consume(off, data, n);
+                    });
+    const bool peer_has_no_ucx =
+        s.code() == absl::StatusCode::kFailedPrecondition &&
+        absl::StrContains(s.message(), kNoUcxWorker);
     if (!peer_has_no_ucx || consumed) return s;
-    Log("transformer")->warn("host {} has no UCX worker; using the gRPC transport for it", host);
+    Log("transformer")
+        ->warn("host {} has no UCX worker; using the gRPC transport for it",
+               host);
     absl::MutexLock lock(&mu_);
     grpc_only_.insert(host);
   }
-  return grpc_->Fetch(host, job, version, tensor, region, element_size, consume);
+  return grpc_->Fetch(host, job, version, tensor, region, element_size,
+                      consume);
 }
 
 }  // namespace ptc

@@ -31,7 +31,8 @@ class UcxPieceTransport : public PieceTransport {
                     const std::map<int32_t, std::string>& peers,
                     std::map<int32_t, std::string> names = {});
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
-                     const std::string& tensor, const Region& region, int64_t element_size,
+                     const std::string& tensor, const Region& region,
+                     int64_t element_size,
                      const StoreClient::Consumer& consume) override;
 
  private:
@@ -44,10 +45,12 @@ class UcxPieceTransport : public PieceTransport {
 class AutoTransport : public PieceTransport {
  public:
   // `ucx` may be null (no UCX here): then gRPC is used for every peer.
-  AutoTransport(std::unique_ptr<PieceTransport> ucx, std::unique_ptr<PieceTransport> grpc)
+  AutoTransport(std::unique_ptr<PieceTransport> ucx,
+                std::unique_ptr<PieceTransport> grpc)
       : ucx_(std::move(ucx)), grpc_(std::move(grpc)) {}
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
-                     const std::string& tensor, const Region& region, int64_t element_size,
+                     const std::string& tensor, const Region& region,
+                     int64_t element_size,
                      const StoreClient::Consumer& consume) override;
 
  private:

@@ -13,7 +13,8 @@ ucp_context_h Ctx(void* p) { return static_cast<ucp_context_h>(p); }
 ucp_worker_h Wkr(void* p) { return static_cast<ucp_worker_h>(p); }
 
 absl::Status UcxError(const char* what, ucs_status_t s) {
-  return absl::UnavailableError(absl::StrCat("UCX ", what, ": ", ucs_status_string(s)));
+  return absl::UnavailableError(
+      absl::StrCat("UCX ", what, ": ", ucs_status_string(s)));
 }
 
 }  // namespace
@@ -24,7 +25,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcxError("reading its configuration", s);
   ucp_params_t params = {};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG;
   params.mt_workers_shared = 1;
   ucp_context_h ctx;
@@ -57,7 +59,8 @@ UcxWorker::~UcxWorker() {
       p.flags = UCP_EP_CLOSE_FLAG_FORCE;
       void* r = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
       if (UCS_PTR_IS_PTR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(Wkr(worker_));
+        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+          ucp_worker_progress(Wkr(worker_));
         ucp_request_free(r);
       }
     }
@@ -67,7 +70,8 @@ UcxWorker::~UcxWorker() {
   if (context_) ucp_cleanup(Ctx(context_));
 }
 
-absl::Status UcxWorker::Progress(void* request, absl::Time deadline, const char* what,
+absl::Status UcxWorker::Progress(void* request, absl::Time deadline,
+                                 const char* what,
                                  const std::function<bool()>& give_up) {
   int idle = 0;
   while (ucp_request_check_status(request) == UCS_INPROGRESS) {
@@ -77,9 +81,11 @@ absl::Status UcxWorker::Progress(void* request, absl::Time deadline, const char*
       // Spin briefly, then back off: a waiting thread must not starve the
       // threads (or the peer daemon) that produce what it waits for.
       if (++idle > 256) absl::SleepFor(absl::Microseconds(20));
-      if (give_up && give_up()) return absl::CancelledError(absl::StrCat("UCX ", what, " given up"));
+      if (give_up && give_up())
+        return absl::CancelledError(absl::StrCat("UCX ", what, " given up"));
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("UCX ", what, " did not complete in time"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("UCX ", what, " did not complete in time"));
       }
     }
   }
@@ -87,12 +93,14 @@ absl::Status UcxWorker::Progress(void* request, absl::Time deadline, const char*
   return s == UCS_OK ? absl::OkStatus() : UcxError(what, s);
 }
 
-absl::StatusOr<std::unique_ptr<UcxWorker::Receive>> UcxWorker::PostReceive(uint64_t tag, void* buffer,
-                                                                         size_t size) {
+absl::StatusOr<std::unique_ptr<UcxWorker::Receive>> UcxWorker::PostReceive(
+    uint64_t tag, void* buffer, size_t size) {
   ucp_request_param_t p = {};
   p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  void* r = ucp_tag_recv_nbx(Wkr(worker_), buffer, size, tag, ~ucp_tag_t{0}, &p);
-  if (UCS_PTR_IS_ERR(r)) return UcxError("posting a receive", UCS_PTR_STATUS(r));
+  void* r =
+      ucp_tag_recv_nbx(Wkr(worker_), buffer, size, tag, ~ucp_tag_t{0}, &p);
+  if (UCS_PTR_IS_ERR(r))
+    return UcxError("posting a receive", UCS_PTR_STATUS(r));
   auto receive = std::make_unique<Receive>();
   receive->request = r;
   return receive;
@@ -100,7 +108,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker::Receive>> UcxWorker::PostReceive(uint6
 
 absl::StatusOr<size_t> UcxWorker::Wait(Receive* receive, absl::Duration timeout,
                                        const std::function<bool()>& give_up) {
-  const absl::Status s = Progress(receive->request, absl::Now() + timeout, "receive", give_up);
+  const absl::Status s =
+      Progress(receive->request, absl::Now() + timeout, "receive", give_up);
   if (!s.ok()) {
     Cancel(receive);
     return s;
@@ -122,7 +131,8 @@ void UcxWorker::Cancel(Receive* receive) {
   receive->request = nullptr;
 }
 
-absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag, const void* buffer, size_t size,
+absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag,
+                             const void* buffer, size_t size,
                              absl::Duration timeout) {
   ucp_ep_h ep;
   {
@@ -130,7 +140,8 @@ absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag, const void* 
     auto it = endpoints_.find(peer);
     if (it == endpoints_.end()) {
       ucp_ep_params_t ep_params = {};
-      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ucp_ep_h created;
@@ -151,7 +162,8 @@ absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag, const void* 
   absl::Status s = Progress(r, absl::Now() + timeout, "send");
   if (!s.ok()) {
     ucp_request_cancel(Wkr(worker_), r);
-    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(Wkr(worker_));
+    while (ucp_request_check_status(r) == UCS_INPROGRESS)
+      ucp_worker_progress(Wkr(worker_));
     absl::MutexLock lock(&mu_);
     endpoints_.erase(peer);
   }

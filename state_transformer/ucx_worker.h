@@ -43,7 +43,9 @@ class UcxWorker {
   // This worker's address, for peers to send to.
   const std::string& address() const { return address_; }
 
-  absl::StatusOr<std::unique_ptr<Receive>> PostReceive(uint64_t tag, void* buffer, size_t size);
+  absl::StatusOr<std::unique_ptr<Receive>> PostReceive(uint64_t tag,
+                                                       void* buffer,
+                                                       size_t size);
   // Drives the worker until the receive completes and returns the bytes
   // received. Cancels it and returns DEADLINE_EXCEEDED after `timeout`, or
   // CANCELLED as soon as `give_up` (polled while waiting) returns true.
@@ -54,8 +56,8 @@ class UcxWorker {
 
   // Sends `size` bytes with `tag` to the worker at `peer` and waits until
   // the buffer may be reused.
-  absl::Status Send(const std::string& peer, uint64_t tag, const void* buffer, size_t size,
-                    absl::Duration timeout);
+  absl::Status Send(const std::string& peer, uint64_t tag, const void* buffer,
+                    size_t size, absl::Duration timeout);
 
  private:
   UcxWorker() = default;

@@ -17,7 +17,8 @@
 
 namespace ptc {
 
-LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(PutBuffer&& o) noexcept {
+LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(
+    PutBuffer&& o) noexcept {
   if (this != &o) {
     Unmap();
     handle_ = o.handle_;
@@ -72,28 +73,33 @@ absl::StatusOr<std::unique_ptr<LocalClient>> LocalClient::Connect(
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", socket_path, "' is too long"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", socket_path, "' is too long"));
   }
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(std::strerror(errno));
-  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) !=
+      0) {
     const std::string why = std::strerror(errno);
     close(fd);
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to ptcd at ", socket_path, ": ", why, "; is ptcd running on this host?"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ptcd at ", socket_path, ": ", why,
+                     "; is ptcd running on this host?"));
   }
   return std::unique_ptr<LocalClient>(new LocalClient(fd));
 }
 
 LocalClient::~LocalClient() { close(fd_); }
 
-absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req, int* fd_out) {
+absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req,
+                                                       int* fd_out) {
   absl::MutexLock lock(&mu_);
   req.set_request_id(next_request_++);
   PTC_RETURN_IF_ERROR(store_internal::SendPacket(fd_, req.SerializeAsString()));
   int fd = -1;
-  PTC_ASSIGN_OR_RETURN(std::string packet, store_internal::ReceivePacket(fd_, &fd));
+  PTC_ASSIGN_OR_RETURN(std::string packet,
+                       store_internal::ReceivePacket(fd_, &fd));
   proto::LocalResponse resp;
   if (!resp.ParseFromString(packet)) {
     if (fd >= 0) close(fd);
@@ -110,13 +116,14 @@ absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req, 
 namespace {
 
 absl::Status StatusOf(const proto::LocalResponse& resp) {
-  return absl::Status(static_cast<absl::StatusCode>(resp.code()), resp.message());
+  return absl::Status(static_cast<absl::StatusCode>(resp.code()),
+                      resp.message());
 }
 
 // AllocatePutOp and MapOp name a region of a tensor of a version alike.
 template <typename Op>
-void NameRegion(const std::string& job, int64_t version, const std::string& tensor,
-                const Region& region, Op* op) {
+void NameRegion(const std::string& job, int64_t version,
+                const std::string& tensor, const Region& region, Op* op) {
   op->set_job(job);
   op->set_version(version);
   op->set_tensor(tensor);
@@ -125,10 +132,9 @@ void NameRegion(const std::string& job, int64_t version, const std::string& tens
 
 }  // namespace
 
-absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::string& job,
-                                                                int64_t version,
-                                                                const std::string& tensor,
-                                                                const Region& region) {
+absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const Region& region) {
   proto::LocalRequest req;
   NameRegion(job, version, tensor, region, req.mutable_allocate_put());
   int fd = -1;
@@ -141,19 +147,22 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(const std::strin
   void* p = mmap(nullptr, buf.size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("mapping ", buf.size_, " bytes of shared memory: ", std::strerror(errno)));
+        absl::StrCat("mapping ", buf.size_,
+                     " bytes of shared memory: ", std::strerror(errno)));
   }
   AdviseHugePages(p, buf.size_);
   buf.data_ = static_cast<uint8_t*>(p);
   return buf;
 }
 
-absl::StatusOr<uint64_t> LocalClient::CommitPut(PutBuffer* buffer, uint64_t checksum) {
+absl::StatusOr<uint64_t> LocalClient::CommitPut(PutBuffer* buffer,
+                                                uint64_t checksum) {
   buffer->Unmap();
   proto::LocalRequest req;
   req.mutable_commit_put()->set_handle(buffer->handle_);
   req.mutable_commit_put()->set_checksum(checksum);
-  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
   PTC_RETURN_IF_ERROR(StatusOf(resp));
   return resp.checksum();
 }
@@ -162,11 +171,13 @@ absl::Status LocalClient::AbortPut(PutBuffer* buffer) {
   buffer->Unmap();
   proto::LocalRequest req;
   req.mutable_abort_put()->set_handle(buffer->handle_);
-  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
   return StatusOf(resp);
 }
 
-absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, int64_t version,
+absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
+                                                      int64_t version,
                                                       const std::string& tensor,
                                                       const Region& region) {
   proto::LocalRequest req;
@@ -183,7 +194,8 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, in
   void* p = mmap(nullptr, m.size_, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("mapping ", m.size_, " bytes of shared memory: ", std::strerror(errno)));
+        absl::StrCat("mapping ", m.size_,
+                     " bytes of shared memory: ", std::strerror(errno)));
   }
   AdviseHugePages(p, m.size_);
   m.data_ = static_cast<const uint8_t*>(p);
@@ -193,7 +205,8 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job, in
 absl::Status LocalClient::Release(uint64_t lease) {
   proto::LocalRequest req;
   req.mutable_release()->set_lease(lease);
-  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), nullptr));
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
   return StatusOf(resp);
 }
 

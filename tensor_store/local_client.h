@@ -2,12 +2,13 @@
 // daemon-owned shared memory, load one by mapping it read-only, zero-copy.
 // A LocalClient serves one request at a time (calls are serialized).
 //
-//   PTC_ASSIGN_OR_RETURN(auto client, LocalClient::Connect("/run/ptcd/ptcd.sock"));
-//   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf, client->AllocatePut("run7", 1, "w", r));
-//   std::memcpy(buf.data(), src, buf.size());
-//   PTC_RETURN_IF_ERROR(client->CommitPut(&buf).status());
-//   PTC_ASSIGN_OR_RETURN(LocalClient::Mapping m, client->Map("run7", 1, "w", r));
-//   use(m.data(), m.size());   // valid until m is destroyed
+//   PTC_ASSIGN_OR_RETURN(auto client,
+//   LocalClient::Connect("/run/ptcd/ptcd.sock"));
+//   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf,
+//   client->AllocatePut("run7", 1, "w", r)); std::memcpy(buf.data(), src,
+//   buf.size()); PTC_RETURN_IF_ERROR(client->CommitPut(&buf).status());
+//   PTC_ASSIGN_OR_RETURN(LocalClient::Mapping m, client->Map("run7", 1, "w",
+//   r)); use(m.data(), m.size());   // valid until m is destroyed
 #ifndef PTC_TENSOR_STORE_LOCAL_CLIENT_H_
 #define PTC_TENSOR_STORE_LOCAL_CLIENT_H_
 
@@ -75,21 +76,24 @@ class LocalClient {
   };
 
   // UNAVAILABLE naming the path if no ptcd listens there.
-  static absl::StatusOr<std::unique_ptr<LocalClient>> Connect(const std::string& socket_path);
+  static absl::StatusOr<std::unique_ptr<LocalClient>> Connect(
+      const std::string& socket_path);
   ~LocalClient();
 
   absl::StatusOr<PutBuffer> AllocatePut(const std::string& job, int64_t version,
-                                        const std::string& tensor, const Region& region);
+                                        const std::string& tensor,
+                                        const Region& region);
   // Unmaps the buffer and commits it; `checksum` (0: none) is the xxh3-64
   // of the bytes written. Returns the checksum the daemon stored.
   absl::StatusOr<uint64_t> CommitPut(PutBuffer* buffer, uint64_t checksum = 0);
   absl::Status AbortPut(PutBuffer* buffer);
   // Maps a stored region (exactly one region the daemon stores).
-  absl::StatusOr<Mapping> Map(const std::string& job, int64_t version, const std::string& tensor,
-                              const Region& region);
+  absl::StatusOr<Mapping> Map(const std::string& job, int64_t version,
+                              const std::string& tensor, const Region& region);
 
   // Sends a raw request; for tests of the daemon's error handling.
-  absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req, int* fd_out);
+  absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req,
+                                            int* fd_out);
 
  private:
   explicit LocalClient(int fd) : fd_(fd) {}

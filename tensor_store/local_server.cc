@@ -42,16 +42,19 @@ struct LocalServer::Connection {
   std::map<uint64_t, std::shared_ptr<RegionBuffer>> leases;
 };
 
-absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(Store* store,
-                                                               LocalServerOptions options) {
+absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(
+    Store* store, LocalServerOptions options) {
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
-  if (options.socket_path.empty() || options.socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local socket path '", options.socket_path, "' must be non-empty and shorter than ",
-        sizeof(addr.sun_path), " characters"));
+  if (options.socket_path.empty() ||
+      options.socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local socket path '", options.socket_path,
+                     "' must be non-empty and shorter than ",
+                     sizeof(addr.sun_path), " characters"));
   }
-  std::strncpy(addr.sun_path, options.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  std::strncpy(addr.sun_path, options.socket_path.c_str(),
+               sizeof(addr.sun_path) - 1);
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("creating the local socket");
   unlink(options.socket_path.c_str());  // a stale socket of a previous run
@@ -66,9 +69,11 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(Store* store,
     close(fd);
     return s;
   }
-  std::unique_ptr<LocalServer> server(new LocalServer(store, std::move(options), fd));
+  std::unique_ptr<LocalServer> server(
+      new LocalServer(store, std::move(options), fd));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
-  Log("tensor_store")->info("local socket {} ready", server->options_.socket_path);
+  Log("tensor_store")
+      ->info("local socket {} ready", server->options_.socket_path);
   return server;
 }
 
@@ -111,7 +116,9 @@ void LocalServer::AcceptLoop() {
     ReapFinished();
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stopping_) Log("tensor_store")->error("accept on the local socket: {}", std::strerror(errno));
+      if (!stopping_)
+        Log("tensor_store")
+            ->error("accept on the local socket: {}", std::strerror(errno));
       return;
     }
     auto conn = std::make_shared<Connection>();
@@ -123,17 +130,20 @@ void LocalServer::AcceptLoop() {
       conn->uid = cred.uid;
       conn->pid = cred.pid;
     }
-    const bool allowed = conn->uid == geteuid() || conn->uid == 0 ||
-                         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
-                                   conn->uid) != options_.allowed_uids.end();
+    const bool allowed =
+        conn->uid == geteuid() || conn->uid == 0 ||
+        std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
+                  conn->uid) != options_.allowed_uids.end();
     if (!allowed) {
       proto::LocalResponse denied;
       denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
-      denied.set_message(absl::StrCat("user ", conn->uid,
-                                      " may not use this ptcd; ask the admin to add it to "
-                                      "allowed_uids"));
+      denied.set_message(
+          absl::StrCat("user ", conn->uid,
+                       " may not use this ptcd; ask the admin to add it to "
+                       "allowed_uids"));
       SendPacket(fd, denied.SerializeAsString()).IgnoreError();
-      Log("tensor_store")->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
+      Log("tensor_store")
+          ->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
       close(fd);
       continue;
     }
@@ -149,7 +159,8 @@ void LocalServer::AcceptLoop() {
 
 void LocalServer::Serve(std::shared_ptr<Connection> conn) {
   clients_.fetch_add(1);
-  Log("tensor_store")->debug("local client {} connected (pid {})", conn->id, conn->pid);
+  Log("tensor_store")
+      ->debug("local client {} connected (pid {})", conn->id, conn->pid);
   while (true) {
     int fd_in = -1;
     auto packet = ReceivePacket(conn->fd, &fd_in);
@@ -183,15 +194,18 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
   conn->leases.clear();
   close(conn->fd);
   clients_.fetch_sub(1);
-  Log("tensor_store")->debug("local client {} left; {} puts aborted, {} mappings released",
-                             conn->id, aborted, released);
+  Log("tensor_store")
+      ->debug("local client {} left; {} puts aborted, {} mappings released",
+              conn->id, aborted, released);
 }
 
-absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn, const char* what) {
+absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn,
+                                     const char* what) {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(id);
   if (it == owners_.end()) {
-    return absl::NotFoundError(absl::StrCat(what, " ", id, " does not exist (or is finished)"));
+    return absl::NotFoundError(
+        absl::StrCat(what, " ", id, " does not exist (or is finished)"));
   }
   if (it->second != conn->id) {
     return absl::PermissionDeniedError(
@@ -200,7 +214,8 @@ absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn, const 
   return absl::OkStatus();
 }
 
-proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalRequest& req,
+proto::LocalResponse LocalServer::Handle(Connection* conn,
+                                         const proto::LocalRequest& req,
                                          int* fd_out) {
   proto::LocalResponse resp;
   resp.set_request_id(req.request_id());
@@ -214,7 +229,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
       const proto::AllocatePutOp& op = req.allocate_put();
       auto region = RegionFromProto(op.region());
       if (!region.ok()) return fail(region.status());
-      auto put = store_->BeginPut(op.job(), op.version(), op.tensor(), *region, std::nullopt,
+      auto put = store_->BeginPut(op.job(), op.version(), op.tensor(), *region,
+                                  std::nullopt,
                                   /*map=*/false);
       if (!put.ok()) return fail(put.status());
       const uint64_t handle = next_id_++;
@@ -228,7 +244,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
     }
     case proto::LocalRequest::kCommitPut: {
       const uint64_t handle = req.commit_put().handle();
-      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok()) return fail(s);
+      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok())
+        return fail(s);
       auto it = conn->puts.find(handle);
       // Seal first: if the client still maps the buffer writable, the put
       // stays pending and the client may unmap and commit again.
@@ -240,7 +257,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
         owners_.erase(handle);
       }
       const int64_t bytes = put->bytes;
-      auto sum = store_->FinishPut(std::move(put), std::nullopt, req.commit_put().checksum());
+      auto sum = store_->FinishPut(std::move(put), std::nullopt,
+                                   req.commit_put().checksum());
       if (!sum.ok()) return fail(sum.status());
       local_puts_total.Add();
       local_bytes_in_total.Add(bytes);
@@ -250,7 +268,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
     }
     case proto::LocalRequest::kAbortPut: {
       const uint64_t handle = req.abort_put().handle();
-      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok()) return fail(s);
+      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok())
+        return fail(s);
       conn->puts.erase(handle);
       absl::MutexLock lock(&mu_);
       owners_.erase(handle);
@@ -260,12 +279,14 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
       const proto::MapOp& op = req.map();
       auto region = RegionFromProto(op.region());
       if (!region.ok()) return fail(region.status());
-      auto view = store_->OpenRead(op.job(), op.version(), op.tensor(), *region);
+      auto view =
+          store_->OpenRead(op.job(), op.version(), op.tensor(), *region);
       if (!view.ok()) return fail(view.status());
       if (!view->exact) {
         return fail(absl::FailedPreconditionError(absl::StrCat(
             "region ", region->ToString(), " of tensor '", op.tensor(),
-            "' is not one stored region; Map maps stored regions as they are (zero-copy), "
+            "' is not one stored region; Map maps stored regions as they are "
+            "(zero-copy), "
             "read other regions with the gRPC Read")));
       }
       const StoredRegionRef& s = view->sources[0];
@@ -282,7 +303,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn, const proto::LocalReq
     }
     case proto::LocalRequest::kRelease: {
       const uint64_t lease = req.release().lease();
-      if (absl::Status s = CheckOwner(lease, conn, "lease"); !s.ok()) return fail(s);
+      if (absl::Status s = CheckOwner(lease, conn, "lease"); !s.ok())
+        return fail(s);
       conn->leases.erase(lease);
       absl::MutexLock lock(&mu_);
       owners_.erase(lease);

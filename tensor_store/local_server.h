@@ -8,7 +8,8 @@
 // `allowed_uids` may connect (checked with SO_PEERCRED); the socket file
 // is created mode 0660.
 //
-//   PTC_ASSIGN_OR_RETURN(auto local, LocalServer::Start(&store, {.socket_path = p}));
+//   PTC_ASSIGN_OR_RETURN(auto local, LocalServer::Start(&store, {.socket_path =
+//   p}));
 #ifndef PTC_TENSOR_STORE_LOCAL_SERVER_H_
 #define PTC_TENSOR_STORE_LOCAL_SERVER_H_
 
@@ -37,8 +38,8 @@ struct LocalServerOptions {
 
 class LocalServer {
  public:
-  static absl::StatusOr<std::unique_ptr<LocalServer>> Start(Store* store,
-                                                           LocalServerOptions options);
+  static absl::StatusOr<std::unique_ptr<LocalServer>> Start(
+      Store* store, LocalServerOptions options);
   ~LocalServer();
   LocalServer(const LocalServer&) = delete;
   LocalServer& operator=(const LocalServer&) = delete;
@@ -58,8 +59,10 @@ class LocalServer {
   // Joins the threads of connections that have ended.
   void ReapFinished();
   void Serve(std::shared_ptr<Connection> conn);
-  proto::LocalResponse Handle(Connection* conn, const proto::LocalRequest& req, int* fd_out);
-  absl::Status CheckOwner(uint64_t id, const Connection* conn, const char* what);
+  proto::LocalResponse Handle(Connection* conn, const proto::LocalRequest& req,
+                              int* fd_out);
+  absl::Status CheckOwner(uint64_t id, const Connection* conn,
+                          const char* what);
 
   Store* store_;
   LocalServerOptions options_;
@@ -70,7 +73,8 @@ class LocalServer {
   std::thread accept_thread_;
 
   absl::Mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Connection>> connections_
+      ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   // Handle or lease -> id of the connection that owns it.

@@ -1,7 +1,5 @@
 // Local training processes and ptcd: saves through daemon-owned shared
 // memory, zero-copy loads, and the ownership rules of handles and leases.
-#include "tensor_store/local_client.h"
-
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,6 +12,7 @@
 #include "common/checksum.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
+#include "tensor_store/local_client.h"
 
 namespace ptc {
 namespace {
@@ -28,10 +27,12 @@ std::unique_ptr<LocalClient> Connect(const testing::Daemon& d) {
   return std::move(*c);
 }
 
-uint64_t SaveRows(LocalClient& c, int64_t version, int64_t r0, int64_t r1, uint64_t seed) {
+uint64_t SaveRows(LocalClient& c, int64_t version, int64_t r0, int64_t r1,
+                  uint64_t seed) {
   auto buf = c.AllocatePut("job", version, "w", Region{{r0, r1}, {0, kCols}});
   REQUIRE(buf.ok());
-  testing::FillPattern(seed, 0, reinterpret_cast<char*>(buf->data()), buf->size());
+  testing::FillPattern(seed, 0, reinterpret_cast<char*>(buf->data()),
+                       buf->size());
   const uint64_t sum = Checksum(buf->data(), buf->size());
   auto stored = c.CommitPut(&*buf, sum);
   REQUIRE(stored.ok());
@@ -42,19 +43,24 @@ uint64_t SaveRows(LocalClient& c, int64_t version, int64_t r0, int64_t r1, uint6
 TEST_CASE("local: a save through shared memory reads back over gRPC",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   SaveRows(*c, 1, 0, 32, 1);
   SaveRows(*c, 1, 32, 64, 2);
   std::vector<char> back(32 * kCols * 4);
-  REQUIRE(d->client->Read("job", 1, "w", Region{{32, 64}, {0, kCols}}, back.data(), back.size()).ok());
+  REQUIRE(d->client
+              ->Read("job", 1, "w", Region{{32, 64}, {0, kCols}}, back.data(),
+                     back.size())
+              .ok());
   CHECK(testing::CheckPattern(2, 0, back.data(), back.size()));
 }
 
 TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   auto buf = c->AllocatePut("job", 1, "w", r);
@@ -64,7 +70,8 @@ TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
   const int64_t used = d->server->store()->budget().used();
   auto m = c->Map("job", 1, "w", r);
   REQUIRE(m.ok());
-  CHECK(testing::CheckPattern(3, 0, reinterpret_cast<const char*>(m->data()), m->size()));
+  CHECK(testing::CheckPattern(3, 0, reinterpret_cast<const char*>(m->data()),
+                              m->size()));
   // The mapping is the very memory the store holds: same memfd inode, and
   // the store's memory did not grow.
   auto view = d->server->store()->OpenRead("job", 1, "w", r);
@@ -77,7 +84,8 @@ TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
 TEST_CASE("local: nobody can write a stored region, not even its mapper",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   SaveRows(*c, 1, 0, kRows, 4);
@@ -92,7 +100,8 @@ TEST_CASE("local: nobody can write a stored region, not even its mapper",
   REQUIRE(resp.ok());
   REQUIRE(fd >= 0);
   // The memfd is sealed: a shared writable mapping is refused.
-  CHECK(mmap(nullptr, resp->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+  CHECK(mmap(nullptr, resp->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+             0) == MAP_FAILED);
   CHECK(errno == EPERM);
   close(fd);
 }
@@ -100,7 +109,8 @@ TEST_CASE("local: nobody can write a stored region, not even its mapper",
 TEST_CASE("local: a mapping outlives the delete of its version until released",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   SaveRows(*c, 1, 0, kRows, 5);
@@ -109,7 +119,8 @@ TEST_CASE("local: a mapping outlives the delete of its version until released",
     REQUIRE(m.ok());
     REQUIRE(d->client->DeleteVersion("job", 1).ok());
     // Still readable, still paid for.
-    CHECK(testing::CheckPattern(5, 0, reinterpret_cast<const char*>(m->data()), m->size()));
+    CHECK(testing::CheckPattern(5, 0, reinterpret_cast<const char*>(m->data()),
+                                m->size()));
     CHECK(d->server->store()->budget().used() == kRows * kCols * 4);
   }
   // Released: the memory is back.
@@ -119,7 +130,8 @@ TEST_CASE("local: a mapping outlives the delete of its version until released",
 TEST_CASE("local: handles and leases belong to their connection",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto owner = Connect(*d);
   auto thief = Connect(*d);
   auto buf = owner->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
@@ -128,18 +140,22 @@ TEST_CASE("local: handles and leases belong to their connection",
   commit.mutable_commit_put()->set_handle(buf->handle());
   auto stolen = thief->Call(commit, nullptr);
   REQUIRE(stolen.ok());
-  CHECK(stolen->code() == static_cast<int>(absl::StatusCode::kPermissionDenied));
+  CHECK(stolen->code() ==
+        static_cast<int>(absl::StatusCode::kPermissionDenied));
   CHECK(stolen->message().find("another client") != std::string::npos);
   proto::LocalRequest bogus;
   bogus.mutable_release()->set_lease(987654);
-  CHECK(thief->Call(bogus, nullptr)->code() == static_cast<int>(absl::StatusCode::kNotFound));
+  CHECK(thief->Call(bogus, nullptr)->code() ==
+        static_cast<int>(absl::StatusCode::kNotFound));
   REQUIRE(owner->CommitPut(&*buf).ok());
 }
 
-TEST_CASE("local: committing while still mapped writable is refused, then works",
-          "[tensor_store][local]") {
+TEST_CASE(
+    "local: committing while still mapped writable is refused, then works",
+    "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   auto buf = c->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
   REQUIRE(buf.ok());
@@ -147,7 +163,8 @@ TEST_CASE("local: committing while still mapped writable is refused, then works"
   commit.mutable_commit_put()->set_handle(buf->handle());
   auto early = c->Call(commit, nullptr);  // buf is still mapped
   REQUIRE(early.ok());
-  CHECK(early->code() == static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  CHECK(early->code() ==
+        static_cast<int>(absl::StatusCode::kFailedPrecondition));
   CHECK(early->message().find("unmap") != std::string::npos);
   CHECK(c->CommitPut(&*buf).ok());  // unmaps, then commits
 }
@@ -155,7 +172,8 @@ TEST_CASE("local: committing while still mapped writable is refused, then works"
 TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   {
     auto c = Connect(*d);
     auto buf = c->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
@@ -173,29 +191,36 @@ TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
 TEST_CASE("local: malformed requests and wrong regions get clear errors",
           "[tensor_store][local]") {
   auto d = StartDaemon();
-  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
   auto c = Connect(*d);
   SaveRows(*c, 1, 0, kRows, 6);
   auto part = c->Map("job", 1, "w", Region{{0, 8}, {0, kCols}});
   CHECK(part.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(part.status().message().find("not one stored region") != std::string::npos);
+  CHECK(part.status().message().find("not one stored region") !=
+        std::string::npos);
   auto unknown = c->AllocatePut("job", 1, "nope", Region{{0, 8}, {0, kCols}});
   CHECK(unknown.status().code() == absl::StatusCode::kNotFound);
   proto::LocalRequest empty;
-  CHECK(c->Call(empty, nullptr)->code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CHECK(c->Call(empty, nullptr)->code() ==
+        static_cast<int>(absl::StatusCode::kInvalidArgument));
   CHECK(d->server->local()->num_clients() == 1);
 }
 
-TEST_CASE("local: garbage and oversized packets are refused, the connection lives on",
-          "[tensor_store][local]") {
+TEST_CASE(
+    "local: garbage and oversized packets are refused, the connection lives on",
+    "[tensor_store][local]") {
   auto d = StartDaemon();
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, d->socket_path().c_str(), sizeof(addr.sun_path) - 1);
-  REQUIRE(connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) == 0);
+  std::strncpy(addr.sun_path, d->socket_path().c_str(),
+               sizeof(addr.sun_path) - 1);
+  REQUIRE(connect(fd, reinterpret_cast<struct sockaddr*>(&addr),
+                  sizeof(addr)) == 0);
   auto answer = [&](const std::string& packet) {
-    REQUIRE(send(fd, packet.data(), packet.size(), 0) == static_cast<ssize_t>(packet.size()));
+    REQUIRE(send(fd, packet.data(), packet.size(), 0) ==
+            static_cast<ssize_t>(packet.size()));
     char buf[4096];
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
     REQUIRE(n > 0);
@@ -203,7 +228,8 @@ TEST_CASE("local: garbage and oversized packets are refused, the connection live
     REQUIRE(resp.ParseFromArray(buf, n));
     return resp;
   };
-  const proto::LocalResponse garbage = answer(std::string("\xff\xff\xff\xff\x0fjunk", 9));
+  const proto::LocalResponse garbage =
+      answer(std::string("\xff\xff\xff\xff\x0fjunk", 9));
   CHECK(garbage.code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
   CHECK(garbage.message().find("malformed") != std::string::npos);
   const proto::LocalResponse huge = answer(std::string(100 << 10, 'x'));

@@ -29,12 +29,14 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(
   int64_t used = used_.load(std::memory_order_relaxed);
   while (true) {
     if (bytes > limit_ - used) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, " needs ", bytes, " bytes but the store holds ", used, " of its ",
-          limit_, "-byte memory limit; delete old versions or raise "
-          "--memory-limit"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " needs ", bytes, " bytes but the store holds ",
+                       used, " of its ", limit_,
+                       "-byte memory limit; delete old versions or raise "
+                       "--memory-limit"));
     }
-    if (used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) {
+    if (used_.compare_exchange_weak(used, used + bytes,
+                                    std::memory_order_relaxed)) {
       return Reservation(this, bytes);
     }
   }

@@ -2,7 +2,8 @@
 // allocated and given back when the last reference to it goes away, so the
 // daemon never holds more than its limit, whatever its clients do.
 //
-//   PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation r, budget.Reserve(n, "put ..."));
+//   PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation r, budget.Reserve(n, "put
+//   ..."));
 //   ... r is released when destroyed (or moved into the buffer it pays for).
 #ifndef PTC_TENSOR_STORE_MEMORY_BUDGET_H_
 #define PTC_TENSOR_STORE_MEMORY_BUDGET_H_
@@ -21,7 +22,8 @@ class MemoryBudget {
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& o) noexcept : budget_(o.budget_), bytes_(o.bytes_) {
+    Reservation(Reservation&& o) noexcept
+        : budget_(o.budget_), bytes_(o.bytes_) {
       o.budget_ = nullptr;
       o.bytes_ = 0;
     }

@@ -13,14 +13,14 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "absl/random/random.h"
-#include "absl/strings/match.h"
 #include "state_transformer/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
@@ -28,7 +28,8 @@
 namespace ptc {
 namespace {
 
-constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
+constexpr char kUsage[] =
+    R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
             [--spare-pool BYTES] [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
@@ -58,12 +59,12 @@ constexpr char kUsage[] = R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [-
 
 absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argc, argv, 1,
-                             {"config", "listen", "socket", "memory-limit", "spare-pool",
-                              "log-level",
-                              "allowed-uids", "drain-seconds", "port-file", "coordinator", "name",
-                              "gpus", "advertise", "bandwidth"},
-                             {"help"}));
+      Args args,
+      Args::Parse(argc, argv, 1,
+                  {"config", "listen", "socket", "memory-limit", "spare-pool",
+                   "log-level", "allowed-uids", "drain-seconds", "port-file",
+                   "coordinator", "name", "gpus", "advertise", "bandwidth"},
+                  {"help"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -72,16 +73,19 @@ absl::Status Run(int argc, char** argv) {
   if (args.Has("config")) {
     PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
     for (const auto& [key, value] : config) {
-      static const char* kKeys[] = {"listen",    "socket",       "memory_limit", "spare_pool",
-                                    "log_level", "allowed_uids", "drain_seconds"};
-      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      static const char* kKeys[] = {"listen",       "socket",    "memory_limit",
+                                    "spare_pool",   "log_level", "allowed_uids",
+                                    "drain_seconds"};
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) ==
+          std::end(kKeys)) {
         return absl::InvalidArgumentError(
             absl::StrCat(args.Get("config"), ": unknown key '", key, "'"));
       }
     }
   }
   // Flag, else config key, else default.
-  auto setting = [&](const std::string& flag, const std::string& key, const std::string& def) {
+  auto setting = [&](const std::string& flag, const std::string& key,
+                     const std::string& def) {
     if (args.Has(flag)) return args.Get(flag);
     auto it = config.find(key);
     return it != config.end() ? it->second : def;
@@ -91,24 +95,29 @@ absl::Status Run(int argc, char** argv) {
   options.listen_address = setting("listen", "listen", "127.0.0.1:7070");
   options.socket_path = setting("socket", "socket", "/run/ptcd/ptcd.sock");
   if (options.socket_path == "none") options.socket_path.clear();
-  PTC_ASSIGN_OR_RETURN(options.memory_limit_bytes,
-                       ParseBytes(setting("memory-limit", "memory_limit", "8GiB")));
+  PTC_ASSIGN_OR_RETURN(
+      options.memory_limit_bytes,
+      ParseBytes(setting("memory-limit", "memory_limit", "8GiB")));
   PTC_ASSIGN_OR_RETURN(
       options.spare_pool_bytes,
       ParseBytes(setting("spare-pool", "spare_pool",
                          std::to_string(options.memory_limit_bytes / 16))));
   for (absl::string_view uid :
-       absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',', absl::SkipEmpty())) {
+       absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',',
+                      absl::SkipEmpty())) {
     uid_t u;
     if (!absl::SimpleAtoi(uid, &u)) {
-      return absl::InvalidArgumentError(absl::StrCat("allowed uid '", uid, "' is not a number"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("allowed uid '", uid, "' is not a number"));
     }
     options.allowed_uids.push_back(u);
   }
   int drain_seconds;
-  if (!absl::SimpleAtoi(setting("drain-seconds", "drain_seconds", "10"), &drain_seconds) ||
+  if (!absl::SimpleAtoi(setting("drain-seconds", "drain_seconds", "10"),
+                        &drain_seconds) ||
       drain_seconds < 0) {
-    return absl::InvalidArgumentError("drain seconds must be a non-negative integer");
+    return absl::InvalidArgumentError(
+        "drain seconds must be a non-negative integer");
   }
 
   // Signals go to sigwait below, not to whichever thread gRPC runs.
@@ -139,8 +148,10 @@ absl::Status Run(int argc, char** argv) {
     int gpus = 8;
     double bandwidth = 25e9;
     if (!absl::SimpleAtoi(args.Get("gpus", "8"), &gpus) || gpus < 1 ||
-        !absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) || bandwidth <= 0) {
-      return absl::InvalidArgumentError("--gpus and --bandwidth need positive numbers");
+        !absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) ||
+        bandwidth <= 0) {
+      return absl::InvalidArgumentError(
+          "--gpus and --bandwidth need positive numbers");
     }
     host.set_gpus(gpus);
     host.set_bandwidth(bandwidth);
@@ -149,17 +160,21 @@ absl::Status Run(int argc, char** argv) {
     std::string advertise = args.Get("advertise");
     if (advertise.empty()) {
       const std::string listen = options.listen_address;
-      advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", server->port());
-      if (absl::StartsWith(advertise, "0.0.0.0:")) advertise = absl::StrCat(hostname, ":", server->port());
+      advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
+                               server->port());
+      if (absl::StartsWith(advertise, "0.0.0.0:"))
+        advertise = absl::StrCat(hostname, ":", server->port());
     }
     host.set_address(advertise);
     agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host);
   }
-  Log("tensor_store")->info("ptcd ready: gRPC port {}, socket {}", server->port(),
-                            options.socket_path.empty() ? "disabled" : options.socket_path);
+  Log("tensor_store")
+      ->info("ptcd ready: gRPC port {}, socket {}", server->port(),
+             options.socket_path.empty() ? "disabled" : options.socket_path);
   int sig = 0;
   sigwait(&signals, &sig);
-  Log("tensor_store")->info("signal {}: draining for up to {} s", sig, drain_seconds);
+  Log("tensor_store")
+      ->info("signal {}: draining for up to {} s", sig, drain_seconds);
   agent.reset();
   server->Shutdown(absl::Seconds(drain_seconds));
   Log("tensor_store")->info("ptcd stopped");

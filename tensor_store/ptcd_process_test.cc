@@ -24,9 +24,9 @@ pid_t StartPtcd(const std::string& dir) {
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string socket = dir + "/ptcd.sock", port = dir + "/port";
-    execl("tensor_store/ptcd", "ptcd", "--listen", "127.0.0.1:0", "--socket", socket.c_str(),
-          "--port-file", port.c_str(), "--memory-limit", "1GiB", "--log-level", "warn",
-          static_cast<char*>(nullptr));
+    execl("tensor_store/ptcd", "ptcd", "--listen", "127.0.0.1:0", "--socket",
+          socket.c_str(), "--port-file", port.c_str(), "--memory-limit", "1GiB",
+          "--log-level", "warn", static_cast<char*>(nullptr));
     std::perror("exec tensor_store/ptcd");
     _exit(127);
   }
@@ -64,16 +64,18 @@ pid_t StartHalfPut(const std::string& dir, bool shared_memory, int ready_fd) {
     say_ready();
   }
   auto client = StoreClient::Connect(absl::StrCat("127.0.0.1:", port));
-  auto put = client->PutWith("job", 1, "grpc", r, kBytes, [&](int64_t off, char* dst, int64_t n) {
-    if (off >= kBytes / 2) say_ready();
-    std::memset(dst, 7, n);
-  });
+  auto put = client->PutWith("job", 1, "grpc", r, kBytes,
+                             [&](int64_t off, char* dst, int64_t n) {
+                               if (off >= kBytes / 2) say_ready();
+                               std::memset(dst, 7, n);
+                             });
   _exit(put.ok() ? 4 : 5);  // not reached: the parent kills us first
 }
 
-TEST_CASE("ptcd process: clients killed half way through a save leave nothing, and "
-          "SIGTERM exits cleanly",
-          "[tensor_store][process]") {
+TEST_CASE(
+    "ptcd process: clients killed half way through a save leave nothing, and "
+    "SIGTERM exits cleanly",
+    "[tensor_store][process]") {
   testing::TempDir dir;
   const pid_t ptcd = StartPtcd(dir.path());
   REQUIRE(ptcd > 0);
@@ -88,7 +90,8 @@ TEST_CASE("ptcd process: clients killed half way through a save leave nothing, a
   const pid_t declarer = fork();
   if (declarer == 0) {
     auto c = StoreClient::Connect(absl::StrCat("127.0.0.1:", port));
-    _exit(c->Declare("job", {{"grpc", DType::kUInt8, {kBytes}}, {"shm", DType::kUInt8, {kBytes}}})
+    _exit(c->Declare("job", {{"grpc", DType::kUInt8, {kBytes}},
+                             {"shm", DType::kUInt8, {kBytes}}})
                   .ok()
               ? 0
               : 1);
@@ -124,13 +127,15 @@ TEST_CASE("ptcd process: clients killed half way through a save leave nothing, a
   CHECK(list->jobs(0).versions_size() == 0);
   // The daemon serves on: a whole put works.
   std::vector<char> data(kBytes, 9);
-  CHECK(client->Put("job", 1, "grpc", Region{{0, kBytes}}, data.data(), kBytes).ok());
+  CHECK(client->Put("job", 1, "grpc", Region{{0, kBytes}}, data.data(), kBytes)
+            .ok());
 
   kill(ptcd, SIGTERM);
   REQUIRE(waitpid(ptcd, &status, 0) == ptcd);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(access((dir.path() + "/ptcd.sock").c_str(), F_OK) != 0);  // socket removed
+  CHECK(access((dir.path() + "/ptcd.sock").c_str(), F_OK) !=
+        0);  // socket removed
 }
 
 }  // namespace

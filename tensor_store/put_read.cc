@@ -22,15 +22,16 @@ constexpr int64_t kMaxChunk = int64_t{4} << 20;
 
 }  // namespace
 
-absl::Status TensorStoreService::DoPut(grpc::ServerContext* ctx,
-                                       grpc::ServerReader<proto::PutRequest>* reader,
-                                       proto::PutResponse* resp) {
+absl::Status TensorStoreService::DoPut(
+    grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+    proto::PutResponse* resp) {
   proto::PutRequest msg;
   if (!reader->Read(&msg)) {
     return absl::InvalidArgumentError("the Put stream ended before its header");
   }
   if (!msg.has_header()) {
-    return absl::InvalidArgumentError("the first message of a Put must carry the header");
+    return absl::InvalidArgumentError(
+        "the first message of a Put must carry the header");
   }
   const proto::PutHeader& h = msg.header();
   PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(h.region()));
@@ -38,22 +39,24 @@ absl::Status TensorStoreService::DoPut(grpc::ServerContext* ctx,
   if (!h.dtype().empty()) {
     PTC_ASSIGN_OR_RETURN(dtype, ParseDType(h.dtype()));
   }
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
-                       store_->BeginPut(h.job(), h.version(), h.tensor(), region, dtype));
+  PTC_ASSIGN_OR_RETURN(
+      std::unique_ptr<PendingPut> put,
+      store_->BeginPut(h.job(), h.version(), h.tensor(), region, dtype));
   uint64_t expected = msg.checksum();
   StreamingChecksum checksum;
   int64_t received = 0;
   uint8_t* out = put->buffer->mutable_data();
   while (reader->Read(&msg)) {
     if (msg.has_header()) {
-      return absl::InvalidArgumentError("a Put carries exactly one header, in its first message");
+      return absl::InvalidArgumentError(
+          "a Put carries exactly one header, in its first message");
     }
     if (msg.checksum() != 0) expected = msg.checksum();
     const std::string& data = msg.data();
     if (received + static_cast<int64_t>(data.size()) > put->bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the Put sent more than the ", put->bytes, " bytes of region ", region.ToString(),
-          "; nothing was stored"));
+          "the Put sent more than the ", put->bytes, " bytes of region ",
+          region.ToString(), "; nothing was stored"));
     }
     std::memcpy(out + received, data.data(), data.size());
     checksum.Update(data.data(), data.size());
@@ -61,16 +64,18 @@ absl::Status TensorStoreService::DoPut(grpc::ServerContext* ctx,
   }
   if (ctx->IsCancelled()) {
     return absl::CancelledError(absl::StrCat("the client cancelled the Put of ",
-                                             region.ToString(), "; nothing was stored"));
+                                             region.ToString(),
+                                             "; nothing was stored"));
   }
   if (received != put->bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the Put ended after ", received, " of the ", put->bytes, " bytes of region ",
-        region.ToString(), "; nothing was stored"));
+        "the Put ended after ", received, " of the ", put->bytes,
+        " bytes of region ", region.ToString(), "; nothing was stored"));
   }
   const int64_t bytes = put->bytes;
-  PTC_ASSIGN_OR_RETURN(uint64_t sum,
-                       store_->FinishPut(std::move(put), checksum.Digest(), expected));
+  PTC_ASSIGN_OR_RETURN(
+      uint64_t sum,
+      store_->FinishPut(std::move(put), checksum.Digest(), expected));
   bytes_in_total.Add(bytes);
   puts_total.Add();
   resp->set_checksum(sum);
@@ -78,14 +83,16 @@ absl::Status TensorStoreService::DoPut(grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
-absl::Status TensorStoreService::DoRead(grpc::ServerContext* ctx, const proto::ReadRequest& req,
-                                        grpc::ServerWriter<proto::ReadResponse>* writer) {
+absl::Status TensorStoreService::DoRead(
+    grpc::ServerContext* ctx, const proto::ReadRequest& req,
+    grpc::ServerWriter<proto::ReadResponse>* writer) {
   PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
-  PTC_ASSIGN_OR_RETURN(ReadView view,
-                       store_->OpenRead(req.job(), req.version(), req.tensor(), region));
+  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(),
+                                                       req.tensor(), region));
   const int64_t elem = ElementSize(view.decl.dtype);
-  int64_t chunk = req.chunk_bytes() > 0 ? std::min<int64_t>(req.chunk_bytes(), kMaxChunk)
-                                        : kDefaultChunk;
+  int64_t chunk = req.chunk_bytes() > 0
+                      ? std::min<int64_t>(req.chunk_bytes(), kMaxChunk)
+                      : kDefaultChunk;
   const int64_t per_chunk = std::max<int64_t>(1, chunk / elem);
   const int64_t total = region.volume();
   const Shape shape = region.shape();
@@ -104,7 +111,8 @@ absl::Status TensorStoreService::DoRead(grpc::ServerContext* ctx, const proto::R
         box.mutable_dim(d).end += region.dim(d).begin;
       }
       PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
-          box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {
+          box, view.sources,
+          [&](const Region& piece, const StoredRegionRef& s) {
             CopyRegion(s.buffer->data(), s.region, dst, box, piece, elem);
           }));
       dst += box.volume() * elem;

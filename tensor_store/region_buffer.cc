@@ -30,12 +30,14 @@ void AdviseHugePages(void* addr, int64_t size) {
 }
 
 absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Create(
-    int64_t size, MemoryBudget::Reservation reservation, const std::string& name,
-    bool map) {
+    int64_t size, MemoryBudget::Reservation reservation,
+    const std::string& name, bool map) {
   if (size <= 0) {
-    return absl::InvalidArgumentError("a region buffer needs at least one byte");
+    return absl::InvalidArgumentError(
+        "a region buffer needs at least one byte");
   }
-  const int fd = memfd_create(name.substr(0, 200).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const int fd = memfd_create(name.substr(0, 200).c_str(),
+                              MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Errno("memfd_create");
   if (ftruncate(fd, size) != 0) {
     const absl::Status s = Errno(absl::StrCat("ftruncate to ", size, " bytes"));
@@ -47,11 +49,13 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Create(
 
 absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
     int fd, int64_t size, MemoryBudget::Reservation reservation, bool map) {
-  std::shared_ptr<RegionBuffer> buf(new RegionBuffer(fd, size, std::move(reservation)));
+  std::shared_ptr<RegionBuffer> buf(
+      new RegionBuffer(fd, size, std::move(reservation)));
   struct stat st;
   if (fstat(fd, &st) != 0) return Errno("fstat");
   if (st.st_size != size) {
-    return absl::InternalError(absl::StrCat("memfd has ", st.st_size, " bytes, not ", size));
+    return absl::InternalError(
+        absl::StrCat("memfd has ", st.st_size, " bytes, not ", size));
   }
   buf->inode_ = st.st_ino;
   if (map) {
@@ -74,7 +78,8 @@ absl::Status RegionBuffer::Seal() {
     munmap(data_, size_);
     data_ = nullptr;
   }
-  if (fcntl(fd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+  if (fcntl(fd_, F_ADD_SEALS,
+            F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
     if (errno == EBUSY) {
       return absl::FailedPreconditionError(
           "the region's buffer is still mapped writable; unmap it before "

@@ -6,8 +6,8 @@
 // reservation that pays for it; the memory returns to the budget when the
 // last reference (the store's or a local client's lease) goes away.
 //
-//   PTC_ASSIGN_OR_RETURN(auto buf, RegionBuffer::Create(n, std::move(r), "job/v1/w"));
-//   std::memcpy(buf->mutable_data(), src, n);
+//   PTC_ASSIGN_OR_RETURN(auto buf, RegionBuffer::Create(n, std::move(r),
+//   "job/v1/w")); std::memcpy(buf->mutable_data(), src, n);
 //   PTC_RETURN_IF_ERROR(buf->Seal());
 //   const uint8_t* bytes = buf->data();
 #ifndef PTC_TENSOR_STORE_REGION_BUFFER_H_

@@ -3,13 +3,12 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include "absl/synchronization/notification.h"
-
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
 #include <random>
 
+#include "absl/synchronization/notification.h"
 #include "common/checksum.h"
 #include "ptc/fingerprint.h"
 #include "ptc/region_proto.h"
@@ -28,8 +27,8 @@ std::vector<char> RandomBytes(int64_t n, uint32_t seed) {
 }
 
 // The bytes of `what` cut out of a row-major buffer holding `box`.
-std::vector<char> Cut(const std::vector<char>& full, const Region& box, const Region& what,
-                      int64_t elem) {
+std::vector<char> Cut(const std::vector<char>& full, const Region& box,
+                      const Region& what, int64_t elem) {
   std::vector<char> out(what.volume() * elem);
   CopyRegion(full.data(), box, out.data(), what, what, elem);
   return out;
@@ -56,7 +55,8 @@ TEST_CASE("tensor store: every dtype round-trips, whole and across regions",
       CHECK(*sum == Checksum(part.data(), part.size()));
     }
     std::vector<char> back(data.size());
-    REQUIRE(d->client->Read("job", 1, key, full, back.data(), back.size()).ok());
+    REQUIRE(
+        d->client->Read("job", 1, key, full, back.data(), back.size()).ok());
     CHECK(back == data);
   }
   auto list = d->client->List("job");
@@ -66,8 +66,9 @@ TEST_CASE("tensor store: every dtype round-trips, whole and across regions",
   CHECK(list->jobs(0).versions(0).tensors(0).regions_size() == 2);
 }
 
-TEST_CASE("tensor store: partial reads spanning several stored regions are exact",
-          "[tensor_store][service]") {
+TEST_CASE(
+    "tensor store: partial reads spanning several stored regions are exact",
+    "[tensor_store][service]") {
   auto d = StartDaemon();
   const Shape shape = {40, 24};
   const Region full = Region::Full(shape);
@@ -93,20 +94,23 @@ TEST_CASE("tensor store: partial reads spanning several stored regions are exact
     std::vector<char> got(want.size());
     // Small chunks, so that chunks cut rows and cross stored regions.
     int64_t off = 0;
-    auto n = d->client->ReadWith("job", 3, "w", r,
-                                 [&](int64_t o, const char* src, int64_t k) {
-                                   std::memcpy(got.data() + o, src, k);
-                                   off = o + k;
-                                 },
-                                 /*chunk_bytes=*/100);
+    auto n = d->client->ReadWith(
+        "job", 3, "w", r,
+        [&](int64_t o, const char* src, int64_t k) {
+          std::memcpy(got.data() + o, src, k);
+          off = o + k;
+        },
+        /*chunk_bytes=*/100);
     REQUIRE(n.ok());
     CHECK(*n == static_cast<int64_t>(want.size()));
     CHECK(got == want);
   }
 }
 
-TEST_CASE("tensor store: fingerprints add up across any partition and match the values",
-          "[tensor_store][service]") {
+TEST_CASE(
+    "tensor store: fingerprints add up across any partition and match the "
+    "values",
+    "[tensor_store][service]") {
   auto d = StartDaemon();
   const Shape shape = {16, 10};
   const Region full = Region::Full(shape);
@@ -122,16 +126,19 @@ TEST_CASE("tensor store: fingerprints add up across any partition and match the 
   REQUIRE(all.ok());
   CHECK(all->fingerprint() == want);
   CHECK(all->elements() == full.volume());
-  auto cols = d->client->Fingerprint("job", 1, "w", {Region{{0, 16}, {0, 3}}, Region{{0, 16}, {3, 10}}});
+  auto cols = d->client->Fingerprint(
+      "job", 1, "w", {Region{{0, 16}, {0, 3}}, Region{{0, 16}, {3, 10}}});
   REQUIRE(cols.ok());
   CHECK(cols->fingerprint() == want);
 }
 
-TEST_CASE("tensor store: commit, stat, stats and delete", "[tensor_store][service]") {
+TEST_CASE("tensor store: commit, stat, stats and delete",
+          "[tensor_store][service]") {
   auto d = StartDaemon();
   REQUIRE(d->client->Declare("job", {{"w", DType::kInt64, {100}}}).ok());
   const std::vector<char> data = RandomBytes(800, 1);
-  REQUIRE(d->client->Put("job", 1, "w", Region{{0, 100}}, data.data(), 800).ok());
+  REQUIRE(
+      d->client->Put("job", 1, "w", Region{{0, 100}}, data.data(), 800).ok());
   REQUIRE(d->client->Commit("job", 1).ok());
   auto stat = d->client->Stat("job", 1, "w");
   REQUIRE(stat.ok());
@@ -150,7 +157,8 @@ TEST_CASE("tensor store: commit, stat, stats and delete", "[tensor_store][servic
   REQUIRE(deleted.ok());
   CHECK(*deleted == 800);
   CHECK(d->client->Stats()->memory_used_bytes() == 0);
-  CHECK(d->client->Stat("job", 1, "w").status().code() == absl::StatusCode::kNotFound);
+  CHECK(d->client->Stat("job", 1, "w").status().code() ==
+        absl::StatusCode::kNotFound);
 }
 
 // A Put built by hand: the header, then data chunks, optionally cancelled
@@ -195,17 +203,21 @@ absl::Status SendRaw(StoreClient& client, const RawPut& p) {
   }
   writer->WritesDone();
   grpc::Status s = writer->Finish();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
 }
 
-TEST_CASE("tensor store: bad input gets a clear status, changes nothing, and the "
-          "daemon keeps serving",
-          "[tensor_store][service]") {
+TEST_CASE(
+    "tensor store: bad input gets a clear status, changes nothing, and the "
+    "daemon keeps serving",
+    "[tensor_store][service]") {
   auto d = StartDaemon();
   REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   // One good region stored beforehand: rows [4, 8).
   const std::vector<char> good = RandomBytes(128, 2);
-  REQUIRE(d->client->Put("job", 1, "w", Region{{4, 8}, {0, 8}}, good.data(), 128).ok());
+  REQUIRE(
+      d->client->Put("job", 1, "w", Region{{4, 8}, {0, 8}}, good.data(), 128)
+          .ok());
   const int64_t used_before = d->client->Stats()->memory_used_bytes();
 
   struct Case {
@@ -221,39 +233,52 @@ TEST_CASE("tensor store: bad input gets a clear status, changes nothing, and the
       return SendRaw(*d->client, p);
     };
   };
-  auto read = [&](std::string job, int64_t version, std::string tensor, Region r) {
+  auto read = [&](std::string job, int64_t version, std::string tensor,
+                  Region r) {
     return [&d, job, version, tensor, r] {
       std::vector<char> out(std::max<int64_t>(r.volume(), 1) * 8);
-      return d->client->Read(job, version, tensor, r, out.data(), r.volume() * 4);
+      return d->client->Read(job, version, tensor, r, out.data(),
+                             r.volume() * 4);
     };
   };
   const std::vector<Case> cases = {
-      {"unknown job", put([](RawPut& p) { p.job = "nojob"; }), absl::StatusCode::kNotFound,
-       "job 'nojob' is unknown"},
-      {"empty job", put([](RawPut& p) { p.job = ""; }), absl::StatusCode::kInvalidArgument,
-       "must not be empty"},
-      {"unknown tensor", put([](RawPut& p) { p.tensor = "v"; }), absl::StatusCode::kNotFound,
-       "tensor 'v' is not declared"},
+      {"unknown job", put([](RawPut& p) { p.job = "nojob"; }),
+       absl::StatusCode::kNotFound, "job 'nojob' is unknown"},
+      {"empty job", put([](RawPut& p) { p.job = ""; }),
+       absl::StatusCode::kInvalidArgument, "must not be empty"},
+      {"unknown tensor", put([](RawPut& p) { p.tensor = "v"; }),
+       absl::StatusCode::kNotFound, "tensor 'v' is not declared"},
       {"negative version", put([](RawPut& p) { p.version = -2; }),
        absl::StatusCode::kInvalidArgument, "negative"},
-      {"region out of bounds", put([](RawPut& p) { p.region = Region{{0, 4}, {0, 9}}; }),
+      {"region out of bounds", put([](RawPut& p) {
+         p.region = Region{{0, 4}, {0, 9}};
+       }),
        absl::StatusCode::kInvalidArgument, "out of bounds"},
-      {"region with begin > end", put([](RawPut& p) { p.region = Region{{3, 1}, {0, 8}}; }),
+      {"region with begin > end", put([](RawPut& p) {
+         p.region = Region{{3, 1}, {0, 8}};
+       }),
        absl::StatusCode::kInvalidArgument, "begin <= end"},
-      {"region of the wrong rank", put([](RawPut& p) { p.region = Region{{0, 4}}; }),
+      {"region of the wrong rank", put([](RawPut& p) {
+         p.region = Region{{0, 4}};
+       }),
        absl::StatusCode::kInvalidArgument, "rank 1"},
-      {"empty region", put([](RawPut& p) { p.region = Region{{2, 2}, {0, 8}}; }),
+      {"empty region", put([](RawPut& p) {
+         p.region = Region{{2, 2}, {0, 8}};
+       }),
        absl::StatusCode::kInvalidArgument, "is empty"},
       {"dtype mismatch", put([](RawPut& p) { p.dtype = "fp16"; }),
-       absl::StatusCode::kInvalidArgument, "declared fp32 but the put sends fp16"},
+       absl::StatusCode::kInvalidArgument,
+       "declared fp32 but the put sends fp16"},
       {"unknown dtype", put([](RawPut& p) { p.dtype = "fp7"; }),
        absl::StatusCode::kInvalidArgument, "unknown dtype"},
-      {"chunks overflow the region", put([](RawPut& p) { p.chunks = {100, 100}; }),
+      {"chunks overflow the region", put([](RawPut& p) {
+         p.chunks = {100, 100};
+       }),
        absl::StatusCode::kInvalidArgument, "more than the 128 bytes"},
       {"chunks underfill the region", put([](RawPut& p) { p.chunks = {64}; }),
        absl::StatusCode::kInvalidArgument, "after 64 of the 128 bytes"},
-      {"no header", put([](RawPut& p) { p.header = false; }), absl::StatusCode::kInvalidArgument,
-       "header"},
+      {"no header", put([](RawPut& p) { p.header = false; }),
+       absl::StatusCode::kInvalidArgument, "header"},
       {"two headers", put([](RawPut& p) { p.second_header = true; }),
        absl::StatusCode::kInvalidArgument, "exactly one header"},
       {"wrong checksum", put([](RawPut& p) { p.checksum = 12345; }),
@@ -268,36 +293,46 @@ TEST_CASE("tensor store: bad input gets a clear status, changes nothing, and the
          p.chunks = {9 << 20};
        }),
        absl::StatusCode::kResourceExhausted, ""},
-      {"region stored already", put([](RawPut& p) { p.region = Region{{4, 8}, {0, 8}}; }),
+      {"region stored already", put([](RawPut& p) {
+         p.region = Region{{4, 8}, {0, 8}};
+       }),
        absl::StatusCode::kAlreadyExists, "already holds"},
-      {"read of a region not stored here", read("job", 1, "w", Region{{0, 8}, {0, 8}}),
-       absl::StatusCode::kNotFound, "not stored on this host"},
-      {"read of an unknown version", read("job", 9, "w", Region{{4, 8}, {0, 8}}),
-       absl::StatusCode::kNotFound, "no version 9"},
+      {"read of a region not stored here",
+       read("job", 1, "w", Region{{0, 8}, {0, 8}}), absl::StatusCode::kNotFound,
+       "not stored on this host"},
+      {"read of an unknown version",
+       read("job", 9, "w", Region{{4, 8}, {0, 8}}), absl::StatusCode::kNotFound,
+       "no version 9"},
       {"read out of bounds", read("job", 1, "w", Region{{4, 9}, {0, 8}}),
        absl::StatusCode::kInvalidArgument, "out of bounds"},
       {"declare with another shape",
-       [&] { return d->client->Declare("job", {{"w", DType::kFloat32, {8, 9}}}); },
+       [&] {
+         return d->client->Declare("job", {{"w", DType::kFloat32, {8, 9}}});
+       },
        absl::StatusCode::kFailedPrecondition, "cannot be re-declared"},
       {"declare a negative extent",
-       [&] { return d->client->Declare("job", {{"z", DType::kFloat32, {-1}}}); },
+       [&] {
+         return d->client->Declare("job", {{"z", DType::kFloat32, {-1}}});
+       },
        absl::StatusCode::kInvalidArgument, "extent -1"},
       {"malformed message bytes",
        [&] {
-         grpc::GenericStub generic(grpc::CreateChannel(d->address(),
-                                                       grpc::InsecureChannelCredentials()));
+         grpc::GenericStub generic(grpc::CreateChannel(
+             d->address(), grpc::InsecureChannelCredentials()));
          grpc::ClientContext ctx;
          const char garbage[] = "\xff\xff\xff\xff\x0f not a protobuf";
          grpc::Slice slice(garbage, sizeof(garbage));
          grpc::ByteBuffer request(&slice, 1), response;
          absl::Status result;
          absl::Notification done;
-         generic.UnaryCall(&ctx, "/ptc.proto.TensorStore/Stat", grpc::StubOptions(), &request,
-                           &response, [&](grpc::Status s) {
-                             result = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                                                   s.error_message());
-                             done.Notify();
-                           });
+         generic.UnaryCall(
+             &ctx, "/ptc.proto.TensorStore/Stat", grpc::StubOptions(), &request,
+             &response, [&](grpc::Status s) {
+               result =
+                   absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                                s.error_message());
+               done.Notify();
+             });
          done.WaitForNotification();
          return result;
        },
@@ -318,29 +353,40 @@ TEST_CASE("tensor store: bad input gets a clear status, changes nothing, and the
     CHECK(list->jobs(0).versions_size() == 1);
     CHECK(list->jobs(0).versions(0).tensors(0).regions_size() == 1);
     std::vector<char> back(128);
-    REQUIRE(d->client->Read("job", 1, "w", Region{{4, 8}, {0, 8}}, back.data(), 128).ok());
+    REQUIRE(
+        d->client->Read("job", 1, "w", Region{{4, 8}, {0, 8}}, back.data(), 128)
+            .ok());
     CHECK(back == good);
   }
   // And the region that failed so often can still be stored.
   const std::vector<char> top = RandomBytes(128, 4);
-  CHECK(d->client->Put("job", 1, "w", Region{{0, 4}, {0, 8}}, top.data(), 128).ok());
+  CHECK(d->client->Put("job", 1, "w", Region{{0, 4}, {0, 8}}, top.data(), 128)
+            .ok());
 }
 
 TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
           "[tensor_store][service]") {
   auto d = StartDaemon(/*memory_limit=*/1 << 20);
-  REQUIRE(d->client->Declare("job", {{"w", DType::kUInt8, {2, 600 << 10}}}).ok());
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kUInt8, {2, 600 << 10}}}).ok());
   const std::vector<char> row = RandomBytes(600 << 10, 8);
-  REQUIRE(d->client->Put("job", 1, "w", Region{{0, 1}, {0, 600 << 10}}, row.data(), row.size()).ok());
+  REQUIRE(d->client
+              ->Put("job", 1, "w", Region{{0, 1}, {0, 600 << 10}}, row.data(),
+                    row.size())
+              .ok());
   const int64_t used = d->client->Stats()->memory_used_bytes();
   CHECK(used == (600 << 10));
-  auto over = d->client->Put("job", 1, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(), row.size());
+  auto over = d->client->Put("job", 1, "w", Region{{1, 2}, {0, 600 << 10}},
+                             row.data(), row.size());
   CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(over.status().message().find("memory limit") != std::string::npos);
   CHECK(d->client->Stats()->memory_used_bytes() == used);
   REQUIRE(d->client->DeleteVersion("job", 1).ok());
   CHECK(d->client->Stats()->memory_used_bytes() == 0);
-  CHECK(d->client->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(), row.size()).ok());
+  CHECK(d->client
+            ->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(),
+                  row.size())
+            .ok());
 }
 
 }  // namespace

@@ -46,7 +46,8 @@ std::optional<SparePool::Spare> SparePool::Take(int64_t size) {
     int64_t pending = 0;
     for (int64_t q : queue_) pending += q;
     for (auto other = ready_.begin();
-         ready_bytes_ + pending + size > capacity_ && other != ready_.end(); ++other) {
+         ready_bytes_ + pending + size > capacity_ && other != ready_.end();
+         ++other) {
       while (other->first != size && !other->second.empty() &&
              ready_bytes_ + pending + size > capacity_) {
         ready_bytes_ -= other->first;
@@ -76,7 +77,9 @@ void SparePool::EvictAll() {
 void SparePool::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) { return p->queue_.empty() && !p->busy_; },
+      +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
+        return p->queue_.empty() && !p->busy_;
+      },
       this));
 }
 
@@ -91,7 +94,9 @@ void SparePool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) { return p->stop_ || !p->queue_.empty(); },
+          +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
+            return p->stop_ || !p->queue_.empty();
+          },
           this));
       if (stop_) return;
       size = queue_.front();

@@ -17,12 +17,15 @@ namespace {
 constexpr int64_t kMaxExtent = int64_t{1} << 40;
 constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
 
-std::string Where(const std::string& job, int64_t version, const std::string& tensor) {
-  return absl::StrCat("tensor '", tensor, "' of job '", job, "' version ", version);
+std::string Where(const std::string& job, int64_t version,
+                  const std::string& tensor) {
+  return absl::StrCat("tensor '", tensor, "' of job '", job, "' version ",
+                      version);
 }
 
 absl::Status CheckDecl(const TensorDecl& d) {
-  if (d.key.empty()) return absl::InvalidArgumentError("a tensor key must not be empty");
+  if (d.key.empty())
+    return absl::InvalidArgumentError("a tensor key must not be empty");
   int64_t elements = 1;
   for (int64_t e : d.shape) {
     if (e < 0 || e > kMaxExtent) {
@@ -40,7 +43,8 @@ absl::Status CheckDecl(const TensorDecl& d) {
 }
 
 std::string DeclString(const TensorDecl& d) {
-  return absl::StrCat(DTypeName(d.dtype), " [", absl::StrJoin(d.shape, ", "), "]");
+  return absl::StrCat(DTypeName(d.dtype), " [", absl::StrJoin(d.shape, ", "),
+                      "]");
 }
 
 }  // namespace
@@ -58,20 +62,23 @@ absl::Status ForEachCoveringPiece(
         continue;
       }
       fn(got, s);
-      for (Region& rest : m.Difference(s.region)) still.push_back(std::move(rest));
+      for (Region& rest : m.Difference(s.region))
+        still.push_back(std::move(rest));
     }
     missing.swap(still);
     if (missing.empty()) break;
   }
   if (!missing.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "region ", missing[0].ToString(), " is not stored on this host"));
+    return absl::NotFoundError(absl::StrCat("region ", missing[0].ToString(),
+                                            " is not stored on this host"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(const std::string& job) const {
-  if (job.empty()) return absl::InvalidArgumentError("the job name must not be empty");
+absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(
+    const std::string& job) const {
+  if (job.empty())
+    return absl::InvalidArgumentError("the job name must not be empty");
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
@@ -81,14 +88,16 @@ absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(const std::string& jo
   return it->second;
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<Store::Job>>> Store::Jobs() const {
+std::vector<std::pair<std::string, std::shared_ptr<Store::Job>>> Store::Jobs()
+    const {
   absl::MutexLock lock(&mu_);
   return {jobs_.begin(), jobs_.end()};
 }
 
-absl::StatusOr<int> Store::DeclareTensors(const std::string& job,
-                                          const std::vector<TensorDecl>& tensors) {
-  if (job.empty()) return absl::InvalidArgumentError("the job name must not be empty");
+absl::StatusOr<int> Store::DeclareTensors(
+    const std::string& job, const std::vector<TensorDecl>& tensors) {
+  if (job.empty())
+    return absl::InvalidArgumentError("the job name must not be empty");
   for (const TensorDecl& d : tensors) PTC_RETURN_IF_ERROR(CheckDecl(d));
   std::shared_ptr<Job> j;
   {
@@ -102,13 +111,15 @@ absl::StatusOr<int> Store::DeclareTensors(const std::string& job,
     auto it = j->decls.find(d.key);
     if (it != j->decls.end() &&
         (it->second.dtype != d.dtype || it->second.shape != d.shape)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor '", d.key, "' of job '", job, "' is declared as ",
-          DeclString(it->second), "; it cannot be re-declared as ", DeclString(d)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", d.key, "' of job '", job,
+                       "' is declared as ", DeclString(it->second),
+                       "; it cannot be re-declared as ", DeclString(d)));
     }
   }
   int added = 0;
-  for (const TensorDecl& d : tensors) added += j->decls.emplace(d.key, d).second;
+  for (const TensorDecl& d : tensors)
+    added += j->decls.emplace(d.key, d).second;
   return added;
 }
 
@@ -116,7 +127,8 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
     const std::string& job, int64_t version, const std::string& tensor,
     const Region& region, std::optional<DType> dtype, bool map) {
   if (version < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("version ", version, " is negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("version ", version, " is negative"));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   auto put = std::make_unique<PendingPut>();
@@ -145,27 +157,30 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
         absl::StrCat(where, ": region ", region.ToString(), " is empty"));
   }
   if (dtype && *dtype != put->decl.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " is declared ", DTypeName(put->decl.dtype), " but the put sends ",
-        DTypeName(*dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is declared ", DTypeName(put->decl.dtype),
+                     " but the put sends ", DTypeName(*dtype)));
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
   // Take ready memory if there is some (saves repeat their sizes).
   std::optional<SparePool::Spare> spare = spares_.Take(put->bytes);
   if (spare) {
-    PTC_ASSIGN_OR_RETURN(put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
-                                                          std::move(spare->reservation), map));
+    PTC_ASSIGN_OR_RETURN(
+        put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
+                                         std::move(spare->reservation), map));
   } else {
-    const std::string what = absl::StrCat("a put of ", region.ToString(), " of ", where);
+    const std::string what =
+        absl::StrCat("a put of ", region.ToString(), " of ", where);
     auto r = budget_.Reserve(put->bytes, what);
     if (!r.ok() && spares_.ready_bytes() > 0) {
       spares_.EvictAll();  // spares give way to real data
       r = budget_.Reserve(put->bytes, what);
     }
     if (!r.ok()) return r.status();
-    PTC_ASSIGN_OR_RETURN(put->buffer,
-                         RegionBuffer::Create(put->bytes, std::move(*r),
-                                              absl::StrCat(job, "/", version, "/", tensor), map));
+    PTC_ASSIGN_OR_RETURN(
+        put->buffer, RegionBuffer::Create(
+                         put->bytes, std::move(*r),
+                         absl::StrCat(job, "/", version, "/", tensor), map));
   }
   // Remember which incarnation of the version the put writes into, so that
   // a delete (and re-creation) while it runs is detected. A version is
@@ -185,49 +200,51 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
       computed ? *computed : Checksum(put->buffer->data(), put->buffer->size());
   if (expected != 0 && expected != checksum) {
     return absl::DataLossError(absl::StrCat(
-        where, ": the bytes of ", put->region.ToString(), " have checksum ", checksum,
-        " but the writer sent ", expected, "; nothing was stored"));
+        where, ": the bytes of ", put->region.ToString(), " have checksum ",
+        checksum, " but the writer sent ", expected, "; nothing was stored"));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(put->job));
   absl::MutexLock lock(&j->mu);
   auto v = j->versions.find(put->version);
   if (put->version_id != 0 &&
       (v == j->versions.end() || v->second.id != put->version_id)) {
-    return absl::AbortedError(absl::StrCat(
-        "version ", put->version, " of job '", put->job,
-        "' was deleted while the put was in progress"));
+    return absl::AbortedError(
+        absl::StrCat("version ", put->version, " of job '", put->job,
+                     "' was deleted while the put was in progress"));
   }
   if (v == j->versions.end()) {
     v = j->versions.emplace(put->version, Version()).first;
     v->second.id = j->next_version_id++;
   }
   if (v->second.committed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "version ", put->version, " of job '", put->job,
-        "' was committed while the put was in progress"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", put->version, " of job '", put->job,
+                     "' was committed while the put was in progress"));
   }
   std::vector<StoredRegionRef>& regions = v->second.tensors[put->decl.key];
   for (const StoredRegionRef& s : regions) {
     if (s.region == put->region) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          where, " already holds region ", put->region.ToString(),
-          "; delete the version to write it again"));
+      return absl::AlreadyExistsError(
+          absl::StrCat(where, " already holds region ", put->region.ToString(),
+                       "; delete the version to write it again"));
     }
   }
   regions.push_back({put->region, put->buffer, checksum});
   v->second.bytes += put->bytes;
-  Log("tensor_store")->debug("stored {} of {} ({} bytes, xxh3 {:016x})",
-                             put->region.ToString(), where, put->bytes, checksum);
+  Log("tensor_store")
+      ->debug("stored {} of {} ({} bytes, xxh3 {:016x})",
+              put->region.ToString(), where, put->bytes, checksum);
   return checksum;
 }
 
-absl::Status Store::Link(const std::string& job, int64_t version, const std::string& tensor,
+absl::Status Store::Link(const std::string& job, int64_t version,
+                         const std::string& tensor,
                          const StoredRegionRef& ref) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   absl::MutexLock lock(&j->mu);
   if (!j->decls.count(tensor)) {
-    return absl::NotFoundError(
-        absl::StrCat("tensor '", tensor, "' is not declared for job '", job, "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "tensor '", tensor, "' is not declared for job '", job, "'"));
   }
   auto v = j->versions.find(version);
   if (v == j->versions.end()) {
@@ -235,14 +252,16 @@ absl::Status Store::Link(const std::string& job, int64_t version, const std::str
     v->second.id = j->next_version_id++;
   }
   if (v->second.committed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "version ", version, " of job '", job, "' is committed and cannot change"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job '", job,
+                     "' is committed and cannot change"));
   }
   std::vector<StoredRegionRef>& regions = v->second.tensors[tensor];
   for (const StoredRegionRef& s : regions) {
     if (s.region == ref.region) {
       return absl::AlreadyExistsError(absl::StrCat(Where(job, version, tensor),
-                                                   " already holds region ", ref.region.ToString()));
+                                                   " already holds region ",
+                                                   ref.region.ToString()));
     }
   }
   regions.push_back(ref);
@@ -250,8 +269,10 @@ absl::Status Store::Link(const std::string& job, int64_t version, const std::str
   return absl::OkStatus();
 }
 
-absl::StatusOr<ReadView> Store::OpenRead(const std::string& job, int64_t version,
-                                         const std::string& tensor, const Region& region) {
+absl::StatusOr<ReadView> Store::OpenRead(const std::string& job,
+                                         int64_t version,
+                                         const std::string& tensor,
+                                         const Region& region) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   ReadView view;
   view.region = region;
@@ -266,29 +287,33 @@ absl::StatusOr<ReadView> Store::OpenRead(const std::string& job, int64_t version
     view.decl = d->second;
     auto v = j->versions.find(version);
     if (v == j->versions.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ", version,
-                                              " on this host"));
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                              version, " on this host"));
     }
-    PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(region, view.decl.shape), where));
+    PTC_RETURN_IF_ERROR(
+        Annotate(ValidateRegion(region, view.decl.shape), where));
     auto t = v->second.tensors.find(tensor);
     if (t != v->second.tensors.end()) {
       for (const StoredRegionRef& s : t->second) {
-        if (s.region.Intersects(region) || (region.empty() && s.region == region)) {
+        if (s.region.Intersects(region) ||
+            (region.empty() && s.region == region)) {
           view.sources.push_back(s);
         }
       }
     }
   }
   // Exact match first, so that a whole-region read uses one source.
-  auto exact = std::find_if(view.sources.begin(), view.sources.end(),
-                            [&](const StoredRegionRef& s) { return s.region == region; });
+  auto exact = std::find_if(
+      view.sources.begin(), view.sources.end(),
+      [&](const StoredRegionRef& s) { return s.region == region; });
   if (exact != view.sources.end()) {
     std::iter_swap(view.sources.begin(), exact);
     view.exact = true;
   }
-  PTC_RETURN_IF_ERROR(
-      Annotate(ForEachCoveringPiece(region, view.sources, [](const Region&, const StoredRegionRef&) {}),
-               where));
+  PTC_RETURN_IF_ERROR(Annotate(
+      ForEachCoveringPiece(region, view.sources,
+                           [](const Region&, const StoredRegionRef&) {}),
+      where));
   return view;
 }
 
@@ -308,8 +333,8 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
     decl = d->second;
     auto v = j->versions.find(version);
     if (v == j->versions.end()) {
-      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ", version,
-                                              " on this host"));
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                              version, " on this host"));
     }
     auto t = v->second.tensors.find(tensor);
     if (t != v->second.tensors.end()) stored = t->second;
@@ -318,7 +343,8 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
   uint64_t sum = 0;
   int64_t elements = 0;
   auto add = [&](const Region& piece, const StoredRegionRef& s) {
-    sum += FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape, elem);
+    sum +=
+        FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape, elem);
     elements += piece.volume();
   };
   const std::string where = Where(job, version, tensor);
@@ -329,7 +355,8 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
       for (size_t k = 0; k < i; ++k) {
         std::vector<Region> next;
         for (const Region& f : fresh) {
-          for (Region& r : f.Difference(stored[k].region)) next.push_back(std::move(r));
+          for (Region& r : f.Difference(stored[k].region))
+            next.push_back(std::move(r));
         }
         fresh.swap(next);
       }
@@ -348,29 +375,32 @@ absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
   absl::MutexLock lock(&j->mu);
   auto v = j->versions.find(version);
   if (v == j->versions.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+    return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                            version, " on this host"));
   }
   v->second.committed = true;
-  Log("tensor_store")->info("job {} version {} committed ({} bytes)", job, version,
-                            v->second.bytes);
+  Log("tensor_store")
+      ->info("job {} version {} committed ({} bytes)", job, version,
+             v->second.bytes);
   return v->second.bytes;
 }
 
-absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job, int64_t version) {
+absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
+                                             int64_t version) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   Version gone;  // destroyed after the lock is released
   {
     absl::MutexLock lock(&j->mu);
     auto v = j->versions.find(version);
     if (v == j->versions.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+      return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                              version, " on this host"));
     }
     gone = std::move(v->second);
     j->versions.erase(v);
   }
-  Log("tensor_store")->info("job {} version {} deleted ({} bytes)", job, version, gone.bytes);
+  Log("tensor_store")
+      ->info("job {} version {} deleted ({} bytes)", job, version, gone.bytes);
   return gone.bytes;
 }
 
@@ -390,7 +420,8 @@ void FillRegion(const Region& r, proto::Region* out) {
   }
 }
 
-void FillTensor(const TensorDecl& d, const std::vector<StoredRegionRef>& regions,
+void FillTensor(const TensorDecl& d,
+                const std::vector<StoredRegionRef>& regions,
                 proto::TensorInfo* out) {
   FillDecl(d, out->mutable_decl());
   for (const StoredRegionRef& s : regions) {
@@ -424,25 +455,27 @@ proto::ListResponse Store::List(const std::string& job) const {
   return out;
 }
 
-absl::StatusOr<proto::StatResponse> Store::Stat(const std::string& job, int64_t version,
-                                                const std::string& tensor) const {
+absl::StatusOr<proto::StatResponse> Store::Stat(
+    const std::string& job, int64_t version, const std::string& tensor) const {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   absl::MutexLock lock(&j->mu);
   auto d = j->decls.find(tensor);
   if (d == j->decls.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("tensor '", tensor, "' is not declared for job '", job, "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "tensor '", tensor, "' is not declared for job '", job, "'"));
   }
   auto v = j->versions.find(version);
   if (v == j->versions.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("job '", job, "' has no version ", version, " on this host"));
+    return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                            version, " on this host"));
   }
   proto::StatResponse out;
   out.set_committed(v->second.committed);
   auto t = v->second.tensors.find(tensor);
-  FillTensor(d->second, t == v->second.tensors.end() ? std::vector<StoredRegionRef>{} : t->second,
-             out.mutable_tensor());
+  FillTensor(
+      d->second,
+      t == v->second.tensors.end() ? std::vector<StoredRegionRef>{} : t->second,
+      out.mutable_tensor());
   return out;
 }
 

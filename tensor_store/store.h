@@ -85,7 +85,8 @@ struct StoreOptions {
 class Store {
  public:
   explicit Store(StoreOptions options)
-      : budget_(options.memory_limit_bytes), spares_(&budget_, options.spare_pool_bytes) {}
+      : budget_(options.memory_limit_bytes),
+        spares_(&budget_, options.spare_pool_bytes) {}
 
   // Declares tensors of `job` (creating the job); returns how many were new.
   absl::StatusOr<int> DeclareTensors(const std::string& job,
@@ -102,19 +103,20 @@ class Store {
   // Seals the buffer, checksums it (or takes `computed`, the checksum the
   // caller took while writing), compares with `expected` (0: no check) and
   // publishes the region. Returns the checksum.
-  absl::StatusOr<uint64_t> FinishPut(std::unique_ptr<PendingPut> put,
-                                     std::optional<uint64_t> computed = std::nullopt,
-                                     uint64_t expected = 0);
+  absl::StatusOr<uint64_t> FinishPut(
+      std::unique_ptr<PendingPut> put,
+      std::optional<uint64_t> computed = std::nullopt, uint64_t expected = 0);
 
   // Adds `ref` (a region stored in another version of the job, e.g. from
   // OpenRead) to `version` as it is: the two versions share the sealed,
   // immutable buffer, and its memory is counted once. Creates the version
   // if new; refuses committed versions and regions already there.
-  absl::Status Link(const std::string& job, int64_t version, const std::string& tensor,
-                    const StoredRegionRef& ref);
+  absl::Status Link(const std::string& job, int64_t version,
+                    const std::string& tensor, const StoredRegionRef& ref);
 
   absl::StatusOr<ReadView> OpenRead(const std::string& job, int64_t version,
-                                    const std::string& tensor, const Region& region);
+                                    const std::string& tensor,
+                                    const Region& region);
 
   // Fingerprint (ptc/fingerprint.h) and element count of `regions`, or of
   // the union of the stored regions if `regions` is empty.
@@ -124,11 +126,13 @@ class Store {
 
   // Returns the version's bytes.
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
-  absl::StatusOr<int64_t> DeleteVersion(const std::string& job, int64_t version);
+  absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
+                                        int64_t version);
 
   // Empty `job` lists all jobs.
   proto::ListResponse List(const std::string& job) const;
-  absl::StatusOr<proto::StatResponse> Stat(const std::string& job, int64_t version,
+  absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
+                                           int64_t version,
                                            const std::string& tensor) const;
   // Fills memory and per-version bytes.
   void FillStats(proto::StatsResponse* out) const;

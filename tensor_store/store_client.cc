@@ -15,15 +15,16 @@ namespace ptc {
 namespace {
 
 void SetDeadline(grpc::ClientContext* ctx, int64_t bytes) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + StoreClient::DeadlineFor(bytes)));
+  ctx->set_deadline(
+      absl::ToChronoTime(absl::Now() + StoreClient::DeadlineFor(bytes)));
 }
 
 }  // namespace
 
 template <typename Request, typename Response>
 absl::StatusOr<Response> StoreClient::Unary(
-    grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                     Response*),
+    grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*,
+                                                     const Request&, Response*),
     const Request& req, int64_t bytes) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, bytes);
@@ -43,11 +44,12 @@ std::unique_ptr<StoreClient> StoreClient::Connect(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
-  return std::make_unique<StoreClient>(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return std::make_unique<StoreClient>(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
 }
 
-absl::Status StoreClient::Declare(const std::string& job, const std::vector<TensorDecl>& tensors) {
+absl::Status StoreClient::Declare(const std::string& job,
+                                  const std::vector<TensorDecl>& tensors) {
   proto::DeclareTensorsRequest req;
   req.set_job(job);
   for (const TensorDecl& t : tensors) {
@@ -59,14 +61,15 @@ absl::Status StoreClient::Declare(const std::string& job, const std::vector<Tens
   return Unary(&proto::TensorStore::Stub::DeclareTensors, req).status();
 }
 
-absl::StatusOr<uint64_t> StoreClient::PutWith(const std::string& job, int64_t version,
-                                              const std::string& tensor, const Region& region,
-                                              int64_t bytes, const Producer& produce,
-                                              int64_t chunk_bytes) {
+absl::StatusOr<uint64_t> StoreClient::PutWith(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const Region& region, int64_t bytes, const Producer& produce,
+    int64_t chunk_bytes) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, bytes);
   proto::PutResponse resp;
-  std::unique_ptr<grpc::ClientWriter<proto::PutRequest>> writer = stub_->Put(&ctx, &resp);
+  std::unique_ptr<grpc::ClientWriter<proto::PutRequest>> writer =
+      stub_->Put(&ctx, &resp);
   proto::PutRequest msg;
   proto::PutHeader* h = msg.mutable_header();
   h->set_job(job);
@@ -90,17 +93,21 @@ absl::StatusOr<uint64_t> StoreClient::PutWith(const std::string& job, int64_t ve
   return resp.checksum();
 }
 
-absl::StatusOr<uint64_t> StoreClient::Put(const std::string& job, int64_t version,
-                                          const std::string& tensor, const Region& region,
+absl::StatusOr<uint64_t> StoreClient::Put(const std::string& job,
+                                          int64_t version,
+                                          const std::string& tensor,
+                                          const Region& region,
                                           const void* data, int64_t bytes) {
   const char* src = static_cast<const char*>(data);
   return PutWith(job, version, tensor, region, bytes,
-                 [src](int64_t off, char* dst, int64_t n) { std::memcpy(dst, src + off, n); });
+                 [src](int64_t off, char* dst, int64_t n) {
+                   std::memcpy(dst, src + off, n);
+                 });
 }
 
-absl::StatusOr<int64_t> StoreClient::ReadWith(const std::string& job, int64_t version,
-                                              const std::string& tensor, const Region& region,
-                                              const Consumer& consume, int32_t chunk_bytes) {
+absl::StatusOr<int64_t> StoreClient::ReadWith(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const Region& region, const Consumer& consume, int32_t chunk_bytes) {
   proto::ReadRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -110,7 +117,8 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(const std::string& job, int64_t ve
   grpc::ClientContext ctx;
   // The size is unknown before the first message; budget for 64 GiB.
   SetDeadline(&ctx, int64_t{64} << 30);
-  std::unique_ptr<grpc::ClientReader<proto::ReadResponse>> reader = stub_->Read(&ctx, req);
+  std::unique_ptr<grpc::ClientReader<proto::ReadResponse>> reader =
+      stub_->Read(&ctx, req);
   proto::ReadResponse resp;
   StreamingChecksum checksum;
   int64_t received = 0;
@@ -126,17 +134,20 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(const std::string& job, int64_t ve
     }
   }
   PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  if (!last) return absl::DataLossError("the read ended without its final message");
+  if (!last)
+    return absl::DataLossError("the read ended without its final message");
   if (checksum.Digest() != sent_checksum) {
-    return absl::DataLossError(absl::StrCat(
-        "region ", region.ToString(), " of tensor '", tensor, "' arrived with checksum ",
-        checksum.Digest(), " but ptcd sent ", sent_checksum));
+    return absl::DataLossError(
+        absl::StrCat("region ", region.ToString(), " of tensor '", tensor,
+                     "' arrived with checksum ", checksum.Digest(),
+                     " but ptcd sent ", sent_checksum));
   }
   return received;
 }
 
-absl::Status StoreClient::Read(const std::string& job, int64_t version, const std::string& tensor,
-                               const Region& region, void* out, int64_t bytes) {
+absl::Status StoreClient::Read(const std::string& job, int64_t version,
+                               const std::string& tensor, const Region& region,
+                               void* out, int64_t bytes) {
   char* dst = static_cast<char*>(out);
   bool overflow = false;
   PTC_ASSIGN_OR_RETURN(int64_t got,
@@ -149,9 +160,9 @@ absl::Status StoreClient::Read(const std::string& job, int64_t version, const st
                                   std::memcpy(dst + off, src, n);
                                 }));
   if (overflow || got != bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region ", region.ToString(), " of tensor '", tensor, "' has ", got,
-        " bytes but the buffer holds ", bytes));
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", region.ToString(), " of tensor '", tensor,
+                     "' has ", got, " bytes but the buffer holds ", bytes));
   }
   return absl::OkStatus();
 }
@@ -162,8 +173,8 @@ absl::StatusOr<proto::ListResponse> StoreClient::List(const std::string& job) {
   return Unary(&proto::TensorStore::Stub::List, req);
 }
 
-absl::StatusOr<proto::StatResponse> StoreClient::Stat(const std::string& job, int64_t version,
-                                                      const std::string& tensor) {
+absl::StatusOr<proto::StatResponse> StoreClient::Stat(
+    const std::string& job, int64_t version, const std::string& tensor) {
   proto::StatRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -182,19 +193,23 @@ absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
   return Unary(&proto::TensorStore::Stub::Fingerprint, req, int64_t{8} << 30);
 }
 
-absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job, int64_t version) {
+absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job,
+                                            int64_t version) {
   proto::CommitVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  PTC_ASSIGN_OR_RETURN(auto resp, Unary(&proto::TensorStore::Stub::CommitVersion, req));
+  PTC_ASSIGN_OR_RETURN(auto resp,
+                       Unary(&proto::TensorStore::Stub::CommitVersion, req));
   return resp.bytes();
 }
 
-absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job, int64_t version) {
+absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
+                                                   int64_t version) {
   proto::DeleteVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  PTC_ASSIGN_OR_RETURN(auto resp, Unary(&proto::TensorStore::Stub::DeleteVersion, req));
+  PTC_ASSIGN_OR_RETURN(auto resp,
+                       Unary(&proto::TensorStore::Stub::DeleteVersion, req));
   return resp.bytes();
 }
 

@@ -4,9 +4,10 @@
 // bytes it moves.
 //
 //   StoreClient c(grpc::CreateChannel("localhost:7070", creds));
-//   PTC_RETURN_IF_ERROR(c.Declare("run7", {{"w", DType::kFloat32, {1024, 1024}}}));
-//   PTC_RETURN_IF_ERROR(c.Put("run7", 1, "w", region, data, bytes).status());
-//   PTC_RETURN_IF_ERROR(c.Read("run7", 1, "w", part, out, out_bytes));
+//   PTC_RETURN_IF_ERROR(c.Declare("run7", {{"w", DType::kFloat32, {1024,
+//   1024}}})); PTC_RETURN_IF_ERROR(c.Put("run7", 1, "w", region, data,
+//   bytes).status()); PTC_RETURN_IF_ERROR(c.Read("run7", 1, "w", part, out,
+//   out_bytes));
 #ifndef PTC_TENSOR_STORE_STORE_CLIENT_H_
 #define PTC_TENSOR_STORE_STORE_CLIENT_H_
 
@@ -28,38 +29,47 @@ class StoreClient {
   // An insecure channel to `address` (host:port), with ptcd's message size.
   static std::unique_ptr<StoreClient> Connect(const std::string& address);
 
-  absl::Status Declare(const std::string& job, const std::vector<TensorDecl>& tensors);
+  absl::Status Declare(const std::string& job,
+                       const std::vector<TensorDecl>& tensors);
 
   // Fills [offset, offset + n) of the region's row-major bytes into dst.
   using Producer = std::function<void(int64_t offset, char* dst, int64_t n)>;
   // Receives [offset, offset + n) of the region's row-major bytes.
-  using Consumer = std::function<void(int64_t offset, const char* src, int64_t n)>;
+  using Consumer =
+      std::function<void(int64_t offset, const char* src, int64_t n)>;
 
   // Stores `bytes` bytes made by `produce`; returns the stored checksum.
   absl::StatusOr<uint64_t> PutWith(const std::string& job, int64_t version,
-                                   const std::string& tensor, const Region& region,
-                                   int64_t bytes, const Producer& produce,
+                                   const std::string& tensor,
+                                   const Region& region, int64_t bytes,
+                                   const Producer& produce,
                                    int64_t chunk_bytes = int64_t{1} << 20);
-  absl::StatusOr<uint64_t> Put(const std::string& job, int64_t version, const std::string& tensor,
-                               const Region& region, const void* data, int64_t bytes);
+  absl::StatusOr<uint64_t> Put(const std::string& job, int64_t version,
+                               const std::string& tensor, const Region& region,
+                               const void* data, int64_t bytes);
 
   // Reads `region`, checks its size and checksum, hands bytes to `consume`.
   // Returns the number of bytes read.
   absl::StatusOr<int64_t> ReadWith(const std::string& job, int64_t version,
-                                   const std::string& tensor, const Region& region,
-                                   const Consumer& consume, int32_t chunk_bytes = 0);
+                                   const std::string& tensor,
+                                   const Region& region,
+                                   const Consumer& consume,
+                                   int32_t chunk_bytes = 0);
   // Reads `region` into `out`, which holds exactly `bytes` bytes.
-  absl::Status Read(const std::string& job, int64_t version, const std::string& tensor,
-                    const Region& region, void* out, int64_t bytes);
+  absl::Status Read(const std::string& job, int64_t version,
+                    const std::string& tensor, const Region& region, void* out,
+                    int64_t bytes);
 
   absl::StatusOr<proto::ListResponse> List(const std::string& job = "");
-  absl::StatusOr<proto::StatResponse> Stat(const std::string& job, int64_t version,
+  absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
+                                           int64_t version,
                                            const std::string& tensor);
-  absl::StatusOr<proto::FingerprintResponse> Fingerprint(const std::string& job, int64_t version,
-                                                         const std::string& tensor,
-                                                         const std::vector<Region>& regions = {});
+  absl::StatusOr<proto::FingerprintResponse> Fingerprint(
+      const std::string& job, int64_t version, const std::string& tensor,
+      const std::vector<Region>& regions = {});
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
-  absl::StatusOr<int64_t> DeleteVersion(const std::string& job, int64_t version);
+  absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
+                                        int64_t version);
   absl::StatusOr<proto::StatsResponse> Stats();
 
   proto::TensorStore::Stub* stub() { return stub_.get(); }
@@ -71,7 +81,8 @@ class StoreClient {
   // One unary call with a deadline for `bytes`.
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(
-      grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*, const Request&,
+      grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*,
+                                                       const Request&,
                                                        Response*),
       const Request& req, int64_t bytes = 0);
 

@@ -33,7 +33,8 @@ TEST_CASE("store: a put is invisible until finished and gone if dropped",
   REQUIRE(sum.ok());
   std::vector<char> sevens(128, 7);
   CHECK(*sum == Checksum(sevens.data(), sevens.size()));
-  CHECK(s.List("job").jobs(0).versions(0).tensors(0).regions(0).checksum() == *sum);
+  CHECK(s.List("job").jobs(0).versions(0).tensors(0).regions(0).checksum() ==
+        *sum);
 }
 
 TEST_CASE("store: a version deleted while a put runs aborts the put",
@@ -43,7 +44,8 @@ TEST_CASE("store: a version deleted while a put runs aborts the put",
   REQUIRE(s.FinishPut(Begin(s, 1, Region{{0, 4}, {0, 8}})).ok());
   auto put = Begin(s, 1, Region{{4, 8}, {0, 8}});
   REQUIRE(s.DeleteVersion("job", 1).ok());
-  CHECK(s.FinishPut(std::move(put)).status().code() == absl::StatusCode::kAborted);
+  CHECK(s.FinishPut(std::move(put)).status().code() ==
+        absl::StatusCode::kAborted);
   CHECK(s.budget().used() == 0);
 }
 
@@ -69,7 +71,8 @@ TEST_CASE("store: the union's fingerprint counts overlapping regions once",
     auto put = s.BeginPut("job", 1, "w", r);
     REQUIRE(put.ok());
     int32_t* v = reinterpret_cast<int32_t*>((*put)->buffer->mutable_data());
-    for (int64_t i = r.dim(0).begin; i < r.dim(0).end; ++i) v[i - r.dim(0).begin] = i;
+    for (int64_t i = r.dim(0).begin; i < r.dim(0).end; ++i)
+      v[i - r.dim(0).begin] = i;
     REQUIRE(s.FinishPut(std::move(*put)).ok());
   }
   auto all = s.Fingerprint("job", 1, "w", {});
@@ -101,9 +104,10 @@ TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
   CHECK(list.jobs(0).versions(0).bytes() == 64 * 4096);
 }
 
-TEST_CASE("store: local saves of a repeated size get ready memory, which gives way "
-          "to real data",
-          "[tensor_store]") {
+TEST_CASE(
+    "store: local saves of a repeated size get ready memory, which gives way "
+    "to real data",
+    "[tensor_store]") {
   Store s({/*memory_limit_bytes=*/16 << 20, /*spare_pool_bytes=*/4 << 20});
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kUInt8, {8, 1 << 20}}}).ok());
   const Region row0{{0, 1}, {0, 1 << 20}};
@@ -119,7 +123,8 @@ TEST_CASE("store: local saves of a repeated size get ready memory, which gives w
   CHECK(s.spares().ready_bytes() == (1 << 20));
   CHECK(s.budget().used() == (2 << 20));
   // A save of another size pushes out the spare of the old size.
-  auto other = s.BeginPut("job", 2, "w", Region{{0, 4}, {0, 1 << 20}}, std::nullopt, false);
+  auto other = s.BeginPut("job", 2, "w", Region{{0, 4}, {0, 1 << 20}},
+                          std::nullopt, false);
   REQUIRE(other.ok());
   s.spares().WaitIdle();
   CHECK(s.spares().ready_bytes() == (4 << 20));

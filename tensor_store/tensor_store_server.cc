@@ -15,14 +15,16 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   }
   std::unique_ptr<TensorStoreServer> s(new TensorStoreServer(options));
   if (!options.socket_path.empty()) {
-    PTC_ASSIGN_OR_RETURN(s->local_,
-                         LocalServer::Start(&s->store_, {options.socket_path, options.allowed_uids}));
+    PTC_ASSIGN_OR_RETURN(
+        s->local_, LocalServer::Start(&s->store_, {options.socket_path,
+                                                   options.allowed_uids}));
   }
   LocalServer* local = s->local_.get();
   s->service_ = std::make_unique<TensorStoreService>(
       &s->store_, [local] { return local ? local->num_clients() : 0; });
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
@@ -32,11 +34,13 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   }
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,
-                                               " (address in use or not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     " (address in use or not local?)"));
   }
-  Log("tensor_store")->info("ptcd serving on port {} (memory limit {} bytes)", s->port_,
-                            options.memory_limit_bytes);
+  Log("tensor_store")
+      ->info("ptcd serving on port {} (memory limit {} bytes)", s->port_,
+             options.memory_limit_bytes);
   return s;
 }
 

@@ -5,18 +5,18 @@
 //
 //   PTC_ASSIGN_OR_RETURN(auto ptcd, TensorStoreServer::Start({
 //       .listen_address = "127.0.0.1:0", .socket_path = dir + "/ptcd.sock"}));
-//   auto client = StoreClient::Connect(absl::StrCat("127.0.0.1:", ptcd->port()));
+//   auto client = StoreClient::Connect(absl::StrCat("127.0.0.1:",
+//   ptcd->port()));
 #ifndef PTC_TENSOR_STORE_TENSOR_STORE_SERVER_H_
 #define PTC_TENSOR_STORE_TENSOR_STORE_SERVER_H_
-
-#include <memory>
-#include <string>
-#include <vector>
 
 #include <grpcpp/impl/codegen/service_type.h>
 #include <grpcpp/server.h>
 
 #include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -61,7 +61,8 @@ class TensorStoreServer {
 
  private:
   explicit TensorStoreServer(const TensorStoreServerOptions& options)
-      : store_(StoreOptions{options.memory_limit_bytes, options.spare_pool_bytes}) {}
+      : store_(StoreOptions{options.memory_limit_bytes,
+                            options.spare_pool_bytes}) {}
 
   Store store_;
   std::unique_ptr<LocalServer> local_;

@@ -27,12 +27,13 @@ class TensorStoreService::Call {
   grpc::Status Done(const absl::Status& status) {
     if (!status.ok()) {
       errors_total.Add();
-      const bool client_fault = status.code() == absl::StatusCode::kInvalidArgument ||
-                                status.code() == absl::StatusCode::kNotFound ||
-                                status.code() == absl::StatusCode::kCancelled ||
-                                status.code() == absl::StatusCode::kAlreadyExists;
-      Log("rpc")->log(client_fault ? spdlog::level::debug : spdlog::level::warn, "{}: {}",
-                      method_, status.ToString());
+      const bool client_fault =
+          status.code() == absl::StatusCode::kInvalidArgument ||
+          status.code() == absl::StatusCode::kNotFound ||
+          status.code() == absl::StatusCode::kCancelled ||
+          status.code() == absl::StatusCode::kAlreadyExists;
+      Log("rpc")->log(client_fault ? spdlog::level::debug : spdlog::level::warn,
+                      "{}: {}", method_, status.ToString());
     }
     return ToGrpcStatus(status);
   }
@@ -42,16 +43,18 @@ class TensorStoreService::Call {
   const char* method_;
 };
 
-grpc::Status TensorStoreService::DeclareTensors(grpc::ServerContext*,
-                                                const proto::DeclareTensorsRequest* req,
-                                                proto::DeclareTensorsResponse* resp) {
+grpc::Status TensorStoreService::DeclareTensors(
+    grpc::ServerContext*, const proto::DeclareTensorsRequest* req,
+    proto::DeclareTensorsResponse* resp) {
   Call call(this, "DeclareTensors");
   std::vector<TensorDecl> decls;
   for (const proto::TensorDecl& d : req->tensors()) {
     TensorDecl decl;
     decl.key = d.key();
     auto dtype = ParseDType(d.dtype());
-    if (!dtype.ok()) return call.Done(Annotate(dtype.status(), absl::StrCat("tensor '", d.key(), "'")));
+    if (!dtype.ok())
+      return call.Done(
+          Annotate(dtype.status(), absl::StrCat("tensor '", d.key(), "'")));
     decl.dtype = *dtype;
     decl.shape.assign(d.shape().begin(), d.shape().end());
     decls.push_back(std::move(decl));
@@ -61,20 +64,22 @@ grpc::Status TensorStoreService::DeclareTensors(grpc::ServerContext*,
   return call.Done(added.status());
 }
 
-grpc::Status TensorStoreService::Put(grpc::ServerContext* ctx,
-                                     grpc::ServerReader<proto::PutRequest>* reader,
-                                     proto::PutResponse* resp) {
+grpc::Status TensorStoreService::Put(
+    grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+    proto::PutResponse* resp) {
   Call call(this, "Put");
   return call.Done(DoPut(ctx, reader, resp));
 }
 
-grpc::Status TensorStoreService::Read(grpc::ServerContext* ctx, const proto::ReadRequest* req,
-                                      grpc::ServerWriter<proto::ReadResponse>* writer) {
+grpc::Status TensorStoreService::Read(
+    grpc::ServerContext* ctx, const proto::ReadRequest* req,
+    grpc::ServerWriter<proto::ReadResponse>* writer) {
   Call call(this, "Read");
   return call.Done(DoRead(ctx, *req, writer));
 }
 
-grpc::Status TensorStoreService::List(grpc::ServerContext*, const proto::ListRequest* req,
+grpc::Status TensorStoreService::List(grpc::ServerContext*,
+                                      const proto::ListRequest* req,
                                       proto::ListResponse* resp) {
   Call call(this, "List");
   *resp = store_->List(req->job());
@@ -85,7 +90,8 @@ grpc::Status TensorStoreService::List(grpc::ServerContext*, const proto::ListReq
   return call.Done(absl::OkStatus());
 }
 
-grpc::Status TensorStoreService::Stat(grpc::ServerContext*, const proto::StatRequest* req,
+grpc::Status TensorStoreService::Stat(grpc::ServerContext*,
+                                      const proto::StatRequest* req,
                                       proto::StatResponse* resp) {
   Call call(this, "Stat");
   auto stat = store_->Stat(req->job(), req->version(), req->tensor());
@@ -93,9 +99,9 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext*, const proto::StatReq
   return call.Done(stat.status());
 }
 
-grpc::Status TensorStoreService::Fingerprint(grpc::ServerContext*,
-                                             const proto::FingerprintRequest* req,
-                                             proto::FingerprintResponse* resp) {
+grpc::Status TensorStoreService::Fingerprint(
+    grpc::ServerContext*, const proto::FingerprintRequest* req,
+    proto::FingerprintResponse* resp) {
   Call call(this, "Fingerprint");
   std::vector<Region> regions;
   for (const proto::Region& r : req->regions()) {
@@ -103,7 +109,8 @@ grpc::Status TensorStoreService::Fingerprint(grpc::ServerContext*,
     if (!region.ok()) return call.Done(region.status());
     regions.push_back(std::move(*region));
   }
-  auto fp = store_->Fingerprint(req->job(), req->version(), req->tensor(), regions);
+  auto fp =
+      store_->Fingerprint(req->job(), req->version(), req->tensor(), regions);
   if (fp.ok()) {
     resp->set_fingerprint(fp->first);
     resp->set_elements(fp->second);
@@ -111,25 +118,26 @@ grpc::Status TensorStoreService::Fingerprint(grpc::ServerContext*,
   return call.Done(fp.status());
 }
 
-grpc::Status TensorStoreService::CommitVersion(grpc::ServerContext*,
-                                               const proto::CommitVersionRequest* req,
-                                               proto::CommitVersionResponse* resp) {
+grpc::Status TensorStoreService::CommitVersion(
+    grpc::ServerContext*, const proto::CommitVersionRequest* req,
+    proto::CommitVersionResponse* resp) {
   Call call(this, "CommitVersion");
   auto bytes = store_->Commit(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
   return call.Done(bytes.status());
 }
 
-grpc::Status TensorStoreService::DeleteVersion(grpc::ServerContext*,
-                                               const proto::DeleteVersionRequest* req,
-                                               proto::DeleteVersionResponse* resp) {
+grpc::Status TensorStoreService::DeleteVersion(
+    grpc::ServerContext*, const proto::DeleteVersionRequest* req,
+    proto::DeleteVersionResponse* resp) {
   Call call(this, "DeleteVersion");
   auto bytes = store_->DeleteVersion(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
   return call.Done(bytes.status());
 }
 
-grpc::Status TensorStoreService::Stats(grpc::ServerContext*, const proto::StatsRequest*,
+grpc::Status TensorStoreService::Stats(grpc::ServerContext*,
+                                       const proto::StatsRequest*,
                                        proto::StatsResponse* resp) {
   Call call(this, "Stats");
   store_->FillStats(resp);

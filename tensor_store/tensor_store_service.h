@@ -29,7 +29,8 @@ class TensorStoreService final : public proto::TensorStore::Service {
   grpc::Status DeclareTensors(grpc::ServerContext* ctx,
                               const proto::DeclareTensorsRequest* req,
                               proto::DeclareTensorsResponse* resp) override;
-  grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+  grpc::Status Put(grpc::ServerContext* ctx,
+                   grpc::ServerReader<proto::PutRequest>* reader,
                    proto::PutResponse* resp) override;
   grpc::Status Read(grpc::ServerContext* ctx, const proto::ReadRequest* req,
                     grpc::ServerWriter<proto::ReadResponse>* writer) override;
@@ -37,11 +38,14 @@ class TensorStoreService final : public proto::TensorStore::Service {
                     proto::ListResponse* resp) override;
   grpc::Status Stat(grpc::ServerContext* ctx, const proto::StatRequest* req,
                     proto::StatResponse* resp) override;
-  grpc::Status Fingerprint(grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
+  grpc::Status Fingerprint(grpc::ServerContext* ctx,
+                           const proto::FingerprintRequest* req,
                            proto::FingerprintResponse* resp) override;
-  grpc::Status CommitVersion(grpc::ServerContext* ctx, const proto::CommitVersionRequest* req,
+  grpc::Status CommitVersion(grpc::ServerContext* ctx,
+                             const proto::CommitVersionRequest* req,
                              proto::CommitVersionResponse* resp) override;
-  grpc::Status DeleteVersion(grpc::ServerContext* ctx, const proto::DeleteVersionRequest* req,
+  grpc::Status DeleteVersion(grpc::ServerContext* ctx,
+                             const proto::DeleteVersionRequest* req,
                              proto::DeleteVersionResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest* req,
                      proto::StatsResponse* resp) override;
@@ -51,7 +55,8 @@ class TensorStoreService final : public proto::TensorStore::Service {
   // Done() records the outcome.
   class Call;
 
-  absl::Status DoPut(grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
+  absl::Status DoPut(grpc::ServerContext* ctx,
+                     grpc::ServerReader<proto::PutRequest>* reader,
                      proto::PutResponse* resp);
   absl::Status DoRead(grpc::ServerContext* ctx, const proto::ReadRequest& req,
                       grpc::ServerWriter<proto::ReadResponse>* writer);

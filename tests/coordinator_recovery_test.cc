@@ -16,11 +16,13 @@
 namespace ptc {
 namespace {
 
-constexpr char kModel[] = "gpt:layers=2,hidden=32,heads=4,ffn=48,vocab=64,positions=8,pad=8";
+constexpr char kModel[] =
+    "gpt:layers=2,hidden=32,heads=4,ffn=48,vocab=64,positions=8,pad=8";
 
 // The metadata a coordinator would have written for a job at version 1 on
 // hosts 0,1 while moving it to `to` on hosts 2,3 at epoch 7.
-proto::CoordinatorState InFlightState(const testing::DaemonCluster& c, bool decided) {
+proto::CoordinatorState InFlightState(const testing::DaemonCluster& c,
+                                      bool decided) {
   proto::CoordinatorState state;
   for (int h = 0; h < 4; ++h) {
     proto::HostStatus* s = state.add_hosts();
@@ -50,8 +52,8 @@ proto::CoordinatorState InFlightState(const testing::DaemonCluster& c, bool deci
 
 void Recovers(bool decided) {
   testing::DaemonCluster c(4);
-  auto s = MakePlanScenario(kModel, "tp=2,pp=1,dp=2", {0, 1}, "tp=1,pp=2,dp=2", {2, 3},
-                            ptc::Cluster::Uniform(4, 2));
+  auto s = MakePlanScenario(kModel, "tp=2,pp=1,dp=2", {0, 1}, "tp=1,pp=2,dp=2",
+                            {2, 3}, ptc::Cluster::Uniform(4, 2));
   REQUIRE(s.ok());
   testing::SaveSource(c, "gpt", *s, 1);
   auto plan = PlanReconfiguration(s->input());
@@ -94,7 +96,8 @@ void Recovers(bool decided) {
   crashed.join();
   CHECK(!first.ok());
   if (decided) {
-    CHECK(log[0].find("resumed the decided commit of epoch 7") != std::string::npos);
+    CHECK(log[0].find("resumed the decided commit of epoch 7") !=
+          std::string::npos);
     testing::VerifyTarget(c, "gpt", *s, 2);
     for (int h : {2, 3}) {
       auto list = c.daemons[h]->client->List("gpt");
@@ -107,8 +110,10 @@ void Recovers(bool decided) {
   } else {
     CHECK(log[0].find("aborted epoch 7") != std::string::npos);
     // The old plan is fenced off: its epoch is stale on the hosts now.
-    CHECK(CommitStagedOn({c.addresses.at(2)}, "gpt", 2, 7).code() == absl::StatusCode::kAborted);
-    for (int h : {2, 3}) CHECK(c.daemons[h]->client->List("gpt")->jobs(0).versions_size() == 0);
+    CHECK(CommitStagedOn({c.addresses.at(2)}, "gpt", 2, 7).code() ==
+          absl::StatusCode::kAborted);
+    for (int h : {2, 3})
+      CHECK(c.daemons[h]->client->List("gpt")->jobs(0).versions_size() == 0);
     for (int h : {0, 1}) {
       auto list = c.daemons[h]->client->List("gpt");
       CHECK(list->jobs(0).versions_size() == 1);
@@ -129,8 +134,10 @@ TEST_CASE("coordinator recovery: a decided commit is finished after a restart",
   Recovers(/*decided=*/true);
 }
 
-TEST_CASE("coordinator recovery: an undecided reconfiguration is aborted after a restart",
-          "[coordinator][recovery]") {
+TEST_CASE(
+    "coordinator recovery: an undecided reconfiguration is aborted after a "
+    "restart",
+    "[coordinator][recovery]") {
   Recovers(/*decided=*/false);
 }
 

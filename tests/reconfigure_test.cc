@@ -9,11 +9,11 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
 #include "coordinator/reconfigure_driver.h"
-#include "common/metrics.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/transformer_service.h"
 #include "tests/testing.h"
@@ -21,7 +21,8 @@
 namespace ptc {
 namespace {
 
-constexpr char kModel[] = "gpt:layers=4,hidden=32,heads=4,ffn=48,vocab=100,positions=16,pad=8";
+constexpr char kModel[] =
+    "gpt:layers=4,hidden=32,heads=4,ffn=48,vocab=100,positions=16,pad=8";
 constexpr int kHosts = 4, kGpus = 2;
 
 using testing::DaemonCluster;
@@ -42,9 +43,10 @@ int64_t UcxBytes() {
   return 0;
 }
 
-TEST_CASE("reconfigure: a GPT job moves through six layouts between four daemons, "
-          "every element exact and fingerprints proven, over UCX and over gRPC",
-          "[reconfigure]") {
+TEST_CASE(
+    "reconfigure: a GPT job moves through six layouts between four daemons, "
+    "every element exact and fingerprints proven, over UCX and over gRPC",
+    "[reconfigure]") {
   const std::string transport = GENERATE(as<std::string>(), "grpc", "ucx");
   INFO("transport " << transport);
   DaemonCluster c(kHosts);
@@ -119,13 +121,15 @@ TEST_CASE("reconfigure: a GPT job moves through six layouts between four daemons
   CHECK(UcxBytes() - ucx_before == (transport == "ucx" ? cross_host : 0));
 }
 
-TEST_CASE("reconfigure: a source host that fails mid-way aborts the change and "
-          "leaves the old version intact",
-          "[reconfigure]") {
+TEST_CASE(
+    "reconfigure: a source host that fails mid-way aborts the change and "
+    "leaves the old version intact",
+    "[reconfigure]") {
   DaemonCluster c(kHosts);
   // dp=2 on hosts 0 and 1; the target on hosts 2 and 3 must pull from them.
-  auto s = MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2", Hosts({2, 3}),
-                            ptc::Cluster::Uniform(kHosts, kGpus));
+  auto s =
+      MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2",
+                       Hosts({2, 3}), ptc::Cluster::Uniform(kHosts, kGpus));
   REQUIRE(s.ok());
   Save(c, *s, 1);
   auto plan = PlanReconfiguration(s->input());
@@ -151,12 +155,13 @@ TEST_CASE("reconfigure: a source host that fails mid-way aborts the change and "
     REQUIRE(list.ok());
     for (const auto& v : list->jobs(0).versions()) CHECK(v.version() == 1);
   }
-  auto s0 = MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=1", Hosts({0}),
-                             ptc::Cluster::Uniform(kHosts, kGpus));
+  auto s0 = MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=1",
+                             Hosts({0}), ptc::Cluster::Uniform(kHosts, kGpus));
   VerifyTarget(c, *s0, 1);
   // A new plan without the dead host succeeds from the surviving replica.
-  auto again = MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2", Hosts({2, 3}),
-                                ptc::Cluster::Uniform(kHosts, kGpus), {true, false, true, true});
+  auto again = MakePlanScenario(
+      kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2", Hosts({2, 3}),
+      ptc::Cluster::Uniform(kHosts, kGpus), {true, false, true, true});
   REQUIRE(again.ok());
   auto replan = PlanReconfiguration(again->input());
   REQUIRE(replan.ok());
@@ -202,7 +207,8 @@ TEST_CASE("reconfigure: a stale plan epoch is refused and changes nothing",
   commit.set_version(2);
   commit.set_plan_epoch(4);
   proto::CommitStagedResponse resp;
-  CHECK(stub->CommitStaged(&ctx, commit, &resp).error_code() == grpc::StatusCode::ABORTED);
+  CHECK(stub->CommitStaged(&ctx, commit, &resp).error_code() ==
+        grpc::StatusCode::ABORTED);
 }
 
 }  // namespace

@@ -22,9 +22,11 @@ struct DaemonCluster {
 
 // Saves every source rank's regions of `s` into its host's daemon as
 // `version` (regions shared by ranks of a host once) and commits it.
-void SaveSource(DaemonCluster& c, const std::string& job, const PlanScenario& s, int64_t version);
+void SaveSource(DaemonCluster& c, const std::string& job, const PlanScenario& s,
+                int64_t version);
 // Reads every target rank's regions of `s` from its host and checks every byte.
-void VerifyTarget(DaemonCluster& c, const std::string& job, const PlanScenario& s, int64_t version);
+void VerifyTarget(DaemonCluster& c, const std::string& job,
+                  const PlanScenario& s, int64_t version);
 
 }  // namespace ptc::testing
 

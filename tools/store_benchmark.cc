@@ -4,7 +4,8 @@
 // measured in the same run. Reports min/median/max GB/s and the ratio of
 // the medians to memcpy's.
 //
-//   bazel build -c opt //tools:store_benchmark && bazel-bin/tools/store_benchmark
+//   bazel build -c opt //tools:store_benchmark &&
+//   bazel-bin/tools/store_benchmark
 //
 // The daemon runs in this process (same code as ptcd) with its own
 // threads; the client side of each measurement runs on the main thread.
@@ -50,25 +51,33 @@ void Die(const absl::Status& s) {
 }
 
 int Run(int max_mib) {
-  auto d = testing::StartDaemon(int64_t{6} << 30, /*spare_pool=*/int64_t{1} << 30);
+  auto d =
+      testing::StartDaemon(int64_t{6} << 30, /*spare_pool=*/int64_t{1} << 30);
   auto local = LocalClient::Connect(d->socket_path());
   if (!local.ok()) Die(local.status());
-  std::cout << absl::StrFormat(
-      "%-9s %-16s %8s %8s %8s  %s\n", "size", "path", "min", "median", "max",
-      "median vs memcpy (GB/s = 1e9 bytes/s)");
+  std::cout << absl::StrFormat("%-9s %-16s %8s %8s %8s  %s\n", "size", "path",
+                               "min", "median", "max",
+                               "median vs memcpy (GB/s = 1e9 bytes/s)");
   int64_t version = 0;
   for (int64_t mib = 1; mib <= max_mib; mib *= 4) {
     const int64_t bytes = mib << 20;
-    const int runs = 1 + (mib >= 256 ? 3 : mib >= 16 ? 5 : 9);  // + the cold one
+    const int runs = 1 + (mib >= 256  ? 3
+                          : mib >= 16 ? 5
+                                      : 9);  // + the cold one
     const std::string key = absl::StrCat("r", mib);
-    if (auto s = d->client->Declare("bench", {{key, DType::kUInt8, {bytes}}}); !s.ok()) Die(s);
+    if (auto s = d->client->Declare("bench", {{key, DType::kUInt8, {bytes}}});
+        !s.ok())
+      Die(s);
     const Region r{{0, bytes}};
     std::vector<char> src(bytes), dst(bytes);
-    for (int64_t i = 0; i < bytes; i += 4096) src[i] = static_cast<char>(i / 4096);
+    for (int64_t i = 0; i < bytes; i += 4096)
+      src[i] = static_cast<char>(i / 4096);
     std::memset(dst.data(), 1, bytes);
-    std::vector<double> copy, shm_save, shm_cold, shm_load, shm_map, grpc_save, grpc_load;
+    std::vector<double> copy, shm_save, shm_cold, shm_load, shm_map, grpc_save,
+        grpc_load;
     for (int run = 0; run < runs; ++run) {
-      copy.push_back(Measure(bytes, [&] { std::memcpy(dst.data(), src.data(), bytes); }));
+      copy.push_back(
+          Measure(bytes, [&] { std::memcpy(dst.data(), src.data(), bytes); }));
       ++version;
       d->server->store()->spares().WaitIdle();
       (run == 0 ? shm_cold : shm_save).push_back(Measure(bytes, [&] {
@@ -86,24 +95,31 @@ int Run(int max_mib) {
         if (!m.ok()) Die(m.status());
         std::memcpy(dst.data(), m->data(), bytes);
       }));
-      if (auto s = d->client->DeleteVersion("bench", version); !s.ok()) Die(s.status());
+      if (auto s = d->client->DeleteVersion("bench", version); !s.ok())
+        Die(s.status());
       ++version;
       grpc_save.push_back(Measure(bytes, [&] {
-        if (auto s = d->client->Put("bench", version, key, r, src.data(), bytes); !s.ok()) {
+        if (auto s =
+                d->client->Put("bench", version, key, r, src.data(), bytes);
+            !s.ok()) {
           Die(s.status());
         }
       }));
       grpc_load.push_back(Measure(bytes, [&] {
-        if (auto s = d->client->Read("bench", version, key, r, dst.data(), bytes); !s.ok()) Die(s);
+        if (auto s =
+                d->client->Read("bench", version, key, r, dst.data(), bytes);
+            !s.ok())
+          Die(s);
       }));
-      if (auto s = d->client->DeleteVersion("bench", version); !s.ok()) Die(s.status());
+      if (auto s = d->client->DeleteVersion("bench", version); !s.ok())
+        Die(s.status());
     }
     const Stats base = Summarize(copy);
     auto row = [&](const char* name, const std::vector<double>& v) {
       const Stats s = Summarize(v);
-      std::cout << absl::StrFormat("%-9s %-16s %8.2f %8.2f %8.2f  %5.0f%%\n",
-                                   absl::StrCat(mib, " MiB"), name, s.min, s.median, s.max,
-                                   100 * s.median / base.median);
+      std::cout << absl::StrFormat(
+          "%-9s %-16s %8.2f %8.2f %8.2f  %5.0f%%\n", absl::StrCat(mib, " MiB"),
+          name, s.min, s.median, s.max, 100 * s.median / base.median);
     };
     row("memcpy", copy);
     row("shm save", shm_save);
@@ -122,6 +138,7 @@ int Run(int max_mib) {
 
 int main(int argc, char** argv) {
   int max_mib = 1024;
-  if (argc == 3 && std::string(argv[1]) == "--max-mib") max_mib = std::atoi(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "--max-mib")
+    max_mib = std::atoi(argv[2]);
   return ptc::Run(max_mib);
 }

@@ -2,7 +2,8 @@
 // cluster demo and process tests (the real PyTorch job comes with the
 // client library).
 //
-//   synthetic_job save --coordinator ADDR --job J --host NAME --socket PATH --version V
+//   synthetic_job save --coordinator ADDR --job J --host NAME --socket PATH
+//   --version V
 //       saves, through the host's ptcd socket (shared memory), the regions
 //       of every rank the job places on NAME, and reports each rank saved;
 //   synthetic_job verify --coordinator ADDR --job J
@@ -35,11 +36,12 @@ struct JobView {
   ModelSpec spec;
   Layout layout;
   Placement placement;
-  std::vector<std::string> host_names;             // placement host id -> name
-  std::map<std::string, std::string> addresses;    // name -> address
+  std::vector<std::string> host_names;           // placement host id -> name
+  std::map<std::string, std::string> addresses;  // name -> address
 };
 
-absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub, const std::string& job) {
+absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub,
+                                const std::string& job) {
   JobView v;
   {
     grpc::ClientContext ctx;
@@ -54,12 +56,15 @@ absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub, const std::strin
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     proto::ListHostsResponse resp;
-    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp)));
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(
+        stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp)));
     for (const auto& h : resp.hosts()) v.addresses[h.name()] = h.address();
   }
-  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(v.status.model()));
+  PTC_ASSIGN_OR_RETURN(Architecture arch,
+                       ResolveArchitecture(v.status.model()));
   PTC_ASSIGN_OR_RETURN(v.spec, BuildModelSpec(arch));
-  PTC_ASSIGN_OR_RETURN(ParallelConfig config, ParallelConfig::Parse(v.status.config()));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig config,
+                       ParallelConfig::Parse(v.status.config()));
   PTC_ASSIGN_OR_RETURN(v.layout, BuildLayout(v.spec, config));
   Cluster cluster;
   std::vector<int> ids;
@@ -74,13 +79,15 @@ absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub, const std::strin
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   proto::ListHostsResponse hosts;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &hosts)));
+  PTC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &hosts)));
   for (auto& h : cluster.hosts) {
     for (const auto& s : hosts.hosts()) {
       if (s.name() == h.name) h.gpus = s.gpus();
     }
   }
-  PTC_ASSIGN_OR_RETURN(v.placement, ContiguousPlacement(cluster, ids, config.world_size()));
+  PTC_ASSIGN_OR_RETURN(v.placement,
+                       ContiguousPlacement(cluster, ids, config.world_size()));
   return v;
 }
 
@@ -95,9 +102,12 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
   PTC_ASSIGN_OR_RETURN(JobView v, LoadJob(stub, job));
   // Tensors are declared over gRPC; bytes go through shared memory.
   std::vector<TensorDecl> decls;
-  for (const TensorSpec& t : v.spec.tensors) decls.push_back({t.key, t.dtype, t.shape});
-  PTC_RETURN_IF_ERROR(StoreClient::Connect(v.addresses.at(host))->Declare(job, decls));
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<LocalClient> local, LocalClient::Connect(socket));
+  for (const TensorSpec& t : v.spec.tensors)
+    decls.push_back({t.key, t.dtype, t.shape});
+  PTC_RETURN_IF_ERROR(
+      StoreClient::Connect(v.addresses.at(host))->Declare(job, decls));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<LocalClient> local,
+                       LocalClient::Connect(socket));
   std::set<std::pair<int, Region>> done;
   std::set<int> ranks;
   int64_t bytes = 0;
@@ -106,9 +116,12 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     for (const Shard& s : v.layout.shards(t)) {
       if (v.host_names[v.placement.host[s.rank]] != host) continue;
       ranks.insert(s.rank);
-      if (!done.insert({t, s.region}).second) continue;  // ranks on a host share
-      PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf, local->AllocatePut(job, version, ts.key, s.region));
-      FillSynthetic(t, ts.shape, s.region, ElementSize(ts.dtype), reinterpret_cast<char*>(buf.data()));
+      if (!done.insert({t, s.region}).second)
+        continue;  // ranks on a host share
+      PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer buf,
+                           local->AllocatePut(job, version, ts.key, s.region));
+      FillSynthetic(t, ts.shape, s.region, ElementSize(ts.dtype),
+                    reinterpret_cast<char*>(buf.data()));
       PTC_RETURN_IF_ERROR(local->CommitPut(&buf).status());
       bytes += buf.size();
     }
@@ -125,9 +138,10 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp)));
     committed |= resp.committed();
   }
-  std::cout << absl::StrFormat("%s: saved %d ranks of job %s version %d (%d regions, %.1f MiB)%s\n",
-                               host, ranks.size(), job, version, done.size(), bytes / 1048576.0,
-                               committed ? "; version committed by all ranks" : "");
+  std::cout << absl::StrFormat(
+      "%s: saved %d ranks of job %s version %d (%d regions, %.1f MiB)%s\n",
+      host, ranks.size(), job, version, done.size(), bytes / 1048576.0,
+      committed ? "; version committed by all ranks" : "");
   return absl::OkStatus();
 }
 
@@ -143,37 +157,44 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
       const std::string& host = v.host_names[v.placement.host[s.rank]];
       auto& c = clients[host];
       if (!c) c = StoreClient::Connect(v.addresses.at(host));
-      const std::vector<char> want = Synthetic(t, ts.shape, s.region, ElementSize(ts.dtype));
+      const std::vector<char> want =
+          Synthetic(t, ts.shape, s.region, ElementSize(ts.dtype));
       std::vector<char> got(want.size());
-      PTC_RETURN_IF_ERROR(Annotate(c->Read(job, version, ts.key, s.region, got.data(), got.size()),
-                                   absl::StrCat("rank ", s.rank, " on ", host)));
+      PTC_RETURN_IF_ERROR(Annotate(
+          c->Read(job, version, ts.key, s.region, got.data(), got.size()),
+          absl::StrCat("rank ", s.rank, " on ", host)));
       if (got != want) {
-        return absl::DataLossError(absl::StrCat("rank ", s.rank, " on ", host, ": region ",
-                                                s.region.ToString(), " of '", ts.key,
-                                                "' holds wrong values"));
+        return absl::DataLossError(absl::StrCat(
+            "rank ", s.rank, " on ", host, ": region ", s.region.ToString(),
+            " of '", ts.key, "' holds wrong values"));
       }
       ++regions;
       bytes += got.size();
     }
   }
   std::cout << absl::StrFormat(
-      "verified job %s version %d (%s on %d hosts): %d rank regions, %.1f MiB, every element exact\n",
-      job, version, v.status.config(), v.status.hosts_size(), regions, bytes / 1048576.0);
+      "verified job %s version %d (%s on %d hosts): %d rank regions, %.1f MiB, "
+      "every element exact\n",
+      job, version, v.status.config(), v.status.hosts_size(), regions,
+      bytes / 1048576.0);
   return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
-  auto args = Args::Parse(argc, argv, 2, {"coordinator", "job", "host", "socket", "version"}, {});
+  auto args = Args::Parse(
+      argc, argv, 2, {"coordinator", "job", "host", "socket", "version"}, {});
   if ((cmd != "save" && cmd != "verify") || !args.ok()) {
     std::cerr << "usage: synthetic_job save|verify --coordinator ADDR --job J "
                  "[--host NAME --socket PATH --version V]\n";
     if (!args.ok()) std::cerr << args.status().message() << "\n";
     return 2;
   }
-  auto stub = proto::Coordinator::NewStub(grpc::CreateChannel(
-      args->Get("coordinator", "127.0.0.1:7000"), grpc::InsecureChannelCredentials()));
-  const absl::Status s = cmd == "save" ? Save(stub.get(), *args) : Verify(stub.get(), *args);
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(args->Get("coordinator", "127.0.0.1:7000"),
+                          grpc::InsecureChannelCredentials()));
+  const absl::Status s =
+      cmd == "save" ? Save(stub.get(), *args) : Verify(stub.get(), *args);
   if (!s.ok()) {
     std::cerr << "synthetic_job " << cmd << ": " << s.message() << "\n";
     return 1;

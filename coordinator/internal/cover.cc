@@ -12,7 +12,8 @@ std::map<int32_t, std::vector<Region>> DisjointCover(
   grid.Reset(rank);
   for (const auto& [h, r] : held) grid.AddCuts(r);
   grid.Finalize();
-  std::vector<int32_t> owner(grid.num_cells(), std::numeric_limits<int32_t>::max());
+  std::vector<int32_t> owner(grid.num_cells(),
+                             std::numeric_limits<int32_t>::max());
   for (const auto& [h, r] : held) {
     grid.ForEachCell(r, [&](int64_t c) { owner[c] = std::min(owner[c], h); });
   }

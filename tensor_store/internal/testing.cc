@@ -1,4 +1,3 @@
-#include "common/mix.h"
 #include "tensor_store/internal/testing.h"
 
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/mix.h"
 
 namespace ptc::testing {
 TempDir::TempDir() {
@@ -27,7 +27,9 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-std::string Daemon::address() const { return absl::StrCat("127.0.0.1:", server->port()); }
+std::string Daemon::address() const {
+  return absl::StrCat("127.0.0.1:", server->port());
+}
 
 std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit, int64_t spare_pool) {
   auto d = std::make_unique<Daemon>();
@@ -49,7 +51,8 @@ void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n) {
   int64_t i = 0;
   while (i < n) {
     const int64_t o = offset + i;
-    const uint64_t word = SplitMix64(seed * 0x100000001b3ULL ^ static_cast<uint64_t>(o / 8));
+    const uint64_t word =
+        SplitMix64(seed * 0x100000001b3ULL ^ static_cast<uint64_t>(o / 8));
     const int64_t skip = o % 8;
     const int64_t take = std::min<int64_t>(8 - skip, n - i);
     std::memcpy(dst + i, reinterpret_cast<const char*>(&word) + skip, take);

@@ -29,8 +29,8 @@ absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
   }
   while (sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
     if (errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat("sending on the local socket: ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("sending on the local socket: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -50,15 +50,17 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   ssize_t n;
   while ((n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC)) < 0) {
     if (errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat("receiving on the local socket: ",
-                                               std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("receiving on the local socket: ", std::strerror(errno)));
   }
-  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       std::memcpy(fd, CMSG_DATA(c), sizeof(int));
     }
   }
-  if (n == 0) return absl::UnavailableError("the peer closed the local connection");
+  if (n == 0)
+    return absl::UnavailableError("the peer closed the local connection");
   if (msg.msg_flags & MSG_TRUNC) {
     if (*fd >= 0) close(*fd);
     *fd = -1;

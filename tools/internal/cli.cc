@@ -6,8 +6,8 @@
 
 namespace ptc::tools {
 
-int Fail(const std::string& command, const absl::Status& status, int exit_code, bool json,
-         const char* usage) {
+int Fail(const std::string& command, const absl::Status& status, int exit_code,
+         bool json, const char* usage) {
   if (json) {
     JsonWriter w;
     w.BeginObject().Key("error").BeginObject();

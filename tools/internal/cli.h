@@ -10,8 +10,8 @@
 
 namespace ptc::tools {
 
-int Fail(const std::string& command, const absl::Status& status, int exit_code, bool json,
-         const char* usage = nullptr);
+int Fail(const std::string& command, const absl::Status& status, int exit_code,
+         bool json, const char* usage = nullptr);
 
 }  // namespace ptc::tools
 

@@ -1,11 +1,12 @@
-#include "common/mix.h"
 #include "tools/internal/synthetic.h"
 
 #include <cstring>
 
+#include "common/mix.h"
+
 namespace ptc::tools {
-void FillSynthetic(int tensor, absl::Span<const int64_t> shape, const Region& region,
-                   int64_t element_size, char* dst) {
+void FillSynthetic(int tensor, absl::Span<const int64_t> shape,
+                   const Region& region, int64_t element_size, char* dst) {
   const int rank = region.rank();
   if (region.empty()) return;
   std::vector<int64_t> idx(rank);
@@ -29,8 +30,8 @@ void FillSynthetic(int tensor, absl::Span<const int64_t> shape, const Region& re
   }
 }
 
-std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape, const Region& region,
-                            int64_t element_size) {
+std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape,
+                            const Region& region, int64_t element_size) {
   std::vector<char> out(region.volume() * element_size);
   FillSynthetic(tensor, shape, region, element_size, out.data());
   return out;

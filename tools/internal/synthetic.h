@@ -12,10 +12,10 @@
 namespace ptc::tools {
 
 // Writes the synthetic bytes of `region` (row-major) into dst.
-void FillSynthetic(int tensor, absl::Span<const int64_t> shape, const Region& region,
-                   int64_t element_size, char* dst);
-std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape, const Region& region,
-                            int64_t element_size);
+void FillSynthetic(int tensor, absl::Span<const int64_t> shape,
+                   const Region& region, int64_t element_size, char* dst);
+std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape,
+                            const Region& region, int64_t element_size);
 
 }  // namespace ptc::tools
 

@@ -23,7 +23,8 @@
 
 namespace ptc::tools {
 
-const char kClusterUsage[] = R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
+const char kClusterUsage[] =
+    R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
   ptcctl register    --job J --model MODEL --config CONFIG --hosts h1,h2,...
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
@@ -43,8 +44,9 @@ namespace {
 using Stub = proto::Coordinator::Stub;
 
 template <typename Req, typename Resp>
-absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*), Stub* stub,
-                  const Req& req, Resp* resp) {
+absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
+                                               Resp*),
+                  Stub* stub, const Req& req, Resp* resp) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   return FromGrpcStatus((stub->*method)(&ctx, req, resp));
@@ -58,7 +60,8 @@ void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
   w->Key("cross_host_bytes").Int(p.cross_host_bytes());
   w->Key("cross_host_bytes_lower_bound").Int(p.cross_host_bytes_lower_bound());
   w->Key("max_host_send_bytes").Int(p.max_host_send_bytes());
-  w->Key("max_host_send_bytes_lower_bound").Int(p.max_host_send_bytes_lower_bound());
+  w->Key("max_host_send_bytes_lower_bound")
+      .Int(p.max_host_send_bytes_lower_bound());
   w->EndObject();
 }
 
@@ -68,7 +71,8 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(*req.mutable_model(), args.Required("model"));
   PTC_ASSIGN_OR_RETURN(*req.mutable_config(), args.Required("config"));
   PTC_ASSIGN_OR_RETURN(std::string hosts, args.Required("hosts"));
-  for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty())) req.add_hosts(std::string(h));
+  for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty()))
+    req.add_hosts(std::string(h));
   proto::RegisterJobResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::RegisterJob, stub, req, &resp));
   if (json) {
@@ -77,28 +81,33 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
     w.Key("state_bytes").Int(resp.state_bytes()).EndObject();
     std::cout << w.str() << "\n";
   } else {
-    std::cout << absl::StrFormat("registered job %s: %s, %s, %d ranks on %d hosts, %s of state\n",
-                                 req.job(), req.model(), req.config(), resp.ranks(),
-                                 req.hosts_size(), HumanBytes(resp.state_bytes()));
+    std::cout << absl::StrFormat(
+        "registered job %s: %s, %s, %d ranks on %d hosts, %s of state\n",
+        req.job(), req.model(), req.config(), resp.ranks(), req.hosts_size(),
+        HumanBytes(resp.state_bytes()));
   }
   return absl::OkStatus();
 }
 
 std::string Bar(double fraction, int width) {
   const int full = static_cast<int>(fraction * width + 0.5);
-  return absl::StrCat("[", std::string(full, '#'), std::string(width - full, '.'), "]");
+  return absl::StrCat("[", std::string(full, '#'),
+                      std::string(width - full, '.'), "]");
 }
 
 absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   proto::ReconfigureRequest req;
   PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
   PTC_ASSIGN_OR_RETURN(*req.mutable_to(), args.Required("to"));
-  for (absl::string_view h : absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
+  for (absl::string_view h :
+       absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
     req.add_hosts(std::string(h));
   }
   int pulls = 0;
-  if (args.Has("parallel-pulls") && (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1)) {
-    return absl::InvalidArgumentError("--parallel-pulls needs a positive number");
+  if (args.Has("parallel-pulls") &&
+      (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1)) {
+    return absl::InvalidArgumentError(
+        "--parallel-pulls needs a positive number");
   }
   req.set_parallel_pulls(pulls);
   req.set_transport(args.Get("transport"));
@@ -107,12 +116,16 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   const proto::PlanSummary& plan = started.plan();
   if (!json) {
     std::cout << absl::StrFormat(
-        "job %s: epoch %d, version %d -> %d, to %s\n  plan: %s kept in place, %s copied within "
+        "job %s: epoch %d, version %d -> %d, to %s\n  plan: %s kept in place, "
+        "%s copied within "
         "hosts, %s across hosts (lower bound %s), largest send %s\n",
-        req.job(), started.plan_epoch(), started.source_version(), started.target_version(),
-        req.to(), HumanBytes(plan.kept_in_place_bytes()),
-        HumanBytes(plan.copied_within_host_bytes()), HumanBytes(plan.cross_host_bytes()),
-        HumanBytes(plan.cross_host_bytes_lower_bound()), HumanBytes(plan.max_host_send_bytes()));
+        req.job(), started.plan_epoch(), started.source_version(),
+        started.target_version(), req.to(),
+        HumanBytes(plan.kept_in_place_bytes()),
+        HumanBytes(plan.copied_within_host_bytes()),
+        HumanBytes(plan.cross_host_bytes()),
+        HumanBytes(plan.cross_host_bytes_lower_bound()),
+        HumanBytes(plan.max_host_send_bytes()));
   }
   grpc::ClientContext ctx;
   proto::WatchRequest watch;
@@ -127,17 +140,21 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     last = e;
     if (json) continue;
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    const double frac = e.bytes_total() > 0 ? static_cast<double>(e.bytes_done()) / e.bytes_total() : 0;
+    const double frac =
+        e.bytes_total() > 0
+            ? static_cast<double>(e.bytes_done()) / e.bytes_total()
+            : 0;
     const double rate = secs > 0 ? e.bytes_done() / secs : 0;
     const double eta = rate > 0 ? (e.bytes_total() - e.bytes_done()) / rate : 0;
     const std::string line = absl::StrFormat(
-        "  %-10s %s %5.1f%%  %s / %s  %s/s  ETA %s  hosts %d/%d", e.phase(), Bar(frac, 30),
-        100 * frac, HumanBytes(e.bytes_done()), HumanBytes(e.bytes_total()), HumanBytes(rate),
-        HumanSeconds(eta), e.hosts_done(), e.hosts_total());
+        "  %-10s %s %5.1f%%  %s / %s  %s/s  ETA %s  hosts %d/%d", e.phase(),
+        Bar(frac, 30), 100 * frac, HumanBytes(e.bytes_done()),
+        HumanBytes(e.bytes_total()), HumanBytes(rate), HumanSeconds(eta),
+        e.hosts_done(), e.hosts_total());
     if (tty) {
       std::cerr << "\r" << line << std::flush;
-    } else if (absl::Now() - printed > absl::Seconds(1) || e.phase() == "committed" ||
-               e.phase() == "aborted") {
+    } else if (absl::Now() - printed > absl::Seconds(1) ||
+               e.phase() == "committed" || e.phase() == "aborted") {
       std::cerr << line << "\n";
       printed = absl::Now();
     }
@@ -150,11 +167,18 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     JsonWriter w(2);
     w.BeginObject();
     w.Key("job").String(req.job()).Key("plan_epoch").Int(started.plan_epoch());
-    w.Key("phase").String(last.phase()).Key("source_version").Int(started.source_version());
-    w.Key("target_version").Int(started.target_version()).Key("seconds").Double(secs);
+    w.Key("phase")
+        .String(last.phase())
+        .Key("source_version")
+        .Int(started.source_version());
+    w.Key("target_version")
+        .Int(started.target_version())
+        .Key("seconds")
+        .Double(secs);
     w.Key("bytes_moved").Int(last.bytes_done());
     w.Key("bytes_from_peers").Int(last.bytes_from_peers());
-    w.Key("throughput_bytes_per_second").Double(secs > 0 ? last.bytes_done() / secs : 0);
+    w.Key("throughput_bytes_per_second")
+        .Double(secs > 0 ? last.bytes_done() / secs : 0);
     w.Key("tensors_verified").Int(last.tensors_verified());
     if (!ok) w.Key("error").String(last.error());
     w.Key("plan");
@@ -163,43 +187,53 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     std::cout << w.str() << "\n";
   } else if (ok) {
     std::cout << absl::StrFormat(
-        "committed version %d in %s: %s moved (%s kept in place, %s copied within hosts, %s "
+        "committed version %d in %s: %s moved (%s kept in place, %s copied "
+        "within hosts, %s "
         "across hosts), %s/s; %d tensors' fingerprints verified\n",
-        started.target_version(), HumanSeconds(secs), HumanBytes(last.bytes_done()),
-        HumanBytes(plan.kept_in_place_bytes()), HumanBytes(plan.copied_within_host_bytes()),
-        HumanBytes(last.bytes_from_peers()), HumanBytes(secs > 0 ? last.bytes_done() / secs : 0),
+        started.target_version(), HumanSeconds(secs),
+        HumanBytes(last.bytes_done()), HumanBytes(plan.kept_in_place_bytes()),
+        HumanBytes(plan.copied_within_host_bytes()),
+        HumanBytes(last.bytes_from_peers()),
+        HumanBytes(secs > 0 ? last.bytes_done() / secs : 0),
         last.tensors_verified());
   }
   if (!ok) {
-    return absl::AbortedError(absl::StrCat("the reconfiguration ", last.phase().empty() ? "ended" : last.phase(),
-                                           ": ", last.error(), "; the job stays at version ",
-                                           started.source_version()));
+    return absl::AbortedError(absl::StrCat(
+        "the reconfiguration ", last.phase().empty() ? "ended" : last.phase(),
+        ": ", last.error(), "; the job stays at version ",
+        started.source_version()));
   }
   return absl::OkStatus();
 }
 
 absl::Status Hosts(Stub* stub, bool json) {
   proto::ListHostsResponse resp;
-  PTC_RETURN_IF_ERROR(Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
+  PTC_RETURN_IF_ERROR(
+      Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
   if (json) {
     JsonWriter w(2);
     w.BeginObject().Key("hosts").BeginArray();
     for (const auto& h : resp.hosts()) {
-      w.BeginObject().Key("name").String(h.name()).Key("address").String(h.address());
+      w.BeginObject().Key("name").String(h.name()).Key("address").String(
+          h.address());
       w.Key("gpus").Int(h.gpus()).Key("alive").Bool(h.alive());
       w.Key("memory_bytes").Int(h.memory_bytes());
-      w.Key("seconds_since_heartbeat").Double(h.seconds_since_heartbeat()).EndObject();
+      w.Key("seconds_since_heartbeat")
+          .Double(h.seconds_since_heartbeat())
+          .EndObject();
     }
     w.EndArray().EndObject();
     std::cout << w.str() << "\n";
     return absl::OkStatus();
   }
-  std::cout << absl::StrFormat("%-16s %-22s %5s %-6s %10s  %s\n", "HOST", "ADDRESS", "GPUS",
-                               "STATE", "MEMORY", "LAST HEARTBEAT");
+  std::cout << absl::StrFormat("%-16s %-22s %5s %-6s %10s  %s\n", "HOST",
+                               "ADDRESS", "GPUS", "STATE", "MEMORY",
+                               "LAST HEARTBEAT");
   for (const auto& h : resp.hosts()) {
-    std::cout << absl::StrFormat("%-16s %-22s %5d %-6s %10s  %s ago\n", h.name(), h.address(),
-                                 h.gpus(), h.alive() ? "alive" : "DEAD", HumanBytes(h.memory_bytes()),
-                                 HumanSeconds(h.seconds_since_heartbeat()));
+    std::cout << absl::StrFormat(
+        "%-16s %-22s %5d %-6s %10s  %s ago\n", h.name(), h.address(), h.gpus(),
+        h.alive() ? "alive" : "DEAD", HumanBytes(h.memory_bytes()),
+        HumanSeconds(h.seconds_since_heartbeat()));
   }
   return absl::OkStatus();
 }
@@ -219,7 +253,10 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.EndArray().Key("committed_version").Int(j.committed_version());
       w.Key("ranks").Int(j.ranks()).Key("ranks_saved").Int(j.ranks_saved());
       w.Key("state_bytes").Int(j.state_bytes());
-      w.Key("reconfiguration").BeginObject().Key("plan_epoch").Int(j.reconfiguration().plan_epoch());
+      w.Key("reconfiguration")
+          .BeginObject()
+          .Key("plan_epoch")
+          .Int(j.reconfiguration().plan_epoch());
       w.Key("phase").String(j.reconfiguration().phase());
       w.Key("bytes_done").Int(j.reconfiguration().bytes_done());
       w.Key("bytes_total").Int(j.reconfiguration().bytes_total());
@@ -231,17 +268,20 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
     return absl::OkStatus();
   }
   for (const auto& j : resp.jobs()) {
-    std::cout << absl::StrFormat("job %s: %s, %s on %s, committed version %d (%d ranks, %s)\n",
-                                 j.job(), j.model(), j.config(), absl::StrJoin(j.hosts(), ","),
-                                 j.committed_version(), j.ranks(), HumanBytes(j.state_bytes()));
+    std::cout << absl::StrFormat(
+        "job %s: %s, %s on %s, committed version %d (%d ranks, %s)\n", j.job(),
+        j.model(), j.config(), absl::StrJoin(j.hosts(), ","),
+        j.committed_version(), j.ranks(), HumanBytes(j.state_bytes()));
     const auto& r = j.reconfiguration();
     if (!r.phase().empty()) {
-      std::cout << absl::StrFormat("  reconfiguration epoch %d: %s, %s of %s%s\n", r.plan_epoch(),
-                                   r.phase(), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
-                                   r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
+      std::cout << absl::StrFormat(
+          "  reconfiguration epoch %d: %s, %s of %s%s\n", r.plan_epoch(),
+          r.phase(), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
+          r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
     }
     if (j.ranks_saved() > 0) {
-      std::cout << absl::StrFormat("  %d of %d ranks saved the next version\n", j.ranks_saved(), j.ranks());
+      std::cout << absl::StrFormat("  %d of %d ranks saved the next version\n",
+                                   j.ranks_saved(), j.ranks());
     }
   }
   return absl::OkStatus();
@@ -253,9 +293,13 @@ absl::Status AbortJob(Stub* stub, const std::string& job, bool json) {
   proto::AbortResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::Abort, stub, req, &resp));
   if (json) {
-    std::cout << "{\"job\":\"" << JsonEscape(job) << "\",\"aborting\":" << (resp.aborting() ? "true" : "false") << "}\n";
+    std::cout << "{\"job\":\"" << JsonEscape(job)
+              << "\",\"aborting\":" << (resp.aborting() ? "true" : "false")
+              << "}\n";
   } else {
-    std::cout << (resp.aborting() ? "aborting the reconfiguration of " : "nothing in flight for ") << job << "\n";
+    std::cout << (resp.aborting() ? "aborting the reconfiguration of "
+                                  : "nothing in flight for ")
+              << job << "\n";
   }
   return absl::OkStatus();
 }
@@ -263,7 +307,8 @@ absl::Status AbortJob(Stub* stub, const std::string& job, bool json) {
 }  // namespace
 
 bool IsClusterCommand(const char* c) {
-  for (const char* name : {"register", "reconfigure", "hosts", "jobs", "status", "abort"}) {
+  for (const char* name :
+       {"register", "reconfigure", "hosts", "jobs", "status", "abort"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -272,8 +317,8 @@ bool IsClusterCommand(const char* c) {
 int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
   auto args = Args::Parse(argc, argv, 2,
-                          {"coordinator", "job", "model", "config", "hosts", "to", "parallel-pulls",
-                           "transport"},
+                          {"coordinator", "job", "model", "config", "hosts",
+                           "to", "parallel-pulls", "transport"},
                           {"json", "help"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
@@ -286,8 +331,10 @@ int RunClusterCommand(int argc, const char* const* argv) {
     return 0;
   }
   const std::string address = args->Get("coordinator", "127.0.0.1:7000");
-  auto stub = proto::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  std::string job = args->positional().empty() ? args->Get("job") : args->positional()[0];
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::string job =
+      args->positional().empty() ? args->Get("job") : args->positional()[0];
   absl::Status s;
   if (cmd == "register") {
     s = Register(stub.get(), *args, json);
@@ -298,16 +345,21 @@ int RunClusterCommand(int argc, const char* const* argv) {
   } else if (cmd == "jobs") {
     s = Jobs(stub.get(), "", json);
   } else if (job.empty()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("ptcctl ", cmd, " needs a job name")), 2);
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat("ptcctl ", cmd, " needs a job name")),
+                2);
   } else if (cmd == "status") {
     s = Jobs(stub.get(), job, json);
   } else {
     s = AbortJob(stub.get(), job, json);
   }
   if (s.code() == absl::StatusCode::kUnavailable) {
-    s = absl::UnavailableError(absl::StrCat("cannot reach ptc-coordinator at ", address, ": ", s.message()));
+    s = absl::UnavailableError(absl::StrCat("cannot reach ptc-coordinator at ",
+                                            address, ": ", s.message()));
   }
-  if (!s.ok()) return fail(s, absl::StartsWith(s.message(), "missing required option") ? 2 : 1);
+  if (!s.ok())
+    return fail(
+        s, absl::StartsWith(s.message(), "missing required option") ? 2 : 1);
   return 0;
 }
 

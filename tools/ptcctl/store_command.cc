@@ -16,7 +16,8 @@
 
 namespace ptc::tools {
 
-const char kStoreUsage[] = R"(usage: ptcctl store ls    --host ADDR [--job JOB] [--regions] [--json]
+const char kStoreUsage[] =
+    R"(usage: ptcctl store ls    --host ADDR [--job JOB] [--regions] [--json]
        ptcctl store stat  --host ADDR --job JOB --version V --tensor KEY [--json]
        ptcctl store stats --host ADDR [--json]
 
@@ -29,18 +30,24 @@ namespace {
 
 std::string RegionText(const proto::Region& r) {
   std::vector<std::string> dims;
-  for (const auto& d : r.dims()) dims.push_back(absl::StrCat(d.begin(), ":", d.end()));
+  for (const auto& d : r.dims())
+    dims.push_back(absl::StrCat(d.begin(), ":", d.end()));
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
 void WriteRegion(const proto::Region& r, JsonWriter* w) {
   w->BeginArray();
-  for (const auto& d : r.dims()) w->BeginArray().Int(d.begin()).Int(d.end()).EndArray();
+  for (const auto& d : r.dims())
+    w->BeginArray().Int(d.begin()).Int(d.end()).EndArray();
   w->EndArray();
 }
 
 void WriteTensor(const proto::TensorInfo& t, bool regions, JsonWriter* w) {
-  w->BeginObject().Key("key").String(t.decl().key()).Key("dtype").String(t.decl().dtype());
+  w->BeginObject()
+      .Key("key")
+      .String(t.decl().key())
+      .Key("dtype")
+      .String(t.decl().dtype());
   w->Key("shape").BeginArray();
   for (int64_t e : t.decl().shape()) w->Int(e);
   w->EndArray();
@@ -52,7 +59,10 @@ void WriteTensor(const proto::TensorInfo& t, bool regions, JsonWriter* w) {
     for (const auto& r : t.regions()) {
       w->BeginObject().Key("region");
       WriteRegion(r.region(), w);
-      w->Key("bytes").Int(r.bytes()).Key("checksum").String(absl::StrFormat("%016x", r.checksum()));
+      w->Key("bytes")
+          .Int(r.bytes())
+          .Key("checksum")
+          .String(absl::StrFormat("%016x", r.checksum()));
       w->EndObject();
     }
     w->EndArray();
@@ -60,18 +70,21 @@ void WriteTensor(const proto::TensorInfo& t, bool regions, JsonWriter* w) {
   w->EndObject();
 }
 
-void PrintTensorText(const proto::TensorInfo& t, bool regions, const char* indent) {
+void PrintTensorText(const proto::TensorInfo& t, bool regions,
+                     const char* indent) {
   int64_t bytes = 0;
   for (const auto& r : t.regions()) bytes += r.bytes();
   std::vector<std::string> shape;
   for (int64_t e : t.decl().shape()) shape.push_back(absl::StrCat(e));
-  std::cout << absl::StrFormat("%s%-44s %-8s [%s]  %d regions, %s\n", indent, t.decl().key(),
-                               t.decl().dtype(), absl::StrJoin(shape, ", "), t.regions_size(),
+  std::cout << absl::StrFormat("%s%-44s %-8s [%s]  %d regions, %s\n", indent,
+                               t.decl().key(), t.decl().dtype(),
+                               absl::StrJoin(shape, ", "), t.regions_size(),
                                HumanBytes(bytes));
   if (!regions) return;
   for (const auto& r : t.regions()) {
-    std::cout << absl::StrFormat("%s    %-40s %12s  xxh3 %016x\n", indent, RegionText(r.region()),
-                                 HumanBytes(r.bytes()), r.checksum());
+    std::cout << absl::StrFormat("%s    %-40s %12s  xxh3 %016x\n", indent,
+                                 RegionText(r.region()), HumanBytes(r.bytes()),
+                                 r.checksum());
   }
 }
 
@@ -82,10 +95,18 @@ absl::Status Ls(StoreClient& c, const Args& args, bool json) {
     JsonWriter w(2);
     w.BeginObject().Key("jobs").BeginArray();
     for (const auto& j : list.jobs()) {
-      w.BeginObject().Key("job").String(j.job()).Key("declared_tensors").Int(j.declared_tensors());
+      w.BeginObject()
+          .Key("job")
+          .String(j.job())
+          .Key("declared_tensors")
+          .Int(j.declared_tensors());
       w.Key("versions").BeginArray();
       for (const auto& v : j.versions()) {
-        w.BeginObject().Key("version").Int(v.version()).Key("committed").Bool(v.committed());
+        w.BeginObject()
+            .Key("version")
+            .Int(v.version())
+            .Key("committed")
+            .Bool(v.committed());
         w.Key("bytes").Int(v.bytes()).Key("tensors").BeginArray();
         for (const auto& t : v.tensors()) WriteTensor(t, regions, &w);
         w.EndArray().EndObject();
@@ -98,12 +119,14 @@ absl::Status Ls(StoreClient& c, const Args& args, bool json) {
   }
   if (list.jobs().empty()) std::cout << "no jobs\n";
   for (const auto& j : list.jobs()) {
-    std::cout << absl::StrFormat("job %s: %d tensors declared, %d versions\n", j.job(),
-                                 j.declared_tensors(), j.versions_size());
+    std::cout << absl::StrFormat("job %s: %d tensors declared, %d versions\n",
+                                 j.job(), j.declared_tensors(),
+                                 j.versions_size());
     for (const auto& v : j.versions()) {
-      std::cout << absl::StrFormat("  version %d (%s): %d tensors, %s\n", v.version(),
-                                   v.committed() ? "committed" : "open", v.tensors_size(),
-                                   HumanBytes(v.bytes()));
+      std::cout << absl::StrFormat("  version %d (%s): %d tensors, %s\n",
+                                   v.version(),
+                                   v.committed() ? "committed" : "open",
+                                   v.tensors_size(), HumanBytes(v.bytes()));
       for (const auto& t : v.tensors()) PrintTensorText(t, regions, "    ");
     }
   }
@@ -116,7 +139,8 @@ absl::Status Stat(StoreClient& c, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(std::string tensor, args.Required("tensor"));
   int64_t version;
   if (!absl::SimpleAtoi(version_text, &version)) {
-    return absl::InvalidArgumentError(absl::StrCat("--version '", version_text, "' is not a number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--version '", version_text, "' is not a number"));
   }
   PTC_ASSIGN_OR_RETURN(proto::StatResponse stat, c.Stat(job, version, tensor));
   if (json) {
@@ -142,12 +166,20 @@ absl::Status Stats(StoreClient& c, bool json) {
     w.Key("memory_used_bytes").Int(s.memory_used_bytes());
     w.Key("memory_limit_bytes").Int(s.memory_limit_bytes());
     w.Key("spare_bytes").Int(s.spare_bytes());
-    w.Key("local_clients").Int(s.local_clients()).Key("active_calls").Int(s.active_calls());
+    w.Key("local_clients")
+        .Int(s.local_clients())
+        .Key("active_calls")
+        .Int(s.active_calls());
     w.Key("uptime_seconds").Double(s.uptime_seconds());
     w.Key("versions").BeginArray();
     for (const auto& v : s.versions()) {
-      w.BeginObject().Key("job").String(v.job()).Key("version").Int(v.version());
-      w.Key("bytes").Int(v.bytes()).Key("committed").Bool(v.committed()).EndObject();
+      w.BeginObject().Key("job").String(v.job()).Key("version").Int(
+          v.version());
+      w.Key("bytes")
+          .Int(v.bytes())
+          .Key("committed")
+          .Bool(v.committed())
+          .EndObject();
     }
     w.EndArray().Key("counters").BeginObject();
     for (const auto& c : s.counters()) w.Key(c.name()).Int(c.value());
@@ -155,21 +187,27 @@ absl::Status Stats(StoreClient& c, bool json) {
     std::cout << w.str() << "\n";
     return absl::OkStatus();
   }
-  std::cout << absl::StrFormat("memory: %s of %s used (%.1f%%)\n", HumanBytes(s.memory_used_bytes()),
-                               HumanBytes(s.memory_limit_bytes()),
-                               100.0 * s.memory_used_bytes() / std::max<int64_t>(1, s.memory_limit_bytes()));
+  std::cout << absl::StrFormat(
+      "memory: %s of %s used (%.1f%%)\n", HumanBytes(s.memory_used_bytes()),
+      HumanBytes(s.memory_limit_bytes()),
+      100.0 * s.memory_used_bytes() /
+          std::max<int64_t>(1, s.memory_limit_bytes()));
   if (s.spare_bytes() > 0) {
-    std::cout << absl::StrFormat("        of which %s kept ready for the next local saves\n",
-                                 HumanBytes(s.spare_bytes()));
+    std::cout << absl::StrFormat(
+        "        of which %s kept ready for the next local saves\n",
+        HumanBytes(s.spare_bytes()));
   }
-  std::cout << absl::StrFormat("clients: %d local, %d calls in progress; up %s\n", s.local_clients(),
-                               s.active_calls(), HumanSeconds(s.uptime_seconds()));
+  std::cout << absl::StrFormat(
+      "clients: %d local, %d calls in progress; up %s\n", s.local_clients(),
+      s.active_calls(), HumanSeconds(s.uptime_seconds()));
   for (const auto& v : s.versions()) {
-    std::cout << absl::StrFormat("  %s version %d (%s): %s\n", v.job(), v.version(),
-                                 v.committed() ? "committed" : "open", HumanBytes(v.bytes()));
+    std::cout << absl::StrFormat(
+        "  %s version %d (%s): %s\n", v.job(), v.version(),
+        v.committed() ? "committed" : "open", HumanBytes(v.bytes()));
   }
   std::cout << "counters:\n";
-  for (const auto& c : s.counters()) std::cout << absl::StrFormat("  %-40s %d\n", c.name(), c.value());
+  for (const auto& c : s.counters())
+    std::cout << absl::StrFormat("  %-40s %d\n", c.name(), c.value());
   return absl::OkStatus();
 }
 
@@ -178,7 +216,9 @@ absl::Status Stats(StoreClient& c, bool json) {
 int RunStoreCommand(int argc, const char* const* argv) {
   const std::string sub = argc > 2 ? argv[2] : "";
   if (sub != "ls" && sub != "stat" && sub != "stats") {
-    std::cerr << (sub.empty() || sub == "--help" ? "" : "ptcctl store: unknown subcommand '" + sub + "'\n\n")
+    std::cerr << (sub.empty() || sub == "--help"
+                      ? ""
+                      : "ptcctl store: unknown subcommand '" + sub + "'\n\n")
               << kStoreUsage;
     return sub == "--help" ? 0 : 2;
   }
@@ -201,10 +241,12 @@ int RunStoreCommand(int argc, const char* const* argv) {
                    : sub == "stat" ? Stat(*client, *args, json)
                                    : Stats(*client, json);
   if (s.code() == absl::StatusCode::kUnavailable) {
-    s = absl::UnavailableError(absl::StrCat("cannot reach ptcd at ", *host, ": ", s.message()));
+    s = absl::UnavailableError(
+        absl::StrCat("cannot reach ptcd at ", *host, ": ", s.message()));
   }
   if (!s.ok()) {
-    return fail(s, absl::StartsWith(s.message(), "missing required option") ? 2 : 1);
+    return fail(
+        s, absl::StartsWith(s.message(), "missing required option") ? 2 : 1);
   }
   return 0;
 }

@@ -25,18 +25,28 @@ Output Ptcctl(const std::string& args) {
   return {WEXITSTATUS(status), out};
 }
 
-TEST_CASE("ptcctl store: ls, stat and stats for people and as JSON", "[tools][store]") {
+TEST_CASE("ptcctl store: ls, stat and stats for people and as JSON",
+          "[tools][store]") {
   auto d = testing::StartDaemon();
-  REQUIRE(d->client->Declare("run7", {{"layers.0.w", DType::kBFloat16, {64, 32}}}).ok());
+  REQUIRE(
+      d->client->Declare("run7", {{"layers.0.w", DType::kBFloat16, {64, 32}}})
+          .ok());
   std::vector<char> data(32 * 32 * 2, 1);
-  REQUIRE(d->client->Put("run7", 3, "layers.0.w", Region{{0, 32}, {0, 32}}, data.data(), data.size()).ok());
-  REQUIRE(d->client->Put("run7", 3, "layers.0.w", Region{{32, 64}, {0, 32}}, data.data(), data.size()).ok());
+  REQUIRE(d->client
+              ->Put("run7", 3, "layers.0.w", Region{{0, 32}, {0, 32}},
+                    data.data(), data.size())
+              .ok());
+  REQUIRE(d->client
+              ->Put("run7", 3, "layers.0.w", Region{{32, 64}, {0, 32}},
+                    data.data(), data.size())
+              .ok());
   REQUIRE(d->client->Commit("run7", 3).ok());
   const std::string host = absl::StrCat("--host ", d->address());
 
   Output ls = Ptcctl("store ls --regions " + host);
   CHECK(ls.code == 0);
-  CHECK(ls.out.find("job run7: 1 tensors declared, 1 versions") != std::string::npos);
+  CHECK(ls.out.find("job run7: 1 tensors declared, 1 versions") !=
+        std::string::npos);
   CHECK(ls.out.find("version 3 (committed)") != std::string::npos);
   CHECK(ls.out.find("[32:64, 0:32]") != std::string::npos);
 
@@ -45,21 +55,25 @@ TEST_CASE("ptcctl store: ls, stat and stats for people and as JSON", "[tools][st
   CHECK(ls_json.out.find("\"bytes\": 4096") != std::string::npos);
   CHECK(ls_json.out.find("\"committed\": true") != std::string::npos);
 
-  Output stat = Ptcctl("store stat --job run7 --version 3 --tensor layers.0.w --json " + host);
+  Output stat = Ptcctl(
+      "store stat --job run7 --version 3 --tensor layers.0.w --json " + host);
   CHECK(stat.code == 0);
   CHECK(stat.out.find("\"region_count\": 2") != std::string::npos);
   CHECK(stat.out.find("\"checksum\": \"") != std::string::npos);
 
   Output stats = Ptcctl("store stats " + host);
   CHECK(stats.code == 0);
-  CHECK(stats.out.find("memory: 4.00 KiB of 8.00 GiB used") != std::string::npos);
+  CHECK(stats.out.find("memory: 4.00 KiB of 8.00 GiB used") !=
+        std::string::npos);
   CHECK(stats.out.find("ptc_store_bytes_in_total") != std::string::npos);
 }
 
-TEST_CASE("ptcctl store: errors name the problem, with JSON for machines", "[tools][store]") {
+TEST_CASE("ptcctl store: errors name the problem, with JSON for machines",
+          "[tools][store]") {
   auto d = testing::StartDaemon();
   const std::string host = absl::StrCat("--host ", d->address());
-  Output unknown = Ptcctl("store stat --job nojob --version 1 --tensor w --json " + host);
+  Output unknown =
+      Ptcctl("store stat --job nojob --version 1 --tensor w --json " + host);
   CHECK(unknown.code == 1);
   CHECK(unknown.out.find("\"code\":\"NOT_FOUND\"") != std::string::npos);
   CHECK(unknown.out.find("job 'nojob' is unknown") != std::string::npos);
