@@ -1,5 +1,6 @@
 #include "state_transformer/fragment_executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -117,7 +118,14 @@ absl::Status ExecuteFragment(
     const int64_t bytes =
         p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
     totals.bytes_total += bytes;
-    if (p.source_host == job.host && linked.count({p.tensor, p.region})) {
+    // A piece kept in place needs no copy, unless a staged region of the
+    // tensor overlaps it (distinct regions of a host may overlap): then it
+    // is copied into those (Scatter skips the linked region itself).
+    const bool feeds_staged = std::any_of(
+        staged[p.tensor].begin(), staged[p.tensor].end(),
+        [&](const Staged& s) { return s.region.Intersects(p.region); });
+    if (p.source_host == job.host && linked.count({p.tensor, p.region}) &&
+        !feeds_staged) {
       totals.bytes_done += bytes;  // kept in place: nothing to move
       ++totals.pieces_done;
     } else {
