@@ -25,6 +25,15 @@ struct CoordinatorService::Flight {
 
 namespace {
 
+// The target of the reconfiguration in flight becomes the committed state.
+void AdoptTarget(proto::CoordinatorState::Job* job) {
+  job->set_config(job->target_config());
+  job->clear_hosts();
+  for (const std::string& h : job->target_hosts()) job->add_hosts(h);
+  job->set_committed_version(job->target_version());
+  job->clear_lost_hosts();
+}
+
 // Forgets the reconfiguration in flight (its target and decision).
 void ClearFlight(proto::CoordinatorState::Job* job) {
   job->clear_target_config();
@@ -230,12 +239,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
   if (report.ok()) {
-    job.state.set_config(job.state.target_config());
-    job.state.clear_hosts();
-    for (const std::string& h : job.state.target_hosts())
-      job.state.add_hosts(h);
-    job.state.set_committed_version(job.state.target_version());
-    job.state.clear_lost_hosts();
+    AdoptTarget(&job.state);
     e.set_phase("committed");
     e.set_seconds(report->seconds);
     e.set_bytes_from_peers(report->bytes_from_peers);
@@ -279,12 +283,7 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(name);
-    job.state.set_config(job.state.target_config());
-    job.state.clear_hosts();
-    for (const std::string& h : job.state.target_hosts())
-      job.state.add_hosts(h);
-    job.state.set_committed_version(version);
-    job.state.clear_lost_hosts();
+    AdoptTarget(&job.state);
     ClearFlight(&job.state);
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("committed");

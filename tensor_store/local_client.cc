@@ -130,6 +130,17 @@ void NameRegion(const std::string& job, int64_t version,
   RegionToProto(region, op->mutable_region());
 }
 
+// Maps `size` bytes of a received memfd with `prot`, advising huge pages.
+absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
+  void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
+  }
+  AdviseHugePages(p, size);
+  return p;
+}
+
 }  // namespace
 
 absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
@@ -144,13 +155,8 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
   buf.handle_ = resp.handle();
   buf.size_ = resp.bytes();
   buf.fd_ = fd;
-  void* p = mmap(nullptr, buf.size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("mapping ", buf.size_,
-                     " bytes of shared memory: ", std::strerror(errno)));
-  }
-  AdviseHugePages(p, buf.size_);
+  PTC_ASSIGN_OR_RETURN(void* p,
+                       MapShared(fd, buf.size_, PROT_READ | PROT_WRITE));
   buf.data_ = static_cast<uint8_t*>(p);
   return buf;
 }
@@ -191,13 +197,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   m.size_ = resp.bytes();
   m.checksum_ = resp.checksum();
   m.fd_ = fd;
-  void* p = mmap(nullptr, m.size_, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("mapping ", m.size_,
-                     " bytes of shared memory: ", std::strerror(errno)));
-  }
-  AdviseHugePages(p, m.size_);
+  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd, m.size_, PROT_READ));
   m.data_ = static_cast<const uint8_t*>(p);
   return m;
 }

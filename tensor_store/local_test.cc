@@ -21,6 +21,14 @@ using testing::StartDaemon;
 
 constexpr int64_t kRows = 64, kCols = 1024;  // 256 KiB of fp32
 
+// A daemon whose job "job" declares "w", fp32 [kRows, kCols].
+std::unique_ptr<testing::Daemon> StartWithTensor() {
+  auto d = StartDaemon();
+  REQUIRE(
+      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  return d;
+}
+
 std::unique_ptr<LocalClient> Connect(const testing::Daemon& d) {
   auto c = LocalClient::Connect(d.socket_path());
   REQUIRE(c.ok());
@@ -42,9 +50,7 @@ uint64_t SaveRows(LocalClient& c, int64_t version, int64_t r0, int64_t r1,
 
 TEST_CASE("local: a save through shared memory reads back over gRPC",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   SaveRows(*c, 1, 0, 32, 1);
   SaveRows(*c, 1, 32, 64, 2);
@@ -58,9 +64,7 @@ TEST_CASE("local: a save through shared memory reads back over gRPC",
 
 TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   auto buf = c->AllocatePut("job", 1, "w", r);
@@ -83,9 +87,7 @@ TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
 
 TEST_CASE("local: nobody can write a stored region, not even its mapper",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   SaveRows(*c, 1, 0, kRows, 4);
@@ -108,9 +110,7 @@ TEST_CASE("local: nobody can write a stored region, not even its mapper",
 
 TEST_CASE("local: a mapping outlives the delete of its version until released",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   const Region r{{0, kRows}, {0, kCols}};
   SaveRows(*c, 1, 0, kRows, 5);
@@ -129,9 +129,7 @@ TEST_CASE("local: a mapping outlives the delete of its version until released",
 
 TEST_CASE("local: handles and leases belong to their connection",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto owner = Connect(*d);
   auto thief = Connect(*d);
   auto buf = owner->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
@@ -153,9 +151,7 @@ TEST_CASE("local: handles and leases belong to their connection",
 TEST_CASE(
     "local: committing while still mapped writable is refused, then works",
     "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   auto buf = c->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
   REQUIRE(buf.ok());
@@ -171,9 +167,7 @@ TEST_CASE(
 
 TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   {
     auto c = Connect(*d);
     auto buf = c->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
@@ -190,9 +184,7 @@ TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
 
 TEST_CASE("local: malformed requests and wrong regions get clear errors",
           "[tensor_store][local]") {
-  auto d = StartDaemon();
-  REQUIRE(
-      d->client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  auto d = StartWithTensor();
   auto c = Connect(*d);
   SaveRows(*c, 1, 0, kRows, 6);
   auto part = c->Map("job", 1, "w", Region{{0, 8}, {0, kCols}});
