@@ -52,12 +52,21 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   Plan one;
   one.fragments.push_back(f);
   *req.mutable_fragment() = PlanToProto(one).fragments(0);
-  for (const Transfer& x : f.transfers) {
-    auto it = r.addresses.find(x.source_host);
-    if (it != r.addresses.end())
-      (*req.mutable_peers())[x.source_host] = it->second;
-    (*req.mutable_peer_names())[x.source_host] =
-        r.input->cluster->hosts[x.source_host].name;
+  auto add_peer = [&](int32_t host) {
+    auto it = r.addresses.find(host);
+    if (it != r.addresses.end()) (*req.mutable_peers())[host] = it->second;
+    (*req.mutable_peer_names())[host] = r.input->cluster->hosts[host].name;
+  };
+  for (const Transfer& x : f.transfers) add_peer(x.source_host);
+  for (const SmallObjectMove& m : r.plan->small_objects) {
+    if (m.target_host != f.host) continue;
+    proto::SmallObjectMove* pm = req.add_small_objects();
+    pm->set_name(m.name);
+    pm->set_target_rank(m.target_rank);
+    pm->set_source_rank(m.source_rank);
+    pm->set_source_host(m.source_host);
+    pm->set_target_host(m.target_host);
+    add_peer(m.source_host);
   }
   return req;
 }

@@ -47,19 +47,24 @@ GrpcPieceTransport::GrpcPieceTransport(
     clients_[host] = StoreClient::Connect(address);
 }
 
-absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
-                                       int64_t version,
-                                       const std::string& tensor,
-                                       const Region& region,
-                                       int64_t /*element_size*/,
-                                       const StoreClient::Consumer& consume) {
+absl::StatusOr<StoreClient*> GrpcPieceTransport::ClientFor(int32_t host) {
   auto it = clients_.find(host);
   if (it == clients_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the plan names source host ", host,
                      " but no address was given for it"));
   }
-  auto got = it->second->ReadWith(job, version, tensor, region, consume);
+  return it->second.get();
+}
+
+absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
+                                       int64_t version,
+                                       const std::string& tensor,
+                                       const Region& region,
+                                       int64_t /*element_size*/,
+                                       const StoreClient::Consumer& consume) {
+  PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
+  auto got = client->ReadWith(job, version, tensor, region, consume);
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(
@@ -70,6 +75,23 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
             " (", addresses_[host], ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
+    int32_t host, const std::string& job, int64_t version,
+    const std::string& name, int32_t rank) {
+  PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
+  auto got = client->GetSmallObject(job, version, name, rank);
+  if (!got.ok()) {
+    const auto n = names_.find(host);
+    return Annotate(
+        got.status(),
+        absl::StrCat(
+            "pulling small object '", name, "' of rank ", rank, " from ",
+            n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
+            addresses_[host], ")"));
+  }
+  return got;
 }
 
 absl::Status ExecuteFragment(
@@ -234,13 +256,37 @@ absl::Status ExecuteFragment(
       return s;
     }
   }
+  for (const FragmentSmallObject& o : job.small_objects) {
+    absl::StatusOr<std::string> bytes;
+    if (o.source_host == job.host) {
+      auto ref = store->GetSmallObject(job.job, job.source_version, o.name,
+                                       o.source_rank);
+      if (ref.ok())
+        bytes = *ref->bytes;
+      else
+        bytes = ref.status();
+    } else {
+      bytes = transport->FetchSmallObject(
+          o.source_host, job.job, job.source_version, o.name, o.source_rank);
+    }
+    absl::Status s = bytes.status();
+    if (s.ok()) {
+      s = store->PutSmallObject(job.job, job.target_version, o.name,
+                                o.target_rank, *std::move(bytes));
+    }
+    if (!s.ok()) {
+      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      return Annotate(s, absl::StrCat("small object '", o.name,
+                                      "' for target rank ", o.target_rank));
+    }
+  }
   Log("transformer")
       ->info(
           "job {}: version {} staged on host {} ({} pieces, {} bytes, {} from "
-          "peers, {} regions kept "
-          "in place)",
+          "peers, {} regions kept in place, {} small objects)",
           job.job, job.target_version, job.host, totals.pieces_done,
-          totals.bytes_done, totals.remote_bytes_done, links.size());
+          totals.bytes_done, totals.remote_bytes_done, links.size(),
+          job.small_objects.size());
   return absl::OkStatus();
 }
 

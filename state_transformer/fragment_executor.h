@@ -37,6 +37,14 @@ class PieceTransport {
                              int64_t version, const std::string& tensor,
                              const Region& region, int64_t element_size,
                              const StoreClient::Consumer& consume) = 0;
+  // The bytes of small object `name` of `rank` in `version` on `host`,
+  // checked against the checksum the source stored. Small objects are tiny
+  // and always travel over the control plane (gRPC).
+  virtual absl::StatusOr<std::string> FetchSmallObject(int32_t host,
+                                                       const std::string& job,
+                                                       int64_t version,
+                                                       const std::string& name,
+                                                       int32_t rank) = 0;
 };
 
 // The transport that always works: the peers' TensorStore Read streams.
@@ -49,8 +57,15 @@ class GrpcPieceTransport : public PieceTransport {
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
                      const StoreClient::Consumer& consume) override;
+  absl::StatusOr<std::string> FetchSmallObject(int32_t host,
+                                               const std::string& job,
+                                               int64_t version,
+                                               const std::string& name,
+                                               int32_t rank) override;
 
  private:
+  absl::StatusOr<StoreClient*> ClientFor(int32_t host);
+
   std::map<int32_t, std::unique_ptr<StoreClient>> clients_;
   std::map<int32_t, std::string> addresses_;
   std::map<int32_t, std::string> names_;
@@ -59,6 +74,14 @@ class GrpcPieceTransport : public PieceTransport {
 struct FragmentPiece {
   int32_t tensor = 0;  // index into FragmentJob::tensors
   Region region;
+  int32_t source_host = 0;  // == FragmentJob::host for a local copy
+};
+
+// A small object a rank of the new config takes from a rank of the old.
+struct FragmentSmallObject {
+  std::string name;
+  int32_t target_rank = 0;
+  int32_t source_rank = 0;
   int32_t source_host = 0;  // == FragmentJob::host for a local copy
 };
 
@@ -71,6 +94,8 @@ struct FragmentJob {
   // (tensor, region) the host holds afterwards; may overlap.
   std::vector<std::pair<int32_t, Region>> holds;
   std::vector<FragmentPiece> pieces;
+  // Small objects of the target ranks on this host.
+  std::vector<FragmentSmallObject> small_objects;
   int parallel_pulls = 4;
 };
 

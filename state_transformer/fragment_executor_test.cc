@@ -15,6 +15,11 @@ class NoPeers : public PieceTransport {
                      const StoreClient::Consumer&) override {
     return absl::InternalError("no peer should be asked");
   }
+  absl::StatusOr<std::string> FetchSmallObject(int32_t, const std::string&,
+                                               int64_t, const std::string&,
+                                               int32_t) override {
+    return absl::InternalError("no peer should be asked");
+  }
 };
 
 void Put(Store& store, int64_t version, const Region& r) {

@@ -84,6 +84,15 @@ absl::Status TransformerService::DoExecute(
     PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(x.region()));
     job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
   }
+  for (const proto::SmallObjectMove& m : req.small_objects()) {
+    if (m.target_host() != req.host()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("small object '", m.name(), "' is for host ",
+                       m.target_host(), ", not this host ", req.host()));
+    }
+    job.small_objects.push_back(
+        {m.name(), m.target_rank(), m.source_rank(), m.source_host()});
+  }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),
                                        req.peer_names().end());

@@ -23,6 +23,8 @@ constexpr int64_t kPartBytes = int64_t{64} << 20;
 
 Counter& ucx_bytes_received_total =
     GetCounter("ptc_transformer_ucx_bytes_received_total");
+Counter& ucx_fallbacks_total =
+    GetCounter("ptc_transformer_ucx_fallbacks_total");
 
 uint64_t NewTag() {
   static std::atomic<uint64_t> counter{absl::Uniform<uint64_t>(absl::BitGen())
@@ -39,7 +41,8 @@ UcxPieceTransport::UcxPieceTransport(
     : worker_(worker),
       epoch_(plan_epoch),
       addresses_(peers),
-      names_(std::move(names)) {
+      names_(std::move(names)),
+      control_(peers, names_) {
   for (const auto& [host, address] : peers) {
     grpc::ChannelArguments args;
     stubs_[host] = proto::Transformer::NewStub(grpc::CreateCustomChannel(
@@ -129,20 +132,29 @@ absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
     use_grpc = grpc_only_.count(host) > 0;
   }
   if (!use_grpc) {
-    bool consumed = false;
+    // A retry over gRPC rewrites the same offsets of the same staged
+    // buffer with the same bytes, so a partly consumed piece is safe.
     const absl::Status s =
-        ucx_->Fetch(host, job, version, tensor, region, element_size,
-                    [&](int64_t off, const char* data, int64_t n) {
-                      consumed = true;
-                      consume(off, data, n);
-                    });
+        ucx_->Fetch(host, job, version, tensor, region, element_size, consume);
+    if (s.ok() || s.code() == absl::StatusCode::kAborted ||
+        s.code() == absl::StatusCode::kCancelled) {
+      return s;
+    }
     const bool peer_has_no_ucx =
         s.code() == absl::StatusCode::kFailedPrecondition &&
         absl::StrContains(s.message(), kNoUcxWorker);
-    if (!peer_has_no_ucx || consumed) return s;
-    Log("transformer")
-        ->warn("host {} has no UCX worker; using the gRPC transport for it",
-               host);
+    if (peer_has_no_ucx) {
+      Log("transformer")
+          ->warn("host {} has no UCX worker; using the gRPC transport for it",
+                 host);
+    } else {
+      Log("transformer")
+          ->warn(
+              "UCX transfer from host {} failed ({}); fetching the piece "
+              "again over gRPC and using gRPC for that host from now on",
+              host, s.ToString());
+      ucx_fallbacks_total.Add();
+    }
     absl::MutexLock lock(&mu_);
     grpc_only_.insert(host);
   }

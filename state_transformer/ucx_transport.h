@@ -34,13 +34,27 @@ class UcxPieceTransport : public PieceTransport {
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
                      const StoreClient::Consumer& consume) override;
+  absl::StatusOr<std::string> FetchSmallObject(int32_t host,
+                                               const std::string& job,
+                                               int64_t version,
+                                               const std::string& name,
+                                               int32_t rank) override {
+    return control_.FetchSmallObject(host, job, version, name, rank);
+  }
 
  private:
   UcxWorker* worker_;
   const int64_t epoch_;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
   std::map<int32_t, std::string> addresses_, names_;
+  GrpcPieceTransport control_;  // small objects
 };
+
+// UCX for every peer that can, the gRPC transport for the others: a peer
+// without a UCX worker is served over gRPC from the start, and a piece
+// whose UCX transfer fails (connection refused or lost, a damaged part) is
+// fetched again over gRPC, which is then used for that peer from then on.
+// Only a stale plan epoch or a cancellation is final.
 
 class AutoTransport : public PieceTransport {
  public:
@@ -52,6 +66,13 @@ class AutoTransport : public PieceTransport {
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
                      const StoreClient::Consumer& consume) override;
+  absl::StatusOr<std::string> FetchSmallObject(int32_t host,
+                                               const std::string& job,
+                                               int64_t version,
+                                               const std::string& name,
+                                               int32_t rank) override {
+    return grpc_->FetchSmallObject(host, job, version, name, rank);
+  }
 
  private:
   std::unique_ptr<PieceTransport> ucx_, grpc_;

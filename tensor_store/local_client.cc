@@ -14,6 +14,7 @@
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/unix_socket.h"
 #include "tensor_store/region_buffer.h"
+#include "tensor_store/store.h"
 
 namespace ptc {
 
@@ -200,6 +201,57 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd, m.size_, PROT_READ));
   m.data_ = static_cast<const uint8_t*>(p);
   return m;
+}
+
+absl::Status LocalClient::PutSmallObject(const std::string& job,
+                                         int64_t version,
+                                         const std::string& name, int32_t rank,
+                                         const std::string& bytes) {
+  if (static_cast<int64_t>(bytes.size()) > kMaxSmallObjectBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "small object '", name, "' has ", bytes.size(),
+        " bytes; small objects may have at most ", kMaxSmallObjectBytes,
+        " (store larger state as a tensor)"));
+  }
+  proto::LocalRequest req;
+  proto::PutSmallObjectOp* op = req.mutable_put_small_object();
+  op->set_job(job);
+  op->set_version(version);
+  op->set_name(name);
+  op->set_rank(rank);
+  op->set_data(bytes);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
+  return StatusOf(resp);
+}
+
+absl::StatusOr<std::string> LocalClient::GetSmallObject(const std::string& job,
+                                                        int64_t version,
+                                                        const std::string& name,
+                                                        int32_t rank) {
+  proto::LocalRequest req;
+  proto::GetSmallObjectOp* op = req.mutable_get_small_object();
+  op->set_job(job);
+  op->set_version(version);
+  op->set_name(name);
+  op->set_rank(rank);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
+  PTC_RETURN_IF_ERROR(StatusOf(resp));
+  return std::move(*resp.mutable_data());
+}
+
+absl::StatusOr<LocalClient::Hello> LocalClient::SayHello(
+    const std::string& job) {
+  proto::LocalRequest req;
+  req.mutable_hello()->set_job(job);
+  PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                       Call(std::move(req), nullptr));
+  PTC_RETURN_IF_ERROR(StatusOf(resp));
+  Hello h;
+  h.host = resp.host();
+  h.committed_versions.assign(resp.versions().begin(), resp.versions().end());
+  return h;
 }
 
 absl::Status LocalClient::Release(uint64_t lease) {

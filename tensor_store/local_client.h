@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -90,6 +91,23 @@ class LocalClient {
   // Maps a stored region (exactly one region the daemon stores).
   absl::StatusOr<Mapping> Map(const std::string& job, int64_t version,
                               const std::string& tensor, const Region& region);
+
+  // Small objects (at most kMaxSmallObjectBytes, sent inline).
+  absl::Status PutSmallObject(const std::string& job, int64_t version,
+                              const std::string& name, int32_t rank,
+                              const std::string& bytes);
+  absl::StatusOr<std::string> GetSmallObject(const std::string& job,
+                                             int64_t version,
+                                             const std::string& name,
+                                             int32_t rank);
+
+  // Who the daemon is: its host name and the committed versions of `job`
+  // it holds (ascending).
+  struct Hello {
+    std::string host;
+    std::vector<int64_t> committed_versions;
+  };
+  absl::StatusOr<Hello> SayHello(const std::string& job);
 
   // Sends a raw request; for tests of the daemon's error handling.
   absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req,

@@ -310,6 +310,35 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       owners_.erase(lease);
       return resp;
     }
+    case proto::LocalRequest::kPutSmallObject: {
+      const proto::PutSmallObjectOp& op = req.put_small_object();
+      if (absl::Status s = store_->PutSmallObject(
+              op.job(), op.version(), op.name(), op.rank(), op.data());
+          !s.ok())
+        return fail(s);
+      resp.set_bytes(static_cast<int64_t>(op.data().size()));
+      return resp;
+    }
+    case proto::LocalRequest::kGetSmallObject: {
+      const proto::GetSmallObjectOp& op = req.get_small_object();
+      auto ref =
+          store_->GetSmallObject(op.job(), op.version(), op.name(), op.rank());
+      if (!ref.ok()) return fail(ref.status());
+      resp.set_data(*ref->bytes);
+      resp.set_checksum(ref->checksum);
+      resp.set_bytes(static_cast<int64_t>(ref->bytes->size()));
+      return resp;
+    }
+    case proto::LocalRequest::kHello: {
+      resp.set_host(options_.host_name);
+      const proto::ListResponse list = store_->List(req.hello().job());
+      for (const proto::JobInfo& j : list.jobs()) {
+        if (j.job() != req.hello().job()) continue;
+        for (const proto::VersionInfo& v : j.versions())
+          if (v.committed()) resp.add_versions(v.version());
+      }
+      return resp;
+    }
     case proto::LocalRequest::OP_NOT_SET:
       break;
   }

@@ -34,6 +34,8 @@ struct LocalServerOptions {
   std::string socket_path;
   // Users allowed besides the daemon's own and root.
   std::vector<uid_t> allowed_uids;
+  // This host's name in the cluster, told to clients that ask (Hello).
+  std::string host_name;
 };
 
 class LocalServer {

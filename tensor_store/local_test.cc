@@ -234,5 +234,33 @@ TEST_CASE(
   CHECK(c->Call(empty, nullptr).ok());
 }
 
+TEST_CASE("local: small objects round-trip and the daemon says who it is",
+          "[local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  const std::string rng(5056, '\x5a');
+  REQUIRE(c->PutSmallObject("job", 1, "rng.default", 3, rng).ok());
+  auto got = c->GetSmallObject("job", 1, "rng.default", 3);
+  REQUIRE(got.ok());
+  CHECK(*got == rng);
+  // The same object over gRPC, checksum checked.
+  auto remote = d->client->GetSmallObject("job", 1, "rng.default", 3);
+  REQUIRE(remote.ok());
+  CHECK(*remote == rng);
+  auto big = c->PutSmallObject("job", 1, "sched", 0,
+                               std::string(kMaxSmallObjectBytes + 1, 'x'));
+  CHECK(big.code() == absl::StatusCode::kInvalidArgument);
+  auto missing = c->GetSmallObject("job", 1, "rng.default", 4);
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+
+  auto hello = c->SayHello("job");
+  REQUIRE(hello.ok());
+  CHECK(hello->committed_versions.empty());
+  REQUIRE(d->client->Commit("job", 1).ok());
+  hello = c->SayHello("job");
+  REQUIRE(hello.ok());
+  CHECK(hello->committed_versions == std::vector<int64_t>{1});
+}
+
 }  // namespace
 }  // namespace ptc

@@ -127,6 +127,11 @@ absl::Status Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    options.host_name = args.Get("name", hostname);
+  }
   options.services.push_back(
       [](Store* store) { return std::make_unique<TransformerService>(store); });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,

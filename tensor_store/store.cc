@@ -370,6 +370,79 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
   return std::make_pair(sum, elements);
 }
 
+absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
+                                   const std::string& name, int32_t rank,
+                                   std::string bytes, uint64_t expected) {
+  const std::string what =
+      absl::StrCat("small object '", name, "' of rank ", rank, " (job '", job,
+                   "' version ", version, ")");
+  if (name.empty())
+    return absl::InvalidArgumentError("a small object needs a name");
+  if (rank < 0)
+    return absl::InvalidArgumentError(absl::StrCat(what, ": negative rank"));
+  if (version < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": versions start at 1"));
+  }
+  if (static_cast<int64_t>(bytes.size()) > kMaxSmallObjectBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", bytes.size(), " bytes; small objects may have at most ",
+        kMaxSmallObjectBytes, " (store larger state as a tensor)"));
+  }
+  SmallObjectRef ref;
+  ref.checksum = Checksum(bytes.data(), bytes.size());
+  if (expected != 0 && expected != ref.checksum) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": checksum mismatch, the bytes were damaged"));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  PTC_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation memory,
+      budget_.Reserve(static_cast<int64_t>(bytes.size()), what));
+  ref.bytes = std::make_shared<const std::string>(std::move(bytes));
+  absl::MutexLock lock(&j->mu);
+  auto v = j->versions.find(version);
+  if (v == j->versions.end()) {
+    v = j->versions.emplace(version, Version()).first;
+    v->second.id = j->next_version_id++;
+  }
+  if (v->second.committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job '", job,
+                     "' is committed and cannot change"));
+  }
+  if (!v->second.small_objects.emplace(std::make_pair(name, rank), ref)
+           .second) {
+    return absl::AlreadyExistsError(absl::StrCat(what, " is already stored"));
+  }
+  v->second.bytes += memory.bytes();
+  v->second.small_object_memory.push_back(std::move(memory));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SmallObjectRef> Store::GetSmallObject(const std::string& job,
+                                                     int64_t version,
+                                                     const std::string& name,
+                                                     int32_t rank) const {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  absl::MutexLock lock(&j->mu);
+  auto v = j->versions.find(version);
+  if (v == j->versions.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
+                                            version, " on this host"));
+  }
+  auto it = v->second.small_objects.find({name, rank});
+  if (it == v->second.small_objects.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("version ", version, " of job '", job,
+                     "' on this host has no small "
+                     "object '",
+                     name, "' of rank ", rank,
+                     "; every rank saves the small objects of its model spec"));
+  }
+  return it->second;
+}
+
 absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   absl::MutexLock lock(&j->mu);
@@ -447,6 +520,7 @@ proto::ListResponse Store::List(const std::string& job) const {
       vi->set_version(number);
       vi->set_committed(v.committed);
       vi->set_bytes(v.bytes);
+      vi->set_small_objects(static_cast<int32_t>(v.small_objects.size()));
       for (const auto& [key, regions] : v.tensors) {
         FillTensor(j->decls.at(key), regions, vi->add_tensors());
       }

@@ -46,6 +46,16 @@ struct TensorDecl {
   Shape shape;
 };
 
+// Largest small object (ptc/small_object.h) a store takes: they travel
+// inline in one local-protocol packet.
+inline constexpr int64_t kMaxSmallObjectBytes = 60 * 1024;
+
+// A small object's bytes, immutable once stored, and their xxh3-64.
+struct SmallObjectRef {
+  std::shared_ptr<const std::string> bytes;
+  uint64_t checksum = 0;
+};
+
 struct StoredRegionRef {
   Region region;
   std::shared_ptr<RegionBuffer> buffer;
@@ -124,6 +134,18 @@ class Store {
       const std::string& job, int64_t version, const std::string& tensor,
       const std::vector<Region>& regions);
 
+  // Stores small object `name` of `rank` in `version` (created if new);
+  // refuses committed versions, an object already there, and objects
+  // larger than kMaxSmallObjectBytes. If `expected` is non-zero it must be
+  // the bytes' xxh3-64 (DATA_LOSS otherwise). Counted in the memory limit.
+  absl::Status PutSmallObject(const std::string& job, int64_t version,
+                              const std::string& name, int32_t rank,
+                              std::string bytes, uint64_t expected = 0);
+  absl::StatusOr<SmallObjectRef> GetSmallObject(const std::string& job,
+                                                int64_t version,
+                                                const std::string& name,
+                                                int32_t rank) const;
+
   // Returns the version's bytes.
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
@@ -146,6 +168,9 @@ class Store {
     bool committed = false;
     int64_t bytes = 0;
     std::map<std::string, std::vector<StoredRegionRef>> tensors;
+    // (name, rank) -> bytes; each paid for by its reservation.
+    std::map<std::pair<std::string, int32_t>, SmallObjectRef> small_objects;
+    std::vector<MemoryBudget::Reservation> small_object_memory;
   };
   struct Job {
     mutable absl::Mutex mu;

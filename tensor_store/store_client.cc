@@ -203,6 +203,39 @@ absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job,
   return resp.bytes();
 }
 
+absl::Status StoreClient::PutSmallObject(const std::string& job,
+                                         int64_t version,
+                                         const std::string& name, int32_t rank,
+                                         const std::string& bytes) {
+  proto::PutSmallObjectRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_name(name);
+  req.set_rank(rank);
+  req.set_data(bytes);
+  req.set_checksum(Checksum(bytes.data(), bytes.size()));
+  return Unary(&proto::TensorStore::Stub::PutSmallObject, req).status();
+}
+
+absl::StatusOr<std::string> StoreClient::GetSmallObject(const std::string& job,
+                                                        int64_t version,
+                                                        const std::string& name,
+                                                        int32_t rank) {
+  proto::GetSmallObjectRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_name(name);
+  req.set_rank(rank);
+  PTC_ASSIGN_OR_RETURN(auto resp,
+                       Unary(&proto::TensorStore::Stub::GetSmallObject, req));
+  if (Checksum(resp.data().data(), resp.data().size()) != resp.checksum()) {
+    return absl::DataLossError(
+        absl::StrCat("small object '", name, "' of rank ", rank,
+                     " arrived damaged (checksum mismatch)"));
+  }
+  return std::move(*resp.mutable_data());
+}
+
 absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
                                                    int64_t version) {
   proto::DeleteVersionRequest req;

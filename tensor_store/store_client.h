@@ -71,6 +71,14 @@ class StoreClient {
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
   absl::StatusOr<proto::StatsResponse> Stats();
+  absl::Status PutSmallObject(const std::string& job, int64_t version,
+                              const std::string& name, int32_t rank,
+                              const std::string& bytes);
+  // The object's bytes, checked against the checksum the daemon stored.
+  absl::StatusOr<std::string> GetSmallObject(const std::string& job,
+                                             int64_t version,
+                                             const std::string& name,
+                                             int32_t rank);
 
   proto::TensorStore::Stub* stub() { return stub_.get(); }
 

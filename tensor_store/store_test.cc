@@ -138,5 +138,46 @@ TEST_CASE(
   CHECK(s.spares().ready_bytes() == 0);
 }
 
+TEST_CASE(
+    "store: small objects are per version and rank, immutable once "
+    "committed, bounded, and paid for",
+    "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {4}}}).ok());
+  REQUIRE(s.PutSmallObject("job", 1, "rng", 0, "state of rank 0").ok());
+  REQUIRE(s.PutSmallObject("job", 1, "rng", 1, "state of rank 1").ok());
+  CHECK(s.budget().used() == 30);
+  auto got = s.GetSmallObject("job", 1, "rng", 1);
+  REQUIRE(got.ok());
+  CHECK(*got->bytes == "state of rank 1");
+  CHECK(got->checksum == Checksum("state of rank 1", 15));
+  CHECK(s.List("job").jobs(0).versions(0).small_objects() == 2);
+
+  // The same object again, a damaged one, a huge one: refused, clearly.
+  auto again = s.PutSmallObject("job", 1, "rng", 0, "other");
+  CHECK(again.code() == absl::StatusCode::kAlreadyExists);
+  CHECK(s.PutSmallObject("job", 1, "step", 0, "7", /*expected=*/12345).code() ==
+        absl::StatusCode::kDataLoss);
+  auto huge = s.PutSmallObject("job", 1, "big", 0,
+                               std::string(kMaxSmallObjectBytes + 1, 'x'));
+  CHECK(huge.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(huge.message().find("store larger state as a tensor") !=
+        std::string::npos);
+  auto missing = s.GetSmallObject("job", 1, "rng", 5);
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(missing.status().message().find("'rng' of rank 5") !=
+        std::string::npos);
+  CHECK(s.PutSmallObject("nojob", 1, "rng", 0, "x").code() ==
+        absl::StatusCode::kNotFound);
+
+  REQUIRE(s.Commit("job", 1).ok());
+  CHECK(s.PutSmallObject("job", 1, "step", 0, "7").code() ==
+        absl::StatusCode::kFailedPrecondition);
+  REQUIRE(s.DeleteVersion("job", 1).ok());
+  CHECK(s.budget().used() == 0);
+  // A reference taken before the delete stays valid.
+  CHECK(*got->bytes == "state of rank 1");
+}
+
 }  // namespace
 }  // namespace ptc

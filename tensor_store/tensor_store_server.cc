@@ -16,8 +16,9 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   std::unique_ptr<TensorStoreServer> s(new TensorStoreServer(options));
   if (!options.socket_path.empty()) {
     PTC_ASSIGN_OR_RETURN(
-        s->local_, LocalServer::Start(&s->store_, {options.socket_path,
-                                                   options.allowed_uids}));
+        s->local_, LocalServer::Start(
+                       &s->store_, {options.socket_path, options.allowed_uids,
+                                    options.host_name}));
   }
   LocalServer* local = s->local_.get();
   s->service_ = std::make_unique<TensorStoreService>(

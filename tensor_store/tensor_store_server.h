@@ -38,6 +38,8 @@ struct TensorStoreServerOptions {
   int max_message_bytes = 8 << 20;
   // Users besides the daemon's own and root allowed on the local socket.
   std::vector<uid_t> allowed_uids;
+  // This host's name in the cluster (ptcd --name), for local clients.
+  std::string host_name;
   // More services on the same port, built over the store (ptcd adds the
   // state transformer this way; tensor_store does not depend on it).
   std::vector<std::function<std::unique_ptr<grpc::Service>(Store*)>> services;

@@ -127,6 +127,34 @@ grpc::Status TensorStoreService::CommitVersion(
   return call.Done(bytes.status());
 }
 
+grpc::Status TensorStoreService::PutSmallObject(
+    grpc::ServerContext*, const proto::PutSmallObjectRequest* req,
+    proto::PutSmallObjectResponse* resp) {
+  Call call(this, "PutSmallObject");
+  absl::Status s =
+      store_->PutSmallObject(req->job(), req->version(), req->name(),
+                             req->rank(), req->data(), req->checksum());
+  if (s.ok()) {
+    auto ref = store_->GetSmallObject(req->job(), req->version(), req->name(),
+                                      req->rank());
+    if (ref.ok()) resp->set_checksum(ref->checksum);
+  }
+  return call.Done(s);
+}
+
+grpc::Status TensorStoreService::GetSmallObject(
+    grpc::ServerContext*, const proto::GetSmallObjectRequest* req,
+    proto::GetSmallObjectResponse* resp) {
+  Call call(this, "GetSmallObject");
+  auto ref = store_->GetSmallObject(req->job(), req->version(), req->name(),
+                                    req->rank());
+  if (ref.ok()) {
+    resp->set_data(*ref->bytes);
+    resp->set_checksum(ref->checksum);
+  }
+  return call.Done(ref.status());
+}
+
 grpc::Status TensorStoreService::DeleteVersion(
     grpc::ServerContext*, const proto::DeleteVersionRequest* req,
     proto::DeleteVersionResponse* resp) {

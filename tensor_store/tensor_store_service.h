@@ -49,6 +49,12 @@ class TensorStoreService final : public proto::TensorStore::Service {
                              proto::DeleteVersionResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest* req,
                      proto::StatsResponse* resp) override;
+  grpc::Status PutSmallObject(grpc::ServerContext* ctx,
+                              const proto::PutSmallObjectRequest* req,
+                              proto::PutSmallObjectResponse* resp) override;
+  grpc::Status GetSmallObject(grpc::ServerContext* ctx,
+                              const proto::GetSmallObjectRequest* req,
+                              proto::GetSmallObjectResponse* resp) override;
 
  private:
   // Counts the call in active_calls_ and the request counters while alive;

@@ -29,11 +29,13 @@ using testing::DaemonCluster;
 
 std::vector<int> Hosts(std::initializer_list<int> h) { return h; }
 
-void Save(DaemonCluster& c, const PlanScenario& s, int64_t version) {
-  testing::SaveSource(c, "gpt", s, version);
+testing::SmallObjects Save(DaemonCluster& c, const PlanScenario& s,
+                           int64_t version) {
+  return testing::SaveSource(c, "gpt", s, version);
 }
-void VerifyTarget(DaemonCluster& c, const PlanScenario& s, int64_t version) {
-  testing::VerifyTarget(c, "gpt", s, version);
+void VerifyTarget(DaemonCluster& c, const PlanScenario& s, int64_t version,
+                  const testing::SmallObjects* small = nullptr) {
+  testing::VerifyTarget(c, "gpt", s, version, small);
 }
 
 int64_t UcxBytes() {
@@ -67,11 +69,12 @@ TEST_CASE(
   std::string from = "tp=2,pp=2,dp=1";
   std::vector<int> from_hosts = Hosts({0, 1});
   int64_t version = 1, epoch = 0;
+  testing::SmallObjects small;
   {
     auto first = MakePlanScenario(kModel, from, from_hosts, from, from_hosts,
                                   ptc::Cluster::Uniform(kHosts, kGpus));
     REQUIRE(first.ok());
-    Save(c, *first, version);
+    small = Save(c, *first, version);
   }
   for (const Step& step : steps) {
     INFO("from " << from << " to " << step.to);
@@ -104,7 +107,9 @@ TEST_CASE(
     CHECK(report->bytes_from_peers == plan->summary.cross_host_bytes);
     CHECK(last_done == total);
     ++version;
-    VerifyTarget(c, *s, version);
+    // Every target rank holds the small objects its scope's rule names.
+    small = testing::AfterPlan(small, *plan);
+    VerifyTarget(c, *s, version, &small);
     // The old version is released everywhere; the new one is committed.
     for (auto& d : c.daemons) {
       auto list = d->client->List("gpt");
@@ -131,7 +136,7 @@ TEST_CASE(
       MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2",
                        Hosts({2, 3}), ptc::Cluster::Uniform(kHosts, kGpus));
   REQUIRE(s.ok());
-  Save(c, *s, 1);
+  const testing::SmallObjects small = Save(c, *s, 1);
   auto plan = PlanReconfiguration(s->input());
   REQUIRE(plan.ok());
   // Host 1 goes away after planning, before the transfer.
@@ -172,7 +177,8 @@ TEST_CASE(
   auto ok = RunReconfiguration(req);
   INFO(ok.status().ToString());
   REQUIRE(ok.ok());
-  VerifyTarget(c, *again, 2);
+  const testing::SmallObjects moved = testing::AfterPlan(small, *replan);
+  VerifyTarget(c, *again, 2, &moved);
 }
 
 TEST_CASE("reconfigure: a stale plan epoch is refused and changes nothing",

@@ -24,8 +24,8 @@ DaemonCluster::DaemonCluster(int hosts) {
   }
 }
 
-void SaveSource(DaemonCluster& c, const std::string& job, const PlanScenario& s,
-                int64_t version) {
+SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
+                        const PlanScenario& s, int64_t version) {
   std::vector<TensorDecl> decls;
   for (const TensorSpec& t : s.spec.tensors)
     decls.push_back({t.key, t.dtype, t.shape});
@@ -47,11 +47,44 @@ void SaveSource(DaemonCluster& c, const std::string& job, const PlanScenario& s,
               .ok());
     }
   }
+  SmallObjects small;
+  for (int rank = 0; rank < s.source.world_size(); ++rank) {
+    const int h = s.source_placement.host[rank];
+    for (const SmallObjectSpec& o : s.spec.small_objects) {
+      const std::string bytes = tools::SyntheticSmallObject(o.name, rank);
+      REQUIRE(c.daemons[h]
+                  ->client->PutSmallObject(job, version, o.name, rank, bytes)
+                  .ok());
+      small[{o.name, rank}] = bytes;
+    }
+  }
   for (int h : hosts) REQUIRE(c.daemons[h]->client->Commit(job, version).ok());
+  return small;
+}
+
+SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan) {
+  SmallObjects after;
+  for (const SmallObjectMove& m : plan.small_objects)
+    after[{m.name, m.target_rank}] = before.at({m.name, m.source_rank});
+  return after;
 }
 
 void VerifyTarget(DaemonCluster& c, const std::string& job,
-                  const PlanScenario& s, int64_t version) {
+                  const PlanScenario& s, int64_t version,
+                  const SmallObjects* small) {
+  if (small != nullptr) {
+    REQUIRE(small->size() ==
+            s.spec.small_objects.size() * s.target.world_size());
+    for (const auto& [key, want] : *small) {
+      const int h = s.target_placement.host[key.second];
+      auto got = c.daemons[h]->client->GetSmallObject(job, version, key.first,
+                                                      key.second);
+      INFO("small object " << key.first << " of rank " << key.second
+                           << " on host " << h);
+      REQUIRE(got.ok());
+      CHECK(*got == want);
+    }
+  }
   for (int t = 0; t < s.target.num_tensors(); ++t) {
     const TensorSpec& ts = s.spec.tensors[t];
     for (const Shard& sh : s.target.shards(t)) {

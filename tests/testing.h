@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/plan.h"
 #include "coordinator/plan_scenario.h"
 #include "tensor_store/internal/testing.h"
 
@@ -20,13 +21,22 @@ struct DaemonCluster {
   std::map<int32_t, std::string> addresses;
 };
 
+// (small object name, rank) -> the bytes that rank holds.
+using SmallObjects = std::map<std::pair<std::string, int>, std::string>;
+
 // Saves every source rank's regions of `s` into its host's daemon as
-// `version` (regions shared by ranks of a host once) and commits it.
-void SaveSource(DaemonCluster& c, const std::string& job, const PlanScenario& s,
-                int64_t version);
-// Reads every target rank's regions of `s` from its host and checks every byte.
+// `version` (regions shared by ranks of a host once), and every rank's
+// small objects, and commits it. Returns the small objects saved.
+SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
+                        const PlanScenario& s, int64_t version);
+// Reads every target rank's regions of `s` from its host and checks every
+// byte; with `small`, also that every target rank holds exactly those
+// small objects.
 void VerifyTarget(DaemonCluster& c, const std::string& job,
-                  const PlanScenario& s, int64_t version);
+                  const PlanScenario& s, int64_t version,
+                  const SmallObjects* small = nullptr);
+// The small objects the target ranks hold after `plan` ran on `before`.
+SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan);
 
 }  // namespace ptc::testing
 

@@ -37,4 +37,12 @@ std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape,
   return out;
 }
 
+std::string SyntheticSmallObject(const std::string& name, int rank) {
+  std::string out = name + " saved by rank " + std::to_string(rank) + ":";
+  for (uint64_t i = 0; out.size() < 96; ++i) {
+    out.push_back(static_cast<char>(SplitMix64(i ^ (uint64_t(rank) << 32))));
+  }
+  return out;
+}
+
 }  // namespace ptc::tools

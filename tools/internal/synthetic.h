@@ -5,6 +5,7 @@
 #define PTC_TOOLS_INTERNAL_SYNTHETIC_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ptc/region.h"
@@ -16,6 +17,10 @@ void FillSynthetic(int tensor, absl::Span<const int64_t> shape,
                    const Region& region, int64_t element_size, char* dst);
 std::vector<char> Synthetic(int tensor, absl::Span<const int64_t> shape,
                             const Region& region, int64_t element_size);
+
+// The synthetic bytes of small object `name` as rank `rank` saves it:
+// names both, so a moved copy shows whose it was.
+std::string SyntheticSmallObject(const std::string& name, int rank);
 
 }  // namespace ptc::tools
 
