@@ -324,6 +324,25 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+std::vector<std::string> CoordinatorService::RankHostsLocked(
+    const Job& job) const {
+  auto config = ParallelConfig::Parse(job.state.config());
+  if (!config.ok()) return {};
+  Cluster cluster;
+  std::vector<int> ids;
+  for (const std::string& name : job.state.hosts()) {
+    auto it = hosts_.find(name);
+    if (it == hosts_.end()) return {};
+    ids.push_back(static_cast<int>(cluster.hosts.size()));
+    cluster.hosts.push_back({name, it->second.status.gpus(), 25e9});
+  }
+  auto placement = ContiguousPlacement(cluster, ids, config->world_size());
+  if (!placement.ok()) return {};
+  std::vector<std::string> out;
+  for (int h : placement->host) out.push_back(cluster.hosts[h].name);
+  return out;
+}
+
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
                                           const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
@@ -338,6 +357,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
     s->set_committed_version(j->state.committed_version());
     s->set_ranks(j->ranks);
     s->set_state_bytes(j->state_bytes);
+    for (std::string& h : RankHostsLocked(*j)) s->add_rank_hosts(std::move(h));
     if (!j->saved.empty())
       s->set_ranks_saved(
           static_cast<int32_t>(j->saved.rbegin()->second.size()));

@@ -5,6 +5,7 @@
 #ifndef PTC_COORDINATOR_PLAN_H_
 #define PTC_COORDINATOR_PLAN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,8 +28,16 @@ struct PlanInput {
   const Placement* target_placement = nullptr;
   // alive[h] for every cluster host; empty means every host is alive.
   std::vector<bool> alive;
+  // Hosts that are alive but lost the source version (a ptcd that
+  // restarted): their shards are left out of `source` by the caller, and
+  // they provide no small objects either.
+  std::vector<int> source_lost;
 
   bool IsAlive(int host) const { return alive.empty() || alive[host]; }
+  bool HoldsSource(int host) const {
+    return IsAlive(host) && std::find(source_lost.begin(), source_lost.end(),
+                                      host) == source_lost.end();
+  }
 };
 
 // One piece of a target region and where it comes from. A piece whose

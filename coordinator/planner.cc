@@ -412,13 +412,13 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
           obj.scope, from, to, in.spec->num_layers, to.CoordOf(r));
       auto alive = std::find_if(
           candidates.begin(), candidates.end(),
-          [&](int c) { return in.IsAlive(in.source_placement->host[c]); });
+          [&](int c) { return in.HoldsSource(in.source_placement->host[c]); });
       if (alive == candidates.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("small object '", obj.name, "' (scope ",
-                         ScopeName(obj.scope), ") for target rank ", r,
-                         " has no surviving source: every rank "
-                         "that may provide it is on a dead host"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "small object '", obj.name, "' (scope ", ScopeName(obj.scope),
+            ") for target rank ", r,
+            " has no surviving source: every rank that may provide it is on "
+            "a dead or restarted host"));
       }
       plan->small_objects.push_back({obj.name, r, *alive,
                                      in.source_placement->host[*alive],

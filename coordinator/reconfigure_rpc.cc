@@ -155,6 +155,11 @@ absl::Status CoordinatorService::DoReconfigure(
         Layout(sc.source.world_size(), std::move(shards), sc.source.config());
   }
   flight->input = flight->scenario.input();
+  for (const std::string& h : lost) {
+    auto it = std::find(names.begin(), names.end(), h);
+    if (it != names.end())
+      flight->input.source_lost.push_back(static_cast<int>(it - names.begin()));
+  }
   PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
   PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
                                "internal planner error"));

@@ -1,5 +1,6 @@
 #include "ptc/data_cursor.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/mix.h"
 #include "ptc/parallel_config.h"
 
@@ -45,6 +46,42 @@ std::vector<int64_t> NextSamples(const DataCursor& cursor, int dp_rank,
   for (int64_t i = b; i < e; ++i)
     out.push_back(SampleAt(cursor, cursor.consumed + i));
   return out;
+}
+
+namespace {
+constexpr char kCursorTag[8] = {'P', 'T', 'C', 'C', 'U', 'R', '1', 0};
+}  // namespace
+
+std::string EncodeCursor(const DataCursor& cursor) {
+  std::string out(kCursorTag, sizeof(kCursorTag));
+  for (uint64_t v : {cursor.seed, static_cast<uint64_t>(cursor.dataset_size),
+                     static_cast<uint64_t>(cursor.consumed),
+                     static_cast<uint64_t>(cursor.global_batch)}) {
+    for (int b = 0; b < 8; ++b) out.push_back(static_cast<char>(v >> (8 * b)));
+  }
+  return out;
+}
+
+absl::StatusOr<DataCursor> DecodeCursor(absl::string_view bytes) {
+  if (bytes.size() != 40 ||
+      bytes.substr(0, 8) != absl::string_view(kCursorTag, 8)) {
+    return absl::InvalidArgumentError(
+        "these bytes are not a ptc data cursor (wrong size or tag)");
+  }
+  uint64_t v[4];
+  for (int i = 0; i < 4; ++i) {
+    v[i] = 0;
+    for (int b = 0; b < 8; ++b)
+      v[i] |= uint64_t{static_cast<uint8_t>(bytes[8 + 8 * i + b])} << (8 * b);
+  }
+  DataCursor c{v[0], static_cast<int64_t>(v[1]), static_cast<int64_t>(v[2]),
+               static_cast<int64_t>(v[3])};
+  if (c.dataset_size < 1 || c.consumed < 0 || c.global_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data cursor is impossible: dataset size ", c.dataset_size,
+        ", consumed ", c.consumed, ", global batch ", c.global_batch));
+  }
+  return c;
 }
 
 }  // namespace ptc

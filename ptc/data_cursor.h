@@ -16,7 +16,11 @@
 #define PTC_PTC_DATA_CURSOR_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ptc {
 
@@ -37,6 +41,12 @@ std::vector<int64_t> NextSamples(const DataCursor& cursor, int dp_rank, int dp);
 inline void Advance(DataCursor* cursor) {
   cursor->consumed += cursor->global_batch;
 }
+
+// The cursor as the small object "data_cursor" (40 bytes, little-endian,
+// with a format tag), and back; INVALID_ARGUMENT for bytes that are not a
+// cursor or describe an impossible one.
+std::string EncodeCursor(const DataCursor& cursor);
+absl::StatusOr<DataCursor> DecodeCursor(absl::string_view bytes);
 
 }  // namespace ptc
 

@@ -35,12 +35,32 @@ TEST_CASE(
       }
       Advance(&c);
       if (rng() % 3 == 0) c.global_batch = 1 + rng() % 17;
+      // Saved with the state and restored by the next config.
+      auto restored = DecodeCursor(EncodeCursor(c));
+      REQUIRE(restored.ok());
+      c = *restored;
     }
     for (int64_t s = 0; s < c.consumed; ++s) {
       // The first `consumed` positions of epoch 0 hold distinct samples.
       CHECK(count[SampleAt(c, s)] == 1);
     }
   }
+}
+
+TEST_CASE("data cursor: bytes that are not a cursor are refused",
+          "[ptc][cursor]") {
+  DataCursor c{7, 100, 40, 8};
+  std::string bytes = EncodeCursor(c);
+  CHECK(bytes.size() == 40);
+  auto back = DecodeCursor(bytes);
+  REQUIRE(back.ok());
+  CHECK(back->seed == 7);
+  CHECK(back->consumed == 40);
+  CHECK(DecodeCursor("short").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  bytes[0] = 'X';
+  CHECK(!DecodeCursor(bytes).ok());
+  CHECK(!DecodeCursor(EncodeCursor({7, 0, 0, 8})).ok());
 }
 
 }  // namespace

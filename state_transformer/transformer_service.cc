@@ -70,10 +70,7 @@ absl::Status TransformerService::DoExecute(
   job.host = req.host();
   job.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   for (const proto::TensorDecl& d : req.tensors()) {
-    TensorDecl decl;
-    decl.key = d.key();
-    PTC_ASSIGN_OR_RETURN(decl.dtype, ParseDType(d.dtype()));
-    decl.shape.assign(d.shape().begin(), d.shape().end());
+    PTC_ASSIGN_OR_RETURN(TensorDecl decl, TensorDeclFromProto(d));
     job.tensors.push_back(std::move(decl));
   }
   for (const proto::HeldRegion& h : req.fragment().holds()) {

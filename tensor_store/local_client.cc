@@ -14,7 +14,6 @@
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/unix_socket.h"
 #include "tensor_store/region_buffer.h"
-#include "tensor_store/store.h"
 
 namespace ptc {
 
@@ -239,6 +238,27 @@ absl::StatusOr<std::string> LocalClient::GetSmallObject(const std::string& job,
                        Call(std::move(req), nullptr));
   PTC_RETURN_IF_ERROR(StatusOf(resp));
   return std::move(*resp.mutable_data());
+}
+
+absl::Status LocalClient::Declare(const std::string& job,
+                                  const std::vector<TensorDecl>& tensors) {
+  size_t i = 0;
+  do {
+    proto::LocalRequest req;
+    proto::DeclareOp* op = req.mutable_declare();
+    op->set_job(job);
+    // Keys and shapes are small; stop well below the packet size.
+    for (; i < tensors.size() && op->ByteSizeLong() < 48 * 1024; ++i) {
+      proto::TensorDecl* d = op->add_tensors();
+      d->set_key(tensors[i].key);
+      d->set_dtype(std::string(DTypeName(tensors[i].dtype)));
+      for (int64_t e : tensors[i].shape) d->add_shape(e);
+    }
+    PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                         Call(std::move(req), nullptr));
+    PTC_RETURN_IF_ERROR(StatusOf(resp));
+  } while (i < tensors.size());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LocalClient::Hello> LocalClient::SayHello(

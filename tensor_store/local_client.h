@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/local.pb.h"
 #include "ptc/region.h"
+#include "tensor_store/store.h"
 
 namespace ptc {
 
@@ -100,6 +101,10 @@ class LocalClient {
                                              int64_t version,
                                              const std::string& name,
                                              int32_t rank);
+
+  // Declares tensors of `job` (in requests that fit a packet).
+  absl::Status Declare(const std::string& job,
+                       const std::vector<TensorDecl>& tensors);
 
   // Who the daemon is: its host name and the committed versions of `job`
   // it holds (ascending).

@@ -329,6 +329,18 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       resp.set_bytes(static_cast<int64_t>(ref->bytes->size()));
       return resp;
     }
+    case proto::LocalRequest::kDeclare: {
+      std::vector<TensorDecl> decls;
+      for (const proto::TensorDecl& d : req.declare().tensors()) {
+        auto decl = TensorDeclFromProto(d);
+        if (!decl.ok()) return fail(decl.status());
+        decls.push_back(*std::move(decl));
+      }
+      auto added = store_->DeclareTensors(req.declare().job(), decls);
+      if (!added.ok()) return fail(added.status());
+      resp.set_handle(static_cast<uint64_t>(*added));
+      return resp;
+    }
     case proto::LocalRequest::kHello: {
       resp.set_host(options_.host_name);
       const proto::ListResponse list = store_->List(req.hello().job());

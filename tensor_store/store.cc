@@ -94,6 +94,17 @@ std::vector<std::pair<std::string, std::shared_ptr<Store::Job>>> Store::Jobs()
   return {jobs_.begin(), jobs_.end()};
 }
 
+absl::StatusOr<TensorDecl> TensorDeclFromProto(const proto::TensorDecl& d) {
+  TensorDecl decl;
+  decl.key = d.key();
+  auto dtype = ParseDType(d.dtype());
+  if (!dtype.ok())
+    return Annotate(dtype.status(), absl::StrCat("tensor '", d.key(), "'"));
+  decl.dtype = *dtype;
+  decl.shape.assign(d.shape().begin(), d.shape().end());
+  return decl;
+}
+
 absl::StatusOr<int> Store::DeclareTensors(
     const std::string& job, const std::vector<TensorDecl>& tensors) {
   if (job.empty())

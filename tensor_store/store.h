@@ -56,6 +56,10 @@ struct SmallObjectRef {
   uint64_t checksum = 0;
 };
 
+// A declaration from the wire; INVALID_ARGUMENT naming the tensor for an
+// unknown dtype (shapes are checked by Store::DeclareTensors).
+absl::StatusOr<TensorDecl> TensorDeclFromProto(const proto::TensorDecl& d);
+
 struct StoredRegionRef {
   Region region;
   std::shared_ptr<RegionBuffer> buffer;

@@ -49,15 +49,9 @@ grpc::Status TensorStoreService::DeclareTensors(
   Call call(this, "DeclareTensors");
   std::vector<TensorDecl> decls;
   for (const proto::TensorDecl& d : req->tensors()) {
-    TensorDecl decl;
-    decl.key = d.key();
-    auto dtype = ParseDType(d.dtype());
-    if (!dtype.ok())
-      return call.Done(
-          Annotate(dtype.status(), absl::StrCat("tensor '", d.key(), "'")));
-    decl.dtype = *dtype;
-    decl.shape.assign(d.shape().begin(), d.shape().end());
-    decls.push_back(std::move(decl));
+    auto decl = TensorDeclFromProto(d);
+    if (!decl.ok()) return call.Done(decl.status());
+    decls.push_back(*std::move(decl));
   }
   auto added = store_->DeclareTensors(req->job(), decls);
   if (added.ok()) resp->set_declared(*added);

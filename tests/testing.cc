@@ -13,6 +13,7 @@ DaemonCluster::DaemonCluster(int hosts) {
     auto d = std::make_unique<Daemon>();
     TensorStoreServerOptions options;
     options.socket_path = d->socket_path();
+    options.host_name = "host" + std::to_string(h);
     options.services.push_back(
         [](Store* s) { return std::make_unique<TransformerService>(s); });
     auto server = TensorStoreServer::Start(options);

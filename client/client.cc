@@ -1,0 +1,308 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace ptc {
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  if (options.job.empty())
+    return absl::InvalidArgumentError("the client needs a job name");
+  if (options.rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is negative"));
+  }
+  std::unique_ptr<Client> c(new Client(std::move(options)));
+  auto local = LocalClient::Connect(c->options_.socket_path);
+  if (!local.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("no ptcd answers at ", c->options_.socket_path, " (",
+                     local.status().message(),
+                     "); start ptcd on this host or pass its --socket path"));
+  }
+  c->local_ = std::move(*local);
+  PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
+                       c->local_->SayHello(c->options_.job));
+  c->host_ = hello.host;
+  c->coordinator_ = proto::Coordinator::NewStub(grpc::CreateChannel(
+      c->options_.coordinator, grpc::InsecureChannelCredentials()));
+  PTC_RETURN_IF_ERROR(c->Refresh());
+  return c;
+}
+
+absl::StatusOr<proto::JobStatus> Client::FetchJob() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  proto::ListJobsRequest req;
+  req.set_job(options_.job);
+  proto::ListJobsResponse resp;
+  const absl::Status s =
+      FromGrpcStatus(coordinator_->ListJobs(&ctx, req, &resp));
+  if (s.code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat(
+        "job '", options_.job, "' is unknown to the coordinator at ",
+        options_.coordinator, "; register it first (ptcctl register)"));
+  }
+  PTC_RETURN_IF_ERROR(Annotate(
+      s, absl::StrCat("asking the coordinator at ", options_.coordinator)));
+  return resp.jobs(0);
+}
+
+absl::Status Client::Refresh() {
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(job.model()));
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig config,
+                       ParallelConfig::Parse(job.config()));
+  PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, config));
+  const int rank = options_.rank;
+  if (rank >= config.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " is outside job '", options_.job, "': its config ",
+        job.config(), " has ", config.world_size(),
+        " ranks; start the processes the current config asks for"));
+  }
+  if (rank < job.rank_hosts_size() && job.rank_hosts(rank) != host_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of job '", options_.job, "' is placed on host '",
+        job.rank_hosts(rank), "', but the ptcd at ", options_.socket_path,
+        " is host '", host_, "'; run this rank on ", job.rank_hosts(rank),
+        " or connect to that host's ptcd"));
+  }
+  std::vector<RankRegion> regions;
+  for (int t = 0; t < layout.num_tensors(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    for (const Shard& s : layout.shards(t)) {
+      if (s.rank != rank || s.region.empty()) continue;
+      regions.push_back({t, ts.key, ts.dtype, ts.shape, s.region,
+                         s.region.volume() * ElementSize(ts.dtype)});
+    }
+  }
+  // The daemon must know this rank's tensors before it stores them.
+  std::vector<TensorDecl> decls;
+  for (const RankRegion& r : regions) {
+    if (decls.empty() || decls.back().key != r.key)
+      decls.push_back({r.key, r.dtype, r.shape});
+  }
+  PTC_RETURN_IF_ERROR(Annotate(local_->Declare(options_.job, decls),
+                               "declaring the rank's tensors to ptcd"));
+  spec_ = std::move(spec);
+  config_ = std::move(config);
+  committed_version_ = job.committed_version();
+  regions_ = std::move(regions);
+  return absl::OkStatus();
+}
+
+std::vector<int> Client::RegionsOf(const std::string& key) const {
+  std::vector<int> out;
+  for (int i = 0; i < static_cast<int>(regions_.size()); ++i)
+    if (regions_[i].key == key) out.push_back(i);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
+    int64_t version) {
+  if (version <= committed_version_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " is not newer than job '",
+                     options_.job, "''s committed version ", committed_version_,
+                     "; save with a larger number (e.g. the training step)"));
+  }
+  return std::unique_ptr<Save>(new Save(this, version));
+}
+
+Client::Save::Save(Client* client, int64_t version)
+    : client_(client), version_(version), buffers_(client->regions_.size()) {}
+
+Client::Save::~Save() {
+  if (committed_) return;
+  // An abandoned save leaves nothing behind in the daemon.
+  for (auto& b : buffers_)
+    if (b) client_->local_->AbortPut(&*b).IgnoreError();
+}
+
+absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i) {
+  if (i < 0 || i >= static_cast<int>(buffers_.size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("region ", i, " of rank ", client_->rank(),
+                     " is out of [0, ", buffers_.size(), ")"));
+  }
+  if (committed_)
+    return absl::FailedPreconditionError("this save is already committed");
+  if (!buffers_[i]) {
+    const RankRegion& r = client_->regions_[i];
+    PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer b,
+                         client_->local_->AllocatePut(client_->job(), version_,
+                                                      r.key, r.region));
+    buffers_[i] = std::move(b);
+  }
+  return absl::Span<uint8_t>(buffers_[i]->data(),
+                             static_cast<size_t>(buffers_[i]->size()));
+}
+
+absl::Status Client::Save::PutSmallObject(const std::string& name,
+                                          const std::string& bytes) {
+  const auto& objects = client_->spec_.small_objects;
+  if (std::none_of(objects.begin(), objects.end(),
+                   [&](const SmallObjectSpec& o) { return o.name == name; })) {
+    std::vector<std::string> names;
+    for (const SmallObjectSpec& o : objects) names.push_back(o.name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("small object '", name,
+                     "' is not in the model spec; it "
+                     "has: ",
+                     absl::StrJoin(names, ", ")));
+  }
+  if (static_cast<int64_t>(bytes.size()) > kMaxSmallObjectBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("small object '", name, "' has ", bytes.size(),
+                     " bytes; at most ", kMaxSmallObjectBytes, " fit"));
+  }
+  small_[name] = bytes;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Client::Save::Commit() {
+  if (committed_)
+    return absl::FailedPreconditionError("this save is already committed");
+  const std::vector<RankRegion>& regions = client_->regions_;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (!buffers_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", regions[i].region.ToString(), " of '", regions[i].key,
+          "' was not written; fill every region of the rank before Commit"));
+    }
+  }
+  std::vector<std::string> missing;
+  for (const SmallObjectSpec& o : client_->spec_.small_objects)
+    if (!small_.count(o.name)) missing.push_back(o.name);
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "small objects missing: ", absl::StrJoin(missing, ", "),
+        "; a reconfiguration gives each new rank these, so save them all"));
+  }
+  LocalClient& local = *client_->local_;
+  const std::string& job = client_->job();
+  for (size_t i = 0; i < regions.size(); ++i) {
+    LocalClient::PutBuffer& b = *buffers_[i];
+    const uint64_t sum = Checksum(b.data(), b.size());
+    auto stored = local.CommitPut(&b, sum);
+    if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
+      // Another rank on this host (a data-parallel replica, or the other
+      // stage holding a tied embedding) saved this region first: keep one
+      // copy, but only if the replicas agree.
+      PTC_ASSIGN_OR_RETURN(
+          LocalClient::Mapping m,
+          local.Map(job, version_, regions[i].key, regions[i].region));
+      if (m.checksum() != sum) {
+        return absl::DataLossError(absl::StrCat(
+            "rank ", client_->rank(), "'s copy of ", regions[i].key, " ",
+            regions[i].region.ToString(),
+            " differs from the copy another rank on this host saved in "
+            "version ",
+            version_, ": replicas diverged"));
+      }
+    } else if (!stored.ok()) {
+      return Annotate(stored.status(),
+                      absl::StrCat("saving ", regions[i].key, " ",
+                                   regions[i].region.ToString()));
+    }
+  }
+  for (const auto& [name, bytes] : small_) {
+    PTC_RETURN_IF_ERROR(
+        local.PutSmallObject(job, version_, name, client_->rank(), bytes));
+  }
+  committed_ = true;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      absl::ToChronoTime(absl::Now() + client_->options_.rpc_timeout));
+  proto::ReportSavedRequest req;
+  req.set_job(job);
+  req.set_rank(client_->rank());
+  req.set_version(version_);
+  proto::ReportSavedResponse resp;
+  PTC_RETURN_IF_ERROR(Annotate(
+      FromGrpcStatus(client_->coordinator_->ReportSaved(&ctx, req, &resp)),
+      "reporting the save to the coordinator"));
+  return resp.committed();
+}
+
+absl::StatusOr<std::string> Client::State::SmallObject(
+    const std::string& name) const {
+  auto it = small_.find(name);
+  if (it == small_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("small object '", name, "' is not in the model spec"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
+  const int64_t version = committed_version_;
+  if (version == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job, "' has no committed version to load yet"));
+  }
+  PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello, local_->SayHello(job()));
+  if (std::find(hello.committed_versions.begin(),
+                hello.committed_versions.end(),
+                version) == hello.committed_versions.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " of job '", options_.job,
+        "' is gone from this host's ptcd (", host_, " holds ",
+        hello.committed_versions.empty()
+            ? std::string("no committed version")
+            : absl::StrCat("versions ",
+                           absl::StrJoin(hello.committed_versions, ", ")),
+        "); Refresh() after a reconfiguration, or the ptcd restarted"));
+  }
+  auto state = std::unique_ptr<State>(new State());
+  state->version_ = version;
+  for (const RankRegion& r : regions_) {
+    auto m = local_->Map(job(), version, r.key, r.region);
+    if (!m.ok()) {
+      return Annotate(m.status(),
+                      absl::StrCat("rank ", rank(), " loading ", r.key, " ",
+                                   r.region.ToString(), " of version ", version,
+                                   " (layout mismatch?)"));
+    }
+    state->mappings_.push_back(std::move(*m));
+  }
+  for (const SmallObjectSpec& o : spec_.small_objects) {
+    PTC_ASSIGN_OR_RETURN(
+        state->small_[o.name],
+        local_->GetSmallObject(job(), version, o.name, rank()));
+  }
+  return state;
+}
+
+absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Milliseconds(5);
+  while (true) {
+    PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+    if (job.committed_version() >= version) {
+      committed_version_ = job.committed_version();
+      return absl::OkStatus();
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("version ", version, " of job '", options_.job,
+                       "' was not committed in time: ", job.ranks_saved(),
+                       " of ", job.ranks(), " ranks reported it saved"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(200));
+  }
+}
+
+}  // namespace ptc

@@ -1,0 +1,170 @@
+// The client library a training process links: one rank's view of its
+// job's state in ptc. It talks to the host's ptcd over the local Unix
+// socket (regions move through daemon-owned shared memory: saves are one
+// copy into the daemon, loads are read-only mappings with no copy) and to
+// the coordinator for the job's layout and to report completed saves.
+//
+//   PTC_ASSIGN_OR_RETURN(auto client, Client::Connect({
+//       .socket_path = "/run/ptcd/ptcd.sock", .coordinator = "coord:7000",
+//       .job = "gpt-7b", .rank = rank}));
+//   // Save step 1200: fill each of this rank's regions, then commit.
+//   PTC_ASSIGN_OR_RETURN(auto save, client->BeginSave(1200));
+//   for (int i = 0; i < client->regions().size(); ++i) {
+//     PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, save->Buffer(i));
+//     CopyMyShard(client->regions()[i], dst);
+//   }
+//   PTC_RETURN_IF_ERROR(save->PutSmallObject("iteration", EncodeStep(1200)));
+//   ...every small object of the model spec...
+//   PTC_RETURN_IF_ERROR(save->Commit().status());
+//   // After a reconfiguration, the new ranks load the committed version.
+//   PTC_ASSIGN_OR_RETURN(auto state, client->Load());
+//   absl::Span<const uint8_t> bytes = state->Region(0);   // zero-copy
+#ifndef PTC_CLIENT_CLIENT_H_
+#define PTC_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "ptc/layout.h"
+#include "ptc/model_spec.h"
+#include "ptc/parallel_config.h"
+#include "tensor_store/local_client.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+struct ClientOptions {
+  // The host's ptcd (its --socket).
+  std::string socket_path = "/run/ptcd/ptcd.sock";
+  // The coordinator, host:port.
+  std::string coordinator = "127.0.0.1:7000";
+  std::string job;
+  // This process's rank in the job's current parallel config.
+  int rank = -1;
+  // Deadline of each coordinator call.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+};
+
+// One region this rank holds: a hyper-rectangle of a tensor of the model
+// spec, in the tensor's global coordinates, as row-major bytes.
+struct RankRegion {
+  int tensor = 0;  // index in spec().tensors
+  std::string key;
+  DType dtype = DType::kFloat32;
+  Shape shape;  // the tensor's global shape
+  Region region;
+  int64_t bytes = 0;
+};
+
+class Client {
+ public:
+  // Connects to the ptcd at options.socket_path and reads the job from the
+  // coordinator. Errors say what to fix: no ptcd at the socket, an unknown
+  // job, a rank outside the job's config, or a ptcd on another host than
+  // the one the job places this rank on.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+
+  // Re-reads the job (config, hosts, committed version) from the
+  // coordinator, e.g. after a reconfiguration; the rank stays the same.
+  absl::Status Refresh();
+
+  const std::string& job() const { return options_.job; }
+  int rank() const { return options_.rank; }
+  // This ptcd's host name, as the coordinator knows it.
+  const std::string& host() const { return host_; }
+  const ModelSpec& spec() const { return spec_; }
+  const ParallelConfig& config() const { return config_; }
+  MeshCoord coord() const { return config_.CoordOf(options_.rank); }
+  int world_size() const { return config_.world_size(); }
+  // The job's newest committed version (0: none yet).
+  int64_t committed_version() const { return committed_version_; }
+  // The regions this rank holds under config(), in spec order.
+  const std::vector<RankRegion>& regions() const { return regions_; }
+  // Index in regions() of `key`'s region(s); empty if this rank holds none.
+  std::vector<int> RegionsOf(const std::string& key) const;
+
+  // A save of one version by this rank.
+  class Save {
+   public:
+    ~Save();
+    // The writable bytes of regions()[i], in daemon-owned shared memory,
+    // allocated on first use. Fill them row-major before Commit.
+    absl::StatusOr<absl::Span<uint8_t>> Buffer(int i);
+    // A small object of the model spec for this rank (at most 60 KiB).
+    absl::Status PutSmallObject(const std::string& name,
+                                const std::string& bytes);
+    // Publishes every region (all must have been filled) and small object
+    // (all of the spec's must have been put) and reports this rank's save
+    // to the coordinator. Returns true if this was the last rank and the
+    // version is now committed. A region another rank on this host already
+    // saved is kept once, after checking that both copies are equal.
+    absl::StatusOr<bool> Commit();
+    int64_t version() const { return version_; }
+
+   private:
+    friend class Client;
+    Save(Client* client, int64_t version);
+    Client* client_;
+    int64_t version_;
+    std::vector<std::optional<LocalClient::PutBuffer>> buffers_;
+    std::map<std::string, std::string> small_;
+    bool committed_ = false;
+  };
+  // Starts saving `version` (e.g. the training step); it must be newer than
+  // the committed version.
+  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t version);
+
+  // This rank's state in one committed version: read-only mappings of the
+  // daemon's buffers (no copy) and the rank's small objects. Valid while
+  // the State lives, even if the version is deleted meanwhile.
+  class State {
+   public:
+    int64_t version() const { return version_; }
+    absl::Span<const uint8_t> Region(int i) const {
+      return {mappings_[i].data(), static_cast<size_t>(mappings_[i].size())};
+    }
+    // xxh3-64 of regions()[i] as the daemon stored it.
+    uint64_t Checksum(int i) const { return mappings_[i].checksum(); }
+    // The shared memory's inode, for checking that a load copied nothing.
+    ino_t Inode(int i) const { return mappings_[i].inode(); }
+    absl::StatusOr<std::string> SmallObject(const std::string& name) const;
+
+   private:
+    friend class Client;
+    int64_t version_ = 0;
+    std::vector<LocalClient::Mapping> mappings_;
+    std::map<std::string, std::string> small_;
+  };
+  // Loads this rank's regions and small objects of the committed version
+  // (Refresh first after a reconfiguration). FAILED_PRECONDITION if the job
+  // has no committed version or this host's ptcd no longer holds it.
+  absl::StatusOr<std::unique_ptr<State>> Load();
+
+  // Waits until the coordinator has committed `version` (every rank saved).
+  absl::Status WaitCommitted(int64_t version, absl::Duration timeout);
+
+ private:
+  explicit Client(ClientOptions options) : options_(std::move(options)) {}
+  absl::StatusOr<proto::JobStatus> FetchJob();
+
+  ClientOptions options_;
+  std::unique_ptr<LocalClient> local_;
+  std::unique_ptr<proto::Coordinator::Stub> coordinator_;
+  std::string host_;
+  ModelSpec spec_;
+  ParallelConfig config_;
+  int64_t committed_version_ = 0;
+  std::vector<RankRegion> regions_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_CLIENT_CLIENT_H_

@@ -1,0 +1,235 @@
+// The client library against a real cluster in process (a coordinator and
+// ptcd daemons registered through their agents): save/load round trips
+// for every dtype, zero-copy loads, loads after a reconfiguration, and a
+// clear error for each misuse.
+#include "client/client.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/internal/testing.h"
+#include "common/checksum.h"
+#include "tools/internal/synthetic.h"
+
+namespace ptc {
+namespace {
+
+using testing::ClientCluster;
+
+constexpr char kModel[] =
+    "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8";
+
+std::unique_ptr<Client> ConnectRank(ClientCluster& c, const std::string& job,
+                                    int rank, int host) {
+  auto client = Client::Connect(
+      {c.daemons.daemons[host]->socket_path(), c.address, job, rank});
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  return std::move(*client);
+}
+
+// Rank r of a job on 2-GPU hosts runs on host r / 2.
+std::vector<std::unique_ptr<Client>> ConnectAll(ClientCluster& c,
+                                                const std::string& job,
+                                                int ranks, int first_host = 0) {
+  std::vector<std::unique_ptr<Client>> out;
+  for (int r = 0; r < ranks; ++r)
+    out.push_back(ConnectRank(c, job, r, first_host + r / 2));
+  return out;
+}
+
+std::string SmallFor(const std::string& name, int rank) {
+  return tools::SyntheticSmallObject(name, rank);
+}
+
+// Every rank saves its regions (synthetic values) and small objects.
+void SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t version) {
+  bool committed = false;
+  for (auto& c : clients) {
+    auto save = c->BeginSave(version);
+    REQUIRE(save.ok());
+    for (int i = 0; i < static_cast<int>(c->regions().size()); ++i) {
+      const RankRegion& r = c->regions()[i];
+      auto dst = (*save)->Buffer(i);
+      REQUIRE(dst.ok());
+      REQUIRE(static_cast<int64_t>(dst->size()) == r.bytes);
+      tools::FillSynthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype),
+                           reinterpret_cast<char*>(dst->data()));
+    }
+    for (const SmallObjectSpec& o : c->spec().small_objects)
+      REQUIRE(
+          (*save)->PutSmallObject(o.name, SmallFor(o.name, c->rank())).ok());
+    auto done = (*save)->Commit();
+    INFO(done.status().ToString());
+    REQUIRE(done.ok());
+    committed = *done;
+  }
+  CHECK(committed);  // the last rank's report committed the version
+  for (auto& c : clients)
+    REQUIRE(c->WaitCommitted(version, absl::Seconds(10)).ok());
+}
+
+void CheckLoaded(Client& c, const Client::State& s) {
+  for (int i = 0; i < static_cast<int>(c.regions().size()); ++i) {
+    const RankRegion& r = c.regions()[i];
+    const std::vector<char> want =
+        tools::Synthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype));
+    absl::Span<const uint8_t> got = s.Region(i);
+    INFO("rank " << c.rank() << " " << r.key << " " << r.region.ToString());
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+    CHECK(s.Checksum(i) == Checksum(want.data(), want.size()));
+  }
+}
+
+TEST_CASE("client: every dtype round-trips through save and load, zero-copy",
+          "[client]") {
+  ClientCluster cluster(2, 2);
+  const DType* all = AllDTypes();
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const std::string dtype(DTypeName(all[d]));
+    INFO("dtype " << dtype);
+    const std::string job = "j-" + dtype;
+    cluster.RegisterJob(job, absl::StrCat(kModel, ",dtype=", dtype),
+                        "tp=2,dp=2", {"host0", "host1"});
+    auto clients = ConnectAll(cluster, job, 4);
+    CHECK(clients[0]->host() == "host0");
+    CHECK(clients[3]->host() == "host1");
+    CHECK(clients[0]->committed_version() == 0);
+    SaveAll(clients, 5);
+    std::vector<std::unique_ptr<Client::State>> states;
+    for (auto& c : clients) {
+      REQUIRE(c->committed_version() == 5);
+      auto s = c->Load();
+      INFO(s.status().ToString());
+      REQUIRE(s.ok());
+      CHECK((*s)->version() == 5);
+      CheckLoaded(*c, **s);
+      for (const SmallObjectSpec& o : c->spec().small_objects)
+        CHECK(*(*s)->SmallObject(o.name) == SmallFor(o.name, c->rank()));
+      states.push_back(std::move(*s));
+    }
+    // Ranks 0 and 2 are dp replicas (tp 0) on different hosts, ranks 0 and
+    // 1 tp peers on host0: a replicated tensor (the position embedding)
+    // maps the very same daemon buffer for both ranks of host0: no copy.
+    const int i0 = clients[0]->RegionsOf("embedding.position.weight")[0];
+    const int i1 = clients[1]->RegionsOf("embedding.position.weight")[0];
+    CHECK(states[0]->Inode(i0) == states[1]->Inode(i1));
+    CHECK(states[0]->Region(i0).data() != nullptr);
+  }
+}
+
+TEST_CASE("client: after a reconfiguration each new rank loads its new shards",
+          "[client]") {
+  ClientCluster cluster(3, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto before = ConnectAll(cluster, "j", 4);
+  SaveAll(before, 1);
+  REQUIRE(cluster.Reconfigure("j", "tp=1,pp=2,dp=2", {"host1", "host2"}).ok());
+  auto after = ConnectAll(cluster, "j", 4, /*first_host=*/1);
+  for (auto& c : after) {
+    CHECK(c->config().ToString() == "tp=1,pp=2,dp=2");
+    CHECK(c->committed_version() == 2);
+    auto s = c->Load();
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    CheckLoaded(*c, **s);
+    // Global objects come from old rank 0; per-tp-rank ones from tp 0.
+    CHECK(*(*s)->SmallObject("iteration") == SmallFor("iteration", 0));
+    CHECK(*(*s)->SmallObject("data_cursor") == SmallFor("data_cursor", 0));
+  }
+  // A client of the old config learns the new layout with Refresh, and is
+  // told its old rank placement no longer matches.
+  const absl::Status moved = before[1]->Refresh();
+  CHECK(moved.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(moved.message(), "placed on host 'host1'"));
+}
+
+TEST_CASE("client: each misuse gets an error that says what to do",
+          "[client]") {
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  const std::string sock0 = cluster.daemons.daemons[0]->socket_path();
+
+  auto no_daemon =
+      Client::Connect({"/nonexistent/ptcd.sock", cluster.address, "j", 0});
+  CHECK(no_daemon.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(no_daemon.status().message(),
+                          "no ptcd answers at /nonexistent/ptcd.sock"));
+
+  auto unknown = Client::Connect({sock0, cluster.address, "nope", 0});
+  CHECK(unknown.status().code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(unknown.status().message(), "job 'nope' is unknown"));
+
+  auto outside = Client::Connect({sock0, cluster.address, "j", 4});
+  CHECK(outside.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(outside.status().message(), "has 4 ranks"));
+
+  auto wrong_host = Client::Connect({sock0, cluster.address, "j", 3});
+  CHECK(wrong_host.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(wrong_host.status().message(),
+                          "placed on host 'host1'"));
+
+  auto c0 = ConnectRank(cluster, "j", 0, 0);
+  auto c1 = ConnectRank(cluster, "j", 1, 0);
+  auto nothing = c0->Load();
+  CHECK(nothing.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(nothing.status().message(), "no committed version"));
+
+  auto save = c0->BeginSave(3);
+  REQUIRE(save.ok());
+  CHECK((*save)->Buffer(999).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK((*save)->PutSmallObject("rng.cuda", "x").code() ==
+        absl::StatusCode::kInvalidArgument);
+  auto unwritten = (*save)->Commit();
+  CHECK(unwritten.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(unwritten.status().message(), "was not written"));
+  for (int i = 0; i < static_cast<int>(c0->regions().size()); ++i)
+    REQUIRE((*save)->Buffer(i).ok());
+  auto no_small = (*save)->Commit();
+  CHECK(no_small.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(no_small.status().message(),
+                          "small objects missing: iteration"));
+  for (const SmallObjectSpec& o : c0->spec().small_objects)
+    REQUIRE((*save)->PutSmallObject(o.name, "s").ok());
+  REQUIRE((*save)->Commit().ok());  // zeros: rank 0's copy
+
+  // Rank 1 (same host) saves a replicated tensor with other bytes.
+  auto save1 = c1->BeginSave(3);
+  REQUIRE(save1.ok());
+  for (int i = 0; i < static_cast<int>(c1->regions().size()); ++i) {
+    auto dst = (*save1)->Buffer(i);
+    REQUIRE(dst.ok());
+    std::memset(dst->data(), 1, dst->size());
+  }
+  for (const SmallObjectSpec& o : c1->spec().small_objects)
+    REQUIRE((*save1)->PutSmallObject(o.name, "s").ok());
+  auto diverged = (*save1)->Commit();
+  CHECK(diverged.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(diverged.status().message(), "replicas diverged"));
+
+  // Saving an old version, and loading a version the daemon dropped.
+  auto all = ConnectAll(cluster, "j", 4);
+  all[0].reset();
+  all[1].reset();
+  CHECK(c0->BeginSave(0).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("client: a version dropped from the host's ptcd is reported gone",
+          "[client]") {
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto clients = ConnectAll(cluster, "j", 4);
+  SaveAll(clients, 1);
+  REQUIRE(cluster.daemons.daemons[0]->client->DeleteVersion("j", 1).ok());
+  auto gone = clients[0]->Load();
+  CHECK(gone.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(gone.status().message(), "is gone from this host"));
+  CHECK(clients[2]->Load().ok());  // host1 still holds it
+}
+
+}  // namespace
+}  // namespace ptc
