@@ -22,14 +22,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
         absl::StrCat("rank ", options.rank, " is negative"));
   }
   std::unique_ptr<Client> c(new Client(std::move(options)));
-  auto local = LocalClient::Connect(c->options_.socket_path);
-  if (!local.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("no ptcd answers at ", c->options_.socket_path, " (",
-                     local.status().message(),
-                     "); start ptcd on this host or pass its --socket path"));
-  }
-  c->local_ = std::move(*local);
+  // Its error names the socket and asks whether ptcd runs on this host.
+  PTC_ASSIGN_OR_RETURN(c->local_,
+                       LocalClient::Connect(c->options_.socket_path));
   PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
                        c->local_->SayHello(c->options_.job));
   c->host_ = hello.host;
@@ -267,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
   }
   auto state = std::unique_ptr<State>(new State());
   state->version_ = version;
+  state->regions_ = regions_;
   for (const RankRegion& r : regions_) {
     auto m = local_->Map(job(), version, r.key, r.region);
     if (!m.ok()) {

@@ -128,6 +128,8 @@ class Client {
   class State {
    public:
     int64_t version() const { return version_; }
+    // The regions loaded (the client's regions() when it loaded).
+    const std::vector<RankRegion>& regions() const { return regions_; }
     absl::Span<const uint8_t> Region(int i) const {
       return {mappings_[i].data(), static_cast<size_t>(mappings_[i].size())};
     }
@@ -140,6 +142,7 @@ class Client {
    private:
     friend class Client;
     int64_t version_ = 0;
+    std::vector<RankRegion> regions_;
     std::vector<LocalClient::Mapping> mappings_;
     std::map<std::string, std::string> small_;
   };

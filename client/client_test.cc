@@ -157,7 +157,7 @@ TEST_CASE("client: each misuse gets an error that says what to do",
       Client::Connect({"/nonexistent/ptcd.sock", cluster.address, "j", 0});
   CHECK(no_daemon.status().code() == absl::StatusCode::kUnavailable);
   CHECK(absl::StrContains(no_daemon.status().message(),
-                          "no ptcd answers at /nonexistent/ptcd.sock"));
+                          "cannot connect to ptcd at /nonexistent/ptcd.sock"));
 
   auto unknown = Client::Connect({sock0, cluster.address, "nope", 0});
   CHECK(unknown.status().code() == absl::StatusCode::kNotFound);

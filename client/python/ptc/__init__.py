@@ -1,0 +1,33 @@
+"""ptc: a training rank's state in ptc.
+
+The extension (ptc._ptc, built by Bazel from client/python/ptc_module.cc)
+connects to the host's ptcd and the coordinator:
+
+    import ptc
+    client = ptc.Client(socket="/run/ptcd/ptcd.sock", coordinator="coord:7000",
+                        job="gpt", rank=rank)
+    save = client.begin_save(step)
+    for r in client.regions:            # this rank's regions of the layout
+        save.write(r["index"], my_shard(r))
+    for name in client.small_object_names:
+        save.put_small_object(name, my_small_object(name))
+    save.commit()
+
+    state = client.load()               # after a reconfiguration
+    view = state.region(0)              # read-only numpy view, no copy
+
+ptc.torch_state turns a PyTorch model's parameters and Adam state into the
+model spec's tensors and back.
+"""
+
+from ._ptc import (  # noqa: F401
+    MAX_SMALL_OBJECT_BYTES,
+    Client,
+    DataCursor,
+    Error,
+    ParallelConfig,
+    Save,
+    State,
+    model_tensors,
+    padded_vocab,
+)

@@ -1,0 +1,153 @@
+"""PyTorch parameters and Adam state <-> the model spec's tensors.
+
+A rank's local tensor (a Megatron shard) covers a box of the global
+tensor: along a dimension split over tp it is chunk k of extent n (the
+local extent), otherwise the whole dimension. Every region ptc gives the
+rank lies inside that box, so its place in the local tensor is the region
+shifted by the box's start (the padded vocabulary rows of a vocab-parallel
+embedding are never stored: they are zero and stay so).
+
+    tensors = torch_state.collect(named_params, optimizer)
+    torch_state.save(client, step, tensors, small_objects)
+    ...
+    torch_state.prepare_adam(named_params, optimizer, step)
+    tensors = torch_state.collect(named_params, optimizer)
+    state = torch_state.load(client, tensors)   # copies into `tensors`
+"""
+
+import warnings
+
+import numpy as np
+import torch
+
+_TORCH_DTYPES = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+ADAM_SLOTS = ("master", "exp_avg", "exp_avg_sq")
+
+
+def local_slices(region, local_shape):
+    """The slices of a local tensor of `local_shape` that hold `region`
+    (a list of (begin, end) in global coordinates)."""
+    if len(region) != len(local_shape):
+        raise ValueError(f"region {region} has {len(region)} dims but the local "
+                         f"tensor has shape {tuple(local_shape)}")
+    out = []
+    for (begin, end), n in zip(region, local_shape):
+        base = (begin // n) * n if n > 0 else 0
+        if end - base > n:
+            raise ValueError(f"region {region} does not fit a local tensor of shape "
+                             f"{tuple(local_shape)}: layout mismatch")
+        out.append(slice(begin - base, end - base))
+    return tuple(out)
+
+
+def torch_dtype(ptc_dtype):
+    if ptc_dtype not in _TORCH_DTYPES:
+        raise ValueError(f"ptc dtype {ptc_dtype} has no PyTorch equivalent")
+    return _TORCH_DTYPES[ptc_dtype]
+
+
+def _as_numpy(t):
+    """A C-contiguous numpy view of a CPU tensor (bf16 as its bits)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def region_tensor(state, index, ptc_dtype):
+    """A read-only torch view of a loaded region, without a copy."""
+    arr = state.region(index)
+    if ptc_dtype == "bf16":
+        arr = arr.view(np.int16)
+    with warnings.catch_warnings():
+        # The mapping is read-only; torch warns that it cannot enforce it.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(arr)
+    if ptc_dtype == "bf16":
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def collect(named_params, optimizer=None):
+    """{ptc key: local tensor} for parameters ({ptc key: parameter}) and, with
+    an Adam optimizer, its state as "optim.<slot>.<key>" (the fp32 master
+    weight of an fp32 parameter is the parameter itself)."""
+    out = {}
+    for key, p in named_params.items():
+        out[key] = p.data
+        if optimizer is None:
+            continue
+        st = optimizer.state.get(p)
+        if not st or "exp_avg" not in st:
+            raise ValueError(f"the optimizer has no Adam state for '{key}' yet; "
+                             "call prepare_adam() (or take a step) first")
+        out["optim.master." + key] = p.data if p.dtype == torch.float32 else p.data.float()
+        out["optim.exp_avg." + key] = st["exp_avg"]
+        out["optim.exp_avg_sq." + key] = st["exp_avg_sq"]
+    return out
+
+
+def prepare_adam(named_params, optimizer, step):
+    """Creates zeroed Adam state at `step` for every parameter, so that a
+    load can fill it in place."""
+    for p in named_params.values():
+        optimizer.state[p] = {
+            "step": torch.tensor(float(step)),
+            "exp_avg": torch.zeros_like(p.data, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p.data, memory_format=torch.preserve_format),
+        }
+
+
+def save(client, version, tensors, small_objects):
+    """Saves this rank's regions of `tensors` and its small objects as
+    `version`; returns True if this rank's save completed the version."""
+    s = client.begin_save(version)
+    for r in client.regions:
+        t = tensors.get(r["key"])
+        if t is None:
+            raise KeyError(f"rank {client.rank} holds a region of '{r['key']}' but no "
+                           "local tensor was given for it")
+        want = torch_dtype(r["dtype"])
+        if t.dtype != want:
+            raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
+                            "the model spec")
+        s.write(r["index"], _as_numpy(t[local_slices(r["region"], t.shape)]))
+    for name, data in small_objects.items():
+        s.put_small_object(name, data)
+    return s.commit()
+
+
+def load(client, tensors):
+    """Loads this rank's regions of the committed version into `tensors`
+    (the same dict collect() returns, allocated); returns the ptc.State for
+    the small objects."""
+    state = client.load()
+    filled = {}
+    for r in client.regions:
+        t = tensors.get(r["key"])
+        if t is None:
+            raise KeyError(f"rank {client.rank} holds a region of '{r['key']}' but no "
+                           "local tensor was given for it")
+        src = region_tensor(state, r["index"], r["dtype"])
+        if t.dtype != src.dtype:
+            raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
+                            "the model spec")
+        with torch.no_grad():
+            t[local_slices(r["region"], t.shape)].copy_(src)
+        filled[r["key"]] = filled.get(r["key"], 0) + src.numel()
+    missing = [k for k in tensors if k not in filled]
+    if missing:
+        raise KeyError(f"rank {client.rank} got no region of {missing[:3]}: the "
+                       "model's tensors do not match the job's layout")
+    return state

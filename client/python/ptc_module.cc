@@ -1,0 +1,351 @@
+// The Python binding of the client library: `import ptc` (the package in
+// client/python/ptc wraps this extension, ptc._ptc). Arrays handed to
+// Python alias daemon memory without copies: a save's buffers are written
+// through Save.write (one copy, straight into shared memory), a load's
+// regions are read-only numpy views of the mapped buffers that keep their
+// State alive. Errors raise ptc.Error with the library's message and its
+// status code name.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "ptc/data_cursor.h"
+#include "ptc/model_spec.h"
+#include "ptc/parallel_config.h"
+
+namespace py = pybind11;
+
+namespace ptc {
+namespace {
+
+// Raised for every failed call: .code is the status code's name.
+PyObject* error_type = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  py::object err = py::reinterpret_borrow<py::object>(error_type)(
+      absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
+  err.attr("code") = absl::StatusCodeToString(s.code());
+  PyErr_SetObject(error_type, err.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+// Runs `fn` (a blocking call into the library) without the GIL, then
+// raises its error, if any, with the GIL held again.
+template <typename Fn>
+auto Unlocked(Fn fn) {
+  using R = decltype(fn());
+  std::optional<R> r;
+  {
+    py::gil_scoped_release release;
+    r.emplace(fn());
+  }
+  if constexpr (std::is_same_v<R, absl::Status>) {
+    Check(*r);
+  } else {
+    return Value(*std::move(r));
+  }
+}
+
+// The numpy dtype that holds a ptc dtype's elements; formats numpy lacks
+// (bf16, fp8) come as unsigned integers of the same width, to be viewed
+// as the framework's type (torch: .view(torch.bfloat16)).
+py::dtype NumpyDType(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return py::dtype("float32");
+    case DType::kFloat16:
+      return py::dtype("float16");
+    case DType::kBFloat16:
+      return py::dtype("uint16");
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+    case DType::kUInt8:
+    case DType::kRaw:
+      return py::dtype("uint8");
+    case DType::kInt8:
+      return py::dtype("int8");
+    case DType::kInt16:
+      return py::dtype("int16");
+    case DType::kInt32:
+      return py::dtype("int32");
+    case DType::kInt64:
+      return py::dtype("int64");
+    case DType::kBool:
+      return py::dtype("bool");
+  }
+  return py::dtype("uint8");
+}
+
+std::vector<py::ssize_t> RegionShape(const Region& r) {
+  std::vector<py::ssize_t> shape;
+  for (int d = 0; d < r.rank(); ++d) shape.push_back(r.dim(d).size());
+  return shape;
+}
+
+py::dict RegionDict(int index, const RankRegion& r) {
+  py::dict d;
+  d["index"] = index;
+  d["tensor"] = r.tensor;
+  d["key"] = r.key;
+  d["dtype"] = std::string(DTypeName(r.dtype));
+  d["numpy_dtype"] = NumpyDType(r.dtype);
+  d["shape"] = r.shape;
+  std::vector<std::pair<int64_t, int64_t>> box;
+  for (int i = 0; i < r.region.rank(); ++i)
+    box.push_back({r.region.dim(i).begin, r.region.dim(i).end});
+  d["region"] = box;
+  d["bytes"] = r.bytes;
+  return d;
+}
+
+py::tuple CoordTuple(const MeshCoord& c) {
+  return py::make_tuple(c.pp(), c.dp(), c.tp());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ptc, m) {
+  m.doc() = "ptc client: save and load a training rank's state in ptcd.";
+  error_type = PyErr_NewException("ptc.Error", PyExc_RuntimeError, nullptr);
+  m.attr("Error") = py::handle(error_type);
+  m.attr("MAX_SMALL_OBJECT_BYTES") = kMaxSmallObjectBytes;
+
+  py::class_<ParallelConfig>(m, "ParallelConfig")
+      .def_static(
+          "parse",
+          [](const std::string& text) {
+            return Value(ParallelConfig::Parse(text));
+          },
+          py::arg("text"))
+      .def_readonly("tp", &ParallelConfig::tp)
+      .def_readonly("pp", &ParallelConfig::pp)
+      .def_readonly("dp", &ParallelConfig::dp)
+      .def_property_readonly("world_size", &ParallelConfig::world_size)
+      .def(
+          "coord_of",
+          [](const ParallelConfig& c, int rank) {
+            if (rank < 0 || rank >= c.world_size())
+              Check(absl::OutOfRangeError(absl::StrCat(
+                  "rank ", rank, " is outside ", c.world_size(), " ranks")));
+            return CoordTuple(c.CoordOf(rank));
+          },
+          py::arg("rank"), "(pp, dp, tp) of a rank")
+      .def(
+          "rank_of",
+          [](const ParallelConfig& c, int pp, int dp, int tp) {
+            MeshCoord coord;
+            coord.index = {pp, dp, tp};
+            return c.RankOf(coord);
+          },
+          py::arg("pp"), py::arg("dp"), py::arg("tp"))
+      .def(
+          "stage_layers",
+          [](const ParallelConfig& c, int stage, int num_layers) {
+            Check(c.Validate(num_layers));
+            return c.StageLayers(stage, num_layers);
+          },
+          py::arg("stage"), py::arg("num_layers"),
+          "(first layer, number of layers) of a pipeline stage")
+      .def("__str__", &ParallelConfig::ToString);
+
+  m.def(
+      "padded_vocab",
+      [](const std::string& model, int tp) {
+        return PaddedVocab(Value(ResolveArchitecture(model)), tp);
+      },
+      py::arg("model"), py::arg("tp"),
+      "Megatron's padded vocabulary of a model at tensor parallelism tp");
+  m.def(
+      "model_tensors",
+      [](const std::string& model) {
+        const ModelSpec spec =
+            Value(BuildModelSpec(Value(ResolveArchitecture(model))));
+        py::list out;
+        for (const TensorSpec& t : spec.tensors)
+          out.append(
+              py::make_tuple(t.key, std::string(DTypeName(t.dtype)), t.shape));
+        return out;
+      },
+      py::arg("model"), "(key, dtype, global shape) of every tensor");
+
+  py::class_<DataCursor>(m, "DataCursor")
+      .def(py::init([](uint64_t seed, int64_t dataset_size,
+                       int64_t global_batch, int64_t consumed) {
+             if (dataset_size < 1 || global_batch < 1 || consumed < 0)
+               Check(absl::InvalidArgumentError(
+                   "a cursor needs dataset_size >= 1, global_batch >= 1 and "
+                   "consumed >= 0"));
+             return DataCursor{seed, dataset_size, consumed, global_batch};
+           }),
+           py::arg("seed"), py::arg("dataset_size"), py::arg("global_batch"),
+           py::arg("consumed") = 0)
+      .def_readonly("seed", &DataCursor::seed)
+      .def_readonly("dataset_size", &DataCursor::dataset_size)
+      .def_readonly("consumed", &DataCursor::consumed)
+      .def_property(
+          "global_batch", [](const DataCursor& c) { return c.global_batch; },
+          [](DataCursor& c, int64_t b) {
+            if (b < 1)
+              Check(absl::InvalidArgumentError("global_batch must be >= 1"));
+            c.global_batch = b;
+          })
+      .def(
+          "next_samples",
+          [](const DataCursor& c, int dp_rank, int dp) {
+            if (dp < 1 || dp_rank < 0 || dp_rank >= dp)
+              Check(absl::InvalidArgumentError(absl::StrCat(
+                  "dp_rank ", dp_rank, " is outside [0, ", dp, ")")));
+            return NextSamples(c, dp_rank, dp);
+          },
+          py::arg("dp_rank"), py::arg("dp"),
+          "sample indices this dp rank reads in the next global batch")
+      .def("sample_at", &SampleAt, py::arg("position"))
+      .def("advance", [](DataCursor& c) { Advance(&c); })
+      .def("encode",
+           [](const DataCursor& c) { return py::bytes(EncodeCursor(c)); })
+      .def_static("decode", [](const py::bytes& b) {
+        return Value(DecodeCursor(std::string(b)));
+      });
+
+  py::class_<Client::Save>(m, "Save")
+      .def_property_readonly("version", &Client::Save::version)
+      .def(
+          "write",
+          [](Client::Save& s, int i, py::buffer data) {
+            py::buffer_info info = data.request();
+            absl::Span<uint8_t> dst = Value(s.Buffer(i));
+            const int64_t bytes = info.size * info.itemsize;
+            if (bytes != static_cast<int64_t>(dst.size())) {
+              Check(absl::InvalidArgumentError(absl::StrCat(
+                  "region ", i, " holds ", dst.size(), " bytes but ", bytes,
+                  " were given (shape or dtype does not match the layout)")));
+            }
+            // Row-major and dense, or refuse: no silent reordering.
+            py::ssize_t expect = info.itemsize;
+            for (int d = info.ndim - 1; d >= 0; --d) {
+              if (info.shape[d] > 1 && info.strides[d] != expect)
+                Check(absl::InvalidArgumentError(
+                    "the data must be C-contiguous (use .contiguous())"));
+              expect *= info.shape[d];
+            }
+            py::gil_scoped_release release;
+            std::memcpy(dst.data(), info.ptr, bytes);
+          },
+          py::arg("index"), py::arg("data"),
+          "copies a C-contiguous buffer (numpy array, torch tensor via "
+          ".numpy()) into region `index` of the save")
+      .def(
+          "put_small_object",
+          [](Client::Save& s, const std::string& name, const py::bytes& b) {
+            Check(s.PutSmallObject(name, std::string(b)));
+          },
+          py::arg("name"), py::arg("data"))
+      .def("commit", [](Client::Save& s) {
+        return Unlocked([&] { return s.Commit(); });
+      });
+
+  py::class_<Client::State>(m, "State")
+      .def_property_readonly("version", &Client::State::version)
+      .def(
+          "region",
+          [](py::object self, int i) {
+            const Client::State& s = self.cast<const Client::State&>();
+            if (i < 0 || i >= static_cast<int>(s.regions().size()))
+              Check(absl::OutOfRangeError(
+                  absl::StrCat("region ", i, " is outside this rank's ",
+                               s.regions().size(), " regions")));
+            const RankRegion& r = s.regions()[i];
+            absl::Span<const uint8_t> bytes = s.Region(i);
+            // A read-only view of the mapped buffer; it keeps the State.
+            py::array a(NumpyDType(r.dtype), RegionShape(r.region),
+                        bytes.data(), self);
+            py::detail::array_proxy(a.ptr())->flags &=
+                ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+            return a;
+          },
+          py::arg("index"),
+          "a read-only numpy view of region `index` (no copy); valid while "
+          "any view or the State lives")
+      .def("checksum", &Client::State::Checksum, py::arg("index"))
+      .def("inode", [](const Client::State& s,
+                       int i) { return static_cast<uint64_t>(s.Inode(i)); })
+      .def("small_object", [](const Client::State& s, const std::string& n) {
+        return py::bytes(Value(s.SmallObject(n)));
+      });
+
+  py::class_<Client>(m, "Client")
+      .def(
+          py::init([](const std::string& socket, const std::string& coordinator,
+                      const std::string& job, int rank) {
+            ClientOptions o;
+            o.socket_path = socket;
+            o.coordinator = coordinator;
+            o.job = job;
+            o.rank = rank;
+            return Unlocked([&] { return Client::Connect(std::move(o)); });
+          }),
+          py::arg("socket"), py::arg("coordinator"), py::arg("job"),
+          py::arg("rank"))
+      .def("refresh", [](Client& c) { Unlocked([&] { return c.Refresh(); }); })
+      .def_property_readonly("job", &Client::job)
+      .def_property_readonly("rank", &Client::rank)
+      .def_property_readonly("host", &Client::host)
+      .def_property_readonly("world_size", &Client::world_size)
+      .def_property_readonly("config", &Client::config)
+      .def_property_readonly(
+          "coord", [](const Client& c) { return CoordTuple(c.coord()); })
+      .def_property_readonly("committed_version", &Client::committed_version)
+      .def_property_readonly(
+          "num_layers", [](const Client& c) { return c.spec().num_layers; })
+      .def_property_readonly(
+          "small_object_names",
+          [](const Client& c) {
+            std::vector<std::string> names;
+            for (const SmallObjectSpec& o : c.spec().small_objects)
+              names.push_back(o.name);
+            return names;
+          })
+      .def_property_readonly(
+          "regions",
+          [](const Client& c) {
+            py::list out;
+            for (int i = 0; i < static_cast<int>(c.regions().size()); ++i)
+              out.append(RegionDict(i, c.regions()[i]));
+            return out;
+          })
+      .def(
+          "begin_save",
+          [](Client& c, int64_t version) {
+            return Value(c.BeginSave(version));
+          },
+          py::arg("version"), py::keep_alive<0, 1>())
+      .def(
+          "load", [](Client& c) { return Unlocked([&] { return c.Load(); }); },
+          py::keep_alive<0, 1>())
+      .def(
+          "wait_committed",
+          [](Client& c, int64_t version, double timeout_s) {
+            Unlocked([&] {
+              return c.WaitCommitted(version, absl::Seconds(timeout_s));
+            });
+          },
+          py::arg("version"), py::arg("timeout") = 60.0);
+}
+
+}  // namespace ptc
