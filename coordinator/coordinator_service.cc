@@ -74,6 +74,20 @@ absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
 
 }  // namespace
 
+void CoordinatorService::AdoptTargetLocked(Job& job) {
+  proto::CoordinatorState::Job& s = job.state;
+  s.set_config(s.target_config());
+  s.clear_hosts();
+  for (const std::string& h : s.target_hosts()) s.add_hosts(h);
+  s.set_committed_version(s.target_version());
+  s.clear_lost_hosts();
+  // The new config has its own ranks; saves reported under the old one
+  // can never complete.
+  auto shape = JobShape(s.model(), s.config());
+  if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
+  job.saved.clear();
+}
+
 absl::Status CoordinatorService::Load() {
   PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
                        ReadFileIfExists(options_.state_dir + "/state.pb"));

@@ -96,6 +96,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
       : options_(std::move(options)) {}
 
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the job's target (config, hosts, version) its committed state.
+  void AdoptTargetLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host name of every rank under the job's committed config and hosts
   // (empty if a host is unknown).
   std::vector<std::string> RankHostsLocked(const Job& job) const

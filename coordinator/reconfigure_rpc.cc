@@ -26,14 +26,6 @@ struct CoordinatorService::Flight {
 namespace {
 
 // The target of the reconfiguration in flight becomes the committed state.
-void AdoptTarget(proto::CoordinatorState::Job* job) {
-  job->set_config(job->target_config());
-  job->clear_hosts();
-  for (const std::string& h : job->target_hosts()) job->add_hosts(h);
-  job->set_committed_version(job->target_version());
-  job->clear_lost_hosts();
-}
-
 // Forgets the reconfiguration in flight (its target and decision).
 void ClearFlight(proto::CoordinatorState::Job* job) {
   job->clear_target_config();
@@ -244,7 +236,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
   if (report.ok()) {
-    AdoptTarget(&job.state);
+    AdoptTargetLocked(job);
     e.set_phase("committed");
     e.set_seconds(report->seconds);
     e.set_bytes_from_peers(report->bytes_from_peers);
@@ -288,7 +280,7 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(name);
-    AdoptTarget(&job.state);
+    AdoptTargetLocked(job);
     ClearFlight(&job.state);
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("committed");

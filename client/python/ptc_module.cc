@@ -105,7 +105,7 @@ py::dict RegionDict(int index, const RankRegion& r) {
   d["key"] = r.key;
   d["dtype"] = std::string(DTypeName(r.dtype));
   d["numpy_dtype"] = NumpyDType(r.dtype);
-  d["shape"] = r.shape;
+  d["shape"] = std::vector<int64_t>(r.shape.begin(), r.shape.end());
   std::vector<std::pair<int64_t, int64_t>> box;
   for (int i = 0; i < r.region.rank(); ++i)
     box.push_back({r.region.dim(i).begin, r.region.dim(i).end});

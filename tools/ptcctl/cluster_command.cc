@@ -253,6 +253,9 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.EndArray().Key("committed_version").Int(j.committed_version());
       w.Key("ranks").Int(j.ranks()).Key("ranks_saved").Int(j.ranks_saved());
       w.Key("state_bytes").Int(j.state_bytes());
+      w.Key("rank_hosts").BeginArray();
+      for (const auto& h : j.rank_hosts()) w.String(h);
+      w.EndArray();
       w.Key("reconfiguration")
           .BeginObject()
           .Key("plan_epoch")

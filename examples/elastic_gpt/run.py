@@ -1,0 +1,293 @@
+"""An elastic PyTorch training job on a local ptc cluster.
+
+Starts a coordinator and four ptcd "hosts" (2 GPUs each) on loopback,
+registers a GPT job, and runs it through a sequence of parallel configs:
+each phase launches one process per rank, trains some iterations, saves
+to ptc and exits; ptcctl reconfigures the saved state to the next config;
+the next phase's processes load it and go on. After each change it checks:
+
+  1. parameters and Adam state after the reload are bit-identical to the
+     values the old ranks held when they saved (written aside with
+     torch.save, assembled across the old layout's shards);
+  2. the loss goes on as in an uninterrupted run of the same job (run first,
+     at the first config): equal within a relative tolerance, since a new TP
+     degree sums floating-point partial results in another order;
+  3. every sample was consumed exactly once (and the same samples, in the
+     same iterations, as the uninterrupted run).
+
+    /usr/bin/python3 examples/elastic_gpt/run.py
+    /usr/bin/python3 examples/elastic_gpt/run.py --phases tp=2,dp=1@host0 \\
+        tp=1,pp=2,dp=2@host0,host1 --iterations 4
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MODEL = "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=500,positions=64,dtype=fp32"
+DEFAULT_PHASES = ["tp=2,dp=2@host0,host1",
+                  "tp=2,pp=2,dp=2@host0,host1,host2,host3",
+                  "tp=1,pp=1,dp=2@host3"]
+JOB = "elastic-gpt"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_dataset(path, samples, seq, vocab, seed=7):
+    """Synthetic token sequences from a fixed random bigram model, so that
+    the loss can fall: each token picks its successor from 8 likely ones."""
+    rng = np.random.default_rng(seed)
+    succ = rng.integers(0, vocab, size=(vocab, 8))
+    data = np.empty((samples, seq + 1), dtype=np.uint16)
+    tok = rng.integers(0, vocab, size=samples)
+    for j in range(seq + 1):
+        data[:, j] = tok
+        tok = succ[tok, rng.integers(0, 8, size=samples)]
+    np.save(path, data)
+
+
+class Cluster:
+    def __init__(self, bin_dir, work, hosts=4, gpus=2, memory="2GiB"):
+        self.dir = work / "cluster"
+        self.bin = bin_dir
+        env = dict(os.environ, BIN=str(bin_dir))
+        subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "up", str(self.dir),
+                        str(hosts), str(gpus), memory], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        kv = dict(line.split("=", 1) for line in (self.dir / "env").read_text().split())
+        self.coordinator = kv["COORDINATOR"]
+        self.env = env
+
+    def socket(self, host):
+        return str(self.dir / f"{host}.sock")
+
+    def ptcctl(self, *args, capture=False):
+        cmd = [str(self.bin / "tools/ptcctl"), *args, "--coordinator", self.coordinator]
+        r = subprocess.run(cmd, capture_output=capture, text=True)
+        if r.returncode != 0:
+            if capture:
+                sys.stderr.write(r.stdout + r.stderr)
+            raise SystemExit(f"ptcctl {args[0]} failed")
+        return r.stdout
+
+    def rank_hosts(self, job):
+        jobs = json.loads(self.ptcctl("jobs", "--json", capture=True))["jobs"]
+        return next(j for j in jobs if j["job"] == job)["rank_hosts"]
+
+    def down(self):
+        subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "down", str(self.dir)],
+                       env=self.env, stdout=subprocess.DEVNULL)
+
+
+def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra):
+    """Starts one process per rank and waits for all; exits on a failure."""
+    port = free_port()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (run_dir / "samples").mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg:{HERE}",
+               OMP_NUM_THREADS="1")
+    procs = []
+    for rank in range(world):
+        cmd = [sys.executable, str(HERE / "worker.py"), "--rank", str(rank), "--config", config,
+               "--model", args.model, "--job", JOB, "--coordinator",
+               cluster.coordinator if cluster else "", "--master-port", str(port),
+               "--run-dir", str(run_dir), "--data", str(args.data),
+               "--global-batch", str(args.global_batch), "--micro-batches", "2", *extra]
+        if rank_hosts:
+            cmd += ["--socket", cluster.socket(rank_hosts[rank])]
+        log = open(logs / f"{config}_rank{rank}.log", "w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    failed = []
+    for rank, (p, log) in enumerate(procs):
+        if p.wait(timeout=1800) != 0:
+            failed.append(rank)
+        log.close()
+    if failed:
+        for rank in failed[:2]:
+            sys.stderr.write((logs / f"{config}_rank{rank}.log").read_text()[-3000:])
+        raise SystemExit(f"ranks {failed} of {config} failed (logs in {logs})")
+
+
+def losses(path):
+    out = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            out[rec["iteration"]] = rec["loss"]
+    return out
+
+
+def samples(run_dir):
+    """iteration -> sorted sample ids consumed in it, over all dp ranks."""
+    per_iter = {}
+    for f in (run_dir / "samples").glob("*.txt"):
+        for line in f.read_text().splitlines():
+            it, *ids = map(int, line.split())
+            per_iter.setdefault(it, []).extend(ids)
+    return {it: sorted(ids) for it, ids in per_iter.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phases", nargs="+", default=DEFAULT_PHASES,
+                    help="CONFIG@HOST,HOST... for each phase, in order")
+    ap.add_argument("--iterations", type=int, default=6, help="iterations per phase")
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--tolerance", type=float, default=1e-4,
+                    help="largest relative loss difference to the uninterrupted run")
+    ap.add_argument("--bin", default=str(ROOT / "bazel-bin"))
+    ap.add_argument("--work-dir", help="keep everything here (default: a temporary dir)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args()
+    args.bin = pathlib.Path(args.bin)
+
+    work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-elastic-"))
+    work.mkdir(parents=True, exist_ok=True)
+    phases = []
+    for p in args.phases:
+        config, _, hosts = p.partition("@")
+        if not hosts:
+            raise SystemExit(f"phase '{p}' needs @HOSTS, e.g. tp=2,dp=2@host0,host1")
+        world = 1
+        for kv in config.split(","):
+            k, v = kv.split("=")
+            if k in ("tp", "pp", "dp"):
+                world *= int(v)
+        phases.append((config, hosts.split(","), world))
+    total = args.iterations * len(phases)
+    args.data = work / "tokens.npy"
+    seq = 32
+    make_dataset(args.data, samples=max(4096, total * args.global_batch), seq=seq, vocab=500)
+    say = (lambda *a: None) if args.json else print
+
+    say(f"== uninterrupted run at {phases[0][0]} for {total} iterations (the reference)")
+    ref_dir = work / "reference"
+    ref_dir.mkdir(exist_ok=True)
+    t0 = time.time()
+    run_phase(args, None, ref_dir, phases[0][0], phases[0][2], None, ["--stop-at", str(total)])
+    ref_losses = losses(ref_dir / "losses.jsonl")
+    ref_samples = samples(ref_dir)
+    say(f"   {total} iterations in {time.time() - t0:.1f} s, loss {ref_losses[1]:.4f} -> "
+        f"{ref_losses[total]:.4f}")
+
+    cluster = Cluster(args.bin, work)
+    results = {"phases": [], "changes": []}
+    ok = True
+    try:
+        run_dir = work / "elastic"
+        run_dir.mkdir(exist_ok=True)
+        config, hosts, world = phases[0]
+        cluster.ptcctl("register", "--job", JOB, "--model", args.model, "--config", config,
+                       "--hosts", ",".join(hosts), capture=True)
+        iteration = 0
+        for i, (config, hosts, world) in enumerate(phases):
+            last = i == len(phases) - 1
+            end = iteration + args.iterations
+            extra = []
+            if i > 0:  # load what the previous phase saved, and check it
+                extra += ["--load", "--check-dir", str(run_dir / "aside" / f"v{iteration}")]
+            if last:
+                extra += ["--stop-at", str(end)]
+            else:
+                extra += ["--save-at", str(end), "--save-check-dir",
+                          str(run_dir / "aside" / f"v{end}")]
+            say(f"\n== phase {i + 1}: {world} processes at {config} on {','.join(hosts)}, "
+                f"iterations {iteration + 1}..{end}")
+            t0 = time.time()
+            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(JOB), extra)
+            got = losses(run_dir / "losses.jsonl")
+            say(f"   trained in {time.time() - t0:.1f} s, loss at iteration {end}: "
+                f"{got[end]:.4f}" + ("" if last else f"; saved version {end} to ptc"))
+            results["phases"].append({"config": config, "hosts": hosts, "processes": world,
+                                      "iterations": [iteration + 1, end]})
+            if i > 0:
+                change = results["changes"][-1]
+                change.update(check_change(run_dir, iteration, end, world, ref_losses, got,
+                                           ref_samples, args, say))
+                ok &= change["ok"]
+            if last:
+                break
+            nxt_config, nxt_hosts, _ = phases[i + 1]
+            say(f"\n== reconfigure {config} -> {nxt_config} on {','.join(nxt_hosts)}")
+            report = json.loads(cluster.ptcctl("reconfigure", "--job", JOB, "--to", nxt_config,
+                                               "--hosts", ",".join(nxt_hosts), "--json",
+                                               capture=True))
+            say(format_report(report))
+            results["changes"].append({"from": config, "to": nxt_config, "version": end,
+                                       "report": report})
+            iteration = end
+    finally:
+        cluster.down()
+    results["ok"] = bool(ok)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        n = len(results["changes"])
+        print(f"\n{'PASS' if ok else 'FAIL'}: {n} parallelism changes, {total} iterations; "
+              f"state bit-identical after every reload, loss within {args.tolerance:g} of the "
+              f"uninterrupted run, every sample exactly once" if ok else
+              f"\nFAIL: see the checks above (work dir {work})")
+    if not args.work_dir and ok:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def format_report(r):
+    mib, p = 1 << 20, r["plan"]
+    return (f"   committed version {r['target_version']} in {r['seconds']:.2f} s: "
+            f"{p['kept_in_place_bytes'] / mib:.2f} MiB kept in place (local), "
+            f"{p['copied_within_host_bytes'] / mib:.2f} MiB copied within hosts, "
+            f"{p['cross_host_bytes'] / mib:.2f} MiB sent across hosts; "
+            f"{r['tensors_verified']} tensor fingerprints verified")
+
+
+def check_change(run_dir, version, end, world, ref_losses, got, ref_samples, args, say):
+    """The three checks of the change that produced `version`, after the
+    next phase trained to iteration `end`."""
+    checks = [json.loads(p.read_text())
+              for p in (run_dir / "checks").glob(f"load_it{version}_rank*.json")]
+    elements = sum(c["elements"] for c in checks)
+    bad = sum(c["mismatched"] for c in checks)
+    identical = len(checks) == world and bad == 0
+    after = [it for it in sorted(got) if version < it <= end]
+    worst = max(abs(got[it] - ref_losses[it]) / max(1.0, abs(ref_losses[it])) for it in after)
+    loss_ok = worst <= args.tolerance
+    seen = samples(run_dir)
+    every = [s for it in sorted(seen) if it < end for s in seen[it]]
+    once = len(every) == len(set(every)) == end * args.global_batch
+    same = all(seen.get(it) == ref_samples.get(it) for it in range(end))
+    say(f"   check 1, state after reload: {elements} elements on {len(checks)} ranks, "
+        f"{bad} differ -> {'bit-identical' if identical else 'MISMATCH'}")
+    say(f"   check 2, loss: iteration {after[0]} {got[after[0]]:.6f} vs uninterrupted "
+        f"{ref_losses[after[0]]:.6f}; largest relative difference over iterations "
+        f"{after[0]}..{after[-1]}: {worst:.1e} (tolerance {args.tolerance:g}) -> "
+        f"{'ok' if loss_ok else 'TOO LARGE'}")
+    say(f"   check 3, samples: {len(every)} consumed in iterations 1..{end}, "
+        f"{len(set(every))} distinct, {end * args.global_batch} expected, same as the "
+        f"uninterrupted run: {'yes' if same else 'NO'} -> "
+        f"{'exactly once' if once and same else 'WRONG'}")
+    return {"elements_checked": elements, "elements_differing": bad, "bit_identical": identical,
+            "max_relative_loss_difference": worst, "loss_ok": loss_ok,
+            "samples_exactly_once": once and same, "ok": identical and loss_ok and once and same}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
