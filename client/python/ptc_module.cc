@@ -178,8 +178,9 @@ PYBIND11_MODULE(_ptc, m) {
             Value(BuildModelSpec(Value(ResolveArchitecture(model))));
         py::list out;
         for (const TensorSpec& t : spec.tensors)
-          out.append(
-              py::make_tuple(t.key, std::string(DTypeName(t.dtype)), t.shape));
+          out.append(py::make_tuple(
+              t.key, std::string(DTypeName(t.dtype)),
+              std::vector<int64_t>(t.shape.begin(), t.shape.end())));
         return out;
       },
       py::arg("model"), "(key, dtype, global shape) of every tensor");

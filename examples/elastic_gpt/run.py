@@ -234,6 +234,13 @@ def main():
             results["changes"].append({"from": config, "to": nxt_config, "version": end,
                                        "report": report})
             iteration = end
+        seen = samples(run_dir)
+        every = [s for it in sorted(seen) for s in seen[it]]
+        once = len(every) == len(set(every)) == total * args.global_batch
+        results["samples"] = {"consumed": len(every), "distinct": len(set(every)),
+                              "expected": total * args.global_batch,
+                              "same_as_uninterrupted": seen == ref_samples}
+        ok &= once and seen == ref_samples
     finally:
         cluster.down()
     results["ok"] = bool(ok)

@@ -23,3 +23,15 @@ def ptcctl(bin_dir):
         return subprocess.run([str(bin_dir / "tools" / "ptcctl"), *args],
                               capture_output=True, text=True, timeout=300)
     return run
+
+
+@pytest.fixture(scope="session")
+def ptc_module(bin_dir):
+    """The `ptc` Python package Bazel built (client/python)."""
+    import sys
+    pkg = bin_dir / "client" / "python" / "pkg"
+    if not (pkg / "ptc" / "_ptc.so").exists():
+        pytest.fail(f"{pkg}/ptc/_ptc.so is missing; build with `bazel build //...`")
+    sys.path.insert(0, str(pkg))
+    import ptc
+    return ptc

@@ -1,0 +1,193 @@
+"""The Python client (`import ptc`) against a real local cluster of
+processes: save/load round trips for every dtype, zero-copy loads, the
+torch helpers, the data cursor, and a clear error for each misuse."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from cluster import LocalCluster
+
+MODEL = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8"
+DTYPES = ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int16", "int32", "int64",
+          "uint8", "bool"]
+
+
+@pytest.fixture(scope="module")
+def cluster(bin_dir, tmp_path_factory):
+    c = LocalCluster(bin_dir, tmp_path_factory.mktemp("client"), hosts=2, gpus=2)
+    yield c
+    c.stop()
+
+
+def register(c, job, model=MODEL, config="tp=2,dp=2", hosts=("host0", "host1")):
+    c.ptcctl("register", "--job", job, "--model", model, "--config", config,
+             "--hosts", ",".join(hosts), check=True)
+    jobs = c.ptcctl_json("jobs")[1]["jobs"]
+    return next(j for j in jobs if j["job"] == job)["rank_hosts"]
+
+
+def connect(ptc, c, job, rank_hosts):
+    return [ptc.Client(socket=str(c.dir / f"{h}.sock"), coordinator=c.coordinator, job=job,
+                       rank=r) for r, h in enumerate(rank_hosts)]
+
+
+def region_bytes(job, rank, r):
+    """Deterministic bytes per (job, tensor, region): replicas agree."""
+    seed = hash((job, r["key"], tuple(map(tuple, r["region"])))) & 0xFFFFFFFF
+    return np.random.default_rng(seed).bytes(r["bytes"])
+
+
+def save_all(clients, version):
+    for c in clients:
+        s = c.begin_save(version)
+        for r in c.regions:
+            raw = np.frombuffer(region_bytes(c.job, c.rank, r), dtype=np.uint8)
+            arr = raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
+            s.write(r["index"], arr)
+        for name in c.small_object_names:
+            s.put_small_object(name, f"{name} of rank {c.rank}".encode())
+        s.commit()
+    for c in clients:
+        c.wait_committed(version, timeout=30)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips_without_copies(ptc_module, cluster, dtype):
+    ptc = ptc_module
+    job = f"dt-{dtype}"
+    clients = connect(ptc, cluster, job, register(cluster, job, f"{MODEL},dtype={dtype}"))
+    save_all(clients, 3)
+    states = []
+    for c in clients:
+        c.refresh()
+        assert c.committed_version == 3
+        st = c.load()
+        assert st.version == 3
+        for r in c.regions:
+            view = st.region(r["index"])
+            assert view.dtype == r["numpy_dtype"]
+            assert list(view.shape) == [e - b for b, e in r["region"]]
+            assert not view.flags.writeable
+            assert view.tobytes() == region_bytes(job, c.rank, r)
+        for name in c.small_object_names:
+            assert st.small_object(name) == f"{name} of rank {c.rank}".encode()
+        states.append(st)
+    # Ranks 0 and 1 share host0 and a replicated tensor: both views are the
+    # daemon's one buffer (same shared-memory inode), not copies.
+    i0 = next(r["index"] for r in clients[0].regions if r["key"] == "embedding.position.weight")
+    i1 = next(r["index"] for r in clients[1].regions if r["key"] == "embedding.position.weight")
+    assert states[0].inode(i0) == states[1].inode(i1)
+
+
+def test_views_outlive_the_state_object_and_torch_shares_them(ptc_module, cluster):
+    ptc = ptc_module
+    torch = pytest.importorskip("torch")
+    from ptc import torch_state
+    clients = connect(ptc, cluster, "views", register(cluster, "views"))
+    save_all(clients, 1)
+    st = clients[0].load()
+    r = clients[0].regions[0]
+    view = st.region(r["index"])
+    t = torch_state.region_tensor(st, r["index"], r["dtype"])
+    assert t.data_ptr() == view.ctypes.data  # the same memory, no copy
+    want = region_bytes("views", 0, r)
+    del st  # the views keep the mapping alive
+    assert view.tobytes() == want
+    assert t.numpy().tobytes() == want
+
+
+def test_torch_state_saves_and_restores_a_model_and_adam(ptc_module, cluster):
+    ptc = ptc_module
+    torch = pytest.importorskip("torch")
+    from ptc import torch_state
+    model = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8,dtype=fp32"
+    rank_hosts = register(cluster, "torch", model, config="tp=1,dp=1", hosts=("host0",))
+    c = connect(ptc, cluster, "torch", rank_hosts)[0]
+    shapes = {k: s for k, _, s in ptc.model_tensors(model) if not k.startswith("optim.")}
+    params = {k: torch.nn.Parameter(torch.randn(s)) for k, s in shapes.items()}
+    opt = torch.optim.Adam(list(params.values()), lr=1e-2)
+    sum(p.sum() for p in params.values()).backward()
+    opt.step()
+    small = {n: n.encode() for n in c.small_object_names}
+    torch_state.save(c, 1, torch_state.collect(params, opt), small)
+    c.wait_committed(1)
+    fresh = {k: torch.nn.Parameter(torch.zeros(s)) for k, s in shapes.items()}
+    opt2 = torch.optim.Adam(list(fresh.values()), lr=1e-2)
+    torch_state.prepare_adam(fresh, opt2, 1)
+    torch_state.load(c, torch_state.collect(fresh, opt2))
+    for k in shapes:
+        assert torch.equal(fresh[k], params[k])
+        for slot in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt2.state[fresh[k]][slot], opt.state[params[k]][slot])
+    # A model whose tensors do not match the layout is told so.
+    wrong = dict(fresh)
+    wrong["final_norm.weight"] = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="layout mismatch|does not fit"):
+        torch_state.load(c, torch_state.collect(wrong, None))
+
+
+def test_each_misuse_gets_a_clear_error(ptc_module, cluster):
+    ptc = ptc_module
+    rank_hosts = register(cluster, "misuse")
+    sock = lambda h: str(cluster.dir / f"{h}.sock")
+    cases = [
+        (dict(socket="/nonexistent.sock", coordinator=cluster.coordinator, job="misuse", rank=0),
+         "UNAVAILABLE", "cannot connect to ptcd at /nonexistent.sock"),
+        (dict(socket=sock("host0"), coordinator=cluster.coordinator, job="nope", rank=0),
+         "NOT_FOUND", "job 'nope' is unknown"),
+        (dict(socket=sock("host0"), coordinator=cluster.coordinator, job="misuse", rank=9),
+         "FAILED_PRECONDITION", "has 4 ranks"),
+        (dict(socket=sock("host0"), coordinator=cluster.coordinator, job="misuse", rank=3),
+         "FAILED_PRECONDITION", "placed on host 'host1'"),
+    ]
+    for kwargs, code, text in cases:
+        with pytest.raises(ptc.Error) as e:
+            ptc.Client(**kwargs)
+        assert e.value.code == code and text in str(e.value), str(e.value)
+    c = connect(ptc, cluster, "misuse", rank_hosts)[0]
+    with pytest.raises(ptc.Error, match="no committed version"):
+        c.load()
+    s = c.begin_save(2)
+    r = c.regions[0]
+    with pytest.raises(ptc.Error, match="bytes but .* were given"):
+        s.write(r["index"], np.zeros(3, dtype=np.float32))
+    shape = [e - b for b, e in r["region"]]
+    if len(shape) == 2 and shape[1] > 1:
+        wide = np.zeros((shape[0], shape[1] * 2), dtype=r["numpy_dtype"])
+        with pytest.raises(ptc.Error, match="C-contiguous"):
+            s.write(r["index"], wide[:, ::2])
+    with pytest.raises(ptc.Error, match="OUT_OF_RANGE"):
+        s.write(999, np.zeros(1))
+    with pytest.raises(ptc.Error, match="not in the model spec"):
+        s.put_small_object("rng.cuda", b"x")
+    with pytest.raises(ptc.Error, match="at most"):
+        s.put_small_object("iteration", b"x" * (ptc.MAX_SMALL_OBJECT_BYTES + 1))
+    with pytest.raises(ptc.Error, match="was not written"):
+        s.commit()
+    with pytest.raises(ptc.Error, match="not newer"):
+        c.begin_save(0)
+
+
+def test_cursor_consumes_every_sample_once_across_dp_and_batch_changes(ptc_module):
+    ptc = ptc_module
+    rng = random.Random(11)
+    for trial in range(200):
+        n = rng.randint(30, 300)
+        cur = ptc.DataCursor(seed=rng.getrandbits(63), dataset_size=n,
+                             global_batch=rng.randint(1, 20))
+        seen = []
+        while cur.consumed + cur.global_batch <= n:
+            dp = rng.randint(1, 8)
+            batch = [s for r in range(dp) for s in cur.next_samples(r, dp)]
+            assert len(batch) == cur.global_batch
+            seen += batch
+            cur.advance()
+            if rng.random() < 0.3:
+                cur.global_batch = rng.randint(1, 20)
+            cur = ptc.DataCursor.decode(cur.encode())  # saved and restored
+        assert len(seen) == len(set(seen)) == cur.consumed
+        assert all(0 <= s < n for s in seen)
+    with pytest.raises(ptc.Error, match="not a ptc data cursor"):
+        ptc.DataCursor.decode(b"junk")
