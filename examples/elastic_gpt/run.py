@@ -62,7 +62,7 @@ def make_dataset(path, samples, seq, vocab, seed=7):
 
 
 class Cluster:
-    def __init__(self, bin_dir, work, hosts=4, gpus=2, memory="2GiB"):
+    def __init__(self, bin_dir, work, hosts=4, gpus=2, memory="3GiB"):
         self.dir = work / "cluster"
         self.bin = bin_dir
         env = dict(os.environ, BIN=str(bin_dir))
@@ -94,7 +94,7 @@ class Cluster:
                        env=self.env, stdout=subprocess.DEVNULL)
 
 
-def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra):
+def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB):
     """Starts one process per rank and waits for all; exits on a failure."""
     port = free_port()
     logs = run_dir / "logs"
@@ -105,7 +105,7 @@ def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra):
     procs = []
     for rank in range(world):
         cmd = [sys.executable, str(HERE / "worker.py"), "--rank", str(rank), "--config", config,
-               "--model", args.model, "--job", JOB, "--coordinator",
+               "--model", args.model, "--job", job, "--coordinator",
                cluster.coordinator if cluster else "", "--master-port", str(port),
                "--run-dir", str(run_dir), "--data", str(args.data),
                "--global-batch", str(args.global_batch), "--micro-batches", "2", *extra]

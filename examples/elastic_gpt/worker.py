@@ -74,18 +74,31 @@ def boxes_overlap(a, b):
     return [(max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b)]
 
 
-def check_against_saved(client, state, check_dir):
-    """Compares every loaded region with the values the old ranks wrote aside
-    (torch.save) before saving to ptc: bit for bit, assembled from however
-    the old layout sliced them."""
-    old = [torch.load(p) for p in sorted(pathlib.Path(check_dir).glob("rank*.pt"))]
-    elements = mismatched = 0
-    for r in client.regions:
-        got = torch_state.region_tensor(state, r["index"], r["dtype"])
-        want = torch.full(got.shape, float("nan"), dtype=got.dtype)
-        covered = torch.zeros(got.shape, dtype=torch.bool)
+def torch_save_shards(directory, rank, regions, tensors, extra=None):
+    """What users do today: every rank torch.saves its shards (with where
+    they sit in the global tensors) to a checkpoint directory."""
+    shards = [(r["key"], r["region"],
+               tensors[r["key"]][torch_state.local_slices(r["region"],
+                                                          tensors[r["key"]].shape)].clone())
+              for r in regions]
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({"shards": shards, "extra": extra or {}}, directory / f"rank{rank}.pt")
+
+
+def torch_load_resliced(directory, regions):
+    """The other half of today's path: a new rank torch.loads the old ranks'
+    files and re-slices them into its own regions (as checkpoint conversion
+    does). Returns ({region index: tensor}, {region index: covered mask},
+    the extra objects of old rank 0)."""
+    old = [torch.load(p) for p in sorted(pathlib.Path(directory).glob("rank*.pt"))]
+    out, covered = {}, {}
+    for r in regions:
+        shape = [e - b for b, e in r["region"]]
+        want = torch.zeros(shape, dtype=torch_state.torch_dtype(r["dtype"]))
+        mask = torch.zeros(shape, dtype=torch.bool)
         for saved in old:
-            for key, region, data in saved:
+            for key, region, data in saved["shards"]:
                 if key != r["key"]:
                     continue
                 inter = boxes_overlap(region, r["region"])
@@ -94,9 +107,24 @@ def check_against_saved(client, state, check_dir):
                 dst = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, r["region"]))
                 src = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, region))
                 want[dst] = data[src]
-                covered[dst] = True
+                mask[dst] = True
+        out[r["index"]], covered[r["index"]] = want, mask
+    first = pathlib.Path(directory) / "rank0.pt"
+    extra = torch.load(first)["extra"] if first.exists() else {}
+    return out, covered, extra
+
+
+def check_against_saved(client, state, check_dir):
+    """Compares every loaded region with the values the old ranks wrote aside
+    (torch.save) before saving to ptc: bit for bit, assembled from however
+    the old layout sliced them."""
+    want, covered, _ = torch_load_resliced(check_dir, client.regions)
+    elements = mismatched = 0
+    for r in client.regions:
+        got = torch_state.region_tensor(state, r["index"], r["dtype"])
+        w = want[r["index"]]
         elements += got.numel()
-        same = covered & (want.view(torch.int32) == got.view(torch.int32))
+        same = covered[r["index"]] & (w.view(torch.int32) == got.view(torch.int32))
         mismatched += int((~same).sum())
     return {"regions": len(client.regions), "elements": elements, "mismatched": mismatched}
 
@@ -120,6 +148,9 @@ def main():
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--check-dir", help="where the old ranks wrote their values aside (load)")
     ap.add_argument("--save-check-dir", help="where to write this rank's values aside (save)")
+    ap.add_argument("--baseline-save", help="benchmark: also torch.save the shards here, timed")
+    ap.add_argument("--baseline-load", help="benchmark: load by torch.load and re-slicing the "
+                    "shards saved here, instead of from ptc")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -146,7 +177,22 @@ def main():
     if args.socket:
         client = ptc.Client(socket=args.socket, coordinator=args.coordinator, job=args.job,
                             rank=args.rank)
-    if args.load:
+    if args.baseline_load:
+        t0 = time.time()
+        torch_state.prepare_adam(params, opt, 0)
+        tensors = torch_state.collect(params, opt)
+        shards, _, extra = torch_load_resliced(args.baseline_load, client.regions)
+        with torch.no_grad():
+            for r in client.regions:
+                t = tensors[r["key"]]
+                t[torch_state.local_slices(r["region"], t.shape)].copy_(shards[r["index"]])
+        iteration = extra["iteration"]
+        for p in params.values():
+            opt.state[p]["step"] = torch.tensor(float(iteration))
+        cursor = ptc.DataCursor.decode(extra["data_cursor"])
+        events["loaded"] = time.time()
+        events["load_seconds"] = events["loaded"] - t0
+    elif args.load:
         t0 = time.time()
         torch_state.prepare_adam(params, opt, 0)
         state = torch_state.load(client, torch_state.collect(params, opt))
@@ -253,12 +299,7 @@ def main():
         events["save_start"] = time.time()
         tensors = torch_state.collect(params, opt)
         if args.save_check_dir:  # the values aside, for the bit-identity check
-            aside = [(r["key"], r["region"],
-                      tensors[r["key"]][torch_state.local_slices(
-                          r["region"], tensors[r["key"]].shape)].clone())
-                     for r in client.regions]
-            pathlib.Path(args.save_check_dir).mkdir(parents=True, exist_ok=True)
-            torch.save(aside, pathlib.Path(args.save_check_dir) / f"rank{args.rank}.pt")
+            torch_save_shards(args.save_check_dir, args.rank, client.regions, tensors)
         small = {
             "iteration": str(iteration).encode(),
             "lr_scheduler": json.dumps({"base_lr": LR, "warmup": WARMUP}).encode(),
@@ -274,6 +315,11 @@ def main():
         client.wait_committed(version, timeout=120)
         events["saved"] = time.time()
         events["saved_version"] = version
+        if args.baseline_save:
+            t0 = time.time()
+            torch_save_shards(args.baseline_save, args.rank, client.regions, tensors,
+                              {"iteration": iteration, "data_cursor": cursor.encode()})
+            events["baseline_save_seconds"] = time.time() - t0
     write_json(run / "events" / f"{args.config}_rank{args.rank}.json", events)
     dist.barrier()
     dist.destroy_process_group()
