@@ -51,6 +51,15 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   }
   Plan one;
   one.fragments.push_back(f);
+  if (r.plan->per_rank) {
+    // A per-rank (baseline) plan holds a region once per rank; the host's
+    // store holds it once, and every rank's fetch still runs.
+    std::set<std::pair<int32_t, Region>> seen;
+    std::vector<HeldRegion> holds;
+    for (const HeldRegion& h : f.holds)
+      if (seen.insert({h.tensor, h.region}).second) holds.push_back(h);
+    one.fragments[0].holds = std::move(holds);
+  }
   *req.mutable_fragment() = PlanToProto(one).fragments(0);
   auto add_peer = [&](int32_t host) {
     auto it = r.addresses.find(host);
@@ -227,10 +236,6 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     return absl::InvalidArgumentError(
         "a reconfiguration needs an input, a plan, a job, a positive epoch and "
         "a new version");
-  }
-  if (r.plan->per_rank) {
-    return absl::InvalidArgumentError(
-        "per-rank (baseline) plans are for comparison only");
   }
   const absl::Time start = absl::Now();
   ReconfigureReport report;

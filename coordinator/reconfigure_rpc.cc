@@ -152,7 +152,14 @@ absl::Status CoordinatorService::DoReconfigure(
     if (it != names.end())
       flight->input.source_lost.push_back(static_cast<int>(it - names.begin()));
   }
-  PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
+  if (req.strategy() == "tenplex") {
+    PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
+  } else if (req.strategy().empty() || req.strategy() == "ptc") {
+    PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy '", req.strategy(), "' is unknown; use ptc or tenplex"));
+  }
   PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
                                "internal planner error"));
   ReconfigureRequest& r = flight->request;

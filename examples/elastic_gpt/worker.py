@@ -84,6 +84,10 @@ def torch_save_shards(directory, rank, regions, tensors, extra=None):
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"shards": shards, "extra": extra or {}}, directory / f"rank{rank}.pt")
+    # An index (like Megatron's per-rank file names), so that a new rank
+    # opens only the files it needs.
+    write_json(directory / f"rank{rank}.index.json",
+               [(r["key"], r["region"]) for r in regions])
 
 
 def torch_load_resliced(directory, regions):
@@ -91,7 +95,20 @@ def torch_load_resliced(directory, regions):
     files and re-slices them into its own regions (as checkpoint conversion
     does). Returns ({region index: tensor}, {region index: covered mask},
     the extra objects of old rank 0)."""
-    old = [torch.load(p) for p in sorted(pathlib.Path(directory).glob("rank*.pt"))]
+    directory = pathlib.Path(directory)
+    # For every old (tensor, region) that meets one of ours, the first file
+    # holding it (data-parallel replicas hold the same ones).
+    holder = {}
+    for index in sorted(directory.glob("rank*.index.json")):
+        for key, region in json.loads(index.read_text()):
+            holder.setdefault((key, json.dumps(region)), index.name.split(".")[0] + ".pt")
+    needed = set()
+    for r in regions:
+        for (key, region), f in holder.items():
+            inter = boxes_overlap(json.loads(region), r["region"])
+            if key == r["key"] and all(b < e for b, e in inter):
+                needed.add(f)
+    old = [torch.load(directory / f) for f in sorted(needed)]
     out, covered = {}, {}
     for r in regions:
         shape = [e - b for b, e in r["region"]]
@@ -109,8 +126,7 @@ def torch_load_resliced(directory, regions):
                 want[dst] = data[src]
                 mask[dst] = True
         out[r["index"]], covered[r["index"]] = want, mask
-    first = pathlib.Path(directory) / "rank0.pt"
-    extra = torch.load(first)["extra"] if first.exists() else {}
+    extra = old[0]["extra"] if old else {}
     return out, covered, extra
 
 

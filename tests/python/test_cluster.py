@@ -150,3 +150,22 @@ def test_a_coordinator_killed_mid_plan_restarts_and_every_host_agrees(cluster):
     assert check.returncode == 0, check.stderr
     log = (cluster.dir / "coordinator.log").read_text()
     assert ("aborted epoch" in log) or ("resumed the decided commit" in log) or v == 2
+
+
+def test_the_tenplex_baseline_plan_runs_on_the_same_engine(cluster):
+    # dp=2 on host0/host1 to tp=2,dp=2 on host2/host3: ptc balances the two
+    # replicas as senders; the per-rank baseline fetches from replica 0 only.
+    start_job(cluster)
+    code, base = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,pp=1,dp=2",
+                                     "--hosts", "host2,host3", "--strategy", "tenplex")
+    assert code == 0, base
+    assert base["strategy"] == "tenplex"
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+    code, ours = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,pp=1,dp=2",
+                                     "--hosts", "host0,host1")
+    assert code == 0, ours
+    assert base["bytes_from_peers"] == base["plan"]["cross_host_bytes"]
+    assert base["plan"]["max_host_send_bytes"] > base["plan"]["max_host_send_bytes_lower_bound"]
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2", "--strategy", "magic")
+    assert r.returncode != 0 and "strategy 'magic' is unknown" in r.stderr

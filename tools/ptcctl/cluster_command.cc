@@ -28,6 +28,7 @@ const char kClusterUsage[] =
   ptcctl register    --job J --model MODEL --config CONFIG --hosts h1,h2,...
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
+                     [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
   ptcctl hosts
   ptcctl jobs
   ptcctl status J
@@ -111,6 +112,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   }
   req.set_parallel_pulls(pulls);
   req.set_transport(args.Get("transport"));
+  req.set_strategy(args.Get("strategy"));
   proto::ReconfigureResponse started;
   PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
   const proto::PlanSummary& plan = started.plan();
@@ -180,6 +182,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     w.Key("throughput_bytes_per_second")
         .Double(secs > 0 ? last.bytes_done() / secs : 0);
     w.Key("tensors_verified").Int(last.tensors_verified());
+    w.Key("strategy").String(req.strategy().empty() ? "ptc" : req.strategy());
     if (!ok) w.Key("error").String(last.error());
     w.Key("plan");
     WriteSummary(plan, &w);
@@ -321,7 +324,7 @@ int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
   auto args = Args::Parse(argc, argv, 2,
                           {"coordinator", "job", "model", "config", "hosts",
-                           "to", "parallel-pulls", "transport"},
+                           "to", "parallel-pulls", "transport", "strategy"},
                           {"json", "help"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
