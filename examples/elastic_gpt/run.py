@@ -94,8 +94,11 @@ class Cluster:
                        env=self.env, stdout=subprocess.DEVNULL)
 
 
-def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB):
-    """Starts one process per rank and waits for all; exits on a failure."""
+def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB,
+              save_after=None):
+    """Starts one process per rank and waits for all; exits on a failure.
+    With `save_after`, asks the job to save (the control file) once it has
+    trained that many iterations."""
     port = free_port()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -113,11 +116,22 @@ def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB)
             cmd += ["--socket", cluster.socket(rank_hosts[rank])]
         log = open(logs / f"{config}_rank{rank}.log", "w")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    request = run_dir / "save_request"
+    deadline = time.time() + 1800
+    while any(p.poll() is None for p, _ in procs) and time.time() < deadline:
+        if save_after is not None and not request.exists():
+            done = losses(run_dir / "losses.jsonl")
+            if done and max(done) >= save_after:
+                request.touch()
+        time.sleep(0.05)
     failed = []
     for rank, (p, log) in enumerate(procs):
-        if p.wait(timeout=1800) != 0:
+        if p.poll() is None:
+            p.kill()
+        if p.wait() != 0:
             failed.append(rank)
         log.close()
+    request.unlink(missing_ok=True)
     if failed:
         for rank in failed[:2]:
             sys.stderr.write((logs / f"{config}_rank{rank}.log").read_text()[-3000:])
@@ -172,7 +186,10 @@ def main():
             if k in ("tp", "pp", "dp"):
                 world *= int(v)
         phases.append((config, hosts.split(","), world))
-    total = args.iterations * len(phases)
+    # Saves happen on request (a control file), at the first iteration
+    # boundary after the launcher asks: a phase may run an iteration or two
+    # longer than asked, so the reference runs a little longer too.
+    total = args.iterations * len(phases) + 3 * (len(phases) - 1)
     args.data = work / "tokens.npy"
     seq = 32
     make_dataset(args.data, samples=max(4096, total * args.global_batch), seq=seq, vocab=500)
@@ -203,19 +220,23 @@ def main():
             end = iteration + args.iterations
             extra = []
             if i > 0:  # load what the previous phase saved, and check it
-                extra += ["--load", "--check-dir", str(run_dir / "aside" / f"v{iteration}")]
+                extra += ["--load", "--check-dir", str(run_dir / "aside" / f"phase{i - 1}")]
             if last:
                 extra += ["--stop-at", str(end)]
             else:
-                extra += ["--save-at", str(end), "--save-check-dir",
-                          str(run_dir / "aside" / f"v{end}")]
+                extra += ["--save-check-dir", str(run_dir / "aside" / f"phase{i}")]
             say(f"\n== phase {i + 1}: {world} processes at {config} on {','.join(hosts)}, "
-                f"iterations {iteration + 1}..{end}")
+                f"from iteration {iteration + 1}" + (f" to {end}" if last else
+                                                     f"; save requested after {end}"))
             t0 = time.time()
-            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(JOB), extra)
+            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(JOB), extra,
+                      save_after=None if last else end)
+            if not last:  # the iteration the job saved at
+                end = json.loads((run_dir / "events" / f"{config}_rank0.json").read_text())[
+                    "iteration"]
             got = losses(run_dir / "losses.jsonl")
             say(f"   trained in {time.time() - t0:.1f} s, loss at iteration {end}: "
-                f"{got[end]:.4f}" + ("" if last else f"; saved version {end} to ptc"))
+                f"{got[end]:.4f}" + ("" if last else f"; saved to ptc at iteration {end}"))
             results["phases"].append({"config": config, "hosts": hosts, "processes": world,
                                       "iterations": [iteration + 1, end]})
             if i > 0:
@@ -224,6 +245,7 @@ def main():
                                            ref_samples, args, say))
                 ok &= change["ok"]
             if last:
+                iteration = end
                 break
             nxt_config, nxt_hosts, _ = phases[i + 1]
             say(f"\n== reconfigure {config} -> {nxt_config} on {','.join(nxt_hosts)}")
@@ -231,16 +253,18 @@ def main():
                                                "--hosts", ",".join(nxt_hosts), "--json",
                                                capture=True))
             say(format_report(report))
-            results["changes"].append({"from": config, "to": nxt_config, "version": end,
+            results["changes"].append({"from": config, "to": nxt_config, "iteration": end,
                                        "report": report})
             iteration = end
         seen = samples(run_dir)
         every = [s for it in sorted(seen) for s in seen[it]]
-        once = len(every) == len(set(every)) == total * args.global_batch
+        once = len(every) == len(set(every)) == iteration * args.global_batch
+        same = all(seen[it] == ref_samples.get(it) for it in seen)
+        results["iterations"] = iteration
         results["samples"] = {"consumed": len(every), "distinct": len(set(every)),
-                              "expected": total * args.global_batch,
-                              "same_as_uninterrupted": seen == ref_samples}
-        ok &= once and seen == ref_samples
+                              "expected": iteration * args.global_batch,
+                              "same_as_uninterrupted": same}
+        ok &= once and same
     finally:
         cluster.down()
     results["ok"] = bool(ok)
@@ -248,7 +272,8 @@ def main():
         print(json.dumps(results, indent=2))
     else:
         n = len(results["changes"])
-        print(f"\n{'PASS' if ok else 'FAIL'}: {n} parallelism changes, {total} iterations; "
+        print(f"\n{'PASS' if ok else 'FAIL'}: {n} parallelism changes, {results['iterations']} "
+              f"iterations; "
               f"state bit-identical after every reload, loss within {args.tolerance:g} of the "
               f"uninterrupted run, every sample exactly once" if ok else
               f"\nFAIL: see the checks above (work dir {work})")
