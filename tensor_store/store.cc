@@ -248,6 +248,22 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
   return checksum;
 }
 
+absl::StatusOr<Store::Version*> Store::OpenVersionLocked(Job& j,
+                                                         const std::string& job,
+                                                         int64_t version) {
+  auto v = j.versions.find(version);
+  if (v == j.versions.end()) {
+    v = j.versions.emplace(version, Version()).first;
+    v->second.id = j.next_version_id++;
+  }
+  if (v->second.committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job '", job,
+                     "' is committed and cannot change"));
+  }
+  return &v->second;
+}
+
 absl::Status Store::Link(const std::string& job, int64_t version,
                          const std::string& tensor,
                          const StoredRegionRef& ref) {
@@ -257,17 +273,8 @@ absl::Status Store::Link(const std::string& job, int64_t version,
     return absl::NotFoundError(absl::StrCat(
         "tensor '", tensor, "' is not declared for job '", job, "'"));
   }
-  auto v = j->versions.find(version);
-  if (v == j->versions.end()) {
-    v = j->versions.emplace(version, Version()).first;
-    v->second.id = j->next_version_id++;
-  }
-  if (v->second.committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", version, " of job '", job,
-                     "' is committed and cannot change"));
-  }
-  std::vector<StoredRegionRef>& regions = v->second.tensors[tensor];
+  PTC_ASSIGN_OR_RETURN(Version * v, OpenVersionLocked(*j, job, version));
+  std::vector<StoredRegionRef>& regions = v->tensors[tensor];
   for (const StoredRegionRef& s : regions) {
     if (s.region == ref.region) {
       return absl::AlreadyExistsError(absl::StrCat(Where(job, version, tensor),
@@ -276,7 +283,7 @@ absl::Status Store::Link(const std::string& job, int64_t version,
     }
   }
   regions.push_back(ref);
-  v->second.bytes += ref.buffer->size();
+  v->bytes += ref.buffer->size();
   return absl::OkStatus();
 }
 
@@ -412,22 +419,12 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
       budget_.Reserve(static_cast<int64_t>(bytes.size()), what));
   ref.bytes = std::make_shared<const std::string>(std::move(bytes));
   absl::MutexLock lock(&j->mu);
-  auto v = j->versions.find(version);
-  if (v == j->versions.end()) {
-    v = j->versions.emplace(version, Version()).first;
-    v->second.id = j->next_version_id++;
-  }
-  if (v->second.committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", version, " of job '", job,
-                     "' is committed and cannot change"));
-  }
-  if (!v->second.small_objects.emplace(std::make_pair(name, rank), ref)
-           .second) {
+  PTC_ASSIGN_OR_RETURN(Version * v, OpenVersionLocked(*j, job, version));
+  if (!v->small_objects.emplace(std::make_pair(name, rank), ref).second) {
     return absl::AlreadyExistsError(absl::StrCat(what, " is already stored"));
   }
-  v->second.bytes += memory.bytes();
-  v->second.small_object_memory.push_back(std::move(memory));
+  v->bytes += memory.bytes();
+  v->small_object_memory.push_back(std::move(memory));
   return absl::OkStatus();
 }
 

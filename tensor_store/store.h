@@ -184,6 +184,11 @@ class Store {
   };
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job) const;
+  // The open `version` of `j` (created if new); refuses a committed one.
+  static absl::StatusOr<Version*> OpenVersionLocked(Job& j,
+                                                    const std::string& job,
+                                                    int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu);
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> Jobs() const;
 
   MemoryBudget budget_;
