@@ -37,6 +37,28 @@ void Scatter(const char* src, const Region& box,
   }
 }
 
+// Orders pieces round-robin over their source hosts, starting at a source
+// chosen by `host`, so that the pulls in flight keep every sender busy
+// (the plan balances bytes per sender; pulling one sender's pieces after
+// another's would leave the others idle) and target hosts start on
+// different senders.
+std::vector<const FragmentPiece*> InterleaveSources(
+    std::vector<const FragmentPiece*> work, int32_t host) {
+  std::map<int32_t, std::vector<const FragmentPiece*>> by_source;
+  for (const FragmentPiece* p : work) by_source[p->source_host].push_back(p);
+  if (by_source.size() < 2) return work;
+  std::vector<std::vector<const FragmentPiece*>*> queues;
+  for (auto& [source, pieces] : by_source) queues.push_back(&pieces);
+  std::vector<const FragmentPiece*> out;
+  std::vector<size_t> next(queues.size(), 0);
+  size_t q = static_cast<size_t>(host) % queues.size();
+  while (out.size() < work.size()) {
+    if (next[q] < queues[q]->size()) out.push_back((*queues[q])[next[q]++]);
+    q = (q + 1) % queues.size();
+  }
+  return out;
+}
+
 }  // namespace
 
 GrpcPieceTransport::GrpcPieceTransport(
@@ -156,6 +178,7 @@ absl::Status ExecuteFragment(
   }
   totals.pieces_total = static_cast<int64_t>(job.pieces.size());
   if (progress) progress(totals);
+  work = InterleaveSources(std::move(work), job.host);
 
   absl::Mutex mu;
   absl::Status failure;
