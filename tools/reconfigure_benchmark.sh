@@ -5,7 +5,11 @@
 # against ucx_perftest bandwidth between two processes measured in the
 # same run.
 #
+# Then the same two changes with the Tenplex-style per-rank plan run by the
+# same engine (--strategy tenplex), against ptc's plan, on the gRPC stream.
+#
 #   bash tools/reconfigure_benchmark.sh [RUNS]
+#   PARTS=strategies bash tools/reconfigure_benchmark.sh   (only the second)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -35,10 +39,11 @@ start=tp=4,pp=1,dp=1,zero=1
 $ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
 bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --version 1
 
-measure() {  # $1 name, $2 config, $3 hosts, $4 transport
+measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]
   local times=() rates=()
   for i in $(seq 1 "$runs"); do
-    out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --transport "$4" --json)
+    out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --transport "$4" \
+      --strategy "${5:-ptc}" --json)
     secs=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')
     cross=$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes_from_peers"])')
     times+=("$secs"); rates+=("$(/usr/bin/python3 -c "print($cross / $secs / 1e6)")")
@@ -55,7 +60,18 @@ print(f"{name}: {int(cross)/1e9:.2f} GB across hosts; time min/median/max "
       f"{100*med/float(tcp):.0f}% of ucx_perftest tcp")
 PY
 }
-for transport in ucx grpc; do
-  measure "[$transport] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1 $transport
-  measure "[$transport] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 host1 $transport
-done
+parts=${PARTS:-transports,strategies}
+if [[ $parts == *transports* ]]; then
+  for transport in ucx grpc; do
+    measure "[$transport] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1 $transport
+    measure "[$transport] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 host1 $transport
+  done
+fi
+if [[ $parts == *strategies* ]]; then
+  for strategy in ptc tenplex; do
+    measure "[$strategy plan, grpc] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 \
+      host1 grpc $strategy
+    measure "[$strategy plan, grpc] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 \
+      host1 grpc $strategy
+  done
+fi
