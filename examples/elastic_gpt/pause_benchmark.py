@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--bin", default=str(elastic.ROOT / "bazel-bin"))
     ap.add_argument("--work-dir")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--periodic", action="store_true",
+                    help="the job saves once before the measured save (both to ptc and with "
+                    "torch.save), as a job that checkpoints periodically does")
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-pause-", dir="/var/tmp"))
@@ -90,7 +93,8 @@ def main():
                 "jobs", "--json", capture=True))["jobs"] if j["job"] == job)
             ckpt = work / f"ckpt-{run}"
             _, ev = phase(args, cluster, work / f"a-{run}", src_config, src_hosts,
-                          ["--save-at", "1", "--baseline-save", str(ckpt)], job)
+                          ["--save-at", "2" if args.periodic else "1", "--baseline-save",
+                           str(ckpt)] + (["--save-every", "1"] if args.periodic else []), job)
             ptc_save = max(e["saved"] for e in ev) - min(e["save_start"] for e in ev)
             base_save = max(e["baseline_save_seconds"] for e in ev)
             t0 = time.time()
@@ -98,11 +102,11 @@ def main():
                                                "--hosts", dst_hosts, "--json", capture=True))
             reconf = time.time() - t0
             t0, ev = phase(args, cluster, work / f"b-{run}", dst_config, dst_hosts,
-                           ["--load", "--stop-at", "2"], job)
+                           ["--load", "--stop-at", "3"], job)
             ptc_restart = max(e["loaded"] - e["load_seconds"] for e in ev) - t0
             ptc_load = max(e["load_seconds"] for e in ev)
             t0, ev = phase(args, cluster, work / f"c-{run}", dst_config, dst_hosts,
-                           ["--baseline-load", str(ckpt), "--stop-at", "2"], job)
+                           ["--baseline-load", str(ckpt), "--stop-at", "3"], job)
             base_restart = max(e["loaded"] - e["load_seconds"] for e in ev) - t0
             base_load = max(e["load_seconds"] for e in ev)
             ckpt_bytes = sum(p.stat().st_size for p in ckpt.glob("*.pt"))
@@ -123,7 +127,8 @@ def main():
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
-    summary = {"model": args.model, "from": args.source, "to": args.to, "runs": rows,
+    summary = {"model": args.model, "from": args.source, "to": args.to,
+               "periodic": args.periodic, "runs": rows,
                "ptc_pause": stats([r["ptc"]["pause"] for r in rows]),
                "baseline_pause": stats([r["baseline"]["pause"] for r in rows]),
                "speedup": stats([r["speedup"] for r in rows])}
@@ -132,7 +137,8 @@ def main():
     else:
         s, p, b = summary["speedup"], summary["ptc_pause"], summary["baseline_pause"]
         print(f"\n{args.source} -> {args.to}, job state {rows[0]['state_bytes'] / 2**30:.2f} "
-              f"GiB; pause ptc median "
+              f"GiB{', saved periodically' if args.periodic else ', first save'}; pause ptc "
+              f"median "
               f"{p['median']:.2f} s (min {p['min']:.2f}, max {p['max']:.2f}), baseline median "
               f"{b['median']:.2f} s (min {b['min']:.2f}, max {b['max']:.2f}); ptc shorter by "
               f"{s['median']:.2f}x (min {s['min']:.2f}, max {s['max']:.2f})")

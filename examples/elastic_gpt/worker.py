@@ -145,6 +145,36 @@ def check_against_saved(client, state, check_dir):
     return {"regions": len(client.regions), "elements": elements, "mismatched": mismatched}
 
 
+def save_state(args, client, params, opt, iteration, cursor, tp_rng, final):
+    """Saves this rank's state to ptc (and, for the benchmark, with
+    torch.save); returns the timings."""
+    ev = {"save_start": time.time()}
+    tensors = torch_state.collect(params, opt)
+    if final and args.save_check_dir:  # the values aside, for the bit-identity check
+        torch_save_shards(args.save_check_dir, args.rank, client.regions, tensors)
+    small = {
+        "iteration": str(iteration).encode(),
+        "lr_scheduler": json.dumps({"base_lr": LR, "warmup": WARMUP}).encode(),
+        "data_cursor": cursor.encode(),
+        "rng.default": torch.get_rng_state().numpy().tobytes(),
+        "rng.model_parallel": tp_rng.get_state().numpy().tobytes(),
+    }
+    ev["save_copy"] = time.time()
+    # Versions only grow; the iteration itself is a small object. (A
+    # reconfiguration commits version v+1, which may exceed the step.)
+    version = max(iteration, client.committed_version + 1)
+    torch_state.save(client, version, tensors, small)
+    client.wait_committed(version, timeout=120)
+    ev["saved"] = time.time()
+    ev["saved_version"] = version
+    if args.baseline_save:
+        t0 = time.time()
+        torch_save_shards(args.baseline_save, args.rank, client.regions, tensors,
+                          {"iteration": iteration, "data_cursor": cursor.encode()})
+        ev["baseline_save_seconds"] = time.time() - t0
+    return ev
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rank", type=int, required=True)
@@ -161,6 +191,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--save-at", type=int, default=0, help="save and exit at this iteration")
     ap.add_argument("--stop-at", type=int, default=0, help="exit at this iteration, no save")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also save (and go on) every N iterations, as a job checkpointing "
+                    "into ptc periodically would")
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--check-dir", help="where the old ranks wrote their values aside (load)")
     ap.add_argument("--save-check-dir", help="where to write this rank's values aside (save)")
@@ -309,33 +342,15 @@ def main():
             loss_log.flush()
         if "first_step" not in events:
             events["first_step"] = time.time()
+        if (args.save_every and iteration % args.save_every == 0 and
+                iteration != args.save_at and client is not None):
+            events.setdefault("periodic_saves", []).append(
+                save_state(args, client, params, opt, iteration, cursor, tp_rng, final=False))
 
     events["iteration"] = iteration
     if saving:
-        events["save_start"] = time.time()
-        tensors = torch_state.collect(params, opt)
-        if args.save_check_dir:  # the values aside, for the bit-identity check
-            torch_save_shards(args.save_check_dir, args.rank, client.regions, tensors)
-        small = {
-            "iteration": str(iteration).encode(),
-            "lr_scheduler": json.dumps({"base_lr": LR, "warmup": WARMUP}).encode(),
-            "data_cursor": cursor.encode(),
-            "rng.default": torch.get_rng_state().numpy().tobytes(),
-            "rng.model_parallel": tp_rng.get_state().numpy().tobytes(),
-        }
-        events["save_copy"] = time.time()
-        # Versions only grow; the iteration itself is a small object. (A
-        # reconfiguration commits version v+1, which may exceed the step.)
-        version = max(iteration, client.committed_version + 1)
-        torch_state.save(client, version, tensors, small)
-        client.wait_committed(version, timeout=120)
-        events["saved"] = time.time()
-        events["saved_version"] = version
-        if args.baseline_save:
-            t0 = time.time()
-            torch_save_shards(args.baseline_save, args.rank, client.regions, tensors,
-                              {"iteration": iteration, "data_cursor": cursor.encode()})
-            events["baseline_save_seconds"] = time.time() - t0
+        events.update(save_state(args, client, params, opt, iteration, cursor, tp_rng,
+                                 final=True))
     write_json(run / "events" / f"{args.config}_rank{args.rank}.json", events)
     dist.barrier()
     dist.destroy_process_group()
