@@ -121,6 +121,14 @@ def test_torch_state_saves_and_restores_a_model_and_adam(ptc_module, cluster):
         assert torch.equal(fresh[k], params[k])
         for slot in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(opt2.state[fresh[k]][slot], opt.state[params[k]][slot])
+    # The same parameters found through a module's own names.
+    module = torch.nn.Module()
+    for k, p in params.items():
+        module.register_parameter(k.replace(".", "__"), p)
+    found = torch_state.keyed_parameters(module, lambda n: n.replace("__", "."))
+    assert found.keys() == params.keys()
+    with pytest.raises(ValueError, match="both map to"):
+        torch_state.keyed_parameters(module, lambda n: "same")
     # A model whose tensors do not match the layout is told so.
     wrong = dict(fresh)
     wrong["final_norm.weight"] = torch.nn.Parameter(torch.zeros(3))

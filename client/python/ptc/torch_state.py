@@ -79,6 +79,22 @@ def region_tensor(state, index, ptc_dtype):
     return t
 
 
+def keyed_parameters(model, key_of):
+    """{ptc key: parameter} from a module's named_parameters(): `key_of`
+    maps a parameter's name (e.g. "blocks.3.mlp.0.weight") to its model-spec
+    key (e.g. "layers.3.mlp.fc1.weight"), or to None for a parameter ptc
+    does not keep. Two names mapping to one key is an error."""
+    out = {}
+    for name, p in model.named_parameters():
+        key = key_of(name)
+        if key is None:
+            continue
+        if key in out:
+            raise ValueError(f"parameters '{name}' and another both map to '{key}'")
+        out[key] = p
+    return out
+
+
 def collect(named_params, optimizer=None):
     """{ptc key: local tensor} for parameters ({ptc key: parameter}) and, with
     an Adam optimizer, its state as "optim.<slot>.<key>" (the fp32 master
