@@ -10,7 +10,6 @@ config and checks it bit for bit against what the old ranks wrote aside.
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time

@@ -1,7 +1,6 @@
 """The Python client (`import ptc`) against a real local cluster of
 processes: save/load round trips for every dtype, zero-copy loads, the
 torch helpers, the data cursor, and a clear error for each misuse."""
-import json
 import random
 
 import numpy as np
@@ -83,7 +82,7 @@ def test_every_dtype_round_trips_without_copies(ptc_module, cluster, dtype):
 
 def test_views_outlive_the_state_object_and_torch_shares_them(ptc_module, cluster):
     ptc = ptc_module
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from ptc import torch_state
     clients = connect(ptc, cluster, "views", register(cluster, "views"))
     save_all(clients, 1)

@@ -31,3 +31,6 @@ from ._ptc import (  # noqa: F401
     model_tensors,
     padded_vocab,
 )
+
+__all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "ParallelConfig", "Save",
+           "State", "model_tensors", "padded_vocab"]
