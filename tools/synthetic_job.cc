@@ -35,8 +35,7 @@ struct JobView {
   proto::JobStatus status;
   ModelSpec spec;
   Layout layout;
-  Placement placement;
-  std::vector<std::string> host_names;           // placement host id -> name
+  std::vector<std::string> rank_hosts;           // rank -> host name
   std::map<std::string, std::string> addresses;  // name -> address
 };
 
@@ -66,28 +65,14 @@ absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub,
   PTC_ASSIGN_OR_RETURN(ParallelConfig config,
                        ParallelConfig::Parse(v.status.config()));
   PTC_ASSIGN_OR_RETURN(v.layout, BuildLayout(v.spec, config));
-  Cluster cluster;
-  std::vector<int> ids;
-  for (const std::string& h : v.status.hosts()) {
-    ids.push_back(static_cast<int>(cluster.hosts.size()));
-    cluster.hosts.push_back({h, 1 << 20, 25e9});
-    v.host_names.push_back(h);
+  // Where each rank runs, as the coordinator places it.
+  v.rank_hosts.assign(v.status.rank_hosts().begin(),
+                      v.status.rank_hosts().end());
+  if (static_cast<int>(v.rank_hosts.size()) != config.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the coordinator places ", v.rank_hosts.size(), " of job '", job,
+        "''s ", config.world_size(), " ranks; are all its hosts registered?"));
   }
-  // Contiguous placement with the hosts' real GPU counts is what the
-  // coordinator uses; GPU counts only matter for how many ranks fit, and
-  // the coordinator accepted the job, so fill host by host by GPUs.
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  proto::ListHostsResponse hosts;
-  PTC_RETURN_IF_ERROR(
-      FromGrpcStatus(stub->ListHosts(&ctx, proto::ListHostsRequest(), &hosts)));
-  for (auto& h : cluster.hosts) {
-    for (const auto& s : hosts.hosts()) {
-      if (s.name() == h.name) h.gpus = s.gpus();
-    }
-  }
-  PTC_ASSIGN_OR_RETURN(v.placement,
-                       ContiguousPlacement(cluster, ids, config.world_size()));
   return v;
 }
 
@@ -114,7 +99,7 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
   for (int t = 0; t < v.layout.num_tensors(); ++t) {
     const TensorSpec& ts = v.spec.tensors[t];
     for (const Shard& s : v.layout.shards(t)) {
-      if (v.host_names[v.placement.host[s.rank]] != host) continue;
+      if (v.rank_hosts[s.rank] != host) continue;
       ranks.insert(s.rank);
       if (!done.insert({t, s.region}).second)
         continue;  // ranks on a host share
@@ -160,7 +145,7 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
   for (int t = 0; t < v.layout.num_tensors(); ++t) {
     const TensorSpec& ts = v.spec.tensors[t];
     for (const Shard& s : v.layout.shards(t)) {
-      const std::string& host = v.host_names[v.placement.host[s.rank]];
+      const std::string& host = v.rank_hosts[s.rank];
       auto& c = clients[host];
       if (!c) c = StoreClient::Connect(v.addresses.at(host));
       const std::vector<char> want =
@@ -182,7 +167,7 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
   // an earlier config (which one is the planner's rule, tested elsewhere).
   int64_t small = 0;
   for (int rank = 0; rank < v.layout.world_size(); ++rank) {
-    const std::string& host = v.host_names[v.placement.host[rank]];
+    const std::string& host = v.rank_hosts[rank];
     auto& c = clients[host];
     if (!c) c = StoreClient::Connect(v.addresses.at(host));
     for (const SmallObjectSpec& o : v.spec.small_objects) {

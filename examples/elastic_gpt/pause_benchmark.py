@@ -42,12 +42,9 @@ def events(run_dir):
 
 
 def phase(args, cluster, run_dir, config, hosts, extra, job):
-    world = 1
-    for kv in config.split(","):
-        k, v = kv.split("=")
-        world *= int(v) if k in ("tp", "pp", "dp") else 1
     t0 = time.time()
-    elastic.run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(job), extra,
+    elastic.run_phase(args, cluster, run_dir, config, elastic.world_size(config),
+                      cluster.rank_hosts(job), extra,
                       job=job)
     return t0, events(run_dir)
 

@@ -42,6 +42,16 @@ DEFAULT_PHASES = ["tp=2,dp=2@host0,host1",
 JOB = "elastic-gpt"
 
 
+def world_size(config):
+    """Processes of a parallel config such as "tp=2,pp=2,dp=2"."""
+    world = 1
+    for kv in config.split(","):
+        k, v = kv.split("=")
+        if k in ("tp", "pp", "dp"):
+            world *= int(v)
+    return world
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,12 +190,7 @@ def main():
         config, _, hosts = p.partition("@")
         if not hosts:
             raise SystemExit(f"phase '{p}' needs @HOSTS, e.g. tp=2,dp=2@host0,host1")
-        world = 1
-        for kv in config.split(","):
-            k, v = kv.split("=")
-            if k in ("tp", "pp", "dp"):
-                world *= int(v)
-        phases.append((config, hosts.split(","), world))
+        phases.append((config, hosts.split(","), world_size(config)))
     # Saves happen on request (a control file), at the first iteration
     # boundary after the launcher asks: a phase may run an iteration or two
     # longer than asked, so the reference runs a little longer too.
@@ -256,10 +261,7 @@ def main():
             results["changes"].append({"from": config, "to": nxt_config, "iteration": end,
                                        "report": report})
             iteration = end
-        seen = samples(run_dir)
-        every = [s for it in sorted(seen) for s in seen[it]]
-        once = len(every) == len(set(every)) == iteration * args.global_batch
-        same = all(seen[it] == ref_samples.get(it) for it in seen)
+        every, once, same = check_samples(run_dir, iteration, ref_samples, args)
         results["iterations"] = iteration
         results["samples"] = {"consumed": len(every), "distinct": len(set(every)),
                               "expected": iteration * args.global_batch,
@@ -291,6 +293,16 @@ def format_report(r):
             f"{r['tensors_verified']} tensor fingerprints verified")
 
 
+def check_samples(run_dir, end, ref_samples, args):
+    """The samples consumed in iterations 1..end (logged as 0..end-1), whether
+    each was consumed once, and whether they match the uninterrupted run."""
+    seen = samples(run_dir)
+    every = [s for it in sorted(seen) if it < end for s in seen[it]]
+    once = len(every) == len(set(every)) == end * args.global_batch
+    same = all(seen.get(it) == ref_samples.get(it) for it in range(end))
+    return every, once, same
+
+
 def check_change(run_dir, version, end, world, ref_losses, got, ref_samples, args, say):
     """The three checks of the change that produced `version`, after the
     next phase trained to iteration `end`."""
@@ -302,10 +314,7 @@ def check_change(run_dir, version, end, world, ref_losses, got, ref_samples, arg
     after = [it for it in sorted(got) if version < it <= end]
     worst = max(abs(got[it] - ref_losses[it]) / max(1.0, abs(ref_losses[it])) for it in after)
     loss_ok = worst <= args.tolerance
-    seen = samples(run_dir)
-    every = [s for it in sorted(seen) if it < end for s in seen[it]]
-    once = len(every) == len(set(every)) == end * args.global_batch
-    same = all(seen.get(it) == ref_samples.get(it) for it in range(end))
+    every, once, same = check_samples(run_dir, end, ref_samples, args)
     say(f"   check 1, state after reload: {elements} elements on {len(checks)} ranks, "
         f"{bad} differ -> {'bit-identical' if identical else 'MISMATCH'}")
     say(f"   check 2, loss: iteration {after[0]} {got[after[0]]:.6f} vs uninterrupted "

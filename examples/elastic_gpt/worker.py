@@ -158,7 +158,6 @@ def save_state(args, client, params, opt, iteration, cursor, tp_rng, final):
         "rng.default": torch.get_rng_state().numpy().tobytes(),
         "rng.model_parallel": tp_rng.get_state().numpy().tobytes(),
     }
-    ev["save_copy"] = time.time()
     # Versions only grow; the iteration itself is a small object. (A
     # reconfiguration commits version v+1, which may exceed the step.)
     version = max(iteration, client.committed_version + 1)
