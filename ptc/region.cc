@@ -181,14 +181,14 @@ std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
   return out;
 }
 
-void CopyRegion(const void* src, const Region& src_box, void* dst,
-                const Region& dst_box, const Region& what,
-                int64_t element_size) {
+void ForEachRun(const Region& src_box, const Region& dst_box,
+                const Region& what, int64_t element_size,
+                const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   assert(src_box.Contains(what) && dst_box.Contains(what));
   if (what.empty()) return;
   const int rank = what.rank();
   if (rank == 0) {
-    std::memcpy(dst, src, element_size);
+    fn(0, 0, element_size);
     return;
   }
   // Merge trailing dimensions that are whole in src, dst and what into one
@@ -216,12 +216,10 @@ void CopyRegion(const void* src, const Region& src_box, void* dst,
     src_off += (what.dim(d).begin - src_box.dim(d).begin) * src_stride[d];
     dst_off += (what.dim(d).begin - dst_box.dim(d).begin) * dst_stride[d];
   }
-  const char* sp = static_cast<const char*>(src);
-  char* dp = static_cast<char*>(dst);
   // Odometer over dimensions [0, split).
   absl::InlinedVector<int64_t, 4> idx(split, 0);
   while (true) {
-    std::memcpy(dp + dst_off, sp + src_off, run);
+    fn(src_off, dst_off, run);
     int d = split - 1;
     for (; d >= 0; --d) {
       src_off += src_stride[d];
@@ -233,6 +231,17 @@ void CopyRegion(const void* src, const Region& src_box, void* dst,
     }
     if (d < 0) return;
   }
+}
+
+void CopyRegion(const void* src, const Region& src_box, void* dst,
+                const Region& dst_box, const Region& what,
+                int64_t element_size) {
+  const char* sp = static_cast<const char*>(src);
+  char* dp = static_cast<char*>(dst);
+  ForEachRun(src_box, dst_box, what, element_size,
+             [&](int64_t src_off, int64_t dst_off, int64_t n) {
+               std::memcpy(dp + dst_off, sp + src_off, n);
+             });
 }
 
 }  // namespace ptc

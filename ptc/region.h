@@ -10,6 +10,7 @@
 #define PTC_PTC_REGION_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -93,6 +94,16 @@ int64_t NumElements(absl::Span<const int64_t> shape);
 // ZeRO-style optimizer partitions that ignore tensor boundaries.
 std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
                                        int64_t begin, int64_t end);
+
+// Calls fn(src_offset, dst_offset, bytes) for every contiguous run of
+// `what` (inside both boxes) in row-major order, with the runs' byte
+// offsets in dense row-major buffers holding exactly `src_box` and
+// `dst_box`. Trailing dimensions that both boxes hold in full are merged
+// into one run. CopyRegion is a memcpy per run; a transport may turn each
+// run into one remote read instead.
+void ForEachRun(const Region& src_box, const Region& dst_box,
+                const Region& what, int64_t element_size,
+                const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
 // Copies the elements of `what` from `src` (a dense row-major buffer
 // holding exactly `src_box`) into `dst` (dense row-major, holding exactly

@@ -205,9 +205,14 @@ absl::Status ExecuteFragment(
     }
     const Shape shape = p.region.shape();
     absl::Status bad_chunk;
-    PTC_RETURN_IF_ERROR(transport->Fetch(
+    std::vector<PieceTarget> targets;
+    for (const Staged& st : staged[p.tensor]) {
+      if (st.region.Intersects(p.region))
+        targets.push_back({st.region, st.put->buffer->mutable_data()});
+    }
+    PTC_RETURN_IF_ERROR(transport->FetchInto(
         p.source_host, job.job, job.source_version, decl.key, p.region, elem,
-        [&](int64_t offset, const char* data, int64_t n) {
+        targets, [&](int64_t offset, const char* data, int64_t n) {
           if (offset % elem != 0 || n % elem != 0) {
             bad_chunk = absl::DataLossError(
                 "a peer sent a chunk that splits an element");

@@ -21,10 +21,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "tensor_store/store.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
+
+// A staged buffer a piece lands in: the dense row-major bytes of `region`.
+struct PieceTarget {
+  Region region;
+  uint8_t* data = nullptr;
+};
 
 // Where remote pieces come from.
 class PieceTransport {
@@ -37,6 +44,18 @@ class PieceTransport {
                              int64_t version, const std::string& tensor,
                              const Region& region, int64_t element_size,
                              const StoreClient::Consumer& consume) = 0;
+  // Like Fetch, for a transport that can place bytes itself: every element
+  // of `region` lies in at least one of `targets` (staged buffers: dense
+  // row-major bytes of their region), and the piece must end up in every
+  // target it intersects. `consume` writes a streamed chunk into them, for
+  // transports (or pieces) that stream. The default streams with Fetch.
+  virtual absl::Status FetchInto(int32_t host, const std::string& job,
+                                 int64_t version, const std::string& tensor,
+                                 const Region& region, int64_t element_size,
+                                 absl::Span<const PieceTarget> targets,
+                                 const StoreClient::Consumer& consume) {
+    return Fetch(host, job, version, tensor, region, element_size, consume);
+  }
   // The bytes of small object `name` of `rank` in `version` on `host`,
   // checked against the checksum the source stored. Small objects are tiny
   // and always travel over the control plane (gRPC).

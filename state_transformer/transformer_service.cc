@@ -1,5 +1,7 @@
 #include "state_transformer/transformer_service.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -42,7 +44,18 @@ absl::Status TransformerService::CheckEpoch(const std::string& job,
                      "; restart from the current plan"));
   }
   newest = epoch;
+  DropExposuresLocked(job, epoch);
   return absl::OkStatus();
+}
+
+void TransformerService::DropExposuresLocked(const std::string& job,
+                                             int64_t epoch) {
+  const absl::Time stale = absl::Now() - absl::Minutes(1);
+  for (auto it = exposed_.begin(); it != exposed_.end();) {
+    const bool drop = (it->first == job && it->second.epoch < epoch) ||
+                      it->second.last_use < stale;
+    it = drop ? exposed_.erase(it) : std::next(it);
+  }
 }
 
 absl::Status TransformerService::DoExecute(
@@ -160,6 +173,10 @@ grpc::Status TransformerService::AbortStaged(
       !s.ok()) {
     return ToGrpcStatus(s);
   }
+  {
+    absl::MutexLock lock(&mu_);
+    DropExposuresLocked(req->job(), std::numeric_limits<int64_t>::max());
+  }
   auto stat = store_->List(req->job());
   for (const auto& j : stat.jobs()) {
     for (const auto& v : j.versions()) {
@@ -185,6 +202,10 @@ grpc::Status TransformerService::CommitStaged(
   if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), true);
       !s.ok()) {
     return ToGrpcStatus(s);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    DropExposuresLocked(req->job(), std::numeric_limits<int64_t>::max());
   }
   auto bytes = store_->Commit(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
@@ -225,6 +246,72 @@ absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
   resp->set_bytes(buffer.size());
   return ucx_->Send(req.ucx_address(), req.tag(), buffer.data(), buffer.size(),
                     absl::Seconds(60));
+}
+
+absl::Status TransformerService::DoExposePiece(
+    const proto::ExposePieceRequest& req, proto::ExposePieceResponse* resp) {
+  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
+  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
+  PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
+  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(),
+                                                       req.tensor(), region));
+  const int64_t elem = ElementSize(view.decl.dtype);
+  resp->set_ucx_address(ucx_->address());
+  absl::Status unregistered;
+  PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
+      region, view.sources, [&](const Region& part, const StoredRegionRef& s) {
+        proto::ExposedPart* out = resp->add_parts();
+        RegionToProto(part, out->mutable_part());
+        RegionToProto(s.region, out->mutable_stored());
+        if (part == s.region) {
+          out->set_checksum(s.checksum);  // checked when it was stored
+        } else {
+          StreamingChecksum sum;
+          ForEachRun(s.region, part, part, elem,
+                     [&](int64_t at, int64_t, int64_t n) {
+                       sum.Update(s.buffer->data() + at, n);
+                     });
+          out->set_checksum(sum.Digest());
+        }
+        absl::MutexLock lock(&mu_);
+        Exposure& e = exposed_[req.job()];
+        if (e.epoch != req.plan_epoch()) {
+          e.buffers.clear();  // keys of another epoch are never reused
+          e.epoch = req.plan_epoch();
+        }
+        e.last_use = absl::Now();
+        auto& slot = e.buffers[s.buffer.get()];
+        if (slot.second == nullptr) {
+          auto reg = ucx_->Register(s.buffer->data(), s.buffer->size());
+          if (!reg.ok()) {
+            e.buffers.erase(s.buffer.get());
+            if (unregistered.ok()) unregistered = reg.status();
+            return;
+          }
+          slot = {s.buffer, *std::move(reg)};
+        }
+        out->set_address(slot.second->address());
+        out->set_rkey(slot.second->rkey());
+      }));
+  if (!unregistered.ok()) {
+    // The caller falls back to packed sends for this piece.
+    return absl::UnimplementedError(absl::StrCat(
+        "cannot expose store memory for gets: ", unregistered.message()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status TransformerService::ExposePiece(
+    grpc::ServerContext*, const proto::ExposePieceRequest* req,
+    proto::ExposePieceResponse* resp) {
+  const absl::Status s = DoExposePiece(*req, resp);
+  if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition &&
+      s.code() != absl::StatusCode::kUnimplemented) {
+    Log("transformer")
+        ->warn("ExposePiece of '{}' for job {}: {}", req->tensor(), req->job(),
+               s.ToString());
+  }
+  return ToGrpcStatus(s);
 }
 
 grpc::Status TransformerService::SendPart(grpc::ServerContext*,

@@ -7,10 +7,13 @@
 #define PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
 
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/ucx_worker.h"
 #include "tensor_store/store.h"
@@ -36,6 +39,9 @@ class TransformerService final : public proto::Transformer::Service {
   grpc::Status SendPart(grpc::ServerContext* ctx,
                         const proto::SendPartRequest* req,
                         proto::SendPartResponse* resp) override;
+  grpc::Status ExposePiece(grpc::ServerContext* ctx,
+                           const proto::ExposePieceRequest* req,
+                           proto::ExposePieceResponse* resp) override;
 
   bool has_ucx() const { return ucx_ != nullptr; }
 
@@ -49,11 +55,29 @@ class TransformerService final : public proto::Transformer::Service {
 
   absl::Status DoSendPart(const proto::SendPartRequest& req,
                           proto::SendPartResponse* resp);
+  absl::Status DoExposePiece(const proto::ExposePieceRequest& req,
+                             proto::ExposePieceResponse* resp);
+  // Forgets the registrations of `job` (all of them, or those of epochs
+  // older than `epoch`), and every job's that went unused for a minute.
+  void DropExposuresLocked(const std::string& job, int64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Stored buffers registered for peers' gets during one plan epoch of a
+  // job; each registration keeps its buffer mapped.
+  struct Exposure {
+    int64_t epoch = 0;
+    absl::Time last_use;
+    std::map<const RegionBuffer*,
+             std::pair<std::shared_ptr<RegionBuffer>,
+                       std::unique_ptr<UcxWorker::Registration>>>
+        buffers;
+  };
 
   Store* store_;
   std::unique_ptr<UcxWorker> ucx_;
   absl::Mutex mu_;
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Exposure> exposed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ptc

@@ -23,6 +23,8 @@ constexpr int64_t kPartBytes = int64_t{64} << 20;
 
 Counter& ucx_bytes_received_total =
     GetCounter("ptc_transformer_ucx_bytes_received_total");
+Counter& ucx_get_bytes_total =
+    GetCounter("ptc_transformer_ucx_get_bytes_total");
 Counter& ucx_fallbacks_total =
     GetCounter("ptc_transformer_ucx_fallbacks_total");
 
@@ -50,6 +52,135 @@ UcxPieceTransport::UcxPieceTransport(
   }
 }
 
+std::string UcxPieceTransport::PeerLabel(int32_t host) {
+  const auto name = names_.find(host);
+  return absl::StrCat(
+      name != names_.end() ? name->second : absl::StrCat("host ", host), " (",
+      addresses_[host], ")");
+}
+
+absl::Status UcxPieceTransport::FetchInto(
+    int32_t host, const std::string& job, int64_t version,
+    const std::string& tensor, const Region& region, int64_t element_size,
+    absl::Span<const PieceTarget> targets,
+    const StoreClient::Consumer& consume) {
+  auto stub = stubs_.find(host);
+  if (stub == stubs_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no address for source host ", host));
+  }
+  // Gets land in one staged buffer that holds the whole piece; others the
+  // piece touches get a local copy from it.
+  const PieceTarget* into = nullptr;
+  for (const PieceTarget& t : targets) {
+    if (t.region.Contains(region) && t.data != nullptr) {
+      into = &t;
+      break;
+    }
+  }
+  if (into == nullptr) {
+    return Fetch(host, job, version, tensor, region, element_size, consume);
+  }
+  proto::ExposePieceRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_tensor(tensor);
+  RegionToProto(region, req.mutable_region());
+  req.set_plan_epoch(epoch_);
+  proto::ExposePieceResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    const absl::Status s =
+        FromGrpcStatus(stub->second->ExposePiece(&ctx, req, &resp));
+    if (s.code() == absl::StatusCode::kUnimplemented) {
+      // The peer cannot expose its memory (or predates gets): pack there.
+      return Fetch(host, job, version, tensor, region, element_size, consume);
+    }
+    if (!s.ok()) {
+      return Annotate(s, absl::StrCat("exposing ", region.ToString(), " of '",
+                                      tensor, "' on ", PeerLabel(host)));
+    }
+  }
+  // Check what the peer says before reading anything, and count the runs.
+  struct Part {
+    Region part, stored;
+    const proto::ExposedPart* proto;
+  };
+  std::vector<Part> parts;
+  int64_t volume = 0, runs = 0;
+  for (const proto::ExposedPart& e : resp.parts()) {
+    auto part = RegionFromProto(e.part());
+    auto stored = RegionFromProto(e.stored());
+    if (!part.ok() || !stored.ok() || !region.Contains(*part) ||
+        !stored->Contains(*part) || e.rkey().empty()) {
+      return absl::DataLossError(
+          absl::StrCat(PeerLabel(host), " exposed a part outside ",
+                       region.ToString(), " of '", tensor, "'"));
+    }
+    volume += part->volume();
+    ForEachRun(*stored, into->region, *part, element_size,
+               [&](int64_t, int64_t, int64_t) { ++runs; });
+    parts.push_back({*std::move(part), *std::move(stored), &e});
+  }
+  if (volume != region.volume()) {
+    return absl::DataLossError(absl::StrCat(
+        PeerLabel(host), " exposed ", volume, " of the ", region.volume(),
+        " elements of ", region.ToString(), " of '", tensor, "'"));
+  }
+  if (runs == 0 || volume * element_size / runs < kMinGetRunBytes) {
+    return Fetch(host, job, version, tensor, region, element_size, consume);
+  }
+  // Read a few MiB of runs at a time and checksum them while they are
+  // still in cache; runs come in the part's row-major order, which is the
+  // order the source checksummed.
+  constexpr int64_t kBatchBytes = int64_t{4} << 20;
+  std::vector<UcxWorker::GetOp> batch;
+  for (const Part& p : parts) {
+    StreamingChecksum sum;
+    int64_t batch_bytes = 0;
+    absl::Status failed;
+    auto flush = [&] {
+      if (batch.empty() || !failed.ok()) return;
+      failed = worker_->Get(resp.ucx_address(), p.proto->rkey(), batch,
+                            absl::Seconds(120));
+      if (failed.ok()) {
+        for (const UcxWorker::GetOp& op : batch) sum.Update(op.local, op.size);
+      }
+      batch.clear();
+      batch_bytes = 0;
+    };
+    ForEachRun(p.stored, into->region, p.part, element_size,
+               [&](int64_t src, int64_t dst, int64_t n) {
+                 batch.push_back({into->data + dst, p.proto->address() + src,
+                                  static_cast<size_t>(n)});
+                 batch_bytes += n;
+                 if (batch_bytes >= kBatchBytes) flush();
+               });
+    flush();
+    if (!failed.ok()) {
+      return Annotate(
+          failed, absl::StrCat("reading ", p.part.ToString(), " of '", tensor,
+                               "' from ", PeerLabel(host)));
+    }
+    if (sum.Digest() != p.proto->checksum()) {
+      return absl::DataLossError(absl::StrCat(
+          "a part ", p.part.ToString(), " of '", tensor, "' read from ",
+          PeerLabel(host), " does not match the checksum its owner computed"));
+    }
+    ucx_get_bytes_total.Add(p.part.volume() * element_size);
+  }
+  for (const PieceTarget& t : targets) {
+    if (&t == into) continue;
+    const Region both = t.region.Intersect(region);
+    if (!both.empty()) {
+      CopyRegion(into->data, into->region, t.data, t.region, both,
+                 element_size);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
                                       int64_t version,
                                       const std::string& tensor,
@@ -61,10 +192,7 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
     return absl::InvalidArgumentError(
         absl::StrCat("no address for source host ", host));
   }
-  const auto name = names_.find(host);
-  const std::string peer = absl::StrCat(
-      name != names_.end() ? name->second : absl::StrCat("host ", host), " (",
-      addresses_[host], ")");
+  const std::string peer = PeerLabel(host);
   const int64_t elements = region.volume();
   const int64_t per_part = std::max<int64_t>(1, kPartBytes / element_size);
   thread_local std::vector<char> buffer;
@@ -122,10 +250,9 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
   return absl::OkStatus();
 }
 
-absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
-                                  int64_t version, const std::string& tensor,
-                                  const Region& region, int64_t element_size,
-                                  const StoreClient::Consumer& consume) {
+absl::Status AutoTransport::WithFallback(
+    int32_t host, const std::function<absl::Status()>& ucx,
+    const std::function<absl::Status()>& grpc) {
   bool use_grpc = ucx_ == nullptr;
   if (!use_grpc) {
     absl::MutexLock lock(&mu_);
@@ -133,9 +260,8 @@ absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
   }
   if (!use_grpc) {
     // A retry over gRPC rewrites the same offsets of the same staged
-    // buffer with the same bytes, so a partly consumed piece is safe.
-    const absl::Status s =
-        ucx_->Fetch(host, job, version, tensor, region, element_size, consume);
+    // buffer with the same bytes, so a partly written piece is safe.
+    const absl::Status s = ucx();
     if (s.ok() || s.code() == absl::StatusCode::kAborted ||
         s.code() == absl::StatusCode::kCancelled) {
       return s;
@@ -158,8 +284,42 @@ absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
     absl::MutexLock lock(&mu_);
     grpc_only_.insert(host);
   }
-  return grpc_->Fetch(host, job, version, tensor, region, element_size,
-                      consume);
+  return grpc();
+}
+
+absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
+                                  int64_t version, const std::string& tensor,
+                                  const Region& region, int64_t element_size,
+                                  const StoreClient::Consumer& consume) {
+  return WithFallback(
+      host,
+      [&] {
+        return ucx_->Fetch(host, job, version, tensor, region, element_size,
+                           consume);
+      },
+      [&] {
+        return grpc_->Fetch(host, job, version, tensor, region, element_size,
+                            consume);
+      });
+}
+
+absl::Status AutoTransport::FetchInto(int32_t host, const std::string& job,
+                                      int64_t version,
+                                      const std::string& tensor,
+                                      const Region& region,
+                                      int64_t element_size,
+                                      absl::Span<const PieceTarget> targets,
+                                      const StoreClient::Consumer& consume) {
+  return WithFallback(
+      host,
+      [&] {
+        return ucx_->FetchInto(host, job, version, tensor, region, element_size,
+                               targets, consume);
+      },
+      [&] {
+        return grpc_->Fetch(host, job, version, tensor, region, element_size,
+                            consume);
+      });
 }
 
 }  // namespace ptc

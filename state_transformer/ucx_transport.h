@@ -1,14 +1,24 @@
-// The UCX piece transport: for each part of a piece (at most 64 MiB) the
-// destination posts a tagged UCX receive, then asks the source over gRPC
-// (SendPart, epoch-checked) to pack the part and send it to its worker.
-// Bytes travel over UCX; the part's xxh3 checksum comes back on the gRPC
-// reply and is checked on arrival.
+// The UCX piece transport, two ways:
+// - one-sided gets (FetchInto, when the piece lies in one staged buffer
+//   and its contiguous runs are long): the source registers the stored
+//   buffers that cover the piece and returns their addresses, remote keys
+//   and the parts' checksums (ExposePiece, epoch-checked); the destination
+//   reads every run straight into the staged buffer and checksums what
+//   landed, a few MiB at a time while it is still in cache;
+// - packing at the source (Fetch; short runs such as a narrow column slice,
+//   where one get per run costs more than a copy): for each part of a
+//   piece (at most 64 MiB) the destination posts a tagged UCX receive, then
+//   asks the source over gRPC (SendPart, epoch-checked) to pack the part
+//   and send it to its worker; the part's checksum comes on the reply.
+// The run length that separates the two was chosen by measurement
+// (kMinGetRunBytes, tools/ucx_get_benchmark; docs/benchmarks.md).
 //
 // AutoTransport uses UCX and falls back to the gRPC-stream transport for a
 // peer whose ptcd has no UCX worker (or if this one has none).
 #ifndef PTC_STATE_TRANSFORMER_UCX_TRANSPORT_H_
 #define PTC_STATE_TRANSFORMER_UCX_TRANSPORT_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +34,10 @@ namespace ptc {
 // What SendPart answers (FAILED_PRECONDITION) when its ptcd has no worker.
 inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
 
+// Pieces whose contiguous runs average fewer bytes are packed at the source
+// rather than read with one get per run.
+inline constexpr int64_t kMinGetRunBytes = 16 << 10;
+
 class UcxPieceTransport : public PieceTransport {
  public:
   // `worker` must outlive the transport.
@@ -34,6 +48,11 @@ class UcxPieceTransport : public PieceTransport {
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
                      const StoreClient::Consumer& consume) override;
+  absl::Status FetchInto(int32_t host, const std::string& job, int64_t version,
+                         const std::string& tensor, const Region& region,
+                         int64_t element_size,
+                         absl::Span<const PieceTarget> targets,
+                         const StoreClient::Consumer& consume) override;
   absl::StatusOr<std::string> FetchSmallObject(int32_t host,
                                                const std::string& job,
                                                int64_t version,
@@ -43,6 +62,8 @@ class UcxPieceTransport : public PieceTransport {
   }
 
  private:
+  std::string PeerLabel(int32_t host);
+
   UcxWorker* worker_;
   const int64_t epoch_;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
@@ -66,6 +87,11 @@ class AutoTransport : public PieceTransport {
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
                      const StoreClient::Consumer& consume) override;
+  absl::Status FetchInto(int32_t host, const std::string& job, int64_t version,
+                         const std::string& tensor, const Region& region,
+                         int64_t element_size,
+                         absl::Span<const PieceTarget> targets,
+                         const StoreClient::Consumer& consume) override;
   absl::StatusOr<std::string> FetchSmallObject(int32_t host,
                                                const std::string& job,
                                                int64_t version,
@@ -75,6 +101,13 @@ class AutoTransport : public PieceTransport {
   }
 
  private:
+  // Runs `ucx` unless the host is on gRPC already; on a UCX failure other
+  // than a stale epoch or a cancellation, switches the host to gRPC and
+  // runs `grpc`.
+  absl::Status WithFallback(int32_t host,
+                            const std::function<absl::Status()>& ucx,
+                            const std::function<absl::Status()>& grpc);
+
   std::unique_ptr<PieceTransport> ucx_, grpc_;
   absl::Mutex mu_;
   std::set<int32_t> grpc_only_ ABSL_GUARDED_BY(mu_);

@@ -1,12 +1,17 @@
-// AutoTransport's fallback: a piece whose UCX transfer breaks part-way is
-// fetched again over gRPC (the same staged bytes rewritten, nothing lost),
-// and that peer uses gRPC from then on; a stale epoch is final.
+// The UCX transport against a real ptcd (store + transformer service):
+// one-sided gets of registered store memory for long runs, packing at the
+// source for short ones, stale epochs refused. AutoTransport's fallback: a
+// piece whose UCX transfer breaks part-way is fetched again over gRPC (the
+// same staged bytes rewritten, nothing lost), and that peer uses gRPC from
+// then on; a stale epoch is final.
 #include "state_transformer/ucx_transport.h"
 
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "common/metrics.h"
 #include "tensor_store/internal/testing.h"
+#include "tests/testing.h"
 
 namespace ptc {
 namespace {
@@ -57,6 +62,110 @@ std::unique_ptr<testing::Daemon> DaemonWithRegion() {
               .ok());
   REQUIRE(d->client->Commit("job", 1).ok());
   return d;
+}
+
+// The expected bytes of `r` of the pattern tensor.
+std::vector<char> Want(const Region& r) {
+  std::vector<char> all(kRows * kCols * 4), want(r.volume() * 4);
+  testing::FillPattern(11, 0, all.data(), all.size());
+  CopyRegion(all.data(), Region{{0, kRows}, {0, kCols}}, want.data(), r, r, 4);
+  return want;
+}
+
+// A one-host cluster whose version 1 of "job" stores the pattern tensor as
+// two row halves (so pieces can span two stored buffers).
+std::unique_ptr<testing::DaemonCluster> ClusterWithHalves() {
+  auto c = std::make_unique<testing::DaemonCluster>(1);
+  auto& client = c->daemons[0]->client;
+  REQUIRE(
+      client->Declare("job", {{"w", DType::kFloat32, {kRows, kCols}}}).ok());
+  for (const Region& half : {Region{{0, kRows / 2}, {0, kCols}},
+                             Region{{kRows / 2, kRows}, {0, kCols}}}) {
+    const std::vector<char> bytes = Want(half);
+    REQUIRE(client->Put("job", 1, "w", half, bytes.data(), bytes.size()).ok());
+  }
+  REQUIRE(client->Commit("job", 1).ok());
+  return c;
+}
+
+int64_t GetBytes() {
+  return GetCounter("ptc_transformer_ucx_get_bytes_total").value();
+}
+
+TEST_CASE(
+    "ucx transport: long runs are read with one-sided gets straight into the "
+    "staged buffers, short runs are packed at the source",
+    "[transformer]") {
+  auto cluster = ClusterWithHalves();
+  auto worker = UcxWorker::Create();
+  REQUIRE(worker.ok());
+  UcxPieceTransport transport(worker->get(), 1, cluster->addresses);
+  const Region whole{{0, kRows}, {0, kCols}};
+  // Two staged buffers: the whole tensor, and a block overlapping it that
+  // must receive its share by a local copy.
+  std::vector<uint8_t> a(whole.volume() * 4, 0);
+  const Region block{{100, 200}, {0, 512}};
+  std::vector<uint8_t> b(block.volume() * 4, 0);
+  const PieceTarget targets[] = {{whole, a.data()}, {block, b.data()}};
+  auto refuse = [](int64_t, const char*, int64_t) {
+    FAIL("a piece with long runs must not be streamed");
+  };
+  std::vector<char> got;
+  auto as_chars = [](const std::vector<uint8_t>& v, const Region& in,
+                     const Region& r) {
+    std::vector<char> out(r.volume() * 4);
+    CopyRegion(v.data(), in, out.data(), r, r, 4);
+    return out;
+  };
+
+  SECTION("rows spanning both stored halves: two parts, read with gets") {
+    const Region piece{{64, 192}, {0, kCols}};
+    const int64_t before = GetBytes();
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    CHECK(GetBytes() - before == piece.volume() * 4);
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    // Nothing outside the piece was touched.
+    const Region above{{0, 64}, {0, kCols}};
+    CHECK(as_chars(a, whole, above) ==
+          std::vector<char>(above.volume() * 4, 0));
+  }
+
+  SECTION("a narrow column slice (2 KiB runs): packed at the source") {
+    const Region piece{{0, kRows}, {256, 768}};
+    const int64_t before = GetBytes();
+    int64_t streamed = 0;
+    REQUIRE(
+        transport
+            .FetchInto(0, "job", 1, "w", piece, 4, targets,
+                       [&](int64_t off, const char* data, int64_t n) {
+                         const std::vector<char> want = Want(piece);
+                         CHECK(std::equal(data, data + n, want.begin() + off));
+                         streamed += n;
+                       })
+            .ok());
+    CHECK(GetBytes() == before);
+    CHECK(streamed == piece.volume() * 4);
+  }
+
+  SECTION("a plan epoch older than the host has seen is refused") {
+    UcxPieceTransport newer(worker->get(), 7, cluster->addresses);
+    const Region piece{{0, 8}, {0, kCols}};
+    REQUIRE(newer.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    const absl::Status s =
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse);
+    CHECK(s.code() == absl::StatusCode::kAborted);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("stale"));
+  }
+
+  SECTION("a version the peer does not have is a clear error") {
+    const absl::Status s = transport.FetchInto(
+        0, "job", 9, "w", Region{{0, 8}, {0, kCols}}, 4, targets, refuse);
+    CHECK(s.code() == absl::StatusCode::kNotFound);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("host 0"));
+  }
 }
 
 TEST_CASE(

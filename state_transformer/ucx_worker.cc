@@ -1,10 +1,14 @@
 #include "state_transformer/ucx_worker.h"
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
+
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace ptc {
 namespace {
@@ -19,6 +23,12 @@ absl::Status UcxError(const char* what, ucs_status_t s) {
 
 }  // namespace
 
+struct UcxWorker::RemoteKey {
+  explicit RemoteKey(ucp_rkey_h k) : key(k) {}
+  ~RemoteKey() { ucp_rkey_destroy(key); }
+  ucp_rkey_h key;
+};
+
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
   std::unique_ptr<UcxWorker> w(new UcxWorker);
   ucp_config_t* config = nullptr;
@@ -27,7 +37,7 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
   ucp_params_t params = {};
   params.field_mask =
       UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
   ucp_context_h ctx;
   s = ucp_init(&params, config, &ctx);
@@ -47,12 +57,34 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create() {
   if (s != UCS_OK) return UcxError("reading the worker address", s);
   w->address_.assign(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(worker, address);
+  s = ucp_worker_get_efd(worker, &w->event_fd_);
+  if (s != UCS_OK) return UcxError("reading the worker's event fd", s);
+  w->progress_thread_ = std::thread([p = w.get()] { p->ProgressLoop(); });
   return w;
 }
 
+void UcxWorker::ProgressLoop() {
+  // Peers' gets over transports that need the owner (TCP) and sends whose
+  // receiver is not waiting must complete without a caller driving the
+  // worker: progress until idle, then sleep on the worker's event fd.
+  while (!stop_.load()) {
+    while (ucp_worker_progress(Wkr(worker_)) != 0) {
+    }
+    const ucs_status_t s = ucp_worker_arm(Wkr(worker_));
+    if (s == UCS_ERR_BUSY) continue;  // more events arrived meanwhile
+    pollfd p = {event_fd_, POLLIN, 0};
+    // Bounded, so that stop_ is seen and transports without events still
+    // get progressed now and then.
+    poll(&p, 1, s == UCS_OK ? 20 : 1);
+  }
+}
+
 UcxWorker::~UcxWorker() {
+  stop_ = true;
+  if (progress_thread_.joinable()) progress_thread_.join();
   {
     absl::MutexLock lock(&mu_);
+    rkeys_.clear();
     for (auto& [peer, ep] : endpoints_) {
       ucp_request_param_t p = {};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -131,31 +163,141 @@ void UcxWorker::Cancel(Receive* receive) {
   receive->request = nullptr;
 }
 
+absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = endpoints_.find(peer);
+  if (it == endpoints_.end()) {
+    ucp_ep_params_t ep_params = {};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    // UCX fails the endpoint's requests itself; the callers see that and
+    // drop the endpoint. A peer that went away while idle is only logged.
+    ep_params.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t status) {
+      Log("transformer")
+          ->debug("UCX endpoint to a peer failed: {}",
+                  ucs_status_string(status));
+    };
+    ucp_ep_h created;
+    const ucs_status_t s = ucp_ep_create(Wkr(worker_), &ep_params, &created);
+    if (s != UCS_OK) return UcxError("connecting to a peer", s);
+    it = endpoints_.emplace(peer, created).first;
+  }
+  return it->second;
+}
+
+void UcxWorker::DropEndpoint(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = rkeys_.begin(); it != rkeys_.end();) {
+    it = it->first.first == peer ? rkeys_.erase(it) : std::next(it);
+  }
+  // The endpoint itself is left to the worker's teardown: a thread may
+  // still be using it; a fresh one is created for the next request.
+  endpoints_.erase(peer);
+}
+
+UcxWorker::Registration::~Registration() {
+  if (memh_ != nullptr)
+    ucp_mem_unmap(Ctx(context_), static_cast<ucp_mem_h>(memh_));
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker::Registration>> UcxWorker::Register(
+    const void* data, size_t size) {
+  if (data == nullptr || size == 0) {
+    return absl::InvalidArgumentError("nothing to register");
+  }
+  ucp_mem_map_params_t params = {};
+  params.field_mask =
+      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = const_cast<void*>(data);
+  params.length = size;
+  ucp_mem_h memh;
+  ucs_status_t s = ucp_mem_map(Ctx(context_), &params, &memh);
+  if (s != UCS_OK) return UcxError("registering memory", s);
+  std::unique_ptr<Registration> r(new Registration);
+  r->context_ = context_;
+  r->memh_ = memh;
+  r->address_ = reinterpret_cast<uint64_t>(data);
+  r->size_ = size;
+  void* packed;
+  size_t packed_size;
+  s = ucp_rkey_pack(Ctx(context_), memh, &packed, &packed_size);
+  if (s != UCS_OK) return UcxError("packing a remote key", s);
+  r->rkey_.assign(static_cast<const char*>(packed), packed_size);
+  ucp_rkey_buffer_release(packed);
+  return r;
+}
+
+absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
+                            absl::Span<const GetOp> ops,
+                            absl::Duration timeout) {
+  PTC_ASSIGN_OR_RETURN(void* ep, Endpoint(peer));
+  std::shared_ptr<RemoteKey> key;
+  {
+    absl::MutexLock lock(&mu_);
+    // Keys are cached per peer for the plan's many pieces; a bounded
+    // cache (plans are at most a few thousand regions per host).
+    if (rkeys_.size() > 8192) rkeys_.clear();
+    auto& slot = rkeys_[{peer, rkey}];
+    if (slot == nullptr) {
+      ucp_rkey_h unpacked;
+      const ucs_status_t s =
+          ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep), rkey.data(), &unpacked);
+      if (s != UCS_OK) {
+        rkeys_.erase({peer, rkey});
+        return UcxError("unpacking a peer's remote key", s);
+      }
+      slot = std::make_shared<RemoteKey>(unpacked);
+    }
+    key = slot;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  // At most this many reads in flight; the oldest is waited for first.
+  constexpr size_t kMaxInFlight = 64;
+  std::deque<void*> in_flight;
+  absl::Status failure;
+  auto wait_oldest = [&] {
+    void* r = in_flight.front();
+    in_flight.pop_front();
+    if (failure.ok()) failure = Progress(r, deadline, "get");
+    // Never return while a read may still write into the caller's buffer:
+    // after a timeout the request is still driven to its end (UCX fails
+    // every request of an endpoint whose peer is gone).
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) {
+      if (ucp_worker_progress(Wkr(worker_)) == 0)
+        absl::SleepFor(absl::Microseconds(50));
+    }
+    ucp_request_free(r);
+  };
+  for (const GetOp& op : ops) {
+    if (!failure.ok()) break;
+    ucp_request_param_t p = {};
+    void* r = ucp_get_nbx(static_cast<ucp_ep_h>(ep), op.local, op.size,
+                          op.remote, key->key, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      failure = UcxError("reading from a peer", UCS_PTR_STATUS(r));
+      DropEndpoint(peer);
+      break;
+    }
+    if (r != nullptr) in_flight.push_back(r);
+    if (in_flight.size() >= kMaxInFlight) wait_oldest();
+  }
+  while (!in_flight.empty()) wait_oldest();
+  if (!failure.ok()) DropEndpoint(peer);
+  return failure;
+}
+
 absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag,
                              const void* buffer, size_t size,
                              absl::Duration timeout) {
-  ucp_ep_h ep;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = endpoints_.find(peer);
-    if (it == endpoints_.end()) {
-      ucp_ep_params_t ep_params = {};
-      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-      ep_params.address = reinterpret_cast<const ucp_address_t*>(peer.data());
-      ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ucp_ep_h created;
-      const ucs_status_t s = ucp_ep_create(Wkr(worker_), &ep_params, &created);
-      if (s != UCS_OK) return UcxError("connecting to a peer", s);
-      it = endpoints_.emplace(peer, created).first;
-    }
-    ep = static_cast<ucp_ep_h>(it->second);
-  }
+  PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
+  ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
   ucp_request_param_t p = {};
   void* r = ucp_tag_send_nbx(ep, buffer, size, tag, &p);
   if (UCS_PTR_IS_ERR(r)) {
-    absl::MutexLock lock(&mu_);
-    endpoints_.erase(peer);  // a broken endpoint is not reused
+    DropEndpoint(peer);  // a broken endpoint is not reused
     return UcxError("sending", UCS_PTR_STATUS(r));
   }
   if (r == nullptr) return absl::OkStatus();  // done at once
@@ -164,8 +306,7 @@ absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag,
     ucp_request_cancel(Wkr(worker_), r);
     while (ucp_request_check_status(r) == UCS_INPROGRESS)
       ucp_worker_progress(Wkr(worker_));
-    absl::MutexLock lock(&mu_);
-    endpoints_.erase(peer);
+    DropEndpoint(peer);
   }
   ucp_request_free(r);
   return s;

@@ -1,12 +1,18 @@
-// One UCX worker per ptcd, for bulk bytes between daemons: tagged sends to
-// a peer worker's address and tagged receives into the caller's buffer.
-// UCX picks the path (shared memory or CMA between processes of one
-// machine, TCP between machines, RDMA where the NICs have it). Addresses
-// are exchanged only through ptcd's authenticated, epoch-checked gRPC
-// calls; nothing is read from a peer's memory without its daemon sending it.
+// One UCX worker per ptcd, for bulk bytes between daemons, two ways:
+// - one-sided gets: a daemon registers store memory (Register) and hands
+//   the packed remote key to a peer over its epoch-checked gRPC call; the
+//   peer reads the bytes straight into its own buffers (Get) without the
+//   owner's CPU (CMA between processes of one machine, RDMA reads on a
+//   cluster; over TCP the owner's progress thread answers);
+// - tagged sends to a peer worker's address and tagged receives into the
+//   caller's buffer (for data packed at the source).
+// UCX picks the path. Addresses and keys are exchanged only through ptcd's
+// epoch-checked gRPC calls.
 //
-// Thread-safe (UCS_THREAD_MODE_MULTI): any thread may send, receive and
-// progress the worker. Endpoints to peers are cached by address.
+// Thread-safe (UCS_THREAD_MODE_MULTI): any thread may send, receive, get
+// and progress the worker; a background thread progresses it while nobody
+// else does, so peers' gets and sends complete. Endpoints to peers and
+// unpacked remote keys are cached.
 //
 //   PTC_ASSIGN_OR_RETURN(auto w, UcxWorker::Create());
 //   PTC_ASSIGN_OR_RETURN(auto r, w->PostReceive(tag, buf, n));
@@ -15,20 +21,53 @@
 #ifndef PTC_STATE_TRANSFORMER_UCX_WORKER_H_
 #define PTC_STATE_TRANSFORMER_UCX_WORKER_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace ptc {
 
 class UcxWorker {
  public:
+  // Memory peers may read with Get until this is destroyed.
+  class Registration {
+   public:
+    ~Registration();
+    Registration(const Registration&) = delete;
+    Registration& operator=(const Registration&) = delete;
+    // The packed remote key a peer passes to Get.
+    const std::string& rkey() const { return rkey_; }
+    uint64_t address() const { return address_; }
+    size_t size() const { return size_; }
+
+   private:
+    friend class UcxWorker;
+    Registration() = default;
+    void* context_ = nullptr;  // ucp_context_h
+    void* memh_ = nullptr;     // ucp_mem_h
+    std::string rkey_;
+    uint64_t address_ = 0;
+    size_t size_ = 0;
+  };
+
+  // One contiguous read: `size` bytes at `remote` (an address inside a
+  // peer's registration) into `local`.
+  struct GetOp {
+    void* local;
+    uint64_t remote;
+    size_t size;
+  };
+
   // A receive posted with PostReceive; Wait completes it (or cancels it on
   // timeout); the buffer must stay valid until then.
   struct Receive {
@@ -54,6 +93,17 @@ class UcxWorker {
   // Cancels a posted receive that will not be waited for.
   void Cancel(Receive* receive);
 
+  // Lets peers read [data, data + size) (which may be mapped read-only).
+  absl::StatusOr<std::unique_ptr<Registration>> Register(const void* data,
+                                                         size_t size);
+
+  // Reads every op from the memory of the peer worker at `peer` that
+  // `rkey` (a Registration's key) describes, and waits until all have
+  // landed. DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE if the peer or
+  // its registration is gone.
+  absl::Status Get(const std::string& peer, const std::string& rkey,
+                   absl::Span<const GetOp> ops, absl::Duration timeout);
+
   // Sends `size` bytes with `tag` to the worker at `peer` and waits until
   // the buffer may be reused.
   absl::Status Send(const std::string& peer, uint64_t tag, const void* buffer,
@@ -61,6 +111,13 @@ class UcxWorker {
 
  private:
   UcxWorker() = default;
+  // The endpoint to `peer`, created on first use.
+  absl::StatusOr<void*> Endpoint(const std::string& peer);
+  // Forgets a broken endpoint (and the keys unpacked for it).
+  void DropEndpoint(const std::string& peer);
+  // Runs in progress_thread_ until stop_.
+  void ProgressLoop();
+  struct RemoteKey;
   // Drives the worker until `request` completes, `deadline`, or `give_up`.
   absl::Status Progress(void* request, absl::Time deadline, const char* what,
                         const std::function<bool()>& give_up = nullptr);
@@ -70,6 +127,12 @@ class UcxWorker {
   std::string address_;
   absl::Mutex mu_;
   std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);  // ucp_ep_h
+  // (peer, packed key) -> unpacked key, for that peer's endpoint.
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<RemoteKey>>
+      rkeys_ ABSL_GUARDED_BY(mu_);
+  int event_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread progress_thread_;
 };
 
 }  // namespace ptc
