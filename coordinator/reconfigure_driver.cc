@@ -240,6 +240,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   const absl::Time start = absl::Now();
   ReconfigureReport report;
   absl::Status staged = StageAll(r, progress, &report);
+  report.staging_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (staged.ok()) {
     // Both sides at once.
     absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
@@ -263,6 +264,8 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
       }
       ++report.tensors_verified;
     }
+    report.verifying_seconds =
+        absl::ToDoubleSeconds(absl::Now() - start) - report.staging_seconds;
   }
   if (staged.ok() && r.cancel != nullptr && r.cancel->load()) {
     staged = absl::CancelledError("the reconfiguration was aborted by request");

@@ -56,6 +56,10 @@ struct ReconfigureProgress {
 
 struct ReconfigureReport {
   double seconds = 0;
+  // Of `seconds`: building the target version on every host (moving the
+  // bytes), and proving it equal to the source (fingerprints of both).
+  double staging_seconds = 0;
+  double verifying_seconds = 0;
   int64_t bytes_moved = 0;       // all pieces, local and remote
   int64_t bytes_from_peers = 0;  // pieces that crossed hosts
   int tensors_verified = 0;      // fingerprints equal before and after

@@ -246,6 +246,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     AdoptTargetLocked(job);
     e.set_phase("committed");
     e.set_seconds(report->seconds);
+    e.set_staging_seconds(report->staging_seconds);
+    e.set_verifying_seconds(report->verifying_seconds);
     e.set_bytes_from_peers(report->bytes_from_peers);
     e.set_tensors_verified(report->tensors_verified);
   } else if (job.state.commit_decided()) {

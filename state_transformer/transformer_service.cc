@@ -114,12 +114,12 @@ absl::Status TransformerService::DoExecute(
       return absl::FailedPreconditionError(
           "the UCX transport was asked for, but this ptcd has no UCX worker");
     }
-    transport = std::make_unique<UcxPieceTransport>(
-        ucx_.get(), req.plan_epoch(), peers, names);
+    transport =
+        std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names);
   } else if (req.transport().empty()) {
     transport = std::make_unique<AutoTransport>(
-        ucx_ ? std::make_unique<UcxPieceTransport>(ucx_.get(), req.plan_epoch(),
-                                                   peers, names)
+        ucx_ ? std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers,
+                                                   names)
              : nullptr,
         std::make_unique<GrpcPieceTransport>(peers, names));
   } else {

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@ namespace {
 
 constexpr int64_t kPartBytes = int64_t{64} << 20;
 
+// Every byte received over UCX, and of those the ones read with gets.
 Counter& ucx_bytes_received_total =
     GetCounter("ptc_transformer_ucx_bytes_received_total");
 Counter& ucx_get_bytes_total =
@@ -37,11 +39,9 @@ uint64_t NewTag() {
 }  // namespace
 
 UcxPieceTransport::UcxPieceTransport(
-    UcxWorker* worker, int64_t plan_epoch,
-    const std::map<int32_t, std::string>& peers,
+    int64_t plan_epoch, const std::map<int32_t, std::string>& peers,
     std::map<int32_t, std::string> names)
-    : worker_(worker),
-      epoch_(plan_epoch),
+    : epoch_(plan_epoch),
       addresses_(peers),
       names_(std::move(names)),
       control_(peers, names_) {
@@ -50,6 +50,24 @@ UcxPieceTransport::UcxPieceTransport(
     stubs_[host] = proto::Transformer::NewStub(grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args));
   }
+}
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxPieceTransport::TakeWorker() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<UcxWorker> w = std::move(idle_.back());
+      idle_.pop_back();
+      return w;
+    }
+  }
+  return UcxWorker::Create(/*serve=*/false);
+}
+
+void UcxPieceTransport::ReturnWorker(std::unique_ptr<UcxWorker> worker) {
+  if (worker->broken()) return;  // destroyed here, before the buffers go
+  absl::MutexLock lock(&mu_);
+  idle_.push_back(std::move(worker));
 }
 
 std::string UcxPieceTransport::PeerLabel(int32_t host) {
@@ -128,9 +146,11 @@ absl::Status UcxPieceTransport::FetchInto(
         PeerLabel(host), " exposed ", volume, " of the ", region.volume(),
         " elements of ", region.ToString(), " of '", tensor, "'"));
   }
-  if (runs == 0 || volume * element_size / runs < kMinGetRunBytes) {
+  if (runs == 0 || volume * element_size / runs < min_get_run_bytes_) {
     return Fetch(host, job, version, tensor, region, element_size, consume);
   }
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
+  absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
   // Read a few MiB of runs at a time and checksum them while they are
   // still in cache; runs come in the part's row-major order, which is the
   // order the source checksummed.
@@ -142,8 +162,8 @@ absl::Status UcxPieceTransport::FetchInto(
     absl::Status failed;
     auto flush = [&] {
       if (batch.empty() || !failed.ok()) return;
-      failed = worker_->Get(resp.ucx_address(), p.proto->rkey(), batch,
-                            absl::Seconds(120));
+      failed = worker->Get(resp.ucx_address(), p.proto->rkey(), batch,
+                           absl::Seconds(120));
       if (failed.ok()) {
         for (const UcxWorker::GetOp& op : batch) sum.Update(op.local, op.size);
       }
@@ -168,6 +188,7 @@ absl::Status UcxPieceTransport::FetchInto(
           "a part ", p.part.ToString(), " of '", tensor, "' read from ",
           PeerLabel(host), " does not match the checksum its owner computed"));
     }
+    ucx_bytes_received_total.Add(p.part.volume() * element_size);
     ucx_get_bytes_total.Add(p.part.volume() * element_size);
   }
   for (const PieceTarget& t : targets) {
@@ -195,6 +216,8 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
   const std::string peer = PeerLabel(host);
   const int64_t elements = region.volume();
   const int64_t per_part = std::max<int64_t>(1, kPartBytes / element_size);
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
+  absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
   thread_local std::vector<char> buffer;
   int64_t first = 0, offset = 0;
   while (first < elements) {
@@ -203,7 +226,7 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
     if (buffer.size() < capacity) buffer.resize(capacity);
     const uint64_t tag = NewTag();
     PTC_ASSIGN_OR_RETURN(auto receive,
-                         worker_->PostReceive(tag, buffer.data(), capacity));
+                         worker->PostReceive(tag, buffer.data(), capacity));
     proto::SendPartRequest req;
     req.set_job(job);
     req.set_version(version);
@@ -213,7 +236,7 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
     req.set_count(count);
     req.set_plan_epoch(epoch_);
     req.set_tag(tag);
-    req.set_ucx_address(worker_->address());
+    req.set_ucx_address(worker->address());
     // The source sends while we wait for its reply; the receiver must keep
     // progressing its worker meanwhile (UCX rendezvous needs both sides),
     // so the call runs on a helper thread.
@@ -226,8 +249,8 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
       sent = FromGrpcStatus(stub->second->SendPart(&ctx, req, &resp));
       replied = true;
     });
-    auto got = worker_->Wait(receive.get(), absl::Seconds(120),
-                             [&] { return replied.load() && !sent.ok(); });
+    auto got = worker->Wait(receive.get(), absl::Seconds(120),
+                            [&] { return replied.load() && !sent.ok(); });
     call.join();
     if (!sent.ok()) {
       return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '",

@@ -23,6 +23,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "proto/transformer.grpc.pb.h"
@@ -36,12 +37,17 @@ inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
 
 // Pieces whose contiguous runs average fewer bytes are packed at the source
 // rather than read with one get per run.
-inline constexpr int64_t kMinGetRunBytes = 16 << 10;
+inline constexpr int64_t kMinGetRunBytes = 4 << 10;
 
 class UcxPieceTransport : public PieceTransport {
  public:
-  // `worker` must outlive the transport.
-  UcxPieceTransport(UcxWorker* worker, int64_t plan_epoch,
+  // Pieces whose runs average fewer bytes are packed at the source; for
+  // measuring the crossover (tools: ucx_get_benchmark).
+  void set_min_get_run_bytes(int64_t bytes) { min_get_run_bytes_ = bytes; }
+
+  // Each pulling thread uses a worker of its own from a pool (created on
+  // first use, kept for the transport's life).
+  UcxPieceTransport(int64_t plan_epoch,
                     const std::map<int32_t, std::string>& peers,
                     std::map<int32_t, std::string> names = {});
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
@@ -63,9 +69,14 @@ class UcxPieceTransport : public PieceTransport {
 
  private:
   std::string PeerLabel(int32_t host);
+  // A worker for the calling thread alone, and its return to the pool.
+  absl::StatusOr<std::unique_ptr<UcxWorker>> TakeWorker();
+  void ReturnWorker(std::unique_ptr<UcxWorker> worker);
 
-  UcxWorker* worker_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<UcxWorker>> idle_ ABSL_GUARDED_BY(mu_);
   const int64_t epoch_;
+  int64_t min_get_run_bytes_ = kMinGetRunBytes;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
   std::map<int32_t, std::string> addresses_, names_;
   GrpcPieceTransport control_;  // small objects

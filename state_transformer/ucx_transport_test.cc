@@ -97,9 +97,7 @@ TEST_CASE(
     "staged buffers, short runs are packed at the source",
     "[transformer]") {
   auto cluster = ClusterWithHalves();
-  auto worker = UcxWorker::Create();
-  REQUIRE(worker.ok());
-  UcxPieceTransport transport(worker->get(), 1, cluster->addresses);
+  UcxPieceTransport transport(1, cluster->addresses);
   const Region whole{{0, kRows}, {0, kCols}};
   // Two staged buffers: the whole tensor, and a block overlapping it that
   // must receive its share by a local copy.
@@ -151,7 +149,7 @@ TEST_CASE(
   }
 
   SECTION("a plan epoch older than the host has seen is refused") {
-    UcxPieceTransport newer(worker->get(), 7, cluster->addresses);
+    UcxPieceTransport newer(7, cluster->addresses);
     const Region piece{{0, 8}, {0, kCols}};
     REQUIRE(newer.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
     const absl::Status s =

@@ -9,10 +9,12 @@
 // UCX picks the path. Addresses and keys are exchanged only through ptcd's
 // epoch-checked gRPC calls.
 //
-// Thread-safe (UCS_THREAD_MODE_MULTI): any thread may send, receive, get
-// and progress the worker; a background thread progresses it while nobody
-// else does, so peers' gets and sends complete. Endpoints to peers and
-// unpacked remote keys are cached.
+// A serving worker is thread-safe (UCS_THREAD_MODE_MULTI): any thread may
+// send, receive, get and progress it, and a background thread progresses
+// it, so peers' gets and sends complete. A non-serving worker belongs to
+// one thread at a time: UCX's multi-thread lock costs more than the copy
+// when several threads pull at once. Endpoints to peers and unpacked
+// remote keys are cached.
 //
 //   PTC_ASSIGN_OR_RETURN(auto w, UcxWorker::Create());
 //   PTC_ASSIGN_OR_RETURN(auto r, w->PostReceive(tag, buf, n));
@@ -74,7 +76,11 @@ class UcxWorker {
     void* request = nullptr;  // ucp request, until completed or cancelled
   };
 
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create();
+  // A daemon's worker (`serve`): shared by threads, progressed in the
+  // background so peers' gets and sends complete. Otherwise a worker for
+  // one thread at a time (no locks, no background thread), such as each
+  // pulling thread's: the owner progresses it while waiting.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(bool serve = true);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -104,6 +110,11 @@ class UcxWorker {
   absl::Status Get(const std::string& peer, const std::string& rkey,
                    absl::Span<const GetOp> ops, absl::Duration timeout);
 
+  // True after a Get failed part-way: reads may still be in flight into the
+  // caller's buffers, so the worker must be destroyed (which ends them)
+  // before those buffers are freed, and not used again.
+  bool broken() const { return broken_; }
+
   // Sends `size` bytes with `tag` to the worker at `peer` and waits until
   // the buffer may be reused.
   absl::Status Send(const std::string& peer, uint64_t tag, const void* buffer,
@@ -130,8 +141,8 @@ class UcxWorker {
   // (peer, packed key) -> unpacked key, for that peer's endpoint.
   std::map<std::pair<std::string, std::string>, std::shared_ptr<RemoteKey>>
       rkeys_ ABSL_GUARDED_BY(mu_);
-  int event_fd_ = -1;
   std::atomic<bool> stop_{false};
+  bool broken_ = false;
   std::thread progress_thread_;
 };
 

@@ -177,6 +177,8 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         .Int(started.target_version())
         .Key("seconds")
         .Double(secs);
+    w.Key("staging_seconds").Double(last.staging_seconds());
+    w.Key("verifying_seconds").Double(last.verifying_seconds());
     w.Key("bytes_moved").Int(last.bytes_done());
     w.Key("bytes_from_peers").Int(last.bytes_from_peers());
     w.Key("throughput_bytes_per_second")
@@ -190,10 +192,12 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     std::cout << w.str() << "\n";
   } else if (ok) {
     std::cout << absl::StrFormat(
-        "committed version %d in %s: %s moved (%s kept in place, %s copied "
-        "within hosts, %s "
-        "across hosts), %s/s; %d tensors' fingerprints verified\n",
+        "committed version %d in %s (staging %s, verifying %s): %s moved "
+        "(%s kept in place, %s copied within hosts, %s across hosts), %s/s; "
+        "%d tensors' fingerprints verified\n",
         started.target_version(), HumanSeconds(secs),
+        HumanSeconds(last.staging_seconds()),
+        HumanSeconds(last.verifying_seconds()),
         HumanBytes(last.bytes_done()), HumanBytes(plan.kept_in_place_bytes()),
         HumanBytes(plan.copied_within_host_bytes()),
         HumanBytes(last.bytes_from_peers()),
