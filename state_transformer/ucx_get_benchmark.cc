@@ -1,7 +1,9 @@
 // Benchmark (not a test): for non-contiguous pieces, one-sided gets of
 // every contiguous run versus packing at the source and one tagged send,
-// over a real ptcd's UCX transport (shared memory / CMA on this machine),
-// by run length. The crossover sets kMinGetRunBytes (ucx_transport.h).
+// over a real ptcd's UCX transport, by run length. On this machine UCX
+// emulates the gets over shared memory (its CMA transport has no RMA
+// lane) and the tagged sends use CMA; on a cluster with RDMA NICs both
+// would be measured again. The crossover sets kMinGetRunBytes (ucx_transport.h).
 //
 //   bazel run -c opt //state_transformer:ucx_get_benchmark
 //

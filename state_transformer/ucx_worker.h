@@ -1,9 +1,11 @@
 // One UCX worker per ptcd, for bulk bytes between daemons, two ways:
 // - one-sided gets: a daemon registers store memory (Register) and hands
 //   the packed remote key to a peer over its epoch-checked gRPC call; the
-//   peer reads the bytes straight into its own buffers (Get) without the
-//   owner's CPU (CMA between processes of one machine, RDMA reads on a
-//   cluster; over TCP the owner's progress thread answers);
+//   peer reads the bytes straight into its own buffers (Get): RDMA reads
+//   on a cluster, without the owner's CPU. Where no transport can read
+//   memory UCX did not allocate (TCP; on one machine, UCX 1.13's shared
+//   memory, whose CMA transport has no RMA lane) UCX emulates the read
+//   with messages the owner's progress thread answers;
 // - tagged sends to a peer worker's address and tagged receives into the
 //   caller's buffer (for data packed at the source).
 // UCX picks the path. Addresses and keys are exchanged only through ptcd's
