@@ -3,7 +3,8 @@
 // over a real ptcd's UCX transport, by run length. On this machine UCX
 // emulates the gets over shared memory (its CMA transport has no RMA
 // lane) and the tagged sends use CMA; on a cluster with RDMA NICs both
-// would be measured again. The crossover sets kMinGetRunBytes (ucx_transport.h).
+// would be measured again. The crossover sets kMinGetRunBytes
+// (ucx_transport.h).
 //
 //   bazel run -c opt //state_transformer:ucx_get_benchmark
 //

@@ -251,6 +251,11 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
     });
     auto got = worker->Wait(receive.get(), absl::Seconds(120),
                             [&] { return replied.load() && !sent.ok(); });
+    // The sender's request completes only when our acknowledgement reaches
+    // it, and this worker is ours alone: keep progressing it until the
+    // source has replied (it answers only after its send completed).
+    worker->ProgressUntil([&] { return replied.load(); },
+                          absl::Now() + absl::Seconds(120));
     call.join();
     if (!sent.ok()) {
       return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '",

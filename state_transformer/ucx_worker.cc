@@ -155,6 +155,18 @@ absl::StatusOr<size_t> UcxWorker::Wait(Receive* receive, absl::Duration timeout,
   return info.length;
 }
 
+void UcxWorker::ProgressUntil(const std::function<bool()>& done,
+                              absl::Time deadline) {
+  int idle = 0;
+  while (!done() && absl::Now() < deadline) {
+    if (ucp_worker_progress(Wkr(worker_)) != 0) {
+      idle = 0;
+    } else if (++idle > 256) {
+      absl::SleepFor(absl::Microseconds(20));
+    }
+  }
+}
+
 void UcxWorker::Cancel(Receive* receive) {
   if (receive->request == nullptr) return;
   ucp_request_cancel(Wkr(worker_), receive->request);

@@ -98,6 +98,8 @@ class UcxWorker {
   // CANCELLED as soon as `give_up` (polled while waiting) returns true.
   absl::StatusOr<size_t> Wait(Receive* receive, absl::Duration timeout,
                               const std::function<bool()>& give_up = nullptr);
+  // Drives the worker until `done()` or `deadline`.
+  void ProgressUntil(const std::function<bool()>& done, absl::Time deadline);
   // Cancels a posted receive that will not be waited for.
   void Cancel(Receive* receive);
 
