@@ -264,7 +264,6 @@ absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
     }
     key = slot;
   }
-  const absl::Time deadline = absl::Now() + timeout;
   // At most this many reads in flight; the oldest is waited for first.
   constexpr size_t kMaxInFlight = 64;
   std::deque<void*> in_flight;
@@ -272,7 +271,7 @@ absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
   auto wait_oldest = [&] {
     void* r = in_flight.front();
     in_flight.pop_front();
-    if (failure.ok()) failure = Progress(r, deadline, "get");
+    if (failure.ok()) failure = Progress(r, absl::Now() + timeout, "get");
     // Released even if still in flight; the caller then destroys this
     // worker (broken()) before the buffers go away, which ends the read.
     ucp_request_free(r);

@@ -109,8 +109,10 @@ class UcxWorker {
 
   // Reads every op from the memory of the peer worker at `peer` that
   // `rkey` (a Registration's key) describes, and waits until all have
-  // landed. DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE if the peer or
-  // its registration is gone.
+  // landed. DEADLINE_EXCEEDED when one read takes longer than `timeout` (a
+  // peer that died mid-way is noticed this way: without peer-failure mode
+  // UCX does not fail the reads); UNAVAILABLE if the peer or its
+  // registration is gone.
   absl::Status Get(const std::string& peer, const std::string& rkey,
                    absl::Span<const GetOp> ops, absl::Duration timeout);
 
