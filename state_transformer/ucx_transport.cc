@@ -163,7 +163,7 @@ absl::Status UcxPieceTransport::FetchInto(
     auto flush = [&] {
       if (batch.empty() || !failed.ok()) return;
       failed = worker->Get(resp.ucx_address(), p.proto->rkey(), batch,
-                           absl::Seconds(120));
+                           absl::Seconds(15));
       if (failed.ok()) {
         for (const UcxWorker::GetOp& op : batch) sum.Update(op.local, op.size);
       }
