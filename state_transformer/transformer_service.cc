@@ -20,6 +20,15 @@ TransformerService::TransformerService(Store* store, bool use_ucx)
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
     ucx_ = std::move(*worker);
+    // Registrations keep source buffers alive; a host that only sends may
+    // see no further call for the job, so idle ones are also swept here.
+    sweeper_ = std::thread([this] {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_) {
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(10));
+        DropExposuresLocked("", 0);
+      }
+    });
   } else {
     Log("transformer")
         ->warn("no UCX worker ({}); peers will use the gRPC transport",
@@ -27,7 +36,13 @@ TransformerService::TransformerService(Store* store, bool use_ucx)
   }
 }
 
-TransformerService::~TransformerService() = default;
+TransformerService::~TransformerService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+}
 
 absl::Status TransformerService::CheckEpoch(const std::string& job,
                                             int64_t epoch, bool exact) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -78,6 +79,8 @@ class TransformerService final : public proto::Transformer::Service {
   absl::Mutex mu_;
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Exposure> exposed_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
 };
 
 }  // namespace ptc
