@@ -67,6 +67,21 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
   return buf;
 }
 
+uint64_t RegionBuffer::Memoize(const std::string& key,
+                               const std::function<uint64_t()>& compute) {
+  {
+    absl::MutexLock lock(&memo_mu_);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+  }
+  // Computed outside the lock: two first callers may both compute it, and
+  // get the same value.
+  const uint64_t value = compute();
+  absl::MutexLock lock(&memo_mu_);
+  memo_.emplace(key, value);
+  return value;
+}
+
 RegionBuffer::~RegionBuffer() {
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);

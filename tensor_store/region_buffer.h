@@ -16,10 +16,14 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "tensor_store/memory_budget.h"
 
 namespace ptc {
@@ -55,6 +59,12 @@ class RegionBuffer {
   // The memfd's inode: two fds with the same inode share the same memory.
   ino_t inode() const { return inode_; }
 
+  // A value derived from the sealed bytes (such as the fingerprint of the
+  // whole region), computed by the first caller for `key` and remembered:
+  // the bytes never change, and versions that share the buffer share it.
+  uint64_t Memoize(const std::string& key,
+                   const std::function<uint64_t()>& compute);
+
  private:
   RegionBuffer(int fd, int64_t size, MemoryBudget::Reservation r)
       : fd_(fd), size_(size), reservation_(std::move(r)) {}
@@ -65,6 +75,8 @@ class RegionBuffer {
   uint8_t* data_ = nullptr;
   bool sealed_ = false;
   ino_t inode_ = 0;
+  absl::Mutex memo_mu_;
+  std::map<std::string, uint64_t> memo_ ABSL_GUARDED_BY(memo_mu_);
 };
 
 // madvise(MADV_HUGEPAGE) for mappings of at least 2 MiB: fewer page faults

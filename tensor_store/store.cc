@@ -361,8 +361,21 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
   uint64_t sum = 0;
   int64_t elements = 0;
   auto add = [&](const Region& piece, const StoredRegionRef& s) {
-    sum +=
-        FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape, elem);
+    auto compute = [&] {
+      return FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape,
+                               elem);
+    };
+    // A whole sealed region's fingerprint is computed once: a version built
+    // by a reconfiguration is fingerprinted to commit it, and again as the
+    // source of the next one.
+    if (piece == s.region && s.buffer->sealed()) {
+      sum += s.buffer->Memoize(
+          absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
+                       s.region.ToString(), " ", elem),
+          compute);
+    } else {
+      sum += compute();
+    }
     elements += piece.volume();
   };
   const std::string where = Where(job, version, tensor);

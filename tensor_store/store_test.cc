@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/checksum.h"
 
 namespace ptc {
@@ -83,6 +84,35 @@ TEST_CASE("store: the union's fingerprint counts overlapping regions once",
   CHECK(whole->first == all->first);
   auto parts = s.Fingerprint("job", 1, "w", {Region{{0, 1}}, Region{{1, 6}}});
   CHECK(parts->first == all->first);
+}
+
+TEST_CASE(
+    "store: a whole sealed region's fingerprint is computed once and equals "
+    "the one computed piecewise",
+    "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region r{{0, 4}, {0, 8}};
+  auto put = Begin(s, 1, r);
+  std::shared_ptr<RegionBuffer> buffer = put->buffer;
+  REQUIRE(s.FinishPut(std::move(put)).ok());
+  auto first = s.Fingerprint("job", 1, "w", {r});
+  REQUIRE(first.ok());
+  // Two pieces are never memoized: computed from the bytes each time.
+  auto halves = s.Fingerprint("job", 1, "w",
+                              {Region{{0, 4}, {0, 3}}, Region{{0, 4}, {3, 8}}});
+  REQUIRE(halves.ok());
+  CHECK(halves->first == first->first);
+  int computed = 0;
+  const uint64_t memo = buffer->Memoize(
+      absl::StrCat("fingerprint 8x8 ", r.ToString(), " 4"), [&] {
+        ++computed;
+        return uint64_t{0};
+      });
+  CHECK(computed == 0);  // the first Fingerprint stored it
+  CHECK(memo == first->first);
+  auto again = s.Fingerprint("job", 1, "w", {r});
+  CHECK(again->first == first->first);
 }
 
 TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
