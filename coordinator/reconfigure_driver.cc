@@ -163,7 +163,8 @@ absl::Status StageAll(
 // The fingerprint and element count of every tensor of one side, each
 // element counted once: a disjoint cover of the replicas assigns every
 // element to one host, and each host fingerprints its share. Hosts are
-// asked in parallel.
+// asked in parallel, each by a few calls at once (a host's tensors are
+// dealt round-robin to them) so that it uses more than one core.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
     const ReconfigureRequest& r, const Layout& layout,
     const Placement& placement, int64_t version) {
@@ -187,30 +188,35 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   absl::Mutex mu;
   absl::Status failure;
   std::vector<std::thread> threads;
+  constexpr size_t kCallsPerHost = 4;
   for (const auto& [host, list] : asks) {
-    auto it = r.addresses.find(host);
-    if (it == r.addresses.end()) {
+    if (r.addresses.count(host) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("no address for host ", host));
     }
-    threads.emplace_back([&, host = host, address = it->second, list = &list] {
-      auto client = StoreClient::Connect(address);
-      for (const auto& [t, regions] : *list) {
-        auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
-                                      regions);
-        absl::MutexLock lock(&mu);
-        if (!fp.ok()) {
-          if (failure.ok()) {
-            failure = Annotate(fp.status(),
-                               absl::StrCat("fingerprinting version ", version,
+  }
+  for (const auto& [host, list] : asks) {
+    for (size_t lane = 0; lane < kCallsPerHost && lane < list.size(); ++lane) {
+      threads.emplace_back([&, host = host, list = &list, lane] {
+        auto client = StoreClient::Connect(r.addresses.at(host));
+        for (size_t i = lane; i < list->size(); i += kCallsPerHost) {
+          const auto& [t, regions] = (*list)[i];
+          auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
+                                        regions);
+          absl::MutexLock lock(&mu);
+          if (!fp.ok()) {
+            if (failure.ok()) {
+              failure = Annotate(
+                  fp.status(), absl::StrCat("fingerprinting version ", version,
                                             " on ", HostLabel(r, host)));
+            }
+            return;
           }
-          return;
+          out[t].first += fp->fingerprint();
+          out[t].second += fp->elements();
         }
-        out[t].first += fp->fingerprint();
-        out[t].second += fp->elements();
-      }
-    });
+      });
+    }
   }
   for (std::thread& th : threads) th.join();
   if (!failure.ok()) return failure;
