@@ -67,6 +67,12 @@ def main():
     ap.add_argument("--periodic", action="store_true",
                     help="the job saves once before the measured save (both to ptc and with "
                     "torch.save), as a job that checkpoints periodically does")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="with --periodic: seconds the job trains between that save and the "
+                    "measured one (it idles for them), as between real checkpoints")
+    ap.add_argument("--spare-pool",
+                    help="each ptcd's --spare-pool (memory kept faulted in for the next saves "
+                    "of the sizes it saw), e.g. 2GiB; default: ptcd's own")
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-pause-", dir="/var/tmp"))
@@ -79,7 +85,8 @@ def main():
     rows = []
     for run in range(args.runs):
         # A fresh cluster per run: nothing of the previous run stays in memory.
-        cluster = elastic.Cluster(args.bin, work / f"cluster-{run}", memory="8GiB")
+        cluster = elastic.Cluster(args.bin, work / f"cluster-{run}", memory="8GiB",
+                                  spare_pool=args.spare_pool)
         try:
             job = f"pause-{run}"
             out = cluster.ptcctl("register", "--job", job, "--model", args.model, "--config",
@@ -91,8 +98,13 @@ def main():
             ckpt = work / f"ckpt-{run}"
             _, ev = phase(args, cluster, work / f"a-{run}", src_config, src_hosts,
                           ["--save-at", "2" if args.periodic else "1", "--baseline-save",
-                           str(ckpt)] + (["--save-every", "1"] if args.periodic else []), job)
+                           str(ckpt)] + (["--save-every", "1", "--gap", str(args.gap)]
+                                         if args.periodic else []), job)
             ptc_save = max(e["saved"] for e in ev) - min(e["save_start"] for e in ev)
+            # Of the save: the slowest rank's own writes into ptcd, and how
+            # far apart the ranks started (the rest is the commit).
+            ptc_write = max(e["written"] - e["save_start"] for e in ev)
+            save_skew = max(e["save_start"] for e in ev) - min(e["save_start"] for e in ev)
             base_save = max(e["baseline_save_seconds"] for e in ev)
             t0 = time.time()
             report = json.loads(cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config,
@@ -108,7 +120,8 @@ def main():
             base_load = max(e["load_seconds"] for e in ev)
             ckpt_bytes = sum(p.stat().st_size for p in ckpt.glob("*.pt"))
             row = {"run": run, "state_bytes": state_bytes, "checkpoint_bytes": ckpt_bytes,
-                   "ptc": {"save": ptc_save, "reconfigure": reconf, "load": ptc_load,
+                   "ptc": {"save": ptc_save, "save_write": ptc_write, "save_skew": save_skew,
+                           "reconfigure": reconf, "load": ptc_load,
                            "pause": ptc_save + reconf + ptc_load, "restart": ptc_restart,
                            "plan": report["plan"]},
                    "baseline": {"save": base_save, "load": base_load,
@@ -116,7 +129,8 @@ def main():
             row["speedup"] = row["baseline"]["pause"] / row["ptc"]["pause"]
             rows.append(row)
             p, b = row["ptc"], row["baseline"]
-            say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} + reconfigure "
+            say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} [slowest rank's "
+                f"writes {p['save_write']:.2f}, ranks started {p['save_skew']:.2f} apart] + reconfigure "
                 f"{p['reconfigure']:.2f} + load {p['load']:.2f}); baseline pause "
                 f"{b['pause']:.2f} s (torch.save {b['save']:.2f} + torch.load and re-slice "
                 f"{b['load']:.2f}); ptc {row['speedup']:.2f}x shorter [restarts: "

@@ -72,10 +72,12 @@ def make_dataset(path, samples, seq, vocab, seed=7):
 
 
 class Cluster:
-    def __init__(self, bin_dir, work, hosts=4, gpus=2, memory="3GiB"):
+    def __init__(self, bin_dir, work, hosts=4, gpus=2, memory="3GiB", spare_pool=None):
         self.dir = work / "cluster"
         self.bin = bin_dir
         env = dict(os.environ, BIN=str(bin_dir))
+        if spare_pool:
+            env["SPARE_POOL"] = spare_pool
         subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "up", str(self.dir),
                         str(hosts), str(gpus), memory], check=True, env=env,
                        stdout=subprocess.DEVNULL)

@@ -162,6 +162,7 @@ def save_state(args, client, params, opt, iteration, cursor, tp_rng, final):
     # reconfiguration commits version v+1, which may exceed the step.)
     version = max(iteration, client.committed_version + 1)
     torch_state.save(client, version, tensors, small)
+    ev["written"] = time.time()  # this rank's regions are in ptcd
     client.wait_committed(version, timeout=120)
     ev["saved"] = time.time()
     ev["saved_version"] = version
@@ -192,6 +193,9 @@ def main():
     ap.add_argument("--save-every", type=int, default=0,
                     help="also save (and go on) every N iterations, as a job checkpointing "
                     "into ptc periodically would")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="benchmark: idle this many seconds after each periodic save, standing "
+                    "in for the training between checkpoints")
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--check-dir", help="where the old ranks wrote their values aside (load)")
     ap.add_argument("--save-check-dir", help="where to write this rank's values aside (save)")
@@ -344,6 +348,7 @@ def main():
                 iteration != args.save_at and client is not None):
             events.setdefault("periodic_saves", []).append(
                 save_state(args, client, params, opt, iteration, cursor, tp_rng, final=False))
+            time.sleep(args.gap)
 
     events["iteration"] = iteration
     if saving:
