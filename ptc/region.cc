@@ -181,58 +181,6 @@ std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
   return out;
 }
 
-void ForEachRun(const Region& src_box, const Region& dst_box,
-                const Region& what, int64_t element_size,
-                const std::function<void(int64_t, int64_t, int64_t)>& fn) {
-  assert(src_box.Contains(what) && dst_box.Contains(what));
-  if (what.empty()) return;
-  const int rank = what.rank();
-  if (rank == 0) {
-    fn(0, 0, element_size);
-    return;
-  }
-  // Merge trailing dimensions that are whole in src, dst and what into one
-  // contiguous run: dimension `split` and everything after it is one run.
-  int64_t run = element_size;
-  int split = rank - 1;
-  run *= what.dim(rank - 1).size();
-  while (split > 0 && what.dim(split) == src_box.dim(split) &&
-         what.dim(split) == dst_box.dim(split)) {
-    --split;
-    run *= what.dim(split).size();
-  }
-  // Byte strides of every dimension in both buffers.
-  absl::InlinedVector<int64_t, 4> src_stride(rank), dst_stride(rank);
-  int64_t s = element_size, t = element_size;
-  for (int d = rank - 1; d >= 0; --d) {
-    src_stride[d] = s;
-    dst_stride[d] = t;
-    s *= src_box.dim(d).size();
-    t *= dst_box.dim(d).size();
-  }
-  // Offsets of what's first element.
-  int64_t src_off = 0, dst_off = 0;
-  for (int d = 0; d < rank; ++d) {
-    src_off += (what.dim(d).begin - src_box.dim(d).begin) * src_stride[d];
-    dst_off += (what.dim(d).begin - dst_box.dim(d).begin) * dst_stride[d];
-  }
-  // Odometer over dimensions [0, split).
-  absl::InlinedVector<int64_t, 4> idx(split, 0);
-  while (true) {
-    fn(src_off, dst_off, run);
-    int d = split - 1;
-    for (; d >= 0; --d) {
-      src_off += src_stride[d];
-      dst_off += dst_stride[d];
-      if (++idx[d] < what.dim(d).size()) break;
-      src_off -= src_stride[d] * idx[d];
-      dst_off -= dst_stride[d] * idx[d];
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
 void CopyRegion(const void* src, const Region& src_box, void* dst,
                 const Region& dst_box, const Region& what,
                 int64_t element_size) {

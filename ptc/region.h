@@ -9,8 +9,8 @@
 #ifndef PTC_PTC_REGION_H_
 #define PTC_PTC_REGION_H_
 
+#include <cassert>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -101,9 +101,56 @@ std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
 // `dst_box`. Trailing dimensions that both boxes hold in full are merged
 // into one run. CopyRegion is a memcpy per run; a transport may turn each
 // run into one remote read instead.
+template <typename Fn>
 void ForEachRun(const Region& src_box, const Region& dst_box,
-                const Region& what, int64_t element_size,
-                const std::function<void(int64_t, int64_t, int64_t)>& fn);
+                const Region& what, int64_t element_size, Fn&& fn) {
+  assert(src_box.Contains(what) && dst_box.Contains(what));
+  if (what.empty()) return;
+  const int rank = what.rank();
+  if (rank == 0) {
+    fn(int64_t{0}, int64_t{0}, element_size);
+    return;
+  }
+  // Merge trailing dimensions that are whole in src, dst and what into one
+  // contiguous run: dimension `split` and everything after it is one run.
+  int64_t run = element_size * what.dim(rank - 1).size();
+  int split = rank - 1;
+  while (split > 0 && what.dim(split) == src_box.dim(split) &&
+         what.dim(split) == dst_box.dim(split)) {
+    --split;
+    run *= what.dim(split).size();
+  }
+  // Byte strides of every dimension in both buffers.
+  absl::InlinedVector<int64_t, 4> src_stride(rank), dst_stride(rank);
+  int64_t s = element_size, t = element_size;
+  for (int d = rank - 1; d >= 0; --d) {
+    src_stride[d] = s;
+    dst_stride[d] = t;
+    s *= src_box.dim(d).size();
+    t *= dst_box.dim(d).size();
+  }
+  // Offsets of what's first element.
+  int64_t src_off = 0, dst_off = 0;
+  for (int d = 0; d < rank; ++d) {
+    src_off += (what.dim(d).begin - src_box.dim(d).begin) * src_stride[d];
+    dst_off += (what.dim(d).begin - dst_box.dim(d).begin) * dst_stride[d];
+  }
+  // Odometer over dimensions [0, split).
+  absl::InlinedVector<int64_t, 4> idx(split, 0);
+  while (true) {
+    fn(src_off, dst_off, run);
+    int d = split - 1;
+    for (; d >= 0; --d) {
+      src_off += src_stride[d];
+      dst_off += dst_stride[d];
+      if (++idx[d] < what.dim(d).size()) break;
+      src_off -= src_stride[d] * idx[d];
+      dst_off -= dst_stride[d] * idx[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
 
 // Copies the elements of `what` from `src` (a dense row-major buffer
 // holding exactly `src_box`) into `dst` (dense row-major, holding exactly

@@ -1,5 +1,6 @@
 #include "ptc/region.h"
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <random>
@@ -147,6 +148,28 @@ TEST_CASE("region: copy of a scalar and of whole rows uses the full run",
   const Region full{{0, 4}, {0, 1000}};
   CopyRegion(src.data(), full, dst.data(), full, full, 1);
   CHECK(src == dst);
+}
+
+TEST_CASE("region: runs merge whole trailing dimensions and come in order",
+          "[ptc][region]") {
+  std::vector<std::array<int64_t, 3>> runs;
+  auto record = [&](int64_t src, int64_t dst, int64_t n) {
+    runs.push_back({src, dst, n});
+  };
+  // Whole rows in both boxes: one run for the whole block.
+  ForEachRun(Region{{0, 8}, {0, 16}}, Region{{2, 6}, {0, 16}},
+             Region{{2, 6}, {0, 16}}, 4, record);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0] == std::array<int64_t, 3>{2 * 16 * 4, 0, 4 * 16 * 4});
+  // A column slice: one run per row, offsets advancing by each box's row.
+  runs.clear();
+  ForEachRun(Region{{0, 8}, {0, 16}}, Region{{0, 8}, {4, 12}},
+             Region{{1, 4}, {4, 12}}, 2, record);
+  REQUIRE(runs.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(runs[i] == std::array<int64_t, 3>{((1 + i) * 16 + 4) * 2,
+                                            (1 + i) * 8 * 2, 8 * 2});
+  }
 }
 
 }  // namespace
