@@ -26,6 +26,7 @@ import json
 import pathlib
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +40,19 @@ MODEL = ("gpt:layers=12,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024,
 
 def events(run_dir):
     return [json.loads(p.read_text()) for p in (run_dir / "events").glob("*.json")]
+
+
+def spare_counts(cluster):
+    """(spares used, missed) by every ptcd's puts so far."""
+    used = missed = 0
+    for port in sorted(cluster.dir.glob("host*.port")):
+        out = subprocess.run([str(cluster.bin / "tools/ptcctl"), "store", "stats", "--host",
+                              f"127.0.0.1:{port.read_text().strip()}", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        counters = json.loads(out)["counters"]
+        used += counters.get("ptc_store_spares_used_total", 0)
+        missed += counters.get("ptc_store_spares_missed_total", 0)
+    return used, missed
 
 
 def phase(args, cluster, run_dir, config, hosts, extra, job):
@@ -101,6 +115,7 @@ def main():
                            str(ckpt)] + (["--save-every", "1", "--gap", str(args.gap)]
                                          if args.periodic else []), job)
             ptc_save = max(e["saved"] for e in ev) - min(e["save_start"] for e in ev)
+            spares = spare_counts(cluster)  # over both saves with --periodic
             # Of the save: the slowest rank's own writes into ptcd, and how
             # far apart the ranks started (the rest is the commit).
             ptc_write = max(e["written"] - e["save_start"] for e in ev)
@@ -121,6 +136,7 @@ def main():
             ckpt_bytes = sum(p.stat().st_size for p in ckpt.glob("*.pt"))
             row = {"run": run, "state_bytes": state_bytes, "checkpoint_bytes": ckpt_bytes,
                    "ptc": {"save": ptc_save, "save_write": ptc_write, "save_skew": save_skew,
+                           "spares_used": spares[0], "spares_missed": spares[1],
                            "reconfigure": reconf, "load": ptc_load,
                            "pause": ptc_save + reconf + ptc_load, "restart": ptc_restart,
                            "plan": report["plan"]},
@@ -130,7 +146,8 @@ def main():
             rows.append(row)
             p, b = row["ptc"], row["baseline"]
             say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} [slowest rank's "
-                f"writes {p['save_write']:.2f}, ranks started {p['save_skew']:.2f} apart] + reconfigure "
+                f"writes {p['save_write']:.2f}, ranks started {p['save_skew']:.2f} apart, "
+                f"{p['spares_used']} puts into ready memory, {p['spares_missed']} not] + reconfigure "
                 f"{p['reconfigure']:.2f} + load {p['load']:.2f}); baseline pause "
                 f"{b['pause']:.2f} s (torch.save {b['save']:.2f} + torch.load and re-slice "
                 f"{b['load']:.2f}); ptc {row['speedup']:.2f}x shorter [restarts: "
