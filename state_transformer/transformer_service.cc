@@ -227,13 +227,44 @@ grpc::Status TransformerService::CommitStaged(
   return ToGrpcStatus(bytes.status());
 }
 
+absl::StatusOr<ReadView> TransformerService::OpenForPeer(
+    const std::string& job, int64_t plan_epoch, int64_t version,
+    const std::string& tensor, const proto::Region& region) {
+  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
+  PTC_RETURN_IF_ERROR(CheckEpoch(job, plan_epoch, false));
+  PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(region));
+  return store_->OpenRead(job, version, tensor, r);
+}
+
+absl::Status TransformerService::ExposeLocked(
+    const std::string& job, int64_t plan_epoch,
+    const std::shared_ptr<RegionBuffer>& buffer, proto::ExposedPart* out) {
+  Exposure& e = exposed_[job];
+  if (e.epoch != plan_epoch) {
+    e.buffers.clear();  // keys of another epoch are never reused
+    e.epoch = plan_epoch;
+  }
+  e.last_use = absl::Now();
+  auto& slot = e.buffers[buffer.get()];
+  if (slot.second == nullptr) {
+    auto reg = ucx_->Register(buffer->data(), buffer->size());
+    if (!reg.ok()) {
+      e.buffers.erase(buffer.get());
+      return reg.status();
+    }
+    slot = {buffer, *std::move(reg)};
+  }
+  out->set_address(slot.second->address());
+  out->set_rkey(slot.second->rkey());
+  return absl::OkStatus();
+}
+
 absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
                                             proto::SendPartResponse* resp) {
-  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
-  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
-  PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
-  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(),
-                                                       req.tensor(), region));
+  PTC_ASSIGN_OR_RETURN(ReadView view,
+                       OpenForPeer(req.job(), req.plan_epoch(), req.version(),
+                                   req.tensor(), req.region()));
+  const Region& region = view.region;
   const int64_t elem = ElementSize(view.decl.dtype);
   if (req.first() < 0 || req.count() < 1 ||
       req.first() + req.count() > region.volume()) {
@@ -265,16 +296,15 @@ absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
 
 absl::Status TransformerService::DoExposePiece(
     const proto::ExposePieceRequest& req, proto::ExposePieceResponse* resp) {
-  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
-  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
-  PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(req.region()));
-  PTC_ASSIGN_OR_RETURN(ReadView view, store_->OpenRead(req.job(), req.version(),
-                                                       req.tensor(), region));
+  PTC_ASSIGN_OR_RETURN(ReadView view,
+                       OpenForPeer(req.job(), req.plan_epoch(), req.version(),
+                                   req.tensor(), req.region()));
   const int64_t elem = ElementSize(view.decl.dtype);
   resp->set_ucx_address(ucx_->address());
   absl::Status unregistered;
   PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
-      region, view.sources, [&](const Region& part, const StoredRegionRef& s) {
+      view.region, view.sources,
+      [&](const Region& part, const StoredRegionRef& s) {
         proto::ExposedPart* out = resp->add_parts();
         RegionToProto(part, out->mutable_part());
         RegionToProto(s.region, out->mutable_stored());
@@ -289,24 +319,9 @@ absl::Status TransformerService::DoExposePiece(
           out->set_checksum(sum.Digest());
         }
         absl::MutexLock lock(&mu_);
-        Exposure& e = exposed_[req.job()];
-        if (e.epoch != req.plan_epoch()) {
-          e.buffers.clear();  // keys of another epoch are never reused
-          e.epoch = req.plan_epoch();
-        }
-        e.last_use = absl::Now();
-        auto& slot = e.buffers[s.buffer.get()];
-        if (slot.second == nullptr) {
-          auto reg = ucx_->Register(s.buffer->data(), s.buffer->size());
-          if (!reg.ok()) {
-            e.buffers.erase(s.buffer.get());
-            if (unregistered.ok()) unregistered = reg.status();
-            return;
-          }
-          slot = {s.buffer, *std::move(reg)};
-        }
-        out->set_address(slot.second->address());
-        out->set_rkey(slot.second->rkey());
+        absl::Status exposed =
+            ExposeLocked(req.job(), req.plan_epoch(), s.buffer, out);
+        if (!exposed.ok() && unregistered.ok()) unregistered = exposed;
       }));
   if (!unregistered.ok()) {
     // The caller falls back to packed sends for this piece.

@@ -58,6 +58,18 @@ class TransformerService final : public proto::Transformer::Service {
                           proto::SendPartResponse* resp);
   absl::Status DoExposePiece(const proto::ExposePieceRequest& req,
                              proto::ExposePieceResponse* resp);
+  // What both UCX calls check before a peer reads `region` of `tensor`:
+  // this ptcd has a worker, the epoch is current, the region is there.
+  absl::StatusOr<ReadView> OpenForPeer(const std::string& job,
+                                       int64_t plan_epoch, int64_t version,
+                                       const std::string& tensor,
+                                       const proto::Region& region);
+  // Registers `buffer` for peers' gets in `job`'s exposure for
+  // `plan_epoch` (once) and writes its address and key into `out`.
+  absl::Status ExposeLocked(const std::string& job, int64_t plan_epoch,
+                            const std::shared_ptr<RegionBuffer>& buffer,
+                            proto::ExposedPart* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the registrations of `job` (all of them, or those of epochs
   // older than `epoch`), and every job's that went unused for a minute.
   void DropExposuresLocked(const std::string& job, int64_t epoch)
