@@ -231,7 +231,6 @@ absl::StatusOr<std::unique_ptr<UcxWorker::Registration>> UcxWorker::Register(
   r->context_ = context_;
   r->memh_ = memh;
   r->address_ = reinterpret_cast<uint64_t>(data);
-  r->size_ = size;
   void* packed;
   size_t packed_size;
   s = ucp_rkey_pack(Ctx(context_), memh, &packed, &packed_size);

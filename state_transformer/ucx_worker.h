@@ -52,7 +52,6 @@ class UcxWorker {
     // The packed remote key a peer passes to Get.
     const std::string& rkey() const { return rkey_; }
     uint64_t address() const { return address_; }
-    size_t size() const { return size_; }
 
    private:
     friend class UcxWorker;
@@ -61,7 +60,6 @@ class UcxWorker {
     void* memh_ = nullptr;     // ucp_mem_h
     std::string rkey_;
     uint64_t address_ = 0;
-    size_t size_ = 0;
   };
 
   // One contiguous read: `size` bytes at `remote` (an address inside a
