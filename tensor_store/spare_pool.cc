@@ -1,5 +1,7 @@
 #include "tensor_store/spare_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -29,33 +31,42 @@ SparePool::~SparePool() {
   EvictAll();
 }
 
-std::optional<SparePool::Spare> SparePool::Take(int64_t size) {
+std::optional<SparePool::Spare> SparePool::Take(int64_t size,
+                                                const Wave& wave) {
   if (capacity_ <= 0 || size > capacity_) return std::nullopt;
   std::vector<Spare> stale;  // closed after the lock is released
   std::optional<Spare> taken;
   {
     absl::MutexLock lock(&mu_);
     auto it = ready_.find(size);
-    if (it != ready_.end() && !it->second.empty()) {
-      taken = std::move(it->second.back());
-      it->second.pop_back();
-      ready_bytes_ -= size;
+    if (it != ready_.end()) {
+      std::vector<Ready>& spares = it->second;
+      for (size_t i = spares.size(); i-- > 0;) {
+        const Wave& w = spares[i].wave;
+        if (w.job == wave.job && w.version >= wave.version) continue;
+        taken = std::move(spares[i].spare);
+        spares.erase(spares.begin() + i);
+        ready_bytes_ -= size;
+        break;
+      }
     }
     // Queue the replacement (or the first one). Spares of other sizes give
     // way: the job's current layout is what the next save will use.
-    int64_t pending = 0;
-    for (int64_t q : queue_) pending += q;
     for (auto other = ready_.begin();
-         ready_bytes_ + pending + size > capacity_ && other != ready_.end();
+         ready_bytes_ + queued_bytes_ + size > capacity_ &&
+         other != ready_.end();
          ++other) {
       while (other->first != size && !other->second.empty() &&
-             ready_bytes_ + pending + size > capacity_) {
+             ready_bytes_ + queued_bytes_ + size > capacity_) {
         ready_bytes_ -= other->first;
-        stale.push_back(std::move(other->second.back()));
+        stale.push_back(std::move(other->second.back().spare));
         other->second.pop_back();
       }
     }
-    if (ready_bytes_ + pending + size <= capacity_) queue_.push_back(size);
+    if (ready_bytes_ + queued_bytes_ + size <= capacity_) {
+      queue_.push_back({size, wave});
+      queued_bytes_ += size;
+    }
   }
   for (Spare& s : stale) close(s.fd);
   (taken ? spares_used_total : spares_missed_total).Add();
@@ -63,14 +74,14 @@ std::optional<SparePool::Spare> SparePool::Take(int64_t size) {
 }
 
 void SparePool::EvictAll() {
-  std::map<int64_t, std::vector<Spare>> gone;
+  std::map<int64_t, std::vector<Ready>> gone;
   {
     absl::MutexLock lock(&mu_);
     gone.swap(ready_);
     ready_bytes_ = 0;
   }
   for (auto& [size, spares] : gone) {
-    for (Spare& s : spares) close(s.fd);
+    for (Ready& r : spares) close(r.spare.fd);
   }
 }
 
@@ -89,8 +100,12 @@ int64_t SparePool::ready_bytes() const {
 }
 
 void SparePool::Loop() {
+  // Idle priority: touching pages is the slow part, and it must not take
+  // the CPU from a save or from training.
+  const sched_param idle{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
   while (true) {
-    int64_t size;
+    Queued next;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -99,17 +114,19 @@ void SparePool::Loop() {
           },
           this));
       if (stop_) return;
-      size = queue_.front();
+      next = std::move(queue_.front());
       queue_.pop_front();
-      busy_ = true;
+      busy_ = true;  // its bytes stay in queued_bytes_ until it is ready
     }
-    Prepare(size);
+    Prepare(next);
     absl::MutexLock lock(&mu_);
+    queued_bytes_ -= next.size;
     busy_ = false;
   }
 }
 
-void SparePool::Prepare(int64_t size) {
+void SparePool::Prepare(const Queued& q) {
+  const int64_t size = q.size;
   auto reservation = budget_->Reserve(size, "a spare save buffer");
   if (!reservation.ok()) return;  // the store is full: no spare
   const int fd = memfd_create("ptc-spare", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -133,7 +150,7 @@ void SparePool::Prepare(int64_t size) {
     close(fd);
     return;
   }
-  ready_[size].push_back(Spare{fd, std::move(*reservation)});
+  ready_[size].push_back({Spare{fd, std::move(*reservation)}, q.wave});
   ready_bytes_ += size;
   Log("tensor_store")->trace("spare save buffer of {} bytes ready", size);
 }

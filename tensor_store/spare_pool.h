@@ -6,11 +6,18 @@
 // bytes writes into ready memory. Each spare is used once and then sealed
 // with its region as usual: no memory is ever written after its checksum.
 //
+// A spare is for a later save than the one that asked for it (the same job
+// and an older version may not take it): otherwise a save's later puts of a
+// repeated size (every layer's) would use up the spares its earlier puts
+// queued, and the next save would find only part of its memory ready.
+// Spares are prepared by a thread at idle priority (SCHED_IDLE), so that
+// preparing them never slows a save or training running meanwhile.
+//
 // Spares count against the store's memory budget; a put that would not fit
 // evicts them first (EvictAll). Thread-safe.
 //
 //   SparePool pool(&budget, 1 << 30);
-//   std::optional<SparePool::Spare> s = pool.Take(bytes);   // or nullopt
+//   std::optional<SparePool::Spare> s = pool.Take(bytes, "run7", 1200);
 #ifndef PTC_TENSOR_STORE_SPARE_POOL_H_
 #define PTC_TENSOR_STORE_SPARE_POOL_H_
 
@@ -18,6 +25,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +41,11 @@ class SparePool {
     int fd = -1;  // memfd of exactly the size asked for; the taker owns it
     MemoryBudget::Reservation reservation;
   };
+  // The save a spare was asked for by: a put into `version` of `job`.
+  struct Wave {
+    std::string job;
+    int64_t version = 0;
+  };
 
   // `capacity` bytes at most are kept ready; 0 disables the pool.
   SparePool(MemoryBudget* budget, int64_t capacity);
@@ -40,10 +53,12 @@ class SparePool {
   SparePool(const SparePool&) = delete;
   SparePool& operator=(const SparePool&) = delete;
 
-  // A ready spare of exactly `size` bytes, if there is one. Either way, a
-  // spare of `size` is queued for the next taker; ready spares of other
-  // sizes are dropped if the capacity is needed for it.
-  std::optional<Spare> Take(int64_t size);
+  // A ready spare of exactly `size` bytes for a put into `wave`, if there
+  // is one (one that a put of another job, or of an older version of the
+  // same job, asked for). Either way, a spare of `size` is queued for the
+  // next save; ready spares of other sizes are dropped if the capacity is
+  // needed for it.
+  std::optional<Spare> Take(int64_t size, const Wave& wave);
   // Frees every ready spare (their memory returns to the budget).
   void EvictAll();
   // Blocks until no spare is being prepared or queued; for benchmarks.
@@ -51,15 +66,25 @@ class SparePool {
   int64_t ready_bytes() const;
 
  private:
+  struct Ready {
+    Spare spare;
+    Wave wave;  // asked for by
+  };
+  struct Queued {
+    int64_t size = 0;
+    Wave wave;
+  };
+
   void Loop();
-  void Prepare(int64_t size);
+  void Prepare(const Queued& q);
 
   MemoryBudget* budget_;
   const int64_t capacity_;
   mutable absl::Mutex mu_;
-  std::map<int64_t, std::vector<Spare>> ready_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<Ready>> ready_ ABSL_GUARDED_BY(mu_);
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<int64_t> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -174,7 +174,8 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
   // Take ready memory if there is some (saves repeat their sizes).
-  std::optional<SparePool::Spare> spare = spares_.Take(put->bytes);
+  std::optional<SparePool::Spare> spare =
+      spares_.Take(put->bytes, {job, version});
   if (spare) {
     PTC_ASSIGN_OR_RETURN(
         put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,

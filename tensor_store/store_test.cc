@@ -141,19 +141,33 @@ TEST_CASE(
   Store s({/*memory_limit_bytes=*/16 << 20, /*spare_pool_bytes=*/4 << 20});
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kUInt8, {8, 1 << 20}}}).ok());
   const Region row0{{0, 1}, {0, 1 << 20}};
+  const Region row1{{1, 2}, {0, 1 << 20}};
   auto first = s.BeginPut("job", 1, "w", row0, std::nullopt, /*map=*/false);
   REQUIRE(first.ok());
   s.spares().WaitIdle();
   CHECK(s.spares().ready_bytes() == (1 << 20));  // prepared for the next save
-  first->reset();
-  auto second = s.BeginPut("job", 1, "w", row0, std::nullopt, /*map=*/false);
-  REQUIRE(second.ok());
-  // The spare was taken; a replacement is on its way.
+  // The spare is for the next save: the same save's next put of that size
+  // does not take it (and queues one more).
+  auto first_row1 =
+      s.BeginPut("job", 1, "w", row1, std::nullopt, /*map=*/false);
+  REQUIRE(first_row1.ok());
   s.spares().WaitIdle();
-  CHECK(s.spares().ready_bytes() == (1 << 20));
-  CHECK(s.budget().used() == (2 << 20));
-  // A save of another size pushes out the spare of the old size.
-  auto other = s.BeginPut("job", 2, "w", Region{{0, 4}, {0, 1 << 20}},
+  CHECK(s.spares().ready_bytes() == (2 << 20));
+  first->reset();
+  first_row1->reset();
+  // The next save finds both ready; each take queues a replacement.
+  auto second = s.BeginPut("job", 2, "w", row0, std::nullopt, /*map=*/false);
+  REQUIRE(second.ok());
+  auto second_row1 =
+      s.BeginPut("job", 2, "w", row1, std::nullopt, /*map=*/false);
+  REQUIRE(second_row1.ok());
+  CHECK(s.spares().ready_bytes() == 0);
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (2 << 20));
+  CHECK(s.budget().used() == (4 << 20));
+  second_row1->reset();
+  // A save of another size pushes out the spares of the old size.
+  auto other = s.BeginPut("job", 3, "w", Region{{0, 4}, {0, 1 << 20}},
                           std::nullopt, false);
   REQUIRE(other.ok());
   s.spares().WaitIdle();
@@ -163,7 +177,7 @@ TEST_CASE(
   // Real data that needs the spare's room gets it.
   CHECK(s.budget().used() == (4 << 20));  // just the spare
   REQUIRE(s.DeclareTensors("job", {{"big", DType::kUInt8, {13 << 20}}}).ok());
-  auto big = s.BeginPut("job", 3, "big", Region{{0, 13 << 20}});
+  auto big = s.BeginPut("job", 4, "big", Region{{0, 13 << 20}});
   REQUIRE(big.ok());
   CHECK(s.spares().ready_bytes() == 0);
 }

@@ -137,7 +137,8 @@ def main():
             row = {"run": run, "state_bytes": state_bytes, "checkpoint_bytes": ckpt_bytes,
                    "ptc": {"save": ptc_save, "save_write": ptc_write, "save_skew": save_skew,
                            "spares_used": spares[0], "spares_missed": spares[1],
-                           "reconfigure": reconf, "load": ptc_load,
+                           "reconfigure": reconf, "staging": report["staging_seconds"],
+                           "verifying": report["verifying_seconds"], "load": ptc_load,
                            "pause": ptc_save + reconf + ptc_load, "restart": ptc_restart,
                            "plan": report["plan"]},
                    "baseline": {"save": base_save, "load": base_load,
@@ -148,7 +149,8 @@ def main():
             say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} [slowest rank's "
                 f"writes {p['save_write']:.2f}, ranks started {p['save_skew']:.2f} apart, "
                 f"{p['spares_used']} puts into ready memory, {p['spares_missed']} not] + reconfigure "
-                f"{p['reconfigure']:.2f} + load {p['load']:.2f}); baseline pause "
+                f"{p['reconfigure']:.2f} [staging {p['staging']:.2f}, verifying "
+                f"{p['verifying']:.2f}] + load {p['load']:.2f}); baseline pause "
                 f"{b['pause']:.2f} s (torch.save {b['save']:.2f} + torch.load and re-slice "
                 f"{b['load']:.2f}); ptc {row['speedup']:.2f}x shorter [restarts: "
                 f"{p['restart']:.1f} / {b['restart']:.1f} s, not counted]")
