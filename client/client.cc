@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -116,7 +117,10 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
 }
 
 Client::Save::Save(Client* client, int64_t version)
-    : client_(client), version_(version), buffers_(client->regions_.size()) {}
+    : client_(client),
+      version_(version),
+      buffers_(client->regions_.size()),
+      written_checksums_(client->regions_.size()) {}
 
 Client::Save::~Save() {
   if (committed_) return;
@@ -140,8 +144,31 @@ absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i) {
                                                       r.key, r.region));
     buffers_[i] = std::move(b);
   }
+  // The caller may change the bytes: Commit checksums them itself.
+  written_checksums_[i].reset();
   return absl::Span<uint8_t>(buffers_[i]->data(),
                              static_cast<size_t>(buffers_[i]->size()));
+}
+
+absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
+  PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, Buffer(i));
+  if (bytes.size() != dst.size()) {
+    const RankRegion& r = client_->regions_[i];
+    return absl::InvalidArgumentError(
+        absl::StrCat("region ", i, " (", r.key, " ", r.region.ToString(),
+                     ") holds ", dst.size(), " bytes but ", bytes.size(),
+                     " were given (shape or dtype does not match the layout)"));
+  }
+  // Chunks that stay in the L2 cache between the copy and the checksum.
+  constexpr size_t kChunk = 256 << 10;
+  StreamingChecksum sum;
+  for (size_t off = 0; off < bytes.size(); off += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - off);
+    std::memcpy(dst.data() + off, bytes.data() + off, n);
+    sum.Update(dst.data() + off, n);
+  }
+  written_checksums_[i] = sum.Digest();
+  return absl::OkStatus();
 }
 
 absl::Status Client::Save::PutSmallObject(const std::string& name,
@@ -189,7 +216,8 @@ absl::StatusOr<bool> Client::Save::Commit() {
   const std::string& job = client_->job();
   for (size_t i = 0; i < regions.size(); ++i) {
     LocalClient::PutBuffer& b = *buffers_[i];
-    const uint64_t sum = Checksum(b.data(), b.size());
+    const uint64_t sum = written_checksums_[i] ? *written_checksums_[i]
+                                               : Checksum(b.data(), b.size());
     auto stored = local.CommitPut(&b, sum);
     if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
       // Another rank on this host (a data-parallel replica, or the other

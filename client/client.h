@@ -98,6 +98,11 @@ class Client {
     // The writable bytes of regions()[i], in daemon-owned shared memory,
     // allocated on first use. Fill them row-major before Commit.
     absl::StatusOr<absl::Span<uint8_t>> Buffer(int i);
+    // Copies `bytes` (exactly regions()[i].bytes, row-major) into region i
+    // and takes its checksum during the copy, while each chunk is in
+    // cache, so that Commit does not read the region again. The fastest
+    // way to save a region that is already contiguous in memory.
+    absl::Status Write(int i, absl::Span<const uint8_t> bytes);
     // A small object of the model spec for this rank (at most 60 KiB).
     absl::Status PutSmallObject(const std::string& name,
                                 const std::string& bytes);
@@ -115,6 +120,8 @@ class Client {
     Client* client_;
     int64_t version_;
     std::vector<std::optional<LocalClient::PutBuffer>> buffers_;
+    // xxh3 of region i taken by Write (unset once Buffer(i) hands it out).
+    std::vector<std::optional<uint64_t>> written_checksums_;
     std::map<std::string, std::string> small_;
     bool committed_ = false;
   };

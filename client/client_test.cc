@@ -44,7 +44,9 @@ std::string SmallFor(const std::string& name, int rank) {
   return tools::SyntheticSmallObject(name, rank);
 }
 
-// Every rank saves its regions (synthetic values) and small objects.
+// Every rank saves its regions (synthetic values) and small objects: odd
+// regions by copy (Write, checksummed during the copy), even ones filled
+// in place (Buffer, checksummed at Commit).
 void SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t version) {
   bool committed = false;
   for (auto& c : clients) {
@@ -52,6 +54,17 @@ void SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t version) {
     REQUIRE(save.ok());
     for (int i = 0; i < static_cast<int>(c->regions().size()); ++i) {
       const RankRegion& r = c->regions()[i];
+      if (i % 2 == 1) {
+        const std::vector<char> bytes =
+            tools::Synthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype));
+        REQUIRE(
+            (*save)
+                ->Write(i, absl::MakeConstSpan(
+                               reinterpret_cast<const uint8_t*>(bytes.data()),
+                               bytes.size()))
+                .ok());
+        continue;
+      }
       auto dst = (*save)->Buffer(i);
       REQUIRE(dst.ok());
       REQUIRE(static_cast<int64_t>(dst->size()) == r.bytes);
@@ -184,6 +197,15 @@ TEST_CASE("client: each misuse gets an error that says what to do",
   auto save = c0->BeginSave(3);
   REQUIRE(save.ok());
   CHECK((*save)->Buffer(999).status().code() == absl::StatusCode::kOutOfRange);
+  const std::vector<uint8_t> short_bytes(3, 7);
+  const absl::Status too_short = (*save)->Write(0, short_bytes);
+  CHECK(too_short.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(too_short.message(), "bytes but 3 were given"));
+  // Written by copy, then changed in place: Commit checksums what is there
+  // (the daemon would refuse a stale checksum).
+  std::vector<uint8_t> ones(c0->regions()[0].bytes, 1);
+  REQUIRE((*save)->Write(0, ones).ok());
+  std::memset((*save)->Buffer(0)->data(), 0, ones.size());
   CHECK((*save)->PutSmallObject("rng.cuda", "x").code() ==
         absl::StatusCode::kInvalidArgument);
   auto unwritten = (*save)->Commit();

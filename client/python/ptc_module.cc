@@ -230,13 +230,6 @@ PYBIND11_MODULE(_ptc, m) {
           "write",
           [](Client::Save& s, int i, py::buffer data) {
             py::buffer_info info = data.request();
-            absl::Span<uint8_t> dst = Value(s.Buffer(i));
-            const int64_t bytes = info.size * info.itemsize;
-            if (bytes != static_cast<int64_t>(dst.size())) {
-              Check(absl::InvalidArgumentError(absl::StrCat(
-                  "region ", i, " holds ", dst.size(), " bytes but ", bytes,
-                  " were given (shape or dtype does not match the layout)")));
-            }
             // Row-major and dense, or refuse: no silent reordering.
             py::ssize_t expect = info.itemsize;
             for (int d = info.ndim - 1; d >= 0; --d) {
@@ -245,8 +238,10 @@ PYBIND11_MODULE(_ptc, m) {
                     "the data must be C-contiguous (use .contiguous())"));
               expect *= info.shape[d];
             }
-            py::gil_scoped_release release;
-            std::memcpy(dst.data(), info.ptr, bytes);
+            const absl::Span<const uint8_t> bytes(
+                static_cast<const uint8_t*>(info.ptr),
+                static_cast<size_t>(info.size * info.itemsize));
+            Unlocked([&] { return s.Write(i, bytes); });
           },
           py::arg("index"), py::arg("data"),
           "copies a C-contiguous buffer (numpy array, torch tensor via "
