@@ -1,10 +1,14 @@
 #include "tensor_store/spare_pool.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
+
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "tensor_store/region_buffer.h"
@@ -14,6 +18,23 @@ namespace {
 
 Counter& spares_used_total = GetCounter("ptc_store_spares_used_total");
 Counter& spares_missed_total = GetCounter("ptc_store_spares_missed_total");
+
+// True while every CPU has a runnable thread besides the caller. The fourth
+// field of /proc/loadavg ("3/456") counts the runnable threads now, the
+// caller included.
+bool CpusBusy() {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[128];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  long running = 0;
+  if (std::sscanf(buf, "%*f %*f %*f %ld/", &running) != 1) return false;
+  return running - 1 >= cpus;
+}
 
 }  // namespace
 
@@ -142,8 +163,24 @@ void SparePool::Prepare(const Queued& q) {
     return;
   }
   AdviseHugePages(p, size);
+  // A huge page at a time, each after waiting (a little) for a free CPU:
+  // idle priority alone does not keep this thread off a busy CPU, because
+  // the kernel zeroes a whole huge page (milliseconds on a VM that backs
+  // fresh memory slowly) without being preempted.
+  constexpr int64_t kStep = 2 << 20;
+  constexpr absl::Duration kMaxWait = absl::Milliseconds(50);
   volatile char* bytes = static_cast<char*>(p);
-  for (int64_t off = 0; off < size; off += 4096) bytes[off] = 0;
+  bool stopped = false;
+  for (int64_t off = 0; off < size && !stopped; off += 4096) {
+    if (off % kStep == 0) {
+      const absl::Time give_up = absl::Now() + kMaxWait;
+      while (CpusBusy() && absl::Now() < give_up)
+        absl::SleepFor(absl::Milliseconds(2));
+      absl::MutexLock lock(&mu_);
+      stopped = stop_;
+    }
+    bytes[off] = 0;
+  }
   munmap(p, size);
   absl::MutexLock lock(&mu_);
   if (stop_ || ready_bytes_ + size > capacity_) {

@@ -10,14 +10,15 @@
 // and an older version may not take it): otherwise a save's later puts of a
 // repeated size (every layer's) would use up the spares its earlier puts
 // queued, and the next save would find only part of its memory ready.
-// Spares are prepared by a thread at idle priority (SCHED_IDLE), so that
-// preparing them never slows a save or training running meanwhile.
+// Spares are prepared by a thread at idle priority (SCHED_IDLE) that also
+// waits up to 50 ms before each huge page while every CPU is busy, so that
+// preparing them hardly slows a save, a reconfiguration or training.
 //
 // Spares count against the store's memory budget; a put that would not fit
 // evicts them first (EvictAll). Thread-safe.
 //
 //   SparePool pool(&budget, 1 << 30);
-//   std::optional<SparePool::Spare> s = pool.Take(bytes, "run7", 1200);
+//   std::optional<SparePool::Spare> s = pool.Take(bytes, {"run7", 1200});
 #ifndef PTC_TENSOR_STORE_SPARE_POOL_H_
 #define PTC_TENSOR_STORE_SPARE_POOL_H_
 
