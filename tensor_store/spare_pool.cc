@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -36,10 +38,43 @@ bool CpusBusy() {
   return running - 1 >= cpus;
 }
 
+// A field of /proc/meminfo in bytes ("MemAvailable:  123456 kB"), or -1.
+int64_t MemInfoBytes(const char* field) {
+  std::FILE* f = std::fopen("/proc/meminfo", "re");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t out = -1;
+  const size_t len = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
+      long long kb = 0;
+      if (std::sscanf(line + len + 1, "%lld", &kb) == 1) out = kb * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+// Spares are given back when the machine's available memory falls below
+// this, and none is prepared that would take it below: training processes
+// must never run out of memory because ptcd keeps some ready.
+int64_t MemoryFloor() {
+  const int64_t total = MemInfoBytes("MemTotal");
+  return std::max<int64_t>(int64_t{1} << 30, total / 8);
+}
+
+// Whether `more` bytes can be taken while leaving the floor available (true
+// where /proc/meminfo cannot be read).
+bool MemoryFits(int64_t more, int64_t floor) {
+  const int64_t available = MemInfoBytes("MemAvailable");
+  return available < 0 || available - more >= floor;
+}
+
 }  // namespace
 
 SparePool::SparePool(MemoryBudget* budget, int64_t capacity)
-    : budget_(budget), capacity_(capacity) {
+    : budget_(budget), capacity_(capacity), memory_floor_(MemoryFloor()) {
   if (capacity_ > 0) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -129,12 +164,28 @@ void SparePool::Loop() {
     Queued next;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
-            return p->stop_ || !p->queue_.empty();
-          },
-          this));
+      // Wakes for work, and every 100 ms to check that the machine's memory
+      // is not short.
+      const bool work = mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
+                return p->stop_ || !p->queue_.empty();
+              },
+              this),
+          absl::Milliseconds(100));
       if (stop_) return;
+      if (ready_bytes_ > 0 && !MemoryFits(0, memory_floor_)) {
+        const int64_t gone = ready_bytes_;
+        mu_.Unlock();
+        EvictAll();
+        Log("tensor_store")
+            ->info(
+                "memory is short (less than {} bytes available): gave back "
+                "{} bytes of spare save buffers",
+                memory_floor_, gone);
+        mu_.Lock();
+      }
+      if (!work || queue_.empty()) continue;
       next = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;  // its bytes stay in queued_bytes_ until it is ready
@@ -148,6 +199,7 @@ void SparePool::Loop() {
 
 void SparePool::Prepare(const Queued& q) {
   const int64_t size = q.size;
+  if (!MemoryFits(size, memory_floor_)) return;
   auto reservation = budget_->Reserve(size, "a spare save buffer");
   if (!reservation.ok()) return;  // the store is full: no spare
   const int fd = memfd_create("ptc-spare", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -177,13 +229,13 @@ void SparePool::Prepare(const Queued& q) {
       while (CpusBusy() && absl::Now() < give_up)
         absl::SleepFor(absl::Milliseconds(2));
       absl::MutexLock lock(&mu_);
-      stopped = stop_;
+      stopped = stop_ || !MemoryFits(0, memory_floor_);
     }
     bytes[off] = 0;
   }
   munmap(p, size);
   absl::MutexLock lock(&mu_);
-  if (stop_ || ready_bytes_ + size > capacity_) {
+  if (stopped || stop_ || ready_bytes_ + size > capacity_) {
     close(fd);
     return;
   }

@@ -15,13 +15,17 @@
 // preparing them hardly slows a save, a reconfiguration or training.
 //
 // Spares count against the store's memory budget; a put that would not fit
-// evicts them first (EvictAll). Thread-safe.
+// evicts them first (EvictAll). They also give way to the machine's other
+// processes: when the available memory (MemAvailable) falls below an eighth
+// of the machine's (at least 1 GiB), every ready spare is freed within
+// 100 ms, and no spare is prepared that would go below it. Thread-safe.
 //
 //   SparePool pool(&budget, 1 << 30);
 //   std::optional<SparePool::Spare> s = pool.Take(bytes, {"run7", 1200});
 #ifndef PTC_TENSOR_STORE_SPARE_POOL_H_
 #define PTC_TENSOR_STORE_SPARE_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -65,6 +69,9 @@ class SparePool {
   // Blocks until no spare is being prepared or queued; for benchmarks.
   void WaitIdle();
   int64_t ready_bytes() const;
+  // The available memory (bytes) the pool leaves to others; by default an
+  // eighth of the machine's, at least 1 GiB.
+  void SetMemoryFloor(int64_t bytes) { memory_floor_ = bytes; }
 
  private:
   struct Ready {
@@ -81,6 +88,9 @@ class SparePool {
 
   MemoryBudget* budget_;
   const int64_t capacity_;
+  // Available memory (bytes) the pool leaves to others: spares are given
+  // back when less is available, and not prepared if they would go below.
+  std::atomic<int64_t> memory_floor_;
   mutable absl::Mutex mu_;
   std::map<int64_t, std::vector<Ready>> ready_ ABSL_GUARDED_BY(mu_);
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/checksum.h"
 
 namespace ptc {
@@ -180,6 +181,29 @@ TEST_CASE(
   auto big = s.BeginPut("job", 4, "big", Region{{0, 13 << 20}});
   REQUIRE(big.ok());
   CHECK(s.spares().ready_bytes() == 0);
+}
+
+TEST_CASE("spare pool: spares give way when the machine's memory is short",
+          "[tensor_store]") {
+  MemoryBudget budget(64 << 20);
+  SparePool pool(&budget, 8 << 20);
+  // No spare that would leave less than the floor available.
+  pool.SetMemoryFloor(int64_t{1} << 62);
+  CHECK(!pool.Take(1 << 20, {"job", 1}));
+  pool.WaitIdle();
+  CHECK(pool.ready_bytes() == 0);
+  CHECK(budget.used() == 0);
+  // Ready spares are given back when memory becomes short.
+  pool.SetMemoryFloor(0);
+  CHECK(!pool.Take(1 << 20, {"job", 2}));
+  pool.WaitIdle();
+  REQUIRE(pool.ready_bytes() == (1 << 20));
+  pool.SetMemoryFloor(int64_t{1} << 62);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (pool.ready_bytes() > 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(10));
+  CHECK(pool.ready_bytes() == 0);
+  CHECK(budget.used() == 0);
 }
 
 TEST_CASE(
