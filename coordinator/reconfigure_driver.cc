@@ -311,10 +311,21 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   return report;
 }
 
+void OnEachAddress(const std::vector<std::string>& addresses,
+                   const std::function<void(const std::string&)>& fn) {
+  std::vector<std::thread> threads;
+  threads.reserve(addresses.size());
+  for (const std::string& address : addresses)
+    threads.emplace_back([&fn, &address] { fn(address); });
+  for (std::thread& t : threads) t.join();
+}
+
 absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
                             const std::string& job, int64_t version,
                             int64_t epoch) {
-  for (const std::string& address : addresses) {
+  absl::Mutex mu;
+  absl::Status failure;
+  OnEachAddress(addresses, [&](const std::string& address) {
     absl::Status s;
     for (int attempt = 0; attempt < 5; ++attempt) {
       auto stub = proto::Transformer::NewStub(Channel(address));
@@ -330,18 +341,22 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
       absl::SleepFor(absl::Milliseconds(200 << attempt));
     }
     if (!s.ok()) {
-      return Annotate(
-          s, absl::StrCat("version ", version, " of job '", job,
-                          "' is decided committed but ", address,
-                          " has not acknowledged; the commit will be retried"));
+      absl::MutexLock lock(&mu);
+      if (failure.ok()) {
+        failure = Annotate(
+            s, absl::StrCat("version ", version, " of job '", job,
+                            "' is decided committed but ", address,
+                            " has not acknowledged; the commit will be "
+                            "retried"));
+      }
     }
-  }
-  return absl::OkStatus();
+  });
+  return failure;
 }
 
 void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch) {
-  for (const std::string& address : addresses) {
+  OnEachAddress(addresses, [&](const std::string& address) {
     auto stub = proto::Transformer::NewStub(Channel(address));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -356,12 +371,12 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
           ->warn("job {} epoch {}: aborting version {} on {}: {}", job, epoch,
                  version, address, s.error_message());
     }
-  }
+  });
 }
 
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version) {
-  for (const std::string& address : addresses) {
+  OnEachAddress(addresses, [&](const std::string& address) {
     auto deleted = StoreClient::Connect(address)->DeleteVersion(job, version);
     if (!deleted.ok() &&
         deleted.status().code() != absl::StatusCode::kNotFound) {
@@ -369,7 +384,7 @@ void ReleaseOn(const std::vector<std::string>& addresses,
           ->warn("job {}: releasing version {} on {}: {}", job, version,
                  address, deleted.status().ToString());
     }
-  }
+  });
 }
 
 }  // namespace ptc

@@ -124,6 +124,7 @@ TEST_CASE("local: a mapping outlives the delete of its version until released",
     CHECK(d->server->store()->budget().used() == kRows * kCols * 4);
   }
   // Released: the memory is back.
+  d->server->store()->WaitReleased();
   CHECK(d->server->store()->budget().used() == 0);
 }
 

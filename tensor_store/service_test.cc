@@ -157,6 +157,7 @@ TEST_CASE("tensor store: commit, stat, stats and delete",
   auto deleted = d->client->DeleteVersion("job", 1);
   REQUIRE(deleted.ok());
   CHECK(*deleted == 800);
+  d->server->store()->WaitReleased();  // freed in the background
   CHECK(d->client->Stats()->memory_used_bytes() == 0);
   CHECK(d->client->Stat("job", 1, "w").status().code() ==
         absl::StatusCode::kNotFound);
@@ -390,6 +391,7 @@ TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
   CHECK(over.status().message().find("memory limit") != std::string::npos);
   CHECK(d->client->Stats()->memory_used_bytes() == used);
   REQUIRE(d->client->DeleteVersion("job", 1).ok());
+  d->server->store()->WaitReleased();
   CHECK(d->client->Stats()->memory_used_bytes() == 0);
   CHECK(d->client
             ->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(),

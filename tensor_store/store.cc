@@ -184,8 +184,10 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
     const std::string what =
         absl::StrCat("a put of ", region.ToString(), " of ", where);
     auto r = budget_.Reserve(put->bytes, what);
-    if (!r.ok() && spares_.ready_bytes() > 0) {
-      spares_.EvictAll();  // spares give way to real data
+    if (!r.ok()) {
+      // Deleted versions being freed, then spares, give way to real data.
+      WaitReleased();
+      if (spares_.ready_bytes() > 0) spares_.EvictAll();
       r = budget_.Reserve(put->bytes, what);
     }
     if (!r.ok()) return r.status();
@@ -428,9 +430,12 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
         absl::StrCat(what, ": checksum mismatch, the bytes were damaged"));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
-  PTC_ASSIGN_OR_RETURN(
-      MemoryBudget::Reservation memory,
-      budget_.Reserve(static_cast<int64_t>(bytes.size()), what));
+  auto reserved = budget_.Reserve(static_cast<int64_t>(bytes.size()), what);
+  if (!reserved.ok()) {
+    WaitReleased();  // a version deleted just before may still be freeing
+    reserved = budget_.Reserve(static_cast<int64_t>(bytes.size()), what);
+  }
+  PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation memory, std::move(reserved));
   ref.bytes = std::make_shared<const std::string>(std::move(bytes));
   absl::MutexLock lock(&j->mu);
   PTC_ASSIGN_OR_RETURN(Version * v, OpenVersionLocked(*j, job, version));
@@ -483,7 +488,7 @@ absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
 absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
                                              int64_t version) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
-  Version gone;  // destroyed after the lock is released
+  Version gone;
   {
     absl::MutexLock lock(&j->mu);
     auto v = j->versions.find(version);
@@ -494,9 +499,56 @@ absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
     gone = std::move(v->second);
     j->versions.erase(v);
   }
+  const int64_t bytes = gone.bytes;
   Log("tensor_store")
-      ->info("job {} version {} deleted ({} bytes)", job, version, gone.bytes);
-  return gone.bytes;
+      ->info("job {} version {} deleted ({} bytes)", job, version, bytes);
+  absl::MutexLock lock(&release_mu_);
+  releasing_.push_back(std::move(gone));  // its memory is freed by ReleaseLoop
+  return bytes;
+}
+
+Store::Store(StoreOptions options)
+    : budget_(options.memory_limit_bytes),
+      spares_(&budget_, options.spare_pool_bytes) {
+  release_thread_ = std::thread([this] { ReleaseLoop(); });
+}
+
+Store::~Store() {
+  {
+    absl::MutexLock lock(&release_mu_);
+    release_stop_ = true;
+  }
+  release_thread_.join();
+}
+
+void Store::ReleaseLoop() {
+  while (true) {
+    Version gone;
+    {
+      absl::MutexLock lock(&release_mu_);
+      release_mu_.Await(absl::Condition(
+          +[](Store* s) ABSL_SHARED_LOCKS_REQUIRED(s->release_mu_) {
+            return s->release_stop_ || !s->releasing_.empty();
+          },
+          this));
+      if (releasing_.empty()) return;  // stopping, and nothing left
+      gone = std::move(releasing_.front());
+      releasing_.pop_front();
+      release_busy_ = true;
+    }
+    gone = Version();  // unmaps and closes its buffers (unless leased)
+    absl::MutexLock lock(&release_mu_);
+    release_busy_ = false;
+  }
+}
+
+void Store::WaitReleased() {
+  absl::MutexLock lock(&release_mu_);
+  release_mu_.Await(absl::Condition(
+      +[](Store* s) ABSL_SHARED_LOCKS_REQUIRED(s->release_mu_) {
+        return s->releasing_.empty() && !s->release_busy_;
+      },
+      this));
 }
 
 namespace {

@@ -21,11 +21,13 @@
 #define PTC_TENSOR_STORE_STORE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -98,9 +100,11 @@ struct StoreOptions {
 
 class Store {
  public:
-  explicit Store(StoreOptions options)
-      : budget_(options.memory_limit_bytes),
-        spares_(&budget_, options.spare_pool_bytes) {}
+  explicit Store(StoreOptions options);
+  // Frees every deleted version's memory first.
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
 
   // Declares tensors of `job` (creating the job); returns how many were new.
   absl::StatusOr<int> DeclareTensors(const std::string& job,
@@ -152,8 +156,13 @@ class Store {
 
   // Returns the version's bytes.
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
+  // Removes the version at once; its memory is freed in the background
+  // (see WaitReleased). Returns the version's bytes.
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
+  // Waits until the memory of every deleted version (DeleteVersion frees it
+  // in the background) is back in the budget, unless a lease holds it.
+  void WaitReleased();
 
   // Empty `job` lists all jobs.
   proto::ListResponse List(const std::string& job) const;
@@ -190,9 +199,18 @@ class Store {
                                                     int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu);
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> Jobs() const;
-
+  // Deleted versions are freed by a thread of their own: DeleteVersion
+  // returns once the version is gone from the index, without waiting for
+  // its memory (freeing a GiB of shared memory takes a third of a second
+  // on a VM, and a client's save waits for the previous version's release).
+  void ReleaseLoop();
   MemoryBudget budget_;
   SparePool spares_;  // after budget_: returns its memory before budget_ dies
+  absl::Mutex release_mu_;
+  std::deque<Version> releasing_ ABSL_GUARDED_BY(release_mu_);
+  bool release_busy_ ABSL_GUARDED_BY(release_mu_) = false;
+  bool release_stop_ ABSL_GUARDED_BY(release_mu_) = false;
+  std::thread release_thread_;  // after what it frees into
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

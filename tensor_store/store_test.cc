@@ -48,6 +48,7 @@ TEST_CASE("store: a version deleted while a put runs aborts the put",
   REQUIRE(s.DeleteVersion("job", 1).ok());
   CHECK(s.FinishPut(std::move(put)).status().code() ==
         absl::StatusCode::kAborted);
+  s.WaitReleased();
   CHECK(s.budget().used() == 0);
 }
 
@@ -242,6 +243,7 @@ TEST_CASE(
   CHECK(s.PutSmallObject("job", 1, "step", 0, "7").code() ==
         absl::StatusCode::kFailedPrecondition);
   REQUIRE(s.DeleteVersion("job", 1).ok());
+  s.WaitReleased();
   CHECK(s.budget().used() == 0);
   // A reference taken before the delete stays valid.
   CHECK(*got->bytes == "state of rank 1");
