@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -199,7 +200,10 @@ void SparePool::Loop() {
 
 void SparePool::Prepare(const Queued& q) {
   const int64_t size = q.size;
-  if (!MemoryFits(size, memory_floor_)) return;
+  // Twice the floor to start one, so that spares given back under memory
+  // pressure are not prepared again at once (and again given back).
+  const int64_t floor = memory_floor_;
+  if (!MemoryFits(size, std::min(floor, INT64_MAX / 2) * 2)) return;
   auto reservation = budget_->Reserve(size, "a spare save buffer");
   if (!reservation.ok()) return;  // the store is full: no spare
   const int fd = memfd_create("ptc-spare", MFD_CLOEXEC | MFD_ALLOW_SEALING);

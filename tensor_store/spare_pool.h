@@ -18,7 +18,8 @@
 // evicts them first (EvictAll). They also give way to the machine's other
 // processes: when the available memory (MemAvailable) falls below an eighth
 // of the machine's (at least 1 GiB), every ready spare is freed within
-// 100 ms, and no spare is prepared that would go below it. Thread-safe.
+// 100 ms, and a spare is prepared only if twice that would stay available.
+// Thread-safe.
 //
 //   SparePool pool(&budget, 1 << 30);
 //   std::optional<SparePool::Spare> s = pool.Take(bytes, {"run7", 1200});
@@ -89,7 +90,7 @@ class SparePool {
   MemoryBudget* budget_;
   const int64_t capacity_;
   // Available memory (bytes) the pool leaves to others: spares are given
-  // back when less is available, and not prepared if they would go below.
+  // back when less is available, and prepared only while twice this stays.
   std::atomic<int64_t> memory_floor_;
   mutable absl::Mutex mu_;
   std::map<int64_t, std::vector<Ready>> ready_ ABSL_GUARDED_BY(mu_);
