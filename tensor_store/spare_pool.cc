@@ -163,11 +163,12 @@ void SparePool::Loop() {
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
   while (true) {
     Queued next;
+    int64_t ready;
     {
       absl::MutexLock lock(&mu_);
       // Wakes for work, and every 100 ms to check that the machine's memory
       // is not short.
-      const bool work = mu_.AwaitWithTimeout(
+      mu_.AwaitWithTimeout(
           absl::Condition(
               +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
                 return p->stop_ || !p->queue_.empty();
@@ -175,18 +176,20 @@ void SparePool::Loop() {
               this),
           absl::Milliseconds(100));
       if (stop_) return;
-      if (ready_bytes_ > 0 && !MemoryFits(0, memory_floor_)) {
-        const int64_t gone = ready_bytes_;
-        mu_.Unlock();
-        EvictAll();
-        Log("tensor_store")
-            ->info(
-                "memory is short (less than {} bytes available): gave back "
-                "{} bytes of spare save buffers",
-                memory_floor_, gone);
-        mu_.Lock();
-      }
-      if (!work || queue_.empty()) continue;
+      ready = ready_bytes_;
+    }
+    if (ready > 0 && !MemoryFits(0, memory_floor_)) {
+      EvictAll();
+      Log("tensor_store")
+          ->info(
+              "memory is short (less than {} bytes available): gave back {} "
+              "bytes of spare save buffers",
+              memory_floor_.load(), ready);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      if (queue_.empty()) continue;
       next = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;  // its bytes stay in queued_bytes_ until it is ready
@@ -232,8 +235,9 @@ void SparePool::Prepare(const Queued& q) {
       const absl::Time give_up = absl::Now() + kMaxWait;
       while (CpusBusy() && absl::Now() < give_up)
         absl::SleepFor(absl::Milliseconds(2));
+      const bool short_of_memory = !MemoryFits(0, memory_floor_);
       absl::MutexLock lock(&mu_);
-      stopped = stop_ || !MemoryFits(0, memory_floor_);
+      stopped = stop_ || short_of_memory;
     }
     bytes[off] = 0;
   }
