@@ -3,24 +3,14 @@
 #include <xxhash.h>
 
 #include "common/checksum_avx2.h"
+#include "common/cpu.h"
 
 namespace ptc {
-namespace {
 
-// Checksums run on every byte saved, moved and verified: use the AVX2 build
-// of xxh3 where the CPU has AVX2, the library's (SSE2) elsewhere.
-bool UseAvx2() {
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return avx2;
-}
-
-}  // namespace
-
+// Checksums run on every byte saved, moved and verified: the AVX2 build of
+// xxh3 where the CPU has AVX2, the library's (SSE2) elsewhere.
 struct StreamingChecksum::State {
-  const bool avx2 = UseAvx2();
+  const bool avx2 = CpuHasAvx2();
   void* s = avx2 ? internal::Xxh3Avx2Create() : XXH3_createState();
   ~State() {
     if (avx2) {
@@ -32,7 +22,8 @@ struct StreamingChecksum::State {
 };
 
 uint64_t Checksum(const void* data, size_t size) {
-  return UseAvx2() ? internal::Xxh3Avx2(data, size) : XXH3_64bits(data, size);
+  return CpuHasAvx2() ? internal::Xxh3Avx2(data, size)
+                      : XXH3_64bits(data, size);
 }
 
 StreamingChecksum::StreamingChecksum() : state_(new State) {

@@ -297,21 +297,16 @@ absl::Status CoordinatorService::DoReportSaved(
   }
   // Every rank saved: commit the version on every host of the job.
   std::set<std::string> unique(addresses.begin(), addresses.end());
-  absl::Mutex failure_mu;
-  absl::Status failure;
-  OnEachAddress({unique.begin(), unique.end()}, [&](const std::string& a) {
-    auto committed = StoreClient::Connect(a)->Commit(req.job(), req.version());
-    if (!committed.ok() &&
-        committed.status().code() != absl::StatusCode::kNotFound) {
-      absl::MutexLock lock(&failure_mu);
-      if (failure.ok()) {
-        failure = Annotate(
+  PTC_RETURN_IF_ERROR(
+      OnEachAddress({unique.begin(), unique.end()}, [&](const std::string& a) {
+        auto committed =
+            StoreClient::Connect(a)->Commit(req.job(), req.version());
+        if (committed.status().code() == absl::StatusCode::kNotFound)
+          return absl::OkStatus();
+        return Annotate(
             committed.status(),
             absl::StrCat("committing version ", req.version(), " on ", a));
-      }
-    }
-  });
-  PTC_RETURN_IF_ERROR(failure);
+      }));
   {
     absl::MutexLock lock(&mu_);
     Job& job = *jobs_.at(req.job());

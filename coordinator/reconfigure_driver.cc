@@ -311,21 +311,28 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   return report;
 }
 
-void OnEachAddress(const std::vector<std::string>& addresses,
-                   const std::function<void(const std::string&)>& fn) {
+absl::Status OnEachAddress(
+    const std::vector<std::string>& addresses,
+    const std::function<absl::Status(const std::string&)>& fn) {
+  absl::Mutex mu;
+  absl::Status first;
   std::vector<std::thread> threads;
   threads.reserve(addresses.size());
-  for (const std::string& address : addresses)
-    threads.emplace_back([&fn, &address] { fn(address); });
+  for (const std::string& address : addresses) {
+    threads.emplace_back([&fn, &mu, &first, &address] {
+      absl::Status s = fn(address);
+      absl::MutexLock lock(&mu);
+      if (first.ok()) first = std::move(s);
+    });
+  }
   for (std::thread& t : threads) t.join();
+  return first;
 }
 
 absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
                             const std::string& job, int64_t version,
                             int64_t epoch) {
-  absl::Mutex mu;
-  absl::Status failure;
-  OnEachAddress(addresses, [&](const std::string& address) {
+  return OnEachAddress(addresses, [&](const std::string& address) {
     absl::Status s;
     for (int attempt = 0; attempt < 5; ++attempt) {
       auto stub = proto::Transformer::NewStub(Channel(address));
@@ -340,18 +347,11 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
       if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
       absl::SleepFor(absl::Milliseconds(200 << attempt));
     }
-    if (!s.ok()) {
-      absl::MutexLock lock(&mu);
-      if (failure.ok()) {
-        failure = Annotate(
-            s, absl::StrCat("version ", version, " of job '", job,
-                            "' is decided committed but ", address,
-                            " has not acknowledged; the commit will be "
-                            "retried"));
-      }
-    }
+    return Annotate(s, absl::StrCat("version ", version, " of job '", job,
+                                    "' is decided committed but ", address,
+                                    " has not acknowledged; the commit will "
+                                    "be retried"));
   });
-  return failure;
 }
 
 void AbortStagedOn(const std::vector<std::string>& addresses,
@@ -371,7 +371,8 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
           ->warn("job {} epoch {}: aborting version {} on {}: {}", job, epoch,
                  version, address, s.error_message());
     }
-  });
+    return absl::OkStatus();  // logged: an abort is best effort
+  }).IgnoreError();
 }
 
 void ReleaseOn(const std::vector<std::string>& addresses,
@@ -384,7 +385,8 @@ void ReleaseOn(const std::vector<std::string>& addresses,
           ->warn("job {}: releasing version {} on {}: {}", job, version,
                  address, deleted.status().ToString());
     }
-  });
+    return absl::OkStatus();  // logged: a release is best effort
+  }).IgnoreError();
 }
 
 }  // namespace ptc

@@ -80,10 +80,12 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch);
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version);
-// Calls fn(address) for every address at once (a thread each) and waits
-// for all: a commit or release costs one round trip, not one per host.
-void OnEachAddress(const std::vector<std::string>& addresses,
-                   const std::function<void(const std::string&)>& fn);
+// Calls fn(address) for every address at once (a thread each), waits for
+// all, and returns the first error: a commit or release costs one round
+// trip, not one per host.
+absl::Status OnEachAddress(
+    const std::vector<std::string>& addresses,
+    const std::function<absl::Status(const std::string&)>& fn);
 
 }  // namespace ptc
 

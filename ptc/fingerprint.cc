@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/cpu.h"
+
 namespace ptc {
 namespace {
 
@@ -120,17 +122,10 @@ __attribute__((target("avx2"))) uint64_t SumRowAvx2(const char* p, int64_t flat,
   return sum;
 }
 
-bool HaveAvx2() {
-  static const bool have = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return have;
-}
-
 template <int kSize>
 uint64_t SumRowBest(const char* p, int64_t flat, int64_t n) {
-  return HaveAvx2() ? SumRowAvx2<kSize>(p, flat, n) : SumRow<kSize>(p, flat, n);
+  return CpuHasAvx2() ? SumRowAvx2<kSize>(p, flat, n)
+                      : SumRow<kSize>(p, flat, n);
 }
 
 }  // namespace
