@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
+#include "ptc/region.h"
 #include "ptc/region_proto.h"
 
 namespace ptc {
@@ -34,6 +37,62 @@ uint64_t NewTag() {
   static std::atomic<uint64_t> counter{absl::Uniform<uint64_t>(absl::BitGen())
                                        << 20};
   return counter.fetch_add(1);
+}
+
+// The byte offset in a dense row-major buffer of `buffer_box` at which
+// elements [first, first + count) of `region` (in its row-major order)
+// lie, if they are one contiguous span there.
+std::optional<int64_t> SpanOffset(const Region& buffer_box,
+                                  const Region& region, int64_t first,
+                                  int64_t count, int64_t element_size) {
+  std::optional<int64_t> begin;
+  int64_t end = 0;
+  bool contiguous = true;
+  for (Region box : FlatRangeToRegions(region.shape(), first, first + count)) {
+    for (int d = 0; d < box.rank(); ++d) {
+      box.mutable_dim(d).begin += region.dim(d).begin;
+      box.mutable_dim(d).end += region.dim(d).begin;
+    }
+    ForEachRun(buffer_box, buffer_box, box, element_size,
+               [&](int64_t at, int64_t, int64_t n) {
+                 if (!begin) {
+                   begin = at;
+                 } else if (at != end) {
+                   contiguous = false;
+                 }
+                 end = at + n;
+               });
+  }
+  if (!contiguous) return std::nullopt;
+  return begin;
+}
+
+// Writes `count` elements of `region`, starting at element `first` of its
+// row-major order, from dense `data` into `into`, which holds `region`.
+void ScatterInto(const PieceTarget& into, const Region& region, int64_t first,
+                 const char* data, int64_t count, int64_t element_size) {
+  for (Region box : FlatRangeToRegions(region.shape(), first, first + count)) {
+    for (int d = 0; d < box.rank(); ++d) {
+      box.mutable_dim(d).begin += region.dim(d).begin;
+      box.mutable_dim(d).end += region.dim(d).begin;
+    }
+    CopyRegion(data, box, into.data, into.region, box, element_size);
+    data += box.volume() * element_size;
+  }
+}
+
+// A piece that landed in `into` also goes to the other staged buffers it
+// touches (the regions a host holds may overlap).
+void CopyToOtherTargets(const PieceTarget& into,
+                        absl::Span<const PieceTarget> targets,
+                        const Region& region, int64_t element_size) {
+  for (const PieceTarget& t : targets) {
+    if (&t == &into) continue;
+    const Region both = t.region.Intersect(region);
+    if (!both.empty()) {
+      CopyRegion(into.data, into.region, t.data, t.region, both, element_size);
+    }
+  }
 }
 
 }  // namespace
@@ -82,23 +141,47 @@ absl::Status UcxPieceTransport::FetchInto(
     const std::string& tensor, const Region& region, int64_t element_size,
     absl::Span<const PieceTarget> targets,
     const StoreClient::Consumer& consume) {
-  auto stub = stubs_.find(host);
-  if (stub == stubs_.end()) {
+  if (stubs_.find(host) == stubs_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("no address for source host ", host));
   }
-  // Gets land in one staged buffer that holds the whole piece; others the
-  // piece touches get a local copy from it.
-  const PieceTarget* into = nullptr;
+  // The piece is what this host needs of the tensor from `host`; it may
+  // span several staged buffers. Each buffer's share lands in it directly;
+  // what an earlier buffer holds as well is copied from there.
+  std::vector<std::pair<Region, const PieceTarget*>> landed;
+  int64_t volume = 0;
   for (const PieceTarget& t : targets) {
-    if (t.region.Contains(region) && t.data != nullptr) {
-      into = &t;
-      break;
-    }
+    const Region share = t.region.Intersect(region);
+    if (share.empty() || t.data == nullptr) continue;
+    const bool elsewhere = std::any_of(
+        landed.begin(), landed.end(),
+        [&](const auto& l) { return l.second->region.Contains(share); });
+    if (elsewhere) continue;
+    PTC_RETURN_IF_ERROR(
+        FetchShare(host, job, version, tensor, share, element_size, t));
+    landed.push_back({share, &t});
+    volume += share.volume();
   }
-  if (into == nullptr) {
-    return Fetch(host, job, version, tensor, region, element_size, consume);
+  if (volume < region.volume()) {
+    // Not covered by the staged buffers given (a caller without any):
+    // stream it to `consume`.
+    return Pull(host, job, version, tensor, region, element_size, nullptr,
+                consume);
   }
+  for (const auto& [share, into] : landed) {
+    CopyToOtherTargets(*into, targets, share, element_size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UcxPieceTransport::FetchShare(int32_t host, const std::string& job,
+                                           int64_t version,
+                                           const std::string& tensor,
+                                           const Region& region,
+                                           int64_t element_size,
+                                           const PieceTarget& target) {
+  const PieceTarget* into = &target;
+  auto stub = stubs_.find(host);
   proto::ExposePieceRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -112,8 +195,9 @@ absl::Status UcxPieceTransport::FetchInto(
     const absl::Status s =
         FromGrpcStatus(stub->second->ExposePiece(&ctx, req, &resp));
     if (s.code() == absl::StatusCode::kUnimplemented) {
-      // The peer cannot expose its memory (or predates gets): pack there.
-      return Fetch(host, job, version, tensor, region, element_size, consume);
+      // The peer cannot expose its memory (or predates gets): it sends.
+      return Pull(host, job, version, tensor, region, element_size, into,
+                  nullptr);
     }
     if (!s.ok()) {
       return Annotate(s, absl::StrCat("exposing ", region.ToString(), " of '",
@@ -126,7 +210,7 @@ absl::Status UcxPieceTransport::FetchInto(
     const proto::ExposedPart* proto;
   };
   std::vector<Part> parts;
-  int64_t volume = 0, runs = 0;
+  int64_t volume = 0;
   for (const proto::ExposedPart& e : resp.parts()) {
     auto part = RegionFromProto(e.part());
     auto stored = RegionFromProto(e.stored());
@@ -137,8 +221,6 @@ absl::Status UcxPieceTransport::FetchInto(
                        region.ToString(), " of '", tensor, "'"));
     }
     volume += part->volume();
-    ForEachRun(*stored, into->region, *part, element_size,
-               [&](int64_t, int64_t, int64_t) { ++runs; });
     parts.push_back({*std::move(part), *std::move(stored), &e});
   }
   if (volume != region.volume()) {
@@ -146,17 +228,31 @@ absl::Status UcxPieceTransport::FetchInto(
         PeerLabel(host), " exposed ", volume, " of the ", region.volume(),
         " elements of ", region.ToString(), " of '", tensor, "'"));
   }
-  if (runs == 0 || volume * element_size / runs < min_get_run_bytes_) {
-    return Fetch(host, job, version, tensor, region, element_size, consume);
-  }
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
-  absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
+  // Each part lies in one stored buffer of the source. Parts with long
+  // runs are read with gets; others the source sends (from its memory as
+  // it is when the part is one span there) and they land in place or are
+  // scattered here.
+  std::unique_ptr<UcxWorker> worker;
+  absl::Cleanup give_back = [&] {
+    if (worker) ReturnWorker(std::move(worker));
+  };
   // Read a few MiB of runs at a time and checksum them while they are
   // still in cache; runs come in the part's row-major order, which is the
   // order the source checksummed.
   constexpr int64_t kBatchBytes = int64_t{4} << 20;
   std::vector<UcxWorker::GetOp> batch;
   for (const Part& p : parts) {
+    int64_t runs = 0;
+    ForEachRun(p.stored, into->region, p.part, element_size,
+               [&](int64_t, int64_t, int64_t) { ++runs; });
+    if (p.part.volume() * element_size / runs < min_get_run_bytes_) {
+      PTC_RETURN_IF_ERROR(Pull(host, job, version, tensor, p.part, element_size,
+                               into, nullptr));
+      continue;
+    }
+    if (!worker) {
+      PTC_ASSIGN_OR_RETURN(worker, TakeWorker());
+    }
     StreamingChecksum sum;
     int64_t batch_bytes = 0;
     absl::Status failed;
@@ -191,14 +287,6 @@ absl::Status UcxPieceTransport::FetchInto(
     ucx_bytes_received_total.Add(p.part.volume() * element_size);
     ucx_get_bytes_total.Add(p.part.volume() * element_size);
   }
-  for (const PieceTarget& t : targets) {
-    if (&t == into) continue;
-    const Region both = t.region.Intersect(region);
-    if (!both.empty()) {
-      CopyRegion(into->data, into->region, t.data, t.region, both,
-                 element_size);
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -208,6 +296,15 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
                                       const Region& region,
                                       int64_t element_size,
                                       const StoreClient::Consumer& consume) {
+  return Pull(host, job, version, tensor, region, element_size, nullptr,
+              consume);
+}
+
+absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
+                                     int64_t version, const std::string& tensor,
+                                     const Region& region, int64_t element_size,
+                                     const PieceTarget* into,
+                                     const StoreClient::Consumer& consume) {
   auto stub = stubs_.find(host);
   if (stub == stubs_.end()) {
     return absl::InvalidArgumentError(
@@ -223,10 +320,21 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
   while (first < elements) {
     const int64_t count = std::min(per_part, elements - first);
     const size_t capacity = static_cast<size_t>(count * element_size);
-    if (buffer.size() < capacity) buffer.resize(capacity);
+    // A part that is one span of the staged buffer is received in place;
+    // others land in a buffer of this thread's and are scattered.
+    char* land = nullptr;
+    if (into != nullptr) {
+      const std::optional<int64_t> at =
+          SpanOffset(into->region, region, first, count, element_size);
+      if (at) land = reinterpret_cast<char*>(into->data) + *at;
+    }
+    if (land == nullptr) {
+      if (buffer.size() < capacity) buffer.resize(capacity);
+      land = buffer.data();
+    }
     const uint64_t tag = NewTag();
     PTC_ASSIGN_OR_RETURN(auto receive,
-                         worker->PostReceive(tag, buffer.data(), capacity));
+                         worker->PostReceive(tag, land, capacity));
     proto::SendPartRequest req;
     req.set_job(job);
     req.set_version(version);
@@ -264,14 +372,37 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
     if (!got.ok())
       return Annotate(got.status(), absl::StrCat("receiving from ", peer));
     if (static_cast<int64_t>(*got) != resp.bytes() ||
-        resp.bytes() != static_cast<int64_t>(capacity) ||
-        Checksum(buffer.data(), *got) != resp.checksum()) {
+        resp.bytes() != static_cast<int64_t>(capacity)) {
+      return absl::DataLossError(absl::StrCat(
+          "a part of ", region.ToString(), " of '", tensor, "' from ", peer,
+          " arrived with ", *got, " bytes instead of ", capacity, " over UCX"));
+    }
+    // Checksum (and scatter) a few hundred KiB at a time, while in cache.
+    // What is scattered before the checksum fails is in staged memory that
+    // nobody sees and the failure discards.
+    constexpr int64_t kChunk = int64_t{256} << 10;
+    const int64_t chunk =
+        std::max<int64_t>(1, kChunk / element_size) * element_size;
+    StreamingChecksum sum;
+    for (int64_t done = 0; done < static_cast<int64_t>(capacity);) {
+      const int64_t n = std::min<int64_t>(chunk, capacity - done);
+      sum.Update(land + done, n);
+      if (land != buffer.data()) {
+        // received in place
+      } else if (into != nullptr) {
+        ScatterInto(*into, region, (offset + done) / element_size, land + done,
+                    n / element_size, element_size);
+      } else {
+        consume(offset + done, land + done, n);
+      }
+      done += n;
+    }
+    if (sum.Digest() != resp.checksum()) {
       return absl::DataLossError(absl::StrCat("a part of ", region.ToString(),
                                               " of '", tensor, "' from ", peer,
                                               " arrived damaged over UCX"));
     }
     ucx_bytes_received_total.Add(*got);
-    consume(offset, buffer.data(), *got);
     offset += *got;
     first += count;
   }

@@ -68,6 +68,20 @@ class UcxPieceTransport : public PieceTransport {
   }
 
  private:
+  // Fetches `region`, all inside `target`'s staged buffer: the source
+  // exposes the stored buffers that hold it (ExposePiece); each one's part
+  // is read with gets when its runs are long, else sent (Pull).
+  absl::Status FetchShare(int32_t host, const std::string& job, int64_t version,
+                          const std::string& tensor, const Region& region,
+                          int64_t element_size, const PieceTarget& target);
+  // Asks the source to send `region` part by part (SendPart), checksums
+  // every part and writes it into `into` (a staged buffer holding
+  // `region`: received in place when the part is one span there, else
+  // scattered), or, if `into` is null, hands it to `consume`.
+  absl::Status Pull(int32_t host, const std::string& job, int64_t version,
+                    const std::string& tensor, const Region& region,
+                    int64_t element_size, const PieceTarget* into,
+                    const StoreClient::Consumer& consume);
   std::string PeerLabel(int32_t host);
   // A worker for the calling thread alone, and its return to the pool.
   absl::StatusOr<std::unique_ptr<UcxWorker>> TakeWorker();

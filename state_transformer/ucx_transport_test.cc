@@ -94,7 +94,7 @@ int64_t GetBytes() {
 
 TEST_CASE(
     "ucx transport: long runs are read with one-sided gets straight into the "
-    "staged buffers, short runs are packed at the source",
+    "staged buffers, short runs are sent by the source",
     "[transformer]") {
   auto cluster = ClusterWithHalves();
   UcxPieceTransport transport(1, cluster->addresses);
@@ -106,7 +106,7 @@ TEST_CASE(
   std::vector<uint8_t> b(block.volume() * 4, 0);
   const PieceTarget targets[] = {{whole, a.data()}, {block, b.data()}};
   auto refuse = [](int64_t, const char*, int64_t) {
-    FAIL("a piece with long runs must not be streamed");
+    FAIL("a piece inside staged buffers must be placed, not streamed");
   };
   std::vector<char> got;
   auto as_chars = [](const std::vector<uint8_t>& v, const Region& in,
@@ -134,18 +134,43 @@ TEST_CASE(
   SECTION("a narrow column slice (2 KiB runs): packed at the source") {
     const Region piece{{0, kRows}, {256, 768}};
     const int64_t before = GetBytes();
-    int64_t streamed = 0;
     REQUIRE(
-        transport
-            .FetchInto(0, "job", 1, "w", piece, 4, targets,
-                       [&](int64_t off, const char* data, int64_t n) {
-                         const std::vector<char> want = Want(piece);
-                         CHECK(std::equal(data, data + n, want.begin() + off));
-                         streamed += n;
-                       })
-            .ok());
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
     CHECK(GetBytes() == before);
-    CHECK(streamed == piece.volume() * 4);
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    const Region left{{0, kRows}, {0, 256}};
+    CHECK(as_chars(a, whole, left) == std::vector<char>(left.volume() * 4, 0));
+  }
+
+  SECTION("rows sent from the stored memory as it is, received in place") {
+    transport.set_min_get_run_bytes(INT64_MAX);  // no gets
+    const Region piece{{64, 192}, {0, kCols}};
+    const int64_t before = GetBytes();
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    CHECK(GetBytes() == before);
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    CHECK(as_chars(b, block, in_block) == Want(in_block));
+  }
+
+  SECTION("a piece spanning two staged buffers lands in each") {
+    const Region top{{0, kRows / 2}, {0, kCols}};
+    const Region bottom{{kRows / 2, kRows}, {0, kCols}};
+    std::vector<uint8_t> t(top.volume() * 4, 0), u(bottom.volume() * 4, 0);
+    const PieceTarget halves[] = {{top, t.data()}, {bottom, u.data()}};
+    const Region piece{{100, kRows - 100}, {128, 640}};
+    for (int64_t min_get : {int64_t{0}, INT64_MAX}) {
+      transport.set_min_get_run_bytes(min_get);
+      REQUIRE(
+          transport.FetchInto(0, "job", 1, "w", piece, 4, halves, refuse).ok());
+      CHECK(as_chars(t, top, top.Intersect(piece)) ==
+            Want(top.Intersect(piece)));
+      CHECK(as_chars(u, bottom, bottom.Intersect(piece)) ==
+            Want(bottom.Intersect(piece)));
+    }
   }
 
   SECTION("a plan epoch older than the host has seen is refused") {
