@@ -62,6 +62,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
   grpc::Status Reconfigure(grpc::ServerContext*,
                            const proto::ReconfigureRequest*,
                            proto::ReconfigureResponse*) override;
+  grpc::Status Prepare(grpc::ServerContext*, const proto::ReconfigureRequest*,
+                       proto::PrepareResponse*) override;
   grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest*,
                      grpc::ServerWriter<proto::ReconfigureEvent>*) override;
   grpc::Status Abort(grpc::ServerContext*, const proto::AbortRequest*,
@@ -91,6 +93,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
     int64_t state_bytes = 0;
   };
   struct Flight;
+  struct Planned;
 
   explicit CoordinatorService(CoordinatorOptions options)
       : options_(std::move(options)) {}
@@ -109,8 +112,12 @@ class CoordinatorService final : public proto::Coordinator::Service {
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
       const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans `req` for its job (checks included); starts nothing.
+  absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req);
   absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
                              proto::ReconfigureResponse* resp);
+  absl::Status DoPrepare(const proto::ReconfigureRequest& req,
+                         proto::PrepareResponse* resp);
   absl::Status DoReportSaved(const proto::ReportSavedRequest& req,
                              proto::ReportSavedResponse* resp);
   void RunFlight(std::shared_ptr<Flight> flight);

@@ -1,7 +1,9 @@
 // Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -11,6 +13,7 @@
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
 #include "coordinator/reconfigure_driver.h"
+#include "tensor_store/store_client.h"
 
 namespace ptc {
 
@@ -51,16 +54,33 @@ grpc::Status CoordinatorService::Reconfigure(
   return ToGrpcStatus(s);
 }
 
-absl::Status CoordinatorService::DoReconfigure(
-    const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
-  // Gather what planning needs, then plan without holding the lock.
-  std::string model, from;
-  std::vector<std::string> names, from_hosts, to_hosts;
-  Cluster cluster;
+// A change planned for a job, not started.
+struct CoordinatorService::Planned {
+  std::shared_ptr<Flight> flight;
+  std::string from;
+  std::vector<std::string> names;  // host id -> name
+  std::vector<std::string> to_hosts;
+  std::vector<int> from_ids;
   std::vector<bool> alive;
-  std::vector<std::string> lost;  // alive, but without the job's state
-  std::map<int32_t, std::string> addresses;
+  std::map<int32_t, std::string> addresses;  // host id -> ptcd address
   int64_t committed = 0, epoch = 0;
+};
+
+absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
+    const proto::ReconfigureRequest& req) {
+  // Gather what planning needs, then plan without holding the lock.
+  Planned out;
+  std::string model;
+  std::string& from = out.from;
+  std::vector<std::string>& names = out.names;
+  std::vector<std::string> from_hosts;
+  std::vector<std::string>& to_hosts = out.to_hosts;
+  Cluster cluster;
+  std::vector<bool>& alive = out.alive;
+  std::vector<std::string> lost;  // alive, but without the job's state
+  std::map<int32_t, std::string>& addresses = out.addresses;
+  int64_t& committed = out.committed;
+  int64_t& epoch = out.epoch;
   std::thread finished;
   {
     absl::MutexLock lock(&mu_);
@@ -118,7 +138,8 @@ absl::Status CoordinatorService::DoReconfigure(
     }
     return ids;
   };
-  PTC_ASSIGN_OR_RETURN(std::vector<int> from_ids, id_of(from_hosts));
+  PTC_ASSIGN_OR_RETURN(out.from_ids, id_of(from_hosts));
+  const std::vector<int>& from_ids = out.from_ids;
   PTC_ASSIGN_OR_RETURN(std::vector<int> to_ids, id_of(to_hosts));
   for (int id : to_ids) {
     if (!alive[id]) {
@@ -162,6 +183,19 @@ absl::Status CoordinatorService::DoReconfigure(
   }
   PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
                                "internal planner error"));
+  out.flight = std::move(flight);
+  return out;
+}
+
+absl::Status CoordinatorService::DoReconfigure(
+    const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
+  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req));
+  std::shared_ptr<Flight> flight = planned.flight;
+  const std::vector<std::string>& names = planned.names;
+  const std::vector<std::string>& to_hosts = planned.to_hosts;
+  const std::vector<int>& from_ids = planned.from_ids;
+  const std::vector<bool>& alive = planned.alive;
+  const int64_t committed = planned.committed, epoch = planned.epoch;
   ReconfigureRequest& r = flight->request;
   r.input = &flight->input;
   r.plan = &flight->plan;
@@ -169,7 +203,7 @@ absl::Status CoordinatorService::DoReconfigure(
   r.source_version = committed;
   r.target_version = committed + 1;
   r.plan_epoch = epoch;
-  r.addresses = addresses;
+  r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   if (!req.transport().empty() && req.transport() != "ucx" &&
       req.transport() != "grpc") {
@@ -220,8 +254,65 @@ absl::Status CoordinatorService::DoReconfigure(
   *resp->mutable_plan() = PlanToProto(flight->plan).summary();
   Log("coordinator")
       ->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)",
-             req.job(), epoch, from, req.to(), to_hosts.size(),
+             req.job(), epoch, planned.from, req.to(), to_hosts.size(),
              flight->plan.summary.cross_host_bytes);
+  return absl::OkStatus();
+}
+
+grpc::Status CoordinatorService::Prepare(grpc::ServerContext*,
+                                         const proto::ReconfigureRequest* req,
+                                         proto::PrepareResponse* resp) {
+  const absl::Status s = DoPrepare(*req, resp);
+  if (!s.ok())
+    Log("coordinator")->warn("prepare {}: {}", req->job(), s.ToString());
+  return ToGrpcStatus(s);
+}
+
+absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
+                                           proto::PrepareResponse* resp) {
+  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req));
+  const Plan& plan = planned.flight->plan;
+  const ModelSpec& spec = *planned.flight->input.spec;
+  // What each target host will stage: its held regions, except those it
+  // already stores as they are (linked into the new version, not copied).
+  std::vector<std::string> addresses;
+  std::vector<std::vector<int64_t>> sizes;
+  for (const HostFragment& f : plan.fragments) {
+    std::set<std::pair<int32_t, Region>> in_place;
+    for (const Transfer& t : f.transfers) {
+      if (t.source_host == f.host) in_place.insert({t.tensor, t.region});
+    }
+    proto::PrepareResponse::Host* h = resp->add_hosts();
+    h->set_name(planned.names[f.host]);
+    std::vector<int64_t>& s = sizes.emplace_back();
+    for (const HeldRegion& held : f.holds) {
+      if (in_place.count({held.tensor, held.region})) continue;
+      s.push_back(held.region.volume() *
+                  ElementSize(spec.tensors[held.tensor].dtype));
+      h->set_bytes_needed(h->bytes_needed() + s.back());
+    }
+    addresses.push_back(planned.addresses.at(f.host));
+  }
+  absl::Mutex mu;
+  PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
+    const size_t i =
+        std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
+    auto r = StoreClient::Connect(a)->PrepareMemory(
+        req.job(), planned.committed, sizes[i]);
+    if (!r.ok()) {
+      return Annotate(r.status(),
+                      absl::StrCat("preparing memory on ",
+                                   resp->hosts(i).name(), " (", a, ")"));
+    }
+    absl::MutexLock lock(&mu);
+    resp->mutable_hosts(i)->set_bytes_prepared(r->covered_bytes());
+    resp->mutable_hosts(i)->set_capacity_bytes(r->capacity_bytes());
+    return absl::OkStatus();
+  }));
+  *resp->mutable_plan() = PlanToProto(plan).summary();
+  Log("coordinator")
+      ->info("job {}: prepared memory for {} -> {} on {} hosts", req.job(),
+             planned.from, req.to(), addresses.size());
   return absl::OkStatus();
 }
 

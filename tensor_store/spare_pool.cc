@@ -130,6 +130,27 @@ std::optional<SparePool::Spare> SparePool::Take(int64_t size,
   return taken;
 }
 
+int64_t SparePool::Queue(const std::vector<int64_t>& sizes, const Wave& wave) {
+  if (capacity_ <= 0) return 0;
+  int64_t covered = 0;
+  absl::MutexLock lock(&mu_);
+  std::map<int64_t, int64_t> have;  // size -> spares ready or queued
+  for (const auto& [size, spares] : ready_) have[size] += spares.size();
+  for (const Queued& q : queue_) ++have[q.size];
+  for (int64_t size : sizes) {
+    if (size <= 0) continue;
+    if (have[size] > 0) {
+      --have[size];
+      covered += size;
+    } else if (ready_bytes_ + queued_bytes_ + size <= capacity_) {
+      queue_.push_back({size, wave});
+      queued_bytes_ += size;
+      covered += size;
+    }
+  }
+  return covered;
+}
+
 void SparePool::EvictAll() {
   std::map<int64_t, std::vector<Ready>> gone;
   {
@@ -154,6 +175,11 @@ void SparePool::WaitIdle() {
 int64_t SparePool::ready_bytes() const {
   absl::MutexLock lock(&mu_);
   return ready_bytes_;
+}
+
+int64_t SparePool::queued_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return queued_bytes_;
 }
 
 void SparePool::Loop() {

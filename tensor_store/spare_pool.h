@@ -65,11 +65,19 @@ class SparePool {
   // next save; ready spares of other sizes are dropped if the capacity is
   // needed for it.
   std::optional<Spare> Take(int64_t size, const Wave& wave);
+  // Makes spares of `sizes` ready for puts after `wave` (a change of
+  // layout about to stage buffers of these sizes): a spare of a size that
+  // is ready or queued already counts; others are queued as far as the
+  // free capacity allows (ready spares are not given up for them). Returns
+  // the bytes of `sizes` covered (ready, or queued now or before).
+  int64_t Queue(const std::vector<int64_t>& sizes, const Wave& wave);
   // Frees every ready spare (their memory returns to the budget).
   void EvictAll();
   // Blocks until no spare is being prepared or queued; for benchmarks.
   void WaitIdle();
   int64_t ready_bytes() const;
+  int64_t queued_bytes() const;
+  int64_t capacity() const { return capacity_; }
   // The available memory (bytes) the pool leaves to others; by default an
   // eighth of the machine's, at least 1 GiB.
   void SetMemoryFloor(int64_t bytes) { memory_floor_ = bytes; }

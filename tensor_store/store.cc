@@ -627,9 +627,28 @@ absl::StatusOr<proto::StatResponse> Store::Stat(
   return out;
 }
 
+absl::StatusOr<int64_t> Store::PrepareMemory(
+    const std::string& job, int64_t version,
+    const std::vector<int64_t>& sizes) {
+  if (job.empty()) return absl::InvalidArgumentError("the job name is empty");
+  if (version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version ", version, " is negative"));
+  }
+  for (int64_t size : sizes) {
+    if (size <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a buffer of ", size, " bytes cannot be prepared"));
+    }
+  }
+  return spares_.Queue(sizes, {job, version});
+}
+
 void Store::FillStats(proto::StatsResponse* out) const {
   out->set_memory_used_bytes(budget_.used());
   out->set_spare_bytes(spares_.ready_bytes());
+  out->set_spare_queued_bytes(spares_.queued_bytes());
+  out->set_spare_capacity_bytes(spares_.capacity());
   out->set_memory_limit_bytes(budget_.limit());
   for (const auto& [name, j] : Jobs()) {
     absl::MutexLock lock(&j->mu);

@@ -169,6 +169,12 @@ class Store {
   absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
                                            int64_t version,
                                            const std::string& tensor) const;
+  // Queues spare memory for a coming change of `job`'s layout that will
+  // stage buffers of `sizes` bytes into a version after `version` (see
+  // SparePool::Queue). Returns the bytes ready or being prepared.
+  absl::StatusOr<int64_t> PrepareMemory(const std::string& job, int64_t version,
+                                        const std::vector<int64_t>& sizes);
+  int64_t spare_capacity() const { return spares_.capacity(); }
   // Fills memory and per-version bytes.
   void FillStats(proto::StatsResponse* out) const;
 

@@ -246,6 +246,16 @@ absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
   return resp.bytes();
 }
 
+absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
+    const std::string& job, int64_t version,
+    const std::vector<int64_t>& sizes) {
+  proto::PrepareMemoryRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  for (int64_t s : sizes) req.add_sizes(s);
+  return Unary(&proto::TensorStore::Stub::PrepareMemory, req);
+}
+
 absl::StatusOr<proto::StatsResponse> StoreClient::Stats() {
   return Unary(&proto::TensorStore::Stub::Stats, proto::StatsRequest());
 }

@@ -71,6 +71,11 @@ class StoreClient {
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
   absl::StatusOr<proto::StatsResponse> Stats();
+  // Asks the daemon to prepare spare memory of `sizes` for versions of
+  // `job` after `version` (a coming change of layout).
+  absl::StatusOr<proto::PrepareMemoryResponse> PrepareMemory(
+      const std::string& job, int64_t version,
+      const std::vector<int64_t>& sizes);
   absl::Status PutSmallObject(const std::string& job, int64_t version,
                               const std::string& name, int32_t rank,
                               const std::string& bytes);

@@ -184,6 +184,32 @@ TEST_CASE(
   CHECK(s.spares().ready_bytes() == 0);
 }
 
+TEST_CASE(
+    "spare pool: memory prepared for a coming change counts what is ready, "
+    "fits the capacity, and serves the change's later version",
+    "[tensor_store]") {
+  MemoryBudget budget(64 << 20);
+  SparePool pool(&budget, 8 << 20);
+  pool.SetMemoryFloor(0);
+  // A change that will stage 3 + 2 x 2 MiB: all queued.
+  CHECK(pool.Queue({3 << 20, 2 << 20, 2 << 20}, {"job", 5}) == (7 << 20));
+  pool.WaitIdle();
+  CHECK(pool.ready_bytes() == (7 << 20));
+  CHECK(pool.queued_bytes() == 0);
+  // Asked again: what is ready counts, and the 1 MiB left is all the
+  // capacity there is (nothing ready is given up for a 4 MiB buffer).
+  CHECK(pool.Queue({3 << 20, 2 << 20, 1 << 20, 4 << 20}, {"job", 5}) ==
+        (6 << 20));
+  pool.WaitIdle();
+  CHECK(pool.ready_bytes() == (8 << 20));
+  // The change's version (after 5) takes them.
+  CHECK(pool.Take(3 << 20, {"job", 6}));
+  CHECK(pool.Take(2 << 20, {"job", 6}));
+  CHECK(pool.Take(2 << 20, {"job", 6}));
+  // Bad sizes are skipped.
+  CHECK(pool.Queue({0, -1}, {"job", 5}) == 0);
+}
+
 TEST_CASE("spare pool: spares give way when the machine's memory is short",
           "[tensor_store]") {
   MemoryBudget budget(64 << 20);

@@ -158,6 +158,19 @@ grpc::Status TensorStoreService::DeleteVersion(
   return call.Done(bytes.status());
 }
 
+grpc::Status TensorStoreService::PrepareMemory(
+    grpc::ServerContext*, const proto::PrepareMemoryRequest* req,
+    proto::PrepareMemoryResponse* resp) {
+  Call call(this, "PrepareMemory");
+  auto queued = store_->PrepareMemory(
+      req->job(), req->version(), {req->sizes().begin(), req->sizes().end()});
+  if (queued.ok()) {
+    resp->set_covered_bytes(*queued);
+    resp->set_capacity_bytes(store_->spare_capacity());
+  }
+  return call.Done(queued.status());
+}
+
 grpc::Status TensorStoreService::Stats(grpc::ServerContext*,
                                        const proto::StatsRequest*,
                                        proto::StatsResponse* resp) {

@@ -49,6 +49,9 @@ class TensorStoreService final : public proto::TensorStore::Service {
                              proto::DeleteVersionResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest* req,
                      proto::StatsResponse* resp) override;
+  grpc::Status PrepareMemory(grpc::ServerContext* ctx,
+                             const proto::PrepareMemoryRequest* req,
+                             proto::PrepareMemoryResponse* resp) override;
   grpc::Status PutSmallObject(grpc::ServerContext* ctx,
                               const proto::PutSmallObjectRequest* req,
                               proto::PutSmallObjectResponse* resp) override;

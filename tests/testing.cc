@@ -8,12 +8,13 @@
 
 namespace ptc::testing {
 
-DaemonCluster::DaemonCluster(int hosts) {
+DaemonCluster::DaemonCluster(int hosts, int64_t spare_pool) {
   for (int h = 0; h < hosts; ++h) {
     auto d = std::make_unique<Daemon>();
     TensorStoreServerOptions options;
     options.socket_path = d->socket_path();
     options.host_name = "host" + std::to_string(h);
+    options.spare_pool_bytes = spare_pool;
     options.services.push_back(
         [](Store* s) { return std::make_unique<TransformerService>(s); });
     auto server = TensorStoreServer::Start(options);

@@ -16,7 +16,8 @@
 namespace ptc::testing {
 
 struct DaemonCluster {
-  explicit DaemonCluster(int hosts);
+  // `spare_pool`: each daemon's --spare-pool bytes.
+  explicit DaemonCluster(int hosts, int64_t spare_pool = 0);
   std::vector<std::unique_ptr<Daemon>> daemons;
   std::map<int32_t, std::string> addresses;
 };

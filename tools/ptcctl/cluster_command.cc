@@ -3,8 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +22,7 @@
 #include "common/json_writer.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/tensor_store.grpc.pb.h"
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 
@@ -29,6 +34,7 @@ const char kClusterUsage[] =
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
+  ptcctl prepare     --job J --to CONFIG [--hosts h1,h2,...] [--wait]
   ptcctl hosts
   ptcctl jobs
   ptcctl status J
@@ -38,6 +44,12 @@ reconfigure plans the change, runs it with a live progress line and ends
 with a report: time, bytes kept in place / copied within hosts / sent
 across hosts, throughput, fingerprints verified. It exits 1 if the change
 aborted (the job stays at its committed version).
+
+prepare plans the same change and has every target host prepare the
+memory it will stage (within its ptcd's --spare-pool), so that the change
+itself writes into ready memory: run it as soon as the new allocation is
+known, while the job still trains. Nothing moves. --wait returns when the
+memory is ready, showing progress.
 )";
 
 namespace {
@@ -197,8 +209,8 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         "%d tensors' fingerprints verified\n",
         started.target_version(), HumanSeconds(secs),
         HumanSeconds(last.staging_seconds()),
-        HumanSeconds(last.verifying_seconds()),
-        HumanBytes(last.bytes_done()), HumanBytes(plan.kept_in_place_bytes()),
+        HumanSeconds(last.verifying_seconds()), HumanBytes(last.bytes_done()),
+        HumanBytes(plan.kept_in_place_bytes()),
         HumanBytes(plan.copied_within_host_bytes()),
         HumanBytes(last.bytes_from_peers()),
         HumanBytes(secs > 0 ? last.bytes_done() / secs : 0),
@@ -209,6 +221,105 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         "the reconfiguration ", last.phase().empty() ? "ended" : last.phase(),
         ": ", last.error(), "; the job stays at version ",
         started.source_version()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Prepare(Stub* stub, const Args& args, bool json) {
+  proto::ReconfigureRequest req;
+  PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_to(), args.Required("to"));
+  for (absl::string_view h :
+       absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
+    req.add_hosts(std::string(h));
+  }
+  proto::PrepareResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::Prepare, stub, req, &resp));
+  int64_t needed = 0, prepared = 0;
+  for (const auto& h : resp.hosts()) {
+    needed += h.bytes_needed();
+    prepared += h.bytes_prepared();
+    if (!json) {
+      std::cout << absl::StrFormat(
+          "  %-12s stages %9s; %9s ready or being prepared (spare pool %s)\n",
+          h.name(), HumanBytes(h.bytes_needed()),
+          HumanBytes(h.bytes_prepared()),
+          h.capacity_bytes() > 0 ? HumanBytes(h.capacity_bytes())
+                                 : std::string("off"));
+    }
+  }
+  const absl::Time start = absl::Now();
+  int64_t pending = 0;
+  if (args.Flag("wait") && prepared > 0) {
+    // Until no target host has spares left to prepare.
+    std::map<std::string, std::string> addresses;
+    proto::ListHostsResponse hosts;
+    PTC_RETURN_IF_ERROR(
+        Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &hosts));
+    for (const auto& h : hosts.hosts()) addresses[h.name()] = h.address();
+    std::vector<std::unique_ptr<proto::TensorStore::Stub>> stores;
+    for (const auto& h : resp.hosts()) {
+      if (h.bytes_prepared() == 0 || !addresses.count(h.name())) continue;
+      stores.push_back(proto::TensorStore::NewStub(grpc::CreateChannel(
+          addresses[h.name()], grpc::InsecureChannelCredentials())));
+    }
+    const bool tty = !json && isatty(STDOUT_FILENO);
+    while (true) {
+      pending = 0;
+      for (auto& store : stores) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+        proto::StatsResponse stats;
+        PTC_RETURN_IF_ERROR(
+            FromGrpcStatus(store->Stats(&ctx, proto::StatsRequest(), &stats)));
+        pending += stats.spare_queued_bytes();
+      }
+      if (tty) {
+        const double done = 1.0 - static_cast<double>(pending) / prepared;
+        std::cout << absl::StrFormat("\r  %s %5.1f%% of %s ready",
+                                     Bar(std::max(0.0, done), 30),
+                                     100 * std::max(0.0, done),
+                                     HumanBytes(prepared))
+                  << std::flush;
+      }
+      if (pending == 0) break;
+      if (absl::Now() - start > absl::Minutes(30)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("memory still being prepared after 30 minutes (",
+                         HumanBytes(pending),
+                         " left); the hosts may be short of free memory"));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    if (tty) std::cout << "\n";
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("job").String(req.job()).Key("to").String(req.to());
+    w.Key("bytes_needed").Int(needed).Key("bytes_prepared").Int(prepared);
+    w.Key("waited_seconds").Double(seconds);
+    w.Key("hosts").BeginArray();
+    for (const auto& h : resp.hosts()) {
+      w.BeginObject().Key("name").String(h.name());
+      w.Key("bytes_needed").Int(h.bytes_needed());
+      w.Key("bytes_prepared").Int(h.bytes_prepared());
+      w.Key("capacity_bytes").Int(h.capacity_bytes()).EndObject();
+    }
+    w.EndArray().Key("plan");
+    WriteSummary(resp.plan(), &w);
+    w.EndObject();
+    std::cout << w.str() << "\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "job %s: the change to %s stages %s on %d hosts; %s %s%s\n", req.job(),
+        req.to(), HumanBytes(needed), resp.hosts_size(), HumanBytes(prepared),
+        args.Flag("wait") ? "ready" : "ready or being prepared",
+        args.Flag("wait") ? absl::StrFormat(" after %.1f s", seconds) : "");
+    if (prepared < needed) {
+      std::cout << "  (the rest will be allocated when the change runs: "
+                   "raise ptcd --spare-pool to prepare more)\n";
+    }
   }
   return absl::OkStatus();
 }
@@ -317,8 +428,8 @@ absl::Status AbortJob(Stub* stub, const std::string& job, bool json) {
 }  // namespace
 
 bool IsClusterCommand(const char* c) {
-  for (const char* name :
-       {"register", "reconfigure", "hosts", "jobs", "status", "abort"}) {
+  for (const char* name : {"register", "reconfigure", "prepare", "hosts",
+                           "jobs", "status", "abort"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -329,7 +440,7 @@ int RunClusterCommand(int argc, const char* const* argv) {
   auto args = Args::Parse(argc, argv, 2,
                           {"coordinator", "job", "model", "config", "hosts",
                            "to", "parallel-pulls", "transport", "strategy"},
-                          {"json", "help"});
+                          {"json", "help", "wait"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);
@@ -350,6 +461,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = Register(stub.get(), *args, json);
   } else if (cmd == "reconfigure") {
     s = Reconfigure(stub.get(), *args, json);
+  } else if (cmd == "prepare") {
+    s = Prepare(stub.get(), *args, json);
   } else if (cmd == "hosts") {
     s = Hosts(stub.get(), json);
   } else if (cmd == "jobs") {

@@ -15,6 +15,7 @@ commands:
   store        what a ptcd holds: store ls | stat | stats --host ADDR
   register     register a job with the coordinator
   reconfigure  change a job's parallelism and hosts, with progress and a report
+  prepare      have the hosts of a coming change prepare the memory it will stage
   hosts        the cluster's hosts and their liveness
   jobs         the jobs, their committed versions and reconfigurations
   status J     one job

@@ -1,0 +1,163 @@
+// A scheduler's Prepare before a change: the coordinator plans it and the
+// target hosts prepare the memory they will stage, so that the change
+// writes into ready memory; nothing of the job changes until it runs.
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+
+#include "absl/time/clock.h"
+#include "common/atomic_file.h"
+#include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "coordinator/coordinator_server.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "tests/testing.h"
+
+namespace ptc {
+namespace {
+
+constexpr char kModel[] =
+    "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=64,positions=8,pad=8";
+
+int64_t Counter(const std::string& name) {
+  for (const auto& [n, value] : CounterValues()) {
+    if (n == name) return value;
+  }
+  return 0;
+}
+
+// A coordinator that knows the cluster's four hosts and job "gpt" at
+// version 1 (tp=2 on host0).
+proto::CoordinatorState Committed(const testing::DaemonCluster& c) {
+  proto::CoordinatorState state;
+  for (int h = 0; h < 4; ++h) {
+    proto::HostStatus* s = state.add_hosts();
+    s->set_name(absl::StrCat("host", h));
+    s->set_address(c.addresses.at(h));
+    s->set_gpus(2);
+    s->set_alive(true);
+  }
+  auto* j = state.add_jobs();
+  j->set_job("gpt");
+  j->set_model(kModel);
+  j->set_config("tp=2,pp=1,dp=1");
+  j->add_hosts("host0");
+  j->set_committed_version(1);
+  return state;
+}
+
+TEST_CASE(
+    "prepare: the target hosts of a coming change get its memory ready, and "
+    "the change then stages into it",
+    "[reconfigure]") {
+  testing::DaemonCluster c(4, /*spare_pool=*/64 << 20);
+  auto s = MakePlanScenario(kModel, "tp=2,pp=1,dp=1", {0}, "tp=1,pp=2,dp=2",
+                            {2, 3}, ptc::Cluster::Uniform(4, 2));
+  REQUIRE(s.ok());
+  testing::SaveSource(c, "gpt", *s, 1);
+  testing::TempDir dir;
+  REQUIRE(WriteFileAtomically(dir.path() + "/state.pb",
+                              Committed(c).SerializeAsString())
+              .ok());
+  // Heartbeats are not sent here: a long timeout keeps the hosts alive.
+  CoordinatorServerOptions options;
+  options.service.state_dir = dir.path();
+  options.service.host_timeout = absl::Hours(1);
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
+                          grpc::InsecureChannelCredentials()));
+  proto::ReconfigureRequest req;
+  req.set_job("gpt");
+  req.set_to("tp=1,pp=2,dp=2");
+  req.add_hosts("host2");
+  req.add_hosts("host3");
+
+  SECTION("prepared, then reconfigured") {
+    proto::PrepareResponse prepared;
+    {
+      grpc::ClientContext ctx;
+      REQUIRE(stub->Prepare(&ctx, req, &prepared).ok());
+    }
+    // Every byte of the new layout is staged on host2 and host3, and the
+    // pools are large enough for all of it.
+    REQUIRE(prepared.hosts_size() == 2);
+    int64_t needed = 0;
+    for (const auto& h : prepared.hosts()) {
+      CHECK((h.name() == "host2" || h.name() == "host3"));
+      CHECK(h.bytes_needed() > 0);
+      CHECK(h.bytes_prepared() == h.bytes_needed());
+      CHECK(h.capacity_bytes() == (64 << 20));
+      needed += h.bytes_needed();
+    }
+    CHECK(needed == prepared.plan().target_bytes());
+    for (int h : {2, 3}) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (c.daemons[h]->client->Stats()->spare_queued_bytes() > 0 &&
+             absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      CHECK(c.daemons[h]->client->Stats()->spare_bytes() ==
+            prepared.hosts(h - 2).bytes_needed());
+    }
+    // Nothing of the job changed: no version on the targets yet.
+    for (int h : {2, 3}) {
+      auto list = c.daemons[h]->client->List("gpt");
+      REQUIRE(list.ok());
+      CHECK((list->jobs_size() == 0 || list->jobs(0).versions_size() == 0));
+    }
+
+    const int64_t used_before = Counter("ptc_store_spares_used_total");
+    proto::ReconfigureResponse started;
+    {
+      grpc::ClientContext ctx;
+      REQUIRE(stub->Reconfigure(&ctx, req, &started).ok());
+    }
+    grpc::ClientContext ctx;
+    proto::WatchRequest watch;
+    watch.set_job("gpt");
+    auto reader = stub->Watch(&ctx, watch);
+    proto::ReconfigureEvent e;
+    while (reader->Read(&e)) {
+    }
+    REQUIRE(e.phase() == "committed");
+    testing::VerifyTarget(c, "gpt", *s, 2);
+    // Every buffer staged on host2 and host3 was a prepared one.
+    int64_t staged = 0;
+    for (int h : {2, 3}) {
+      auto list = c.daemons[h]->client->List("gpt");
+      REQUIRE(list.ok());
+      for (const auto& t : list->jobs(0).versions(0).tensors())
+        staged += t.regions_size();
+    }
+    CHECK(Counter("ptc_store_spares_used_total") - used_before == staged);
+  }
+
+  SECTION("bad requests get clear errors and change nothing") {
+    proto::PrepareResponse resp;
+    auto call = [&](const proto::ReconfigureRequest& r) {
+      grpc::ClientContext ctx;
+      return FromGrpcStatus(stub->Prepare(&ctx, r, &resp));
+    };
+    proto::ReconfigureRequest unknown = req;
+    unknown.set_job("nope");
+    CHECK(call(unknown).code() == absl::StatusCode::kNotFound);
+    proto::ReconfigureRequest too_big = req;
+    too_big.set_to("tp=4,pp=2,dp=1");  // 8 ranks on two hosts of 2 GPUs
+    const absl::Status s = call(too_big);
+    CHECK(!s.ok());
+    CHECK(!s.message().empty());
+    proto::ReconfigureRequest unregistered = req;
+    unregistered.add_hosts("host9");
+    CHECK_THAT(std::string(call(unregistered).message()),
+               Catch::Contains("host9"));
+    for (int h : {2, 3}) {
+      CHECK(c.daemons[h]->client->Stats()->spare_queued_bytes() == 0);
+      CHECK(c.daemons[h]->client->Stats()->spare_bytes() == 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptc
