@@ -221,38 +221,60 @@ grpc::Status CoordinatorService::RegisterJob(
   }
   auto shape = JobShape(req->model(), req->config());
   if (!shape.ok()) return ToGrpcStatus(shape.status());
+  if (absl::Status s = AddJob(*req, *shape, resp); !s.ok())
+    return ToGrpcStatus(s);
+  // The hosts prepare the memory of the job's first save while it starts
+  // and trains (within their spare pools); best effort.
+  proto::ReconfigureRequest first_save;
+  first_save.set_job(req->job());
+  first_save.set_to(req->config());
+  *first_save.mutable_hosts() = req->hosts();
+  proto::PrepareResponse prepared;
+  if (absl::Status s = DoPrepare(first_save, &prepared); !s.ok()) {
+    Log("coordinator")
+        ->warn("job {}: preparing memory for its first save: {}", req->job(),
+               s.ToString());
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status CoordinatorService::AddJob(
+    const proto::RegisterJobRequest& request,
+    const std::pair<int32_t, int64_t>& shape,
+    proto::RegisterJobResponse* resp) {
+  const proto::RegisterJobRequest* req = &request;
   absl::MutexLock lock(&mu_);
   if (jobs_.count(req->job())) {
-    return ToGrpcStatus(absl::AlreadyExistsError(
-        absl::StrCat("job '", req->job(), "' exists")));
+    return absl::AlreadyExistsError(
+        absl::StrCat("job '", req->job(), "' exists"));
   }
   int64_t gpus = 0;
   for (const std::string& h : req->hosts()) {
     auto it = hosts_.find(h);
     if (it == hosts_.end()) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("host '", h, "' is not registered")));
+      return absl::NotFoundError(
+          absl::StrCat("host '", h, "' is not registered"));
     }
     gpus += it->second.status.gpus();
   }
-  if (gpus < shape->first) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("job '", req->job(), "' has ", shape->first,
-                     " ranks but the hosts given have ", gpus, " GPUs")));
+  if (gpus < shape.first) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", req->job(), "' has ", shape.first,
+                     " ranks but the hosts given have ", gpus, " GPUs"));
   }
   auto job = std::make_unique<Job>();
   job->state.set_job(req->job());
   job->state.set_model(req->model());
   job->state.set_config(req->config());
   for (const std::string& h : req->hosts()) job->state.add_hosts(h);
-  std::tie(job->ranks, job->state_bytes) = *shape;
+  std::tie(job->ranks, job->state_bytes) = shape;
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
   jobs_[req->job()] = std::move(job);
   Log("coordinator")
       ->info("job {} registered: {} {} on {} hosts", req->job(), req->model(),
              req->config(), req->hosts_size());
-  return ToGrpcStatus(PersistLocked());
+  return PersistLocked();
 }
 
 grpc::Status CoordinatorService::ReportSaved(

@@ -112,8 +112,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
       const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Plans `req` for its job (checks included); starts nothing.
-  absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req);
+  absl::Status AddJob(const proto::RegisterJobRequest& req,
+                      const std::pair<int32_t, int64_t>& shape,
+                      proto::RegisterJobResponse* resp);
+  // Plans `req` for its job (checks included; a committed version only if
+  // `need_committed`); starts nothing.
+  absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req,
+                                     bool need_committed);
   absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
                              proto::ReconfigureResponse* resp);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,

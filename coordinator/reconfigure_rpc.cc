@@ -1,6 +1,7 @@
 // Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -67,7 +68,7 @@ struct CoordinatorService::Planned {
 };
 
 absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
-    const proto::ReconfigureRequest& req) {
+    const proto::ReconfigureRequest& req, bool need_committed) {
   // Gather what planning needs, then plan without holding the lock.
   Planned out;
   std::string model;
@@ -94,7 +95,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
           "job '", req.job(), "' is already being reconfigured (epoch ",
           job.state.target_epoch(), "); watch it or abort it first"));
     }
-    if (job.state.committed_version() <= 0) {
+    if (need_committed && job.state.committed_version() <= 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", req.job(),
                        "' has no committed state yet: every rank must save and "
@@ -189,7 +190,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
 
 absl::Status CoordinatorService::DoReconfigure(
     const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
-  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req));
+  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, true));
   std::shared_ptr<Flight> flight = planned.flight;
   const std::vector<std::string>& names = planned.names;
   const std::vector<std::string>& to_hosts = planned.to_hosts;
@@ -270,23 +271,33 @@ grpc::Status CoordinatorService::Prepare(grpc::ServerContext*,
 
 absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
                                            proto::PrepareResponse* resp) {
-  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req));
+  // A job's first save may still be coming: the change is planned from
+  // its registered layout all the same.
+  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
   const Plan& plan = planned.flight->plan;
   const ModelSpec& spec = *planned.flight->input.spec;
   // What each target host will stage: its held regions, except those it
-  // already stores as they are (linked into the new version, not copied).
+  // already stores as they are (linked into the new version, not copied;
+  // before the job's first save nothing is stored).
+  const bool stored = planned.committed > 0;
+  const PlanInput& input = planned.flight->input;
+  std::set<std::tuple<int32_t, int32_t, Region>>
+      kept;  // (host, tensor, region)
+  if (stored) {
+    for (int t = 0; t < input.source->num_tensors(); ++t) {
+      for (const Shard& s : input.source->shards(t)) {
+        kept.insert({input.source_placement->host[s.rank], t, s.region});
+      }
+    }
+  }
   std::vector<std::string> addresses;
   std::vector<std::vector<int64_t>> sizes;
   for (const HostFragment& f : plan.fragments) {
-    std::set<std::pair<int32_t, Region>> in_place;
-    for (const Transfer& t : f.transfers) {
-      if (t.source_host == f.host) in_place.insert({t.tensor, t.region});
-    }
     proto::PrepareResponse::Host* h = resp->add_hosts();
     h->set_name(planned.names[f.host]);
     std::vector<int64_t>& s = sizes.emplace_back();
     for (const HeldRegion& held : f.holds) {
-      if (in_place.count({held.tensor, held.region})) continue;
+      if (kept.count({f.host, held.tensor, held.region})) continue;
       s.push_back(held.region.volume() *
                   ElementSize(spec.tensors[held.tensor].dtype));
       h->set_bytes_needed(h->bytes_needed() + s.back());

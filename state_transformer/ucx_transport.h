@@ -1,17 +1,22 @@
-// The UCX piece transport, two ways:
-// - one-sided gets (FetchInto, when the piece lies in one staged buffer
-//   and its contiguous runs are long): the source registers the stored
-//   buffers that cover the piece and returns their addresses, remote keys
-//   and the parts' checksums (ExposePiece, epoch-checked); the destination
+// The UCX piece transport. A piece (what this host needs of a tensor from
+// one peer) is split by the staged buffers it lands in (FetchInto) and,
+// through ExposePiece (epoch-checked), by the source's stored buffers:
+// the source registers them and returns their addresses, remote keys and
+// each part's checksum. Each part then moves one of two ways:
+// - one-sided gets, when its contiguous runs are long: the destination
 //   reads every run straight into the staged buffer and checksums what
 //   landed, a few MiB at a time while it is still in cache;
-// - packing at the source (Fetch; short runs such as a narrow column slice,
-//   where one get per run costs more than a copy): for each part of a
-//   piece (at most 64 MiB) the destination posts a tagged UCX receive, then
-//   asks the source over gRPC (SendPart, epoch-checked) to pack the part
-//   and send it to its worker; the part's checksum comes on the reply.
+// - a tagged send by the source (Pull; short runs, where one get per run
+//   costs more than a copy): per 64 MiB the destination posts a tagged
+//   receive and asks the source over gRPC (SendPart, epoch-checked) to
+//   send; a part that is one span of the source's memory is sent from it
+//   as it is (UCX's rendezvous has the receiver read it: RDMA on a
+//   cluster, CMA on one machine), others are packed first. It lands in
+//   place when it is one span of the staged buffer, else in a buffer that
+//   is scattered while checksummed; the checksum comes on the reply.
 // The run length that separates the two was chosen by measurement
-// (kMinGetRunBytes, tools/ucx_get_benchmark; docs/benchmarks.md).
+// (kMinGetRunBytes, state_transformer:ucx_get_benchmark;
+// docs/benchmarks.md). Fetch (no staged buffers) streams to the consumer.
 //
 // AutoTransport uses UCX and falls back to the gRPC-stream transport for a
 // peer whose ptcd has no UCX worker (or if this one has none).
@@ -35,13 +40,13 @@ namespace ptc {
 // What SendPart answers (FAILED_PRECONDITION) when its ptcd has no worker.
 inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
 
-// Pieces whose contiguous runs average fewer bytes are packed at the source
+// Parts whose contiguous runs average fewer bytes are sent by the source
 // rather than read with one get per run.
 inline constexpr int64_t kMinGetRunBytes = 4 << 10;
 
 class UcxPieceTransport : public PieceTransport {
  public:
-  // Pieces whose runs average fewer bytes are packed at the source; for
+  // Parts whose runs average fewer bytes are sent by the source; for
   // measuring the crossover (tools: ucx_get_benchmark).
   void set_min_get_run_bytes(int64_t bytes) { min_get_run_bytes_ = bytes; }
 

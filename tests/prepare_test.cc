@@ -134,6 +134,26 @@ TEST_CASE(
     CHECK(Counter("ptc_store_spares_used_total") - used_before == staged);
   }
 
+  SECTION("a job's hosts prepare its first save when it registers") {
+    proto::RegisterJobRequest job;
+    job.set_job("fresh");
+    job.set_model(kModel);
+    job.set_config("tp=2,pp=1,dp=1");
+    job.add_hosts("host1");
+    proto::RegisterJobResponse registered;
+    {
+      grpc::ClientContext ctx;
+      REQUIRE(stub->RegisterJob(&ctx, job, &registered).ok());
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (c.daemons[1]->client->Stats()->spare_queued_bytes() > 0 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(c.daemons[1]->client->Stats()->spare_bytes() ==
+          registered.state_bytes());
+  }
+
   SECTION("bad requests get clear errors and change nothing") {
     proto::PrepareResponse resp;
     auto call = [&](const proto::ReconfigureRequest& r) {

@@ -11,6 +11,9 @@
 #   bash tools/reconfigure_benchmark.sh [RUNS]
 #   PARTS=strategies bash tools/reconfigure_benchmark.sh   (only the second)
 #   TRANSPORTS=ucx PARTS=transports bash tools/reconfigure_benchmark.sh 1
+#   PREPARE=1 ...   before each measured change, `ptcctl prepare --wait` has
+#                   the target host prepare the memory it will stage (each
+#                   ptcd gets --spare-pool ${SPARE_POOL:-6GiB}); not timed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -46,6 +49,7 @@ PY
 )
 echo "memcpy of 1 GiB into freshly allocated memory (median of 3): ${fresh} MB/s"
 
+[[ -n "${PREPARE:-}" ]] && export SPARE_POOL=${SPARE_POOL:-6GiB}
 tools/local_cluster.sh up "$dir" 4 4 8GiB >/dev/null
 source "$dir/env"
 c="--coordinator $COORDINATOR"
@@ -57,6 +61,9 @@ bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_
 measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]
   local times=() stage_times=() rates=() stage_rates=()
   for i in $(seq 1 "$runs"); do
+    if [[ -n "${PREPARE:-}" ]]; then
+      $ptcctl prepare $c --job bench --to "$2" --hosts "$3" --wait >/dev/null
+    fi
     out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --transport "$4" \
       --strategy "${5:-ptc}" --json)
     read -r secs stage cross < <(echo "$out" | /usr/bin/python3 -c 'import json,sys
@@ -68,14 +75,15 @@ r = json.load(sys.stdin); print(r["seconds"], r["staging_seconds"], r["bytes_fro
   done
   /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_tcp" "${times[*]}" "${rates[*]}" \
     "${stage_times[*]}" "${stage_rates[*]}" "$fresh" <<'PY'
-import statistics, sys
+import os, statistics, sys
 name, cross, shm, tcp, times, rates, stimes, srates, fresh = sys.argv[1:]
 def mmm(xs, fmt):
     xs = sorted(map(float, xs.split()))
     return "/".join(fmt.format(x) for x in (xs[0], statistics.median(xs), xs[-1])), statistics.median(xs)
 t, _ = mmm(times, "{:.2f}"); r, rmed = mmm(rates, "{:.0f}")
 st, _ = mmm(stimes, "{:.2f}"); sr, smed = mmm(srates, "{:.0f}")
-print(f"{name}: {int(cross)/1e9:.2f} GB across hosts\n"
+prepared = " (target memory prepared beforehand)" if os.environ.get("PREPARE") else ""
+print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
       f"    end to end (staging + fingerprints of both versions + commit): time min/median/max "
       f"{t} s, throughput {r} MB/s\n"
       f"    staging (the bytes moving): time {st} s, throughput {sr} MB/s = "

@@ -18,6 +18,12 @@ Restarting the processes (Python, torch import, gloo, building the model)
 costs the same in both and is reported separately, not in the pause; so
 is the first iteration, which shows the job goes on.
 
+With --prepare, the benchmark acts as a scheduler that knows the new
+allocation as the job starts: it runs `ptcctl prepare --wait` then, while
+the job trains, so that the target hosts (new ones included) have the
+memory the change will stage ready; its time is reported, not counted in
+the pause (the job is not paused by it).
+
     /usr/bin/python3 examples/elastic_gpt/pause_benchmark.py --runs 3
 """
 
@@ -29,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -87,6 +94,9 @@ def main():
     ap.add_argument("--spare-pool",
                     help="each ptcd's --spare-pool (memory kept faulted in for the next saves "
                     "of the sizes it saw), e.g. 2GiB; default: ptcd's own")
+    ap.add_argument("--prepare", action="store_true",
+                    help="as a scheduler that knows the new allocation: ptcctl prepare --wait "
+                    "while the job trains, before the save request")
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-pause-", dir="/var/tmp"))
@@ -110,6 +120,19 @@ def main():
             state_bytes = next(j["state_bytes"] for j in json.loads(cluster.ptcctl(
                 "jobs", "--json", capture=True))["jobs"] if j["job"] == job)
             ckpt = work / f"ckpt-{run}"
+            prepared = {}
+            if args.prepare:
+                def prepare():
+                    t = time.time()
+                    try:
+                        prepared.update(json.loads(cluster.ptcctl(
+                            "prepare", "--job", job, "--to", dst_config, "--hosts", dst_hosts,
+                            "--wait", "--json", capture=True)))
+                    except Exception as e:  # reported below, the run goes on
+                        prepared["error"] = str(e)
+                    prepared["seconds"], prepared["done_at"] = time.time() - t, time.time()
+                preparing = threading.Thread(target=prepare)
+                preparing.start()
             _, ev = phase(args, cluster, work / f"a-{run}", src_config, src_hosts,
                           ["--save-at", "2" if args.periodic else "1", "--baseline-save",
                            str(ckpt)] + (["--save-every", "1", "--gap", str(args.gap)]
@@ -121,6 +144,12 @@ def main():
             ptc_write = max(e["written"] - e["save_start"] for e in ev)
             save_skew = max(e["save_start"] for e in ev) - min(e["save_start"] for e in ev)
             base_save = max(e["baseline_save_seconds"] for e in ev)
+            if args.prepare:
+                preparing.join()
+                if "error" in prepared:
+                    raise RuntimeError(f"ptcctl prepare failed: {prepared['error']}")
+                # Whether the memory was ready before the save request.
+                prepared["before_save"] = prepared["done_at"] <= min(e["save_start"] for e in ev)
             t0 = time.time()
             report = json.loads(cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config,
                                                "--hosts", dst_hosts, "--json", capture=True))
@@ -140,7 +169,12 @@ def main():
                            "reconfigure": reconf, "staging": report["staging_seconds"],
                            "verifying": report["verifying_seconds"], "load": ptc_load,
                            "pause": ptc_save + reconf + ptc_load, "restart": ptc_restart,
-                           "plan": report["plan"]},
+                           "plan": report["plan"],
+                           "prepare": ({"seconds": prepared["seconds"],
+                                        "bytes": prepared["bytes_prepared"],
+                                        "needed": prepared["bytes_needed"],
+                                        "before_save": prepared["before_save"]}
+                                       if args.prepare else None)},
                    "baseline": {"save": base_save, "load": base_load,
                                 "pause": base_save + base_load, "restart": base_restart}}
             row["speedup"] = row["baseline"]["pause"] / row["ptc"]["pause"]
@@ -153,12 +187,16 @@ def main():
                 f"{p['verifying']:.2f}] + load {p['load']:.2f}); baseline pause "
                 f"{b['pause']:.2f} s (torch.save {b['save']:.2f} + torch.load and re-slice "
                 f"{b['load']:.2f}); ptc {row['speedup']:.2f}x shorter [restarts: "
-                f"{p['restart']:.1f} / {b['restart']:.1f} s, not counted]")
+                f"{p['restart']:.1f} / {b['restart']:.1f} s, not counted]"
+                + (f" [prepared {p['prepare']['bytes'] / 2**30:.2f} of "
+                   f"{p['prepare']['needed'] / 2**30:.2f} GiB in {p['prepare']['seconds']:.1f} s "
+                   f"while training, {'before' if p['prepare']['before_save'] else 'NOT before'} "
+                   f"the save request]" if p["prepare"] else ""))
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
     summary = {"model": args.model, "from": args.source, "to": args.to,
-               "periodic": args.periodic, "runs": rows,
+               "periodic": args.periodic, "prepare": args.prepare, "runs": rows,
                "ptc_pause": stats([r["ptc"]["pause"] for r in rows]),
                "baseline_pause": stats([r["baseline"]["pause"] for r in rows]),
                "speedup": stats([r["speedup"] for r in rows])}
@@ -167,7 +205,8 @@ def main():
     else:
         s, p, b = summary["speedup"], summary["ptc_pause"], summary["baseline_pause"]
         print(f"\n{args.source} -> {args.to}, job state {rows[0]['state_bytes'] / 2**30:.2f} "
-              f"GiB{', saved periodically' if args.periodic else ', first save'}; pause ptc "
+              f"GiB{', saved periodically' if args.periodic else ', first save'}"
+              f"{', memory prepared while training' if args.prepare else ''}; pause ptc "
               f"median "
               f"{p['median']:.2f} s (min {p['min']:.2f}, max {p['max']:.2f}), baseline median "
               f"{b['median']:.2f} s (min {b['min']:.2f}, max {b['max']:.2f}); ptc shorter by "
