@@ -169,3 +169,26 @@ def test_the_tenplex_baseline_plan_runs_on_the_same_engine(cluster):
     assert base["plan"]["max_host_send_bytes"] > base["plan"]["max_host_send_bytes_lower_bound"]
     r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2", "--strategy", "magic")
     assert r.returncode != 0 and "strategy 'magic' is unknown" in r.stderr
+
+
+def test_prepare_readies_the_target_hosts_memory_and_changes_nothing(cluster):
+    start_job(cluster)
+    code, out = cluster.ptcctl_json("prepare", "--job", "j", "--to", "tp=1,pp=2,dp=2",
+                                    "--hosts", "host1,host2,host3", "--wait")
+    assert code == 0, out
+    assert sorted(h["name"] for h in out["hosts"]) == ["host1", "host2", "host3"]
+    for h in out["hosts"]:
+        # Each ptcd's default pool is 1/16 of its 2 GiB limit.
+        assert h["capacity_bytes"] == 128 << 20
+        assert 0 < h["bytes_prepared"] <= min(h["bytes_needed"], h["capacity_bytes"])
+    assert out["bytes_needed"] == sum(h["bytes_needed"] for h in out["hosts"])
+    assert cluster.job("j")["committed_version"] == 1
+    assert cluster.store_versions("host2", "j") == []
+    r = cluster.ptcctl("prepare", "--job", "nojob", "--to", "tp=2")
+    assert r.returncode == 1 and "job 'nojob' is unknown" in r.stderr
+    # The change itself then runs as usual, into the prepared memory.
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=2",
+                                       "--hosts", "host1,host2,host3")
+    assert code == 0 and report["phase"] == "committed", report
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
