@@ -269,7 +269,7 @@ absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
   const Region& region = view.region;
   const int64_t elem = ElementSize(view.decl.dtype);
   if (req.first() < 0 || req.count() < 1 ||
-      req.first() + req.count() > region.volume()) {
+      req.count() > region.volume() - req.first()) {
     return absl::InvalidArgumentError(
         absl::StrCat("part [", req.first(), ", +", req.count(),
                      ") is outside region ", region.ToString()));

@@ -245,6 +245,7 @@ absl::Status UcxPieceTransport::FetchShare(int32_t host, const std::string& job,
     int64_t runs = 0;
     ForEachRun(p.stored, into->region, p.part, element_size,
                [&](int64_t, int64_t, int64_t) { ++runs; });
+    if (runs == 0) continue;  // an empty part
     if (p.part.volume() * element_size / runs < min_get_run_bytes_) {
       PTC_RETURN_IF_ERROR(Pull(host, job, version, tensor, p.part, element_size,
                                into, nullptr));
@@ -328,7 +329,8 @@ absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
           SpanOffset(into->region, region, first, count, element_size);
       if (at) land = reinterpret_cast<char*>(into->data) + *at;
     }
-    if (land == nullptr) {
+    const bool in_place = land != nullptr;
+    if (!in_place) {
       if (buffer.size() < capacity) buffer.resize(capacity);
       land = buffer.data();
     }
@@ -377,9 +379,10 @@ absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
           "a part of ", region.ToString(), " of '", tensor, "' from ", peer,
           " arrived with ", *got, " bytes instead of ", capacity, " over UCX"));
     }
-    // Checksum (and scatter) a few hundred KiB at a time, while in cache.
-    // What is scattered before the checksum fails is in staged memory that
-    // nobody sees and the failure discards.
+    // Checksum (and scatter into `into`) a few hundred KiB at a time, while
+    // in cache. What is scattered before the checksum fails is in staged
+    // memory that nobody sees and the failure discards; a consumer gets
+    // only verified bytes.
     constexpr int64_t kChunk = int64_t{256} << 10;
     const int64_t chunk =
         std::max<int64_t>(1, kChunk / element_size) * element_size;
@@ -387,13 +390,9 @@ absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
     for (int64_t done = 0; done < static_cast<int64_t>(capacity);) {
       const int64_t n = std::min<int64_t>(chunk, capacity - done);
       sum.Update(land + done, n);
-      if (land != buffer.data()) {
-        // received in place
-      } else if (into != nullptr) {
+      if (!in_place && into != nullptr) {
         ScatterInto(*into, region, (offset + done) / element_size, land + done,
                     n / element_size, element_size);
-      } else {
-        consume(offset + done, land + done, n);
       }
       done += n;
     }
@@ -402,6 +401,7 @@ absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
                                               " of '", tensor, "' from ", peer,
                                               " arrived damaged over UCX"));
     }
+    if (into == nullptr) consume(offset, land, capacity);
     ucx_bytes_received_total.Add(*got);
     offset += *got;
     first += count;
