@@ -239,17 +239,16 @@ grpc::Status CoordinatorService::RegisterJob(
 }
 
 absl::Status CoordinatorService::AddJob(
-    const proto::RegisterJobRequest& request,
+    const proto::RegisterJobRequest& req,
     const std::pair<int32_t, int64_t>& shape,
     proto::RegisterJobResponse* resp) {
-  const proto::RegisterJobRequest* req = &request;
   absl::MutexLock lock(&mu_);
-  if (jobs_.count(req->job())) {
+  if (jobs_.count(req.job())) {
     return absl::AlreadyExistsError(
-        absl::StrCat("job '", req->job(), "' exists"));
+        absl::StrCat("job '", req.job(), "' exists"));
   }
   int64_t gpus = 0;
-  for (const std::string& h : req->hosts()) {
+  for (const std::string& h : req.hosts()) {
     auto it = hosts_.find(h);
     if (it == hosts_.end()) {
       return absl::NotFoundError(
@@ -259,21 +258,21 @@ absl::Status CoordinatorService::AddJob(
   }
   if (gpus < shape.first) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job '", req->job(), "' has ", shape.first,
+        absl::StrCat("job '", req.job(), "' has ", shape.first,
                      " ranks but the hosts given have ", gpus, " GPUs"));
   }
   auto job = std::make_unique<Job>();
-  job->state.set_job(req->job());
-  job->state.set_model(req->model());
-  job->state.set_config(req->config());
-  for (const std::string& h : req->hosts()) job->state.add_hosts(h);
+  job->state.set_job(req.job());
+  job->state.set_model(req.model());
+  job->state.set_config(req.config());
+  for (const std::string& h : req.hosts()) job->state.add_hosts(h);
   std::tie(job->ranks, job->state_bytes) = shape;
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
-  jobs_[req->job()] = std::move(job);
+  jobs_[req.job()] = std::move(job);
   Log("coordinator")
-      ->info("job {} registered: {} {} on {} hosts", req->job(), req->model(),
-             req->config(), req->hosts_size());
+      ->info("job {} registered: {} {} on {} hosts", req.job(), req.model(),
+             req.config(), req.hosts_size());
   return PersistLocked();
 }
 

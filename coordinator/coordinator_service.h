@@ -112,6 +112,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
       const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a new job (its hosts must be registered and have a GPU per
+  // rank; `shape` is its ranks and state bytes) and persists it.
   absl::Status AddJob(const proto::RegisterJobRequest& req,
                       const std::pair<int32_t, int64_t>& shape,
                       proto::RegisterJobResponse* resp);
