@@ -250,6 +250,9 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
   }
   const absl::Time start = absl::Now();
   int64_t pending = 0;
+  // With --wait: spares ready on the target hosts at the end (a pool may
+  // skip some when the machine is short of memory).
+  int64_t ready = 0;
   if (args.Flag("wait") && prepared > 0) {
     // Until no target host has spares left to prepare.
     std::map<std::string, std::string> addresses;
@@ -265,7 +268,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
     }
     const bool tty = !json && isatty(STDOUT_FILENO);
     while (true) {
-      pending = 0;
+      pending = ready = 0;
       for (auto& store : stores) {
         grpc::ClientContext ctx;
         ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -273,6 +276,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
         PTC_RETURN_IF_ERROR(
             FromGrpcStatus(store->Stats(&ctx, proto::StatsRequest(), &stats)));
         pending += stats.spare_queued_bytes();
+        ready += stats.spare_bytes();
       }
       if (tty) {
         const double done = 1.0 - static_cast<double>(pending) / prepared;
@@ -298,6 +302,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
     JsonWriter w;
     w.BeginObject().Key("job").String(req.job()).Key("to").String(req.to());
     w.Key("bytes_needed").Int(needed).Key("bytes_prepared").Int(prepared);
+    if (args.Flag("wait")) w.Key("bytes_ready").Int(std::min(ready, prepared));
     w.Key("waited_seconds").Double(seconds);
     w.Key("hosts").BeginArray();
     for (const auto& h : resp.hosts()) {
@@ -312,10 +317,12 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
     std::cout << w.str() << "\n";
   } else {
     std::cout << absl::StrFormat(
-        "job %s: the change to %s stages %s on %d hosts; %s %s%s\n", req.job(),
-        req.to(), HumanBytes(needed), resp.hosts_size(), HumanBytes(prepared),
-        args.Flag("wait") ? "ready" : "ready or being prepared",
-        args.Flag("wait") ? absl::StrFormat(" after %.1f s", seconds) : "");
+        "job %s: the change to %s stages %s on %d hosts; %s %s\n", req.job(),
+        req.to(), HumanBytes(needed), resp.hosts_size(),
+        args.Flag("wait") ? HumanBytes(std::min(ready, prepared))
+                          : HumanBytes(prepared),
+        args.Flag("wait") ? absl::StrFormat("ready after %.1f s", seconds)
+                          : std::string("ready or being prepared"));
     if (prepared < needed) {
       std::cout << "  (the rest will be allocated when the change runs: "
                    "raise ptcd --spare-pool to prepare more)\n";
