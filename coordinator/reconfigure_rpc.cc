@@ -281,8 +281,8 @@ absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
   // before the job's first save nothing is stored).
   const bool stored = planned.committed > 0;
   const PlanInput& input = planned.flight->input;
-  std::set<std::tuple<int32_t, int32_t, Region>>
-      kept;  // (host, tensor, region)
+  // (host, tensor, region) of every region a host stores now.
+  std::set<std::tuple<int32_t, int32_t, Region>> kept;
   if (stored) {
     for (int t = 0; t < input.source->num_tensors(); ++t) {
       for (const Shard& s : input.source->shards(t)) {

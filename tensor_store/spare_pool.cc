@@ -138,7 +138,7 @@ int64_t SparePool::Queue(const std::vector<int64_t>& sizes, const Wave& wave) {
   for (const auto& [size, spares] : ready_) have[size] += spares.size();
   for (const Queued& q : queue_) ++have[q.size];
   for (int64_t size : sizes) {
-    if (size <= 0) continue;
+    if (size <= 0 || size > capacity_) continue;
     if (have[size] > 0) {
       --have[size];
       covered += size;

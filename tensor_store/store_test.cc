@@ -207,7 +207,7 @@ TEST_CASE(
   CHECK(pool.Take(2 << 20, {"job", 6}));
   CHECK(pool.Take(2 << 20, {"job", 6}));
   // Bad sizes are skipped.
-  CHECK(pool.Queue({0, -1}, {"job", 5}) == 0);
+  CHECK(pool.Queue({0, -1, INT64_MAX}, {"job", 5}) == 0);
 }
 
 TEST_CASE("spare pool: spares give way when the machine's memory is short",
