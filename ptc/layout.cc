@@ -57,14 +57,8 @@ void ResolveZero(const ModelSpec& spec, const ParallelConfig& config,
             const int64_t b = std::max(lo, at),
                           e = std::min(hi, at + r.volume());
             if (b < e) {
-              const Shape local = r.shape();
-              for (Region piece : FlatRangeToRegions(local, b - at, e - at)) {
-                for (int d = 0; d < piece.rank(); ++d) {
-                  piece.mutable_dim(d).begin += r.dim(d).begin;
-                  piece.mutable_dim(d).end += r.dim(d).begin;
-                }
+              for (const Region& piece : FlatRangeOfRegion(r, b - at, e - at))
                 (*shards)[o].push_back({rank, piece});
-              }
             }
             at += r.volume();
           }

@@ -181,6 +181,18 @@ std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
   return out;
 }
 
+std::vector<Region> FlatRangeOfRegion(const Region& region, int64_t begin,
+                                      int64_t end) {
+  std::vector<Region> boxes = FlatRangeToRegions(region.shape(), begin, end);
+  for (Region& box : boxes) {
+    for (int d = 0; d < box.rank(); ++d) {
+      box.mutable_dim(d).begin += region.dim(d).begin;
+      box.mutable_dim(d).end += region.dim(d).begin;
+    }
+  }
+  return boxes;
+}
+
 void CopyRegion(const void* src, const Region& src_box, void* dst,
                 const Region& dst_box, const Region& what,
                 int64_t element_size) {

@@ -95,6 +95,11 @@ int64_t NumElements(absl::Span<const int64_t> shape);
 std::vector<Region> FlatRangeToRegions(absl::Span<const int64_t> shape,
                                        int64_t begin, int64_t end);
 
+// The same for the elements [begin, end) of `region` of a tensor, in the
+// region's row-major order: the boxes are in the tensor's coordinates.
+std::vector<Region> FlatRangeOfRegion(const Region& region, int64_t begin,
+                                      int64_t end);
+
 // Calls fn(src_offset, dst_offset, bytes) for every contiguous run of
 // `what` (inside both boxes) in row-major order, with the runs' byte
 // offsets in dense row-major buffers holding exactly `src_box` and

@@ -61,6 +61,26 @@ TEST_CASE("region: validation names the bad dimension", "[ptc][region]") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE(
+    "region: a flat range of a region is that region's range, placed in the "
+    "tensor",
+    "[ptc][region]") {
+  const Region region{{2, 5}, {10, 14}};  // 3 x 4 of a larger tensor
+  for (int64_t b = 0; b <= 12; ++b) {
+    for (int64_t e = b; e <= 12; ++e) {
+      const std::vector<Region> local = FlatRangeToRegions({3, 4}, b, e);
+      const std::vector<Region> placed = FlatRangeOfRegion(region, b, e);
+      REQUIRE(placed.size() == local.size());
+      for (size_t i = 0; i < placed.size(); ++i) {
+        CHECK(placed[i] ==
+              Region{{local[i].dim(0).begin + 2, local[i].dim(0).end + 2},
+                     {local[i].dim(1).begin + 10, local[i].dim(1).end + 10}});
+        CHECK(region.Contains(placed[i]));
+      }
+    }
+  }
+}
+
 TEST_CASE("region: a flat range becomes at most 2n-1 rectangles in order",
           "[ptc][region]") {
   const Shape shapes[] = {{7}, {3, 5}, {4, 3, 5}, {2, 3, 2, 4}};

@@ -203,7 +203,6 @@ absl::Status ExecuteFragment(
             }
           });
     }
-    const Shape shape = p.region.shape();
     absl::Status bad_chunk;
     std::vector<PieceTarget> targets;
     for (const Staged& st : staged[p.tensor]) {
@@ -220,12 +219,8 @@ absl::Status ExecuteFragment(
           }
           const int64_t first = offset / elem;
           int64_t at = 0;
-          for (Region box :
-               FlatRangeToRegions(shape, first, first + n / elem)) {
-            for (int d = 0; d < box.rank(); ++d) {
-              box.mutable_dim(d).begin += p.region.dim(d).begin;
-              box.mutable_dim(d).end += p.region.dim(d).begin;
-            }
+          for (const Region& box :
+               FlatRangeOfRegion(p.region, first, first + n / elem)) {
             Scatter(data + at, box, staged[p.tensor], elem);
             at += box.volume() * elem;
           }

@@ -282,12 +282,8 @@ absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
   };
   std::vector<Run> runs;
   int64_t at = 0;  // the part's bytes before this box
-  for (Region box : FlatRangeToRegions(region.shape(), req.first(),
-                                       req.first() + req.count())) {
-    for (int d = 0; d < box.rank(); ++d) {
-      box.mutable_dim(d).begin += region.dim(d).begin;
-      box.mutable_dim(d).end += region.dim(d).begin;
-    }
+  for (const Region& box :
+       FlatRangeOfRegion(region, req.first(), req.first() + req.count())) {
     std::vector<std::pair<int64_t, Run>> box_runs;  // (offset in box, run)
     PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
         box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {

@@ -48,11 +48,7 @@ std::optional<int64_t> SpanOffset(const Region& buffer_box,
   std::optional<int64_t> begin;
   int64_t end = 0;
   bool contiguous = true;
-  for (Region box : FlatRangeToRegions(region.shape(), first, first + count)) {
-    for (int d = 0; d < box.rank(); ++d) {
-      box.mutable_dim(d).begin += region.dim(d).begin;
-      box.mutable_dim(d).end += region.dim(d).begin;
-    }
+  for (const Region& box : FlatRangeOfRegion(region, first, first + count)) {
     ForEachRun(buffer_box, buffer_box, box, element_size,
                [&](int64_t at, int64_t, int64_t n) {
                  if (!begin) {
@@ -71,11 +67,7 @@ std::optional<int64_t> SpanOffset(const Region& buffer_box,
 // row-major order, from dense `data` into `into`, which holds `region`.
 void ScatterInto(const PieceTarget& into, const Region& region, int64_t first,
                  const char* data, int64_t count, int64_t element_size) {
-  for (Region box : FlatRangeToRegions(region.shape(), first, first + count)) {
-    for (int d = 0; d < box.rank(); ++d) {
-      box.mutable_dim(d).begin += region.dim(d).begin;
-      box.mutable_dim(d).end += region.dim(d).begin;
-    }
+  for (const Region& box : FlatRangeOfRegion(region, first, first + count)) {
     CopyRegion(data, box, into.data, into.region, box, element_size);
     data += box.volume() * element_size;
   }

@@ -95,7 +95,6 @@ absl::Status TensorStoreService::DoRead(
                       : kDefaultChunk;
   const int64_t per_chunk = std::max<int64_t>(1, chunk / elem);
   const int64_t total = region.volume();
-  const Shape shape = region.shape();
   StreamingChecksum checksum;
   proto::ReadResponse resp;
   int64_t done = 0;
@@ -105,11 +104,7 @@ absl::Status TensorStoreService::DoRead(
     data->resize(n * elem);
     char* dst = data->data();
     // The chunk is a flat range of the region: a few boxes, each dense.
-    for (Region box : FlatRangeToRegions(shape, done, done + n)) {
-      for (int d = 0; d < box.rank(); ++d) {
-        box.mutable_dim(d).begin += region.dim(d).begin;
-        box.mutable_dim(d).end += region.dim(d).begin;
-      }
+    for (const Region& box : FlatRangeOfRegion(region, done, done + n)) {
       PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
           box, view.sources,
           [&](const Region& piece, const StoredRegionRef& s) {

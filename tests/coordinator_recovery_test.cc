@@ -23,14 +23,7 @@ constexpr char kModel[] =
 // hosts 0,1 while moving it to `to` on hosts 2,3 at epoch 7.
 proto::CoordinatorState InFlightState(const testing::DaemonCluster& c,
                                       bool decided) {
-  proto::CoordinatorState state;
-  for (int h = 0; h < 4; ++h) {
-    proto::HostStatus* s = state.add_hosts();
-    s->set_name(absl::StrCat("host", h));
-    s->set_address(c.addresses.at(h));
-    s->set_gpus(2);
-    s->set_alive(true);
-  }
+  proto::CoordinatorState state = testing::KnownHosts(c, 2);
   auto* j = state.add_jobs();
   j->set_job("gpt");
   j->set_model(kModel);

@@ -29,14 +29,7 @@ int64_t Counter(const std::string& name) {
 // A coordinator that knows the cluster's four hosts and job "gpt" at
 // version 1 (tp=2 on host0).
 proto::CoordinatorState Committed(const testing::DaemonCluster& c) {
-  proto::CoordinatorState state;
-  for (int h = 0; h < 4; ++h) {
-    proto::HostStatus* s = state.add_hosts();
-    s->set_name(absl::StrCat("host", h));
-    s->set_address(c.addresses.at(h));
-    s->set_gpus(2);
-    s->set_alive(true);
-  }
+  proto::CoordinatorState state = testing::KnownHosts(c, 2);
   auto* j = state.add_jobs();
   j->set_job("gpt");
   j->set_model(kModel);

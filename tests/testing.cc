@@ -26,6 +26,18 @@ DaemonCluster::DaemonCluster(int hosts, int64_t spare_pool) {
   }
 }
 
+proto::CoordinatorState KnownHosts(const DaemonCluster& c, int gpus) {
+  proto::CoordinatorState state;
+  for (const auto& [h, address] : c.addresses) {
+    proto::HostStatus* s = state.add_hosts();
+    s->set_name("host" + std::to_string(h));
+    s->set_address(address);
+    s->set_gpus(gpus);
+    s->set_alive(true);
+  }
+  return state;
+}
+
 SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
                         const PlanScenario& s, int64_t version) {
   std::vector<TensorDecl> decls;

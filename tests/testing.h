@@ -11,6 +11,7 @@
 
 #include "coordinator/plan.h"
 #include "coordinator/plan_scenario.h"
+#include "proto/coordinator.pb.h"
 #include "tensor_store/internal/testing.h"
 
 namespace ptc::testing {
@@ -21,6 +22,10 @@ struct DaemonCluster {
   std::vector<std::unique_ptr<Daemon>> daemons;
   std::map<int32_t, std::string> addresses;
 };
+
+// Coordinator metadata that knows the cluster's daemons as live hosts
+// "host0", "host1", ... with `gpus` GPUs each (no jobs yet).
+proto::CoordinatorState KnownHosts(const DaemonCluster& c, int gpus);
 
 // (small object name, rank) -> the bytes that rank holds.
 using SmallObjects = std::map<std::pair<std::string, int>, std::string>;

@@ -108,7 +108,8 @@ std::string Bar(double fraction, int width) {
                       std::string(width - full, '.'), "]");
 }
 
-absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
+// The change --job, --to and --hosts name (reconfigure and prepare).
+absl::StatusOr<proto::ReconfigureRequest> ChangeRequest(const Args& args) {
   proto::ReconfigureRequest req;
   PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
   PTC_ASSIGN_OR_RETURN(*req.mutable_to(), args.Required("to"));
@@ -116,6 +117,11 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
        absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
     req.add_hosts(std::string(h));
   }
+  return req;
+}
+
+absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
+  PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   int pulls = 0;
   if (args.Has("parallel-pulls") &&
       (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1)) {
@@ -226,13 +232,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
 }
 
 absl::Status Prepare(Stub* stub, const Args& args, bool json) {
-  proto::ReconfigureRequest req;
-  PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
-  PTC_ASSIGN_OR_RETURN(*req.mutable_to(), args.Required("to"));
-  for (absl::string_view h :
-       absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
-    req.add_hosts(std::string(h));
-  }
+  PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   proto::PrepareResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::Prepare, stub, req, &resp));
   int64_t needed = 0, prepared = 0;
