@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -37,23 +38,50 @@ void Scatter(const char* src, const Region& box,
   }
 }
 
-// Orders pieces round-robin over their source hosts, starting at a source
-// chosen by `host`, so that the pulls in flight keep every sender busy
-// (the plan balances bytes per sender; pulling one sender's pieces after
-// another's would leave the others idle) and target hosts start on
-// different senders.
-std::vector<const FragmentPiece*> InterleaveSources(
-    std::vector<const FragmentPiece*> work, int32_t host) {
-  std::map<int32_t, std::vector<const FragmentPiece*>> by_source;
-  for (const FragmentPiece* p : work) by_source[p->source_host].push_back(p);
-  if (by_source.size() < 2) return work;
-  std::vector<std::vector<const FragmentPiece*>*> queues;
-  for (auto& [source, pieces] : by_source) queues.push_back(&pieces);
-  std::vector<const FragmentPiece*> out;
+using Batch = std::vector<const FragmentPiece*>;
+
+// At most this many pieces per batch (each is a few parts of a control
+// call; kMaxPartsPerCall bounds those).
+constexpr size_t kMaxBatchPieces = 256;
+
+// Groups the pieces to copy into batches: a local piece alone, remote
+// pieces of one source in plan order up to kBatchBytes. Orders the batches
+// round-robin over their source hosts, starting at a source chosen by
+// `host`, so that the pulls in flight keep every sender busy (the plan
+// balances bytes per sender; pulling one sender's pieces after another's
+// would leave the others idle) and target hosts start on different
+// senders.
+std::vector<Batch> MakeBatches(const std::vector<const FragmentPiece*>& work,
+                               const FragmentJob& job) {
+  std::map<int32_t, std::vector<Batch>> by_source;
+  std::map<int32_t, int64_t> open_bytes;  // of each source's last batch
+  for (const FragmentPiece* p : work) {
+    std::vector<Batch>& batches = by_source[p->source_host];
+    const int64_t bytes =
+        p->region.volume() * ElementSize(job.tensors[p->tensor].dtype);
+    int64_t& open = open_bytes[p->source_host];
+    if (p->source_host == job.host || batches.empty() ||
+        open + bytes > kBatchBytes ||
+        batches.back().size() >= kMaxBatchPieces) {
+      batches.push_back({});
+      open = 0;
+    }
+    batches.back().push_back(p);
+    open += bytes;
+  }
+  std::vector<std::vector<Batch>*> queues;
+  size_t total = 0;
+  for (auto& [source, batches] : by_source) {
+    queues.push_back(&batches);
+    total += batches.size();
+  }
+  std::vector<Batch> out;
+  if (queues.empty()) return out;
   std::vector<size_t> next(queues.size(), 0);
-  size_t q = static_cast<size_t>(host) % queues.size();
-  while (out.size() < work.size()) {
-    if (next[q] < queues[q]->size()) out.push_back((*queues[q])[next[q]++]);
+  size_t q = static_cast<size_t>(job.host) % queues.size();
+  while (out.size() < total) {
+    if (next[q] < queues[q]->size())
+      out.push_back(std::move((*queues[q])[next[q]++]));
     q = (q + 1) % queues.size();
   }
   return out;
@@ -178,54 +206,66 @@ absl::Status ExecuteFragment(
   }
   totals.pieces_total = static_cast<int64_t>(job.pieces.size());
   if (progress) progress(totals);
-  work = InterleaveSources(std::move(work), job.host);
+  const std::vector<Batch> batches = MakeBatches(work, job);
 
   absl::Mutex mu;
   absl::Status failure;
   std::atomic<size_t> next{0};
-  auto run_piece = [&](const FragmentPiece& p) -> absl::Status {
+  auto copy_local = [&](const FragmentPiece& p) -> absl::Status {
     const TensorDecl& decl = job.tensors[p.tensor];
     const int64_t elem = ElementSize(decl.dtype);
-    if (p.source_host == job.host) {
-      PTC_ASSIGN_OR_RETURN(
-          ReadView view,
-          store->OpenRead(job.job, job.source_version, decl.key, p.region));
-      return ForEachCoveringPiece(
-          p.region, view.sources,
-          [&](const Region& sub, const StoredRegionRef& s) {
-            for (const Staged& st : staged[p.tensor]) {
-              const Region part = sub.Intersect(st.region);
-              if (!part.empty()) {
-                CopyRegion(s.buffer->data(), s.region,
-                           st.put->buffer->mutable_data(), st.region, part,
-                           elem);
-              }
+    PTC_ASSIGN_OR_RETURN(
+        ReadView view,
+        store->OpenRead(job.job, job.source_version, decl.key, p.region));
+    return ForEachCoveringPiece(
+        p.region, view.sources,
+        [&](const Region& sub, const StoredRegionRef& s) {
+          for (const Staged& st : staged[p.tensor]) {
+            const Region part = sub.Intersect(st.region);
+            if (!part.empty()) {
+              CopyRegion(s.buffer->data(), s.region,
+                         st.put->buffer->mutable_data(), st.region, part, elem);
             }
-          });
-    }
-    absl::Status bad_chunk;
-    std::vector<PieceTarget> targets;
-    for (const Staged& st : staged[p.tensor]) {
-      if (st.region.Intersects(p.region))
-        targets.push_back({st.region, st.put->buffer->mutable_data()});
-    }
-    PTC_RETURN_IF_ERROR(transport->FetchInto(
-        p.source_host, job.job, job.source_version, decl.key, p.region, elem,
-        targets, [&](int64_t offset, const char* data, int64_t n) {
-          if (offset % elem != 0 || n % elem != 0) {
-            bad_chunk = absl::DataLossError(
-                "a peer sent a chunk that splits an element");
-            return;
           }
-          const int64_t first = offset / elem;
-          int64_t at = 0;
-          for (const Region& box :
-               FlatRangeOfRegion(p.region, first, first + n / elem)) {
-            Scatter(data + at, box, staged[p.tensor], elem);
-            at += box.volume() * elem;
-          }
-        }));
-    return bad_chunk;
+        });
+  };
+  auto fetch_remote = [&](const Batch& batch) -> absl::Status {
+    const size_t n = batch.size();
+    std::vector<std::vector<PieceTarget>> targets(n);
+    std::vector<StoreClient::Consumer> consumers(n);
+    std::vector<absl::Status> bad_chunks(n);
+    std::vector<PieceTransport::BatchPiece> pieces(n);
+    for (size_t i = 0; i < n; ++i) {
+      const FragmentPiece& p = *batch[i];
+      const int64_t elem = ElementSize(job.tensors[p.tensor].dtype);
+      for (const Staged& st : staged[p.tensor]) {
+        if (st.region.Intersects(p.region))
+          targets[i].push_back({st.region, st.put->buffer->mutable_data()});
+      }
+      // For what a transport streams rather than places itself.
+      consumers[i] = [&, i, elem](int64_t offset, const char* data,
+                                  int64_t bytes) {
+        const FragmentPiece& p = *batch[i];
+        if (offset % elem != 0 || bytes % elem != 0) {
+          bad_chunks[i] =
+              absl::DataLossError("a peer sent a chunk that splits an element");
+          return;
+        }
+        const int64_t first = offset / elem;
+        int64_t at = 0;
+        for (const Region& box :
+             FlatRangeOfRegion(p.region, first, first + bytes / elem)) {
+          Scatter(data + at, box, staged[p.tensor], elem);
+          at += box.volume() * elem;
+        }
+      };
+      pieces[i] = {&job.tensors[p.tensor].key, p.region, elem, targets[i],
+                   &consumers[i]};
+    }
+    PTC_RETURN_IF_ERROR(transport->FetchBatch(
+        batch.front()->source_host, job.job, job.source_version, pieces));
+    for (absl::Status& s : bad_chunks) PTC_RETURN_IF_ERROR(s);
+    return absl::OkStatus();
   };
   auto worker = [&] {
     while (true) {
@@ -234,27 +274,32 @@ absl::Status ExecuteFragment(
         if (!failure.ok()) return;
       }
       const size_t i = next.fetch_add(1);
-      if (i >= work.size()) return;
-      const FragmentPiece& p = *work[i];
-      const absl::Status s = run_piece(p);
-      const int64_t bytes =
-          p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
+      if (i >= batches.size()) return;
+      const Batch& batch = batches[i];
+      const FragmentPiece& first = *batch.front();
+      const bool local = first.source_host == job.host;
+      const absl::Status s = local ? copy_local(first) : fetch_remote(batch);
+      int64_t bytes = 0;
+      for (const FragmentPiece* p : batch)
+        bytes += p->region.volume() * ElementSize(job.tensors[p->tensor].dtype);
       absl::MutexLock lock(&mu);
       if (!s.ok()) {
         if (failure.ok()) {
           failure = Annotate(
-              s, absl::StrCat("piece ", p.region.ToString(), " of tensor '",
-                              job.tensors[p.tensor].key, "'"));
+              s, batch.size() == 1
+                     ? absl::StrCat("piece ", first.region.ToString(),
+                                    " of tensor '",
+                                    job.tensors[first.tensor].key, "'")
+                     : absl::StrCat("a batch of ", batch.size(),
+                                    " pieces from host ", first.source_host));
         }
         return;
       }
-      pieces_total.Add();
-      (p.source_host == job.host ? bytes_copied_local_total
-                                 : bytes_received_total)
-          .Add(bytes);
+      pieces_total.Add(batch.size());
+      (local ? bytes_copied_local_total : bytes_received_total).Add(bytes);
       totals.bytes_done += bytes;
-      if (p.source_host != job.host) totals.remote_bytes_done += bytes;
-      ++totals.pieces_done;
+      if (!local) totals.remote_bytes_done += bytes;
+      totals.pieces_done += batch.size();
       if (progress) progress(totals);
     }
   };

@@ -3,9 +3,10 @@
 // (a pending, invisible put), filled piece by piece — local pieces copied
 // from the host's own source version, remote ones streamed from peers —
 // and published only when all pieces have arrived. Pieces are written
-// straight into the staged buffers (no whole-tensor copies); at most
-// `parallel_pulls` pieces are in flight, each streamed in 1 MiB chunks
-// whose checksum the transport verifies.
+// straight into the staged buffers (no whole-tensor copies). Remote
+// pieces go in batches of up to kBatchBytes from one peer (FetchBatch); at
+// most `parallel_pulls` batches are in flight, and the transport verifies
+// every byte's checksum.
 //
 // On any error nothing of the target version stays on this host.
 //
@@ -55,6 +56,26 @@ class PieceTransport {
                                  absl::Span<const PieceTarget> targets,
                                  const StoreClient::Consumer& consume) {
     return Fetch(host, job, version, tensor, region, element_size, consume);
+  }
+  // Several pieces from the same host in one go (FetchInto for each), so a
+  // transport can pay its per-call costs once per batch. The default
+  // fetches them one by one.
+  struct BatchPiece {
+    const std::string* tensor;
+    Region region;
+    int64_t element_size;
+    absl::Span<const PieceTarget> targets;
+    const StoreClient::Consumer* consume;
+  };
+  virtual absl::Status FetchBatch(int32_t host, const std::string& job,
+                                  int64_t version,
+                                  absl::Span<const BatchPiece> pieces) {
+    for (const BatchPiece& p : pieces) {
+      absl::Status s = FetchInto(host, job, version, *p.tensor, p.region,
+                                 p.element_size, p.targets, *p.consume);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
   // The bytes of small object `name` of `rank` in `version` on `host`,
   // checked against the checksum the source stored. Small objects are tiny
@@ -126,7 +147,11 @@ struct FragmentProgress {
   int64_t pieces_total = 0;
 };
 
-// Runs `job` to completion. `progress` is called after every piece, never
+// Remote pieces from one peer are fetched in batches of up to this many
+// bytes (a larger piece is a batch of its own).
+inline constexpr int64_t kBatchBytes = int64_t{64} << 20;
+
+// Runs `job` to completion. `progress` is called after every batch, never
 // concurrently with itself. Errors name the piece, tensor and peer.
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,

@@ -229,11 +229,21 @@ grpc::Status TransformerService::CommitStaged(
   return ToGrpcStatus(bytes.status());
 }
 
-absl::StatusOr<ReadView> TransformerService::OpenForPeer(
-    const std::string& job, int64_t plan_epoch, int64_t version,
-    const std::string& tensor, const proto::Region& region) {
+absl::Status TransformerService::CheckPeerCall(const std::string& job,
+                                               int64_t plan_epoch, int parts,
+                                               const char* what) {
   if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
-  PTC_RETURN_IF_ERROR(CheckEpoch(job, plan_epoch, false));
+  if (parts > kMaxPartsPerCall) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(parts, " ", what, " in one call; at most ",
+                     kMaxPartsPerCall, " (split the request)"));
+  }
+  return CheckEpoch(job, plan_epoch, false);
+}
+
+absl::StatusOr<ReadView> TransformerService::OpenForPeer(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const proto::Region& region) {
   PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(region));
   return store_->OpenRead(job, version, tensor, r);
 }
@@ -261,143 +271,186 @@ absl::Status TransformerService::ExposeLocked(
   return absl::OkStatus();
 }
 
-absl::Status TransformerService::DoSendPart(const proto::SendPartRequest& req,
-                                            proto::SendPartResponse* resp) {
-  PTC_ASSIGN_OR_RETURN(ReadView view,
-                       OpenForPeer(req.job(), req.plan_epoch(), req.version(),
-                                   req.tensor(), req.region()));
-  const Region& region = view.region;
-  const int64_t elem = ElementSize(view.decl.dtype);
-  if (req.first() < 0 || req.count() < 1 ||
-      req.count() > region.volume() - req.first()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("part [", req.first(), ", +", req.count(),
-                     ") is outside region ", region.ToString()));
-  }
-  // The part's bytes in stored memory, run by run in row-major order.
+absl::Status TransformerService::DoSendParts(const proto::SendPartsRequest& req,
+                                             proto::SendPartsResponse* resp) {
+  PTC_RETURN_IF_ERROR(
+      CheckPeerCall(req.job(), req.plan_epoch(), req.parts_size(), "parts"));
+  // A run of a part's bytes in stored memory.
   struct Run {
     const uint8_t* data;
     int64_t bytes;
     const StoredRegionRef* stored;
   };
-  std::vector<Run> runs;
-  int64_t at = 0;  // the part's bytes before this box
-  for (const Region& box :
-       FlatRangeOfRegion(region, req.first(), req.first() + req.count())) {
-    std::vector<std::pair<int64_t, Run>> box_runs;  // (offset in box, run)
-    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
-        box, view.sources, [&](const Region& piece, const StoredRegionRef& s) {
-          ForEachRun(
-              s.region, box, piece, elem,
-              [&](int64_t src, int64_t dst, int64_t n) {
-                box_runs.push_back({dst, {s.buffer->data() + src, n, &s}});
-              });
-        }));
-    std::sort(box_runs.begin(), box_runs.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& entry : box_runs) {  // they tile the box
-      const Run& run = entry.second;
-      if (!runs.empty() && runs.back().stored == run.stored &&
-          runs.back().data + runs.back().bytes == run.data) {
-        runs.back().bytes += run.bytes;
-      } else {
-        runs.push_back(run);
+  // Each part's runs in its row-major order; a part of one run is sent
+  // from the store's memory as it is, others are packed.
+  struct Part {
+    ReadView view;
+    std::vector<Run> runs;
+    int64_t bytes = 0;
+  };
+  std::vector<Part> parts(req.parts_size());
+  int64_t total = 0, packed = 0;
+  for (int i = 0; i < req.parts_size(); ++i) {
+    const proto::PartToSend& want = req.parts(i);
+    Part& part = parts[i];
+    PTC_ASSIGN_OR_RETURN(part.view, OpenForPeer(req.job(), req.version(),
+                                                want.tensor(), want.region()));
+    const Region& region = part.view.region;
+    const int64_t elem = ElementSize(part.view.decl.dtype);
+    if (want.first() < 0 || want.count() < 1 ||
+        want.count() > region.volume() - want.first()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "part [", want.first(), ", +", want.count(), ") is outside region ",
+          region.ToString(), " of '", want.tensor(), "'"));
+    }
+    part.bytes = want.count() * elem;
+    total += part.bytes;
+    if (total > kMaxSendPartsBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parts of more than ", kMaxSendPartsBytes,
+                       " bytes asked in one call (split the request)"));
+    }
+    for (const Region& box :
+         FlatRangeOfRegion(region, want.first(), want.first() + want.count())) {
+      std::vector<std::pair<int64_t, Run>> box_runs;  // (offset in box, run)
+      PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
+          box, part.view.sources,
+          [&](const Region& piece, const StoredRegionRef& s) {
+            ForEachRun(
+                s.region, box, piece, elem,
+                [&](int64_t src, int64_t dst, int64_t n) {
+                  box_runs.push_back({dst, {s.buffer->data() + src, n, &s}});
+                });
+          }));
+      std::sort(box_runs.begin(), box_runs.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& entry : box_runs) {  // they tile the box
+        const Run& run = entry.second;
+        std::vector<Run>& runs = part.runs;
+        if (!runs.empty() && runs.back().stored == run.stored &&
+            runs.back().data + runs.back().bytes == run.data) {
+          runs.back().bytes += run.bytes;
+        } else {
+          runs.push_back(run);
+        }
       }
     }
-    at += box.volume() * elem;
+    if (part.runs.size() > 1) packed += part.bytes;
   }
-  if (runs.size() == 1) {
-    // One span of one stored buffer (a whole region, or rows of one): sent
-    // from the store's memory as it is. UCX's rendezvous lets the receiver
-    // read it straight into its buffer (RDMA on a cluster, CMA here).
-    const Run& run = runs.front();
-    const bool whole = run.data == run.stored->buffer->data() &&
-                       run.bytes == run.stored->buffer->size();
-    resp->set_checksum(whole ? run.stored->checksum
-                             : Checksum(run.data, run.bytes));
-    resp->set_bytes(run.bytes);
-    return ucx_->Send(req.ucx_address(), req.tag(), run.data, run.bytes,
-                      absl::Seconds(60));
-  }
-  // Short runs (a column slice): packed into one message.
+  // Short runs (a column slice) are packed into one message per part,
+  // checksummed a few hundred KiB at a time while in cache.
   thread_local std::vector<char> buffer;
-  if (buffer.size() < static_cast<size_t>(at)) buffer.resize(at);
+  if (buffer.size() < static_cast<size_t>(packed)) buffer.resize(packed);
   char* dst = buffer.data();
-  const char* hashed = dst;  // checksummed a few hundred KiB at a time
-  StreamingChecksum sum;
-  for (const Run& run : runs) {
-    std::memcpy(dst, run.data, run.bytes);
-    dst += run.bytes;
-    if (dst - hashed >= (256 << 10)) {
-      sum.Update(hashed, dst - hashed);
-      hashed = dst;
+  std::vector<UcxWorker::SendOp> sends;
+  for (int i = 0; i < req.parts_size(); ++i) {
+    const Part& part = parts[i];
+    proto::SentPart* sent = resp->add_parts();
+    sent->set_bytes(part.bytes);
+    if (part.runs.size() == 1) {
+      // One span of one stored buffer (a whole region, or rows of one).
+      // UCX's rendezvous lets the receiver read it straight into its
+      // buffer (RDMA on a cluster, CMA here).
+      const Run& run = part.runs.front();
+      const bool whole = run.data == run.stored->buffer->data() &&
+                         run.bytes == run.stored->buffer->size();
+      sent->set_checksum(whole ? run.stored->checksum
+                               : Checksum(run.data, run.bytes));
+      sends.push_back(
+          {req.parts(i).tag(), run.data, static_cast<size_t>(run.bytes)});
+      continue;
     }
+    char* begin = dst;
+    const char* hashed = dst;
+    StreamingChecksum sum;
+    for (const Run& run : part.runs) {
+      std::memcpy(dst, run.data, run.bytes);
+      dst += run.bytes;
+      if (dst - hashed >= (256 << 10)) {
+        sum.Update(hashed, dst - hashed);
+        hashed = dst;
+      }
+    }
+    sum.Update(hashed, dst - hashed);
+    sent->set_checksum(sum.Digest());
+    sends.push_back(
+        {req.parts(i).tag(), begin, static_cast<size_t>(dst - begin)});
   }
-  sum.Update(hashed, dst - hashed);
-  resp->set_checksum(sum.Digest());
-  resp->set_bytes(at);
-  return ucx_->Send(req.ucx_address(), req.tag(), buffer.data(), at,
-                    absl::Seconds(60));
+  return ucx_->Send(req.ucx_address(), sends, absl::Seconds(60));
 }
 
-absl::Status TransformerService::DoExposePiece(
-    const proto::ExposePieceRequest& req, proto::ExposePieceResponse* resp) {
-  PTC_ASSIGN_OR_RETURN(ReadView view,
-                       OpenForPeer(req.job(), req.plan_epoch(), req.version(),
-                                   req.tensor(), req.region()));
-  const int64_t elem = ElementSize(view.decl.dtype);
+absl::Status TransformerService::DoExposePieces(
+    const proto::ExposePiecesRequest& req, proto::ExposePiecesResponse* resp) {
+  PTC_RETURN_IF_ERROR(
+      CheckPeerCall(req.job(), req.plan_epoch(), req.pieces_size(), "pieces"));
   resp->set_ucx_address(ucx_->address());
   absl::Status unregistered;
-  PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
-      view.region, view.sources,
-      [&](const Region& part, const StoredRegionRef& s) {
-        proto::ExposedPart* out = resp->add_parts();
-        RegionToProto(part, out->mutable_part());
-        RegionToProto(s.region, out->mutable_stored());
-        if (part == s.region) {
-          out->set_checksum(s.checksum);  // checked when it was stored
-        } else {
-          StreamingChecksum sum;
+  for (const proto::PieceRef& piece : req.pieces()) {
+    PTC_ASSIGN_OR_RETURN(
+        ReadView view,
+        OpenForPeer(req.job(), req.version(), piece.tensor(), piece.region()));
+    const int64_t elem = ElementSize(view.decl.dtype);
+    proto::ExposedPiece* exposed = resp->add_pieces();
+    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
+        view.region, view.sources,
+        [&](const Region& part, const StoredRegionRef& s) {
+          proto::ExposedPart* out = exposed->add_parts();
+          RegionToProto(part, out->mutable_part());
+          RegionToProto(s.region, out->mutable_stored());
+          int64_t runs = 0;
           ForEachRun(s.region, part, part, elem,
-                     [&](int64_t at, int64_t, int64_t n) {
-                       sum.Update(s.buffer->data() + at, n);
-                     });
-          out->set_checksum(sum.Digest());
-        }
-        absl::MutexLock lock(&mu_);
-        absl::Status exposed =
-            ExposeLocked(req.job(), req.plan_epoch(), s.buffer, out);
-        if (!exposed.ok() && unregistered.ok()) unregistered = exposed;
-      }));
+                     [&](int64_t, int64_t, int64_t) { ++runs; });
+          const int64_t bytes = part.volume() * elem;
+          if (runs == 0 || (runs == 1 && !req.get_contiguous()) ||
+              bytes / runs < req.min_get_run_bytes()) {
+            out->set_send(true);  // not worth gets
+            return;
+          }
+          if (part == s.region) {
+            out->set_checksum(s.checksum);  // checked when it was stored
+          } else {
+            StreamingChecksum sum;
+            ForEachRun(s.region, part, part, elem,
+                       [&](int64_t at, int64_t, int64_t n) {
+                         sum.Update(s.buffer->data() + at, n);
+                       });
+            out->set_checksum(sum.Digest());
+          }
+          absl::MutexLock lock(&mu_);
+          absl::Status s_exposed =
+              ExposeLocked(req.job(), req.plan_epoch(), s.buffer, out);
+          if (!s_exposed.ok() && unregistered.ok()) unregistered = s_exposed;
+        }));
+  }
   if (!unregistered.ok()) {
-    // The caller falls back to packed sends for this piece.
+    // The caller falls back to sends for these pieces.
     return absl::UnimplementedError(absl::StrCat(
         "cannot expose store memory for gets: ", unregistered.message()));
   }
   return absl::OkStatus();
 }
 
-grpc::Status TransformerService::ExposePiece(
-    grpc::ServerContext*, const proto::ExposePieceRequest* req,
-    proto::ExposePieceResponse* resp) {
-  const absl::Status s = DoExposePiece(*req, resp);
+grpc::Status TransformerService::ExposePieces(
+    grpc::ServerContext*, const proto::ExposePiecesRequest* req,
+    proto::ExposePiecesResponse* resp) {
+  const absl::Status s = DoExposePieces(*req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition &&
       s.code() != absl::StatusCode::kUnimplemented) {
     Log("transformer")
-        ->warn("ExposePiece of '{}' for job {}: {}", req->tensor(), req->job(),
-               s.ToString());
+        ->warn("ExposePieces ({} pieces) for job {}: {}", req->pieces_size(),
+               req->job(), s.ToString());
   }
   return ToGrpcStatus(s);
 }
 
-grpc::Status TransformerService::SendPart(grpc::ServerContext*,
-                                          const proto::SendPartRequest* req,
-                                          proto::SendPartResponse* resp) {
-  const absl::Status s = DoSendPart(*req, resp);
+grpc::Status TransformerService::SendParts(grpc::ServerContext*,
+                                           const proto::SendPartsRequest* req,
+                                           proto::SendPartsResponse* resp) {
+  const absl::Status s = DoSendParts(*req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
     Log("transformer")
-        ->warn("SendPart of '{}' for job {}: {}", req->tensor(), req->job(),
-               s.ToString());
+        ->warn("SendParts ({} parts) for job {}: {}", req->parts_size(),
+               req->job(), s.ToString());
   }
   return ToGrpcStatus(s);
 }

@@ -37,12 +37,12 @@ class TransformerService final : public proto::Transformer::Service {
   grpc::Status CommitStaged(grpc::ServerContext* ctx,
                             const proto::CommitStagedRequest* req,
                             proto::CommitStagedResponse* resp) override;
-  grpc::Status SendPart(grpc::ServerContext* ctx,
-                        const proto::SendPartRequest* req,
-                        proto::SendPartResponse* resp) override;
-  grpc::Status ExposePiece(grpc::ServerContext* ctx,
-                           const proto::ExposePieceRequest* req,
-                           proto::ExposePieceResponse* resp) override;
+  grpc::Status SendParts(grpc::ServerContext* ctx,
+                         const proto::SendPartsRequest* req,
+                         proto::SendPartsResponse* resp) override;
+  grpc::Status ExposePieces(grpc::ServerContext* ctx,
+                            const proto::ExposePiecesRequest* req,
+                            proto::ExposePiecesResponse* resp) override;
 
   bool has_ucx() const { return ucx_ != nullptr; }
 
@@ -54,14 +54,16 @@ class TransformerService final : public proto::Transformer::Service {
                          const proto::ExecuteFragmentRequest& req,
                          grpc::ServerWriter<proto::FragmentProgress>* writer);
 
-  absl::Status DoSendPart(const proto::SendPartRequest& req,
-                          proto::SendPartResponse* resp);
-  absl::Status DoExposePiece(const proto::ExposePieceRequest& req,
-                             proto::ExposePieceResponse* resp);
-  // What both UCX calls check before a peer reads `region` of `tensor`:
-  // this ptcd has a worker, the epoch is current, the region is there.
-  absl::StatusOr<ReadView> OpenForPeer(const std::string& job,
-                                       int64_t plan_epoch, int64_t version,
+  absl::Status DoSendParts(const proto::SendPartsRequest& req,
+                           proto::SendPartsResponse* resp);
+  absl::Status DoExposePieces(const proto::ExposePiecesRequest& req,
+                              proto::ExposePiecesResponse* resp);
+  // What both UCX calls check first: this ptcd has a worker, the call asks
+  // for at most kMaxPartsPerCall `what`s, the plan epoch is current.
+  absl::Status CheckPeerCall(const std::string& job, int64_t plan_epoch,
+                             int parts, const char* what);
+  // The stored regions that hold `region` of `tensor`, for a peer to read.
+  absl::StatusOr<ReadView> OpenForPeer(const std::string& job, int64_t version,
                                        const std::string& tensor,
                                        const proto::Region& region);
   // Registers `buffer` for peers' gets in `job`'s exposure for

@@ -121,6 +121,7 @@ int Main() {
     for (int rep = 0; rep < kReps + 1; ++rep) {
       for (bool use_gets : {true, false}) {
         transport.set_min_get_run_bytes(use_gets ? 0 : INT64_MAX);
+        transport.set_get_contiguous(use_gets);
         const absl::Time start = absl::Now();
         const absl::Status s = transport.FetchInto(
             0, "bench", 1, c.decl.key, c.piece, 4, targets, consume);

@@ -133,152 +133,186 @@ absl::Status UcxPieceTransport::FetchInto(
     const std::string& tensor, const Region& region, int64_t element_size,
     absl::Span<const PieceTarget> targets,
     const StoreClient::Consumer& consume) {
-  if (stubs_.find(host) == stubs_.end()) {
+  const BatchPiece piece{&tensor, region, element_size, targets, &consume};
+  return FetchBatch(host, job, version, absl::MakeConstSpan(&piece, 1));
+}
+
+absl::Status UcxPieceTransport::FetchBatch(
+    int32_t host, const std::string& job, int64_t version,
+    absl::Span<const BatchPiece> pieces) {
+  auto stub = stubs_.find(host);
+  if (stub == stubs_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("no address for source host ", host));
   }
-  // The piece is what this host needs of the tensor from `host`; it may
-  // span several staged buffers. Each buffer's share lands in it directly;
-  // what an earlier buffer holds as well is copied from there.
-  std::vector<std::pair<Region, const PieceTarget*>> landed;
-  int64_t volume = 0;
-  for (const PieceTarget& t : targets) {
-    const Region share = t.region.Intersect(region);
-    if (share.empty() || t.data == nullptr) continue;
-    const bool elsewhere = std::any_of(
-        landed.begin(), landed.end(),
-        [&](const auto& l) { return l.second->region.Contains(share); });
-    if (elsewhere) continue;
-    PTC_RETURN_IF_ERROR(
-        FetchShare(host, job, version, tensor, share, element_size, t));
-    landed.push_back({share, &t});
-    volume += share.volume();
+  // A piece is what this host needs of a tensor from `host`; it may span
+  // several staged buffers. Each buffer's share lands in it directly; what
+  // an earlier buffer holds as well is copied from there afterwards. A
+  // piece the staged buffers do not cover (a caller without any) is
+  // streamed to its consumer.
+  struct Share {
+    const BatchPiece* piece;
+    Region region;
+    const PieceTarget* into;
+  };
+  std::vector<Share> shares;
+  std::vector<Transfer> sends;
+  for (const BatchPiece& p : pieces) {
+    std::vector<Share> own;
+    int64_t volume = 0;
+    for (const PieceTarget& t : p.targets) {
+      const Region share = t.region.Intersect(p.region);
+      if (share.empty() || t.data == nullptr) continue;
+      const bool elsewhere = std::any_of(own.begin(), own.end(), [&](auto& o) {
+        return o.into->region.Contains(share);
+      });
+      if (elsewhere) continue;
+      own.push_back({&p, share, &t});
+      volume += share.volume();
+    }
+    if (volume < p.region.volume()) {
+      AddTransfers(*p.tensor, p.region, p.element_size, nullptr, p.consume,
+                   &sends);
+    } else {
+      shares.insert(shares.end(), own.begin(), own.end());
+    }
   }
-  if (volume < region.volume()) {
-    // Not covered by the staged buffers given (a caller without any):
-    // stream it to `consume`.
-    return Pull(host, job, version, tensor, region, element_size, nullptr,
-                consume);
-  }
-  for (const auto& [share, into] : landed) {
-    CopyToOtherTargets(*into, targets, share, element_size);
-  }
-  return absl::OkStatus();
-}
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
+  absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
 
-absl::Status UcxPieceTransport::FetchShare(int32_t host, const std::string& job,
-                                           int64_t version,
-                                           const std::string& tensor,
-                                           const Region& region,
-                                           int64_t element_size,
-                                           const PieceTarget& target) {
-  const PieceTarget* into = &target;
-  auto stub = stubs_.find(host);
-  proto::ExposePieceRequest req;
-  req.set_job(job);
-  req.set_version(version);
-  req.set_tensor(tensor);
-  RegionToProto(region, req.mutable_region());
-  req.set_plan_epoch(epoch_);
-  proto::ExposePieceResponse resp;
-  {
+  // Where the source stores each share (ExposePieces): each part lies in
+  // one stored buffer of the source. Parts with long runs are read with
+  // gets; the source sends the others (from its memory as it is when the
+  // part is one span there) and they land in place or are scattered here.
+  constexpr int64_t kBatchBytes = int64_t{4} << 20;  // gets checksummed
+  std::vector<UcxWorker::GetOp> batch;
+  for (size_t begin = 0; begin < shares.size(); begin += kMaxPartsPerCall) {
+    const size_t end = std::min(shares.size(), begin + kMaxPartsPerCall);
+    proto::ExposePiecesRequest req;
+    req.set_job(job);
+    req.set_version(version);
+    req.set_plan_epoch(epoch_);
+    req.set_min_get_run_bytes(min_get_run_bytes_);
+    req.set_get_contiguous(get_contiguous_);
+    for (size_t i = begin; i < end; ++i) {
+      proto::PieceRef* ref = req.add_pieces();
+      ref->set_tensor(*shares[i].piece->tensor);
+      RegionToProto(shares[i].region, ref->mutable_region());
+    }
+    proto::ExposePiecesResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
     const absl::Status s =
-        FromGrpcStatus(stub->second->ExposePiece(&ctx, req, &resp));
+        FromGrpcStatus(stub->second->ExposePieces(&ctx, req, &resp));
     if (s.code() == absl::StatusCode::kUnimplemented) {
-      // The peer cannot expose its memory (or predates gets): it sends.
-      return Pull(host, job, version, tensor, region, element_size, into,
-                  nullptr);
-    }
-    if (!s.ok()) {
-      return Annotate(s, absl::StrCat("exposing ", region.ToString(), " of '",
-                                      tensor, "' on ", PeerLabel(host)));
-    }
-  }
-  // Check what the peer says before reading anything, and count the runs.
-  struct Part {
-    Region part, stored;
-    const proto::ExposedPart* proto;
-  };
-  std::vector<Part> parts;
-  int64_t volume = 0;
-  for (const proto::ExposedPart& e : resp.parts()) {
-    auto part = RegionFromProto(e.part());
-    auto stored = RegionFromProto(e.stored());
-    if (!part.ok() || !stored.ok() || !region.Contains(*part) ||
-        !stored->Contains(*part) || e.rkey().empty()) {
-      return absl::DataLossError(
-          absl::StrCat(PeerLabel(host), " exposed a part outside ",
-                       region.ToString(), " of '", tensor, "'"));
-    }
-    volume += part->volume();
-    parts.push_back({*std::move(part), *std::move(stored), &e});
-  }
-  if (volume != region.volume()) {
-    return absl::DataLossError(absl::StrCat(
-        PeerLabel(host), " exposed ", volume, " of the ", region.volume(),
-        " elements of ", region.ToString(), " of '", tensor, "'"));
-  }
-  // Each part lies in one stored buffer of the source. Parts with long
-  // runs are read with gets; others the source sends (from its memory as
-  // it is when the part is one span there) and they land in place or are
-  // scattered here.
-  std::unique_ptr<UcxWorker> worker;
-  absl::Cleanup give_back = [&] {
-    if (worker) ReturnWorker(std::move(worker));
-  };
-  // Read a few MiB of runs at a time and checksum them while they are
-  // still in cache; runs come in the part's row-major order, which is the
-  // order the source checksummed.
-  constexpr int64_t kBatchBytes = int64_t{4} << 20;
-  std::vector<UcxWorker::GetOp> batch;
-  for (const Part& p : parts) {
-    int64_t runs = 0;
-    ForEachRun(p.stored, into->region, p.part, element_size,
-               [&](int64_t, int64_t, int64_t) { ++runs; });
-    if (runs == 0) continue;  // an empty part
-    if (p.part.volume() * element_size / runs < min_get_run_bytes_) {
-      PTC_RETURN_IF_ERROR(Pull(host, job, version, tensor, p.part, element_size,
-                               into, nullptr));
+      // The peer cannot expose its memory: it sends every share.
+      for (size_t i = begin; i < end; ++i) {
+        const Share& sh = shares[i];
+        AddTransfers(*sh.piece->tensor, sh.region, sh.piece->element_size,
+                     sh.into, nullptr, &sends);
+      }
       continue;
     }
-    if (!worker) {
-      PTC_ASSIGN_OR_RETURN(worker, TakeWorker());
-    }
-    StreamingChecksum sum;
-    int64_t batch_bytes = 0;
-    absl::Status failed;
-    auto flush = [&] {
-      if (batch.empty() || !failed.ok()) return;
-      failed = worker->Get(resp.ucx_address(), p.proto->rkey(), batch,
-                           absl::Seconds(15));
-      if (failed.ok()) {
-        for (const UcxWorker::GetOp& op : batch) sum.Update(op.local, op.size);
-      }
-      batch.clear();
-      batch_bytes = 0;
-    };
-    ForEachRun(p.stored, into->region, p.part, element_size,
-               [&](int64_t src, int64_t dst, int64_t n) {
-                 batch.push_back({into->data + dst, p.proto->address() + src,
-                                  static_cast<size_t>(n)});
-                 batch_bytes += n;
-                 if (batch_bytes >= kBatchBytes) flush();
-               });
-    flush();
-    if (!failed.ok()) {
+    if (!s.ok()) {
+      const Share& first = shares[begin];
       return Annotate(
-          failed, absl::StrCat("reading ", p.part.ToString(), " of '", tensor,
-                               "' from ", PeerLabel(host)));
+          s, absl::StrCat("exposing ", end - begin, " pieces (the first ",
+                          first.region.ToString(), " of '",
+                          *first.piece->tensor, "') on ", PeerLabel(host)));
     }
-    if (sum.Digest() != p.proto->checksum()) {
-      return absl::DataLossError(absl::StrCat(
-          "a part ", p.part.ToString(), " of '", tensor, "' read from ",
-          PeerLabel(host), " does not match the checksum its owner computed"));
+    if (resp.pieces_size() != static_cast<int>(end - begin)) {
+      return absl::DataLossError(
+          absl::StrCat(PeerLabel(host), " exposed ", resp.pieces_size(),
+                       " pieces of the ", end - begin, " asked for"));
     }
-    ucx_bytes_received_total.Add(p.part.volume() * element_size);
-    ucx_get_bytes_total.Add(p.part.volume() * element_size);
+    for (size_t i = begin; i < end; ++i) {
+      const Share& sh = shares[i];
+      const std::string& tensor = *sh.piece->tensor;
+      const int64_t element_size = sh.piece->element_size;
+      const PieceTarget* into = sh.into;
+      // Check what the peer says before reading anything.
+      struct Part {
+        Region part, stored;
+        const proto::ExposedPart* proto;
+      };
+      std::vector<Part> parts;
+      int64_t volume = 0;
+      for (const proto::ExposedPart& e : resp.pieces(i - begin).parts()) {
+        auto part = RegionFromProto(e.part());
+        auto stored = RegionFromProto(e.stored());
+        if (!part.ok() || !stored.ok() || !sh.region.Contains(*part) ||
+            !stored->Contains(*part) || (!e.send() && e.rkey().empty())) {
+          return absl::DataLossError(
+              absl::StrCat(PeerLabel(host), " exposed a part outside ",
+                           sh.region.ToString(), " of '", tensor, "'"));
+        }
+        volume += part->volume();
+        parts.push_back({*std::move(part), *std::move(stored), &e});
+      }
+      if (volume != sh.region.volume()) {
+        return absl::DataLossError(
+            absl::StrCat(PeerLabel(host), " exposed ", volume, " of the ",
+                         sh.region.volume(), " elements of ",
+                         sh.region.ToString(), " of '", tensor, "'"));
+      }
+      for (const Part& p : parts) {
+        int64_t runs = 0;
+        ForEachRun(p.stored, into->region, p.part, element_size,
+                   [&](int64_t, int64_t, int64_t) { ++runs; });
+        if (runs == 0) continue;  // an empty part
+        // The source leaves parts to sends that are one span of its memory
+        // or have short runs there; short runs here are sent too.
+        if (p.proto->send() ||
+            p.part.volume() * element_size / runs < min_get_run_bytes_) {
+          AddTransfers(tensor, p.part, element_size, into, nullptr, &sends);
+          continue;
+        }
+        // Read a few MiB of runs at a time and checksum them while they
+        // are still in cache; runs come in the part's row-major order,
+        // which is the order the source checksummed.
+        StreamingChecksum sum;
+        int64_t batch_bytes = 0;
+        absl::Status failed;
+        auto flush = [&] {
+          if (batch.empty() || !failed.ok()) return;
+          failed = worker->Get(resp.ucx_address(), p.proto->rkey(), batch,
+                               absl::Seconds(15));
+          if (failed.ok()) {
+            for (const UcxWorker::GetOp& op : batch)
+              sum.Update(op.local, op.size);
+          }
+          batch.clear();
+          batch_bytes = 0;
+        };
+        ForEachRun(
+            p.stored, into->region, p.part, element_size,
+            [&](int64_t src, int64_t dst, int64_t n) {
+              batch.push_back({into->data + dst, p.proto->address() + src,
+                               static_cast<size_t>(n)});
+              batch_bytes += n;
+              if (batch_bytes >= kBatchBytes) flush();
+            });
+        flush();
+        if (!failed.ok()) {
+          return Annotate(failed,
+                          absl::StrCat("reading ", p.part.ToString(), " of '",
+                                       tensor, "' from ", PeerLabel(host)));
+        }
+        if (sum.Digest() != p.proto->checksum()) {
+          return absl::DataLossError(
+              absl::StrCat("a part ", p.part.ToString(), " of '", tensor,
+                           "' read from ", PeerLabel(host),
+                           " does not match the checksum its owner computed"));
+        }
+        ucx_bytes_received_total.Add(p.part.volume() * element_size);
+        ucx_get_bytes_total.Add(p.part.volume() * element_size);
+      }
+    }
+  }
+  PTC_RETURN_IF_ERROR(SendAll(host, job, version, worker.get(), sends));
+  for (const Share& sh : shares) {
+    CopyToOtherTargets(*sh.into, sh.piece->targets, sh.region,
+                       sh.piece->element_size);
   }
   return absl::OkStatus();
 }
@@ -289,87 +323,155 @@ absl::Status UcxPieceTransport::Fetch(int32_t host, const std::string& job,
                                       const Region& region,
                                       int64_t element_size,
                                       const StoreClient::Consumer& consume) {
-  return Pull(host, job, version, tensor, region, element_size, nullptr,
-              consume);
+  const BatchPiece piece{&tensor, region, element_size, {}, &consume};
+  return FetchBatch(host, job, version, absl::MakeConstSpan(&piece, 1));
 }
 
-absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
-                                     int64_t version, const std::string& tensor,
+void UcxPieceTransport::AddTransfers(const std::string& tensor,
                                      const Region& region, int64_t element_size,
                                      const PieceTarget* into,
-                                     const StoreClient::Consumer& consume) {
-  auto stub = stubs_.find(host);
-  if (stub == stubs_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("no address for source host ", host));
-  }
-  const std::string peer = PeerLabel(host);
+                                     const StoreClient::Consumer* consume,
+                                     std::vector<Transfer>* out) {
   const int64_t elements = region.volume();
-  const int64_t per_part = std::max<int64_t>(1, kPartBytes / element_size);
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
-  absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
-  thread_local std::vector<char> buffer;
-  int64_t first = 0, offset = 0;
-  while (first < elements) {
+  const int64_t per_part =
+      std::max<int64_t>(1, kMaxSendPartsBytes / element_size);
+  for (int64_t first = 0; first < elements; first += per_part) {
     const int64_t count = std::min(per_part, elements - first);
-    const size_t capacity = static_cast<size_t>(count * element_size);
-    // A part that is one span of the staged buffer is received in place;
-    // others land in a buffer of this thread's and are scattered.
-    char* land = nullptr;
-    if (into != nullptr) {
-      const std::optional<int64_t> at =
-          SpanOffset(into->region, region, first, count, element_size);
-      if (at) land = reinterpret_cast<char*>(into->data) + *at;
+    out->push_back({&tensor, region, first, count, element_size, into, consume,
+                    first * element_size});
+  }
+}
+
+absl::Status UcxPieceTransport::SendAll(int32_t host, const std::string& job,
+                                        int64_t version, UcxWorker* worker,
+                                        absl::Span<const Transfer> transfers) {
+  // One call per kMaxSendPartsBytes: what the source may pack, and what
+  // lands in this thread's bounce buffer, at most.
+  size_t begin = 0;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const int64_t n = transfers[i].count * transfers[i].element_size;
+    if (i > begin && (bytes + n > kMaxSendPartsBytes ||
+                      i - begin >= static_cast<size_t>(kMaxPartsPerCall))) {
+      PTC_RETURN_IF_ERROR(SendOnce(host, job, version, worker,
+                                   transfers.subspan(begin, i - begin)));
+      begin = i;
+      bytes = 0;
     }
-    const bool in_place = land != nullptr;
-    if (!in_place) {
-      if (buffer.size() < capacity) buffer.resize(capacity);
-      land = buffer.data();
+    bytes += n;
+  }
+  if (begin < transfers.size()) {
+    PTC_RETURN_IF_ERROR(
+        SendOnce(host, job, version, worker, transfers.subspan(begin)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
+                                         int64_t version, UcxWorker* worker,
+                                         absl::Span<const Transfer> transfers) {
+  auto stub = stubs_.find(host);
+  const std::string peer = PeerLabel(host);
+  // Where each part lands: in place when it is one span of its staged
+  // buffer, else in this thread's buffer, to be scattered.
+  std::vector<char*> land(transfers.size(), nullptr);
+  std::vector<bool> bounced(transfers.size(), false);
+  int64_t bounce = 0;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    if (t.into != nullptr) {
+      const std::optional<int64_t> at = SpanOffset(
+          t.into->region, t.region, t.first, t.count, t.element_size);
+      if (at) land[i] = reinterpret_cast<char*>(t.into->data) + *at;
+    }
+    if (land[i] == nullptr) bounce += t.count * t.element_size;
+  }
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < static_cast<size_t>(bounce)) buffer.resize(bounce);
+  char* next = buffer.data();
+  proto::SendPartsRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_plan_epoch(epoch_);
+  req.set_ucx_address(worker->address());
+  std::vector<std::unique_ptr<UcxWorker::Receive>> receives;
+  // A receive that is not waited for is cancelled before its buffer goes.
+  absl::Cleanup cancel = [&] {
+    for (auto& r : receives) worker->Cancel(r.get());
+  };
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    const size_t capacity = static_cast<size_t>(t.count * t.element_size);
+    if (land[i] == nullptr) {
+      land[i] = next;
+      next += capacity;
+      bounced[i] = true;
     }
     const uint64_t tag = NewTag();
     PTC_ASSIGN_OR_RETURN(auto receive,
-                         worker->PostReceive(tag, land, capacity));
-    proto::SendPartRequest req;
-    req.set_job(job);
-    req.set_version(version);
-    req.set_tensor(tensor);
-    RegionToProto(region, req.mutable_region());
-    req.set_first(first);
-    req.set_count(count);
-    req.set_plan_epoch(epoch_);
-    req.set_tag(tag);
-    req.set_ucx_address(worker->address());
-    // The source sends while we wait for its reply; the receiver must keep
-    // progressing its worker meanwhile (UCX rendezvous needs both sides),
-    // so the call runs on a helper thread.
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    proto::SendPartResponse resp;
-    absl::Status sent;
-    std::atomic<bool> replied{false};
-    std::thread call([&] {
-      sent = FromGrpcStatus(stub->second->SendPart(&ctx, req, &resp));
-      replied = true;
-    });
-    auto got = worker->Wait(receive.get(), absl::Seconds(120),
-                            [&] { return replied.load() && !sent.ok(); });
-    // The sender's request completes only when our acknowledgement reaches
-    // it, and this worker is ours alone: keep progressing it until the
-    // source has replied (it answers only after its send completed).
-    worker->ProgressUntil([&] { return replied.load(); },
-                          absl::Now() + absl::Seconds(120));
-    call.join();
-    if (!sent.ok()) {
-      return Annotate(sent, absl::StrCat("pulling ", region.ToString(), " of '",
-                                         tensor, "' from ", peer, " over UCX"));
+                         worker->PostReceive(tag, land[i], capacity));
+    receives.push_back(std::move(receive));
+    proto::PartToSend* part = req.add_parts();
+    part->set_tensor(*t.tensor);
+    RegionToProto(t.region, part->mutable_region());
+    part->set_first(t.first);
+    part->set_count(t.count);
+    part->set_tag(tag);
+  }
+  // The source sends while we wait for its reply; the receiver must keep
+  // progressing its worker meanwhile (UCX rendezvous needs both sides),
+  // so the call runs on a helper thread.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  proto::SendPartsResponse resp;
+  absl::Status sent;
+  std::atomic<bool> replied{false};
+  std::thread call([&] {
+    sent = FromGrpcStatus(stub->second->SendParts(&ctx, req, &resp));
+    replied = true;
+  });
+  std::vector<size_t> got(transfers.size(), 0);
+  absl::Status received;
+  for (size_t i = 0; i < transfers.size() && received.ok(); ++i) {
+    auto n = worker->Wait(receives[i].get(), absl::Seconds(120),
+                          [&] { return replied.load() && !sent.ok(); });
+    if (n.ok()) {
+      got[i] = *n;
+    } else {
+      received = n.status();
     }
-    if (!got.ok())
-      return Annotate(got.status(), absl::StrCat("receiving from ", peer));
-    if (static_cast<int64_t>(*got) != resp.bytes() ||
-        resp.bytes() != static_cast<int64_t>(capacity)) {
-      return absl::DataLossError(absl::StrCat(
-          "a part of ", region.ToString(), " of '", tensor, "' from ", peer,
-          " arrived with ", *got, " bytes instead of ", capacity, " over UCX"));
+  }
+  // The sender's requests complete only when our acknowledgements reach
+  // it, and this worker is ours alone: keep progressing it until the
+  // source has replied (it answers only after its sends completed).
+  worker->ProgressUntil([&] { return replied.load(); },
+                        absl::Now() + absl::Seconds(120));
+  call.join();
+  std::move(cancel).Invoke();  // the ones not completed above
+  const Transfer& first = transfers.front();
+  if (!sent.ok()) {
+    return Annotate(
+        sent, absl::StrCat("pulling ", transfers.size(), " parts (the first ",
+                           first.region.ToString(), " of '", *first.tensor,
+                           "') from ", peer, " over UCX"));
+  }
+  if (!received.ok()) {
+    return Annotate(received, absl::StrCat("receiving from ", peer));
+  }
+  if (resp.parts_size() != static_cast<int>(transfers.size())) {
+    return absl::DataLossError(absl::StrCat(peer, " answered for ",
+                                            resp.parts_size(), " parts of the ",
+                                            transfers.size(), " asked for"));
+  }
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& t = transfers[i];
+    const int64_t capacity = t.count * t.element_size;
+    if (static_cast<int64_t>(got[i]) != resp.parts(i).bytes() ||
+        resp.parts(i).bytes() != capacity) {
+      return absl::DataLossError(
+          absl::StrCat("a part of ", t.region.ToString(), " of '", *t.tensor,
+                       "' from ", peer, " arrived with ", got[i],
+                       " bytes instead of ", capacity, " over UCX"));
     }
     // Checksum (and scatter into `into`) a few hundred KiB at a time, while
     // in cache. What is scattered before the checksum fails is in staged
@@ -377,26 +479,24 @@ absl::Status UcxPieceTransport::Pull(int32_t host, const std::string& job,
     // only verified bytes.
     constexpr int64_t kChunk = int64_t{256} << 10;
     const int64_t chunk =
-        std::max<int64_t>(1, kChunk / element_size) * element_size;
+        std::max<int64_t>(1, kChunk / t.element_size) * t.element_size;
     StreamingChecksum sum;
-    for (int64_t done = 0; done < static_cast<int64_t>(capacity);) {
+    for (int64_t done = 0; done < capacity;) {
       const int64_t n = std::min<int64_t>(chunk, capacity - done);
-      sum.Update(land + done, n);
-      if (!in_place && into != nullptr) {
-        ScatterInto(*into, region, (offset + done) / element_size, land + done,
-                    n / element_size, element_size);
+      sum.Update(land[i] + done, n);
+      if (bounced[i] && t.into != nullptr) {
+        ScatterInto(*t.into, t.region, t.first + done / t.element_size,
+                    land[i] + done, n / t.element_size, t.element_size);
       }
       done += n;
     }
-    if (sum.Digest() != resp.checksum()) {
-      return absl::DataLossError(absl::StrCat("a part of ", region.ToString(),
-                                              " of '", tensor, "' from ", peer,
-                                              " arrived damaged over UCX"));
+    if (sum.Digest() != resp.parts(i).checksum()) {
+      return absl::DataLossError(
+          absl::StrCat("a part of ", t.region.ToString(), " of '", *t.tensor,
+                       "' from ", peer, " arrived damaged over UCX"));
     }
-    if (into == nullptr) consume(offset, land, capacity);
-    ucx_bytes_received_total.Add(*got);
-    offset += *got;
-    first += count;
+    if (t.into == nullptr) (*t.consume)(t.offset, land[i], capacity);
+    ucx_bytes_received_total.Add(capacity);
   }
   return absl::OkStatus();
 }
@@ -452,6 +552,14 @@ absl::Status AutoTransport::Fetch(int32_t host, const std::string& job,
         return grpc_->Fetch(host, job, version, tensor, region, element_size,
                             consume);
       });
+}
+
+absl::Status AutoTransport::FetchBatch(int32_t host, const std::string& job,
+                                       int64_t version,
+                                       absl::Span<const BatchPiece> pieces) {
+  return WithFallback(
+      host, [&] { return ucx_->FetchBatch(host, job, version, pieces); },
+      [&] { return grpc_->FetchBatch(host, job, version, pieces); });
 }
 
 absl::Status AutoTransport::FetchInto(int32_t host, const std::string& job,

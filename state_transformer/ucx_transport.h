@@ -1,19 +1,22 @@
-// The UCX piece transport. A piece (what this host needs of a tensor from
-// one peer) is split by the staged buffers it lands in (FetchInto) and,
-// through ExposePiece (epoch-checked), by the source's stored buffers:
-// the source registers them and returns their addresses, remote keys and
-// each part's checksum. Each part then moves one of two ways:
-// - one-sided gets, when its contiguous runs are long: the destination
-//   reads every run straight into the staged buffer and checksums what
-//   landed, a few MiB at a time while it is still in cache;
-// - a tagged send by the source (Pull; short runs, where one get per run
-//   costs more than a copy): per 64 MiB the destination posts a tagged
-//   receive and asks the source over gRPC (SendPart, epoch-checked) to
-//   send; a part that is one span of the source's memory is sent from it
-//   as it is (UCX's rendezvous has the receiver read it: RDMA on a
-//   cluster, CMA on one machine), others are packed first. It lands in
-//   place when it is one span of the staged buffer, else in a buffer that
-//   is scattered while checksummed; the checksum comes on the reply.
+// The UCX piece transport. It takes the pieces a host needs from one peer
+// in batches (FetchBatch), so that the control calls are per batch, not
+// per piece. Each piece is split by the staged buffers it lands in and,
+// through one ExposePieces call per batch (epoch-checked), by the source's
+// stored buffers. Each part then moves one of two ways:
+// - a tagged send by the source, for a part that is one span of the
+//   source's memory (UCX's rendezvous has the receiver read it with no
+//   copy at the source: RDMA on a cluster, CMA on one machine) or whose
+//   runs are short (packed by the source, where one get per run costs
+//   more than a copy): the destination posts a tagged receive for every
+//   such part of a batch at once and asks the source with one gRPC call
+//   per 64 MiB (SendParts, epoch-checked) to send them all. A part lands
+//   in place when it is one span of the staged buffer, else in a buffer
+//   that is scattered while checksummed; the checksums come on the reply;
+// - one-sided gets, for a part that is several long runs in the source's
+//   memory: the source registers its buffer and returns the address, the
+//   remote key and the part's checksum; the destination reads every run
+//   straight into the staged buffer and checksums what landed, a few MiB
+//   at a time while it is still in cache.
 // The run length that separates the two was chosen by measurement
 // (kMinGetRunBytes, state_transformer:ucx_get_benchmark;
 // docs/benchmarks.md). Fetch (no staged buffers) streams to the consumer.
@@ -37,11 +40,17 @@
 
 namespace ptc {
 
-// What SendPart answers (FAILED_PRECONDITION) when its ptcd has no worker.
+// What SendParts and ExposePieces answer (FAILED_PRECONDITION) when their
+// ptcd has no worker.
 inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
 
+// What one SendParts or ExposePieces call may ask for: parts (pieces), and
+// bytes to send (the source may pack them all).
+inline constexpr int kMaxPartsPerCall = 4096;
+inline constexpr int64_t kMaxSendPartsBytes = int64_t{64} << 20;
+
 // Parts whose contiguous runs average fewer bytes are sent by the source
-// rather than read with one get per run.
+// (packed) rather than read with one get per run.
 inline constexpr int64_t kMinGetRunBytes = 4 << 10;
 
 class UcxPieceTransport : public PieceTransport {
@@ -49,6 +58,10 @@ class UcxPieceTransport : public PieceTransport {
   // Parts whose runs average fewer bytes are sent by the source; for
   // measuring the crossover (tools: ucx_get_benchmark).
   void set_min_get_run_bytes(int64_t bytes) { min_get_run_bytes_ = bytes; }
+  // Reads parts that are one span of the source's memory with gets too
+  // (by default they are sent: the rendezvous reads them without a copy at
+  // the source); for measuring (ucx_get_benchmark) and tests.
+  void set_get_contiguous(bool gets) { get_contiguous_ = gets; }
 
   // Each pulling thread uses a worker of its own from a pool (created on
   // first use, kept for the transport's life).
@@ -64,6 +77,8 @@ class UcxPieceTransport : public PieceTransport {
                          int64_t element_size,
                          absl::Span<const PieceTarget> targets,
                          const StoreClient::Consumer& consume) override;
+  absl::Status FetchBatch(int32_t host, const std::string& job, int64_t version,
+                          absl::Span<const BatchPiece> pieces) override;
   absl::StatusOr<std::string> FetchSmallObject(int32_t host,
                                                const std::string& job,
                                                int64_t version,
@@ -73,20 +88,32 @@ class UcxPieceTransport : public PieceTransport {
   }
 
  private:
-  // Fetches `region`, all inside `target`'s staged buffer: the source
-  // exposes the stored buffers that hold it (ExposePiece); each one's part
-  // is read with gets when its runs are long, else sent (Pull).
-  absl::Status FetchShare(int32_t host, const std::string& job, int64_t version,
-                          const std::string& tensor, const Region& region,
-                          int64_t element_size, const PieceTarget& target);
-  // Asks the source to send `region` part by part (SendPart), checksums
-  // every part and writes it into `into` (a staged buffer holding
-  // `region`: received in place when the part is one span there, else
-  // scattered), or, if `into` is null, hands it to `consume`.
-  absl::Status Pull(int32_t host, const std::string& job, int64_t version,
-                    const std::string& tensor, const Region& region,
-                    int64_t element_size, const PieceTarget* into,
-                    const StoreClient::Consumer& consume);
+  // Elements [first, first + count) of `region` of `tensor` (at most
+  // kMaxSendPartsBytes), for the source to send: written into `into` (a
+  // staged buffer holding `region`), or handed to `consume` at byte
+  // `offset` if `into` is null.
+  struct Transfer {
+    const std::string* tensor;
+    Region region;
+    int64_t first, count, element_size;
+    const PieceTarget* into;
+    const StoreClient::Consumer* consume;
+    int64_t offset;
+  };
+  // Appends the transfers that move `region` (split into messages of at
+  // most kMaxSendPartsBytes).
+  static void AddTransfers(const std::string& tensor, const Region& region,
+                           int64_t element_size, const PieceTarget* into,
+                           const StoreClient::Consumer* consume,
+                           std::vector<Transfer>* out);
+  // Has the source send every transfer (SendParts calls of at most
+  // kMaxSendPartsBytes each), verifies each one's checksum and places it.
+  absl::Status SendAll(int32_t host, const std::string& job, int64_t version,
+                       UcxWorker* worker, absl::Span<const Transfer> transfers);
+  // One SendParts call for `transfers`.
+  absl::Status SendOnce(int32_t host, const std::string& job, int64_t version,
+                        UcxWorker* worker,
+                        absl::Span<const Transfer> transfers);
   std::string PeerLabel(int32_t host);
   // A worker for the calling thread alone, and its return to the pool.
   absl::StatusOr<std::unique_ptr<UcxWorker>> TakeWorker();
@@ -96,6 +123,7 @@ class UcxPieceTransport : public PieceTransport {
   std::vector<std::unique_ptr<UcxWorker>> idle_ ABSL_GUARDED_BY(mu_);
   const int64_t epoch_;
   int64_t min_get_run_bytes_ = kMinGetRunBytes;
+  bool get_contiguous_ = false;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
   std::map<int32_t, std::string> addresses_, names_;
   GrpcPieceTransport control_;  // small objects
@@ -122,6 +150,8 @@ class AutoTransport : public PieceTransport {
                          int64_t element_size,
                          absl::Span<const PieceTarget> targets,
                          const StoreClient::Consumer& consume) override;
+  absl::Status FetchBatch(int32_t host, const std::string& job, int64_t version,
+                          absl::Span<const BatchPiece> pieces) override;
   absl::StatusOr<std::string> FetchSmallObject(int32_t host,
                                                const std::string& job,
                                                int64_t version,

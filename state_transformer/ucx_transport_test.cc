@@ -6,10 +6,15 @@
 // then on; a stale epoch is final.
 #include "state_transformer/ucx_transport.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <vector>
 
+#include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
 #include "tests/testing.h"
 
@@ -105,7 +110,7 @@ TEST_CASE(
   const Region block{{100, 200}, {0, 512}};
   std::vector<uint8_t> b(block.volume() * 4, 0);
   const PieceTarget targets[] = {{whole, a.data()}, {block, b.data()}};
-  auto refuse = [](int64_t, const char*, int64_t) {
+  const StoreClient::Consumer refuse = [](int64_t, const char*, int64_t) {
     FAIL("a piece inside staged buffers must be placed, not streamed");
   };
   std::vector<char> got;
@@ -116,7 +121,25 @@ TEST_CASE(
     return out;
   };
 
-  SECTION("rows spanning both stored halves: two parts, read with gets") {
+  SECTION(
+      "rows spanning both stored halves: two parts, each one span of "
+      "stored memory, sent as it is and received in place") {
+    const Region piece{{64, 192}, {0, kCols}};
+    const int64_t before = GetBytes();
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    CHECK(GetBytes() == before);
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    // Nothing outside the piece was touched.
+    const Region above{{0, 64}, {0, kCols}};
+    CHECK(as_chars(a, whole, above) ==
+          std::vector<char>(above.volume() * 4, 0));
+  }
+
+  SECTION("the same rows read with gets when asked to") {
+    transport.set_get_contiguous(true);
     const Region piece{{64, 192}, {0, kCols}};
     const int64_t before = GetBytes();
     REQUIRE(
@@ -125,10 +148,18 @@ TEST_CASE(
     CHECK(as_chars(a, whole, piece) == Want(piece));
     const Region in_block = block.Intersect(piece);
     CHECK(as_chars(b, block, in_block) == Want(in_block));
-    // Nothing outside the piece was touched.
-    const Region above{{0, 64}, {0, kCols}};
-    CHECK(as_chars(a, whole, above) ==
-          std::vector<char>(above.volume() * 4, 0));
+  }
+
+  SECTION("a column slice of long runs: read with gets, run by run") {
+    transport.set_min_get_run_bytes(1024);  // its runs are 2 KiB
+    const Region piece{{0, kRows}, {256, 768}};
+    const int64_t before = GetBytes();
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    CHECK(GetBytes() - before == piece.volume() * 4);
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    CHECK(as_chars(b, block, in_block) == Want(in_block));
   }
 
   SECTION("a narrow column slice (2 KiB runs): packed at the source") {
@@ -144,16 +175,33 @@ TEST_CASE(
     CHECK(as_chars(a, whole, left) == std::vector<char>(left.volume() * 4, 0));
   }
 
-  SECTION("rows sent from the stored memory as it is, received in place") {
-    transport.set_min_get_run_bytes(INT64_MAX);  // no gets
-    const Region piece{{64, 192}, {0, kCols}};
-    const int64_t before = GetBytes();
-    REQUIRE(
-        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
-    CHECK(GetBytes() == before);
-    CHECK(as_chars(a, whole, piece) == Want(piece));
-    const Region in_block = block.Intersect(piece);
-    CHECK(as_chars(b, block, in_block) == Want(in_block));
+  SECTION(
+      "a batch: placed, scattered and streamed pieces from one peer in one "
+      "call") {
+    transport.set_min_get_run_bytes(1024);
+    const Region rows{{0, 40}, {0, kCols}};     // sent, in place
+    const Region slice{{40, 200}, {0, 256}};    // sent packed, scattered
+    const Region wide{{200, kRows}, {0, 700}};  // gets
+    const Region loose{{10, 20}, {100, 300}};   // no target: streamed
+    std::vector<char> streamed(loose.volume() * 4, 0);
+    const StoreClient::Consumer stream = [&](int64_t off, const char* data,
+                                             int64_t n) {
+      std::memcpy(streamed.data() + off, data, n);
+    };
+    const std::string w = "w";
+    const PieceTransport::BatchPiece batch[] = {
+        {&w, rows, 4, targets, &refuse},
+        {&w, slice, 4, targets, &refuse},
+        {&w, wide, 4, targets, &refuse},
+        {&w, loose, 4, {}, &stream}};
+    REQUIRE(transport.FetchBatch(0, "job", 1, batch).ok());
+    for (const Region& r : {rows, slice, wide}) {
+      CHECK(as_chars(a, whole, r) == Want(r));
+      const Region in_block = block.Intersect(r);
+      if (!in_block.empty())
+        CHECK(as_chars(b, block, in_block) == Want(in_block));
+    }
+    CHECK(streamed == Want(loose));
   }
 
   SECTION("a piece spanning two staged buffers lands in each") {
@@ -238,6 +286,107 @@ TEST_CASE("auto transport: a stale plan epoch is final, not retried",
   const absl::Status s = transport.Fetch(1, "job", 1, "w", r, 4,
                                          [](int64_t, const char*, int64_t) {});
   CHECK(s.code() == absl::StatusCode::kAborted);
+}
+
+TEST_CASE(
+    "transformer service: SendParts and ExposePieces refuse bad requests "
+    "with clear errors",
+    "[transformer]") {
+  auto cluster = ClusterWithHalves();
+  auto stub = proto::Transformer::NewStub(grpc::CreateChannel(
+      cluster->addresses.at(0), grpc::InsecureChannelCredentials()));
+  auto worker = UcxWorker::Create(/*serve=*/false);
+  REQUIRE(worker.ok());
+  auto send = [&](const proto::SendPartsRequest& req) {
+    grpc::ClientContext ctx;
+    proto::SendPartsResponse resp;
+    return FromGrpcStatus(stub->SendParts(&ctx, req, &resp));
+  };
+  auto request = [&](int64_t epoch) {
+    proto::SendPartsRequest req;
+    req.set_job("job");
+    req.set_version(1);
+    req.set_plan_epoch(epoch);
+    req.set_ucx_address((*worker)->address());
+    return req;
+  };
+  auto add = [](proto::SendPartsRequest* req, const Region& r, int64_t first,
+                int64_t count) {
+    proto::PartToSend* p = req->add_parts();
+    p->set_tensor("w");
+    RegionToProto(r, p->mutable_region());
+    p->set_first(first);
+    p->set_count(count);
+    p->set_tag(1);
+  };
+  const Region rows{{0, 8}, {0, kCols}};
+
+  SECTION("a part outside its region") {
+    auto req = request(1);
+    add(&req, rows, 8 * kCols - 4, 5);
+    const absl::Status s = send(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("outside region"));
+  }
+  SECTION("too many parts in one call") {
+    auto req = request(1);
+    for (int i = 0; i <= kMaxPartsPerCall; ++i) add(&req, rows, 0, 1);
+    const absl::Status s = send(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("at most 4096"));
+  }
+  SECTION("more bytes than one call may send") {
+    auto req = request(1);
+    const Region whole{{0, kRows}, {0, kCols}};  // 1 MiB each
+    for (int64_t i = 0; i <= kMaxSendPartsBytes / (1 << 20); ++i)
+      add(&req, whole, 0, whole.volume());
+    const absl::Status s = send(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("split the request"));
+  }
+  SECTION("an unknown tensor, job or version") {
+    auto req = request(1);
+    add(&req, rows, 0, 1);
+    req.mutable_parts(0)->set_tensor("nope");
+    CHECK(send(req).code() == absl::StatusCode::kNotFound);
+    req = request(1);
+    add(&req, rows, 0, 1);
+    req.set_version(5);
+    CHECK(send(req).code() == absl::StatusCode::kNotFound);
+  }
+  SECTION("a stale plan epoch, and an epoch that is not positive") {
+    auto newer = request(9);
+    REQUIRE(send(newer).ok());  // no parts: only records the epoch
+    auto req = request(3);
+    add(&req, rows, 0, 1);
+    const absl::Status s = send(req);
+    CHECK(s.code() == absl::StatusCode::kAborted);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("stale"));
+    CHECK(send(request(0)).code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("ExposePieces: too many pieces, a region outside the tensor") {
+    proto::ExposePiecesRequest req;
+    req.set_job("job");
+    req.set_version(1);
+    req.set_plan_epoch(1);
+    for (int i = 0; i <= kMaxPartsPerCall; ++i) {
+      proto::PieceRef* p = req.add_pieces();
+      p->set_tensor("w");
+      RegionToProto(rows, p->mutable_region());
+    }
+    proto::ExposePiecesResponse resp;
+    {
+      grpc::ClientContext ctx;
+      CHECK(FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp)).code() ==
+            absl::StatusCode::kInvalidArgument);
+    }
+    req.mutable_pieces()->DeleteSubrange(1, kMaxPartsPerCall);
+    RegionToProto(Region{{0, kRows + 1}, {0, kCols}},
+                  req.mutable_pieces(0)->mutable_region());
+    grpc::ClientContext ctx;
+    const absl::Status s = FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp));
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -296,25 +297,31 @@ absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
   return failure;
 }
 
-absl::Status UcxWorker::Send(const std::string& peer, uint64_t tag,
-                             const void* buffer, size_t size,
+absl::Status UcxWorker::Send(const std::string& peer,
+                             absl::Span<const SendOp> ops,
                              absl::Duration timeout) {
   PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
   ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
-  ucp_request_param_t p = {};
-  void* r = ucp_tag_send_nbx(ep, buffer, size, tag, &p);
-  if (UCS_PTR_IS_ERR(r)) {
-    DropEndpoint(peer);  // a broken endpoint is not reused
-    return UcxError("sending", UCS_PTR_STATUS(r));
+  std::vector<void*> in_flight;
+  absl::Status failure;
+  for (const SendOp& op : ops) {
+    ucp_request_param_t p = {};
+    void* r = ucp_tag_send_nbx(ep, op.data, op.size, op.tag, &p);
+    if (UCS_PTR_IS_ERR(r)) {
+      failure = UcxError("sending", UCS_PTR_STATUS(r));
+      break;
+    }
+    if (r != nullptr) in_flight.push_back(r);  // else done at once
   }
-  if (r == nullptr) return absl::OkStatus();  // done at once
-  absl::Status s = Progress(r, absl::Now() + timeout, "send");
-  // A send that timed out is released, not waited for: its receiver is
-  // gone or has given up (its own deadline is longer), and sends cannot be
-  // cancelled.
-  if (!s.ok()) DropEndpoint(peer);
-  ucp_request_free(r);
-  return s;
+  for (void* r : in_flight) {
+    if (failure.ok()) failure = Progress(r, absl::Now() + timeout, "send");
+    // A send that failed or timed out is released, not waited for: its
+    // receiver is gone or has given up (its own deadline is longer), and
+    // sends cannot be cancelled.
+    ucp_request_free(r);
+  }
+  if (!failure.ok()) DropEndpoint(peer);  // a broken endpoint is not reused
+  return failure;
 }
 
 }  // namespace ptc

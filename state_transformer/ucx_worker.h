@@ -119,10 +119,17 @@ class UcxWorker {
   // before those buffers are freed, and not used again.
   bool broken() const { return broken_; }
 
-  // Sends `size` bytes with `tag` to the worker at `peer` and waits until
-  // the buffer may be reused.
-  absl::Status Send(const std::string& peer, uint64_t tag, const void* buffer,
-                    size_t size, absl::Duration timeout);
+  // One tagged message: `size` bytes at `data`.
+  struct SendOp {
+    uint64_t tag;
+    const void* data;
+    size_t size;
+  };
+  // Sends every op to the worker at `peer` (all in flight at once) and
+  // waits until all buffers may be reused; DEADLINE_EXCEEDED if one takes
+  // longer than `timeout`.
+  absl::Status Send(const std::string& peer, absl::Span<const SendOp> ops,
+                    absl::Duration timeout);
 
  private:
   UcxWorker() = default;
