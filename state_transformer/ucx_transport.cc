@@ -184,8 +184,8 @@ absl::Status UcxPieceTransport::FetchBatch(
   // one stored buffer of the source. Parts with long runs are read with
   // gets; the source sends the others (from its memory as it is when the
   // part is one span there) and they land in place or are scattered here.
-  constexpr int64_t kBatchBytes = int64_t{4} << 20;  // gets checksummed
-  std::vector<UcxWorker::GetOp> batch;
+  constexpr int64_t kGetsBytes = int64_t{4} << 20;  // checksummed at a time
+  std::vector<UcxWorker::GetOp> gets;
   for (size_t begin = 0; begin < shares.size(); begin += kMaxPartsPerCall) {
     const size_t end = std::min(shares.size(), begin + kMaxPartsPerCall);
     proto::ExposePiecesRequest req;
@@ -271,26 +271,26 @@ absl::Status UcxPieceTransport::FetchBatch(
         // are still in cache; runs come in the part's row-major order,
         // which is the order the source checksummed.
         StreamingChecksum sum;
-        int64_t batch_bytes = 0;
+        int64_t gets_bytes = 0;
         absl::Status failed;
         auto flush = [&] {
-          if (batch.empty() || !failed.ok()) return;
-          failed = worker->Get(resp.ucx_address(), p.proto->rkey(), batch,
+          if (gets.empty() || !failed.ok()) return;
+          failed = worker->Get(resp.ucx_address(), p.proto->rkey(), gets,
                                absl::Seconds(15));
           if (failed.ok()) {
-            for (const UcxWorker::GetOp& op : batch)
+            for (const UcxWorker::GetOp& op : gets)
               sum.Update(op.local, op.size);
           }
-          batch.clear();
-          batch_bytes = 0;
+          gets.clear();
+          gets_bytes = 0;
         };
         ForEachRun(
             p.stored, into->region, p.part, element_size,
             [&](int64_t src, int64_t dst, int64_t n) {
-              batch.push_back({into->data + dst, p.proto->address() + src,
+              gets.push_back({into->data + dst, p.proto->address() + src,
                                static_cast<size_t>(n)});
-              batch_bytes += n;
-              if (batch_bytes >= kBatchBytes) flush();
+              gets_bytes += n;
+              if (gets_bytes >= kGetsBytes) flush();
             });
         flush();
         if (!failed.ok()) {

@@ -23,17 +23,24 @@ ptcctl=bazel-bin/tools/ptcctl
 dir=$(mktemp -d /tmp/ptc-bench-XXXXXX)
 trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
 
-perftest() {  # $1: UCX_TLS, $2: port -> MB/s (overall)
-  UCX_TLS=$1 ucx_perftest -t ucp_put_bw -s 16777216 -n 200 -p "$2" >/dev/null 2>&1 &
+perftest() {  # $1: UCX_TLS, $2: port, $3: test, $4: bytes, $5: iterations -> MB/s
+  UCX_TLS=$1 ucx_perftest -t "$3" -s "$4" -n "$5" -p "$2" >/dev/null 2>&1 &
   local srv=$!
   sleep 1
-  UCX_TLS=$1 timeout 120 ucx_perftest 127.0.0.1 -t ucp_put_bw -s 16777216 -n 200 -p "$2" 2>/dev/null |
+  UCX_TLS=$1 timeout 120 ucx_perftest 127.0.0.1 -t "$3" -s "$4" -n "$5" -p "$2" 2>/dev/null |
     awk '/^Final:/ {print $(NF-2)}'
   wait $srv 2>/dev/null || true
 }
-ucx_shm=$(perftest posix,cma,self 13511)
-ucx_tcp=$(perftest tcp 13512)
-echo "ucx_perftest put_bw, 16 MiB messages, 200 iterations: shared memory ${ucx_shm} MB/s, loopback TCP ${ucx_tcp} MB/s"
+# Three shared-memory limits: put_bw copies into memory UCX allocated and
+# maps in both processes (with 16 MiB messages both buffers stay in this
+# machine's 32 MiB L3; 1 GiB ones go to DRAM); tag_bw of 1 GiB messages
+# is the path ptc's sends take (a rendezvous: the receiver reads the
+# sender's own memory with CMA on one machine, RDMA on a cluster).
+ucx_shm=$(perftest posix,cma,self 13511 ucp_put_bw 16777216 200)
+ucx_put_dram=$(perftest posix,cma,self 13513 ucp_put_bw 1073741824 10)
+ucx_tag=$(perftest posix,cma,self 13514 tag_bw 1073741824 10)
+ucx_tcp=$(perftest tcp 13512 ucp_put_bw 16777216 200)
+echo "ucx_perftest between two processes, shared memory: put_bw 16 MiB messages ${ucx_shm} MB/s, put_bw 1 GiB ${ucx_put_dram} MB/s, tag_bw 1 GiB ${ucx_tag} MB/s; loopback TCP put_bw 16 MiB ${ucx_tcp} MB/s"
 # The other physical limit: staging writes into memory the store has just
 # allocated, which a VM backs on first write (tools/warm_memory.sh).
 fresh=$(/usr/bin/python3 - <<'PY'
@@ -73,10 +80,10 @@ r = json.load(sys.stdin); print(r["seconds"], r["staging_seconds"], r["bytes_fro
     stage_rates+=("$(/usr/bin/python3 -c "print($cross / $stage / 1e6)")")
     $ptcctl reconfigure $c --job bench --to $start --hosts host0 --transport "$4" --json >/dev/null
   done
-  /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_tcp" "${times[*]}" "${rates[*]}" \
-    "${stage_times[*]}" "${stage_rates[*]}" "$fresh" <<'PY'
+  /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_put_dram" "$ucx_tag" "${times[*]}" \
+    "${rates[*]}" "${stage_times[*]}" "${stage_rates[*]}" "$fresh" <<'PY'
 import os, statistics, sys
-name, cross, shm, tcp, times, rates, stimes, srates, fresh = sys.argv[1:]
+name, cross, shm, put_dram, tag, times, rates, stimes, srates, fresh = sys.argv[1:]
 def mmm(xs, fmt):
     xs = sorted(map(float, xs.split()))
     return "/".join(fmt.format(x) for x in (xs[0], statistics.median(xs), xs[-1])), statistics.median(xs)
@@ -87,7 +94,8 @@ print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
       f"    end to end (staging + fingerprints of both versions + commit): time min/median/max "
       f"{t} s, throughput {r} MB/s\n"
       f"    staging (the bytes moving): time {st} s, throughput {sr} MB/s = "
-      f"{100*smed/float(shm):.0f}% of ucx_perftest shm, {100*smed/float(tcp):.0f}% of ucx_perftest tcp, "
+      f"ucx_perftest: {100*smed/float(tag):.0f}% of tag_bw 1 GiB, {100*smed/float(put_dram):.0f}% of "
+      f"put_bw 1 GiB, {100*smed/float(shm):.0f}% of put_bw 16 MiB; "
       f"{100*smed/float(fresh):.0f}% of memcpy into fresh memory")
 PY
 }
