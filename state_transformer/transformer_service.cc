@@ -16,9 +16,9 @@
 
 namespace ptc {
 
-TransformerService::TransformerService(Store* store, bool use_ucx)
-    : store_(store) {
-  if (!use_ucx) return;
+TransformerService::TransformerService(Store* store, TransformerOptions options)
+    : store_(store), options_(options) {
+  if (!options_.use_ucx) return;
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
     ucx_ = std::move(*worker);
@@ -123,6 +123,12 @@ absl::Status TransformerService::DoExecute(
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),
                                        req.peer_names().end());
+  auto ucx_transport = [&] {
+    auto t =
+        std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names);
+    t->set_get_contiguous(options_.gets_for_contiguous);
+    return t;
+  };
   std::unique_ptr<PieceTransport> transport;
   if (req.transport() == "grpc") {
     transport = std::make_unique<GrpcPieceTransport>(peers, names);
@@ -131,13 +137,10 @@ absl::Status TransformerService::DoExecute(
       return absl::FailedPreconditionError(
           "the UCX transport was asked for, but this ptcd has no UCX worker");
     }
-    transport =
-        std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names);
+    transport = ucx_transport();
   } else if (req.transport().empty()) {
     transport = std::make_unique<AutoTransport>(
-        ucx_ ? std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers,
-                                                   names)
-             : nullptr,
+        ucx_ ? ucx_transport() : nullptr,
         std::make_unique<GrpcPieceTransport>(peers, names));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -21,11 +21,20 @@
 
 namespace ptc {
 
+struct TransformerOptions {
+  // Create this daemon's UCX worker (if UCX cannot start here, peers and
+  // this host fall back to gRPC).
+  bool use_ucx = true;
+  // Read the parts that are one span of a peer's memory with one-sided
+  // gets too, rather than having the peer send them (ptcd --ucx-gets all).
+  // Sends are faster here (UCX emulates gets on one machine with two
+  // copies); on an RDMA network both are one-sided reads.
+  bool gets_for_contiguous = false;
+};
+
 class TransformerService final : public proto::Transformer::Service {
  public:
-  // Creates this daemon's UCX worker unless `use_ucx` is false (or UCX
-  // cannot start here: then peers and this host fall back to gRPC).
-  explicit TransformerService(Store* store, bool use_ucx = true);
+  explicit TransformerService(Store* store, TransformerOptions options = {});
   ~TransformerService() override;
 
   grpc::Status ExecuteFragment(
@@ -89,6 +98,7 @@ class TransformerService final : public proto::Transformer::Service {
   };
 
   Store* store_;
+  const TransformerOptions options_;
   std::unique_ptr<UcxWorker> ucx_;
   absl::Mutex mu_;
   std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);

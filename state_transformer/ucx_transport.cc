@@ -284,14 +284,13 @@ absl::Status UcxPieceTransport::FetchBatch(
           gets.clear();
           gets_bytes = 0;
         };
-        ForEachRun(
-            p.stored, into->region, p.part, element_size,
-            [&](int64_t src, int64_t dst, int64_t n) {
-              gets.push_back({into->data + dst, p.proto->address() + src,
-                               static_cast<size_t>(n)});
-              gets_bytes += n;
-              if (gets_bytes >= kGetsBytes) flush();
-            });
+        ForEachRun(p.stored, into->region, p.part, element_size,
+                   [&](int64_t src, int64_t dst, int64_t n) {
+                     gets.push_back({into->data + dst, p.proto->address() + src,
+                                     static_cast<size_t>(n)});
+                     gets_bytes += n;
+                     if (gets_bytes >= kGetsBytes) flush();
+                   });
         flush();
         if (!failed.ok()) {
           return Annotate(failed,

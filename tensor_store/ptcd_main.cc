@@ -33,7 +33,7 @@ constexpr char kUsage[] =
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
             [--spare-pool BYTES] [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
-             [--bandwidth BYTES_PER_S]]
+             [--bandwidth BYTES_PER_S]] [--ucx-gets scattered|all]
 
   --config         "key = value" file with the same keys (listen, socket,
                    memory_limit, spare_pool, log_level, allowed_uids,
@@ -55,16 +55,23 @@ constexpr char kUsage[] =
   --advertise      address peers and the coordinator use to reach this ptcd
                    (default: --listen, with the bound port)
   --bandwidth      this host's link, bytes per second (default 25e9)
+  --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
+                   one-sided gets when it stages a reconfiguration:
+                   "scattered" (default) those that are several long runs
+                   there, while the peer sends those that are one span (the
+                   rendezvous reads them without a copy at the peer);
+                   "all" both kinds (to compare on an RDMA network)
 )";
 
 absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(
       Args args,
-      Args::Parse(argc, argv, 1,
-                  {"config", "listen", "socket", "memory-limit", "spare-pool",
-                   "log-level", "allowed-uids", "drain-seconds", "port-file",
-                   "coordinator", "name", "gpus", "advertise", "bandwidth"},
-                  {"help"}));
+      Args::Parse(
+          argc, argv, 1,
+          {"config", "listen", "socket", "memory-limit", "spare-pool",
+           "log-level", "allowed-uids", "drain-seconds", "port-file",
+           "coordinator", "name", "gpus", "advertise", "bandwidth", "ucx-gets"},
+          {"help"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -132,8 +139,16 @@ absl::Status Run(int argc, char** argv) {
     gethostname(hostname, sizeof(hostname) - 1);
     options.host_name = args.Get("name", hostname);
   }
-  options.services.push_back(
-      [](Store* store) { return std::make_unique<TransformerService>(store); });
+  TransformerOptions transformer;
+  const std::string gets = args.Get("ucx-gets", "scattered");
+  if (gets != "scattered" && gets != "all") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
+  }
+  transformer.gets_for_contiguous = gets == "all";
+  options.services.push_back([transformer](Store* store) {
+    return std::make_unique<TransformerService>(store, transformer);
+  });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
   if (args.Has("port-file")) {

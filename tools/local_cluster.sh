@@ -9,6 +9,7 @@
 # and HOSTn_SOCKET=...). Binaries come from BIN (default: bazel-bin).
 # SPARE_POOL (e.g. 5GiB) sets each ptcd's --spare-pool: memory kept
 # allocated and faulted in for the next puts of the sizes it saw.
+# PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags.
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
@@ -36,7 +37,7 @@ case "$cmd" in
       "$bin/tensor_store/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
         --port-file "$dir/host$i.port" --memory-limit "$memory" --coordinator "$coordinator" \
         --name "host$i" --gpus "$gpus" --log-level warn \
-        ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} >"$dir/logs/host$i.log" 2>&1 &
+        ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} ${PTCD_FLAGS:-} >"$dir/logs/host$i.log" 2>&1 &
       echo "host$i $!" >> "$dir/pids"
       echo "HOST${i}_SOCKET=$dir/host$i.sock" >> "$dir/env"
     done

@@ -14,6 +14,8 @@
 #   PREPARE=1 ...   before each measured change, `ptcctl prepare --wait` has
 #                   the target host prepare the memory it will stage (each
 #                   ptcd gets --spare-pool ${SPARE_POOL:-6GiB}); not timed
+#   PTCD_FLAGS="--ucx-gets all" ...   every ptcd reads the parts that are one
+#                   span of a peer's memory with gets too (default: sent)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
