@@ -6,7 +6,8 @@
 # same run.
 #
 # Then the same two changes with the Tenplex-style per-rank plan run by the
-# same engine (--strategy tenplex), against ptc's plan, on the gRPC stream.
+# same engine (--strategy tenplex), against ptc's plan, on the gRPC stream
+# (STRATEGY_TRANSPORTS="ucx grpc" for both transports).
 #
 #   bash tools/reconfigure_benchmark.sh [RUNS]
 #   PARTS=strategies bash tools/reconfigure_benchmark.sh   (only the second)
@@ -109,10 +110,12 @@ if [[ $parts == *transports* ]]; then
   done
 fi
 if [[ $parts == *strategies* ]]; then
-  for strategy in ptc tenplex; do
-    measure "[$strategy plan, grpc] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 \
-      host1 grpc $strategy
-    measure "[$strategy plan, grpc] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 \
-      host1 grpc $strategy
+  for t in ${STRATEGY_TRANSPORTS:-grpc}; do
+    for strategy in ptc tenplex; do
+      measure "[$strategy plan, $t] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 \
+        host1 $t $strategy
+      measure "[$strategy plan, $t] tp=4 on host0 -> tp=1,dp=4 on host1" tp=1,pp=1,dp=4,zero=1 \
+        host1 $t $strategy
+    done
   done
 fi
