@@ -159,7 +159,7 @@ absl::Status UcxPieceTransport::FetchBatch(
   std::vector<Transfer> sends;
   for (const BatchPiece& p : pieces) {
     std::vector<Share> own;
-    int64_t volume = 0;
+    std::vector<Region> uncovered = {p.region};
     for (const PieceTarget& t : p.targets) {
       const Region share = t.region.Intersect(p.region);
       if (share.empty() || t.data == nullptr) continue;
@@ -168,9 +168,13 @@ absl::Status UcxPieceTransport::FetchBatch(
       });
       if (elsewhere) continue;
       own.push_back({&p, share, &t});
-      volume += share.volume();
+      std::vector<Region> left;
+      for (const Region& u : uncovered) {
+        for (Region& d : u.Difference(t.region)) left.push_back(std::move(d));
+      }
+      uncovered.swap(left);
     }
-    if (volume < p.region.volume()) {
+    if (!uncovered.empty()) {
       AddTransfers(*p.tensor, p.region, p.element_size, nullptr, p.consume,
                    &sends);
     } else {

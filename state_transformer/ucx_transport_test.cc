@@ -221,6 +221,23 @@ TEST_CASE(
     }
   }
 
+  SECTION(
+      "staged buffers that overlap and leave a gap in the piece: it is "
+      "streamed, not half placed") {
+    const Region top{{0, 100}, {0, kCols}}, middle{{50, 150}, {0, kCols}};
+    std::vector<uint8_t> t(top.volume() * 4, 0), m(middle.volume() * 4, 0);
+    const PieceTarget overlapping[] = {{top, t.data()}, {middle, m.data()}};
+    const Region piece{{0, 200}, {0, kCols}};  // rows 150-200 in neither
+    std::vector<char> streamed(piece.volume() * 4, 0);
+    REQUIRE(transport
+                .FetchInto(0, "job", 1, "w", piece, 4, overlapping,
+                           [&](int64_t off, const char* data, int64_t n) {
+                             std::memcpy(streamed.data() + off, data, n);
+                           })
+                .ok());
+    CHECK(streamed == Want(piece));
+  }
+
   SECTION("a plan epoch older than the host has seen is refused") {
     UcxPieceTransport newer(7, cluster->addresses);
     const Region piece{{0, 8}, {0, kCols}};
