@@ -1,16 +1,41 @@
 #include "tensor_store/store.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ptc/fingerprint.h"
 
 namespace ptc {
 namespace {
+
+// Bytes of stored regions fingerprinted (each whole sealed region once).
+Counter& fingerprinted_bytes_total =
+    GetCounter("ptc_store_fingerprinted_bytes_total");
+
+// A whole sealed region's fingerprint, computed once and kept with its
+// buffer: a version built by a reconfiguration is fingerprinted to commit
+// it and again as the source of the next one; a version clients saved is
+// fingerprinted in the background after its commit.
+uint64_t WholeFingerprint(const TensorDecl& decl, const Region& region,
+                          RegionBuffer& buffer) {
+  const int64_t elem = ElementSize(decl.dtype);
+  return buffer.Memoize(
+      absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
+                   region.ToString(), " ", elem),
+      [&] {
+        fingerprinted_bytes_total.Add(region.volume() * elem);
+        return FingerprintRegion(buffer.data(), region, region, decl.shape,
+                                 elem);
+      });
+}
 
 // Extents and totals beyond these are certainly mistakes (and would
 // overflow byte counts).
@@ -364,20 +389,12 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
   uint64_t sum = 0;
   int64_t elements = 0;
   auto add = [&](const Region& piece, const StoredRegionRef& s) {
-    auto compute = [&] {
-      return FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape,
-                               elem);
-    };
-    // A whole sealed region's fingerprint is computed once: a version built
-    // by a reconfiguration is fingerprinted to commit it, and again as the
-    // source of the next one.
     if (piece == s.region && s.buffer->sealed()) {
-      sum += s.buffer->Memoize(
-          absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
-                       s.region.ToString(), " ", elem),
-          compute);
+      sum += WholeFingerprint(decl, s.region, *s.buffer);
     } else {
-      sum += compute();
+      fingerprinted_bytes_total.Add(piece.volume() * elem);
+      sum += FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape,
+                               elem);
     }
     elements += piece.volume();
   };
@@ -482,6 +499,16 @@ absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
   Log("tensor_store")
       ->info("job {} version {} committed ({} bytes)", job, version,
              v->second.bytes);
+  if (fingerprint_thread_.joinable()) {
+    absl::MutexLock queue(&fingerprint_mu_);
+    for (const auto& [tensor, stored] : v->second.tensors) {
+      const TensorDecl& decl = j->decls.at(tensor);
+      for (const StoredRegionRef& s : stored) {
+        if (s.buffer->sealed())
+          fingerprint_queue_.push_back({decl, s.region, s.buffer});
+      }
+    }
+  }
   return v->second.bytes;
 }
 
@@ -511,14 +538,60 @@ Store::Store(StoreOptions options)
     : budget_(options.memory_limit_bytes),
       spares_(&budget_, options.spare_pool_bytes) {
   release_thread_ = std::thread([this] { ReleaseLoop(); });
+  if (options.fingerprint_committed) {
+    fingerprint_thread_ = std::thread([this] { FingerprintLoop(); });
+  }
 }
 
 Store::~Store() {
+  {
+    absl::MutexLock lock(&fingerprint_mu_);
+    fingerprint_stop_ = true;
+  }
+  if (fingerprint_thread_.joinable()) fingerprint_thread_.join();
   {
     absl::MutexLock lock(&release_mu_);
     release_stop_ = true;
   }
   release_thread_.join();
+}
+
+void Store::FingerprintLoop() {
+  // Idle priority: a reconfiguration that needs a fingerprint before this
+  // thread got to it computes it itself (at most the region this thread is
+  // on is computed twice).
+  const sched_param idle{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+  while (true) {
+    FingerprintWork work;
+    {
+      absl::MutexLock lock(&fingerprint_mu_);
+      fingerprint_mu_.Await(absl::Condition(
+          +[](Store* s) ABSL_SHARED_LOCKS_REQUIRED(s->fingerprint_mu_) {
+            return s->fingerprint_stop_ || !s->fingerprint_queue_.empty();
+          },
+          this));
+      if (fingerprint_stop_) return;
+      work = std::move(fingerprint_queue_.front());
+      fingerprint_queue_.pop_front();
+      fingerprint_busy_ = true;
+    }
+    // The version may have been deleted meanwhile: then its memory goes.
+    if (std::shared_ptr<RegionBuffer> buffer = work.buffer.lock()) {
+      WholeFingerprint(work.decl, work.region, *buffer);
+    }
+    absl::MutexLock lock(&fingerprint_mu_);
+    fingerprint_busy_ = false;
+  }
+}
+
+void Store::WaitFingerprinted() {
+  absl::MutexLock lock(&fingerprint_mu_);
+  fingerprint_mu_.Await(absl::Condition(
+      +[](Store* s) ABSL_SHARED_LOCKS_REQUIRED(s->fingerprint_mu_) {
+        return s->fingerprint_queue_.empty() && !s->fingerprint_busy_;
+      },
+      this));
 }
 
 void Store::ReleaseLoop() {

@@ -96,6 +96,11 @@ struct StoreOptions {
   // Bytes of pre-allocated memory kept ready for local saves (SparePool);
   // counted in the memory limit, evicted first when a put needs room.
   int64_t spare_pool_bytes = 0;
+  // Fingerprint every committed version's stored regions in the background
+  // (one thread, idle priority), so that a reconfiguration from a version
+  // clients saved finds them ready instead of computing them while the job
+  // waits.
+  bool fingerprint_committed = true;
 };
 
 class Store {
@@ -163,6 +168,9 @@ class Store {
   // Waits until the memory of every deleted version (DeleteVersion frees it
   // in the background) is back in the budget, unless a lease holds it.
   void WaitReleased();
+  // Waits until the background fingerprints of the committed versions
+  // (StoreOptions::fingerprint_committed) are done.
+  void WaitFingerprinted();
 
   // Empty `job` lists all jobs.
   proto::ListResponse List(const std::string& job) const;
@@ -210,8 +218,23 @@ class Store {
   // its memory (freeing a GiB of shared memory takes a third of a second
   // on a VM, and a client's save waits for the previous version's release).
   void ReleaseLoop();
+  // Computes the queued regions' fingerprints, at idle priority, until
+  // fingerprint_stop_.
+  void FingerprintLoop();
   MemoryBudget budget_;
   SparePool spares_;  // after budget_: returns its memory before budget_ dies
+  // A whole stored region to fingerprint; skipped once its buffer is gone.
+  struct FingerprintWork {
+    TensorDecl decl;
+    Region region;
+    std::weak_ptr<RegionBuffer> buffer;
+  };
+  absl::Mutex fingerprint_mu_;
+  std::deque<FingerprintWork> fingerprint_queue_
+      ABSL_GUARDED_BY(fingerprint_mu_);
+  bool fingerprint_busy_ ABSL_GUARDED_BY(fingerprint_mu_) = false;
+  bool fingerprint_stop_ ABSL_GUARDED_BY(fingerprint_mu_) = false;
+  std::thread fingerprint_thread_;
   absl::Mutex release_mu_;
   std::deque<Version> releasing_ ABSL_GUARDED_BY(release_mu_);
   bool release_busy_ ABSL_GUARDED_BY(release_mu_) = false;

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/metrics.h"
+#include "ptc/fingerprint.h"
 
 namespace ptc {
 namespace {
@@ -115,6 +117,44 @@ TEST_CASE(
   CHECK(memo == first->first);
   auto again = s.Fingerprint("job", 1, "w", {r});
   CHECK(again->first == first->first);
+}
+
+TEST_CASE(
+    "store: a committed version's regions are fingerprinted in the "
+    "background, once",
+    "[tensor_store]") {
+  Counter& computed = GetCounter("ptc_store_fingerprinted_bytes_total");
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region top{{0, 4}, {0, 8}}, bottom{{4, 8}, {0, 8}};
+  std::vector<std::shared_ptr<RegionBuffer>> buffers;
+  for (const Region& r : {top, bottom}) {
+    auto put = Begin(s, 1, r);
+    buffers.push_back(put->buffer);
+    REQUIRE(s.FinishPut(std::move(put)).ok());
+  }
+  const int64_t before = computed.value();
+  REQUIRE(s.Commit("job", 1).ok());
+  s.WaitFingerprinted();
+  CHECK(computed.value() - before == 64 * 4);
+  // What the background stored is what the regions' bytes give, and a
+  // fingerprint of the version now computes nothing.
+  auto all = s.Fingerprint("job", 1, "w", {});
+  REQUIRE(all.ok());
+  CHECK(computed.value() - before == 64 * 4);
+  std::vector<char> bytes(64 * 4, 7);
+  CHECK(all->first == FingerprintRegion(bytes.data(), Region{{0, 8}, {0, 8}},
+                                        Region{{0, 8}, {0, 8}}, {8, 8}, 4));
+
+  SECTION("off when the store is told so") {
+    Store off({1 << 20, 0, /*fingerprint_committed=*/false});
+    REQUIRE(off.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+    REQUIRE(off.FinishPut(Begin(off, 1, top)).ok());
+    const int64_t start = computed.value();
+    REQUIRE(off.Commit("job", 1).ok());
+    off.WaitFingerprinted();
+    CHECK(computed.value() == start);
+  }
 }
 
 TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
