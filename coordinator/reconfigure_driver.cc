@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -313,16 +315,21 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
 
 absl::Status OnEachAddress(
     const std::vector<std::string>& addresses,
-    const std::function<absl::Status(const std::string&)>& fn) {
+    const std::function<absl::Status(const std::string&)>& fn,
+    size_t max_at_once) {
   absl::Mutex mu;
   absl::Status first;
+  std::atomic<size_t> next{0};
   std::vector<std::thread> threads;
-  threads.reserve(addresses.size());
-  for (const std::string& address : addresses) {
-    threads.emplace_back([&fn, &mu, &first, &address] {
-      absl::Status s = fn(address);
-      absl::MutexLock lock(&mu);
-      if (first.ok()) first = std::move(s);
+  const size_t n = std::min(addresses.size(), std::max<size_t>(1, max_at_once));
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&] {
+      for (size_t k = next++; k < addresses.size(); k = next++) {
+        absl::Status s = fn(addresses[k]);
+        absl::MutexLock lock(&mu);
+        if (first.ok()) first = std::move(s);
+      }
     });
   }
   for (std::thread& t : threads) t.join();

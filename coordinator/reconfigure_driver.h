@@ -80,12 +80,13 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch);
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version);
-// Calls fn(address) for every address at once (a thread each), waits for
-// all, and returns the first error: a commit or release costs one round
-// trip, not one per host.
+// Calls fn(address) for every address, up to `max_at_once` at a time (a
+// thread each), waits for all, and returns the first error: a commit or
+// release costs one round trip per `max_at_once` hosts, not one per host.
 absl::Status OnEachAddress(
     const std::vector<std::string>& addresses,
-    const std::function<absl::Status(const std::string&)>& fn);
+    const std::function<absl::Status(const std::string&)>& fn,
+    size_t max_at_once = 64);
 
 }  // namespace ptc
 
