@@ -278,6 +278,10 @@ absl::Status TransformerService::DoSendParts(const proto::SendPartsRequest& req,
                                              proto::SendPartsResponse* resp) {
   PTC_RETURN_IF_ERROR(
       CheckPeerCall(req.job(), req.plan_epoch(), req.parts_size(), "parts"));
+  if (req.parts_size() > 0 && req.ucx_address().empty()) {
+    return absl::InvalidArgumentError(
+        "SendParts needs the caller's UCX worker address to send to");
+  }
   // A run of a part's bytes in stored memory.
   struct Run {
     const uint8_t* data;

@@ -361,6 +361,14 @@ TEST_CASE(
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(std::string(s.message()), Catch::Contains("split the request"));
   }
+  SECTION("no worker address to send to") {
+    auto req = request(1);
+    add(&req, rows, 0, 1);
+    req.clear_ucx_address();
+    const absl::Status s = send(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("address"));
+  }
   SECTION("an unknown tensor, job or version") {
     auto req = request(1);
     add(&req, rows, 0, 1);
