@@ -31,13 +31,14 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
-            [--spare-pool BYTES] [--drain-seconds N] [--port-file FILE]
+            [--spare-pool BYTES] [--background-fingerprints on|off]
+            [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
              [--bandwidth BYTES_PER_S]] [--ucx-gets scattered|all]
 
   --config         "key = value" file with the same keys (listen, socket,
-                   memory_limit, spare_pool, log_level, allowed_uids,
-                   drain_seconds); flags override it
+                   memory_limit, spare_pool, background_fingerprints,
+                   log_level, allowed_uids, drain_seconds); flags override it
   --listen         gRPC address (default 127.0.0.1:7070; port 0 picks one)
   --socket         Unix socket for local training processes
                    (default /run/ptcd/ptcd.sock; "none" disables it)
@@ -45,6 +46,10 @@ constexpr char kUsage[] =
   --spare-pool     memory kept allocated for the next local saves (checkpoints
                    repeat their sizes); part of the limit, given up first when
                    a put needs room (default: memory limit / 16; 0 disables)
+  --background-fingerprints
+                   on (default): fingerprint every committed version's
+                   regions at idle priority, so that a reconfiguration from
+                   it need not; off: leave it to the reconfiguration
   --log-level      trace, debug, info, warn, error (default info)
   --allowed-uids   users besides ptcd's own and root that may use the socket
   --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
@@ -66,12 +71,12 @@ constexpr char kUsage[] =
 absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(
       Args args,
-      Args::Parse(
-          argc, argv, 1,
-          {"config", "listen", "socket", "memory-limit", "spare-pool",
-           "log-level", "allowed-uids", "drain-seconds", "port-file",
-           "coordinator", "name", "gpus", "advertise", "bandwidth", "ucx-gets"},
-          {"help"}));
+      Args::Parse(argc, argv, 1,
+                  {"config", "listen", "socket", "memory-limit", "spare-pool",
+                   "background-fingerprints", "log-level", "allowed-uids",
+                   "drain-seconds", "port-file", "coordinator", "name", "gpus",
+                   "advertise", "bandwidth", "ucx-gets"},
+                  {"help"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -80,8 +85,13 @@ absl::Status Run(int argc, char** argv) {
   if (args.Has("config")) {
     PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
     for (const auto& [key, value] : config) {
-      static const char* kKeys[] = {"listen",       "socket",    "memory_limit",
-                                    "spare_pool",   "log_level", "allowed_uids",
+      static const char* kKeys[] = {"listen",
+                                    "socket",
+                                    "memory_limit",
+                                    "spare_pool",
+                                    "background_fingerprints",
+                                    "log_level",
+                                    "allowed_uids",
                                     "drain_seconds"};
       if (std::find(std::begin(kKeys), std::end(kKeys), key) ==
           std::end(kKeys)) {
@@ -109,6 +119,14 @@ absl::Status Run(int argc, char** argv) {
       options.spare_pool_bytes,
       ParseBytes(setting("spare-pool", "spare_pool",
                          std::to_string(options.memory_limit_bytes / 16))));
+  const std::string fingerprints =
+      setting("background-fingerprints", "background_fingerprints", "on");
+  if (fingerprints != "on" && fingerprints != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("background fingerprints must be 'on' or 'off', not '",
+                     fingerprints, "'"));
+  }
+  options.fingerprint_committed = fingerprints == "on";
   for (absl::string_view uid :
        absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',',
                       absl::SkipEmpty())) {

@@ -34,6 +34,8 @@ struct TensorStoreServerOptions {
   int64_t memory_limit_bytes = int64_t{8} << 30;
   // Pre-allocated memory kept ready for local saves (see SparePool); 0: none.
   int64_t spare_pool_bytes = 0;
+  // Fingerprint committed versions in the background (see StoreOptions).
+  bool fingerprint_committed = true;
   // Largest gRPC message accepted; larger ones fail with RESOURCE_EXHAUSTED.
   int max_message_bytes = 8 << 20;
   // Users besides the daemon's own and root allowed on the local socket.
@@ -64,7 +66,8 @@ class TensorStoreServer {
  private:
   explicit TensorStoreServer(const TensorStoreServerOptions& options)
       : store_(StoreOptions{options.memory_limit_bytes,
-                            options.spare_pool_bytes}) {}
+                            options.spare_pool_bytes,
+                            options.fingerprint_committed}) {}
 
   Store store_;
   std::unique_ptr<LocalServer> local_;
