@@ -345,6 +345,85 @@ absl::Status CoordinatorService::DoReportSaved(
   return absl::OkStatus();
 }
 
+grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext*,
+                                           const proto::ForgetJobRequest* req,
+                                           proto::ForgetJobResponse* resp) {
+  return ToGrpcStatus(DoForgetJob(*req, resp));
+}
+
+absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
+                                             proto::ForgetJobResponse* resp) {
+  if (req.job().empty()) {
+    return absl::InvalidArgumentError("the job name must not be empty");
+  }
+  std::unique_ptr<Job> gone;
+  std::vector<std::pair<std::string, std::string>> live;  // (name, address)
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it != jobs_.end()) {
+      const Job& job = *it->second;
+      if (job.running || job.state.target_version() != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job '", req.job(), "' is being reconfigured (epoch ",
+            job.state.target_epoch(), "); abort it or let it end first"));
+      }
+      gone = std::move(it->second);
+      jobs_.erase(it);
+      if (absl::Status s = PersistLocked(); !s.ok()) {
+        jobs_[req.job()] = std::move(gone);  // nothing forgotten
+        return s;
+      }
+    }
+    for (const auto& [name, h] : hosts_) {
+      if (h.status.alive()) live.push_back({name, h.status.address()});
+    }
+  }
+  resp->set_was_registered(gone != nullptr);
+  if (gone != nullptr && gone->worker.joinable()) gone->worker.join();  // ended
+  // Every live host, not only the job's: one that a change left may still
+  // hold an old version if its release failed.
+  std::map<std::string, std::string> name_of;
+  std::vector<std::string> addresses;
+  for (const auto& [name, address] : live) {
+    name_of[address] = name;
+    addresses.push_back(address);
+  }
+  absl::Mutex mu;
+  int knew = 0;  // live hosts that knew the job (if only its declarations)
+  OnEachAddress(addresses, [&](const std::string& address) {
+    auto deleted = StoreClient::Connect(address)->DeleteJob(req.job());
+    absl::MutexLock lock(&mu);
+    if (deleted.ok()) ++knew;
+    if (deleted.ok() && deleted->versions() > 0) {
+      auto* c = resp->add_cleared();
+      c->set_host(name_of[address]);
+      c->set_versions(deleted->versions());
+      c->set_bytes(deleted->bytes());
+    } else if (!deleted.ok() &&
+               deleted.status().code() != absl::StatusCode::kNotFound) {
+      resp->add_not_cleared(absl::StrCat(name_of[address], " (", address,
+                                         "): ", deleted.status().ToString()));
+    }
+    return absl::OkStatus();
+  }).IgnoreError();
+  if (gone == nullptr && knew == 0 && resp->not_cleared_size() == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", req.job(),
+                     "' is unknown to the coordinator and to every live host"));
+  }
+  int64_t bytes = 0;
+  for (const auto& c : resp->cleared()) bytes += c.bytes();
+  Log("coordinator")
+      ->info("job {} forgotten: {} bytes deleted on {} hosts{}", req.job(),
+             bytes, resp->cleared_size(),
+             resp->not_cleared_size() > 0
+                 ? absl::StrCat("; ", resp->not_cleared_size(),
+                                " hosts could not be cleared")
+                 : "");
+  return absl::OkStatus();
+}
+
 grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
                                            const proto::ListHostsRequest*,
                                            proto::ListHostsResponse* resp) {

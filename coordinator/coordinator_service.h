@@ -68,6 +68,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
                      grpc::ServerWriter<proto::ReconfigureEvent>*) override;
   grpc::Status Abort(grpc::ServerContext*, const proto::AbortRequest*,
                      proto::AbortResponse*) override;
+  grpc::Status ForgetJob(grpc::ServerContext*, const proto::ForgetJobRequest*,
+                         proto::ForgetJobResponse*) override;
   grpc::Status ListHosts(grpc::ServerContext*, const proto::ListHostsRequest*,
                          proto::ListHostsResponse*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const proto::ListJobsRequest*,
@@ -127,6 +129,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
                          proto::PrepareResponse* resp);
   absl::Status DoReportSaved(const proto::ReportSavedRequest& req,
                              proto::ReportSavedResponse* resp);
+  absl::Status DoForgetJob(const proto::ForgetJobRequest& req,
+                           proto::ForgetJobResponse* resp);
   void RunFlight(std::shared_ptr<Flight> flight);
 
   const CoordinatorOptions options_;

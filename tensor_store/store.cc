@@ -139,7 +139,10 @@ absl::StatusOr<int> Store::DeclareTensors(
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<Job>& slot = jobs_[job];
-    if (!slot) slot = std::make_shared<Job>();
+    if (!slot) {
+      slot = std::make_shared<Job>();
+      slot->id = next_job_id_++;
+    }
     j = slot;
   }
   absl::MutexLock lock(&j->mu);
@@ -224,6 +227,7 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
   // Remember which incarnation of the version the put writes into, so that
   // a delete (and re-creation) while it runs is detected. A version is
   // created by its first successful put, never by one that fails.
+  put->job_id = j->id;
   absl::MutexLock lock(&j->mu);
   auto v = j->versions.find(version);
   put->version_id = v == j->versions.end() ? 0 : v->second.id;
@@ -243,6 +247,10 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
         checksum, " but the writer sent ", expected, "; nothing was stored"));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(put->job));
+  if (j->id != put->job_id) {
+    return absl::AbortedError(absl::StrCat(
+        "job '", put->job, "' was deleted while the put was in progress"));
+  }
   absl::MutexLock lock(&j->mu);
   auto v = j->versions.find(put->version);
   if (put->version_id != 0 &&
@@ -532,6 +540,37 @@ absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
   absl::MutexLock lock(&release_mu_);
   releasing_.push_back(std::move(gone));  // its memory is freed by ReleaseLoop
   return bytes;
+}
+
+absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
+    const std::string& job) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end() || it->second != j) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job, "' was deleted meanwhile"));
+    }
+    jobs_.erase(it);
+  }
+  // A put still running for the job fails when it finishes (its job is
+  // gone); its memory goes with it.
+  std::vector<Version> gone;
+  int64_t bytes = 0;
+  {
+    absl::MutexLock lock(&j->mu);
+    for (auto& [version, v] : j->versions) {
+      bytes += v.bytes;
+      gone.push_back(std::move(v));
+    }
+    j->versions.clear();
+  }
+  Log("tensor_store")
+      ->info("job {} deleted ({} versions, {} bytes)", job, gone.size(), bytes);
+  absl::MutexLock lock(&release_mu_);
+  for (Version& v : gone) releasing_.push_back(std::move(v));
+  return std::make_pair(static_cast<int>(gone.size()), bytes);
 }
 
 Store::Store(StoreOptions options)

@@ -76,9 +76,10 @@ struct PendingPut {
   Region region;
   int64_t bytes = 0;
   std::shared_ptr<RegionBuffer> buffer;
-  // The version's incarnation when the put began (0: it did not exist);
-  // detects a delete while the put runs.
+  // The version's incarnation when the put began (0: it did not exist),
+  // and the job's; detect a delete while the put runs.
   uint64_t version_id = 0;
+  uint64_t job_id = 0;
 };
 
 // What a read of `region` needs: the tensor and the stored regions that
@@ -165,6 +166,10 @@ class Store {
   // (see WaitReleased). Returns the version's bytes.
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
+  // Forgets `job`: removes all its versions (their memory is freed in the
+  // background, as DeleteVersion's) and its declarations. Returns the
+  // number of versions and their bytes.
+  absl::StatusOr<std::pair<int, int64_t>> DeleteJob(const std::string& job);
   // Waits until the memory of every deleted version (DeleteVersion frees it
   // in the background) is back in the budget, unless a lease holds it.
   void WaitReleased();
@@ -200,6 +205,7 @@ class Store {
     std::vector<MemoryBudget::Reservation> small_object_memory;
   };
   struct Job {
+    uint64_t id = 0;  // distinct for every job created in this store
     mutable absl::Mutex mu;
     std::map<std::string, TensorDecl> decls ABSL_GUARDED_BY(mu);
     std::map<int64_t, Version> versions ABSL_GUARDED_BY(mu);
@@ -242,6 +248,7 @@ class Store {
   std::thread release_thread_;  // after what it frees into
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_job_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 // Splits `region` into disjoint pieces, each inside one of `sources`, and

@@ -246,6 +246,13 @@ absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
   return resp.bytes();
 }
 
+absl::StatusOr<proto::DeleteJobResponse> StoreClient::DeleteJob(
+    const std::string& job) {
+  proto::DeleteJobRequest req;
+  req.set_job(job);
+  return Unary(&proto::TensorStore::Stub::DeleteJob, req);
+}
+
 absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
     const std::string& job, int64_t version,
     const std::vector<int64_t>& sizes) {

@@ -70,6 +70,8 @@ class StoreClient {
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
+  // Forgets the job on this ptcd (every version): (versions, bytes).
+  absl::StatusOr<proto::DeleteJobResponse> DeleteJob(const std::string& job);
   absl::StatusOr<proto::StatsResponse> Stats();
   // Asks the daemon to prepare spare memory of `sizes` for versions of
   // `job` after `version` (a coming change of layout).

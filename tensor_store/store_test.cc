@@ -157,6 +157,39 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "store: a deleted job is gone with all its versions, and a put that was "
+    "running for it is not published into a job of the same name",
+    "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region top{{0, 4}, {0, 8}}, bottom{{4, 8}, {0, 8}};
+  REQUIRE(s.FinishPut(Begin(s, 1, top)).ok());
+  REQUIRE(s.Commit("job", 1).ok());
+  REQUIRE(s.FinishPut(Begin(s, 2, top)).ok());  // staged, not committed
+  auto running = Begin(s, 3, bottom);
+
+  auto deleted = s.DeleteJob("job");
+  REQUIRE(deleted.ok());
+  CHECK(deleted->first == 2);
+  CHECK(deleted->second == 2 * top.volume() * 4);
+  CHECK(s.List("job").jobs_size() == 0);
+  CHECK(s.OpenRead("job", 1, "w", top).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(s.DeleteJob("job").status().code() == absl::StatusCode::kNotFound);
+
+  // A new job of the same name, with the version the old put writes.
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  REQUIRE(s.FinishPut(Begin(s, 3, top)).ok());
+  const absl::Status late = s.FinishPut(std::move(running)).status();
+  CHECK(late.code() == absl::StatusCode::kAborted);
+  CHECK_THAT(std::string(late.message()), Catch::Contains("deleted"));
+  CHECK(s.OpenRead("job", 3, "w", bottom).status().code() ==
+        absl::StatusCode::kNotFound);
+  s.WaitReleased();
+  CHECK(s.budget().used() == top.volume() * 4);  // the new job's one region
+}
+
 TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
   Store s({64 << 20});
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kUInt8, {64, 4096}}}).ok());

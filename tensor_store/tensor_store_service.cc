@@ -158,6 +158,18 @@ grpc::Status TensorStoreService::DeleteVersion(
   return call.Done(bytes.status());
 }
 
+grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext*,
+                                           const proto::DeleteJobRequest* req,
+                                           proto::DeleteJobResponse* resp) {
+  Call call(this, "DeleteJob");
+  auto deleted = store_->DeleteJob(req->job());
+  if (deleted.ok()) {
+    resp->set_versions(deleted->first);
+    resp->set_bytes(deleted->second);
+  }
+  return call.Done(deleted.status());
+}
+
 grpc::Status TensorStoreService::PrepareMemory(
     grpc::ServerContext*, const proto::PrepareMemoryRequest* req,
     proto::PrepareMemoryResponse* resp) {

@@ -47,6 +47,9 @@ class TensorStoreService final : public proto::TensorStore::Service {
   grpc::Status DeleteVersion(grpc::ServerContext* ctx,
                              const proto::DeleteVersionRequest* req,
                              proto::DeleteVersionResponse* resp) override;
+  grpc::Status DeleteJob(grpc::ServerContext* ctx,
+                         const proto::DeleteJobRequest* req,
+                         proto::DeleteJobResponse* resp) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest* req,
                      proto::StatsResponse* resp) override;
   grpc::Status PrepareMemory(grpc::ServerContext* ctx,

@@ -193,3 +193,30 @@ def test_prepare_readies_the_target_hosts_memory_and_changes_nothing(cluster):
     assert code == 0 and report["phase"] == "committed", report
     v = cluster.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stderr
+
+
+def test_forget_removes_a_job_everywhere_and_refuses_what_it_cannot(cluster):
+    start_job(cluster)
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=2",
+                                       "--hosts", "host1,host2,host3")
+    assert code == 0 and report["phase"] == "committed", report
+    code, out = cluster.ptcctl_json("forget", "j")
+    assert code == 0, out
+    assert out["was_registered"] is True
+    assert out["not_cleared"] == []
+    # The hosts that hold version 2 (host1 and host2: 4 ranks on 2-GPU
+    # hosts) deleted it; no host keeps anything of the job.
+    assert sorted(c["host"] for c in out["cleared"]) == ["host1", "host2"]
+    assert out["bytes_deleted"] == sum(c["bytes"] for c in out["cleared"]) > 0
+    for h in ("host0", "host1", "host2", "host3"):
+        assert cluster.store_versions(h, "j") == []
+    assert all(j["job"] != "j" for j in cluster.ptcctl_json("jobs")[1]["jobs"])
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2")
+    assert r.returncode == 1 and "job 'j' is unknown" in r.stderr
+    # Forgotten everywhere: a second forget finds nothing.
+    r = cluster.ptcctl("forget", "j")
+    assert r.returncode == 1 and "unknown to the coordinator and to every live host" in r.stderr
+    # The name can be used again, from scratch.
+    start_job(cluster)
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr

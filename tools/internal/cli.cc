@@ -2,13 +2,23 @@
 
 #include <iostream>
 
+#include "absl/strings/cord.h"
 #include "common/json_writer.h"
 
 namespace ptc::tools {
 
+namespace {
+constexpr char kReported[] = "ptc.tools/reported-in-json";
+}  // namespace
+
+absl::Status ReportedInJson(absl::Status status) {
+  status.SetPayload(kReported, absl::Cord("1"));
+  return status;
+}
+
 int Fail(const std::string& command, const absl::Status& status, int exit_code,
          bool json, const char* usage) {
-  if (json) {
+  if (json && !status.GetPayload(kReported).has_value()) {
     JsonWriter w;
     w.BeginObject().Key("error").BeginObject();
     w.Key("code").String(absl::StatusCodeToString(status.code()));

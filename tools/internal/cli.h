@@ -1,6 +1,7 @@
 // How ptcctl commands fail: the message on stderr (with the usage for
 // usage errors), and with --json also {"error": {"code", "message"}} on
-// stdout for machines. Returns `exit_code`.
+// stdout for machines, unless the command already printed its one JSON
+// document with the failure in it (ReportedInJson). Returns `exit_code`.
 #ifndef PTC_TOOLS_INTERNAL_CLI_H_
 #define PTC_TOOLS_INTERNAL_CLI_H_
 
@@ -12,6 +13,10 @@ namespace ptc::tools {
 
 int Fail(const std::string& command, const absl::Status& status, int exit_code,
          bool json, const char* usage = nullptr);
+
+// `status`, marked as already described in the JSON document the command
+// printed, so that Fail adds no second document.
+absl::Status ReportedInJson(absl::Status status);
 
 }  // namespace ptc::tools
 

@@ -39,6 +39,7 @@ const char kClusterUsage[] =
   ptcctl jobs
   ptcctl status J
   ptcctl abort J
+  ptcctl forget J
 
 reconfigure plans the change, runs it with a live progress line and ends
 with a report: time, bytes kept in place / copied within hosts / sent
@@ -50,6 +51,10 @@ memory it will stage (within its ptcd's --spare-pool), so that the change
 itself writes into ready memory: run it as soon as the new allocation is
 known, while the job still trains. Nothing moves. --wait returns when the
 memory is ready, showing progress.
+
+forget removes a job that has ended: the coordinator forgets it and every
+live host deletes all its versions. Refused while the job is being
+reconfigured. It exits 1 if a host could not be cleared (run it again).
 )";
 
 namespace {
@@ -223,10 +228,11 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         last.tensors_verified());
   }
   if (!ok) {
-    return absl::AbortedError(absl::StrCat(
+    absl::Status s = absl::AbortedError(absl::StrCat(
         "the reconfiguration ", last.phase().empty() ? "ended" : last.phase(),
         ": ", last.error(), "; the job stays at version ",
         started.source_version()));
+    return json ? ReportedInJson(s) : s;  // the report says it
   }
   return absl::OkStatus();
 }
@@ -432,11 +438,61 @@ absl::Status AbortJob(Stub* stub, const std::string& job, bool json) {
   return absl::OkStatus();
 }
 
+absl::Status ForgetJob(Stub* stub, const std::string& job, bool json) {
+  proto::ForgetJobRequest req;
+  req.set_job(job);
+  proto::ForgetJobResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::ForgetJob, stub, req, &resp));
+  int64_t bytes = 0;
+  int versions = 0;
+  std::vector<std::string> hosts;
+  for (const auto& c : resp.cleared()) {
+    bytes += c.bytes();
+    versions += c.versions();
+    hosts.push_back(c.host());
+  }
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("job").String(job);
+    w.Key("was_registered").Bool(resp.was_registered());
+    w.Key("bytes_deleted").Int(bytes);
+    w.Key("cleared").BeginArray();
+    for (const auto& c : resp.cleared()) {
+      w.BeginObject().Key("host").String(c.host());
+      w.Key("versions").Int(c.versions()).Key("bytes").Int(c.bytes());
+      w.EndObject();
+    }
+    w.EndArray().Key("not_cleared").BeginArray();
+    for (const std::string& n : resp.not_cleared()) w.String(n);
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+  } else {
+    std::cout << "job " << job
+              << (resp.was_registered() ? " forgotten"
+                                        : " was not registered any more")
+              << ": "
+              << (hosts.empty()
+                      ? std::string("no live host held any of it")
+                      : absl::StrCat(HumanBytes(bytes), " in ", versions,
+                                     " versions deleted on ",
+                                     absl::StrJoin(hosts, ", ")))
+              << "\n";
+  }
+  if (resp.not_cleared_size() > 0) {
+    absl::Status s = absl::AbortedError(absl::StrCat(
+        "these hosts could not be cleared (run ptcctl forget again when they "
+        "answer): ",
+        absl::StrJoin(resp.not_cleared(), "; ")));
+    return json ? ReportedInJson(s) : s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",
-                           "jobs", "status", "abort"}) {
+                           "jobs", "status", "abort", "forget"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -480,6 +536,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
                 2);
   } else if (cmd == "status") {
     s = Jobs(stub.get(), job, json);
+  } else if (cmd == "forget") {
+    s = ForgetJob(stub.get(), job, json);
   } else {
     s = AbortJob(stub.get(), job, json);
   }

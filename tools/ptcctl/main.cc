@@ -20,6 +20,7 @@ commands:
   jobs         the jobs, their committed versions and reconfigurations
   status J     one job
   abort J      abort a job's reconfiguration in flight
+  forget J     remove a job that has ended, and its state on every host
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
