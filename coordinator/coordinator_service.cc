@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/grpc_status.h"
@@ -247,6 +248,11 @@ absl::Status CoordinatorService::AddJob(
     return absl::AlreadyExistsError(
         absl::StrCat("job '", req.job(), "' exists"));
   }
+  if (forgetting_.count(req.job())) {
+    return absl::UnavailableError(
+        absl::StrCat("job '", req.job(),
+                     "' is being forgotten; register it again when that ends"));
+  }
   int64_t gpus = 0;
   for (const std::string& h : req.hosts()) {
     auto it = hosts_.find(h);
@@ -360,6 +366,10 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
   std::vector<std::pair<std::string, std::string>> live;  // (name, address)
   {
     absl::MutexLock lock(&mu_);
+    if (forgetting_.count(req.job())) {
+      return absl::UnavailableError(
+          absl::StrCat("job '", req.job(), "' is already being forgotten"));
+    }
     auto it = jobs_.find(req.job());
     if (it != jobs_.end()) {
       const Job& job = *it->second;
@@ -378,7 +388,12 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
     for (const auto& [name, h] : hosts_) {
       if (h.status.alive()) live.push_back({name, h.status.address()});
     }
+    forgetting_.insert(req.job());
   }
+  absl::Cleanup done = [&] {
+    absl::MutexLock lock(&mu_);
+    forgetting_.erase(req.job());
+  };
   resp->set_was_registered(gone != nullptr);
   if (gone != nullptr && gone->worker.joinable()) gone->worker.join();  // ended
   // Every live host, not only the job's: one that a change left may still

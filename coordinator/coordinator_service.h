@@ -137,6 +137,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   mutable absl::Mutex mu_;
   std::map<std::string, Host> hosts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose state ForgetJob is deleting on the hosts: not registered
+  // again until it ends (the deletes would take the new job's saves).
+  std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
