@@ -336,7 +336,13 @@ absl::Status CoordinatorService::DoReportSaved(
       }));
   {
     absl::MutexLock lock(&mu_);
-    Job& job = *jobs_.at(req.job());
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end()) {
+      return absl::AbortedError(
+          absl::StrCat("job '", req.job(), "' was forgotten while version ",
+                       req.version(), " was being committed"));
+    }
+    Job& job = *it->second;
     job.state.set_committed_version(req.version());
     job.state.clear_lost_hosts();
     job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));

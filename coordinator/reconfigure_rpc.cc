@@ -214,7 +214,12 @@ absl::Status CoordinatorService::DoReconfigure(
   r.transport = req.transport();
   {
     absl::MutexLock lock(&mu_);
-    Job& job = *jobs_.at(req.job());
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end()) {
+      return absl::AbortedError(absl::StrCat(
+          "job '", req.job(), "' was forgotten while the change was planned"));
+    }
+    Job& job = *it->second;
     if (job.state.target_version() != 0 ||
         job.state.committed_version() != committed) {
       return absl::AbortedError("the job changed while planning; try again");
