@@ -369,6 +369,18 @@ TEST_CASE(
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(std::string(s.message()), Catch::Contains("address"));
   }
+  SECTION("a worker address that is not one (ptcd must not abort)") {
+    for (const std::string& junk :
+         {std::string(300, 'x'), std::string("\x20short", 6)}) {
+      auto req = request(1);
+      add(&req, rows, 0, 1);
+      req.set_ucx_address(junk);
+      const absl::Status s = send(req);
+      CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(s.message()),
+                 Catch::Contains("UCX worker address"));
+    }
+  }
   SECTION("an unknown tensor, job or version") {
     auto req = request(1);
     add(&req, rows, 0, 1);
