@@ -399,7 +399,11 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
   req.set_ucx_address(worker->address());
   std::vector<std::unique_ptr<UcxWorker::Receive>> receives;
   // A receive that is not waited for is cancelled before its buffer goes.
+  // If the transfer fails part-way, the worker is abandoned first (its
+  // peer may have died writing into it; see UcxWorker::Abandon).
+  bool failed = true;
   absl::Cleanup cancel = [&] {
+    if (failed) worker->Abandon();
     for (auto& r : receives) worker->Cancel(r.get());
   };
   for (size_t i = 0; i < transfers.size(); ++i) {
@@ -450,6 +454,7 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
   worker->ProgressUntil([&] { return replied.load(); },
                         absl::Now() + absl::Seconds(120));
   call.join();
+  failed = !sent.ok() || !received.ok();
   std::move(cancel).Invoke();  // the ones not completed above
   const Transfer& first = transfers.front();
   if (!sent.ok()) {

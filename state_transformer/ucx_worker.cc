@@ -88,6 +88,7 @@ UcxWorker::~UcxWorker() {
   {
     absl::MutexLock lock(&mu_);
     rkeys_.clear();
+    if (abandoned_) endpoints_.clear();  // no graceful close: see Abandon
     for (auto& [peer, ep] : endpoints_) {
       ucp_request_param_t p = {};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -170,6 +171,10 @@ void UcxWorker::ProgressUntil(const std::function<bool()>& done,
 
 void UcxWorker::Cancel(Receive* receive) {
   if (receive->request == nullptr) return;
+  if (abandoned_) {  // never progressed again; the worker's end frees it
+    receive->request = nullptr;
+    return;
+  }
   ucp_request_cancel(Wkr(worker_), receive->request);
   while (ucp_request_check_status(receive->request) == UCS_INPROGRESS) {
     ucp_worker_progress(Wkr(worker_));
@@ -302,8 +307,8 @@ absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
   }
   while (!in_flight.empty()) wait_oldest();
   if (!failure.ok()) {
-    broken_ = true;
     DropEndpoint(peer);
+    Abandon();
   }
   return failure;
 }

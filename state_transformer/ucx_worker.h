@@ -114,10 +114,21 @@ class UcxWorker {
   absl::Status Get(const std::string& peer, const std::string& rkey,
                    absl::Span<const GetOp> ops, absl::Duration timeout);
 
-  // True after a Get failed part-way: reads may still be in flight into the
-  // caller's buffers, so the worker must be destroyed (which ends them)
-  // before those buffers are freed, and not used again.
+  // True after a Get failed part-way, or after Abandon: reads may still be
+  // in flight into the caller's buffers, so the worker must be destroyed
+  // (which ends them) before those buffers are freed, and not used again.
   bool broken() const { return broken_; }
+  // After a transfer with a peer failed part-way: the worker is never
+  // progressed again, and its destruction skips the graceful close (which
+  // progresses it). A peer killed while writing into this worker's
+  // shared-memory queue leaves a half-written message there that UCX
+  // would trip over (seen: an assertion aborting ptcd). Destroying it
+  // still tears down its transports, ending any DMA into the caller's
+  // buffers. Posted receives are dropped without completing.
+  void Abandon() {
+    broken_ = true;
+    abandoned_ = true;
+  }
 
   // One tagged message: `size` bytes at `data`.
   struct SendOp {
@@ -154,6 +165,7 @@ class UcxWorker {
       rkeys_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   bool broken_ = false;
+  bool abandoned_ = false;
   std::thread progress_thread_;
 };
 
