@@ -318,7 +318,11 @@ absl::Status UcxWorker::Send(const std::string& peer,
                              absl::Duration timeout) {
   PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
   ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
-  std::vector<void*> in_flight;
+  // One send at a time: if the receiver dies while reading one, UCX 1.13
+  // discards its endpoint and then trips over the next rendezvous request
+  // still queued for that endpoint (seen on one machine: an assertion that
+  // aborted the receiving ptcd). Sending in turn costs a handshake per
+  // part, which is small against a part's bytes.
   absl::Status failure;
   for (const SendOp& op : ops) {
     ucp_request_param_t p = {};
@@ -327,14 +331,13 @@ absl::Status UcxWorker::Send(const std::string& peer,
       failure = UcxError("sending", UCS_PTR_STATUS(r));
       break;
     }
-    if (r != nullptr) in_flight.push_back(r);  // else done at once
-  }
-  for (void* r : in_flight) {
-    if (failure.ok()) failure = Progress(r, absl::Now() + timeout, "send");
+    if (r == nullptr) continue;  // done at once
+    failure = Progress(r, absl::Now() + timeout, "send");
     // A send that failed or timed out is released, not waited for: its
     // receiver is gone or has given up (its own deadline is longer), and
     // sends cannot be cancelled.
     ucp_request_free(r);
+    if (!failure.ok()) break;
   }
   if (!failure.ok()) DropEndpoint(peer);  // a broken endpoint is not reused
   return failure;

@@ -136,9 +136,9 @@ class UcxWorker {
     const void* data;
     size_t size;
   };
-  // Sends every op to the worker at `peer` (all in flight at once) and
-  // waits until all buffers may be reused; DEADLINE_EXCEEDED if one takes
-  // longer than `timeout`.
+  // Sends every op to the worker at `peer`, one after the other, and waits
+  // until all buffers may be reused; DEADLINE_EXCEEDED if one takes longer
+  // than `timeout`.
   absl::Status Send(const std::string& peer, absl::Span<const SendOp> ops,
                     absl::Duration timeout);
 
