@@ -318,11 +318,12 @@ absl::Status UcxWorker::Send(const std::string& peer,
                              absl::Duration timeout) {
   PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
   ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
-  // One send at a time: if the receiver dies while reading one, UCX 1.13
-  // discards its endpoint and then trips over the next rendezvous request
-  // still queued for that endpoint (seen on one machine: an assertion that
-  // aborted the receiving ptcd). Sending in turn costs a handshake per
-  // part, which is small against a part's bytes.
+  // One send at a time. With several in flight, a sender killed while its
+  // receiver reads one leaves the others' rendezvous requests queued at
+  // the receiver; UCX 1.13 discards the endpoint when the read fails and
+  // then trips over the next request for it (seen on one machine: an
+  // assertion that aborted the receiving ptcd). Sending in turn costs a
+  // handshake per part, small against a part's bytes (measured).
   absl::Status failure;
   for (const SendOp& op : ops) {
     ucp_request_param_t p = {};
