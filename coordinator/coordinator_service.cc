@@ -369,7 +369,10 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
     return absl::InvalidArgumentError("the job name must not be empty");
   }
   std::unique_ptr<Job> gone;
-  std::vector<std::pair<std::string, std::string>> live;  // (name, address)
+  // Every live host, not only the job's: one that a change left may still
+  // hold an old version if its release failed.
+  std::vector<std::string> addresses;
+  std::map<std::string, std::string> name_of;  // address -> host name
   {
     absl::MutexLock lock(&mu_);
     if (forgetting_.count(req.job())) {
@@ -392,7 +395,9 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       }
     }
     for (const auto& [name, h] : hosts_) {
-      if (h.status.alive()) live.push_back({name, h.status.address()});
+      if (!h.status.alive()) continue;
+      addresses.push_back(h.status.address());
+      name_of[h.status.address()] = name;
     }
     forgetting_.insert(req.job());
   }
@@ -402,14 +407,6 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
   };
   resp->set_was_registered(gone != nullptr);
   if (gone != nullptr && gone->worker.joinable()) gone->worker.join();  // ended
-  // Every live host, not only the job's: one that a change left may still
-  // hold an old version if its release failed.
-  std::map<std::string, std::string> name_of;
-  std::vector<std::string> addresses;
-  for (const auto& [name, address] : live) {
-    name_of[address] = name;
-    addresses.push_back(address);
-  }
   absl::Mutex mu;
   int knew = 0;  // live hosts that knew the job (if only its declarations)
   OnEachAddress(addresses, [&](const std::string& address) {

@@ -113,25 +113,35 @@ TEST_CASE(
   const StoreClient::Consumer refuse = [](int64_t, const char*, int64_t) {
     FAIL("a piece inside staged buffers must be placed, not streamed");
   };
-  std::vector<char> got;
   auto as_chars = [](const std::vector<uint8_t>& v, const Region& in,
                      const Region& r) {
     std::vector<char> out(r.volume() * 4);
     CopyRegion(v.data(), in, out.data(), r, r, 4);
     return out;
   };
+  // `piece` holds the right bytes in both staged buffers.
+  auto check_placed = [&](const Region& piece) {
+    CHECK(as_chars(a, whole, piece) == Want(piece));
+    const Region in_block = block.Intersect(piece);
+    if (!in_block.empty()) {
+      CHECK(as_chars(b, block, in_block) == Want(in_block));
+    }
+  };
+  // Fetches `piece` into the staged buffers, checks it landed, and returns
+  // the bytes that were read with gets.
+  auto fetch = [&](const Region& piece) {
+    const int64_t before = GetBytes();
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+    check_placed(piece);
+    return GetBytes() - before;
+  };
 
   SECTION(
       "rows spanning both stored halves: two parts, each one span of "
       "stored memory, sent as it is and received in place") {
     const Region piece{{64, 192}, {0, kCols}};
-    const int64_t before = GetBytes();
-    REQUIRE(
-        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
-    CHECK(GetBytes() == before);
-    CHECK(as_chars(a, whole, piece) == Want(piece));
-    const Region in_block = block.Intersect(piece);
-    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    CHECK(fetch(piece) == 0);
     // Nothing outside the piece was touched.
     const Region above{{0, 64}, {0, kCols}};
     CHECK(as_chars(a, whole, above) ==
@@ -141,36 +151,18 @@ TEST_CASE(
   SECTION("the same rows read with gets when asked to") {
     transport.set_get_contiguous(true);
     const Region piece{{64, 192}, {0, kCols}};
-    const int64_t before = GetBytes();
-    REQUIRE(
-        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
-    CHECK(GetBytes() - before == piece.volume() * 4);
-    CHECK(as_chars(a, whole, piece) == Want(piece));
-    const Region in_block = block.Intersect(piece);
-    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    CHECK(fetch(piece) == piece.volume() * 4);
   }
 
   SECTION("a column slice of long runs: read with gets, run by run") {
     transport.set_min_get_run_bytes(1024);  // its runs are 2 KiB
     const Region piece{{0, kRows}, {256, 768}};
-    const int64_t before = GetBytes();
-    REQUIRE(
-        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
-    CHECK(GetBytes() - before == piece.volume() * 4);
-    CHECK(as_chars(a, whole, piece) == Want(piece));
-    const Region in_block = block.Intersect(piece);
-    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    CHECK(fetch(piece) == piece.volume() * 4);
   }
 
   SECTION("a narrow column slice (2 KiB runs): packed at the source") {
     const Region piece{{0, kRows}, {256, 768}};
-    const int64_t before = GetBytes();
-    REQUIRE(
-        transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
-    CHECK(GetBytes() == before);
-    CHECK(as_chars(a, whole, piece) == Want(piece));
-    const Region in_block = block.Intersect(piece);
-    CHECK(as_chars(b, block, in_block) == Want(in_block));
+    CHECK(fetch(piece) == 0);
     const Region left{{0, kRows}, {0, 256}};
     CHECK(as_chars(a, whole, left) == std::vector<char>(left.volume() * 4, 0));
   }
@@ -195,12 +187,7 @@ TEST_CASE(
         {&w, wide, 4, targets, &refuse},
         {&w, loose, 4, {}, &stream}};
     REQUIRE(transport.FetchBatch(0, "job", 1, batch).ok());
-    for (const Region& r : {rows, slice, wide}) {
-      CHECK(as_chars(a, whole, r) == Want(r));
-      const Region in_block = block.Intersect(r);
-      if (!in_block.empty())
-        CHECK(as_chars(b, block, in_block) == Want(in_block));
-    }
+    for (const Region& r : {rows, slice, wide}) check_placed(r);
     CHECK(streamed == Want(loose));
   }
 

@@ -195,7 +195,7 @@ def test_prepare_readies_the_target_hosts_memory_and_changes_nothing(cluster):
     assert v.returncode == 0, v.stderr
 
 
-def test_forget_removes_a_job_everywhere_and_refuses_what_it_cannot(cluster):
+def test_forget_removes_a_job_everywhere_and_its_name_can_be_used_again(cluster):
     start_job(cluster)
     code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=2",
                                        "--hosts", "host1,host2,host3")
