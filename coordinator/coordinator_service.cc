@@ -81,12 +81,32 @@ void CoordinatorService::AdoptTargetLocked(Job& job) {
   s.clear_hosts();
   for (const std::string& h : s.target_hosts()) s.add_hosts(h);
   s.set_committed_version(s.target_version());
+  s.set_committed_step(s.target_step());
+  // Targets that never acknowledged the decided commit (dead ones: rule 5)
+  // do not hold the new version.
   s.clear_lost_hosts();
-  // The new config has its own ranks; saves reported under the old one
-  // can never complete.
+  if (s.acked_hosts_size() > 0) {
+    for (const std::string& h : s.target_hosts()) {
+      if (std::find(s.acked_hosts().begin(), s.acked_hosts().end(), h) ==
+          s.acked_hosts().end())
+        s.add_lost_hosts(h);
+    }
+  }
+  // A new layout (rule 2): saves begun or reported under the old one can
+  // never complete, and their versions are reclaimed.
+  s.set_layout_epoch(s.layout_epoch() + 1);
+  s.clear_open_saves();
+  job.saved.clear();
   auto shape = JobShape(s.model(), s.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
-  job.saved.clear();
+}
+
+int64_t CoordinatorService::NewVersionLocked(Job& job) {
+  proto::CoordinatorState::Job& s = job.state;
+  const int64_t v = std::max({s.next_version(), s.committed_version() + 1,
+                              s.target_version() + 1});
+  s.set_next_version(v + 1);
+  return v;
 }
 
 absl::Status CoordinatorService::Load() {
@@ -107,6 +127,12 @@ absl::Status CoordinatorService::Load() {
   for (const auto& js : state.jobs()) {
     auto job = std::make_unique<Job>();
     job->state = js;
+    // A state file from before layout epochs and ptc-chosen versions.
+    if (job->state.layout_epoch() == 0) job->state.set_layout_epoch(1);
+    if (job->state.next_version() == 0) {
+      job->state.set_next_version(
+          std::max(js.committed_version(), js.target_version()) + 1);
+    }
     auto shape = JobShape(js.model(), js.config());
     if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
     jobs_[js.job()] = std::move(job);
@@ -141,19 +167,32 @@ grpc::Status CoordinatorService::RegisterHost(
   Host& host = hosts_[h.name()];
   const bool known = !host.status.name().empty();
   const bool was_dead = known && !host.status.alive();
-  if (known && (was_dead || host.status.incarnation() != h.incarnation())) {
-    // Its memory is gone (or not to be trusted): not a source any more.
+  const bool same_process =
+      known && host.status.incarnation() == h.incarnation();
+  if (known && (was_dead || !same_process)) {
+    // Its memory is gone (a new process), or not to be trusted until the
+    // monitor proves it (the same process back after a silence: rule 7).
+    if (same_process) verify_hosts_.insert(h.name());
     for (auto& [name, job] : jobs_) {
       const auto& hosts = job->state.hosts();
       const auto& lost = job->state.lost_hosts();
       if (std::find(hosts.begin(), hosts.end(), h.name()) != hosts.end() &&
           std::find(lost.begin(), lost.end(), h.name()) == lost.end()) {
         job->state.add_lost_hosts(h.name());
-        Log("coordinator")
-            ->warn(
-                "job {}: host {} came back as a new process; its share of "
-                "version {} is gone",
-                name, h.name(), job->state.committed_version());
+        if (same_process) {
+          Log("coordinator")
+              ->warn(
+                  "job {}: host {} is back (the same process, silent for a "
+                  "while); its share of version {} will be verified before "
+                  "it is used again",
+                  name, h.name(), job->state.committed_version());
+        } else {
+          Log("coordinator")
+              ->warn(
+                  "job {}: host {} came back as a new process; its share of "
+                  "version {} is gone",
+                  name, h.name(), job->state.committed_version());
+        }
       }
     }
   }
@@ -173,15 +212,65 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
                                            proto::HeartbeatResponse* resp) {
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(req->name());
-  if (it == hosts_.end() || !it->second.status.alive()) {
-    // Unknown, or declared dead: it must register again (its state is
-    // no longer trusted as a source).
+  if (it == hosts_.end() || !it->second.status.alive() ||
+      (req->incarnation() != 0 &&
+       req->incarnation() != it->second.status.incarnation())) {
+    // Unknown, declared dead, or another process under the name: it must
+    // register again (its state is no longer trusted as a source).
     resp->set_known(false);
     return grpc::Status::OK;
   }
   it->second.last_heartbeat = absl::Now();
   resp->set_known(true);
+  // Rule 6: what nothing owns any more is reclaimed. A host that is still
+  // to be proven keeps everything until it is.
+  if (verify_hosts_.count(req->name())) return grpc::Status::OK;
+  for (const proto::HeldVersion& v : req->versions()) {
+    auto j = jobs_.find(v.job());
+    if (j == jobs_.end() || OwnsVersionLocked(*j->second, v.version()))
+      continue;
+    *resp->add_reclaim() = v;
+    Log("coordinator")
+        ->info("job {}: host {} holds version {} ({}) that nothing owns; "
+               "reclaiming it",
+               v.job(), req->name(), v.version(),
+               v.committed() ? "committed" : "uncommitted");
+  }
   return grpc::Status::OK;
+}
+
+bool CoordinatorService::OwnsVersionLocked(const Job& job,
+                                           int64_t version) const {
+  const proto::CoordinatorState::Job& s = job.state;
+  if (version == s.committed_version()) return true;
+  if (s.target_version() != 0 && version == s.target_version()) return true;
+  // A number never handed out is nobody's yet; leave it (a race with its
+  // allocation would otherwise delete a put that is about to be owned).
+  if (version >= s.next_version()) return true;
+  for (const auto& o : s.open_saves())
+    if (o.version() == version) return true;
+  return false;
+}
+
+void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
+  for (auto& [name, job] : jobs_) {
+    const auto& s = job->state;
+    if (s.target_version() == 0 || s.commit_decided() || !job->running)
+      continue;
+    const bool involved =
+        std::find(s.target_hosts().begin(), s.target_hosts().end(), host) !=
+            s.target_hosts().end() ||
+        std::find(s.hosts().begin(), s.hosts().end(), host) != s.hosts().end();
+    if (!involved || job->cancel) continue;
+    job->cancel_reason = absl::StrCat(
+        "host ", host, " went silent (no heartbeat for ",
+        absl::FormatDuration(options_.host_timeout),
+        ") during the change; version ", s.committed_version(), " stays");
+    job->cancel = true;
+    Log("coordinator")
+        ->warn("job {} epoch {}: aborting: {}", name, s.target_epoch(),
+               job->cancel_reason);
+  }
 }
 
 void CoordinatorService::MonitorLoop() {
@@ -202,6 +291,8 @@ void CoordinatorService::MonitorLoop() {
           Log("coordinator")
               ->warn("host {} missed its heartbeats for {}; marked dead", name,
                      absl::FormatDuration(now - h.last_heartbeat));
+          verify_hosts_.erase(name);
+          CancelFlightsOnLocked(name);
         }
       }
       if (changed) PersistLocked().IgnoreError();
@@ -210,6 +301,7 @@ void CoordinatorService::MonitorLoop() {
       }
     }
     for (const std::string& job : retry) FinishDecidedCommit(job);
+    VerifyReturnedHosts();
   }
 }
 
@@ -272,6 +364,8 @@ absl::Status CoordinatorService::AddJob(
   job->state.set_model(req.model());
   job->state.set_config(req.config());
   for (const std::string& h : req.hosts()) job->state.add_hosts(h);
+  job->state.set_layout_epoch(1);
+  job->state.set_next_version(1);
   std::tie(job->ranks, job->state_bytes) = shape;
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
@@ -280,81 +374,6 @@ absl::Status CoordinatorService::AddJob(
       ->info("job {} registered: {} {} on {} hosts", req.job(), req.model(),
              req.config(), req.hosts_size());
   return PersistLocked();
-}
-
-grpc::Status CoordinatorService::ReportSaved(
-    grpc::ServerContext*, const proto::ReportSavedRequest* req,
-    proto::ReportSavedResponse* resp) {
-  const absl::Status s = DoReportSaved(*req, resp);
-  return ToGrpcStatus(s);
-}
-
-absl::Status CoordinatorService::DoReportSaved(
-    const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp) {
-  std::vector<std::string> addresses;
-  int64_t previous = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end())
-      return absl::NotFoundError(
-          absl::StrCat("job '", req.job(), "' is unknown"));
-    Job& job = *it->second;
-    if (req.rank() < 0 || req.rank() >= job.ranks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
-    }
-    if (req.version() <= job.state.committed_version()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("version ", req.version(),
-                       " is not newer than the committed version ",
-                       job.state.committed_version()));
-    }
-    if (job.state.target_version() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", req.job(),
-                       "' is being reconfigured; save again after it ends"));
-    }
-    std::set<int32_t>& ranks = job.saved[req.version()];
-    ranks.insert(req.rank());
-    if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
-    PTC_ASSIGN_OR_RETURN(addresses, AddressesLocked({job.state.hosts().begin(),
-                                                     job.state.hosts().end()}));
-    previous = job.state.committed_version();
-  }
-  // Every rank saved: commit the version on every host of the job.
-  std::set<std::string> unique(addresses.begin(), addresses.end());
-  PTC_RETURN_IF_ERROR(
-      OnEachAddress({unique.begin(), unique.end()}, [&](const std::string& a) {
-        auto committed =
-            StoreClient::Connect(a)->Commit(req.job(), req.version());
-        if (committed.status().code() == absl::StatusCode::kNotFound)
-          return absl::OkStatus();
-        return Annotate(
-            committed.status(),
-            absl::StrCat("committing version ", req.version(), " on ", a));
-      }));
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) {
-      return absl::AbortedError(
-          absl::StrCat("job '", req.job(), "' was forgotten while version ",
-                       req.version(), " was being committed"));
-    }
-    Job& job = *it->second;
-    job.state.set_committed_version(req.version());
-    job.state.clear_lost_hosts();
-    job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
-    PTC_RETURN_IF_ERROR(PersistLocked());
-  }
-  if (previous > 0)
-    ReleaseOn({unique.begin(), unique.end()}, req.job(), previous);
-  Log("coordinator")
-      ->info("job {} version {} committed by all ranks", req.job(),
-             req.version());
-  resp->set_committed(true);
-  return absl::OkStatus();
 }
 
 grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext*,
@@ -382,6 +401,10 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
     auto it = jobs_.find(req.job());
     if (it != jobs_.end()) {
       const Job& job = *it->second;
+      if (job.committing_save) {
+        return absl::UnavailableError(absl::StrCat(
+            "job '", req.job(), "' is committing a save; try again"));
+      }
       if (job.running || job.state.target_version() != 0) {
         return absl::FailedPreconditionError(absl::StrCat(
             "job '", req.job(), "' is being reconfigured (epoch ",
@@ -493,6 +516,10 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
     if (!j->saved.empty())
       s->set_ranks_saved(
           static_cast<int32_t>(j->saved.rbegin()->second.size()));
+    s->set_layout_epoch(j->state.layout_epoch());
+    s->set_committed_step(j->state.committed_step());
+    for (const auto& o : j->state.open_saves()) s->add_open_saves(o.version());
+    for (const std::string& h : j->state.lost_hosts()) s->add_lost_hosts(h);
     *s->mutable_reconfiguration() = j->event;
   }
   if (!req->job().empty() && resp->jobs().empty()) {

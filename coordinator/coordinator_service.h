@@ -10,10 +10,38 @@
 // the staged version otherwise: afterwards the job is at exactly v or v+1
 // on every host.
 //
+// The rules that keep a job's state (docs/consistency.md has them for
+// users; each is enforced where the comment names it):
+//  1. Version numbers are the coordinator's: a save gets its version from
+//     BeginSave, a change its target at Reconfigure, from one counter per
+//     job (state.next_version); the training step is metadata. A save and
+//     a change never share a number.
+//  2. A job's layout has an epoch (state.layout_epoch: 1 at registration,
+//     +1 when a change commits). BeginSave and ReportSaved carry the epoch
+//     the rank computed its regions under; a stale one is refused.
+//  3. On a host, a save's version is written only by saves, a staged
+//     version only by its own plan epoch (Store::CreateStaged). An abort
+//     deletes only staged versions of its epoch or older, never a save's.
+//  4. A save commits when every rank reported it and every host of the
+//     placement proves that it holds all of the version's regions and small
+//     objects (sealing it there); replicas on different hosts must have
+//     equal checksums. Otherwise the save fails and its version is deleted.
+//  5. A change commits once its fingerprints are proven and the decision
+//     is durable. Before the decision, a target or source host that goes
+//     silent aborts it (the abort skips hosts that are dead); after it,
+//     the commit finishes on the live targets, and dead targets become
+//     lost hosts of the new version.
+//  6. Hosts list their versions in every heartbeat; whatever is neither
+//     the committed version, an open save of the current layout, nor the
+//     target of the change in flight is reclaimed.
+//  7. A host declared dead that returns as the same process is a source
+//     again once it proves it holds its share of the committed version; a
+//     new process (or a failed proof) leaves it lost.
+//
 // Threads: gRPC handler threads; one worker thread per reconfiguration in
 // flight; one monitor thread (heartbeat deadlines, retries of decided
-// commits). All state is guarded by mu_; no RPC to a ptcd is made while
-// holding it.
+// commits, proofs of returned hosts). All state is guarded by mu_; no RPC
+// to a ptcd is made while holding it.
 #ifndef PTC_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PTC_COORDINATOR_COORDINATOR_SERVICE_H_
 
@@ -38,6 +66,9 @@ struct CoordinatorOptions {
   // A host that has not sent a heartbeat for this long is dead.
   absl::Duration host_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Most saves of a job open at once (steps begun, not yet committed); a
+  // new one beyond this supersedes the oldest.
+  int max_open_saves = 8;
 };
 
 class CoordinatorService final : public proto::Coordinator::Service {
@@ -56,6 +87,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
   grpc::Status RegisterJob(grpc::ServerContext*,
                            const proto::RegisterJobRequest*,
                            proto::RegisterJobResponse*) override;
+  grpc::Status BeginSave(grpc::ServerContext*, const proto::BeginSaveRequest*,
+                         proto::BeginSaveResponse*) override;
   grpc::Status ReportSaved(grpc::ServerContext*,
                            const proto::ReportSavedRequest*,
                            proto::ReportSavedResponse*) override;
@@ -86,8 +119,15 @@ class CoordinatorService final : public proto::Coordinator::Service {
   };
   struct Job {
     proto::CoordinatorState::Job state;
-    std::map<int64_t, std::set<int32_t>> saved;  // version -> ranks reported
-    proto::ReconfigureEvent event;               // in flight or last
+    // Open save's version -> ranks that reported it (not persisted: after a
+    // restart the ranks report again or a later save supersedes it).
+    std::map<int64_t, std::set<int32_t>> saved;
+    proto::ReconfigureEvent event;  // in flight or last
+    // A save's commit is asking the hosts (no change may start meanwhile).
+    bool committing_save = false;
+    // Why the change in flight was cancelled by the coordinator itself
+    // (a host went silent); empty if by request.
+    std::string cancel_reason;
     std::atomic<bool> cancel{false};
     std::thread worker;
     bool running = false;  // the worker has not finished RunFlight yet
@@ -101,6 +141,27 @@ class CoordinatorService final : public proto::Coordinator::Service {
       : options_(std::move(options)) {}
 
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new version number of the job (rule 1).
+  int64_t NewVersionLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION if `epoch` is not the job's layout epoch (rule 2).
+  absl::Status CheckLayoutEpochLocked(const Job& job, int64_t epoch,
+                                      int32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job owns `version` (rule 6).
+  bool OwnsVersionLocked(const Job& job, int64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks every host of the job's placement to prove and seal `version`
+  // (rule 4); the error says which host lacks what or which replicas
+  // disagree.
+  absl::Status CommitSaveOnHosts(const std::string& job, int64_t version,
+                                 const std::string& model,
+                                 const std::string& config,
+                                 const std::vector<std::string>& rank_hosts);
+  // Proves the returned hosts in verify_hosts_ (rule 7).
+  void VerifyReturnedHosts();
+  // Cancels changes in flight that involve `host`, just declared dead.
+  void CancelFlightsOnLocked(const std::string& host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the job's target (config, hosts, version) its committed state.
   void AdoptTargetLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host name of every rank under the job's committed config and hosts
@@ -127,6 +188,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
                              proto::ReconfigureResponse* resp);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,
                          proto::PrepareResponse* resp);
+  absl::Status DoBeginSave(const proto::BeginSaveRequest& req,
+                           proto::BeginSaveResponse* resp);
   absl::Status DoReportSaved(const proto::ReportSavedRequest& req,
                              proto::ReportSavedResponse* resp);
   absl::Status DoForgetJob(const proto::ForgetJobRequest& req,
@@ -141,6 +204,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // again until it ends (the deletes would take the new job's saves).
   std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
+  // Hosts that came back as the same process after being declared dead:
+  // the monitor proves what they hold (rule 7).
+  std::set<std::string> verify_hosts_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };

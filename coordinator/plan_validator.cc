@@ -56,8 +56,8 @@ absl::StatusOr<std::vector<std::vector<const Transfer*>>> GroupTransfers(
           Annotate(ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
                    absl::StrCat("invalid plan: tensor '",
                                 in.spec->tensors[x.tensor].key, "'")));
-      if (!in.IsAlive(x.source_host))
-        return Bad(in, x, "the source host is dead");
+      if (!in.HoldsSource(x.source_host))
+        return Bad(in, x, "the source host is dead or lost the source");
       if (plan.per_rank) {
         if (x.target_rank < 0 || x.target_rank >= in.target->world_size() ||
             in.target_placement->host[x.target_rank] != x.target_host) {
@@ -82,7 +82,7 @@ absl::Status ValidateTensor(const PlanInput& in, const Plan& plan, int t,
   std::vector<std::pair<int32_t, Region>> held;  // (live host, region)
   for (const Shard& s : in.source->shards(t)) {
     const int h = in.source_placement->host[s.rank];
-    if (in.IsAlive(h)) held.push_back({h, s.region});
+    if (in.HoldsSource(h)) held.push_back({h, s.region});
   }
   Grid grid;
   grid.Reset(static_cast<int>(ts.shape.size()));

@@ -42,7 +42,7 @@ std::vector<HostRegion> HostRegions(const PlanInput& in, const Layout& layout,
   std::vector<HostRegion> out;
   for (const Shard& s : layout.shards(t)) {
     const int h = placement.host[s.rank];
-    if (alive_only && !in.IsAlive(h)) continue;
+    if (alive_only && !in.HoldsSource(h)) continue;
     out.push_back({h, s.region});
   }
   std::sort(out.begin(), out.end());
@@ -80,25 +80,39 @@ std::string HostNames(const Cluster& cluster, absl::Span<const int32_t> hosts) {
 
 absl::Status NoSurvivingCopy(const PlanInput& in, int t, const Region& cell,
                              int target_host) {
-  std::vector<int32_t> dead;
+  // Hosts whose copy is gone: dead (silent), or alive but without the
+  // source version (a ptcd that restarted, or one not verified since).
+  std::vector<int32_t> dead, lost;
   for (const Shard& s : in.source->shards(t)) {
     const int h = in.source_placement->host[s.rank];
-    if (!in.IsAlive(h) && s.region.Intersects(cell)) dead.push_back(h);
+    if (!s.region.Intersects(cell) || in.HoldsSource(h)) continue;
+    (in.IsAlive(h) ? lost : dead).push_back(h);
   }
-  std::sort(dead.begin(), dead.end());
-  dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+  for (auto* v : {&dead, &lost}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
   const std::string& key = in.spec->tensors[t].key;
   const std::string& host = in.cluster->hosts[target_host].name;
-  if (dead.empty()) {
+  if (dead.empty() && lost.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "region ", cell.ToString(), " of tensor '", key, "' (needed on ", host,
         ") is held by no rank of the source layout; the source state does "
         "not cover the target"));
   }
+  std::vector<std::string> why;
+  if (!dead.empty()) {
+    why.push_back(absl::StrCat("dead host(s) ", HostNames(*in.cluster, dead)));
+  }
+  if (!lost.empty()) {
+    why.push_back(absl::StrCat("host(s) ", HostNames(*in.cluster, lost),
+                               ", which lost the source version (restarted, "
+                               "or not verified since they came back)"));
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "region ", cell.ToString(), " of tensor '", key, "' (needed on ", host,
-      ") has no surviving copy: it was held only by dead host(s) ",
-      HostNames(*in.cluster, dead),
+      ") has no surviving copy: it was held only by ",
+      absl::StrJoin(why, " and "),
       "; restore it from a snapshot or bring a holder back"));
 }
 
@@ -536,7 +550,8 @@ absl::StatusOr<Plan> PlanTenplexBaseline(const PlanInput& in) {
     const int64_t elem = ElementSize(in.spec->tensors[t].dtype);
     std::vector<const Shard*> sources;  // live, in rank order
     for (const Shard& s : in.source->shards(t)) {
-      if (in.IsAlive(in.source_placement->host[s.rank])) sources.push_back(&s);
+      if (in.HoldsSource(in.source_placement->host[s.rank]))
+        sources.push_back(&s);
     }
     for (const Shard& dst : in.target->shards(t)) {
       const int h = in.target_placement->host[dst.rank];

@@ -169,7 +169,7 @@ absl::Status StageAll(
 // dealt round-robin to them) so that it uses more than one core.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
     const ReconfigureRequest& r, const Layout& layout,
-    const Placement& placement, int64_t version) {
+    const Placement& placement, int64_t version, bool source) {
   const PlanInput& in = *r.input;
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   // host -> [(tensor, regions)]
@@ -178,7 +178,8 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
     std::vector<std::pair<int32_t, Region>> held;
     for (const Shard& s : layout.shards(t)) {
       const int h = placement.host[s.rank];
-      if (in.IsAlive(h)) held.push_back({h, s.region});
+      if (source ? in.HoldsSource(h) : in.IsAlive(h))
+        held.push_back({h, s.region});
     }
     const int rank = static_cast<int>(in.spec->tensors[t].shape.size());
     for (auto& [host, regions] :
@@ -225,9 +226,12 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   return out;
 }
 
-std::vector<std::string> TargetAddresses(const ReconfigureRequest& r) {
+// The target hosts' addresses; with `live_only`, of those alive now.
+std::vector<std::string> TargetAddresses(const ReconfigureRequest& r,
+                                         bool live_only) {
   std::vector<std::string> out;
   for (const HostFragment& f : r.plan->fragments) {
+    if (live_only && r.is_alive && !r.is_alive(f.host)) continue;
     auto it = r.addresses.find(f.host);
     if (it != r.addresses.end()) out.push_back(it->second);
   }
@@ -254,10 +258,10 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
     std::thread source([&] {
       before = Fingerprints(r, *r.input->source, *r.input->source_placement,
-                            r.source_version);
+                            r.source_version, true);
     });
     auto after = Fingerprints(r, *r.input->target, *r.input->target_placement,
-                              r.target_version);
+                              r.target_version, false);
     source.join();
     if (!before.ok()) staged = before.status();
     if (staged.ok() && !after.ok()) staged = after.status();
@@ -280,7 +284,10 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   }
   if (staged.ok() && r.before_commit) staged = r.before_commit();
   if (!staged.ok()) {
-    AbortStagedOn(TargetAddresses(r), r.job, r.target_version, r.plan_epoch);
+    // Dead targets are not waited for: they clean up when they return
+    // (their heartbeats list the version, which nothing owns).
+    AbortStagedOn(TargetAddresses(r, true), r.job, r.target_version,
+                  r.plan_epoch, absl::Seconds(3));
     Log("coordinator")
         ->error(
             "job {} epoch {}: reconfiguration aborted, version {} intact: {}",
@@ -288,9 +295,14 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     return staged;
   }
   // Commit everywhere. From here the decision is made: a host that does
-  // not acknowledge is retried, never rolled back.
-  PTC_RETURN_IF_ERROR(CommitStagedOn(TargetAddresses(r), r.job,
-                                     r.target_version, r.plan_epoch));
+  // not acknowledge is retried (by the caller, if it says who is alive),
+  // never rolled back.
+  PTC_RETURN_IF_ERROR(r.is_alive
+                          ? CommitStagedOn(TargetAddresses(r, false), r.job,
+                                           r.target_version, r.plan_epoch, 1,
+                                           absl::Seconds(3))
+                          : CommitStagedOn(TargetAddresses(r, false), r.job,
+                                           r.target_version, r.plan_epoch));
   if (!r.keep_source) {
     std::set<int32_t> sources;
     for (int32_t h : r.input->source_placement->host) {
@@ -338,13 +350,16 @@ absl::Status OnEachAddress(
 
 absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
                             const std::string& job, int64_t version,
-                            int64_t epoch) {
+                            int64_t epoch, int attempts,
+                            absl::Duration deadline,
+                            std::vector<std::string>* acked) {
+  absl::Mutex mu;
   return OnEachAddress(addresses, [&](const std::string& address) {
     absl::Status s;
-    for (int attempt = 0; attempt < 5; ++attempt) {
+    for (int attempt = 0; attempt < attempts; ++attempt) {
       auto stub = proto::Transformer::NewStub(Channel(address));
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
       proto::CommitStagedRequest req;
       req.set_job(job);
       req.set_version(version);
@@ -352,7 +367,12 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
       proto::CommitStagedResponse resp;
       s = FromGrpcStatus(stub->CommitStaged(&ctx, req, &resp));
       if (s.ok() || s.code() != absl::StatusCode::kUnavailable) break;
-      absl::SleepFor(absl::Milliseconds(200 << attempt));
+      if (attempt + 1 < attempts)
+        absl::SleepFor(absl::Milliseconds(200 << attempt));
+    }
+    if (s.ok() && acked != nullptr) {
+      absl::MutexLock lock(&mu);
+      acked->push_back(address);
     }
     return Annotate(s, absl::StrCat("version ", version, " of job '", job,
                                     "' is decided committed but ", address,
@@ -362,11 +382,12 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
 }
 
 void AbortStagedOn(const std::vector<std::string>& addresses,
-                   const std::string& job, int64_t version, int64_t epoch) {
+                   const std::string& job, int64_t version, int64_t epoch,
+                   absl::Duration deadline) {
   OnEachAddress(addresses, [&](const std::string& address) {
     auto stub = proto::Transformer::NewStub(Channel(address));
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     proto::AbortStagedRequest req;
     req.set_job(job);
     req.set_version(version);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/plan.h"
 
 namespace ptc {
@@ -45,6 +46,10 @@ struct ReconfigureRequest {
   // Set by another thread to abort: staging calls are cancelled and the
   // staged version is deleted everywhere (unless the commit was decided).
   const std::atomic<bool>* cancel = nullptr;
+  // Whether a host is alive now (empty: all are). An abort skips dead
+  // hosts (they clean up when they return); after the decision, a commit
+  // that some host did not acknowledge is left to the caller's retries.
+  std::function<bool(int32_t host)> is_alive;
 };
 
 struct ReconfigureProgress {
@@ -71,13 +76,18 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     const std::function<void(const ReconfigureProgress&)>& progress = nullptr);
 
 // The last steps on their own, by address, for a coordinator that restarts
-// with a decision on disk: commit a staged version on every host (retrying
-// hosts that are unavailable), abort it, or release an old version.
+// with a decision on disk: commit a staged version on every host (each
+// call with `deadline`, retrying an unavailable host up to `attempts`
+// times; `acked`, if given, receives the addresses that acknowledged),
+// abort it, or release an old version.
 absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
                             const std::string& job, int64_t version,
-                            int64_t epoch);
+                            int64_t epoch, int attempts = 5,
+                            absl::Duration deadline = absl::Seconds(10),
+                            std::vector<std::string>* acked = nullptr);
 void AbortStagedOn(const std::vector<std::string>& addresses,
-                   const std::string& job, int64_t version, int64_t epoch);
+                   const std::string& job, int64_t version, int64_t epoch,
+                   absl::Duration deadline = absl::Seconds(10));
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version);
 // Calls fn(address) for every address, up to `max_at_once` at a time (a

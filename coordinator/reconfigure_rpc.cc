@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -38,6 +39,8 @@ void ClearFlight(proto::CoordinatorState::Job* job) {
   job->set_target_epoch(0);
   job->set_commit_decided(false);
   job->clear_release_hosts();
+  job->set_target_step(0);
+  job->clear_acked_hosts();
 }
 
 bool Final(const proto::ReconfigureEvent& e) {
@@ -94,6 +97,12 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", req.job(), "' is already being reconfigured (epoch ",
           job.state.target_epoch(), "); watch it or abort it first"));
+    }
+    if (job.committing_save) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", req.job(),
+          "' is committing a save that every rank reported; try again in a "
+          "moment (the change then starts from it)"));
     }
     if (need_committed && job.state.committed_version() <= 0) {
       return absl::FailedPreconditionError(
@@ -153,22 +162,10 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   PTC_ASSIGN_OR_RETURN(flight->scenario,
                        MakePlanScenario(model, from, from_ids, req.to(), to_ids,
                                         cluster, alive));
-  if (!lost.empty()) {
-    // Hosts that restarted hold nothing of the committed version: drop
-    // their ranks' shards from the source side (they can still be targets).
-    PlanScenario& sc = flight->scenario;
-    std::vector<std::vector<Shard>> shards(sc.source.num_tensors());
-    for (int t = 0; t < sc.source.num_tensors(); ++t) {
-      for (const Shard& s : sc.source.shards(t)) {
-        const std::string& host = names[sc.source_placement.host[s.rank]];
-        if (std::find(lost.begin(), lost.end(), host) == lost.end())
-          shards[t].push_back(s);
-      }
-    }
-    sc.source =
-        Layout(sc.source.world_size(), std::move(shards), sc.source.config());
-  }
   flight->input = flight->scenario.input();
+  // Hosts that restarted (or came back unverified) hold nothing of the
+  // committed version: the planner takes nothing from them, and names
+  // them if a region has no other copy.
   for (const std::string& h : lost) {
     auto it = std::find(names.begin(), names.end(), h);
     if (it != names.end())
@@ -202,8 +199,12 @@ absl::Status CoordinatorService::DoReconfigure(
   r.plan = &flight->plan;
   r.job = req.job();
   r.source_version = committed;
-  r.target_version = committed + 1;
   r.plan_epoch = epoch;
+  r.is_alive = [this, names](int32_t host) {
+    absl::MutexLock lock(&mu_);
+    auto it = hosts_.find(names[host]);
+    return it != hosts_.end() && it->second.status.alive();
+  };
   r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   if (!req.transport().empty() && req.transport() != "ucx" &&
@@ -220,15 +221,19 @@ absl::Status CoordinatorService::DoReconfigure(
           "job '", req.job(), "' was forgotten while the change was planned"));
     }
     Job& job = *it->second;
-    if (job.state.target_version() != 0 ||
+    if (job.state.target_version() != 0 || job.committing_save ||
         job.state.committed_version() != committed) {
       return absl::AbortedError("the job changed while planning; try again");
     }
+    // Rule 1: the change's version is a new number, never a save's.
+    r.target_version = NewVersionLocked(job);
+    job.state.set_target_step(job.state.committed_step());
+    job.state.clear_acked_hosts();
     job.state.set_last_epoch(epoch);
     job.state.set_target_config(flight->scenario.target.config()->ToString());
     job.state.clear_target_hosts();
     for (const std::string& h : to_hosts) job.state.add_target_hosts(h);
-    job.state.set_target_version(committed + 1);
+    job.state.set_target_version(r.target_version);
     job.state.set_target_epoch(epoch);
     job.state.set_commit_decided(false);
     job.state.clear_release_hosts();
@@ -237,6 +242,7 @@ absl::Status CoordinatorService::DoReconfigure(
     }
     PTC_RETURN_IF_ERROR(PersistLocked());
     job.cancel = false;
+    job.cancel_reason.clear();
     job.event.Clear();
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("staging");
@@ -256,7 +262,7 @@ absl::Status CoordinatorService::DoReconfigure(
   }
   resp->set_plan_epoch(epoch);
   resp->set_source_version(committed);
-  resp->set_target_version(committed + 1);
+  resp->set_target_version(r.target_version);
   *resp->mutable_plan() = PlanToProto(flight->plan).summary();
   Log("coordinator")
       ->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)",
@@ -364,7 +370,9 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     return;
   } else {
     e.set_phase("aborted");
-    e.set_error(std::string(report.status().message()));
+    e.set_error(job.cancel_reason.empty()
+                    ? std::string(report.status().message())
+                    : job.cancel_reason);
   }
   ClearFlight(&job.state);
   if (absl::Status s = PersistLocked(); !s.ok()) {
@@ -375,31 +383,69 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
 }
 
 bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
-  std::vector<std::string> targets, release;
+  // Rule 5: the live targets that have not acknowledged are asked again;
+  // dead ones are not waited for (they become lost hosts of the version).
+  std::vector<std::string> ask, release;
+  std::map<std::string, std::string> name_of;  // address -> host
   int64_t version, epoch, old_version;
   {
     absl::MutexLock lock(&mu_);
-    Job& job = *jobs_.at(name);
-    if (!job.state.commit_decided()) return true;
-    auto t = AddressesLocked(
-        {job.state.target_hosts().begin(), job.state.target_hosts().end()});
-    auto r = AddressesLocked(
-        {job.state.release_hosts().begin(), job.state.release_hosts().end()});
-    if (!t.ok() || !r.ok()) return false;
-    targets = *t;
-    release = *r;
-    version = job.state.target_version();
-    epoch = job.state.target_epoch();
-    old_version = job.state.committed_version();
+    auto it = jobs_.find(name);
+    if (it == jobs_.end()) return true;
+    Job& job = *it->second;
+    const auto& s = job.state;
+    if (!s.commit_decided()) return true;
+    for (const std::string& h : s.target_hosts()) {
+      if (std::find(s.acked_hosts().begin(), s.acked_hosts().end(), h) !=
+          s.acked_hosts().end())
+        continue;
+      auto host = hosts_.find(h);
+      if (host == hosts_.end() || !host->second.status.alive()) continue;
+      ask.push_back(host->second.status.address());
+      name_of[ask.back()] = h;
+    }
+    auto r = AddressesLocked({s.release_hosts().begin(), s.release_hosts().end()});
+    if (r.ok()) release = *r;
+    version = s.target_version();
+    epoch = s.target_epoch();
+    old_version = s.committed_version();
   }
-  if (!CommitStagedOn(targets, name, version, epoch).ok()) return false;
+  std::vector<std::string> acked;
+  const absl::Status committed = CommitStagedOn(
+      ask, name, version, epoch, 1, absl::Seconds(2), &acked);
   {
     absl::MutexLock lock(&mu_);
-    Job& job = *jobs_.at(name);
+    auto it = jobs_.find(name);
+    if (it == jobs_.end()) return true;
+    Job& job = *it->second;
+    for (const std::string& a : acked) job.state.add_acked_hosts(name_of[a]);
+    if (!committed.ok()) {
+      PersistLocked().IgnoreError();
+      return false;  // the monitor asks again
+    }
+    // Every live target holds the version committed: it is the job's now.
+    // Ask no target again if all acknowledged (AdoptTargetLocked marks the
+    // others lost only when some did not).
+    if (job.state.acked_hosts_size() == job.state.target_hosts_size())
+      job.state.clear_acked_hosts();
+    std::vector<std::string> lost;
+    for (const std::string& h : job.state.target_hosts()) {
+      if (job.state.acked_hosts_size() > 0 &&
+          std::find(job.state.acked_hosts().begin(),
+                    job.state.acked_hosts().end(),
+                    h) == job.state.acked_hosts().end())
+        lost.push_back(h);
+    }
     AdoptTargetLocked(job);
     ClearFlight(&job.state);
+    job.running = false;
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("committed");
+    if (!lost.empty()) {
+      job.event.set_error(absl::StrCat(
+          "committed without host(s) ", absl::StrJoin(lost, ", "),
+          ", which died after the decision; their regions are lost"));
+    }
     PersistLocked().IgnoreError();
   }
   ReleaseOn(release, name, old_version);

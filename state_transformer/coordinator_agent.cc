@@ -8,8 +8,10 @@
 namespace ptc {
 
 CoordinatorAgent::CoordinatorAgent(std::string coordinator,
-                                   proto::HostStatus host)
-    : coordinator_(std::move(coordinator)), host_(std::move(host)) {
+                                   proto::HostStatus host, Store* store)
+    : coordinator_(std::move(coordinator)),
+      host_(std::move(host)),
+      store_(store) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -51,6 +53,10 @@ void CoordinatorAgent::Loop() {
     } else {
       proto::HeartbeatRequest req;
       req.set_name(host_.name());
+      req.set_incarnation(host_.incarnation());
+      if (store_ != nullptr) {
+        for (const auto& v : store_->Versions()) *req.add_versions() = v;
+      }
       proto::HeartbeatResponse resp;
       const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
@@ -60,6 +66,16 @@ void CoordinatorAgent::Loop() {
                 host_.name());
         registered = false;
         continue;
+      }
+      for (const proto::HeldVersion& v : resp.reclaim()) {
+        if (store_ == nullptr) break;
+        auto deleted = store_->DeleteVersion(v.job(), v.version());
+        if (deleted.ok()) {
+          Log("transformer")
+              ->info("job {}: reclaimed version {} ({} bytes) that nothing "
+                     "owns any more",
+                     v.job(), v.version(), *deleted);
+        }
       }
     }
     {

@@ -1,8 +1,10 @@
 // ptcd's link to the coordinator: registers the host, then heartbeats; if
 // the coordinator forgets the host (restart, or it was declared dead), it
-// registers again. Runs on its own thread until destroyed.
+// registers again. Every heartbeat lists the versions the store holds, and
+// the agent deletes those the coordinator says nothing owns any more.
+// Runs on its own thread until destroyed.
 //
-//   CoordinatorAgent agent({.coordinator = "10.0.0.1:7000", .host = status});
+//   CoordinatorAgent agent("10.0.0.1:7000", status, &store);
 #ifndef PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
 #define PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
 
@@ -12,12 +14,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "tensor_store/store.h"
 
 namespace ptc {
 
 class CoordinatorAgent {
  public:
-  CoordinatorAgent(std::string coordinator, proto::HostStatus host);
+  // `store` (may be null: nothing is listed or reclaimed) must outlive the
+  // agent.
+  CoordinatorAgent(std::string coordinator, proto::HostStatus host,
+                   Store* store = nullptr);
   ~CoordinatorAgent();
   CoordinatorAgent(const CoordinatorAgent&) = delete;
   CoordinatorAgent& operator=(const CoordinatorAgent&) = delete;
@@ -30,6 +36,7 @@ class CoordinatorAgent {
 
   const std::string coordinator_;
   const proto::HostStatus host_;
+  Store* const store_;
   absl::Notification stop_;
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

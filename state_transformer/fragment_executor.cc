@@ -174,7 +174,8 @@ absl::Status ExecuteFragment(
     }
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
                          store->BeginPut(job.job, job.target_version,
-                                         job.tensors[t].key, region));
+                                         job.tensors[t].key, region,
+                                         std::nullopt, true, job.plan_epoch));
     staged[t].push_back({region, put.get()});
     pending.push_back(std::move(put));
   }
@@ -312,15 +313,16 @@ absl::Status ExecuteFragment(
   for (size_t i = 0; i < pending.size(); ++i) {
     auto sum = store->FinishPut(std::move(pending[i]));
     if (!sum.ok()) {
-      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
       return sum.status();
     }
   }
   for (const auto& [t, ref] : links) {
     if (absl::Status s =
-            store->Link(job.job, job.target_version, job.tensors[t].key, ref);
+            store->Link(job.job, job.target_version, job.tensors[t].key, ref,
+                        job.plan_epoch);
         !s.ok()) {
-      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
       return s;
     }
   }
@@ -340,10 +342,11 @@ absl::Status ExecuteFragment(
     absl::Status s = bytes.status();
     if (s.ok()) {
       s = store->PutSmallObject(job.job, job.target_version, o.name,
-                                o.target_rank, *std::move(bytes));
+                                o.target_rank, *std::move(bytes), 0,
+                                job.plan_epoch);
     }
     if (!s.ok()) {
-      store->DeleteVersion(job.job, job.target_version).IgnoreError();
+      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
       return Annotate(s, absl::StrCat("small object '", o.name,
                                       "' for target rank ", o.target_rank));
     }

@@ -129,6 +129,9 @@ struct FragmentJob {
   std::string job;
   int64_t source_version = 0;
   int64_t target_version = 0;
+  // The plan epoch that staged target_version (Store::CreateStaged); every
+  // write into it is made under this epoch.
+  int64_t plan_epoch = 0;
   int32_t host = 0;
   std::vector<TensorDecl> tensors;
   // (tensor, region) the host holds afterwards; may overlap.

@@ -84,12 +84,16 @@ absl::Status TransformerService::DoExecute(
         absl::StrCat("the fragment is for host ", req.fragment().host(),
                      " but the request says host ", req.host()));
   }
+  // Fence: staged versions of older plans of this job are work nothing
+  // owns any more (the coordinator moved on to this epoch); clean them up
+  // before staging.
   if (auto stat = store_->List(req.job()); stat.jobs_size() > 0) {
     for (const auto& v : stat.jobs(0).versions()) {
-      if (v.version() == req.target_version()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "version ", req.target_version(), " of job '", req.job(),
-            "' already exists on this host; abort it before staging it again"));
+      if (v.stage_epoch() > 0 && v.stage_epoch() < req.plan_epoch() &&
+          store_->DeleteStaged(req.job(), v.version(), req.plan_epoch() - 1)) {
+        Log("transformer")
+            ->info("job {} epoch {}: deleted version {} left staged by epoch {}",
+                   req.job(), req.plan_epoch(), v.version(), v.stage_epoch());
       }
     }
   }
@@ -97,6 +101,7 @@ absl::Status TransformerService::DoExecute(
   job.job = req.job();
   job.source_version = req.source_version();
   job.target_version = req.target_version();
+  job.plan_epoch = req.plan_epoch();
   job.host = req.host();
   job.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   for (const proto::TensorDecl& d : req.tensors()) {
@@ -146,6 +151,11 @@ absl::Status TransformerService::DoExecute(
     return absl::InvalidArgumentError(absl::StrCat(
         "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
+  // The tensors must be declared before the version can be created.
+  PTC_RETURN_IF_ERROR(store_->DeclareTensors(job.job, job.tensors).status());
+  PTC_RETURN_IF_ERROR(Annotate(
+      store_->CreateStaged(job.job, job.target_version, job.plan_epoch),
+      "abort it before staging it again"));
   proto::FragmentProgress msg;
   absl::Time last_report = absl::InfinitePast();
   bool reader_gone = false;
@@ -161,10 +171,14 @@ absl::Status TransformerService::DoExecute(
     last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
-  PTC_RETURN_IF_ERROR(
-      ::ptc::ExecuteFragment(store_, job, transport.get(), report));
+  if (absl::Status s =
+          ::ptc::ExecuteFragment(store_, job, transport.get(), report);
+      !s.ok()) {
+    store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
+    return s;
+  }
   if (reader_gone || ctx->IsCancelled()) {
-    store_->DeleteVersion(job.job, job.target_version).IgnoreError();
+    store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
     return absl::CancelledError(
         "the coordinator went away; the staged version was deleted");
   }
@@ -197,22 +211,10 @@ grpc::Status TransformerService::AbortStaged(
     absl::MutexLock lock(&mu_);
     DropExposuresLocked(req->job(), std::numeric_limits<int64_t>::max());
   }
-  auto stat = store_->List(req->job());
-  for (const auto& j : stat.jobs()) {
-    for (const auto& v : j.versions()) {
-      if (v.version() != req->version()) continue;
-      if (v.committed()) {
-        return ToGrpcStatus(absl::FailedPreconditionError(
-            absl::StrCat("version ", req->version(), " of job '", req->job(),
-                         "' is committed; it is not staged")));
-      }
-      const absl::Status s =
-          store_->DeleteVersion(req->job(), req->version()).status();
-      resp->set_deleted(s.ok());
-      return ToGrpcStatus(s);
-    }
-  }
-  resp->set_deleted(false);
+  // An abort deletes only a staged version of its own epoch or an older
+  // one: never a save's version, never a committed one.
+  resp->set_deleted(
+      store_->DeleteStaged(req->job(), req->version(), req->plan_epoch()));
   return grpc::Status::OK;
 }
 

@@ -204,7 +204,8 @@ absl::Status Run(int argc, char** argv) {
         advertise = absl::StrCat(hostname, ":", server->port());
     }
     host.set_address(advertise);
-    agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host);
+    agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host,
+                                               server->store());
   }
   Log("tensor_store")
       ->info("ptcd ready: gRPC port {}, socket {}", server->port(),

@@ -164,7 +164,8 @@ absl::StatusOr<int> Store::DeclareTensors(
 
 absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
     const std::string& job, int64_t version, const std::string& tensor,
-    const Region& region, std::optional<DType> dtype, bool map) {
+    const Region& region, std::optional<DType> dtype, bool map,
+    int64_t stage_epoch) {
   if (version < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("version ", version, " is negative"));
@@ -174,6 +175,7 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
   put->job = job;
   put->version = version;
   put->region = region;
+  put->stage_epoch = stage_epoch;
   {
     absl::MutexLock lock(&j->mu);
     auto d = j->decls.find(tensor);
@@ -183,11 +185,9 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
     }
     put->decl = d->second;
     auto v = j->versions.find(version);
-    if (v != j->versions.end() && v->second.committed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", version, " of job '", job,
-          "' is committed and cannot change; write into a new version"));
-    }
+    PTC_RETURN_IF_ERROR(CheckWriterLocked(
+        v == j->versions.end() ? nullptr : &v->second, job, version,
+        stage_epoch));
   }
   const std::string where = Where(job, version, tensor);
   PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(region, put->decl.shape), where));
@@ -259,14 +259,13 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
         absl::StrCat("version ", put->version, " of job '", put->job,
                      "' was deleted while the put was in progress"));
   }
+  PTC_RETURN_IF_ERROR(Annotate(
+      CheckWriterLocked(v == j->versions.end() ? nullptr : &v->second,
+                        put->job, put->version, put->stage_epoch),
+      "while the put was in progress"));
   if (v == j->versions.end()) {
     v = j->versions.emplace(put->version, Version()).first;
     v->second.id = j->next_version_id++;
-  }
-  if (v->second.committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", put->version, " of job '", put->job,
-                     "' was committed while the put was in progress"));
   }
   std::vector<StoredRegionRef>& regions = v->second.tensors[put->decl.key];
   for (const StoredRegionRef& s : regions) {
@@ -284,32 +283,87 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
   return checksum;
 }
 
+absl::Status Store::CheckWriterLocked(const Version* v,
+                                      const std::string& job, int64_t version,
+                                      int64_t stage_epoch) {
+  if (v == nullptr) {
+    if (stage_epoch == 0) return absl::OkStatus();  // a save creates it
+    return absl::AbortedError(
+        absl::StrCat("staged version ", version, " of job '", job,
+                     "' (plan epoch ", stage_epoch,
+                     ") is gone: its reconfiguration was aborted or fenced"));
+  }
+  if (v->committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job '", job,
+                     "' is committed and cannot change; write into a new "
+                     "version"));
+  }
+  if (v->stage_epoch == stage_epoch) return absl::OkStatus();
+  if (v->stage_epoch != 0 && stage_epoch == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version, " of job '", job,
+        "' is being staged by a reconfiguration (plan epoch ", v->stage_epoch,
+        "); a save writes only into the version the coordinator's BeginSave "
+        "gave it"));
+  }
+  return absl::AbortedError(absl::StrCat(
+      "version ", version, " of job '", job, "' belongs to ",
+      v->stage_epoch == 0 ? std::string("a save")
+                          : absl::StrCat("plan epoch ", v->stage_epoch),
+      ", not to plan epoch ", stage_epoch));
+}
+
 absl::StatusOr<Store::Version*> Store::OpenVersionLocked(Job& j,
                                                          const std::string& job,
-                                                         int64_t version) {
+                                                         int64_t version,
+                                                         int64_t stage_epoch) {
   auto v = j.versions.find(version);
+  PTC_RETURN_IF_ERROR(CheckWriterLocked(
+      v == j.versions.end() ? nullptr : &v->second, job, version,
+      stage_epoch));
   if (v == j.versions.end()) {
     v = j.versions.emplace(version, Version()).first;
     v->second.id = j.next_version_id++;
   }
-  if (v->second.committed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", version, " of job '", job,
-                     "' is committed and cannot change"));
-  }
   return &v->second;
 }
 
+absl::Status Store::CreateStaged(const std::string& job, int64_t version,
+                                 int64_t epoch) {
+  if (epoch <= 0 || version <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a staged version needs a positive version and plan "
+                     "epoch, not ",
+                     version, " and ", epoch));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  absl::MutexLock lock(&j->mu);
+  auto [v, added] = j->versions.try_emplace(version);
+  if (!added) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "version ", version, " of job '", job, "' already exists on this host",
+        v->second.stage_epoch > 0
+            ? absl::StrCat(" (staged by plan epoch ", v->second.stage_epoch,
+                           ")")
+            : std::string(" (a save's)")));
+  }
+  v->second.id = j->next_version_id++;
+  v->second.stage_epoch = epoch;
+  return absl::OkStatus();
+}
+
 absl::Status Store::Link(const std::string& job, int64_t version,
-                         const std::string& tensor,
-                         const StoredRegionRef& ref) {
+                         const std::string& tensor, const StoredRegionRef& ref,
+                         int64_t stage_epoch) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   absl::MutexLock lock(&j->mu);
   if (!j->decls.count(tensor)) {
     return absl::NotFoundError(absl::StrCat(
         "tensor '", tensor, "' is not declared for job '", job, "'"));
   }
-  PTC_ASSIGN_OR_RETURN(Version * v, OpenVersionLocked(*j, job, version));
+  PTC_ASSIGN_OR_RETURN(Version * v,
+                       OpenVersionLocked(*j, job, version, stage_epoch));
   std::vector<StoredRegionRef>& regions = v->tensors[tensor];
   for (const StoredRegionRef& s : regions) {
     if (s.region == ref.region) {
@@ -431,7 +485,8 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
 
 absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
                                    const std::string& name, int32_t rank,
-                                   std::string bytes, uint64_t expected) {
+                                   std::string bytes, uint64_t expected,
+                                   int64_t stage_epoch) {
   const std::string what =
       absl::StrCat("small object '", name, "' of rank ", rank, " (job '", job,
                    "' version ", version, ")");
@@ -463,7 +518,8 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
   PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation memory, std::move(reserved));
   ref.bytes = std::make_shared<const std::string>(std::move(bytes));
   absl::MutexLock lock(&j->mu);
-  PTC_ASSIGN_OR_RETURN(Version * v, OpenVersionLocked(*j, job, version));
+  PTC_ASSIGN_OR_RETURN(Version * v,
+                       OpenVersionLocked(*j, job, version, stage_epoch));
   if (!v->small_objects.emplace(std::make_pair(name, rank), ref).second) {
     return absl::AlreadyExistsError(absl::StrCat(what, " is already stored"));
   }
@@ -496,6 +552,14 @@ absl::StatusOr<SmallObjectRef> Store::GetSmallObject(const std::string& job,
 }
 
 absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
+  PTC_ASSIGN_OR_RETURN(CommitResult r,
+                       CommitChecked(job, version, {}, /*check_only=*/false));
+  return r.bytes;
+}
+
+absl::StatusOr<CommitResult> Store::CommitChecked(
+    const std::string& job, int64_t version, const VersionExpectation& expect,
+    bool check_only) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   absl::MutexLock lock(&j->mu);
   auto v = j->versions.find(version);
@@ -503,6 +567,31 @@ absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
     return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
                                             version, " on this host"));
   }
+  CommitResult result;
+  result.bytes = v->second.bytes;
+  result.checksums.reserve(expect.regions.size());
+  for (const auto& [tensor, region] : expect.regions) {
+    const uint64_t* found = nullptr;
+    auto t = v->second.tensors.find(tensor);
+    if (t != v->second.tensors.end()) {
+      for (const StoredRegionRef& s : t->second)
+        if (s.region == region) found = &s.checksum;
+    }
+    if (found == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Where(job, version, tensor), " lacks region ",
+                       region.ToString(), " on this host"));
+    }
+    result.checksums.push_back(*found);
+  }
+  for (const auto& [name, rank] : expect.small_objects) {
+    if (!v->second.small_objects.count({name, rank})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " of job '", job, "' lacks small object '",
+          name, "' of rank ", rank, " on this host"));
+    }
+  }
+  if (check_only || v->second.committed) return result;
   v->second.committed = true;
   Log("tensor_store")
       ->info("job {} version {} committed ({} bytes)", job, version,
@@ -517,11 +606,17 @@ absl::StatusOr<int64_t> Store::Commit(const std::string& job, int64_t version) {
       }
     }
   }
-  return v->second.bytes;
+  return result;
 }
 
 absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
                                              int64_t version) {
+  return DeleteVersionIf(job, version, [](const Version&) { return true; });
+}
+
+absl::StatusOr<int64_t> Store::DeleteVersionIf(
+    const std::string& job, int64_t version,
+    const std::function<bool(const Version&)>& pred) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   Version gone;
   {
@@ -530,6 +625,10 @@ absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
     if (v == j->versions.end()) {
       return absl::NotFoundError(absl::StrCat("job '", job, "' has no version ",
                                               version, " on this host"));
+    }
+    if (!pred(v->second)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " of job '", job, "' is not the one to delete"));
     }
     gone = std::move(v->second);
     j->versions.erase(v);
@@ -540,6 +639,14 @@ absl::StatusOr<int64_t> Store::DeleteVersion(const std::string& job,
   absl::MutexLock lock(&release_mu_);
   releasing_.push_back(std::move(gone));  // its memory is freed by ReleaseLoop
   return bytes;
+}
+
+bool Store::DeleteStaged(const std::string& job, int64_t version,
+                         int64_t max_epoch) {
+  return DeleteVersionIf(job, version, [&](const Version& v) {
+           return !v.committed && v.stage_epoch > 0 &&
+                  v.stage_epoch <= max_epoch;
+         }).ok();
 }
 
 absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
@@ -705,11 +812,26 @@ proto::ListResponse Store::List(const std::string& job) const {
       proto::VersionInfo* vi = ji->add_versions();
       vi->set_version(number);
       vi->set_committed(v.committed);
+      vi->set_stage_epoch(v.stage_epoch);
       vi->set_bytes(v.bytes);
       vi->set_small_objects(static_cast<int32_t>(v.small_objects.size()));
       for (const auto& [key, regions] : v.tensors) {
         FillTensor(j->decls.at(key), regions, vi->add_tensors());
       }
+    }
+  }
+  return out;
+}
+
+std::vector<proto::HeldVersion> Store::Versions() const {
+  std::vector<proto::HeldVersion> out;
+  for (const auto& [name, j] : Jobs()) {
+    absl::MutexLock lock(&j->mu);
+    for (const auto& [number, v] : j->versions) {
+      proto::HeldVersion& h = out.emplace_back();
+      h.set_job(name);
+      h.set_version(number);
+      h.set_committed(v.committed);
     }
   }
   return out;

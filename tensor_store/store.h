@@ -80,6 +80,22 @@ struct PendingPut {
   // and the job's; detect a delete while the put runs.
   uint64_t version_id = 0;
   uint64_t job_id = 0;
+  // The plan epoch of the staging that writes (0: a save).
+  int64_t stage_epoch = 0;
+};
+
+// What a version must hold before it may commit (a save's: the regions and
+// small objects of the ranks placed on this host).
+struct VersionExpectation {
+  std::vector<std::pair<std::string, Region>> regions;   // (tensor, region)
+  std::vector<std::pair<std::string, int32_t>> small_objects;  // (name, rank)
+  bool empty() const { return regions.empty() && small_objects.empty(); }
+};
+
+struct CommitResult {
+  int64_t bytes = 0;
+  // xxh3-64 of each expected region, in order.
+  std::vector<uint64_t> checksums;
 };
 
 // What a read of `region` needs: the tensor and the stored regions that
@@ -116,13 +132,27 @@ class Store {
   absl::StatusOr<int> DeclareTensors(const std::string& job,
                                      const std::vector<TensorDecl>& tensors);
 
-  // Starts a put of `region` of `tensor` into `version` (created if new).
-  // `dtype`, if given, must match the declaration. With `map` false the
-  // buffer is not mapped here (a local client fills it through its fd).
+  // Who may write a version: a version is either a save's (written by
+  // puts with stage_epoch 0, created by the first) or staged by a
+  // reconfiguration (created by CreateStaged under its plan epoch, written
+  // only by writers of that epoch). Each kind of writer is refused the
+  // other's versions, so a save can never land inside a staged version nor
+  // a stale plan inside a save; a staged writer never re-creates a version
+  // that was aborted or fenced under it.
+
+  // Creates `version` of `job` as a staged version of plan epoch `epoch`
+  // (> 0). ALREADY_EXISTS if the version exists.
+  absl::Status CreateStaged(const std::string& job, int64_t version,
+                            int64_t epoch);
+
+  // Starts a put of `region` of `tensor` into `version` (created if new
+  // and `stage_epoch` is 0). `dtype`, if given, must match the declaration.
+  // With `map` false the buffer is not mapped here (a local client fills it
+  // through its fd).
   absl::StatusOr<std::unique_ptr<PendingPut>> BeginPut(
       const std::string& job, int64_t version, const std::string& tensor,
       const Region& region, std::optional<DType> dtype = std::nullopt,
-      bool map = true);
+      bool map = true, int64_t stage_epoch = 0);
 
   // Seals the buffer, checksums it (or takes `computed`, the checksum the
   // caller took while writing), compares with `expected` (0: no check) and
@@ -136,7 +166,8 @@ class Store {
   // immutable buffer, and its memory is counted once. Creates the version
   // if new; refuses committed versions and regions already there.
   absl::Status Link(const std::string& job, int64_t version,
-                    const std::string& tensor, const StoredRegionRef& ref);
+                    const std::string& tensor, const StoredRegionRef& ref,
+                    int64_t stage_epoch = 0);
 
   absl::StatusOr<ReadView> OpenRead(const std::string& job, int64_t version,
                                     const std::string& tensor,
@@ -154,7 +185,8 @@ class Store {
   // the bytes' xxh3-64 (DATA_LOSS otherwise). Counted in the memory limit.
   absl::Status PutSmallObject(const std::string& job, int64_t version,
                               const std::string& name, int32_t rank,
-                              std::string bytes, uint64_t expected = 0);
+                              std::string bytes, uint64_t expected = 0,
+                              int64_t stage_epoch = 0);
   absl::StatusOr<SmallObjectRef> GetSmallObject(const std::string& job,
                                                 int64_t version,
                                                 const std::string& name,
@@ -162,10 +194,23 @@ class Store {
 
   // Returns the version's bytes.
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
+  // Checks that `version` stores every region of `expect` exactly (as one
+  // stored region) and every small object, else FAILED_PRECONDITION naming
+  // the first one missing, and nothing changes; then, unless `check_only`,
+  // commits it. Check and commit are one step under the job's lock.
+  absl::StatusOr<CommitResult> CommitChecked(const std::string& job,
+                                             int64_t version,
+                                             const VersionExpectation& expect,
+                                             bool check_only);
   // Removes the version at once; its memory is freed in the background
   // (see WaitReleased). Returns the version's bytes.
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
+  // Deletes `version` if it is a staged version (not committed) of a plan
+  // epoch in (0, max_epoch]: what an abort or a fence may delete. Never a
+  // save's version. True if it deleted one.
+  bool DeleteStaged(const std::string& job, int64_t version,
+                    int64_t max_epoch);
   // Forgets `job`: removes all its versions (their memory is freed in the
   // background, as DeleteVersion's) and its declarations. Returns the
   // number of versions and their bytes.
@@ -179,6 +224,8 @@ class Store {
 
   // Empty `job` lists all jobs.
   proto::ListResponse List(const std::string& job) const;
+  // Every version of every job, without its regions (cheap).
+  std::vector<proto::HeldVersion> Versions() const;
   absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
                                            int64_t version,
                                            const std::string& tensor) const;
@@ -198,6 +245,7 @@ class Store {
   struct Version {
     uint64_t id = 0;
     bool committed = false;
+    int64_t stage_epoch = 0;  // see CreateStaged
     int64_t bytes = 0;
     std::map<std::string, std::vector<StoredRegionRef>> tensors;
     // (name, rank) -> bytes; each paid for by its reservation.
@@ -213,11 +261,22 @@ class Store {
   };
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job) const;
-  // The open `version` of `j` (created if new); refuses a committed one.
+  // Deletes `version` if `pred` holds for it (checked under the job's
+  // lock); FAILED_PRECONDITION if not, NOT_FOUND if absent.
+  absl::StatusOr<int64_t> DeleteVersionIf(
+      const std::string& job, int64_t version,
+      const std::function<bool(const Version&)>& pred);
+  // The open `version` of `j` for a writer of `stage_epoch` (created if
+  // new and a save's); refuses a committed one and another writer's.
   static absl::StatusOr<Version*> OpenVersionLocked(Job& j,
                                                     const std::string& job,
-                                                    int64_t version)
+                                                    int64_t version,
+                                                    int64_t stage_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(j.mu);
+  // OK if a writer of `stage_epoch` may write into `v` (nullptr: absent).
+  static absl::Status CheckWriterLocked(const Version* v,
+                                        const std::string& job,
+                                        int64_t version, int64_t stage_epoch);
   std::vector<std::pair<std::string, std::shared_ptr<Job>>> Jobs() const;
   // Deleted versions are freed by a thread of their own: DeleteVersion
   // returns once the version is gone from the index, without waiting for

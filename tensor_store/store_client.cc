@@ -203,6 +203,11 @@ absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job,
   return resp.bytes();
 }
 
+absl::StatusOr<proto::CommitVersionResponse> StoreClient::CommitChecked(
+    const proto::CommitVersionRequest& req) {
+  return Unary(&proto::TensorStore::Stub::CommitVersion, req);
+}
+
 absl::Status StoreClient::PutSmallObject(const std::string& job,
                                          int64_t version,
                                          const std::string& name, int32_t rank,

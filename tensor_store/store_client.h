@@ -68,6 +68,9 @@ class StoreClient {
       const std::string& job, int64_t version, const std::string& tensor,
       const std::vector<Region>& regions = {});
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
+  // A commit (or, with check_only, a check) with expectations.
+  absl::StatusOr<proto::CommitVersionResponse> CommitChecked(
+      const proto::CommitVersionRequest& req);
   absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
                                         int64_t version);
   // Forgets the job on this ptcd (every version): (versions, bytes).

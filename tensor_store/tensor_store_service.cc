@@ -116,9 +116,30 @@ grpc::Status TensorStoreService::CommitVersion(
     grpc::ServerContext*, const proto::CommitVersionRequest* req,
     proto::CommitVersionResponse* resp) {
   Call call(this, "CommitVersion");
-  auto bytes = store_->Commit(req->job(), req->version());
-  if (bytes.ok()) resp->set_bytes(*bytes);
-  return call.Done(bytes.status());
+  constexpr int kMaxExpectations = 1000000;
+  if (req->expect_regions_size() > kMaxExpectations ||
+      req->expect_small_objects_size() > kMaxExpectations) {
+    return call.Done(absl::InvalidArgumentError(absl::StrCat(
+        "a commit may expect at most ", kMaxExpectations,
+        " regions and small objects; got ", req->expect_regions_size(), " and ",
+        req->expect_small_objects_size())));
+  }
+  VersionExpectation expect;
+  expect.regions.reserve(req->expect_regions_size());
+  for (const proto::ExpectedRegion& e : req->expect_regions()) {
+    auto r = RegionFromProto(e.region());
+    if (!r.ok()) return call.Done(r.status());
+    expect.regions.emplace_back(e.tensor(), *std::move(r));
+  }
+  for (const proto::ExpectedSmallObject& e : req->expect_small_objects())
+    expect.small_objects.emplace_back(e.name(), e.rank());
+  auto result = store_->CommitChecked(req->job(), req->version(), expect,
+                                      req->check_only());
+  if (result.ok()) {
+    resp->set_bytes(result->bytes);
+    for (uint64_t c : result->checksums) resp->add_checksums(c);
+  }
+  return call.Done(result.status());
 }
 
 grpc::Status TensorStoreService::PutSmallObject(

@@ -1,0 +1,407 @@
+// Saves of CoordinatorService: BeginSave, ReportSaved and the proof a save
+// must pass on its hosts before it commits (rules 1, 2 and 4 of
+// coordinator_service.h), and the proof of a host that came back (rule 7).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/reconfigure_driver.h"
+#include "ptc/layout.h"
+#include "ptc/model_spec.h"
+#include "ptc/region_proto.h"
+#include "tensor_store/store_client.h"
+
+namespace ptc {
+namespace {
+
+// What each host of a placement must hold of one version: the distinct
+// regions of the ranks placed on it (ranks on one host share a region) and
+// every rank's small objects; and which ranks hold each region, for
+// messages.
+struct HostShare {
+  proto::CommitVersionRequest request;
+  std::vector<std::vector<int32_t>> ranks;  // per expected region
+};
+
+absl::StatusOr<std::map<std::string, HostShare>> SharesOf(
+    const std::string& job, int64_t version, const std::string& model,
+    const std::string& config, const std::vector<std::string>& rank_hosts) {
+  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(model));
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse(config));
+  PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, c));
+  if (static_cast<int>(rank_hosts.size()) != layout.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' places ", rank_hosts.size(), " of its ",
+        layout.world_size(), " ranks; are all its hosts registered?"));
+  }
+  std::map<std::string, HostShare> out;
+  for (const std::string& h : rank_hosts) {
+    HostShare& share = out[h];
+    share.request.set_job(job);
+    share.request.set_version(version);
+  }
+  for (int t = 0; t < layout.num_tensors(); ++t) {
+    // (host, region) -> index in that host's expectations.
+    std::map<std::pair<std::string, Region>, int> index;
+    for (const Shard& s : layout.shards(t)) {
+      if (s.region.empty()) continue;
+      const std::string& host = rank_hosts[s.rank];
+      HostShare& share = out[host];
+      auto [it, added] = index.try_emplace(
+          {host, s.region}, share.request.expect_regions_size());
+      if (added) {
+        proto::ExpectedRegion* e = share.request.add_expect_regions();
+        e->set_tensor(spec.tensors[t].key);
+        RegionToProto(s.region, e->mutable_region());
+        share.ranks.emplace_back();
+      }
+      share.ranks[it->second].push_back(s.rank);
+    }
+  }
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    for (const SmallObjectSpec& o : spec.small_objects) {
+      proto::ExpectedSmallObject* e =
+          out[rank_hosts[rank]].request.add_expect_small_objects();
+      e->set_name(o.name);
+      e->set_rank(rank);
+    }
+  }
+  return out;
+}
+
+std::string Ranks(const std::vector<int32_t>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
+                      absl::StrJoin(ranks, ","));
+}
+
+}  // namespace
+
+absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
+                                                        int64_t epoch,
+                                                        int32_t rank) const {
+  const proto::CoordinatorState::Job& s = job.state;
+  if (epoch <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout epoch ", epoch,
+        " must be positive (read it from the job's status: Refresh)"));
+  }
+  if (epoch == s.layout_epoch()) return absl::OkStatus();
+  if (epoch > s.layout_epoch()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout epoch ", epoch, " of job '", s.job(),
+                     "' does not exist yet (the job is at ",
+                     s.layout_epoch(), ")"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " works under layout epoch ", epoch, " of job '", s.job(),
+      "', but the job is at layout epoch ", s.layout_epoch(), " (", s.config(),
+      " since version ", s.committed_version(),
+      "): this save is stale; Refresh and load the committed version"));
+}
+
+grpc::Status CoordinatorService::BeginSave(grpc::ServerContext*,
+                                           const proto::BeginSaveRequest* req,
+                                           proto::BeginSaveResponse* resp) {
+  return ToGrpcStatus(DoBeginSave(*req, resp));
+}
+
+absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
+                                             proto::BeginSaveResponse* resp) {
+  if (req.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", req.step(), " is negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(req.job());
+  if (it == jobs_.end())
+    return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+  Job& job = *it->second;
+  proto::CoordinatorState::Job& s = job.state;
+  if (req.rank() < 0 || req.rank() >= job.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
+  }
+  PTC_RETURN_IF_ERROR(CheckLayoutEpochLocked(job, req.layout_epoch(), req.rank()));
+  if (s.target_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", req.job(), "' is being reconfigured (epoch ", s.target_epoch(),
+        ", to ", s.target_config(), "); save after it ends"));
+  }
+  for (const auto& o : s.open_saves()) {
+    if (o.step() == req.step()) {
+      resp->set_version(o.version());
+      return absl::OkStatus();
+    }
+  }
+  if (s.open_saves_size() >= std::max(1, options_.max_open_saves)) {
+    // The oldest save in progress is superseded: its version is reclaimed.
+    job.saved.erase(s.open_saves(0).version());
+    s.mutable_open_saves()->erase(s.mutable_open_saves()->begin());
+  }
+  proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
+  o->set_version(NewVersionLocked(job));
+  o->set_step(req.step());
+  o->set_layout_epoch(s.layout_epoch());
+  PTC_RETURN_IF_ERROR(PersistLocked());
+  resp->set_version(o->version());
+  Log("coordinator")
+      ->info("job {}: save of step {} is version {} (layout epoch {})",
+             req.job(), req.step(), o->version(), s.layout_epoch());
+  return absl::OkStatus();
+}
+
+grpc::Status CoordinatorService::ReportSaved(
+    grpc::ServerContext*, const proto::ReportSavedRequest* req,
+    proto::ReportSavedResponse* resp) {
+  return ToGrpcStatus(DoReportSaved(*req, resp));
+}
+
+absl::Status CoordinatorService::DoReportSaved(
+    const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp) {
+  std::string model, config;
+  std::vector<std::string> rank_hosts, hosts;
+  int64_t previous = 0, step = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end())
+      return absl::NotFoundError(
+          absl::StrCat("job '", req.job(), "' is unknown"));
+    Job& job = *it->second;
+    const proto::CoordinatorState::Job& s = job.state;
+    if (req.rank() < 0 || req.rank() >= job.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
+    }
+    PTC_RETURN_IF_ERROR(
+        CheckLayoutEpochLocked(job, req.layout_epoch(), req.rank()));
+    if (s.target_version() != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", req.job(),
+                       "' is being reconfigured; save again after it ends"));
+    }
+    auto open = std::find_if(
+        s.open_saves().begin(), s.open_saves().end(),
+        [&](const auto& o) { return o.version() == req.version(); });
+    if (open == s.open_saves().end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", req.version(), " of job '", req.job(),
+          "' is not a save in progress (committed version ",
+          s.committed_version(),
+          "); a save writes into the version BeginSave gives it"));
+    }
+    if (job.committing_save) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", req.job(), "' is committing another save; report again"));
+    }
+    std::set<int32_t>& ranks = job.saved[req.version()];
+    ranks.insert(req.rank());
+    if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
+    step = open->step();
+    model = s.model();
+    config = s.config();
+    rank_hosts = RankHostsLocked(job);
+    hosts.assign(s.hosts().begin(), s.hosts().end());
+    previous = s.committed_version();
+    job.committing_save = true;  // no change starts until this ends
+  }
+  // Every rank reported: prove the version on every host (rule 4).
+  const absl::Status proven =
+      CommitSaveOnHosts(req.job(), req.version(), model, config, rank_hosts);
+  std::vector<std::string> addresses;
+  std::vector<int64_t> superseded;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end()) {
+      return absl::AbortedError(
+          absl::StrCat("job '", req.job(), "' was forgotten while version ",
+                       req.version(), " was being committed"));
+    }
+    Job& job = *it->second;
+    proto::CoordinatorState::Job& s = job.state;
+    job.committing_save = false;
+    auto* open = s.mutable_open_saves();
+    if (!proven.ok()) {
+      // The save failed: its version is no longer owned, and goes.
+      job.saved.erase(req.version());
+      open->erase(std::remove_if(open->begin(), open->end(),
+                                 [&](const auto& o) {
+                                   return o.version() == req.version();
+                                 }),
+                  open->end());
+      superseded.push_back(req.version());
+    } else {
+      s.set_committed_version(req.version());
+      s.set_committed_step(step);
+      s.clear_lost_hosts();
+      for (const auto& o : *open)
+        if (o.version() < req.version()) superseded.push_back(o.version());
+      open->erase(std::remove_if(open->begin(), open->end(),
+                                 [&](const auto& o) {
+                                   return o.version() <= req.version();
+                                 }),
+                  open->end());
+      job.saved.erase(job.saved.begin(),
+                      job.saved.upper_bound(req.version()));
+      if (previous > 0) superseded.push_back(previous);
+    }
+    PTC_RETURN_IF_ERROR(PersistLocked());
+    auto a = AddressesLocked(hosts);
+    if (a.ok()) addresses = *std::move(a);
+  }
+  // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
+  std::set<std::string> unique(addresses.begin(), addresses.end());
+  for (int64_t v : superseded)
+    ReleaseOn({unique.begin(), unique.end()}, req.job(), v);
+  if (!proven.ok()) {
+    Log("coordinator")
+        ->error("job {}: the save of version {} failed and was deleted: {}",
+                req.job(), req.version(), proven.ToString());
+    return Annotate(proven,
+                    absl::StrCat("version ", req.version(),
+                                 " cannot commit and was deleted; version ",
+                                 previous, " stays; save again"));
+  }
+  Log("coordinator")
+      ->info("job {} version {} (step {}) committed by all ranks", req.job(),
+             req.version(), step);
+  resp->set_committed(true);
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::CommitSaveOnHosts(
+    const std::string& job, int64_t version, const std::string& model,
+    const std::string& config, const std::vector<std::string>& rank_hosts) {
+  PTC_ASSIGN_OR_RETURN(auto shares,
+                       SharesOf(job, version, model, config, rank_hosts));
+  std::vector<std::string> names, addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, share] : shares) {
+      auto it = hosts_.find(name);
+      if (it == hosts_.end() || !it->second.status.alive()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "host ", name, " of the placement is ",
+            it == hosts_.end() ? "unknown" : "dead",
+            ": it cannot prove that it holds its share"));
+      }
+      names.push_back(name);
+      addresses.push_back(it->second.status.address());
+    }
+  }
+  std::map<std::string, proto::CommitVersionResponse> answers;
+  absl::Mutex mu;
+  PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
+    const size_t i =
+        std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
+    auto r = StoreClient::Connect(a)->CommitChecked(shares.at(names[i]).request);
+    if (!r.ok()) {
+      return Annotate(r.status(), absl::StrCat("host ", names[i], " (", a,
+                                               ") cannot commit it"));
+    }
+    absl::MutexLock lock(&mu);
+    answers[names[i]] = *std::move(r);
+    return absl::OkStatus();
+  }));
+  // Replicas on different hosts must agree (on one host the client checks).
+  struct Copy {
+    std::string host;
+    uint64_t checksum;
+    const std::vector<int32_t>* ranks;
+  };
+  std::map<std::pair<std::string, Region>, Copy> first;
+  for (const auto& [name, share] : shares) {
+    const proto::CommitVersionResponse& answer = answers.at(name);
+    if (answer.checksums_size() != share.request.expect_regions_size()) {
+      return absl::InternalError(absl::StrCat(
+          "host ", name, " answered ", answer.checksums_size(),
+          " checksums for ", share.request.expect_regions_size(), " regions"));
+    }
+    for (int i = 0; i < answer.checksums_size(); ++i) {
+      const proto::ExpectedRegion& e = share.request.expect_regions(i);
+      PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(e.region()));
+      auto [it, added] = first.try_emplace(
+          {e.tensor(), r}, Copy{name, answer.checksums(i), &share.ranks[i]});
+      if (added || it->second.checksum == answer.checksums(i)) continue;
+      return absl::DataLossError(absl::StrCat(
+          "replicas of tensor '", e.tensor(), "' ", r.ToString(),
+          " disagree: ", Ranks(*it->second.ranks), " on ", it->second.host,
+          " saved other bytes than ", Ranks(share.ranks[i]), " on ", name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CoordinatorService::VerifyReturnedHosts() {
+  struct Proof {
+    std::string host, address, job;
+    int64_t version;
+    std::string model, config;
+    std::vector<std::string> rank_hosts;
+  };
+  std::vector<Proof> proofs;
+  std::vector<std::string> done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& host : verify_hosts_) {
+      auto h = hosts_.find(host);
+      if (h == hosts_.end() || !h->second.status.alive()) continue;
+      bool any = false;
+      for (const auto& [name, job] : jobs_) {
+        const auto& s = job->state;
+        const auto& lost = s.lost_hosts();
+        if (s.target_version() != 0 || s.committed_version() <= 0 ||
+            std::find(lost.begin(), lost.end(), host) == lost.end())
+          continue;
+        any = true;
+        proofs.push_back({host, h->second.status.address(), name,
+                          s.committed_version(), s.model(), s.config(),
+                          RankHostsLocked(*job)});
+      }
+      if (!any) done.push_back(host);
+    }
+    for (const std::string& h : done) verify_hosts_.erase(h);
+  }
+  for (const Proof& p : proofs) {
+    auto shares =
+        SharesOf(p.job, p.version, p.model, p.config, p.rank_hosts);
+    absl::Status s = shares.status();
+    if (s.ok() && shares->count(p.host)) {
+      // Sealing is right: the coordinator committed this version.
+      s = StoreClient::Connect(p.address)
+              ->CommitChecked(shares->at(p.host).request)
+              .status();
+    }
+    absl::MutexLock lock(&mu_);
+    auto j = jobs_.find(p.job);
+    if (j == jobs_.end() || j->second->state.committed_version() != p.version)
+      continue;  // the job moved on meanwhile; tried again next round
+    auto* lost = j->second->state.mutable_lost_hosts();
+    if (s.ok()) {
+      lost->erase(std::remove(lost->begin(), lost->end(), p.host),
+                  lost->end());
+      Log("coordinator")
+          ->info("job {}: host {} proved its share of version {}; it is a "
+                 "source again",
+                 p.job, p.host, p.version);
+    } else {
+      Log("coordinator")
+          ->warn("job {}: host {} is back but does not hold its share of "
+                 "version {} ({}); it stays lost",
+                 p.job, p.host, p.version, s.ToString());
+    }
+    // Either way this host is settled for this job.
+    verify_hosts_.erase(p.host);
+    PersistLocked().IgnoreError();
+  }
+}
+
+}  // namespace ptc
