@@ -94,6 +94,8 @@ absl::Status Client::Refresh() {
   spec_ = std::move(spec);
   config_ = std::move(config);
   committed_version_ = job.committed_version();
+  committed_step_ = job.committed_step();
+  layout_epoch_ = job.layout_epoch();
   regions_ = std::move(regions);
   return absl::OkStatus();
 }
@@ -105,20 +107,25 @@ std::vector<int> Client::RegionsOf(const std::string& key) const {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
-    int64_t version) {
-  if (version <= committed_version_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", version, " is not newer than job '",
-                     options_.job, "''s committed version ", committed_version_,
-                     "; save with a larger number (e.g. the training step)"));
-  }
-  return std::unique_ptr<Save>(new Save(this, version));
+absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  proto::BeginSaveRequest req;
+  req.set_job(options_.job);
+  req.set_rank(options_.rank);
+  req.set_layout_epoch(layout_epoch_);
+  req.set_step(step);
+  proto::BeginSaveResponse resp;
+  PTC_RETURN_IF_ERROR(
+      Annotate(FromGrpcStatus(coordinator_->BeginSave(&ctx, req, &resp)),
+               absl::StrCat("beginning the save of step ", step)));
+  return std::unique_ptr<Save>(new Save(this, resp.version(), step));
 }
 
-Client::Save::Save(Client* client, int64_t version)
+Client::Save::Save(Client* client, int64_t version, int64_t step)
     : client_(client),
       version_(version),
+      step_(step),
       buffers_(client->regions_.size()),
       written_checksums_(client->regions_.size()) {}
 
@@ -252,10 +259,16 @@ absl::StatusOr<bool> Client::Save::Commit() {
   req.set_job(job);
   req.set_rank(client_->rank());
   req.set_version(version_);
+  req.set_layout_epoch(client_->layout_epoch_);
   proto::ReportSavedResponse resp;
   PTC_RETURN_IF_ERROR(Annotate(
       FromGrpcStatus(client_->coordinator_->ReportSaved(&ctx, req, &resp)),
       "reporting the save to the coordinator"));
+  if (resp.committed()) {
+    // This rank's own commit: its view moves with it.
+    client_->committed_version_ = version_;
+    client_->committed_step_ = step_;
+  }
   return resp.committed();
 }
 
@@ -270,6 +283,17 @@ absl::StatusOr<std::string> Client::State::SmallObject(
 }
 
 absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
+  // What is committed now, not when this client last looked.
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus now, FetchJob());
+  if (now.layout_epoch() != layout_epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job, "' changed its layout (epoch ", layout_epoch_,
+        " -> ", now.layout_epoch(), ", now ", now.config(),
+        ") since this client read it; Refresh() and rebuild the local shards "
+        "before loading"));
+  }
+  committed_version_ = now.committed_version();
+  committed_step_ = now.committed_step();
   const int64_t version = committed_version_;
   if (version == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -316,6 +340,7 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
     PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
     if (job.committed_version() >= version) {
       committed_version_ = job.committed_version();
+      committed_step_ = job.committed_step();
       return absl::OkStatus();
     }
     if (absl::Now() > deadline) {

@@ -7,7 +7,8 @@
 //   PTC_ASSIGN_OR_RETURN(auto client, Client::Connect({
 //       .socket_path = "/run/ptcd/ptcd.sock", .coordinator = "coord:7000",
 //       .job = "gpt-7b", .rank = rank}));
-//   // Save step 1200: fill each of this rank's regions, then commit.
+//   // Save step 1200 (the coordinator gives the save its version): fill
+//   // each of this rank's regions, then commit.
 //   PTC_ASSIGN_OR_RETURN(auto save, client->BeginSave(1200));
 //   for (int i = 0; i < client->regions().size(); ++i) {
 //     PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, save->Buffer(i));
@@ -84,8 +85,14 @@ class Client {
   const ParallelConfig& config() const { return config_; }
   MeshCoord coord() const { return config_.CoordOf(options_.rank); }
   int world_size() const { return config_.world_size(); }
-  // The job's newest committed version (0: none yet).
+  // The job's newest committed version (0: none yet), as of the last
+  // Refresh, Load, WaitCommitted or this client's own commit of a save.
   int64_t committed_version() const { return committed_version_; }
+  // The training step that version was saved at.
+  int64_t committed_step() const { return committed_step_; }
+  // The layout epoch of config() (the coordinator's; +1 at every change):
+  // saves carry it, and a save under a stale one is refused.
+  int64_t layout_epoch() const { return layout_epoch_; }
   // The regions this rank holds under config(), in spec order.
   const std::vector<RankRegion>& regions() const { return regions_; }
   // Index in regions() of `key`'s region(s); empty if this rank holds none.
@@ -109,25 +116,34 @@ class Client {
     // Publishes every region (all must have been filled) and small object
     // (all of the spec's must have been put) and reports this rank's save
     // to the coordinator. Returns true if this was the last rank and the
-    // version is now committed. A region another rank on this host already
-    // saved is kept once, after checking that both copies are equal.
+    // version is now committed (every host of the placement proved that it
+    // holds the whole version, and replicas agree). A region another rank
+    // on this host already saved is kept once, after checking that both
+    // copies are equal. FAILED_PRECONDITION if the job changed its layout
+    // since this client read it (the save is stale).
     absl::StatusOr<bool> Commit();
+    // The version the coordinator gave this save, and its training step.
     int64_t version() const { return version_; }
+    int64_t step() const { return step_; }
 
    private:
     friend class Client;
-    Save(Client* client, int64_t version);
+    Save(Client* client, int64_t version, int64_t step);
     Client* client_;
     int64_t version_;
+    int64_t step_;
     std::vector<std::optional<LocalClient::PutBuffer>> buffers_;
     // xxh3 of region i taken by Write (unset once Buffer(i) hands it out).
     std::vector<std::optional<uint64_t>> written_checksums_;
     std::map<std::string, std::string> small_;
     bool committed_ = false;
   };
-  // Starts saving `version` (e.g. the training step); it must be newer than
-  // the committed version.
-  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t version);
+  // Starts saving this rank's state at training step `step` (>= 0): the
+  // coordinator gives the save its version (every rank saving the same
+  // step under the same layout writes into the same version).
+  // FAILED_PRECONDITION if the job's layout changed since this client read
+  // it, or the job is being reconfigured.
+  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t step);
 
   // This rank's state in one committed version: read-only mappings of the
   // daemon's buffers (no copy) and the rank's small objects. Valid while
@@ -153,9 +169,11 @@ class Client {
     std::vector<LocalClient::Mapping> mappings_;
     std::map<std::string, std::string> small_;
   };
-  // Loads this rank's regions and small objects of the committed version
-  // (Refresh first after a reconfiguration). FAILED_PRECONDITION if the job
-  // has no committed version or this host's ptcd no longer holds it.
+  // Loads this rank's regions and small objects of the job's committed
+  // version, as the coordinator knows it now. FAILED_PRECONDITION if the
+  // job has no committed version, if its layout changed since this client
+  // read it (Refresh first after a reconfiguration), or if this host's
+  // ptcd no longer holds it.
   absl::StatusOr<std::unique_ptr<State>> Load();
 
   // Waits until the coordinator has committed `version` (every rank saved).
@@ -172,6 +190,8 @@ class Client {
   ModelSpec spec_;
   ParallelConfig config_;
   int64_t committed_version_ = 0;
+  int64_t committed_step_ = 0;
+  int64_t layout_epoch_ = 0;
   std::vector<RankRegion> regions_;
 };
 

@@ -46,12 +46,18 @@ std::string SmallFor(const std::string& name, int rank) {
 
 // Every rank saves its regions (synthetic values) and small objects: odd
 // regions by copy (Write, checksummed during the copy), even ones filled
-// in place (Buffer, checksummed at Commit).
-void SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t version) {
+// in place (Buffer, checksummed at Commit). Returns the version the
+// coordinator gave the save of `step`.
+int64_t SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t step) {
   bool committed = false;
+  int64_t version = 0;
   for (auto& c : clients) {
-    auto save = c->BeginSave(version);
+    auto save = c->BeginSave(step);
     REQUIRE(save.ok());
+    // Every rank saving one step writes into the same version.
+    if (version == 0) version = (*save)->version();
+    CHECK((*save)->version() == version);
+    CHECK((*save)->step() == step);
     for (int i = 0; i < static_cast<int>(c->regions().size()); ++i) {
       const RankRegion& r = c->regions()[i];
       if (i % 2 == 1) {
@@ -80,8 +86,11 @@ void SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t version) {
     committed = *done;
   }
   CHECK(committed);  // the last rank's report committed the version
-  for (auto& c : clients)
+  for (auto& c : clients) {
     REQUIRE(c->WaitCommitted(version, absl::Seconds(10)).ok());
+    CHECK(c->committed_step() == step);
+  }
+  return version;
 }
 
 void CheckLoaded(Client& c, const Client::State& s) {
@@ -111,14 +120,16 @@ TEST_CASE("client: every dtype round-trips through save and load, zero-copy",
     CHECK(clients[0]->host() == "host0");
     CHECK(clients[3]->host() == "host1");
     CHECK(clients[0]->committed_version() == 0);
-    SaveAll(clients, 5);
+    const int64_t version = SaveAll(clients, 5);
+    CHECK(version == 1);  // ptc numbers versions; the step is metadata
     std::vector<std::unique_ptr<Client::State>> states;
     for (auto& c : clients) {
-      REQUIRE(c->committed_version() == 5);
+      REQUIRE(c->committed_version() == version);
+      REQUIRE(c->committed_step() == 5);
       auto s = c->Load();
       INFO(s.status().ToString());
       REQUIRE(s.ok());
-      CHECK((*s)->version() == 5);
+      CHECK((*s)->version() == version);
       CheckLoaded(*c, **s);
       for (const SmallObjectSpec& o : c->spec().small_objects)
         CHECK(*(*s)->SmallObject(o.name) == SmallFor(o.name, c->rank()));
@@ -156,6 +167,20 @@ TEST_CASE("client: after a reconfiguration each new rank loads its new shards",
     CHECK(*(*s)->SmallObject("rng.model_parallel") ==
           SmallFor("rng.model_parallel", 0));
   }
+  // A process of the old layout that still saves is refused, at the start
+  // and at its report, and told why; its view cannot load the new layout.
+  auto stale = before[0]->BeginSave(9);
+  CHECK(stale.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(stale.status().message(),
+                          "works under layout epoch 1"));
+  CHECK(absl::StrContains(stale.status().message(), "is stale"));
+  auto old_load = before[2]->Load();
+  CHECK(old_load.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(old_load.status().message(), "changed its layout"));
+  // The new ranks save the next step into a new version (the change took
+  // version 2; a save can never collide with it).
+  CHECK(after[0]->layout_epoch() == 2);
+  CHECK(SaveAll(after, 2) == 3);
   // A client of the old config learns the new layout with Refresh, and is
   // told its old rank placement no longer matches.
   const absl::Status moved = before[1]->Refresh();
@@ -235,9 +260,9 @@ TEST_CASE("client: each misuse gets an error that says what to do",
   CHECK(diverged.status().code() == absl::StatusCode::kDataLoss);
   CHECK(absl::StrContains(diverged.status().message(), "replicas diverged"));
 
-  // A version that is not newer than the committed one (0: none yet).
-  CHECK(c0->BeginSave(0).status().code() ==
-        absl::StatusCode::kFailedPrecondition);
+  // A negative step.
+  CHECK(c0->BeginSave(-1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("client: a version dropped from the host's ptcd is reported gone",

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -348,6 +349,99 @@ TEST_CASE(
   CHECK(s.budget().used() == 0);
   // A reference taken before the delete stays valid.
   CHECK(*got->bytes == "state of rank 1");
+}
+
+}  // namespace
+}  // namespace ptc
+
+namespace ptc {
+namespace {
+
+// A put of region `r` of "w" into `version` by a writer of `epoch` (0: a
+// save), finished; its status.
+absl::Status PutAs(Store& s, int64_t version, const Region& r, int64_t epoch) {
+  auto put = s.BeginPut("job", version, "w", r, std::nullopt, true, epoch);
+  if (!put.ok()) return put.status();
+  std::memset((*put)->buffer->mutable_data(), 3, (*put)->bytes);
+  return s.FinishPut(std::move(*put)).status();
+}
+
+TEST_CASE(
+    "store: a staged version takes writes only from its own plan epoch, and a "
+    "save's version only from saves",
+    "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region a{{0, 4}, {0, 8}}, b{{4, 8}, {0, 8}};
+  REQUIRE(s.CreateStaged("job", 2, 5).ok());
+  CHECK(s.CreateStaged("job", 2, 6).code() ==
+        absl::StatusCode::kAlreadyExists);
+  // A save racing the change cannot land inside the staged version.
+  const absl::Status save = PutAs(s, 2, a, 0);
+  CHECK(save.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(save.message(), "being staged by a reconfiguration"));
+  CHECK(s.PutSmallObject("job", 2, "iteration", 0, "x").code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // Nor can another plan's writer.
+  CHECK(PutAs(s, 2, a, 4).code() == absl::StatusCode::kAborted);
+  CHECK(PutAs(s, 2, a, 5).ok());
+  CHECK(s.List("job").jobs(0).versions(0).stage_epoch() == 5);
+
+  // A save's version refuses staged writers, and an abort never deletes it.
+  REQUIRE(PutAs(s, 3, a, 0).ok());
+  CHECK(PutAs(s, 3, b, 5).code() == absl::StatusCode::kAborted);
+  CHECK_FALSE(s.DeleteStaged("job", 3, 100));
+  // An abort of an older epoch leaves a newer plan's staging alone; its
+  // own (or a fencing, newer) epoch deletes it.
+  CHECK_FALSE(s.DeleteStaged("job", 2, 4));
+  CHECK(s.DeleteStaged("job", 2, 5));
+  // A writer of the aborted plan cannot bring the version back.
+  const absl::Status late = PutAs(s, 2, b, 5);
+  CHECK(late.code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(late.message(), "aborted or fenced"));
+  std::vector<int64_t> versions;
+  const proto::ListResponse listed = s.List("job");
+  for (const auto& v : listed.jobs(0).versions())
+    versions.push_back(v.version());
+  CHECK(versions == std::vector<int64_t>{3});
+}
+
+TEST_CASE(
+    "store: a checked commit proves every expected region and small object "
+    "first, and commits nothing otherwise",
+    "[tensor_store]") {
+  Store s({1 << 20});
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region a{{0, 4}, {0, 8}}, b{{4, 8}, {0, 8}};
+  REQUIRE(PutAs(s, 1, a, 0).ok());
+  REQUIRE(s.PutSmallObject("job", 1, "iteration", 0, "7").ok());
+  VersionExpectation expect;
+  expect.regions = {{"w", a}, {"w", b}};
+  expect.small_objects = {{"iteration", 0}};
+  auto missing = s.CommitChecked("job", 1, expect, false);
+  CHECK(missing.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(missing.status().message(),
+                          "lacks region [4:8, 0:8]"));
+  CHECK_FALSE(s.List("job").jobs(0).versions(0).committed());
+  // A region covered only in parts is not the region.
+  expect.regions = {{"w", Region{{0, 8}, {0, 8}}}};
+  CHECK(s.CommitChecked("job", 1, expect, false).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  expect.regions = {{"w", a}};
+  expect.small_objects = {{"iteration", 1}};
+  auto no_object = s.CommitChecked("job", 1, expect, false);
+  CHECK(absl::StrContains(no_object.status().message(),
+                          "lacks small object 'iteration' of rank 1"));
+  expect.small_objects = {{"iteration", 0}};
+  auto checked = s.CommitChecked("job", 1, expect, /*check_only=*/true);
+  REQUIRE(checked.ok());
+  REQUIRE(checked->checksums.size() == 1);
+  std::vector<char> threes(128, 3);
+  CHECK(checked->checksums[0] == Checksum(threes.data(), threes.size()));
+  CHECK_FALSE(s.List("job").jobs(0).versions(0).committed());
+  REQUIRE(s.CommitChecked("job", 1, expect, false).ok());
+  CHECK(s.List("job").jobs(0).versions(0).committed());
+  CHECK(PutAs(s, 1, b, 0).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -84,7 +84,7 @@ for run in $(seq 1 "$runs"); do
       --hosts host0,host1 >/dev/null
     for h in 0 1; do
       bazel-bin/tools/synthetic_job save $c --job $job --host host$h \
-        --socket "$dir/host$h.sock" --version 1 >/dev/null
+        --socket "$dir/host$h.sock" --step 1 >/dev/null
     done
     out=$(bazel-bin/tools/ptcctl reconfigure $c --job $job --to tp=1,pp=1,dp=4 \
       --hosts host2,host3 --strategy $strategy --json)

@@ -66,7 +66,7 @@ c="--coordinator $COORDINATOR"
 model=gpt3-350m
 start=tp=4,pp=1,dp=1,zero=1
 $ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
-bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --version 1
+bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --step 1
 
 measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]
   local times=() stage_times=() rates=() stage_rates=()

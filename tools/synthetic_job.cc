@@ -3,9 +3,12 @@
 // client library).
 //
 //   synthetic_job save --coordinator ADDR --job J --host NAME --socket PATH
-//   --version V
-//       saves, through the host's ptcd socket (shared memory), the regions
-//       of every rank the job places on NAME, and reports each rank saved;
+//   [--step S] [--layout-epoch E]
+//       saves step S (default 1), through the host's ptcd socket (shared
+//       memory), the regions of every rank the job places on NAME into the
+//       version the coordinator gives it, and reports each rank saved;
+//       --layout-epoch saves under that epoch instead of the job's current
+//       one (a stale rank, for tests);
 //   synthetic_job verify --coordinator ADDR --job J
 //       reads every rank's regions of the committed version from its host
 //       and checks every element.
@@ -80,11 +83,41 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
   PTC_ASSIGN_OR_RETURN(std::string job, args.Required("job"));
   PTC_ASSIGN_OR_RETURN(std::string host, args.Required("host"));
   PTC_ASSIGN_OR_RETURN(std::string socket, args.Required("socket"));
-  int64_t version;
-  if (!absl::SimpleAtoi(args.Get("version", "1"), &version) || version < 1) {
-    return absl::InvalidArgumentError("--version needs a positive number");
+  int64_t step, epoch = 0;
+  if (!absl::SimpleAtoi(args.Get("step", "1"), &step) || step < 0) {
+    return absl::InvalidArgumentError("--step needs a number >= 0");
+  }
+  if (args.Has("layout-epoch") &&
+      (!absl::SimpleAtoi(args.Get("layout-epoch"), &epoch) || epoch < 1)) {
+    return absl::InvalidArgumentError("--layout-epoch needs a positive number");
   }
   PTC_ASSIGN_OR_RETURN(JobView v, LoadJob(stub, job));
+  if (epoch == 0) epoch = v.status.layout_epoch();
+  int first_rank = -1;
+  for (int r = 0; r < static_cast<int>(v.rank_hosts.size()); ++r) {
+    if (v.rank_hosts[r] == host) {
+      first_rank = r;
+      break;
+    }
+  }
+  if (first_rank < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' places no rank on ", host, " (", v.status.config(),
+        ")"));
+  }
+  int64_t version;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    proto::BeginSaveRequest req;
+    req.set_job(job);
+    req.set_rank(first_rank);
+    req.set_layout_epoch(epoch);
+    req.set_step(step);
+    proto::BeginSaveResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->BeginSave(&ctx, req, &resp)));
+    version = resp.version();
+  }
   // Tensors are declared over gRPC; bytes go through shared memory.
   std::vector<TensorDecl> decls;
   for (const TensorSpec& t : v.spec.tensors)
@@ -125,13 +158,15 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     req.set_job(job);
     req.set_rank(rank);
     req.set_version(version);
+    req.set_layout_epoch(epoch);
     proto::ReportSavedResponse resp;
     PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp)));
     committed |= resp.committed();
   }
   std::cout << absl::StrFormat(
-      "%s: saved %d ranks of job %s version %d (%d regions, %.1f MiB)%s\n",
-      host, ranks.size(), job, version, done.size(), bytes / 1048576.0,
+      "%s: saved %d ranks of job %s step %d as version %d (%d regions, %.1f "
+      "MiB)%s\n",
+      host, ranks.size(), job, step, version, done.size(), bytes / 1048576.0,
       committed ? "; version committed by all ranks" : "");
   return absl::OkStatus();
 }
@@ -197,10 +232,11 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
 int Main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   auto args = Args::Parse(
-      argc, argv, 2, {"coordinator", "job", "host", "socket", "version"}, {});
+      argc, argv, 2,
+      {"coordinator", "job", "host", "socket", "step", "layout-epoch"}, {});
   if ((cmd != "save" && cmd != "verify") || !args.ok()) {
     std::cerr << "usage: synthetic_job save|verify --coordinator ADDR --job J "
-                 "[--host NAME --socket PATH --version V]\n";
+                 "[--host NAME --socket PATH --step S [--layout-epoch E]]\n";
     if (!args.ok()) std::cerr << args.status().message() << "\n";
     return 2;
   }

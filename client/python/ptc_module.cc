@@ -226,6 +226,7 @@ PYBIND11_MODULE(_ptc, m) {
 
   py::class_<Client::Save>(m, "Save")
       .def_property_readonly("version", &Client::Save::version)
+      .def_property_readonly("step", &Client::Save::step)
       .def(
           "write",
           [](Client::Save& s, int i, py::buffer data) {
@@ -307,6 +308,8 @@ PYBIND11_MODULE(_ptc, m) {
       .def_property_readonly(
           "coord", [](const Client& c) { return CoordTuple(c.coord()); })
       .def_property_readonly("committed_version", &Client::committed_version)
+      .def_property_readonly("committed_step", &Client::committed_step)
+      .def_property_readonly("layout_epoch", &Client::layout_epoch)
       .def_property_readonly(
           "num_layers", [](const Client& c) { return c.spec().num_layers; })
       .def_property_readonly(
@@ -327,10 +330,10 @@ PYBIND11_MODULE(_ptc, m) {
           })
       .def(
           "begin_save",
-          [](Client& c, int64_t version) {
-            return Value(c.BeginSave(version));
+          [](Client& c, int64_t step) {
+            return Unlocked([&] { return c.BeginSave(step); });
           },
-          py::arg("version"), py::keep_alive<0, 1>())
+          py::arg("step"), py::keep_alive<0, 1>())
       .def(
           "load", [](Client& c) { return Unlocked([&] { return c.Load(); }); },
           py::keep_alive<0, 1>())

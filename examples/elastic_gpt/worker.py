@@ -76,9 +76,10 @@ def boxes_overlap(a, b):
 def torch_save_shards(directory, rank, regions, tensors, extra=None):
     """What users do today: every rank torch.saves its shards (with where
     they sit in the global tensors) to a checkpoint directory."""
+    by_key = torch_state.regions_by_key(regions)
     shards = [(r["key"], r["region"],
-               tensors[r["key"]][torch_state.local_slices(r["region"],
-                                                          tensors[r["key"]].shape)].clone())
+               tensors[r["key"]][torch_state.local_slices(
+                   r["region"], tensors[r["key"]].shape, by_key[r["key"]])].clone())
               for r in regions]
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -158,10 +159,8 @@ def save_state(args, client, params, opt, iteration, cursor, tp_rng, final):
         "rng.default": torch.get_rng_state().numpy().tobytes(),
         "rng.model_parallel": tp_rng.get_state().numpy().tobytes(),
     }
-    # Versions only grow; the iteration itself is a small object. (A
-    # reconfiguration commits version v+1, which may exceed the step.)
-    version = max(iteration, client.committed_version + 1)
-    torch_state.save(client, version, tensors, small)
+    # ptc numbers the version; the iteration is the save's step.
+    version = torch_state.save(client, iteration, tensors, small)
     ev["written"] = time.time()  # this rank's regions are in ptcd
     client.wait_committed(version, timeout=120)
     ev["saved"] = time.time()
@@ -233,10 +232,12 @@ def main():
         torch_state.prepare_adam(params, opt, 0)
         tensors = torch_state.collect(params, opt)
         shards, _, extra = torch_load_resliced(args.baseline_load, client.regions)
+        by_key = torch_state.regions_by_key(client)
         with torch.no_grad():
             for r in client.regions:
                 t = tensors[r["key"]]
-                t[torch_state.local_slices(r["region"], t.shape)].copy_(shards[r["index"]])
+                t[torch_state.local_slices(r["region"], t.shape, by_key[r["key"]])].copy_(
+                    shards[r["index"]])
         iteration = extra["iteration"]
         for p in params.values():
             opt.state[p]["step"] = torch.tensor(float(iteration))

@@ -75,10 +75,14 @@ class LocalCluster:
                                "--coordinator", self.coordinator],
                               capture_output=True, text=True, timeout=300)
 
-    def save(self, job, host, version):
+    def save(self, job, host, step, *extra, check=True):
+        """Saves `step` of every rank `job` places on `host` (synthetic
+        values); returns the tool's result."""
         r = self.job_tool("save", "--job", job, "--host", host, "--socket",
-                          str(self.dir / f"{host}.sock"), "--version", str(version))
-        assert r.returncode == 0, r.stdout + r.stderr
+                          str(self.dir / f"{host}.sock"), "--step", str(step), *extra)
+        if check:
+            assert r.returncode == 0, r.stdout + r.stderr
+        return r
 
     def hosts(self):
         return {h["name"]: h for h in self.ptcctl_json("hosts")[1]["hosts"]}

@@ -38,9 +38,13 @@ def region_bytes(job, rank, r):
     return np.random.default_rng(seed).bytes(r["bytes"])
 
 
-def save_all(clients, version):
+def save_all(clients, step):
+    """Every client saves `step`; returns the version ptc gave the save."""
+    versions = set()
     for c in clients:
-        s = c.begin_save(version)
+        s = c.begin_save(step)
+        versions.add(s.version)
+        assert s.step == step
         for r in c.regions:
             raw = np.frombuffer(region_bytes(c.job, c.rank, r), dtype=np.uint8)
             arr = raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
@@ -48,8 +52,12 @@ def save_all(clients, version):
         for name in c.small_object_names:
             s.put_small_object(name, f"{name} of rank {c.rank}".encode())
         s.commit()
+    assert len(versions) == 1  # ranks saving one step share its version
+    version = versions.pop()
     for c in clients:
         c.wait_committed(version, timeout=30)
+        assert c.committed_step == step
+    return version
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,13 +65,13 @@ def test_every_dtype_round_trips_without_copies(ptc_module, cluster, dtype):
     ptc = ptc_module
     job = f"dt-{dtype}"
     clients = connect(ptc, cluster, job, register(cluster, job, f"{MODEL},dtype={dtype}"))
-    save_all(clients, 3)
+    version = save_all(clients, 3)
     states = []
     for c in clients:
         c.refresh()
-        assert c.committed_version == 3
+        assert c.committed_version == version and c.committed_step == 3
         st = c.load()
-        assert st.version == 3
+        assert st.version == version
         for r in c.regions:
             view = st.region(r["index"])
             assert view.dtype == r["numpy_dtype"]
@@ -110,8 +118,8 @@ def test_torch_state_saves_and_restores_a_model_and_adam(ptc_module, cluster):
     sum(p.sum() for p in params.values()).backward()
     opt.step()
     small = {n: n.encode() for n in c.small_object_names}
-    torch_state.save(c, 1, torch_state.collect(params, opt), small)
-    c.wait_committed(1)
+    version = torch_state.save(c, 1, torch_state.collect(params, opt), small)
+    c.wait_committed(version)
     fresh = {k: torch.nn.Parameter(torch.zeros(s)) for k, s in shapes.items()}
     opt2 = torch.optim.Adam(list(fresh.values()), lr=1e-2)
     torch_state.prepare_adam(fresh, opt2, 1)
@@ -173,8 +181,8 @@ def test_each_misuse_gets_a_clear_error(ptc_module, cluster):
         s.put_small_object("iteration", b"x" * (ptc.MAX_SMALL_OBJECT_BYTES + 1))
     with pytest.raises(ptc.Error, match="was not written"):
         s.commit()
-    with pytest.raises(ptc.Error, match="not newer"):
-        c.begin_save(0)
+    with pytest.raises(ptc.Error, match="step -1 is negative"):
+        c.begin_save(-1)
 
 
 def test_cursor_consumes_every_sample_once_across_dp_and_batch_changes(ptc_module):

@@ -1,14 +1,16 @@
 """PyTorch parameters and Adam state <-> the model spec's tensors.
 
-A rank's local tensor (a Megatron shard) covers a box of the global
-tensor: along a dimension split over tp it is chunk k of extent n (the
-local extent), otherwise the whole dimension. Every region ptc gives the
-rank lies inside that box, so its place in the local tensor is the region
-shifted by the box's start (the padded vocabulary rows of a vocab-parallel
+A rank's local tensor (a Megatron shard) is the rank's regions of the
+global tensor packed together: along each dimension, the distinct
+intervals the rank's regions cover, in order, one after the other. For a
+plain split that is the rank's chunk; for a grouped split (GQA's q|k|v,
+SwiGLU's gate|up) it is the rank's chunk of each group, concatenated, as
+Megatron lays out a fused column-parallel weight. Local rows past the
+packed extent are padding (the padded vocabulary rows of a vocab-parallel
 embedding are never stored: they are zero and stay so).
 
     tensors = torch_state.collect(named_params, optimizer)
-    torch_state.save(client, step, tensors, small_objects)
+    version = torch_state.save(client, step, tensors, small_objects)
     ...
     torch_state.prepare_adam(named_params, optimizer, step)
     tensors = torch_state.collect(named_params, optimizer)
@@ -35,20 +37,46 @@ _TORCH_DTYPES = {
 ADAM_SLOTS = ("master", "exp_avg", "exp_avg_sq")
 
 
-def local_slices(region, local_shape):
-    """The slices of a local tensor of `local_shape` that hold `region`
-    (a list of (begin, end) in global coordinates)."""
+def local_slices(region, local_shape, regions=None):
+    """The slices of a local tensor of `local_shape` that hold `region` (a
+    list of (begin, end) in global coordinates), where `regions` are all of
+    the rank's regions of that tensor (default: `region` alone). Along each
+    dimension the local tensor holds the distinct intervals of `regions`
+    packed in order; a region's place is its interval's offset there."""
+    regions = [region] if regions is None else regions
     if len(region) != len(local_shape):
         raise ValueError(f"region {region} has {len(region)} dims but the local "
                          f"tensor has shape {tuple(local_shape)}")
     out = []
-    for (begin, end), n in zip(region, local_shape):
-        base = (begin // n) * n if n > 0 else 0
-        if end - base > n:
-            raise ValueError(f"region {region} does not fit a local tensor of shape "
-                             f"{tuple(local_shape)}: layout mismatch")
-        out.append(slice(begin - base, end - base))
+    for d, n in enumerate(local_shape):
+        spans = sorted({tuple(r[d]) for r in regions})
+        for (b0, e0), (b1, e1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise ValueError(f"regions {regions} overlap partly along dimension {d}: "
+                                 "not a layout a local tensor can hold")
+        offset = 0
+        for span in spans:
+            if span == tuple(region[d]):
+                break
+            offset += span[1] - span[0]
+        packed = sum(e - b for b, e in spans)
+        if packed > n:
+            raise ValueError(f"the rank's regions {regions} do not fit a local tensor of "
+                             f"shape {tuple(local_shape)} along dimension {d} ({packed} > "
+                             f"{n}): layout mismatch")
+        begin, end = region[d]
+        out.append(slice(offset, offset + end - begin))
     return tuple(out)
+
+
+def regions_by_key(client_or_regions):
+    """{key: [region, ...]}: a rank's regions of each tensor (from a Client
+    or its `regions` list), what local_slices needs to place one."""
+    regions = getattr(client_or_regions, "regions", client_or_regions)
+    by_key = {}
+    for r in regions:
+        by_key.setdefault(r["key"], []).append(r["region"])
+    return by_key
 
 
 def torch_dtype(ptc_dtype):
@@ -125,10 +153,12 @@ def prepare_adam(named_params, optimizer, step):
         }
 
 
-def save(client, version, tensors, small_objects):
-    """Saves this rank's regions of `tensors` and its small objects as
-    `version`; returns True if this rank's save completed the version."""
-    s = client.begin_save(version)
+def save(client, step, tensors, small_objects):
+    """Saves this rank's regions of `tensors` and its small objects at
+    training step `step`; returns the version ptc gave the save (committed
+    once every rank saved it: client.wait_committed(version))."""
+    s = client.begin_save(step)
+    by_key = regions_by_key(client)
     for r in client.regions:
         t = tensors.get(r["key"])
         if t is None:
@@ -138,10 +168,12 @@ def save(client, version, tensors, small_objects):
         if t.dtype != want:
             raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
                             "the model spec")
-        s.write(r["index"], _as_numpy(t[local_slices(r["region"], t.shape)]))
+        sl = local_slices(r["region"], t.shape, by_key[r["key"]])
+        s.write(r["index"], _as_numpy(t[sl]))
     for name, data in small_objects.items():
         s.put_small_object(name, data)
-    return s.commit()
+    s.commit()
+    return s.version
 
 
 def load(client, tensors):
@@ -149,6 +181,7 @@ def load(client, tensors):
     (the same dict collect() returns, allocated); returns the ptc.State for
     the small objects."""
     state = client.load()
+    by_key = regions_by_key(client)
     filled = {}
     for r in client.regions:
         t = tensors.get(r["key"])
@@ -160,7 +193,7 @@ def load(client, tensors):
             raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
                             "the model spec")
         with torch.no_grad():
-            t[local_slices(r["region"], t.shape)].copy_(src)
+            t[local_slices(r["region"], t.shape, by_key[r["key"]])].copy_(src)
         filled[r["key"]] = filled.get(r["key"], 0) + src.numel()
     missing = [k for k in tensors if k not in filled]
     if missing:
