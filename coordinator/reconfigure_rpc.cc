@@ -1,10 +1,13 @@
 // Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -41,6 +44,28 @@ void ClearFlight(proto::CoordinatorState::Job* job) {
   job->clear_release_hosts();
   job->set_target_step(0);
   job->clear_acked_hosts();
+}
+
+// Fault injection for the process tests (tests/python): with the
+// environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
+// sleeps that long at that point of every change, so that a test can kill
+// or stop a host there. Points: before_decision (fingerprints proven, not
+// yet decided), after_decision (decided and durable, no host committed).
+void PauseAtFailpoint(absl::string_view point) {
+  static const std::pair<std::string, double> armed = [] {
+    const char* v = std::getenv("PTC_TEST_PAUSE");
+    std::pair<std::string, double> out;
+    if (v == nullptr) return out;
+    std::pair<std::string, std::string> kv = absl::StrSplit(v, ':');
+    if (absl::SimpleAtod(kv.second, &out.second)) out.first = kv.first;
+    return out;
+  }();
+  if (armed.first != point || armed.second <= 0) return;
+  Log("coordinator")
+      ->warn("test fault point {}: pausing {} s (PTC_TEST_PAUSE)",
+             std::string(point),
+             armed.second);
+  absl::SleepFor(absl::Seconds(armed.second));
 }
 
 bool Final(const proto::ReconfigureEvent& e) {
@@ -251,11 +276,21 @@ absl::Status CoordinatorService::DoReconfigure(
     *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
     r.cancel = &job.cancel;
     r.before_commit = [this, name = req.job()] {
-      absl::MutexLock lock(&mu_);
-      Job& j = *jobs_.at(name);
-      j.state.set_commit_decided(true);
-      j.event.set_phase("committing");
-      return PersistLocked();
+      PauseAtFailpoint("before_decision");
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = jobs_.find(name);
+        if (it == jobs_.end() || it->second->cancel) {
+          return absl::CancelledError(
+              "the reconfiguration was aborted before its decision");
+        }
+        Job& j = *it->second;
+        j.state.set_commit_decided(true);
+        j.event.set_phase("committing");
+        PTC_RETURN_IF_ERROR(PersistLocked());
+      }
+      PauseAtFailpoint("after_decision");
+      return absl::OkStatus();
     };
     job.running = true;
     job.worker = std::thread([this, flight] { RunFlight(flight); });

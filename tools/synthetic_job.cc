@@ -8,7 +8,8 @@
 //       memory), the regions of every rank the job places on NAME into the
 //       version the coordinator gives it, and reports each rank saved;
 //       --layout-epoch saves under that epoch instead of the job's current
-//       one (a stale rank, for tests);
+//       one (a stale rank, for tests); --perturb changes the first byte of
+//       every region (replicas that diverged, for tests);
 //   synthetic_job verify --coordinator ADDR --job J
 //       reads every rank's regions of the committed version from its host
 //       and checks every element.
@@ -140,6 +141,7 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
                            local->AllocatePut(job, version, ts.key, s.region));
       FillSynthetic(t, ts.shape, s.region, ElementSize(ts.dtype),
                     reinterpret_cast<char*>(buf.data()));
+      if (args.Flag("perturb")) buf.data()[0] ^= 0x5a;
       PTC_RETURN_IF_ERROR(local->CommitPut(&buf).status());
       bytes += buf.size();
     }
@@ -233,7 +235,8 @@ int Main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   auto args = Args::Parse(
       argc, argv, 2,
-      {"coordinator", "job", "host", "socket", "step", "layout-epoch"}, {});
+      {"coordinator", "job", "host", "socket", "step", "layout-epoch"},
+      {"perturb"});
   if ((cmd != "save" && cmd != "verify") || !args.ok()) {
     std::cerr << "usage: synthetic_job save|verify --coordinator ADDR --job J "
                  "[--host NAME --socket PATH --step S [--layout-epoch E]]\n";

@@ -7,12 +7,15 @@ import time
 
 
 class LocalCluster:
-    def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2):
+    def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2,
+                 coordinator_env=None):
         self.bin = bin_dir
         self.dir = tmp_path
         self.gpus = gpus
+        self.memory = memory
         self.procs = {}
         self.host_timeout = host_timeout
+        self.coordinator_env = coordinator_env
         self.coord_port = self._start_coordinator(port=0)
         self.coordinator = f"127.0.0.1:{self.coord_port}"
         for i in range(hosts):
@@ -36,10 +39,13 @@ class LocalCluster:
             [str(self.bin / "coordinator/ptc-coordinator"), "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(self.dir / "coordinator"), "--port-file", str(port_file),
              "--host-timeout", str(self.host_timeout), "--log-level", "info"],
-            stdout=log, stderr=log)
+            stdout=log, stderr=log, env={**os.environ, **(self.coordinator_env or {})})
         return self._wait_port(port_file)
 
     def _start_ptcd(self, i, memory):
+        port_file = self.dir / f"host{i}.port"
+        if port_file.exists():
+            port_file.unlink()
         log = open(self.dir / f"host{i}.log", "a")
         self.procs[f"host{i}"] = subprocess.Popen(
             [str(self.bin / "tensor_store/ptcd"), "--listen", "127.0.0.1:0",
@@ -59,12 +65,47 @@ class LocalCluster:
         p.send_signal(sig)
         p.wait(timeout=30)
 
+    def restart_ptcd(self, i):
+        """Starts host<i> again: a new process with an empty store."""
+        self._start_ptcd(i, self.memory)
+
+    def stop_process(self, name):
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume_process(self, name):
+        self.procs[name].send_signal(signal.SIGCONT)
+
+    def wait_change(self, job, timeout=60):
+        """Waits until the job's reconfiguration ended; returns its event."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            e = self.job(job).get("reconfiguration", {})
+            if e.get("phase") in ("committed", "aborted"):
+                return e
+            time.sleep(0.05)
+        raise RuntimeError(f"the change of {job} did not end in {timeout} s: {self.job(job)}")
+
+    def wait_phase(self, job, phase, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.job(job).get("reconfiguration", {}).get("phase") == phase:
+                return
+            time.sleep(0.01)
+        raise RuntimeError(f"{job} never reached phase {phase}: {self.job(job)}")
+
     def ptcctl(self, *args, check=False):
         r = subprocess.run([str(self.bin / "tools/ptcctl"), *args, "--coordinator", self.coordinator],
                            capture_output=True, text=True, timeout=300)
         if check:
             assert r.returncode == 0, r.stdout + r.stderr
         return r
+
+    def ptcctl_async(self, *args):
+        """Starts a ptcctl command (e.g. a reconfigure, which waits for the
+        change's end) and returns its process."""
+        return subprocess.Popen([str(self.bin / "tools/ptcctl"), *args, "--coordinator",
+                                 self.coordinator], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
     def ptcctl_json(self, *args):
         r = self.ptcctl(*args, "--json")
@@ -115,6 +156,7 @@ class LocalCluster:
     def stop(self):
         for name, p in self.procs.items():
             if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
                 p.send_signal(signal.SIGTERM)
         for p in self.procs.values():
             try:

@@ -387,6 +387,13 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.Key("rank_hosts").BeginArray();
       for (const auto& h : j.rank_hosts()) w.String(h);
       w.EndArray();
+      w.Key("layout_epoch").Int(j.layout_epoch());
+      w.Key("committed_step").Int(j.committed_step());
+      w.Key("open_saves").BeginArray();
+      for (int64_t v : j.open_saves()) w.Int(v);
+      w.EndArray().Key("lost_hosts").BeginArray();
+      for (const auto& h : j.lost_hosts()) w.String(h);
+      w.EndArray();
       w.Key("reconfiguration")
           .BeginObject()
           .Key("plan_epoch")
@@ -403,9 +410,17 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
   }
   for (const auto& j : resp.jobs()) {
     std::cout << absl::StrFormat(
-        "job %s: %s, %s on %s, committed version %d (%d ranks, %s)\n", j.job(),
-        j.model(), j.config(), absl::StrJoin(j.hosts(), ","),
-        j.committed_version(), j.ranks(), HumanBytes(j.state_bytes()));
+        "job %s: %s, %s on %s (layout epoch %d), committed version %d of step "
+        "%d (%d ranks, %s)\n",
+        j.job(), j.model(), j.config(), absl::StrJoin(j.hosts(), ","),
+        j.layout_epoch(), j.committed_version(), j.committed_step(), j.ranks(),
+        HumanBytes(j.state_bytes()));
+    if (j.lost_hosts_size() > 0) {
+      std::cout << absl::StrFormat(
+          "  no longer holding their share: %s (restarted, or not proven "
+          "since they came back)\n",
+          absl::StrJoin(j.lost_hosts(), ", "));
+    }
     const auto& r = j.reconfiguration();
     if (!r.phase().empty()) {
       std::cout << absl::StrFormat(
@@ -414,8 +429,9 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
           r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
     }
     if (j.ranks_saved() > 0) {
-      std::cout << absl::StrFormat("  %d of %d ranks saved the next version\n",
-                                   j.ranks_saved(), j.ranks());
+      std::cout << absl::StrFormat(
+          "  %d of %d ranks saved the newest save in progress (versions %s)\n",
+          j.ranks_saved(), j.ranks(), absl::StrJoin(j.open_saves(), ", "));
     }
   }
   return absl::OkStatus();

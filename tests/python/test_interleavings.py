@@ -1,0 +1,243 @@
+"""Saves, changes and faults interleaved as schedulers and training jobs
+interleave them, on a local cluster of real processes: each case loses
+nothing committed, ends with the coordinator and the hosts agreeing, and
+leaves the job changeable (docs/consistency.md has the rules)."""
+import time
+
+import pytest
+
+from cluster import LocalCluster
+
+MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=32"
+
+
+def register(c, config="tp=2,dp=2", hosts=("host0", "host1")):
+    c.ptcctl("register", "--job", "j", "--model", MODEL, "--config", config,
+             "--hosts", ",".join(hosts), check=True)
+
+
+def verify(c):
+    v = c.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "every element exact" in v.stdout
+
+
+def settle(c, hosts, timeout=10):
+    """Waits until every host holds only what the coordinator says the job
+    owns (the committed version, committed; open saves, uncommitted), and
+    returns {host: versions}."""
+    deadline = time.time() + timeout
+    while True:
+        job = c.job("j")
+        owned = set(job.get("open_saves", []))
+        views = {h: c.store_versions(h, "j") for h in hosts}
+        ok = all(committed == (v == job["committed_version"]) and
+                 (v == job["committed_version"] or v in owned)
+                 for vs in views.values() for v, committed in vs)
+        if ok or time.time() > deadline:
+            assert ok, (job, views)
+            return views
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=3)
+    yield c
+    c.stop()
+
+
+def test_a_change_during_a_half_done_save_commits_and_the_save_goes_stale(cluster):
+    c = cluster
+    register(c)
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    # Step 2 is half saved (host0's ranks) when the scheduler changes the job.
+    c.save("j", "host0", 2)
+    half = c.job("j")["open_saves"]
+    assert len(half) == 1 and c.job("j")["ranks_saved"] == 2
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                 "--hosts", "host1,host2")
+    assert code == 0 and report["phase"] == "committed", report
+    job = c.job("j")
+    assert job["layout_epoch"] == 2 and job["committed_version"] > half[0]
+    # The rest of the old save comes late: refused, naming the cause.
+    late = c.save("j", "host1", 2, "--layout-epoch", "1", check=False)
+    assert late.returncode != 0 and "is stale" in late.stderr, late.stderr
+    verify(c)
+    # The half save's data is reclaimed; nothing else is left anywhere.
+    views = settle(c, ("host0", "host1", "host2"))
+    assert views["host0"] == []
+    # And the job changes again, and saves again, into a new version.
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,dp=4",
+                                 "--hosts", "host0,host1")
+    assert code == 0, report
+    before = c.job("j")["committed_version"]
+    c.save("j", "host0", 3)
+    c.save("j", "host1", 3)
+    assert c.job("j")["committed_version"] > before
+    assert c.job("j")["committed_step"] == 3
+    verify(c)
+
+
+def test_stale_saves_and_diverged_replicas_never_commit(cluster):
+    c = cluster
+    register(c)
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,dp=4",
+                                 "--hosts", "host0,host1")
+    assert code == 0, report
+    committed = c.job("j")["committed_version"]
+    # The old tp=2 processes still save: refused at once.
+    for h in ("host0", "host1"):
+        r = c.save("j", h, 5, "--layout-epoch", "1", check=False)
+        assert r.returncode != 0 and "layout epoch 1" in r.stderr, r.stderr
+    assert c.job("j")["committed_version"] == committed
+    # dp replicas on two hosts that saved different bytes.
+    c.save("j", "host0", 6)
+    bad = c.save("j", "host1", 6, "--perturb", check=False)
+    assert bad.returncode != 0
+    assert "replicas of tensor" in bad.stderr and "disagree" in bad.stderr, bad.stderr
+    assert "ranks 0,1 on host0" in bad.stderr and "ranks 2,3 on host1" in bad.stderr, bad.stderr
+    assert c.job("j")["committed_version"] == committed
+    verify(c)
+    settle(c, ("host0", "host1", "host2"))
+
+
+def test_a_save_whose_regions_are_gone_from_a_host_does_not_commit(cluster):
+    c = cluster
+    register(c)
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    # host0's share of step 2 is saved, then lost (its ptcd restarts)
+    # before host1's ranks report: the last report must not commit.
+    c.save("j", "host0", 2)
+    c.kill("host0")
+    c.restart_ptcd(0)
+    c.wait_alive(3)
+    r = c.save("j", "host1", 2, check=False)
+    assert r.returncode != 0 and "host host0" in r.stderr, r.stderr
+    assert "cannot commit" in r.stderr and "version 1 stays" in r.stderr, r.stderr
+    assert c.job("j")["committed_version"] == 1
+    # Version 1 has a replica of everything on host1: the job moves on.
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                 "--hosts", "host1")
+    assert code == 0, report
+    verify(c)
+
+
+def test_a_decided_commit_finishes_on_the_live_hosts_when_a_target_dies(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=3,
+                     coordinator_env={"PTC_TEST_PAUSE": "after_decision:2"})
+    try:
+        register(c)
+        c.save("j", "host0", 1)
+        c.save("j", "host1", 1)
+        change = c.ptcctl_async("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                "--hosts", "host1,host2")
+        c.wait_phase("j", "committing")
+        c.kill("host2")  # a target dies after the decision
+        start = time.time()
+        event = c.wait_change("j", timeout=30)
+        change.wait(timeout=30)
+        assert event["phase"] == "committed", event
+        assert time.time() - start < c.host_timeout + 6
+        assert "host2" in event.get("error", ""), event
+        job = c.job("j")
+        assert job["lost_hosts"] == ["host2"]
+        assert c.store_versions("host1", "j") == [(job["committed_version"], True)]
+        # host1 holds a whole replica: the job changes again.
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                     "--hosts", "host0")
+        assert code == 0, report
+        verify(c)
+        settle(c, ("host0", "host1"))
+    finally:
+        c.stop()
+
+
+def test_a_silent_host_aborts_the_change_and_is_a_source_again_once_back(cluster):
+    c = cluster
+    register(c, hosts=("host0", "host1"))
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    c.stop_process("host1")  # silent: stopped, its memory intact
+    start = time.time()
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                 "--hosts", "host1,host2")
+    assert code != 0 and report["phase"] == "aborted", report
+    assert "host1 went silent" in report["error"], report
+    assert time.time() - start < c.host_timeout + 8
+    assert c.job("j")["committed_version"] == 1
+    c.resume_process("host1")
+    # Back as the same process: proven, then a source again.
+    deadline = time.time() + 15
+    while c.job("j")["lost_hosts"] and time.time() < deadline:
+        time.sleep(0.1)
+    assert c.job("j")["lost_hosts"] == []
+    settle(c, ("host0", "host1", "host2"))  # its staged leftover is reclaimed
+    c.kill("host0")
+    c.wait_dead("host0")
+    start = time.time()
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                 "--hosts", "host2")
+    assert code == 0, report  # everything came from host1, the one back
+    assert time.time() - start < 15
+    verify(c)
+
+
+def test_a_region_held_only_by_a_restarted_host_names_it(cluster):
+    c = cluster
+    register(c, config="tp=2,dp=1", hosts=("host0",))
+    c.save("j", "host0", 1)
+    c.kill("host0")
+    c.restart_ptcd(0)
+    c.wait_alive(3)
+    r = c.ptcctl("reconfigure", "--job", "j", "--to", "tp=1", "--hosts", "host1")
+    assert r.returncode != 0
+    assert "host0" in r.stderr and "lost the source version" in r.stderr, r.stderr
+
+
+def test_a_change_retried_after_a_coordinator_restart_stages_cleanly(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=3,
+                     coordinator_env={"PTC_TEST_PAUSE": "before_decision:3"})
+    try:
+        register(c)
+        c.save("j", "host0", 1)
+        c.save("j", "host1", 1)
+        change = c.ptcctl_async("reconfigure", "--job", "j", "--to", "tp=1,dp=2",
+                                "--hosts", "host1,host2")
+        c.wait_phase("j", "verifying")
+        time.sleep(0.5)  # staged everywhere, not decided
+        c.coordinator_env = {}
+        c.restart_coordinator()
+        change.wait(timeout=30)
+        c.wait_alive(3)
+        assert c.job("j")["committed_version"] == 1
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,dp=2",
+                                     "--hosts", "host1,host2")
+        assert code == 0, report
+        verify(c)
+        settle(c, ("host0", "host1", "host2"))
+    finally:
+        c.stop()
+
+
+def test_a_client_sees_its_own_commit_without_refreshing(ptc_module, cluster):
+    ptc = ptc_module
+    c = cluster
+    register(c, config="tp=1,dp=1", hosts=("host0",))
+    client = ptc.Client(socket=str(c.dir / "host0.sock"), coordinator=c.coordinator,
+                        job="j", rank=0)
+    assert client.committed_version == 0
+    s = client.begin_save(4)
+    for r in client.regions:
+        import numpy as np
+        shape = [e - b for b, e in r["region"]]
+        s.write(r["index"], np.zeros(shape, dtype=r["numpy_dtype"]))
+    for name in client.small_object_names:
+        s.put_small_object(name, b"x")
+    s.commit()
+    assert client.committed_version == s.version and client.committed_step == 4
+    assert client.load().version == s.version
