@@ -57,6 +57,8 @@ absl::Status CoordinatorService::PersistLocked() {
   proto::CoordinatorState state;
   for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
   for (const auto& [name, j] : jobs_) *state.add_jobs() = j->state;
+  state.mutable_retired_epochs()->insert(retired_epochs_.begin(),
+                                         retired_epochs_.end());
   return WriteFileAtomically(options_.state_dir + "/state.pb",
                              state.SerializeAsString());
 }
@@ -124,6 +126,8 @@ absl::Status CoordinatorService::Load() {
     // Known hosts get one timeout from now to heartbeat again.
     hosts_[h.name()] = Host{h, now};
   }
+  retired_epochs_.insert(state.retired_epochs().begin(),
+                         state.retired_epochs().end());
   for (const auto& js : state.jobs()) {
     auto job = std::make_unique<Job>();
     job->state = js;
@@ -366,6 +370,9 @@ absl::Status CoordinatorService::AddJob(
   for (const std::string& h : req.hosts()) job->state.add_hosts(h);
   job->state.set_layout_epoch(1);
   job->state.set_next_version(1);
+  // Plan epochs continue after those of a forgotten job of the same name.
+  if (auto r = retired_epochs_.find(req.job()); r != retired_epochs_.end())
+    job->state.set_last_epoch(r->second);
   std::tie(job->ranks, job->state_bytes) = shape;
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
@@ -412,7 +419,13 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       }
       gone = std::move(it->second);
       jobs_.erase(it);
+      const int64_t last_epoch = std::max(gone->state.last_epoch(),
+                                          gone->state.target_epoch());
+      int64_t& retired = retired_epochs_[req.job()];
+      const int64_t was = retired;
+      retired = std::max(retired, last_epoch);
       if (absl::Status s = PersistLocked(); !s.ok()) {
+        retired = was;
         jobs_[req.job()] = std::move(gone);  // nothing forgotten
         return s;
       }

@@ -203,6 +203,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Jobs whose state ForgetJob is deleting on the hosts: not registered
   // again until it ends (the deletes would take the new job's saves).
   std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
+  // CoordinatorState.retired_epochs.
+  std::map<std::string, int64_t> retired_epochs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   // Hosts that came back as the same process after being declared dead:
   // the monitor proves what they hold (rule 7).
