@@ -147,6 +147,12 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::Status CheckLayoutEpochLocked(const Job& job, int64_t epoch,
                                       int32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job a rank's save call is for, after the checks both save calls
+  // make: a known job, a rank of its layout, its current layout epoch, no
+  // change in flight.
+  absl::StatusOr<Job*> SavingJobLocked(const std::string& name, int32_t rank,
+                                       int64_t layout_epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the job owns `version` (rule 6).
   bool OwnsVersionLocked(const Job& job, int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -106,6 +106,26 @@ absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
       "): this save is stale; Refresh and load the committed version"));
 }
 
+absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
+    const std::string& name, int32_t rank, int64_t layout_epoch) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end())
+    return absl::NotFoundError(absl::StrCat("job '", name, "' is unknown"));
+  Job& job = *it->second;
+  const proto::CoordinatorState::Job& s = job.state;
+  if (rank < 0 || rank >= job.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is outside the job's ", job.ranks, " ranks"));
+  }
+  PTC_RETURN_IF_ERROR(CheckLayoutEpochLocked(job, layout_epoch, rank));
+  if (s.target_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", name, "' is being reconfigured (epoch ", s.target_epoch(),
+        ", to ", s.target_config(), "); save again after it ends"));
+  }
+  return &job;
+}
+
 grpc::Status CoordinatorService::BeginSave(grpc::ServerContext*,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
@@ -119,21 +139,10 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
         absl::StrCat("step ", req.step(), " is negative"));
   }
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(req.job());
-  if (it == jobs_.end())
-    return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
-  Job& job = *it->second;
+  PTC_ASSIGN_OR_RETURN(Job * saving,
+                       SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+  Job& job = *saving;
   proto::CoordinatorState::Job& s = job.state;
-  if (req.rank() < 0 || req.rank() >= job.ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
-  }
-  PTC_RETURN_IF_ERROR(CheckLayoutEpochLocked(job, req.layout_epoch(), req.rank()));
-  if (s.target_version() != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", req.job(), "' is being reconfigured (epoch ", s.target_epoch(),
-        ", to ", s.target_config(), "); save after it ends"));
-  }
   for (const auto& o : s.open_saves()) {
     if (o.step() == req.step()) {
       resp->set_version(o.version());
@@ -170,23 +179,11 @@ absl::Status CoordinatorService::DoReportSaved(
   int64_t previous = 0, step = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end())
-      return absl::NotFoundError(
-          absl::StrCat("job '", req.job(), "' is unknown"));
-    Job& job = *it->second;
+    PTC_ASSIGN_OR_RETURN(
+        Job * saving,
+        SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+    Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
-    if (req.rank() < 0 || req.rank() >= job.ranks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
-    }
-    PTC_RETURN_IF_ERROR(
-        CheckLayoutEpochLocked(job, req.layout_epoch(), req.rank()));
-    if (s.target_version() != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", req.job(),
-                       "' is being reconfigured; save again after it ends"));
-    }
     auto open = std::find_if(
         s.open_saves().begin(), s.open_saves().end(),
         [&](const auto& o) { return o.version() == req.version(); });
