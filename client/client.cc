@@ -12,6 +12,8 @@
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "ptc/families.h"
+#include "ptc/layout_spec_proto.h"
 
 namespace ptc {
 
@@ -35,11 +37,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   return c;
 }
 
-absl::StatusOr<proto::JobStatus> Client::FetchJob() {
+absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   proto::ListJobsRequest req;
   req.set_job(options_.job);
+  req.set_include_layout(include_layout);
   proto::ListJobsResponse resp;
   const absl::Status s =
       FromGrpcStatus(coordinator_->ListJobs(&ctx, req, &resp));
@@ -54,11 +57,11 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob() {
 }
 
 absl::Status Client::Refresh() {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
-  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(job.model()));
-  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
-  PTC_ASSIGN_OR_RETURN(ParallelConfig config,
-                       ParallelConfig::Parse(job.config()));
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob(/*include_layout=*/true));
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, job.has_layout()
+                                           ? SpecFromProto(job.layout())
+                                           : SpecForModel(job.model()));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig config, spec.ParseConfig(job.config()));
   PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, config));
   const int rank = options_.rank;
   if (rank >= config.world_size()) {

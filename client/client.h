@@ -181,7 +181,8 @@ class Client {
 
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}
-  absl::StatusOr<proto::JobStatus> FetchJob();
+  // The job as the coordinator has it; with its layout spec if asked.
+  absl::StatusOr<proto::JobStatus> FetchJob(bool include_layout = false);
 
   ClientOptions options_;
   std::unique_ptr<LocalClient> local_;

@@ -12,6 +12,8 @@
 #include "common/status_macros.h"
 #include "coordinator/reconfigure_driver.h"
 #include "ptc/layout.h"
+#include "ptc/families.h"
+#include "ptc/layout_spec_proto.h"
 #include "ptc/model_spec.h"
 #include "tensor_store/store_client.h"
 
@@ -66,13 +68,30 @@ absl::Status CoordinatorService::PersistLocked() {
 namespace {
 
 // Ranks and state bytes of a job, or why it cannot run.
-absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
-    const std::string& model, const std::string& config) {
-  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(model));
-  PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse(config));
-  PTC_RETURN_IF_ERROR(CheckFits(arch, c));
-  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const ModelSpec& spec,
+                                                     const std::string& config) {
+  PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
+  PTC_RETURN_IF_ERROR(CheckConfig(spec, c));
   return std::make_pair(c.world_size(), spec.TotalBytes());
+}
+
+// The spec of a job as the state file or a registration gives it.
+absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
+    const std::string& model, const proto::LayoutSpec* layout) {
+  if (layout != nullptr) {
+    if (!model.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "give either a model name ('", model, "') or a layout spec, not both"));
+    }
+    PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromProto(*layout));
+    return std::make_shared<const ModelSpec>(std::move(spec));
+  }
+  if (model.empty()) {
+    return absl::InvalidArgumentError(
+        "a job needs a model name or a layout spec");
+  }
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(model));
+  return std::make_shared<const ModelSpec>(std::move(spec));
 }
 
 }  // namespace
@@ -99,7 +118,7 @@ void CoordinatorService::AdoptTargetLocked(Job& job) {
   s.set_layout_epoch(s.layout_epoch() + 1);
   s.clear_open_saves();
   job.saved.clear();
-  auto shape = JobShape(s.model(), s.config());
+  auto shape = JobShape(*job.spec, s.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
 }
 
@@ -137,7 +156,18 @@ absl::Status CoordinatorService::Load() {
       job->state.set_next_version(
           std::max(js.committed_version(), js.target_version()) + 1);
     }
-    auto shape = JobShape(js.model(), js.config());
+    auto spec = JobSpec(js.has_layout() ? "" : js.model(),
+                        js.has_layout() ? &js.layout() : nullptr);
+    if (!spec.ok()) {
+      // Kept out of the registry, but not forgotten on disk until the
+      // next write: an operator can downgrade and recover it.
+      Log("coordinator")
+          ->error("job {} in {}: {}; skipped", js.job(), options_.state_dir,
+                  spec.status().ToString());
+      continue;
+    }
+    job->spec = *std::move(spec);
+    auto shape = JobShape(*job->spec, js.config());
     if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
     jobs_[js.job()] = std::move(job);
   }
@@ -316,9 +346,10 @@ grpc::Status CoordinatorService::RegisterJob(
     return ToGrpcStatus(
         absl::InvalidArgumentError("the job name must not be empty"));
   }
-  auto shape = JobShape(req->model(), req->config());
-  if (!shape.ok()) return ToGrpcStatus(shape.status());
-  if (absl::Status s = AddJob(*req, *shape, resp); !s.ok())
+  auto spec = JobSpec(req->model(),
+                      req->has_layout() ? &req->layout() : nullptr);
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  if (absl::Status s = AddJob(*req, *std::move(spec), resp); !s.ok())
     return ToGrpcStatus(s);
   // The hosts prepare the memory of the job's first save while it starts
   // and trains (within their spare pools); best effort.
@@ -337,8 +368,8 @@ grpc::Status CoordinatorService::RegisterJob(
 
 absl::Status CoordinatorService::AddJob(
     const proto::RegisterJobRequest& req,
-    const std::pair<int32_t, int64_t>& shape,
-    proto::RegisterJobResponse* resp) {
+    std::shared_ptr<const ModelSpec> spec, proto::RegisterJobResponse* resp) {
+  PTC_ASSIGN_OR_RETURN(const auto shape, JobShape(*spec, req.config()));
   absl::MutexLock lock(&mu_);
   if (jobs_.count(req.job())) {
     return absl::AlreadyExistsError(
@@ -365,7 +396,8 @@ absl::Status CoordinatorService::AddJob(
   }
   auto job = std::make_unique<Job>();
   job->state.set_job(req.job());
-  job->state.set_model(req.model());
+  job->state.set_model(req.has_layout() ? spec->name : req.model());
+  if (req.has_layout()) *job->state.mutable_layout() = req.layout();
   job->state.set_config(req.config());
   for (const std::string& h : req.hosts()) job->state.add_hosts(h);
   job->state.set_layout_epoch(1);
@@ -374,12 +406,15 @@ absl::Status CoordinatorService::AddJob(
   if (auto r = retired_epochs_.find(req.job()); r != retired_epochs_.end())
     job->state.set_last_epoch(r->second);
   std::tie(job->ranks, job->state_bytes) = shape;
+  job->spec = std::move(spec);
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
+  const Job* job_ptr = job.get();
   jobs_[req.job()] = std::move(job);
   Log("coordinator")
-      ->info("job {} registered: {} {} on {} hosts", req.job(), req.model(),
-             req.config(), req.hosts_size());
+      ->info("job {} registered: {}{} {} on {} hosts ({} tensors)", req.job(),
+             req.has_layout() ? "layout spec " : "", job_ptr->state.model(),
+             req.config(), req.hosts_size(), job_ptr->spec->tensors.size());
   return PersistLocked();
 }
 
@@ -494,7 +529,7 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
 
 std::vector<std::string> CoordinatorService::RankHostsLocked(
     const Job& job) const {
-  auto config = ParallelConfig::Parse(job.state.config());
+  auto config = job.spec->ParseConfig(job.state.config());
   if (!config.ok()) return {};
   Cluster cluster;
   std::vector<int> ids;
@@ -533,6 +568,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
     s->set_committed_step(j->state.committed_step());
     for (const auto& o : j->state.open_saves()) s->add_open_saves(o.version());
     for (const std::string& h : j->state.lost_hosts()) s->add_lost_hosts(h);
+    for (const std::string& a : j->spec->mesh) s->add_mesh(a);
+    if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;
   }
   if (!req->job().empty() && resp->jobs().empty()) {

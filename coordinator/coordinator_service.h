@@ -57,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ptc/model_spec.h"
 
 namespace ptc {
 
@@ -133,6 +134,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
     bool running = false;  // the worker has not finished RunFlight yet
     int32_t ranks = 0;
     int64_t state_bytes = 0;
+    // The job's layout spec (registered, or generated for its built-in
+    // model); never null once the job is known.
+    std::shared_ptr<const ModelSpec> spec;
   };
   struct Flight;
   struct Planned;
@@ -160,7 +164,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // (rule 4); the error says which host lacks what or which replicas
   // disagree.
   absl::Status CommitSaveOnHosts(const std::string& job, int64_t version,
-                                 const std::string& model,
+                                 const ModelSpec& spec,
                                  const std::string& config,
                                  const std::vector<std::string>& rank_hosts);
   // Proves the returned hosts in verify_hosts_ (rule 7).
@@ -184,7 +188,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Records a new job (its hosts must be registered and have a GPU per
   // rank; `shape` is its ranks and state bytes) and persists it.
   absl::Status AddJob(const proto::RegisterJobRequest& req,
-                      const std::pair<int32_t, int64_t>& shape,
+                      std::shared_ptr<const ModelSpec> spec,
                       proto::RegisterJobResponse* resp);
   // Plans `req` for its job (checks included; a committed version only if
   // `need_committed`); starts nothing.

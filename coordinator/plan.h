@@ -79,6 +79,9 @@ struct SmallObjectMove {
   int32_t source_rank = 0;
   int32_t source_host = 0;
   int32_t target_host = 0;
+  // Non-empty: derive a fresh value from these coordinates instead of
+  // copying (source_rank and source_host are -1).
+  std::string derive_from;
 };
 
 struct PlanSummary {

@@ -122,6 +122,7 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
         .Int(m.source_rank)
         .Key("source_host")
         .Int(m.source_host);
+    if (!m.derive_from.empty()) w.Key("derive_from").String(m.derive_from);
     w.Key("target_host").Int(m.target_host).EndObject();
   }
   w.EndArray();

@@ -32,6 +32,7 @@ proto::Plan PlanToProto(const Plan& plan) {
     pm->set_target_rank(m.target_rank);
     pm->set_source_rank(m.source_rank);
     pm->set_source_host(m.source_host);
+    pm->set_derive_from(m.derive_from);
     pm->set_target_host(m.target_host);
   }
   const PlanSummary& s = plan.summary;
@@ -76,7 +77,8 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
   }
   for (const proto::SmallObjectMove& pm : wire.small_objects()) {
     plan.small_objects.push_back({pm.name(), pm.target_rank(), pm.source_rank(),
-                                  pm.source_host(), pm.target_host()});
+                                  pm.source_host(), pm.target_host(),
+                                  pm.derive_from()});
   }
   const proto::PlanSummary& ps = wire.summary();
   PlanSummary& s = plan.summary;

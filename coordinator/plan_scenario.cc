@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "ptc/families.h"
 
 namespace ptc {
 
@@ -10,9 +11,18 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     const std::vector<int>& from_hosts, const std::string& to,
     const std::vector<int>& to_hosts, Cluster cluster,
     std::vector<bool> alive) {
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(model));
+  return MakePlanScenario(std::move(spec), from, from_hosts, to, to_hosts,
+                          std::move(cluster), std::move(alive));
+}
+
+absl::StatusOr<PlanScenario> MakePlanScenario(
+    ModelSpec spec, const std::string& from,
+    const std::vector<int>& from_hosts, const std::string& to,
+    const std::vector<int>& to_hosts, Cluster cluster,
+    std::vector<bool> alive) {
   PlanScenario s;
-  PTC_ASSIGN_OR_RETURN(s.arch, ResolveArchitecture(model));
-  PTC_ASSIGN_OR_RETURN(s.spec, BuildModelSpec(s.arch));
+  s.spec = std::move(spec);
   s.cluster = std::move(cluster);
   s.alive = std::move(alive);
   struct Side {
@@ -27,12 +37,13 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
         Side{"target", &to, &to_hosts, &s.target, &s.target_placement}}) {
     const std::string context =
         absl::StrCat(side.name, " config '", *side.text, "'");
-    PTC_ASSIGN_OR_RETURN(ParallelConfig config,
-                         ParallelConfig::Parse(*side.text));
-    PTC_RETURN_IF_ERROR(Annotate(CheckFits(s.arch, config), context));
-    PTC_ASSIGN_OR_RETURN(*side.layout, BuildLayout(s.spec, config));
+    auto config = s.spec.ParseConfig(*side.text);
+    PTC_RETURN_IF_ERROR(Annotate(config.status(), context));
+    auto layout = BuildLayout(s.spec, *config);
+    PTC_RETURN_IF_ERROR(Annotate(layout.status(), context));
+    *side.layout = *std::move(layout);
     auto placement =
-        ContiguousPlacement(s.cluster, *side.hosts, config.world_size());
+        ContiguousPlacement(s.cluster, *side.hosts, config->world_size());
     PTC_RETURN_IF_ERROR(Annotate(placement.status(), context));
     *side.placement = std::move(*placement);
   }

@@ -19,7 +19,6 @@
 namespace ptc {
 
 struct PlanScenario {
-  Architecture arch;
   ModelSpec spec;
   Cluster cluster;
   Layout source, target;
@@ -33,9 +32,17 @@ struct PlanScenario {
   }
 };
 
-// `model` is a known name or a custom architecture (ResolveArchitecture).
-// Each side is placed contiguously on its host ids, in the order given.
-// INVALID_ARGUMENT / NOT_FOUND name the offending model, config or host.
+// Each side is placed contiguously on its host ids, in the order given;
+// configs are for the spec's mesh. INVALID_ARGUMENT / NOT_FOUND name the
+// offending config, tensor or host.
+absl::StatusOr<PlanScenario> MakePlanScenario(
+    ModelSpec spec, const std::string& from,
+    const std::vector<int>& from_hosts, const std::string& to,
+    const std::vector<int>& to_hosts, Cluster cluster,
+    std::vector<bool> alive = {});
+
+// The same for a built-in model: a known name or a custom architecture
+// (SpecForModel).
 absl::StatusOr<PlanScenario> MakePlanScenario(
     const std::string& model, const std::string& from,
     const std::vector<int>& from_hosts, const std::string& to,

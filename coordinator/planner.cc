@@ -421,15 +421,23 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
   const ParallelConfig& from = *in.source->config();
   const ParallelConfig& to = *in.target->config();
   for (int r = 0; r < to.world_size(); ++r) {
+    const MeshCoord coord = to.CoordOf(r);
     for (const SmallObjectSpec& obj : in.spec->small_objects) {
-      const std::vector<int> candidates = SmallObjectSourceCandidates(
-          obj.scope, from, to, in.spec->num_layers, to.CoordOf(r));
+      SmallObjectSource source =
+          SmallObjectSources(obj, from, to, in.spec->num_layers, coord);
+      if (!source.derive_from.empty()) {
+        plan->small_objects.push_back({obj.name, r, -1, -1,
+                                       in.target_placement->host[r],
+                                       std::move(source.derive_from)});
+        continue;
+      }
+      const std::vector<int>& candidates = source.candidates;
       auto alive = std::find_if(
           candidates.begin(), candidates.end(),
           [&](int c) { return in.HoldsSource(in.source_placement->host[c]); });
       if (alive == candidates.end()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "small object '", obj.name, "' (scope ", ScopeName(obj.scope),
+            "small object '", obj.name, "' (", ScopeString(obj.scope),
             ") for target rank ", r,
             " has no surviving source: every rank that may provide it is on "
             "a dead or restarted host"));

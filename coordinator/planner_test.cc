@@ -1,4 +1,5 @@
 #include "coordinator/planner.h"
+#include "ptc/families.h"
 
 #include <catch2/catch.hpp>
 
@@ -171,7 +172,7 @@ TEST_CASE("planner: inputs that do not fit together are rejected",
   }
   SECTION("a layout of another model") {
     auto other =
-        BuildModelSpec(*ResolveArchitecture("gpt:layers=1,hidden=8,heads=2"));
+        SpecForModel("gpt:layers=1,hidden=8,heads=2");
     REQUIRE(other.ok());
     job.spec = *other;
     auto plan = PlanReconfiguration(job.input());
@@ -217,7 +218,15 @@ TEST_CASE("planner: small objects follow their scope's rule",
         4 * static_cast<int64_t>(job.spec.small_objects.size()));
   for (const SmallObjectMove& m : plan->small_objects) {
     if (m.name == "rng.model_parallel") {
-      CHECK(m.source_rank == m.target_rank % 2);  // stage 0, tp r%2, dp 0
+      // tp 0 and 1 existed (stage 0, same tp, dp 0); tp 2 and 3 are new
+      // and derive fresh seeds.
+      if (m.target_rank < 2) {
+        CHECK(m.source_rank == m.target_rank);
+        CHECK(m.derive_from.empty());
+      } else {
+        CHECK(m.source_rank == -1);
+        CHECK(m.derive_from == absl::StrCat("pp=0,tp=", m.target_rank));
+      }
     }
   }
 }

@@ -76,8 +76,9 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     pm->set_target_rank(m.target_rank);
     pm->set_source_rank(m.source_rank);
     pm->set_source_host(m.source_host);
+    pm->set_derive_from(m.derive_from);
     pm->set_target_host(m.target_host);
-    add_peer(m.source_host);
+    if (m.derive_from.empty()) add_peer(m.source_host);
   }
   return req;
 }

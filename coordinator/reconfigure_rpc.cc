@@ -99,7 +99,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     const proto::ReconfigureRequest& req, bool need_committed) {
   // Gather what planning needs, then plan without holding the lock.
   Planned out;
-  std::string model;
+  std::shared_ptr<const ModelSpec> spec;
   std::string& from = out.from;
   std::vector<std::string>& names = out.names;
   std::vector<std::string> from_hosts;
@@ -137,7 +137,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     }
     if (job.worker.joinable())
       finished = std::move(job.worker);  // ended: join below
-    model = job.state.model();
+    spec = job.spec;
     from = job.state.config();
     from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
     for (const auto& [name, h] : hosts_) {
@@ -185,7 +185,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   auto flight = std::make_shared<Flight>();
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
-                       MakePlanScenario(model, from, from_ids, req.to(), to_ids,
+                       MakePlanScenario(*spec, from, from_ids, req.to(), to_ids,
                                         cluster, alive));
   flight->input = flight->scenario.input();
   // Hosts that restarted (or came back unverified) hold nothing of the

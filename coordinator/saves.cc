@@ -30,11 +30,9 @@ struct HostShare {
 };
 
 absl::StatusOr<std::map<std::string, HostShare>> SharesOf(
-    const std::string& job, int64_t version, const std::string& model,
+    const std::string& job, int64_t version, const ModelSpec& spec,
     const std::string& config, const std::vector<std::string>& rank_hosts) {
-  PTC_ASSIGN_OR_RETURN(Architecture arch, ResolveArchitecture(model));
-  PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
-  PTC_ASSIGN_OR_RETURN(ParallelConfig c, ParallelConfig::Parse(config));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
   PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, c));
   if (static_cast<int>(rank_hosts.size()) != layout.world_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -174,7 +172,8 @@ grpc::Status CoordinatorService::ReportSaved(
 
 absl::Status CoordinatorService::DoReportSaved(
     const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp) {
-  std::string model, config;
+  std::shared_ptr<const ModelSpec> spec;
+  std::string config;
   std::vector<std::string> rank_hosts, hosts;
   int64_t previous = 0, step = 0;
   {
@@ -202,7 +201,7 @@ absl::Status CoordinatorService::DoReportSaved(
     ranks.insert(req.rank());
     if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
     step = open->step();
-    model = s.model();
+    spec = job.spec;
     config = s.config();
     rank_hosts = RankHostsLocked(job);
     hosts.assign(s.hosts().begin(), s.hosts().end());
@@ -211,7 +210,7 @@ absl::Status CoordinatorService::DoReportSaved(
   }
   // Every rank reported: prove the version on every host (rule 4).
   const absl::Status proven =
-      CommitSaveOnHosts(req.job(), req.version(), model, config, rank_hosts);
+      CommitSaveOnHosts(req.job(), req.version(), *spec, config, rank_hosts);
   std::vector<std::string> addresses;
   std::vector<int64_t> superseded;
   {
@@ -275,10 +274,10 @@ absl::Status CoordinatorService::DoReportSaved(
 }
 
 absl::Status CoordinatorService::CommitSaveOnHosts(
-    const std::string& job, int64_t version, const std::string& model,
+    const std::string& job, int64_t version, const ModelSpec& spec,
     const std::string& config, const std::vector<std::string>& rank_hosts) {
   PTC_ASSIGN_OR_RETURN(auto shares,
-                       SharesOf(job, version, model, config, rank_hosts));
+                       SharesOf(job, version, spec, config, rank_hosts));
   std::vector<std::string> names, addresses;
   {
     absl::MutexLock lock(&mu_);
@@ -341,7 +340,8 @@ void CoordinatorService::VerifyReturnedHosts() {
   struct Proof {
     std::string host, address, job;
     int64_t version;
-    std::string model, config;
+    std::shared_ptr<const ModelSpec> spec;
+    std::string config;
     std::vector<std::string> rank_hosts;
   };
   std::vector<Proof> proofs;
@@ -360,7 +360,7 @@ void CoordinatorService::VerifyReturnedHosts() {
           continue;
         any = true;
         proofs.push_back({host, h->second.status.address(), name,
-                          s.committed_version(), s.model(), s.config(),
+                          s.committed_version(), job->spec, s.config(),
                           RankHostsLocked(*job)});
       }
       if (!any) done.push_back(host);
@@ -369,7 +369,7 @@ void CoordinatorService::VerifyReturnedHosts() {
   }
   for (const Proof& p : proofs) {
     auto shares =
-        SharesOf(p.job, p.version, p.model, p.config, p.rank_hosts);
+        SharesOf(p.job, p.version, *p.spec, p.config, p.rank_hosts);
     absl::Status s = shares.status();
     if (s.ok() && shares->count(p.host)) {
       // Sealing is right: the coordinator committed this version.

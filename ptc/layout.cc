@@ -1,6 +1,8 @@
 #include "ptc/layout.h"
 
 #include <algorithm>
+#include <map>
+#include <numeric>
 #include <set>
 
 #include "absl/status/status.h"
@@ -23,76 +25,161 @@ int64_t Layout::RankBytes(const ModelSpec& spec, int rank) const {
 
 namespace {
 
-// ZeRO-1: assigns the optimizer tensors' regions from the flat buffer of
-// every (stage, tp rank). `shards` already holds the parameters' shards.
-void ResolveZero(const ModelSpec& spec, const ParallelConfig& config,
-                 std::vector<std::vector<Shard>>* shards) {
-  const int n = static_cast<int>(spec.tensors.size());
-  for (int stage = 0; stage < config.pp; ++stage) {
-    for (int tp = 0; tp < config.tp; ++tp) {
-      MeshCoord first;
-      first.index = {stage, 0, tp};
-      // Flat offset of each parameter's local shard in the buffer.
-      std::vector<int64_t> offset(n, -1);
-      int64_t size = 0;
-      for (int p = 0; p < n; ++p) {
-        const TensorSpec& t = spec.tensors[p];
-        if (t.role != Role::kParameter) continue;
-        offset[p] = size;
-        for (const Region& r :
-             RegionsOf(t.rule, t.shape, config, spec.num_layers, first)) {
-          size += r.volume();
+int64_t RoundUp(int64_t n, int64_t m) { return m <= 1 ? n : (n + m - 1) / m * m; }
+
+int64_t Lcm(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
+
+// One instance of a flat buffer: where each entry starts, its local
+// regions, and the buckets.
+struct BufferInstance {
+  std::vector<int64_t> offset;                  // by entry; -1: not held
+  std::vector<std::vector<Region>> regions;     // by entry
+  std::vector<std::pair<int64_t, int64_t>> buckets;
+};
+
+bool HeldByTwoStages(const StageRule& stage, const ParallelConfig& config,
+                     int num_layers) {
+  int held = 0;
+  for (int s = 0; s < config.pp() && held < 2; ++s) {
+    held += stage.HeldBy(s, config, num_layers);
+  }
+  return held > 1;
+}
+
+// Lays out buffer `buf` as the ranks at `rep` (any coordinate of the group)
+// see it.
+BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
+                            const ParallelConfig& config, int64_t shards,
+                            const MeshCoord& rep) {
+  BufferInstance in;
+  const int64_t pad = buf.bucket_pad > 0 ? Lcm(shards, buf.bucket_pad) : 1;
+  int64_t pos = 0, bucket_start = 0;
+  auto close_bucket = [&] {
+    const int64_t end = RoundUp(pos, pad);
+    in.buckets.push_back({bucket_start, end});
+    pos = bucket_start = end;
+  };
+  for (const FlatBuffer::Entry& e : buf.entries) {
+    const TensorSpec& t = spec.tensors[e.tensor];
+    std::vector<Region> regions = RegionsOf(t.placements, t.stage, t.shape,
+                                            config, spec.num_layers, rep);
+    int64_t size = 0;
+    for (const Region& r : regions) size += r.volume();
+    if (size == 0) {
+      in.offset.push_back(-1);
+      in.regions.emplace_back();
+      continue;
+    }
+    const bool own =
+        e.own_bucket == FlatBuffer::OwnBucket::kAlways ||
+        (e.own_bucket == FlatBuffer::OwnBucket::kWhenShared &&
+         HeldByTwoStages(t.stage, config, spec.num_layers));
+    if (own && pos > bucket_start) close_bucket();
+    pos = RoundUp(pos, buf.align);
+    in.offset.push_back(pos);
+    in.regions.push_back(std::move(regions));
+    pos += size;
+    if (own || (buf.bucket_size > 0 && pos - bucket_start >= buf.bucket_size)) {
+      close_bucket();
+    }
+  }
+  if (pos > bucket_start) close_bucket();
+  return in;
+}
+
+// Assigns the members of buffer `b` their flat ranges on every rank.
+void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
+                   std::vector<std::vector<Shard>>* shards) {
+  const FlatBuffer& buf = spec.buffers[b];
+  AxisPlacement over = AxisPlacement::Replicate(buf.axes);
+  const int64_t n = AxisPlacementParts(over, config);
+  std::vector<int> entry_index(spec.tensors.size(), -1);
+  for (size_t i = 0; i < buf.entries.size(); ++i)
+    entry_index[buf.entries[i].tensor] = static_cast<int>(i);
+  std::vector<int> members;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    if (spec.tensors[t].buffer == b) members.push_back(static_cast<int>(t));
+  }
+  // One instance per group: ranks equal on every axis but the buffer's.
+  std::map<std::vector<int>, BufferInstance> instances;
+  for (int rank = 0; rank < config.world_size(); ++rank) {
+    const MeshCoord coord = config.CoordOf(rank);
+    MeshCoord rep = coord;
+    for (const std::string& a : buf.axes) rep.index[config.AxisIndex(a)] = 0;
+    auto it = instances.find(rep.index);
+    if (it == instances.end()) {
+      it = instances
+               .emplace(rep.index, LayOutBuffer(spec, buf, config, n, rep))
+               .first;
+    }
+    const BufferInstance& in = it->second;
+    const int64_t i = AxisPlacementIndex(over, config, coord);
+    // This rank's chunk of every bucket, in buffer order.
+    std::vector<std::pair<int64_t, int64_t>> mine;
+    for (const auto& [bs, be] : in.buckets) {
+      auto [lo, hi] = ChunkOf(be - bs, n, i);
+      if (lo < hi) mine.push_back({bs + lo, bs + hi});
+    }
+    for (int m : members) {
+      const int e = entry_index[spec.tensors[m].slot];
+      int64_t at = in.offset[e];
+      if (at < 0) continue;
+      for (const Region& r : in.regions[e]) {
+        const int64_t end = at + r.volume();
+        auto first = std::lower_bound(
+            mine.begin(), mine.end(), at,
+            [](const std::pair<int64_t, int64_t>& c, int64_t v) {
+              return c.second <= v;
+            });
+        for (auto c = first; c != mine.end() && c->first < end; ++c) {
+          const int64_t lo = std::max(at, c->first), hi = std::min(end, c->second);
+          if (lo >= hi) continue;
+          for (Region& piece : FlatRangeOfRegion(r, lo - at, hi - at))
+            (*shards)[m].push_back({rank, std::move(piece)});
         }
-      }
-      for (int dp = 0; dp < config.dp; ++dp) {
-        first.index = {stage, dp, tp};
-        const int rank = config.RankOf(first);
-        auto [lo, hi] = ChunkOf(size, config.dp, dp);
-        for (int o = 0; o < n; ++o) {
-          const TensorSpec& t = spec.tensors[o];
-          if (t.zero_param < 0 || offset[t.zero_param] < 0) continue;
-          int64_t at = offset[t.zero_param];
-          for (const Region& r :
-               RegionsOf(t.rule, t.shape, config, spec.num_layers, first)) {
-            const int64_t b = std::max(lo, at),
-                          e = std::min(hi, at + r.volume());
-            if (b < e) {
-              for (const Region& piece : FlatRangeOfRegion(r, b - at, e - at))
-                (*shards)[o].push_back({rank, piece});
-            }
-            at += r.volume();
-          }
-        }
+        at = end;
       }
     }
   }
+}
+
+bool BufferInUse(const FlatBuffer& buf, const ParallelConfig& config) {
+  return !buf.optional || config.zero1;
 }
 
 }  // namespace
 
 absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config) {
-  PTC_RETURN_IF_ERROR(config.Validate(spec.num_layers));
   PTC_RETURN_IF_ERROR(spec.Validate());
+  PTC_RETURN_IF_ERROR(CheckConfig(spec, config));
   const int n = static_cast<int>(spec.tensors.size());
   std::vector<std::vector<Shard>> shards(n);
+  const int world = config.world_size();
+  std::vector<MeshCoord> coords(world);
+  for (int rank = 0; rank < world; ++rank) coords[rank] = config.CoordOf(rank);
   for (int t = 0; t < n; ++t) {
     const TensorSpec& ts = spec.tensors[t];
-    if (config.zero1 && ts.zero_param >= 0) continue;  // ResolveZero
-    for (int rank = 0; rank < config.world_size(); ++rank) {
-      for (Region& r : RegionsOf(ts.rule, ts.shape, config, spec.num_layers,
-                                 config.CoordOf(rank))) {
+    if (ts.buffer >= 0 && BufferInUse(spec.buffers[ts.buffer], config)) {
+      continue;  // ResolveBuffer
+    }
+    const TensorSpec& rules = ts.slot >= 0 ? spec.tensors[ts.slot] : ts;
+    for (int rank = 0; rank < world; ++rank) {
+      for (Region& r : RegionsOf(rules.placements, rules.stage, ts.shape,
+                                 config, spec.num_layers, coords[rank])) {
         shards[t].push_back({rank, std::move(r)});
       }
     }
   }
-  if (config.zero1) ResolveZero(spec, config, &shards);
+  for (int b = 0; b < static_cast<int>(spec.buffers.size()); ++b) {
+    if (BufferInUse(spec.buffers[b], config)) ResolveBuffer(spec, b, config, &shards);
+  }
   for (auto& s : shards) {
     std::stable_sort(s.begin(), s.end(), [](const Shard& a, const Shard& b) {
       return a.rank < b.rank;
     });
   }
-  return Layout(config.world_size(), std::move(shards), config);
+  return Layout(world, std::move(shards), config);
 }
 
 absl::StatusOr<Layout> ExplicitLayout(const ModelSpec& spec, int world_size,

@@ -51,12 +51,13 @@ class Layout {
   std::optional<ParallelConfig> config_;
 };
 
-// Builds the layout of `spec` under `config` from the sharding rules,
-// resolving ZeRO-1: with config.zero1 each (stage, tp rank)'s optimizer
-// state is the concatenation, in spec order, of the flattened local shards
-// of the stage's parameters (a shard's regions in order, each row-major),
-// split over dp in contiguous chunks; a chunk boundary may cut a tensor
-// anywhere, and the piece becomes at most 2*rank-1 rectangles per region.
+// Builds the layout of `spec` under `config`: every tensor's placements and
+// stage rule on every rank, and the flat buffers in use (all but optional
+// ones without zero=1): each rank owns its chunk of every bucket of its
+// group's buffer, and a member tensor holds the flat ranges of its slot's
+// local shard that fall in those chunks (a piece becomes at most
+// 2*rank-1 rectangles per region). Refuses configs the spec cannot run
+// with (CheckConfig).
 absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config);
 

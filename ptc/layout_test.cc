@@ -1,5 +1,7 @@
 #include "ptc/layout.h"
 
+#include "ptc/families.h"
+
 #include <catch2/catch.hpp>
 #include <map>
 
@@ -44,12 +46,11 @@ TEST_CASE("layout: every element is held dp times (or once per dp with ZeRO)",
     for (int t = 0; t < layout->num_tensors(); ++t) {
       const TensorSpec& ts = spec->tensors[t];
       int stages = 0;
-      for (int s = 0; s < c.pp; ++s)
-        stages += ts.rule.stage.HeldBy(s, c, spec->num_layers);
-      const int tp_copies =
-          ts.rule.tp.kind == AxisRule::Kind::kReplicate ? c.tp : 1;
+      for (int s = 0; s < c.pp(); ++s)
+        stages += ts.stage.HeldBy(s, c, spec->num_layers);
+      const int tp_copies = ts.placements.empty() ? c.tp() : 1;
       const int copies =
-          (c.zero1 && ts.zero_param >= 0 ? 1 : c.dp) * stages * tp_copies;
+          (c.zero1 && ts.buffer >= 0 ? 1 : c.dp()) * stages * tp_copies;
       const auto cov = Coverage(*spec, *layout, t);
       INFO(cfg << " tensor " << ts.key);
       REQUIRE(static_cast<int64_t>(cov.size()) == NumElements(ts.shape));
@@ -77,10 +78,10 @@ TEST_CASE("layout: ZeRO-1 splits each stage's buffer evenly over dp",
     for (const Shard& s : layout->shards(t))
       optim[s.rank] += s.region.volume() * 4;
   }
-  for (int tp = 0; tp < c.tp; ++tp) {
+  for (int tp = 0; tp < c.tp(); ++tp) {
     int64_t lo = INT64_MAX, hi = 0;
     for (int r = 0; r < c.world_size(); ++r) {
-      if (c.CoordOf(r).tp() != tp) continue;
+      if (c.IndexOn(c.CoordOf(r), "tp") != tp) continue;
       lo = std::min(lo, optim[r]);
       hi = std::max(hi, optim[r]);
     }

@@ -1,11 +1,17 @@
-// Model specs: every tensor of a training job's state (parameters and Adam
-// state) with its global shape, dtype and sharding rule, generated from the
-// architecture's numbers alone, so any (TP, PP, DP) can be planned without
-// running the model.
+// Model specs (layout specs): every tensor of a training job's state with
+// its global shape, dtype and placements over the job's named mesh axes,
+// the flat buffers that shard some of them by flat range (distributed
+// optimizers, ZeRO, FSDP), and the small objects. A spec describes the
+// job's state for every mesh size at once: the layout of any parallel
+// config follows from the spec and the config alone (BuildLayout).
 //
-//   PTC_ASSIGN_OR_RETURN(Architecture arch, ArchitectureByName("gpt3-2.7b"));
-//   PTC_ASSIGN_OR_RETURN(ModelSpec spec, BuildModelSpec(arch));
-//   PTC_RETURN_IF_ERROR(CheckFits(arch, config));
+// Specs come from a framework (a proto or JSON file, see
+// ptc/layout_spec_proto.h) or from the built-in generators
+// (ptc/families.h).
+//
+//   PTC_RETURN_IF_ERROR(spec.Validate());
+//   PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig("tp=2,ep=4"));
+//   PTC_RETURN_IF_ERROR(CheckConfig(spec, c));
 #ifndef PTC_PTC_MODEL_SPEC_H_
 #define PTC_PTC_MODEL_SPEC_H_
 
@@ -24,6 +30,7 @@ namespace ptc {
 
 enum class Role { kParameter, kOptimizerState, kDataset, kOther };
 absl::string_view RoleName(Role role);
+absl::StatusOr<Role> ParseRole(absl::string_view name);
 
 struct TensorSpec {
   // Stable global key, independent of any framework's parameter path,
@@ -32,80 +39,86 @@ struct TensorSpec {
   DType dtype = DType::kFloat32;
   Shape shape;
   Role role = Role::kParameter;
-  ShardingRule rule;
-  // For optimizer state sharded by ZeRO-1: index (in ModelSpec::tensors) of
-  // the parameter whose slot in the flat buffer it shares; -1 otherwise.
-  int zero_param = -1;
+  // Cuts over mesh axes, applied in order; axes not named replicate.
+  std::vector<AxisPlacement> placements;
+  // Which pipeline stages hold it.
+  StageRule stage;
+  // Index (in ModelSpec::buffers) of the flat buffer this tensor is
+  // sharded by, or -1. When the buffer is in use, the tensor's regions on
+  // a rank are the flat ranges of the buffer that the rank owns, taken
+  // from the local shard its `slot` would have.
+  int buffer = -1;
+  // Index (in ModelSpec::tensors) of the buffer entry whose place in the
+  // buffer this tensor shares (a parameter for its Adam state; itself for
+  // FSDP-style flat parameters); -1 when buffer is -1. The slot's
+  // placements and stage apply to this tensor.
+  int slot = -1;
 
   int64_t bytes() const { return NumElements(shape) * ElementSize(dtype); }
 };
 
-struct ModelSpec {
+// A flat buffer: the local shards of `entries` (each region row-major, in
+// order) concatenated, each entry's start rounded up to `align` elements,
+// cut into buckets, and each bucket split over the buffer's axes in
+// contiguous chunks. One buffer instance exists per group of ranks that
+// agree on every axis but the buffer's; entries must not be cut by those
+// axes. This states Megatron-core's param_and_grad_buffer with the
+// distributed optimizer (entries in reverse order, align 64, bucket_size,
+// bucket_pad 128), ZeRO-1/2 (one bucket, no padding) and FSDP-style flat
+// parameters (members are the entries themselves).
+struct FlatBuffer {
+  enum class OwnBucket { kNever, kAlways, kWhenShared };
+  struct Entry {
+    int tensor = 0;  // index in ModelSpec::tensors
+    // kAlways: the entry gets a bucket of its own; kWhenShared: only when
+    // more than one pipeline stage holds it (Megatron's shared embedding).
+    OwnBucket own_bucket = OwnBucket::kNever;
+  };
   std::string name;
+  // Mesh axes the buffer is sharded over, jointly (first slowest).
+  std::vector<std::string> axes;
+  std::vector<Entry> entries;
+  // Entry starts are multiples of `align` elements (>= 1).
+  int64_t align = 1;
+  // A bucket closes once it holds at least bucket_size elements; 0: one
+  // bucket for the whole buffer.
+  int64_t bucket_size = 0;
+  // > 0: each bucket's end is padded to a multiple of lcm(shards,
+  // bucket_pad) so that it splits evenly; 0: no padding, chunks may differ
+  // by one element.
+  int64_t bucket_pad = 0;
+  // Only in use under a config with zero=1 (otherwise members follow
+  // their own placements, replicated over the buffer's axes).
+  bool optional = false;
+};
+
+struct ModelSpec {
+  // Version of the spec format this spec was written in.
+  static constexpr int kFormatVersion = 1;
+
+  std::string name;
+  // Mesh axes, slowest-varying first in rank order (e.g. pp, dp, ep, tp).
+  std::vector<std::string> mesh = DefaultMesh();
   int num_layers = 1;
   std::vector<TensorSpec> tensors;
+  std::vector<FlatBuffer> buffers;
   std::vector<SmallObjectSpec> small_objects;
 
   int64_t TotalBytes() const;
   // Index of the tensor with `key`, or -1.
   int FindTensor(absl::string_view key) const;
-  // Checks every shape and rule; INVALID_ARGUMENT names the tensor.
+  // Checks every field: mesh axes, shapes, placements, stage rules,
+  // buffers and small objects. INVALID_ARGUMENT names the tensor or field.
   absl::Status Validate() const;
+  // Parses a parallel config for this spec's mesh.
+  absl::StatusOr<ParallelConfig> ParseConfig(absl::string_view text) const;
 };
 
-struct Architecture {
-  enum class Family { kGpt, kLlama };
-  std::string name;
-  Family family = Family::kGpt;
-  int layers = 1;
-  int64_t hidden = 64;
-  int heads = 1;
-  int kv_heads = 1;  // == heads for multi-head attention
-  int64_t ffn = 256;
-  int64_t vocab = 1000;
-  int64_t max_positions = 2048;  // GPT: learned position embedding rows
-  bool tied_embeddings = true;   // GPT ties input and output embedding
-  DType param_dtype = DType::kFloat16;
-  // Adds mixed-precision Adam state: fp32 master weight, exp_avg and
-  // exp_avg_sq per parameter.
-  bool adam = true;
-  // Megatron's make_vocab_size_divisible_by.
-  int vocab_pad_multiple = 128;
-
-  int64_t head_dim() const { return hidden / heads; }
-};
-
-// The GPT-3 paper's family ("gpt3-125m", "gpt3-350m", "gpt3-760m",
-// "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b") and
-// LLaMA-style models ("llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b").
-// gpt3-13b uses d_model 5120 (the paper's table says 5140, which does not
-// divide into its 40 heads; Megatron and others use 5120), and gpt3-1.3b
-// 16 heads of 128 (the table's 24 heads of 128 do not make d_model 2048).
-absl::StatusOr<Architecture> ArchitectureByName(absl::string_view name);
-std::vector<std::string> KnownModels();
-
-// A custom architecture: "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=1000"
-// or "llama:layers=4,hidden=64,heads=8,kv_heads=2,ffn=172,vocab=1000";
-// other keys: positions, dtype, adam=0|1, tied=0|1.
-absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text);
-
-// Named model or custom text, whichever `text` is.
-absl::StatusOr<Architecture> ResolveArchitecture(absl::string_view text);
-
-// Every tensor of the model's state: the parameters in Megatron's order
-// (embedding, layers, final norm, output), then, with Adam, the fp32
-// master weights, exp_avg and exp_avg_sq of every parameter, in the same
-// order ("optim.<slot>.<param key>").
-absl::StatusOr<ModelSpec> BuildModelSpec(const Architecture& arch);
-
-// Rejects configs the model cannot run with: tp not dividing the heads or
-// the kv groups, hidden not divisible by heads, pp larger than the layers,
-// malformed layers-per-stage. INVALID_ARGUMENT names the offending value.
-absl::Status CheckFits(const Architecture& arch, const ParallelConfig& config);
-
-// Megatron's padded vocabulary for `tp`: vocab rounded up to a multiple of
-// vocab_pad_multiple * tp.
-int64_t PaddedVocab(const Architecture& arch, int tp);
+// Rejects configs the spec cannot run with: a mesh other than the spec's,
+// more stages than layers, an explicit stage the pipeline lacks, an axis
+// that must divide a dimension and does not. INVALID_ARGUMENT names the
+// tensor or axis.
+absl::Status CheckConfig(const ModelSpec& spec, const ParallelConfig& config);
 
 }  // namespace ptc
 

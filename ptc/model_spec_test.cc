@@ -1,5 +1,7 @@
 #include "ptc/model_spec.h"
 
+#include "ptc/families.h"
+
 #include <catch2/catch.hpp>
 
 namespace ptc {
@@ -46,8 +48,8 @@ TEST_CASE("model spec: Adam state is three fp32 tensors per parameter",
   REQUIRE(i >= 0);
   CHECK(spec->tensors[i].dtype == DType::kFloat32);
   CHECK(spec->tensors[i].role == Role::kOptimizerState);
-  CHECK(spec->tensors[spec->tensors[i].zero_param].key ==
-        "layers.3.mlp.fc1.weight");
+  CHECK(spec->tensors[spec->tensors[i].slot].key == "layers.3.mlp.fc1.weight");
+  CHECK(spec->buffers[spec->tensors[i].buffer].name == "optimizer");
 }
 
 TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
@@ -56,14 +58,16 @@ TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
   auto rule = [&](const char* key) {
     const int i = spec->FindTensor(key);
     REQUIRE(i >= 0);
-    return spec->tensors[i].rule;
+    return spec->tensors[i];
   };
-  CHECK(rule("layers.0.attn.qkv.weight").tp.kind == AxisRule::Kind::kSplit);
-  CHECK(rule("layers.0.attn.qkv.weight").tp.dim == 0);
-  CHECK(rule("layers.0.attn.proj.weight").tp.dim == 1);
-  CHECK(rule("layers.0.attn.proj.bias").tp.kind == AxisRule::Kind::kReplicate);
-  CHECK(rule("layers.0.mlp.fc2.weight").tp.dim == 1);
-  CHECK(rule("layers.0.mlp.norm.weight").tp.kind == AxisRule::Kind::kReplicate);
+  // Rows ordered per head: tp takes whole heads.
+  const AxisPlacement& qkv = rule("layers.0.attn.qkv.weight").placements[0];
+  CHECK(qkv.kind == AxisPlacement::Kind::kGroupedShard);
+  CHECK(qkv.repeats == 16);
+  CHECK(rule("layers.0.attn.proj.weight").placements[0].dim == 1);
+  CHECK(rule("layers.0.attn.proj.bias").placements.empty());
+  CHECK(rule("layers.0.mlp.fc2.weight").placements[0].dim == 1);
+  CHECK(rule("layers.0.mlp.norm.weight").placements.empty());
   CHECK(rule("embedding.word.weight").stage.kind ==
         StageRule::Kind::kFirstAndLast);
   CHECK(rule("final_norm.weight").stage.kind == StageRule::Kind::kLast);
@@ -86,27 +90,36 @@ TEST_CASE("model spec: LLaMA uses grouped splits for GQA and SwiGLU",
   REQUIRE(spec.ok());
   const TensorSpec& qkv =
       spec->tensors[spec->FindTensor("layers.0.attn.qkv.weight")];
-  CHECK(qkv.rule.tp.kind == AxisRule::Kind::kGroupedSplit);
-  CHECK(qkv.rule.tp.groups == std::vector<int64_t>{4096, 1024, 1024});
+  CHECK(qkv.placements[0].kind == AxisPlacement::Kind::kGroupedShard);
+  CHECK(qkv.placements[0].groups == std::vector<int64_t>{4096, 1024, 1024});
   const TensorSpec& fc1 =
       spec->tensors[spec->FindTensor("layers.0.mlp.fc1.weight")];
-  CHECK(fc1.rule.tp.groups == std::vector<int64_t>{14336, 14336});
+  CHECK(fc1.placements[0].groups == std::vector<int64_t>{14336, 14336});
   CHECK(spec->FindTensor("output.weight") >= 0);
   CHECK(spec->FindTensor("layers.0.attn.qkv.bias") < 0);
 }
 
 TEST_CASE("model spec: configs that cannot work are rejected with a reason",
           "[ptc][spec]") {
-  auto arch = ArchitectureByName("llama3-8b");  // 32 heads, 8 kv groups
-  REQUIRE(arch.ok());
-  auto s = CheckFits(*arch, *ParallelConfig::Parse("tp=16"));
+  auto spec = SpecForModel("llama3-8b");  // 32 heads, 8 kv groups
+  REQUIRE(spec.ok());
+  auto s = CheckConfig(*spec, *ParallelConfig::Parse("tp=16"));
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-  CHECK(s.message().find("8 key/value groups") != std::string::npos);
-  s = CheckFits(*arch, *ParallelConfig::Parse("tp=3"));
-  CHECK(s.message().find("32 attention heads") != std::string::npos);
-  s = CheckFits(*arch, *ParallelConfig::Parse("pp=64"));
+  CHECK(s.message().find("tp=16 does not divide the 8 heads") !=
+        std::string::npos);
+  s = CheckConfig(*spec, *ParallelConfig::Parse("tp=3"));
+  CHECK(s.message().find("tp=3 does not divide the 32 heads") !=
+        std::string::npos);
+  s = CheckConfig(*spec, *ParallelConfig::Parse("pp=64"));
   CHECK(s.message().find("pp=64") != std::string::npos);
-  CHECK(CheckFits(*arch, *ParallelConfig::Parse("tp=8,pp=4,dp=2")).ok());
+  CHECK(CheckConfig(*spec, *ParallelConfig::Parse("tp=8,pp=4,dp=2")).ok());
+  // Megatron-core's layout counts query groups.
+  auto mcore = SpecForModel(
+      "llama:layers=2,hidden=64,heads=8,kv_heads=4,ffn=96,mcore=1");
+  REQUIRE(mcore.ok());
+  s = CheckConfig(*mcore, *ParallelConfig::Parse("tp=8"));
+  CHECK(s.message().find("tp=8 does not divide the 4 query groups") !=
+        std::string::npos);
 }
 
 TEST_CASE("model spec: custom architectures parse and unknown names fail",
@@ -120,6 +133,48 @@ TEST_CASE("model spec: custom architectures parse and unknown names fail",
         absl::StatusCode::kNotFound);
   CHECK(!ResolveArchitecture("gpt:heads=3,hidden=64").ok());
   CHECK(!ResolveArchitecture("gpt:wings=2").ok());
+}
+
+}  // namespace
+}  // namespace ptc
+
+namespace ptc {
+namespace {
+
+TEST_CASE("model spec: MoE families shard experts over ep and state over "
+          "dp and ep",
+          "[ptc][spec]") {
+  auto spec = SpecForModel("mixtral-8x7b");
+  REQUIRE(spec.ok());
+  CHECK(spec->mesh == std::vector<std::string>{"pp", "dp", "ep", "tp"});
+  const TensorSpec& fc1 =
+      spec->tensors[spec->FindTensor("layers.0.mlp.experts.fc1.weight")];
+  CHECK(fc1.shape == Shape{8, 2 * 14336, 4096});
+  CHECK(fc1.placements[0].axes == std::vector<std::string>{"ep"});
+  int64_t params = 0;
+  for (const TensorSpec& t : spec->tensors)
+    if (t.role == Role::kParameter) params += NumElements(t.shape);
+  // Mixtral 8x7B has 46.7B parameters.
+  CHECK(params > 46.0e9);
+  CHECK(params < 47.5e9);
+  auto big = SpecForModel("moe-64x-136b");
+  REQUIRE(big.ok());
+  params = 0;
+  for (const TensorSpec& t : big->tensors)
+    if (t.role == Role::kParameter) params += NumElements(t.shape);
+  CHECK(params > 135e9);
+  CHECK(params < 137e9);
+  auto s = CheckConfig(*spec, *spec->ParseConfig("ep=3"));
+  CHECK(s.message().find("ep=3 does not divide the 8 experts") !=
+        std::string::npos);
+  // Per-expert tensors and shared experts.
+  auto ds = SpecForModel(
+      "moe:layers=2,hidden=32,heads=4,kv_heads=2,ffn=24,experts=4,"
+      "shared_ffn=48,stacked=0");
+  REQUIRE(ds.ok());
+  CHECK(ds->FindTensor("layers.1.mlp.experts.3.fc2.weight") >= 0);
+  CHECK(ds->FindTensor("layers.1.mlp.shared.fc1.weight") >= 0);
+  CHECK(ds->buffers.size() == 2);
 }
 
 }  // namespace

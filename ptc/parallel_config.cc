@@ -1,6 +1,6 @@
 #include "ptc/parallel_config.h"
 
-#include <numeric>
+#include <algorithm>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -10,29 +10,11 @@
 
 namespace ptc {
 
-absl::string_view AxisName(Axis axis) {
-  switch (axis) {
-    case Axis::kPipeline:
-      return "pp";
-    case Axis::kData:
-      return "dp";
-    case Axis::kTensor:
-      return "tp";
-  }
-  return "?";
+const std::vector<std::string>& DefaultMesh() {
+  static const std::vector<std::string>* mesh =
+      new std::vector<std::string>{"pp", "dp", "tp"};
+  return *mesh;
 }
-
-namespace {
-
-absl::StatusOr<Axis> ParseAxis(absl::string_view name) {
-  if (name == "pp") return Axis::kPipeline;
-  if (name == "dp") return Axis::kData;
-  if (name == "tp") return Axis::kTensor;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown axis '", name, "'; expected pp, dp or tp"));
-}
-
-}  // namespace
 
 std::pair<int64_t, int64_t> ChunkOf(int64_t extent, int64_t parts, int64_t i) {
   const int64_t base = extent / parts, extra = extent % parts;
@@ -40,37 +22,87 @@ std::pair<int64_t, int64_t> ChunkOf(int64_t extent, int64_t parts, int64_t i) {
   return {begin, begin + base + (i < extra ? 1 : 0)};
 }
 
-int ParallelConfig::size(Axis a) const {
-  switch (a) {
-    case Axis::kPipeline:
-      return pp;
-    case Axis::kData:
-      return dp;
-    case Axis::kTensor:
-      return tp;
+int ParallelConfig::AxisIndex(absl::string_view axis) const {
+  for (size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] == axis) return static_cast<int>(i);
   }
-  return 1;
+  return -1;
+}
+
+int ParallelConfig::size(absl::string_view axis) const {
+  const int i = AxisIndex(axis);
+  return i < 0 ? 1 : sizes[i];
+}
+
+void ParallelConfig::set_size(absl::string_view axis, int n) {
+  const int i = AxisIndex(axis);
+  if (i >= 0) sizes[i] = n;
+}
+
+int ParallelConfig::world_size() const {
+  int64_t n = 1;
+  for (int s : sizes) {
+    n *= s;
+    if (n > kMaxWorldSize) return static_cast<int>(kMaxWorldSize + 1);
+  }
+  return static_cast<int>(n);
 }
 
 MeshCoord ParallelConfig::CoordOf(int rank) const {
   MeshCoord c;
-  for (Axis a : order) {
-    c.index[static_cast<int>(a)] = rank % size(a);
-    rank /= size(a);
+  c.index.assign(axes.size(), 0);
+  for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i) {
+    c.index[i] = rank % sizes[i];
+    rank /= sizes[i];
   }
   return c;
 }
 
 int ParallelConfig::RankOf(const MeshCoord& coord) const {
   int rank = 0;
-  for (int i = kNumAxes - 1; i >= 0; --i) {
-    rank = rank * size(order[i]) + coord.at(order[i]);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    rank = rank * sizes[i] + coord.index[i];
   }
   return rank;
 }
 
-absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
+int ParallelConfig::IndexOn(const MeshCoord& coord,
+                            absl::string_view axis) const {
+  const int i = AxisIndex(axis);
+  return i < 0 ? 0 : coord.index[i];
+}
+
+namespace {
+
+absl::Status ParseOrder(absl::string_view value, absl::string_view text,
+                        ParallelConfig* c) {
+  std::vector<std::string> fastest_first = absl::StrSplit(value, '-');
+  std::vector<std::string> sorted = fastest_first, want = c->mesh;
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(want.begin(), want.end());
+  if (sorted != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad rank order '", value, "' in parallel config '", text,
+        "'; list every axis of the mesh once, fastest first, e.g. order=",
+        absl::StrJoin(c->mesh.rbegin(), c->mesh.rend(), "-")));
+  }
+  std::vector<int> sizes;
+  std::vector<std::string> axes(fastest_first.rbegin(), fastest_first.rend());
+  for (const std::string& a : axes) sizes.push_back(c->size(a));
+  c->axes = std::move(axes);
+  c->sizes = std::move(sizes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ParallelConfig> ParallelConfig::Parse(
+    absl::string_view text, const std::vector<std::string>& mesh) {
   ParallelConfig c;
+  c.mesh = mesh;
+  c.axes = mesh;
+  c.sizes.assign(mesh.size(), 1);
+  absl::string_view order;
   for (absl::string_view token : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(token, absl::MaxSplits('=', 1));
@@ -78,7 +110,7 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
     if (key == "layers") {
       for (absl::string_view n : absl::StrSplit(value, '/')) {
         int layers;
-        if (!absl::SimpleAtoi(n, &layers)) {
+        if (!absl::SimpleAtoi(n, &layers) || c.layers_per_stage.size() > 65536) {
           return absl::InvalidArgumentError(absl::StrCat(
               "bad layers-per-stage list '", value, "' in parallel config '",
               text, "'; expected e.g. layers=10/14"));
@@ -88,18 +120,7 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
       continue;
     }
     if (key == "order") {
-      std::vector<absl::string_view> names = absl::StrSplit(value, '-');
-      if (names.size() != kNumAxes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bad rank order '", value,
-                         "'; expected the three axes fastest "
-                         "first, e.g. order=tp-dp-pp"));
-      }
-      for (int i = 0; i < kNumAxes; ++i) {
-        auto axis = ParseAxis(names[i]);
-        if (!axis.ok()) return axis.status();
-        c.order[i] = *axis;
-      }
+      order = value;
       continue;
     }
     int n;
@@ -116,72 +137,91 @@ absl::StatusOr<ParallelConfig> ParallelConfig::Parse(absl::string_view text) {
       c.zero1 = n == 1;
       continue;
     }
-    auto axis = ParseAxis(key);
-    if (!axis.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown key '", key, "' in parallel config '", text,
-                       "'; expected tp, pp, dp, zero, layers or order"));
+    const int axis = c.AxisIndex(key);
+    if (axis < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown key '", key, "' in parallel config '", text,
+          "'; this job's mesh has the axes ", absl::StrJoin(mesh, ", "),
+          " (other keys: zero, layers, order)"));
     }
-    if (n < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, "=", n, " in parallel config '", text,
-                       "': every degree must be at least 1"));
+    if (n < 1 || n > kMaxWorldSize) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, "=", n, " in parallel config '", text,
+          "': every degree must be between 1 and ", kMaxWorldSize));
     }
-    switch (*axis) {
-      case Axis::kPipeline:
-        c.pp = n;
-        break;
-      case Axis::kData:
-        c.dp = n;
-        break;
-      case Axis::kTensor:
-        c.tp = n;
-        break;
-    }
+    c.sizes[axis] = n;
+  }
+  if (!order.empty()) {
+    if (absl::Status s = ParseOrder(order, text, &c); !s.ok()) return s;
+  }
+  if (c.world_size() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel config '", text, "' has more than ",
+                     kMaxWorldSize, " ranks"));
   }
   return c;
 }
 
 std::string ParallelConfig::ToString() const {
-  std::string s = absl::StrCat("tp=", tp, ",pp=", pp, ",dp=", dp);
-  if (zero1) absl::StrAppend(&s, ",zero=1");
+  std::vector<std::string> parts;
+  std::vector<std::string> order = {"tp", "pp", "dp"};
+  for (const std::string& a : mesh) {
+    if (a != "tp" && a != "pp" && a != "dp") order.push_back(a);
+  }
+  for (const std::string& a : order) {
+    if (AxisIndex(a) >= 0) parts.push_back(absl::StrCat(a, "=", size(a)));
+  }
+  if (zero1) parts.push_back("zero=1");
   if (!layers_per_stage.empty()) {
-    absl::StrAppend(&s, ",layers=", absl::StrJoin(layers_per_stage, "/"));
+    parts.push_back(
+        absl::StrCat("layers=", absl::StrJoin(layers_per_stage, "/")));
   }
-  const ParallelConfig defaults;
-  if (order != defaults.order) {
-    absl::StrAppend(&s, ",order=", AxisName(order[0]), "-", AxisName(order[1]),
-                    "-", AxisName(order[2]));
+  if (axes != mesh) {
+    parts.push_back(absl::StrCat(
+        "order=", absl::StrJoin(axes.rbegin(), axes.rend(), "-")));
   }
-  return s;
+  return absl::StrJoin(parts, ",");
+}
+
+std::string ParallelConfig::CoordString(const MeshCoord& coord) const {
+  std::vector<std::string> parts;
+  for (const std::string& a : mesh) {
+    parts.push_back(absl::StrCat(a, "=", IndexOn(coord, a)));
+  }
+  return absl::StrJoin(parts, ",");
 }
 
 absl::Status ParallelConfig::Validate(int num_layers) const {
-  if (tp < 1 || pp < 1 || dp < 1) {
+  if (sizes.size() != axes.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallel config ", ToString(), ": every degree must be at least 1"));
+        "parallel config ", ToString(), ": ", sizes.size(), " sizes for ",
+        axes.size(), " axes"));
   }
-  bool seen[kNumAxes] = {false, false, false};
-  for (Axis a : order) {
-    if (seen[static_cast<int>(a)]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parallel config ", ToString(), ": rank order names ",
-                       AxisName(a), " twice"));
+  for (int n : sizes) {
+    if (n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel config ", ToString(), ": every degree must be at least 1"));
     }
-    seen[static_cast<int>(a)] = true;
   }
-  if (pp > num_layers) {
+  if (world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallel config ", ToString(), ": pp=", pp, " is larger than the ",
-        num_layers, " layers of the model; every stage needs a layer"));
+        "parallel config ", ToString(), " has more than ", kMaxWorldSize,
+        " ranks"));
+  }
+  const int stages = pp();
+  if (stages > num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel config ", ToString(), ": pp=", stages,
+        " is larger than the ", num_layers,
+        " layers of the model; every stage needs a layer"));
   }
   if (!layers_per_stage.empty()) {
-    if (static_cast<int>(layers_per_stage.size()) != pp) {
+    if (static_cast<int>(layers_per_stage.size()) != stages) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parallel config ", ToString(), ": layers-per-stage lists ",
-          layers_per_stage.size(), " stages but pp=", pp));
+          layers_per_stage.size(), " stages but pp=", stages));
     }
-    int total = 0;
+    int64_t total = 0;
     for (int n : layers_per_stage) {
       if (n < 1) {
         return absl::InvalidArgumentError(
@@ -202,7 +242,7 @@ absl::Status ParallelConfig::Validate(int num_layers) const {
 std::pair<int, int> ParallelConfig::StageLayers(int stage,
                                                 int num_layers) const {
   if (layers_per_stage.empty()) {
-    auto [b, e] = ChunkOf(num_layers, pp, stage);
+    auto [b, e] = ChunkOf(num_layers, pp(), stage);
     return {static_cast<int>(b), static_cast<int>(e - b)};
   }
   int first = 0;
@@ -211,11 +251,12 @@ std::pair<int, int> ParallelConfig::StageLayers(int stage,
 }
 
 int ParallelConfig::StageOfLayer(int layer, int num_layers) const {
-  for (int s = 0; s < pp; ++s) {
+  const int stages = pp();
+  for (int s = 0; s < stages; ++s) {
     auto [first, n] = StageLayers(s, num_layers);
     if (layer < first + n) return s;
   }
-  return pp - 1;
+  return stages - 1;
 }
 
 }  // namespace ptc

@@ -12,7 +12,8 @@ TEST_CASE("parallel config: Megatron's rank order is tp, then dp, then pp",
   CHECK(c->world_size() == 24);
   for (int r = 0; r < 24; ++r) {
     const MeshCoord m = c->CoordOf(r);
-    CHECK(r == m.tp() + 2 * (m.dp() + 4 * m.pp()));
+    CHECK(r == c->IndexOn(m, "tp") +
+                   2 * (c->IndexOn(m, "dp") + 4 * c->IndexOn(m, "pp")));
     CHECK(c->RankOf(m) == r);
   }
 }
@@ -22,13 +23,13 @@ TEST_CASE("parallel config: the rank order is part of the config",
   auto c = ParallelConfig::Parse("tp=2,pp=3,dp=4,order=dp-tp-pp");
   REQUIRE(c.ok());
   const MeshCoord m = c->CoordOf(5);
-  CHECK(m.dp() == 1);
-  CHECK(m.tp() == 1);
-  CHECK(m.pp() == 0);
+  CHECK(c->IndexOn(m, "dp") == 1);
+  CHECK(c->IndexOn(m, "tp") == 1);
+  CHECK(c->IndexOn(m, "pp") == 0);
   CHECK(c->ToString() == "tp=2,pp=3,dp=4,order=dp-tp-pp");
   auto again = ParallelConfig::Parse(c->ToString());
   REQUIRE(again.ok());
-  CHECK(again->order == c->order);
+  CHECK(again->axes == c->axes);
 }
 
 TEST_CASE("parallel config: uneven and explicit pipeline stages",
@@ -52,9 +53,14 @@ TEST_CASE("parallel config: bad configs are rejected naming the value",
   CHECK(!ParallelConfig::Parse("tq=2").ok());
   CHECK(!ParallelConfig::Parse("tp=two").ok());
   auto twice = ParallelConfig::Parse("order=tp-tp-pp");
-  REQUIRE(twice.ok());
-  CHECK(twice->Validate(4).message().find("names tp twice") !=
+  CHECK(twice.status().message().find("list every axis of the mesh once") !=
         std::string::npos);
+  // An axis the mesh lacks names the mesh's axes.
+  auto ep = ParallelConfig::Parse("ep=2");
+  CHECK(ep.status().message().find("mesh has the axes pp, dp, tp") !=
+        std::string::npos);
+  CHECK(!ParallelConfig::Parse("tp=2000000").ok());
+  CHECK(!ParallelConfig::Parse("tp=1024,dp=1024,pp=2").ok());
   auto too_deep = ParallelConfig::Parse("pp=8");
   REQUIRE(too_deep.ok());
   auto s = too_deep->Validate(4);
@@ -64,6 +70,34 @@ TEST_CASE("parallel config: bad configs are rejected naming the value",
   REQUIRE(wrong_sum.ok());
   CHECK(wrong_sum->Validate(4).message().find("add up to 3") !=
         std::string::npos);
+}
+
+TEST_CASE("parallel config: a job's own mesh axes and their rank order",
+          "[ptc][config]") {
+  const std::vector<std::string> mesh = {"pp", "dp", "ep", "cp", "tp"};
+  auto c = ParallelConfig::Parse("pp=2,dp=2,ep=4,cp=2,tp=2", mesh);
+  REQUIRE(c.ok());
+  CHECK(c->world_size() == 64);
+  CHECK(c->size("ep") == 4);
+  CHECK(c->size("zz") == 1);
+  for (int r = 0; r < 64; ++r) {
+    const MeshCoord m = c->CoordOf(r);
+    CHECK(r == c->IndexOn(m, "tp") +
+                   2 * (c->IndexOn(m, "cp") +
+                        2 * (c->IndexOn(m, "ep") +
+                             4 * (c->IndexOn(m, "dp") +
+                                  2 * c->IndexOn(m, "pp")))));
+    CHECK(c->RankOf(m) == r);
+  }
+  CHECK(c->ToString() == "tp=2,pp=2,dp=2,ep=4,cp=2");
+  auto again = ParallelConfig::Parse(c->ToString(), mesh);
+  REQUIRE(again.ok());
+  CHECK(again->sizes == c->sizes);
+  auto reordered = ParallelConfig::Parse("ep=4,order=ep-tp-cp-dp-pp", mesh);
+  REQUIRE(reordered.ok());
+  CHECK(reordered->IndexOn(reordered->CoordOf(3), "ep") == 3);
+  CHECK(ParallelConfig::Parse(reordered->ToString(), mesh)->axes ==
+        reordered->axes);
 }
 
 TEST_CASE("parallel config: chunks give earlier ranks the larger pieces",

@@ -1,48 +1,74 @@
 // Small objects: opaque bytes that are part of a job's state but are not
-// tensors (RNG states, step counter, LR scheduler, data-loader cursor),
-// each with a scope, and the deterministic rule that says from which source
-// rank a rank of a new parallel config takes its copy.
+// tensors (RNG states, step counter, LR scheduler, data-loader cursor).
+// Each has a scope, the mesh axes whose indices tell its copies apart
+// (none: one global object; {pp}: one per stage; every axis: one per rank),
+// and a rule for ranks whose coordinates did not exist before.
 //
-// The rule, for a target rank at (pp', dp', tp') of config C' from config C:
-//   kGlobal:  source ranks in rank order; the first alive one.
-//   kStage:   the old stage s holding the first layer of new stage pp';
-//             ranks of s in rank order.
-//   kTpRank:  stage s as above, old tp index tp' mod C.tp, dp 0 first, then
-//             increasing dp.
-//   kRank:    stage s, (dp' mod C.dp, tp' mod C.tp) first, then the other
-//             dp replicas of that tp index in increasing dp.
-// Per-tp-rank and per-rank objects never come from another tp index.
+// The source of a target rank at coordinate t of config C' from config C:
+//   pp in the scope:  the old stage holding the first layer of t's stage;
+//   another scope axis a: t's index on a if C has it (same coordinates),
+//     else the rule: kCopy takes index t_a mod C.a, kDerive gives the rank
+//     a fresh value derived from its coordinates and the new version
+//     (an RNG seed: new data-parallel ranks must not repeat old ranks'
+//     dropout masks);
+//   axes outside the scope: any index; candidates in rank order.
 // The first candidate on a live host wins.
 //
-//   std::vector<int> c = SmallObjectSourceCandidates(
-//       SmallObjectScope::kTpRank, from, to, num_layers, to.CoordOf(r));
+//   SmallObjectSource s = SmallObjectSources(spec.small_objects[0], from, to,
+//                                            num_layers, to.CoordOf(r));
 #ifndef PTC_PTC_SMALL_OBJECT_H_
 #define PTC_PTC_SMALL_OBJECT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "ptc/parallel_config.h"
 
 namespace ptc {
 
-enum class SmallObjectScope { kGlobal, kStage, kTpRank, kRank };
-absl::string_view ScopeName(SmallObjectScope scope);
+enum class NewRankRule { kCopy, kDerive };
+absl::string_view NewRankRuleName(NewRankRule rule);
 
 struct SmallObjectSpec {
   std::string name;
-  SmallObjectScope scope = SmallObjectScope::kGlobal;
+  // Mesh axes whose indices distinguish the copies; empty: global.
+  std::vector<std::string> scope;
+  // What a rank with coordinates the old config lacked receives.
+  NewRankRule new_ranks = NewRankRule::kCopy;
   // Typical size, for plan accounting only; the bytes themselves are opaque.
   int64_t bytes = 0;
 };
 
-// Source ranks of `from` in the order the rule above prefers them.
-std::vector<int> SmallObjectSourceCandidates(SmallObjectScope scope,
-                                             const ParallelConfig& from,
-                                             const ParallelConfig& to,
-                                             int num_layers,
-                                             const MeshCoord& target);
+// "global", "stage" ({pp}), "tp_rank" ({pp, tp}) or "rank" (every axis of
+// `mesh`), the scopes of the built-in families; INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::vector<std::string>> ScopeByName(
+    absl::string_view name, const std::vector<std::string>& mesh);
+// "global", "per stage", "per pp,tp" ...
+std::string ScopeString(const std::vector<std::string>& scope);
+
+struct SmallObjectSource {
+  // Ranks of the old config that hold the right copy, preferred first.
+  std::vector<int> candidates;
+  // Set instead of candidates when the rule derives a fresh value: the
+  // target's coordinates on the scope axes, e.g. "dp=2,tp=1".
+  std::string derive_from;
+};
+
+SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
+                                     const ParallelConfig& from,
+                                     const ParallelConfig& to, int num_layers,
+                                     const MeshCoord& target);
+
+// A derived value: the 16 bytes "PTCSEED1" + a little-endian 64-bit seed
+// mixed from the object's name, `derive_from` and the new version.
+std::string DerivedSmallObject(absl::string_view name,
+                               absl::string_view derive_from,
+                               int64_t target_version);
+// The seed of a derived value; nullopt for bytes a rank saved itself.
+std::optional<uint64_t> DerivedSeed(absl::string_view bytes);
 
 }  // namespace ptc
 

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
+#include "ptc/small_object.h"
 
 namespace ptc {
 namespace {
@@ -328,7 +329,9 @@ absl::Status ExecuteFragment(
   }
   for (const FragmentSmallObject& o : job.small_objects) {
     absl::StatusOr<std::string> bytes;
-    if (o.source_host == job.host) {
+    if (!o.derive_from.empty()) {
+      bytes = DerivedSmallObject(o.name, o.derive_from, job.target_version);
+    } else if (o.source_host == job.host) {
       auto ref = store->GetSmallObject(job.job, job.source_version, o.name,
                                        o.source_rank);
       if (ref.ok())

@@ -123,6 +123,9 @@ struct FragmentSmallObject {
   int32_t target_rank = 0;
   int32_t source_rank = 0;
   int32_t source_host = 0;  // == FragmentJob::host for a local copy
+  // Non-empty: no source; the value is DerivedSmallObject(name,
+  // derive_from, target version) (a rank whose coordinates are new).
+  std::string derive_from;
 };
 
 struct FragmentJob {

@@ -123,7 +123,8 @@ absl::Status TransformerService::DoExecute(
                        m.target_host(), ", not this host ", req.host()));
     }
     job.small_objects.push_back(
-        {m.name(), m.target_rank(), m.source_rank(), m.source_host()});
+        {m.name(), m.target_rank(), m.source_rank(), m.source_host(),
+         m.derive_from().substr(0, 1024)});
   }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),

@@ -27,7 +27,9 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ptc/families.h"
 #include "ptc/layout.h"
+#include "ptc/layout_spec_proto.h"
 #include "tensor_store/local_client.h"
 #include "tensor_store/store_client.h"
 #include "tools/internal/synthetic.h"
@@ -51,6 +53,7 @@ absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub,
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     proto::ListJobsRequest req;
     req.set_job(job);
+    req.set_include_layout(true);
     proto::ListJobsResponse resp;
     PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ListJobs(&ctx, req, &resp)));
     v.status = resp.jobs(0);
@@ -63,11 +66,11 @@ absl::StatusOr<JobView> LoadJob(proto::Coordinator::Stub* stub,
         stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp)));
     for (const auto& h : resp.hosts()) v.addresses[h.name()] = h.address();
   }
-  PTC_ASSIGN_OR_RETURN(Architecture arch,
-                       ResolveArchitecture(v.status.model()));
-  PTC_ASSIGN_OR_RETURN(v.spec, BuildModelSpec(arch));
+  PTC_ASSIGN_OR_RETURN(v.spec, v.status.has_layout()
+                                   ? SpecFromProto(v.status.layout())
+                                   : SpecForModel(v.status.model()));
   PTC_ASSIGN_OR_RETURN(ParallelConfig config,
-                       ParallelConfig::Parse(v.status.config()));
+                       v.spec.ParseConfig(v.status.config()));
   PTC_ASSIGN_OR_RETURN(v.layout, BuildLayout(v.spec, config));
   // Where each rank runs, as the coordinator places it.
   v.rank_hosts.assign(v.status.rank_hosts().begin(),

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "ptc/data_cursor.h"
+#include "ptc/families.h"
 #include "ptc/model_spec.h"
 #include "ptc/parallel_config.h"
 
@@ -114,8 +115,13 @@ py::dict RegionDict(int index, const RankRegion& r) {
   return d;
 }
 
-py::tuple CoordTuple(const MeshCoord& c) {
-  return py::make_tuple(c.pp(), c.dp(), c.tp());
+// A rank's indices on the mesh's axes, in the spec's order (pp, dp, tp
+// for the built-in families).
+py::tuple CoordTuple(const ParallelConfig& config, const MeshCoord& c) {
+  py::tuple out(config.mesh.size());
+  for (size_t i = 0; i < config.mesh.size(); ++i)
+    out[i] = config.IndexOn(c, config.mesh[i]);
+  return out;
 }
 
 }  // namespace
@@ -129,13 +135,19 @@ PYBIND11_MODULE(_ptc, m) {
   py::class_<ParallelConfig>(m, "ParallelConfig")
       .def_static(
           "parse",
-          [](const std::string& text) {
-            return Value(ParallelConfig::Parse(text));
+          [](const std::string& text, std::vector<std::string> mesh) {
+            return Value(ParallelConfig::Parse(
+                text, mesh.empty() ? DefaultMesh() : mesh));
           },
-          py::arg("text"))
-      .def_readonly("tp", &ParallelConfig::tp)
-      .def_readonly("pp", &ParallelConfig::pp)
-      .def_readonly("dp", &ParallelConfig::dp)
+          py::arg("text"), py::arg("mesh") = std::vector<std::string>{},
+          "a config for a mesh of these axes (slowest first; default pp, "
+          "dp, tp)")
+      .def_property_readonly("tp", &ParallelConfig::tp)
+      .def_property_readonly("pp", &ParallelConfig::pp)
+      .def_property_readonly("dp", &ParallelConfig::dp)
+      .def_readonly("mesh", &ParallelConfig::mesh)
+      .def("size", &ParallelConfig::size, py::arg("axis"),
+           "degree of an axis (1 if the mesh lacks it)")
       .def_property_readonly("world_size", &ParallelConfig::world_size)
       .def(
           "coord_of",
@@ -143,17 +155,29 @@ PYBIND11_MODULE(_ptc, m) {
             if (rank < 0 || rank >= c.world_size())
               Check(absl::OutOfRangeError(absl::StrCat(
                   "rank ", rank, " is outside ", c.world_size(), " ranks")));
-            return CoordTuple(c.CoordOf(rank));
+            return CoordTuple(c, c.CoordOf(rank));
           },
-          py::arg("rank"), "(pp, dp, tp) of a rank")
+          py::arg("rank"), "a rank's indices in mesh order ((pp, dp, tp))")
       .def(
           "rank_of",
-          [](const ParallelConfig& c, int pp, int dp, int tp) {
+          [](const ParallelConfig& c, py::args indices) {
+            if (indices.size() != c.mesh.size())
+              Check(absl::InvalidArgumentError(absl::StrCat(
+                  "rank_of takes ", c.mesh.size(), " indices (",
+                  absl::StrJoin(c.mesh, ", "), ")")));
             MeshCoord coord;
-            coord.index = {pp, dp, tp};
+            coord.index.assign(c.axes.size(), 0);
+            for (size_t i = 0; i < c.mesh.size(); ++i) {
+              const int v = indices[i].cast<int>();
+              const int a = c.AxisIndex(c.mesh[i]);
+              if (v < 0 || v >= c.sizes[a])
+                Check(absl::OutOfRangeError(absl::StrCat(
+                    c.mesh[i], " index ", v, " is outside ", c.sizes[a])));
+              coord.index[a] = v;
+            }
             return c.RankOf(coord);
           },
-          py::arg("pp"), py::arg("dp"), py::arg("tp"))
+          "the rank at these indices, in mesh order")
       .def(
           "stage_layers",
           [](const ParallelConfig& c, int stage, int num_layers) {
@@ -174,8 +198,7 @@ PYBIND11_MODULE(_ptc, m) {
   m.def(
       "model_tensors",
       [](const std::string& model) {
-        const ModelSpec spec =
-            Value(BuildModelSpec(Value(ResolveArchitecture(model))));
+        const ModelSpec spec = Value(SpecForModel(model));
         py::list out;
         for (const TensorSpec& t : spec.tensors)
           out.append(py::make_tuple(
@@ -306,7 +329,10 @@ PYBIND11_MODULE(_ptc, m) {
       .def_property_readonly("world_size", &Client::world_size)
       .def_property_readonly("config", &Client::config)
       .def_property_readonly(
-          "coord", [](const Client& c) { return CoordTuple(c.coord()); })
+          "coord",
+          [](const Client& c) { return CoordTuple(c.config(), c.coord()); })
+      .def_property_readonly(
+          "mesh", [](const Client& c) { return c.config().mesh; })
       .def_property_readonly("committed_version", &Client::committed_version)
       .def_property_readonly("committed_step", &Client::committed_step)
       .def_property_readonly("layout_epoch", &Client::layout_epoch)

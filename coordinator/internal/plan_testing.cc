@@ -6,6 +6,8 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ptc/families.h"
 
 namespace ptc::testing {
 namespace {
@@ -43,10 +45,197 @@ struct Buffer {
 
 }  // namespace
 
+ModelSpec RandomSpec(std::mt19937* rng) {
+  auto pick = [&](int lo, int hi) {
+    return lo + static_cast<int>((*rng)() % (hi - lo + 1));
+  };
+  ModelSpec spec;
+  spec.name = "random";
+  spec.mesh = pick(0, 1) == 0
+                  ? std::vector<std::string>{"pp", "dp", "ep", "tp"}
+                  : std::vector<std::string>{"pp", "dp_replicate", "dp_shard",
+                                             "tp"};
+  const std::vector<std::string> cut_axes(spec.mesh.begin() + 1,
+                                          spec.mesh.end());
+  spec.num_layers = pick(1, 4);
+  const int n = pick(2, 7);
+  for (int i = 0; i < n; ++i) {
+    TensorSpec t;
+    t.key = absl::StrCat("t", i);
+    t.dtype = pick(0, 1) ? DType::kFloat32 : DType::kBFloat16;
+    const int rank = pick(1, 3);
+    for (int d = 0; d < rank; ++d) t.shape.push_back(pick(1, 12));
+    std::vector<std::string> free = cut_axes;
+    std::shuffle(free.begin(), free.end(), *rng);
+    const int cuts = pick(0, 2);
+    for (int c = 0; c < cuts && !free.empty(); ++c) {
+      std::vector<std::string> axes = {free.back()};
+      free.pop_back();
+      if (!free.empty() && pick(0, 3) == 0) {  // jointly over two axes
+        axes.push_back(free.back());
+        free.pop_back();
+      }
+      const int dim = pick(0, rank - 1);
+      AxisPlacement p;
+      switch (pick(0, 4)) {
+        case 0:
+          p = AxisPlacement::Replicate(axes);
+          break;
+        case 1:
+          p = AxisPlacement::Shard(axes, dim, pick(0, 1) ? pick(1, 3) : 0);
+          break;
+        case 2: {
+          // Contiguous groups summing to the extent.
+          std::vector<int64_t> groups;
+          int64_t left = t.shape[dim];
+          while (left > 0) {
+            const int64_t g = std::min<int64_t>(left, pick(1, 4));
+            groups.push_back(g);
+            left -= g;
+          }
+          p = AxisPlacement::GroupedShard(axes, dim, groups);
+          break;
+        }
+        case 3: {
+          // Interleaved: blocks of (a, b) rows.
+          const int a = pick(1, 2), b = pick(1, 2), blocks = pick(1, 4);
+          t.shape[dim] = (a + b) * blocks;
+          p = AxisPlacement::GroupedShard(axes, dim, {a, b}, blocks);
+          break;
+        }
+        default: {
+          const int items = pick(1, 4);
+          p = AxisPlacement::Select(axes, pick(0, items - 1), items);
+          break;
+        }
+      }
+      t.placements.push_back(std::move(p));
+    }
+    switch (pick(0, 5)) {
+      case 0:
+        t.stage = StageRule::First();
+        break;
+      case 1:
+        t.stage = StageRule::FirstAndLast();
+        break;
+      case 2:
+      case 3:
+        t.stage = StageRule::Layer(pick(0, spec.num_layers - 1));
+        break;
+      default:
+        t.stage = StageRule::All();
+    }
+    spec.tensors.push_back(std::move(t));
+  }
+  // A flat buffer over an axis no entry is cut by, with state members.
+  if (pick(0, 2) > 0) {
+    FlatBuffer buf;
+    buf.name = "buffer";
+    buf.axes = {cut_axes[pick(0, static_cast<int>(cut_axes.size()) - 1)]};
+    if (pick(0, 2) == 0) {
+      for (const std::string& a : cut_axes) {
+        if (a != buf.axes[0] && pick(0, 1)) {
+          buf.axes.push_back(a);
+          break;
+        }
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      bool cut = false;
+      for (const AxisPlacement& p : spec.tensors[i].placements) {
+        for (const std::string& a : p.axes) {
+          cut |= p.kind != AxisPlacement::Kind::kReplicate &&
+                 std::find(buf.axes.begin(), buf.axes.end(), a) !=
+                     buf.axes.end();
+        }
+      }
+      if (cut || pick(0, 3) == 0) continue;
+      buf.entries.push_back(
+          {i, pick(0, 3) == 0 ? FlatBuffer::OwnBucket::kWhenShared
+                              : FlatBuffer::OwnBucket::kNever});
+    }
+    if (pick(0, 1)) std::reverse(buf.entries.begin(), buf.entries.end());
+    buf.align = pick(1, 4);
+    buf.bucket_size = pick(0, 1) ? pick(1, 40) : 0;
+    buf.bucket_pad = pick(0, 1) ? pick(1, 4) : 0;
+    buf.optional = pick(0, 1);
+    if (!buf.entries.empty()) {
+      const int b = static_cast<int>(spec.buffers.size());
+      for (const FlatBuffer::Entry& e : std::vector<FlatBuffer::Entry>(
+               buf.entries.begin(), buf.entries.end())) {
+        if (pick(0, 2) == 0) {
+          // FSDP-style: the entry itself is flat-sharded.
+          spec.tensors[e.tensor].buffer = b;
+          spec.tensors[e.tensor].slot = e.tensor;
+        }
+        TensorSpec m = spec.tensors[e.tensor];
+        m.key = absl::StrCat("state.", m.key);
+        m.dtype = DType::kFloat32;
+        m.role = Role::kOptimizerState;
+        m.buffer = b;
+        m.slot = e.tensor;
+        spec.tensors.push_back(std::move(m));
+      }
+      spec.buffers.push_back(std::move(buf));
+    }
+  }
+  spec.small_objects = {{"step", {}, NewRankRule::kCopy, 8},
+                        {"rng", spec.mesh, NewRankRule::kDerive, 16}};
+  return spec;
+}
+
+std::string RandomConfig(std::mt19937* rng, const ModelSpec& spec) {
+  auto pick = [&](int lo, int hi) {
+    return lo + static_cast<int>((*rng)() % (hi - lo + 1));
+  };
+  std::vector<std::string> parts;
+  for (const std::string& a : spec.mesh) {
+    parts.push_back(absl::StrCat(
+        a, "=", a == "pp" ? pick(1, spec.num_layers) : pick(1, 3)));
+  }
+  if (pick(0, 2) == 0) parts.push_back("zero=1");
+  return absl::StrJoin(parts, ",");
+}
+
+namespace {
+
+// A job of a random spec (RandomSpec) between two random configs.
+std::optional<TestJob> RandomSpecJob(std::mt19937* rng,
+                                     std::string* description) {
+  auto pick = [&](int lo, int hi) {
+    return lo + static_cast<int>((*rng)() % (hi - lo + 1));
+  };
+  ModelSpec spec = RandomSpec(rng);
+  if (!spec.Validate().ok()) return std::nullopt;
+  const std::string from = RandomConfig(rng, spec), to = RandomConfig(rng, spec);
+  const int world_from = spec.ParseConfig(from)->world_size();
+  const int world_to = spec.ParseConfig(to)->world_size();
+  const int gpus = 1 << pick(1, 3);
+  const int num_hosts = std::max(world_from, world_to) / gpus + pick(1, 3);
+  std::vector<int> from_hosts, to_hosts;
+  for (int h = 0; h * gpus < world_from; ++h) from_hosts.push_back(h);
+  const int shift = pick(0, num_hosts - 1);
+  for (int h = 0; h * gpus < world_to; ++h)
+    to_hosts.push_back((h + shift) % num_hosts);
+  auto job = MakePlanScenario(spec, from, from_hosts, to, to_hosts,
+                              Cluster::Uniform(num_hosts, gpus));
+  if (!job.ok()) return std::nullopt;
+  *description = absl::StrCat("random spec (", spec.tensors.size(),
+                              " tensors, mesh ", absl::StrJoin(spec.mesh, ","),
+                              ") from ", from, " to ", to, " on ", num_hosts,
+                              "x", gpus, " hosts");
+  return std::move(*job);
+}
+
+}  // namespace
+
 TestJob RandomJob(std::mt19937* rng, std::string* description) {
   auto pick = [&](int lo, int hi) {
     return lo + static_cast<int>((*rng)() % (hi - lo + 1));
   };
+  while (pick(0, 1) == 0) {
+    if (auto job = RandomSpecJob(rng, description)) return std::move(*job);
+  }
   while (true) {
     const bool llama = pick(0, 1) == 1;
     const int heads = 1 << pick(1, 3);
@@ -62,20 +251,25 @@ TestJob RandomJob(std::mt19937* rng, std::string* description) {
     if (!arch.ok()) continue;
     auto random_config = [&]() {
       ParallelConfig c;
+      int tp;
       do {
-        c.tp = 1 << pick(0, 2);
-      } while (kv % c.tp != 0);
-      c.pp = pick(1, arch->layers);
-      c.dp = pick(1, 3);
+        tp = 1 << pick(0, 2);
+      } while (kv % tp != 0);
+      c.set_size("tp", tp);
+      c.set_size("pp", pick(1, arch->layers));
+      c.set_size("dp", pick(1, 3));
       c.zero1 = pick(0, 2) == 0;
-      if (pick(0, 3) == 0 && c.pp > 1) {
+      if (pick(0, 3) == 0 && c.pp() > 1) {
         // An explicit, uneven layers-per-stage list.
-        c.layers_per_stage.assign(c.pp, 1);
-        for (int extra = arch->layers - c.pp; extra > 0; --extra) {
-          ++c.layers_per_stage[pick(0, c.pp - 1)];
+        c.layers_per_stage.assign(c.pp(), 1);
+        for (int extra = arch->layers - c.pp(); extra > 0; --extra) {
+          ++c.layers_per_stage[pick(0, c.pp() - 1)];
         }
       }
-      if (pick(0, 4) == 0) std::swap(c.order[1], c.order[2]);
+      if (pick(0, 4) == 0) {
+        std::swap(c.axes[1], c.axes[2]);
+        std::swap(c.sizes[1], c.sizes[2]);
+      }
       return c;
     };
     const ParallelConfig from = random_config(), to = random_config();

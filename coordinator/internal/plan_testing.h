@@ -30,8 +30,18 @@ inline absl::StatusOr<TestJob> MakeJob(const std::string& model,
                           std::move(cluster), std::move(alive));
 }
 
-// A random small job (random architecture, configs, placements, extra
-// hosts and dead hosts); for property tests. `description` says what it is.
+// A random layout spec: a random mesh (pp, dp, ep, tp or pp, dp_replicate,
+// dp_shard, tp), tensors with every placement kind (replicate, shard with
+// and without padding, contiguous and interleaved groups, select, joint
+// axes), stage rules, and a flat buffer (aligned, bucketed, padded, with
+// state members and FSDP-style flat entries).
+ModelSpec RandomSpec(std::mt19937* rng);
+// A random config string for `spec`'s mesh.
+std::string RandomConfig(std::mt19937* rng, const ModelSpec& spec);
+
+// A random small job (half of them of a random spec, the others of a random
+// architecture; random configs, placements, extra hosts and dead hosts);
+// for property tests. `description` says what it is.
 TestJob RandomJob(std::mt19937* rng, std::string* description);
 
 // Runs `plan` against the source state held by the live source hosts and
