@@ -435,6 +435,17 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
       auto alive = std::find_if(
           candidates.begin(), candidates.end(),
           [&](int c) { return in.HoldsSource(in.source_placement->host[c]); });
+      if (alive == candidates.end() && obj.new_ranks == NewRankRule::kDerive) {
+        // Its copy died with its host: a fresh value (an RNG seed) is as
+        // good as the lost one.
+        std::vector<std::string> parts;
+        for (const std::string& a : obj.scope)
+          parts.push_back(absl::StrCat(a, "=", to.IndexOn(coord, a)));
+        plan->small_objects.push_back(
+            {obj.name, r, -1, -1, in.target_placement->host[r],
+             parts.empty() ? "global" : absl::StrJoin(parts, ",")});
+        continue;
+      }
       if (alive == candidates.end()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "small object '", obj.name, "' (", ScopeString(obj.scope),

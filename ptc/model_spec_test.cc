@@ -55,7 +55,7 @@ TEST_CASE("model spec: Adam state is three fp32 tensors per parameter",
 TEST_CASE("model spec: Megatron's layouts for GPT layers", "[ptc][spec]") {
   auto spec = BuildModelSpec(*ArchitectureByName("gpt3-350m"));
   REQUIRE(spec.ok());
-  auto rule = [&](const char* key) {
+  auto rule = [&](const char* key) -> const TensorSpec& {
     const int i = spec->FindTensor(key);
     REQUIRE(i >= 0);
     return spec->tensors[i];

@@ -204,8 +204,13 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
     }
   }
   // Every rank holds every small object of the spec, saved by some rank of
-  // an earlier config (which one is the planner's rule, tested elsewhere).
-  int64_t small = 0;
+  // an earlier config (which one is the planner's rule, tested elsewhere),
+  // or, for a derive-rule object, a seed derived for it alone.
+  int64_t small = 0, derived = 0;
+  // (object, seed) -> the scope coordinates that derived it: ranks that
+  // share a scope share the seed; two scopes never do.
+  std::map<std::pair<std::string, uint64_t>, std::string> seed_owner;
+  const ParallelConfig& config = *v.layout.config();
   for (int rank = 0; rank < v.layout.world_size(); ++rank) {
     const std::string& host = v.rank_hosts[rank];
     auto& c = clients[host];
@@ -218,6 +223,21 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
       bool valid = false;
       for (int from = 0; from < 4096 && !valid; ++from)
         valid = got == SyntheticSmallObject(o.name, from);
+      if (const auto seed = DerivedSeed(got);
+          !valid && seed && o.new_ranks == NewRankRule::kDerive) {
+        std::string scope;
+        for (const std::string& a : o.scope)
+          absl::StrAppend(&scope, a, "=", config.IndexOn(config.CoordOf(rank), a), ",");
+        auto [it, fresh] =
+            seed_owner.emplace(std::make_pair(o.name, *seed), scope);
+        if (!fresh && it->second != scope) {
+          return absl::DataLossError(absl::StrCat(
+              "rank ", rank, " (", scope, ") and the ranks at ", it->second,
+              ": small object '", o.name, "' holds the same derived seed"));
+        }
+        valid = true;
+        ++derived;
+      }
       if (!valid) {
         return absl::DataLossError(absl::StrCat("rank ", rank, " on ", host,
                                                 ": small object '", o.name,
@@ -228,9 +248,9 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
   }
   std::cout << absl::StrFormat(
       "verified job %s version %d (%s on %d hosts): %d rank regions, %.1f MiB, "
-      "%d small objects, every element exact\n",
+      "%d small objects (%d derived), every element exact\n",
       job, version, v.status.config(), v.status.hosts_size(), regions,
-      bytes / 1048576.0, small);
+      bytes / 1048576.0, small, derived);
   return absl::OkStatus();
 }
 

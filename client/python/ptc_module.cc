@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "ptc/data_cursor.h"
 #include "ptc/families.h"

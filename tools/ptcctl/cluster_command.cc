@@ -25,12 +25,14 @@
 #include "proto/tensor_store.grpc.pb.h"
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
+#include "tools/internal/layout_file.h"
+#include "ptc/layout_spec_proto.h"
 
 namespace ptc::tools {
 
 const char kClusterUsage[] =
     R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
-  ptcctl register    --job J --model MODEL --config CONFIG --hosts h1,h2,...
+  ptcctl register    --job J (--model MODEL | --layout FILE) --config CONFIG --hosts h1,h2,...
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
@@ -86,7 +88,16 @@ void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
 absl::Status Register(Stub* stub, const Args& args, bool json) {
   proto::RegisterJobRequest req;
   PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
-  PTC_ASSIGN_OR_RETURN(*req.mutable_model(), args.Required("model"));
+  if (args.Has("layout")) {
+    PTC_ASSIGN_OR_RETURN(ModelSpec spec, ReadLayoutFile(args.Get("layout")));
+    *req.mutable_layout() = SpecToProto(spec);
+    if (args.Has("model")) {
+      return absl::InvalidArgumentError(
+          "give --model or --layout, not both");
+    }
+  } else {
+    PTC_ASSIGN_OR_RETURN(*req.mutable_model(), args.Required("model"));
+  }
   PTC_ASSIGN_OR_RETURN(*req.mutable_config(), args.Required("config"));
   PTC_ASSIGN_OR_RETURN(std::string hosts, args.Required("hosts"));
   for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty()))
@@ -101,7 +112,10 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
   } else {
     std::cout << absl::StrFormat(
         "registered job %s: %s, %s, %d ranks on %d hosts, %s of state\n",
-        req.job(), req.model(), req.config(), resp.ranks(), req.hosts_size(),
+        req.job(),
+        req.has_layout() ? absl::StrCat("layout ", req.layout().name())
+                         : req.model(),
+        req.config(), resp.ranks(), req.hosts_size(),
         HumanBytes(resp.state_bytes()));
   }
   return absl::OkStatus();
@@ -379,6 +393,9 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
     w.BeginObject().Key("jobs").BeginArray();
     for (const auto& j : resp.jobs()) {
       w.BeginObject().Key("job").String(j.job()).Key("model").String(j.model());
+      w.Key("mesh").BeginArray();
+      for (const auto& a : j.mesh()) w.String(a);
+      w.EndArray();
       w.Key("config").String(j.config()).Key("hosts").BeginArray();
       for (const auto& h : j.hosts()) w.String(h);
       w.EndArray().Key("committed_version").Int(j.committed_version());
@@ -517,7 +534,7 @@ bool IsClusterCommand(const char* c) {
 int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
   auto args = Args::Parse(argc, argv, 2,
-                          {"coordinator", "job", "model", "config", "hosts",
+                          {"coordinator", "job", "model", "layout", "config", "hosts",
                            "to", "parallel-pulls", "transport", "strategy"},
                           {"json", "help", "wait"});
   const bool json = args.ok() && args->Flag("json");

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "tools/ptcctl/cluster_command.h"
+#include "tools/ptcctl/layout_command.h"
 #include "tools/ptcctl/plan_command.h"
 #include "tools/ptcctl/store_command.h"
 
@@ -12,6 +13,7 @@ constexpr char kUsage[] = R"(usage: ptcctl COMMAND [options]
 
 commands:
   plan         preview how a job's state would move for a change of parallelism
+  layout       check a layout spec file, or show what every rank holds
   store        what a ptcd holds: store ls | stat | stats --host ADDR
   register     register a job with the coordinator
   reconfigure  change a job's parallelism and hosts, with progress and a report
@@ -35,6 +37,8 @@ int main(int argc, char** argv) {
   }
   if (!std::strcmp(argv[1], "plan"))
     return ptc::tools::RunPlanCommand(argc, argv);
+  if (!std::strcmp(argv[1], "layout"))
+    return ptc::tools::RunLayoutCommand(argc, argv);
   if (!std::strcmp(argv[1], "store"))
     return ptc::tools::RunStoreCommand(argc, argv);
   if (ptc::tools::IsClusterCommand(argv[1]))

@@ -20,11 +20,12 @@
 #include "coordinator/planner.h"
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
+#include "tools/internal/layout_file.h"
 
 namespace ptc::tools {
 
 const char kPlanUsage[] =
-    R"(usage: ptcctl plan --model MODEL --from CONFIG --to CONFIG --hosts NxG
+    R"(usage: ptcctl plan (--model MODEL | --layout FILE) --from CONFIG --to CONFIG --hosts NxG
                    [--to-hosts NxG] [--dead-hosts LIST] [--link-gbps GBPS]
                    [--baseline tenplex [--baseline-out FILE]] [--json] [--out FILE]
 
@@ -34,8 +35,12 @@ lower bound), the largest per-host send (with its lower bound), pieces
 and planning time. Nothing is sent; no daemon is contacted.
 
   --model       gpt3-125m ... gpt3-175b, llama2-7b, llama2-70b, llama3-8b,
-                llama3-70b, or a custom "gpt:layers=..,hidden=..,heads=.."
-  --from, --to  parallel configs, e.g. tp=4,pp=2,dp=1 (also zero=1,
+                llama3-70b, mixtral-8x7b, mixtral-8x22b, deepseek-moe-16b,
+                moe-64x-136b, or a custom "gpt:layers=..,hidden=..,heads=.."
+                (also llama:..., moe:...,experts=..)
+  --layout      a JSON layout spec file instead (docs/layout-spec.md)
+  --from, --to  parallel configs for the spec's mesh axes, e.g.
+                tp=4,pp=2,dp=1 or ep=4,tp=2 (also zero=1,
                 layers=10/14, order=tp-dp-pp)
   --hosts       the job's current hosts: N hosts with G GPUs (host0..)
   --to-hosts    the hosts after the change (default: --hosts); the first
@@ -101,7 +106,8 @@ struct PlanRun {
 };
 
 absl::StatusOr<PlanRun> Build(const Args& args) {
-  PTC_ASSIGN_OR_RETURN(std::string model, args.Required("model"));
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec,
+                       SpecFromOptions(args.Get("layout"), args.Get("model")));
   PTC_ASSIGN_OR_RETURN(std::string from, args.Required("from"));
   PTC_ASSIGN_OR_RETURN(std::string to, args.Required("to"));
   PTC_ASSIGN_OR_RETURN(std::string hosts_text, args.Required("hosts"));
@@ -139,7 +145,7 @@ absl::StatusOr<PlanRun> Build(const Args& args) {
   }
   PlanRun run;
   PTC_ASSIGN_OR_RETURN(run.scenario,
-                       MakePlanScenario(model, from, source, to, target,
+                       MakePlanScenario(std::move(spec), from, source, to, target,
                                         std::move(cluster), alive));
   const absl::Time start = absl::Now();
   PTC_ASSIGN_OR_RETURN(run.plan, PlanReconfiguration(run.scenario.input()));
@@ -239,7 +245,7 @@ void PrintJson(const PlanRun& run) {
 int RunPlanCommand(int argc, const char* const* argv) {
   auto args =
       Args::Parse(argc, argv, 2,
-                  {"model", "from", "to", "hosts", "to-hosts", "dead-hosts",
+                  {"model", "layout", "from", "to", "hosts", "to-hosts", "dead-hosts",
                    "link-gbps", "baseline", "out", "baseline-out"},
                   {"json", "help"});
   if (args.ok() && args->Flag("help")) {
