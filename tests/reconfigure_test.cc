@@ -108,7 +108,7 @@ TEST_CASE(
     CHECK(last_done == total);
     ++version;
     // Every target rank holds the small objects its scope's rule names.
-    small = testing::AfterPlan(small, *plan);
+    small = testing::AfterPlan(small, *plan, version);
     VerifyTarget(c, *s, version, &small);
     // The old version is released everywhere; the new one is committed.
     for (auto& d : c.daemons) {
@@ -177,7 +177,7 @@ TEST_CASE(
   auto ok = RunReconfiguration(req);
   INFO(ok.status().ToString());
   REQUIRE(ok.ok());
-  const testing::SmallObjects moved = testing::AfterPlan(small, *replan);
+  const testing::SmallObjects moved = testing::AfterPlan(small, *replan, 2);
   VerifyTarget(c, *again, 2, &moved);
 }
 

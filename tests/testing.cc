@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <set>
 
+#include "ptc/small_object.h"
 #include "state_transformer/transformer_service.h"
 #include "tools/internal/synthetic.h"
 
@@ -76,10 +77,15 @@ SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
   return small;
 }
 
-SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan) {
+SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan,
+                       int64_t target_version) {
   SmallObjects after;
-  for (const SmallObjectMove& m : plan.small_objects)
-    after[{m.name, m.target_rank}] = before.at({m.name, m.source_rank});
+  for (const SmallObjectMove& m : plan.small_objects) {
+    after[{m.name, m.target_rank}] =
+        m.derive_from.empty()
+            ? before.at({m.name, m.source_rank})
+            : DerivedSmallObject(m.name, m.derive_from, target_version);
+  }
   return after;
 }
 

@@ -41,8 +41,10 @@ SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
 void VerifyTarget(DaemonCluster& c, const std::string& job,
                   const PlanScenario& s, int64_t version,
                   const SmallObjects* small = nullptr);
-// The small objects the target ranks hold after `plan` ran on `before`.
-SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan);
+// The small objects the target ranks hold after `plan` ran on `before`
+// into `target_version` (derived ones: their derived seed).
+SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan,
+                       int64_t target_version);
 
 }  // namespace ptc::testing
 

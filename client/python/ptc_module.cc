@@ -190,6 +190,14 @@ PYBIND11_MODULE(_ptc, m) {
       .def("__str__", &ParallelConfig::ToString);
 
   m.def(
+      "derived_seed",
+      [](py::bytes b) -> std::optional<uint64_t> {
+        return DerivedSeed(std::string(b));
+      },
+      py::arg("value"),
+      "the seed ptc derived for a rank whose coordinates are new (an RNG "
+      "state's small object), or None for bytes a rank saved itself");
+  m.def(
       "padded_vocab",
       [](const std::string& model, int tp) {
         return PaddedVocab(Value(ResolveArchitecture(model)), tp);

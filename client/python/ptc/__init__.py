@@ -29,8 +29,9 @@ from ._ptc import (  # noqa: F401
     Save,
     State,
     model_tensors,
+    derived_seed,
     padded_vocab,
 )
 
 __all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "ParallelConfig", "Save",
-           "State", "model_tensors", "padded_vocab"]
+           "State", "derived_seed", "model_tensors", "padded_vocab"]
