@@ -254,10 +254,17 @@ def main():
         cursor = ptc.DataCursor.decode(state.small_object("data_cursor"))
         sched = json.loads(state.small_object("lr_scheduler").decode())
         assert sched["warmup"] == WARMUP and sched["base_lr"] == LR, sched
-        torch.set_rng_state(torch.frombuffer(bytearray(state.small_object("rng.default")),
-                                             dtype=torch.uint8))
-        tp_rng.set_state(torch.frombuffer(bytearray(state.small_object("rng.model_parallel")),
-                                          dtype=torch.uint8))
+        # A rank whose coordinates are new gets a fresh seed from ptc, not a
+        # copy of another rank's generator (its dropout masks must differ).
+        for name, set_state, seed_with in (
+                ("rng.default", torch.set_rng_state, torch.manual_seed),
+                ("rng.model_parallel", tp_rng.set_state, tp_rng.manual_seed)):
+            raw = state.small_object(name)
+            seed = ptc.derived_seed(raw)
+            if seed is None:
+                set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            else:
+                seed_with(seed)
         events["loaded"] = time.time()
         events["load_seconds"] = events["loaded"] - t0
         events["loaded_version"] = state.version
