@@ -159,12 +159,13 @@ absl::Status CoordinatorService::Load() {
     auto spec = JobSpec(js.has_layout() ? "" : js.model(),
                         js.has_layout() ? &js.layout() : nullptr);
     if (!spec.ok()) {
-      // Kept out of the registry, but not forgotten on disk until the
-      // next write: an operator can downgrade and recover it.
-      Log("coordinator")
-          ->error("job {} in {}: {}; skipped", js.job(), options_.state_dir,
-                  spec.status().ToString());
-      continue;
+      // Refuse to start rather than forget a job with committed state (the
+      // next write of the state file would drop it).
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", js.job(), "' in ", options_.state_dir,
+          "/state.pb has a layout this coordinator cannot read: ",
+          spec.status().message(),
+          "; run the ptc version that registered it, or forget the job"));
     }
     job->spec = *std::move(spec);
     auto shape = JobShape(*job->spec, js.config());

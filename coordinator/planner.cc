@@ -438,12 +438,9 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
       if (alive == candidates.end() && obj.new_ranks == NewRankRule::kDerive) {
         // Its copy died with its host: a fresh value (an RNG seed) is as
         // good as the lost one.
-        std::vector<std::string> parts;
-        for (const std::string& a : obj.scope)
-          parts.push_back(absl::StrCat(a, "=", to.IndexOn(coord, a)));
-        plan->small_objects.push_back(
-            {obj.name, r, -1, -1, in.target_placement->host[r],
-             parts.empty() ? "global" : absl::StrJoin(parts, ",")});
+        plan->small_objects.push_back({obj.name, r, -1, -1,
+                                       in.target_placement->host[r],
+                                       ScopeCoordinates(obj, to, coord)});
         continue;
       }
       if (alive == candidates.end()) {

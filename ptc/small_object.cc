@@ -35,6 +35,17 @@ std::string ScopeString(const std::vector<std::string>& scope) {
   return absl::StrCat("per ", absl::StrJoin(scope, ","));
 }
 
+std::string ScopeCoordinates(const SmallObjectSpec& object,
+                             const ParallelConfig& config,
+                             const MeshCoord& coord) {
+  if (object.scope.empty()) return "global";
+  std::vector<std::string> parts;
+  for (const std::string& a : object.scope) {
+    parts.push_back(absl::StrCat(a, "=", config.IndexOn(coord, a)));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
 SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
                                      const ParallelConfig& from,
                                      const ParallelConfig& to, int num_layers,
@@ -60,11 +71,7 @@ SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
     }
   }
   if (!derived.empty()) {
-    std::vector<std::string> parts;
-    for (const std::string& a : object.scope) {
-      parts.push_back(absl::StrCat(a, "=", to.IndexOn(target, a)));
-    }
-    out.derive_from = absl::StrJoin(parts, ",");
+    out.derive_from = ScopeCoordinates(object, to, target);
     return out;
   }
   for (int r = 0; r < from.world_size(); ++r) {

@@ -57,6 +57,12 @@ struct SmallObjectSource {
   std::string derive_from;
 };
 
+// `coord`'s indices on the object's scope axes: "dp=2,tp=1" ("global" for
+// a global object); what a derived value is derived from.
+std::string ScopeCoordinates(const SmallObjectSpec& object,
+                             const ParallelConfig& config,
+                             const MeshCoord& coord);
+
 SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
                                      const ParallelConfig& from,
                                      const ParallelConfig& to, int num_layers,

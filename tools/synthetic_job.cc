@@ -225,9 +225,8 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
         valid = got == SyntheticSmallObject(o.name, from);
       if (const auto seed = DerivedSeed(got);
           !valid && seed && o.new_ranks == NewRankRule::kDerive) {
-        std::string scope;
-        for (const std::string& a : o.scope)
-          absl::StrAppend(&scope, a, "=", config.IndexOn(config.CoordOf(rank), a), ",");
+        const std::string scope =
+            ScopeCoordinates(o, config, config.CoordOf(rank));
         auto [it, fresh] =
             seed_owner.emplace(std::make_pair(o.name, *seed), scope);
         if (!fresh && it->second != scope) {
