@@ -18,6 +18,8 @@
 #include "client/client.h"
 #include "ptc/data_cursor.h"
 #include "ptc/families.h"
+#include "ptc/layout.h"
+#include "ptc/layout_spec_proto.h"
 #include "ptc/model_spec.h"
 #include "ptc/parallel_config.h"
 
@@ -190,6 +192,48 @@ PYBIND11_MODULE(_ptc, m) {
       .def("__str__", &ParallelConfig::ToString);
 
   m.def(
+      "check_layout",
+      [](const std::string& json, const std::string& config) {
+        const ModelSpec spec = Value(SpecFromJson(json));
+        if (!config.empty()) {
+          const ParallelConfig c = Value(spec.ParseConfig(config));
+          Check(CheckConfig(spec, c));
+        }
+        return SpecToJson(spec);
+      },
+      py::arg("layout"), py::arg("config") = "",
+      "validates a layout spec (JSON) and, with `config`, that the config "
+      "can run it; returns the spec as ptc writes it. Raises ptc.Error "
+      "naming the field");
+  m.def(
+      "layout_regions",
+      [](const std::string& json, const std::string& config) {
+        const ModelSpec spec = Value(SpecFromJson(json));
+        const ParallelConfig c = Value(spec.ParseConfig(config));
+        const Layout layout = Value(BuildLayout(spec, c));
+        std::vector<std::vector<RankRegion>> by_rank(c.world_size());
+        for (int t = 0; t < layout.num_tensors(); ++t) {
+          const TensorSpec& ts = spec.tensors[t];
+          for (const Shard& s : layout.shards(t)) {
+            if (s.region.empty()) continue;
+            by_rank[s.rank].push_back(
+                {t, ts.key, ts.dtype, ts.shape, s.region,
+                 s.region.volume() * ElementSize(ts.dtype)});
+          }
+        }
+        py::list out;
+        for (const std::vector<RankRegion>& regions : by_rank) {
+          py::list rank;
+          for (int i = 0; i < static_cast<int>(regions.size()); ++i)
+            rank.append(RegionDict(i, regions[i]));
+          out.append(rank);
+        }
+        return out;
+      },
+      py::arg("layout"), py::arg("config"),
+      "every rank's regions of a layout spec (JSON) under a config, as "
+      "Client.regions lists them, without a cluster");
+  m.def(
       "derived_seed",
       [](py::bytes b) -> std::optional<uint64_t> {
         return DerivedSeed(std::string(b));
@@ -345,6 +389,10 @@ PYBIND11_MODULE(_ptc, m) {
       .def_property_readonly("committed_version", &Client::committed_version)
       .def_property_readonly("committed_step", &Client::committed_step)
       .def_property_readonly("layout_epoch", &Client::layout_epoch)
+      .def_property_readonly(
+          "layout", [](const Client& c) { return SpecToJson(c.spec()); },
+          "the job's layout spec as JSON (as registered, or generated from "
+          "its model name)")
       .def_property_readonly(
           "num_layers", [](const Client& c) { return c.spec().num_layers; })
       .def_property_readonly(

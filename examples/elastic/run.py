@@ -1,22 +1,24 @@
-"""An elastic PyTorch training job on a local ptc cluster.
+"""Elastic PyTorch training jobs on a local ptc cluster.
 
 Starts a coordinator and four ptcd "hosts" (2 GPUs each) on loopback,
-registers a GPT job, and runs it through a sequence of parallel configs:
-each phase launches one process per rank, trains some iterations, saves
-to ptc and exits; ptcctl reconfigures the saved state to the next config;
-the next phase's processes load it and go on. After each change it checks:
+registers a job with the layout its training script builds (ptc.torch),
+and runs it through a sequence of parallel configs: each phase launches
+one process per rank, trains, saves to ptc and exits; ptcctl reconfigures
+the saved state to the next config; the next phase's processes load it and
+go on. After each change it checks:
 
-  1. parameters and Adam state after the reload are bit-identical to the
-     values the old ranks held when they saved (written aside with
+  1. parameters and optimizer state after the reload are bit-identical to
+     the values the old ranks held when they saved (written aside with
      torch.save, assembled across the old layout's shards);
   2. the loss goes on as in an uninterrupted run of the same job (run first,
-     at the first config): equal within a relative tolerance, since a new TP
-     degree sums floating-point partial results in another order;
+     at the first config): equal within a relative tolerance, since another
+     parallelism sums floating-point partial results in another order;
   3. every sample was consumed exactly once (and the same samples, in the
      same iterations, as the uninterrupted run).
 
-    /usr/bin/python3 examples/elastic_gpt/run.py
-    /usr/bin/python3 examples/elastic_gpt/run.py --phases tp=2,dp=1@host0 \\
+    /usr/bin/python3 examples/elastic/run.py                 # the GPT job
+    /usr/bin/python3 examples/elastic/run.py --job mlp
+    /usr/bin/python3 examples/elastic/run.py --job gpt --phases tp=2,dp=1@host0 \\
         tp=1,pp=2,dp=2@host0,host1 --iterations 4
 """
 
@@ -31,15 +33,27 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-MODEL = "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=500,positions=64,dtype=fp32"
-DEFAULT_PHASES = ["tp=2,dp=2@host0,host1",
-                  "tp=2,pp=2,dp=2@host0,host1,host2,host3",
-                  "tp=1,pp=1,dp=2@host3"]
-JOB = "elastic-gpt"
+
+# Each job: its training script, default phases, model argument and the
+# relative loss tolerance against the uninterrupted run.
+JOBS = {
+    "gpt": {
+        "script": "elastic_gpt/train.py",
+        "model": "layers=4,hidden=64,heads=4,ffn=256,vocab=500,positions=64",
+        "phases": ["tp=2,dp=2@host0,host1", "tp=2,pp=2,dp=2@host0,host1,host2,host3",
+                   "tp=1,pp=1,dp=2@host3"],
+        "tolerance": 1e-4,
+    },
+    "mlp": {
+        "script": "elastic_mlp/train.py",
+        "model": "",
+        "phases": ["dp=2@host0", "dp=4@host0,host1", "dp=1@host2"],
+        "tolerance": 1e-4,
+    },
+}
+NOT_AXES = ("zero", "layers", "order")
 
 
 def world_size(config):
@@ -47,7 +61,7 @@ def world_size(config):
     world = 1
     for kv in config.split(","):
         k, v = kv.split("=")
-        if k in ("tp", "pp", "dp"):
+        if k not in NOT_AXES:
             world *= int(v)
     return world
 
@@ -56,19 +70,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def make_dataset(path, samples, seq, vocab, seed=7):
-    """Synthetic token sequences from a fixed random bigram model, so that
-    the loss can fall: each token picks its successor from 8 likely ones."""
-    rng = np.random.default_rng(seed)
-    succ = rng.integers(0, vocab, size=(vocab, 8))
-    data = np.empty((samples, seq + 1), dtype=np.uint16)
-    tok = rng.integers(0, vocab, size=samples)
-    for j in range(seq + 1):
-        data[:, j] = tok
-        tok = succ[tok, rng.integers(0, 8, size=samples)]
-    np.save(path, data)
 
 
 class Cluster:
@@ -106,8 +107,7 @@ class Cluster:
                        env=self.env, stdout=subprocess.DEVNULL)
 
 
-def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB,
-              save_after=None):
+def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, save_after=None):
     """Starts one process per rank and waits for all; exits on a failure.
     With `save_after`, asks the job to save (the control file) once it has
     trained that many iterations."""
@@ -115,15 +115,13 @@ def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, job=JOB,
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (run_dir / "samples").mkdir(exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg:{HERE}",
-               OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg", OMP_NUM_THREADS="1")
     procs = []
     for rank in range(world):
-        cmd = [sys.executable, str(HERE / "worker.py"), "--rank", str(rank), "--config", config,
-               "--model", args.model, "--job", job, "--coordinator",
+        cmd = [sys.executable, str(args.script), "--rank", str(rank), "--config", config,
+               "--model", args.model, "--job", args.job_name, "--coordinator",
                cluster.coordinator if cluster else "", "--master-port", str(port),
-               "--run-dir", str(run_dir), "--data", str(args.data),
-               "--global-batch", str(args.global_batch), "--micro-batches", "2", *extra]
+               "--run-dir", str(run_dir), "--global-batch", str(args.global_batch), *extra]
         if rank_hosts:
             cmd += ["--socket", cluster.socket(rank_hosts[rank])]
         log = open(logs / f"{config}_rank{rank}.log", "w")
@@ -172,18 +170,25 @@ def samples(run_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", nargs="+", default=DEFAULT_PHASES,
-                    help="CONFIG@HOST,HOST... for each phase, in order")
+    ap.add_argument("--job", choices=sorted(JOBS), default="gpt", help="which training job")
+    ap.add_argument("--phases", nargs="+",
+                    help="CONFIG@HOST,HOST... for each phase, in order (default: the job's)")
     ap.add_argument("--iterations", type=int, default=6, help="iterations per phase")
-    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--model", help="the model's size, as the job's script reads it")
     ap.add_argument("--global-batch", type=int, default=16)
-    ap.add_argument("--tolerance", type=float, default=1e-4,
+    ap.add_argument("--tolerance", type=float,
                     help="largest relative loss difference to the uninterrupted run")
     ap.add_argument("--bin", default=str(ROOT / "bazel-bin"))
     ap.add_argument("--work-dir", help="keep everything here (default: a temporary dir)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
+    job = JOBS[args.job]
+    args.script = HERE.parent / job["script"]
+    args.job_name = f"elastic-{args.job}"
+    args.phases = args.phases or job["phases"]
+    args.model = job["model"] if args.model is None else args.model
+    args.tolerance = job["tolerance"] if args.tolerance is None else args.tolerance
 
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-elastic-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -197,9 +202,6 @@ def main():
     # boundary after the launcher asks: a phase may run an iteration or two
     # longer than asked, so the reference runs a little longer too.
     total = args.iterations * len(phases) + 3 * (len(phases) - 1)
-    args.data = work / "tokens.npy"
-    seq = 32
-    make_dataset(args.data, samples=max(4096, total * args.global_batch), seq=seq, vocab=500)
     say = (lambda *a: None) if args.json else print
 
     say(f"== uninterrupted run at {phases[0][0]} for {total} iterations (the reference)")
@@ -219,8 +221,13 @@ def main():
         run_dir = work / "elastic"
         run_dir.mkdir(exist_ok=True)
         config, hosts, world = phases[0]
-        cluster.ptcctl("register", "--job", JOB, "--model", args.model, "--config", config,
-                       "--hosts", ",".join(hosts), capture=True)
+        # The job's layout, as its training script builds it (ptc.torch).
+        layout = work / "layout.json"
+        subprocess.run([sys.executable, str(args.script), "--config", config, "--model",
+                        args.model, "--layout-out", str(layout)], check=True,
+                       env=dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
+        cluster.ptcctl("register", "--job", args.job_name, "--layout", str(layout), "--config",
+                       config, "--hosts", ",".join(hosts), capture=True)
         iteration = 0
         for i, (config, hosts, world) in enumerate(phases):
             last = i == len(phases) - 1
@@ -236,7 +243,7 @@ def main():
                 f"from iteration {iteration + 1}" + (f" to {end}" if last else
                                                      f"; save requested after {end}"))
             t0 = time.time()
-            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(JOB), extra,
+            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(args.job_name), extra,
                       save_after=None if last else end)
             if not last:  # the iteration the job saved at
                 end = json.loads((run_dir / "events" / f"{config}_rank0.json").read_text())[
@@ -256,7 +263,7 @@ def main():
                 break
             nxt_config, nxt_hosts, _ = phases[i + 1]
             say(f"\n== reconfigure {config} -> {nxt_config} on {','.join(nxt_hosts)}")
-            report = json.loads(cluster.ptcctl("reconfigure", "--job", JOB, "--to", nxt_config,
+            report = json.loads(cluster.ptcctl("reconfigure", "--job", args.job_name, "--to", nxt_config,
                                                "--hosts", ",".join(nxt_hosts), "--json",
                                                capture=True))
             say(format_report(report))

@@ -1,0 +1,947 @@
+"""ptc.torch: a PyTorch job's whole state in ptc, from its modules.
+
+A layout is built once from the full model (on the meta device: no memory)
+and a placement plan written the way PyTorch's tensor-parallel plans are:
+
+    import ptc, ptc.torch as pt
+    plan = {"blocks.*.attn.qkv": pt.Colwise(groups=(q_rows, kv_rows, kv_rows)),
+            "blocks.*.attn.proj": pt.Rowwise(),
+            "embed": pt.VocabParallel(pad=128)}          # the rest: replicated
+    layout = pt.Layout(full_model, plan, optimizer=torch.optim.AdamW,
+                       stages=pt.Stages(layers="blocks", first=["embed"], last=["head"]))
+    print(pt.describe(layout, "pp=2,tp=2,dp=2", rank=0))   # no cluster needed
+    layout.write("job.json")                  # ptcctl register --layout job.json ...
+
+Each rank then saves and loads its own modules with one call each:
+
+    client = ptc.Client(socket=..., coordinator=..., job="j", rank=rank)
+    pt.save(client, model, optimizer, scheduler, extra={"cursor": cursor})
+    ...
+    extra = pt.load(client, model, optimizer, scheduler)   # extra.step: the step
+
+Keys are the parameters' names in the full model (torchtitan's convention:
+a pipeline stage keeps the full model's names for the layers it holds), and
+an optimizer's state is "optim.<slot>.<name>" (Adam's exp_avg, exp_avg_sq
+and per-parameter step; SGD's momentum_buffer). A rank's local tensor is
+its regions of the global tensor packed in order along each dimension: its
+chunk, or, for a grouped split (q|k|v), its chunk of each group
+concatenated, as Megatron and PyTorch's ColwiseParallel hold them.
+"""
+
+import base64
+import fnmatch
+import json
+import math
+import random
+import re
+import warnings
+from collections import namedtuple
+
+import numpy as np
+import torch
+
+from . import _ptc
+
+__all__ = ["Colwise", "Experts", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
+           "Stages", "VocabParallel", "check_forward", "describe", "load", "save",
+           "shard_state", "state_tensors"]
+
+# ptc dtype names (as a layout spec writes them) <-> torch dtypes.
+_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+_SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_PTC_DTYPE = {v: k for k, v in _DTYPES.items()}
+
+OPTIMIZER_OBJECT = "ptc.torch.optimizer"
+SCHEDULER_OBJECT = "ptc.torch.scheduler"
+EXTRA_OBJECT = "ptc.torch.extra"
+RNG_OBJECT = "ptc.torch.rng"
+
+
+def torch_dtype(name):
+    name = _SHORT.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"ptc dtype {name} has no PyTorch equivalent")
+    return _DTYPES[name]
+
+
+def ptc_dtype(dtype, what):
+    if dtype not in _PTC_DTYPE:
+        raise TypeError(f"{what} is {dtype}; ptc stores {', '.join(sorted(_DTYPES))} "
+                        "(convert it, e.g. to float32, or keep it out of the layout)")
+    return _PTC_DTYPE[dtype]
+
+
+# ---------------------------------------------------------------- placements
+
+class Placement:
+    """How a module's parameters are cut over mesh axes. `axis` is one axis
+    or several cut jointly (("dp", "ep"): their ranks flattened)."""
+
+    def __init__(self, axis):
+        self.axes = [axis] if isinstance(axis, str) else list(axis)
+
+    def cut(self, module, name, shape):
+        """The layout spec's placements of parameter `name` (a name inside
+        `module`, e.g. "weight") of global `shape`."""
+        raise NotImplementedError
+
+    def _shard(self, dim, **kw):
+        p = {"axes": self.axes, "kind": "shard", "dim": dim}
+        p.update({k: v for k, v in kw.items() if v})
+        return [p]
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(self.axes)})"
+
+
+class Replicate(Placement):
+    """Every index holds all of it (what unnamed modules get)."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def cut(self, module, name, shape):
+        return []
+
+
+class Shard(Placement):
+    """Dimension `dim` of every parameter, in contiguous chunks (uneven
+    chunks: the first ones one row larger). `pad`: the extent is padded to a
+    multiple of pad * parts first and the padding is not stored."""
+
+    def __init__(self, dim, axis="dp", pad=0, even=False, unit_size=1, unit=""):
+        super().__init__(axis)
+        self.dim, self.pad, self.even, self.unit_size, self.unit = dim, pad, even, unit_size, unit
+
+    def cut(self, module, name, shape):
+        if len(shape) == 0:
+            return []
+        dim = self.dim % len(shape)
+        return self._shard(dim, pad_multiple=self.pad, even=self.even,
+                           unit_size=self.unit_size if self.unit_size != 1 else 0,
+                           unit=self.unit)
+
+
+class Colwise(Placement):
+    """Output features over `axis` (PyTorch's ColwiseParallel, Megatron's
+    ColumnParallelLinear): a Linear's weight rows and bias; an Embedding's
+    columns. `groups` (global rows of one block, e.g. (q, k, v)): each group
+    is chunked on its own, a rank holds its chunk of each, concatenated.
+    `repeats` > 1: the rows are `repeats` blocks of `groups` (Megatron-core's
+    qkv rows per query group) and whole blocks are chunked. `even`: refuse
+    configs that do not divide (`unit_size` rows per `unit`)."""
+
+    def __init__(self, axis="tp", groups=None, repeats=1, even=False, unit_size=1, unit=""):
+        super().__init__(axis)
+        self.groups = list(groups) if groups else None
+        self.repeats, self.even, self.unit_size, self.unit = repeats, even, unit_size, unit
+
+    def cut(self, module, name, shape):
+        if len(shape) == 0:
+            return []
+        dim = 1 if isinstance(module, torch.nn.Embedding) else 0
+        extra = {"even": self.even, "unit": self.unit,
+                 "unit_size": self.unit_size if self.unit_size != 1 else 0}
+        if not self.groups:
+            return self._shard(dim, **extra)
+        if sum(self.groups) * max(self.repeats, 1) != shape[dim]:
+            raise ValueError(
+                f"{self!r} on '{name}': groups {self.groups} x {max(self.repeats, 1)} "
+                f"blocks add up to {sum(self.groups) * max(self.repeats, 1)} rows but "
+                f"dimension {dim} has {shape[dim]}")
+        p = {"axes": self.axes, "kind": "grouped_shard", "dim": dim, "groups": self.groups}
+        if self.repeats > 1:
+            p["repeats"] = self.repeats
+        p.update({k: v for k, v in extra.items() if v})
+        return [p]
+
+    def __repr__(self):
+        g = f", groups={self.groups}" if self.groups else ""
+        r = f", repeats={self.repeats}" if self.repeats > 1 else ""
+        return f"Colwise({', '.join(self.axes)}{g}{r})"
+
+
+class Rowwise(Placement):
+    """Input features over `axis` (PyTorch's RowwiseParallel, Megatron's
+    RowParallelLinear): a Linear's weight columns (its bias is replicated);
+    an Embedding's rows; the last dimension of other parameters of two or
+    more dimensions."""
+
+    def __init__(self, axis="tp", even=False, unit_size=1, unit=""):
+        super().__init__(axis)
+        self.even, self.unit_size, self.unit = even, unit_size, unit
+
+    def cut(self, module, name, shape):
+        extra = {"even": self.even, "unit": self.unit,
+                 "unit_size": self.unit_size if self.unit_size != 1 else 0}
+        if isinstance(module, torch.nn.Embedding):
+            return self._shard(0, **extra)
+        if len(shape) < 2:
+            return []
+        return self._shard(len(shape) - 1, **extra)
+
+
+class VocabParallel(Placement):
+    """A vocabulary dimension over `axis` (Megatron's VocabParallelEmbedding
+    and its output layer): dimension 0 of the weight (and bias), padded to
+    a multiple of pad * parts; the padding rows are not stored (a load
+    zeroes them)."""
+
+    def __init__(self, axis="tp", pad=128):
+        super().__init__(axis)
+        self.pad = pad
+
+    def cut(self, module, name, shape):
+        if len(shape) == 0:
+            return []
+        return self._shard(0, pad_multiple=self.pad)
+
+
+class Experts(Placement):
+    """Stacked experts over `axis`: every parameter's dimension 0 is the
+    expert index ([experts, ...]); a rank holds its contiguous chunk of the
+    experts. Configs whose axis does not divide the experts are refused."""
+
+    def __init__(self, axis="ep"):
+        super().__init__(axis)
+
+    def cut(self, module, name, shape):
+        if len(shape) == 0:
+            raise ValueError(f"Experts on '{name}': a scalar has no expert dimension")
+        return self._shard(0, even=True, unit="experts")
+
+
+# ---------------------------------------------------------------- stages
+
+class Stages:
+    """Which pipeline stage holds each parameter: those under
+    `layers`.<i> follow layer i (the config's stage map: ParallelConfig's
+    stage_layers), those matching `first` / `last` / `first_and_last`
+    (patterns as in a plan; a tied embedding is in both end stages) sit on
+    those stages. Every other parameter is an error under a pipeline."""
+
+    def __init__(self, layers, first=(), last=(), first_and_last=()):
+        self.layers = layers
+        self.first, self.last = list(first), list(last)
+        self.first_and_last = list(first_and_last)
+
+
+class OptimizerState:
+    """An optimizer's per-parameter state for the layout: `slots` are
+    tensors shaped like the parameter (Adam: exp_avg, exp_avg_sq); `step`:
+    a per-parameter step count. For optimizers ptc.torch does not know."""
+
+    def __init__(self, slots, step=False):
+        self.slots, self.step = list(slots), step
+
+
+def optimizer_state(optimizer):
+    """The OptimizerState of an optimizer (instance or class)."""
+    if optimizer is None or isinstance(optimizer, OptimizerState):
+        return optimizer
+    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
+    d = {} if isinstance(optimizer, type) else optimizer.defaults
+    if issubclass(cls, (torch.optim.Adam, torch.optim.AdamW)):
+        return OptimizerState(["exp_avg", "exp_avg_sq"] +
+                              (["max_exp_avg_sq"] if d.get("amsgrad") else []), step=True)
+    if issubclass(cls, torch.optim.SGD):
+        if isinstance(optimizer, type):
+            raise ValueError("pass the SGD optimizer itself, not its class: whether it keeps "
+                             "a momentum buffer depends on its momentum")
+        return OptimizerState(["momentum_buffer"] if d.get("momentum") else [])
+    if issubclass(cls, torch.optim.Adagrad):
+        return OptimizerState(["sum"], step=True)
+    if issubclass(cls, torch.optim.RMSprop):
+        return OptimizerState(["square_avg"] + (["momentum_buffer"] if d.get("momentum") else [])
+                              + (["grad_avg"] if d.get("centered") else []), step=True)
+    raise ValueError(f"ptc.torch does not know the state of {cls.__name__}; pass "
+                     "optimizer=ptc.torch.OptimizerState(slots=[...], step=...)")
+
+
+# ---------------------------------------------------------------- the layout
+
+def _matches(pattern, name):
+    """A plan pattern against a dotted name: `*` matches one component."""
+    p, n = pattern.split("."), name.split(".")
+    return len(p) == len(n) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(n, p))
+
+
+def _under(pattern, name):
+    """Whether `name` is the object `pattern` names or lies under it."""
+    parts = name.split(".")
+    k = len(pattern.split("."))
+    return len(parts) >= k and _matches(pattern, ".".join(parts[:k]))
+
+
+class Layout:
+    """The layout spec of a model: every parameter (its name in the full
+    model, dtype, global shape), how the plan cuts it, its pipeline stage,
+    the optimizer's state beside it, and the small objects ptc.torch keeps
+    (optimizer hyper-parameters, scheduler, RNG states, user objects).
+
+    `model` is the full model (build it on the meta device: only shapes
+    are read). `mesh`: the axes, slowest first (default pp, dp, tp, with ep
+    before tp when the plan uses it)."""
+
+    def __init__(self, model, plan=None, *, optimizer=None, stages=None, mesh=None,
+                 name=None):
+        plan = dict(plan or {})
+        axes_used = {a for p in plan.values() for a in p.axes}
+        if mesh is None:
+            mesh = ["pp", "dp"] + (["ep"] if "ep" in axes_used else []) + ["tp"]
+        self.mesh = list(mesh)
+        unknown = sorted(axes_used - set(self.mesh))
+        if unknown:
+            raise ValueError(f"the plan cuts over {unknown}, which the mesh {self.mesh} lacks")
+        self.optimizer = optimizer_state(optimizer)
+        self.stages = stages
+        self.plan = plan
+        owners = {}  # parameter name -> (module, name inside it)
+        for mname, module in model.named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                full = f"{mname}.{pname}" if mname else pname
+                owners[full] = (module, pname)
+        params = list(model.named_parameters())
+        if not params:
+            raise ValueError("the model has no parameters")
+        # Which plan entry cuts each parameter.
+        chosen, used = {}, {pat: 0 for pat in plan}
+        for full, _ in params:
+            hits = [pat for pat in plan if _under(pat, full)]
+            if len(hits) > 1:
+                raise ValueError(f"parameter '{full}' matches plan entries {hits}; "
+                                 "make them disjoint")
+            if hits:
+                chosen[full] = hits[0]
+                used[hits[0]] += 1
+        unused = [pat for pat, n in used.items() if n == 0]
+        if unused:
+            raise ValueError(f"plan entries {unused} match no parameter of the model "
+                             f"(its modules: {_sample([m for m, _ in model.named_modules() if m])})")
+        self.num_layers, stage_of = self._stage_rules(model, [f for f, _ in params])
+        tensors = []
+        self.cut_by = {}
+        for full, p in params:
+            dtype = ptc_dtype(p.dtype, f"parameter '{full}'")
+            module, pname = owners[full]
+            pl = plan.get(chosen.get(full), Replicate())
+            cuts = pl.cut(module, full, list(p.shape))
+            self.cut_by[full] = pl
+            t = {"key": full, "dtype": dtype, "shape": list(p.shape)}
+            if cuts:
+                t["placements"] = cuts
+            if stage_of[full]:
+                t["stage"] = stage_of[full]
+            tensors.append(t)
+            if self.optimizer:
+                for slot in self.optimizer.slots:
+                    tensors.append(dict(t, key=f"optim.{slot}.{full}", role="optimizer_state"))
+                if self.optimizer.step:
+                    s = {"key": f"optim.step.{full}", "dtype": "float32", "shape": [1],
+                         "role": "optimizer_state"}
+                    if stage_of[full]:
+                        s["stage"] = stage_of[full]
+                    tensors.append(s)
+        self.spec = {
+            "format_version": 1,
+            "name": name or type(model).__name__,
+            "mesh": self.mesh,
+            "num_layers": self.num_layers,
+            "tensors": tensors,
+            "small_objects": [
+                {"name": OPTIMIZER_OBJECT, "bytes": 1024},
+                {"name": SCHEDULER_OBJECT, "bytes": 1024},
+                {"name": EXTRA_OBJECT, "bytes": 1024},
+                {"name": RNG_OBJECT, "scope": self.mesh, "new_ranks": "derive",
+                 "bytes": 20000},
+            ],
+        }
+        # ptc's own checks (names, placements against shapes).
+        _ptc.check_layout(json.dumps(self.spec))
+
+    def _stage_rules(self, model, names):
+        st = self.stages
+        if st is None:
+            return 1, {n: None for n in names}
+        container = dict(model.named_modules()).get(st.layers)
+        if container is None:
+            raise ValueError(f"Stages(layers='{st.layers}'): the model has no module "
+                             f"'{st.layers}'")
+        layer_names = [n for n, _ in container.named_children()]
+        if not all(n.isdigit() for n in layer_names) or not layer_names:
+            raise ValueError(f"the children of '{st.layers}' must be numbered layers 0..L-1 "
+                             f"(an nn.ModuleList or a ModuleDict keyed '0', '1', ...); got "
+                             f"{_sample(layer_names)}")
+        num_layers = max(int(n) for n in layer_names) + 1
+        rules = {}
+        for n in names:
+            m = re.match(re.escape(st.layers) + r"\.(\d+)\.", n)
+            ends = [k for k, pats in (("first_and_last", st.first_and_last),
+                                      ("first", st.first), ("last", st.last))
+                    if any(_under(p, n) for p in pats)]
+            if m:
+                rules[n] = {"kind": "layer", "layer": int(m.group(1))}
+            elif ends:
+                rules[n] = {"kind": ends[0]}
+            else:
+                raise ValueError(f"parameter '{n}' is in no pipeline stage: it is not under "
+                                 f"'{st.layers}' and matches none of first={st.first}, "
+                                 f"last={st.last}, first_and_last={st.first_and_last}")
+        return num_layers, rules
+
+    def json(self):
+        return json.dumps(self.spec, indent=1)
+
+    def write(self, path):
+        with open(path, "w") as f:
+            f.write(self.json() + "\n")
+
+    def regions(self, config):
+        """Every rank's regions under `config`: [[region dict, ...], ...]."""
+        return _ptc.layout_regions(json.dumps(self.spec), str(config))
+
+
+def _sample(names, k=6):
+    names = list(names)
+    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
+
+
+def _spec_of(layout):
+    if isinstance(layout, Layout):
+        return layout.spec
+    if isinstance(layout, dict):
+        return layout
+    text = str(layout)
+    if not text.lstrip().startswith("{"):
+        with open(text) as f:
+            text = f.read()
+    return json.loads(text)
+
+
+# ---------------------------------------------------------------- local tensors
+
+def _placement_parts(p, config):
+    return math.prod(config.size(a) for a in p.get("axes", []))
+
+
+def local_shape(tensor, regions, config):
+    """The shape of a rank's local tensor of `tensor` (a spec entry) holding
+    `regions` (boxes): along each dimension the distinct intervals packed;
+    a padded shard dimension has its padded chunk."""
+    shape = []
+    for d in range(len(tensor["shape"])):
+        spans = sorted({tuple(r[d]) for r in regions})
+        n = sum(e - b for b, e in spans)
+        for p in tensor.get("placements", []):
+            if p.get("kind") == "shard" and p.get("dim", 0) == d and int(p.get("pad_multiple", 0)):
+                parts = _placement_parts(p, config)
+                mult = int(p["pad_multiple"]) * parts
+                padded = -(-int(tensor["shape"][d]) // mult) * mult
+                n = padded // parts
+        shape.append(n)
+    return tuple(shape)
+
+
+def local_slices(region, regions):
+    """Where `region` sits in the local tensor holding `regions`: along each
+    dimension the offset of its interval among the distinct ones."""
+    out = []
+    for d, (b, e) in enumerate(region):
+        spans = sorted({tuple(r[d]) for r in regions})
+        for (b0, e0), (b1, e1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise ValueError(f"regions {regions} overlap partly along dimension {d}: "
+                                 "not a layout a local tensor can hold")
+        offset = sum(e1 - b1 for b1, e1 in spans if (b1, e1) < (b, e))
+        out.append(slice(offset, offset + e - b))
+    return tuple(out)
+
+
+def _named_params(model):
+    return dict(model.named_parameters())
+
+
+class _Rank:
+    """This rank's view of the job's layout: its regions by key, the spec's
+    tensors, and the local tensors they map to."""
+
+    def __init__(self, client):
+        self.spec = json.loads(client.layout)
+        for b in self.spec.get("buffers", []):
+            if not b.get("optional") or "zero=1" in str(client.config):
+                raise ValueError(f"the job's layout keeps tensors in the flat buffer "
+                                 f"'{b.get('name')}'; ptc.torch maps per-tensor layouts only")
+        self.config = client.config
+        self.tensors = {t["key"]: t for t in self.spec["tensors"]}
+        self.regions = client.regions
+        self.by_key = {}
+        for r in self.regions:
+            self.by_key.setdefault(r["key"], []).append(r["region"])
+        self.rank = client.rank
+
+    def expected(self, key):
+        return local_shape(self.tensors[key], self.by_key[key], self.config)
+
+
+def _local_tensors(client, model, optimizer, create_state):
+    """{spec key: local tensor} for every key this rank holds, checked
+    against the job's layout: every parameter known and held here, every
+    held key given, shapes and dtypes as the layout says. With
+    `create_state`, missing optimizer state is created (zeros) to load into."""
+    rank = _Rank(client)
+    params = _named_params(model)
+    where = f"rank {rank.rank} ({client.config}, coordinates {client.coord})"
+    param_keys = {k for k, t in rank.tensors.items() if t.get("role", "") in ("", "parameter")}
+    problems = []
+    extra = [n for n in params if n not in param_keys]
+    if extra:
+        problems.append(f"the model has parameters the layout lacks: {_sample(extra)}")
+    held = set(rank.by_key)
+    elsewhere = [n for n in params if n in param_keys and n not in held and not any(
+        int(p.get("pad_multiple", 0)) for p in rank.tensors[n].get("placements", []))]
+    if elsewhere:
+        problems.append(f"the layout puts these parameters on other pipeline stages: "
+                        f"{_sample(elsewhere)}")
+    missing = [k for k in held if k in param_keys and k not in params]
+    if missing:
+        problems.append(f"the model lacks parameters this rank holds in the layout: "
+                        f"{_sample(sorted(missing))}")
+    if problems:
+        raise ValueError(f"{where}: the model does not match the job's layout: "
+                         + "; ".join(problems))
+    out = {k: params[k] for k in held if k in param_keys}
+    state_keys = [k for k in held if k not in param_keys]
+    if state_keys and optimizer is None:
+        raise ValueError(f"the job's layout holds optimizer state ({_sample(state_keys, 2)}); "
+                         "pass the optimizer")
+    if optimizer is not None and not any(
+            t.get("role") == "optimizer_state" for t in rank.tensors.values()):
+        raise ValueError("an optimizer was given but the job's layout keeps no optimizer "
+                         "state; build the Layout with optimizer=")
+    if state_keys:
+        in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for k in state_keys:
+            _, slot, name = k.split(".", 2)
+            p = params.get(name)
+            if p is None:
+                raise ValueError(f"{where}: the layout holds '{k}' but the model has no "
+                                 f"parameter '{name}'")
+            if id(p) not in in_opt:
+                raise ValueError(f"{where}: parameter '{name}' is not in the optimizer's "
+                                 "param_groups")
+            # Before the first step an optimizer has no state: a save writes
+            # what the first step would start from (zeros), a load creates it.
+            st = optimizer.state[p] if create_state else optimizer.state.get(p, {})
+            if slot == "step":
+                cur = st.get("step", 0.0)
+                if not torch.is_tensor(cur) or cur.dtype != torch.float32:
+                    cur = torch.tensor(float(cur))
+                if create_state:
+                    st["step"] = cur
+                out[k] = cur.reshape(1)
+            else:
+                cur = st.get(slot)
+                if cur is None:
+                    cur = torch.zeros_like(p.data, memory_format=torch.preserve_format)
+                    if create_state:
+                        st[slot] = cur
+                out[k] = cur
+    for k, t in out.items():
+        spec_t = rank.tensors[k]
+        want_shape = rank.expected(k)
+        got = tuple(t.shape)
+        want_dtype = torch_dtype(spec_t["dtype"])
+        if got != want_shape:
+            hint = ""
+            for p in spec_t.get("placements", []):
+                if p.get("kind") == "grouped_shard":
+                    hint = (" (the layout cuts it as groups "
+                            f"{p.get('groups')}{' x %d blocks' % p['repeats'] if p.get('repeats', 1) > 1 else ''}"
+                            f" over {p['axes']}: each rank holds its chunk of each)")
+            raise ValueError(f"{where}: '{k}' has local shape {got} but the layout expects "
+                             f"{want_shape} for this rank (global {tuple(spec_t['shape'])}, "
+                             f"regions {rank.by_key[k]}){hint}")
+        if t.dtype != want_dtype:
+            raise TypeError(f"{where}: '{k}' is {t.dtype} but the layout says "
+                            f"{spec_t['dtype']}")
+    return rank, out
+
+
+def state_tensors(client, model, optimizer=None):
+    """{key: local tensor} of every key of the job's layout this rank holds
+    (parameters, and optimizer state as "optim.<slot>.<name>"), checked
+    against the layout as save() checks them."""
+    return _local_tensors(client, model, optimizer, create_state=False)[1]
+
+
+# ---------------------------------------------------------------- small objects
+
+def encode(obj):
+    """Plain data (None, bool, int, float, str, bytes, list, tuple, dict,
+    tensors, ptc.DataCursor) as bytes; decode() reads it back without
+    running code (no pickle)."""
+    def enc(o):
+        if o is None or isinstance(o, (bool, int, float, str)):
+            return o
+        if isinstance(o, bytes):
+            return {"__b": base64.b64encode(o).decode()}
+        if isinstance(o, tuple):
+            return {"__t": [enc(x) for x in o]}
+        if isinstance(o, list):
+            return [enc(x) for x in o]
+        if isinstance(o, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in o):
+                return {k: enc(v) for k, v in o.items()}
+            return {"__d": [[enc(k), enc(v)] for k, v in o.items()]}
+        if isinstance(o, _ptc.DataCursor):
+            return {"__cursor": base64.b64encode(o.encode()).decode()}
+        if torch.is_tensor(o):
+            t = o.detach().cpu().contiguous()
+            raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+            return {"__tensor": ptc_dtype(t.dtype, "a tensor in a small object"),
+                    "shape": list(t.shape),
+                    "data": base64.b64encode(raw.numpy().tobytes()).decode()}
+        if isinstance(o, np.ndarray):
+            return {"__ndarray": o.dtype.str, "shape": list(o.shape),
+                    "data": base64.b64encode(np.ascontiguousarray(o).tobytes()).decode()}
+        if isinstance(o, (np.integer, np.floating)):
+            return o.item()
+        raise TypeError(f"ptc.torch keeps plain data (numbers, strings, bytes, lists, dicts, "
+                        f"tensors); got {type(o).__name__}")
+    return json.dumps(enc(obj), separators=(",", ":")).encode()
+
+
+def decode(data):
+    def dec(o):
+        if isinstance(o, list):
+            return [dec(x) for x in o]
+        if not isinstance(o, dict):
+            return o
+        if "__b" in o:
+            return base64.b64decode(o["__b"])
+        if "__t" in o:
+            return tuple(dec(x) for x in o["__t"])
+        if "__d" in o:
+            return {dec(k): dec(v) for k, v in o["__d"]}
+        if "__cursor" in o:
+            return _ptc.DataCursor.decode(base64.b64decode(o["__cursor"]))
+        if "__tensor" in o:
+            dtype = torch_dtype(o["__tensor"])
+            raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+            arr = np.frombuffer(base64.b64decode(o["data"]),
+                                dtype=torch.zeros(0, dtype=raw_dtype).numpy().dtype)
+            t = torch.from_numpy(arr.copy()).reshape(o["shape"])
+            return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+        if "__ndarray" in o:
+            return np.frombuffer(base64.b64decode(o["data"]),
+                                 dtype=np.dtype(o["__ndarray"])).reshape(o["shape"]).copy()
+        return {k: dec(v) for k, v in o.items()}
+    return dec(json.loads(data.decode()))
+
+
+def _put(save, name, obj, what):
+    data = encode(obj)
+    if len(data) > _ptc.MAX_SMALL_OBJECT_BYTES:
+        raise ValueError(f"{what} takes {len(data)} bytes encoded; ptc keeps at most "
+                         f"{_ptc.MAX_SMALL_OBJECT_BYTES} per small object (keep large "
+                         "data in tensors of the model or the layout)")
+    save.put_small_object(name, data)
+
+
+def _rng_state():
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(),
+          "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(raw):
+    seed = _ptc.derived_seed(raw)
+    if seed is not None:
+        # A rank whose coordinates are new: a fresh stream, never a copy.
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        return
+    st = decode(raw)
+    torch.set_rng_state(st["torch"])
+    random.setstate(_tuples(st["python"]))
+    np.random.set_state(_tuples(st["numpy"]))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def _tuples(o):
+    return tuple(_tuples(x) for x in o) if isinstance(o, (list, tuple)) else o
+
+
+# ---------------------------------------------------------------- save, load
+
+Saved = namedtuple("Saved", ["step", "version"])
+
+
+class Restored(dict):
+    """The user objects a load returns, with the step of the save as `.step`
+    and ptc's version as `.version`."""
+    step = 0
+    version = 0
+
+
+def _infer_step(optimizer, scheduler):
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            if "step" in st:
+                return int(st["step"])
+    if scheduler is not None and hasattr(scheduler, "last_epoch"):
+        return int(scheduler.last_epoch)
+    raise ValueError("pass step=: the optimizer keeps no step and there is no scheduler")
+
+
+def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
+         wait=True, timeout=300.0):
+    """Saves this rank's parameters, optimizer state (with its param_groups),
+    scheduler, RNG states and `extra` (plain data: a dict of numbers,
+    strings, tensors, ptc.DataCursor ...) as one version of the job. Every
+    local tensor is checked against the job's layout first (a mismatch
+    raises naming the tensor, nothing is written). `step` (default: the
+    optimizer's step, or the scheduler's last_epoch) is what a load returns.
+    With `wait`, returns once every rank saved and the version committed."""
+    if step is None:
+        step = _infer_step(optimizer, scheduler)
+    rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
+    groups = None
+    if optimizer is not None:
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": len(g["params"])}
+                  for g in optimizer.param_groups]
+    # Encode everything before the save starts: a bad object fails early.
+    objects = [(OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
+               (SCHEDULER_OBJECT, scheduler.state_dict() if scheduler is not None else None,
+                "the scheduler's state_dict"),
+               (EXTRA_OBJECT, dict(extra or {}), "extra"),
+               (RNG_OBJECT, _rng_state(), "the RNG states")]
+    for _, obj, what in objects:
+        encode(obj)
+    s = client.begin_save(int(step))
+    for r in rank.regions:
+        t = tensors[r["key"]]
+        part = t.detach()[local_slices(r["region"], rank.by_key[r["key"]])]
+        if part.dtype == torch.bfloat16:
+            part = part.view(torch.int16)
+        s.write(r["index"], part.contiguous().numpy())
+    for name, obj, what in objects:
+        _put(s, name, obj, what)
+    s.commit()
+    if wait:
+        client.wait_committed(s.version, timeout=timeout)
+    return Saved(int(step), s.version)
+
+
+def _region_tensor(state, r):
+    arr = state.region(r["index"])
+    dtype = torch_dtype(r["dtype"])
+    if dtype == torch.bfloat16:
+        arr = arr.view(np.int16)
+    with warnings.catch_warnings():
+        # The mapping is read-only; torch warns that it cannot enforce it.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+def load(client, model, optimizer=None, scheduler=None):
+    """Loads the job's committed version into this rank's modules: every
+    parameter and optimizer state tensor (checked against the layout as
+    save() does), the optimizer's param_groups hyper-parameters, the
+    scheduler, the RNG states (a rank whose coordinates are new gets a
+    fresh seed). Returns the saved `extra` (a dict) with `.step`."""
+    rank, tensors = _local_tensors(client, model, optimizer, create_state=True)
+    state = client.load()
+    with torch.no_grad():
+        for k, t in tensors.items():
+            if math.prod(local_shape(rank.tensors[k], rank.by_key[k], rank.config)) != sum(
+                    math.prod(e - b for b, e in box) for box in rank.by_key[k]):
+                t.zero_()  # rows the layout does not store (padding) are zero
+        for r in rank.regions:
+            t = tensors[r["key"]]
+            t[local_slices(r["region"], rank.by_key[r["key"]])].copy_(_region_tensor(state, r))
+    if optimizer is not None:
+        groups = decode(state.small_object(OPTIMIZER_OBJECT))
+        if groups is None or len(groups) != len(optimizer.param_groups):
+            raise ValueError(f"the saved optimizer had {len(groups or [])} param_groups; this "
+                             f"one has {len(optimizer.param_groups)}: build it the same way")
+        for g, saved in zip(optimizer.param_groups, groups):
+            for k, v in saved.items():
+                if k != "params":
+                    g[k] = v
+    if scheduler is not None:
+        sd = decode(state.small_object(SCHEDULER_OBJECT))
+        if sd is None:
+            raise ValueError("the save has no scheduler state; pass scheduler=None or save one")
+        scheduler.load_state_dict(sd)
+    _set_rng_state(state.small_object(RNG_OBJECT))
+    out = Restored(decode(state.small_object(EXTRA_OBJECT)) or {})
+    out.step = client.committed_step
+    out.version = state.version
+    del state
+    return out
+
+
+# ---------------------------------------------------------------- without a cluster
+
+def _placement_text(t):
+    parts = []
+    for p in t.get("placements", []):
+        axes = ",".join(p.get("axes", []))
+        kind = p.get("kind", "replicate")
+        if kind == "shard":
+            pad = f", pad {p['pad_multiple']}" if int(p.get("pad_multiple", 0)) else ""
+            parts.append(f"shard dim {p.get('dim', 0)} over {axes}{pad}")
+        elif kind == "grouped_shard":
+            rep = f" x {p['repeats']}" if int(p.get("repeats", 1)) > 1 else ""
+            parts.append(f"groups {p.get('groups')}{rep} of dim {p.get('dim', 0)} over {axes}")
+        elif kind == "select":
+            parts.append(f"item {p.get('item', 0)}/{p.get('items')} over {axes}")
+    return "; ".join(parts) or "replicated"
+
+
+def _mib(n):
+    return f"{n / 2**20:.2f} MiB"
+
+
+def describe(layout, config, rank=None):
+    """A readable account of a layout under `config`: every rank (or only
+    `rank`) with each tensor's local shape, regions and cut, and the bytes
+    it holds. Needs no cluster; raises what ptc would refuse."""
+    spec = _spec_of(layout)
+    text = json.dumps(spec)
+    _ptc.check_layout(text, str(config))
+    regions = _ptc.layout_regions(text, str(config))
+    cfg = _ptc.ParallelConfig.parse(str(config), spec.get("mesh", []))
+    tensors = {t["key"]: t for t in spec["tensors"]}
+    total = sum(math.prod(t["shape"]) * torch.zeros(0, dtype=torch_dtype(t["dtype"])).element_size()
+                for t in spec["tensors"])
+    lines = [f"layout '{spec.get('name', '')}': mesh {', '.join(cfg.mesh)}; config {cfg} "
+             f"({cfg.world_size} ranks); {len(tensors)} tensors, {_mib(total)}"]
+    ranks = range(cfg.world_size) if rank is None else [rank]
+    for r in ranks:
+        if not 0 <= r < cfg.world_size:
+            raise ValueError(f"rank {r} is outside {cfg.world_size} ranks of {cfg}")
+        mine = regions[r]
+        by_key = {}
+        for reg in mine:
+            by_key.setdefault(reg["key"], []).append(reg["region"])
+        coord = ", ".join(f"{a}={i}" for a, i in zip(cfg.mesh, cfg.coord_of(r)))
+        lines.append(f"rank {r} ({coord}): {len(by_key)} tensors, "
+                     f"{_mib(sum(reg['bytes'] for reg in mine))}")
+        width = max((len(k) for k in by_key), default=0)
+        for k, boxes in by_key.items():
+            t = tensors[k]
+            shape = list(local_shape(t, boxes, cfg))
+            where = " ".join("[" + ", ".join(f"{b}:{e}" for b, e in box) + "]" for box in boxes)
+            lines.append(f"  {k:<{width}}  {t['dtype']:<8} local {str(shape):<14} "
+                         f"of {t['shape']}  {where}  ({_placement_text(t)})")
+    return "\n".join(lines)
+
+
+def shard_state(full, layout, config, rank):
+    """This rank's local tensors, cut from full ones: {key: full tensor} ->
+    {key: local tensor} for every key of `full` the rank holds (a model
+    loaded from an unsharded checkpoint; the forward check)."""
+    spec = _spec_of(layout)
+    cfg = _ptc.ParallelConfig.parse(str(config), spec.get("mesh", []))
+    tensors = {t["key"]: t for t in spec["tensors"]}
+    by_key = {}
+    for reg in _ptc.layout_regions(json.dumps(spec), str(config))[rank]:
+        by_key.setdefault(reg["key"], []).append(reg["region"])
+    out = {}
+    for k, boxes in by_key.items():
+        if k not in full:
+            continue
+        src = full[k]
+        local = torch.zeros(local_shape(tensors[k], boxes, cfg), dtype=src.dtype)
+        for box in boxes:
+            local[local_slices(box, boxes)] = src[tuple(slice(b, e) for b, e in box)]
+        out[k] = local
+    return out
+
+
+def _forward_worker(rank, world, port, config, build, forward, inputs, full, layout, result):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        model = build(config, rank)
+        params = dict(model.named_parameters())
+        local = shard_state(full, layout, config, rank) if full is not None else None
+        with torch.no_grad():
+            if local is not None:
+                for k, p in params.items():
+                    if k not in local:
+                        raise ValueError(f"rank {rank} of {config}: the layout gives no "
+                                         f"part of '{k}' to this rank")
+                    if tuple(local[k].shape) != tuple(p.shape):
+                        raise ValueError(f"rank {rank} of {config}: '{k}' has local shape "
+                                         f"{tuple(p.shape)} but the layout cuts "
+                                         f"{tuple(local[k].shape)}")
+                    p.copy_(local[k])
+            out = forward(model, inputs)
+        if rank == 0:
+            torch.save({"output": out, "state": {k: p.detach().clone() for k, p in
+                                                 params.items()} if full is None else None},
+                       result)
+    finally:
+        dist.destroy_process_group()
+
+
+def check_forward(build, forward, layout, inputs, config, *, reference="",
+                  rtol=1e-4, atol=1e-5, seed=0):
+    """Checks the one thing a layout cannot show: the order of rows inside
+    each rank's shard. Builds the model at `reference` (default: every axis
+    1) with `seed`, runs forward(model, inputs) there, cuts its parameters
+    into every rank's local tensors under `config` with the layout, builds
+    the model on each rank (build(config, rank), in its own process of a
+    gloo group), loads them and runs the forward again; rank 0's output must
+    equal the reference within rtol/atol. Returns {"max_abs_diff": ...}.
+    `build` and `forward` run in forked processes (no pipeline stages)."""
+    import os
+    import socket
+    import tempfile
+    import torch.multiprocessing as mp
+
+    spec = _spec_of(layout)
+
+    def run(cfg, full):
+        world = _ptc.ParallelConfig.parse(str(cfg), spec.get("mesh", [])).world_size
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        fd, path = tempfile.mkstemp(suffix=".pt")
+        os.close(fd)
+        try:
+            torch.manual_seed(seed)
+            mp.start_processes(_forward_worker, nprocs=world, start_method="fork",
+                               args=(world, port, str(cfg), build, forward, inputs, full,
+                                     spec, path))
+            return torch.load(path)
+        finally:
+            os.unlink(path)
+
+    ref = run(reference, None)
+    got = run(config, ref["state"])
+    a, b = ref["output"], got["output"]
+    if a.shape != b.shape:
+        raise ValueError(f"the forward pass under {config} gives shape {tuple(b.shape)}, "
+                         f"under the reference {tuple(a.shape)}")
+    diff = (a.double() - b.double()).abs().max().item()
+    if not torch.allclose(a, b, rtol=rtol, atol=atol):
+        raise ValueError(
+            f"the forward pass under {config} differs from the reference by up to {diff:.3g}: "
+            "the model's local tensors hold their rows in another order than the layout "
+            "says (e.g. q|k|v stacked per head but declared as groups, or the reverse)")
+    return {"max_abs_diff": diff}

@@ -1,0 +1,161 @@
+"""What the example training scripts share with their launcher (run.py):
+the command line, the save request, the loss and sample logs, and the
+bit-identity check of every reload. None of it is needed to use ptc; it is
+how the launcher proves each change.
+
+A script calls, in order:
+
+    args = harness.parse(__doc__)            # --rank --config --job ... --load
+    if args.layout_out: write the layout and return
+    harness.init_dist(args, world_size)
+    ... build, pt.load(...) when args.load, then harness.check_reload(...)
+    while not harness.stop(args, iteration): train one step; harness.log_*(...)
+    pt.save(...); harness.write_aside(...) before it; harness.finish(...)
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+import torch.distributed as dist
+
+import ptc
+import ptc.torch as pt
+
+
+def parse(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--job", default="")
+    ap.add_argument("--coordinator", default="")
+    ap.add_argument("--socket", help="this rank's host's ptcd socket (none: no ptc)")
+    ap.add_argument("--master-port", type=int, default=0)
+    ap.add_argument("--run-dir", default=".")
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--model", default="", help="the model's size, as the script reads it")
+    ap.add_argument("--stop-at", type=int, default=0, help="exit at this iteration, no save")
+    ap.add_argument("--load", action="store_true", help="resume from the job's state in ptc")
+    ap.add_argument("--check-dir", help="where the old ranks wrote their values aside")
+    ap.add_argument("--save-check-dir", help="where to write this rank's values aside")
+    ap.add_argument("--layout-out", help="write the job's layout spec here and exit")
+    args = ap.parse_args()
+    args.run = pathlib.Path(args.run_dir)
+    args.events = {"rank": args.rank, "config": args.config, "start": time.time()}
+    return args
+
+
+def init_dist(args, world_size):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.master_port}",
+                            rank=args.rank, world_size=world_size)
+
+
+def stop(args, iteration):
+    """(stop, save): whether the job stops before this iteration, and
+    whether it saves then (the launcher asked, through RUN_DIR/save_request;
+    rank 0 sees it and every rank agrees)."""
+    want = torch.tensor([1 if args.rank == 0 and (args.run / "save_request").exists() else 0])
+    dist.all_reduce(want, op=dist.ReduceOp.MAX)
+    save = bool(want.item())
+    return save or bool(args.stop_at and iteration >= args.stop_at), save
+
+
+def log_samples(args, iteration, samples):
+    """Sample ids one data-parallel rank read in `iteration` (0-based)."""
+    path = args.run / "samples" / f"{args.config}_rank{args.rank}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"{iteration} {' '.join(map(str, samples))}\n")
+
+
+def log_loss(args, iteration, loss):
+    """The global batch's loss after `iteration` steps (one rank logs it)."""
+    with open(args.run / "losses.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": iteration, "loss": float(loss),
+                            "config": args.config, "time": time.time()}) + "\n")
+    args.events.setdefault("first_step", time.time())
+
+
+def _write_json(path, obj):
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.rename(path)
+
+
+def _local_values(client, model, optimizer):
+    """[(key, global box, value)] of every region this rank holds."""
+    tensors = pt.state_tensors(client, model, optimizer)
+    by_key = {}
+    for r in client.regions:
+        by_key.setdefault(r["key"], []).append(r["region"])
+    return [(r["key"], r["region"],
+             tensors[r["key"]].detach()[pt.local_slices(r["region"], by_key[r["key"]])].clone())
+            for r in client.regions]
+
+
+def write_aside(args, client, model, optimizer):
+    """Before a save: this rank's values of every region, with torch.save,
+    for the next phase's bit-identity check."""
+    if not args.save_check_dir:
+        return
+    d = pathlib.Path(args.save_check_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    torch.save(_local_values(client, model, optimizer), d / f"rank{args.rank}.pt")
+
+
+def _intersect(a, b):
+    return [(max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b)]
+
+
+def check_reload(args, client, model, optimizer, iteration):
+    """After a load: every element of every region this rank now holds
+    equals, bit for bit, what an old rank held when it saved (assembled
+    from however the old layout cut it)."""
+    if not args.check_dir:
+        return
+    old = [v for f in sorted(pathlib.Path(args.check_dir).glob("rank*.pt"))
+           for v in torch.load(f)]
+    elements = mismatched = 0
+    for key, box, got in _local_values(client, model, optimizer):
+        covered = torch.zeros(got.shape, dtype=torch.bool)
+        same = torch.zeros(got.shape, dtype=torch.bool)
+        for okey, obox, data in old:
+            if okey != key:
+                continue
+            inter = _intersect(obox, box)
+            if any(b >= e for b, e in inter):
+                continue
+            dst = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, box))
+            src = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, obox))
+            bits = torch.int16 if got.element_size() == 2 else (
+                torch.int32 if got.element_size() == 4 else torch.int8)
+            eq = got[dst].contiguous().view(bits) == data[src].contiguous().view(bits) \
+                if got.element_size() in (2, 4) else got[dst] == data[src]
+            same[dst] = eq
+            covered[dst] = True
+        elements += got.numel()
+        mismatched += int((~(same & covered)).sum())
+    _write_json(args.run / "checks" / f"load_it{iteration}_rank{args.rank}.json",
+                {"regions": len(client.regions), "elements": elements,
+                 "mismatched": mismatched})
+
+
+def client(args):
+    if not args.socket:
+        return None
+    return ptc.Client(socket=args.socket, coordinator=args.coordinator, job=args.job,
+                      rank=args.rank)
+
+
+def finish(args, iteration, **timings):
+    args.events.update(timings)
+    args.events["iteration"] = iteration
+    _write_json(args.run / "events" / f"{args.config}_rank{args.rank}.json", args.events)
+    dist.barrier()
+    dist.destroy_process_group()
