@@ -6,7 +6,9 @@
 # (tp=2,pp=2,dp=2), then 2 (tp=1,pp=1,dp=2). After each change it prints
 # the reconfiguration report and checks that the state is bit-identical,
 # the loss continues as in an uninterrupted run, and every sample is
-# consumed exactly once. Extra arguments go to examples/elastic_gpt/run.py.
+# consumed exactly once. Then a plain MLP job (data parallelism 2 -> 4 ->
+# 1) does the same. Both keep their state in ptc through ptc.torch.
+# Extra arguments go to examples/elastic/run.py (the GPT job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -15,4 +17,7 @@ if ! bazel build //tools:ptcctl //tensor_store:ptcd //coordinator:ptc-coordinato
     //client:python_package > /tmp/ptc-build.log 2>&1; then
   cat /tmp/ptc-build.log; exit 1
 fi
-exec /usr/bin/python3 examples/elastic_gpt/run.py "$@"
+/usr/bin/python3 examples/elastic/run.py --job gpt "$@"
+echo
+echo "== the MLP job (data parallelism)"
+exec /usr/bin/python3 examples/elastic/run.py --job mlp

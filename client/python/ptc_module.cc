@@ -149,7 +149,12 @@ PYBIND11_MODULE(_ptc, m) {
       .def_property_readonly("pp", &ParallelConfig::pp)
       .def_property_readonly("dp", &ParallelConfig::dp)
       .def_readonly("mesh", &ParallelConfig::mesh)
-      .def("size", &ParallelConfig::size, py::arg("axis"),
+      .def(
+          "size",
+          [](const ParallelConfig& c, const std::string& axis) {
+            return c.size(axis);
+          },
+          py::arg("axis"),
            "degree of an axis (1 if the mesh lacks it)")
       .def_property_readonly("world_size", &ParallelConfig::world_size)
       .def(

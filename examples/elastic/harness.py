@@ -25,7 +25,8 @@ import ptc
 import ptc.torch as pt
 
 
-def parse(description):
+def parse(description, more=None):
+    """The common command line; `more(parser)` adds a script's own flags."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--config", required=True)
@@ -42,6 +43,8 @@ def parse(description):
     ap.add_argument("--check-dir", help="where the old ranks wrote their values aside")
     ap.add_argument("--save-check-dir", help="where to write this rank's values aside")
     ap.add_argument("--layout-out", help="write the job's layout spec here and exit")
+    if more:
+        more(ap)
     args = ap.parse_args()
     args.run = pathlib.Path(args.run_dir)
     args.events = {"rank": args.rank, "config": args.config, "start": time.time()}

@@ -9,9 +9,9 @@ over micro-batches; the tied word embedding has a copy on the last stage
 whose gradient is summed with the first stage's. Data parallelism: the
 gradients of each stage are averaged over its dp group.
 
-Tensor names and layouts are exactly those of ptc's model spec for
-"gpt:layers=..,hidden=..,heads=..,ffn=..,vocab=..,positions=..": qkv rows
-interleave q, k, v per head, so a contiguous tp split gives whole heads;
+Parameters are named as in the full model (a stage keeps the names of the
+layers it holds); layout() states how each is cut: qkv rows interleave q,
+k, v per head (blocks of (q, k, v) per head: a tp split gives whole heads);
 the word embedding is split over Megatron's padded vocabulary, whose
 padding rows are zero, masked out of the loss, and never stored.
 """
@@ -23,11 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import ptc.torch as pt
+
 
 class Arch:
     def __init__(self, text):
-        kind, _, params = text.partition(":")
-        if kind != "gpt":
+        kind, _, params = text.rpartition(":")
+        if kind not in ("", "gpt"):
             raise ValueError(f"this example trains gpt models, not '{kind}'")
         kv = dict(p.split("=") for p in params.split(","))
         self.text = text
@@ -128,11 +130,19 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 # ---- the pipeline stage ----
 
 class Stage(torch.nn.Module):
-    """The layers of one pipeline stage, for one tp rank."""
+    """The layers of one pipeline stage, for one tp rank; with tp=1 and
+    every layer, the full model (what ptc.torch reads the layout from).
 
-    def __init__(self, arch, tp, tp_rank, first_layer, num_layers, first, last,
-                 tp_group, seed):
+    Parameter names are the full model's: embedding.word.weight,
+    embedding.position.weight, layers.<l>.attn.{norm,qkv,proj}.{weight,bias},
+    layers.<l>.mlp.{norm,fc1,fc2}.{weight,bias}, final_norm.{weight,bias}.
+    The last stage of a pipeline holds its own copy of the tied word
+    embedding under the same name."""
+
+    def __init__(self, arch, tp=1, tp_rank=0, first_layer=0, num_layers=None, first=True,
+                 last=True, tp_group=None, seed=1234):
         super().__init__()
+        num_layers = arch.layers if num_layers is None else num_layers
         self.arch, self.tp, self.tp_rank = arch, tp, tp_rank
         self.first, self.last = first, last
         self.tp_group = tp_group if tp > 1 else None
@@ -142,11 +152,11 @@ class Stage(torch.nn.Module):
         self.head_dim = h // H
         self.vocab_local = arch.padded_vocab(tp) // tp
         self.vocab_start = tp_rank * self.vocab_local
-        self._keys = {}  # ptc key -> parameter
+        self._keys = {}  # parameter name -> parameter
+        if first or last:
+            self._param("embedding.word.weight", (arch.vocab, h), 0, seed)
         if first:
-            self.word = self._param("embedding.word.weight", (arch.vocab, h), 0, seed)
-            self.position = self._param("embedding.position.weight",
-                                        (arch.positions, h), None, seed)
+            self._param("embedding.position.weight", (arch.positions, h), None, seed)
         for l in self.layer_ids:
             p = f"layers.{l}."
             self._param(p + "attn.norm.weight", (h,), None, seed)
@@ -164,15 +174,11 @@ class Stage(torch.nn.Module):
         if last:
             self._param("final_norm.weight", (h,), None, seed)
             self._param("final_norm.bias", (h,), None, seed)
-            if first:
-                self.out = self.word  # pp=1: one tied embedding
-            else:  # the last stage's copy of the tied embedding
-                self.out = self._param("embedding.word.weight", (arch.vocab, h), 0,
-                                       seed, name="word_copy")
 
-    def _param(self, key, shape, split, seed, name=None):
+    def _param(self, key, shape, split, seed):
         """A parameter holding this tp rank's shard of `key` (split over dim
-        `split`, or replicated), initialized from the global tensor."""
+        `split`, or replicated), initialized from the global tensor and
+        registered under its dotted name."""
         full = global_init(key, shape, seed)
         if split is not None:
             if key == "embedding.word.weight":
@@ -181,13 +187,16 @@ class Stage(torch.nn.Module):
             n = full.shape[split] // self.tp
             full = full.narrow(split, self.tp_rank * n, n)
         p = torch.nn.Parameter(full.contiguous())
-        self.register_parameter(name or key.replace(".", "_"), p)
+        *path, name = key.split(".")
+        module = self
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.ModuleDict() if part == "layers" else
+                                  torch.nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(name, p)
         self._keys[key] = p
         return p
-
-    def ptc_params(self):
-        """{ptc key: parameter} of this stage and tp rank."""
-        return dict(self._keys)
 
     def _f(self, x):
         return _CopyToTp.apply(x, self.tp_group) if self.tp_group else x
@@ -201,9 +210,9 @@ class Stage(torch.nn.Module):
     def embed(self, tokens):
         local = tokens - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_local)
-        e = F.embedding(local.masked_fill(outside, 0), self.word)
+        e = F.embedding(local.masked_fill(outside, 0), self._p("embedding.word.weight"))
         e = e.masked_fill(outside.unsqueeze(-1), 0.0)
-        pos = self.position[: tokens.shape[1]]
+        pos = self._p("embedding.position.weight")[: tokens.shape[1]]
         return self._g(e) + pos
 
     def layer(self, x, l):
@@ -233,7 +242,7 @@ class Stage(torch.nn.Module):
             return x
         x = F.layer_norm(x, (self.arch.hidden,), self._p("final_norm.weight"),
                          self._p("final_norm.bias"))
-        return F.linear(self._f(x), self.out)
+        return F.linear(self._f(x), self._p("embedding.word.weight"))
 
     def loss(self, logits, labels):
         """Mean cross-entropy; padded vocabulary entries are never predicted."""
@@ -243,3 +252,20 @@ class Stage(torch.nn.Module):
         losses = _VocabParallelCrossEntropy.apply(flat, labels.reshape(-1), self.tp_group,
                                                   self.vocab_start)
         return losses.mean()
+
+
+def layout(arch, optimizer):
+    """The job's layout for ptc: the full model (tp=1, every layer) and how
+    tensor and pipeline parallelism cut it."""
+    hd = arch.hidden // arch.heads
+    plan = {
+        "layers.*.attn.qkv": pt.Colwise(groups=(hd, hd, hd), repeats=arch.heads, even=True,
+                                        unit="attention heads"),
+        "layers.*.attn.proj": pt.Rowwise(even=True, unit_size=hd, unit="attention heads"),
+        "layers.*.mlp.fc1": pt.Colwise(even=True),
+        "layers.*.mlp.fc2": pt.Rowwise(even=True),
+        "embedding.word": pt.VocabParallel(pad=arch.pad),
+    }
+    stages = pt.Stages(layers="layers", first=["embedding.position"],
+                       first_and_last=["embedding.word"], last=["final_norm"])
+    return pt.Layout(Stage(arch), plan, optimizer=optimizer, stages=stages, name="gpt")

@@ -1,7 +1,8 @@
-"""End to end: the PyTorch training job (examples/elastic_gpt) at 2
-processes, reconfigured to 4 with another TP (and a pipeline), and back;
-the state is bit-identical after each reload, the loss continues as in an
-uninterrupted run, and every sample is consumed exactly once."""
+"""End to end: the PyTorch training jobs (examples/elastic) on ptc.torch
+change their parallelism: the GPT job from 2 processes to 4 with another
+TP (and a pipeline) and back, the MLP job under data parallelism 2 -> 4 ->
+1; the state is bit-identical after each reload, the loss continues as in
+an uninterrupted run, and every sample is consumed exactly once."""
 import json
 import pathlib
 import subprocess
@@ -12,8 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_training_job_changes_parallelism_and_back(bin_dir, ptc_module, tmp_path):
     r = subprocess.run(
-        [sys.executable, str(ROOT / "examples/elastic_gpt/run.py"), "--bin", str(bin_dir),
-         "--work-dir", str(tmp_path), "--iterations", "3", "--json", "--phases",
+        [sys.executable, str(ROOT / "examples/elastic/run.py"), "--job", "gpt", "--bin",
+         str(bin_dir), "--work-dir", str(tmp_path), "--iterations", "3", "--json", "--phases",
          "tp=2,dp=1@host0", "tp=1,pp=2,dp=2@host0,host1", "tp=2,dp=1@host2"],
         capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -29,3 +30,28 @@ def test_training_job_changes_parallelism_and_back(bin_dir, ptc_module, tmp_path
         assert change["report"]["phase"] == "committed"
     assert res["samples"]["consumed"] == res["samples"]["distinct"] == res["iterations"] * 16
     assert res["iterations"] >= 9
+
+
+def run_job(bin_dir, tmp_path, job, *phases, iterations=3):
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples/elastic/run.py"), "--job", job, "--bin",
+         str(bin_dir), "--work-dir", str(tmp_path), "--iterations", str(iterations), "--json",
+         *(["--phases", *phases] if phases else [])],
+        capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["ok"], res
+    for change in res["changes"]:
+        assert change["bit_identical"] and change["elements_checked"] > 0
+        assert change["loss_ok"] and change["samples_exactly_once"]
+    return res
+
+
+def test_an_mlp_under_data_parallelism_goes_2_to_4_to_1(bin_dir, ptc_module, tmp_path):
+    res = run_job(bin_dir, tmp_path, "mlp")
+    assert [p["processes"] for p in res["phases"]] == [2, 4, 1]
+
+
+def test_the_mlp_script_needs_at_most_20_lines_of_ptc():
+    script = (ROOT / "examples/elastic_mlp/train.py").read_text().splitlines()
+    assert len([line for line in script if "# ptc" in line]) <= 20

@@ -24,7 +24,8 @@ the job trains, so that the target hosts (new ones included) have the
 memory the change will stage ready; its time is reported, not counted in
 the pause (the job is not paused by it).
 
-    /usr/bin/python3 examples/elastic_gpt/pause_benchmark.py --runs 3
+    /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3
+    /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3 --job moe
 """
 
 import argparse
@@ -41,8 +42,13 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import run as elastic  # noqa: E402
 
-MODEL = ("gpt:layers=12,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024,"
-         "dtype=fp32")
+# Jobs of >= 1 GiB of state (fp32 parameters + Adam) and their changes.
+BENCHMARKS = {
+    "gpt": {"model": "layers=12,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024",
+            "from": "tp=2,dp=2@host0,host1", "to": "tp=2,pp=2,dp=2@host0,host1,host2,host3"},
+    "moe": {"model": "layers=4,hidden=512,heads=8,ffn=2048,experts=8,vocab=8192,positions=256",
+            "from": "ep=2,dp=2@host0,host1", "to": "ep=4,dp=1@host0,host1,host2,host3"},
+}
 
 
 def events(run_dir):
@@ -64,9 +70,9 @@ def spare_counts(cluster):
 
 def phase(args, cluster, run_dir, config, hosts, extra, job):
     t0 = time.time()
+    args.job_name = job
     elastic.run_phase(args, cluster, run_dir, config, elastic.world_size(config),
-                      cluster.rank_hosts(job), extra,
-                      job=job)
+                      cluster.rank_hosts(job), extra)
     return t0, events(run_dir)
 
 
@@ -77,9 +83,10 @@ def stats(xs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=MODEL)
-    ap.add_argument("--from", dest="source", default="tp=2,dp=2@host0,host1")
-    ap.add_argument("--to", default="tp=2,pp=2,dp=2@host0,host1,host2,host3")
+    ap.add_argument("--job", choices=sorted(BENCHMARKS), default="gpt")
+    ap.add_argument("--model", help="the model's size (default: the job's, >= 1 GiB of state)")
+    ap.add_argument("--from", dest="source", help="CONFIG@HOSTS before the change")
+    ap.add_argument("--to", help="CONFIG@HOSTS after it")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--global-batch", type=int, default=4)
     ap.add_argument("--bin", default=str(elastic.ROOT / "bazel-bin"))
@@ -99,10 +106,17 @@ def main():
                     "while the job trains, before the save request")
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
+    bench = BENCHMARKS[args.job]
+    args.model = args.model or bench["model"]
+    args.source = args.source or bench["from"]
+    args.to = args.to or bench["to"]
+    args.script = elastic.HERE.parent / elastic.JOBS[args.job]["script"]
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-pause-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
-    args.data = work / "tokens.npy"
-    elastic.make_dataset(args.data, samples=4096, seq=32, vocab=500)
+    layout = work / "layout.json"
+    subprocess.run([sys.executable, str(args.script), "--config", args.source.split("@")[0],
+                    "--model", args.model, "--layout-out", str(layout)], check=True,
+                   env=dict(elastic.os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
     src_config, src_hosts = args.source.split("@")
     dst_config, dst_hosts = args.to.split("@")
     say = (lambda *a: None) if args.json else print
@@ -113,7 +127,7 @@ def main():
                                   spare_pool=args.spare_pool)
         try:
             job = f"pause-{run}"
-            out = cluster.ptcctl("register", "--job", job, "--model", args.model, "--config",
+            out = cluster.ptcctl("register", "--job", job, "--layout", str(layout), "--config",
                                  src_config, "--hosts", src_hosts, capture=True)
             if run == 0:
                 say(out.strip())
@@ -195,7 +209,7 @@ def main():
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
-    summary = {"model": args.model, "from": args.source, "to": args.to,
+    summary = {"job": args.job, "model": args.model, "from": args.source, "to": args.to,
                "periodic": args.periodic, "prepare": args.prepare, "runs": rows,
                "ptc_pause": stats([r["ptc"]["pause"] for r in rows]),
                "baseline_pause": stats([r["baseline"]["pause"] for r in rows]),

@@ -1,0 +1,219 @@
+"""One rank of the elastic GPT training job (started by examples/elastic/run.py).
+
+Trains with tp/pp/dp from --config (Megatron-style tensor parallelism,
+GPipe pipeline, data parallelism, Adam with a warm-up schedule), reads
+samples through ptc's data cursor, and when the launcher asks, saves its
+whole state to ptc with ptc.torch and exits. Started with --load, it
+resumes from the job's state for its rank of the new config. The lines
+marked `# ptc` are what ptc asks of the script.
+"""
+
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gpt
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "elastic"))
+import harness  # noqa: E402
+
+import ptc  # noqa: E402  # ptc
+import ptc.torch as pt  # noqa: E402  # ptc
+
+LR, WARMUP, SAMPLES, SEQ = 3e-3, 4, 4096, 32
+
+
+def tokens(vocab, seed=7):
+    """Synthetic token sequences from a fixed random bigram model, so that
+    the loss can fall: each token picks its successor from 8 likely ones."""
+    rng = np.random.default_rng(seed)
+    succ = rng.integers(0, vocab, size=(vocab, 8))
+    data = np.empty((SAMPLES, SEQ + 1), dtype=np.int64)
+    tok = rng.integers(0, vocab, size=SAMPLES)
+    for j in range(SEQ + 1):
+        data[:, j] = tok
+        tok = succ[tok, rng.integers(0, 8, size=SAMPLES)]
+    return torch.from_numpy(data)
+
+
+class Groups:
+    """Megatron's process groups, created in the same order on every rank."""
+
+    def __init__(self, cfg, rank):
+        self.pp_i, self.dp_i, self.tp_i = cfg.coord_of(rank)
+        self.tp = self.dp = self.embedding = None
+        for pp in range(cfg.pp):
+            for dp in range(cfg.dp):
+                ranks = [cfg.rank_of(pp, dp, t) for t in range(cfg.tp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    self.tp = g
+        for pp in range(cfg.pp):
+            for tp in range(cfg.tp):
+                ranks = [cfg.rank_of(pp, d, tp) for d in range(cfg.dp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    self.dp = g
+        if cfg.pp > 1:
+            for dp in range(cfg.dp):
+                for tp in range(cfg.tp):
+                    ranks = [cfg.rank_of(0, dp, tp), cfg.rank_of(cfg.pp - 1, dp, tp)]
+                    g = dist.new_group(ranks)
+                    if rank in ranks:
+                        self.embedding = g
+
+
+def flags(ap):
+    ap.add_argument("--micro-batches", type=int, default=2)
+    ap.add_argument("--save-at", type=int, default=0, help="save and exit at this iteration")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also save (and go on) every N iterations, as a job checkpointing "
+                    "into ptc periodically would")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="benchmark: idle this many seconds after each periodic save")
+    ap.add_argument("--baseline-save", help="benchmark: also torch.save the shards here, timed")
+    ap.add_argument("--baseline-load", help="benchmark: load by torch.load and re-slicing the "
+                    "shards saved here, instead of from ptc")
+
+
+def train_step(args, cfg, groups, stage, opt, sched, batch, seq):
+    """One GPipe iteration; returns the global batch's mean loss."""
+    first, last = stage.first, stage.last
+    pp_i, dp_i, tp_i = groups.pp_i, groups.dp_i, groups.tp_i
+    prev = cfg.rank_of(pp_i - 1, dp_i, tp_i) if not first else None
+    nxt = cfg.rank_of(pp_i + 1, dp_i, tp_i) if not last else None
+    M = args.micro_batches
+    micro = batch.chunk(M)
+    opt.zero_grad(set_to_none=False)
+    ins, outs, total = [], [], torch.zeros(1)
+    b = micro[0].shape[0]
+    for mb in micro:  # forward
+        if first:
+            x = mb[:, :-1]
+        else:
+            x = torch.empty(b, seq, stage.arch.hidden)
+            dist.recv(x, prev)
+            x.requires_grad_()
+        y = stage(x)
+        if last:
+            y = stage.loss(y, mb[:, 1:]) / M
+            total += y.detach()
+        else:
+            dist.send(y.detach().contiguous(), nxt)
+        ins.append(x)
+        outs.append(y)
+    for x, y in zip(ins, outs):  # backward, same order
+        if last:
+            y.backward()
+        else:
+            g = torch.empty_like(y)
+            dist.recv(g, nxt)
+            y.backward(g)
+        if not first:
+            dist.send(x.grad.contiguous(), prev)
+    params = dict(stage.named_parameters())
+    if groups.embedding is not None:  # the tied embedding's two copies
+        dist.all_reduce(params["embedding.word.weight"].grad, group=groups.embedding)
+    if cfg.dp > 1:
+        grads = [p.grad for p in params.values()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=groups.dp)
+        flat /= cfg.dp
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+        if last:
+            dist.all_reduce(total, group=groups.dp)
+            total /= cfg.dp
+    opt.step()
+    sched.step()
+    return total.item()
+
+
+def save(args, client, stage, opt, sched, cursor, iteration, final):
+    ev = {"save_start": time.time()}
+    if final:
+        harness.write_aside(args, client, stage, opt)
+    saved = pt.save(client, stage, opt, sched, extra={"cursor": cursor}, step=iteration,  # ptc
+                    wait=False)
+    ev["written"] = time.time()  # this rank's regions are in ptcd
+    client.wait_committed(saved.version, timeout=120)
+    ev["saved"] = time.time()
+    ev["saved_version"] = saved.version
+    if args.baseline_save:
+        import baseline
+        t0 = time.time()
+        baseline.save(args.baseline_save, args.rank, client, stage, opt,
+                      {"iteration": iteration, "cursor": cursor.encode()})
+        ev["baseline_save_seconds"] = time.time() - t0
+    return ev
+
+
+def main():
+    args = harness.parse(__doc__, flags)
+    arch = gpt.Arch(args.model)
+    cfg = ptc.ParallelConfig.parse(args.config)
+    adam = lambda params: torch.optim.Adam(params, lr=LR, eps=1e-8)  # noqa: E731
+    warmup = lambda opt: torch.optim.lr_scheduler.LambdaLR(  # noqa: E731
+        opt, lambda it: min(1.0, (it + 1) / WARMUP))
+    if args.layout_out:
+        return gpt.layout(arch, torch.optim.Adam).write(args.layout_out)  # ptc
+    harness.init_dist(args, cfg.world_size)
+    groups = Groups(cfg, args.rank)
+    first_layer, n_layers = cfg.stage_layers(groups.pp_i, arch.layers)
+    stage = gpt.Stage(arch, cfg.tp, groups.tp_i, first_layer, n_layers, groups.pp_i == 0,
+                      groups.pp_i == cfg.pp - 1, groups.tp, args.seed)
+    opt = adam(stage.parameters())
+    sched = warmup(opt)
+    client = harness.client(args)  # ptc.Client(socket, coordinator, job, rank)  # ptc
+    iteration = 0
+    cursor = ptc.DataCursor(seed=args.seed, dataset_size=SAMPLES,  # ptc
+                            global_batch=args.global_batch)
+    if args.baseline_load:
+        import baseline
+        t0 = time.time()
+        extra = baseline.load(args.baseline_load, client, stage, opt)
+        iteration, cursor = extra["iteration"], ptc.DataCursor.decode(extra["cursor"])
+        sched.last_epoch = iteration - 1
+        sched.step()
+        args.events.update(loaded=time.time(), load_seconds=time.time() - t0)
+    elif args.load:
+        t0 = time.time()
+        extra = pt.load(client, stage, opt, sched)  # ptc
+        iteration, cursor = extra.step, extra["cursor"]  # ptc
+        args.events.update(loaded=time.time(), load_seconds=time.time() - t0,
+                           loaded_version=extra.version)
+        harness.check_reload(args, client, stage, opt, iteration)
+    data = tokens(arch.vocab)
+    log_samples = groups.pp_i == 0 and groups.tp_i == 0
+    log_loss = stage.last and groups.tp_i == 0 and groups.dp_i == 0
+    while True:
+        done, saving = harness.stop(args, iteration)
+        saving = saving or bool(args.save_at and iteration == args.save_at)
+        if done or saving:
+            break
+        samples = cursor.next_samples(groups.dp_i, cfg.dp)  # ptc
+        if log_samples:
+            harness.log_samples(args, iteration, samples)
+        loss = train_step(args, cfg, groups, stage, opt, sched, data[sorted(samples)], SEQ)
+        cursor.advance()  # ptc
+        iteration += 1
+        if log_loss:
+            harness.log_loss(args, iteration, loss)
+        if args.save_every and iteration % args.save_every == 0 and iteration != args.save_at \
+                and client is not None:
+            args.events.setdefault("periodic_saves", []).append(
+                save(args, client, stage, opt, sched, cursor, iteration, final=False))
+            time.sleep(args.gap)
+    if saving:
+        args.events.update(save(args, client, stage, opt, sched, cursor, iteration, final=True))
+    harness.finish(args, iteration)
+
+
+if __name__ == "__main__":
+    main()
