@@ -46,6 +46,13 @@ JOBS = {
                    "tp=1,pp=1,dp=2@host3"],
         "tolerance": 1e-4,
     },
+    "moe": {
+        "script": "elastic_moe/train.py",
+        "model": "layers=2,hidden=64,heads=4,ffn=128,experts=4,vocab=500,positions=64",
+        "phases": ["ep=2,dp=2@host0,host1", "ep=4,dp=1@host0,host1", "ep=1,dp=2@host2"],
+        # ep changes the order of the sums over experts and ranks.
+        "tolerance": 1e-3,
+    },
     "mlp": {
         "script": "elastic_mlp/train.py",
         "model": "",

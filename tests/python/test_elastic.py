@@ -55,3 +55,8 @@ def test_an_mlp_under_data_parallelism_goes_2_to_4_to_1(bin_dir, ptc_module, tmp
 def test_the_mlp_script_needs_at_most_20_lines_of_ptc():
     script = (ROOT / "examples/elastic_mlp/train.py").read_text().splitlines()
     assert len([line for line in script if "# ptc" in line]) <= 20
+
+
+def test_an_moe_changes_its_expert_parallelism(bin_dir, ptc_module, tmp_path):
+    res = run_job(bin_dir, tmp_path, "moe")
+    assert [p["config"] for p in res["phases"]] == ["ep=2,dp=2", "ep=4,dp=1", "ep=1,dp=2"]
