@@ -53,6 +53,13 @@ JOBS = {
         # ep changes the order of the sums over experts and ranks.
         "tolerance": 1e-3,
     },
+    "llama": {
+        "script": "elastic_llama/train.py",
+        "model": "layers=4,hidden=64,heads=8,groups=4,ffn=96,vocab=500",
+        # tp=3 splits the 4 query groups 2, 1, 1.
+        "phases": ["tp=2@host0", "tp=3@host1,host2", "tp=1,pp=2@host3"],
+        "tolerance": 1e-4,
+    },
     "mlp": {
         "script": "elastic_mlp/train.py",
         "model": "",

@@ -14,12 +14,12 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 import gpt
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "elastic"))
 import harness  # noqa: E402
+from megatron import Groups, train_step  # noqa: E402
 
 import ptc  # noqa: E402  # ptc
 import ptc.torch as pt  # noqa: E402  # ptc
@@ -40,33 +40,6 @@ def tokens(vocab, seed=7):
     return torch.from_numpy(data)
 
 
-class Groups:
-    """Megatron's process groups, created in the same order on every rank."""
-
-    def __init__(self, cfg, rank):
-        self.pp_i, self.dp_i, self.tp_i = cfg.coord_of(rank)
-        self.tp = self.dp = self.embedding = None
-        for pp in range(cfg.pp):
-            for dp in range(cfg.dp):
-                ranks = [cfg.rank_of(pp, dp, t) for t in range(cfg.tp)]
-                g = dist.new_group(ranks)
-                if rank in ranks:
-                    self.tp = g
-        for pp in range(cfg.pp):
-            for tp in range(cfg.tp):
-                ranks = [cfg.rank_of(pp, d, tp) for d in range(cfg.dp)]
-                g = dist.new_group(ranks)
-                if rank in ranks:
-                    self.dp = g
-        if cfg.pp > 1:
-            for dp in range(cfg.dp):
-                for tp in range(cfg.tp):
-                    ranks = [cfg.rank_of(0, dp, tp), cfg.rank_of(cfg.pp - 1, dp, tp)]
-                    g = dist.new_group(ranks)
-                    if rank in ranks:
-                        self.embedding = g
-
-
 def flags(ap):
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--save-at", type=int, default=0, help="save and exit at this iteration")
@@ -78,61 +51,6 @@ def flags(ap):
     ap.add_argument("--baseline-save", help="benchmark: also torch.save the shards here, timed")
     ap.add_argument("--baseline-load", help="benchmark: load by torch.load and re-slicing the "
                     "shards saved here, instead of from ptc")
-
-
-def train_step(args, cfg, groups, stage, opt, sched, batch, seq):
-    """One GPipe iteration; returns the global batch's mean loss."""
-    first, last = stage.first, stage.last
-    pp_i, dp_i, tp_i = groups.pp_i, groups.dp_i, groups.tp_i
-    prev = cfg.rank_of(pp_i - 1, dp_i, tp_i) if not first else None
-    nxt = cfg.rank_of(pp_i + 1, dp_i, tp_i) if not last else None
-    M = args.micro_batches
-    micro = batch.chunk(M)
-    opt.zero_grad(set_to_none=False)
-    ins, outs, total = [], [], torch.zeros(1)
-    b = micro[0].shape[0]
-    for mb in micro:  # forward
-        if first:
-            x = mb[:, :-1]
-        else:
-            x = torch.empty(b, seq, stage.arch.hidden)
-            dist.recv(x, prev)
-            x.requires_grad_()
-        y = stage(x)
-        if last:
-            y = stage.loss(y, mb[:, 1:]) / M
-            total += y.detach()
-        else:
-            dist.send(y.detach().contiguous(), nxt)
-        ins.append(x)
-        outs.append(y)
-    for x, y in zip(ins, outs):  # backward, same order
-        if last:
-            y.backward()
-        else:
-            g = torch.empty_like(y)
-            dist.recv(g, nxt)
-            y.backward(g)
-        if not first:
-            dist.send(x.grad.contiguous(), prev)
-    params = dict(stage.named_parameters())
-    if groups.embedding is not None:  # the tied embedding's two copies
-        dist.all_reduce(params["embedding.word.weight"].grad, group=groups.embedding)
-    if cfg.dp > 1:
-        grads = [p.grad for p in params.values()]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=groups.dp)
-        flat /= cfg.dp
-        off = 0
-        for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
-            off += g.numel()
-        if last:
-            dist.all_reduce(total, group=groups.dp)
-            total /= cfg.dp
-    opt.step()
-    sched.step()
-    return total.item()
 
 
 def save(args, client, stage, opt, sched, cursor, iteration, final):
@@ -200,7 +118,8 @@ def main():
         samples = cursor.next_samples(groups.dp_i, cfg.dp)  # ptc
         if log_samples:
             harness.log_samples(args, iteration, samples)
-        loss = train_step(args, cfg, groups, stage, opt, sched, data[sorted(samples)], SEQ)
+        loss = train_step(cfg, groups, stage, opt, sched, data[sorted(samples)], SEQ,
+                          args.micro_batches, tied="embedding.word.weight")
         cursor.advance()  # ptc
         iteration += 1
         if log_loss:

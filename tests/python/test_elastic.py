@@ -60,3 +60,8 @@ def test_the_mlp_script_needs_at_most_20_lines_of_ptc():
 def test_an_moe_changes_its_expert_parallelism(bin_dir, ptc_module, tmp_path):
     res = run_job(bin_dir, tmp_path, "moe")
     assert [p["config"] for p in res["phases"]] == ["ep=2,dp=2", "ep=4,dp=1", "ep=1,dp=2"]
+
+
+def test_a_llama_with_interleaved_gqa_goes_tp2_tp3_then_pipeline(bin_dir, ptc_module, tmp_path):
+    res = run_job(bin_dir, tmp_path, "llama")
+    assert [p["config"] for p in res["phases"]] == ["tp=2", "tp=3", "tp=1,pp=2"]

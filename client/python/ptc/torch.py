@@ -126,6 +126,23 @@ class Shard(Placement):
                            unit=self.unit)
 
 
+def _cut(pl, dim, name, shape):
+    """A shard of `dim`, or with `groups` a grouped shard (Colwise, Rowwise)."""
+    extra = {"even": pl.even, "unit": pl.unit,
+             "unit_size": pl.unit_size if pl.unit_size != 1 else 0}
+    if not pl.groups:
+        return pl._shard(dim, **extra)
+    blocks = max(pl.repeats, 1)
+    if sum(pl.groups) * blocks != shape[dim]:
+        raise ValueError(f"{pl!r} on '{name}': groups {pl.groups} x {blocks} blocks add up to "
+                         f"{sum(pl.groups) * blocks} but dimension {dim} has {shape[dim]}")
+    p = {"axes": pl.axes, "kind": "grouped_shard", "dim": dim, "groups": pl.groups}
+    if blocks > 1:
+        p["repeats"] = blocks
+    p.update({k: v for k, v in extra.items() if v})
+    return [p]
+
+
 class Colwise(Placement):
     """Output features over `axis` (PyTorch's ColwiseParallel, Megatron's
     ColumnParallelLinear): a Linear's weight rows and bias; an Embedding's
@@ -144,45 +161,36 @@ class Colwise(Placement):
         if len(shape) == 0:
             return []
         dim = 1 if isinstance(module, torch.nn.Embedding) else 0
-        extra = {"even": self.even, "unit": self.unit,
-                 "unit_size": self.unit_size if self.unit_size != 1 else 0}
-        if not self.groups:
-            return self._shard(dim, **extra)
-        if sum(self.groups) * max(self.repeats, 1) != shape[dim]:
-            raise ValueError(
-                f"{self!r} on '{name}': groups {self.groups} x {max(self.repeats, 1)} "
-                f"blocks add up to {sum(self.groups) * max(self.repeats, 1)} rows but "
-                f"dimension {dim} has {shape[dim]}")
-        p = {"axes": self.axes, "kind": "grouped_shard", "dim": dim, "groups": self.groups}
-        if self.repeats > 1:
-            p["repeats"] = self.repeats
-        p.update({k: v for k, v in extra.items() if v})
-        return [p]
+        return _cut(self, dim, name, shape)
 
     def __repr__(self):
         g = f", groups={self.groups}" if self.groups else ""
         r = f", repeats={self.repeats}" if self.repeats > 1 else ""
-        return f"Colwise({', '.join(self.axes)}{g}{r})"
+        return f"{type(self).__name__}({', '.join(self.axes)}{g}{r})"
 
 
 class Rowwise(Placement):
     """Input features over `axis` (PyTorch's RowwiseParallel, Megatron's
     RowParallelLinear): a Linear's weight columns (its bias is replicated);
     an Embedding's rows; the last dimension of other parameters of two or
-    more dimensions."""
+    more dimensions. `groups` / `repeats` as for Colwise (an attention
+    output projection whose columns follow uneven query groups)."""
 
-    def __init__(self, axis="tp", even=False, unit_size=1, unit=""):
+    def __init__(self, axis="tp", groups=None, repeats=1, even=False, unit_size=1, unit=""):
         super().__init__(axis)
-        self.even, self.unit_size, self.unit = even, unit_size, unit
+        self.groups = list(groups) if groups else None
+        self.repeats, self.even, self.unit_size, self.unit = repeats, even, unit_size, unit
 
     def cut(self, module, name, shape):
-        extra = {"even": self.even, "unit": self.unit,
-                 "unit_size": self.unit_size if self.unit_size != 1 else 0}
         if isinstance(module, torch.nn.Embedding):
-            return self._shard(0, **extra)
-        if len(shape) < 2:
+            dim = 0
+        elif len(shape) < 2:
             return []
-        return self._shard(len(shape) - 1, **extra)
+        else:
+            dim = len(shape) - 1
+        return _cut(self, dim, name, shape)
+
+    __repr__ = Colwise.__repr__
 
 
 class VocabParallel(Placement):
