@@ -508,7 +508,7 @@ def _local_tensors(client, model, optimizer, create_state):
     extra = [n for n in params if n not in param_keys]
     if extra:
         problems.append(f"the model has parameters the layout lacks: {_sample(extra)}")
-    held = set(rank.by_key)
+    held = list(rank.by_key)  # in the layout's order
     elsewhere = [n for n in params if n in param_keys and n not in held and not any(
         int(p.get("pad_multiple", 0)) for p in rank.tensors[n].get("placements", []))]
     if elsewhere:
@@ -574,8 +574,7 @@ def _local_tensors(client, model, optimizer, create_state):
                              f"{want_shape} for this rank (global {tuple(spec_t['shape'])}, "
                              f"regions {rank.by_key[k]}){hint}")
         if t.dtype != want_dtype:
-            raise TypeError(f"{where}: '{k}' is {t.dtype} but the layout says "
-                            f"{spec_t['dtype']}")
+            raise TypeError(f"{where}: '{k}' is {t.dtype} but the layout says {want_dtype}")
     return rank, out
 
 

@@ -1,0 +1,313 @@
+"""ptc.torch: layouts from modules and placement plans, one-call save and
+load (every dtype, optimizer param_groups, scheduler, RNG, user objects),
+the errors of every misuse, and the forward check of a shard's row order."""
+import json
+import pathlib
+import sys
+
+import pytest
+import torch
+
+from cluster import LocalCluster
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pt(ptc_module):
+    import ptc.torch
+    return ptc.torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, h=8, heads=2):
+        super().__init__()
+        self.qkv = torch.nn.Linear(h, 3 * h)
+        self.proj = torch.nn.Linear(h, h)
+        self.norm = torch.nn.LayerNorm(h)
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, layers=2, h=8, vocab=10):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, h)
+        self.blocks = torch.nn.ModuleList(Block(h) for _ in range(layers))
+        self.head = torch.nn.Linear(h, vocab, bias=False)
+
+
+def spec_tensors(layout):
+    return {t["key"]: t for t in layout.spec["tensors"]}
+
+
+# ---- the spec built from modules, per placement kind ----
+
+def test_linear_and_embedding_placements_follow_pytorch_tp(pt):
+    plan = {"blocks.*.qkv": pt.Colwise(groups=(8, 8, 8)), "blocks.*.proj": pt.Rowwise(),
+            "embed": pt.VocabParallel(pad=4), "head": pt.Colwise()}
+    t = spec_tensors(pt.Layout(Tiny(), plan))
+    assert t["blocks.0.qkv.weight"]["placements"] == [
+        {"axes": ["tp"], "kind": "grouped_shard", "dim": 0, "groups": [8, 8, 8]}]
+    assert t["blocks.1.qkv.bias"]["placements"][0]["groups"] == [8, 8, 8]
+    assert t["blocks.0.proj.weight"]["placements"] == [{"axes": ["tp"], "kind": "shard", "dim": 1}]
+    assert "placements" not in t["blocks.0.proj.bias"]          # a Rowwise bias: replicated
+    assert "placements" not in t["blocks.0.norm.weight"]        # not in the plan: replicated
+    assert t["embed.weight"]["placements"] == [
+        {"axes": ["tp"], "kind": "shard", "dim": 0, "pad_multiple": 4}]
+    assert t["head.weight"]["placements"][0]["dim"] == 0
+
+
+def test_embedding_colwise_and_rowwise_cut_as_pytorch_does(pt):
+    m = torch.nn.Module()
+    m.a = torch.nn.Embedding(12, 6)
+    m.b = torch.nn.Embedding(12, 6)
+    t = spec_tensors(pt.Layout(m, {"a": pt.Colwise(), "b": pt.Rowwise()}))
+    assert t["a.weight"]["placements"][0]["dim"] == 1
+    assert t["b.weight"]["placements"][0]["dim"] == 0
+
+
+def test_interleaved_groups_experts_and_generic_shards(pt):
+    m = torch.nn.Module()
+    m.qkv = torch.nn.Linear(4, 4 * (2 + 2) * 3, bias=False)   # 4 groups of (q q k v) x 3 rows
+    m.experts = torch.nn.Module()
+    m.experts.w1 = torch.nn.Parameter(torch.zeros(8, 5, 4))
+    m.table = torch.nn.Parameter(torch.zeros(6, 10))
+    layout = pt.Layout(m, {"qkv": pt.Colwise(groups=(6, 3, 3), repeats=4),
+                           "experts": pt.Experts(), "table": pt.Shard(1, axis="dp")},
+                       mesh=["pp", "dp", "ep", "tp"])
+    t = spec_tensors(layout)
+    assert t["qkv.weight"]["placements"][0]["repeats"] == 4
+    assert t["experts.w1"]["placements"] == [
+        {"axes": ["ep"], "kind": "shard", "dim": 0, "even": True, "unit": "experts"}]
+    assert t["table"]["placements"] == [{"axes": ["dp"], "kind": "shard", "dim": 1}]
+    # ep=3 does not divide 8 experts: refused naming the tensor.
+    with pytest.raises(Exception, match="experts.w1"):
+        pt.describe(layout, "ep=3")
+    text = pt.describe(layout, "ep=4,tp=2", rank=1)
+    assert "experts.w1" in text and "local [2, 5, 4]" in text
+
+
+def test_pipeline_stages_and_optimizer_state(pt):
+    model = Tiny(layers=4)
+    stages = pt.Stages(layers="blocks", first=["embed"], last=["head"])
+    layout = pt.Layout(model, optimizer=torch.optim.AdamW(model.parameters()), stages=stages)
+    t = spec_tensors(layout)
+    assert layout.spec["num_layers"] == 4
+    assert t["blocks.3.qkv.weight"]["stage"] == {"kind": "layer", "layer": 3}
+    assert t["embed.weight"]["stage"] == {"kind": "first"}
+    assert t["optim.exp_avg.head.weight"]["stage"] == {"kind": "last"}
+    assert t["optim.step.head.weight"]["shape"] == [1]
+    assert t["optim.exp_avg_sq.embed.weight"]["role"] == "optimizer_state"
+    regions = layout.regions("pp=2")
+    assert {r["key"] for r in regions[0]} >= {"embed.weight", "blocks.1.proj.weight"}
+    assert not any(r["key"].startswith("blocks.2.") for r in regions[0])
+    sgd = pt.Layout(model, optimizer=torch.optim.SGD(model.parameters(), lr=1, momentum=0.9))
+    assert "optim.momentum_buffer.head.weight" in spec_tensors(sgd)
+    plain = pt.Layout(model, optimizer=torch.optim.SGD(model.parameters(), lr=1))
+    assert len(spec_tensors(plain)) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"plan": {"blocks.*.attn": None}}, "match no parameter"),
+    ({"plan": {"blocks.*": "C", "blocks.0.qkv": "C"}}, "matches plan entries"),
+    ({"plan": {"blocks.*.qkv": "G"}}, "add up to"),
+    ({"plan": {"head": "X"}}, "the mesh"),
+    ({"stages": "S"}, "is in no pipeline stage"),
+    ({"optimizer": torch.optim.LBFGS}, "does not know the state of LBFGS"),
+])
+def test_a_plan_that_does_not_fit_the_model_is_refused_clearly(pt, kwargs, message):
+    subs = {None: pt.Colwise(), "C": pt.Colwise(), "G": pt.Colwise(groups=(8, 8)),
+            "X": pt.Colwise(axis="cp"), "S": pt.Stages(layers="blocks", first=["embed"])}
+    kw = dict(kwargs)
+    if "plan" in kw:
+        kw["plan"] = {k: subs[v] for k, v in kw["plan"].items()}
+    if "stages" in kw:
+        kw["stages"] = subs[kw["stages"]]
+    with pytest.raises(ValueError, match=message):
+        pt.Layout(Tiny(), **kw)
+
+
+def test_shard_state_cuts_full_tensors_as_the_layout_says(pt):
+    model = Tiny()
+    layout = pt.Layout(model, {"blocks.*.qkv": pt.Colwise(groups=(8, 8, 8))})
+    full = {k: torch.arange(p.numel(), dtype=torch.float32).view(p.shape)
+            for k, p in model.named_parameters()}
+    local = pt.shard_state(full, layout, "tp=2", 1)
+    w = full["blocks.0.qkv.weight"]
+    assert torch.equal(local["blocks.0.qkv.weight"], torch.cat([w[4:8], w[12:16], w[20:24]]))
+
+
+# ---- the forward check: the one thing shapes cannot show ----
+
+def _llama():
+    sys.path.insert(0, str(ROOT / "examples" / "elastic_llama"))
+    import llama
+    return llama
+
+
+def _build(config, rank):
+    import torch.distributed as dist
+    import ptc
+    llama = _llama()
+    cfg = ptc.ParallelConfig.parse(config)
+    group = dist.new_group(list(range(cfg.tp)))
+    return llama.Stage(llama.Arch(""), cfg.tp, rank, tp_group=group)
+
+
+def _forward(model, tokens):
+    return model(tokens)
+
+
+def test_check_forward_passes_the_right_row_order_and_catches_the_wrong_one(pt):
+    llama = _llama()
+    arch = llama.Arch("")
+    tokens = torch.randint(0, arch.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    good = llama.layout(arch, None)
+    for config in ("tp=2", "tp=3"):
+        assert pt.check_forward(_build, _forward, good, tokens, config)["max_abs_diff"] < 1e-5
+    # nanoGPT's stacked q|k|v declared for a model whose rows are per group:
+    # every local shape fits, the function does not.
+    hd, g = arch.head_dim, arch.groups
+    stacked = pt.Layout(llama.Stage(arch), {
+        "layers.*.attn.qkv": pt.Colwise(groups=(g * arch.q_per_group * hd, g * hd, g * hd)),
+        "layers.*.attn.proj": pt.Rowwise(), "layers.*.mlp.fc1": pt.Colwise(groups=(96, 96)),
+        "layers.*.mlp.fc2": pt.Rowwise()})
+    with pytest.raises(ValueError, match="another order"):
+        pt.check_forward(_build, _forward, stacked, tokens, "tp=2")
+
+
+# ---- on a cluster: round trips and misuse ----
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
+          torch.int64, torch.uint8, torch.bool]
+
+
+class AllDtypes(torch.nn.Module):
+    def __init__(self, fill):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        for i, dt in enumerate(DTYPES):
+            if fill and dt.is_floating_point:
+                v = torch.randn(5, 3, generator=g).to(dt)
+            elif fill:
+                v = torch.randint(0, 2 if dt == torch.bool else 100, (5, 3), generator=g).to(dt)
+            else:
+                v = torch.zeros(5, 3, dtype=dt)
+            self.register_parameter(f"p{i}", torch.nn.Parameter(v, requires_grad=False))
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2)
+    yield c
+    c.stop()
+
+
+def register(cluster, tmp_path, layout, config="dp=1", job="t", hosts="host0"):
+    path = tmp_path / f"{job}.json"
+    layout.write(path)
+    r = cluster.ptcctl("register", "--job", job, "--layout", str(path), "--config", config,
+                       "--hosts", hosts)
+    assert r.returncode == 0, r.stderr
+
+
+def connect(ptc_module, cluster, job="t", rank=0, host="host0"):
+    return ptc_module.Client(socket=str(cluster.dir / f"{host}.sock"),
+                             coordinator=cluster.coordinator, job=job, rank=rank)
+
+
+def test_every_dtype_round_trips_bit_for_bit(pt, ptc_module, cluster, tmp_path):
+    register(cluster, tmp_path, pt.Layout(AllDtypes(fill=True)))
+    client = connect(ptc_module, cluster)
+    saved = AllDtypes(fill=True)
+    assert pt.save(client, saved, step=7).step == 7
+    got = AllDtypes(fill=False)
+    extra = pt.load(client, got)
+    assert extra.step == 7 and dict(extra) == {}
+    for (name, a), (_, b) in zip(saved.named_parameters(), got.named_parameters()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_optimizer_groups_scheduler_rng_and_extra_come_back(pt, ptc_module, cluster, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    groups = [{"params": model[0].parameters(), "weight_decay": 0.1},
+              {"params": model[1].parameters(), "lr": 0.5}]
+    opt = torch.optim.AdamW(groups, lr=0.1, betas=(0.8, 0.95))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    register(cluster, tmp_path, pt.Layout(model, optimizer=opt))
+    client = connect(ptc_module, cluster)
+    for _ in range(3):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        sched.step()
+    cursor = ptc_module.DataCursor(seed=1, dataset_size=100, global_batch=4, consumed=12)
+    pt.save(client, model, opt, sched,
+            extra={"cursor": cursor, "blob": b"\x00\x01", "pair": (1, 2.5), "t": torch.ones(2),
+                   7: "int key"})
+    after = torch.rand(3)
+
+    torch.manual_seed(99)
+    model2 = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt2 = torch.optim.AdamW([{"params": model2[0].parameters()},
+                              {"params": model2[1].parameters()}], lr=1.0)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    extra = pt.load(client, model2, opt2, sched2)
+    assert extra.step == 3
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups]
+    assert opt2.param_groups[0]["weight_decay"] == 0.1
+    assert tuple(opt2.param_groups[1]["betas"]) == (0.8, 0.95)
+    assert sched2.state_dict() == sched.state_dict()
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p, q)
+        for slot in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(opt.state[p][slot], opt2.state[q][slot])
+    assert torch.equal(torch.rand(3), after)        # the RNG goes on where it was
+    assert extra["cursor"].consumed == 12 and extra["blob"] == b"\x00\x01"
+    assert extra["pair"] == (1, 2.5) and torch.equal(extra["t"], torch.ones(2))
+    assert extra[7] == "int key"
+
+
+def test_misuse_gives_clear_errors(pt, ptc_module, cluster, tmp_path):
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters())
+    register(cluster, tmp_path, pt.Layout(model, {"blocks.*.qkv": pt.Colwise(groups=(8, 8, 8))},
+                                          optimizer=opt), config="tp=1")
+    client = connect(ptc_module, cluster)
+    with pytest.raises(ptc_module.Error, match="no committed version"):
+        pt.load(client, model, opt)                                  # before any save
+
+    wrong = Tiny(h=8)
+    wrong.blocks[0].qkv = torch.nn.Linear(8, 20)
+    with pytest.raises(ValueError, match=r"'blocks.0.qkv.weight' has local shape \(20, 8\) "
+                                         r"but the layout expects \(24, 8\)"):
+        pt.save(client, wrong, torch.optim.Adam(wrong.parameters()), step=1)
+
+    half = Tiny().half()
+    with pytest.raises(TypeError, match="is torch.float16 but the layout says torch.float32"):
+        pt.save(client, half, torch.optim.Adam(half.parameters()), step=1)
+
+    fewer = Tiny()
+    del fewer.head
+    with pytest.raises(ValueError, match="lacks parameters this rank holds.*head.weight"):
+        pt.save(client, fewer, torch.optim.Adam(fewer.parameters()), step=1)
+
+    more = Tiny()
+    more.extra = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="parameters the layout lacks: extra.weight"):
+        pt.save(client, more, torch.optim.Adam(more.parameters()), step=1)
+
+    with pytest.raises(ValueError, match="pass the optimizer"):
+        pt.save(client, model, step=1)
+    with pytest.raises(TypeError, match="plain data"):
+        pt.save(client, model, opt, extra={"f": open}, step=1)
+    with pytest.raises(ValueError, match="at most"):
+        pt.save(client, model, opt, extra={"big": b"x" * 100000}, step=1)
+
+    pt.save(client, model, opt, step=1)                              # a good save
+    r = cluster.ptcctl("reconfigure", "--job", "t", "--to", "tp=2", "--hosts", "host0,host1")
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(ptc_module.Error, match="layout|epoch"):
+        pt.save(client, model, opt, step=2)                          # under the old layout
+    # The tp=2 layout wants half of each q, k, v: a tp=1 model is refused.
+    with pytest.raises(ValueError, match=r"expects \(12, 8\)"):
+        pt.load(connect(ptc_module, cluster, rank=1), model, opt)
