@@ -820,10 +820,11 @@ def _mib(n):
     return f"{n / 2**20:.2f} MiB"
 
 
-def describe(layout, config, rank=None):
+def describe(layout, config, rank=None, state=False):
     """A readable account of a layout under `config`: every rank (or only
-    `rank`) with each tensor's local shape, regions and cut, and the bytes
-    it holds. Needs no cluster; raises what ptc would refuse."""
+    `rank`) with each parameter's local shape, regions and cut (with
+    `state`, the optimizer's tensors too: they are cut as their parameter),
+    and the bytes it holds. Needs no cluster; raises what ptc would refuse."""
     spec = _spec_of(layout)
     text = json.dumps(spec)
     _ptc.check_layout(text, str(config))
@@ -843,10 +844,15 @@ def describe(layout, config, rank=None):
         for reg in mine:
             by_key.setdefault(reg["key"], []).append(reg["region"])
         coord = ", ".join(f"{a}={i}" for a, i in zip(cfg.mesh, cfg.coord_of(r)))
+        shown = {k: b for k, b in by_key.items()
+                 if state or tensors[k].get("role", "") != "optimizer_state"}
+        hidden = len(by_key) - len(shown)
         lines.append(f"rank {r} ({coord}): {len(by_key)} tensors, "
-                     f"{_mib(sum(reg['bytes'] for reg in mine))}")
-        width = max((len(k) for k in by_key), default=0)
-        for k, boxes in by_key.items():
+                     f"{_mib(sum(reg['bytes'] for reg in mine))}"
+                     + (f" ({hidden} of optimizer state, cut as their parameters)"
+                        if hidden else ""))
+        width = max((len(k) for k in shown), default=0)
+        for k, boxes in shown.items():
             t = tensors[k]
             shape = list(local_shape(t, boxes, cfg))
             where = " ".join("[" + ", ".join(f"{b}:{e}" for b, e in box) + "]" for box in boxes)
