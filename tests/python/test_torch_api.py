@@ -311,3 +311,16 @@ def test_misuse_gives_clear_errors(pt, ptc_module, cluster, tmp_path):
     # The tp=2 layout wants half of each q, k, v: a tp=1 model is refused.
     with pytest.raises(ValueError, match=r"expects \(12, 8\)"):
         pt.load(connect(ptc_module, cluster, rank=1), model, opt)
+
+
+def test_sgd_without_momentum_keeps_only_its_hyper_parameters(pt, ptc_module, cluster, tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    register(cluster, tmp_path, pt.Layout(model, optimizer=opt))
+    client = connect(ptc_module, cluster)
+    pt.save(client, model, opt, step=4)
+    model2 = torch.nn.Linear(3, 2)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=1.0)
+    assert pt.load(client, model2, opt2).step == 4
+    assert opt2.param_groups[0]["lr"] == 0.25
+    assert torch.equal(model.weight, model2.weight)

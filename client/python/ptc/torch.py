@@ -528,8 +528,14 @@ def _local_tensors(client, model, optimizer, create_state):
                          "pass the optimizer")
     if optimizer is not None and not any(
             t.get("role") == "optimizer_state" for t in rank.tensors.values()):
-        raise ValueError("an optimizer was given but the job's layout keeps no optimizer "
-                         "state; build the Layout with optimizer=")
+        try:
+            kept = optimizer_state(optimizer)
+            stateful = bool(kept.slots or kept.step)
+        except ValueError:
+            stateful = True
+        if stateful:
+            raise ValueError("an optimizer was given but the job's layout keeps no optimizer "
+                             "state; build the Layout with optimizer=")
     if state_keys:
         in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for k in state_keys:
@@ -650,13 +656,13 @@ def decode(data):
     return dec(json.loads(data.decode()))
 
 
-def _put(save, name, obj, what):
+def _encoded(obj, what):
     data = encode(obj)
     if len(data) > _ptc.MAX_SMALL_OBJECT_BYTES:
         raise ValueError(f"{what} takes {len(data)} bytes encoded; ptc keeps at most "
                          f"{_ptc.MAX_SMALL_OBJECT_BYTES} per small object (keep large "
                          "data in tensors of the model or the layout)")
-    save.put_small_object(name, data)
+    return data
 
 
 def _rng_state():
@@ -726,13 +732,12 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         groups = [{k: v for k, v in g.items() if k != "params"} | {"params": len(g["params"])}
                   for g in optimizer.param_groups]
     # Encode everything before the save starts: a bad object fails early.
-    objects = [(OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
-               (SCHEDULER_OBJECT, scheduler.state_dict() if scheduler is not None else None,
-                "the scheduler's state_dict"),
-               (EXTRA_OBJECT, dict(extra or {}), "extra"),
-               (RNG_OBJECT, _rng_state(), "the RNG states")]
-    for _, obj, what in objects:
-        encode(obj)
+    objects = [(name, _encoded(obj, what)) for name, obj, what in (
+        (OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
+        (SCHEDULER_OBJECT, scheduler.state_dict() if scheduler is not None else None,
+         "the scheduler's state_dict"),
+        (EXTRA_OBJECT, dict(extra or {}), "extra"),
+        (RNG_OBJECT, _rng_state(), "the RNG states"))]
     s = client.begin_save(int(step))
     for r in rank.regions:
         t = tensors[r["key"]]
@@ -740,8 +745,8 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         if part.dtype == torch.bfloat16:
             part = part.view(torch.int16)
         s.write(r["index"], part.contiguous().numpy())
-    for name, obj, what in objects:
-        _put(s, name, obj, what)
+    for name, data in objects:
+        s.put_small_object(name, data)
     s.commit()
     if wait:
         client.wait_committed(s.version, timeout=timeout)
