@@ -43,6 +43,16 @@ def parse(description, more=None):
     ap.add_argument("--check-dir", help="where the old ranks wrote their values aside")
     ap.add_argument("--save-check-dir", help="where to write this rank's values aside")
     ap.add_argument("--layout-out", help="write the job's layout spec here and exit")
+    # For examples/elastic/pause_benchmark.py:
+    ap.add_argument("--save-at", type=int, default=0, help="save and exit at this iteration")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also save (and go on) every N iterations, as a job checkpointing "
+                    "into ptc periodically would")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="idle this many seconds after each periodic save")
+    ap.add_argument("--baseline-save", help="also torch.save the shards here, timed")
+    ap.add_argument("--baseline-load", help="load by torch.load and re-slicing the shards "
+                    "saved here, instead of from ptc")
     if more:
         more(ap)
     args = ap.parse_args()
@@ -147,6 +157,40 @@ def check_reload(args, client, model, optimizer, iteration):
     _write_json(args.run / "checks" / f"load_it{iteration}_rank{args.rank}.json",
                 {"regions": len(client.regions), "elements": elements,
                  "mismatched": mismatched})
+
+
+def timed_save(args, client, model, optimizer, scheduler, cursor, iteration, final):
+    """pt.save with the timings the pause benchmark reads (and, with
+    --baseline-save, the baseline's torch.save of the same shards)."""
+    ev = {"save_start": time.time()}
+    if final:
+        write_aside(args, client, model, optimizer)
+    saved = pt.save(client, model, optimizer, scheduler, extra={"cursor": cursor},
+                    step=iteration, wait=False)
+    ev["written"] = time.time()  # this rank's regions are in ptcd
+    client.wait_committed(saved.version, timeout=120)
+    ev["saved"] = time.time()
+    ev["saved_version"] = saved.version
+    if args.baseline_save:
+        import baseline
+        t0 = time.time()
+        baseline.save(args.baseline_save, args.rank, client, model, optimizer,
+                      {"iteration": iteration, "cursor": cursor.encode()})
+        ev["baseline_save_seconds"] = time.time() - t0
+    return ev
+
+
+def baseline_resume(args, client, model, optimizer, scheduler):
+    """--baseline-load: the state from torch.load and re-slicing; returns
+    (iteration, cursor)."""
+    import baseline
+    t0 = time.time()
+    extra = baseline.load(args.baseline_load, client, model, optimizer)
+    iteration = extra["iteration"]
+    scheduler.last_epoch = iteration - 1
+    scheduler.step()
+    args.events.update(loaded=time.time(), load_seconds=time.time() - t0)
+    return iteration, ptc.DataCursor.decode(extra["cursor"])
 
 
 def client(args):

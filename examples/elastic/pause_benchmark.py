@@ -25,6 +25,7 @@ memory the change will stage ready; its time is reported, not counted in
 the pause (the job is not paused by it).
 
     /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3
+    /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3 --job moe
 """
 
 import argparse
@@ -45,6 +46,8 @@ import run as elastic  # noqa: E402
 BENCHMARKS = {
     "gpt": {"model": "layers=12,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024",
             "from": "tp=2,dp=2@host0,host1", "to": "tp=2,pp=2,dp=2@host0,host1,host2,host3"},
+    "moe": {"model": "layers=5,hidden=512,heads=8,ffn=2048,experts=8,vocab=8192,positions=64",
+            "from": "ep=2,dp=2@host0,host1", "to": "ep=4,dp=1@host0,host1"},
 }
 
 

@@ -42,34 +42,6 @@ def tokens(vocab, seed=7):
 
 def flags(ap):
     ap.add_argument("--micro-batches", type=int, default=2)
-    ap.add_argument("--save-at", type=int, default=0, help="save and exit at this iteration")
-    ap.add_argument("--save-every", type=int, default=0,
-                    help="also save (and go on) every N iterations, as a job checkpointing "
-                    "into ptc periodically would")
-    ap.add_argument("--gap", type=float, default=0.0,
-                    help="benchmark: idle this many seconds after each periodic save")
-    ap.add_argument("--baseline-save", help="benchmark: also torch.save the shards here, timed")
-    ap.add_argument("--baseline-load", help="benchmark: load by torch.load and re-slicing the "
-                    "shards saved here, instead of from ptc")
-
-
-def save(args, client, stage, opt, sched, cursor, iteration, final):
-    ev = {"save_start": time.time()}
-    if final:
-        harness.write_aside(args, client, stage, opt)
-    saved = pt.save(client, stage, opt, sched, extra={"cursor": cursor}, step=iteration,  # ptc
-                    wait=False)
-    ev["written"] = time.time()  # this rank's regions are in ptcd
-    client.wait_committed(saved.version, timeout=120)
-    ev["saved"] = time.time()
-    ev["saved_version"] = saved.version
-    if args.baseline_save:
-        import baseline
-        t0 = time.time()
-        baseline.save(args.baseline_save, args.rank, client, stage, opt,
-                      {"iteration": iteration, "cursor": cursor.encode()})
-        ev["baseline_save_seconds"] = time.time() - t0
-    return ev
 
 
 def main():
@@ -93,13 +65,7 @@ def main():
     cursor = ptc.DataCursor(seed=args.seed, dataset_size=SAMPLES,  # ptc
                             global_batch=args.global_batch)
     if args.baseline_load:
-        import baseline
-        t0 = time.time()
-        extra = baseline.load(args.baseline_load, client, stage, opt)
-        iteration, cursor = extra["iteration"], ptc.DataCursor.decode(extra["cursor"])
-        sched.last_epoch = iteration - 1
-        sched.step()
-        args.events.update(loaded=time.time(), load_seconds=time.time() - t0)
+        iteration, cursor = harness.baseline_resume(args, client, stage, opt, sched)
     elif args.load:
         t0 = time.time()
         extra = pt.load(client, stage, opt, sched)  # ptc
@@ -127,10 +93,11 @@ def main():
         if args.save_every and iteration % args.save_every == 0 and iteration != args.save_at \
                 and client is not None:
             args.events.setdefault("periodic_saves", []).append(
-                save(args, client, stage, opt, sched, cursor, iteration, final=False))
+                harness.timed_save(args, client, stage, opt, sched, cursor, iteration, False))
             time.sleep(args.gap)
     if saving:
-        args.events.update(save(args, client, stage, opt, sched, cursor, iteration, final=True))
+        args.events.update(harness.timed_save(args, client, stage, opt, sched, cursor, iteration,
+                                              True))
     harness.finish(args, iteration)
 
 

@@ -8,6 +8,7 @@ The lines marked `# ptc` are what ptc asks of the script.
 
 import pathlib
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -73,15 +74,20 @@ def main():
     cursor = ptc.DataCursor(seed=args.seed, dataset_size=SAMPLES,  # ptc
                             global_batch=args.global_batch)
     iteration = 0
-    if args.load:
+    if args.baseline_load:
+        iteration, cursor = harness.baseline_resume(args, client, model, opt, sched)
+    elif args.load:
+        t0 = time.time()
         extra = pt.load(client, model, opt, sched)  # ptc
         iteration, cursor = extra.step, extra["cursor"]  # ptc
+        args.events.update(loaded=time.time(), load_seconds=time.time() - t0)
         harness.check_reload(args, client, model, opt, iteration)
     data = tokens(arch.vocab)
     experts = {n for n, _ in model.named_parameters() if ".experts." in n}
     while True:
         done, saving = harness.stop(args, iteration)
-        if done:
+        saving = saving or bool(args.save_at and iteration == args.save_at)
+        if done or saving:
             break
         # Every rank is a data-parallel rank: dp*ep of them.
         samples = cursor.next_samples(args.rank, world)  # ptc
@@ -104,9 +110,13 @@ def main():
         dist.all_reduce(total)
         if args.rank == 0:
             harness.log_loss(args, iteration, total.item() / world)
-    if saving:
-        harness.write_aside(args, client, model, opt)
-        pt.save(client, model, opt, sched, extra={"cursor": cursor}, step=iteration)  # ptc
+        if args.save_every and iteration % args.save_every == 0 and client is not None:
+            args.events.setdefault("periodic_saves", []).append(
+                harness.timed_save(args, client, model, opt, sched, cursor, iteration, False))
+            time.sleep(args.gap)
+    if saving:  # pt.save, timed for the pause benchmark
+        args.events.update(harness.timed_save(args, client, model, opt, sched, cursor, iteration,
+                                              True))
     harness.finish(args, iteration)
 
 
