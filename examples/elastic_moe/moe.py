@@ -116,7 +116,10 @@ class MoE(torch.nn.Module):
         gates = self.router(y).softmax(dim=-1)
         top, idx = gates.topk(2, dim=-1)
         top = top / top.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(y)
+        # Zero times y, not zeros: the output stays in the graph even when
+        # no token picks this rank's experts, so every rank of the group
+        # runs the collectives of the backward pass.
+        out = y * 0.0
         first = self.ep_rank * self.local
         for e in range(self.local):
             rows, slot = (idx == first + e).nonzero(as_tuple=True)

@@ -100,6 +100,8 @@ def main():
         # Dense gradients sum over every rank, an expert's over the ranks
         # holding it (its ep group already summed its tokens' share).
         for n, p in model.named_parameters():
+            if p.grad is None:  # an expert no token picked on any rank so far
+                p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, group=dp_group if n in experts else None)
             p.grad /= world
         opt.step()
