@@ -744,7 +744,7 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         part = t.detach()[local_slices(r["region"], rank.by_key[r["key"]])]
         if part.dtype == torch.bfloat16:
             part = part.view(torch.int16)
-        s.write(r["index"], part.contiguous().numpy())
+        s.write(r["index"], part.contiguous().cpu().numpy())
     for name, data in objects:
         s.put_small_object(name, data)
     s.commit()
