@@ -8,21 +8,12 @@ import pathlib
 
 import torch
 
+import harness
 import ptc.torch as pt
 
 
-def _intersect(a, b):
-    return [(max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b)]
-
-
 def save(directory, rank, client, model, optimizer, extra):
-    tensors = pt.state_tensors(client, model, optimizer)
-    by_key = {}
-    for r in client.regions:
-        by_key.setdefault(r["key"], []).append(r["region"])
-    shards = [(r["key"], r["region"],
-               tensors[r["key"]].detach()[pt.local_slices(r["region"], by_key[r["key"]])].clone())
-              for r in client.regions]
+    shards = harness.local_values(client, model, optimizer)
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"shards": shards, "extra": extra}, directory / f"rank{rank}.pt")
@@ -43,10 +34,11 @@ def load(directory, client, model, optimizer):
     needed = set()
     for r in client.regions:
         for (key, region), f in holder.items():
-            if key == r["key"] and all(b < e for b, e in _intersect(json.loads(region),
-                                                                     r["region"])):
+            if key == r["key"] and all(max(b0, b1) < min(e0, e1) for (b0, e0), (b1, e1)
+                                       in zip(json.loads(region), r["region"])):
                 needed.add(f)
     old = [torch.load(directory / f) for f in sorted(needed)]
+    shards = [s for saved in old for s in saved["shards"]]
     # Optimizer state exists only after a step: create it to fill.
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -61,14 +53,6 @@ def load(directory, client, model, optimizer):
     with torch.no_grad():
         for r in client.regions:
             dst_all = tensors[r["key"]][pt.local_slices(r["region"], by_key[r["key"]])]
-            for saved in old:
-                for key, region, data in saved["shards"]:
-                    if key != r["key"]:
-                        continue
-                    inter = _intersect(region, r["region"])
-                    if any(b >= e for b, e in inter):
-                        continue
-                    dst = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, r["region"]))
-                    src = tuple(slice(b - o[0], e - o[0]) for (b, e), o in zip(inter, region))
-                    dst_all[dst] = data[src]
+            for dst, src, data in harness.overlaps(shards, r["key"], r["region"]):
+                dst_all[dst] = data[src]
     return old[0]["extra"] if old else {}

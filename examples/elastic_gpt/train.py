@@ -12,7 +12,6 @@ import pathlib
 import sys
 import time
 
-import numpy as np
 import torch
 
 import gpt
@@ -24,20 +23,8 @@ from megatron import Groups, train_step  # noqa: E402
 import ptc  # noqa: E402  # ptc
 import ptc.torch as pt  # noqa: E402  # ptc
 
-LR, WARMUP, SAMPLES, SEQ = 3e-3, 4, 4096, 32
-
-
-def tokens(vocab, seed=7):
-    """Synthetic token sequences from a fixed random bigram model, so that
-    the loss can fall: each token picks its successor from 8 likely ones."""
-    rng = np.random.default_rng(seed)
-    succ = rng.integers(0, vocab, size=(vocab, 8))
-    data = np.empty((SAMPLES, SEQ + 1), dtype=np.int64)
-    tok = rng.integers(0, vocab, size=SAMPLES)
-    for j in range(SEQ + 1):
-        data[:, j] = tok
-        tok = succ[tok, rng.integers(0, 8, size=SAMPLES)]
-    return torch.from_numpy(data)
+LR, WARMUP = 3e-3, 4
+SAMPLES, SEQ = harness.SAMPLES, harness.SEQ
 
 
 def flags(ap):
@@ -73,7 +60,7 @@ def main():
         args.events.update(loaded=time.time(), load_seconds=time.time() - t0,
                            loaded_version=extra.version)
         harness.check_reload(args, client, stage, opt, iteration)
-    data = tokens(arch.vocab)
+    data = harness.tokens(arch.vocab)
     log_samples = groups.pp_i == 0 and groups.tp_i == 0
     log_loss = stage.last and groups.tp_i == 0 and groups.dp_i == 0
     while True:

@@ -16,13 +16,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "elastic"))
 import harness  # noqa: E402
 from megatron import Groups, train_step  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "elastic_moe"))
-from train import tokens  # noqa: E402  (the same synthetic token data)
-
 import ptc  # noqa: E402  # ptc
 import ptc.torch as pt  # noqa: E402  # ptc
 
-SAMPLES, SEQ = 4096, 32
+SAMPLES, SEQ = harness.SAMPLES, harness.SEQ
 
 
 def main():
@@ -53,7 +50,7 @@ def main():
         extra = pt.load(client, stage, opt, sched)  # ptc
         iteration, cursor = extra.step, extra["cursor"]  # ptc
         harness.check_reload(args, client, stage, opt, iteration)
-    data = tokens(arch.vocab)
+    data = harness.tokens(arch.vocab)
     while True:
         done, saving = harness.stop(args, iteration)
         if done:

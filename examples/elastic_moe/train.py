@@ -22,20 +22,8 @@ import harness  # noqa: E402
 import ptc  # noqa: E402  # ptc
 import ptc.torch as pt  # noqa: E402  # ptc
 
-SAMPLES, SEQ = 4096, 32
+SAMPLES, SEQ = harness.SAMPLES, harness.SEQ
 MESH = ["pp", "dp", "ep", "tp"]
-
-
-def tokens(vocab, seed=7):
-    """Token sequences of a fixed random bigram model (8 likely successors)."""
-    g = torch.Generator().manual_seed(seed)
-    succ = torch.randint(0, vocab, (vocab, 8), generator=g)
-    data = torch.empty(SAMPLES, SEQ + 1, dtype=torch.int64)
-    tok = torch.randint(0, vocab, (SAMPLES,), generator=g)
-    for j in range(SEQ + 1):
-        data[:, j] = tok
-        tok = succ[tok, torch.randint(0, 8, (SAMPLES,), generator=g)]
-    return data
 
 
 def groups(cfg, rank):
@@ -82,7 +70,7 @@ def main():
         iteration, cursor = extra.step, extra["cursor"]  # ptc
         args.events.update(loaded=time.time(), load_seconds=time.time() - t0)
         harness.check_reload(args, client, model, opt, iteration)
-    data = tokens(arch.vocab)
+    data = harness.tokens(arch.vocab)
     experts = {n for n, _ in model.named_parameters() if ".experts." in n}
     while True:
         done, saving = harness.stop(args, iteration)

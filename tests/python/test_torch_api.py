@@ -1,7 +1,6 @@
 """ptc.torch: layouts from modules and placement plans, one-call save and
 load (every dtype, optimizer param_groups, scheduler, RNG, user objects),
 the errors of every misuse, and the forward check of a shard's row order."""
-import json
 import pathlib
 import sys
 

@@ -16,8 +16,10 @@ connects to the host's ptcd and the coordinator:
     state = client.load()               # after a reconfiguration
     view = state.region(0)              # read-only numpy view, no copy
 
-ptc.torch_state turns a PyTorch model's parameters and Adam state into the
-model spec's tensors and back.
+ptc.torch builds a PyTorch job's layout from its modules and a placement
+plan, and saves and loads a rank's whole state with one call each
+(docs/bring-your-own-model.md); ptc.torch_state is the lower-level mapping
+of named tensors to a built-in model's spec.
 """
 
 from ._ptc import (  # noqa: F401

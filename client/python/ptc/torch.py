@@ -34,26 +34,16 @@ import json
 import math
 import random
 import re
-import warnings
 from collections import namedtuple
 
 import numpy as np
 import torch
 
-from . import _ptc
+from . import _ptc, torch_state
 
 __all__ = ["Colwise", "Experts", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
            "Stages", "VocabParallel", "check_forward", "describe", "load", "save",
            "shard_state", "state_tensors"]
-
-# ptc dtype names (as a layout spec writes them) <-> torch dtypes.
-_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
-    "uint8": torch.uint8, "bool": torch.bool,
-}
-_SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_PTC_DTYPE = {v: k for k, v in _DTYPES.items()}
 
 OPTIMIZER_OBJECT = "ptc.torch.optimizer"
 SCHEDULER_OBJECT = "ptc.torch.scheduler"
@@ -61,16 +51,14 @@ EXTRA_OBJECT = "ptc.torch.extra"
 RNG_OBJECT = "ptc.torch.rng"
 
 
-def torch_dtype(name):
-    name = _SHORT.get(name, name)
-    if name not in _DTYPES:
-        raise ValueError(f"ptc dtype {name} has no PyTorch equivalent")
-    return _DTYPES[name]
+torch_dtype = torch_state.torch_dtype
+_PTC_DTYPE = {v: k for k, v in torch_state._TORCH_DTYPES.items()}
 
 
 def ptc_dtype(dtype, what):
+    """The layout's dtype name of a torch dtype; TypeError naming `what`."""
     if dtype not in _PTC_DTYPE:
-        raise TypeError(f"{what} is {dtype}; ptc stores {', '.join(sorted(_DTYPES))} "
+        raise TypeError(f"{what} is {dtype}; ptc stores {', '.join(sorted(_PTC_DTYPE.values()))} "
                         "(convert it, e.g. to float32, or keep it out of the layout)")
     return _PTC_DTYPE[dtype]
 
@@ -89,11 +77,6 @@ class Placement:
         `module`, e.g. "weight") of global `shape`."""
         raise NotImplementedError
 
-    def _shard(self, dim, **kw):
-        p = {"axes": self.axes, "kind": "shard", "dim": dim}
-        p.update({k: v for k, v in kw.items() if v})
-        return [p]
-
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(self.axes)})"
 
@@ -108,42 +91,54 @@ class Replicate(Placement):
         return []
 
 
-class Shard(Placement):
+class _Cut(Placement):
+    """A placement that cuts one dimension: in chunks (uneven: the first
+    ones one row larger), over a padded extent (`pad`), or with `groups`
+    as a grouped shard (`repeats` blocks of groups). `even`: refuse configs
+    that do not divide (`unit_size` rows per `unit`)."""
+
+    def __init__(self, axis, groups=None, repeats=1, even=False, unit_size=1, unit="", pad=0):
+        super().__init__(axis)
+        self.groups = list(groups) if groups else None
+        self.repeats, self.even, self.unit_size, self.unit, self.pad = (
+            repeats, even, unit_size, unit, pad)
+
+    def _spec(self, dim, name, shape):
+        extra = {"even": self.even, "unit": self.unit, "pad_multiple": self.pad,
+                 "unit_size": self.unit_size if self.unit_size != 1 else 0}
+        p = {"axes": self.axes, "kind": "shard", "dim": dim}
+        if self.groups:
+            blocks = max(self.repeats, 1)
+            if sum(self.groups) * blocks != shape[dim]:
+                raise ValueError(f"{self!r} on '{name}': groups {self.groups} x {blocks} blocks "
+                                 f"add up to {sum(self.groups) * blocks} but dimension {dim} "
+                                 f"has {shape[dim]}")
+            p.update(kind="grouped_shard", groups=self.groups)
+            if blocks > 1:
+                p["repeats"] = blocks
+        p.update({k: v for k, v in extra.items() if v})
+        return [p]
+
+    def __repr__(self):
+        g = f", groups={self.groups}" if self.groups else ""
+        r = f", repeats={self.repeats}" if self.repeats > 1 else ""
+        return f"{type(self).__name__}({', '.join(self.axes)}{g}{r})"
+
+
+class Shard(_Cut):
     """Dimension `dim` of every parameter, in contiguous chunks (uneven
     chunks: the first ones one row larger). `pad`: the extent is padded to a
     multiple of pad * parts first and the padding is not stored."""
 
     def __init__(self, dim, axis="dp", pad=0, even=False, unit_size=1, unit=""):
-        super().__init__(axis)
-        self.dim, self.pad, self.even, self.unit_size, self.unit = dim, pad, even, unit_size, unit
+        super().__init__(axis, even=even, unit_size=unit_size, unit=unit, pad=pad)
+        self.dim = dim
 
     def cut(self, module, name, shape):
-        if len(shape) == 0:
-            return []
-        dim = self.dim % len(shape)
-        return self._shard(dim, pad_multiple=self.pad, even=self.even,
-                           unit_size=self.unit_size if self.unit_size != 1 else 0,
-                           unit=self.unit)
+        return self._spec(self.dim % len(shape), name, shape) if shape else []
 
 
-def _cut(pl, dim, name, shape):
-    """A shard of `dim`, or with `groups` a grouped shard (Colwise, Rowwise)."""
-    extra = {"even": pl.even, "unit": pl.unit,
-             "unit_size": pl.unit_size if pl.unit_size != 1 else 0}
-    if not pl.groups:
-        return pl._shard(dim, **extra)
-    blocks = max(pl.repeats, 1)
-    if sum(pl.groups) * blocks != shape[dim]:
-        raise ValueError(f"{pl!r} on '{name}': groups {pl.groups} x {blocks} blocks add up to "
-                         f"{sum(pl.groups) * blocks} but dimension {dim} has {shape[dim]}")
-    p = {"axes": pl.axes, "kind": "grouped_shard", "dim": dim, "groups": pl.groups}
-    if blocks > 1:
-        p["repeats"] = blocks
-    p.update({k: v for k, v in extra.items() if v})
-    return [p]
-
-
-class Colwise(Placement):
+class Colwise(_Cut):
     """Output features over `axis` (PyTorch's ColwiseParallel, Megatron's
     ColumnParallelLinear): a Linear's weight rows and bias; an Embedding's
     columns. `groups` (global rows of one block, e.g. (q, k, v)): each group
@@ -153,23 +148,15 @@ class Colwise(Placement):
     configs that do not divide (`unit_size` rows per `unit`)."""
 
     def __init__(self, axis="tp", groups=None, repeats=1, even=False, unit_size=1, unit=""):
-        super().__init__(axis)
-        self.groups = list(groups) if groups else None
-        self.repeats, self.even, self.unit_size, self.unit = repeats, even, unit_size, unit
+        super().__init__(axis, groups, repeats, even, unit_size, unit)
 
     def cut(self, module, name, shape):
         if len(shape) == 0:
             return []
-        dim = 1 if isinstance(module, torch.nn.Embedding) else 0
-        return _cut(self, dim, name, shape)
-
-    def __repr__(self):
-        g = f", groups={self.groups}" if self.groups else ""
-        r = f", repeats={self.repeats}" if self.repeats > 1 else ""
-        return f"{type(self).__name__}({', '.join(self.axes)}{g}{r})"
+        return self._spec(1 if isinstance(module, torch.nn.Embedding) else 0, name, shape)
 
 
-class Rowwise(Placement):
+class Rowwise(_Cut):
     """Input features over `axis` (PyTorch's RowwiseParallel, Megatron's
     RowParallelLinear): a Linear's weight columns (its bias is replicated);
     an Embedding's rows; the last dimension of other parameters of two or
@@ -177,50 +164,39 @@ class Rowwise(Placement):
     output projection whose columns follow uneven query groups)."""
 
     def __init__(self, axis="tp", groups=None, repeats=1, even=False, unit_size=1, unit=""):
-        super().__init__(axis)
-        self.groups = list(groups) if groups else None
-        self.repeats, self.even, self.unit_size, self.unit = repeats, even, unit_size, unit
+        super().__init__(axis, groups, repeats, even, unit_size, unit)
 
     def cut(self, module, name, shape):
         if isinstance(module, torch.nn.Embedding):
-            dim = 0
-        elif len(shape) < 2:
-            return []
-        else:
-            dim = len(shape) - 1
-        return _cut(self, dim, name, shape)
-
-    __repr__ = Colwise.__repr__
+            return self._spec(0, name, shape)
+        return self._spec(len(shape) - 1, name, shape) if len(shape) >= 2 else []
 
 
-class VocabParallel(Placement):
+class VocabParallel(_Cut):
     """A vocabulary dimension over `axis` (Megatron's VocabParallelEmbedding
     and its output layer): dimension 0 of the weight (and bias), padded to
     a multiple of pad * parts; the padding rows are not stored (a load
     zeroes them)."""
 
     def __init__(self, axis="tp", pad=128):
-        super().__init__(axis)
-        self.pad = pad
+        super().__init__(axis, pad=pad)
 
     def cut(self, module, name, shape):
-        if len(shape) == 0:
-            return []
-        return self._shard(0, pad_multiple=self.pad)
+        return self._spec(0, name, shape) if shape else []
 
 
-class Experts(Placement):
+class Experts(_Cut):
     """Stacked experts over `axis`: every parameter's dimension 0 is the
     expert index ([experts, ...]); a rank holds its contiguous chunk of the
     experts. Configs whose axis does not divide the experts are refused."""
 
     def __init__(self, axis="ep"):
-        super().__init__(axis)
+        super().__init__(axis, even=True, unit="experts")
 
     def cut(self, module, name, shape):
         if len(shape) == 0:
             raise ValueError(f"Experts on '{name}': a scalar has no expert dimension")
-        return self._shard(0, even=True, unit="experts")
+        return self._spec(0, name, shape)
 
 
 # ---------------------------------------------------------------- stages
@@ -307,7 +283,6 @@ class Layout:
             raise ValueError(f"the plan cuts over {unknown}, which the mesh {self.mesh} lacks")
         self.optimizer = optimizer_state(optimizer)
         self.stages = stages
-        self.plan = plan
         owners = {}  # parameter name -> (module, name inside it)
         for mname, module in model.named_modules():
             for pname, _ in module.named_parameters(recurse=False):
@@ -332,13 +307,11 @@ class Layout:
                              f"(its modules: {_sample([m for m, _ in model.named_modules() if m])})")
         self.num_layers, stage_of = self._stage_rules(model, [f for f, _ in params])
         tensors = []
-        self.cut_by = {}
         for full, p in params:
             dtype = ptc_dtype(p.dtype, f"parameter '{full}'")
             module, pname = owners[full]
             pl = plan.get(chosen.get(full), Replicate())
             cuts = pl.cut(module, full, list(p.shape))
-            self.cut_by[full] = pl
             t = {"key": full, "dtype": dtype, "shape": list(p.shape)}
             if cuts:
                 t["placements"] = cuts
@@ -349,7 +322,7 @@ class Layout:
                 for slot in self.optimizer.slots:
                     tensors.append(dict(t, key=f"optim.{slot}.{full}", role="optimizer_state"))
                 if self.optimizer.step:
-                    s = {"key": f"optim.step.{full}", "dtype": "float32", "shape": [1],
+                    s = {"key": f"optim.step.{full}", "dtype": "fp32", "shape": [1],
                          "role": "optimizer_state"}
                     if stage_of[full]:
                         s["stage"] = stage_of[full]
@@ -419,15 +392,21 @@ def _sample(names, k=6):
 
 
 def _spec_of(layout):
+    """A spec dict from a Layout, a dict, JSON text or a file; shapes as
+    ints (ptc writes 64-bit numbers as strings)."""
     if isinstance(layout, Layout):
         return layout.spec
     if isinstance(layout, dict):
-        return layout
-    text = str(layout)
-    if not text.lstrip().startswith("{"):
-        with open(text) as f:
-            text = f.read()
-    return json.loads(text)
+        spec = layout
+    else:
+        text = str(layout)
+        if not text.lstrip().startswith("{"):
+            with open(text) as f:
+                text = f.read()
+        spec = json.loads(text)
+    for t in spec.get("tensors", []):
+        t["shape"] = [int(n) for n in t.get("shape", [])]
+    return spec
 
 
 # ---------------------------------------------------------------- local tensors
@@ -436,41 +415,29 @@ def _placement_parts(p, config):
     return math.prod(config.size(a) for a in p.get("axes", []))
 
 
+def _packed(regions):
+    """Along each dimension, the extent of the distinct intervals of `regions`."""
+    return tuple(sum(e - b for b, e in {tuple(r[d]) for r in regions})
+                 for d in range(len(regions[0])))
+
+
 def local_shape(tensor, regions, config):
     """The shape of a rank's local tensor of `tensor` (a spec entry) holding
     `regions` (boxes): along each dimension the distinct intervals packed;
     a padded shard dimension has its padded chunk."""
-    shape = []
-    for d in range(len(tensor["shape"])):
-        spans = sorted({tuple(r[d]) for r in regions})
-        n = sum(e - b for b, e in spans)
-        for p in tensor.get("placements", []):
-            if p.get("kind") == "shard" and p.get("dim", 0) == d and int(p.get("pad_multiple", 0)):
-                parts = _placement_parts(p, config)
-                mult = int(p["pad_multiple"]) * parts
-                padded = -(-int(tensor["shape"][d]) // mult) * mult
-                n = padded // parts
-        shape.append(n)
+    shape = list(_packed(regions))
+    for p in tensor.get("placements", []):
+        if p.get("kind") == "shard" and int(p.get("pad_multiple", 0)):
+            parts = _placement_parts(p, config)
+            mult = int(p["pad_multiple"]) * parts
+            shape[p.get("dim", 0)] = -(-int(tensor["shape"][p.get("dim", 0)]) // mult) * mult // parts
     return tuple(shape)
 
 
 def local_slices(region, regions):
     """Where `region` sits in the local tensor holding `regions`: along each
     dimension the offset of its interval among the distinct ones."""
-    out = []
-    for d, (b, e) in enumerate(region):
-        spans = sorted({tuple(r[d]) for r in regions})
-        for (b0, e0), (b1, e1) in zip(spans, spans[1:]):
-            if b1 < e0:
-                raise ValueError(f"regions {regions} overlap partly along dimension {d}: "
-                                 "not a layout a local tensor can hold")
-        offset = sum(e1 - b1 for b1, e1 in spans if (b1, e1) < (b, e))
-        out.append(slice(offset, offset + e - b))
-    return tuple(out)
-
-
-def _named_params(model):
-    return dict(model.named_parameters())
+    return torch_state.local_slices(region, _packed(regions), regions)
 
 
 class _Rank:
@@ -478,7 +445,7 @@ class _Rank:
     tensors, and the local tensors they map to."""
 
     def __init__(self, client):
-        self.spec = json.loads(client.layout)
+        self.spec = _spec_of(client.layout)
         for b in self.spec.get("buffers", []):
             if not b.get("optional") or "zero=1" in str(client.config):
                 raise ValueError(f"the job's layout keeps tensors in the flat buffer "
@@ -501,7 +468,7 @@ def _local_tensors(client, model, optimizer, create_state):
     held key given, shapes and dtypes as the layout says. With
     `create_state`, missing optimizer state is created (zeros) to load into."""
     rank = _Rank(client)
-    params = _named_params(model)
+    params = dict(model.named_parameters())
     where = f"rank {rank.rank} ({client.config}, coordinates {client.coord})"
     param_keys = {k for k, t in rank.tensors.items() if t.get("role", "") in ("", "parameter")}
     problems = []
@@ -753,18 +720,6 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     return Saved(int(step), s.version)
 
 
-def _region_tensor(state, r):
-    arr = state.region(r["index"])
-    dtype = torch_dtype(r["dtype"])
-    if dtype == torch.bfloat16:
-        arr = arr.view(np.int16)
-    with warnings.catch_warnings():
-        # The mapping is read-only; torch warns that it cannot enforce it.
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(arr)
-    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
-
-
 def load(client, model, optimizer=None, scheduler=None):
     """Loads the job's committed version into this rank's modules: every
     parameter and optimizer state tensor (checked against the layout as
@@ -775,12 +730,13 @@ def load(client, model, optimizer=None, scheduler=None):
     state = client.load()
     with torch.no_grad():
         for k, t in tensors.items():
-            if math.prod(local_shape(rank.tensors[k], rank.by_key[k], rank.config)) != sum(
-                    math.prod(e - b for b, e in box) for box in rank.by_key[k]):
-                t.zero_()  # rows the layout does not store (padding) are zero
+            # Elements the layout does not store (vocabulary padding) are zero.
+            if t.numel() != sum(math.prod(e - b for b, e in box) for box in rank.by_key[k]):
+                t.zero_()
         for r in rank.regions:
             t = tensors[r["key"]]
-            t[local_slices(r["region"], rank.by_key[r["key"]])].copy_(_region_tensor(state, r))
+            t[local_slices(r["region"], rank.by_key[r["key"]])].copy_(
+                torch_state.region_tensor(state, r["index"], r["dtype"]))
     if optimizer is not None:
         groups = decode(state.small_object(OPTIMIZER_OBJECT))
         if groups is None or len(groups) != len(optimizer.param_groups):
@@ -873,8 +829,11 @@ def shard_state(full, layout, config, rank):
     spec = _spec_of(layout)
     cfg = _ptc.ParallelConfig.parse(str(config), spec.get("mesh", []))
     tensors = {t["key"]: t for t in spec["tensors"]}
+    regions = _ptc.layout_regions(json.dumps(spec), str(config))
+    if not 0 <= rank < len(regions):
+        raise ValueError(f"rank {rank} is outside the {len(regions)} ranks of {config}")
     by_key = {}
-    for reg in _ptc.layout_regions(json.dumps(spec), str(config))[rank]:
+    for reg in regions[rank]:
         by_key.setdefault(reg["key"], []).append(reg["region"])
     out = {}
     for k, boxes in by_key.items():
