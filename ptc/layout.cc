@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace ptc {
@@ -87,6 +88,25 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
   return in;
 }
 
+// Chunk `i` of `n` of every bucket of `in`, in buffer coordinates.
+std::vector<std::pair<int64_t, int64_t>> ChunksOf(const BufferInstance& in,
+                                                  int64_t n, int64_t i) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& [bs, be] : in.buckets) {
+    auto [lo, hi] = ChunkOf(be - bs, n, i);
+    out.push_back({bs + lo, bs + hi});
+  }
+  return out;
+}
+
+// The coordinate that stands for the group of `coord` in buffer `buf`:
+// index 0 on the buffer's axes.
+MeshCoord GroupRepresentative(const FlatBuffer& buf,
+                              const ParallelConfig& config, MeshCoord coord) {
+  for (const std::string& a : buf.axes) coord.index[config.AxisIndex(a)] = 0;
+  return coord;
+}
+
 // Assigns the members of buffer `b` their flat ranges on every rank.
 void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
                    std::vector<std::vector<Shard>>* shards) {
@@ -104,8 +124,7 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
   std::map<std::vector<int>, BufferInstance> instances;
   for (int rank = 0; rank < config.world_size(); ++rank) {
     const MeshCoord coord = config.CoordOf(rank);
-    MeshCoord rep = coord;
-    for (const std::string& a : buf.axes) rep.index[config.AxisIndex(a)] = 0;
+    const MeshCoord rep = GroupRepresentative(buf, config, coord);
     auto it = instances.find(rep.index);
     if (it == instances.end()) {
       it = instances
@@ -113,12 +132,11 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
                .first;
     }
     const BufferInstance& in = it->second;
-    const int64_t i = AxisPlacementIndex(over, config, coord);
     // This rank's chunk of every bucket, in buffer order.
     std::vector<std::pair<int64_t, int64_t>> mine;
-    for (const auto& [bs, be] : in.buckets) {
-      auto [lo, hi] = ChunkOf(be - bs, n, i);
-      if (lo < hi) mine.push_back({bs + lo, bs + hi});
+    for (const auto& c :
+         ChunksOf(in, n, AxisPlacementIndex(over, config, coord))) {
+      if (c.first < c.second) mine.push_back(c);
     }
     for (int m : members) {
       const int e = entry_index[spec.tensors[m].slot];
@@ -180,6 +198,48 @@ absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
     });
   }
   return Layout(world, std::move(shards), config);
+}
+
+absl::StatusOr<BufferView> ViewBuffer(const ModelSpec& spec,
+                                      const ParallelConfig& config,
+                                      absl::string_view buffer, int rank) {
+  PTC_RETURN_IF_ERROR(spec.Validate());
+  PTC_RETURN_IF_ERROR(CheckConfig(spec, config));
+  int b = 0;
+  while (b < static_cast<int>(spec.buffers.size()) &&
+         spec.buffers[b].name != buffer) {
+    ++b;
+  }
+  if (b == static_cast<int>(spec.buffers.size())) {
+    std::vector<std::string> names;
+    for (const FlatBuffer& f : spec.buffers) names.push_back(f.name);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layout has no flat buffer '", buffer, "' (it has: ",
+        names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+  }
+  if (rank < 0 || rank >= config.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is outside the ", config.world_size(), " ranks of ",
+        config.ToString()));
+  }
+  const FlatBuffer& buf = spec.buffers[b];
+  const AxisPlacement over = AxisPlacement::Replicate(buf.axes);
+  const MeshCoord coord = config.CoordOf(rank);
+  BufferView view;
+  view.in_use = BufferInUse(buf, config);
+  view.shards = AxisPlacementParts(over, config);
+  view.index = AxisPlacementIndex(over, config, coord);
+  const BufferInstance in =
+      LayOutBuffer(spec, buf, config, view.shards,
+                   GroupRepresentative(buf, config, coord));
+  for (size_t e = 0; e < buf.entries.size(); ++e) {
+    int64_t size = 0;
+    for (const Region& r : in.regions[e]) size += r.volume();
+    view.entries.push_back({buf.entries[e].tensor, in.offset[e], size});
+  }
+  view.buckets = in.buckets;
+  view.chunks = ChunksOf(in, view.shards, view.index);
+  return view;
 }
 
 absl::StatusOr<Layout> ExplicitLayout(const ModelSpec& spec, int world_size,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ptc/model_spec.h"
 #include "ptc/parallel_config.h"
 #include "ptc/region.h"
@@ -60,6 +61,31 @@ class Layout {
 // with (CheckConfig).
 absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config);
+
+// One instance of flat buffer `buffer` as rank `rank` sees it under
+// `config`: where each entry's local shard starts (its regions row-major,
+// in order), the buckets, and the chunk of each bucket the rank owns. A
+// framework's distributed optimizer built on this view agrees with ptc on
+// which elements of which parameter each rank keeps state for.
+struct BufferView {
+  struct Entry {
+    int tensor = -1;
+    int64_t offset = -1;  // -1: the rank's pipeline stage does not hold it
+    int64_t size = 0;     // elements of the local shard in the buffer
+  };
+  bool in_use = true;  // false: an optional buffer without zero=1
+  int64_t shards = 1;  // ranks the instance is split over
+  int64_t index = 0;   // this rank's index among them
+  std::vector<Entry> entries;                                // buffer order
+  std::vector<std::pair<int64_t, int64_t>> buckets;          // [start, end)
+  std::vector<std::pair<int64_t, int64_t>> chunks;           // per bucket
+};
+
+// INVALID_ARGUMENT for an unknown buffer, a rank outside the config or a
+// config the spec cannot run with.
+absl::StatusOr<BufferView> ViewBuffer(const ModelSpec& spec,
+                                      const ParallelConfig& config,
+                                      absl::string_view buffer, int rank);
 
 // A layout given rank by rank; checks every region against its tensor's
 // shape and every rank against world_size.

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <numeric>
 
 namespace ptc {
 namespace {
@@ -88,6 +89,70 @@ TEST_CASE("layout: ZeRO-1 splits each stage's buffer evenly over dp",
     CHECK(hi - lo <= 12);
     CHECK(lo > 0);
   }
+}
+
+TEST_CASE("layout: a buffer's view agrees with the ranges its members hold",
+          "[ptc][layout]") {
+  // Megatron-core's distributed optimizer: reverse order, align 64,
+  // buckets of ~300 elements padded to lcm(dp, 128), the shared embedding
+  // in a bucket of its own under a pipeline.
+  auto spec = BuildModelSpec(*ParseArchitecture(
+      "gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8,mcore=1,"
+      "bucket=300"));
+  REQUIRE(spec.ok());
+  const int b = 0;
+  const FlatBuffer& buf = spec->buffers[b];
+  for (const char* cfg : {"tp=2,pp=2,dp=2,zero=1", "tp=1,pp=1,dp=3,zero=1"}) {
+    INFO(cfg);
+    const ParallelConfig c = *spec->ParseConfig(cfg);
+    auto layout = BuildLayout(*spec, c);
+    REQUIRE(layout.ok());
+    for (int rank = 0; rank < c.world_size(); ++rank) {
+      auto view = ViewBuffer(*spec, c, buf.name, rank);
+      REQUIRE(view.ok());
+      CHECK(view->in_use);
+      CHECK(view->shards == c.dp());
+      REQUIRE(view->chunks.size() == view->buckets.size());
+      int64_t end = 0;
+      for (size_t k = 0; k < view->buckets.size(); ++k) {
+        const auto [bs, be] = view->buckets[k];
+        CHECK(bs == end);
+        CHECK((be - bs) % std::lcm<int64_t>(c.dp(), 128) == 0);
+        CHECK(view->chunks[k].second - view->chunks[k].first ==
+              (be - bs) / c.dp());
+        end = be;
+      }
+      // Elements of each entry inside this rank's chunks = elements of its
+      // members on this rank.
+      int64_t last = 0;
+      for (const BufferView::Entry& e : view->entries) {
+        if (e.offset < 0) continue;
+        CHECK(e.offset % 64 == 0);
+        CHECK(e.offset >= last);
+        last = e.offset + e.size;
+        int64_t owned = 0;
+        for (const auto& [lo, hi] : view->chunks) {
+          owned += std::max<int64_t>(
+              0, std::min(hi, e.offset + e.size) - std::max(lo, e.offset));
+        }
+        for (size_t t = 0; t < spec->tensors.size(); ++t) {
+          if (spec->tensors[t].slot != e.tensor) continue;
+          int64_t held = 0;
+          for (const Shard& s : layout->shards(t))
+            if (s.rank == rank) held += s.region.volume();
+          INFO("rank " << rank << " " << spec->tensors[t].key);
+          CHECK(held == owned);
+        }
+      }
+      CHECK(last <= end);
+    }
+  }
+  const ParallelConfig c = *spec->ParseConfig("tp=1,pp=1,dp=2");
+  CHECK_FALSE(ViewBuffer(*spec, c, buf.name, 0)->in_use);
+  CHECK(ViewBuffer(*spec, c, "nope", 0).status().message() ==
+        "the layout has no flat buffer 'nope' (it has: " + buf.name + ")");
+  CHECK(ViewBuffer(*spec, c, buf.name, 2).status().message() ==
+        "rank 2 is outside the 2 ranks of " + c.ToString());
 }
 
 TEST_CASE("layout: placements fill hosts in order and reject too few GPUs",

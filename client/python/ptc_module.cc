@@ -239,6 +239,41 @@ PYBIND11_MODULE(_ptc, m) {
       "every rank's regions of a layout spec (JSON) under a config, as "
       "Client.regions lists them, without a cluster");
   m.def(
+      "buffer_view",
+      [](const std::string& json, const std::string& config,
+         const std::string& name, int rank) {
+        const ModelSpec spec = Value(SpecFromJson(json));
+        const ParallelConfig c = Value(spec.ParseConfig(config));
+        const BufferView v = Value(ViewBuffer(spec, c, name, rank));
+        py::list entries, buckets;
+        for (const BufferView::Entry& e : v.entries) {
+          py::dict d;
+          d["key"] = spec.tensors[e.tensor].key;
+          d["offset"] = e.offset;
+          d["size"] = e.size;
+          entries.append(d);
+        }
+        for (size_t k = 0; k < v.buckets.size(); ++k) {
+          py::dict d;
+          d["start"] = v.buckets[k].first;
+          d["end"] = v.buckets[k].second;
+          d["chunk"] = py::make_tuple(v.chunks[k].first, v.chunks[k].second);
+          buckets.append(d);
+        }
+        py::dict out;
+        out["in_use"] = v.in_use;
+        out["shards"] = v.shards;
+        out["index"] = v.index;
+        out["entries"] = entries;
+        out["buckets"] = buckets;
+        return out;
+      },
+      py::arg("layout"), py::arg("config"), py::arg("buffer"), py::arg("rank"),
+      "flat buffer `buffer` of a layout spec (JSON) as `rank` sees it under "
+      "`config`: in_use, shards, index, entries [{key, offset, size}] "
+      "(offset -1: not on this rank's stage) and buckets [{start, end, "
+      "chunk}] (chunk: this rank's [lo, hi) in buffer coordinates)");
+  m.def(
       "derived_seed",
       [](py::bytes b) -> std::optional<uint64_t> {
         return DerivedSeed(std::string(b));

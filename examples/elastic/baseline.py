@@ -39,20 +39,17 @@ def load(directory, client, model, optimizer):
                 needed.add(f)
     old = [torch.load(directory / f) for f in sorted(needed)]
     shards = [s for saved in old for s in saved["shards"]]
-    # Optimizer state exists only after a step: create it to fill.
-    for group in optimizer.param_groups:
+    # Optimizer state exists only after a step: create it to fill (a
+    # distributed optimizer's over its ranges).
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in inner.param_groups:
         for p in group["params"]:
-            st = optimizer.state[p]
+            st = inner.state[p]
             st.setdefault("step", torch.tensor(0.0))
             st.setdefault("exp_avg", torch.zeros_like(p))
             st.setdefault("exp_avg_sq", torch.zeros_like(p))
-    tensors = pt.state_tensors(client, model, optimizer)
-    by_key = {}
-    for r in client.regions:
-        by_key.setdefault(r["key"], []).append(r["region"])
     with torch.no_grad():
-        for r in client.regions:
-            dst_all = tensors[r["key"]][pt.local_slices(r["region"], by_key[r["key"]])]
+        for r, dst_all in pt.state_regions(client, model, optimizer):
             for dst, src, data in harness.overlaps(shards, r["key"], r["region"]):
                 dst_all[dst] = data[src]
     return old[0]["extra"] if old else {}

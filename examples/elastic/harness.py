@@ -121,13 +121,8 @@ def _write_json(path, obj):
 
 def local_values(client, model, optimizer):
     """[(key, global box, value)] of every region this rank holds."""
-    tensors = pt.state_tensors(client, model, optimizer)
-    by_key = {}
-    for r in client.regions:
-        by_key.setdefault(r["key"], []).append(r["region"])
-    return [(r["key"], r["region"],
-             tensors[r["key"]].detach()[pt.local_slices(r["region"], by_key[r["key"]])].clone())
-            for r in client.regions]
+    return [(r["key"], r["region"], v.clone())
+            for r, v in pt.state_regions(client, model, optimizer)]
 
 
 def overlaps(old, key, box):

@@ -37,7 +37,8 @@ class Groups:
 def train_step(cfg, groups, stage, opt, sched, batch, seq, micro_batches, tied=None):
     """One GPipe iteration over `micro_batches`; returns the global batch's
     mean loss (on the last stage). `tied`: the name of a parameter both end
-    stages hold (a tied embedding), whose gradients they sum."""
+    stages hold (a tied embedding), whose gradients they sum. An optimizer
+    with `reduces_gradients` averages them over dp itself (zero.py)."""
     first, last = stage.first, stage.last
     pp_i, dp_i, tp_i = groups.pp_i, groups.dp_i, groups.tp_i
     prev = cfg.rank_of(pp_i - 1, dp_i, tp_i) if not first else None
@@ -74,7 +75,7 @@ def train_step(cfg, groups, stage, opt, sched, batch, seq, micro_batches, tied=N
     params = dict(stage.named_parameters())
     if tied and groups.embedding is not None:  # the tied embedding's two copies
         dist.all_reduce(params[tied].grad, group=groups.embedding)
-    if cfg.dp > 1:
+    if cfg.dp > 1 and not getattr(opt, "reduces_gradients", False):
         grads = [p.grad for p in params.values()]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=groups.dp)
@@ -83,9 +84,9 @@ def train_step(cfg, groups, stage, opt, sched, batch, seq, micro_batches, tied=N
         for g in grads:
             g.copy_(flat[off:off + g.numel()].view_as(g))
             off += g.numel()
-        if last:
-            dist.all_reduce(total, group=groups.dp)
-            total /= cfg.dp
+    if cfg.dp > 1 and last:
+        dist.all_reduce(total, group=groups.dp)
+        total /= cfg.dp
     opt.step()
     sched.step()
     return total.item()

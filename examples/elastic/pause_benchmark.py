@@ -111,11 +111,13 @@ def main():
     args.source = args.source or bench["from"]
     args.to = args.to or bench["to"]
     args.script = elastic.HERE.parent / elastic.JOBS[args.job]["script"]
+    args.script_args = elastic.JOBS[args.job].get("args", [])
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-pause-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     layout = work / "layout.json"
     subprocess.run([sys.executable, str(args.script), "--config", args.source.split("@")[0],
-                    "--model", args.model, "--layout-out", str(layout)], check=True,
+                    "--model", args.model, *args.script_args, "--layout-out", str(layout)],
+                   check=True,
                    env=dict(elastic.os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
     src_config, src_hosts = args.source.split("@")
     dst_config, dst_hosts = args.to.split("@")

@@ -18,6 +18,7 @@ go on. After each change it checks:
 
     /usr/bin/python3 examples/elastic/run.py                 # the GPT job
     /usr/bin/python3 examples/elastic/run.py --job mlp
+    /usr/bin/python3 examples/elastic/run.py --job gpt-zero   # ZeRO-1 optimizer
     /usr/bin/python3 examples/elastic/run.py --job gpt --phases tp=2,dp=1@host0 \\
         tp=1,pp=2,dp=2@host0,host1 --iterations 4
 """
@@ -44,6 +45,17 @@ JOBS = {
         "model": "layers=4,hidden=64,heads=4,ffn=256,vocab=500,positions=64",
         "phases": ["tp=2,dp=2@host0,host1", "tp=2,pp=2,dp=2@host0,host1,host2,host3",
                    "tp=1,pp=1,dp=2@host3"],
+        "tolerance": 1e-4,
+    },
+    # The GPT job with a flat-buffer distributed optimizer (ZeRO-1): Adam's
+    # state is split over dp in Megatron-core's buckets, and every change
+    # of dp re-cuts it.
+    "gpt-zero": {
+        "script": "elastic_gpt/train.py",
+        "args": ["--zero"],
+        "model": "layers=4,hidden=64,heads=4,ffn=256,vocab=500,positions=64",
+        "phases": ["tp=2,dp=2@host0,host1", "tp=1,pp=2,dp=4@host0,host1,host2,host3",
+                   "tp=2,pp=1,dp=1@host3"],
         "tolerance": 1e-4,
     },
     "moe": {
@@ -135,7 +147,8 @@ def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, save_aft
         cmd = [sys.executable, str(args.script), "--rank", str(rank), "--config", config,
                "--model", args.model, "--job", args.job_name, "--coordinator",
                cluster.coordinator if cluster else "", "--master-port", str(port),
-               "--run-dir", str(run_dir), "--global-batch", str(args.global_batch), *extra]
+               "--run-dir", str(run_dir), "--global-batch", str(args.global_batch),
+               *args.script_args, *extra]
         if rank_hosts:
             cmd += ["--socket", cluster.socket(rank_hosts[rank])]
         log = open(logs / f"{config}_rank{rank}.log", "w")
@@ -199,6 +212,7 @@ def main():
     args.bin = pathlib.Path(args.bin)
     job = JOBS[args.job]
     args.script = HERE.parent / job["script"]
+    args.script_args = job.get("args", [])
     args.job_name = f"elastic-{args.job}"
     args.phases = args.phases or job["phases"]
     args.model = job["model"] if args.model is None else args.model
@@ -238,7 +252,7 @@ def main():
         # The job's layout, as its training script builds it (ptc.torch).
         layout = work / "layout.json"
         subprocess.run([sys.executable, str(args.script), "--config", config, "--model",
-                        args.model, "--layout-out", str(layout)], check=True,
+                        args.model, *args.script_args, "--layout-out", str(layout)], check=True,
                        env=dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
         cluster.ptcctl("register", "--job", args.job_name, "--layout", str(layout), "--config",
                        config, "--hosts", ",".join(hosts), capture=True)

@@ -1,7 +1,9 @@
 """One rank of the elastic GPT training job (started by examples/elastic/run.py).
 
 Trains with tp/pp/dp from --config (Megatron-style tensor parallelism,
-GPipe pipeline, data parallelism, Adam with a warm-up schedule), reads
+GPipe pipeline, data parallelism, Adam with a warm-up schedule; with
+--zero, Adam's state sharded over dp by a flat-buffer distributed
+optimizer as Megatron-core's), reads
 samples through ptc's data cursor, and when the launcher asks, saves its
 whole state to ptc with ptc.torch and exits. Started with --load, it
 resumes from the job's state for its rank of the new config. The lines
@@ -19,6 +21,7 @@ import gpt
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "elastic"))
 import harness  # noqa: E402
 from megatron import Groups, train_step  # noqa: E402
+import zero  # noqa: E402
 
 import ptc  # noqa: E402  # ptc
 import ptc.torch as pt  # noqa: E402  # ptc
@@ -29,6 +32,8 @@ SAMPLES, SEQ = harness.SAMPLES, harness.SEQ
 
 def flags(ap):
     ap.add_argument("--micro-batches", type=int, default=2)
+    ap.add_argument("--zero", action="store_true",
+                    help="a flat-buffer distributed optimizer (ZeRO-1, Megatron-core's layout)")
 
 
 def main():
@@ -38,15 +43,23 @@ def main():
     adam = lambda params: torch.optim.Adam(params, lr=LR, eps=1e-8)  # noqa: E731
     warmup = lambda opt: torch.optim.lr_scheduler.LambdaLR(  # noqa: E731
         opt, lambda it: min(1.0, (it + 1) / WARMUP))
+    # ZeRO-1: Adam's state over flat-buffer ranges, in buckets of ~40k elements.
+    kept = pt.FlatBuffer(torch.optim.Adam, bucket_size=40_000) if args.zero else torch.optim.Adam
+    layout = gpt.layout(arch, kept)  # ptc
     if args.layout_out:
-        return gpt.layout(arch, torch.optim.Adam).write(args.layout_out)  # ptc
+        return layout.write(args.layout_out)  # ptc
     harness.init_dist(args, cfg.world_size)
     groups = Groups(cfg, args.rank)
     first_layer, n_layers = cfg.stage_layers(groups.pp_i, arch.layers)
     stage = gpt.Stage(arch, cfg.tp, groups.tp_i, first_layer, n_layers, groups.pp_i == 0,
                       groups.pp_i == cfg.pp - 1, groups.tp, args.seed)
-    opt = adam(stage.parameters())
-    sched = warmup(opt)
+    if args.zero:
+        opt = zero.DistributedOptimizer(stage, pt.flat_buffer(layout, cfg, args.rank),  # ptc
+                                        adam, groups.dp)
+        sched = warmup(opt.optimizer)
+    else:
+        opt = adam(stage.parameters())
+        sched = warmup(opt)
     client = harness.client(args)  # ptc.Client(socket, coordinator, job, rank)  # ptc
     iteration = 0
     cursor = ptc.DataCursor(seed=args.seed, dataset_size=SAMPLES,  # ptc

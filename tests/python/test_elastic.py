@@ -1,8 +1,10 @@
 """End to end: the PyTorch training jobs (examples/elastic) on ptc.torch
 change their parallelism: the GPT job from 2 processes to 4 with another
-TP (and a pipeline) and back, the MLP job under data parallelism 2 -> 4 ->
-1; the state is bit-identical after each reload, the loss continues as in
-an uninterrupted run, and every sample is consumed exactly once."""
+TP (and a pipeline) and back, also with a flat-buffer ZeRO-1 optimizer;
+the MLP job under data parallelism 2 -> 4 -> 1; the MoE job over ep; the
+LLaMA job over tp (uneven query groups) and into a pipeline. The state is
+bit-identical after each reload, the loss continues as in an
+uninterrupted run, and every sample is consumed exactly once."""
 import json
 import pathlib
 import subprocess
@@ -65,3 +67,12 @@ def test_an_moe_changes_its_expert_parallelism(bin_dir, ptc_module, tmp_path):
 def test_a_llama_with_interleaved_gqa_goes_tp2_tp3_then_pipeline(bin_dir, ptc_module, tmp_path):
     res = run_job(bin_dir, tmp_path, "llama")
     assert [p["config"] for p in res["phases"]] == ["tp=2", "tp=3", "tp=1,pp=2"]
+
+
+def test_gpt_with_a_flat_buffer_optimizer_recuts_it_over_dp_and_pipeline(bin_dir, ptc_module,
+                                                                         tmp_path):
+    # ZeRO-1 in Megatron-core's buckets: dp=2 -> a pipeline (the tied
+    # embedding in a bucket of its own on both end stages) -> tp=2, dp=1.
+    res = run_job(bin_dir, tmp_path, "gpt-zero", "dp=2@host0", "pp=2,dp=2@host0,host1",
+                  "tp=2,dp=1@host2")
+    assert [p["processes"] for p in res["phases"]] == [2, 4, 2]

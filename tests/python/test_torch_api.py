@@ -105,6 +105,54 @@ def test_pipeline_stages_and_optimizer_state(pt):
     assert len(spec_tensors(plain)) == len(list(model.parameters()))
 
 
+def test_a_flat_buffer_optimizer_is_laid_out_as_megatron_core_does(pt, ptc_module):
+    model = Tiny(layers=4)
+    stages = pt.Stages(layers="blocks", first_and_last=["embed"], last=["head"])
+    plan = {"blocks.*.qkv": pt.Colwise(groups=(8, 8, 8)), "blocks.*.proj": pt.Rowwise(),
+            "embed": pt.VocabParallel(pad=4)}
+    flat = pt.FlatBuffer(torch.optim.Adam, bucket_size=300, align=8, bucket_pad=16)
+    layout = pt.Layout(model, plan, optimizer=flat, stages=stages)
+    t = spec_tensors(layout)
+    [buf] = layout.spec["buffers"]
+    names = [n for n, _ in model.named_parameters()]
+    assert [e["tensor"] for e in buf["entries"]] == names[::-1]       # backward order
+    assert buf["entries"][-1] == {"tensor": "embed.weight", "own_bucket": "when_shared"}
+    assert (buf["axes"], buf["align"], buf["bucket_size"], buf["bucket_pad"]) == (
+        ["dp"], 8, 300, 16)
+    assert t["optim.exp_avg.blocks.1.qkv.weight"]["buffer"] == "optimizer"
+    assert t["optim.exp_avg.blocks.1.qkv.weight"]["slot"] == "blocks.1.qkv.weight"
+    assert t["optim.step"]["shape"] == [1] and "optim.main.head.weight" not in t
+    for config in ("tp=2,dp=3", "pp=2,dp=2", "tp=2,pp=2,dp=3"):
+        cfg = ptc_module.ParallelConfig.parse(config, layout.mesh)
+        # The ranks of one (pp, tp) group own disjoint ranges that cover
+        # every parameter of their stage, in chunks of equal size.
+        groups = {}
+        for rank in range(cfg.world_size):
+            pp, dp, tp = cfg.coord_of(rank)
+            view = pt.flat_buffer(layout, config, rank)
+            assert view.shards == cfg.dp and view.index == dp
+            for b in view.buckets:
+                assert (b.end - b.start) % 16 == 0
+                assert b.chunk[1] - b.chunk[0] == (b.end - b.start) // cfg.dp
+            for e in view.entries:
+                assert e.offset % 8 == 0
+                groups.setdefault((pp, tp, e.name, e.numel), []).append(e.owned)
+        for (pp, tp, name, numel), owned in groups.items():
+            assert len(owned) == cfg.dp
+            got = sorted(o for o in owned if o)
+            assert got[0][0] == 0 and got[-1][1] == numel, (config, name)
+            assert all(a[1] == b[0] for a, b in zip(got, got[1:])), (config, name)
+    text = pt.describe(layout, "tp=2,dp=3", rank=1, state=True)
+    assert "flat buffer 'optimizer' over dp" in text and "of the shard of" in text
+    mixed = pt.Layout(model.half(), optimizer=pt.FlatBuffer(torch.optim.Adam, main_params=True))
+    assert spec_tensors(mixed)["optim.main.head.weight"]["dtype"] == "fp32"
+    assert spec_tensors(mixed)["optim.exp_avg.head.weight"]["dtype"] == "fp32"
+    with pytest.raises(ValueError, match="cut as groups along dimension 1"):
+        pt.Layout(Tiny(), {"blocks.*.proj": pt.Rowwise(groups=(4, 4))}, optimizer=flat)
+    with pytest.raises(ptc_module.Error, match="no flat buffer 'grads'"):
+        pt.flat_buffer(layout, "dp=2", 0, name="grads")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"plan": {"blocks.*.attn": None}}, "match no parameter"),
     ({"plan": {"blocks.*": "C", "blocks.0.qkv": "C"}}, "matches plan entries"),
@@ -323,3 +371,124 @@ def test_sgd_without_momentum_keeps_only_its_hyper_parameters(pt, ptc_module, cl
     assert pt.load(client, model2, opt2).step == 4
     assert opt2.param_groups[0]["lr"] == 0.25
     assert torch.equal(model.weight, model2.weight)
+
+
+class _Zero:
+    """A flat-buffer optimizer as ptc.torch takes it: Adam over the ranges
+    of the parameters this rank owns (views of them), from flat_buffer."""
+
+    def __init__(self, pt, client, model):
+        params = dict(model.named_parameters())
+        view = pt.flat_buffer(client)
+        self.owned = view.owned()
+        self.shards = {n: params[n].detach().view(-1)[lo:hi] for n, (lo, hi) in self.owned.items()}
+        self.optimizer = torch.optim.Adam(list(self.shards.values()), lr=0.01)
+
+    def fake_step(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        for t in self.shards.values():
+            t.grad = torch.randn(t.shape, generator=g)
+        self.optimizer.step()
+
+
+def _gathered(ranks, slot):
+    """{parameter: the stored prefix of its flat local tensor} assembled
+    from every rank's owned ranges of `slot` (dp only: the local tensor is
+    the whole parameter)."""
+    out = {}
+    for z in ranks:
+        for name, (lo, hi) in z.owned.items():
+            t = z.shards[name]
+            v = t if slot == "param" else z.optimizer.state[t][slot]
+            out.setdefault(name, {})[lo] = v.detach().clone()
+    return {n: torch.cat([parts[lo] for lo in sorted(parts)]) for n, parts in out.items()}
+
+
+def test_a_flat_buffer_optimizer_saves_loads_and_is_recut_over_dp(pt, ptc_module, cluster,
+                                                                   tmp_path):
+    plan = {"embed": pt.VocabParallel(pad=4)}  # 10 rows padded to 12: 2 never stored
+    flat = pt.FlatBuffer(torch.optim.Adam, bucket_size=200, align=4, bucket_pad=8)
+    register(cluster, tmp_path, pt.Layout(Tiny(), plan, optimizer=flat), config="dp=2",
+             hosts="host0")
+    models, ranks, clients = [], [], []
+    for rank in range(2):
+        torch.manual_seed(0)
+        model = Tiny()
+        model.embed.weight = torch.nn.Parameter(
+            torch.cat([model.embed.weight.detach(), torch.zeros(2, 8)]))  # the padded shard
+        clients.append(connect(ptc_module, cluster, rank=rank))
+        ranks.append(_Zero(pt, clients[-1], model))
+        models.append(model)
+    for it in range(3):
+        for rank, z in enumerate(ranks):
+            z.fake_step(100 * it + rank)
+        for z in ranks:  # the all-gather: every replica gets each owner's range
+            for name, (lo, hi) in z.owned.items():
+                for m in models:
+                    dict(m.named_parameters())[name].data.view(-1)[lo:hi] = z.shards[name]
+
+    # Misuse first: nothing is written.
+    with pytest.raises(ValueError, match=r"a distributed optimizer\); pass an object"):
+        pt.save(clients[0], models[0], torch.optim.Adam(models[0].parameters()), step=3)
+    z = ranks[0]
+    name = next(iter(z.shards))
+    bad = type("Z", (), {"optimizer": z.optimizer, "shards": dict(z.shards)})()
+    bad.shards[name] = z.shards[name][:-1]
+    with pytest.raises(ValueError, match=f"the shard of '{name}' has shape"):
+        pt.save(clients[0], models[0], bad, step=3)
+    del bad.shards[name]
+    with pytest.raises(ValueError, match=f"keeps no shard of '{name}'"):
+        pt.save(clients[0], models[0], bad, step=3)
+    other = next(n for n in ranks[1].owned if n not in z.owned)
+    bad.shards = dict(z.shards, **{other: torch.zeros(3)})
+    with pytest.raises(ValueError, match=f"shards of {other}, of which this rank owns no range"):
+        pt.save(clients[0], models[0], bad, step=3)
+
+    pt.save(clients[0], models[0], ranks[0], step=3, wait=False)
+    pt.save(clients[1], models[1], ranks[1], step=3)
+    want = {slot: _gathered(ranks, slot) for slot in ("param", "exp_avg", "exp_avg_sq")}
+    # What ptc holds is each moment at its place in the global tensor.
+    from ptc import torch_state
+    shapes = {t["key"]: t["shape"] for t in pt._spec_of(clients[0].layout)["tensors"]}
+    checked = 0
+    for client in clients:
+        state = client.load()
+        for r in client.regions:
+            slot, _, name = r["key"].partition(".")[2].partition(".")
+            if slot in ("exp_avg", "exp_avg_sq"):
+                full = want[slot][name].view(shapes[name])
+                assert torch.equal(torch_state.region_tensor(state, r["index"], r["dtype"]),
+                                   full[tuple(slice(b, e) for b, e in r["region"])]), r["key"]
+                checked += full[tuple(slice(b, e) for b, e in r["region"])].numel()
+        del state
+    assert checked == 2 * sum(t.numel() for t in want["exp_avg"].values())
+
+    # dp=2 -> dp=3: every range is cut anew; the new ranks' ranges
+    # assemble to the same parameters and moments.
+    r = cluster.ptcctl("reconfigure", "--job", "t", "--to", "dp=3", "--hosts", "host0,host1")
+    assert r.returncode == 0, r.stderr
+    new = []
+    for rank in range(3):
+        torch.manual_seed(rank + 50)
+        model = Tiny()
+        model.embed.weight = torch.nn.Parameter(torch.full((12, 8), 7.0))
+        client = connect(ptc_module, cluster, rank=rank, host="host0" if rank < 2 else "host1")
+        z = _Zero(pt, client, model)
+        assert pt.load(client, model, z).step == 3
+        assert torch.equal(model.embed.weight[10:], torch.zeros(2, 8))  # padding zeroed
+        for p, q in zip(models[0].parameters(), model.parameters()):
+            assert torch.equal(p, q)                      # every replica whole again
+        for st in z.optimizer.state.values():
+            assert float(st["step"]) == 3.0
+        new.append(z)
+    assert sorted(want["param"]) == sorted(_gathered(new, "param"))
+    for slot, full in want.items():
+        got = _gathered(new, slot)
+        for n in full:
+            assert torch.equal(full[n], got[n]), (slot, n)
+    # A layout with per-parameter state refuses a flat optimizer.
+    register(cluster, tmp_path, pt.Layout(Tiny(), optimizer=torch.optim.Adam), job="u")
+    m = Tiny()
+    with pytest.raises(ValueError, match="keeps flat shards but the job's layout keeps "
+                                         "per-parameter state"):
+        pt.save(connect(ptc_module, cluster, job="u"), m, new[0], step=1)

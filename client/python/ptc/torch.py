@@ -41,9 +41,9 @@ import torch
 
 from . import _ptc, torch_state
 
-__all__ = ["Colwise", "Experts", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
-           "Stages", "VocabParallel", "check_forward", "describe", "load", "save",
-           "shard_state", "state_tensors"]
+__all__ = ["Colwise", "Experts", "FlatBuffer", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
+           "Stages", "VocabParallel", "check_forward", "describe", "flat_buffer", "load",
+           "save", "shard_state", "state_regions", "state_tensors"]
 
 OPTIMIZER_OBJECT = "ptc.torch.optimizer"
 SCHEDULER_OBJECT = "ptc.torch.scheduler"
@@ -246,6 +246,73 @@ def optimizer_state(optimizer):
                      "optimizer=ptc.torch.OptimizerState(slots=[...], step=...)")
 
 
+class FlatBuffer:
+    """A flat-buffer distributed optimizer (ZeRO-1; Megatron-core's
+    DistributedOptimizer) for the layout. The parameters' local shards are
+    concatenated into one flat buffer (in `order`: "reverse", the order
+    gradients become ready, or "forward"; each starting at a multiple of
+    `align` elements), closed into buckets once one holds `bucket_size`
+    elements (0: one bucket), each bucket's end padded to a multiple of
+    lcm(ranks, `bucket_pad`), and every bucket is split over `axis` in
+    contiguous chunks. A rank keeps `optimizer`'s state (Adam's exp_avg,
+    exp_avg_sq; its step once for all) and, with `main_params`, fp32 master
+    copies of the parameters, only for the elements in its chunks. The
+    defaults are Megatron-core's; a parameter tied across pipeline stages
+    gets a bucket of its own, as there. flat_buffer() gives each rank its
+    ranges; save() and load() take an optimizer object with .optimizer and
+    .shards (see flat_buffer)."""
+
+    def __init__(self, optimizer, axis="dp", *, order="reverse", align=64,
+                 bucket_size=40_000_000, bucket_pad=128, main_params=False, name="optimizer"):
+        if order not in ("reverse", "forward"):
+            raise ValueError(f"FlatBuffer order is 'reverse' or 'forward', not {order!r}")
+        if isinstance(optimizer, FlatBuffer):
+            raise ValueError("FlatBuffer takes the optimizer that runs on each rank's ranges "
+                             "(e.g. torch.optim.Adam), not another FlatBuffer")
+        self.state = optimizer_state(optimizer)
+        if self.state is None:
+            raise ValueError("FlatBuffer needs the optimizer whose state it keeps")
+        self.axes = [axis] if isinstance(axis, str) else list(axis)
+        self.order, self.align, self.bucket_size = order, align, bucket_size
+        self.bucket_pad, self.main_params, self.name = bucket_pad, main_params, name
+        self.slots = (["main"] if main_params else []) + self.state.slots
+
+    def __repr__(self):
+        return (f"FlatBuffer('{self.name}' over {', '.join(self.axes)}, {self.order}, "
+                f"align {self.align}, buckets {self.bucket_size}, pad {self.bucket_pad})")
+
+    def spec(self, params):
+        """The buffer's spec and its member tensors for `params` (the
+        layout's parameter entries, in model order)."""
+        tensors, entries = [], []
+        for t in params:
+            for p in t.get("placements", []):
+                dim = p.get("dim", 0)
+                if dim != 0 and (p.get("kind") == "grouped_shard"
+                                 or int(p.get("pad_multiple", 0))):
+                    what = "as groups" if p.get("kind") == "grouped_shard" else "with padding"
+                    raise ValueError(
+                        f"parameter '{t['key']}' is cut {what} along dimension {dim}: its "
+                        "local tensor's memory does not hold its regions one after another, "
+                        "which a flat buffer needs; cut it along dimension 0")
+            for slot in self.slots:
+                tensors.append(dict(t, key=f"optim.{slot}.{t['key']}", role="optimizer_state",
+                                    dtype="fp32" if self.main_params else t["dtype"],
+                                    buffer=self.name, slot=t["key"]))
+            e = {"tensor": t["key"]}
+            if t.get("stage", {}).get("kind") == "first_and_last":
+                e["own_bucket"] = "when_shared"
+            entries.append(e)
+        if self.state.step:
+            tensors.append({"key": "optim.step", "dtype": "fp32", "shape": [1],
+                            "role": "optimizer_state"})
+        buf = {"name": self.name, "axes": self.axes,
+               "entries": entries[::-1] if self.order == "reverse" else entries,
+               "align": self.align, "bucket_size": self.bucket_size,
+               "bucket_pad": self.bucket_pad}
+        return buf, tensors
+
+
 # ---------------------------------------------------------------- the layout
 
 def _matches(pattern, name):
@@ -281,7 +348,9 @@ class Layout:
         unknown = sorted(axes_used - set(self.mesh))
         if unknown:
             raise ValueError(f"the plan cuts over {unknown}, which the mesh {self.mesh} lacks")
-        self.optimizer = optimizer_state(optimizer)
+        self.optimizer = (optimizer if isinstance(optimizer, FlatBuffer)
+                          else optimizer_state(optimizer))
+        per_tensor = isinstance(self.optimizer, OptimizerState)
         self.stages = stages
         owners = {}  # parameter name -> (module, name inside it)
         for mname, module in model.named_modules():
@@ -318,7 +387,7 @@ class Layout:
             if stage_of[full]:
                 t["stage"] = stage_of[full]
             tensors.append(t)
-            if self.optimizer:
+            if per_tensor:
                 for slot in self.optimizer.slots:
                     tensors.append(dict(t, key=f"optim.{slot}.{full}", role="optimizer_state"))
                 if self.optimizer.step:
@@ -327,12 +396,18 @@ class Layout:
                     if stage_of[full]:
                         s["stage"] = stage_of[full]
                     tensors.append(s)
+        buffers = []
+        if isinstance(self.optimizer, FlatBuffer):
+            buf, members = self.optimizer.spec(list(tensors))
+            buffers.append(buf)
+            tensors += members
         self.spec = {
             "format_version": 1,
             "name": name or type(model).__name__,
             "mesh": self.mesh,
             "num_layers": self.num_layers,
             "tensors": tensors,
+            "buffers": buffers,
             "small_objects": [
                 {"name": OPTIMIZER_OBJECT, "bytes": 1024},
                 {"name": SCHEDULER_OBJECT, "bytes": 1024},
@@ -440,26 +515,168 @@ def local_slices(region, regions):
     return torch_state.local_slices(region, _packed(regions), regions)
 
 
+FlatEntry = namedtuple("FlatEntry", ["name", "offset", "numel", "owned"])
+FlatEntry.__doc__ = """A parameter in a flat buffer: where its local shard starts in
+the buffer, its elements there (a shard with padding rows: the rows before
+them, the first `numel` of the local tensor's memory), and `owned`: the
+range (lo, hi) of those elements this rank keeps state for, or None."""
+Bucket = namedtuple("Bucket", ["start", "end", "chunk"])
+Bucket.__doc__ = """A bucket of a flat buffer, [start, end) in buffer elements; `chunk`:
+the part (lo, hi) this rank owns, in buffer elements."""
+
+
+class BufferView:
+    """A flat buffer as one rank sees it under one config (flat_buffer()):
+    `entries` (FlatEntry, in buffer order; parameters of the rank's stage),
+    `buckets` (Bucket), `shards` (ranks the buffer is split over), `index`
+    (this rank's among them), `size` (elements, with alignment and
+    padding), `in_use`."""
+
+    def __init__(self, d, name):
+        self.name, self.in_use = name, bool(d["in_use"])
+        self.shards, self.index = int(d["shards"]), int(d["index"])
+        self.buckets = [Bucket(int(b["start"]), int(b["end"]), tuple(map(int, b["chunk"])))
+                        for b in d["buckets"]]
+        self.size = self.buckets[-1].end if self.buckets else 0
+        self.entries = []
+        for e in d["entries"]:
+            off, n = int(e["offset"]), int(e["size"])
+            if off < 0:
+                continue
+            owned = None
+            for b in self.buckets:  # an entry lies in one bucket
+                lo, hi = max(b.chunk[0], off), min(b.chunk[1], off + n)
+                if lo < hi:
+                    owned = (lo - off, hi - off)
+            self.entries.append(FlatEntry(e["key"], off, n, owned))
+
+    def owned(self):
+        """{parameter name: (lo, hi)} of the ranges this rank owns."""
+        return {e.name: e.owned for e in self.entries if e.owned}
+
+    def __repr__(self):
+        mine = sum(hi - lo for lo, hi in self.owned().values())
+        return (f"<flat buffer '{self.name}': {self.size} elements in {len(self.buckets)} "
+                f"buckets over {self.shards} ranks; index {self.index} owns {mine} elements "
+                f"of {len(self.owned())} of {len(self.entries)} parameters>")
+
+
+def flat_buffer(layout, config=None, rank=None, name=None):
+    """Flat buffer `name` (default: the layout's only one) as `rank` sees
+    it under `config`; `layout` is a Layout (or spec), or a ptc.Client (its
+    job's layout, config and rank). A distributed optimizer built on it
+    agrees with ptc: for each parameter in `entries` whose range `owned` is
+    not None, it keeps a 1-D tensor of the local shard's elements
+    [lo, hi) of its memory (an fp32 copy with main_params, else a view
+    of the parameter), and optimizer state for those. save() and load()
+    take it as an object with .optimizer (the torch optimizer over those
+    tensors) and .shards ({parameter name: that tensor})."""
+    if isinstance(layout, _ptc.Client):
+        text, config, rank = layout.layout, str(layout.config), layout.rank
+        spec = _spec_of(text)
+    else:
+        spec = _spec_of(layout)
+        text = json.dumps(spec)
+        if config is None or rank is None:
+            raise ValueError("flat_buffer(layout, config, rank): give the config and the rank")
+    names = [b.get("name", "") for b in spec.get("buffers", [])]
+    if name is None:
+        if len(names) != 1:
+            raise ValueError(f"the layout has {len(names)} flat buffers "
+                             f"({', '.join(names) or 'none'}); name one")
+        name = names[0]
+    return BufferView(_ptc.buffer_view(text, str(config), name, int(rank)), name)
+
+
+def _flat_parts(optimizer, where):
+    """(torch optimizer, {name: shard}) of a flat-buffer optimizer object."""
+    inner, shards = getattr(optimizer, "optimizer", None), getattr(optimizer, "shards", None)
+    if not isinstance(inner, torch.optim.Optimizer) or not isinstance(shards, dict):
+        raise ValueError(
+            f"{where}: the job's layout keeps the optimizer's state in a flat buffer (a "
+            "distributed optimizer); pass an object with .optimizer (the torch optimizer "
+            "over this rank's ranges) and .shards ({parameter name: 1-D tensor of its "
+            f"range}}), not {type(optimizer).__name__} (see ptc.torch.flat_buffer)")
+    return inner, shards
+
+
+def _torch_optimizer(optimizer):
+    """The torch optimizer whose param_groups and steps a save keeps."""
+    if optimizer is not None and hasattr(optimizer, "shards") and hasattr(optimizer, "optimizer"):
+        return optimizer.optimizer
+    return optimizer
+
+
 class _Rank:
     """This rank's view of the job's layout: its regions by key, the spec's
-    tensors, and the local tensors they map to."""
+    tensors, the flat buffers in use, and the local tensors they map to."""
 
     def __init__(self, client):
-        self.spec = _spec_of(client.layout)
-        for b in self.spec.get("buffers", []):
-            if not b.get("optional") or "zero=1" in str(client.config):
-                raise ValueError(f"the job's layout keeps tensors in the flat buffer "
-                                 f"'{b.get('name')}'; ptc.torch maps per-tensor layouts only")
+        text = client.layout
+        self.spec = _spec_of(text)
         self.config = client.config
+        self.rank = client.rank
         self.tensors = {t["key"]: t for t in self.spec["tensors"]}
         self.regions = client.regions
         self.by_key = {}
         for r in self.regions:
             self.by_key.setdefault(r["key"], []).append(r["region"])
-        self.rank = client.rank
+        # Members of flat buffers in use: key -> (buffer, parameter, lo, hi).
+        self.buffers, self.member = {}, {}
+        for b in self.spec.get("buffers", []):
+            view = BufferView(_ptc.buffer_view(text, str(self.config), b["name"], self.rank),
+                              b["name"])
+            if not view.in_use:
+                continue
+            self.buffers[view.name] = view
+            owned = view.owned()
+            for t in self.spec["tensors"]:
+                if t.get("buffer") != view.name:
+                    continue
+                if not t.get("slot"):
+                    raise ValueError(f"the job's layout shards '{t['key']}' itself by flat "
+                                     f"ranges of buffer '{view.name}' (FSDP-style); ptc.torch "
+                                     "maps parameters held as tensors and optimizer state in "
+                                     "flat buffers")
+                if t["key"] in self.by_key:
+                    if t["slot"] not in owned:
+                        raise ValueError(f"rank {self.rank}: the layout gives '{t['key']}' "
+                                         f"regions but buffer '{view.name}' no range of "
+                                         f"'{t['slot']}' to this rank")
+                    self.member[t["key"]] = (view.name, t["slot"], *owned[t["slot"]])
 
     def expected(self, key):
+        if key in self.member:
+            _, _, lo, hi = self.member[key]
+            return (hi - lo,)
         return local_shape(self.tensors[key], self.by_key[key], self.config)
+
+    def view(self, key, region, tensor):
+        """The part of local tensor `tensor` of `key` that holds `region`."""
+        if key not in self.member:
+            return tensor[local_slices(region, self.by_key[key])]
+        # A flat range of the parameter's local shard: the box lies in one
+        # of the parameter's regions, and its elements are consecutive in
+        # the local tensor's memory from where its first one sits.
+        buf, name, lo, hi = self.member[key]
+        boxes = self.by_key.get(name, [])
+        box = next((b for b in boxes if all(b0 <= r0 and r1 <= b1 for (b0, b1), (r0, r1)
+                                            in zip(b, region))), None)
+        shape = local_shape(self.tensors[name], boxes, self.config) if boxes else ()
+        at, rows = 0, False
+        if box is not None:
+            sls = local_slices(box, boxes)
+            # Whole rows of the local tensor: consecutive in its memory.
+            rows = all(sl.start == 0 and sl.stop == n for sl, n in zip(sls[1:], shape[1:]))
+            for sl, (b0, _), (r0, _), n in zip(sls, box, region, shape):
+                at = at * n + sl.start + r0 - b0
+        size = math.prod(r1 - r0 for r0, r1 in region)
+        if not rows or not lo <= at < at + size <= hi:
+            raise ValueError(f"rank {self.rank}: '{key}' holds {region} of buffer '{buf}', "
+                             f"which is not elements [{lo}, {hi}) of this rank's shard of "
+                             f"'{name}' {boxes}; the buffer does not follow the local "
+                             "tensor's memory order")
+        return tensor[at - lo:at - lo + size].view([r1 - r0 for r0, r1 in region])
 
 
 def _local_tensors(client, model, optimizer, create_state):
@@ -503,7 +720,13 @@ def _local_tensors(client, model, optimizer, create_state):
         if stateful:
             raise ValueError("an optimizer was given but the job's layout keeps no optimizer "
                              "state; build the Layout with optimizer=")
-    if state_keys:
+    if rank.buffers and optimizer is not None:
+        out.update(_flat_state(rank, optimizer, state_keys, where, create_state))
+    elif state_keys:
+        if hasattr(optimizer, "shards"):
+            raise ValueError(f"{where}: the optimizer keeps flat shards but the job's layout "
+                             "keeps per-parameter state; build the Layout with "
+                             "optimizer=ptc.torch.FlatBuffer(...)")
         in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for k in state_keys:
             _, slot, name = k.split(".", 2)
@@ -551,11 +774,74 @@ def _local_tensors(client, model, optimizer, create_state):
     return rank, out
 
 
+def _flat_state(rank, optimizer, state_keys, where, create_state):
+    """{key: local tensor} of the optimizer state a flat-buffer optimizer
+    keeps on this rank: each member's 1-D range (its shard, or the state
+    slot of it) and the step."""
+    inner, shards = _flat_parts(optimizer, where)
+    owned = {}  # parameter name -> (buffer, lo, hi) this rank owns
+    for k, (buf, name, lo, hi) in rank.member.items():
+        owned[name] = (buf, lo, hi)
+    stray = sorted(n for n, t in shards.items() if n not in owned and t.numel())
+    if stray:
+        raise ValueError(f"{where}: the optimizer keeps shards of {_sample(stray)}, of which "
+                         "this rank owns no range in the layout's flat buffer; build it from "
+                         "ptc.torch.flat_buffer(...)")
+    in_opt = {id(p) for g in inner.param_groups for p in g["params"]}
+    out = {}
+    for name, (buf, lo, hi) in owned.items():
+        t = shards.get(name)
+        if t is None:
+            raise ValueError(f"{where}: the optimizer keeps no shard of '{name}'; this rank owns "
+                             f"its elements [{lo}, {hi}) in flat buffer '{buf}'")
+        if tuple(t.shape) != (hi - lo,):
+            raise ValueError(f"{where}: the shard of '{name}' has shape {tuple(t.shape)}; this "
+                             f"rank owns its elements [{lo}, {hi}) in flat buffer '{buf}', a "
+                             f"1-D tensor of {hi - lo}")
+        if id(t) not in in_opt:
+            raise ValueError(f"{where}: the shard of '{name}' is not in the optimizer's "
+                             "param_groups")
+    for k in state_keys:
+        if k == "optim.step":
+            # One step for all: the optimizer's (every range steps together).
+            steps = [st["step"] for st in inner.state.values() if "step" in st]
+            out[k] = torch.tensor([float(steps[0]) if steps else 0.0])
+            continue
+        if k not in rank.member:
+            raise ValueError(f"{where}: the layout holds '{k}' outside the flat buffers; "
+                             "ptc.torch keeps an optimizer's state all in one or all per "
+                             "parameter")
+        _, name, _, _ = rank.member[k]
+        slot = k.split(".", 2)[1]
+        t = shards[name]
+        if slot == "main":
+            out[k] = t
+            continue
+        st = inner.state[t] if create_state else inner.state.get(t, {})
+        cur = st.get(slot)
+        if cur is None:  # before the first step: what it starts from
+            cur = torch.zeros_like(t)
+            if create_state:
+                st[slot] = cur
+        out[k] = cur
+    return out
+
+
 def state_tensors(client, model, optimizer=None):
     """{key: local tensor} of every key of the job's layout this rank holds
     (parameters, and optimizer state as "optim.<slot>.<name>"), checked
     against the layout as save() checks them."""
     return _local_tensors(client, model, optimizer, create_state=False)[1]
+
+
+def state_regions(client, model, optimizer=None):
+    """[(region, tensor)] for every region this rank holds (a dict as in
+    client.regions: key, region, index, dtype, ...): the part of the
+    model's or optimizer's tensor that holds it, a view (writes go to the
+    model). Checked against the layout as save() checks."""
+    rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
+    return [(r, rank.view(r["key"], r["region"], tensors[r["key"]].detach()))
+            for r in rank.regions]
 
 
 # ---------------------------------------------------------------- small objects
@@ -673,6 +959,7 @@ class Restored(dict):
 
 
 def _infer_step(optimizer, scheduler):
+    optimizer = _torch_optimizer(optimizer)
     if optimizer is not None:
         for st in optimizer.state.values():
             if "step" in st:
@@ -697,7 +984,7 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     groups = None
     if optimizer is not None:
         groups = [{k: v for k, v in g.items() if k != "params"} | {"params": len(g["params"])}
-                  for g in optimizer.param_groups]
+                  for g in _torch_optimizer(optimizer).param_groups]
     # Encode everything before the save starts: a bad object fails early.
     objects = [(name, _encoded(obj, what)) for name, obj, what in (
         (OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
@@ -707,8 +994,7 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         (RNG_OBJECT, _rng_state(), "the RNG states"))]
     s = client.begin_save(int(step))
     for r in rank.regions:
-        t = tensors[r["key"]]
-        part = t.detach()[local_slices(r["region"], rank.by_key[r["key"]])]
+        part = rank.view(r["key"], r["region"], tensors[r["key"]].detach())
         if part.dtype == torch.bfloat16:
             part = part.view(torch.int16)
         s.write(r["index"], part.contiguous().cpu().numpy())
@@ -734,15 +1020,19 @@ def load(client, model, optimizer=None, scheduler=None):
             if t.numel() != sum(math.prod(e - b for b, e in box) for box in rank.by_key[k]):
                 t.zero_()
         for r in rank.regions:
-            t = tensors[r["key"]]
-            t[local_slices(r["region"], rank.by_key[r["key"]])].copy_(
+            rank.view(r["key"], r["region"], tensors[r["key"]]).copy_(
                 torch_state.region_tensor(state, r["index"], r["dtype"]))
     if optimizer is not None:
+        inner = _torch_optimizer(optimizer)
+        if rank.buffers and "optim.step" in tensors:  # one step for every range
+            for t in optimizer.shards.values():
+                if t in inner.state:
+                    inner.state[t]["step"] = tensors["optim.step"][0].clone()
         groups = decode(state.small_object(OPTIMIZER_OBJECT))
-        if groups is None or len(groups) != len(optimizer.param_groups):
+        if groups is None or len(groups) != len(inner.param_groups):
             raise ValueError(f"the saved optimizer had {len(groups or [])} param_groups; this "
-                             f"one has {len(optimizer.param_groups)}: build it the same way")
-        for g, saved in zip(optimizer.param_groups, groups):
+                             f"one has {len(inner.param_groups)}: build it the same way")
+        for g, saved in zip(inner.param_groups, groups):
             for k, v in saved.items():
                 if k != "params":
                     g[k] = v
@@ -784,8 +1074,8 @@ def _mib(n):
 def describe(layout, config, rank=None, state=False):
     """A readable account of a layout under `config`: every rank (or only
     `rank`) with each parameter's local shape, regions and cut (with
-    `state`, the optimizer's tensors too: they are cut as their parameter),
-    and the bytes it holds. Needs no cluster; raises what ptc would refuse."""
+    `state`, the optimizer's tensors too: cut as their parameter, or ranges
+    of a flat buffer), the flat buffers, and the bytes it holds. Needs no cluster; raises what ptc would refuse."""
     spec = _spec_of(layout)
     text = json.dumps(spec)
     _ptc.check_layout(text, str(config))
@@ -805,16 +1095,34 @@ def describe(layout, config, rank=None, state=False):
         for reg in mine:
             by_key.setdefault(reg["key"], []).append(reg["region"])
         coord = ", ".join(f"{a}={i}" for a, i in zip(cfg.mesh, cfg.coord_of(r)))
+        views = [BufferView(_ptc.buffer_view(text, str(config), b["name"], r), b["name"])
+                 for b in spec.get("buffers", [])]
+        views = {v.name: v for v in views if v.in_use}
         shown = {k: b for k, b in by_key.items()
                  if state or tensors[k].get("role", "") != "optimizer_state"}
         hidden = len(by_key) - len(shown)
         lines.append(f"rank {r} ({coord}): {len(by_key)} tensors, "
                      f"{_mib(sum(reg['bytes'] for reg in mine))}"
-                     + (f" ({hidden} of optimizer state, cut as their parameters)"
+                     + (f" ({hidden} of optimizer state, "
+                        + ("in flat buffers" if views else "cut as their parameters") + ")"
                         if hidden else ""))
+        for v in views.values():
+            axes = ",".join(next(b.get("axes", []) for b in spec["buffers"]
+                                 if b["name"] == v.name))
+            lines.append(f"  flat buffer '{v.name}' over {axes}: {v.size} elements in "
+                         f"{len(v.buckets)} buckets, split {v.shards} ways; index {v.index} "
+                         f"owns {sum(hi - lo for lo, hi in v.owned().values())} elements of "
+                         f"{len(v.owned())} of its {len(v.entries)} parameters")
         width = max((len(k) for k in shown), default=0)
         for k, boxes in shown.items():
             t = tensors[k]
+            if t.get("buffer") in views:
+                n = sum(math.prod(e - b for b, e in box) for box in boxes)
+                lo, hi = views[t["buffer"]].owned()[t["slot"]]
+                lines.append(f"  {k:<{width}}  {t['dtype']:<8} local {str([n]):<14} "
+                             f"of {t['shape']}  elements [{lo}, {hi}) of the shard of "
+                             f"'{t['slot']}' (flat buffer '{t['buffer']}')")
+                continue
             shape = list(local_shape(t, boxes, cfg))
             where = " ".join("[" + ", ".join(f"{b}:{e}" for b, e in box) + "]" for box in boxes)
             lines.append(f"  {k:<{width}}  {t['dtype']:<8} local {str(shape):<14} "
