@@ -15,6 +15,7 @@
 //       and checks every element.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <set>
@@ -205,11 +206,16 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
   }
   // Every rank holds every small object of the spec, saved by some rank of
   // an earlier config (which one is the planner's rule, tested elsewhere),
-  // or, for a derive-rule object, a seed derived for it alone.
+  // or, for a derive-rule object, a derived seed. Ranks of different scope
+  // coordinates share a seed only when the copy rule carried it: a seed an
+  // earlier change derived, copied to every stage of a pipeline that grew
+  // (the stages holding the old stage's layers); a seed this version
+  // derived belongs to one scope.
+  struct SeedOwner {
+    std::string scope, scope_but_pp;
+  };
   int64_t small = 0, derived = 0;
-  // (object, seed) -> the scope coordinates that derived it: ranks that
-  // share a scope share the seed; two scopes never do.
-  std::map<std::pair<std::string, uint64_t>, std::string> seed_owner;
+  std::map<std::pair<std::string, std::string>, SeedOwner> seed_owner;
   const ParallelConfig& config = *v.layout.config();
   for (int rank = 0; rank < v.layout.world_size(); ++rank) {
     const std::string& host = v.rank_hosts[rank];
@@ -223,16 +229,24 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
       bool valid = false;
       for (int from = 0; from < 4096 && !valid; ++from)
         valid = got == SyntheticSmallObject(o.name, from);
-      if (const auto seed = DerivedSeed(got);
-          !valid && seed && o.new_ranks == NewRankRule::kDerive) {
-        const std::string scope =
-            ScopeCoordinates(o, config, config.CoordOf(rank));
-        auto [it, fresh] =
-            seed_owner.emplace(std::make_pair(o.name, *seed), scope);
-        if (!fresh && it->second != scope) {
+      if (!valid && DerivedSeed(got) && o.new_ranks == NewRankRule::kDerive) {
+        const MeshCoord coord = config.CoordOf(rank);
+        SmallObjectSpec but_pp = o;
+        but_pp.scope.erase(
+            std::remove(but_pp.scope.begin(), but_pp.scope.end(), "pp"),
+            but_pp.scope.end());
+        const SeedOwner me{ScopeCoordinates(o, config, coord),
+                           ScopeCoordinates(but_pp, config, coord)};
+        auto [it, first] = seed_owner.emplace(std::make_pair(o.name, got), me);
+        const SeedOwner& other = it->second;
+        if (!first && other.scope != me.scope &&
+            (other.scope_but_pp != me.scope_but_pp ||
+             got == DerivedSmallObject(o.name, me.scope, version) ||
+             got == DerivedSmallObject(o.name, other.scope, version))) {
           return absl::DataLossError(absl::StrCat(
-              "rank ", rank, " (", scope, ") and the ranks at ", it->second,
-              ": small object '", o.name, "' holds the same derived seed"));
+              "rank ", rank, " (", me.scope, ") and the ranks at ",
+              other.scope, ": small object '", o.name,
+              "' holds the same derived seed"));
         }
         valid = true;
         ++derived;
