@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/job_placement.h"
 #include "coordinator/reconfigure_driver.h"
 #include "ptc/layout.h"
 #include "ptc/families.h"
@@ -75,6 +76,31 @@ absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const ModelSpec& spec,
   return std::make_pair(c.world_size(), spec.TotalBytes());
 }
 
+// Store bytes per host name of `config` placed on `rank_hosts` (empty if
+// either is missing).
+std::map<std::string, int64_t> HostBytesOf(
+    const ModelSpec& spec, const std::string& config,
+    const google::protobuf::RepeatedPtrField<std::string>& rank_hosts) {
+  std::map<std::string, int64_t> out;
+  if (config.empty() || rank_hosts.empty()) return out;
+  auto c = spec.ParseConfig(config);
+  if (!c.ok() || c->world_size() != rank_hosts.size()) return out;
+  auto layout = BuildLayout(spec, *c);
+  if (!layout.ok()) return out;
+  std::vector<std::string> names;
+  Placement p;
+  for (const std::string& h : rank_hosts) {
+    auto it = std::find(names.begin(), names.end(), h);
+    p.host.push_back(static_cast<int>(it - names.begin()));
+    if (it == names.end()) names.push_back(h);
+    p.device.push_back(0);
+  }
+  const std::vector<int64_t> bytes =
+      HostStateBytes(spec, *layout, p, static_cast<int>(names.size()));
+  for (size_t h = 0; h < names.size(); ++h) out[names[h]] = bytes[h];
+  return out;
+}
+
 // The spec of a job as the state file or a registration gives it.
 absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
     const std::string& model, const proto::LayoutSpec* layout) {
@@ -101,6 +127,9 @@ void CoordinatorService::AdoptTargetLocked(Job& job) {
   s.set_config(s.target_config());
   s.clear_hosts();
   for (const std::string& h : s.target_hosts()) s.add_hosts(h);
+  *s.mutable_rank_hosts() = s.target_rank_hosts();
+  *s.mutable_rank_devices() = s.target_rank_devices();
+  job.host_bytes = job.target_host_bytes;
   s.set_committed_version(s.target_version());
   s.set_committed_step(s.target_step());
   // Targets that never acknowledged the decided commit (dead ones: rule 5)
@@ -170,6 +199,9 @@ absl::Status CoordinatorService::Load() {
     job->spec = *std::move(spec);
     auto shape = JobShape(*job->spec, js.config());
     if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
+    job->host_bytes = HostBytesOf(*job->spec, js.config(), js.rank_hosts());
+    job->target_host_bytes =
+        HostBytesOf(*job->spec, js.target_config(), js.target_rank_hosts());
     jobs_[js.job()] = std::move(job);
   }
   Log("coordinator")
@@ -357,7 +389,10 @@ grpc::Status CoordinatorService::RegisterJob(
   proto::ReconfigureRequest first_save;
   first_save.set_job(req->job());
   first_save.set_to(req->config());
-  *first_save.mutable_hosts() = req->hosts();
+  proto::PlacementOptions* where = first_save.mutable_placement();
+  where->set_strategy("explicit");
+  *where->mutable_rank_hosts() = resp->placement().rank_hosts();
+  *where->mutable_rank_devices() = resp->placement().rank_devices();
   proto::PrepareResponse prepared;
   if (absl::Status s = DoPrepare(first_save, &prepared); !s.ok()) {
     Log("coordinator")
@@ -381,26 +416,59 @@ absl::Status CoordinatorService::AddJob(
         absl::StrCat("job '", req.job(),
                      "' is being forgotten; register it again when that ends"));
   }
-  int64_t gpus = 0;
+  if (req.hosts().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", req.job(), "' needs hosts to run on"));
+  }
+  // Where its ranks run: checked against the hosts' GPUs (those other jobs
+  // use are taken) and store memory now, not when a save runs out.
+  Resources res = ResourcesLocked(req.job());
+  std::vector<int> candidates;
   for (const std::string& h : req.hosts()) {
-    auto it = hosts_.find(h);
-    if (it == hosts_.end()) {
+    auto it = std::find(res.names.begin(), res.names.end(), h);
+    if (it == res.names.end()) {
       return absl::NotFoundError(
           absl::StrCat("host '", h, "' is not registered"));
     }
-    gpus += it->second.status.gpus();
+    const int id = static_cast<int>(it - res.names.begin());
+    if (!res.alive[id]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("host '", h, "' is dead; choose live hosts"));
+    }
+    if (std::find(candidates.begin(), candidates.end(), id) != candidates.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host '", h, "' is named twice"));
+    }
+    candidates.push_back(id);
   }
-  if (gpus < shape.first) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job '", req.job(), "' has ", shape.first,
-                     " ranks but the hosts given have ", gpus, " GPUs"));
-  }
+  PTC_ASSIGN_OR_RETURN(const ParallelConfig config, spec->ParseConfig(req.config()));
+  PTC_ASSIGN_OR_RETURN(const Layout layout, BuildLayout(*spec, config));
+  PlacementRequest preq;
+  preq.spec = spec.get();
+  preq.cluster = &res.cluster;
+  preq.target = &layout;
+  preq.hosts = candidates;
+  preq.alive = res.alive;
+  preq.taken = res.taken;
+  preq.memory = res.memory;
+  PTC_ASSIGN_OR_RETURN(const PlacementResult placed,
+                       PlaceJob(req.placement(), preq, res.names));
   auto job = std::make_unique<Job>();
   job->state.set_job(req.job());
   job->state.set_model(req.has_layout() ? spec->name : req.model());
   if (req.has_layout()) *job->state.mutable_layout() = req.layout();
   job->state.set_config(req.config());
-  for (const std::string& h : req.hosts()) job->state.add_hosts(h);
+  for (const std::string& h : UsedHosts(placed, candidates, res.names))
+    job->state.add_hosts(h);
+  for (int r = 0; r < placed.placement.world_size(); ++r) {
+    job->state.add_rank_hosts(res.names[placed.placement.host[r]]);
+    job->state.add_rank_devices(placed.placement.device[r]);
+  }
+  for (size_t h = 0; h < placed.host_bytes.size(); ++h) {
+    if (placed.host_bytes[h] > 0) job->host_bytes[res.names[h]] = placed.host_bytes[h];
+  }
+  SetPlacementSummary(placed, PlacementStrategy(req.placement()), res.names,
+                      resp->mutable_placement());
   job->state.set_layout_epoch(1);
   job->state.set_next_version(1);
   // Plan epochs continue after those of a forgotten job of the same name.
@@ -415,7 +483,7 @@ absl::Status CoordinatorService::AddJob(
   Log("coordinator")
       ->info("job {} registered: {}{} {} on {} hosts ({} tensors)", req.job(),
              req.has_layout() ? "layout spec " : "", job_ptr->state.model(),
-             req.config(), req.hosts_size(), job_ptr->spec->tensors.size());
+             req.config(), job_ptr->state.hosts_size(), job_ptr->spec->tensors.size());
   return PersistLocked();
 }
 
@@ -530,11 +598,22 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
 
 std::vector<std::string> CoordinatorService::RankHostsLocked(
     const Job& job) const {
-  auto config = job.spec->ParseConfig(job.state.config());
+  return RankPlacementLocked(job).first;
+}
+
+std::pair<std::vector<std::string>, std::vector<int32_t>>
+CoordinatorService::RankPlacementLocked(const Job& job) const {
+  const auto& s = job.state;
+  if (s.rank_hosts_size() > 0 && s.rank_hosts_size() == job.ranks &&
+      s.rank_devices_size() == job.ranks) {
+    return {{s.rank_hosts().begin(), s.rank_hosts().end()},
+            {s.rank_devices().begin(), s.rank_devices().end()}};
+  }
+  auto config = job.spec->ParseConfig(s.config());
   if (!config.ok()) return {};
   Cluster cluster;
   std::vector<int> ids;
-  for (const std::string& name : job.state.hosts()) {
+  for (const std::string& name : s.hosts()) {
     auto it = hosts_.find(name);
     if (it == hosts_.end()) return {};
     ids.push_back(static_cast<int>(cluster.hosts.size()));
@@ -542,9 +621,57 @@ std::vector<std::string> CoordinatorService::RankHostsLocked(
   }
   auto placement = ContiguousPlacement(cluster, ids, config->world_size());
   if (!placement.ok()) return {};
-  std::vector<std::string> out;
-  for (int h : placement->host) out.push_back(cluster.hosts[h].name);
+  std::pair<std::vector<std::string>, std::vector<int32_t>> out;
+  for (int h : placement->host) out.first.push_back(cluster.hosts[h].name);
+  out.second = placement->device;
   return out;
+}
+
+CoordinatorService::Resources CoordinatorService::ResourcesLocked(
+    const std::string& job) const {
+  Resources r;
+  for (const auto& [name, h] : hosts_) {
+    const int32_t id = static_cast<int32_t>(r.names.size());
+    r.addresses[id] = h.status.address();
+    r.names.push_back(name);
+    r.cluster.hosts.push_back(
+        {name, h.status.gpus(),
+         h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
+    r.alive.push_back(h.status.alive());
+    r.memory.push_back(h.status.memory_bytes() > 0 ? h.status.memory_bytes() : -1);
+  }
+  r.taken.resize(r.names.size());
+  auto id_of = [&](const std::string& n) {
+    return static_cast<int>(std::find(r.names.begin(), r.names.end(), n) -
+                            r.names.begin());
+  };
+  for (const auto& [name, j] : jobs_) {
+    if (name == job) continue;
+    // Its committed ranks, and its change in flight's, hold GPUs and
+    // store memory until the change ends.
+    const auto [hosts, devices] = RankPlacementLocked(*j);
+    auto take = [&](const std::string& h, int32_t d) {
+      const int id = id_of(h);
+      if (id < static_cast<int>(r.names.size())) r.taken[id].push_back(d);
+    };
+    for (size_t i = 0; i < hosts.size() && i < devices.size(); ++i)
+      take(hosts[i], devices[i]);
+    const bool in_flight = j->state.target_version() != 0;
+    for (int i = 0; in_flight && i < j->state.target_rank_hosts_size() &&
+                    i < j->state.target_rank_devices_size();
+         ++i) {
+      take(j->state.target_rank_hosts(i), j->state.target_rank_devices(i));
+    }
+    for (const auto* bytes : {&j->host_bytes, &j->target_host_bytes}) {
+      if (bytes == &j->target_host_bytes && !in_flight) continue;
+      for (const auto& [h, b] : *bytes) {
+        const int id = id_of(h);
+        if (id < static_cast<int>(r.names.size()) && r.memory[id] >= 0)
+          r.memory[id] = std::max<int64_t>(0, r.memory[id] - b);
+      }
+    }
+  }
+  return r;
 }
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
@@ -561,7 +688,9 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
     s->set_committed_version(j->state.committed_version());
     s->set_ranks(j->ranks);
     s->set_state_bytes(j->state_bytes);
-    for (std::string& h : RankHostsLocked(*j)) s->add_rank_hosts(std::move(h));
+    auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
+    for (std::string& h : rank_hosts) s->add_rank_hosts(std::move(h));
+    for (int32_t d : rank_devices) s->add_rank_devices(d);
     if (!j->saved.empty())
       s->set_ranks_saved(
           static_cast<int32_t>(j->saved.rbegin()->second.size()));

@@ -57,6 +57,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ptc/layout.h"
 #include "ptc/model_spec.h"
 
 namespace ptc {
@@ -137,6 +138,19 @@ class CoordinatorService final : public proto::Coordinator::Service {
     // The job's layout spec (registered, or generated for its built-in
     // model); never null once the job is known.
     std::shared_ptr<const ModelSpec> spec;
+    // Store bytes the committed version and the change in flight's target
+    // take on each host, by name (what other jobs' placements must leave).
+    std::map<std::string, int64_t> host_bytes, target_host_bytes;
+  };
+  // The registered hosts as a placement sees them (ids index `names`),
+  // with the GPUs and store bytes that jobs other than the one placed use.
+  struct Resources {
+    std::vector<std::string> names;
+    Cluster cluster;
+    std::vector<bool> alive;
+    std::vector<std::vector<int32_t>> taken;
+    std::vector<int64_t> memory;
+    std::map<int32_t, std::string> addresses;
   };
   struct Flight;
   struct Planned;
@@ -177,6 +191,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Host name of every rank under the job's committed config and hosts
   // (empty if a host is unknown).
   std::vector<std::string> RankHostsLocked(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Host name and GPU of every rank of the committed config: the placement
+  // chosen for it (contiguous on its hosts for state from before
+  // placements were stored).
+  std::pair<std::vector<std::string>, std::vector<int32_t>> RankPlacementLocked(
+      const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Resources ResourcesLocked(const std::string& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Load();
   void Recover();

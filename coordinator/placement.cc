@@ -111,7 +111,11 @@ int64_t Missing(const ModelSpec& spec, const Regions& needs,
 }
 
 std::string GiB(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+  if (bytes >= (int64_t{1} << 30))
+    return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+  if (bytes >= (int64_t{1} << 20))
+    return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+  return absl::StrCat(bytes, " bytes");
 }
 
 absl::Status CheckRequest(const PlacementRequest& req) {
@@ -194,9 +198,11 @@ absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
   PlacementResult out;
   out.placement = placement;
   out.host_bytes.assign(n, 0);
+  out.host_old_bytes.assign(n, 0);
   std::vector<char> used(n, 0);
   for (int h : placement.host) used[h] = 1;
   for (int h = 0; h < n; ++h) {
+    out.host_old_bytes[h] = Bytes(*req.spec, holds[h]);
     if (!used[h]) continue;
     const int64_t missing = Missing(*req.spec, needs[h], holds[h]);
     out.cross_host_bytes += missing;
@@ -207,6 +213,50 @@ absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
   for (int h : req.hosts) {
     if (!used[h]) out.released.push_back(h);
   }
+  return out;
+}
+
+absl::Status CheckPlacementFits(const PlacementRequest& req,
+                                const PlacementResult& result) {
+  const Cluster& cluster = *req.cluster;
+  const Placement& p = result.placement;
+  for (int r = 0; r < p.world_size(); ++r) {
+    const int h = p.host[r];
+    if (req.taken.empty()) break;
+    const auto& taken = req.taken[h];
+    if (std::find(taken.begin(), taken.end(), p.device[r]) != taken.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", r, " is placed on GPU ", p.device[r], " of ",
+          cluster.hosts[h].name, ", which another job uses"));
+    }
+  }
+  for (size_t h = 0; h < result.host_bytes.size() && !req.memory.empty(); ++h) {
+    const int64_t need = result.host_bytes[h] +
+                         (h < result.host_old_bytes.size() ? result.host_old_bytes[h] : 0);
+    if (result.host_bytes[h] > 0 && req.memory[h] >= 0 && need > req.memory[h]) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          cluster.hosts[h].name, " would hold ", GiB(result.host_bytes[h]),
+          " of the job's new version",
+          result.host_old_bytes[h] > 0
+              ? absl::StrCat(" beside ", GiB(result.host_old_bytes[h]),
+                             " of the committed one")
+              : "",
+          " but its store has ", GiB(req.memory[h]),
+          " for the job; add hosts, or start its ptcd with more --memory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> HostStateBytes(const ModelSpec& spec, const Layout& layout,
+                                    const Placement& placement, int num_hosts) {
+  const std::vector<Regions> held = GroupRegions(
+      layout, num_hosts, [&](int rank) {
+        const int h = placement.host[rank];
+        return h >= 0 && h < num_hosts ? h : -1;
+      });
+  std::vector<int64_t> out(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) out[h] = Bytes(spec, held[h]);
   return out;
 }
 
@@ -459,6 +509,9 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   out.placement.host.assign(world, -1);
   out.placement.device.assign(world, -1);
   out.host_bytes.assign(cluster.hosts.size(), 0);
+  out.host_old_bytes.assign(cluster.hosts.size(), 0);
+  for (const HostClass& hc : hclass)
+    for (int c : hc.members) out.host_old_bytes[cands[c].host] = hc.old_bytes;
   std::vector<size_t> next_block(B, 0), next_host(H, 0);
   for (int h = 0; h < H; ++h) {
     for (int b = 0; b < B; ++b) {

@@ -67,8 +67,10 @@ struct PlacementResult {
   int64_t cross_host_bytes = 0;
   // The largest of those per host, in seconds at the host's bandwidth.
   double max_receive_seconds = 0;
-  // Store bytes of the new version on each cluster host (0 off the job).
+  // Store bytes of the new version on each cluster host (0 off the job),
+  // and of the committed version it holds meanwhile.
   std::vector<int64_t> host_bytes;
+  std::vector<int64_t> host_old_bytes;
 };
 
 // The placement described above. INVALID_ARGUMENT: a layout without a
@@ -87,6 +89,17 @@ absl::StatusOr<PlacementResult> ContiguousPlacementResult(
 // largest receive time, store bytes per host), for tests and comparisons.
 absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
                                                   const Placement& placement);
+
+// Checks a placement made by other means (contiguous, explicit) against
+// req's constraints: no device another job uses, and every host's old and
+// new bytes within its memory. RESOURCE_EXHAUSTED names the host.
+absl::Status CheckPlacementFits(const PlacementRequest& req,
+                                const PlacementResult& result);
+
+// Store bytes each cluster host holds of `layout` placed by `placement`
+// (distinct regions of its ranks), indexed by host id.
+std::vector<int64_t> HostStateBytes(const ModelSpec& spec, const Layout& layout,
+                                    const Placement& placement, int num_hosts);
 
 }  // namespace ptc
 

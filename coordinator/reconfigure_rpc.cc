@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/job_placement.h"
 #include "coordinator/plan_proto.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/plan_validator.h"
@@ -44,6 +45,8 @@ void ClearFlight(proto::CoordinatorState::Job* job) {
   job->clear_release_hosts();
   job->set_target_step(0);
   job->clear_acked_hosts();
+  job->clear_target_rank_hosts();
+  job->clear_target_rank_devices();
 }
 
 // Fault injection for the process tests (tests/python): with the
@@ -93,6 +96,9 @@ struct CoordinatorService::Planned {
   std::vector<bool> alive;
   std::map<int32_t, std::string> addresses;  // host id -> ptcd address
   int64_t committed = 0, epoch = 0;
+  // Where the target ranks run.
+  PlacementResult placement;
+  std::string placement_strategy;
 };
 
 absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
@@ -104,7 +110,8 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   std::vector<std::string>& names = out.names;
   std::vector<std::string> from_hosts;
   std::vector<std::string>& to_hosts = out.to_hosts;
-  Cluster cluster;
+  Resources res;
+  std::pair<std::vector<std::string>, std::vector<int32_t>> source_ranks;
   std::vector<bool>& alive = out.alive;
   std::vector<std::string> lost;  // alive, but without the job's state
   std::map<int32_t, std::string>& addresses = out.addresses;
@@ -140,14 +147,11 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     spec = job.spec;
     from = job.state.config();
     from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
-    for (const auto& [name, h] : hosts_) {
-      addresses[static_cast<int32_t>(names.size())] = h.status.address();
-      names.push_back(name);
-      cluster.hosts.push_back(
-          {name, h.status.gpus(),
-           h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
-      alive.push_back(h.status.alive());
-    }
+    source_ranks = RankPlacementLocked(job);
+    res = ResourcesLocked(req.job());
+    names = res.names;
+    alive = res.alive;
+    addresses = res.addresses;
     lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
     if (req.hosts().empty()) {
       for (const std::string& h : from_hosts) {
@@ -186,16 +190,44 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
                        MakePlanScenario(*spec, from, from_ids, req.to(), to_ids,
-                                        cluster, alive));
-  flight->input = flight->scenario.input();
+                                        res.cluster, alive));
+  PlanScenario& scenario = flight->scenario;
+  // The committed ranks run where the job's placement put them.
+  if (static_cast<int>(source_ranks.first.size()) == scenario.source.world_size()) {
+    Placement p;
+    PTC_ASSIGN_OR_RETURN(const std::vector<int> ids, id_of(source_ranks.first));
+    p.host = ids;
+    p.device = source_ranks.second;
+    scenario.source_placement = std::move(p);
+  }
   // Hosts that restarted (or came back unverified) hold nothing of the
   // committed version: the planner takes nothing from them, and names
   // them if a region has no other copy.
+  std::vector<int> lost_ids;
   for (const std::string& h : lost) {
     auto it = std::find(names.begin(), names.end(), h);
-    if (it != names.end())
-      flight->input.source_lost.push_back(static_cast<int>(it - names.begin()));
+    if (it != names.end()) lost_ids.push_back(static_cast<int>(it - names.begin()));
   }
+  // Where the target ranks run: the candidates are to_ids.
+  PlacementRequest where;
+  where.spec = &scenario.spec;
+  where.cluster = &scenario.cluster;
+  where.target = &scenario.target;
+  where.hosts = to_ids;
+  if (committed > 0) {
+    where.source = &scenario.source;
+    where.source_placement = &scenario.source_placement;
+  }
+  where.alive = alive;
+  where.source_lost = lost_ids;
+  where.taken = res.taken;
+  where.memory = res.memory;
+  PTC_ASSIGN_OR_RETURN(out.placement, PlaceJob(req.placement(), where, names));
+  out.placement_strategy = PlacementStrategy(req.placement());
+  scenario.target_placement = out.placement.placement;
+  to_hosts = UsedHosts(out.placement, to_ids, names);
+  flight->input = scenario.input();
+  flight->input.source_lost = lost_ids;
   if (req.strategy() == "tenplex") {
     PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
   } else if (req.strategy().empty() || req.strategy() == "ptc") {
@@ -258,6 +290,18 @@ absl::Status CoordinatorService::DoReconfigure(
     job.state.set_target_config(flight->scenario.target.config()->ToString());
     job.state.clear_target_hosts();
     for (const std::string& h : to_hosts) job.state.add_target_hosts(h);
+    job.state.clear_target_rank_hosts();
+    job.state.clear_target_rank_devices();
+    const Placement& placed = planned.placement.placement;
+    for (int rank = 0; rank < placed.world_size(); ++rank) {
+      job.state.add_target_rank_hosts(names[placed.host[rank]]);
+      job.state.add_target_rank_devices(placed.device[rank]);
+    }
+    job.target_host_bytes.clear();
+    for (size_t h = 0; h < planned.placement.host_bytes.size(); ++h) {
+      if (planned.placement.host_bytes[h] > 0)
+        job.target_host_bytes[names[h]] = planned.placement.host_bytes[h];
+    }
     job.state.set_target_version(r.target_version);
     job.state.set_target_epoch(epoch);
     job.state.set_commit_decided(false);
@@ -274,6 +318,8 @@ absl::Status CoordinatorService::DoReconfigure(
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
     *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
+    SetPlacementSummary(planned.placement, planned.placement_strategy, names,
+                        job.event.mutable_plan());
     r.cancel = &job.cancel;
     r.before_commit = [this, name = req.job()] {
       PauseAtFailpoint("before_decision");
@@ -299,6 +345,8 @@ absl::Status CoordinatorService::DoReconfigure(
   resp->set_source_version(committed);
   resp->set_target_version(r.target_version);
   *resp->mutable_plan() = PlanToProto(flight->plan).summary();
+  SetPlacementSummary(planned.placement, planned.placement_strategy, names,
+                      resp->mutable_plan());
   Log("coordinator")
       ->info("job {} epoch {}: {} -> {} on {} hosts ({} bytes across hosts)",
              req.job(), epoch, planned.from, req.to(), to_hosts.size(),
@@ -367,6 +415,8 @@ absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
     return absl::OkStatus();
   }));
   *resp->mutable_plan() = PlanToProto(plan).summary();
+  SetPlacementSummary(planned.placement, planned.placement_strategy,
+                      planned.names, resp->mutable_plan());
   Log("coordinator")
       ->info("job {}: prepared memory for {} -> {} on {} hosts", req.job(),
              planned.from, req.to(), addresses.size());

@@ -55,6 +55,16 @@ void ClientCluster::RegisterJob(const std::string& job,
   REQUIRE(s.ok());
 }
 
+void ClientCluster::ForgetJob(const std::string& job) {
+  grpc::ClientContext ctx;
+  proto::ForgetJobRequest req;
+  req.set_job(job);
+  proto::ForgetJobResponse resp;
+  const absl::Status s = FromGrpcStatus(Stub(address)->ForgetJob(&ctx, req, &resp));
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+}
+
 absl::Status ClientCluster::Reconfigure(const std::string& job,
                                         const std::string& config,
                                         const std::vector<std::string>& hosts) {

@@ -20,6 +20,8 @@ struct ClientCluster {
   void RegisterJob(const std::string& job, const std::string& model,
                    const std::string& config,
                    const std::vector<std::string>& hosts);
+  // Forgets `job` (its GPUs become free for the next); REQUIREs success.
+  void ForgetJob(const std::string& job);
   // Reconfigures `job` to `config` on `hosts`; returns the status.
   absl::Status Reconfigure(const std::string& job, const std::string& config,
                            const std::vector<std::string>& hosts);

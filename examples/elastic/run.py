@@ -125,8 +125,16 @@ class Cluster:
         return r.stdout
 
     def rank_hosts(self, job):
-        jobs = json.loads(self.ptcctl("jobs", "--json", capture=True))["jobs"]
-        return next(j for j in jobs if j["job"] == job)["rank_hosts"]
+        """The host of every rank, as each host's launcher learns it from
+        the coordinator's placement (ptcctl ranks --host H)."""
+        hosts = [p.stem for p in sorted(self.dir.glob("host*.port"))]
+        placed = {}
+        for h in hosts:
+            out = json.loads(self.ptcctl("ranks", "--job", job, "--host", h, "--json",
+                                         capture=True))
+            for r in out["ranks"]:
+                placed[r["rank"]] = h
+        return [placed[r] for r in range(len(placed))]
 
     def down(self):
         subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "down", str(self.dir)],

@@ -21,6 +21,9 @@ def cluster(bin_dir, tmp_path_factory):
 
 
 def register(c, job, model=MODEL, config="tp=2,dp=2", hosts=("host0", "host1")):
+    # A GPU runs one job's rank: the jobs of earlier tests make room.
+    for j in c.ptcctl_json("jobs")[1]["jobs"]:
+        c.ptcctl("forget", j["job"], check=True)
     c.ptcctl("register", "--job", job, "--model", model, "--config", config,
              "--hosts", ",".join(hosts), check=True)
     jobs = c.ptcctl_json("jobs")[1]["jobs"]

@@ -487,8 +487,9 @@ def test_a_flat_buffer_optimizer_saves_loads_and_is_recut_over_dp(pt, ptc_module
         for n in full:
             assert torch.equal(full[n], got[n]), (slot, n)
     # A layout with per-parameter state refuses a flat optimizer.
-    register(cluster, tmp_path, pt.Layout(Tiny(), optimizer=torch.optim.Adam), job="u")
+    register(cluster, tmp_path, pt.Layout(Tiny(), optimizer=torch.optim.Adam), job="u",
+             hosts="host1")  # the GPU job t leaves free
     m = Tiny()
     with pytest.raises(ValueError, match="keeps flat shards but the job's layout keeps "
                                          "per-parameter state"):
-        pt.save(connect(ptc_module, cluster, job="u"), m, new[0], step=1)
+        pt.save(connect(ptc_module, cluster, job="u", host="host1"), m, new[0], step=1)

@@ -16,8 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "common/args.h"
+#include "common/atomic_file.h"
 #include "common/grpc_status.h"
 #include "common/json_writer.h"
 #include "common/status_macros.h"
@@ -33,15 +36,27 @@ namespace ptc::tools {
 const char kClusterUsage[] =
     R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
   ptcctl register    --job J (--model MODEL | --layout FILE) --config CONFIG --hosts h1,h2,...
+                     [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
-  ptcctl prepare     --job J --to CONFIG [--hosts h1,h2,...] [--wait]
+                     [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
+  ptcctl prepare     --job J --to CONFIG [--hosts h1,h2,...] [--wait] [--placement ...]
   ptcctl hosts
   ptcctl jobs
   ptcctl status J
+  ptcctl ranks       --job J --host H      (the ranks a launcher on H starts, and their GPUs)
   ptcctl abort J
   ptcctl forget J
+
+The coordinator places the ranks: --hosts are candidates, and it picks
+the hosts and GPUs that make the change shortest and move the fewest bytes
+across hosts (a tp group stays on one host; --colocate names other axes,
+or none), within each host's free GPUs and store memory; hosts it leaves
+without a rank are released. --placement contiguous fills the hosts in the
+order named (for comparison); --placement FILE gives every rank's "HOST
+GPU", one line per rank in rank order. register and reconfigure print the
+placement; ptcctl ranks tells each host's launcher what to start.
 
 reconfigure plans the change, runs it with a live progress line and ends
 with a report: time, bytes kept in place / copied within hosts / sent
@@ -72,6 +87,96 @@ absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
   return FromGrpcStatus((stub->*method)(&ctx, req, resp));
 }
 
+// {"strategy", "ranks": [{"rank", "host", "gpu"}], "released_hosts"}.
+void WritePlacement(const proto::PlanSummary& p, JsonWriter* w) {
+  w->BeginObject().Key("strategy").String(p.placement());
+  w->Key("ranks").BeginArray();
+  for (int r = 0; r < p.rank_hosts_size(); ++r) {
+    w->BeginObject().Key("rank").Int(r).Key("host").String(p.rank_hosts(r));
+    w->Key("gpu").Int(r < p.rank_devices_size() ? p.rank_devices(r) : -1);
+    w->EndObject();
+  }
+  w->EndArray().Key("released_hosts").BeginArray();
+  for (const std::string& h : p.released_hosts()) w->String(h);
+  w->EndArray().EndObject();
+}
+
+// "ranks 0-3" / "ranks 0, 2, 4" of a sorted list.
+std::string Spans(const std::vector<int>& v) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(v[i]) : absl::StrCat(v[i], "-", v[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+// One line per host: its ranks and their GPUs; then the released hosts.
+std::string FormatPlacement(const proto::PlanSummary& p) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<std::vector<int>, std::vector<int>>> on;
+  for (int r = 0; r < p.rank_hosts_size(); ++r) {
+    auto [it, fresh] = on.try_emplace(p.rank_hosts(r));
+    if (fresh) order.push_back(p.rank_hosts(r));
+    it->second.first.push_back(r);
+    if (r < p.rank_devices_size()) it->second.second.push_back(p.rank_devices(r));
+  }
+  std::string out = absl::StrFormat("  placement (%s):\n", p.placement());
+  for (const std::string& h : order) {
+    auto& [ranks, gpus] = on[h];
+    std::vector<int> sorted_gpus = gpus;
+    std::sort(sorted_gpus.begin(), sorted_gpus.end());
+    absl::StrAppend(&out, "    ", h, ": ranks ", Spans(ranks), " on GPUs ",
+                    Spans(sorted_gpus), "\n");
+  }
+  if (p.released_hosts_size() > 0) {
+    absl::StrAppend(&out, "    released (no rank there): ",
+                    absl::StrJoin(p.released_hosts(), ", "), "\n");
+  }
+  return out;
+}
+
+// --placement and --colocate.
+absl::StatusOr<proto::PlacementOptions> PlacementFlags(const Args& args) {
+  proto::PlacementOptions o;
+  const std::string how = args.Get("placement");
+  if (how.empty() || how == "ptc" || how == "contiguous") {
+    o.set_strategy(how);
+  } else {
+    PTC_ASSIGN_OR_RETURN(const std::optional<std::string> file,
+                         ReadFileIfExists(how));
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat(
+          "--placement: '", how, "' is neither ptc, contiguous nor a file"));
+    }
+    const std::string& text = *file;
+    o.set_strategy("explicit");
+    int line_no = 0;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      ++line_no;
+      line = absl::StripAsciiWhitespace(line.substr(0, line.find('#')));
+      if (line.empty()) continue;
+      std::vector<std::string> f =
+          absl::StrSplit(line, absl::ByAnyChar(" \t:"), absl::SkipEmpty());
+      int gpu = -1;
+      if (f.size() != 2 || !absl::SimpleAtoi(f[1], &gpu) || gpu < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            how, ":", line_no, ": expected \"HOST GPU\" (one line per rank, in "
+            "rank order), got \"", line, "\""));
+      }
+      o.add_rank_hosts(f[0]);
+      o.add_rank_devices(gpu);
+    }
+  }
+  for (absl::string_view a :
+       absl::StrSplit(args.Get("colocate"), ',', absl::SkipEmpty())) {
+    o.add_colocate(std::string(a));
+  }
+  return o;
+}
+
 void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
   w->BeginObject();
   w->Key("target_bytes").Int(p.target_bytes());
@@ -82,6 +187,8 @@ void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
   w->Key("max_host_send_bytes").Int(p.max_host_send_bytes());
   w->Key("max_host_send_bytes_lower_bound")
       .Int(p.max_host_send_bytes_lower_bound());
+  w->Key("placement");
+  WritePlacement(p, w);
   w->EndObject();
 }
 
@@ -102,21 +209,25 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(std::string hosts, args.Required("hosts"));
   for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty()))
     req.add_hosts(std::string(h));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_placement(), PlacementFlags(args));
   proto::RegisterJobResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::RegisterJob, stub, req, &resp));
+  const int used = req.hosts_size() - resp.placement().released_hosts_size();
   if (json) {
     JsonWriter w;
     w.BeginObject().Key("job").String(req.job()).Key("ranks").Int(resp.ranks());
-    w.Key("state_bytes").Int(resp.state_bytes()).EndObject();
+    w.Key("state_bytes").Int(resp.state_bytes()).Key("placement");
+    WritePlacement(resp.placement(), &w);
+    w.EndObject();
     std::cout << w.str() << "\n";
   } else {
     std::cout << absl::StrFormat(
-        "registered job %s: %s, %s, %d ranks on %d hosts, %s of state\n",
+        "registered job %s: %s, %s, %d ranks on %d hosts, %s of state\n%s",
         req.job(),
         req.has_layout() ? absl::StrCat("layout ", req.layout().name())
                          : req.model(),
-        req.config(), resp.ranks(), req.hosts_size(),
-        HumanBytes(resp.state_bytes()));
+        req.config(), resp.ranks(), used, HumanBytes(resp.state_bytes()),
+        FormatPlacement(resp.placement()));
   }
   return absl::OkStatus();
 }
@@ -136,6 +247,7 @@ absl::StatusOr<proto::ReconfigureRequest> ChangeRequest(const Args& args) {
        absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty())) {
     req.add_hosts(std::string(h));
   }
+  PTC_ASSIGN_OR_RETURN(*req.mutable_placement(), PlacementFlags(args));
   return req;
 }
 
@@ -165,6 +277,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         HumanBytes(plan.cross_host_bytes()),
         HumanBytes(plan.cross_host_bytes_lower_bound()),
         HumanBytes(plan.max_host_send_bytes()));
+    std::cout << FormatPlacement(plan) << std::flush;
   }
   grpc::ClientContext ctx;
   proto::WatchRequest watch;
@@ -403,6 +516,8 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.Key("state_bytes").Int(j.state_bytes());
       w.Key("rank_hosts").BeginArray();
       for (const auto& h : j.rank_hosts()) w.String(h);
+      w.EndArray().Key("rank_gpus").BeginArray();
+      for (int32_t d : j.rank_devices()) w.Int(d);
       w.EndArray();
       w.Key("layout_epoch").Int(j.layout_epoch());
       w.Key("committed_step").Int(j.committed_step());
@@ -450,6 +565,41 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
           "  %d of %d ranks saved the newest save in progress (versions %s)\n",
           j.ranks_saved(), j.ranks(), absl::StrJoin(j.open_saves(), ", "));
     }
+  }
+  return absl::OkStatus();
+}
+
+// The ranks of `job` that run on `host`, and their GPUs: what a launcher
+// there starts.
+absl::Status Ranks(Stub* stub, const Args& args, bool json) {
+  PTC_ASSIGN_OR_RETURN(const std::string job, args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(const std::string host, args.Required("host"));
+  proto::ListJobsRequest req;
+  req.set_job(job);
+  proto::ListJobsResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, req, &resp));
+  const proto::JobStatus& j = resp.jobs(0);
+  std::vector<std::pair<int, int>> mine;  // (rank, gpu)
+  for (int r = 0; r < j.rank_hosts_size(); ++r) {
+    if (j.rank_hosts(r) == host)
+      mine.push_back({r, r < j.rank_devices_size() ? j.rank_devices(r) : -1});
+  }
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("job").String(job).Key("host").String(host);
+    w.Key("config").String(j.config()).Key("world_size").Int(j.ranks());
+    w.Key("layout_epoch").Int(j.layout_epoch()).Key("ranks").BeginArray();
+    for (const auto& [r, g] : mine) w.BeginObject().Key("rank").Int(r).Key("gpu").Int(g).EndObject();
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+  } else if (mine.empty()) {
+    std::cout << "job " << job << " (" << j.config() << ") runs no rank on "
+              << host << "\n";
+  } else {
+    std::cout << "job " << job << " (" << j.config() << ", " << j.ranks()
+              << " ranks) on " << host << ":\n";
+    for (const auto& [r, g] : mine)
+      std::cout << "  rank " << r << " on GPU " << g << "\n";
   }
   return absl::OkStatus();
 }
@@ -525,7 +675,7 @@ absl::Status ForgetJob(Stub* stub, const std::string& job, bool json) {
 
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",
-                           "jobs", "status", "abort", "forget"}) {
+                           "jobs", "status", "abort", "forget", "ranks"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -535,7 +685,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
   auto args = Args::Parse(argc, argv, 2,
                           {"coordinator", "job", "model", "layout", "config", "hosts",
-                           "to", "parallel-pulls", "transport", "strategy"},
+                           "to", "parallel-pulls", "transport", "strategy",
+                           "placement", "colocate", "host"},
                           {"json", "help", "wait"});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
@@ -563,6 +714,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = Hosts(stub.get(), json);
   } else if (cmd == "jobs") {
     s = Jobs(stub.get(), "", json);
+  } else if (cmd == "ranks") {
+    s = Ranks(stub.get(), *args, json);
   } else if (job.empty()) {
     return fail(absl::InvalidArgumentError(
                     absl::StrCat("ptcctl ", cmd, " needs a job name")),
