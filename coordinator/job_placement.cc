@@ -35,6 +35,11 @@ absl::StatusOr<PlacementResult> PlaceJob(const proto::PlacementOptions& options,
     }
     return ChoosePlacement(req);
   }
+  if (options.colocate_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "colocate applies to the ptc placement; a ", strategy,
+        " placement says where every rank runs itself"));
+  }
   PlacementResult result;
   if (strategy == "contiguous") {
     PTC_ASSIGN_OR_RETURN(result, ContiguousPlacementResult(req));

@@ -5,7 +5,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
+#include "coordinator/job_placement.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/planner.h"
 #include "ptc/families.h"
@@ -111,8 +113,6 @@ TEST_CASE("placement: constraints: GPUs, taken devices, memory, colocation",
   req.colocate = {};
   r = ChoosePlacement(req);
   CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);  // 5 free GPUs
-  req.taken = {{}, {}, {1}};
-  req.cluster = &s->cluster;
   Cluster bigger = s->cluster;
   bigger.hosts.push_back({"host3", 2, 25e9});
   req.cluster = &bigger;
@@ -139,6 +139,60 @@ TEST_CASE("placement: constraints: GPUs, taken devices, memory, colocation",
   r = ChoosePlacement(Request(*wide, {0, 1}));
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(r.status().message()), Catch::Contains("need 4 GPUs on one host"));
+}
+
+TEST_CASE("placement: hostile placement options are refused clearly",
+          "[coordinator][placement]") {
+  auto s = MakePlanScenario(Gpt(), "tp=2,dp=1", {0}, "tp=2,dp=2", {0, 1},
+                            Cluster::Uniform(2, 2));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, {0, 1});
+  req.taken = {{1}, {}};
+  const std::vector<std::string> names = {"host0", "host1"};
+  auto place = [&](const std::string& text) {
+    proto::PlacementOptions o;
+    for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(part, '=');
+      if (kv.first == "strategy") o.set_strategy(kv.second);
+      if (kv.first == "colocate") o.add_colocate(kv.second);
+      if (kv.first == "rank") {
+        std::pair<std::string, std::string> hd = absl::StrSplit(kv.second, ':');
+        o.add_rank_hosts(hd.first);
+        o.add_rank_devices(std::stoi(hd.second));
+      }
+    }
+    return PlaceJob(o, req, names);
+  };
+  auto message = [&](const std::string& text) {
+    return std::string(place(text).status().message());
+  };
+  CHECK_THAT(message("strategy=random"), Catch::Contains("placement 'random' is unknown"));
+  CHECK_THAT(message("colocate=cp"), Catch::Contains("colocate axis 'cp' is not an axis"));
+  CHECK_THAT(message("strategy=contiguous colocate=tp"),
+             Catch::Contains("colocate applies to the ptc placement"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0"),
+             Catch::Contains("the config has 4 ranks but 1 hosts"));
+  CHECK_THAT(message("strategy=explicit rank=host9:0 rank=host1:0 rank=host1:1 rank=host0:0"),
+             Catch::Contains("host 'host9', which is not registered"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:-3"),
+             Catch::Contains("GPU -3"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:2000000000"),
+             Catch::Contains("GPU 2000000000"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:0 rank=host0:0 rank=host0:1"),
+             Catch::Contains("shares GPU 0 of host1"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:1"),
+             Catch::Contains("GPU 1 of host0, which another job uses"));
+  // host0 has one free GPU: contiguous order puts rank 1 on its taken one.
+  CHECK_THAT(message("strategy=contiguous"), Catch::Contains("which another job uses"));
+  // ptc's own choice fits: the tp pair whose GPU is free nowhere else is
+  // split only when colocation is off.
+  CHECK(place("").status().code() == absl::StatusCode::kResourceExhausted);
+  auto loose = place("colocate=none");
+  CHECK(loose.status().code() == absl::StatusCode::kResourceExhausted);  // 3 free GPUs, 4 ranks
+  req.taken = {{}, {}};
+  auto ok = place("strategy=explicit rank=host1:1 rank=host1:0 rank=host0:1 rank=host0:0");
+  REQUIRE(ok.ok());
+  CHECK(ok->placement.device == std::vector<int32_t>{1, 0, 1, 0});
 }
 
 // Every assignment of the host-sized blocks (consecutive tp groups) to

@@ -36,10 +36,6 @@ class DistributedOptimizer:
                        for e in view.entries if e.owned}
         self.optimizer = make_optimizer(list(self.shards.values()))
 
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
     def zero_grad(self, set_to_none=False):
         for p in self.params.values():
             if p.grad is not None:

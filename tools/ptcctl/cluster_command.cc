@@ -460,6 +460,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
       std::cout << "  (the rest will be allocated when the change runs: "
                    "raise ptcd --spare-pool to prepare more)\n";
     }
+    std::cout << FormatPlacement(resp.plan());
   }
   return absl::OkStatus();
 }

@@ -585,7 +585,10 @@ def flat_buffer(layout, config=None, rank=None, name=None):
             raise ValueError(f"the layout has {len(names)} flat buffers "
                              f"({', '.join(names) or 'none'}); name one")
         name = names[0]
-    return BufferView(_ptc.buffer_view(text, str(config), name, int(rank)), name)
+    rank = int(rank)
+    if not 0 <= rank < 2**31:
+        raise ValueError(f"rank {rank} is not a rank of {config}")
+    return BufferView(_ptc.buffer_view(text, str(config), name, rank), name)
 
 
 def _flat_parts(optimizer, where):
@@ -621,8 +624,9 @@ class _Rank:
         self.by_key = {}
         for r in self.regions:
             self.by_key.setdefault(r["key"], []).append(r["region"])
-        # Members of flat buffers in use: key -> (buffer, parameter, lo, hi).
-        self.buffers, self.member = {}, {}
+        # Members of flat buffers in use: key -> (buffer, parameter, lo, hi),
+        # and parameter -> (buffer, lo, hi) of the ranges this rank owns.
+        self.buffers, self.member, self.owned = {}, {}, {}
         for b in self.spec.get("buffers", []):
             view = BufferView(_ptc.buffer_view(text, str(self.config), b["name"], self.rank),
                               b["name"])
@@ -644,6 +648,7 @@ class _Rank:
                                          f"regions but buffer '{view.name}' no range of "
                                          f"'{t['slot']}' to this rank")
                     self.member[t["key"]] = (view.name, t["slot"], *owned[t["slot"]])
+                    self.owned[t["slot"]] = (view.name, *owned[t["slot"]])
 
     def expected(self, key):
         if key in self.member:
@@ -779,9 +784,7 @@ def _flat_state(rank, optimizer, state_keys, where, create_state):
     keeps on this rank: each member's 1-D range (its shard, or the state
     slot of it) and the step."""
     inner, shards = _flat_parts(optimizer, where)
-    owned = {}  # parameter name -> (buffer, lo, hi) this rank owns
-    for k, (buf, name, lo, hi) in rank.member.items():
-        owned[name] = (buf, lo, hi)
+    owned = rank.owned
     stray = sorted(n for n, t in shards.items() if n not in owned and t.numel())
     if stray:
         raise ValueError(f"{where}: the optimizer keeps shards of {_sample(stray)}, of which "
