@@ -478,7 +478,7 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     const size_t mid = (lo + hi) / 2;
     if (feasible_within(times[mid])) hi = mid; else lo = mid + 1;
   }
-  const double limit = times[lo];
+  const double limit = times[lo] * (1 + std::max(0.0, req.duration_slack));
   // Then the fewest bytes; ties go to the earlier host classes.
   int64_t max_cost = 0;
   for (int64_t c : cost) max_cost = std::max(max_cost, c);

@@ -10,8 +10,8 @@
 // between classes of equal blocks and classes of equal hosts (a stage's
 // dp replicas need the same regions; hosts of one old stage hold the
 // same): solved exactly, first for the smallest largest per-host receive
-// time (bytes a host needs and lacks, over its link bandwidth), then for
-// the fewest bytes across hosts, each host's GPUs, the devices other jobs
+// time (bytes a host needs and lacks, over its link bandwidth, within a
+// small slack), then for the fewest bytes across hosts, each host's GPUs, the devices other jobs
 // use and its store memory (old and new version side by side) respected.
 // Candidate hosts beyond what the job needs are released.
 //
@@ -52,6 +52,11 @@ struct PlacementRequest {
   std::vector<std::string> colocate = {"tp"};
   // Per cluster host (empty: none): GPU indices other jobs use.
   std::vector<std::vector<int32_t>> taken;
+  // Largest receive times within this fraction of the least count as
+  // equal, and among them the fewest bytes across hosts wins: a placement
+  // 0.4% slower on its busiest receiver that moves a third fewer bytes
+  // (and spreads the sends over more holders) is the better change.
+  double duration_slack = 0.05;
   // Per cluster host (empty: unlimited): store bytes this job may hold
   // there at once (the ptcd's memory less other jobs' state); < 0:
   // unlimited.

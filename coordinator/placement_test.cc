@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -196,15 +197,16 @@ TEST_CASE("placement: hostile placement options are refused clearly",
 }
 
 // Every assignment of the host-sized blocks (consecutive tp groups) to
-// the candidate hosts, by brute force: the lexicographic least (largest
-// receive time, bytes across hosts).
+// the candidate hosts, by brute force: the least largest receive time T,
+// and the fewest bytes across hosts among the assignments whose largest
+// receive time is within req.duration_slack of T.
 std::pair<double, int64_t> BruteForce(const PlacementRequest& req, int gpus) {
   const ParallelConfig& cfg = *req.target->config();
   const int world = cfg.world_size();
   const int per_block = gpus / cfg.tp() * cfg.tp();
   const int nblocks = (world + per_block - 1) / per_block;
   const int m = static_cast<int>(req.hosts.size());
-  std::pair<double, int64_t> best{1e300, 0};
+  std::vector<std::pair<double, int64_t>> all;  // every assignment
   std::vector<int> pick(nblocks, 0);
   // Injective maps blocks -> candidates, enumerated as nblocks-digit
   // numbers base m with distinct digits.
@@ -217,7 +219,7 @@ std::pair<double, int64_t> BruteForce(const PlacementRequest& req, int gpus) {
       }
       auto e = EvaluatePlacement(req, p);
       REQUIRE(e.ok());
-      best = std::min(best, std::make_pair(e->max_receive_seconds, e->cross_host_bytes));
+      all.push_back({e->max_receive_seconds, e->cross_host_bytes});
       return;
     }
     for (int c = 0; c < m; ++c) {
@@ -230,7 +232,13 @@ std::pair<double, int64_t> BruteForce(const PlacementRequest& req, int gpus) {
   };
   std::vector<char> used(m, 0);
   rec(0, used);
-  return best;
+  double least = 1e300;
+  for (const auto& a : all) least = std::min(least, a.first);
+  int64_t fewest = std::numeric_limits<int64_t>::max();
+  for (const auto& a : all) {
+    if (a.first <= least * (1 + req.duration_slack)) fewest = std::min(fewest, a.second);
+  }
+  return {least, fewest};
 }
 
 TEST_CASE("placement: equal to brute force on random small changes",
@@ -289,7 +297,7 @@ TEST_CASE("placement: equal to brute force on random small changes",
             cands.end());
     }
     const auto best = BruteForce(req, gpus);
-    CHECK(chosen->max_receive_seconds == best.first);
+    CHECK(chosen->max_receive_seconds <= best.first * (1 + req.duration_slack));
     CHECK(chosen->cross_host_bytes == best.second);
     auto planned = PlanInput(s->input());
     planned.target_placement = &chosen->placement;

@@ -1,7 +1,9 @@
 #include "coordinator/plan_scenario.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "coordinator/job_placement.h"
 #include "ptc/families.h"
 
 namespace ptc {
@@ -48,6 +50,27 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     *side.placement = std::move(*placement);
   }
   return s;
+}
+
+absl::Status PlaceScenarioTarget(PlanScenario* s,
+                                 const proto::PlacementOptions& options,
+                                 const std::vector<int>& candidates) {
+  PlacementRequest req;
+  req.spec = &s->spec;
+  req.cluster = &s->cluster;
+  req.target = &s->target;
+  req.hosts = candidates;
+  req.source = &s->source;
+  req.source_placement = &s->source_placement;
+  req.alive = s->alive;
+  std::vector<std::string> names;
+  for (const Host& h : s->cluster.hosts) names.push_back(h.name);
+  const absl::Time start = absl::Now();
+  PTC_ASSIGN_OR_RETURN(s->placement, PlaceJob(options, std::move(req), names));
+  s->placement_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  s->placement_strategy = PlacementStrategy(options);
+  s->target_placement = s->placement.placement;
+  return absl::OkStatus();
 }
 
 }  // namespace ptc

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/placement.h"
 #include "coordinator/plan.h"
+#include "proto/coordinator.pb.h"
 
 namespace ptc {
 
@@ -24,6 +26,11 @@ struct PlanScenario {
   Layout source, target;
   Placement source_placement, target_placement;
   std::vector<bool> alive;  // empty: all alive
+  // How the target was placed: "contiguous" (MakePlanScenario) or what
+  // PlaceScenarioTarget chose, with the candidates it released.
+  std::string placement_strategy = "contiguous";
+  PlacementResult placement;
+  double placement_seconds = 0;
 
   // Points into this object: keep it alive (and unmoved) while in use.
   PlanInput input() const {
@@ -48,6 +55,14 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     const std::vector<int>& from_hosts, const std::string& to,
     const std::vector<int>& to_hosts, Cluster cluster,
     std::vector<bool> alive = {});
+
+// Places the scenario's target again as the coordinator would
+// (PlaceJob: "ptc" chooses from the source's holdings, "contiguous" fills
+// the candidates in order), with `candidates` the hosts it may use;
+// records the result and the time it took.
+absl::Status PlaceScenarioTarget(PlanScenario* s,
+                                 const proto::PlacementOptions& options,
+                                 const std::vector<int>& candidates);
 
 }  // namespace ptc
 

@@ -23,31 +23,69 @@ using coordinator_internal::MaxFlow;
 // (about 1 GiB of planner memory); real layouts stay far below.
 constexpr int64_t kMaxCellsPerTensor = int64_t{1} << 25;
 
-struct HostRegion {
-  int32_t host;
-  Region region;
-  bool operator<(const HostRegion& o) const {
-    return host != o.host ? host < o.host : region < o.region;
+// Distinct regions of one tensor, numbered in order of first appearance.
+// Layouts repeat few regions across many ranks (every dp replica holds the
+// same tp shards), so most lookups hit a short list.
+class RegionIds {
+ public:
+  void Clear() {
+    regions_.clear();
+    index_.clear();
   }
-  bool operator==(const HostRegion& o) const {
-    return host == o.host && region == o.region;
+  int32_t Id(const Region& r) {
+    if (last_ >= 0 && last_ < static_cast<int32_t>(regions_.size()) &&
+        regions_[last_] == r) {
+      return last_;
+    }
+    if (regions_.size() <= kLinear) {
+      for (size_t i = 0; i < regions_.size(); ++i) {
+        if (regions_[i] == r) return last_ = static_cast<int32_t>(i);
+      }
+    } else {
+      auto it = index_.find(r);
+      if (it != index_.end()) return last_ = it->second;
+    }
+    last_ = static_cast<int32_t>(regions_.size());
+    regions_.push_back(r);
+    if (regions_.size() == kLinear + 1) {
+      for (size_t i = 0; i < regions_.size(); ++i)
+        index_.emplace(regions_[i], static_cast<int32_t>(i));
+    } else if (regions_.size() > kLinear + 1) {
+      index_.emplace(r, last_);
+    }
+    return last_;
   }
+  const Region& operator[](int32_t id) const { return regions_[id]; }
+  int32_t size() const { return static_cast<int32_t>(regions_.size()); }
+
+ private:
+  static constexpr size_t kLinear = 16;
+  std::vector<Region> regions_;
+  absl::flat_hash_map<Region, int32_t> index_;
+  int32_t last_ = -1;
 };
 
+// A (host, region id) pair packed so that sorting orders by host first.
+using HostRegion = uint64_t;
+inline HostRegion Pack(int32_t host, int32_t id) {
+  return (static_cast<uint64_t>(host) << 32) | static_cast<uint32_t>(id);
+}
+inline int32_t HostOf(HostRegion x) { return static_cast<int32_t>(x >> 32); }
+inline int32_t IdOf(HostRegion x) { return static_cast<int32_t>(x & 0xffffffffu); }
+
 // The distinct (host, region) pairs of tensor `t` in `layout`, optionally
-// only those on live hosts.
-std::vector<HostRegion> HostRegions(const PlanInput& in, const Layout& layout,
-                                    const Placement& placement, int t,
-                                    bool alive_only) {
-  std::vector<HostRegion> out;
+// only those on hosts that hold the source, sorted by host.
+void HostRegions(const PlanInput& in, const Layout& layout,
+                 const Placement& placement, int t, bool alive_only,
+                 RegionIds* ids, std::vector<HostRegion>* out) {
+  out->clear();
   for (const Shard& s : layout.shards(t)) {
     const int h = placement.host[s.rank];
     if (alive_only && !in.HoldsSource(h)) continue;
-    out.push_back({h, s.region});
+    out->push_back(Pack(h, ids->Id(s.region)));
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
 }
 
 // A cell of tensor `tensor` that `target_host` needs and does not hold.
@@ -119,8 +157,14 @@ absl::Status NoSurvivingCopy(const PlanInput& in, int t, const Region& cell,
 // Per-tensor scratch, reused so that planning does not allocate per cell.
 struct Scratch {
   Grid grid;
+  RegionIds ids;
+  std::vector<HostRegion> src, dst;
+  std::vector<std::vector<int64_t>> cells_of;  // per region id
   std::vector<absl::InlinedVector<int32_t, 4>> holders, needers, in_place;
   std::vector<std::vector<Region>> local;  // per target host
+  // Per host: the stamp of the last cell it holds / keeps in place.
+  std::vector<int64_t> holds_cell, keeps_cell;
+  int64_t stamp = 0;
   absl::flat_hash_map<std::vector<int32_t>, int32_t> class_of;
 };
 
@@ -128,10 +172,12 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
                            Analysis* a) {
   const TensorSpec& ts = in.spec->tensors[t];
   const int64_t elem = ElementSize(ts.dtype);
-  const std::vector<HostRegion> src =
-      HostRegions(in, *in.source, *in.source_placement, t, true);
-  const std::vector<HostRegion> dst =
-      HostRegions(in, *in.target, *in.target_placement, t, false);
+  RegionIds& ids = s->ids;
+  ids.Clear();
+  std::vector<HostRegion>& src = s->src;
+  std::vector<HostRegion>& dst = s->dst;
+  HostRegions(in, *in.source, *in.source_placement, t, true, &ids, &src);
+  HostRegions(in, *in.target, *in.target_placement, t, false, &ids, &dst);
   if (dst.empty()) return absl::OkStatus();
   for (const Shard& sh : in.target->shards(t)) {
     a->rank_target_bytes += sh.region.volume() * elem;
@@ -139,8 +185,7 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
 
   Grid& grid = s->grid;
   grid.Reset(static_cast<int>(ts.shape.size()));
-  for (const HostRegion& r : src) grid.AddCuts(r.region);
-  for (const HostRegion& r : dst) grid.AddCuts(r.region);
+  for (int32_t id = 0; id < ids.size(); ++id) grid.AddCuts(ids[id]);
   grid.Finalize();
   const int64_t cells = grid.num_cells();
   if (cells > kMaxCellsPerTensor) {
@@ -159,61 +204,71 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     s->needers[c].clear();
     s->in_place[c].clear();
   }
-  for (const HostRegion& r : src) {
-    grid.ForEachCell(r.region,
-                     [&](int64_t c) { s->holders[c].push_back(r.host); });
+  if (static_cast<int32_t>(s->cells_of.size()) < ids.size())
+    s->cells_of.resize(ids.size());
+  for (int32_t id = 0; id < ids.size(); ++id) {
+    s->cells_of[id].clear();
+    grid.ForEachCell(ids[id], [&](int64_t c) { s->cells_of[id].push_back(c); });
   }
-  for (const HostRegion& r : dst) {
-    HostFragment& f = a->fragments[r.host];
-    f.holds.push_back({t, r.region});
+  // Pairs come sorted by host, so every cell's lists are sorted too and
+  // hold a host at most once after dropping adjacent repeats.
+  auto add = [](absl::InlinedVector<int32_t, 4>& v, int32_t h) {
+    if (v.empty() || v.back() != h) v.push_back(h);
+  };
+  for (HostRegion r : src) {
+    for (int64_t c : s->cells_of[IdOf(r)]) add(s->holders[c], HostOf(r));
+  }
+  for (HostRegion r : dst) {
+    const int32_t h = HostOf(r);
+    const Region& region = ids[IdOf(r)];
+    HostFragment& f = a->fragments[h];
+    f.holds.push_back({t, region});
     if (std::binary_search(src.begin(), src.end(), r)) {
       // The host stores exactly this region already: it stays as it is.
-      f.transfers.push_back({t, r.region, r.host, r.host, -1});
-      grid.ForEachCell(r.region,
-                       [&](int64_t c) { s->in_place[c].push_back(r.host); });
+      f.transfers.push_back({t, region, h, h, -1});
+      for (int64_t c : s->cells_of[IdOf(r)]) add(s->in_place[c], h);
     }
-    grid.ForEachCell(r.region,
-                     [&](int64_t c) { s->needers[c].push_back(r.host); });
+    for (int64_t c : s->cells_of[IdOf(r)]) add(s->needers[c], h);
   }
 
-  auto contains = [](const absl::InlinedVector<int32_t, 4>& v, int32_t h) {
-    return std::find(v.begin(), v.end(), h) != v.end();
-  };
   std::vector<int32_t> local_hosts;
   for (int64_t c = 0; c < cells; ++c) {
-    auto& need = s->needers[c];
+    const auto& need = s->needers[c];
     if (need.empty()) continue;
-    std::sort(need.begin(), need.end());
-    need.erase(std::unique(need.begin(), need.end()), need.end());
-    auto& hold = s->holders[c];
-    std::sort(hold.begin(), hold.end());
-    hold.erase(std::unique(hold.begin(), hold.end()), hold.end());
+    const auto& hold = s->holders[c];
+    const int64_t stamp = ++s->stamp;
+    for (int32_t h : hold) s->holds_cell[h] = stamp;
+    for (int32_t h : s->in_place[c]) s->keeps_cell[h] = stamp;
     const Region cell = grid.CellRegion(c);
     const int64_t bytes = cell.volume() * elem;
+    int32_t klass = -1;
     for (int32_t h : need) {
       // Bytes count once per host and element: distinct regions of one host
       // may overlap (ZeRO-1 state of tp-replicated parameters).
       a->target_bytes += bytes;
-      if (contains(s->in_place[c], h)) {
+      if (s->keeps_cell[h] == stamp) {
         a->kept_in_place_bytes += bytes;
         continue;
       }
-      if (contains(hold, h)) {
+      if (s->holds_cell[h] == stamp) {
         if (s->local[h].empty()) local_hosts.push_back(h);
         s->local[h].push_back(cell);
         a->copied_within_host_bytes += bytes;
         continue;
       }
       if (hold.empty()) return NoSurvivingCopy(in, t, cell, h);
-      std::vector<int32_t> key(hold.begin(), hold.end());
-      auto [it, inserted] = s->class_of.emplace(
-          std::move(key), static_cast<int32_t>(a->classes.size()));
-      if (inserted) {
-        a->classes.push_back(it->first);
-        a->class_bytes.push_back(0);
+      if (klass < 0) {
+        std::vector<int32_t> key(hold.begin(), hold.end());
+        auto [it, inserted] = s->class_of.emplace(
+            std::move(key), static_cast<int32_t>(a->classes.size()));
+        if (inserted) {
+          a->classes.push_back(it->first);
+          a->class_bytes.push_back(0);
+        }
+        klass = it->second;
       }
-      a->class_bytes[it->second] += bytes;
-      a->demands.push_back({t, h, it->second, cell});
+      a->class_bytes[klass] += bytes;
+      a->demands.push_back({t, h, klass, cell});
       a->cross_host_lower_bound += bytes;
     }
   }
@@ -232,8 +287,23 @@ absl::StatusOr<Analysis> Analyze(const PlanInput& in) {
   const int num_hosts = static_cast<int>(in.cluster->hosts.size());
   a.fragments.resize(num_hosts);
   for (int h = 0; h < num_hosts; ++h) a.fragments[h].host = h;
+  // Size every host's lists up front (its ranks' shards bound the regions
+  // it holds): growing ~2,000 lists of ~1,000 entries by doubling costs
+  // more than the planning itself at 16,000 ranks.
+  std::vector<int64_t> shards_on(num_hosts, 0);
+  for (int t = 0; t < in.target->num_tensors(); ++t) {
+    for (const Shard& s : in.target->shards(t)) {
+      ++shards_on[in.target_placement->host[s.rank]];
+    }
+  }
+  for (int h = 0; h < num_hosts; ++h) {
+    a.fragments[h].holds.reserve(shards_on[h]);
+    a.fragments[h].transfers.reserve(shards_on[h]);
+  }
   Scratch scratch;
   scratch.local.resize(num_hosts);
+  scratch.holds_cell.assign(num_hosts, 0);
+  scratch.keeps_cell.assign(num_hosts, 0);
   for (int t = 0; t < static_cast<int>(in.spec->tensors.size()); ++t) {
     PTC_RETURN_IF_ERROR(AnalyzeTensor(in, t, &scratch, &a));
   }
@@ -420,39 +490,60 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
   if (!in.source->config() || !in.target->config()) return absl::OkStatus();
   const ParallelConfig& from = *in.source->config();
   const ParallelConfig& to = *in.target->config();
+  // Target ranks with the same coordinates on an object's scope axes take
+  // the same copy: resolve each once (a global object on 16,384 ranks
+  // would otherwise scan every source rank 16,384 times).
+  struct Resolved {
+    int32_t source_rank = -1;  // -1: derived from `derive_from`
+    std::string derive_from;
+  };
+  std::vector<absl::flat_hash_map<std::string, Resolved>> resolved(
+      in.spec->small_objects.size());
+  plan->small_objects.reserve(static_cast<size_t>(to.world_size()) *
+                              in.spec->small_objects.size());
   for (int r = 0; r < to.world_size(); ++r) {
     const MeshCoord coord = to.CoordOf(r);
-    for (const SmallObjectSpec& obj : in.spec->small_objects) {
-      SmallObjectSource source =
-          SmallObjectSources(obj, from, to, in.spec->num_layers, coord);
-      if (!source.derive_from.empty()) {
-        plan->small_objects.push_back({obj.name, r, -1, -1,
-                                       in.target_placement->host[r],
-                                       std::move(source.derive_from)});
-        continue;
+    const int32_t target_host = in.target_placement->host[r];
+    for (size_t o = 0; o < in.spec->small_objects.size(); ++o) {
+      const SmallObjectSpec& obj = in.spec->small_objects[o];
+      const std::string scope = ScopeCoordinates(obj, to, coord);
+      auto it = resolved[o].find(scope);
+      if (it == resolved[o].end()) {
+        SmallObjectSource source =
+            SmallObjectSources(obj, from, to, in.spec->num_layers, coord);
+        Resolved res;
+        if (!source.derive_from.empty()) {
+          res.derive_from = std::move(source.derive_from);
+        } else {
+          auto alive = std::find_if(
+              source.candidates.begin(), source.candidates.end(), [&](int c) {
+                return in.HoldsSource(in.source_placement->host[c]);
+              });
+          if (alive != source.candidates.end()) {
+            res.source_rank = *alive;
+          } else if (obj.new_ranks == NewRankRule::kDerive) {
+            // Its copy died with its host: a fresh value (an RNG seed) is
+            // as good as the lost one.
+            res.derive_from = scope;
+          } else {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "small object '", obj.name, "' (", ScopeString(obj.scope),
+                ") for target rank ", r,
+                " has no surviving source: every rank that may provide it is "
+                "on a dead or restarted host"));
+          }
+        }
+        it = resolved[o].emplace(scope, std::move(res)).first;
       }
-      const std::vector<int>& candidates = source.candidates;
-      auto alive = std::find_if(
-          candidates.begin(), candidates.end(),
-          [&](int c) { return in.HoldsSource(in.source_placement->host[c]); });
-      if (alive == candidates.end() && obj.new_ranks == NewRankRule::kDerive) {
-        // Its copy died with its host: a fresh value (an RNG seed) is as
-        // good as the lost one.
-        plan->small_objects.push_back({obj.name, r, -1, -1,
-                                       in.target_placement->host[r],
-                                       ScopeCoordinates(obj, to, coord)});
-        continue;
+      const Resolved& res = it->second;
+      if (res.source_rank < 0) {
+        plan->small_objects.push_back(
+            {obj.name, r, -1, -1, target_host, res.derive_from});
+      } else {
+        plan->small_objects.push_back(
+            {obj.name, r, res.source_rank,
+             in.source_placement->host[res.source_rank], target_host});
       }
-      if (alive == candidates.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "small object '", obj.name, "' (", ScopeString(obj.scope),
-            ") for target rank ", r,
-            " has no surviving source: every rank that may provide it is on "
-            "a dead or restarted host"));
-      }
-      plan->small_objects.push_back({obj.name, r, *alive,
-                                     in.source_placement->host[*alive],
-                                     in.target_placement->host[r]});
     }
   }
   return absl::OkStatus();

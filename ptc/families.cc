@@ -72,6 +72,7 @@ const std::vector<Architecture>& Known() {
       Llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
       Llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
       Llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
+      Llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
       Moe("mixtral-8x7b", 32, 4096, 32, 8, 14336, 8, 2, 0, 32000),
       Moe("mixtral-8x22b", 56, 6144, 48, 8, 16384, 8, 2, 0, 32768),
       // Every layer routed (the released model's first layer is dense).

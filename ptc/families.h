@@ -60,7 +60,8 @@ struct Architecture {
 };
 
 // The GPT-3 paper's family ("gpt3-125m" ... "gpt3-175b"), LLaMA-style
-// models ("llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b") and MoE
+// models ("llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b",
+// "llama3-405b") and MoE
 // models ("mixtral-8x7b", "mixtral-8x22b", "deepseek-moe-16b",
 // "moe-64x-132b"). gpt3-13b uses d_model 5120 (the paper's 5140 does not
 // divide into its 40 heads), and gpt3-1.3b 16 heads of 128.

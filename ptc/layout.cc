@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "absl/status/status.h"
@@ -161,6 +162,67 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
   }
 }
 
+// Every rank's index on every axis, and the ranks of each pipeline stage,
+// computed once per layout instead of once per (tensor, rank).
+struct RankIndex {
+  explicit RankIndex(const ParallelConfig& config)
+      : on(config.axes.size()), pp_axis(config.AxisIndex(kPipelineAxis)) {
+    const int world = config.world_size();
+    for (auto& v : on) v.resize(world);
+    stage_ranks.resize(config.pp());
+    for (int rank = 0; rank < world; ++rank) {
+      const MeshCoord c = config.CoordOf(rank);
+      for (size_t a = 0; a < on.size(); ++a) on[a][rank] = c.index[a];
+      stage_ranks[pp_axis < 0 ? 0 : c.index[pp_axis]].push_back(rank);
+    }
+  }
+  std::vector<std::vector<int>> on;           // [axis][rank]
+  int pp_axis;                                // -1: no pipeline axis
+  std::vector<std::vector<int>> stage_ranks;  // [stage] ranks, ascending
+};
+
+// The shards of non-buffer tensor `t` on every rank. A tensor's regions on
+// a rank depend only on the rank's indices on the axes its placements
+// cut, so they are computed once per distinct combination of those
+// indices (e.g. tp x pp of them, not one per rank), and only the ranks of
+// the stages holding the tensor are visited.
+void LayOutTensor(const ModelSpec& spec, int t, const ParallelConfig& config,
+                  const RankIndex& index, std::vector<Shard>* out) {
+  const TensorSpec& ts = spec.tensors[t];
+  const TensorSpec& rules = ts.slot >= 0 ? spec.tensors[ts.slot] : ts;
+  if (NumElements(ts.shape) == 0) return;
+  std::vector<int> axes;  // indices into config.axes, no repeats
+  for (const AxisPlacement& p : rules.placements) {
+    for (const std::string& a : p.axes) {
+      const int i = config.AxisIndex(a);
+      if (i >= 0 && std::find(axes.begin(), axes.end(), i) == axes.end())
+        axes.push_back(i);
+    }
+  }
+  int64_t combos = 1;
+  for (int a : axes) combos *= config.sizes[a];
+  // combos <= world size, which the config bounds.
+  std::vector<std::optional<std::vector<Region>>> memo(combos);
+  MeshCoord rep;
+  rep.index.assign(config.axes.size(), 0);
+  for (int stage = 0; stage < static_cast<int>(index.stage_ranks.size());
+       ++stage) {
+    if (!rules.stage.HeldBy(stage, config, spec.num_layers)) continue;
+    if (index.pp_axis >= 0) rep.index[index.pp_axis] = stage;
+    for (int rank : index.stage_ranks[stage]) {
+      int64_t id = 0;
+      for (int a : axes) id = id * config.sizes[a] + index.on[a][rank];
+      std::optional<std::vector<Region>>& regions = memo[id];
+      if (!regions) {
+        for (int a : axes) rep.index[a] = index.on[a][rank];
+        regions = RegionsOf(rules.placements, StageRule::All(), ts.shape,
+                            config, spec.num_layers, rep);
+      }
+      for (const Region& r : *regions) out->push_back({rank, r});
+    }
+  }
+}
+
 bool BufferInUse(const FlatBuffer& buf, const ParallelConfig& config) {
   return !buf.optional || config.zero1;
 }
@@ -171,33 +233,27 @@ absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config) {
   PTC_RETURN_IF_ERROR(spec.Validate());
   PTC_RETURN_IF_ERROR(CheckConfig(spec, config));
+  const int world_size = config.world_size();
   const int n = static_cast<int>(spec.tensors.size());
   std::vector<std::vector<Shard>> shards(n);
-  const int world = config.world_size();
-  std::vector<MeshCoord> coords(world);
-  for (int rank = 0; rank < world; ++rank) coords[rank] = config.CoordOf(rank);
+  const RankIndex index(config);
   for (int t = 0; t < n; ++t) {
     const TensorSpec& ts = spec.tensors[t];
     if (ts.buffer >= 0 && BufferInUse(spec.buffers[ts.buffer], config)) {
       continue;  // ResolveBuffer
     }
-    const TensorSpec& rules = ts.slot >= 0 ? spec.tensors[ts.slot] : ts;
-    for (int rank = 0; rank < world; ++rank) {
-      for (Region& r : RegionsOf(rules.placements, rules.stage, ts.shape,
-                                 config, spec.num_layers, coords[rank])) {
-        shards[t].push_back({rank, std::move(r)});
-      }
-    }
+    LayOutTensor(spec, t, config, index, &shards[t]);
   }
   for (int b = 0; b < static_cast<int>(spec.buffers.size()); ++b) {
     if (BufferInUse(spec.buffers[b], config)) ResolveBuffer(spec, b, config, &shards);
   }
   for (auto& s : shards) {
-    std::stable_sort(s.begin(), s.end(), [](const Shard& a, const Shard& b) {
-      return a.rank < b.rank;
-    });
+    auto by_rank = [](const Shard& a, const Shard& b) { return a.rank < b.rank; };
+    if (!std::is_sorted(s.begin(), s.end(), by_rank)) {
+      std::stable_sort(s.begin(), s.end(), by_rank);
+    }
   }
-  return Layout(world, std::move(shards), config);
+  return Layout(world_size, std::move(shards), config);
 }
 
 absl::StatusOr<BufferView> ViewBuffer(const ModelSpec& spec,

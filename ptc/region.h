@@ -76,6 +76,12 @@ class Region {
   // Lexicographic by (begin, end) per dimension; for sorting and dedup.
   bool operator<(const Region& o) const;
 
+  template <typename H>
+  friend H AbslHashValue(H h, const Region& r) {
+    for (const Interval& d : r.dims_) h = H::combine(std::move(h), d.begin, d.end);
+    return H::combine(std::move(h), r.dims_.size());
+  }
+
  private:
   absl::InlinedVector<Interval, 4> dims_;
 };

@@ -74,13 +74,20 @@ SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
     out.derive_from = ScopeCoordinates(object, to, target);
     return out;
   }
-  for (int r = 0; r < from.world_size(); ++r) {
-    const MeshCoord c = from.CoordOf(r);
-    bool match = true;
-    for (size_t i = 0; i < want.size() && match; ++i) {
-      match = want[i] < 0 || c.index[i] == want[i];
+  // Walk the matching coordinates in rank order (axes are slowest first):
+  // an odometer over the free axes, fixed axes held at their index.
+  MeshCoord c;
+  c.index.resize(from.axes.size());
+  for (size_t i = 0; i < want.size(); ++i) c.index[i] = std::max(want[i], 0);
+  while (true) {
+    out.candidates.push_back(from.RankOf(c));
+    int i = static_cast<int>(want.size()) - 1;
+    for (; i >= 0; --i) {
+      if (want[i] >= 0) continue;
+      if (++c.index[i] < from.sizes[i]) break;
+      c.index[i] = 0;
     }
-    if (match) out.candidates.push_back(r);
+    if (i < 0) break;
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include "common/args.h"
 #include "common/json_writer.h"
 #include "common/status_macros.h"
+#include "coordinator/job_placement.h"
 #include "coordinator/plan_json.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/plan_validator.h"
@@ -21,12 +22,14 @@
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 #include "tools/internal/layout_file.h"
+#include "tools/internal/placement_text.h"
 
 namespace ptc::tools {
 
 const char kPlanUsage[] =
     R"(usage: ptcctl plan (--model MODEL | --layout FILE) --from CONFIG --to CONFIG --hosts NxG
                    [--to-hosts NxG] [--dead-hosts LIST] [--link-gbps GBPS]
+                   [--placement ptc|contiguous|FILE] [--colocate AXES]
                    [--baseline tenplex [--baseline-out FILE]] [--json] [--out FILE]
 
 Shows how a job's state would move from one parallel layout to another:
@@ -35,7 +38,7 @@ lower bound), the largest per-host send (with its lower bound), pieces
 and planning time. Nothing is sent; no daemon is contacted.
 
   --model       gpt3-125m ... gpt3-175b, llama2-7b, llama2-70b, llama3-8b,
-                llama3-70b, mixtral-8x7b, mixtral-8x22b, deepseek-moe-16b,
+                llama3-70b, llama3-405b, mixtral-8x7b, mixtral-8x22b, deepseek-moe-16b,
                 moe-64x-136b, or a custom "gpt:layers=..,hidden=..,heads=.."
                 (also llama:..., moe:...,experts=..)
   --layout      a JSON layout spec file instead (docs/layout-spec.md)
@@ -43,11 +46,18 @@ and planning time. Nothing is sent; no daemon is contacted.
                 tp=4,pp=2,dp=1 or ep=4,tp=2 (also zero=1,
                 layers=10/14, order=tp-dp-pp)
   --hosts       the job's current hosts: N hosts with G GPUs (host0..)
-  --to-hosts    the hosts after the change (default: --hosts); the first
-                hosts are the current ones, the rest join
+  --to-hosts    the hosts the change may use (default: --hosts); the
+                first hosts are the current ones, the rest join; the ptc
+                placement releases those it does not need
   --dead-hosts  hosts that died: ids or names, e.g. 2 or 3,5-7 or host4;
                 they are neither sources nor targets
   --link-gbps   every host's link, gigabits per second (default 200)
+  --placement   where the target ranks run: ptc (default) chooses the hosts
+                and GPUs that make the change shortest and then move the
+                fewest bytes, as the coordinator does; contiguous fills the
+                target hosts in order; FILE gives "HOST GPU" per rank
+  --colocate    axes whose groups must share a host (default tp where a
+                tp group fits a host; none for no constraint)
   --baseline    also plan as Tenplex does (replica 0, per rank) and compare
   --json        print a JSON object instead of text
   --out FILE    write the whole plan (layouts, hosts, every transfer) as JSON
@@ -101,6 +111,7 @@ absl::StatusOr<std::set<int>> ParseHostList(const std::string& text,
 
 struct PlanRun {
   PlanScenario scenario;
+  proto::PlanSummary placement;
   Plan plan;
   std::optional<Plan> baseline;
 };
@@ -143,10 +154,17 @@ absl::StatusOr<PlanRun> Build(const Args& args) {
         absl::StrCat("--baseline '", baseline,
                      "' is unknown; the one baseline is 'tenplex'"));
   }
+  PTC_ASSIGN_OR_RETURN(const proto::PlacementOptions placement,
+                       PlacementFlags(args));
   PlanRun run;
   PTC_ASSIGN_OR_RETURN(run.scenario,
                        MakePlanScenario(std::move(spec), from, source, to, target,
                                         std::move(cluster), alive));
+  PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&run.scenario, placement, target));
+  std::vector<std::string> names;
+  for (const Host& h : run.scenario.cluster.hosts) names.push_back(h.name);
+  SetPlacementSummary(run.scenario.placement, run.scenario.placement_strategy,
+                      names, &run.placement);
   const absl::Time start = absl::Now();
   PTC_ASSIGN_OR_RETURN(run.plan, PlanReconfiguration(run.scenario.input()));
   run.plan.summary.plan_seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -209,8 +227,10 @@ void PrintText(const PlanRun& run) {
   row("shared by ranks on a host", HumanBytes(p.dedup_saved_bytes),
       b ? "0 B" : "");
   row("pieces", absl::StrCat(p.transfers), b ? absl::StrCat(b->transfers) : "");
+  row("placement time", HumanSeconds(s.placement_seconds), "");
   row("plan time", HumanSeconds(p.plan_seconds),
       b ? HumanSeconds(b->plan_seconds) : "");
+  std::cout << "\n" << FormatPlacement(run.placement, /*max_hosts=*/8);
   std::cout << "\nvalidated: every target region covered exactly once, every "
                "piece held "
                "by its live source host\n";
@@ -225,6 +245,9 @@ void PrintJson(const PlanRun& run) {
   w.Key("from").String(s.source.config()->ToString());
   w.Key("to").String(s.target.config()->ToString());
   w.Key("validated").Bool(true);
+  w.Key("placement_seconds").Double(s.placement_seconds);
+  w.Key("placement");
+  WritePlacement(run.placement, &w);
   w.Key("summary");
   WritePlanSummary(run.plan.summary, s.cluster, &w);
   if (run.baseline) {
@@ -246,7 +269,8 @@ int RunPlanCommand(int argc, const char* const* argv) {
   auto args =
       Args::Parse(argc, argv, 2,
                   {"model", "layout", "from", "to", "hosts", "to-hosts", "dead-hosts",
-                   "link-gbps", "baseline", "out", "baseline-out"},
+                   "link-gbps", "placement", "colocate", "baseline", "out",
+                   "baseline-out"},
                   {"json", "help"});
   if (args.ok() && args->Flag("help")) {
     std::cout << kPlanUsage;
