@@ -4,6 +4,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -22,9 +23,18 @@ using coordinator_internal::Grid;
 using coordinator_internal::MaxFlow;
 using coordinator_internal::MinCostFlow;
 
-// Distinct (tensor, region) pairs, sorted: what a block needs or a host
-// holds.
-using Regions = std::vector<std::pair<int32_t, Region>>;
+// Distinct (tensor, region) pairs of one layout, sorted: what a block
+// needs or a host holds. Each is packed as tensor << 32 | the region's
+// index among the layout's distinct regions of that tensor.
+struct Regions {
+  const Layout* layout = nullptr;
+  std::vector<uint64_t> keys;
+
+  static int32_t Tensor(uint64_t k) { return static_cast<int32_t>(k >> 32); }
+  const Region& region(uint64_t k) const {
+    return layout->regions(Tensor(k))[static_cast<int32_t>(k & 0xffffffffu)];
+  }
+};
 
 uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
@@ -34,9 +44,10 @@ uint64_t Mix(uint64_t h, uint64_t v) {
 }
 
 uint64_t Signature(const Regions& regions) {
-  uint64_t h = regions.size();
-  for (const auto& [t, r] : regions) {
-    h = Mix(h, static_cast<uint64_t>(t));
+  uint64_t h = regions.keys.size();
+  for (uint64_t k : regions.keys) {
+    const Region& r = regions.region(k);
+    h = Mix(h, static_cast<uint64_t>(Regions::Tensor(k)));
     for (int d = 0; d < r.rank(); ++d) {
       h = Mix(h, static_cast<uint64_t>(r.dim(d).begin));
       h = Mix(h, static_cast<uint64_t>(r.dim(d).end));
@@ -51,23 +62,34 @@ template <typename GroupOf>
 std::vector<Regions> GroupRegions(const Layout& layout, int groups,
                                   GroupOf group_of) {
   std::vector<Regions> out(groups);
+  for (Regions& r : out) r.layout = &layout;
+  std::vector<int> group(layout.world_size());
+  for (int r = 0; r < layout.world_size(); ++r) group[r] = group_of(r);
   for (int t = 0; t < layout.num_tensors(); ++t) {
-    for (const Shard& s : layout.shards(t)) {
-      const int g = group_of(s.rank);
-      if (g >= 0 && !s.region.empty()) out[g].push_back({t, s.region});
+    const std::vector<Shard>& shards = layout.shards(t);
+    const std::vector<int32_t>& ids = layout.region_ids(t);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int g = group[shards[i].rank];
+      if (g < 0 || shards[i].region.empty()) continue;
+      const uint64_t key = (static_cast<uint64_t>(t) << 32) | static_cast<uint32_t>(ids[i]);
+      // Shards come by tensor, so a repeat of the group's last key is the
+      // common duplicate (the ranks of one host holding one region).
+      std::vector<uint64_t>& keys = out[g].keys;
+      if (keys.empty() || keys.back() != key) keys.push_back(key);
     }
   }
   for (Regions& r : out) {
-    std::sort(r.begin(), r.end());
-    r.erase(std::unique(r.begin(), r.end()), r.end());
+    std::sort(r.keys.begin(), r.keys.end());
+    r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
   }
   return out;
 }
 
 int64_t Bytes(const ModelSpec& spec, const Regions& regions) {
   int64_t n = 0;
-  for (const auto& [t, r] : regions)
-    n += r.volume() * ElementSize(spec.tensors[t].dtype);
+  for (uint64_t k : regions.keys)
+    n += regions.region(k).volume() *
+         ElementSize(spec.tensors[Regions::Tensor(k)].dtype);
   return n;
 }
 
@@ -78,28 +100,33 @@ int64_t Missing(const ModelSpec& spec, const Regions& needs,
   int64_t bytes = 0;
   Grid grid;
   std::vector<char> need, held;
+  const std::vector<uint64_t>& nk = needs.keys;
+  const std::vector<uint64_t>& hk = holds.keys;
   size_t i = 0, j = 0;
-  while (i < needs.size()) {
-    const int32_t t = needs[i].first;
+  while (i < nk.size()) {
+    const int32_t t = Regions::Tensor(nk[i]);
     size_t i_end = i;
-    while (i_end < needs.size() && needs[i_end].first == t) ++i_end;
-    while (j < holds.size() && holds[j].first < t) ++j;
+    while (i_end < nk.size() && Regions::Tensor(nk[i_end]) == t) ++i_end;
+    while (j < hk.size() && Regions::Tensor(hk[j]) < t) ++j;
     size_t j_end = j;
-    while (j_end < holds.size() && holds[j_end].first == t) ++j_end;
+    while (j_end < hk.size() && Regions::Tensor(hk[j_end]) == t) ++j_end;
     const int64_t elem = ElementSize(spec.tensors[t].dtype);
     if (i_end - i == 1 && j_end == j) {
-      bytes += needs[i].second.volume() * elem;
+      bytes += needs.region(nk[i]).volume() * elem;
+    } else if (i_end - i == 1 && j_end - j == 1 &&
+               holds.region(hk[j]).Contains(needs.region(nk[i]))) {
+      // The common case: a host that keeps its region.
     } else {
-      grid.Reset(needs[i].second.rank());
-      for (size_t k = i; k < i_end; ++k) grid.AddCuts(needs[k].second);
-      for (size_t k = j; k < j_end; ++k) grid.AddCuts(holds[k].second);
+      grid.Reset(needs.region(nk[i]).rank());
+      for (size_t k = i; k < i_end; ++k) grid.AddCuts(needs.region(nk[k]));
+      for (size_t k = j; k < j_end; ++k) grid.AddCuts(holds.region(hk[k]));
       grid.Finalize();
       need.assign(grid.num_cells(), 0);
       held.assign(grid.num_cells(), 0);
       for (size_t k = i; k < i_end; ++k)
-        grid.ForEachCell(needs[k].second, [&](int64_t c) { need[c] = 1; });
+        grid.ForEachCell(needs.region(nk[k]), [&](int64_t c) { need[c] = 1; });
       for (size_t k = j; k < j_end; ++k)
-        grid.ForEachCell(holds[k].second, [&](int64_t c) { held[c] = 1; });
+        grid.ForEachCell(holds.region(hk[k]), [&](int64_t c) { held[c] = 1; });
       for (int64_t c = 0; c < grid.num_cells(); ++c) {
         if (need[c] && !held[c]) bytes += grid.CellRegion(c).volume() * elem;
       }
@@ -169,7 +196,11 @@ bool HoldsSource(const PlacementRequest& req, int host) {
 // source).
 std::vector<Regions> HostHoldings(const PlacementRequest& req) {
   const int n = static_cast<int>(req.cluster->hosts.size());
-  if (req.source == nullptr) return std::vector<Regions>(n);
+  if (req.source == nullptr) {
+    std::vector<Regions> none(n);
+    for (Regions& r : none) r.layout = req.target;  // empty either way
+    return none;
+  }
   std::vector<char> holds(n);
   for (int h = 0; h < n; ++h) holds[h] = HoldsSource(req, h);
   return GroupRegions(*req.source, n, [&](int rank) {
@@ -360,9 +391,13 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   std::vector<int> block_of_unit(units);
   for (int b = 0; b < nblocks; ++b)
     for (int u : blocks[b]) block_of_unit[u] = b;
+  // What each block needs and each host holds: two passes over every
+  // shard of the two layouts, run side by side.
+  std::vector<Regions> holdings;
+  std::thread holdings_pass([&] { holdings = HostHoldings(req); });
   const std::vector<Regions> needs = GroupRegions(
       *req.target, nblocks, [&](int rank) { return block_of_unit[unit_of[rank]]; });
-  const std::vector<Regions> holdings = HostHoldings(req);
+  holdings_pass.join();
 
   // Classes of equal blocks and of equal hosts.
   struct BlockClass {

@@ -56,6 +56,10 @@ struct Transfer {
 struct HeldRegion {
   int32_t tensor = 0;
   Region region;
+  // The host's store holds exactly this region of the source version: it
+  // stays as it is and no transfer lists it (a piece from the host itself;
+  // see ForEachPiece). Most of a failure's recovery is such regions.
+  bool kept_in_place = false;
 };
 
 struct HostFragment {
@@ -65,11 +69,22 @@ struct HostFragment {
   // ZeRO-1 shards the optimizer state of a tp-replicated parameter
   // differently in each tp rank's buffer.
   std::vector<HeldRegion> holds;
-  // Pieces that fill `holds`: local copies and pieces from peers. They
-  // cover the union of `holds` exactly once; a piece is copied into every
-  // held region it intersects.
+  // Pieces that fill the holds not kept in place: local copies and pieces
+  // from peers. With the kept holds they cover the union of `holds`
+  // exactly once; a piece is copied into every held region it intersects.
   std::vector<Transfer> transfers;
 };
+
+// Calls fn(const Transfer&) for every piece of `f`: each kept-in-place
+// hold as a piece from the host itself, then the transfers. What goes on
+// the wire and into plan files is this list.
+template <typename Fn>
+void ForEachPiece(const HostFragment& f, Fn&& fn) {
+  for (const HeldRegion& h : f.holds) {
+    if (h.kept_in_place) fn(Transfer{h.tensor, h.region, f.host, f.host, -1});
+  }
+  for (const Transfer& x : f.transfers) fn(x);
+}
 
 // A small object (RNG state, step counter, ...) a target rank takes from a
 // source rank under the scope's rule (ptc/small_object.h).

@@ -100,7 +100,7 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
   WriteSide(*in.target, *in.target_placement, &w);
   w.Key("transfers").BeginArray();
   for (const HostFragment& f : plan.fragments) {
-    for (const Transfer& x : f.transfers) {
+    ForEachPiece(f, [&](const Transfer& x) {
       w.BeginObject().Key("tensor").Int(x.tensor).Key("region");
       WriteRegion(x.region, &w);
       w.Key("source_host")
@@ -108,7 +108,7 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
           .Key("target_host")
           .Int(x.target_host);
       w.Key("target_rank").Int(x.target_rank).EndObject();
-    }
+    });
   }
   w.EndArray();
   w.Key("small_objects").BeginArray();

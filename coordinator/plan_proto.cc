@@ -17,14 +17,14 @@ proto::Plan PlanToProto(const Plan& plan) {
       ph->set_tensor(h.tensor);
       RegionToProto(h.region, ph->mutable_region());
     }
-    for (const Transfer& x : f.transfers) {
+    ForEachPiece(f, [&](const Transfer& x) {
       proto::Transfer* px = pf->add_transfers();
       px->set_tensor(x.tensor);
       RegionToProto(x.region, px->mutable_region());
       px->set_source_host(x.source_host);
       px->set_target_host(x.target_host);
       px->set_target_rank(x.target_rank);
-    }
+    });
   }
   for (const SmallObjectMove& m : plan.small_objects) {
     proto::SmallObjectMove* pm = wire.add_small_objects();

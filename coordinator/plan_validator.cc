@@ -35,37 +35,54 @@ absl::Status Bad(const PlanInput& in, const Transfer& x,
 
 // Checks transfers' fields; returns the transfers grouped by tensor.
 absl::StatusOr<std::vector<std::vector<const Transfer*>>> GroupTransfers(
-    const PlanInput& in, const Plan& plan) {
+    const PlanInput& in, const Plan& plan, std::vector<Transfer>* kept) {
   const int num_hosts = static_cast<int>(in.cluster->hosts.size());
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   std::vector<std::vector<const Transfer*>> by_tensor(num_tensors);
+  // Kept-in-place holds are pieces from the host itself; they are checked
+  // like any transfer.
+  size_t kept_count = 0;
+  for (const HostFragment& f : plan.fragments)
+    for (const HeldRegion& h : f.holds) kept_count += h.kept_in_place;
+  kept->clear();
+  kept->reserve(kept_count);  // stable addresses for by_tensor
   for (const HostFragment& f : plan.fragments) {
     if (f.host < 0 || f.host >= num_hosts) {
       return absl::InvalidArgumentError(
           absl::StrCat("invalid plan: fragment for unknown host id ", f.host));
     }
-    for (const Transfer& x : f.transfers) {
-      if (x.tensor < 0 || x.tensor >= num_tensors || x.source_host < 0 ||
-          x.source_host >= num_hosts || x.target_host != f.host) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "invalid plan: a transfer in the fragment of ",
-            in.cluster->hosts[f.host].name,
-            " names an unknown tensor or host, or another target host"));
-      }
-      PTC_RETURN_IF_ERROR(
-          Annotate(ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
-                   absl::StrCat("invalid plan: tensor '",
-                                in.spec->tensors[x.tensor].key, "'")));
-      if (!in.HoldsSource(x.source_host))
-        return Bad(in, x, "the source host is dead or lost the source");
-      if (plan.per_rank) {
-        if (x.target_rank < 0 || x.target_rank >= in.target->world_size() ||
-            in.target_placement->host[x.target_rank] != x.target_host) {
-          return Bad(in, x, "its target rank is not a rank on the target host");
-        }
-      }
-      by_tensor[x.tensor].push_back(&x);
+    for (const HeldRegion& h : f.holds) {
+      if (h.kept_in_place) kept->push_back({h.tensor, h.region, f.host, f.host, -1});
     }
+  }
+  // (the fragment's host, a piece of it)
+  std::vector<std::pair<int32_t, const Transfer*>> all;
+  all.reserve(kept->size());
+  for (const Transfer& x : *kept) all.push_back({x.target_host, &x});
+  for (const HostFragment& f : plan.fragments)
+    for (const Transfer& x : f.transfers) all.push_back({f.host, &x});
+  for (const auto& [host, px] : all) {
+    const Transfer& x = *px;
+    if (x.tensor < 0 || x.tensor >= num_tensors || x.source_host < 0 ||
+        x.source_host >= num_hosts || x.target_host != host) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid plan: a transfer in the fragment of ",
+          in.cluster->hosts[host].name,
+          " names an unknown tensor or host, or another target host"));
+    }
+    PTC_RETURN_IF_ERROR(
+        Annotate(ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
+                 absl::StrCat("invalid plan: tensor '",
+                              in.spec->tensors[x.tensor].key, "'")));
+    if (!in.HoldsSource(x.source_host))
+      return Bad(in, x, "the source host is dead or lost the source");
+    if (plan.per_rank) {
+      if (x.target_rank < 0 || x.target_rank >= in.target->world_size() ||
+          in.target_placement->host[x.target_rank] != x.target_host) {
+        return Bad(in, x, "its target rank is not a rank on the target host");
+      }
+    }
+    by_tensor[x.tensor].push_back(&x);
   }
   return by_tensor;
 }
@@ -143,7 +160,8 @@ absl::Status ValidateTensor(const PlanInput& in, const Plan& plan, int t,
 
 absl::Status ValidatePlan(const PlanInput& in, const Plan& plan) {
   PTC_RETURN_IF_ERROR(CheckPlanInput(in));
-  PTC_ASSIGN_OR_RETURN(auto by_tensor, GroupTransfers(in, plan));
+  std::vector<Transfer> kept;
+  PTC_ASSIGN_OR_RETURN(auto by_tensor, GroupTransfers(in, plan, &kept));
   for (int t = 0; t < static_cast<int>(by_tensor.size()); ++t) {
     PTC_RETURN_IF_ERROR(ValidateTensor(in, plan, t, by_tensor[t]));
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
@@ -74,15 +75,21 @@ inline int32_t HostOf(HostRegion x) { return static_cast<int32_t>(x >> 32); }
 inline int32_t IdOf(HostRegion x) { return static_cast<int32_t>(x & 0xffffffffu); }
 
 // The distinct (host, region) pairs of tensor `t` in `layout`, optionally
-// only those on hosts that hold the source, sorted by host.
+// only those on hosts that hold the source, sorted by host; region ids are
+// `ids`' (the layout's own distinct regions are looked up once each).
 void HostRegions(const PlanInput& in, const Layout& layout,
                  const Placement& placement, int t, bool alive_only,
-                 RegionIds* ids, std::vector<HostRegion>* out) {
+                 RegionIds* ids, std::vector<int32_t>* map,
+                 std::vector<HostRegion>* out) {
   out->clear();
-  for (const Shard& s : layout.shards(t)) {
-    const int h = placement.host[s.rank];
+  map->clear();
+  for (const Region& r : layout.regions(t)) map->push_back(ids->Id(r));
+  const std::vector<Shard>& shards = layout.shards(t);
+  const std::vector<int32_t>& region_id = layout.region_ids(t);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int h = placement.host[shards[i].rank];
     if (alive_only && !in.HoldsSource(h)) continue;
-    out->push_back(Pack(h, ids->Id(s.region)));
+    out->push_back(Pack(h, (*map)[region_id[i]]));
   }
   std::sort(out->begin(), out->end());
   out->erase(std::unique(out->begin(), out->end()), out->end());
@@ -159,6 +166,7 @@ struct Scratch {
   Grid grid;
   RegionIds ids;
   std::vector<HostRegion> src, dst;
+  std::vector<int32_t> id_map;
   std::vector<std::vector<int64_t>> cells_of;  // per region id
   std::vector<absl::InlinedVector<int32_t, 4>> holders, needers, in_place;
   std::vector<std::vector<Region>> local;  // per target host
@@ -176,8 +184,10 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
   ids.Clear();
   std::vector<HostRegion>& src = s->src;
   std::vector<HostRegion>& dst = s->dst;
-  HostRegions(in, *in.source, *in.source_placement, t, true, &ids, &src);
-  HostRegions(in, *in.target, *in.target_placement, t, false, &ids, &dst);
+  HostRegions(in, *in.source, *in.source_placement, t, true, &ids, &s->id_map,
+              &src);
+  HostRegions(in, *in.target, *in.target_placement, t, false, &ids,
+              &s->id_map, &dst);
   if (dst.empty()) return absl::OkStatus();
   for (const Shard& sh : in.target->shards(t)) {
     a->rank_target_bytes += sh.region.volume() * elem;
@@ -222,10 +232,10 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     const int32_t h = HostOf(r);
     const Region& region = ids[IdOf(r)];
     HostFragment& f = a->fragments[h];
-    f.holds.push_back({t, region});
-    if (std::binary_search(src.begin(), src.end(), r)) {
-      // The host stores exactly this region already: it stays as it is.
-      f.transfers.push_back({t, region, h, h, -1});
+    // The host may store exactly this region already: it stays as it is.
+    const bool kept = std::binary_search(src.begin(), src.end(), r);
+    f.holds.push_back({t, region, kept});
+    if (kept) {
       for (int64_t c : s->cells_of[IdOf(r)]) add(s->in_place[c], h);
     }
     for (int64_t c : s->cells_of[IdOf(r)]) add(s->needers[c], h);
@@ -282,31 +292,106 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Analysis> Analyze(const PlanInput& in) {
-  Analysis a;
+// Analyzes tensors [begin, end) into `a`, whose fragments are sized for
+// `shards_on` (per host, the target shards the fragment will take).
+absl::Status AnalyzeRange(const PlanInput& in, int begin, int end,
+                          const std::vector<int64_t>& shards_on, Scratch* scratch,
+                          Analysis* a) {
   const int num_hosts = static_cast<int>(in.cluster->hosts.size());
-  a.fragments.resize(num_hosts);
-  for (int h = 0; h < num_hosts; ++h) a.fragments[h].host = h;
-  // Size every host's lists up front (its ranks' shards bound the regions
-  // it holds): growing ~2,000 lists of ~1,000 entries by doubling costs
-  // more than the planning itself at 16,000 ranks.
-  std::vector<int64_t> shards_on(num_hosts, 0);
-  for (int t = 0; t < in.target->num_tensors(); ++t) {
+  a->fragments.resize(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) {
+    a->fragments[h].host = h;
+    a->fragments[h].holds.reserve(shards_on[h]);
+  }
+  scratch->local.resize(num_hosts);
+  scratch->holds_cell.assign(num_hosts, 0);
+  scratch->keeps_cell.assign(num_hosts, 0);
+  for (int t = begin; t < end; ++t) {
+    PTC_RETURN_IF_ERROR(AnalyzeTensor(in, t, scratch, a));
+  }
+  return absl::OkStatus();
+}
+
+// Appends `b` (later tensors) to `a`, renumbering b's sender classes.
+void Merge(Analysis&& b, Scratch* a_scratch, Analysis* a) {
+  std::vector<int32_t> renumber(b.classes.size());
+  for (size_t c = 0; c < b.classes.size(); ++c) {
+    auto [it, inserted] = a_scratch->class_of.emplace(
+        b.classes[c], static_cast<int32_t>(a->classes.size()));
+    if (inserted) {
+      a->classes.push_back(b.classes[c]);
+      a->class_bytes.push_back(0);
+    }
+    renumber[c] = it->second;
+    a->class_bytes[it->second] += b.class_bytes[c];
+  }
+  a->demands.reserve(a->demands.size() + b.demands.size());
+  for (Demand& d : b.demands) {
+    d.klass = renumber[d.klass];
+    a->demands.push_back(std::move(d));
+  }
+  for (size_t h = 0; h < a->fragments.size(); ++h) {
+    HostFragment& to = a->fragments[h];
+    HostFragment& from = b.fragments[h];
+    to.holds.insert(to.holds.end(), std::make_move_iterator(from.holds.begin()),
+                    std::make_move_iterator(from.holds.end()));
+    to.transfers.insert(to.transfers.end(),
+                        std::make_move_iterator(from.transfers.begin()),
+                        std::make_move_iterator(from.transfers.end()));
+  }
+  a->target_bytes += b.target_bytes;
+  a->rank_target_bytes += b.rank_target_bytes;
+  a->kept_in_place_bytes += b.kept_in_place_bytes;
+  a->copied_within_host_bytes += b.copied_within_host_bytes;
+  a->cross_host_lower_bound += b.cross_host_lower_bound;
+}
+
+absl::StatusOr<Analysis> Analyze(const PlanInput& in) {
+  const int num_hosts = static_cast<int>(in.cluster->hosts.size());
+  const int num_tensors = static_cast<int>(in.spec->tensors.size());
+  // Shards per tensor (both sides) and per host (target): the work to
+  // split in two, and every host's lists sized up front (growing ~2,000
+  // lists of ~2,000 entries by doubling costs more than the planning).
+  std::vector<int64_t> work(num_tensors + 1, 0);
+  std::vector<int64_t> first_half(num_hosts, 0), all(num_hosts, 0);
+  for (int t = 0; t < num_tensors; ++t) {
+    work[t + 1] = work[t] + static_cast<int64_t>(in.source->shards(t).size() +
+                                                 in.target->shards(t).size());
+  }
+  int mid = num_tensors;
+  // Two threads (tensors are independent) once there is enough to share.
+  constexpr int64_t kParallelShards = 1 << 18;
+  if (work[num_tensors] >= kParallelShards) {
+    mid = static_cast<int>(
+        std::lower_bound(work.begin(), work.end(), work[num_tensors] / 2) -
+        work.begin());
+    mid = std::clamp(mid, 1, num_tensors);
+  }
+  for (int t = 0; t < num_tensors; ++t) {
     for (const Shard& s : in.target->shards(t)) {
-      ++shards_on[in.target_placement->host[s.rank]];
+      const int h = in.target_placement->host[s.rank];
+      ++all[h];
+      if (t < mid) ++first_half[h];
     }
   }
-  for (int h = 0; h < num_hosts; ++h) {
-    a.fragments[h].holds.reserve(shards_on[h]);
-    a.fragments[h].transfers.reserve(shards_on[h]);
+  std::vector<int64_t> second_half(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) second_half[h] = all[h] - first_half[h];
+
+  Analysis a, b;
+  Scratch scratch_a, scratch_b;
+  absl::Status status_b;
+  std::thread second;
+  if (mid < num_tensors) {
+    second = std::thread([&] {
+      status_b = AnalyzeRange(in, mid, num_tensors, second_half, &scratch_b, &b);
+    });
   }
-  Scratch scratch;
-  scratch.local.resize(num_hosts);
-  scratch.holds_cell.assign(num_hosts, 0);
-  scratch.keeps_cell.assign(num_hosts, 0);
-  for (int t = 0; t < static_cast<int>(in.spec->tensors.size()); ++t) {
-    PTC_RETURN_IF_ERROR(AnalyzeTensor(in, t, &scratch, &a));
-  }
+  const absl::Status status_a = AnalyzeRange(in, 0, mid, all, &scratch_a, &a);
+  if (second.joinable()) second.join();
+  // The first failing tensor's error, as a sequential pass would report.
+  PTC_RETURN_IF_ERROR(status_a);
+  PTC_RETURN_IF_ERROR(status_b);
+  if (mid < num_tensors) Merge(std::move(b), &scratch_a, &a);
   return a;
 }
 
@@ -460,6 +545,7 @@ void Summarize(const PlanInput& in, Plan* plan) {
   s.cross_host_bytes = 0;
   s.transfers = 0;
   for (const HostFragment& f : plan->fragments) {
+    for (const HeldRegion& h : f.holds) s.transfers += h.kept_in_place;
     for (const Transfer& x : f.transfers) {
       ++s.transfers;
       if (x.source_host == x.target_host) continue;

@@ -68,7 +68,7 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     if (it != r.addresses.end()) (*req.mutable_peers())[host] = it->second;
     (*req.mutable_peer_names())[host] = r.input->cluster->hosts[host].name;
   };
-  for (const Transfer& x : f.transfers) add_peer(x.source_host);
+  ForEachPiece(f, [&](const Transfer& x) { add_peer(x.source_host); });
   for (const SmallObjectMove& m : r.plan->small_objects) {
     if (m.target_host != f.host) continue;
     proto::SmallObjectMove* pm = req.add_small_objects();
@@ -96,10 +96,10 @@ absl::Status StageAll(
   std::vector<absl::Status> status(n);
   std::vector<std::thread> threads;
   for (const HostFragment& f : r.plan->fragments) {
-    for (const Transfer& x : f.transfers) {
+    ForEachPiece(f, [&](const Transfer& x) {
       total.bytes_total += x.region.volume() *
                            ElementSize(r.input->spec->tensors[x.tensor].dtype);
-    }
+    });
   }
   std::vector<grpc::ClientContext> contexts(n);
   std::atomic<int> running{n};

@@ -28,17 +28,22 @@ struct Shard {
 class Layout {
  public:
   Layout() = default;
+  // Indexes every tensor's distinct regions (see regions()).
   Layout(int world_size, std::vector<std::vector<Shard>> shards,
-         std::optional<ParallelConfig> config)
-      : world_size_(world_size),
-        shards_(std::move(shards)),
-        config_(std::move(config)) {}
+         std::optional<ParallelConfig> config);
 
   int world_size() const { return world_size_; }
   int num_tensors() const { return static_cast<int>(shards_.size()); }
   // Shards of tensor `t`, sorted by rank; a rank may hold several regions
   // (grouped splits, ZeRO ranges) or none.
   const std::vector<Shard>& shards(int t) const { return shards_[t]; }
+  // The distinct regions of tensor `t` (in order of first appearance),
+  // and for shards(t)[i] the index of its region among them: layouts
+  // repeat a few regions over many ranks (every dp replica holds the same
+  // tp shards), and planning works on these small numbers.
+  const std::vector<Region>& regions(int t) const { return regions_[t]; }
+  const std::vector<int32_t>& region_ids(int t) const { return region_ids_[t]; }
+
   // The parallel config the layout was built from; empty for an explicit
   // layout registered by a framework the rules do not cover.
   const std::optional<ParallelConfig>& config() const { return config_; }
@@ -49,6 +54,8 @@ class Layout {
  private:
   int world_size_ = 0;
   std::vector<std::vector<Shard>> shards_;
+  std::vector<std::vector<Region>> regions_;
+  std::vector<std::vector<int32_t>> region_ids_;
   std::optional<ParallelConfig> config_;
 };
 

@@ -353,8 +353,10 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
                       std::vector<int>(s.region.volume(), 0)});
     }
   }
+  absl::Status failed;
   for (const HostFragment& f : plan.fragments) {
-    for (const Transfer& x : f.transfers) {
+    ForEachPiece(f, [&](const Transfer& x) {
+      if (!failed.ok()) return;
       const Shape& shape = in.spec->tensors[x.tensor].shape;
       const int unit = plan.per_rank ? x.target_rank : x.target_host;
       auto& dst = target[{unit, x.tensor}];
@@ -381,13 +383,14 @@ absl::Status ExecuteAndVerify(const PlanInput& in, const Plan& plan) {
         missing.swap(still);
       }
       if (!missing.empty()) {
-        return absl::InternalError(
+        failed = absl::InternalError(
             absl::StrCat("source host ", x.source_host, " does not hold ",
                          missing[0].ToString(), " of tensor ",
                          in.spec->tensors[x.tensor].key));
       }
-    }
+    });
   }
+  if (!failed.ok()) return failed;
   for (auto& [key, list] : target) {
     const int t = key.second;
     const Shape& shape = in.spec->tensors[t].shape;
