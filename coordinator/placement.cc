@@ -107,7 +107,8 @@ int64_t Missing(const ModelSpec& spec, const Regions& needs,
     const int32_t t = Regions::Tensor(nk[i]);
     size_t i_end = i;
     while (i_end < nk.size() && Regions::Tensor(nk[i_end]) == t) ++i_end;
-    while (j < hk.size() && Regions::Tensor(hk[j]) < t) ++j;
+    j = std::lower_bound(hk.begin() + j, hk.end(), static_cast<uint64_t>(t) << 32) -
+        hk.begin();
     size_t j_end = j;
     while (j_end < hk.size() && Regions::Tensor(hk[j_end]) == t) ++j_end;
     const int64_t elem = ElementSize(spec.tensors[t].dtype);
@@ -448,6 +449,32 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   std::vector<int64_t> cost(static_cast<size_t>(B) * H, 0);
   std::vector<double> seconds(static_cast<size_t>(B) * H, 0);
   std::vector<char> fits(static_cast<size_t>(B) * H, 0);
+  // A block and a host that share no tensor (other pipeline stages: most
+  // pairs) cost the block's whole state, computed once per block class.
+  const size_t words = (spec.tensors.size() + 63) / 64;
+  auto tensor_bits = [&](const Regions& r) {
+    std::vector<uint64_t> bits(words, 0);
+    for (uint64_t k : r.keys) {
+      const int32_t t = Regions::Tensor(k);
+      bits[t / 64] |= uint64_t{1} << (t % 64);
+    }
+    return bits;
+  };
+  std::vector<std::vector<uint64_t>> block_bits(B), host_bits(H);
+  for (int b = 0; b < B; ++b)
+    if (bclass[b].units > 0) block_bits[b] = tensor_bits(needs[bclass[b].members[0]]);
+  for (int h = 0; h < H; ++h)
+    host_bits[h] = tensor_bits(holdings[cands[hclass[h].members[0]].host]);
+  auto share_a_tensor = [&](int b, int h) {
+    for (size_t w = 0; w < words; ++w)
+      if (block_bits[b][w] & host_bits[h][w]) return true;
+    return false;
+  };
+  std::vector<int64_t> alone(B, 0);
+  for (int b = 0; b < B; ++b) {
+    if (bclass[b].units > 0)
+      alone[b] = Missing(spec, needs[bclass[b].members[0]], Regions{});
+  }
   for (int b = 0; b < B; ++b) {
     const BlockClass& bc = bclass[b];
     for (int h = 0; h < H; ++h) {
@@ -460,6 +487,11 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
       fits[k] = hc.slots >= bc.units &&
                 (hc.memory < 0 || hc.old_bytes + bc.bytes <= hc.memory);
       if (!fits[k]) continue;
+      if (!share_a_tensor(b, h)) {
+        cost[k] = alone[b];
+        seconds[k] = cost[k] / hc.bandwidth;
+        continue;
+      }
       cost[k] = Missing(spec, needs[bc.members[0]],
                         holdings[cands[hc.members[0]].host]);
       seconds[k] = cost[k] / hc.bandwidth;
