@@ -37,6 +37,42 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   return c;
 }
 
+absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
+                                      const std::string& job,
+                                      const std::string& host,
+                                      absl::Duration timeout) {
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  proto::ListJobsRequest req;
+  req.set_job(job);
+  proto::ListJobsResponse resp;
+  const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, &resp));
+  if (s.code() == absl::StatusCode::kNotFound) {
+    return absl::NotFoundError(absl::StrCat("job '", job,
+                                            "' is unknown to the coordinator at ",
+                                            coordinator));
+  }
+  PTC_RETURN_IF_ERROR(
+      Annotate(s, absl::StrCat("asking the coordinator at ", coordinator)));
+  if (resp.jobs_size() != 1) {
+    return absl::InternalError(absl::StrCat(
+        "the coordinator at ", coordinator, " answered with ", resp.jobs_size(),
+        " jobs for job '", job, "'"));
+  }
+  const proto::JobStatus& j = resp.jobs(0);
+  HostRanks out;
+  out.config = j.config();
+  out.world_size = j.ranks();
+  out.layout_epoch = j.layout_epoch();
+  for (int r = 0; r < j.rank_hosts_size(); ++r) {
+    if (j.rank_hosts(r) == host)
+      out.ranks.push_back({r, r < j.rank_devices_size() ? j.rank_devices(r) : -1});
+  }
+  return out;
+}
+
 absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -98,6 +134,7 @@ absl::Status Client::Refresh() {
   config_ = std::move(config);
   committed_version_ = job.committed_version();
   committed_step_ = job.committed_step();
+  device_ = rank < job.rank_devices_size() ? job.rank_devices(rank) : -1;
   layout_epoch_ = job.layout_epoch();
   regions_ = std::move(regions);
   return absl::OkStatus();

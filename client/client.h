@@ -65,6 +65,20 @@ struct RankRegion {
   int64_t bytes = 0;
 };
 
+// The ranks of a job that the placement puts on one host, and their
+// GPUs: what a host's launcher starts there (no ptcd needed).
+struct HostRanks {
+  std::string config;
+  int world_size = 0;
+  int64_t layout_epoch = 0;
+  std::vector<std::pair<int, int>> ranks;  // (rank, GPU), ascending
+};
+// NOT_FOUND for an unknown job; an empty list for a host with no rank.
+absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
+                                      const std::string& job,
+                                      const std::string& host,
+                                      absl::Duration timeout = absl::Seconds(30));
+
 class Client {
  public:
   // Connects to the ptcd at options.socket_path and reads the job from the
@@ -81,6 +95,9 @@ class Client {
   int rank() const { return options_.rank; }
   // This ptcd's host name, as the coordinator knows it.
   const std::string& host() const { return host_; }
+  // The GPU the job's placement gives this rank on host() (-1: the
+  // coordinator placed no device), as of the last Refresh.
+  int device() const { return device_; }
   const ModelSpec& spec() const { return spec_; }
   const ParallelConfig& config() const { return config_; }
   MeshCoord coord() const { return config_.CoordOf(options_.rank); }
@@ -188,6 +205,7 @@ class Client {
   std::unique_ptr<LocalClient> local_;
   std::unique_ptr<proto::Coordinator::Stub> coordinator_;
   std::string host_;
+  int device_ = -1;
   ModelSpec spec_;
   ParallelConfig config_;
   int64_t committed_version_ = 0;

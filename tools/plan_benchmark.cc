@@ -1,17 +1,30 @@
-// Planner benchmark (not a test): plans GPT-3 175B reconfigurations on
-// 128 hosts x 8 GPUs and reports plan time (median/min/max over --runs),
-// plan size, and ptc vs the Tenplex-style plan in cross-host bytes and
-// largest per-host send.
+// Planner benchmark (not a test): realistic changes of GPT-3, LLaMA and MoE
+// jobs, up to a 405B-class LLaMA on 2,048 hosts x 8 GPUs (16,384 ranks).
+// For each: bytes across hosts and the largest per-host send with today's
+// contiguous placement, with ptc's placement, and with the Tenplex-style
+// per-rank plan (contiguous, replica 0, no dedup); the time to place and
+// plan (median/min/max over --runs) and the peak memory of the case.
 //
-//   bazel run -c opt //tools:plan_benchmark -- --runs 5 [--zero]
+// Each case runs in a child process of its own, so that its peak resident
+// memory is its own.
+//
+//   bazel run //tools:plan_benchmark -- --runs 5 [--case N] [--markdown]
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
@@ -21,44 +34,72 @@ namespace ptc::tools {
 namespace {
 
 struct Case {
-  const char* name;
-  const char* to;
-  std::vector<int> to_hosts;
-  std::vector<bool> alive;
+  std::string name;
+  std::string model;
+  std::string from;
+  int from_hosts;      // host0 .. host{from_hosts-1}
+  std::string to;
+  int cluster_hosts;   // hosts in the cluster (>= from_hosts)
+  std::vector<int> candidates;  // hosts the change may use (empty: all live)
+  std::vector<int> dead;
+  int gpus = 8;
+  // The Tenplex-style plan searches every source rank for every target
+  // rank: quadratic, minutes at 16,384 ranks; skipped there.
+  bool baseline = true;
 };
 
-std::vector<int> Range(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
+std::vector<int> Range(int lo, int hi) {
+  std::vector<int> v;
+  for (int i = lo; i < hi; ++i) v.push_back(i);
   return v;
 }
 
 std::vector<Case> Cases() {
-  // Source tp=8,pp=16,dp=8: rank = tp + 8 * (dp + 8 * pp), so host
-  // dp + 8 * pp holds one tp group. Killing host (pp % 8) + 8 * pp takes one
-  // of the 8 replicas of every stage and leaves 7.
-  std::vector<bool> alive(128, true);
-  std::vector<int> survivors;
-  for (int pp = 0; pp < 16; ++pp) alive[(pp % 8) + 8 * pp] = false;
-  for (int h = 0; h < 128; ++h) {
-    if (alive[h]) survivors.push_back(h);
-  }
+  // GPT-3 175B, tp=8,pp=16,dp=8 on 128 hosts: host dp + 8 * pp holds one
+  // tp group; killing host (pp % 8) + 8 * pp takes one replica of every
+  // stage.
+  std::vector<int> one_per_stage;
+  for (int pp = 0; pp < 16; ++pp) one_per_stage.push_back(pp % 8 + 8 * pp);
+  // LLaMA 405B-class, tp=8,pp=16,dp=128 on 2,048 hosts: hosts 0-15 are 16
+  // of stage 0's 128 replicas.
   return {
-      {"(a) scale out: tp=8,pp=8,dp=16 on the same 128 hosts",
-       "tp=8,pp=8,dp=16",
-       Range(128),
-       {}},
-      {"(b) scale in: tp=8,pp=8,dp=8 on 64 of the hosts",
-       "tp=8,pp=8,dp=8",
-       Range(64),
-       {}},
-      {"(c) recover: tp=8,pp=8,dp=14 on the 112 hosts left after 16 died",
-       "tp=8,pp=8,dp=14", survivors, alive},
+      {"GPT-3 175B: pp 16 -> 8, dp 8 -> 16 on the same 128 hosts",
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=8,dp=16", 128, {}, {}},
+      {"GPT-3 175B: scale-down to 64 hosts, ptc picks which of the 128",
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=4", 128, {}, {}},
+      {"GPT-3 175B: 16 hosts die (one per stage) -> dp=7 on 112",
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=7", 128, {},
+       one_per_stage},
+      {"GPT-3 175B zero=1: pp 16 -> 8, dp 8 -> 16 on the same hosts",
+       "gpt3-175b", "tp=8,pp=16,dp=8,zero=1", 128, "tp=8,pp=8,dp=16,zero=1",
+       128, {}, {}},
+      {"GPT-3 2.7B: 4x4 GPUs -> tp=2,pp=2,dp=8 on 8x4",
+       "gpt3-2.7b", "tp=4,pp=2,dp=2", 4, "tp=2,pp=2,dp=8", 8, {}, {}, 4},
+      {"LLaMA-2 70B: host1 of 8 dies -> dp=1 on the 7 left",
+       "llama2-70b", "tp=8,pp=4,dp=2", 8, "tp=8,pp=4,dp=1", 8, {}, {1}},
+      {"LLaMA-3 70B: 3 of 32 hosts die -> dp=3 on 24 of the 29 left",
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=3", 32, {},
+       {3, 12, 21}},
+      {"LLaMA-3 70B: redeploy 32 hosts to 16 old + 16 new ones",
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=4", 48,
+       Range(16, 48), {}},
+      {"LLaMA-3 70B: tp 8 -> 4, pp 8 -> 16 on the same 32 hosts",
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=4,pp=16,dp=4", 32, {}, {}},
+      {"Mixtral 8x7B: ep 4 -> 8 on 2 -> 4 hosts",
+       "mixtral-8x7b", "tp=2,ep=4,pp=2", 2, "tp=2,ep=8,pp=2", 4, {}, {}},
+      {"MoE 64x 136B: ep 8 -> 16 on 8 -> 16 hosts",
+       "moe-64x-136b", "tp=2,ep=8,pp=4", 8, "tp=2,ep=16,pp=4", 16, {}, {}},
+      {"LLaMA 405B: 16 of 2,048 hosts die -> dp=120 on 1,920",
+       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=120", 2048,
+       {}, Range(0, 16), 8, false},
+      {"LLaMA 405B: scale-up to 2,304 hosts, dp=144",
+       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=144", 2304,
+       {}, {}, 8, false},
   };
 }
 
 struct Stats {
-  double min, median, max;
+  double min = 0, median = 0, max = 0;
 };
 
 Stats Summarize(std::vector<double> v) {
@@ -66,107 +107,208 @@ Stats Summarize(std::vector<double> v) {
   return {v.front(), v[v.size() / 2], v.back()};
 }
 
-int Run(int runs, bool zero) {
-  const std::string suffix = zero ? ",zero=1" : "";
-  std::cout << absl::StrFormat(
-      "GPT-3 175B, tp=8,pp=16,dp=8%s on 128 hosts x 8 GPUs, %d runs per "
-      "case\n\n",
-      suffix, runs);
-  bool all_under_a_second = true;
-  for (const Case& c : Cases()) {
-    auto scenario = MakePlanScenario("gpt3-175b", "tp=8,pp=16,dp=8" + suffix,
-                                     Range(128), c.to + suffix, c.to_hosts,
-                                     Cluster::Uniform(128, 8), c.alive);
-    if (!scenario.ok()) {
-      std::cerr << c.name << ": " << scenario.status() << "\n";
-      return 1;
-    }
-    std::vector<double> ours_s, base_s;
-    absl::StatusOr<Plan> ours, base;
-    for (int i = 0; i < runs; ++i) {
-      absl::Time t = absl::Now();
-      ours = PlanReconfiguration(scenario->input());
-      ours_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
-      t = absl::Now();
-      base = PlanTenplexBaseline(scenario->input());
-      base_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
-      if (!ours.ok() &&
-          ours.status().code() == absl::StatusCode::kFailedPrecondition) {
-        // Expected with ZeRO-1 after host failures: the optimizer state has
-        // no replica, so only a snapshot could restore it.
-        std::cout << c.name << "\n  not plannable from live hosts: "
-                  << ours.status().message() << "\n\n";
-        break;
-      }
-      if (!ours.ok() || !base.ok()) {
-        std::cerr << c.name << ": "
-                  << (ours.ok() ? base.status() : ours.status()) << "\n";
-        return 1;
-      }
-    }
-    if (!ours.ok()) continue;
-    const absl::Time v = absl::Now();
-    const absl::Status valid = ValidatePlan(scenario->input(), *ours);
-    const double validate_s = absl::ToDoubleSeconds(absl::Now() - v);
-    const Stats t = Summarize(ours_s), b = Summarize(base_s);
-    const PlanSummary& p = ours->summary;
-    const PlanSummary& q = base->summary;
-    all_under_a_second &= t.max < 1.0;
-    std::cout << c.name << "\n";
-    std::cout << absl::StrFormat(
-        "  plan time       ptc median %s (min %s, max %s); tenplex-style "
-        "median %s\n",
-        HumanSeconds(t.median), HumanSeconds(t.min), HumanSeconds(t.max),
-        HumanSeconds(b.median));
-    std::cout << absl::StrFormat(
-        "  plan size       %d pieces to %d hosts, %d small-object moves; "
-        "tenplex-style "
-        "%d pieces\n",
-        p.transfers, ours->fragments.size(), p.small_object_moves, q.transfers);
-    std::cout << absl::StrFormat(
-        "  across hosts    ptc %s (lower bound %s); tenplex-style %s (%.2fx)\n",
-        HumanBytes(p.cross_host_bytes),
-        HumanBytes(p.cross_host_bytes_lower_bound),
-        HumanBytes(q.cross_host_bytes),
-        p.cross_host_bytes
-            ? static_cast<double>(q.cross_host_bytes) / p.cross_host_bytes
-            : 0);
-    std::cout << absl::StrFormat(
-        "  largest send    ptc %s (lower bound %s, %s); tenplex-style %s "
-        "(%.2fx)\n",
-        HumanBytes(p.max_host_send_bytes),
-        HumanBytes(p.max_host_send_bytes_lower_bound),
-        PercentOver(p.max_host_send_bytes, p.max_host_send_bytes_lower_bound),
-        HumanBytes(q.max_host_send_bytes),
-        p.max_host_send_bytes
-            ? static_cast<double>(q.max_host_send_bytes) / p.max_host_send_bytes
-            : 0);
-    std::cout << absl::StrFormat(
-        "  validation      %s in %s\n\n",
-        valid.ok() ? "passed" : std::string(valid.message()),
-        HumanSeconds(validate_s));
-    if (!valid.ok()) return 1;
+// One case's figures; the child writes them as one line of numbers.
+struct Result {
+  int64_t contiguous_bytes = -1, contiguous_send = -1;
+  int64_t ptc_bytes = -1, ptc_send = -1, bound = -1;
+  int64_t tenplex_bytes = -1, tenplex_send = -1;
+  int64_t pieces = 0, released = 0;
+  double place_min = 0, place_median = 0, place_max = 0;
+  double plan_min = 0, plan_median = 0, plan_max = 0;
+  double total_median = 0;
+  bool valid = false;
+};
+
+absl::StatusOr<Result> RunCase(const Case& c, int runs) {
+  Cluster cluster = Cluster::Uniform(c.cluster_hosts, c.gpus);
+  std::vector<bool> alive(c.cluster_hosts, true);
+  for (int h : c.dead) alive[h] = false;
+  std::vector<int> candidates;
+  for (int h : c.candidates.empty() ? Range(0, c.cluster_hosts) : c.candidates)
+    if (alive[h]) candidates.push_back(h);
+  PTC_ASSIGN_OR_RETURN(
+      PlanScenario s,
+      MakePlanScenario(c.model, c.from, Range(0, c.from_hosts), c.to,
+                       candidates, cluster, alive));
+  Result r;
+  proto::PlacementOptions contiguous;
+  contiguous.set_strategy("contiguous");
+  PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, contiguous, candidates));
+  PTC_ASSIGN_OR_RETURN(Plan plan, PlanReconfiguration(s.input()));
+  r.contiguous_bytes = plan.summary.cross_host_bytes;
+  r.contiguous_send = plan.summary.max_host_send_bytes;
+  if (c.baseline) {
+    PTC_ASSIGN_OR_RETURN(Plan base, PlanTenplexBaseline(s.input()));
+    r.tenplex_bytes = base.summary.cross_host_bytes;
+    r.tenplex_send = base.summary.max_host_send_bytes;
   }
-  std::cout << (all_under_a_second ? "every plan took under 1 second\n"
-                                   : "SOME PLANS TOOK 1 SECOND OR MORE\n");
-  return 0;
+  plan = Plan();
+  std::vector<double> place_s, plan_s, total_s;
+  for (int i = 0; i < runs; ++i) {
+    PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, proto::PlacementOptions(), candidates));
+    const absl::Time t = absl::Now();
+    PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(s.input()));
+    plan_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    place_s.push_back(s.placement_seconds);
+    total_s.push_back(s.placement_seconds + plan_s.back());
+  }
+  r.ptc_bytes = plan.summary.cross_host_bytes;
+  r.ptc_send = plan.summary.max_host_send_bytes;
+  r.bound = plan.summary.cross_host_bytes_lower_bound;
+  r.pieces = plan.summary.transfers;
+  r.released = static_cast<int64_t>(s.placement.released.size());
+  const Stats p = Summarize(place_s), q = Summarize(plan_s);
+  r.place_min = p.min, r.place_median = p.median, r.place_max = p.max;
+  r.plan_min = q.min, r.plan_median = q.median, r.plan_max = q.max;
+  r.total_median = Summarize(total_s).median;
+  r.valid = ValidatePlan(s.input(), plan).ok();
+  return r;
+}
+
+std::string Encode(const Result& r) {
+  return absl::StrFormat("%d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d",
+                         r.contiguous_bytes, r.contiguous_send, r.ptc_bytes,
+                         r.ptc_send, r.bound, r.tenplex_bytes, r.tenplex_send,
+                         r.pieces, r.released, r.place_min, r.place_median,
+                         r.place_max, r.plan_min, r.plan_median, r.plan_max,
+                         r.total_median, r.valid ? 1 : 0);
+}
+
+bool Decode(const std::string& line, Result* r) {
+  int valid = 0;
+  long long v[9];
+  const int n = std::sscanf(
+      line.c_str(), "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf %lf %lf %d",
+      &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
+      &r->place_min, &r->place_median, &r->place_max, &r->plan_min,
+      &r->plan_median, &r->plan_max, &r->total_median, &valid);
+  if (n != 17) return false;
+  r->contiguous_bytes = v[0], r->contiguous_send = v[1], r->ptc_bytes = v[2];
+  r->ptc_send = v[3], r->bound = v[4], r->tenplex_bytes = v[5];
+  r->tenplex_send = v[6], r->pieces = v[7], r->released = v[8];
+  r->valid = valid;
+  return true;
+}
+
+// Runs case `i` in a child; its result line and its peak resident memory.
+bool RunInChild(const Case& c, int runs, Result* r, int64_t* peak_bytes,
+                std::string* error) {
+  int fd[2];
+  if (pipe(fd) != 0) return false;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    auto result = RunCase(c, runs);
+    const std::string line = result.ok()
+                                 ? Encode(*result)
+                                 : absl::StrCat("error ", result.status().ToString());
+    if (write(fd[1], line.data(), line.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  close(fd[1]);
+  std::string line;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd[0], buf, sizeof(buf))) > 0) line.append(buf, n);
+  close(fd[0]);
+  int status = 0;
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
+  *peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  if (line.rfind("error ", 0) == 0 || !Decode(line, r)) {
+    *error = line.empty() ? "the case's process died" : line;
+    return false;
+  }
+  return true;
+}
+
+std::string Bytes(int64_t b) { return b < 0 ? "-" : HumanBytes(b); }
+
+std::string Times(double median, double min, double max) {
+  return absl::StrCat(HumanSeconds(median), " (", HumanSeconds(min), "-",
+                      HumanSeconds(max), ")");
+}
+
+int Run(int runs, int only, bool markdown) {
+  const std::vector<Case> cases = Cases();
+  if (markdown) {
+    std::cout << "| case | contiguous: across / largest send | ptc placement: "
+                 "across / largest send | Tenplex-style: across / largest "
+                 "send | place, median (min-max) | plan, median (min-max) | "
+                 "peak memory |\n|---|---|---|---|---|---|---|\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "%d runs per case; times are median (min-max); every plan validated\n\n",
+        runs);
+  }
+  bool ok = true, under_a_second = true;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (only >= 0 && static_cast<int>(i) != only) continue;
+    const Case& c = cases[i];
+    Result r;
+    int64_t peak = 0;
+    std::string error;
+    if (!RunInChild(c, runs, &r, &peak, &error)) {
+      std::cerr << c.name << ": " << error << "\n";
+      ok = false;
+      continue;
+    }
+    ok &= r.valid;
+    const bool big = c.from_hosts >= 128;
+    if (big) under_a_second &= r.place_max + r.plan_max < 1.0;
+    const std::string pair_c =
+        absl::StrCat(Bytes(r.contiguous_bytes), " / ", Bytes(r.contiguous_send));
+    const std::string pair_p =
+        absl::StrCat(Bytes(r.ptc_bytes), " / ", Bytes(r.ptc_send));
+    const std::string pair_t =
+        c.baseline ? absl::StrCat(Bytes(r.tenplex_bytes), " / ", Bytes(r.tenplex_send))
+                   : std::string("not run (quadratic)");
+    const std::string place = Times(r.place_median, r.place_min, r.place_max);
+    const std::string plan = Times(r.plan_median, r.plan_min, r.plan_max);
+    if (markdown) {
+      std::cout << absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s |\n",
+                                   c.name, pair_c, pair_p, pair_t, place, plan,
+                                   HumanBytes(peak));
+    } else {
+      std::cout << c.name << "\n"
+                << absl::StrFormat("  %s %s -> %s\n", c.model, c.from, c.to)
+                << absl::StrFormat("  across hosts / largest send: contiguous %s; "
+                                   "ptc %s (bound %s); tenplex-style %s\n",
+                                   pair_c, pair_p, Bytes(r.bound), pair_t)
+                << absl::StrFormat("  place %s, plan %s; %d pieces, %d hosts "
+                                   "released; peak memory %s%s\n\n",
+                                   place, plan, r.pieces, r.released,
+                                   HumanBytes(peak),
+                                   r.valid ? "" : "; PLAN DID NOT VALIDATE");
+    }
+  }
+  if (!markdown) {
+    std::cout << (under_a_second
+                      ? "every case on 128 hosts or more placed and planned "
+                        "in under 1 second\n"
+                      : "SOME CASES ON 128 HOSTS OR MORE TOOK 1 SECOND OR "
+                        "MORE\n");
+  }
+  return ok ? 0 : 1;
 }
 
 }  // namespace
 }  // namespace ptc::tools
 
 int main(int argc, char** argv) {
-  int runs = 5;
-  bool zero = false;
+  int runs = 5, only = -1;
+  bool markdown = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
-    } else if (!std::strcmp(argv[i], "--zero")) {
-      zero = true;
+    } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
+      only = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--markdown")) {
+      markdown = true;
     } else {
-      std::cerr << "usage: plan_benchmark [--runs N] [--zero]\n";
+      std::cerr << "usage: plan_benchmark [--runs N] [--case N] [--markdown]\n";
       return 2;
     }
   }
-  return ptc::tools::Run(runs, zero);
+  return ptc::tools::Run(runs, only, markdown);
 }

@@ -197,6 +197,29 @@ PYBIND11_MODULE(_ptc, m) {
       .def("__str__", &ParallelConfig::ToString);
 
   m.def(
+      "ranks_on_host",
+      [](const std::string& coordinator, const std::string& job,
+         const std::string& host) {
+        const HostRanks r = Value(RanksOnHost(coordinator, job, host));
+        py::list ranks;
+        for (const auto& [rank, gpu] : r.ranks) {
+          py::dict d;
+          d["rank"] = rank;
+          d["gpu"] = gpu;
+          ranks.append(d);
+        }
+        py::dict out;
+        out["config"] = r.config;
+        out["world_size"] = r.world_size;
+        out["layout_epoch"] = r.layout_epoch;
+        out["ranks"] = ranks;
+        return out;
+      },
+      py::arg("coordinator"), py::arg("job"), py::arg("host"),
+      "the ranks of `job` that its placement puts on `host`, and their GPUs: "
+      "{config, world_size, layout_epoch, ranks: [{rank, gpu}]}; what a "
+      "host's launcher starts there (ptcctl ranks)");
+  m.def(
       "check_layout",
       [](const std::string& json, const std::string& config) {
         const ModelSpec spec = Value(SpecFromJson(json));
@@ -419,6 +442,9 @@ PYBIND11_MODULE(_ptc, m) {
       .def_property_readonly("job", &Client::job)
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("host", &Client::host)
+      .def_property_readonly("device", &Client::device,
+                             "this rank's GPU on its host, from the job's "
+                             "placement (-1: none placed)")
       .def_property_readonly("world_size", &Client::world_size)
       .def_property_readonly("config", &Client::config)
       .def_property_readonly(

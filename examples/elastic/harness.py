@@ -34,6 +34,8 @@ def parse(description, more=None):
     ap.add_argument("--job", default="")
     ap.add_argument("--coordinator", default="")
     ap.add_argument("--socket", help="this rank's host's ptcd socket (none: no ptc)")
+    ap.add_argument("--gpu", type=int, default=-1,
+                    help="the GPU the job's placement gives this rank (its launcher's word)")
     ap.add_argument("--master-port", type=int, default=0)
     ap.add_argument("--run-dir", default=".")
     ap.add_argument("--global-batch", type=int, default=16)
@@ -210,10 +212,17 @@ def baseline_resume(args, client, model, optimizer, scheduler):
 
 
 def client(args):
+    """This rank's ptc client. ptc refuses a rank started on another host
+    than its placement's; the GPU is checked here."""
     if not args.socket:
         return None
-    return ptc.Client(socket=args.socket, coordinator=args.coordinator, job=args.job,
-                      rank=args.rank)
+    c = ptc.Client(socket=args.socket, coordinator=args.coordinator, job=args.job,
+                   rank=args.rank)
+    if args.gpu >= 0 and c.device != args.gpu:
+        raise SystemExit(f"rank {args.rank} was started for GPU {args.gpu} but the job's "
+                         f"placement gives it GPU {c.device} of {c.host}")
+    args.events.update(host=c.host, device=c.device)
+    return c
 
 
 def finish(args, iteration, **timings):

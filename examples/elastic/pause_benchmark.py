@@ -72,7 +72,7 @@ def phase(args, cluster, run_dir, config, hosts, extra, job):
     t0 = time.time()
     args.job_name = job
     elastic.run_phase(args, cluster, run_dir, config, elastic.world_size(config),
-                      cluster.rank_hosts(job), extra)
+                      cluster.placement(job), extra)
     return t0, events(run_dir)
 
 

@@ -124,16 +124,16 @@ class Cluster:
             raise SystemExit(f"ptcctl {args[0]} failed")
         return r.stdout
 
-    def rank_hosts(self, job):
-        """The host of every rank, as each host's launcher learns it from
-        the coordinator's placement (ptcctl ranks --host H)."""
+    def placement(self, job):
+        """(host, GPU) of every rank, as each host's launcher learns it from
+        the coordinator's placement (ptc.ranks_on_host, as `ptcctl ranks`)."""
+        sys.path.insert(0, f"{self.bin}/client/python/pkg")
+        import ptc
         hosts = [p.stem for p in sorted(self.dir.glob("host*.port"))]
         placed = {}
         for h in hosts:
-            out = json.loads(self.ptcctl("ranks", "--job", job, "--host", h, "--json",
-                                         capture=True))
-            for r in out["ranks"]:
-                placed[r["rank"]] = h
+            for r in ptc.ranks_on_host(self.coordinator, job, h)["ranks"]:
+                placed[r["rank"]] = (h, r["gpu"])
         return [placed[r] for r in range(len(placed))]
 
     def down(self):
@@ -141,7 +141,7 @@ class Cluster:
                        env=self.env, stdout=subprocess.DEVNULL)
 
 
-def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, save_after=None):
+def run_phase(args, cluster, run_dir, config, world, placement, extra, save_after=None):
     """Starts one process per rank and waits for all; exits on a failure.
     With `save_after`, asks the job to save (the control file) once it has
     trained that many iterations."""
@@ -157,10 +157,18 @@ def run_phase(args, cluster, run_dir, config, world, rank_hosts, extra, save_aft
                cluster.coordinator if cluster else "", "--master-port", str(port),
                "--run-dir", str(run_dir), "--global-batch", str(args.global_batch),
                *args.script_args, *extra]
-        if rank_hosts:
-            cmd += ["--socket", cluster.socket(rank_hosts[rank])]
+        rank_env = env
+        if placement:  # started on its host's ptcd, its GPU the only one it sees
+            host, gpu = placement[rank]
+            cmd += ["--socket", cluster.socket(host), "--gpu", str(gpu)]
+            rank_env = dict(env, CUDA_VISIBLE_DEVICES=str(gpu))
         log = open(logs / f"{config}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rank_env),
+                      log))
+    if placement:
+        (run_dir / "launch").mkdir(exist_ok=True)
+        (run_dir / "launch" / f"{config}.json").write_text(json.dumps(
+            [{"rank": r, "host": h, "gpu": g} for r, (h, g) in enumerate(placement)]))
     request = run_dir / "save_request"
     deadline = time.time() + 1800
     while any(p.poll() is None for p, _ in procs) and time.time() < deadline:
@@ -279,7 +287,7 @@ def main():
                 f"from iteration {iteration + 1}" + (f" to {end}" if last else
                                                      f"; save requested after {end}"))
             t0 = time.time()
-            run_phase(args, cluster, run_dir, config, world, cluster.rank_hosts(args.job_name), extra,
+            run_phase(args, cluster, run_dir, config, world, cluster.placement(args.job_name), extra,
                       save_after=None if last else end)
             if not last:  # the iteration the job saved at
                 end = json.loads((run_dir / "events" / f"{config}_rank0.json").read_text())[

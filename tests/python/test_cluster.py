@@ -2,6 +2,7 @@
 flow, clear errors that change nothing, a ptcd SIGKILLed in the middle of
 a transfer, and a coordinator SIGKILLed and restarted in the middle of a
 plan."""
+import json
 import subprocess
 import time
 
@@ -220,3 +221,37 @@ def test_forget_removes_a_job_everywhere_and_its_name_can_be_used_again(cluster)
     start_job(cluster)
     v = cluster.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stderr
+
+
+def test_a_host_failure_with_a_surviving_replica_moves_nothing_across_hosts(cluster):
+    # tp=2,pp=2,dp=2 on four 2-GPU hosts: host0 and host1 hold stage 0,
+    # host2 and host3 stage 1. host2 dies; the change to dp=1 may use the
+    # three survivors: ptc keeps each stage where a replica survives (stage
+    # 1 on host3) and releases the spare host, so nothing crosses hosts.
+    start_job(cluster, config="tp=2,pp=2,dp=2",
+              hosts=("host0", "host1", "host2", "host3"))
+    cluster.kill("host2")
+    cluster.wait_dead("host2")
+    code, report = cluster.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,pp=2,dp=1",
+                                       "--hosts", "host0,host1,host3")
+    assert code == 0, report
+    assert report["phase"] == "committed"
+    plan = report["plan"]
+    assert plan["cross_host_bytes"] == 0
+    assert report["bytes_from_peers"] == 0
+    placement = plan["placement"]
+    assert placement["strategy"] == "ptc"
+    # Ranks 0-1 are stage 0, ranks 2-3 stage 1 (tp fastest).
+    assert [r["host"] for r in placement["ranks"]] == ["host0", "host0", "host3", "host3"]
+    assert placement["released_hosts"] == ["host1"]
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stderr
+    assert "every element exact" in v.stdout
+    # The same change placed contiguously (stage 1 on host1) moves a stage.
+    r = subprocess.run([str(cluster.bin / "tools/ptcctl"), "plan", "--model", MODEL,
+                        "--from", "tp=2,pp=2,dp=2", "--to", "tp=2,pp=2,dp=1",
+                        "--hosts", "4x2", "--dead-hosts", "host2",
+                        "--placement", "contiguous", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["cross_host_bytes"] > 0

@@ -32,6 +32,18 @@ def test_training_job_changes_parallelism_and_back(bin_dir, ptc_module, tmp_path
         assert change["report"]["phase"] == "committed"
     assert res["samples"]["consumed"] == res["samples"]["distinct"] == res["iterations"] * 16
     assert res["iterations"] >= 9
+    # Every process ran where the coordinator's placement put it: its
+    # launcher read (host, GPU) from ptc.ranks_on_host, and the process's
+    # own ptc client (which refuses another host) reported the same.
+    run = tmp_path / "elastic"
+    # (The first phase's files are overwritten by the third, of the same config.)
+    for config, hosts in (("tp=1,pp=2,dp=2", {"host0", "host1"}), ("tp=2,dp=1", {"host2"})):
+        launched = json.loads((run / "launch" / f"{config}.json").read_text())
+        assert {p["host"] for p in launched} <= hosts
+        assert len({(p["host"], p["gpu"]) for p in launched}) == len(launched)
+        for p in launched:
+            seen = json.loads((run / "events" / f"{config}_rank{p['rank']}.json").read_text())
+            assert (seen["host"], seen["device"]) == (p["host"], p["gpu"])
 
 
 def run_job(bin_dir, tmp_path, job, *phases, iterations=3):

@@ -16,6 +16,11 @@ connects to the host's ptcd and the coordinator:
     state = client.load()               # after a reconfiguration
     view = state.region(0)              # read-only numpy view, no copy
 
+A host's launcher asks which ranks to start there, and on which GPUs:
+
+    for r in ptc.ranks_on_host("coord:7000", "gpt", "host3")["ranks"]:
+        start(rank=r["rank"], gpu=r["gpu"])   # client.device agrees
+
 ptc.torch builds a PyTorch job's layout from its modules and a placement
 plan, and saves and loads a rank's whole state with one call each
 (docs/bring-your-own-model.md); ptc.torch_state is the lower-level mapping
@@ -33,7 +38,8 @@ from ._ptc import (  # noqa: F401
     model_tensors,
     derived_seed,
     padded_vocab,
+    ranks_on_host,
 )
 
 __all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "ParallelConfig", "Save",
-           "State", "derived_seed", "model_tensors", "padded_vocab"]
+           "State", "derived_seed", "model_tensors", "padded_vocab", "ranks_on_host"]
