@@ -24,48 +24,6 @@ using coordinator_internal::MaxFlow;
 // (about 1 GiB of planner memory); real layouts stay far below.
 constexpr int64_t kMaxCellsPerTensor = int64_t{1} << 25;
 
-// Distinct regions of one tensor, numbered in order of first appearance.
-// Layouts repeat few regions across many ranks (every dp replica holds the
-// same tp shards), so most lookups hit a short list.
-class RegionIds {
- public:
-  void Clear() {
-    regions_.clear();
-    index_.clear();
-  }
-  int32_t Id(const Region& r) {
-    if (last_ >= 0 && last_ < static_cast<int32_t>(regions_.size()) &&
-        regions_[last_] == r) {
-      return last_;
-    }
-    if (regions_.size() <= kLinear) {
-      for (size_t i = 0; i < regions_.size(); ++i) {
-        if (regions_[i] == r) return last_ = static_cast<int32_t>(i);
-      }
-    } else {
-      auto it = index_.find(r);
-      if (it != index_.end()) return last_ = it->second;
-    }
-    last_ = static_cast<int32_t>(regions_.size());
-    regions_.push_back(r);
-    if (regions_.size() == kLinear + 1) {
-      for (size_t i = 0; i < regions_.size(); ++i)
-        index_.emplace(regions_[i], static_cast<int32_t>(i));
-    } else if (regions_.size() > kLinear + 1) {
-      index_.emplace(r, last_);
-    }
-    return last_;
-  }
-  const Region& operator[](int32_t id) const { return regions_[id]; }
-  int32_t size() const { return static_cast<int32_t>(regions_.size()); }
-
- private:
-  static constexpr size_t kLinear = 16;
-  std::vector<Region> regions_;
-  absl::flat_hash_map<Region, int32_t> index_;
-  int32_t last_ = -1;
-};
-
 // A (host, region id) pair packed so that sorting orders by host first.
 using HostRegion = uint64_t;
 inline HostRegion Pack(int32_t host, int32_t id) {

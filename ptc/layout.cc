@@ -6,7 +6,6 @@
 #include <optional>
 #include <set>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -33,38 +32,11 @@ Layout::Layout(int world_size, std::vector<std::vector<Shard>> shards,
       regions_(shards_.size()),
       region_ids_(shards_.size()),
       config_(std::move(config)) {
-  absl::flat_hash_map<Region, int32_t> index;
+  RegionIds ids;
   for (size_t t = 0; t < shards_.size(); ++t) {
-    std::vector<Region>& distinct = regions_[t];
-    std::vector<int32_t>& ids = region_ids_[t];
-    ids.reserve(shards_[t].size());
-    index.clear();
-    int32_t last = -1;
-    for (const Shard& s : shards_[t]) {
-      // Most lookups hit the previous region or a short list.
-      if (last >= 0 && distinct[last] == s.region) {
-        ids.push_back(last);
-        continue;
-      }
-      int32_t id = -1;
-      if (distinct.size() <= 16) {
-        for (size_t i = 0; i < distinct.size() && id < 0; ++i)
-          if (distinct[i] == s.region) id = static_cast<int32_t>(i);
-      } else {
-        if (index.empty()) {
-          for (size_t i = 0; i < distinct.size(); ++i)
-            index.emplace(distinct[i], static_cast<int32_t>(i));
-        }
-        auto it = index.find(s.region);
-        if (it != index.end()) id = it->second;
-      }
-      if (id < 0) {
-        id = static_cast<int32_t>(distinct.size());
-        distinct.push_back(s.region);
-        if (!index.empty()) index.emplace(s.region, id);
-      }
-      ids.push_back(last = id);
-    }
+    region_ids_[t].reserve(shards_[t].size());
+    for (const Shard& s : shards_[t]) region_ids_[t].push_back(ids.Id(s.region));
+    regions_[t] = ids.Release();
   }
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -171,6 +172,57 @@ void ForEachRun(const Region& src_box, const Region& dst_box,
 void CopyRegion(const void* src, const Region& src_box, void* dst,
                 const Region& dst_box, const Region& what,
                 int64_t element_size);
+
+// Distinct regions (of one tensor), numbered in order of first
+// appearance. Layouts repeat few regions across many ranks (every dp
+// replica holds the same tp shards), so most lookups hit the previous
+// region or a short list; past 16 regions a hash map takes over.
+class RegionIds {
+ public:
+  void Clear() {
+    regions_.clear();
+    index_.clear();
+    last_ = -1;
+  }
+  int32_t Id(const Region& r) {
+    if (last_ >= 0 && last_ < static_cast<int32_t>(regions_.size()) &&
+        regions_[last_] == r) {
+      return last_;
+    }
+    if (regions_.size() <= kLinear) {
+      for (size_t i = 0; i < regions_.size(); ++i) {
+        if (regions_[i] == r) return last_ = static_cast<int32_t>(i);
+      }
+    } else {
+      auto it = index_.find(r);
+      if (it != index_.end()) return last_ = it->second;
+    }
+    last_ = static_cast<int32_t>(regions_.size());
+    regions_.push_back(r);
+    if (regions_.size() == kLinear + 1) {
+      for (size_t i = 0; i < regions_.size(); ++i)
+        index_.emplace(regions_[i], static_cast<int32_t>(i));
+    } else if (regions_.size() > kLinear + 1) {
+      index_.emplace(r, last_);
+    }
+    return last_;
+  }
+  const Region& operator[](int32_t id) const { return regions_[id]; }
+  int32_t size() const { return static_cast<int32_t>(regions_.size()); }
+  // The distinct regions, by id; leaves this empty.
+  std::vector<Region> Release() {
+    std::vector<Region> out = std::move(regions_);
+    Clear();
+    return out;
+  }
+
+ private:
+  static constexpr size_t kLinear = 16;
+  std::vector<Region> regions_;
+  absl::flat_hash_map<Region, int32_t> index_;
+  int32_t last_ = -1;
+};
+
 
 }  // namespace ptc
 
