@@ -65,8 +65,13 @@ std::string FormatPlacement(const proto::PlanSummary& p, int max_hosts) {
                     Spans(sorted_gpus), "\n");
   }
   if (p.released_hosts_size() > 0) {
+    const int n = p.released_hosts_size();
+    const int shown = max_hosts > 0 ? std::min(n, 2 * max_hosts) : n;
     absl::StrAppend(&out, "    released (no rank there): ",
-                    absl::StrJoin(p.released_hosts(), ", "), "\n");
+                    absl::StrJoin(p.released_hosts().begin(),
+                                  p.released_hosts().begin() + shown, ", "),
+                    shown < n ? absl::StrCat(" and ", n - shown, " more") : "",
+                    "\n");
   }
   return out;
 }
