@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
@@ -244,6 +245,12 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
 
 absl::Status CoordinatorService::DoReconfigure(
     const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
+  if (req.parallel_pulls() < 0 || req.parallel_pulls() > kMaxParallelPulls) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel pulls ", req.parallel_pulls(),
+                     " is out of range; use 1 to ", kMaxParallelPulls,
+                     " (0: the default, 4)"));
+  }
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, true));
   std::shared_ptr<Flight> flight = planned.flight;
   const std::vector<std::string>& names = planned.names;

@@ -90,6 +90,62 @@ std::vector<Batch> MakeBatches(const std::vector<const FragmentPiece*>& work,
 
 }  // namespace
 
+absl::Status ValidateFragment(const FragmentJob& job) {
+  if (job.parallel_pulls < 1 || job.parallel_pulls > kMaxParallelPulls) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel pulls ", job.parallel_pulls,
+                     " is out of range; use 1 to ", kMaxParallelPulls));
+  }
+  const int num_tensors = static_cast<int>(job.tensors.size());
+  auto check = [&](int32_t t, const Region& region,
+                   const char* what) -> absl::Status {
+    if (t < 0 || t >= num_tensors) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the fragment ", what, " unknown tensor id ", t, " (it declares ",
+          num_tensors, " tensors)"));
+    }
+    return Annotate(
+        ValidateRegion(region, job.tensors[t].shape),
+        absl::StrCat("the fragment ", what, " tensor '", job.tensors[t].key,
+                     "'"));
+  };
+  std::vector<std::vector<const Region*>> pieces(num_tensors);
+  for (const FragmentPiece& p : job.pieces) {
+    PTC_RETURN_IF_ERROR(check(p.tensor, p.region, "moves a piece of"));
+    if (p.region.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the fragment moves an empty piece ",
+                       p.region.ToString(), " of tensor '",
+                       job.tensors[p.tensor].key, "'"));
+    }
+    pieces[p.tensor].push_back(&p.region);
+  }
+  for (const auto& [t, region] : job.holds) {
+    PTC_RETURN_IF_ERROR(check(t, region, "holds"));
+    std::vector<Region> missing = {region};
+    for (const Region* piece : pieces[t]) {
+      std::vector<Region> still;
+      for (const Region& m : missing) {
+        if (!m.Intersects(*piece)) {
+          still.push_back(m);
+          continue;
+        }
+        for (Region& rest : m.Difference(*piece))
+          still.push_back(std::move(rest));
+      }
+      missing.swap(still);
+      if (missing.empty()) break;
+    }
+    if (!missing.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the fragment holds ", region.ToString(), " of tensor '",
+          job.tensors[t].key, "' but no piece fills ", missing[0].ToString(),
+          "; the plan is incomplete"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
     std::map<int32_t, std::string> names)
@@ -148,6 +204,7 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,
     const std::function<void(const FragmentProgress&)>& progress) {
+  PTC_RETURN_IF_ERROR(ValidateFragment(job));
   PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
   const int num_tensors = static_cast<int>(job.tensors.size());
   // A held region that this host already stores unchanged in the source
@@ -161,10 +218,6 @@ absl::Status ExecuteFragment(
   std::vector<std::unique_ptr<PendingPut>> pending;
   std::vector<std::vector<Staged>> staged(num_tensors);
   for (const auto& [t, region] : job.holds) {
-    if (t < 0 || t >= num_tensors) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the fragment holds unknown tensor id ", t));
-    }
     if (in_place.count({t, region})) {
       auto view = store->OpenRead(job.job, job.source_version,
                                   job.tensors[t].key, region);
@@ -185,10 +238,6 @@ absl::Status ExecuteFragment(
   for (const auto& [t, ref] : links) linked.insert({t, ref.region});
   std::vector<const FragmentPiece*> work;  // pieces that need copying
   for (const FragmentPiece& p : job.pieces) {
-    if (p.tensor < 0 || p.tensor >= num_tensors) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a piece names unknown tensor id ", p.tensor));
-    }
     const int64_t bytes =
         p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
     totals.bytes_total += bytes;
@@ -305,7 +354,8 @@ absl::Status ExecuteFragment(
       if (progress) progress(totals);
     }
   };
-  const int threads = std::max(1, job.parallel_pulls);
+  const int threads = std::min<int>(job.parallel_pulls,
+                                    std::max<size_t>(1, batches.size()));
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
   for (std::thread& t : pool) t.join();

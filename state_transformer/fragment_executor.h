@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/limits.h"
 #include "tensor_store/store.h"
 #include "tensor_store/store_client.h"
 
@@ -142,6 +143,7 @@ struct FragmentJob {
   std::vector<FragmentPiece> pieces;
   // Small objects of the target ranks on this host.
   std::vector<FragmentSmallObject> small_objects;
+  // In [1, kMaxParallelPulls].
   int parallel_pulls = 4;
 };
 
@@ -157,7 +159,14 @@ struct FragmentProgress {
 // bytes (a larger piece is a batch of its own).
 inline constexpr int64_t kBatchBytes = int64_t{64} << 20;
 
-// Runs `job` to completion. `progress` is called after every batch, never
+// Checks a fragment before anything is staged: tensor ids in range, every
+// held region and piece of the tensor's rank and inside its shape, pieces
+// not empty, every held region covered by the pieces of its tensor (a gap
+// would be published as zeros), parallel_pulls in range. INVALID_ARGUMENT
+// names the first problem.
+absl::Status ValidateFragment(const FragmentJob& job);
+
+// Runs `job` to completion (after ValidateFragment). `progress` is called after every batch, never
 // concurrently with itself. Errors name the piece, tensor and peer.
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,

@@ -1,6 +1,9 @@
 #include "state_transformer/transformer_service.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -46,22 +49,35 @@ TransformerService::~TransformerService() {
   if (sweeper_.joinable()) sweeper_.join();
 }
 
+TransformerService::ExposedBuffer::~ExposedBuffer() {
+  registration.reset();
+  if (mapping != nullptr) munmap(mapping, buffer->size());
+}
+
 absl::Status TransformerService::CheckEpoch(const std::string& job,
-                                            int64_t epoch, bool exact) {
+                                            int64_t epoch, EpochUse use) {
   if (epoch <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan epoch ", epoch, " must be positive"));
   }
   absl::MutexLock lock(&mu_);
-  int64_t& newest = epochs_[job];
-  if (epoch < newest || (exact && epoch != newest)) {
+  auto it = epochs_.find(job);
+  const int64_t newest = it == epochs_.end() ? 0 : it->second.newest;
+  if (epoch < newest || (use == EpochUse::kCommit && epoch != newest)) {
     return absl::AbortedError(
         absl::StrCat("plan epoch ", epoch, " of job '", job,
                      "' is stale: this host is at epoch ", newest,
                      "; restart from the current plan"));
   }
-  newest = epoch;
-  DropExposuresLocked(job, epoch);
+  if (it != epochs_.end() && it->second.aborted.count(epoch)) {
+    return absl::AbortedError(
+        absl::StrCat("plan epoch ", epoch, " of job '", job,
+                     "' was aborted on this host; plan the change again"));
+  }
+  if (use == EpochUse::kFragment) {
+    epochs_[job].newest = epoch;
+    DropExposuresLocked(job, epoch);
+  }
   return absl::OkStatus();
 }
 
@@ -69,7 +85,7 @@ void TransformerService::DropExposuresLocked(const std::string& job,
                                              int64_t epoch) {
   const absl::Time stale = absl::Now() - absl::Minutes(1);
   for (auto it = exposed_.begin(); it != exposed_.end();) {
-    const bool drop = (it->first == job && it->second.epoch < epoch) ||
+    const bool drop = (it->first.first == job && it->first.second < epoch) ||
                       it->second.last_use < stale;
     it = drop ? exposed_.erase(it) : std::next(it);
   }
@@ -78,7 +94,8 @@ void TransformerService::DropExposuresLocked(const std::string& job,
 absl::Status TransformerService::DoExecute(
     grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
     grpc::ServerWriter<proto::FragmentProgress>* writer) {
-  PTC_RETURN_IF_ERROR(CheckEpoch(req.job(), req.plan_epoch(), false));
+  PTC_RETURN_IF_ERROR(
+      CheckEpoch(req.job(), req.plan_epoch(), EpochUse::kFragment));
   if (req.fragment().host() != req.host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the fragment is for host ", req.fragment().host(),
@@ -103,7 +120,7 @@ absl::Status TransformerService::DoExecute(
   job.target_version = req.target_version();
   job.plan_epoch = req.plan_epoch();
   job.host = req.host();
-  job.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
+  job.parallel_pulls = req.parallel_pulls() != 0 ? req.parallel_pulls() : 4;
   for (const proto::TensorDecl& d : req.tensors()) {
     PTC_ASSIGN_OR_RETURN(TensorDecl decl, TensorDeclFromProto(d));
     job.tensors.push_back(std::move(decl));
@@ -152,6 +169,7 @@ absl::Status TransformerService::DoExecute(
     return absl::InvalidArgumentError(absl::StrCat(
         "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
+  PTC_RETURN_IF_ERROR(ValidateFragment(job));
   // The tensors must be declared before the version can be created.
   PTC_RETURN_IF_ERROR(store_->DeclareTensors(job.job, job.tensors).status());
   PTC_RETURN_IF_ERROR(Annotate(
@@ -204,13 +222,22 @@ grpc::Status TransformerService::ExecuteFragment(
 grpc::Status TransformerService::AbortStaged(
     grpc::ServerContext*, const proto::AbortStagedRequest* req,
     proto::AbortStagedResponse* resp) {
-  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), false);
-      !s.ok()) {
-    return ToGrpcStatus(s);
+  if (req->plan_epoch() <= 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("plan epoch ", req->plan_epoch(), " must be positive")));
   }
+  // A fragment of this epoch that arrives late is refused; other epochs,
+  // older or newer, are not fenced by it (only a fragment moves the newest
+  // epoch). Only jobs this host knows are remembered.
+  const bool known = store_->List(req->job()).jobs_size() > 0;
   {
     absl::MutexLock lock(&mu_);
-    DropExposuresLocked(req->job(), std::numeric_limits<int64_t>::max());
+    if (known || epochs_.count(req->job())) {
+      std::set<int64_t>& aborted = epochs_[req->job()].aborted;
+      aborted.insert(req->plan_epoch());
+      if (aborted.size() > kAbortedEpochsKept) aborted.erase(aborted.begin());
+    }
+    DropExposuresLocked(req->job(), req->plan_epoch() + 1);
   }
   // An abort deletes only a staged version of its own epoch or an older
   // one: never a save's version, never a committed one.
@@ -222,7 +249,8 @@ grpc::Status TransformerService::AbortStaged(
 grpc::Status TransformerService::CommitStaged(
     grpc::ServerContext*, const proto::CommitStagedRequest* req,
     proto::CommitStagedResponse* resp) {
-  if (absl::Status s = CheckEpoch(req->job(), req->plan_epoch(), true);
+  if (absl::Status s =
+          CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kCommit);
       !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -244,7 +272,7 @@ absl::Status TransformerService::CheckPeerCall(const std::string& job,
         absl::StrCat(parts, " ", what, " in one call; at most ",
                      kMaxPartsPerCall, " (split the request)"));
   }
-  return CheckEpoch(job, plan_epoch, false);
+  return CheckEpoch(job, plan_epoch, EpochUse::kPeer);
 }
 
 absl::StatusOr<ReadView> TransformerService::OpenForPeer(
@@ -257,23 +285,35 @@ absl::StatusOr<ReadView> TransformerService::OpenForPeer(
 absl::Status TransformerService::ExposeLocked(
     const std::string& job, int64_t plan_epoch,
     const std::shared_ptr<RegionBuffer>& buffer, proto::ExposedPart* out) {
-  Exposure& e = exposed_[job];
-  if (e.epoch != plan_epoch) {
-    e.buffers.clear();  // keys of another epoch are never reused
-    e.epoch = plan_epoch;
-  }
+  Exposure& e = exposed_[{job, plan_epoch}];
   e.last_use = absl::Now();
-  auto& slot = e.buffers[buffer.get()];
-  if (slot.second == nullptr) {
-    auto reg = ucx_->Register(buffer->data(), buffer->size());
-    if (!reg.ok()) {
-      e.buffers.erase(buffer.get());
-      return reg.status();
+  std::unique_ptr<ExposedBuffer>& slot = e.buffers[buffer.get()];
+  if (slot == nullptr) {
+    auto exposed = std::make_unique<ExposedBuffer>();
+    exposed->buffer = buffer;
+    void* p = mmap(nullptr, buffer->size(), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE, buffer->fd(), 0);
+    absl::Status s;
+    if (p == MAP_FAILED) {
+      s = absl::InternalError(absl::StrCat("mapping a stored region for peers: ",
+                                           std::strerror(errno)));
+    } else {
+      exposed->mapping = p;
+      auto reg = ucx_->Register(p, buffer->size());
+      if (reg.ok()) {
+        exposed->registration = *std::move(reg);
+      } else {
+        s = reg.status();
+      }
     }
-    slot = {buffer, *std::move(reg)};
+    if (!s.ok()) {
+      e.buffers.erase(buffer.get());
+      return s;
+    }
+    slot = std::move(exposed);
   }
-  out->set_address(slot.second->address());
-  out->set_rkey(slot.second->rkey());
+  out->set_address(slot->registration->address());
+  out->set_rkey(slot->registration->rkey());
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #define PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,9 +57,12 @@ class TransformerService final : public proto::Transformer::Service {
   bool has_ucx() const { return ucx_ != nullptr; }
 
  private:
-  // OK and records `epoch` if it is not older than the newest seen for
-  // `job`; `exact` also refuses newer ones (commit must name the plan).
-  absl::Status CheckEpoch(const std::string& job, int64_t epoch, bool exact);
+  // How a call's plan epoch is checked against the newest the coordinator
+  // has sent for the job (ExecuteFragment): a fragment may move it forward
+  // (and is refused for an epoch that was aborted); a commit must name it;
+  // a peer's call must not be older, and moves nothing.
+  enum class EpochUse { kFragment, kCommit, kPeer };
+  absl::Status CheckEpoch(const std::string& job, int64_t epoch, EpochUse use);
   absl::Status DoExecute(grpc::ServerContext* ctx,
                          const proto::ExecuteFragmentRequest& req,
                          grpc::ServerWriter<proto::FragmentProgress>* writer);
@@ -81,28 +85,46 @@ class TransformerService final : public proto::Transformer::Service {
                             const std::shared_ptr<RegionBuffer>& buffer,
                             proto::ExposedPart* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the registrations of `job` (all of them, or those of epochs
-  // older than `epoch`), and every job's that went unused for a minute.
+  // Forgets the registrations of `job` of epochs older than `epoch`, and
+  // every one that went unused for a minute.
   void DropExposuresLocked(const std::string& job, int64_t epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A stored buffer as peers see it: a private copy-on-write mapping of
+  // its memfd, registered read-only. Gets read the stored pages through
+  // it; a put that UCX emulates in software (it does not check the key's
+  // protection) lands in private pages of this mapping, never in the
+  // store's bytes, and cannot fault on the store's read-only mapping.
+  struct ExposedBuffer {
+    ~ExposedBuffer();
+    std::shared_ptr<RegionBuffer> buffer;
+    void* mapping = nullptr;
+    std::unique_ptr<UcxWorker::Registration> registration;  // first to go
+  };
   // Stored buffers registered for peers' gets during one plan epoch of a
-  // job; each registration keeps its buffer mapped.
+  // job.
   struct Exposure {
-    int64_t epoch = 0;
     absl::Time last_use;
-    std::map<const RegionBuffer*,
-             std::pair<std::shared_ptr<RegionBuffer>,
-                       std::unique_ptr<UcxWorker::Registration>>>
-        buffers;
+    std::map<const RegionBuffer*, std::unique_ptr<ExposedBuffer>> buffers;
   };
 
   Store* store_;
   const TransformerOptions options_;
   std::unique_ptr<UcxWorker> ucx_;
   absl::Mutex mu_;
-  std::map<std::string, int64_t> epochs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Exposure> exposed_ ABSL_GUARDED_BY(mu_);
+  // Per job: the newest epoch a fragment came with, and the epochs the
+  // coordinator aborted (at most kAbortedEpochsKept, the newest), each
+  // fenced on its own: an abort does not move the newest epoch, so an
+  // abort for an epoch far ahead cannot fence the job's next plans.
+  struct Epochs {
+    int64_t newest = 0;
+    std::set<int64_t> aborted;
+  };
+  static constexpr size_t kAbortedEpochsKept = 64;
+  std::map<std::string, Epochs> epochs_ ABSL_GUARDED_BY(mu_);
+  // By (job, plan epoch).
+  std::map<std::pair<std::string, int64_t>, Exposure> exposed_
+      ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread sweeper_;
 };

@@ -93,6 +93,25 @@ std::unique_ptr<testing::DaemonCluster> ClusterWithHalves() {
   return c;
 }
 
+// Makes the daemon at `address` see plan `epoch` of "job" the way only the
+// coordinator can: a fragment of that epoch (an empty one, staging an empty
+// version 1000 + epoch). Peers' calls never move a host's epoch.
+void SeeEpoch(const std::string& address, int64_t epoch) {
+  auto stub = proto::Transformer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  proto::ExecuteFragmentRequest req;
+  req.set_job("job");
+  req.set_source_version(1);
+  req.set_target_version(1000 + epoch);
+  req.set_plan_epoch(epoch);
+  grpc::ClientContext ctx;
+  auto reader = stub->ExecuteFragment(&ctx, req);
+  proto::FragmentProgress progress;
+  while (reader->Read(&progress)) {
+  }
+  REQUIRE(FromGrpcStatus(reader->Finish()).ok());
+}
+
 int64_t GetBytes() {
   return GetCounter("ptc_transformer_ucx_get_bytes_total").value();
 }
@@ -228,6 +247,10 @@ TEST_CASE(
   SECTION("a plan epoch older than the host has seen is refused") {
     UcxPieceTransport newer(7, cluster->addresses);
     const Region piece{{0, 8}, {0, kCols}};
+    // A peer's call does not move the host's epoch; a fragment does.
+    REQUIRE(transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse)
+                .ok());
+    SeeEpoch(cluster->addresses.at(0), 7);
     REQUIRE(newer.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
     const absl::Status s =
         transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse);
@@ -379,8 +402,8 @@ TEST_CASE(
     CHECK(send(req).code() == absl::StatusCode::kNotFound);
   }
   SECTION("a stale plan epoch, and an epoch that is not positive") {
-    auto newer = request(9);
-    REQUIRE(send(newer).ok());  // no parts: only records the epoch
+    SeeEpoch(cluster->addresses.at(0), 9);
+    REQUIRE(send(request(9)).ok());
     auto req = request(3);
     add(&req, rows, 0, 1);
     const absl::Status s = send(req);

@@ -237,10 +237,14 @@ absl::StatusOr<std::unique_ptr<UcxWorker::Registration>> UcxWorker::Register(
     return absl::InvalidArgumentError("nothing to register");
   }
   ucp_mem_map_params_t params = {};
-  params.field_mask =
-      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                      UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_PROT;
   params.address = const_cast<void*>(data);
   params.length = size;
+  // Peers read exposed memory; none may write it (a remote put is refused
+  // by the transport instead of landing in, or faulting on, sealed pages).
+  params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
   ucp_mem_h memh;
   ucs_status_t s = ucp_mem_map(Ctx(context_), &params, &memh);
   if (s != UCS_OK) return UcxError("registering memory", s);

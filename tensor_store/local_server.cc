@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 
@@ -115,10 +116,20 @@ void LocalServer::AcceptLoop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     ReapFinished();
     if (fd < 0) {
+      if (stopping_) return;
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stopping_)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        // Out of descriptors or memory for now: clients that leave free
+        // some; keep serving instead of giving up the socket for good.
         Log("tensor_store")
-            ->error("accept on the local socket: {}", std::strerror(errno));
+            ->warn("accept on the local socket: {}; retrying in 100 ms",
+                   std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      Log("tensor_store")
+          ->error("accept on the local socket: {}", std::strerror(errno));
       return;
     }
     auto conn = std::make_shared<Connection>();

@@ -51,6 +51,11 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
     int fd, int64_t size, MemoryBudget::Reservation reservation, bool map) {
   std::shared_ptr<RegionBuffer> buf(
       new RegionBuffer(fd, size, std::move(reservation)));
+  // Its size is fixed before a client sees the descriptor: a client that
+  // could shrink it would make the daemon's reads fault (SIGBUS), one that
+  // could grow it would hold memory beyond the limit.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK) != 0)
+    return Errno("sealing the region's size");
   struct stat st;
   if (fstat(fd, &st) != 0) return Errno("fstat");
   if (st.st_size != size) {

@@ -58,9 +58,16 @@ absl::Status CheckDecl(const TensorDecl& d) {
           "tensor '", d.key, "' has extent ", e, " in shape [",
           absl::StrJoin(d.shape, ", "), "]; extents must be in [0, 2^40]"));
     }
-    elements = e == 0 ? 0 : std::min(elements * e, kMaxTensorBytes + 1);
+    // Capped before it can overflow: past the cap the tensor is refused.
+    if (e == 0 || elements == 0) {
+      elements = 0;
+    } else if (elements > (kMaxTensorBytes + 1) / e) {
+      elements = kMaxTensorBytes + 1;
+    } else {
+      elements *= e;
+    }
   }
-  if (elements * ElementSize(d.dtype) > kMaxTensorBytes) {
+  if (elements > kMaxTensorBytes / ElementSize(d.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", d.key, "' would be larger than 2^50 bytes"));
   }
@@ -134,7 +141,16 @@ absl::StatusOr<int> Store::DeclareTensors(
     const std::string& job, const std::vector<TensorDecl>& tensors) {
   if (job.empty())
     return absl::InvalidArgumentError("the job name must not be empty");
-  for (const TensorDecl& d : tensors) PTC_RETURN_IF_ERROR(CheckDecl(d));
+  std::map<std::string, const TensorDecl*> in_request;
+  for (const TensorDecl& d : tensors) {
+    PTC_RETURN_IF_ERROR(CheckDecl(d));
+    auto [it, fresh] = in_request.emplace(d.key, &d);
+    if (!fresh && (it->second->dtype != d.dtype || it->second->shape != d.shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", d.key, "' is declared twice, as ",
+          DeclString(*it->second), " and as ", DeclString(d)));
+    }
+  }
   std::shared_ptr<Job> j;
   {
     absl::MutexLock lock(&mu_);

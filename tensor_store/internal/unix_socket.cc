@@ -44,7 +44,11 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  // Room for several descriptors: all that arrive are taken (the first is
+  // returned, the others closed), so a peer that sends many leaks none. The
+  // kernel closes those that do not fit.
+  constexpr int kMaxFds = 16;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
@@ -55,12 +59,23 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   }
   for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
        c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int got;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (*fd < 0) {
+        *fd = got;
+      } else {
+        close(got);
+      }
     }
   }
-  if (n == 0)
+  if (n == 0) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
     return absl::UnavailableError("the peer closed the local connection");
+  }
   if (msg.msg_flags & MSG_TRUNC) {
     if (*fd >= 0) close(*fd);
     *fd = -1;

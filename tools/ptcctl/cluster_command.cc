@@ -20,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "common/args.h"
+#include "common/limits.h"
 #include "common/atomic_file.h"
 #include "common/grpc_status.h"
 #include "common/json_writer.h"
@@ -166,9 +167,10 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   int pulls = 0;
   if (args.Has("parallel-pulls") &&
-      (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1)) {
-    return absl::InvalidArgumentError(
-        "--parallel-pulls needs a positive number");
+      (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1 ||
+       pulls > kMaxParallelPulls)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--parallel-pulls needs a number from 1 to ", kMaxParallelPulls));
   }
   req.set_parallel_pulls(pulls);
   req.set_transport(args.Get("transport"));

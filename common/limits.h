@@ -1,0 +1,22 @@
+// Bounds on counts that arrive in requests: every count that sizes a
+// buffer, a thread pool or a loop is checked against one of these before
+// it is used, and a request beyond it gets INVALID_ARGUMENT naming it.
+#ifndef PTC_COMMON_LIMITS_H_
+#define PTC_COMMON_LIMITS_H_
+
+#include <cstdint>
+
+namespace ptc {
+
+// Pulls one host runs at once in a reconfiguration (each is a thread).
+inline constexpr int kMaxParallelPulls = 64;
+
+// GPUs one host may declare.
+inline constexpr int kMaxGpusPerHost = 1024;
+
+// A host's declared link, bytes per second (10 Tb/s: far above any NIC).
+inline constexpr double kMaxHostBandwidth = 1.25e12;
+
+}  // namespace ptc
+
+#endif  // PTC_COMMON_LIMITS_H_
