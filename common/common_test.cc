@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "common/address.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -78,6 +79,28 @@ TEST_CASE("logging: named loggers and a checked level", "[common]") {
   CHECK(Log("tensor_store")->name() == "tensor_store");
   CHECK(SetLogLevel("warn").ok());
   CHECK(SetLogLevel("loud").code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("address: HOST:PORT with a name, IPv4 or bracketed IPv6",
+          "[common]") {
+  auto a = ParseHostPort("gpu-node-17:7070");
+  REQUIRE(a.ok());
+  CHECK(a->host == "gpu-node-17");
+  CHECK(a->port == 7070);
+  auto v6 = ParseHostPort("[fd00::7]:1");
+  REQUIRE(v6.ok());
+  CHECK(v6->host == "fd00::7");
+  CHECK(ParseHostPort("127.0.0.1:0", /*allow_port_zero=*/true).ok());
+  for (const char* bad :
+       {":::::", "", "host", "host:", ":7070", "host:0", "host:65536",
+        "host:-1", "host:7070x", "[fd00::7:7070", "[nonsense]:7070",
+        "fd00::7:7070", "a b:7070", "host\n:7070", "[]:7070"}) {
+    INFO(bad);
+    auto parsed = ParseHostPort(bad);
+    CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(ParseHostPort(std::string(300, 'a') + ":1").status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

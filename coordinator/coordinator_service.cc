@@ -6,8 +6,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "common/address.h"
 #include "common/atomic_file.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_placement.h"
@@ -222,14 +226,43 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
   return out;
 }
 
+absl::Status ValidateHost(const proto::HostStatus& h) {
+  if (h.name().empty() || h.name().size() > 253 ||
+      !std::all_of(h.name().begin(), h.name().end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host name '", absl::CHexEscape(h.name().substr(0, 300)),
+        "' must be 1 to 253 letters, digits, '.', '-' or '_'"));
+  }
+  const std::string who = absl::StrCat("host ", h.name(), ": ");
+  PTC_RETURN_IF_ERROR(Annotate(ParseHostPort(h.address()).status(), who));
+  if (h.gpus() < 1 || h.gpus() > kMaxGpusPerHost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, h.gpus(), " GPUs; a host has 1 to ", kMaxGpusPerHost));
+  }
+  if (!(h.bandwidth() >= 0 && h.bandwidth() <= kMaxHostBandwidth)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "bandwidth ", h.bandwidth(), " bytes/s must be from 0 (the ",
+        "default) to ", kMaxHostBandwidth));
+  }
+  if (h.memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "memory ", h.memory_bytes(), " bytes is negative"));
+  }
+  if (h.ucx_address().size() > 64 << 10) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, "a UCX address of ", h.ucx_address().size(),
+                     " bytes; at most 64 KiB"));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status CoordinatorService::RegisterHost(
     grpc::ServerContext*, const proto::RegisterHostRequest* req,
     proto::RegisterHostResponse* resp) {
   const proto::HostStatus& h = req->host();
-  if (h.name().empty() || h.address().empty() || h.gpus() < 1) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        "a host needs a name, an address and at least one GPU"));
-  }
+  if (absl::Status s = ValidateHost(h); !s.ok()) return ToGrpcStatus(s);
   absl::MutexLock lock(&mu_);
   Host& host = hosts_[h.name()];
   const bool known = !host.status.name().empty();

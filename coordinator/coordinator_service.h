@@ -73,6 +73,12 @@ struct CoordinatorOptions {
   int max_open_saves = 8;
 };
 
+// A host's registration, checked field by field: a name of 1 to 253
+// letters, digits, '.', '-' or '_'; a HOST:PORT address; 1 to
+// kMaxGpusPerHost GPUs; a bandwidth from 0 (the default) to
+// kMaxHostBandwidth; memory >= 0. INVALID_ARGUMENT names the field.
+absl::Status ValidateHost(const proto::HostStatus& h);
+
 class CoordinatorService final : public proto::Coordinator::Service {
  public:
   // Loads the state (if any) and settles reconfigurations that were in

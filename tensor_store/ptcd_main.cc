@@ -18,7 +18,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/address.h"
 #include "common/args.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "state_transformer/coordinator_agent.h"
@@ -186,10 +188,15 @@ absl::Status Run(int argc, char** argv) {
     int gpus = 8;
     double bandwidth = 25e9;
     if (!absl::SimpleAtoi(args.Get("gpus", "8"), &gpus) || gpus < 1 ||
-        !absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) ||
-        bandwidth <= 0) {
+        gpus > kMaxGpusPerHost) {
       return absl::InvalidArgumentError(
-          "--gpus and --bandwidth need positive numbers");
+          absl::StrCat("--gpus needs a number from 1 to ", kMaxGpusPerHost));
+    }
+    if (!absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) ||
+        !(bandwidth > 0 && bandwidth <= kMaxHostBandwidth)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--bandwidth needs bytes per second, above 0 and at most ",
+          kMaxHostBandwidth));
     }
     host.set_gpus(gpus);
     host.set_bandwidth(bandwidth);
@@ -203,6 +210,8 @@ absl::Status Run(int argc, char** argv) {
       if (absl::StartsWith(advertise, "0.0.0.0:"))
         advertise = absl::StrCat(hostname, ":", server->port());
     }
+    PTC_RETURN_IF_ERROR(
+        Annotate(ParseHostPort(advertise).status(), "--advertise"));
     host.set_address(advertise);
     agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host,
                                                server->store());

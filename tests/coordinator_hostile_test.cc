@@ -1,0 +1,116 @@
+// Requests an attacker or a clumsy operator could send the coordinator:
+// each is refused with a message that names the field, and the coordinator
+// keeps its registries as they were.
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+
+#include "common/grpc_status.h"
+#include "coordinator/coordinator_server.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "tensor_store/internal/testing.h"
+
+namespace ptc {
+namespace {
+
+proto::HostStatus GoodHost() {
+  proto::HostStatus h;
+  h.set_name("host0");
+  h.set_address("127.0.0.1:7070");
+  h.set_gpus(4);
+  h.set_bandwidth(25e9);
+  h.set_memory_bytes(int64_t{8} << 30);
+  h.set_incarnation(1);
+  return h;
+}
+
+TEST_CASE("coordinator: hostile host registrations are refused",
+          "[coordinator][hostile]") {
+  testing::TempDir dir;
+  CoordinatorServerOptions options;
+  options.service.state_dir = dir.path();
+  options.service.host_timeout = absl::Hours(1);
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
+                          grpc::InsecureChannelCredentials()));
+  auto enroll = [&](const proto::HostStatus& h) {
+    grpc::ClientContext ctx;
+    proto::RegisterHostRequest req;
+    *req.mutable_host() = h;
+    proto::RegisterHostResponse resp;
+    return FromGrpcStatus(stub->RegisterHost(&ctx, req, &resp));
+  };
+  struct Case {
+    const char* what;
+    std::function<void(proto::HostStatus*)> spoil;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"address :::::", [](auto* h) { h->set_address(":::::"); },
+       "is not HOST:PORT"},
+      {"address without a port", [](auto* h) { h->set_address("host0"); },
+       "no port"},
+      {"negative bandwidth", [](auto* h) { h->set_bandwidth(-1); },
+       "bandwidth"},
+      {"bandwidth NaN",
+       [](auto* h) {
+         h->set_bandwidth(std::numeric_limits<double>::quiet_NaN());
+       },
+       "bandwidth"},
+      {"infinite bandwidth",
+       [](auto* h) {
+         h->set_bandwidth(std::numeric_limits<double>::infinity());
+       },
+       "bandwidth"},
+      {"no GPUs", [](auto* h) { h->set_gpus(0); }, "GPUs"},
+      {"2^31-1 GPUs",
+       [](auto* h) { h->set_gpus(std::numeric_limits<int32_t>::max()); },
+       "GPUs"},
+      {"negative memory", [](auto* h) { h->set_memory_bytes(-1); }, "memory"},
+      {"an empty name", [](auto* h) { h->set_name(""); }, "host name"},
+      {"a name with a newline", [](auto* h) { h->set_name("a\nb"); },
+       "host name"},
+      {"a huge UCX address",
+       [](auto* h) { h->set_ucx_address(std::string(1 << 20, 'x')); },
+       "UCX address"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    proto::HostStatus h = GoodHost();
+    c.spoil(&h);
+    const absl::Status s = enroll(h);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains(c.message));
+  }
+  // None of them was registered; the honest registration is.
+  {
+    grpc::ClientContext ctx;
+    proto::ListHostsRequest req;
+    proto::ListHostsResponse resp;
+    REQUIRE(stub->ListHosts(&ctx, req, &resp).ok());
+    CHECK(resp.hosts_size() == 0);
+  }
+  REQUIRE(enroll(GoodHost()).ok());
+
+  SECTION("parallel pulls out of range are refused before planning") {
+    for (int pulls : {-1, 65, std::numeric_limits<int32_t>::max()}) {
+      grpc::ClientContext ctx;
+      proto::ReconfigureRequest req;
+      req.set_job("nope");
+      req.set_to("dp=1");
+      req.set_parallel_pulls(pulls);
+      proto::ReconfigureResponse resp;
+      const absl::Status s =
+          FromGrpcStatus(stub->Reconfigure(&ctx, req, &resp));
+      CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(s.message()), Catch::Contains("parallel pulls"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptc
