@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -31,8 +32,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
                        c->local_->SayHello(c->options_.job));
   c->host_ = hello.host;
-  c->coordinator_ = proto::Coordinator::NewStub(grpc::CreateChannel(
-      c->options_.coordinator, grpc::InsecureChannelCredentials()));
+  c->coordinator_ = proto::Coordinator::NewStub(OpenChannel(
+      c->options_.coordinator, grpc::ChannelArguments(), "coordinator"));
   PTC_RETURN_IF_ERROR(c->Refresh());
   return c;
 }
@@ -42,7 +43,7 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& host,
                                       absl::Duration timeout) {
   auto stub = proto::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator"));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ListJobsRequest req;

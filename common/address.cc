@@ -12,9 +12,9 @@ namespace ptc {
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
                                        bool allow_port_zero) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address '", absl::CHexEscape(text.substr(0, 300)),
-        "' is not HOST:PORT (", why, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", absl::CHexEscape(text.substr(0, 300)),
+                     "' is not HOST:PORT (", why, ")"));
   };
   const size_t colon = text.rfind(':');
   if (colon == absl::string_view::npos) return bad("no port");

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/args.h"
+#include "common/channel.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
@@ -20,25 +21,38 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptc-coordinator --state-dir DIR [--listen HOST:PORT]
                        [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
+                       (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
   --state-dir      directory for the coordinator's metadata (state.pb)
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
   --host-timeout   a host silent for this long is dead (default 5)
   --log-level      trace, debug, info, warn, error (default info)
   --port-file      write the bound port here once serving
+  --tls-ca, --tls-cert, --tls-key
+                   the cluster CA's certificate, the coordinator's
+                   certificate (CN=coordinator) and key, PEM files
+                   (tools/ptc-certs makes them); every gRPC connection is
+                   mutual TLS. Default: $PTC_TLS_CA, $PTC_TLS_CERT,
+                   $PTC_TLS_KEY
+  --insecure       plaintext gRPC, no authentication (a warning is logged)
 )";
 
 absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(Args args,
                        Args::Parse(argc, argv, 1,
                                    {"state-dir", "listen", "host-timeout",
-                                    "log-level", "port-file"},
-                                   {"help"}));
+                                    "log-level", "port-file", "tls-ca",
+                                    "tls-cert", "tls-key"},
+                                   {"help", "insecure"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
   }
   PTC_RETURN_IF_ERROR(SetLogLevel(args.Get("log-level", "info")));
+  PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(
+      {args.Get("tls-ca"), args.Get("tls-cert"), args.Get("tls-key"),
+       args.Flag("insecure")},
+      "ptc-coordinator"));
   CoordinatorServerOptions options;
   options.listen_address = args.Get("listen", "127.0.0.1:7000");
   PTC_ASSIGN_OR_RETURN(options.service.state_dir, args.Required("state-dir"));

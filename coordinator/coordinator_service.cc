@@ -5,19 +5,21 @@
 #include <algorithm>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/atomic_file.h"
+#include "common/authz.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_placement.h"
 #include "coordinator/reconfigure_driver.h"
-#include "ptc/layout.h"
 #include "ptc/families.h"
+#include "ptc/layout.h"
 #include "ptc/layout_spec_proto.h"
 #include "ptc/model_spec.h"
 #include "tensor_store/store_client.h"
@@ -73,8 +75,8 @@ absl::Status CoordinatorService::PersistLocked() {
 namespace {
 
 // Ranks and state bytes of a job, or why it cannot run.
-absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const ModelSpec& spec,
-                                                     const std::string& config) {
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
+    const ModelSpec& spec, const std::string& config) {
   PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
   PTC_RETURN_IF_ERROR(CheckConfig(spec, c));
   return std::make_pair(c.world_size(), spec.TotalBytes());
@@ -110,8 +112,9 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
     const std::string& model, const proto::LayoutSpec* layout) {
   if (layout != nullptr) {
     if (!model.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "give either a model name ('", model, "') or a layout spec, not both"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("give either a model name ('", model,
+                       "') or a layout spec, not both"));
     }
     PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromProto(*layout));
     return std::make_shared<const ModelSpec>(std::move(spec));
@@ -157,8 +160,8 @@ void CoordinatorService::AdoptTargetLocked(Job& job) {
 
 int64_t CoordinatorService::NewVersionLocked(Job& job) {
   proto::CoordinatorState::Job& s = job.state;
-  const int64_t v = std::max({s.next_version(), s.committed_version() + 1,
-                              s.target_version() + 1});
+  const int64_t v = std::max(
+      {s.next_version(), s.committed_version() + 1, s.target_version() + 1});
   s.set_next_version(v + 1);
   return v;
 }
@@ -226,14 +229,29 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
   return out;
 }
 
+absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
+                               const std::string& host) {
+  if (!TlsEnabled()) return absl::OkStatus();
+  const std::string caller = PeerName(ctx);
+  if (caller != host) {
+    Log("security")
+        ->warn("refused: a caller with certificate '{}' ({}) spoke for host {}",
+               caller, ctx.peer(), host);
+    return absl::PermissionDeniedError(
+        absl::StrCat("only host ", host, " may register or heartbeat as ", host,
+                     "; this caller's certificate names '", caller, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateHost(const proto::HostStatus& h) {
   if (h.name().empty() || h.name().size() > 253 ||
       !std::all_of(h.name().begin(), h.name().end(), [](char c) {
         return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
       })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host name '", absl::CHexEscape(h.name().substr(0, 300)),
-        "' must be 1 to 253 letters, digits, '.', '-' or '_'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host name '", absl::CHexEscape(h.name().substr(0, 300)),
+                     "' must be 1 to 253 letters, digits, '.', '-' or '_'"));
   }
   const std::string who = absl::StrCat("host ", h.name(), ": ");
   PTC_RETURN_IF_ERROR(Annotate(ParseHostPort(h.address()).status(), who));
@@ -251,18 +269,20 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
         absl::StrCat(who, "memory ", h.memory_bytes(), " bytes is negative"));
   }
   if (h.ucx_address().size() > 64 << 10) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, "a UCX address of ", h.ucx_address().size(),
-                     " bytes; at most 64 KiB"));
+    return absl::InvalidArgumentError(absl::StrCat(who, "a UCX address of ",
+                                                   h.ucx_address().size(),
+                                                   " bytes; at most 64 KiB"));
   }
   return absl::OkStatus();
 }
 
 grpc::Status CoordinatorService::RegisterHost(
-    grpc::ServerContext*, const proto::RegisterHostRequest* req,
+    grpc::ServerContext* ctx, const proto::RegisterHostRequest* req,
     proto::RegisterHostResponse* resp) {
   const proto::HostStatus& h = req->host();
   if (absl::Status s = ValidateHost(h); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = CheckCallerIsHost(*ctx, h.name()); !s.ok())
+    return ToGrpcStatus(s);
   absl::MutexLock lock(&mu_);
   Host& host = hosts_[h.name()];
   const bool known = !host.status.name().empty();
@@ -307,9 +327,11 @@ grpc::Status CoordinatorService::RegisterHost(
   return ToGrpcStatus(PersistLocked());
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
                                            const proto::HeartbeatRequest* req,
                                            proto::HeartbeatResponse* resp) {
+  if (absl::Status s = CheckCallerIsHost(*ctx, req->name()); !s.ok())
+    return ToGrpcStatus(s);
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(req->name());
   if (it == hosts_.end() || !it->second.status.alive() ||
@@ -331,10 +353,11 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*,
       continue;
     *resp->add_reclaim() = v;
     Log("coordinator")
-        ->info("job {}: host {} holds version {} ({}) that nothing owns; "
-               "reclaiming it",
-               v.job(), req->name(), v.version(),
-               v.committed() ? "committed" : "uncommitted");
+        ->info(
+            "job {}: host {} holds version {} ({}) that nothing owns; "
+            "reclaiming it",
+            v.job(), req->name(), v.version(),
+            v.committed() ? "committed" : "uncommitted");
   }
   return grpc::Status::OK;
 }
@@ -406,14 +429,17 @@ void CoordinatorService::MonitorLoop() {
 }
 
 grpc::Status CoordinatorService::RegisterJob(
-    grpc::ServerContext*, const proto::RegisterJobRequest* req,
+    grpc::ServerContext* ctx, const proto::RegisterJobRequest* req,
     proto::RegisterJobResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "RegisterJob");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   if (req->job().empty()) {
     return ToGrpcStatus(
         absl::InvalidArgumentError("the job name must not be empty"));
   }
-  auto spec = JobSpec(req->model(),
-                      req->has_layout() ? &req->layout() : nullptr);
+  auto spec =
+      JobSpec(req->model(), req->has_layout() ? &req->layout() : nullptr);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   if (absl::Status s = AddJob(*req, *std::move(spec), resp); !s.ok())
     return ToGrpcStatus(s);
@@ -435,9 +461,9 @@ grpc::Status CoordinatorService::RegisterJob(
   return grpc::Status::OK;
 }
 
-absl::Status CoordinatorService::AddJob(
-    const proto::RegisterJobRequest& req,
-    std::shared_ptr<const ModelSpec> spec, proto::RegisterJobResponse* resp) {
+absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
+                                        std::shared_ptr<const ModelSpec> spec,
+                                        proto::RegisterJobResponse* resp) {
   PTC_ASSIGN_OR_RETURN(const auto shape, JobShape(*spec, req.config()));
   absl::MutexLock lock(&mu_);
   if (jobs_.count(req.job())) {
@@ -468,13 +494,15 @@ absl::Status CoordinatorService::AddJob(
       return absl::FailedPreconditionError(
           absl::StrCat("host '", h, "' is dead; choose live hosts"));
     }
-    if (std::find(candidates.begin(), candidates.end(), id) != candidates.end()) {
+    if (std::find(candidates.begin(), candidates.end(), id) !=
+        candidates.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("host '", h, "' is named twice"));
     }
     candidates.push_back(id);
   }
-  PTC_ASSIGN_OR_RETURN(const ParallelConfig config, spec->ParseConfig(req.config()));
+  PTC_ASSIGN_OR_RETURN(const ParallelConfig config,
+                       spec->ParseConfig(req.config()));
   PTC_ASSIGN_OR_RETURN(const Layout layout, BuildLayout(*spec, config));
   PlacementRequest preq;
   preq.spec = spec.get();
@@ -498,7 +526,8 @@ absl::Status CoordinatorService::AddJob(
     job->state.add_rank_devices(placed.placement.device[r]);
   }
   for (size_t h = 0; h < placed.host_bytes.size(); ++h) {
-    if (placed.host_bytes[h] > 0) job->host_bytes[res.names[h]] = placed.host_bytes[h];
+    if (placed.host_bytes[h] > 0)
+      job->host_bytes[res.names[h]] = placed.host_bytes[h];
   }
   SetPlacementSummary(placed, PlacementStrategy(req.placement()), res.names,
                       resp->mutable_placement());
@@ -516,13 +545,16 @@ absl::Status CoordinatorService::AddJob(
   Log("coordinator")
       ->info("job {} registered: {}{} {} on {} hosts ({} tensors)", req.job(),
              req.has_layout() ? "layout spec " : "", job_ptr->state.model(),
-             req.config(), job_ptr->state.hosts_size(), job_ptr->spec->tensors.size());
+             req.config(), job_ptr->state.hosts_size(),
+             job_ptr->spec->tensors.size());
   return PersistLocked();
 }
 
-grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext*,
+grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext* ctx,
                                            const proto::ForgetJobRequest* req,
                                            proto::ForgetJobResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "ForgetJob"); !denied.ok())
+    return ToGrpcStatus(denied);
   return ToGrpcStatus(DoForgetJob(*req, resp));
 }
 
@@ -556,8 +588,8 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       }
       gone = std::move(it->second);
       jobs_.erase(it);
-      const int64_t last_epoch = std::max(gone->state.last_epoch(),
-                                          gone->state.target_epoch());
+      const int64_t last_epoch =
+          std::max(gone->state.last_epoch(), gone->state.target_epoch());
       int64_t& retired = retired_epochs_[req.job()];
       const int64_t was = retired;
       retired = std::max(retired, last_epoch);
@@ -615,9 +647,12 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status CoordinatorService::ListHosts(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListHosts(grpc::ServerContext* ctx,
                                            const proto::ListHostsRequest*,
                                            proto::ListHostsResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "ListHosts");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (const auto& [name, h] : hosts_) {
@@ -671,7 +706,8 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
         {name, h.status.gpus(),
          h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
     r.alive.push_back(h.status.alive());
-    r.memory.push_back(h.status.memory_bytes() > 0 ? h.status.memory_bytes() : -1);
+    r.memory.push_back(h.status.memory_bytes() > 0 ? h.status.memory_bytes()
+                                                   : -1);
   }
   r.taken.resize(r.names.size());
   auto id_of = [&](const std::string& n) {
@@ -707,9 +743,12 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
   return r;
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
                                           const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "ListJobs");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
   for (const auto& [name, j] : jobs_) {
     if (!req->job().empty() && name != req->job()) continue;

@@ -79,6 +79,11 @@ struct CoordinatorOptions {
 // kMaxHostBandwidth; memory >= 0. INVALID_ARGUMENT names the field.
 absl::Status ValidateHost(const proto::HostStatus& h);
 
+// With TLS: PERMISSION_DENIED unless the caller's certificate names `host`
+// (a process cannot register or heartbeat as another host).
+absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
+                               const std::string& host);
+
 class CoordinatorService final : public proto::Coordinator::Service {
  public:
   // Loads the state (if any) and settles reconfigurations that were in

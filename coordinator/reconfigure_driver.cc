@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -31,8 +32,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return OpenChannel(address, args);
 }
 
 proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,

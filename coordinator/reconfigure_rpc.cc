@@ -4,11 +4,12 @@
 #include <set>
 #include <tuple>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/authz.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "common/logging.h"
@@ -67,8 +68,7 @@ void PauseAtFailpoint(absl::string_view point) {
   if (armed.first != point || armed.second <= 0) return;
   Log("coordinator")
       ->warn("test fault point {}: pausing {} s (PTC_TEST_PAUSE)",
-             std::string(point),
-             armed.second);
+             std::string(point), armed.second);
   absl::SleepFor(absl::Seconds(armed.second));
 }
 
@@ -79,8 +79,11 @@ bool Final(const proto::ReconfigureEvent& e) {
 }  // namespace
 
 grpc::Status CoordinatorService::Reconfigure(
-    grpc::ServerContext*, const proto::ReconfigureRequest* req,
+    grpc::ServerContext* ctx, const proto::ReconfigureRequest* req,
     proto::ReconfigureResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "Reconfigure");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   const absl::Status s = DoReconfigure(*req, resp);
   if (!s.ok())
     Log("coordinator")->warn("reconfigure {}: {}", req->job(), s.ToString());
@@ -194,7 +197,8 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
                                         res.cluster, alive));
   PlanScenario& scenario = flight->scenario;
   // The committed ranks run where the job's placement put them.
-  if (static_cast<int>(source_ranks.first.size()) == scenario.source.world_size()) {
+  if (static_cast<int>(source_ranks.first.size()) ==
+      scenario.source.world_size()) {
     Placement p;
     PTC_ASSIGN_OR_RETURN(const std::vector<int> ids, id_of(source_ranks.first));
     p.host = ids;
@@ -207,7 +211,8 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   std::vector<int> lost_ids;
   for (const std::string& h : lost) {
     auto it = std::find(names.begin(), names.end(), h);
-    if (it != names.end()) lost_ids.push_back(static_cast<int>(it - names.begin()));
+    if (it != names.end())
+      lost_ids.push_back(static_cast<int>(it - names.begin()));
   }
   // Where the target ranks run: the candidates are to_ids.
   PlacementRequest where;
@@ -246,10 +251,9 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
 absl::Status CoordinatorService::DoReconfigure(
     const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
   if (req.parallel_pulls() < 0 || req.parallel_pulls() > kMaxParallelPulls) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel pulls ", req.parallel_pulls(),
-                     " is out of range; use 1 to ", kMaxParallelPulls,
-                     " (0: the default, 4)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel pulls ", req.parallel_pulls(), " is out of range; use 1 to ",
+        kMaxParallelPulls, " (0: the default, 4)"));
   }
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, true));
   std::shared_ptr<Flight> flight = planned.flight;
@@ -361,9 +365,11 @@ absl::Status CoordinatorService::DoReconfigure(
   return absl::OkStatus();
 }
 
-grpc::Status CoordinatorService::Prepare(grpc::ServerContext*,
+grpc::Status CoordinatorService::Prepare(grpc::ServerContext* ctx,
                                          const proto::ReconfigureRequest* req,
                                          proto::PrepareResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "Prepare"); !denied.ok())
+    return ToGrpcStatus(denied);
   const absl::Status s = DoPrepare(*req, resp);
   if (!s.ok())
     Log("coordinator")->warn("prepare {}: {}", req->job(), s.ToString());
@@ -496,15 +502,16 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
       ask.push_back(host->second.status.address());
       name_of[ask.back()] = h;
     }
-    auto r = AddressesLocked({s.release_hosts().begin(), s.release_hosts().end()});
+    auto r =
+        AddressesLocked({s.release_hosts().begin(), s.release_hosts().end()});
     if (r.ok()) release = *r;
     version = s.target_version();
     epoch = s.target_epoch();
     old_version = s.committed_version();
   }
   std::vector<std::string> acked;
-  const absl::Status committed = CommitStagedOn(
-      ask, name, version, epoch, 1, absl::Seconds(2), &acked);
+  const absl::Status committed =
+      CommitStagedOn(ask, name, version, epoch, 1, absl::Seconds(2), &acked);
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(name);
@@ -605,6 +612,8 @@ void CoordinatorService::Recover() {
 grpc::Status CoordinatorService::Watch(
     grpc::ServerContext* ctx, const proto::WatchRequest* req,
     grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Watch"); !denied.ok())
+    return ToGrpcStatus(denied);
   std::string last;
   while (!ctx->IsCancelled()) {
     proto::ReconfigureEvent e;
@@ -632,9 +641,11 @@ grpc::Status CoordinatorService::Watch(
   return grpc::Status::CANCELLED;
 }
 
-grpc::Status CoordinatorService::Abort(grpc::ServerContext*,
+grpc::Status CoordinatorService::Abort(grpc::ServerContext* ctx,
                                        const proto::AbortRequest* req,
                                        proto::AbortResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "Abort"); !denied.ok())
+    return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(req->job());
   if (it == jobs_.end()) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/authz.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -52,8 +53,8 @@ absl::StatusOr<std::map<std::string, HostShare>> SharesOf(
       if (s.region.empty()) continue;
       const std::string& host = rank_hosts[s.rank];
       HostShare& share = out[host];
-      auto [it, added] = index.try_emplace(
-          {host, s.region}, share.request.expect_regions_size());
+      auto [it, added] = index.try_emplace({host, s.region},
+                                           share.request.expect_regions_size());
       if (added) {
         proto::ExpectedRegion* e = share.request.add_expect_regions();
         e->set_tensor(spec.tensors[t].key);
@@ -92,10 +93,9 @@ absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
   }
   if (epoch == s.layout_epoch()) return absl::OkStatus();
   if (epoch > s.layout_epoch()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout epoch ", epoch, " of job '", s.job(),
-                     "' does not exist yet (the job is at ",
-                     s.layout_epoch(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout epoch ", epoch, " of job '", s.job(),
+        "' does not exist yet (the job is at ", s.layout_epoch(), ")"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "rank ", rank, " works under layout epoch ", epoch, " of job '", s.job(),
@@ -124,9 +124,12 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
   return &job;
 }
 
-grpc::Status CoordinatorService::BeginSave(grpc::ServerContext*,
+grpc::Status CoordinatorService::BeginSave(grpc::ServerContext* ctx,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kClient | kAdmin, "BeginSave");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   return ToGrpcStatus(DoBeginSave(*req, resp));
 }
 
@@ -137,8 +140,8 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
         absl::StrCat("step ", req.step(), " is negative"));
   }
   absl::MutexLock lock(&mu_);
-  PTC_ASSIGN_OR_RETURN(Job * saving,
-                       SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+  PTC_ASSIGN_OR_RETURN(
+      Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
   Job& job = *saving;
   proto::CoordinatorState::Job& s = job.state;
   for (const auto& o : s.open_saves()) {
@@ -165,8 +168,11 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
 }
 
 grpc::Status CoordinatorService::ReportSaved(
-    grpc::ServerContext*, const proto::ReportSavedRequest* req,
+    grpc::ServerContext* ctx, const proto::ReportSavedRequest* req,
     proto::ReportSavedResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kClient | kAdmin, "ReportSaved");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   return ToGrpcStatus(DoReportSaved(*req, resp));
 }
 
@@ -178,20 +184,19 @@ absl::Status CoordinatorService::DoReportSaved(
   int64_t previous = 0, step = 0;
   {
     absl::MutexLock lock(&mu_);
-    PTC_ASSIGN_OR_RETURN(
-        Job * saving,
-        SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+    PTC_ASSIGN_OR_RETURN(Job * saving, SavingJobLocked(req.job(), req.rank(),
+                                                       req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
     auto open = std::find_if(
         s.open_saves().begin(), s.open_saves().end(),
         [&](const auto& o) { return o.version() == req.version(); });
     if (open == s.open_saves().end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", req.version(), " of job '", req.job(),
-          "' is not a save in progress (committed version ",
-          s.committed_version(),
-          "); a save writes into the version BeginSave gives it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", req.version(), " of job '", req.job(),
+                       "' is not a save in progress (committed version ",
+                       s.committed_version(),
+                       "); a save writes into the version BeginSave gives it"));
     }
     if (job.committing_save) {
       return absl::UnavailableError(absl::StrCat(
@@ -245,8 +250,7 @@ absl::Status CoordinatorService::DoReportSaved(
                                    return o.version() <= req.version();
                                  }),
                   open->end());
-      job.saved.erase(job.saved.begin(),
-                      job.saved.upper_bound(req.version()));
+      job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
       if (previous > 0) superseded.push_back(previous);
     }
     PTC_RETURN_IF_ERROR(PersistLocked());
@@ -284,10 +288,10 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
     for (const auto& [name, share] : shares) {
       auto it = hosts_.find(name);
       if (it == hosts_.end() || !it->second.status.alive()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "host ", name, " of the placement is ",
-            it == hosts_.end() ? "unknown" : "dead",
-            ": it cannot prove that it holds its share"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("host ", name, " of the placement is ",
+                         it == hosts_.end() ? "unknown" : "dead",
+                         ": it cannot prove that it holds its share"));
       }
       names.push_back(name);
       addresses.push_back(it->second.status.address());
@@ -298,7 +302,8 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
   PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
     const size_t i =
         std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
-    auto r = StoreClient::Connect(a)->CommitChecked(shares.at(names[i]).request);
+    auto r =
+        StoreClient::Connect(a)->CommitChecked(shares.at(names[i]).request);
     if (!r.ok()) {
       return Annotate(r.status(), absl::StrCat("host ", names[i], " (", a,
                                                ") cannot commit it"));
@@ -368,8 +373,7 @@ void CoordinatorService::VerifyReturnedHosts() {
     for (const std::string& h : done) verify_hosts_.erase(h);
   }
   for (const Proof& p : proofs) {
-    auto shares =
-        SharesOf(p.job, p.version, *p.spec, p.config, p.rank_hosts);
+    auto shares = SharesOf(p.job, p.version, *p.spec, p.config, p.rank_hosts);
     absl::Status s = shares.status();
     if (s.ok() && shares->count(p.host)) {
       // Sealing is right: the coordinator committed this version.
@@ -383,17 +387,18 @@ void CoordinatorService::VerifyReturnedHosts() {
       continue;  // the job moved on meanwhile; tried again next round
     auto* lost = j->second->state.mutable_lost_hosts();
     if (s.ok()) {
-      lost->erase(std::remove(lost->begin(), lost->end(), p.host),
-                  lost->end());
+      lost->erase(std::remove(lost->begin(), lost->end(), p.host), lost->end());
       Log("coordinator")
-          ->info("job {}: host {} proved its share of version {}; it is a "
-                 "source again",
-                 p.job, p.host, p.version);
+          ->info(
+              "job {}: host {} proved its share of version {}; it is a "
+              "source again",
+              p.job, p.host, p.version);
     } else {
       Log("coordinator")
-          ->warn("job {}: host {} is back but does not hold its share of "
-                 "version {} ({}); it stays lost",
-                 p.job, p.host, p.version, s.ToString());
+          ->warn(
+              "job {}: host {} is back but does not hold its share of "
+              "version {} ({}); it stays lost",
+              p.job, p.host, p.version, s.ToString());
     }
     // Either way this host is settled for this job.
     verify_hosts_.erase(p.host);

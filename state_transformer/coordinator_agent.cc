@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/logging.h"
 
 namespace ptc {
@@ -27,9 +28,10 @@ bool CoordinatorAgent::registered() const {
 
 void CoordinatorAgent::Loop() {
   auto stub = proto::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+      OpenChannel(coordinator_, grpc::ChannelArguments(), "coordinator"));
   absl::Duration interval = absl::Seconds(1);
   bool registered = false;
+  std::string refused;  // the last reason the coordinator gave
   do {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -46,6 +48,14 @@ void CoordinatorAgent::Loop() {
         Log("transformer")
             ->info("registered with the coordinator at {} as {}", coordinator_,
                    host_.name());
+      } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                 s.error_message() != refused) {
+        // Refused, not unreachable (a certificate that names another host,
+        // a bad field): said once per reason, retried all the same.
+        refused = s.error_message();
+        Log("transformer")
+            ->warn("the coordinator at {} refused to register {}: {}",
+                   coordinator_, host_.name(), refused);
       } else {
         Log("transformer")
             ->debug("registering with {}: {}", coordinator_, s.error_message());

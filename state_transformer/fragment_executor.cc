@@ -150,8 +150,11 @@ GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
     std::map<int32_t, std::string> names)
     : addresses_(peers), names_(std::move(names)) {
-  for (const auto& [host, address] : peers)
-    clients_[host] = StoreClient::Connect(address);
+  for (const auto& [host, address] : peers) {
+    auto name = names_.find(host);
+    clients_[host] = StoreClient::Connect(
+        address, name != names_.end() ? name->second : "");
+  }
 }
 
 absl::StatusOr<StoreClient*> GrpcPieceTransport::ClientFor(int32_t host) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/authz.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -109,8 +110,9 @@ absl::Status TransformerService::DoExecute(
       if (v.stage_epoch() > 0 && v.stage_epoch() < req.plan_epoch() &&
           store_->DeleteStaged(req.job(), v.version(), req.plan_epoch() - 1)) {
         Log("transformer")
-            ->info("job {} epoch {}: deleted version {} left staged by epoch {}",
-                   req.job(), req.plan_epoch(), v.version(), v.stage_epoch());
+            ->info(
+                "job {} epoch {}: deleted version {} left staged by epoch {}",
+                req.job(), req.plan_epoch(), v.version(), v.stage_epoch());
       }
     }
   }
@@ -139,9 +141,9 @@ absl::Status TransformerService::DoExecute(
           absl::StrCat("small object '", m.name(), "' is for host ",
                        m.target_host(), ", not this host ", req.host()));
     }
-    job.small_objects.push_back(
-        {m.name(), m.target_rank(), m.source_rank(), m.source_host(),
-         m.derive_from().substr(0, 1024)});
+    job.small_objects.push_back({m.name(), m.target_rank(), m.source_rank(),
+                                 m.source_host(),
+                                 m.derive_from().substr(0, 1024)});
   }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),
@@ -209,6 +211,9 @@ absl::Status TransformerService::DoExecute(
 grpc::Status TransformerService::ExecuteFragment(
     grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
     grpc::ServerWriter<proto::FragmentProgress>* writer) {
+  if (absl::Status denied = Authorize(*ctx, kCoordinator, "ExecuteFragment");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   const absl::Status s = DoExecute(ctx, *req, writer);
   if (!s.ok()) {
     Log("transformer")
@@ -220,8 +225,11 @@ grpc::Status TransformerService::ExecuteFragment(
 }
 
 grpc::Status TransformerService::AbortStaged(
-    grpc::ServerContext*, const proto::AbortStagedRequest* req,
+    grpc::ServerContext* ctx, const proto::AbortStagedRequest* req,
     proto::AbortStagedResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kCoordinator, "AbortStaged");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   if (req->plan_epoch() <= 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("plan epoch ", req->plan_epoch(), " must be positive")));
@@ -247,8 +255,11 @@ grpc::Status TransformerService::AbortStaged(
 }
 
 grpc::Status TransformerService::CommitStaged(
-    grpc::ServerContext*, const proto::CommitStagedRequest* req,
+    grpc::ServerContext* ctx, const proto::CommitStagedRequest* req,
     proto::CommitStagedResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kCoordinator, "CommitStaged");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   if (absl::Status s =
           CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kCommit);
       !s.ok()) {
@@ -291,12 +302,12 @@ absl::Status TransformerService::ExposeLocked(
   if (slot == nullptr) {
     auto exposed = std::make_unique<ExposedBuffer>();
     exposed->buffer = buffer;
-    void* p = mmap(nullptr, buffer->size(), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE, buffer->fd(), 0);
+    void* p = mmap(nullptr, buffer->size(), PROT_READ | PROT_WRITE, MAP_PRIVATE,
+                   buffer->fd(), 0);
     absl::Status s;
     if (p == MAP_FAILED) {
-      s = absl::InternalError(absl::StrCat("mapping a stored region for peers: ",
-                                           std::strerror(errno)));
+      s = absl::InternalError(absl::StrCat(
+          "mapping a stored region for peers: ", std::strerror(errno)));
     } else {
       exposed->mapping = p;
       auto reg = ucx_->Register(p, buffer->size());
@@ -481,8 +492,11 @@ absl::Status TransformerService::DoExposePieces(
 }
 
 grpc::Status TransformerService::ExposePieces(
-    grpc::ServerContext*, const proto::ExposePiecesRequest* req,
+    grpc::ServerContext* ctx, const proto::ExposePiecesRequest* req,
     proto::ExposePiecesResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kHost, "ExposePieces");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   const absl::Status s = DoExposePieces(*req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition &&
       s.code() != absl::StatusCode::kUnimplemented) {
@@ -493,9 +507,11 @@ grpc::Status TransformerService::ExposePieces(
   return ToGrpcStatus(s);
 }
 
-grpc::Status TransformerService::SendParts(grpc::ServerContext*,
+grpc::Status TransformerService::SendParts(grpc::ServerContext* ctx,
                                            const proto::SendPartsRequest* req,
                                            proto::SendPartsResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kHost, "SendParts"); !denied.ok())
+    return ToGrpcStatus(denied);
   const absl::Status s = DoSendParts(*req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
     Log("transformer")

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "common/channel.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -97,9 +98,10 @@ UcxPieceTransport::UcxPieceTransport(
       names_(std::move(names)),
       control_(peers, names_) {
   for (const auto& [host, address] : peers) {
-    grpc::ChannelArguments args;
-    stubs_[host] = proto::Transformer::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
+    auto name = names_.find(host);
+    stubs_[host] = proto::Transformer::NewStub(
+        OpenChannel(address, grpc::ChannelArguments(),
+                    name != names_.end() ? name->second : ""));
   }
 }
 

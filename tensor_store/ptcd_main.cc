@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/args.h"
+#include "common/channel.h"
 #include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -37,10 +38,11 @@ constexpr char kUsage[] =
             [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
              [--bandwidth BYTES_PER_S]] [--ucx-gets scattered|all]
+            (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
-  --config         "key = value" file with the same keys (listen, socket,
-                   memory_limit, spare_pool, background_fingerprints,
-                   log_level, allowed_uids, drain_seconds); flags override it
+  --config         "key = value" file with a key for every option (the
+                   option's name with '_' for '-': memory_limit, tls_ca,
+                   insecure = true, ...); flags override it
   --listen         gRPC address (default 127.0.0.1:7070; port 0 picks one)
   --socket         Unix socket for local training processes
                    (default /run/ptcd/ptcd.sock; "none" disables it)
@@ -62,6 +64,13 @@ constexpr char kUsage[] =
   --advertise      address peers and the coordinator use to reach this ptcd
                    (default: --listen, with the bound port)
   --bandwidth      this host's link, bytes per second (default 25e9)
+  --tls-ca, --tls-cert, --tls-key
+                   the cluster CA's certificate, this host's certificate
+                   (its CN is the host's --name) and key, PEM files
+                   (tools/ptc-certs makes them); every gRPC connection is
+                   mutual TLS. Default: $PTC_TLS_CA, $PTC_TLS_CERT,
+                   $PTC_TLS_KEY
+  --insecure       plaintext gRPC, no authentication (a warning is logged)
   --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
                    one-sided gets when it stages a reconfiguration:
                    "scattered" (default) those that are several long runs
@@ -77,8 +86,9 @@ absl::Status Run(int argc, char** argv) {
                   {"config", "listen", "socket", "memory-limit", "spare-pool",
                    "background-fingerprints", "log-level", "allowed-uids",
                    "drain-seconds", "port-file", "coordinator", "name", "gpus",
-                   "advertise", "bandwidth", "ucx-gets"},
-                  {"help"}));
+                   "advertise", "bandwidth", "ucx-gets", "tls-ca", "tls-cert",
+                   "tls-key"},
+                  {"help", "insecure"}));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
@@ -87,14 +97,12 @@ absl::Status Run(int argc, char** argv) {
   if (args.Has("config")) {
     PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
     for (const auto& [key, value] : config) {
-      static const char* kKeys[] = {"listen",
-                                    "socket",
-                                    "memory_limit",
-                                    "spare_pool",
-                                    "background_fingerprints",
-                                    "log_level",
-                                    "allowed_uids",
-                                    "drain_seconds"};
+      static const char* kKeys[] = {
+          "listen",       "socket",    "memory_limit", "spare_pool",
+          "background_fingerprints",   "log_level",    "allowed_uids",
+          "drain_seconds", "port_file", "coordinator", "name",
+          "gpus",         "advertise", "bandwidth",    "ucx_gets",
+          "tls_ca",       "tls_cert",  "tls_key",      "insecure"};
       if (std::find(std::begin(kKeys), std::end(kKeys), key) ==
           std::end(kKeys)) {
         return absl::InvalidArgumentError(
@@ -110,6 +118,20 @@ absl::Status Run(int argc, char** argv) {
     return it != config.end() ? it->second : def;
   };
   PTC_RETURN_IF_ERROR(SetLogLevel(setting("log-level", "log_level", "info")));
+  {
+    SecurityOptions security;
+    security.ca = setting("tls-ca", "tls_ca", "");
+    security.cert = setting("tls-cert", "tls_cert", "");
+    security.key = setting("tls-key", "tls_key", "");
+    const std::string insecure =
+        args.Flag("insecure") ? "true" : setting("", "insecure", "false");
+    if (insecure != "true" && insecure != "false") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "insecure must be 'true' or 'false', not '", insecure, "'"));
+    }
+    security.insecure = insecure == "true";
+    PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(security, "ptcd"));
+  }
   TensorStoreServerOptions options;
   options.listen_address = setting("listen", "listen", "127.0.0.1:7070");
   options.socket_path = setting("socket", "socket", "/run/ptcd/ptcd.sock");
@@ -157,10 +179,10 @@ absl::Status Run(int argc, char** argv) {
   {
     char hostname[256] = {};
     gethostname(hostname, sizeof(hostname) - 1);
-    options.host_name = args.Get("name", hostname);
+    options.host_name = setting("name", "name", hostname);
   }
   TransformerOptions transformer;
-  const std::string gets = args.Get("ucx-gets", "scattered");
+  const std::string gets = setting("ucx-gets", "ucx_gets", "scattered");
   if (gets != "scattered" && gets != "all") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
@@ -171,8 +193,8 @@ absl::Status Run(int argc, char** argv) {
   });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
-  if (args.Has("port-file")) {
-    const std::string path = args.Get("port-file");
+  if (const std::string path = setting("port-file", "port_file", "");
+      !path.empty()) {
     {
       std::ofstream out(path + ".tmp");
       out << server->port() << "\n";
@@ -180,19 +202,21 @@ absl::Status Run(int argc, char** argv) {
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
   std::unique_ptr<CoordinatorAgent> agent;
-  if (args.Has("coordinator")) {
+  if (const std::string coordinator = setting("coordinator", "coordinator", "");
+      !coordinator.empty()) {
     proto::HostStatus host;
     char hostname[256] = {};
     gethostname(hostname, sizeof(hostname) - 1);
-    host.set_name(args.Get("name", hostname));
+    host.set_name(options.host_name);
     int gpus = 8;
     double bandwidth = 25e9;
-    if (!absl::SimpleAtoi(args.Get("gpus", "8"), &gpus) || gpus < 1 ||
+    if (!absl::SimpleAtoi(setting("gpus", "gpus", "8"), &gpus) || gpus < 1 ||
         gpus > kMaxGpusPerHost) {
       return absl::InvalidArgumentError(
           absl::StrCat("--gpus needs a number from 1 to ", kMaxGpusPerHost));
     }
-    if (!absl::SimpleAtod(args.Get("bandwidth", "25e9"), &bandwidth) ||
+    if (!absl::SimpleAtod(setting("bandwidth", "bandwidth", "25e9"),
+                          &bandwidth) ||
         !(bandwidth > 0 && bandwidth <= kMaxHostBandwidth)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--bandwidth needs bytes per second, above 0 and at most ",
@@ -202,7 +226,7 @@ absl::Status Run(int argc, char** argv) {
     host.set_bandwidth(bandwidth);
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
-    std::string advertise = args.Get("advertise");
+    std::string advertise = setting("advertise", "advertise", "");
     if (advertise.empty()) {
       const std::string listen = options.listen_address;
       advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
@@ -213,7 +237,7 @@ absl::Status Run(int argc, char** argv) {
     PTC_RETURN_IF_ERROR(
         Annotate(ParseHostPort(advertise).status(), "--advertise"));
     host.set_address(advertise);
-    agent = std::make_unique<CoordinatorAgent>(args.Get("coordinator"), host,
+    agent = std::make_unique<CoordinatorAgent>(coordinator, host,
                                                server->store());
   }
   Log("tensor_store")

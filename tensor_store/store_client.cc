@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -40,12 +41,13 @@ absl::Duration StoreClient::DeadlineFor(int64_t bytes) {
 StoreClient::StoreClient(std::shared_ptr<grpc::Channel> channel)
     : stub_(proto::TensorStore::NewStub(channel)) {}
 
-std::unique_ptr<StoreClient> StoreClient::Connect(const std::string& address) {
+std::unique_ptr<StoreClient> StoreClient::Connect(
+    const std::string& address, const std::string& expected_name) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
-  return std::make_unique<StoreClient>(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args));
+  return std::make_unique<StoreClient>(
+      OpenChannel(address, args, expected_name));
 }
 
 absl::Status StoreClient::Declare(const std::string& job,

@@ -27,7 +27,10 @@ class StoreClient {
  public:
   explicit StoreClient(std::shared_ptr<grpc::Channel> channel);
   // An insecure channel to `address` (host:port), with ptcd's message size.
-  static std::unique_ptr<StoreClient> Connect(const std::string& address);
+  // With TLS the ptcd's certificate must name `expected_name` (its host
+  // name), or the address's host when that is empty.
+  static std::unique_ptr<StoreClient> Connect(
+      const std::string& address, const std::string& expected_name = "");
 
   absl::Status Declare(const std::string& job,
                        const std::vector<TensorDecl>& tensors);

@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/authz.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -44,8 +45,12 @@ class TensorStoreService::Call {
 };
 
 grpc::Status TensorStoreService::DeclareTensors(
-    grpc::ServerContext*, const proto::DeclareTensorsRequest* req,
+    grpc::ServerContext* ctx, const proto::DeclareTensorsRequest* req,
     proto::DeclareTensorsResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin | kClient, "DeclareTensors");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "DeclareTensors");
   std::vector<TensorDecl> decls;
   for (const proto::TensorDecl& d : req->tensors()) {
@@ -61,6 +66,10 @@ grpc::Status TensorStoreService::DeclareTensors(
 grpc::Status TensorStoreService::Put(
     grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
     proto::PutResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin | kClient, "Put");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "Put");
   return call.Done(DoPut(ctx, reader, resp));
 }
@@ -68,13 +77,17 @@ grpc::Status TensorStoreService::Put(
 grpc::Status TensorStoreService::Read(
     grpc::ServerContext* ctx, const proto::ReadRequest* req,
     grpc::ServerWriter<proto::ReadResponse>* writer) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Read"); !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "Read");
   return call.Done(DoRead(ctx, *req, writer));
 }
 
-grpc::Status TensorStoreService::List(grpc::ServerContext*,
+grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
                                       const proto::ListRequest* req,
                                       proto::ListResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "List"); !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "List");
   *resp = store_->List(req->job());
   if (!req->job().empty() && resp->jobs().empty()) {
@@ -84,9 +97,11 @@ grpc::Status TensorStoreService::List(grpc::ServerContext*,
   return call.Done(absl::OkStatus());
 }
 
-grpc::Status TensorStoreService::Stat(grpc::ServerContext*,
+grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
                                       const proto::StatRequest* req,
                                       proto::StatResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Stat"); !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "Stat");
   auto stat = store_->Stat(req->job(), req->version(), req->tensor());
   if (stat.ok()) *resp = std::move(*stat);
@@ -94,8 +109,11 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext*,
 }
 
 grpc::Status TensorStoreService::Fingerprint(
-    grpc::ServerContext*, const proto::FingerprintRequest* req,
+    grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
     proto::FingerprintResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Fingerprint");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "Fingerprint");
   std::vector<Region> regions;
   for (const proto::Region& r : req->regions()) {
@@ -113,8 +131,12 @@ grpc::Status TensorStoreService::Fingerprint(
 }
 
 grpc::Status TensorStoreService::CommitVersion(
-    grpc::ServerContext*, const proto::CommitVersionRequest* req,
+    grpc::ServerContext* ctx, const proto::CommitVersionRequest* req,
     proto::CommitVersionResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin, "CommitVersion");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "CommitVersion");
   constexpr int kMaxExpectations = 1000000;
   if (req->expect_regions_size() > kMaxExpectations ||
@@ -143,8 +165,12 @@ grpc::Status TensorStoreService::CommitVersion(
 }
 
 grpc::Status TensorStoreService::PutSmallObject(
-    grpc::ServerContext*, const proto::PutSmallObjectRequest* req,
+    grpc::ServerContext* ctx, const proto::PutSmallObjectRequest* req,
     proto::PutSmallObjectResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin | kClient, "PutSmallObject");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "PutSmallObject");
   absl::Status s =
       store_->PutSmallObject(req->job(), req->version(), req->name(),
@@ -158,8 +184,11 @@ grpc::Status TensorStoreService::PutSmallObject(
 }
 
 grpc::Status TensorStoreService::GetSmallObject(
-    grpc::ServerContext*, const proto::GetSmallObjectRequest* req,
+    grpc::ServerContext* ctx, const proto::GetSmallObjectRequest* req,
     proto::GetSmallObjectResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "GetSmallObject");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "GetSmallObject");
   auto ref = store_->GetSmallObject(req->job(), req->version(), req->name(),
                                     req->rank());
@@ -171,17 +200,24 @@ grpc::Status TensorStoreService::GetSmallObject(
 }
 
 grpc::Status TensorStoreService::DeleteVersion(
-    grpc::ServerContext*, const proto::DeleteVersionRequest* req,
+    grpc::ServerContext* ctx, const proto::DeleteVersionRequest* req,
     proto::DeleteVersionResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin, "DeleteVersion");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "DeleteVersion");
   auto bytes = store_->DeleteVersion(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
   return call.Done(bytes.status());
 }
 
-grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext*,
+grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext* ctx,
                                            const proto::DeleteJobRequest* req,
                                            proto::DeleteJobResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kCoordinator | kAdmin, "DeleteJob");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "DeleteJob");
   auto deleted = store_->DeleteJob(req->job());
   if (deleted.ok()) {
@@ -192,8 +228,12 @@ grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext*,
 }
 
 grpc::Status TensorStoreService::PrepareMemory(
-    grpc::ServerContext*, const proto::PrepareMemoryRequest* req,
+    grpc::ServerContext* ctx, const proto::PrepareMemoryRequest* req,
     proto::PrepareMemoryResponse* resp) {
+  if (absl::Status denied =
+          Authorize(*ctx, kCoordinator | kAdmin, "PrepareMemory");
+      !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "PrepareMemory");
   auto queued = store_->PrepareMemory(
       req->job(), req->version(), {req->sizes().begin(), req->sizes().end()});
@@ -204,9 +244,11 @@ grpc::Status TensorStoreService::PrepareMemory(
   return call.Done(queued.status());
 }
 
-grpc::Status TensorStoreService::Stats(grpc::ServerContext*,
+grpc::Status TensorStoreService::Stats(grpc::ServerContext* ctx,
                                        const proto::StatsRequest*,
                                        proto::StatsResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Stats"); !denied.ok())
+    return ToGrpcStatus(denied);
   Call call(this, "Stats");
   store_->FillStats(resp);
   resp->set_local_clients(local_clients_ ? local_clients_() : 0);

@@ -6,7 +6,12 @@
 #   tools/local_cluster.sh down DIR
 #
 # `up` prints the coordinator's address and writes DIR/env (COORDINATOR=...,
-# and HOSTn_SOCKET=...). Binaries come from BIN (default: bazel-bin).
+# HOSTn_SOCKET=..., and PTC_TLS_CA/PTC_TLS_CERT/PTC_TLS_KEY: the operator's
+# certificate, for ptcctl and the job's processes). Binaries come from BIN
+# (default: bazel-bin).
+# Every connection is mutual TLS: the cluster's CA and certificates (one
+# per host, the coordinator's, an admin's) are made under DIR/certs with
+# tools/ptc-certs. INSECURE=1 runs it in plaintext instead.
 # SPARE_POOL (e.g. 5GiB) sets each ptcd's --spare-pool: memory kept
 # allocated and faulted in for the next puts of the sizes it saw.
 # PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags.
@@ -14,7 +19,8 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 up|down DIR [HOSTS] [GPUS] [MEMORY]" >&2; exit 2; }
-bin=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/bazel-bin}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${BIN:-$root/bazel-bin}
 
 wait_for_file() {
   for _ in $(seq 1 200); do [[ -s "$1" ]] && return 0; sleep 0.05; done
@@ -26,17 +32,41 @@ case "$cmd" in
     hosts=${3:-4}; gpus=${4:-4}; memory=${5:-4GiB}
     mkdir -p "$dir/coordinator" "$dir/logs"
     : > "$dir/pids"
+    certs="$dir/certs"
+    tls() { echo --insecure; }
+    if [[ "${INSECURE:-0}" != 1 ]]; then
+      if [[ ! -f "$certs/ca.pem" ]]; then
+        "$root/tools/ptc-certs" "$certs" ca >/dev/null
+        "$root/tools/ptc-certs" "$certs" coordinator >/dev/null
+        "$root/tools/ptc-certs" "$certs" admin >/dev/null
+      fi
+      tls() { echo --tls-ca "$certs/ca.pem" --tls-cert "$certs/$1.pem" --tls-key "$certs/$1.key"; }
+      export PTC_TLS_CA="$certs/ca.pem" PTC_TLS_CERT="$certs/admin.pem" PTC_TLS_KEY="$certs/admin.key"
+    else
+      export PTC_INSECURE=1
+    fi
+    # shellcheck disable=SC2046
     "$bin/coordinator/ptc-coordinator" --listen 127.0.0.1:0 --state-dir "$dir/coordinator" \
-      --port-file "$dir/coordinator.port" --host-timeout 3 --log-level warn \
+      --port-file "$dir/coordinator.port" --host-timeout 3 --log-level warn $(tls coordinator) \
       >"$dir/logs/coordinator.log" 2>&1 &
     echo "coordinator $!" >> "$dir/pids"
     wait_for_file "$dir/coordinator.port"
     coordinator="127.0.0.1:$(cat "$dir/coordinator.port")"
     echo "COORDINATOR=$coordinator" > "$dir/env"
+    if [[ "${INSECURE:-0}" != 1 ]]; then
+      printf 'PTC_TLS_CA=%s\nPTC_TLS_CERT=%s\nPTC_TLS_KEY=%s\n' \
+        "$PTC_TLS_CA" "$PTC_TLS_CERT" "$PTC_TLS_KEY" >> "$dir/env"
+    else
+      echo "PTC_INSECURE=1" >> "$dir/env"
+    fi
     for i in $(seq 0 $((hosts - 1))); do
+      if [[ "${INSECURE:-0}" != 1 && ! -f "$certs/host$i.pem" ]]; then
+        "$root/tools/ptc-certs" "$certs" host "host$i" >/dev/null
+      fi
+      # shellcheck disable=SC2046
       "$bin/tensor_store/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
         --port-file "$dir/host$i.port" --memory-limit "$memory" --coordinator "$coordinator" \
-        --name "host$i" --gpus "$gpus" --log-level warn \
+        --name "host$i" --gpus "$gpus" --log-level warn $(tls "host$i") \
         ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} ${PTCD_FLAGS:-} >"$dir/logs/host$i.log" 2>&1 &
       echo "host$i $!" >> "$dir/pids"
       echo "HOST${i}_SOCKET=$dir/host$i.sock" >> "$dir/env"
@@ -48,7 +78,8 @@ case "$cmd" in
       [[ "$n" -ge "$hosts" ]] && break
       sleep 0.05
     done
-    echo "local cluster up: coordinator $coordinator, $hosts hosts x $gpus GPUs, state in $dir"
+    echo "local cluster up: coordinator $coordinator, $hosts hosts x $gpus GPUs," \
+      "$([[ "${INSECURE:-0}" != 1 ]] && echo "mutual TLS (certificates in $certs)" || echo "PLAINTEXT"), state in $dir"
     ;;
   down)
     [[ -f "$dir/pids" ]] || exit 0

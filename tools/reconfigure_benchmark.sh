@@ -61,7 +61,7 @@ echo "memcpy of 1 GiB into freshly allocated memory (median of 3): ${fresh} MB/s
 
 [[ -n "${PREPARE:-}" ]] && export SPARE_POOL=${SPARE_POOL:-6GiB}
 tools/local_cluster.sh up "$dir" 4 4 8GiB >/dev/null
-source "$dir/env"
+set -a; source "$dir/env"; set +a
 c="--coordinator $COORDINATOR"
 model=gpt3-350m
 start=tp=4,pp=1,dp=1,zero=1

@@ -19,7 +19,7 @@ trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
 
 echo "== starting a local cluster"
 tools/local_cluster.sh up "$dir" 4 4 3GiB
-source "$dir/env"
+set -a; source "$dir/env"; set +a
 c="--coordinator $COORDINATOR"
 $ptcctl hosts $c
 

@@ -21,6 +21,7 @@
 #include <set>
 
 #include "absl/strings/numbers.h"
+#include "common/channel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -280,8 +281,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   auto stub = proto::Coordinator::NewStub(
-      grpc::CreateChannel(args->Get("coordinator", "127.0.0.1:7000"),
-                          grpc::InsecureChannelCredentials()));
+      OpenChannel(args->Get("coordinator", "127.0.0.1:7000"),
+                  grpc::ChannelArguments(), "coordinator"));
   const absl::Status s =
       cmd == "save" ? Save(stub.get(), *args) : Verify(stub.get(), *args);
   if (!s.ok()) {

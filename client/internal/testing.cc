@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
@@ -13,7 +14,7 @@ namespace {
 
 std::unique_ptr<proto::Coordinator::Stub> Stub(const std::string& address) {
   return proto::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      OpenChannel(address, grpc::ChannelArguments(), "coordinator"));
 }
 
 }  // namespace

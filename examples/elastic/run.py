@@ -110,6 +110,11 @@ class Cluster:
                        stdout=subprocess.DEVNULL)
         kv = dict(line.split("=", 1) for line in (self.dir / "env").read_text().split())
         self.coordinator = kv["COORDINATOR"]
+        # The operator's certificate (or plaintext) for ptcctl, the launcher
+        # and the job's processes.
+        for key in ("PTC_TLS_CA", "PTC_TLS_CERT", "PTC_TLS_KEY", "PTC_INSECURE"):
+            if key in kv:
+                os.environ[key] = env[key] = kv[key]
         self.env = env
 
     def socket(self, host):

@@ -1,9 +1,41 @@
-"""A local ptc cluster of real processes for tests: a coordinator and N ptcd."""
+"""A local ptc cluster of real processes for tests: a coordinator and N ptcd,
+every connection mutual TLS with certificates from tools/ptc-certs."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
+import tempfile
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MAX_HOSTS = 16
+
+
+def certificates():
+    """The test session's CA and certificates (host0..host15, coordinator,
+    admin), made once. This process and everything it starts use the admin
+    certificate: ptc's client library reads PTC_TLS_* once per process."""
+    global _certs
+    if _certs is None:
+        _certs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-certs-"))
+        tool = str(ROOT / "tools/ptc-certs")
+        for what in (["ca"], ["coordinator"], ["admin"],
+                     *(["host", f"host{i}"] for i in range(MAX_HOSTS))):
+            subprocess.run([tool, str(_certs), *what], check=True, capture_output=True)
+        os.environ.update(PTC_TLS_CA=str(_certs / "ca.pem"),
+                          PTC_TLS_CERT=str(_certs / "admin.pem"),
+                          PTC_TLS_KEY=str(_certs / "admin.key"))
+    return _certs
+
+
+_certs = None
+
+
+def tls_flags(name):
+    certs = certificates()
+    return ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / f"{name}.pem"),
+            "--tls-key", str(certs / f"{name}.key")]
 
 
 class LocalCluster:
@@ -14,6 +46,8 @@ class LocalCluster:
         self.gpus = gpus
         self.memory = memory
         self.procs = {}
+        assert hosts <= MAX_HOSTS
+        self.certs = certificates()
         self.host_timeout = host_timeout
         self.coordinator_env = coordinator_env
         self.coord_port = self._start_coordinator(port=0)
@@ -38,7 +72,8 @@ class LocalCluster:
         self.procs["coordinator"] = subprocess.Popen(
             [str(self.bin / "coordinator/ptc-coordinator"), "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(self.dir / "coordinator"), "--port-file", str(port_file),
-             "--host-timeout", str(self.host_timeout), "--log-level", "info"],
+             "--host-timeout", str(self.host_timeout), "--log-level", "info",
+             *tls_flags("coordinator")],
             stdout=log, stderr=log, env={**os.environ, **(self.coordinator_env or {})})
         return self._wait_port(port_file)
 
@@ -52,7 +87,7 @@ class LocalCluster:
              "--socket", str(self.dir / f"host{i}.sock"),
              "--port-file", str(self.dir / f"host{i}.port"), "--memory-limit", memory,
              "--coordinator", self.coordinator, "--name", f"host{i}", "--gpus", str(self.gpus),
-             "--log-level", "info"],
+             "--log-level", "info", *tls_flags(f"host{i}")],
             stdout=log, stderr=log)
         self._wait_port(self.dir / f"host{i}.port")
 

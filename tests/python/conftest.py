@@ -35,3 +35,12 @@ def ptc_module(bin_dir):
     sys.path.insert(0, str(pkg))
     import ptc
     return ptc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tls_certificates():
+    """Every test's processes speak mutual TLS; the certificates (and the
+    PTC_TLS_* environment of this process) exist before any client
+    connects, since ptc's client library reads them once per process."""
+    from cluster import certificates
+    return certificates()

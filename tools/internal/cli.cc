@@ -1,5 +1,7 @@
 #include "tools/internal/cli.h"
 
+#include "common/channel.h"
+
 #include <iostream>
 
 #include "absl/strings/cord.h"
@@ -28,6 +30,18 @@ int Fail(const std::string& command, const absl::Status& status, int exit_code,
   std::cerr << command << ": " << status.message() << "\n";
   if (exit_code == 2 && usage != nullptr) std::cerr << "\n" << usage;
   return exit_code;
+}
+
+std::vector<std::string> WithSecurityOptions(std::vector<std::string> values) {
+  values.insert(values.end(), {"tls-ca", "tls-cert", "tls-key"});
+  return values;
+}
+
+absl::Status ConfigureCommandSecurity(const Args& args) {
+  return ConfigureProcessSecurity({args.Get("tls-ca"), args.Get("tls-cert"),
+                                   args.Get("tls-key"),
+                                   args.Flag(kSecurityFlag)},
+                                  "ptcctl");
 }
 
 }  // namespace ptc::tools

@@ -6,8 +6,10 @@
 #define PTC_TOOLS_INTERNAL_CLI_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "common/args.h"
 
 namespace ptc::tools {
 
@@ -17,6 +19,15 @@ int Fail(const std::string& command, const absl::Status& status, int exit_code,
 // `status`, marked as already described in the JSON document the command
 // printed, so that Fail adds no second document.
 absl::Status ReportedInJson(absl::Status status);
+
+// `values` and the options of a command that connects to ptc's services:
+// --tls-ca, --tls-cert, --tls-key (files; the flag --insecure goes with the
+// command's flags, see kSecurityFlag).
+std::vector<std::string> WithSecurityOptions(std::vector<std::string> values);
+inline constexpr char kSecurityFlag[] = "insecure";
+// Sets this process's transport security from those options, else from
+// the environment; an error says what to give.
+absl::Status ConfigureCommandSecurity(const Args& args);
 
 }  // namespace ptc::tools
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/channel.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,7 +37,10 @@
 namespace ptc::tools {
 
 const char kClusterUsage[] =
-    R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, and --json):
+    R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, --json, and
+the TLS options: --tls-ca, --tls-cert, --tls-key, default $PTC_TLS_CA,
+$PTC_TLS_CERT, $PTC_TLS_KEY, the operator's certificate from tools/ptc-certs
+DIR admin; or --insecure for a cluster without TLS):
   ptcctl register    --job J (--model MODEL | --layout FILE) --config CONFIG --hosts h1,h2,...
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
@@ -309,8 +313,8 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
     std::vector<std::unique_ptr<proto::TensorStore::Stub>> stores;
     for (const auto& h : resp.hosts()) {
       if (h.bytes_prepared() == 0 || !addresses.count(h.name())) continue;
-      stores.push_back(proto::TensorStore::NewStub(grpc::CreateChannel(
-          addresses[h.name()], grpc::InsecureChannelCredentials())));
+      stores.push_back(proto::TensorStore::NewStub(OpenChannel(
+          addresses[h.name()], grpc::ChannelArguments(), h.name())));
     }
     const bool tty = !json && isatty(STDOUT_FILENO);
     while (true) {
@@ -597,11 +601,12 @@ bool IsClusterCommand(const char* c) {
 
 int RunClusterCommand(int argc, const char* const* argv) {
   const std::string cmd = argv[1];
-  auto args = Args::Parse(argc, argv, 2,
-                          {"coordinator", "job", "model", "layout", "config", "hosts",
-                           "to", "parallel-pulls", "transport", "strategy",
-                           "placement", "colocate", "host"},
-                          {"json", "help", "wait"});
+  auto args = Args::Parse(
+      argc, argv, 2,
+      WithSecurityOptions({"coordinator", "job", "model", "layout", "config",
+                           "hosts", "to", "parallel-pulls", "transport",
+                           "strategy", "placement", "colocate", "host"}),
+      {"json", "help", "wait", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);
@@ -612,9 +617,11 @@ int RunClusterCommand(int argc, const char* const* argv) {
     std::cout << kClusterUsage;
     return 0;
   }
+  if (absl::Status s = ConfigureCommandSecurity(*args); !s.ok())
+    return fail(s, 2);
   const std::string address = args->Get("coordinator", "127.0.0.1:7000");
   auto stub = proto::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      OpenChannel(address, grpc::ChannelArguments(), "coordinator"));
   std::string job =
       args->positional().empty() ? args->Get("job") : args->positional()[0];
   absl::Status s;

@@ -20,6 +20,8 @@ const char kStoreUsage[] =
     R"(usage: ptcctl store ls    --host ADDR [--job JOB] [--regions] [--json]
        ptcctl store stat  --host ADDR --job JOB --version V --tensor KEY [--json]
        ptcctl store stats --host ADDR [--json]
+       (all take --tls-ca, --tls-cert, --tls-key, default $PTC_TLS_CA,
+       $PTC_TLS_CERT, $PTC_TLS_KEY; or --insecure)
 
 Shows what a ptcd holds: jobs, versions and tensors (ls), one tensor's
 stored regions with their checksums (stat), memory and counters (stats).
@@ -222,8 +224,9 @@ int RunStoreCommand(int argc, const char* const* argv) {
               << kStoreUsage;
     return sub == "--help" ? 0 : 2;
   }
-  auto args = Args::Parse(argc, argv, 3, {"host", "job", "version", "tensor"},
-                          {"json", "regions", "help"});
+  auto args = Args::Parse(
+      argc, argv, 3, WithSecurityOptions({"host", "job", "version", "tensor"}),
+      {"json", "regions", "help", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl store " + sub, s, code, json);
@@ -236,6 +239,8 @@ int RunStoreCommand(int argc, const char* const* argv) {
   }
   auto host = args->Required("host");
   if (!host.ok()) return fail(host.status(), 2);
+  if (absl::Status s = ConfigureCommandSecurity(*args); !s.ok())
+    return fail(s, 2);
   auto client = StoreClient::Connect(*host);
   absl::Status s = sub == "ls"     ? Ls(*client, *args, json)
                    : sub == "stat" ? Stat(*client, *args, json)

@@ -1,0 +1,190 @@
+#include "common/channel.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/base/call_once.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+
+namespace ptc {
+namespace {
+
+struct Security {
+  bool configured = false;
+  bool tls = false;
+  std::string ca_pem, cert_pem, key_pem;
+};
+
+absl::Mutex mu;
+Security& Current() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  static Security* s = new Security;
+  return *s;
+}
+
+absl::Status ReadPem(const std::string& path, const char* what,
+                     const char* marker, std::string* out) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the ", what, " file '", path, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  if (!absl::StrContains(*out, marker)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ", what, " file '", path, "' holds no PEM ", marker, " block"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Apply(const SecurityOptions& o, const std::string& program,
+                   Security* s) {
+  const bool any = !o.ca.empty() || !o.cert.empty() || !o.key.empty();
+  if (o.insecure && any) {
+    return absl::InvalidArgumentError(
+        "both TLS files and insecure were given; choose one");
+  }
+  if (o.insecure) {
+    Log("security")
+        ->warn(
+            "{}: plaintext gRPC (--insecure): anyone who can reach the "
+            "ports can read and change every job's state",
+            program);
+    *s = Security{true, false, "", "", ""};
+    return absl::OkStatus();
+  }
+  if (o.ca.empty() || o.cert.empty() || o.key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        program,
+        " needs TLS: give the cluster CA, this process's certificate and its "
+        "key (tls_ca, tls_cert, tls_key; tools/ptc-certs makes them), or "
+        "--insecure for plaintext"));
+  }
+  Security next{true, true, "", "", ""};
+  if (absl::Status st =
+          ReadPem(o.ca, "CA certificate", "CERTIFICATE", &next.ca_pem);
+      !st.ok())
+    return st;
+  if (absl::Status st =
+          ReadPem(o.cert, "certificate", "CERTIFICATE", &next.cert_pem);
+      !st.ok())
+    return st;
+  if (absl::Status st = ReadPem(o.key, "key", "PRIVATE KEY", &next.key_pem);
+      !st.ok())
+    return st;
+  *s = std::move(next);
+  return absl::OkStatus();
+}
+
+// The process's security, from the environment if nobody configured it.
+Security Get() {
+  absl::MutexLock lock(&mu);
+  Security& s = Current();
+  if (!s.configured) {
+    const SecurityOptions env = SecurityFromEnvironment();
+    if (env.insecure || !env.ca.empty() || !env.cert.empty() ||
+        !env.key.empty()) {
+      if (absl::Status st = Apply(env, "this process", &s); !st.ok()) {
+        Log("security")
+            ->error("PTC_TLS_* / PTC_INSECURE: {}; connections will fail",
+                    std::string(st.message()));
+        // TLS with no files: every handshake fails, nothing goes in clear.
+        s = Security{true, true, "", "", ""};
+      }
+    } else {
+      // A library in a process that chose nothing (an in-process test):
+      // plaintext, said once.
+      Log("security")
+          ->warn(
+              "no transport security configured (PTC_TLS_CA, "
+              "PTC_TLS_CERT, PTC_TLS_KEY); using plaintext gRPC");
+      s = Security{true, false, "", "", ""};
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::Status ConfigureSecurity(const SecurityOptions& options,
+                               const std::string& program) {
+  Security next;
+  if (absl::Status s = Apply(options, program, &next); !s.ok()) return s;
+  absl::MutexLock lock(&mu);
+  Current() = std::move(next);
+  return absl::OkStatus();
+}
+
+absl::Status ConfigureProcessSecurity(SecurityOptions given,
+                                      const std::string& program) {
+  const SecurityOptions env = SecurityFromEnvironment();
+  const bool files =
+      !given.ca.empty() || !given.cert.empty() || !given.key.empty();
+  if (!given.insecure && !files) {
+    given = env;
+  } else if (files) {
+    if (given.ca.empty()) given.ca = env.ca;
+    if (given.cert.empty()) given.cert = env.cert;
+    if (given.key.empty()) given.key = env.key;
+  }
+  return ConfigureSecurity(given, program);
+}
+
+SecurityOptions SecurityFromEnvironment() {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v == nullptr ? "" : v);
+  };
+  SecurityOptions o;
+  o.ca = env("PTC_TLS_CA");
+  o.cert = env("PTC_TLS_CERT");
+  o.key = env("PTC_TLS_KEY");
+  const std::string insecure = env("PTC_INSECURE");
+  o.insecure = !insecure.empty() && insecure != "0";
+  return o;
+}
+
+bool TlsEnabled() { return Get().tls; }
+
+std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
+                                           grpc::ChannelArguments args,
+                                           const std::string& expected_name) {
+  const Security s = Get();
+  if (!s.tls) {
+    return grpc::CreateCustomChannel(address,
+                                     grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = s.ca_pem;
+  ssl.pem_cert_chain = s.cert_pem;
+  ssl.pem_private_key = s.key_pem;
+  if (!expected_name.empty()) args.SetSslTargetNameOverride(expected_name);
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {
+  const Security s = Get();
+  if (!s.tls) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = s.ca_pem;
+  ssl.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string PeerName(const grpc::ServerContext& ctx) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  for (const grpc::string_ref& cn :
+       auth->FindPropertyValues("x509_common_name")) {
+    return std::string(cn.data(), cn.size());
+  }
+  return "";
+}
+
+}  // namespace ptc

@@ -1,0 +1,76 @@
+// Every gRPC connection of a ptc process is made here, with the process's
+// one transport security: mutual TLS with the cluster's CA (each side shows
+// a certificate the CA signed and checks the other's), or plaintext where
+// the operator said --insecure.
+//
+// A binary configures it once at start (ConfigureSecurity, from its flags
+// or config file); a library in a process that did not (a training job's
+// client) takes it from the environment: PTC_TLS_CA, PTC_TLS_CERT and
+// PTC_TLS_KEY (files), or PTC_INSECURE=1.
+//
+//   PTC_RETURN_IF_ERROR(ConfigureSecurity(
+//       {.ca = "/etc/ptc/ca.pem", .cert = "/etc/ptc/host7.pem",
+//        .key = "/etc/ptc/host7.key"}, "ptcd"));
+//   auto stub = proto::TensorStore::NewStub(OpenChannel("host3:7070"));
+//   builder.AddListeningPort(address, ServerCredentials());
+#ifndef PTC_COMMON_CHANNEL_H_
+#define PTC_COMMON_CHANNEL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ptc {
+
+struct SecurityOptions {
+  // PEM files: the cluster CA's certificate, this process's certificate
+  // and its key. All three, or none with `insecure`.
+  std::string ca;
+  std::string cert;
+  std::string key;
+  // Plaintext, no authentication (logged as a warning).
+  bool insecure = false;
+};
+
+// Sets the process's transport security; reads and checks the files.
+// INVALID_ARGUMENT names what is missing (no files and not insecure: the
+// operator must choose); NOT_FOUND names a file that cannot be read.
+// `program` names the process in the warning for plaintext.
+absl::Status ConfigureSecurity(const SecurityOptions& options,
+                               const std::string& program);
+
+// For a binary: what its flags or config file gave (empty: not given),
+// completed from the environment, then ConfigureSecurity.
+absl::Status ConfigureProcessSecurity(SecurityOptions given,
+                                      const std::string& program);
+
+// The options from PTC_TLS_CA, PTC_TLS_CERT, PTC_TLS_KEY and PTC_INSECURE
+// (unset fields stay empty).
+SecurityOptions SecurityFromEnvironment();
+
+// Whether connections use TLS (after ConfigureSecurity, or from the
+// environment on first use).
+bool TlsEnabled();
+
+// A channel to `address` ("host:port") with the process's security; with
+// TLS the peer's certificate must be signed by the cluster CA and name the
+// address's host (or `expected_name`, when given: a peer known by name).
+std::shared_ptr<grpc::Channel> OpenChannel(
+    const std::string& address,
+    grpc::ChannelArguments args = grpc::ChannelArguments(),
+    const std::string& expected_name = "");
+
+// Server credentials with the process's security: with TLS every client
+// must present a certificate the cluster CA signed.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
+
+// The authenticated caller's certificate name (CN): a host's name,
+// "coordinator", "admin" or "client:JOB". Empty over plaintext.
+std::string PeerName(const grpc::ServerContext& ctx);
+
+}  // namespace ptc
+
+#endif  // PTC_COMMON_CHANNEL_H_
