@@ -4,11 +4,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/base/call_once.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace ptc {
 namespace {
@@ -66,17 +66,11 @@ absl::Status Apply(const SecurityOptions& o, const std::string& program,
         "--insecure for plaintext"));
   }
   Security next{true, true, "", "", ""};
-  if (absl::Status st =
-          ReadPem(o.ca, "CA certificate", "CERTIFICATE", &next.ca_pem);
-      !st.ok())
-    return st;
-  if (absl::Status st =
-          ReadPem(o.cert, "certificate", "CERTIFICATE", &next.cert_pem);
-      !st.ok())
-    return st;
-  if (absl::Status st = ReadPem(o.key, "key", "PRIVATE KEY", &next.key_pem);
-      !st.ok())
-    return st;
+  PTC_RETURN_IF_ERROR(
+      ReadPem(o.ca, "CA certificate", "CERTIFICATE", &next.ca_pem));
+  PTC_RETURN_IF_ERROR(
+      ReadPem(o.cert, "certificate", "CERTIFICATE", &next.cert_pem));
+  PTC_RETURN_IF_ERROR(ReadPem(o.key, "key", "PRIVATE KEY", &next.key_pem));
   *s = std::move(next);
   return absl::OkStatus();
 }
