@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/job_token.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "ptc/families.h"
@@ -25,15 +26,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is negative"));
   }
+  if (options.token.empty()) options.token = JobTokenFromEnvironment();
   std::unique_ptr<Client> c(new Client(std::move(options)));
   // Its error names the socket and asks whether ptcd runs on this host.
   PTC_ASSIGN_OR_RETURN(c->local_,
                        LocalClient::Connect(c->options_.socket_path));
   PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
-                       c->local_->SayHello(c->options_.job));
+                       c->local_->SayHello(c->options_.job, c->options_.token));
   c->host_ = hello.host;
-  c->coordinator_ = proto::Coordinator::NewStub(OpenChannel(
-      c->options_.coordinator, grpc::ChannelArguments(), "coordinator"));
+  c->coordinator_ = proto::Coordinator::NewStub(
+      OpenChannel(c->options_.coordinator, grpc::ChannelArguments(),
+                  "coordinator", c->options_.token));
   PTC_RETURN_IF_ERROR(c->Refresh());
   return c;
 }
@@ -43,7 +46,8 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& host,
                                       absl::Duration timeout) {
   auto stub = proto::Coordinator::NewStub(
-      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator"));
+      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator",
+                  JobTokenFromEnvironment()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ListJobsRequest req;
@@ -340,7 +344,8 @@ absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", options_.job, "' has no committed version to load yet"));
   }
-  PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello, local_->SayHello(job()));
+  PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
+                       local_->SayHello(job(), options_.token));
   if (std::find(hello.committed_versions.begin(),
                 hello.committed_versions.end(),
                 version) == hello.committed_versions.end()) {

@@ -50,6 +50,10 @@ struct ClientOptions {
   std::string job;
   // This process's rank in the job's current parallel config.
   int rank = -1;
+  // The job's token (from its registration; ptcctl token), which the
+  // coordinator and ptcd need where the cluster has a token key. Empty:
+  // $PTC_JOB_TOKEN.
+  std::string token;
   // Deadline of each coordinator call.
   absl::Duration rpc_timeout = absl::Seconds(30);
 };

@@ -4,6 +4,8 @@
 // clear error for each misuse.
 #include "client/client.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -11,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/internal/testing.h"
 #include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "proto/coordinator.grpc.pb.h"
 #include "tools/internal/synthetic.h"
 
 namespace ptc {
@@ -280,6 +284,61 @@ TEST_CASE("client: a version dropped from the host's ptcd is reported gone",
   CHECK(gone.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(absl::StrContains(gone.status().message(), "is gone from this host"));
   CHECK(clients[2]->Load().ok());  // host1 still holds it
+}
+
+TEST_CASE("client: reports of a save no rank wrote commit nothing",
+          "[client][security]") {
+  // Every rank "reports" a version it never wrote, straight over gRPC: the
+  // coordinator asks every host to prove its share, which they cannot, so
+  // the fake version is deleted and the real one stays committed.
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto clients = ConnectAll(cluster, "j", 4);
+  const int64_t real = SaveAll(clients, 1);
+
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.address, grpc::InsecureChannelCredentials()));
+  auto begin = [&](int rank) {
+    grpc::ClientContext ctx;
+    proto::BeginSaveRequest req;
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_layout_epoch(clients[0]->layout_epoch());
+    req.set_step(2);
+    proto::BeginSaveResponse resp;
+    REQUIRE(stub->BeginSave(&ctx, req, &resp).ok());
+    return resp.version();
+  };
+  auto report = [&](int rank, int64_t version) {
+    grpc::ClientContext ctx;
+    proto::ReportSavedRequest req;
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_version(version);
+    req.set_layout_epoch(clients[0]->layout_epoch());
+    proto::ReportSavedResponse resp;
+    return FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp));
+  };
+  // A version that is no save in progress.
+  const absl::Status unknown = report(0, real + 100);
+  CHECK(unknown.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(unknown.message(), "is not a save in progress"));
+
+  int64_t fake = 0;
+  for (int r = 0; r < 4; ++r) fake = begin(r);
+  for (int r = 0; r < 3; ++r) REQUIRE(report(r, fake).ok());
+  const absl::Status last = report(3, fake);
+  INFO(last.ToString());
+  CHECK(!last.ok());
+  CHECK(absl::StrContains(last.message(), "cannot commit and was deleted"));
+  REQUIRE(clients[0]->Refresh().ok());
+  CHECK(clients[0]->committed_version() == real);
+  // The committed state is still whole.
+  for (auto& c : clients) {
+    auto state = c->Load();
+    REQUIRE(state.ok());
+    CheckLoaded(*c, **state);
+  }
 }
 
 }  // namespace

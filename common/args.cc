@@ -8,7 +8,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace ptc {
 
@@ -114,6 +116,61 @@ absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(
         std::string(absl::StripAsciiWhitespace(l.substr(eq + 1)));
   }
   return out;
+}
+
+absl::StatusOr<Settings> Settings::Load(
+    const Args& args, const std::vector<std::string>& value_options,
+    const std::vector<std::string>& flags) {
+  Settings s;
+  s.args_ = args;
+  if (!args.Has("config")) return s;
+  s.path_ = args.Get("config");
+  PTC_ASSIGN_OR_RETURN(s.file_, ReadConfigFile(s.path_));
+  for (const auto& [key, value] : s.file_) {
+    auto known = [&](const std::vector<std::string>& names) {
+      return std::any_of(names.begin(), names.end(), [&](const auto& n) {
+        return n != "config" && Key(n) == key;
+      });
+    };
+    if (!known(value_options) && !known(flags)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.path_, ": unknown key '", key, "'"));
+    }
+  }
+  return s;
+}
+
+std::string Settings::Key(const std::string& name) {
+  return absl::StrReplaceAll(name, {{"-", "_"}});
+}
+
+bool Settings::Has(const std::string& name) const {
+  return args_.Has(name) || file_.count(Key(name)) > 0;
+}
+
+std::string Settings::Get(const std::string& name,
+                          const std::string& fallback) const {
+  if (args_.Has(name)) return args_.Get(name);
+  auto it = file_.find(Key(name));
+  return it != file_.end() ? it->second : fallback;
+}
+
+absl::StatusOr<std::string> Settings::Required(const std::string& name) const {
+  if (!Has(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, " is required (or ", Key(name), " in the config file)"));
+  }
+  return Get(name);
+}
+
+absl::StatusOr<bool> Settings::Flag(const std::string& name) const {
+  if (args_.Flag(name)) return true;
+  auto it = file_.find(Key(name));
+  if (it == file_.end() || it->second == "false") return false;
+  if (it->second == "true") return true;
+  return absl::InvalidArgumentError(
+      absl::StrCat(path_, ": ", Key(name), " must be 'true' or 'false', not '",
+                   it->second, "'"));
 }
 
 }  // namespace ptc

@@ -47,6 +47,39 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text);
 absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(
     const std::string& path);
 
+// A daemon's options from its flags and its --config file: the file holds
+// "key = value" lines whose key is an option's name with '_' for '-'
+// (memory_limit for --memory-limit); a flag wins over the file. Boolean
+// options are "true" or "false" in the file.
+//
+//   PTC_ASSIGN_OR_RETURN(Settings settings, Settings::Load(args, kOptions,
+//                                                          kFlags));
+//   std::string listen = settings.Get("listen", "127.0.0.1:7070");
+//   PTC_ASSIGN_OR_RETURN(bool insecure, settings.Flag("insecure"));
+class Settings {
+ public:
+  // Reads --config if `args` has it; a key that names none of
+  // `value_options` and `flags` is INVALID_ARGUMENT naming file and key.
+  static absl::StatusOr<Settings> Load(
+      const Args& args, const std::vector<std::string>& value_options,
+      const std::vector<std::string>& flags);
+
+  bool Has(const std::string& name) const;
+  std::string Get(const std::string& name,
+                  const std::string& fallback = "") const;
+  absl::StatusOr<std::string> Required(const std::string& name) const;
+  // The flag, else the file's "true" or "false" (anything else is
+  // INVALID_ARGUMENT), else false.
+  absl::StatusOr<bool> Flag(const std::string& name) const;
+
+ private:
+  static std::string Key(const std::string& name);
+
+  Args args_;
+  std::string path_;
+  std::map<std::string, std::string> file_;
+};
+
 }  // namespace ptc
 
 #endif  // PTC_COMMON_ARGS_H_

@@ -1,6 +1,8 @@
 #include "common/args.h"
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 
 namespace ptc {
 namespace {
@@ -36,6 +38,36 @@ TEST_CASE("args: byte counts with binary and decimal units", "[common]") {
         absl::StatusCode::kInvalidArgument);
   CHECK(ParseBytes("-1GiB").status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("settings: flags win over the config file, unknown keys named",
+          "[tools]") {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      std::string(base != nullptr ? base : "/tmp") + "/daemon.conf";
+  std::ofstream(path) << "# a daemon\nstate_dir = /var/lib/x\n"
+                         "listen = 0.0.0.0:1\ninsecure = true\n";
+  const std::vector<std::string> options = {"config", "state-dir", "listen"};
+  const char* argv[] = {"d", "--config", path.c_str(), "--listen", "h:2"};
+  auto args = Args::Parse(5, argv, 1, options, {"insecure"});
+  REQUIRE(args.ok());
+  auto settings = Settings::Load(*args, options, {"insecure"});
+  REQUIRE(settings.ok());
+  CHECK(settings->Get("listen") == "h:2");
+  CHECK(settings->Get("state-dir") == "/var/lib/x");
+  CHECK(settings->Get("port-file", "none") == "none");
+  CHECK(*settings->Flag("insecure"));
+
+  std::ofstream(path) << "insecure = yes\n";
+  settings = Settings::Load(*args, options, {"insecure"});
+  REQUIRE(settings.ok());
+  CHECK(settings->Flag("insecure").status().message() ==
+        path + ": insecure must be 'true' or 'false', not 'yes'");
+  std::ofstream(path) << "coordinatr = h:1\n";
+  settings = Settings::Load(*args, options, {"insecure"});
+  CHECK(settings.status().message() == path + ": unknown key 'coordinatr'");
+  std::ofstream(path) << "config = other.conf\n";
+  CHECK(!Settings::Load(*args, options, {"insecure"}).ok());
 }
 
 }  // namespace

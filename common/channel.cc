@@ -2,11 +2,14 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/job_token.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -74,6 +77,23 @@ absl::Status Apply(const SecurityOptions& o, const std::string& program,
   *s = std::move(next);
   return absl::OkStatus();
 }
+
+// Puts a job's token on every call of a channel.
+class TokenCredentials : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit TokenCredentials(std::string token) : token_(std::move(token)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status GetMetadata(
+      grpc::string_ref /*service_url*/, grpc::string_ref /*method_name*/,
+      const grpc::AuthContext& /*channel_auth_context*/,
+      std::multimap<grpc::string, grpc::string>* metadata) override {
+    metadata->insert({kJobTokenMetadata, token_});
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string token_;
+};
 
 // The process's security, from the environment if nobody configured it.
 Security Get() {
@@ -147,7 +167,8 @@ bool TlsEnabled() { return Get().tls; }
 
 std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            grpc::ChannelArguments args,
-                                           const std::string& expected_name) {
+                                           const std::string& expected_name,
+                                           const std::string& job_token) {
   const Security s = Get();
   if (!s.tls) {
     return grpc::CreateCustomChannel(address,
@@ -158,7 +179,14 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   ssl.pem_cert_chain = s.cert_pem;
   ssl.pem_private_key = s.key_pem;
   if (!expected_name.empty()) args.SetSslTargetNameOverride(expected_name);
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::SslCredentials(ssl);
+  if (!job_token.empty()) {
+    credentials = grpc::CompositeChannelCredentials(
+        credentials, grpc::MetadataCredentialsFromPlugin(
+                         std::make_unique<TokenCredentials>(job_token)));
+  }
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {

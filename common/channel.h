@@ -58,17 +58,19 @@ bool TlsEnabled();
 // A channel to `address` ("host:port") with the process's security; with
 // TLS the peer's certificate must be signed by the cluster CA and name the
 // address's host (or `expected_name`, when given: a peer known by name).
+// A training job's client passes its `job_token` (common/job_token.h):
+// with TLS every call on the channel carries it.
 std::shared_ptr<grpc::Channel> OpenChannel(
     const std::string& address,
     grpc::ChannelArguments args = grpc::ChannelArguments(),
-    const std::string& expected_name = "");
+    const std::string& expected_name = "", const std::string& job_token = "");
 
 // Server credentials with the process's security: with TLS every client
 // must present a certificate the cluster CA signed.
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
 
 // The authenticated caller's certificate name (CN): a host's name,
-// "coordinator", "admin" or "client:JOB". Empty over plaintext.
+// "coordinator", "admin", "client" or "client:JOB". Empty over plaintext.
 std::string PeerName(const grpc::ServerContext& ctx);
 
 }  // namespace ptc

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "common/args.h"
 #include "common/channel.h"
+#include "common/job_token.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
@@ -19,10 +20,14 @@ namespace ptc {
 namespace {
 
 constexpr char kUsage[] =
-    R"(usage: ptc-coordinator --state-dir DIR [--listen HOST:PORT]
+    R"(usage: ptc-coordinator [--config FILE] --state-dir DIR [--listen HOST:PORT]
                        [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
+                       [--token-key FILE]
                        (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
+  --config         "key = value" file with a key for every option (the
+                   option's name with '_' for '-': state_dir, tls_ca,
+                   insecure = true, ...); flags override it
   --state-dir      directory for the coordinator's metadata (state.pb)
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
   --host-timeout   a host silent for this long is dead (default 5)
@@ -35,29 +40,36 @@ constexpr char kUsage[] =
                    mutual TLS. Default: $PTC_TLS_CA, $PTC_TLS_CERT,
                    $PTC_TLS_KEY
   --insecure       plaintext gRPC, no authentication (a warning is logged)
+  --token-key      the cluster's job token key (tools/ptc-certs DIR
+                   token-key): RegisterJob returns each job's token, which
+                   its processes show to act on that job only
 )";
 
 absl::Status Run(int argc, char** argv) {
-  PTC_ASSIGN_OR_RETURN(Args args,
-                       Args::Parse(argc, argv, 1,
-                                   {"state-dir", "listen", "host-timeout",
-                                    "log-level", "port-file", "tls-ca",
-                                    "tls-cert", "tls-key"},
-                                   {"help", "insecure"}));
+  const std::vector<std::string> kOptions = {
+      "config",    "state-dir", "listen",   "host-timeout", "log-level",
+      "port-file", "tls-ca",    "tls-cert", "tls-key",      "token-key"};
+  const std::vector<std::string> kFlags = {"help", "insecure"};
+  PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
   }
-  PTC_RETURN_IF_ERROR(SetLogLevel(args.Get("log-level", "info")));
+  PTC_ASSIGN_OR_RETURN(const Settings settings,
+                       Settings::Load(args, kOptions, kFlags));
+  PTC_RETURN_IF_ERROR(SetLogLevel(settings.Get("log-level", "info")));
+  PTC_ASSIGN_OR_RETURN(const bool insecure, settings.Flag("insecure"));
   PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(
-      {args.Get("tls-ca"), args.Get("tls-cert"), args.Get("tls-key"),
-       args.Flag("insecure")},
+      {settings.Get("tls-ca"), settings.Get("tls-cert"),
+       settings.Get("tls-key"), insecure},
       "ptc-coordinator"));
+  PTC_RETURN_IF_ERROR(ConfigureJobTokens(settings.Get("token-key")));
   CoordinatorServerOptions options;
-  options.listen_address = args.Get("listen", "127.0.0.1:7000");
-  PTC_ASSIGN_OR_RETURN(options.service.state_dir, args.Required("state-dir"));
+  options.listen_address = settings.Get("listen", "127.0.0.1:7000");
+  PTC_ASSIGN_OR_RETURN(options.service.state_dir,
+                       settings.Required("state-dir"));
   double timeout = 5;
-  if (!absl::SimpleAtod(args.Get("host-timeout", "5"), &timeout) ||
+  if (!absl::SimpleAtod(settings.Get("host-timeout", "5"), &timeout) ||
       timeout <= 0) {
     return absl::InvalidArgumentError(
         "--host-timeout needs a positive number of seconds");
@@ -71,8 +83,8 @@ absl::Status Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   PTC_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(options));
-  if (args.Has("port-file")) {
-    const std::string path = args.Get("port-file");
+  if (settings.Has("port-file")) {
+    const std::string path = settings.Get("port-file");
     {
       std::ofstream out(path + ".tmp");
       out << server->port() << "\n";

@@ -11,6 +11,7 @@
 #include "common/address.h"
 #include "common/atomic_file.h"
 #include "common/authz.h"
+#include "common/job_token.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/limits.h"
@@ -253,6 +254,11 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
         absl::StrCat("host name '", absl::CHexEscape(h.name().substr(0, 300)),
                      "' must be 1 to 253 letters, digits, '.', '-' or '_'"));
   }
+  if (h.name() == "admin" || h.name() == "coordinator" ||
+      h.name() == "client") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", h.name(), "' names a kind of caller, not a host; choose another"));
+  }
   const std::string who = absl::StrCat("host ", h.name(), ": ");
   PTC_RETURN_IF_ERROR(Annotate(ParseHostPort(h.address()).status(), who));
   if (h.gpus() < 1 || h.gpus() > kMaxGpusPerHost) {
@@ -434,15 +440,14 @@ grpc::Status CoordinatorService::RegisterJob(
   if (absl::Status denied = Authorize(*ctx, kAdmin, "RegisterJob");
       !denied.ok())
     return ToGrpcStatus(denied);
-  if (req->job().empty()) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError("the job name must not be empty"));
-  }
+  if (absl::Status s = CheckJobName(req->job()); !s.ok())
+    return ToGrpcStatus(s);
   auto spec =
       JobSpec(req->model(), req->has_layout() ? &req->layout() : nullptr);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   if (absl::Status s = AddJob(*req, *std::move(spec), resp); !s.ok())
     return ToGrpcStatus(s);
+  resp->set_token(IssueJobToken(req->job()));
   // The hosts prepare the memory of the job's first save while it starts
   // and trains (within their spare pools); best effort.
   proto::ReconfigureRequest first_save;
@@ -746,12 +751,17 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
                                           const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "ListJobs");
+  auto client_job = ClientJob(*ctx);
+  if (!client_job.ok()) return ToGrpcStatus(client_job.status());
+  // A job's client sees its own job only.
+  const std::string only =
+      req->job().empty() ? client_job->value_or("") : req->job();
+  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "ListJobs", only);
       !denied.ok())
     return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
   for (const auto& [name, j] : jobs_) {
-    if (!req->job().empty() && name != req->job()) continue;
+    if (!only.empty() && name != only) continue;
     proto::JobStatus* s = resp->add_jobs();
     s->set_job(name);
     s->set_model(j->state.model());
@@ -774,10 +784,31 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;
   }
-  if (!req->job().empty() && resp->jobs().empty()) {
+  if (!only.empty() && resp->jobs().empty()) {
     return ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+        absl::NotFoundError(absl::StrCat("job '", only, "' is unknown")));
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::JobToken(grpc::ServerContext* ctx,
+                                          const proto::JobTokenRequest* req,
+                                          proto::JobTokenResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "JobToken"); !denied.ok())
+    return ToGrpcStatus(denied);
+  if (!JobTokensEnabled()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this coordinator has no token key (token_key), so it issues no job "
+        "tokens; give its processes client:JOB certificates instead"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.count(req->job()) == 0) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("job '", req->job(), "' is unknown")));
+    }
+  }
+  resp->set_token(IssueJobToken(req->job()));
   return grpc::Status::OK;
 }
 

@@ -120,6 +120,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
                          proto::ListHostsResponse*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const proto::ListJobsRequest*,
                         proto::ListJobsResponse*) override;
+  grpc::Status JobToken(grpc::ServerContext*, const proto::JobTokenRequest*,
+                        proto::JobTokenResponse*) override;
 
   // What the last restart did with reconfigurations it found in flight,
   // one line per job ("job j: resumed the commit of epoch 3").

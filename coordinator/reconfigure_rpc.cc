@@ -612,7 +612,8 @@ void CoordinatorService::Recover() {
 grpc::Status CoordinatorService::Watch(
     grpc::ServerContext* ctx, const proto::WatchRequest* req,
     grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Watch"); !denied.ok())
+  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Watch", req->job());
+      !denied.ok())
     return ToGrpcStatus(denied);
   std::string last;
   while (!ctx->IsCancelled()) {

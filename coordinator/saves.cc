@@ -127,7 +127,7 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
 grpc::Status CoordinatorService::BeginSave(grpc::ServerContext* ctx,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kClient | kAdmin, "BeginSave");
+  if (absl::Status denied = AuthorizeJob(*ctx, kClient | kAdmin, "BeginSave", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   return ToGrpcStatus(DoBeginSave(*req, resp));
@@ -170,7 +170,7 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
 grpc::Status CoordinatorService::ReportSaved(
     grpc::ServerContext* ctx, const proto::ReportSavedRequest* req,
     proto::ReportSavedResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kClient | kAdmin, "ReportSaved");
+  if (absl::Status denied = AuthorizeJob(*ctx, kClient | kAdmin, "ReportSaved", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   return ToGrpcStatus(DoReportSaved(*req, resp));

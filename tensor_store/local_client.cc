@@ -1,5 +1,6 @@
 #include "tensor_store/local_client.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -96,7 +97,24 @@ absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req,
                                                        int* fd_out) {
   absl::MutexLock lock(&mu_);
   req.set_request_id(next_request_++);
-  PTC_RETURN_IF_ERROR(store_internal::SendPacket(fd_, req.SerializeAsString()));
+  if (absl::Status sent =
+          store_internal::SendPacket(fd_, req.SerializeAsString());
+      !sent.ok()) {
+    // A daemon that refused this connection said why before closing it.
+    struct pollfd p = {fd_, POLLIN, 0};
+    int fd = -1;
+    proto::LocalResponse refusal;
+    if (poll(&p, 1, 0) == 1) {
+      auto packet = store_internal::ReceivePacket(fd_, &fd);
+      if (fd >= 0) close(fd);
+      if (packet.ok() && refusal.ParseFromString(*packet) &&
+          refusal.code() != 0) {
+        return absl::Status(static_cast<absl::StatusCode>(refusal.code()),
+                            refusal.message());
+      }
+    }
+    return sent;
+  }
   int fd = -1;
   PTC_ASSIGN_OR_RETURN(std::string packet,
                        store_internal::ReceivePacket(fd_, &fd));
@@ -262,9 +280,10 @@ absl::Status LocalClient::Declare(const std::string& job,
 }
 
 absl::StatusOr<LocalClient::Hello> LocalClient::SayHello(
-    const std::string& job) {
+    const std::string& job, const std::string& token) {
   proto::LocalRequest req;
   req.mutable_hello()->set_job(job);
+  req.mutable_hello()->set_token(token);
   PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
                        Call(std::move(req), nullptr));
   PTC_RETURN_IF_ERROR(StatusOf(resp));

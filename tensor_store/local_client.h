@@ -107,12 +107,14 @@ class LocalClient {
                        const std::vector<TensorDecl>& tensors);
 
   // Who the daemon is: its host name and the committed versions of `job`
-  // it holds (ascending).
+  // it holds (ascending). `token` is the job's token (empty: none); a
+  // daemon with a token key needs it before any request naming the job.
   struct Hello {
     std::string host;
     std::vector<int64_t> committed_versions;
   };
-  absl::StatusOr<Hello> SayHello(const std::string& job);
+  absl::StatusOr<Hello> SayHello(const std::string& job,
+                                 const std::string& token = "");
 
   // Sends a raw request; for tests of the daemon's error handling.
   absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req,

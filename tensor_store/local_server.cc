@@ -6,11 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -31,6 +32,23 @@ absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
+// Whether a peer is in `gid`: its primary group, or one of its
+// supplementary groups as the kernel recorded them at connect.
+bool PeerInGroup(int fd, gid_t primary, gid_t gid) {
+  if (primary == gid) return true;
+  std::vector<gid_t> groups(64);
+  socklen_t len = groups.size() * sizeof(gid_t);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) {
+    if (errno != ERANGE) return false;
+    groups.resize(len / sizeof(gid_t) + 1);
+    len = groups.size() * sizeof(gid_t);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0)
+      return false;
+  }
+  groups.resize(len / sizeof(gid_t));
+  return std::find(groups.begin(), groups.end(), gid) != groups.end();
+}
+
 }  // namespace
 
 struct LocalServer::Connection {
@@ -38,6 +56,11 @@ struct LocalServer::Connection {
   int fd = -1;
   uid_t uid = 0;
   pid_t pid = 0;
+  // With require_job_token: the job this connection's token allows (set
+  // by its Hello); empty until then.
+  std::string job;
+  // Why this connection is refused (empty: it is not).
+  std::string refusal;
   // Only the connection's own thread touches these.
   std::map<uint64_t, std::unique_ptr<PendingPut>> puts;
   std::map<uint64_t, std::shared_ptr<RegionBuffer>> leases;
@@ -137,26 +160,34 @@ void LocalServer::AcceptLoop() {
     conn->fd = fd;
     struct ucred cred;
     socklen_t len = sizeof(cred);
+    bool known = false;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
       conn->uid = cred.uid;
       conn->pid = cred.pid;
+      known = true;
     }
+    const gid_t group = options_.allowed_gid.value_or(getegid());
     const bool allowed =
-        conn->uid == geteuid() || conn->uid == 0 ||
-        std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
-                  conn->uid) != options_.allowed_uids.end();
+        known &&
+        (conn->uid == geteuid() || conn->uid == 0 ||
+         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
+                   conn->uid) != options_.allowed_uids.end() ||
+         PeerInGroup(fd, cred.gid, group));
     if (!allowed) {
-      proto::LocalResponse denied;
-      denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
-      denied.set_message(
-          absl::StrCat("user ", conn->uid,
-                       " may not use this ptcd; ask the admin to add it to "
-                       "allowed_uids"));
-      SendPacket(fd, denied.SerializeAsString()).IgnoreError();
+      conn->refusal = absl::StrCat(
+          "user ", conn->uid,
+          " may not use this ptcd; ask the admin to add it to the daemon's "
+          "group (gid ",
+          group, ") or to allowed_uids");
       Log("tensor_store")
           ->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
-      close(fd);
-      continue;
+      // Refusals are explained by a short-lived thread each; a flood of
+      // them is just closed.
+      if (refusing_.fetch_add(1) >= kMaxRefusing) {
+        refusing_.fetch_sub(1);
+        close(fd);
+        continue;
+      }
     }
     absl::MutexLock lock(&mu_);
     if (stopping_) {
@@ -169,6 +200,25 @@ void LocalServer::AcceptLoop() {
 }
 
 void LocalServer::Serve(std::shared_ptr<Connection> conn) {
+  if (!conn->refusal.empty()) {
+    // Say why, and take the client's first request before closing (closing
+    // with it unread would reset the connection and lose the answer).
+    proto::LocalResponse denied;
+    denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
+    denied.set_message(conn->refusal);
+    SendPacket(conn->fd, denied.SerializeAsString()).IgnoreError();
+    struct timeval wait = {1, 0};
+    setsockopt(conn->fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+    int fd_in = -1;
+    ReceivePacket(conn->fd, &fd_in).IgnoreError();
+    if (fd_in >= 0) close(fd_in);
+    close(conn->fd);
+    refusing_.fetch_sub(1);
+    absl::MutexLock lock(&mu_);
+    connections_.erase(conn->id);
+    finished_.push_back(conn->id);
+    return;
+  }
   clients_.fetch_add(1);
   Log("tensor_store")
       ->debug("local client {} connected (pid {})", conn->id, conn->pid);
@@ -225,6 +275,68 @@ absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn,
   return absl::OkStatus();
 }
 
+absl::Status LocalServer::CheckJob(Connection* conn,
+                                   const proto::LocalRequest& req) {
+  if (!options_.require_job_token) return absl::OkStatus();
+  const std::string* job = nullptr;
+  switch (req.op_case()) {
+    case proto::LocalRequest::kHello: {
+      if (req.hello().token().empty()) {
+        return absl::UnauthenticatedError(
+            "this ptcd admits local clients with a job token only: set "
+            "PTC_JOB_TOKEN to the token the job's registration gave (ptcctl "
+            "token --job JOB prints it)");
+      }
+      PTC_ASSIGN_OR_RETURN(std::string allowed,
+                           JobOfToken(req.hello().token()));
+      if (allowed != req.hello().job()) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("the token is for job '", allowed, "', not job '",
+                         req.hello().job(), "'"));
+      }
+      if (!conn->job.empty() && conn->job != allowed) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("this connection acts for job '", conn->job,
+                         "'; open another connection for job '", allowed, "'"));
+      }
+      conn->job = std::move(allowed);
+      return absl::OkStatus();
+    }
+    case proto::LocalRequest::kAllocatePut:
+      job = &req.allocate_put().job();
+      break;
+    case proto::LocalRequest::kMap:
+      job = &req.map().job();
+      break;
+    case proto::LocalRequest::kPutSmallObject:
+      job = &req.put_small_object().job();
+      break;
+    case proto::LocalRequest::kGetSmallObject:
+      job = &req.get_small_object().job();
+      break;
+    case proto::LocalRequest::kDeclare:
+      job = &req.declare().job();
+      break;
+    default:
+      // Handles and leases: CheckOwner ties them to this connection.
+      return absl::OkStatus();
+  }
+  if (conn->job.empty()) {
+    return absl::UnauthenticatedError(
+        "say Hello with the job's token first (this ptcd admits local "
+        "clients with a job token only)");
+  }
+  if (*job != conn->job) {
+    Log("tensor_store")
+        ->warn("refused local client pid {} (job '{}') acting on job '{}'",
+               conn->pid, conn->job, *job);
+    return absl::PermissionDeniedError(
+        absl::StrCat("this connection's token is for job '", conn->job,
+                     "', not job '", *job, "'"));
+  }
+  return absl::OkStatus();
+}
+
 proto::LocalResponse LocalServer::Handle(Connection* conn,
                                          const proto::LocalRequest& req,
                                          int* fd_out) {
@@ -235,6 +347,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
     resp.set_message(std::string(s.message()));
     return resp;
   };
+  if (absl::Status s = CheckJob(conn, req); !s.ok()) return fail(s);
   switch (req.op_case()) {
     case proto::LocalRequest::kAllocatePut: {
       const proto::AllocatePutOp& op = req.allocate_put();

@@ -4,9 +4,11 @@
 // One thread per connection. Puts a connection allocated but did not
 // commit are aborted, and regions it mapped are released, when it
 // disconnects. A handle or lease belongs to the connection that obtained
-// it; others get PERMISSION_DENIED. Only the daemon's own user, root and
-// `allowed_uids` may connect (checked with SO_PEERCRED); the socket file
-// is created mode 0660.
+// it; others get PERMISSION_DENIED. Only the daemon's own user, root,
+// `allowed_uids` and members of the daemon's group (`allowed_gid`) may
+// connect (checked with SO_PEERCRED and SO_PEERGROUPS); the socket file is
+// created mode 0660. With `require_job_token`, a connection acts on one
+// job: the one whose token (common/job_token.h) its Hello shows.
 //
 //   PTC_ASSIGN_OR_RETURN(auto local, LocalServer::Start(&store, {.socket_path =
 //   p}));
@@ -18,6 +20,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +39,12 @@ struct LocalServerOptions {
   std::vector<uid_t> allowed_uids;
   // This host's name in the cluster, told to clients that ask (Hello).
   std::string host_name;
+  // Members of this group (primary or supplementary) may connect; nullopt:
+  // the daemon's own group.
+  std::optional<gid_t> allowed_gid;
+  // Each connection must show a job token in its Hello and acts on that
+  // job only.
+  bool require_job_token = false;
 };
 
 class LocalServer {
@@ -63,12 +72,18 @@ class LocalServer {
   void Serve(std::shared_ptr<Connection> conn);
   proto::LocalResponse Handle(Connection* conn, const proto::LocalRequest& req,
                               int* fd_out);
+  // With require_job_token: a Hello's token sets the connection's job;
+  // every request naming a job must name that one.
+  absl::Status CheckJob(Connection* conn, const proto::LocalRequest& req);
   absl::Status CheckOwner(uint64_t id, const Connection* conn,
                           const char* what);
 
   Store* store_;
   LocalServerOptions options_;
   int listen_fd_;
+  // Refused connections being told why (at most kMaxRefusing at once).
+  static constexpr int kMaxRefusing = 16;
+  std::atomic<int> refusing_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<int> clients_{0};
   std::atomic<uint64_t> next_id_{1};

@@ -1,15 +1,21 @@
 // Local training processes and ptcd: saves through daemon-owned shared
 // memory, zero-copy loads, and the ownership rules of handles and leases.
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "common/checksum.h"
+#include "common/job_token.h"
+#include "tensor_store/local_server.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
 #include "tensor_store/local_client.h"
@@ -261,6 +267,115 @@ TEST_CASE("local: small objects round-trip and the daemon says who it is",
   hello = c->SayHello("job");
   REQUIRE(hello.ok());
   CHECK(hello->committed_versions == std::vector<int64_t>{1});
+}
+
+// The process's token key for one test; tokens are off again after it.
+class TokenKey {
+ public:
+  TokenKey() {
+    const std::string path = dir_.path() + "/tokens.key";
+    std::ofstream(path) << std::string(64, 'k') << "\n";
+    chmod(path.c_str(), 0600);
+    REQUIRE(ConfigureJobTokens(path).ok());
+  }
+  ~TokenKey() { ConfigureJobTokens("").IgnoreError(); }
+
+ private:
+  testing::TempDir dir_;
+};
+
+TEST_CASE("local: with a token key a connection acts on its token's job only",
+          "[tensor_store][local][security]") {
+  TokenKey key;
+  auto d = StartWithTensor();
+  REQUIRE(d->client->Declare("other", {{"w", DType::kFloat32, {4, 4}}}).ok());
+
+  auto c = Connect(*d);
+  // Nothing before a Hello with a token.
+  auto put = c->AllocatePut("job", 1, "w", Region{{0, 1}, {0, kCols}});
+  CHECK(put.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(c->SayHello("job").status().code() ==
+        absl::StatusCode::kUnauthenticated);
+  // A forged token, and a token moved to another job.
+  const std::string real = IssueJobToken("job");
+  std::string forged = real;
+  forged.back() = forged.back() == '0' ? '1' : '0';
+  CHECK(c->SayHello("job", forged).status().code() ==
+        absl::StatusCode::kUnauthenticated);
+  CHECK(c->SayHello("job", "ptc1:job:" + std::string(64, '0')).status().code() ==
+        absl::StatusCode::kUnauthenticated);
+  CHECK(c->SayHello("job", IssueJobToken("other")).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(c->AllocatePut("job", 1, "w", Region{{0, 1}, {0, kCols}})
+            .status()
+            .code() == absl::StatusCode::kUnauthenticated);
+
+  // The job's own token: its job works, another job's does not.
+  REQUIRE(c->SayHello("job", real).ok());
+  SaveRows(*c, 1, 0, 64, 7);
+  CHECK(c->PutSmallObject("other", 1, "rng", 0, "x").code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(c->AllocatePut("other", 1, "w", Region{{0, 4}, {0, 4}})
+            .status()
+            .code() == absl::StatusCode::kPermissionDenied);
+  CHECK(c->Declare("other", {{"v", DType::kFloat32, {2}}}).code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(c->SayHello("other", IssueJobToken("other")).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(d->client->Commit("job", 1).ok());
+  auto mapped = c->Map("job", 1, "w", Region{{0, kRows}, {0, kCols}});
+  CHECK(mapped.ok());
+  // The store holds nothing of "other" from this client.
+  CHECK(d->client->GetSmallObject("other", 1, "rng", 0).status().code() ==
+        absl::StatusCode::kNotFound);
+}
+
+// Connects from a child process that runs as user nobody with the given
+// supplementary groups; returns the Hello's status code (or -1).
+int HelloFromNobody(const std::string& socket, std::vector<gid_t> groups) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(groups.size(), groups.data()) != 0 || setgid(65534) != 0 ||
+        setuid(65534) != 0)
+      _exit(100);
+    auto c = LocalClient::Connect(socket);
+    if (!c.ok()) _exit(101);
+    _exit(static_cast<int>((*c)->SayHello("job").status().code()));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_CASE("local: members of the daemon's group may connect, others not",
+          "[tensor_store][local][security]") {
+  if (geteuid() != 0) {
+    WARN("needs root to run clients as other users; not checked here");
+    return;
+  }
+  // A directory and socket everyone can reach, so that only the daemon's
+  // own check decides.
+  char dir_template[] = "/tmp/ptc-group-test-XXXXXX";
+  REQUIRE(mkdtemp(dir_template) != nullptr);
+  const std::string dir = dir_template;
+  chmod(dir.c_str(), 0777);
+  Store store(StoreOptions{});
+  const gid_t group = 4242;
+  LocalServerOptions options;
+  options.socket_path = dir + "/ptcd.sock";
+  options.allowed_gid = group;
+  auto server = LocalServer::Start(&store, options);
+  REQUIRE(server.ok());
+  chmod(options.socket_path.c_str(), 0666);
+
+  CHECK(HelloFromNobody(options.socket_path, {group}) == 0);
+  CHECK(HelloFromNobody(options.socket_path, {4243, group, 4244}) == 0);
+  CHECK(HelloFromNobody(options.socket_path, {4243}) ==
+        static_cast<int>(absl::StatusCode::kPermissionDenied));
+  CHECK(HelloFromNobody(options.socket_path, {}) ==
+        static_cast<int>(absl::StatusCode::kPermissionDenied));
+  server->reset();
+  rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //
 // SIGTERM or SIGINT drains: no new calls are taken, calls in flight get
 // --drain-seconds to finish, then the daemon exits 0.
+#include <grp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "common/address.h"
 #include "common/args.h"
 #include "common/channel.h"
+#include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -34,6 +36,7 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
+            [--allowed-group GROUP] [--token-key FILE]
             [--spare-pool BYTES] [--background-fingerprints on|off]
             [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
@@ -56,6 +59,12 @@ constexpr char kUsage[] =
                    it need not; off: leave it to the reconfiguration
   --log-level      trace, debug, info, warn, error (default info)
   --allowed-uids   users besides ptcd's own and root that may use the socket
+  --allowed-group  members of this group (name or gid) may use the socket
+                   (default: ptcd's own group)
+  --token-key      the cluster's job token key (tools/ptc-certs DIR
+                   token-key); with it, local clients must show their
+                   job's token and act on that job only, and clients with a
+                   "client" certificate must carry one on gRPC
   --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
   --port-file      write the bound gRPC port here once serving
   --coordinator    register with this ptc-coordinator and heartbeat to it
@@ -80,71 +89,47 @@ constexpr char kUsage[] =
 )";
 
 absl::Status Run(int argc, char** argv) {
-  PTC_ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argc, argv, 1,
-                  {"config", "listen", "socket", "memory-limit", "spare-pool",
-                   "background-fingerprints", "log-level", "allowed-uids",
-                   "drain-seconds", "port-file", "coordinator", "name", "gpus",
-                   "advertise", "bandwidth", "ucx-gets", "tls-ca", "tls-cert",
-                   "tls-key"},
-                  {"help", "insecure"}));
+  const std::vector<std::string> kOptions = {
+      "config",        "listen",       "socket",
+      "memory-limit",  "spare-pool",   "background-fingerprints",
+      "log-level",     "allowed-uids", "allowed-group",
+      "drain-seconds", "port-file",    "coordinator",
+      "name",          "gpus",         "advertise",
+      "bandwidth",     "ucx-gets",     "tls-ca",
+      "tls-cert",      "tls-key",      "token-key"};
+  const std::vector<std::string> kFlags = {"help", "insecure"};
+  PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
     std::cout << kUsage;
     return absl::OkStatus();
   }
-  std::map<std::string, std::string> config;
-  if (args.Has("config")) {
-    PTC_ASSIGN_OR_RETURN(config, ReadConfigFile(args.Get("config")));
-    for (const auto& [key, value] : config) {
-      static const char* kKeys[] = {
-          "listen",       "socket",    "memory_limit", "spare_pool",
-          "background_fingerprints",   "log_level",    "allowed_uids",
-          "drain_seconds", "port_file", "coordinator", "name",
-          "gpus",         "advertise", "bandwidth",    "ucx_gets",
-          "tls_ca",       "tls_cert",  "tls_key",      "insecure"};
-      if (std::find(std::begin(kKeys), std::end(kKeys), key) ==
-          std::end(kKeys)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(args.Get("config"), ": unknown key '", key, "'"));
-      }
-    }
-  }
+  PTC_ASSIGN_OR_RETURN(const Settings settings,
+                       Settings::Load(args, kOptions, kFlags));
   // Flag, else config key, else default.
-  auto setting = [&](const std::string& flag, const std::string& key,
-                     const std::string& def) {
-    if (args.Has(flag)) return args.Get(flag);
-    auto it = config.find(key);
-    return it != config.end() ? it->second : def;
+  auto setting = [&](const std::string& name, const std::string& def) {
+    return settings.Get(name, def);
   };
-  PTC_RETURN_IF_ERROR(SetLogLevel(setting("log-level", "log_level", "info")));
+  PTC_RETURN_IF_ERROR(SetLogLevel(setting("log-level", "info")));
   {
     SecurityOptions security;
-    security.ca = setting("tls-ca", "tls_ca", "");
-    security.cert = setting("tls-cert", "tls_cert", "");
-    security.key = setting("tls-key", "tls_key", "");
-    const std::string insecure =
-        args.Flag("insecure") ? "true" : setting("", "insecure", "false");
-    if (insecure != "true" && insecure != "false") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "insecure must be 'true' or 'false', not '", insecure, "'"));
-    }
-    security.insecure = insecure == "true";
+    security.ca = setting("tls-ca", "");
+    security.cert = setting("tls-cert", "");
+    security.key = setting("tls-key", "");
+    PTC_ASSIGN_OR_RETURN(security.insecure, settings.Flag("insecure"));
     PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(security, "ptcd"));
+    PTC_RETURN_IF_ERROR(ConfigureJobTokens(setting("token-key", "")));
   }
   TensorStoreServerOptions options;
-  options.listen_address = setting("listen", "listen", "127.0.0.1:7070");
-  options.socket_path = setting("socket", "socket", "/run/ptcd/ptcd.sock");
+  options.listen_address = setting("listen", "127.0.0.1:7070");
+  options.socket_path = setting("socket", "/run/ptcd/ptcd.sock");
   if (options.socket_path == "none") options.socket_path.clear();
-  PTC_ASSIGN_OR_RETURN(
-      options.memory_limit_bytes,
-      ParseBytes(setting("memory-limit", "memory_limit", "8GiB")));
+  PTC_ASSIGN_OR_RETURN(options.memory_limit_bytes,
+                       ParseBytes(setting("memory-limit", "8GiB")));
   PTC_ASSIGN_OR_RETURN(
       options.spare_pool_bytes,
-      ParseBytes(setting("spare-pool", "spare_pool",
+      ParseBytes(setting("spare-pool",
                          std::to_string(options.memory_limit_bytes / 16))));
-  const std::string fingerprints =
-      setting("background-fingerprints", "background_fingerprints", "on");
+  const std::string fingerprints = setting("background-fingerprints", "on");
   if (fingerprints != "on" && fingerprints != "off") {
     return absl::InvalidArgumentError(
         absl::StrCat("background fingerprints must be 'on' or 'off', not '",
@@ -152,8 +137,7 @@ absl::Status Run(int argc, char** argv) {
   }
   options.fingerprint_committed = fingerprints == "on";
   for (absl::string_view uid :
-       absl::StrSplit(setting("allowed-uids", "allowed_uids", ""), ',',
-                      absl::SkipEmpty())) {
+       absl::StrSplit(setting("allowed-uids", ""), ',', absl::SkipEmpty())) {
     uid_t u;
     if (!absl::SimpleAtoi(uid, &u)) {
       return absl::InvalidArgumentError(
@@ -161,9 +145,24 @@ absl::Status Run(int argc, char** argv) {
     }
     options.allowed_uids.push_back(u);
   }
+  if (const std::string group = setting("allowed-group", ""); !group.empty()) {
+    gid_t gid;
+    if (absl::SimpleAtoi(group, &gid)) {
+      options.allowed_gid = gid;
+    } else {
+      struct group entry, *found = nullptr;
+      std::vector<char> buffer(16384);
+      if (getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(),
+                     &found) != 0 ||
+          found == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("allowed group '", group, "' is not a group here"));
+      }
+      options.allowed_gid = found->gr_gid;
+    }
+  }
   int drain_seconds;
-  if (!absl::SimpleAtoi(setting("drain-seconds", "drain_seconds", "10"),
-                        &drain_seconds) ||
+  if (!absl::SimpleAtoi(setting("drain-seconds", "10"), &drain_seconds) ||
       drain_seconds < 0) {
     return absl::InvalidArgumentError(
         "drain seconds must be a non-negative integer");
@@ -179,10 +178,10 @@ absl::Status Run(int argc, char** argv) {
   {
     char hostname[256] = {};
     gethostname(hostname, sizeof(hostname) - 1);
-    options.host_name = setting("name", "name", hostname);
+    options.host_name = setting("name", hostname);
   }
   TransformerOptions transformer;
-  const std::string gets = setting("ucx-gets", "ucx_gets", "scattered");
+  const std::string gets = setting("ucx-gets", "scattered");
   if (gets != "scattered" && gets != "all") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
@@ -193,8 +192,7 @@ absl::Status Run(int argc, char** argv) {
   });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
-  if (const std::string path = setting("port-file", "port_file", "");
-      !path.empty()) {
+  if (const std::string path = setting("port-file", ""); !path.empty()) {
     {
       std::ofstream out(path + ".tmp");
       out << server->port() << "\n";
@@ -202,7 +200,7 @@ absl::Status Run(int argc, char** argv) {
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
   std::unique_ptr<CoordinatorAgent> agent;
-  if (const std::string coordinator = setting("coordinator", "coordinator", "");
+  if (const std::string coordinator = setting("coordinator", "");
       !coordinator.empty()) {
     proto::HostStatus host;
     char hostname[256] = {};
@@ -210,13 +208,12 @@ absl::Status Run(int argc, char** argv) {
     host.set_name(options.host_name);
     int gpus = 8;
     double bandwidth = 25e9;
-    if (!absl::SimpleAtoi(setting("gpus", "gpus", "8"), &gpus) || gpus < 1 ||
+    if (!absl::SimpleAtoi(setting("gpus", "8"), &gpus) || gpus < 1 ||
         gpus > kMaxGpusPerHost) {
       return absl::InvalidArgumentError(
           absl::StrCat("--gpus needs a number from 1 to ", kMaxGpusPerHost));
     }
-    if (!absl::SimpleAtod(setting("bandwidth", "bandwidth", "25e9"),
-                          &bandwidth) ||
+    if (!absl::SimpleAtod(setting("bandwidth", "25e9"), &bandwidth) ||
         !(bandwidth > 0 && bandwidth <= kMaxHostBandwidth)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--bandwidth needs bytes per second, above 0 and at most ",
@@ -226,7 +223,7 @@ absl::Status Run(int argc, char** argv) {
     host.set_bandwidth(bandwidth);
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
-    std::string advertise = setting("advertise", "advertise", "");
+    std::string advertise = setting("advertise", "");
     if (advertise.empty()) {
       const std::string listen = options.listen_address;
       advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
@@ -237,8 +234,8 @@ absl::Status Run(int argc, char** argv) {
     PTC_RETURN_IF_ERROR(
         Annotate(ParseHostPort(advertise).status(), "--advertise"));
     host.set_address(advertise);
-    agent = std::make_unique<CoordinatorAgent>(coordinator, host,
-                                               server->store());
+    agent =
+        std::make_unique<CoordinatorAgent>(coordinator, host, server->store());
   }
   Log("tensor_store")
       ->info("ptcd ready: gRPC port {}, socket {}", server->port(),

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/authz.h"
 #include "common/checksum.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -34,6 +35,8 @@ absl::Status TensorStoreService::DoPut(
         "the first message of a Put must carry the header");
   }
   const proto::PutHeader& h = msg.header();
+  PTC_RETURN_IF_ERROR(
+      AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "Put", h.job()));
   PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(h.region()));
   std::optional<DType> dtype;
   if (!h.dtype().empty()) {

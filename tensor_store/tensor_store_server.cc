@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/channel.h"
+#include "common/job_token.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -19,7 +20,8 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
     PTC_ASSIGN_OR_RETURN(
         s->local_, LocalServer::Start(
                        &s->store_, {options.socket_path, options.allowed_uids,
-                                    options.host_name}));
+                                    options.host_name, options.allowed_gid,
+                                    JobTokensEnabled()}));
   }
   LocalServer* local = s->local_.get();
   s->service_ = std::make_unique<TensorStoreService>(

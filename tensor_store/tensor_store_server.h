@@ -40,6 +40,9 @@ struct TensorStoreServerOptions {
   int max_message_bytes = 8 << 20;
   // Users besides the daemon's own and root allowed on the local socket.
   std::vector<uid_t> allowed_uids;
+  // The group whose members may use the local socket; nullopt: the
+  // daemon's own group.
+  std::optional<gid_t> allowed_gid;
   // This host's name in the cluster (ptcd --name), for local clients.
   std::string host_name;
   // More services on the same port, built over the store (ptcd adds the

@@ -48,7 +48,8 @@ grpc::Status TensorStoreService::DeclareTensors(
     grpc::ServerContext* ctx, const proto::DeclareTensorsRequest* req,
     proto::DeclareTensorsResponse* resp) {
   if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin | kClient, "DeclareTensors");
+          AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "DeclareTensors",
+                       req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "DeclareTensors");
@@ -77,7 +78,8 @@ grpc::Status TensorStoreService::Put(
 grpc::Status TensorStoreService::Read(
     grpc::ServerContext* ctx, const proto::ReadRequest* req,
     grpc::ServerWriter<proto::ReadResponse>* writer) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Read"); !denied.ok())
+  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Read", req->job());
+      !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Read");
   return call.Done(DoRead(ctx, *req, writer));
@@ -86,10 +88,16 @@ grpc::Status TensorStoreService::Read(
 grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
                                       const proto::ListRequest* req,
                                       proto::ListResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "List"); !denied.ok())
+  auto client_job = ClientJob(*ctx);
+  if (!client_job.ok()) return ToGrpcStatus(client_job.status());
+  // A job's client lists its own job only.
+  const std::string job =
+      req->job().empty() ? client_job->value_or("") : req->job();
+  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "List", job);
+      !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "List");
-  *resp = store_->List(req->job());
+  *resp = store_->List(job);
   if (!req->job().empty() && resp->jobs().empty()) {
     return call.Done(absl::NotFoundError(
         absl::StrCat("job '", req->job(), "' is unknown to this ptcd")));
@@ -100,7 +108,8 @@ grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
 grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
                                       const proto::StatRequest* req,
                                       proto::StatResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Stat"); !denied.ok())
+  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Stat", req->job());
+      !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Stat");
   auto stat = store_->Stat(req->job(), req->version(), req->tensor());
@@ -111,7 +120,8 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
 grpc::Status TensorStoreService::Fingerprint(
     grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
     proto::FingerprintResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Fingerprint");
+  if (absl::Status denied =
+          AuthorizeJob(*ctx, kAnyCaller, "Fingerprint", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Fingerprint");
@@ -168,7 +178,8 @@ grpc::Status TensorStoreService::PutSmallObject(
     grpc::ServerContext* ctx, const proto::PutSmallObjectRequest* req,
     proto::PutSmallObjectResponse* resp) {
   if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin | kClient, "PutSmallObject");
+          AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "PutSmallObject",
+                       req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "PutSmallObject");
@@ -186,7 +197,8 @@ grpc::Status TensorStoreService::PutSmallObject(
 grpc::Status TensorStoreService::GetSmallObject(
     grpc::ServerContext* ctx, const proto::GetSmallObjectRequest* req,
     proto::GetSmallObjectResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "GetSmallObject");
+  if (absl::Status denied =
+          AuthorizeJob(*ctx, kAnyCaller, "GetSmallObject", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "GetSmallObject");

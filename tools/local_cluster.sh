@@ -6,12 +6,16 @@
 #   tools/local_cluster.sh down DIR
 #
 # `up` prints the coordinator's address and writes DIR/env (COORDINATOR=...,
-# HOSTn_SOCKET=..., and PTC_TLS_CA/PTC_TLS_CERT/PTC_TLS_KEY: the operator's
-# certificate, for ptcctl and the job's processes). Binaries come from BIN
+# HOSTn_SOCKET=..., PTC_TLS_CA/PTC_TLS_CERT/PTC_TLS_KEY: the operator's
+# certificate, for ptcctl and launchers; JOB_TLS_CERT/JOB_TLS_KEY: the
+# certificate for a job's processes, which act on their job with the token
+# `ptcctl register` prints, as PTC_JOB_TOKEN). Binaries come from BIN
 # (default: bazel-bin).
 # Every connection is mutual TLS: the cluster's CA and certificates (one
-# per host, the coordinator's, an admin's) are made under DIR/certs with
-# tools/ptc-certs. INSECURE=1 runs it in plaintext instead.
+# per host, the coordinator's, an admin's, the jobs' "client") and the job
+# token key are made under DIR/certs with tools/ptc-certs; every ptcd
+# admits local clients with a job token only. INSECURE=1 runs it in
+# plaintext, without tokens, instead.
 # SPARE_POOL (e.g. 5GiB) sets each ptcd's --spare-pool: memory kept
 # allocated and faulted in for the next puts of the sizes it saw.
 # PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags.
@@ -39,8 +43,13 @@ case "$cmd" in
         "$root/tools/ptc-certs" "$certs" ca >/dev/null
         "$root/tools/ptc-certs" "$certs" coordinator >/dev/null
         "$root/tools/ptc-certs" "$certs" admin >/dev/null
+        "$root/tools/ptc-certs" "$certs" client >/dev/null
+        "$root/tools/ptc-certs" "$certs" token-key >/dev/null
       fi
-      tls() { echo --tls-ca "$certs/ca.pem" --tls-cert "$certs/$1.pem" --tls-key "$certs/$1.key"; }
+      tls() {
+        echo --tls-ca "$certs/ca.pem" --tls-cert "$certs/$1.pem" --tls-key "$certs/$1.key" \
+          --token-key "$certs/tokens.key"
+      }
       export PTC_TLS_CA="$certs/ca.pem" PTC_TLS_CERT="$certs/admin.pem" PTC_TLS_KEY="$certs/admin.key"
     else
       export PTC_INSECURE=1
@@ -54,8 +63,9 @@ case "$cmd" in
     coordinator="127.0.0.1:$(cat "$dir/coordinator.port")"
     echo "COORDINATOR=$coordinator" > "$dir/env"
     if [[ "${INSECURE:-0}" != 1 ]]; then
-      printf 'PTC_TLS_CA=%s\nPTC_TLS_CERT=%s\nPTC_TLS_KEY=%s\n' \
-        "$PTC_TLS_CA" "$PTC_TLS_CERT" "$PTC_TLS_KEY" >> "$dir/env"
+      printf 'PTC_TLS_CA=%s\nPTC_TLS_CERT=%s\nPTC_TLS_KEY=%s\nJOB_TLS_CERT=%s\nJOB_TLS_KEY=%s\n' \
+        "$PTC_TLS_CA" "$PTC_TLS_CERT" "$PTC_TLS_KEY" "$certs/client.pem" "$certs/client.key" \
+        >> "$dir/env"
     else
       echo "PTC_INSECURE=1" >> "$dir/env"
     fi

@@ -55,7 +55,7 @@ done
 
 mkdir -p "$dir/coordinator"
 "$bin/coordinator/ptc-coordinator" --listen 10.77.0.1:0 --state-dir "$dir/coordinator" \
-  --port-file "$dir/coordinator.port" --host-timeout 10 --log-level warn \
+  --port-file "$dir/coordinator.port" --host-timeout 10 --log-level warn --insecure \
   >"$dir/coordinator.log" 2>&1 &
 pids+=($!)
 wait_for_file "$dir/coordinator.port"
@@ -67,12 +67,13 @@ for i in $(seq 0 $((hosts - 1))); do
   ip netns exec ptc-h$i env UCX_TLS=tcp,self "$bin/tensor_store/ptcd" \
     --listen 10.77.0.$((10 + i)):0 --socket "$dir/host$i.sock" --port-file "$dir/host$i.port" \
     --memory-limit 8GiB --coordinator "$coordinator" --name host$i --gpus 2 \
-    --bandwidth "$bw" --log-level warn >"$dir/host$i.log" 2>&1 &
+    --bandwidth "$bw" --log-level warn --insecure >"$dir/host$i.log" 2>&1 &
   pids+=($!)
 done
 for i in $(seq 0 $((hosts - 1))); do wait_for_file "$dir/host$i.port"; done
 sleep 1.5  # registrations
 c="--coordinator $coordinator"
+export PTC_INSECURE=1  # the shaped links are the subject here, not TLS
 model="gpt:layers=6,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024"
 echo "4 hosts in network namespaces, links shaped to $rate each way; job $model"
 

@@ -66,6 +66,8 @@ c="--coordinator $COORDINATOR"
 model=gpt3-350m
 start=tp=4,pp=1,dp=1,zero=1
 $ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
+PTC_JOB_TOKEN=$($ptcctl token $c bench)
+export PTC_JOB_TOKEN
 bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --step 1
 
 measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]

@@ -27,6 +27,9 @@ model="gpt:layers=8,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024"
 echo
 echo "== a GPT job (8 layers, hidden 768, fp16 weights + fp32 Adam) at tp=2,pp=2,dp=1 on host0"
 $ptcctl register $c --job demo --model "$model" --config tp=2,pp=2,dp=1 --hosts host0
+# The job's processes show its token to their host's ptcd.
+PTC_JOB_TOKEN=$($ptcctl token $c demo)
+export PTC_JOB_TOKEN
 $job_tool save $c --job demo --host host0 --socket "$HOST0_SOCKET" --step 1
 $job_tool verify $c --job demo
 

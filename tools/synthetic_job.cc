@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/args.h"
 #include "common/grpc_status.h"
+#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ptc/families.h"
@@ -132,6 +133,9 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
       StoreClient::Connect(v.addresses.at(host))->Declare(job, decls));
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<LocalClient> local,
                        LocalClient::Connect(socket));
+  // A ptcd with a token key admits the job's token ($PTC_JOB_TOKEN) only.
+  PTC_RETURN_IF_ERROR(
+      local->SayHello(job, JobTokenFromEnvironment()).status());
   std::set<std::pair<int, Region>> done;
   std::set<int> ranks;
   int64_t bytes = 0;

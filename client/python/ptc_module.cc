@@ -428,16 +428,19 @@ PYBIND11_MODULE(_ptc, m) {
   py::class_<Client>(m, "Client")
       .def(
           py::init([](const std::string& socket, const std::string& coordinator,
-                      const std::string& job, int rank) {
+                      const std::string& job, int rank,
+                      const std::string& token) {
             ClientOptions o;
             o.socket_path = socket;
             o.coordinator = coordinator;
             o.job = job;
             o.rank = rank;
+            o.token = token;
             return Unlocked([&] { return Client::Connect(std::move(o)); });
           }),
           py::arg("socket"), py::arg("coordinator"), py::arg("job"),
-          py::arg("rank"))
+          py::arg("rank"), py::arg("token") = "",
+          "token: the job's token (ptcctl token); empty: $PTC_JOB_TOKEN")
       .def("refresh", [](Client& c) { Unlocked([&] { return c.Refresh(); }); })
       .def_property_readonly("job", &Client::job)
       .def_property_readonly("rank", &Client::rank)

@@ -110,12 +110,28 @@ class Cluster:
                        stdout=subprocess.DEVNULL)
         kv = dict(line.split("=", 1) for line in (self.dir / "env").read_text().split())
         self.coordinator = kv["COORDINATOR"]
-        # The operator's certificate (or plaintext) for ptcctl, the launcher
-        # and the job's processes.
+        # The operator's certificate (or plaintext) for ptcctl and the
+        # launcher; the job's processes get the jobs' certificate and their
+        # job's token (job_env).
         for key in ("PTC_TLS_CA", "PTC_TLS_CERT", "PTC_TLS_KEY", "PTC_INSECURE"):
             if key in kv:
                 os.environ[key] = env[key] = kv[key]
+        self.job_certificate = ({"PTC_TLS_CERT": kv["JOB_TLS_CERT"],
+                                 "PTC_TLS_KEY": kv["JOB_TLS_KEY"]}
+                                if "JOB_TLS_CERT" in kv else {})
+        self.tokens = {}
         self.env = env
+
+    def job_env(self, job):
+        """What a job's process needs besides the CA: the certificate for
+        jobs' processes and the job's token (from the coordinator, as the
+        launcher that registered the job holds it); nothing in plaintext."""
+        if not self.job_certificate:
+            return {}
+        if job not in self.tokens:
+            self.tokens[job] = json.loads(self.ptcctl("token", job, "--json",
+                                                      capture=True))["token"]
+        return dict(self.job_certificate, PTC_JOB_TOKEN=self.tokens[job])
 
     def socket(self, host):
         return str(self.dir / f"{host}.sock")
@@ -155,6 +171,8 @@ def run_phase(args, cluster, run_dir, config, world, placement, extra, save_afte
     logs.mkdir(parents=True, exist_ok=True)
     (run_dir / "samples").mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg", OMP_NUM_THREADS="1")
+    if cluster:
+        env.update(cluster.job_env(args.job_name))
     procs = []
     for rank in range(world):
         cmd = [sys.executable, str(args.script), "--rank", str(rank), "--config", config,

@@ -14,14 +14,14 @@ MAX_HOSTS = 16
 
 def certificates():
     """The test session's CA and certificates (host0..host15, coordinator,
-    admin), made once. This process and everything it starts use the admin
+    admin, the jobs' "client", "client:k") and job token key, made once. This process and everything it starts use the admin
     certificate: ptc's client library reads PTC_TLS_* once per process."""
     global _certs
     if _certs is None:
         _certs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-certs-"))
         tool = str(ROOT / "tools/ptc-certs")
-        for what in (["ca"], ["coordinator"], ["admin"],
-                     *(["host", f"host{i}"] for i in range(MAX_HOSTS))):
+        for what in (["ca"], ["coordinator"], ["admin"], ["client"], ["client", "k"],
+                     ["token-key"], *(["host", f"host{i}"] for i in range(MAX_HOSTS))):
             subprocess.run([tool, str(_certs), *what], check=True, capture_output=True)
         os.environ.update(PTC_TLS_CA=str(_certs / "ca.pem"),
                           PTC_TLS_CERT=str(_certs / "admin.pem"),
@@ -40,7 +40,10 @@ def tls_flags(name):
 
 class LocalCluster:
     def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2,
-                 coordinator_env=None):
+                 coordinator_env=None, tokens=False):
+        """tokens: the coordinator and every ptcd get the job token key, so
+        local clients need their job's token (as the local cluster of
+        tools/local_cluster.sh runs)."""
         self.bin = bin_dir
         self.dir = tmp_path
         self.gpus = gpus
@@ -49,6 +52,7 @@ class LocalCluster:
         assert hosts <= MAX_HOSTS
         self.certs = certificates()
         self.host_timeout = host_timeout
+        self.token_flags = ["--token-key", str(self.certs / "tokens.key")] if tokens else []
         self.coordinator_env = coordinator_env
         self.coord_port = self._start_coordinator(port=0)
         self.coordinator = f"127.0.0.1:{self.coord_port}"
@@ -73,7 +77,7 @@ class LocalCluster:
             [str(self.bin / "coordinator/ptc-coordinator"), "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(self.dir / "coordinator"), "--port-file", str(port_file),
              "--host-timeout", str(self.host_timeout), "--log-level", "info",
-             *tls_flags("coordinator")],
+             *tls_flags("coordinator"), *self.token_flags],
             stdout=log, stderr=log, env={**os.environ, **(self.coordinator_env or {})})
         return self._wait_port(port_file)
 
@@ -87,7 +91,7 @@ class LocalCluster:
              "--socket", str(self.dir / f"host{i}.sock"),
              "--port-file", str(self.dir / f"host{i}.port"), "--memory-limit", memory,
              "--coordinator", self.coordinator, "--name", f"host{i}", "--gpus", str(self.gpus),
-             "--log-level", "info", *tls_flags(f"host{i}")],
+             "--log-level", "info", *tls_flags(f"host{i}"), *self.token_flags],
             stdout=log, stderr=log)
         self._wait_port(self.dir / f"host{i}.port")
 

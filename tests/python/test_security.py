@@ -1,9 +1,12 @@
-"""Who gets in: the local cluster runs mutual TLS; without credentials, with
-a certificate of another CA, with a host's certificate used as another
-host, or with a certificate of the wrong kind for an admin operation, every
-call is refused and nothing changes."""
+"""Who gets in: the local cluster runs mutual TLS and job tokens; without
+credentials, with a certificate of another CA, with a host's certificate
+used as another host, with a certificate of the wrong kind for an admin
+operation, or with another job's token or certificate, every call is
+refused and nothing changes."""
+import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +18,8 @@ MODEL = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8"
 
 @pytest.fixture(scope="module")
 def cluster(bin_dir, tmp_path_factory):
-    c = LocalCluster(bin_dir, tmp_path_factory.mktemp("security"), hosts=2, gpus=2)
+    c = LocalCluster(bin_dir, tmp_path_factory.mktemp("security"), hosts=2, gpus=3,
+                     tokens=True)
     c.ptcctl("register", "--job", "j", "--model", MODEL, "--config", "tp=2,dp=2",
              "--hosts", "host0,host1", check=True)
     yield c
@@ -31,6 +35,64 @@ def ptcctl_as(c, certs, name, *args):
 
 def jobs(c):
     return [j["job"] for j in c.ptcctl_json("jobs")[1]["jobs"]]
+
+
+def as_job_process(c, cert, token, code):
+    """Runs `code` (Python, with `ptc`, `sock`, `coord` defined) as a job's
+    process would: the given certificate and PTC_JOB_TOKEN. Returns what it
+    prints, or "ERROR: ..." for the exception it raised."""
+    env = {k: v for k, v in os.environ.items() if k != "PTC_JOB_TOKEN"}
+    env.update(PTC_TLS_CERT=str(c.certs / f"{cert}.pem"),
+               PTC_TLS_KEY=str(c.certs / f"{cert}.key"),
+               PYTHONPATH=f"{c.bin}/client/python/pkg")
+    if token is not None:
+        env["PTC_JOB_TOKEN"] = token
+    program = ("import ptc, sys\n"
+               f"sock, coord = {str(c.dir / 'host0.sock')!r}, {c.coordinator!r}\n"
+               "try:\n"
+               + "".join(f"    {line}\n" for line in code.strip().splitlines()) +
+               "except Exception as e:\n"
+               "    print('ERROR:', e)\n")
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_a_job_token_acts_on_its_job_only(cluster):
+    out = cluster.ptcctl("register", "--job", "k", "--model", MODEL, "--config", "tp=1",
+                         "--hosts", "host0,host1", "--json", check=True)
+    token_k = json.loads(out.stdout)["token"]
+    assert token_k.startswith("ptc1:k:")
+    token = cluster.ptcctl("token", "j", check=True).stdout.strip()
+    assert token.startswith("ptc1:j:") and token != token_k
+    connect = "print(ptc.Client(sock, coord, {job!r}, 0).host)"
+
+    # The job's token, with the jobs' certificate: its own job only.
+    assert as_job_process(cluster, "client", token, connect.format(job="j")) == "host0"
+    refused = as_job_process(cluster, "client", token, connect.format(job="k"))
+    assert "the token is for job 'j', not job 'k'" in refused
+    # No token, a forged one, one of a key this cluster does not have.
+    assert "job token" in as_job_process(cluster, "client", None, connect.format(job="j"))
+    forged = token[:-1] + ("0" if token[-1] != "0" else "1")
+    assert "not issued by this cluster" in as_job_process(cluster, "client", forged,
+                                                          connect.format(job="j"))
+    # On gRPC: the token names the job it may act on...
+    ranks = "print(ptc.ranks_on_host(coord, {job!r}, 'host0')['config'])"
+    assert as_job_process(cluster, "client", token, ranks.format(job="j")) == "tp=2,dp=2"
+    assert "acts for job 'j' only" in as_job_process(cluster, "client", token,
+                                                     ranks.format(job="k"))
+    # ...as a client:JOB certificate does without one.
+    assert as_job_process(cluster, "client-k", None, ranks.format(job="k")) == "tp=1"
+    assert "acts for job 'k' only" in as_job_process(cluster, "client-k", None,
+                                                     ranks.format(job="j"))
+    # A job's certificate and token are no admin's.
+    r = ptcctl_as(cluster, cluster.certs, "client", "forget", "j")
+    assert r.returncode != 0 and "ForgetJob may be called by an admin" in r.stderr
+    r = ptcctl_as(cluster, cluster.certs, "client-k", "token", "k")
+    assert r.returncode != 0 and "JobToken may be called by an admin" in r.stderr
+    assert sorted(jobs(cluster)) == ["j", "k"]
+    cluster.ptcctl("forget", "k", check=True)
 
 
 def test_without_credentials_nothing_is_served(cluster):

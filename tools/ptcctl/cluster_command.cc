@@ -54,6 +54,7 @@ DIR admin; or --insecure for a cluster without TLS):
   ptcctl ranks       --job J --host H      (the ranks a launcher on H starts, and their GPUs)
   ptcctl abort J
   ptcctl forget J
+  ptcctl token J     (the job's token, for its processes' PTC_JOB_TOKEN)
 
 The coordinator places the ranks: --hosts are candidates, and it picks
 the hosts and GPUs that make the change shortest and move the fewest bytes
@@ -63,6 +64,10 @@ without a rank are released. --placement contiguous fills the hosts in the
 order named (for comparison); --placement FILE gives every rank's "HOST
 GPU", one line per rank in rank order. register and reconfigure print the
 placement; ptcctl ranks tells each host's launcher what to start.
+
+register prints the job's token where the cluster has a token key: the
+job's processes show it (PTC_JOB_TOKEN) with a "client" certificate to act
+on this job and no other. token prints it again.
 
 reconfigure plans the change, runs it with a live progress line and ends
 with a report: time, bytes kept in place / copied within hosts / sent
@@ -134,6 +139,7 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
     w.BeginObject().Key("job").String(req.job()).Key("ranks").Int(resp.ranks());
     w.Key("state_bytes").Int(resp.state_bytes()).Key("placement");
     WritePlacement(resp.placement(), &w);
+    w.Key("token").String(resp.token());
     w.EndObject();
     std::cout << w.str() << "\n";
   } else {
@@ -144,6 +150,27 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
                          : req.model(),
         req.config(), resp.ranks(), used, HumanBytes(resp.state_bytes()),
         FormatPlacement(resp.placement()));
+    if (!resp.token().empty()) {
+      std::cout << "job token (give it to the job's processes as "
+                   "PTC_JOB_TOKEN; keep it secret):\n  "
+                << resp.token() << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Token(Stub* stub, const std::string& job, bool json) {
+  proto::JobTokenRequest req;
+  req.set_job(job);
+  proto::JobTokenResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::JobToken, stub, req, &resp));
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("job").String(job).Key("token").String(resp.token());
+    w.EndObject();
+    std::cout << w.str() << "\n";
+  } else {
+    std::cout << resp.token() << "\n";
   }
   return absl::OkStatus();
 }
@@ -593,7 +620,8 @@ absl::Status ForgetJob(Stub* stub, const std::string& job, bool json) {
 
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",
-                           "jobs", "status", "abort", "forget", "ranks"}) {
+                           "jobs", "status", "abort", "forget", "ranks",
+                           "token"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -645,6 +673,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = Jobs(stub.get(), job, json);
   } else if (cmd == "forget") {
     s = ForgetJob(stub.get(), job, json);
+  } else if (cmd == "token") {
+    s = Token(stub.get(), job, json);
   } else {
     s = AbortJob(stub.get(), job, json);
   }

@@ -23,6 +23,7 @@ commands:
   status J     one job
   abort J      abort a job's reconfiguration in flight
   forget J     remove a job that has ended, and its state on every host
+  token J      the token a job's processes show to act on it (PTC_JOB_TOKEN)
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
