@@ -13,6 +13,7 @@
 #include "common/channel.h"
 #include "common/job_token.h"
 #include "common/logging.h"
+#include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
 
@@ -22,7 +23,7 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptc-coordinator [--config FILE] --state-dir DIR [--listen HOST:PORT]
                        [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
-                       [--token-key FILE]
+                       [--token-key FILE] [--metrics-listen HOST:PORT]
                        (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
   --config         "key = value" file with a key for every option (the
@@ -43,12 +44,16 @@ constexpr char kUsage[] =
   --token-key      the cluster's job token key (tools/ptc-certs DIR
                    token-key): RegisterJob returns each job's token, which
                    its processes show to act on that job only
+  --metrics-listen serve Prometheus metrics at http://HOST:PORT/metrics
+                   (hosts, jobs, reconfigurations by outcome, bytes moved,
+                   phase durations; default: off)
 )";
 
 absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
-      "config",    "state-dir", "listen",   "host-timeout", "log-level",
-      "port-file", "tls-ca",    "tls-cert", "tls-key",      "token-key"};
+      "config",    "state-dir", "listen",        "host-timeout",
+      "log-level", "port-file", "tls-ca",        "tls-cert",
+      "tls-key",   "token-key", "metrics-listen"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -83,6 +88,11 @@ absl::Status Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   PTC_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(options));
+  std::unique_ptr<MetricsServer> metrics;
+  if (settings.Has("metrics-listen")) {
+    PTC_ASSIGN_OR_RETURN(metrics,
+                         MetricsServer::Start(settings.Get("metrics-listen")));
+  }
   if (settings.Has("port-file")) {
     const std::string path = settings.Get("port-file");
     {

@@ -3,8 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/channel.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/status_macros.h"
 
 namespace ptc {
@@ -15,18 +15,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   PTC_ASSIGN_OR_RETURN(s->service_,
                        CoordinatorService::Create(options.service));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           ServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen_address, ServerCredentials(),
+                           &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen_address));
   }
+  CoordinatorService* service = s->service_.get();
+  auto gauge = [&](const char* name, int CoordinatorService::Counts::*field) {
+    s->gauges_.push_back(std::make_unique<Gauge>(
+        name, [service, field] { return service->GetCounts().*field; }));
+  };
+  gauge(R"(ptc_coordinator_hosts{state="alive"})",
+        &CoordinatorService::Counts::hosts_alive);
+  gauge(R"(ptc_coordinator_hosts{state="dead"})",
+        &CoordinatorService::Counts::hosts_dead);
+  gauge("ptc_coordinator_jobs", &CoordinatorService::Counts::jobs);
+  gauge("ptc_coordinator_reconfigurations_in_flight",
+        &CoordinatorService::Counts::changes_in_flight);
   return s;
 }
 
 void CoordinatorServer::Shutdown() {
+  gauges_.clear();
   if (server_) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     server_->Wait();

@@ -10,8 +10,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "coordinator/coordinator_service.h"
 
 namespace ptc {
@@ -34,6 +36,8 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Read by PrometheusText; declared last, so unregistered first.
+  std::vector<std::unique_ptr<Gauge>> gauges_;
   int port_ = 0;
 };
 

@@ -791,6 +791,17 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+CoordinatorService::Counts CoordinatorService::GetCounts() {
+  absl::MutexLock lock(&mu_);
+  Counts c;
+  for (const auto& [name, h] : hosts_)
+    (h.status.alive() ? c.hosts_alive : c.hosts_dead)++;
+  c.jobs = static_cast<int>(jobs_.size());
+  for (const auto& [name, j] : jobs_)
+    if (j->state.target_version() != 0) c.changes_in_flight++;
+  return c;
+}
+
 grpc::Status CoordinatorService::JobToken(grpc::ServerContext* ctx,
                                           const proto::JobTokenRequest* req,
                                           proto::JobTokenResponse* resp) {

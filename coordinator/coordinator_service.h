@@ -116,6 +116,15 @@ class CoordinatorService final : public proto::Coordinator::Service {
                      proto::AbortResponse*) override;
   grpc::Status ForgetJob(grpc::ServerContext*, const proto::ForgetJobRequest*,
                          proto::ForgetJobResponse*) override;
+  // What the metrics gauges show.
+  struct Counts {
+    int hosts_alive = 0;
+    int hosts_dead = 0;
+    int jobs = 0;
+    int changes_in_flight = 0;
+  };
+  Counts GetCounts();
+
   grpc::Status ListHosts(grpc::ServerContext*, const proto::ListHostsRequest*,
                          proto::ListHostsResponse*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const proto::ListJobsRequest*,

@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/limits.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/job_placement.h"
@@ -24,6 +25,24 @@
 #include "tensor_store/store_client.h"
 
 namespace ptc {
+namespace {
+
+Counter& reconfigurations_committed = GetCounter(
+    R"(ptc_coordinator_reconfigurations_total{outcome="committed"})");
+Counter& reconfigurations_aborted =
+    GetCounter(R"(ptc_coordinator_reconfigurations_total{outcome="aborted"})");
+Counter& bytes_from_peers_total =
+    GetCounter("ptc_coordinator_bytes_from_peers_total");
+// Time in each phase of committed changes, summed (divide by the committed
+// count for the mean).
+Counter& phase_millis_staging =
+    GetCounter(R"(ptc_coordinator_phase_milliseconds_total{phase="staging"})");
+Counter& phase_millis_verifying = GetCounter(
+    R"(ptc_coordinator_phase_milliseconds_total{phase="verifying"})");
+Counter& phase_millis_total =
+    GetCounter(R"(ptc_coordinator_phase_milliseconds_total{phase="all"})");
+
+}  // namespace
 
 // One reconfiguration in flight; owns what the driver's request points to.
 struct CoordinatorService::Flight {
@@ -456,6 +475,13 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   if (report.ok()) {
     AdoptTargetLocked(job);
     e.set_phase("committed");
+    reconfigurations_committed.Add();
+    bytes_from_peers_total.Add(report->bytes_from_peers);
+    phase_millis_staging.Add(
+        static_cast<int64_t>(report->staging_seconds * 1000));
+    phase_millis_verifying.Add(
+        static_cast<int64_t>(report->verifying_seconds * 1000));
+    phase_millis_total.Add(static_cast<int64_t>(report->seconds * 1000));
     e.set_seconds(report->seconds);
     e.set_staging_seconds(report->staging_seconds);
     e.set_verifying_seconds(report->verifying_seconds);
@@ -468,6 +494,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     return;
   } else {
     e.set_phase("aborted");
+    reconfigurations_aborted.Add();
     e.set_error(job.cancel_reason.empty()
                     ? std::string(report.status().message())
                     : job.cancel_reason);

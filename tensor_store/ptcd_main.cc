@@ -25,6 +25,7 @@
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
+#include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "state_transformer/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
@@ -36,7 +37,7 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptcd [--config FILE] [--listen HOST:PORT] [--socket PATH]
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
-            [--allowed-group GROUP] [--token-key FILE]
+            [--allowed-group GROUP] [--token-key FILE] [--metrics-listen HOST:PORT]
             [--spare-pool BYTES] [--background-fingerprints on|off]
             [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
@@ -80,6 +81,9 @@ constexpr char kUsage[] =
                    mutual TLS. Default: $PTC_TLS_CA, $PTC_TLS_CERT,
                    $PTC_TLS_KEY
   --insecure       plaintext gRPC, no authentication (a warning is logged)
+  --metrics-listen serve Prometheus metrics at http://HOST:PORT/metrics
+                   (store memory, requests, errors by code, bytes moved;
+                   default: off)
   --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
                    one-sided gets when it stages a reconfiguration:
                    "scattered" (default) those that are several long runs
@@ -96,7 +100,8 @@ absl::Status Run(int argc, char** argv) {
       "drain-seconds", "port-file",    "coordinator",
       "name",          "gpus",         "advertise",
       "bandwidth",     "ucx-gets",     "tls-ca",
-      "tls-cert",      "tls-key",      "token-key"};
+      "tls-cert",      "tls-key",      "token-key",
+      "metrics-listen"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -198,6 +203,11 @@ absl::Status Run(int argc, char** argv) {
       out << server->port() << "\n";
     }
     std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (const std::string address = setting("metrics-listen", "");
+      !address.empty()) {
+    PTC_ASSIGN_OR_RETURN(metrics, MetricsServer::Start(address));
   }
   std::unique_ptr<CoordinatorAgent> agent;
   if (const std::string coordinator = setting("coordinator", "");

@@ -235,6 +235,9 @@ class Store {
   absl::StatusOr<int64_t> PrepareMemory(const std::string& job, int64_t version,
                                         const std::vector<int64_t>& sizes);
   int64_t spare_capacity() const { return spares_.capacity(); }
+  int64_t memory_used() const { return budget_.used(); }
+  int64_t memory_limit() const { return budget_.limit(); }
+  int64_t spare_ready() const { return spares_.ready_bytes(); }
   // Fills memory and per-version bytes.
   void FillStats(proto::StatsResponse* out) const;
 

@@ -24,11 +24,23 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
                                     JobTokensEnabled()}));
   }
   LocalServer* local = s->local_.get();
+  Store* store = &s->store_;
+  auto gauge = [&](const char* name, std::function<double()> read) {
+    s->gauges_.push_back(std::make_unique<Gauge>(name, std::move(read)));
+  };
+  gauge("ptc_store_memory_used_bytes",
+        [store] { return static_cast<double>(store->memory_used()); });
+  gauge("ptc_store_memory_limit_bytes",
+        [store] { return static_cast<double>(store->memory_limit()); });
+  gauge("ptc_store_spare_ready_bytes",
+        [store] { return static_cast<double>(store->spare_ready()); });
+  gauge("ptc_store_local_clients",
+        [local] { return local ? local->num_clients() : 0.0; });
   s->service_ = std::make_unique<TensorStoreService>(
       &s->store_, [local] { return local ? local->num_clients() : 0; });
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           ServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen_address, ServerCredentials(),
+                           &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());

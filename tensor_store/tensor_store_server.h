@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "tensor_store/local_server.h"
 #include "tensor_store/store.h"
 #include "tensor_store/tensor_store_service.h"
@@ -77,6 +78,8 @@ class TensorStoreServer {
   std::unique_ptr<TensorStoreService> service_;
   std::vector<std::unique_ptr<grpc::Service>> extra_services_;
   std::unique_ptr<grpc::Server> server_;
+  // Read by PrometheusText; declared last, so unregistered first.
+  std::vector<std::unique_ptr<Gauge>> gauges_;
   int port_ = 0;
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

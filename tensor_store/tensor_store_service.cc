@@ -28,6 +28,9 @@ class TensorStoreService::Call {
   grpc::Status Done(const absl::Status& status) {
     if (!status.ok()) {
       errors_total.Add();
+      GetCounter(absl::StrCat("ptc_store_errors_by_code_total{code=\"",
+                              absl::StatusCodeToString(status.code()), "\"}"))
+          .Add();
       const bool client_fault =
           status.code() == absl::StatusCode::kInvalidArgument ||
           status.code() == absl::StatusCode::kNotFound ||
