@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ptc {
 namespace {
@@ -79,8 +80,13 @@ std::string PrometheusText() {
     absl::StrAppend(&out, "# TYPE ", family, " counter\n", lines);
   families.clear();
   for (const auto& [name, value] : gauges) {
-    absl::StrAppend(&families[Family(name)], name, " ",
-                    std::isfinite(value) ? absl::StrCat(value) : "NaN", "\n");
+    // Exact for whole numbers (byte counts), full precision otherwise.
+    const std::string text =
+        !std::isfinite(value) ? "NaN"
+        : value == std::floor(value) && std::fabs(value) < 9e15
+            ? absl::StrCat(static_cast<int64_t>(value))
+            : absl::StrFormat("%.17g", value);
+    absl::StrAppend(&families[Family(name)], name, " ", text, "\n");
   }
   for (const auto& [family, lines] : families)
     absl::StrAppend(&out, "# TYPE ", family, " gauge\n", lines);

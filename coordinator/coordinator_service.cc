@@ -2,6 +2,10 @@
 // Reconfigurations are in reconfigure_rpc.cc.
 #include "coordinator/coordinator_service.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <algorithm>
 
 #include "absl/cleanup/cleanup.h"
@@ -32,6 +36,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError(
         "the coordinator needs a state directory");
+  }
+  // Created if missing (its parent must exist), and it must be writable:
+  // a coordinator that cannot persist must not take registrations.
+  std::error_code error;
+  std::filesystem::create_directories(options.state_dir, error);
+  if (error || access(options.state_dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state directory '", options.state_dir,
+        "' cannot be created or written",
+        error ? absl::StrCat(": ", error.message()) : std::string()));
   }
   std::unique_ptr<CoordinatorService> s(
       new CoordinatorService(std::move(options)));

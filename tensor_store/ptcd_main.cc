@@ -84,6 +84,8 @@ constexpr char kUsage[] =
   --metrics-listen serve Prometheus metrics at http://HOST:PORT/metrics
                    (store memory, requests, errors by code, bytes moved;
                    default: off)
+  --ucx-transports the UCX transports to use (UCX_TLS syntax, e.g. "^cma";
+                   default: UCX's choice, or $UCX_TLS)
   --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
                    one-sided gets when it stages a reconfiguration:
                    "scattered" (default) those that are several long runs
@@ -101,7 +103,7 @@ absl::Status Run(int argc, char** argv) {
       "name",          "gpus",         "advertise",
       "bandwidth",     "ucx-gets",     "tls-ca",
       "tls-cert",      "tls-key",      "token-key",
-      "metrics-listen"};
+      "metrics-listen", "ucx-transports"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -184,6 +186,10 @@ absl::Status Run(int argc, char** argv) {
     char hostname[256] = {};
     gethostname(hostname, sizeof(hostname) - 1);
     options.host_name = setting("name", hostname);
+  }
+  if (const std::string tls = setting("ucx-transports", ""); !tls.empty()) {
+    // Read by UCX when the transformer creates its workers.
+    setenv("UCX_TLS", tls.c_str(), /*overwrite=*/1);
   }
   TransformerOptions transformer;
   const std::string gets = setting("ucx-gets", "scattered");
