@@ -63,7 +63,7 @@
 namespace ptc {
 
 struct CoordinatorOptions {
-  // Where state.pb lives; must exist and be writable.
+  // Where state.pb lives; created if missing, and must be writable.
   std::string state_dir;
   // A host that has not sent a heartbeat for this long is dead.
   absl::Duration host_timeout = absl::Seconds(5);

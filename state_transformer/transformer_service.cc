@@ -92,29 +92,12 @@ void TransformerService::DropExposuresLocked(const std::string& job,
   }
 }
 
-absl::Status TransformerService::DoExecute(
-    grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
-    grpc::ServerWriter<proto::FragmentProgress>* writer) {
-  PTC_RETURN_IF_ERROR(
-      CheckEpoch(req.job(), req.plan_epoch(), EpochUse::kFragment));
+absl::StatusOr<FragmentJob> FragmentJobFromRequest(
+    const proto::ExecuteFragmentRequest& req) {
   if (req.fragment().host() != req.host()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the fragment is for host ", req.fragment().host(),
                      " but the request says host ", req.host()));
-  }
-  // Fence: staged versions of older plans of this job are work nothing
-  // owns any more (the coordinator moved on to this epoch); clean them up
-  // before staging.
-  if (auto stat = store_->List(req.job()); stat.jobs_size() > 0) {
-    for (const auto& v : stat.jobs(0).versions()) {
-      if (v.stage_epoch() > 0 && v.stage_epoch() < req.plan_epoch() &&
-          store_->DeleteStaged(req.job(), v.version(), req.plan_epoch() - 1)) {
-        Log("transformer")
-            ->info(
-                "job {} epoch {}: deleted version {} left staged by epoch {}",
-                req.job(), req.plan_epoch(), v.version(), v.stage_epoch());
-      }
-    }
   }
   FragmentJob job;
   job.job = req.job();
@@ -145,6 +128,30 @@ absl::Status TransformerService::DoExecute(
                                  m.source_host(),
                                  m.derive_from().substr(0, 1024)});
   }
+  PTC_RETURN_IF_ERROR(ValidateFragment(job));
+  return job;
+}
+
+absl::Status TransformerService::DoExecute(
+    grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest& req,
+    grpc::ServerWriter<proto::FragmentProgress>* writer) {
+  PTC_RETURN_IF_ERROR(
+      CheckEpoch(req.job(), req.plan_epoch(), EpochUse::kFragment));
+  PTC_ASSIGN_OR_RETURN(const FragmentJob job, FragmentJobFromRequest(req));
+  // Fence: staged versions of older plans of this job are work nothing
+  // owns any more (the coordinator moved on to this epoch); clean them up
+  // before staging.
+  if (auto stat = store_->List(req.job()); stat.jobs_size() > 0) {
+    for (const auto& v : stat.jobs(0).versions()) {
+      if (v.stage_epoch() > 0 && v.stage_epoch() < req.plan_epoch() &&
+          store_->DeleteStaged(req.job(), v.version(), req.plan_epoch() - 1)) {
+        Log("transformer")
+            ->info(
+                "job {} epoch {}: deleted version {} left staged by epoch {}",
+                req.job(), req.plan_epoch(), v.version(), v.stage_epoch());
+      }
+    }
+  }
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),
                                        req.peer_names().end());
@@ -171,7 +178,6 @@ absl::Status TransformerService::DoExecute(
     return absl::InvalidArgumentError(absl::StrCat(
         "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
-  PTC_RETURN_IF_ERROR(ValidateFragment(job));
   // The tensors must be declared before the version can be created.
   PTC_RETURN_IF_ERROR(store_->DeclareTensors(job.job, job.tensors).status());
   PTC_RETURN_IF_ERROR(Annotate(

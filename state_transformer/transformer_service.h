@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/transformer.grpc.pb.h"
+#include "state_transformer/fragment_executor.h"
 #include "state_transformer/ucx_worker.h"
 #include "tensor_store/store.h"
 
@@ -32,6 +33,12 @@ struct TransformerOptions {
   // copies); on an RDMA network both are one-sided reads.
   bool gets_for_contiguous = false;
 };
+
+// The fragment an ExecuteFragment request asks this host to stage, checked
+// (ValidateFragment) before anything is staged; INVALID_ARGUMENT names the
+// first problem.
+absl::StatusOr<FragmentJob> FragmentJobFromRequest(
+    const proto::ExecuteFragmentRequest& req);
 
 class TransformerService final : public proto::Transformer::Service {
  public:

@@ -205,6 +205,7 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
     // with it unread would reset the connection and lose the answer).
     proto::LocalResponse denied;
     denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
+    denied.set_answered(true);
     denied.set_message(conn->refusal);
     SendPacket(conn->fd, denied.SerializeAsString()).IgnoreError();
     struct timeval wait = {1, 0};
@@ -241,6 +242,7 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
         resp = Handle(conn.get(), req, &fd_out);
       }
     }
+    resp.set_answered(true);
     if (!SendPacket(conn->fd, resp.SerializeAsString(), fd_out).ok()) break;
   }
   const size_t aborted = conn->puts.size(), released = conn->leases.size();

@@ -8,7 +8,7 @@ PACKAGES=(
   bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libabsl-dev libspdlog-dev libfmt-dev catch2 libucx-dev
   ucx-utils libxxhash-dev pybind11-dev python3-dev python3-numpy python3-pytest
-  python3-torch openssl iproute2
+  python3-torch openssl iproute2 clang libclang-rt-14-dev
 )
 
 missing=()

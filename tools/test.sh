@@ -41,6 +41,16 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
   fi
 done
 
+echo "== fuzzing (libFuzzer, 15 s per target; tools/fuzz.sh for longer)"
+fuzz_out=$(bash tools/fuzz.sh 15 2>&1)
+fuzz_rc=$?
+echo "$fuzz_out" | grep -v "libprotobuf" | tail -12
+fuzz_passed=$(echo "$fuzz_out" | grep -c ": .* no crash$" || true)
+fuzz_failed=$(echo "$fuzz_out" | grep -c ": CRASHED" || true)
+if [[ $fuzz_rc -ne 0 && $fuzz_failed -eq 0 ]]; then fuzz_failed=1; fi  # did not build
+passed=$((passed + fuzz_passed))
+failed=$((failed + fuzz_failed))
+
 echo "== python tests (Debian's /usr/bin/python3)"
 py_out=$(PTC_BIN_DIR="$(bazel info bazel-bin 2>/dev/null)" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python 2>&1)

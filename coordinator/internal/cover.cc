@@ -14,7 +14,8 @@ std::map<int32_t, std::vector<Region>> DisjointCover(
   grid.Finalize();
   std::vector<int32_t> owner(grid.num_cells(),
                              std::numeric_limits<int32_t>::max());
-  for (const auto& [h, r] : held) {
+  for (const auto& [host, r] : held) {
+    const int32_t h = host;  // a lambda cannot capture a structured binding
     grid.ForEachCell(r, [&](int64_t c) { owner[c] = std::min(owner[c], h); });
   }
   std::map<int32_t, std::vector<Region>> out;

@@ -1,0 +1,78 @@
+// The tensor store's gRPC service, called as a network client would: the
+// first byte picks the RPC, the rest is its request. The store keeps what
+// earlier inputs left (jobs, versions), as a daemon would.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "fuzz/fuzz.h"
+#include "proto/tensor_store.pb.h"
+#include "tensor_store/store.h"
+#include "tensor_store/tensor_store_service.h"
+
+namespace ptc::fuzz {
+namespace {
+
+struct Daemon {
+  Daemon()
+      : store(StoreOptions{int64_t{64} << 20, 0, false}),
+        service(&store, [] { return 0; }) {
+    // A job with a tensor and a committed version, for the reads.
+    store.DeclareTensors("job", {{"w", DType::kFloat32, {16, 16}}})
+        .IgnoreError();
+    auto put = store.BeginPut("job", 1, "w", Region{{0, 16}, {0, 16}});
+    if (put.ok()) store.FinishPut(*std::move(put)).IgnoreError();
+    store.Commit("job", 1).IgnoreError();
+  }
+  Store store;
+  TensorStoreService service;
+};
+
+template <typename Req, typename Resp>
+void Call(grpc::Status (TensorStoreService::*rpc)(grpc::ServerContext*,
+                                                  const Req*, Resp*),
+          TensorStoreService* service, const FuzzRequest& in) {
+  Req req;
+  if (!req.ParseFromArray(in.message, static_cast<int>(in.size))) return;
+  grpc::ServerContext ctx;
+  Resp resp;
+  (service->*rpc)(&ctx, &req, &resp);
+}
+
+}  // namespace
+}  // namespace ptc::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace ptc;
+  using namespace ptc::fuzz;
+  static Daemon* d = new Daemon;
+  const FuzzRequest in = SplitInput(data, size);
+  TensorStoreService* s = &d->service;
+  switch (in.selector % 8) {
+    case 0:
+      Call(&TensorStoreService::DeclareTensors, s, in);
+      break;
+    case 1:
+      Call(&TensorStoreService::Stat, s, in);
+      break;
+    case 2:
+      Call(&TensorStoreService::Fingerprint, s, in);
+      break;
+    case 3:
+      Call(&TensorStoreService::CommitVersion, s, in);
+      break;
+    case 4:
+      Call(&TensorStoreService::PutSmallObject, s, in);
+      break;
+    case 5:
+      Call(&TensorStoreService::GetSmallObject, s, in);
+      break;
+    case 6:
+      Call(&TensorStoreService::PrepareMemory, s, in);
+      break;
+    case 7:
+      Call(&TensorStoreService::DeleteVersion, s, in);
+      break;
+  }
+  return 0;
+}

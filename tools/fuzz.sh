@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Fuzzes ptc's request handling with libFuzzer (clang, ASan):
+#   coordinator  the coordinator's RPCs (hosts, jobs, saves)
+#   fragment     a fragment's validation before anything is staged
+#   local        the local socket: frames, requests, a real LocalServer
+#   store        the tensor store's RPCs
+#
+#   tools/fuzz.sh [SECONDS] [TARGET...]     default: 60 s each, all targets
+#
+# Builds with clang in its own Bazel output base (the gcc build is left
+# alone), runs each target for SECONDS from fuzz/corpus/TARGET (seeds and
+# past crashes) plus what earlier runs found (kept in ~/.cache/ptc-fuzz),
+# and exits non-zero if a target crashed. A crashing input is copied into
+# fuzz/corpus/TARGET/crash-*: fix the bug and commit it, and the replay test
+# (bazel test //fuzz:TARGET_fuzz_replay_test) keeps it fixed. CI runs
+# `tools/fuzz.sh 20`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[[ ${#targets[@]} -gt 0 ]] || targets=(coordinator fragment local store)
+cache=${PTC_FUZZ_CACHE:-$HOME/.cache/ptc-fuzz}
+mkdir -p "$cache"
+
+labels=()
+for t in "${targets[@]}"; do labels+=("//fuzz:${t}_fuzzer"); done
+echo "== building ${#targets[@]} fuzz targets with clang + libFuzzer + ASan"
+if ! CC=clang CXX=clang++ bazel --output_base="$cache/bazel" build --config=fuzz \
+    "${labels[@]}" >"$cache/build.log" 2>&1; then
+  tail -30 "$cache/build.log"
+  echo "fuzz: the fuzz targets did not build (log: $cache/build.log)"
+  exit 1
+fi
+bin=$(CC=clang CXX=clang++ bazel --output_base="$cache/bazel" info --config=fuzz bazel-bin 2>/dev/null)
+
+failed=0
+for t in "${targets[@]}"; do
+  work="$cache/corpus/$t"
+  mkdir -p "$work" "$cache/artifacts/$t"
+  log="$cache/$t.log"
+  # -rss_limit_mb: the targets hold a real store; -timeout: a hang is a bug.
+  ASAN_OPTIONS=detect_leaks=0 SPDLOG_LEVEL=off "$bin/fuzz/${t}_fuzzer" \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+    -artifact_prefix="$cache/artifacts/$t/" "$work" "fuzz/corpus/$t" >"$log" 2>&1
+  rc=$?
+  runs=$(grep -oE "#[0-9]+" "$log" | tail -1)
+  cov=$(grep -oE "cov: [0-9]+" "$log" | tail -1)
+  if [[ $rc -ne 0 ]]; then
+    failed=$((failed + 1))
+    echo "   $t: CRASHED after ${runs:-?} runs ($cov); log $log"
+    grep -E "ERROR|SUMMARY|==[0-9]+==" "$log" | head -5
+    for a in "$cache/artifacts/$t"/*; do
+      [[ -f "$a" ]] && cp "$a" "fuzz/corpus/$t/$(basename "$a")" &&
+        echo "   input saved as fuzz/corpus/$t/$(basename "$a")"
+    done
+  else
+    echo "   $t: ${runs:-?} runs in ${seconds}s, $cov, no crash"
+  fi
+done
+CC=clang CXX=clang++ bazel --output_base="$cache/bazel" shutdown >/dev/null 2>&1
+echo "fuzz: ${#targets[@]} targets, $failed crashed"
+[[ $failed -eq 0 ]]
