@@ -17,6 +17,18 @@ inline constexpr int kMaxGpusPerHost = 1024;
 // A host's declared link, bytes per second (10 Tb/s: far above any NIC).
 inline constexpr double kMaxHostBandwidth = 1.25e12;
 
+// Threads a daemon's gRPC server runs calls on; calls beyond them wait or
+// get RESOURCE_EXHAUSTED, they never add threads.
+inline constexpr int kMaxRpcThreads = 256;
+
+// Local clients (training processes) one ptcd serves at once, one thread
+// each; more are refused with a message.
+inline constexpr int kMaxLocalConnections = 1024;
+
+// Largest request the coordinator takes (a job's layout spec is the
+// largest); a larger one gets RESOURCE_EXHAUSTED from gRPC.
+inline constexpr int kMaxCoordinatorRequestBytes = 64 << 20;
+
 }  // namespace ptc
 
 #endif  // PTC_COMMON_LIMITS_H_

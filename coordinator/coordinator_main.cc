@@ -22,7 +22,8 @@ namespace {
 
 constexpr char kUsage[] =
     R"(usage: ptc-coordinator [--config FILE] --state-dir DIR [--listen HOST:PORT]
-                       [--host-timeout SECONDS] [--log-level LEVEL] [--port-file FILE]
+                       [--host-timeout SECONDS] [--host-expiry SECONDS]
+                       [--log-level LEVEL] [--port-file FILE]
                        [--token-key FILE] [--metrics-listen HOST:PORT]
                        (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
@@ -32,6 +33,8 @@ constexpr char kUsage[] =
   --state-dir      directory for the coordinator's metadata (state.pb)
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
   --host-timeout   a host silent for this long is dead (default 5)
+  --host-expiry    a host dead this long (seconds) that no job names is
+                   removed from the registry (default 86400)
   --log-level      trace, debug, info, warn, error (default info)
   --port-file      write the bound port here once serving
   --tls-ca, --tls-cert, --tls-key
@@ -51,9 +54,9 @@ constexpr char kUsage[] =
 
 absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
-      "config",    "state-dir", "listen",        "host-timeout",
-      "log-level", "port-file", "tls-ca",        "tls-cert",
-      "tls-key",   "token-key", "metrics-listen"};
+      "config",    "state-dir", "listen",         "host-timeout",
+      "log-level", "port-file", "tls-ca",         "tls-cert",
+      "tls-key",   "token-key", "metrics-listen", "host-expiry"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -80,6 +83,13 @@ absl::Status Run(int argc, char** argv) {
         "--host-timeout needs a positive number of seconds");
   }
   options.service.host_timeout = absl::Seconds(timeout);
+  double expiry = 86400;
+  if (!absl::SimpleAtod(settings.Get("host-expiry", "86400"), &expiry) ||
+      !(expiry >= timeout)) {
+    return absl::InvalidArgumentError(
+        "--host-expiry needs seconds, at least the host timeout");
+  }
+  options.service.host_expiry = absl::Seconds(expiry);
   options.service.heartbeat_interval =
       std::min(absl::Seconds(1), absl::Seconds(timeout / 4));
   sigset_t signals;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/channel.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 
 namespace ptc {
@@ -17,6 +18,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);
+  builder.SetMaxReceiveMessageSize(kMaxCoordinatorRequestBytes);
+  grpc::ResourceQuota quota("ptc-coordinator");
+  quota.SetMaxThreads(kMaxRpcThreads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {

@@ -4,9 +4,8 @@
 
 #include <unistd.h>
 
-#include <filesystem>
-
 #include <algorithm>
+#include <filesystem>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -15,9 +14,9 @@
 #include "common/address.h"
 #include "common/atomic_file.h"
 #include "common/authz.h"
-#include "common/job_token.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
+#include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -416,6 +415,18 @@ void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
   }
 }
 
+bool CoordinatorService::HostInUseLocked(const std::string& host) {
+  auto names = [&](const auto& list) {
+    return std::find(list.begin(), list.end(), host) != list.end();
+  };
+  for (const auto& [name, j] : jobs_) {
+    const proto::CoordinatorState::Job& s = j->state;
+    if (names(s.hosts()) || names(s.target_hosts()) || names(s.lost_hosts()))
+      return true;
+  }
+  return false;
+}
+
 void CoordinatorService::MonitorLoop() {
   while (true) {
     std::vector<std::string> retry;
@@ -437,6 +448,21 @@ void CoordinatorService::MonitorLoop() {
           verify_hosts_.erase(name);
           CancelFlightsOnLocked(name);
         }
+      }
+      // Hosts dead for host_expiry that no job names are forgotten: the
+      // registry does not grow with every machine that ever came by.
+      for (auto it = hosts_.begin(); it != hosts_.end();) {
+        const auto& [name, h] = *it;
+        if (h.status.alive() || now - h.last_heartbeat < options_.host_expiry ||
+            HostInUseLocked(name)) {
+          ++it;
+          continue;
+        }
+        Log("coordinator")
+            ->info("host {} dead for {} and used by no job; forgotten", name,
+                   absl::FormatDuration(now - h.last_heartbeat));
+        it = hosts_.erase(it);
+        changed = true;
       }
       if (changed) PersistLocked().IgnoreError();
       for (auto& [name, j] : jobs_) {

@@ -68,6 +68,8 @@ struct CoordinatorOptions {
   // A host that has not sent a heartbeat for this long is dead.
   absl::Duration host_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A host dead this long that no job names is removed from the registry.
+  absl::Duration host_expiry = absl::Hours(24);
   // Most saves of a job open at once (steps begun, not yet committed); a
   // new one beyond this supersedes the oldest.
   int max_open_saves = 8;
@@ -203,6 +205,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
                                  const ModelSpec& spec,
                                  const std::string& config,
                                  const std::vector<std::string>& rank_hosts);
+  // Whether a job names `host` (its hosts, a change's targets, lost hosts).
+  bool HostInUseLocked(const std::string& host)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Proves the returned hosts in verify_hosts_ (rule 7).
   void VerifyReturnedHosts();
   // Cancels changes in flight that involve `host`, just declared dead.

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_token.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -63,6 +64,7 @@ struct LocalServer::Connection {
   std::string refusal;
   // Only the connection's own thread touches these.
   std::map<uint64_t, std::unique_ptr<PendingPut>> puts;
+  std::map<uint64_t, absl::Time> put_deadlines;
   std::map<uint64_t, std::shared_ptr<RegionBuffer>> leases;
 };
 
@@ -173,7 +175,11 @@ void LocalServer::AcceptLoop() {
          std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
                    conn->uid) != options_.allowed_uids.end() ||
          PeerInGroup(fd, cred.gid, group));
-    if (!allowed) {
+    if (allowed && clients_.load() >= kMaxLocalConnections) {
+      conn->refusal = absl::StrCat(
+          "this ptcd serves ", kMaxLocalConnections,
+          " local clients at once; connect again when some have left");
+    } else if (!allowed) {
       conn->refusal = absl::StrCat(
           "user ", conn->uid,
           " may not use this ptcd; ask the admin to add it to the daemon's "
@@ -223,10 +229,19 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
   clients_.fetch_add(1);
   Log("tensor_store")
       ->debug("local client {} connected (pid {})", conn->id, conn->pid);
+  // Wake up now and then to abort puts left uncommitted too long.
+  const absl::Duration tick =
+      std::min(absl::Seconds(1), options_.put_timeout / 4);
+  struct timeval wake = absl::ToTimeval(std::max(tick, absl::Milliseconds(1)));
+  setsockopt(conn->fd, SOL_SOCKET, SO_RCVTIMEO, &wake, sizeof(wake));
   while (true) {
     int fd_in = -1;
     auto packet = ReceivePacket(conn->fd, &fd_in);
     if (fd_in >= 0) close(fd_in);  // clients never send descriptors
+    AbortExpiredPuts(conn.get());
+    if (packet.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      continue;  // the wake-up, not a request
+    }
     proto::LocalResponse resp;
     int fd_out = -1;
     if (!packet.ok()) {
@@ -260,6 +275,28 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
   Log("tensor_store")
       ->debug("local client {} left; {} puts aborted, {} mappings released",
               conn->id, aborted, released);
+}
+
+void LocalServer::AbortExpiredPuts(Connection* conn) {
+  const absl::Time now = absl::Now();
+  for (auto it = conn->put_deadlines.begin();
+       it != conn->put_deadlines.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    const uint64_t handle = it->first;
+    Log("tensor_store")
+        ->warn(
+            "local client {} (pid {}) did not commit put {} within {}; "
+            "aborted, its memory freed",
+            conn->id, conn->pid, handle,
+            absl::FormatDuration(options_.put_timeout));
+    conn->puts.erase(handle);
+    it = conn->put_deadlines.erase(it);
+    absl::MutexLock lock(&mu_);
+    owners_.erase(handle);
+  }
 }
 
 absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn,
@@ -364,6 +401,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       resp.set_bytes((*put)->bytes);
       *fd_out = (*put)->buffer->fd();
       conn->puts[handle] = std::move(*put);
+      conn->put_deadlines[handle] = absl::Now() + options_.put_timeout;
       absl::MutexLock lock(&mu_);
       owners_[handle] = conn->id;
       return resp;
@@ -378,6 +416,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       if (absl::Status s = it->second->buffer->Seal(); !s.ok()) return fail(s);
       std::unique_ptr<PendingPut> put = std::move(it->second);
       conn->puts.erase(it);
+      conn->put_deadlines.erase(handle);
       {
         absl::MutexLock lock(&mu_);
         owners_.erase(handle);
@@ -397,6 +436,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok())
         return fail(s);
       conn->puts.erase(handle);
+      conn->put_deadlines.erase(handle);
       absl::MutexLock lock(&mu_);
       owners_.erase(handle);
       return resp;

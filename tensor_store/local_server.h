@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/local.pb.h"
 #include "tensor_store/store.h"
 
@@ -45,6 +46,9 @@ struct LocalServerOptions {
   // Each connection must show a job token in its Hello and acts on that
   // job only.
   bool require_job_token = false;
+  // A put allocated and not committed for this long is aborted and its
+  // memory freed (a client that hangs must not hold it for good).
+  absl::Duration put_timeout = absl::Minutes(10);
 };
 
 class LocalServer {
@@ -75,6 +79,8 @@ class LocalServer {
   // With require_job_token: a Hello's token sets the connection's job;
   // every request naming a job must name that one.
   absl::Status CheckJob(Connection* conn, const proto::LocalRequest& req);
+  // Aborts the connection's puts past their deadline (put_timeout).
+  void AbortExpiredPuts(Connection* conn);
   absl::Status CheckOwner(uint64_t id, const Connection* conn,
                           const char* what);
 

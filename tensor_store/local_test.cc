@@ -15,10 +15,10 @@
 
 #include "common/checksum.h"
 #include "common/job_token.h"
-#include "tensor_store/local_server.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
 #include "tensor_store/local_client.h"
+#include "tensor_store/local_server.h"
 
 namespace ptc {
 namespace {
@@ -302,8 +302,9 @@ TEST_CASE("local: with a token key a connection acts on its token's job only",
   forged.back() = forged.back() == '0' ? '1' : '0';
   CHECK(c->SayHello("job", forged).status().code() ==
         absl::StatusCode::kUnauthenticated);
-  CHECK(c->SayHello("job", "ptc1:job:" + std::string(64, '0')).status().code() ==
-        absl::StatusCode::kUnauthenticated);
+  CHECK(
+      c->SayHello("job", "ptc1:job:" + std::string(64, '0')).status().code() ==
+      absl::StatusCode::kUnauthenticated);
   CHECK(c->SayHello("job", IssueJobToken("other")).status().code() ==
         absl::StatusCode::kPermissionDenied);
   CHECK(c->AllocatePut("job", 1, "w", Region{{0, 1}, {0, kCols}})
@@ -315,9 +316,9 @@ TEST_CASE("local: with a token key a connection acts on its token's job only",
   SaveRows(*c, 1, 0, 64, 7);
   CHECK(c->PutSmallObject("other", 1, "rng", 0, "x").code() ==
         absl::StatusCode::kPermissionDenied);
-  CHECK(c->AllocatePut("other", 1, "w", Region{{0, 4}, {0, 4}})
-            .status()
-            .code() == absl::StatusCode::kPermissionDenied);
+  CHECK(
+      c->AllocatePut("other", 1, "w", Region{{0, 4}, {0, 4}}).status().code() ==
+      absl::StatusCode::kPermissionDenied);
   CHECK(c->Declare("other", {{"v", DType::kFloat32, {2}}}).code() ==
         absl::StatusCode::kPermissionDenied);
   CHECK(c->SayHello("other", IssueJobToken("other")).status().code() ==
@@ -376,6 +377,31 @@ TEST_CASE("local: members of the daemon's group may connect, others not",
         static_cast<int>(absl::StatusCode::kPermissionDenied));
   server->reset();
   rmdir(dir.c_str());
+}
+
+TEST_CASE("local: a put never committed is aborted after put_timeout",
+          "[tensor_store][local][hostile]") {
+  testing::TempDir dir;
+  Store store(StoreOptions{int64_t{64} << 20, 0, false});
+  REQUIRE(store.DeclareTensors("job", {{"w", DType::kFloat32, {kRows, kCols}}})
+              .ok());
+  LocalServerOptions options;
+  options.socket_path = dir.path() + "/ptcd.sock";
+  options.put_timeout = absl::Milliseconds(200);
+  auto server = LocalServer::Start(&store, options);
+  REQUIRE(server.ok());
+  auto c = LocalClient::Connect(options.socket_path);
+  REQUIRE(c.ok());
+  auto put = (*c)->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
+  REQUIRE(put.ok());
+  CHECK(store.memory_used() >= kRows * kCols * 4);
+  // The client hangs on to it and never commits.
+  absl::SleepFor(absl::Milliseconds(1500));
+  CHECK(store.memory_used() == 0);
+  auto late = (*c)->CommitPut(&*put, 0);
+  CHECK(late.status().code() == absl::StatusCode::kNotFound);
+  // The connection still serves.
+  CHECK((*c)->SayHello("job").ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/channel.h"
 #include "common/job_token.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -43,6 +44,9 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
                            &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  grpc::ResourceQuota quota("ptcd");
+  quota.SetMaxThreads(kMaxRpcThreads);
+  builder.SetResourceQuota(quota);
   builder.RegisterService(s->service_.get());
   for (const auto& make : options.services) {
     s->extra_services_.push_back(make(&s->store_));

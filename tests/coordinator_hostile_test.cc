@@ -112,5 +112,46 @@ TEST_CASE("coordinator: hostile host registrations are refused",
   }
 }
 
+TEST_CASE("coordinator: dead hosts no job names expire; others stay",
+          "[coordinator][hostile]") {
+  testing::TempDir dir;
+  CoordinatorServerOptions options;
+  options.service.state_dir = dir.path() + "/state";  // created if missing
+  options.service.host_timeout = absl::Milliseconds(300);
+  options.service.host_expiry = absl::Milliseconds(900);
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
+                          grpc::InsecureChannelCredentials()));
+  for (const char* name : {"host0", "host1"}) {
+    grpc::ClientContext ctx;
+    proto::RegisterHostRequest req;
+    *req.mutable_host() = GoodHost();
+    req.mutable_host()->set_name(name);
+    proto::RegisterHostResponse resp;
+    REQUIRE(stub->RegisterHost(&ctx, req, &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::RegisterJobRequest req;
+    req.set_job("j");
+    req.set_model("gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8");
+    req.set_config("tp=2");
+    req.add_hosts("host0");
+    proto::RegisterJobResponse resp;
+    REQUIRE(stub->RegisterJob(&ctx, req, &resp).ok());
+  }
+  // Neither heartbeats: both die; host1, which no job names, is forgotten.
+  absl::SleepFor(absl::Seconds(2));
+  grpc::ClientContext ctx;
+  proto::ListHostsRequest req;
+  proto::ListHostsResponse resp;
+  REQUIRE(stub->ListHosts(&ctx, req, &resp).ok());
+  REQUIRE(resp.hosts_size() == 1);
+  CHECK(resp.hosts(0).name() == "host0");
+  CHECK(!resp.hosts(0).alive());
+}
+
 }  // namespace
 }  // namespace ptc

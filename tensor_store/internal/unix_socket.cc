@@ -54,6 +54,10 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   ssize_t n;
   while ((n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC)) < 0) {
     if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::DeadlineExceededError(
+          "no local message within the socket's receive timeout");
+    }
     return absl::UnavailableError(
         absl::StrCat("receiving on the local socket: ", std::strerror(errno)));
   }

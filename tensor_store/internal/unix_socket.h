@@ -16,8 +16,9 @@ inline constexpr int kMaxPacket = 64 * 1024;
 absl::Status SendPacket(int socket, const std::string& bytes, int fd = -1);
 
 // Receives one packet. UNAVAILABLE when the peer closed the connection;
-// INVALID_ARGUMENT for a packet larger than kMaxPacket. A received fd (or
-// -1) is stored in *fd; the caller owns it.
+// INVALID_ARGUMENT for a packet larger than kMaxPacket; DEADLINE_EXCEEDED
+// when the socket has a receive timeout (SO_RCVTIMEO) and it passed. A
+// received fd (or -1) is stored in *fd; the caller owns it.
 absl::StatusOr<std::string> ReceivePacket(int socket, int* fd);
 
 }  // namespace ptc::store_internal
