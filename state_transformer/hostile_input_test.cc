@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -79,8 +80,8 @@ proto::ExecuteFragmentRequest Fragment(int64_t version, int64_t epoch,
 
 struct Transformer {
   explicit Transformer(const std::string& address)
-      : stub(proto::Transformer::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+      : stub(proto::Transformer::NewStub(grpc::CreateChannel(
+            address, grpc::InsecureChannelCredentials()))) {}
 
   absl::Status Execute(const proto::ExecuteFragmentRequest& req) {
     grpc::ClientContext ctx;
@@ -169,7 +170,8 @@ TEST_CASE("hostile fragments are refused and leave the daemon healthy",
     req.mutable_fragment()->mutable_transfers(0)->set_tensor(7);
     const absl::Status s = t.Execute(req);
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("unknown tensor id 7"));
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("unknown tensor id 7"));
   }
   SECTION("parallel pulls of 2^31-1 (was a thread each)") {
     for (int pulls : {std::numeric_limits<int32_t>::max(), -1}) {
@@ -225,7 +227,7 @@ class RawUcxPeer {
   RawUcxPeer() {
     ucp_params_t params = {};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_TAG;
     ucp_config_t* config;
     REQUIRE(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
     REQUIRE(ucp_init(&params, config, &context_) == UCS_OK);
@@ -246,6 +248,16 @@ class RawUcxPeer {
     }
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
+  }
+
+  // This worker's address, for a peer to send to (it never receives).
+  std::string Address() {
+    ucp_address_t* a = nullptr;
+    size_t n = 0;
+    REQUIRE(ucp_worker_get_address(worker_, &a, &n) == UCS_OK);
+    std::string out(reinterpret_cast<const char*>(a), n);
+    ucp_worker_release_address(worker_, a);
+    return out;
   }
 
   // Writes `bytes` at `address` of the peer; the put's status.
@@ -332,6 +344,56 @@ TEST_CASE(
               ->client->Read("job", 1, "w", kAll, back.data(), back.size())
               .ok());
   CHECK(testing::CheckPattern(5, 0, back.data(), back.size()));
+}
+
+TEST_CASE(
+    "a SendParts to a peer that never receives ends when the daemon drains",
+    "[transformer][hostile]") {
+  // 16 MiB: a rendezvous send, which waits for the receiver forever.
+  constexpr int64_t kBigRows = 4096, kBigCols = 1024;
+  const Region big{{0, kBigRows}, {0, kBigCols}};
+  testing::DaemonCluster c(1);
+  auto& client = c.daemons[0]->client;
+  REQUIRE(client->Declare("job", {{"w", DType::kFloat32, {kBigRows, kBigCols}}})
+              .ok());
+  std::vector<char> bytes(kBigRows * kBigCols * 4, 7);
+  REQUIRE(client->Put("job", 1, "w", big, bytes.data(), bytes.size()).ok());
+  REQUIRE(client->Commit("job", 1).ok());
+
+  RawUcxPeer silent;  // never progresses, never posts a receive
+  Transformer t(c.addresses.at(0));
+  proto::SendPartsRequest req;
+  req.set_job("job");
+  req.set_version(1);
+  req.set_plan_epoch(1);
+  req.set_ucx_address(silent.Address());
+  proto::PartToSend* part = req.add_parts();
+  part->set_tensor("w");
+  *part->mutable_region() = ToProto(big);
+  part->set_first(0);
+  part->set_count(kBigRows * kBigCols);
+  part->set_tag(42);
+  absl::Status sent;
+  std::thread caller([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(120));
+    proto::SendPartsResponse resp;
+    sent = FromGrpcStatus(t.stub->SendParts(&ctx, req, &resp));
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Time start = absl::Now();
+  c.daemons[0]->server->Shutdown(absl::Seconds(1));
+  const absl::Duration drained = absl::Now() - start;
+  caller.join();
+  if (sent.code() == absl::StatusCode::kFailedPrecondition) {
+    WARN("this ptcd has no UCX worker: " << sent.message());
+    return;
+  }
+  INFO("SendParts: " << sent.ToString());
+  CHECK(!sent.ok());
+  // The drain's second, not the send's minute.
+  CHECK(drained < absl::Seconds(4));
 }
 
 }  // namespace

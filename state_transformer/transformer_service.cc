@@ -334,7 +334,8 @@ absl::Status TransformerService::ExposeLocked(
   return absl::OkStatus();
 }
 
-absl::Status TransformerService::DoSendParts(const proto::SendPartsRequest& req,
+absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
+                                             const proto::SendPartsRequest& req,
                                              proto::SendPartsResponse* resp) {
   PTC_RETURN_IF_ERROR(
       CheckPeerCall(req.job(), req.plan_epoch(), req.parts_size(), "parts"));
@@ -443,7 +444,15 @@ absl::Status TransformerService::DoSendParts(const proto::SendPartsRequest& req,
     sends.push_back(
         {req.parts(i).tag(), begin, static_cast<size_t>(dst - begin)});
   }
-  return ucx_->Send(req.ucx_address(), sends, absl::Seconds(60));
+  // At most a minute, and never past the caller's deadline; a cancelled
+  // call (the caller left, or this daemon drains) stops waiting at once.
+  absl::Duration timeout = absl::Seconds(60);
+  if (ctx != nullptr) {
+    timeout =
+        std::min(timeout, absl::FromChrono(ctx->deadline()) - absl::Now());
+  }
+  return ucx_->Send(req.ucx_address(), sends, timeout,
+                    [ctx] { return ctx != nullptr && ctx->IsCancelled(); });
 }
 
 absl::Status TransformerService::DoExposePieces(
@@ -518,7 +527,7 @@ grpc::Status TransformerService::SendParts(grpc::ServerContext* ctx,
                                            proto::SendPartsResponse* resp) {
   if (absl::Status denied = Authorize(*ctx, kHost, "SendParts"); !denied.ok())
     return ToGrpcStatus(denied);
-  const absl::Status s = DoSendParts(*req, resp);
+  const absl::Status s = DoSendParts(ctx, *req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
     Log("transformer")
         ->warn("SendParts ({} parts) for job {}: {}", req->parts_size(),

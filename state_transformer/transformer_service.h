@@ -74,7 +74,10 @@ class TransformerService final : public proto::Transformer::Service {
                          const proto::ExecuteFragmentRequest& req,
                          grpc::ServerWriter<proto::FragmentProgress>* writer);
 
-  absl::Status DoSendParts(const proto::SendPartsRequest& req,
+  // Gives up when `ctx` is cancelled (the caller left, or the server
+  // drains) and never waits past its deadline.
+  absl::Status DoSendParts(grpc::ServerContext* ctx,
+                           const proto::SendPartsRequest& req,
                            proto::SendPartsResponse* resp);
   absl::Status DoExposePieces(const proto::ExposePiecesRequest& req,
                               proto::ExposePiecesResponse* resp);

@@ -319,7 +319,8 @@ absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
 
 absl::Status UcxWorker::Send(const std::string& peer,
                              absl::Span<const SendOp> ops,
-                             absl::Duration timeout) {
+                             absl::Duration timeout,
+                             const std::function<bool()>& give_up) {
   PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
   ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
   // One send at a time. With several in flight, a sender killed while its
@@ -337,7 +338,7 @@ absl::Status UcxWorker::Send(const std::string& peer,
       break;
     }
     if (r == nullptr) continue;  // done at once
-    failure = Progress(r, absl::Now() + timeout, "send");
+    failure = Progress(r, absl::Now() + timeout, "send", give_up);
     // A send that failed or timed out is released, not waited for: its
     // receiver is gone or has given up (its own deadline is longer), and
     // sends cannot be cancelled.

@@ -138,9 +138,11 @@ class UcxWorker {
   };
   // Sends every op to the worker at `peer`, one after the other, and waits
   // until all buffers may be reused; DEADLINE_EXCEEDED if one takes longer
-  // than `timeout`.
+  // than `timeout`, CANCELLED as soon as `give_up` says so (the caller's
+  // call was cancelled, or the daemon drains).
   absl::Status Send(const std::string& peer, absl::Span<const SendOp> ops,
-                    absl::Duration timeout);
+                    absl::Duration timeout,
+                    const std::function<bool()>& give_up = nullptr);
 
  private:
   UcxWorker() = default;
