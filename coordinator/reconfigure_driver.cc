@@ -8,9 +8,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/channel.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -81,6 +81,60 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     if (m.derive_from.empty()) add_peer(m.source_host);
   }
   return req;
+}
+
+// Tells every source host which target hosts pull from it in this epoch:
+// with TLS it serves those hosts' SendParts and ExposePieces only. A source
+// that cannot be told is logged, not fatal: its targets then fail to pull
+// from it, as they would from a dead host. A cancel (a host went silent)
+// stops the waiting at once.
+void AdmitPeersOnSources(const ReconfigureRequest& r) {
+  std::map<int32_t, std::set<std::string>> pullers;  // source -> targets
+  for (const HostFragment& f : r.plan->fragments) {
+    ForEachPiece(f, [&](const Transfer& x) {
+      if (x.source_host != f.host)
+        pullers[x.source_host].insert(r.input->cluster->hosts[f.host].name);
+    });
+  }
+  std::vector<std::string> addresses;
+  std::map<std::string, const std::set<std::string>*> of;
+  for (const auto& [source, targets] : pullers) {
+    auto it = r.addresses.find(source);
+    if (it == r.addresses.end() || (r.is_alive && !r.is_alive(source)))
+      continue;
+    addresses.push_back(it->second);
+    of[it->second] = &targets;
+  }
+  OnEachAddress(addresses, [&](const std::string& address) {
+    proto::AdmitPeersRequest req;
+    req.set_job(r.job);
+    req.set_plan_epoch(r.plan_epoch);
+    for (const std::string& h : *of.at(address)) req.add_hosts(h);
+    proto::AdmitPeersResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    std::atomic<bool> answered{false};
+    std::thread watch([&] {
+      while (!answered.load()) {
+        if (r.cancel != nullptr && r.cancel->load()) {
+          ctx.TryCancel();
+          return;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    });
+    const absl::Status s =
+        FromGrpcStatus(proto::Transformer::NewStub(Channel(address))
+                           ->AdmitPeers(&ctx, req, &resp));
+    answered = true;
+    watch.join();
+    if (!s.ok() && s.code() != absl::StatusCode::kUnimplemented) {
+      Log("coordinator")
+          ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
+                 r.plan_epoch, address, s.ToString());
+    }
+    return absl::OkStatus();
+  }).IgnoreError();
 }
 
 // Stages the target version on every target host, in parallel.
@@ -252,6 +306,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   }
   const absl::Time start = absl::Now();
   ReconfigureReport report;
+  AdmitPeersOnSources(r);
   absl::Status staged = StageAll(r, progress, &report);
   report.staging_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (staged.ok()) {

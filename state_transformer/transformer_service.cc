@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/authz.h"
+#include "common/channel.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -280,7 +281,8 @@ grpc::Status TransformerService::CommitStaged(
   return ToGrpcStatus(bytes.status());
 }
 
-absl::Status TransformerService::CheckPeerCall(const std::string& job,
+absl::Status TransformerService::CheckPeerCall(const grpc::ServerContext* ctx,
+                                               const std::string& job,
                                                int64_t plan_epoch, int parts,
                                                const char* what) {
   if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
@@ -289,7 +291,46 @@ absl::Status TransformerService::CheckPeerCall(const std::string& job,
         absl::StrCat(parts, " ", what, " in one call; at most ",
                      kMaxPartsPerCall, " (split the request)"));
   }
-  return CheckEpoch(job, plan_epoch, EpochUse::kPeer);
+  PTC_RETURN_IF_ERROR(CheckEpoch(job, plan_epoch, EpochUse::kPeer));
+  if (ctx == nullptr || !TlsEnabled()) return absl::OkStatus();
+  const std::string caller = PeerName(*ctx);
+  absl::MutexLock lock(&mu_);
+  auto it = epochs_.find(job);
+  if (it == epochs_.end() || it->second.admitted_epoch != plan_epoch ||
+      it->second.admitted.count(caller) == 0) {
+    Log("security")
+        ->warn("refused {} of job {} epoch {} to host '{}': not admitted", what,
+               job, plan_epoch, caller);
+    return absl::PermissionDeniedError(
+        absl::StrCat("host '", caller, "' is not a peer of plan epoch ",
+                     plan_epoch, " of job '", job,
+                     "' here (the coordinator admits the hosts that pull "
+                     "from this one)"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status TransformerService::AdmitPeers(grpc::ServerContext* ctx,
+                                            const proto::AdmitPeersRequest* req,
+                                            proto::AdmitPeersResponse*) {
+  if (absl::Status denied = Authorize(*ctx, kCoordinator, "AdmitPeers");
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  constexpr int kMaxAdmitted = 100000;
+  if (req->hosts_size() > kMaxAdmitted) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        req->hosts_size(), " hosts admitted at once; at most ", kMaxAdmitted)));
+  }
+  if (absl::Status s =
+          CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kFragment);
+      !s.ok())
+    return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  Epochs& e = epochs_[req->job()];
+  if (e.admitted_epoch != req->plan_epoch()) e.admitted.clear();
+  e.admitted_epoch = req->plan_epoch();
+  e.admitted.insert(req->hosts().begin(), req->hosts().end());
+  return grpc::Status::OK;
 }
 
 absl::StatusOr<ReadView> TransformerService::OpenForPeer(
@@ -337,8 +378,8 @@ absl::Status TransformerService::ExposeLocked(
 absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
                                              const proto::SendPartsRequest& req,
                                              proto::SendPartsResponse* resp) {
-  PTC_RETURN_IF_ERROR(
-      CheckPeerCall(req.job(), req.plan_epoch(), req.parts_size(), "parts"));
+  PTC_RETURN_IF_ERROR(CheckPeerCall(ctx, req.job(), req.plan_epoch(),
+                                    req.parts_size(), "parts"));
   if (req.parts_size() > 0 && req.ucx_address().empty()) {
     return absl::InvalidArgumentError(
         "SendParts needs the caller's UCX worker address to send to");
@@ -456,9 +497,10 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
 }
 
 absl::Status TransformerService::DoExposePieces(
-    const proto::ExposePiecesRequest& req, proto::ExposePiecesResponse* resp) {
-  PTC_RETURN_IF_ERROR(
-      CheckPeerCall(req.job(), req.plan_epoch(), req.pieces_size(), "pieces"));
+    const grpc::ServerContext* ctx, const proto::ExposePiecesRequest& req,
+    proto::ExposePiecesResponse* resp) {
+  PTC_RETURN_IF_ERROR(CheckPeerCall(ctx, req.job(), req.plan_epoch(),
+                                    req.pieces_size(), "pieces"));
   resp->set_ucx_address(ucx_->address());
   absl::Status unregistered;
   for (const proto::PieceRef& piece : req.pieces()) {
@@ -512,7 +554,7 @@ grpc::Status TransformerService::ExposePieces(
   if (absl::Status denied = Authorize(*ctx, kHost, "ExposePieces");
       !denied.ok())
     return ToGrpcStatus(denied);
-  const absl::Status s = DoExposePieces(*req, resp);
+  const absl::Status s = DoExposePieces(ctx, *req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition &&
       s.code() != absl::StatusCode::kUnimplemented) {
     Log("transformer")

@@ -7,8 +7,8 @@
 #define PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
 
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -60,6 +60,9 @@ class TransformerService final : public proto::Transformer::Service {
   grpc::Status ExposePieces(grpc::ServerContext* ctx,
                             const proto::ExposePiecesRequest* req,
                             proto::ExposePiecesResponse* resp) override;
+  grpc::Status AdmitPeers(grpc::ServerContext* ctx,
+                          const proto::AdmitPeersRequest* req,
+                          proto::AdmitPeersResponse* resp) override;
 
   bool has_ucx() const { return ucx_ != nullptr; }
 
@@ -79,11 +82,14 @@ class TransformerService final : public proto::Transformer::Service {
   absl::Status DoSendParts(grpc::ServerContext* ctx,
                            const proto::SendPartsRequest& req,
                            proto::SendPartsResponse* resp);
-  absl::Status DoExposePieces(const proto::ExposePiecesRequest& req,
+  absl::Status DoExposePieces(const grpc::ServerContext* ctx,
+                              const proto::ExposePiecesRequest& req,
                               proto::ExposePiecesResponse* resp);
   // What both UCX calls check first: this ptcd has a worker, the call asks
-  // for at most kMaxPartsPerCall `what`s, the plan epoch is current.
-  absl::Status CheckPeerCall(const std::string& job, int64_t plan_epoch,
+  // for at most kMaxPartsPerCall `what`s, the plan epoch is current, and
+  // (with TLS) the caller is a host the coordinator admitted for it.
+  absl::Status CheckPeerCall(const grpc::ServerContext* ctx,
+                             const std::string& job, int64_t plan_epoch,
                              int parts, const char* what);
   // The stored regions that hold `region` of `tensor`, for a peer to read.
   absl::StatusOr<ReadView> OpenForPeer(const std::string& job, int64_t version,
@@ -129,6 +135,10 @@ class TransformerService final : public proto::Transformer::Service {
   struct Epochs {
     int64_t newest = 0;
     std::set<int64_t> aborted;
+    // AdmitPeers: the hosts that may read from this host in epoch
+    // `admitted_epoch`.
+    int64_t admitted_epoch = 0;
+    std::set<std::string> admitted;
   };
   static constexpr size_t kAbortedEpochsKept = 64;
   std::map<std::string, Epochs> epochs_ ABSL_GUARDED_BY(mu_);

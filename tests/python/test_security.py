@@ -162,3 +162,43 @@ def test_plaintext_needs_an_explicit_choice(bin_dir, tmp_path):
     r = subprocess.run([str(bin_dir / "coordinator/ptc-coordinator"), "--state-dir",
                         str(tmp_path)], capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 2 and "needs TLS" in r.stderr
+
+
+def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
+    """The coordinator admits, on each source host, the hosts that pull from
+    it in a plan epoch; any other host certificate is refused the transfer
+    calls (and with them UCX addresses and remote keys)."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=3, gpus=2, tokens=True)
+    try:
+        c.ptcctl("register", "--job", "p", "--model", MODEL, "--config", "tp=2",
+                 "--hosts", "host0", check=True)
+        token = c.ptcctl("token", "p", check=True).stdout.strip()
+        r = subprocess.run([str(c.bin / "tools/synthetic_job"), "save", "--coordinator",
+                            c.coordinator, "--job", "p", "--host", "host0", "--socket",
+                            str(c.dir / "host0.sock"), "--step", "1"],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PTC_JOB_TOKEN=token))
+        assert r.returncode == 0, r.stdout + r.stderr
+        # host1 pulls everything from host0 (over mutual TLS, admitted).
+        code, report = c.ptcctl_json("reconfigure", "--job", "p", "--to", "tp=2",
+                                     "--hosts", "host1")
+        assert code == 0 and report["phase"] == "committed", report
+        assert report["bytes_from_peers"] > 0
+        epoch = str(report["plan_epoch"])
+        host0 = c.hosts()["host0"]["address"]
+
+        def probe(as_host):
+            env = dict(os.environ, PTC_TLS_CERT=str(c.certs / f"{as_host}.pem"),
+                       PTC_TLS_KEY=str(c.certs / f"{as_host}.key"))
+            r = subprocess.run([str(c.bin / "tools/peer_probe"), host0, "p", "1", epoch,
+                                "embedding.word.weight"],
+                               capture_output=True, text=True, timeout=60, env=env)
+            assert r.returncode == 0, r.stderr
+            return r.stdout
+
+        refused = probe("host2")
+        assert refused.startswith("PERMISSION_DENIED")
+        assert "host 'host2' is not a peer of plan epoch" in refused
+        assert not probe("host1").startswith("PERMISSION_DENIED")
+    finally:
+        c.stop()
