@@ -35,7 +35,58 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   return OpenChannel(address, args);
 }
 
+// Which live hosts hold each distinct source region of each tensor: the
+// other holders a target may take a piece from if its planned source fails
+// mid-transfer. Layouts repeat few distinct regions over many ranks, so a
+// lookup scans a handful of regions.
+class SourceHolders {
+ public:
+  explicit SourceHolders(const ReconfigureRequest& r) {
+    const PlanInput& in = *r.input;
+    by_tensor_.resize(in.spec->tensors.size());
+    for (size_t t = 0; t < by_tensor_.size(); ++t) {
+      for (const Shard& s : in.source->shards(static_cast<int>(t))) {
+        const int32_t host = in.source_placement->host[s.rank];
+        if (!in.HoldsSource(host)) continue;
+        auto& regions = by_tensor_[t];
+        auto it =
+            std::find_if(regions.begin(), regions.end(),
+                         [&](const auto& e) { return e.first == s.region; });
+        if (it == regions.end()) {
+          regions.push_back({s.region, {}});
+          it = std::prev(regions.end());
+        }
+        if (std::find(it->second.begin(), it->second.end(), host) ==
+            it->second.end())
+          it->second.push_back(host);
+      }
+    }
+  }
+
+  // Up to kMax hosts besides the piece's source and target that hold all
+  // of it.
+  std::vector<int32_t> Alternates(const Transfer& x) const {
+    constexpr size_t kMax = 16;
+    std::vector<int32_t> out;
+    for (const auto& [region, hosts] : by_tensor_[x.tensor]) {
+      if (!region.Contains(x.region)) continue;
+      for (int32_t h : hosts) {
+        if (h == x.source_host || h == x.target_host ||
+            std::find(out.begin(), out.end(), h) != out.end())
+          continue;
+        out.push_back(h);
+        if (out.size() == kMax) return out;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::pair<Region, std::vector<int32_t>>>> by_tensor_;
+};
+
 proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
+                                              const SourceHolders& holders,
                                               const HostFragment& f) {
   proto::ExecuteFragmentRequest req;
   req.set_job(r.job);
@@ -69,6 +120,21 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     (*req.mutable_peer_names())[host] = r.input->cluster->hosts[host].name;
   };
   ForEachPiece(f, [&](const Transfer& x) { add_peer(x.source_host); });
+  // Other holders of each remote piece, for a source that fails midway.
+  for (proto::Transfer& x : *req.mutable_fragment()->mutable_transfers()) {
+    if (x.source_host() == f.host) continue;
+    Transfer t;
+    t.tensor = x.tensor();
+    t.source_host = x.source_host();
+    t.target_host = f.host;
+    auto region = RegionFromProto(x.region());
+    if (!region.ok()) continue;
+    t.region = *std::move(region);
+    for (int32_t h : holders.Alternates(t)) {
+      x.add_alternate_sources(h);
+      add_peer(h);
+    }
+  }
   for (const SmallObjectMove& m : r.plan->small_objects) {
     if (m.target_host != f.host) continue;
     proto::SmallObjectMove* pm = req.add_small_objects();
@@ -88,12 +154,19 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
 // that cannot be told is logged, not fatal: its targets then fail to pull
 // from it, as they would from a dead host. A cancel (a host went silent)
 // stops the waiting at once.
-void AdmitPeersOnSources(const ReconfigureRequest& r) {
-  std::map<int32_t, std::set<std::string>> pullers;  // source -> targets
+void AdmitPeersOnSources(const ReconfigureRequest& r,
+                         const SourceHolders& holders) {
+  // source -> the targets that may pull from it (as planned, or as another
+  // holder of a piece)
+  std::map<int32_t, std::set<std::string>> pullers;
   for (const HostFragment& f : r.plan->fragments) {
+    const std::string& target = r.input->cluster->hosts[f.host].name;
     ForEachPiece(f, [&](const Transfer& x) {
-      if (x.source_host != f.host)
-        pullers[x.source_host].insert(r.input->cluster->hosts[f.host].name);
+      if (x.source_host == f.host) return;
+      pullers[x.source_host].insert(target);
+      Transfer t = x;
+      t.target_host = f.host;
+      for (int32_t h : holders.Alternates(t)) pullers[h].insert(target);
     });
   }
   std::vector<std::string> addresses;
@@ -139,7 +212,7 @@ void AdmitPeersOnSources(const ReconfigureRequest& r) {
 
 // Stages the target version on every target host, in parallel.
 absl::Status StageAll(
-    const ReconfigureRequest& r,
+    const ReconfigureRequest& r, const SourceHolders& holders,
     const std::function<void(const ReconfigureProgress&)>& progress,
     ReconfigureReport* report) {
   const int n = static_cast<int>(r.plan->fragments.size());
@@ -170,7 +243,7 @@ absl::Status StageAll(
       auto stub = proto::Transformer::NewStub(Channel(it->second));
       grpc::ClientContext& ctx = contexts[i];
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(2)));
-      auto reader = stub->ExecuteFragment(&ctx, FragmentRequest(r, f));
+      auto reader = stub->ExecuteFragment(&ctx, FragmentRequest(r, holders, f));
       proto::FragmentProgress p;
       bool finished = false;
       while (reader->Read(&p)) {
@@ -306,8 +379,9 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   }
   const absl::Time start = absl::Now();
   ReconfigureReport report;
-  AdmitPeersOnSources(r);
-  absl::Status staged = StageAll(r, progress, &report);
+  const SourceHolders holders(r);
+  AdmitPeersOnSources(r, holders);
+  absl::Status staged = StageAll(r, holders, progress, &report);
   report.staging_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (staged.ok()) {
     // Both sides at once.

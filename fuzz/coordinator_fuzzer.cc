@@ -67,6 +67,8 @@ std::unique_ptr<CoordinatorService> Start() {
 }  // namespace ptc::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = ptc::fuzz::QuietProtobuf();
+  (void)quiet;
   using namespace ptc;
   static std::unique_ptr<CoordinatorService> s;
   static int calls = 0;

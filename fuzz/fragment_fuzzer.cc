@@ -6,6 +6,8 @@
 #include "state_transformer/transformer_service.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = ptc::fuzz::QuietProtobuf();
+  (void)quiet;
   ptc::proto::ExecuteFragmentRequest req;
   if (!req.ParseFromArray(data, static_cast<int>(size))) return 0;
   (void)ptc::FragmentJobFromRequest(req);

@@ -8,6 +8,8 @@
 #ifndef PTC_FUZZ_FUZZ_H_
 #define PTC_FUZZ_FUZZ_H_
 
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -21,6 +23,13 @@ struct FuzzRequest {
   const uint8_t* message = nullptr;
   size_t size = 0;
 };
+
+// Protobuf logs every string field that is not UTF-8; fuzz inputs are full
+// of them. Call once (a static in the target) to keep the logs readable.
+inline bool QuietProtobuf() {
+  google::protobuf::SetLogHandler(nullptr);
+  return true;
+}
 
 inline FuzzRequest SplitInput(const uint8_t* data, size_t size) {
   if (size == 0) return {};

@@ -58,6 +58,8 @@ int Connect(const std::string& path) {
 }  // namespace ptc::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = ptc::fuzz::QuietProtobuf();
+  (void)quiet;
   using namespace ptc;
   static fuzz::Daemon* d = new fuzz::Daemon;
   static int fd = -1;

@@ -43,6 +43,8 @@ void Call(grpc::Status (TensorStoreService::*rpc)(grpc::ServerContext*,
 }  // namespace ptc::fuzz
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool quiet = ptc::fuzz::QuietProtobuf();
+  (void)quiet;
   using namespace ptc;
   using namespace ptc::fuzz;
   static Daemon* d = new Daemon;

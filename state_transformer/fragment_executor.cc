@@ -6,7 +6,9 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -17,6 +19,24 @@ namespace ptc {
 namespace {
 
 Counter& pieces_total = GetCounter("ptc_transformer_pieces_total");
+Counter& replica_fetches_total =
+    GetCounter("ptc_transformer_pieces_from_other_replicas_total");
+
+// A source host that failed (died, stalled, went away) rather than a piece
+// that is wrong: its pieces may come from another holder.
+bool IsPeerFailure(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
 Counter& bytes_received_total =
     GetCounter("ptc_transformer_bytes_received_total");
 Counter& bytes_copied_local_total =
@@ -100,23 +120,21 @@ absl::Status ValidateFragment(const FragmentJob& job) {
   auto check = [&](int32_t t, const Region& region,
                    const char* what) -> absl::Status {
     if (t < 0 || t >= num_tensors) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the fragment ", what, " unknown tensor id ", t, " (it declares ",
-          num_tensors, " tensors)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the fragment ", what, " unknown tensor id ", t,
+                       " (it declares ", num_tensors, " tensors)"));
     }
-    return Annotate(
-        ValidateRegion(region, job.tensors[t].shape),
-        absl::StrCat("the fragment ", what, " tensor '", job.tensors[t].key,
-                     "'"));
+    return Annotate(ValidateRegion(region, job.tensors[t].shape),
+                    absl::StrCat("the fragment ", what, " tensor '",
+                                 job.tensors[t].key, "'"));
   };
   std::vector<std::vector<const Region*>> pieces(num_tensors);
   for (const FragmentPiece& p : job.pieces) {
     PTC_RETURN_IF_ERROR(check(p.tensor, p.region, "moves a piece of"));
     if (p.region.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the fragment moves an empty piece ",
-                       p.region.ToString(), " of tensor '",
-                       job.tensors[p.tensor].key, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the fragment moves an empty piece ", p.region.ToString(),
+          " of tensor '", job.tensors[p.tensor].key, "'"));
     }
     pieces[p.tensor].push_back(&p.region);
   }
@@ -137,10 +155,10 @@ absl::Status ValidateFragment(const FragmentJob& job) {
       if (missing.empty()) break;
     }
     if (!missing.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the fragment holds ", region.ToString(), " of tensor '",
-          job.tensors[t].key, "' but no piece fills ", missing[0].ToString(),
-          "; the plan is incomplete"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the fragment holds ", region.ToString(), " of tensor '",
+                       job.tensors[t].key, "' but no piece fills ",
+                       missing[0].ToString(), "; the plan is incomplete"));
     }
   }
   return absl::OkStatus();
@@ -152,8 +170,8 @@ GrpcPieceTransport::GrpcPieceTransport(
     : addresses_(peers), names_(std::move(names)) {
   for (const auto& [host, address] : peers) {
     auto name = names_.find(host);
-    clients_[host] = StoreClient::Connect(
-        address, name != names_.end() ? name->second : "");
+    clients_[host] =
+        StoreClient::Connect(address, name != names_.end() ? name->second : "");
   }
 }
 
@@ -229,10 +247,10 @@ absl::Status ExecuteFragment(
         continue;
       }
     }
-    PTC_ASSIGN_OR_RETURN(std::unique_ptr<PendingPut> put,
-                         store->BeginPut(job.job, job.target_version,
-                                         job.tensors[t].key, region,
-                                         std::nullopt, true, job.plan_epoch));
+    PTC_ASSIGN_OR_RETURN(
+        std::unique_ptr<PendingPut> put,
+        store->BeginPut(job.job, job.target_version, job.tensors[t].key, region,
+                        std::nullopt, true, job.plan_epoch));
     staged[t].push_back({region, put.get()});
     pending.push_back(std::move(put));
   }
@@ -283,7 +301,7 @@ absl::Status ExecuteFragment(
           }
         });
   };
-  auto fetch_remote = [&](const Batch& batch) -> absl::Status {
+  auto fetch_remote = [&](const Batch& batch, int32_t source) -> absl::Status {
     const size_t n = batch.size();
     std::vector<std::vector<PieceTarget>> targets(n);
     std::vector<StoreClient::Consumer> consumers(n);
@@ -316,9 +334,54 @@ absl::Status ExecuteFragment(
       pieces[i] = {&job.tensors[p.tensor].key, p.region, elem, targets[i],
                    &consumers[i]};
     }
-    PTC_RETURN_IF_ERROR(transport->FetchBatch(
-        batch.front()->source_host, job.job, job.source_version, pieces));
+    PTC_RETURN_IF_ERROR(
+        transport->FetchBatch(source, job.job, job.source_version, pieces));
     for (absl::Status& s : bad_chunks) PTC_RETURN_IF_ERROR(s);
+    return absl::OkStatus();
+  };
+  // Sources that failed in this fragment: their later batches go straight
+  // to the pieces' other holders.
+  std::set<int32_t> failed_sources;
+  auto source_failed = [&](int32_t host) {
+    absl::MutexLock lock(&mu);
+    return failed_sources.count(host) > 0;
+  };
+  // A batch whose source failed: each piece from its other holders in
+  // turn; an error names the piece and every source tried.
+  auto fetch_from_alternates = [&](const Batch& batch,
+                                   const absl::Status& first) -> absl::Status {
+    for (const FragmentPiece* p : batch) {
+      std::vector<std::string> tried = {
+          absl::StrCat("host ", p->source_host, ": ", first.message())};
+      bool done = false;
+      for (int32_t alt : p->alternates) {
+        if (alt == job.host || alt == p->source_host || source_failed(alt))
+          continue;
+        const absl::Status s = fetch_remote({p}, alt);
+        if (s.ok()) {
+          done = true;
+          replica_fetches_total.Add();
+          Log("transformer")
+              ->warn(
+                  "job {}: piece {} of '{}' taken from host {} instead of "
+                  "host {}",
+                  job.job, p->region.ToString(), job.tensors[p->tensor].key,
+                  alt, p->source_host);
+          break;
+        }
+        tried.push_back(absl::StrCat("host ", alt, ": ", s.message()));
+        if (IsPeerFailure(s)) {
+          absl::MutexLock lock(&mu);
+          failed_sources.insert(alt);
+        }
+      }
+      if (!done) {
+        return absl::UnavailableError(
+            absl::StrCat("no live source left for piece ", p->region.ToString(),
+                         " of tensor '", job.tensors[p->tensor].key, "' (",
+                         absl::StrJoin(tried, "; "), ")"));
+      }
+    }
     return absl::OkStatus();
   };
   auto worker = [&] {
@@ -332,13 +395,30 @@ absl::Status ExecuteFragment(
       const Batch& batch = batches[i];
       const FragmentPiece& first = *batch.front();
       const bool local = first.source_host == job.host;
-      const absl::Status s = local ? copy_local(first) : fetch_remote(batch);
+      absl::Status s;
+      if (local) {
+        s = copy_local(first);
+      } else if (source_failed(first.source_host)) {
+        s = fetch_from_alternates(
+            batch, absl::UnavailableError("failed earlier in this change"));
+      } else {
+        s = fetch_remote(batch, first.source_host);
+        if (!s.ok() && IsPeerFailure(s)) {
+          {
+            absl::MutexLock lock(&mu);
+            failed_sources.insert(first.source_host);
+          }
+          s = fetch_from_alternates(batch, s);
+        }
+      }
       int64_t bytes = 0;
       for (const FragmentPiece* p : batch)
         bytes += p->region.volume() * ElementSize(job.tensors[p->tensor].dtype);
       absl::MutexLock lock(&mu);
       if (!s.ok()) {
-        if (failure.ok()) {
+        if (failure.ok() && absl::StartsWith(s.message(), "no live source")) {
+          failure = s;
+        } else if (failure.ok()) {
           failure = Annotate(
               s, batch.size() == 1
                      ? absl::StrCat("piece ", first.region.ToString(),
@@ -357,8 +437,8 @@ absl::Status ExecuteFragment(
       if (progress) progress(totals);
     }
   };
-  const int threads = std::min<int>(job.parallel_pulls,
-                                    std::max<size_t>(1, batches.size()));
+  const int threads =
+      std::min<int>(job.parallel_pulls, std::max<size_t>(1, batches.size()));
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
   for (std::thread& t : pool) t.join();
@@ -372,9 +452,8 @@ absl::Status ExecuteFragment(
     }
   }
   for (const auto& [t, ref] : links) {
-    if (absl::Status s =
-            store->Link(job.job, job.target_version, job.tensors[t].key, ref,
-                        job.plan_epoch);
+    if (absl::Status s = store->Link(job.job, job.target_version,
+                                     job.tensors[t].key, ref, job.plan_epoch);
         !s.ok()) {
       store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
       return s;

@@ -116,6 +116,9 @@ struct FragmentPiece {
   int32_t tensor = 0;  // index into FragmentJob::tensors
   Region region;
   int32_t source_host = 0;  // == FragmentJob::host for a local copy
+  // Other hosts holding the whole piece, tried in order when source_host
+  // fails (it died or stalled mid-transfer).
+  std::vector<int32_t> alternates = {};
 };
 
 // A small object a rank of the new config takes from a rank of the old.
@@ -166,8 +169,9 @@ inline constexpr int64_t kBatchBytes = int64_t{64} << 20;
 // names the first problem.
 absl::Status ValidateFragment(const FragmentJob& job);
 
-// Runs `job` to completion (after ValidateFragment). `progress` is called after every batch, never
-// concurrently with itself. Errors name the piece, tensor and peer.
+// Runs `job` to completion (after ValidateFragment). `progress` is called after
+// every batch, never concurrently with itself. Errors name the piece, tensor
+// and peer.
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,
     const std::function<void(const FragmentProgress&)>& progress);

@@ -76,5 +76,80 @@ TEST_CASE(
   CHECK(got == std::vector<int32_t>{102, 103, 104, 105});
 }
 
+// Peers 1 and 2 hold the source version in stores of their own; peer 1
+// dies midway through its first batch (after streaming part of a piece).
+class Replicas : public PieceTransport {
+ public:
+  Replicas() {
+    for (Store* s : {&one, &two}) {
+      REQUIRE(s->DeclareTensors("job", {{"w", DType::kInt32, {8}}}).ok());
+      Put(*s, 1, Region{{0, 8}});
+    }
+  }
+  absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                     const std::string& tensor, const Region& region,
+                     int64_t element_size,
+                     const StoreClient::Consumer& consume) override {
+    asked.push_back(host);
+    if (host == 1 && one_dead)
+      return absl::UnavailableError("connection refused");
+    Store& store = host == 1 ? one : two;
+    const std::vector<int32_t> v = Read(store, version, region);
+    const char* bytes = reinterpret_cast<const char*>(v.data());
+    if (host == 1) {
+      consume(0, bytes, element_size);  // one element, then it dies
+      one_dead = true;
+      return absl::UnavailableError("the peer closed the connection");
+    }
+    consume(0, bytes, static_cast<int64_t>(v.size()) * element_size);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> FetchSmallObject(int32_t, const std::string&,
+                                               int64_t, const std::string&,
+                                               int32_t) override {
+    return absl::InternalError("no small objects here");
+  }
+
+  Store one{{1 << 20}}, two{{1 << 20}};
+  bool one_dead = false;
+  std::vector<int32_t> asked;
+};
+
+TEST_CASE(
+    "fragment executor: a source that dies midway is replaced by another "
+    "holder of its pieces; with none left the error names the piece",
+    "[transformer]") {
+  Store store({1 << 20});
+  FragmentJob job;
+  job.job = "job";
+  job.source_version = 1;
+  job.target_version = 2;
+  job.host = 0;
+  job.tensors = {{"w", DType::kInt32, {8}}};
+  job.holds = {{0, Region{{0, 8}}}};
+  job.parallel_pulls = 1;
+
+  SECTION("another replica holds them") {
+    job.pieces = {{0, Region{{0, 4}}, 1, {2}}, {0, Region{{4, 8}}, 1, {2}}};
+    Replicas transport;
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(Read(store, 2, Region{{0, 8}}) ==
+          std::vector<int32_t>{100, 101, 102, 103, 104, 105, 106, 107});
+    // Host 1 once (it died), then every piece from host 2.
+    CHECK(transport.asked == std::vector<int32_t>{1, 2, 2});
+  }
+  SECTION("no other holder: the change fails naming the piece") {
+    job.pieces = {{0, Region{{0, 4}}, 1, {}}, {0, Region{{4, 8}}, 1, {2}}};
+    Replicas transport;
+    const absl::Status s = ExecuteFragment(&store, job, &transport, nullptr);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("no live source left for piece [0:4] of "
+                               "tensor 'w' (host 1: the peer closed"));
+    // Nothing of version 2 stays.
+    CHECK(!store.OpenRead("job", 2, "w", Region{{0, 8}}).ok());
+  }
+}
+
 }  // namespace
 }  // namespace ptc

@@ -117,7 +117,16 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
   }
   for (const proto::Transfer& x : req.fragment().transfers()) {
     PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(x.region()));
-    job.pieces.push_back({x.tensor(), std::move(r), x.source_host()});
+    if (x.alternate_sources_size() > 16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a piece names ", x.alternate_sources_size(),
+                       " alternate sources; at most 16"));
+    }
+    job.pieces.push_back(
+        {x.tensor(),
+         std::move(r),
+         x.source_host(),
+         {x.alternate_sources().begin(), x.alternate_sources().end()}});
   }
   for (const proto::SmallObjectMove& m : req.small_objects()) {
     if (m.target_host() != req.host()) {
