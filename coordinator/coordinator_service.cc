@@ -399,10 +399,12 @@ void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
     const auto& s = job->state;
     if (s.target_version() == 0 || s.commit_decided() || !job->running)
       continue;
+    // A target that goes silent stops the change. A host that is only a
+    // source does not: its targets take its pieces from other holders, and
+    // the change aborts by itself if some piece has no live source left.
     const bool involved =
         std::find(s.target_hosts().begin(), s.target_hosts().end(), host) !=
-            s.target_hosts().end() ||
-        std::find(s.hosts().begin(), s.hosts().end(), host) != s.hosts().end();
+        s.target_hosts().end();
     if (!involved || job->cancel) continue;
     job->cancel_reason = absl::StrCat(
         "host ", host, " went silent (no heartbeat for ",

@@ -61,6 +61,9 @@ class SourceHolders {
           it->second.push_back(host);
       }
     }
+    ranks_.resize(by_tensor_.size());
+    for (size_t t = 0; t < by_tensor_.size(); ++t)
+      ranks_[t] = static_cast<int>(in.spec->tensors[t].shape.size());
   }
 
   // Up to kMax hosts besides the piece's source and target that hold all
@@ -68,21 +71,49 @@ class SourceHolders {
   std::vector<int32_t> Alternates(const Transfer& x) const {
     constexpr size_t kMax = 16;
     std::vector<int32_t> out;
-    for (const auto& [region, hosts] : by_tensor_[x.tensor]) {
+    auto add = [&](int32_t h) {
+      if (h == x.source_host || h == x.target_host ||
+          std::find(out.begin(), out.end(), h) != out.end())
+        return;
+      out.push_back(h);
+    };
+    // A host with one stored region that contains the piece.
+    const auto& regions = by_tensor_[x.tensor];
+    for (const auto& [region, hosts] : regions) {
       if (!region.Contains(x.region)) continue;
       for (int32_t h : hosts) {
-        if (h == x.source_host || h == x.target_host ||
-            std::find(out.begin(), out.end(), h) != out.end())
-          continue;
-        out.push_back(h);
+        add(h);
         if (out.size() == kMax) return out;
       }
+    }
+    if (!out.empty()) return out;
+    // A piece that spans several stored regions of its source (tp shards
+    // of a host, read as one): a host whose regions together cover it.
+    std::map<int32_t, std::vector<std::pair<int32_t, Region>>> parts;
+    for (const auto& [region, hosts] : regions) {
+      const Region part = region.Intersect(x.region);
+      if (part.empty()) continue;
+      for (int32_t h : hosts) parts[h].push_back({0, part});
+    }
+    constexpr size_t kMaxHostsChecked = 256;
+    size_t checked = 0;
+    for (const auto& [h, list] : parts) {
+      if (h == x.source_host || h == x.target_host) continue;
+      if (++checked > kMaxHostsChecked) break;
+      int64_t covered = 0;
+      for (const auto& [owner, cover] :
+           coordinator_internal::DisjointCover(ranks_[x.tensor], list)) {
+        for (const Region& r : cover) covered += r.volume();
+      }
+      if (covered == x.region.volume()) add(h);
+      if (out.size() == kMax) break;
     }
     return out;
   }
 
  private:
   std::vector<std::vector<std::pair<Region, std::vector<int32_t>>>> by_tensor_;
+  std::vector<int> ranks_;
 };
 
 proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
@@ -295,9 +326,10 @@ absl::Status StageAll(
 // element to one host, and each host fingerprints its share. Hosts are
 // asked in parallel, each by a few calls at once (a host's tensors are
 // dealt round-robin to them) so that it uses more than one core.
-absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
+absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     const ReconfigureRequest& r, const Layout& layout,
-    const Placement& placement, int64_t version, bool source) {
+    const Placement& placement, int64_t version, bool source,
+    const std::set<int32_t>& failed, int32_t* failed_host) {
   const PlanInput& in = *r.input;
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   // host -> [(tensor, regions)]
@@ -306,6 +338,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
     std::vector<std::pair<int32_t, Region>> held;
     for (const Shard& s : layout.shards(t)) {
       const int h = placement.host[s.rank];
+      if (failed.count(h)) continue;
       if (source ? in.HoldsSource(h) : in.IsAlive(h))
         held.push_back({h, s.region});
     }
@@ -337,6 +370,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
           absl::MutexLock lock(&mu);
           if (!fp.ok()) {
             if (failure.ok()) {
+              *failed_host = host;
               failure = Annotate(
                   fp.status(), absl::StrCat("fingerprinting version ", version,
                                             " on ", HostLabel(r, host)));
@@ -352,6 +386,36 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   for (std::thread& th : threads) th.join();
   if (!failure.ok()) return failure;
   return out;
+}
+
+// Fingerprints of `version` under `layout`. For the source, a host that
+// fails (it died during the change, its targets took its pieces from other
+// holders) is left out and the regions it covered are asked of the other
+// holders, up to a few times; a region no live host holds fails it.
+absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
+    const ReconfigureRequest& r, const Layout& layout,
+    const Placement& placement, int64_t version, bool source) {
+  std::set<int32_t> failed;
+  if (source && r.is_alive) {
+    for (const auto& [host, address] : r.addresses)
+      if (!r.is_alive(host)) failed.insert(host);
+  }
+  for (int attempt = 0;; ++attempt) {
+    int32_t failed_host = -1;
+    auto fp = FingerprintsOnce(r, layout, placement, version, source, failed,
+                               &failed_host);
+    if (fp.ok() || !source || failed_host < 0 || attempt == 3 ||
+        !(fp.status().code() == absl::StatusCode::kUnavailable ||
+          fp.status().code() == absl::StatusCode::kDeadlineExceeded)) {
+      return fp;
+    }
+    Log("coordinator")
+        ->warn(
+            "job {}: source {} did not answer for fingerprints ({}); "
+            "asking the other holders",
+            r.job, HostLabel(r, failed_host), fp.status().ToString());
+    failed.insert(failed_host);
+  }
 }
 
 // The target hosts' addresses; with `live_only`, of those alive now.

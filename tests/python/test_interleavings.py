@@ -241,3 +241,37 @@ def test_a_client_sees_its_own_commit_without_refreshing(ptc_module, cluster):
     s.commit()
     assert client.committed_version == s.version and client.committed_step == 4
     assert client.load().version == s.version
+
+
+def test_a_source_that_dies_during_the_change_is_replaced_by_its_replica(cluster):
+    """host0 and host1 each hold a whole replica (dp=2); host1 is killed just
+    as the change to host2 starts (the coordinator still plans with it as a
+    sender of half the bytes): host2 takes host1's share from host0, the
+    source fingerprints come from host0, and the change commits with every
+    element exact. (The new ranks' small objects come from their own old
+    ranks, on host0: a rank's RNG state has no replica.)"""
+    c = cluster
+    register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    c.kill("host1")  # SIGKILL: its store is gone, not yet marked dead
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                 "--hosts", "host2")
+    assert code == 0 and report["phase"] == "committed", report
+    assert report["bytes_from_peers"] > 0
+    log = (c.dir / "host2.log").read_text()
+    assert "instead of host 1" in log  # it failed over, not a plan without host1
+    verify(c)
+
+
+def test_a_piece_whose_only_source_dies_aborts_the_change_naming_it(cluster):
+    c = cluster
+    register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    c.kill("host0")  # it holds the only copy of the new ranks' RNG states
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                 "--hosts", "host2")
+    assert code != 0 and report["phase"] == "aborted", report
+    assert "small object 'iteration' for target rank 0" in report["error"], report
+    assert c.job("j")["committed_version"] == 1
