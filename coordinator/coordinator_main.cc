@@ -30,7 +30,8 @@ constexpr char kUsage[] =
   --config         "key = value" file with a key for every option (the
                    option's name with '_' for '-': state_dir, tls_ca,
                    insecure = true, ...); flags override it
-  --state-dir      directory for the coordinator's metadata (state.pb)
+  --state-dir      directory for the coordinator's metadata (state.pb: hosts;
+                   jobs/JOB.pb: each job, rewritten only when it changes)
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
   --host-timeout   a host silent for this long is dead (default 5)
   --host-expiry    a host dead this long (seconds) that no job names is

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   // Created if missing (its parent must exist), and it must be writable:
   // a coordinator that cannot persist must not take registrations.
   std::error_code error;
-  std::filesystem::create_directories(options.state_dir, error);
+  std::filesystem::create_directories(options.state_dir + "/jobs", error);
   if (error || access(options.state_dir.c_str(), W_OK | X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the state directory '", options.state_dir,
@@ -76,10 +76,48 @@ std::vector<std::string> CoordinatorService::recovery_log() const {
   return recovery_log_;
 }
 
+namespace {
+
+// A job's file in state_dir/jobs/: its name where it is a safe file name
+// (every name since job names are checked), else its bytes in hex.
+std::string JobFile(const std::string& dir, const std::string& job) {
+  return absl::StrCat(dir, "/jobs/",
+                      CheckJobName(job).ok()
+                          ? job
+                          : absl::StrCat("x-", absl::BytesToHexString(job)),
+                      ".pb");
+}
+
+}  // namespace
+
+// state.pb holds the hosts and retired epochs; each job lives in its own
+// file, rewritten only when that job changed (each file is replaced
+// atomically; a job's commit decision is in one file).
 absl::Status CoordinatorService::PersistLocked() {
+  for (auto it = persisted_jobs_.begin(); it != persisted_jobs_.end();) {
+    if (jobs_.count(it->first)) {
+      ++it;
+      continue;
+    }
+    std::error_code error;
+    std::filesystem::remove(JobFile(options_.state_dir, it->first), error);
+    if (error) {
+      return absl::InternalError(
+          absl::StrCat("removing the file of forgotten job '", it->first,
+                       "': ", error.message()));
+    }
+    it = persisted_jobs_.erase(it);
+  }
+  for (const auto& [name, j] : jobs_) {
+    std::string bytes = j->state.SerializeAsString();
+    auto it = persisted_jobs_.find(name);
+    if (it != persisted_jobs_.end() && it->second == bytes) continue;
+    PTC_RETURN_IF_ERROR(
+        WriteFileAtomically(JobFile(options_.state_dir, name), bytes));
+    persisted_jobs_[name] = std::move(bytes);
+  }
   proto::CoordinatorState state;
   for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
-  for (const auto& [name, j] : jobs_) *state.add_jobs() = j->state;
   state.mutable_retired_epochs()->insert(retired_epochs_.begin(),
                                          retired_epochs_.end());
   return WriteFileAtomically(options_.state_dir + "/state.pb",
@@ -183,9 +221,8 @@ int64_t CoordinatorService::NewVersionLocked(Job& job) {
 absl::Status CoordinatorService::Load() {
   PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
                        ReadFileIfExists(options_.state_dir + "/state.pb"));
-  if (!bytes) return absl::OkStatus();
   proto::CoordinatorState state;
-  if (!state.ParseFromString(*bytes)) {
+  if (bytes && !state.ParseFromString(*bytes)) {
     return absl::DataLossError(absl::StrCat(
         options_.state_dir, "/state.pb is not a coordinator state file"));
   }
@@ -197,7 +234,29 @@ absl::Status CoordinatorService::Load() {
   }
   retired_epochs_.insert(state.retired_epochs().begin(),
                          state.retired_epochs().end());
-  for (const auto& js : state.jobs()) {
+  // Jobs: in their own files, or inside state.pb as coordinators before
+  // per-job files wrote them (moved into files by the next write).
+  std::vector<proto::CoordinatorState::Job> loaded(state.jobs().begin(),
+                                                   state.jobs().end());
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           options_.state_dir + "/jobs", error)) {
+    if (entry.path().extension() != ".pb") continue;
+    PTC_ASSIGN_OR_RETURN(std::optional<std::string> job_bytes,
+                         ReadFileIfExists(entry.path().string()));
+    proto::CoordinatorState::Job js;
+    if (!job_bytes || !js.ParseFromString(*job_bytes) || js.job().empty()) {
+      return absl::DataLossError(
+          absl::StrCat(entry.path().string(), " is not a job's state file"));
+    }
+    loaded.erase(
+        std::remove_if(loaded.begin(), loaded.end(),
+                       [&](const auto& j) { return j.job() == js.job(); }),
+        loaded.end());
+    persisted_jobs_[js.job()] = *job_bytes;
+    loaded.push_back(std::move(js));
+  }
+  for (const auto& js : loaded) {
     auto job = std::make_unique<Job>();
     job->state = js;
     // A state file from before layout epochs and ptc-chosen versions.

@@ -263,6 +263,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
   // CoordinatorState.retired_epochs.
   std::map<std::string, int64_t> retired_epochs_ ABSL_GUARDED_BY(mu_);
+  // What each job's file (state_dir/jobs/) holds now: a write rewrites only
+  // the jobs that changed, so it does not grow with the number of jobs.
+  std::map<std::string, std::string> persisted_jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   // Hosts that came back as the same process after being declared dead:
   // the monitor proves what they hold (rule 7).

@@ -2,9 +2,12 @@
 // each is refused with a message that names the field, and the coordinator
 // keeps its registries as they were.
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "common/grpc_status.h"
@@ -151,6 +154,100 @@ TEST_CASE("coordinator: dead hosts no job names expire; others stay",
   REQUIRE(resp.hosts_size() == 1);
   CHECK(resp.hosts(0).name() == "host0");
   CHECK(!resp.hosts(0).alive());
+}
+
+TEST_CASE(
+    "coordinator: each job has its own state file, written when it changes",
+    "[coordinator]") {
+  testing::TempDir dir;
+  const std::string state_dir = dir.path() + "/state";
+  CoordinatorServerOptions options;
+  options.service.state_dir = state_dir;
+  options.service.host_timeout = absl::Hours(1);
+  auto start = [&] {
+    auto c = CoordinatorServer::Start(options);
+    REQUIRE(c.ok());
+    return std::move(*c);
+  };
+  auto coordinator = start();
+  auto stub = [&] {
+    return proto::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", coordinator->port()),
+                            grpc::InsecureChannelCredentials()));
+  };
+  auto s = stub();
+  {
+    grpc::ClientContext ctx;
+    proto::RegisterHostRequest req;
+    *req.mutable_host() = GoodHost();
+    req.mutable_host()->set_gpus(1024);
+    proto::RegisterHostResponse resp;
+    REQUIRE(s->RegisterHost(&ctx, req, &resp).ok());
+  }
+  auto register_job = [&](const std::string& name) {
+    grpc::ClientContext ctx;
+    proto::RegisterJobRequest req;
+    req.set_job(name);
+    req.set_model("gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8");
+    req.set_config("tp=1");
+    req.add_hosts("host0");
+    proto::RegisterJobResponse resp;
+    REQUIRE(s->RegisterJob(&ctx, req, &resp).ok());
+  };
+  for (int i = 0; i < 30; ++i) register_job(absl::StrCat("job", i));
+  auto inode = [](const std::string& path) {
+    struct stat st;
+    REQUIRE(stat(path.c_str(), &st) == 0);
+    return st.st_ino;
+  };
+  const auto job0 = inode(state_dir + "/jobs/job0.pb");
+  struct stat main_file;
+  REQUIRE(stat((state_dir + "/state.pb").c_str(), &main_file) == 0);
+  CHECK(main_file.st_size < 1024);  // hosts only, however many jobs
+  register_job("job30");
+  CHECK(inode(state_dir + "/jobs/job0.pb") == job0);  // not rewritten
+
+  // A restart loads them all.
+  coordinator.reset();
+  coordinator = start();
+  s = stub();
+  {
+    grpc::ClientContext ctx;
+    proto::ListJobsRequest req;
+    proto::ListJobsResponse resp;
+    REQUIRE(s->ListJobs(&ctx, req, &resp).ok());
+    CHECK(resp.jobs_size() == 31);
+  }
+  // A state file from before per-job files (jobs inside it) is read, and
+  // the next write moves its jobs into their files.
+  coordinator.reset();
+  {
+    std::ifstream in(state_dir + "/jobs/job7.pb", std::ios::binary);
+    proto::CoordinatorState::Job job7;
+    REQUIRE(job7.ParseFromIstream(&in));
+    proto::CoordinatorState legacy;
+    std::ifstream main_in(state_dir + "/state.pb", std::ios::binary);
+    REQUIRE(legacy.ParseFromIstream(&main_in));
+    *legacy.add_jobs() = job7;
+    std::ofstream(state_dir + "/state.pb", std::ios::binary | std::ios::trunc)
+        << legacy.SerializeAsString();
+    for (const auto& e :
+         std::filesystem::directory_iterator(state_dir + "/jobs"))
+      std::filesystem::remove(e.path());
+  }
+  coordinator = start();
+  s = stub();
+  {
+    grpc::ClientContext ctx;
+    proto::ListJobsRequest req;
+    proto::ListJobsResponse resp;
+    REQUIRE(s->ListJobs(&ctx, req, &resp).ok());
+    REQUIRE(resp.jobs_size() == 1);
+    CHECK(resp.jobs(0).job() == "job7");
+  }
+  register_job("job40");
+  CHECK(std::filesystem::exists(state_dir + "/jobs/job7.pb"));
+  CHECK(std::filesystem::exists(state_dir + "/jobs/job40.pb"));
 }
 
 }  // namespace

@@ -113,13 +113,15 @@ void Recovers(bool decided) {
       CHECK(list->jobs(0).versions(0).version() == 1);
     }
   }
-  // What the restarted coordinator persisted agrees.
-  auto bytes = ReadFileIfExists(dir.path() + "/state.pb");
+  // What the restarted coordinator persisted agrees (the job's own file;
+  // it read the job from a state.pb of the older format).
+  auto bytes = ReadFileIfExists(dir.path() + "/jobs/gpt.pb");
   REQUIRE(bytes.ok());
-  proto::CoordinatorState after;
+  REQUIRE(bytes->has_value());
+  proto::CoordinatorState::Job after;
   REQUIRE(after.ParseFromString(**bytes));
-  CHECK(after.jobs(0).committed_version() == (decided ? 2 : 1));
-  CHECK(after.jobs(0).target_version() == 0);
+  CHECK(after.committed_version() == (decided ? 2 : 1));
+  CHECK(after.target_version() == 0);
 }
 
 TEST_CASE("coordinator recovery: a decided commit is finished after a restart",
