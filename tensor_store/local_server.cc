@@ -187,13 +187,13 @@ void LocalServer::AcceptLoop() {
           group, ") or to allowed_uids");
       Log("tensor_store")
           ->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
-      // Refusals are explained by a short-lived thread each; a flood of
-      // them is just closed.
-      if (refusing_.fetch_add(1) >= kMaxRefusing) {
-        refusing_.fetch_sub(1);
-        close(fd);
-        continue;
-      }
+    }
+    // Refusals are explained by a short-lived thread each; a flood of them
+    // is just closed.
+    if (!conn->refusal.empty() && refusing_.fetch_add(1) >= kMaxRefusing) {
+      refusing_.fetch_sub(1);
+      close(fd);
+      continue;
     }
     absl::MutexLock lock(&mu_);
     if (stopping_) {
