@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/authz.h"
 #include "common/checksum.h"
@@ -45,6 +46,17 @@ absl::Status TensorStoreService::DoPut(
   PTC_ASSIGN_OR_RETURN(
       std::unique_ptr<PendingPut> put,
       store_->BeginPut(h.job(), h.version(), h.tensor(), region, dtype));
+  // Watched until it returns: past put_timeout the stream is cancelled and
+  // the reservation goes with `put`.
+  {
+    absl::MutexLock lock(&watch_mu_);
+    puts_[ctx] = absl::Now() + put_timeout_;
+  }
+  absl::Cleanup unwatch = [&] {
+    absl::MutexLock lock(&watch_mu_);
+    puts_.erase(ctx);
+    expired_.erase(ctx);
+  };
   uint64_t expected = msg.checksum();
   StreamingChecksum checksum;
   int64_t received = 0;
@@ -66,6 +78,17 @@ absl::Status TensorStoreService::DoPut(
     received += data.size();
   }
   if (ctx->IsCancelled()) {
+    bool timed_out;
+    {
+      absl::MutexLock lock(&watch_mu_);
+      timed_out = expired_.count(ctx) > 0;
+    }
+    if (timed_out) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the Put of ", region.ToString(), " did not end within ",
+                       absl::FormatDuration(put_timeout_),
+                       "; it was cancelled and its memory freed"));
+    }
     return absl::CancelledError(absl::StrCat("the client cancelled the Put of ",
                                              region.ToString(),
                                              "; nothing was stored"));

@@ -399,5 +399,42 @@ TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
             .ok());
 }
 
+TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",
+          "[tensor_store][hostile]") {
+  testing::TempDir dir;
+  TensorStoreServerOptions options;
+  options.memory_limit_bytes = int64_t{64} << 20;
+  options.put_timeout = absl::Milliseconds(300);
+  auto server = TensorStoreServer::Start(options);
+  REQUIRE(server.ok());
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  auto client = StoreClient::Connect(address);
+  REQUIRE(client->Declare("job", {{"w", DType::kFloat32, {1024, 1024}}}).ok());
+  auto stub = proto::TensorStore::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  proto::PutResponse resp;
+  auto writer = stub->Put(&ctx, &resp);
+  proto::PutRequest header;
+  header.mutable_header()->set_job("job");
+  header.mutable_header()->set_version(1);
+  header.mutable_header()->set_tensor("w");
+  RegionToProto(Region{{0, 1024}, {0, 1024}},
+                header.mutable_header()->mutable_region());
+  REQUIRE(writer->Write(header));
+  // 4 MiB reserved; the client sends nothing more and never closes.
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK((*server)->store()->memory_used() == int64_t{4} << 20);
+  absl::SleepFor(absl::Seconds(1));
+  CHECK((*server)->store()->memory_used() == 0);
+  // The server cancelled the call (gRPC tells the client only that; the
+  // daemon logs the reason), and the next save has the memory.
+  CHECK(writer->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(client
+            ->Put("job", 2, "w", Region{{0, 1024}, {0, 1024}},
+                  std::vector<char>(4 << 20).data(), 4 << 20)
+            .ok());
+}
+
 }  // namespace
 }  // namespace ptc

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
         s->local_, LocalServer::Start(
                        &s->store_, {options.socket_path, options.allowed_uids,
                                     options.host_name, options.allowed_gid,
-                                    JobTokensEnabled()}));
+                                    JobTokensEnabled(), options.put_timeout}));
   }
   LocalServer* local = s->local_.get();
   Store* store = &s->store_;
@@ -38,7 +38,8 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   gauge("ptc_store_local_clients",
         [local] { return local ? local->num_clients() : 0.0; });
   s->service_ = std::make_unique<TensorStoreService>(
-      &s->store_, [local] { return local ? local->num_clients() : 0; });
+      &s->store_, [local] { return local ? local->num_clients() : 0; },
+      options.put_timeout);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);

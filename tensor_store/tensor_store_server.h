@@ -39,6 +39,9 @@ struct TensorStoreServerOptions {
   bool fingerprint_committed = true;
   // Largest gRPC message accepted; larger ones fail with RESOURCE_EXHAUSTED.
   int max_message_bytes = 8 << 20;
+  // A save (a gRPC Put stream, or a local put) not finished this long after
+  // it reserved its memory is cancelled and the memory freed.
+  absl::Duration put_timeout = absl::Minutes(10);
   // Users besides the daemon's own and root allowed on the local socket.
   std::vector<uid_t> allowed_uids;
   // The group whose members may use the local socket; nullopt: the

@@ -47,12 +47,48 @@ class TensorStoreService::Call {
   const char* method_;
 };
 
+TensorStoreService::TensorStoreService(Store* store,
+                                       std::function<int()> local_clients,
+                                       absl::Duration put_timeout)
+    : store_(store),
+      local_clients_(std::move(local_clients)),
+      put_timeout_(put_timeout) {
+  watchdog_ = std::thread([this] { WatchPuts(); });
+}
+
+TensorStoreService::~TensorStoreService() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    stop_ = true;
+  }
+  watchdog_.join();
+}
+
+void TensorStoreService::WatchPuts() {
+  const absl::Duration tick =
+      std::clamp(put_timeout_ / 4, absl::Milliseconds(10), absl::Seconds(1));
+  absl::MutexLock lock(&watch_mu_);
+  while (!watch_mu_.AwaitWithTimeout(absl::Condition(&stop_), tick)) {
+    const absl::Time now = absl::Now();
+    for (auto it = puts_.begin(); it != puts_.end();) {
+      if (it->second > now) {
+        ++it;
+        continue;
+      }
+      // Under watch_mu_: the call is still running (its handler erases
+      // it under the same lock before returning).
+      it->first->TryCancel();
+      expired_.insert(it->first);
+      it = puts_.erase(it);
+    }
+  }
+}
+
 grpc::Status TensorStoreService::DeclareTensors(
     grpc::ServerContext* ctx, const proto::DeclareTensorsRequest* req,
     proto::DeclareTensorsResponse* resp) {
-  if (absl::Status denied =
-          AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "DeclareTensors",
-                       req->job());
+  if (absl::Status denied = AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient,
+                                         "DeclareTensors", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "DeclareTensors");
@@ -180,9 +216,8 @@ grpc::Status TensorStoreService::CommitVersion(
 grpc::Status TensorStoreService::PutSmallObject(
     grpc::ServerContext* ctx, const proto::PutSmallObjectRequest* req,
     proto::PutSmallObjectResponse* resp) {
-  if (absl::Status denied =
-          AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "PutSmallObject",
-                       req->job());
+  if (absl::Status denied = AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient,
+                                         "PutSmallObject", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "PutSmallObject");

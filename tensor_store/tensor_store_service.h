@@ -12,7 +12,11 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
+#include <set>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/tensor_store.grpc.pb.h"
 #include "tensor_store/store.h"
@@ -22,9 +26,12 @@ namespace ptc {
 class TensorStoreService final : public proto::TensorStore::Service {
  public:
   // `store` must outlive the service; `local_clients` reports how many
-  // Unix-socket clients are connected (for Stats).
-  TensorStoreService(Store* store, std::function<int()> local_clients)
-      : store_(store), local_clients_(std::move(local_clients)) {}
+  // Unix-socket clients are connected (for Stats). A Put stream that has not
+  // ended `put_timeout` after its header is cancelled, and the memory it
+  // reserved freed (a client that stalls must not hold it for good).
+  TensorStoreService(Store* store, std::function<int()> local_clients,
+                     absl::Duration put_timeout = absl::Minutes(10));
+  ~TensorStoreService() override;
 
   grpc::Status DeclareTensors(grpc::ServerContext* ctx,
                               const proto::DeclareTensorsRequest* req,
@@ -73,10 +80,22 @@ class TensorStoreService final : public proto::TensorStore::Service {
   absl::Status DoRead(grpc::ServerContext* ctx, const proto::ReadRequest& req,
                       grpc::ServerWriter<proto::ReadResponse>* writer);
 
+  // Cancels Put streams past their deadline (one thread for all).
+  void WatchPuts();
+
   Store* store_;
   std::function<int()> local_clients_;
+  const absl::Duration put_timeout_;
   std::atomic<int> active_calls_{0};
   const absl::Time started_ = absl::Now();
+
+  absl::Mutex watch_mu_;
+  // Put streams in progress: their call and deadline; a stream the
+  // watchdog cancelled moves to expired_.
+  std::map<grpc::ServerContext*, absl::Time> puts_ ABSL_GUARDED_BY(watch_mu_);
+  std::set<grpc::ServerContext*> expired_ ABSL_GUARDED_BY(watch_mu_);
+  bool stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watchdog_;
 };
 
 }  // namespace ptc
