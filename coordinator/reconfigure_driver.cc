@@ -209,29 +209,31 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
     addresses.push_back(it->second);
     of[it->second] = &targets;
   }
+  // One context per source, all cancelled together (as StageAll does).
+  std::map<std::string, grpc::ClientContext> contexts;
+  for (const std::string& a : addresses) {
+    contexts[a].set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  }
+  std::atomic<bool> finished{false};
+  std::thread watch([&] {
+    while (!finished.load()) {
+      if (r.cancel != nullptr && r.cancel->load()) {
+        for (auto& [a, ctx] : contexts) ctx.TryCancel();
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
   OnEachAddress(addresses, [&](const std::string& address) {
     proto::AdmitPeersRequest req;
     req.set_job(r.job);
     req.set_plan_epoch(r.plan_epoch);
     for (const std::string& h : *of.at(address)) req.add_hosts(h);
     proto::AdmitPeersResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    std::atomic<bool> answered{false};
-    std::thread watch([&] {
-      while (!answered.load()) {
-        if (r.cancel != nullptr && r.cancel->load()) {
-          ctx.TryCancel();
-          return;
-        }
-        absl::SleepFor(absl::Milliseconds(20));
-      }
-    });
     const absl::Status s =
         FromGrpcStatus(proto::Transformer::NewStub(Channel(address))
-                           ->AdmitPeers(&ctx, req, &resp));
-    answered = true;
-    watch.join();
+                           ->AdmitPeers(&contexts.at(address), req, &resp));
     if (!s.ok() && s.code() != absl::StatusCode::kUnimplemented) {
       Log("coordinator")
           ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
@@ -239,6 +241,8 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
     }
     return absl::OkStatus();
   }).IgnoreError();
+  finished = true;
+  watch.join();
 }
 
 // Stages the target version on every target host, in parallel.

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
+#include "fuzz/store_seed.h"
 #include "tensor_store/internal/unix_socket.h"
 #include "tensor_store/local_server.h"
 #include "tensor_store/store.h"
@@ -22,7 +23,7 @@ namespace ptc::fuzz {
 namespace {
 
 struct Daemon {
-  Daemon() : store(StoreOptions{int64_t{64} << 20, 0, false}) {
+  Daemon() : store(StoreOptions{kFuzzStoreBytes, 0, false}) {
     char dir[] = "/tmp/ptc-local-fuzz-XXXXXX";
     if (mkdtemp(dir) == nullptr) std::abort();
     LocalServerOptions options;
@@ -31,11 +32,7 @@ struct Daemon {
     if (!s.ok()) std::abort();
     server = *std::move(s);
     path = options.socket_path;
-    store.DeclareTensors("job", {{"w", DType::kFloat32, {16, 16}}})
-        .IgnoreError();
-    auto put = store.BeginPut("job", 1, "w", Region{{0, 16}, {0, 16}});
-    if (put.ok()) store.FinishPut(*std::move(put)).IgnoreError();
-    store.Commit("job", 1).IgnoreError();
+    SeedStore(store);
   }
   Store store;
   std::unique_ptr<LocalServer> server;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "fuzz/fuzz.h"
+#include "fuzz/store_seed.h"
 #include "proto/tensor_store.pb.h"
 #include "tensor_store/store.h"
 #include "tensor_store/tensor_store_service.h"
@@ -15,14 +16,9 @@ namespace {
 
 struct Daemon {
   Daemon()
-      : store(StoreOptions{int64_t{64} << 20, 0, false}),
+      : store(StoreOptions{kFuzzStoreBytes, 0, false}),
         service(&store, [] { return 0; }) {
-    // A job with a tensor and a committed version, for the reads.
-    store.DeclareTensors("job", {{"w", DType::kFloat32, {16, 16}}})
-        .IgnoreError();
-    auto put = store.BeginPut("job", 1, "w", Region{{0, 16}, {0, 16}});
-    if (put.ok()) store.FinishPut(*std::move(put)).IgnoreError();
-    store.Commit("job", 1).IgnoreError();
+    SeedStore(store);
   }
   Store store;
   TensorStoreService service;

@@ -96,13 +96,13 @@ constexpr char kUsage[] =
 
 absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
-      "config",        "listen",       "socket",
-      "memory-limit",  "spare-pool",   "background-fingerprints",
-      "log-level",     "allowed-uids", "allowed-group",
-      "drain-seconds", "port-file",    "coordinator",
-      "name",          "gpus",         "advertise",
-      "bandwidth",     "ucx-gets",     "tls-ca",
-      "tls-cert",      "tls-key",      "token-key",
+      "config",         "listen",        "socket",
+      "memory-limit",   "spare-pool",    "background-fingerprints",
+      "log-level",      "allowed-uids",  "allowed-group",
+      "drain-seconds",  "port-file",     "coordinator",
+      "name",           "gpus",          "advertise",
+      "bandwidth",      "ucx-gets",      "tls-ca",
+      "tls-cert",       "tls-key",       "token-key",
       "metrics-listen", "ucx-transports"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
@@ -112,39 +112,36 @@ absl::Status Run(int argc, char** argv) {
   }
   PTC_ASSIGN_OR_RETURN(const Settings settings,
                        Settings::Load(args, kOptions, kFlags));
-  // Flag, else config key, else default.
-  auto setting = [&](const std::string& name, const std::string& def) {
-    return settings.Get(name, def);
-  };
-  PTC_RETURN_IF_ERROR(SetLogLevel(setting("log-level", "info")));
+  PTC_RETURN_IF_ERROR(SetLogLevel(settings.Get("log-level", "info")));
   {
     SecurityOptions security;
-    security.ca = setting("tls-ca", "");
-    security.cert = setting("tls-cert", "");
-    security.key = setting("tls-key", "");
+    security.ca = settings.Get("tls-ca", "");
+    security.cert = settings.Get("tls-cert", "");
+    security.key = settings.Get("tls-key", "");
     PTC_ASSIGN_OR_RETURN(security.insecure, settings.Flag("insecure"));
     PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(security, "ptcd"));
-    PTC_RETURN_IF_ERROR(ConfigureJobTokens(setting("token-key", "")));
+    PTC_RETURN_IF_ERROR(ConfigureJobTokens(settings.Get("token-key", "")));
   }
   TensorStoreServerOptions options;
-  options.listen_address = setting("listen", "127.0.0.1:7070");
-  options.socket_path = setting("socket", "/run/ptcd/ptcd.sock");
+  options.listen_address = settings.Get("listen", "127.0.0.1:7070");
+  options.socket_path = settings.Get("socket", "/run/ptcd/ptcd.sock");
   if (options.socket_path == "none") options.socket_path.clear();
   PTC_ASSIGN_OR_RETURN(options.memory_limit_bytes,
-                       ParseBytes(setting("memory-limit", "8GiB")));
+                       ParseBytes(settings.Get("memory-limit", "8GiB")));
   PTC_ASSIGN_OR_RETURN(
       options.spare_pool_bytes,
-      ParseBytes(setting("spare-pool",
-                         std::to_string(options.memory_limit_bytes / 16))));
-  const std::string fingerprints = setting("background-fingerprints", "on");
+      ParseBytes(settings.Get(
+          "spare-pool", std::to_string(options.memory_limit_bytes / 16))));
+  const std::string fingerprints =
+      settings.Get("background-fingerprints", "on");
   if (fingerprints != "on" && fingerprints != "off") {
     return absl::InvalidArgumentError(
         absl::StrCat("background fingerprints must be 'on' or 'off', not '",
                      fingerprints, "'"));
   }
   options.fingerprint_committed = fingerprints == "on";
-  for (absl::string_view uid :
-       absl::StrSplit(setting("allowed-uids", ""), ',', absl::SkipEmpty())) {
+  for (absl::string_view uid : absl::StrSplit(settings.Get("allowed-uids", ""),
+                                              ',', absl::SkipEmpty())) {
     uid_t u;
     if (!absl::SimpleAtoi(uid, &u)) {
       return absl::InvalidArgumentError(
@@ -152,7 +149,8 @@ absl::Status Run(int argc, char** argv) {
     }
     options.allowed_uids.push_back(u);
   }
-  if (const std::string group = setting("allowed-group", ""); !group.empty()) {
+  if (const std::string group = settings.Get("allowed-group", "");
+      !group.empty()) {
     gid_t gid;
     if (absl::SimpleAtoi(group, &gid)) {
       options.allowed_gid = gid;
@@ -169,7 +167,7 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   int drain_seconds;
-  if (!absl::SimpleAtoi(setting("drain-seconds", "10"), &drain_seconds) ||
+  if (!absl::SimpleAtoi(settings.Get("drain-seconds", "10"), &drain_seconds) ||
       drain_seconds < 0) {
     return absl::InvalidArgumentError(
         "drain seconds must be a non-negative integer");
@@ -185,14 +183,15 @@ absl::Status Run(int argc, char** argv) {
   {
     char hostname[256] = {};
     gethostname(hostname, sizeof(hostname) - 1);
-    options.host_name = setting("name", hostname);
+    options.host_name = settings.Get("name", hostname);
   }
-  if (const std::string tls = setting("ucx-transports", ""); !tls.empty()) {
+  if (const std::string tls = settings.Get("ucx-transports", "");
+      !tls.empty()) {
     // Read by UCX when the transformer creates its workers.
     setenv("UCX_TLS", tls.c_str(), /*overwrite=*/1);
   }
   TransformerOptions transformer;
-  const std::string gets = setting("ucx-gets", "scattered");
+  const std::string gets = settings.Get("ucx-gets", "scattered");
   if (gets != "scattered" && gets != "all") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
@@ -203,7 +202,7 @@ absl::Status Run(int argc, char** argv) {
   });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
-  if (const std::string path = setting("port-file", ""); !path.empty()) {
+  if (const std::string path = settings.Get("port-file", ""); !path.empty()) {
     {
       std::ofstream out(path + ".tmp");
       out << server->port() << "\n";
@@ -211,12 +210,12 @@ absl::Status Run(int argc, char** argv) {
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
   std::unique_ptr<MetricsServer> metrics;
-  if (const std::string address = setting("metrics-listen", "");
+  if (const std::string address = settings.Get("metrics-listen", "");
       !address.empty()) {
     PTC_ASSIGN_OR_RETURN(metrics, MetricsServer::Start(address));
   }
   std::unique_ptr<CoordinatorAgent> agent;
-  if (const std::string coordinator = setting("coordinator", "");
+  if (const std::string coordinator = settings.Get("coordinator", "");
       !coordinator.empty()) {
     proto::HostStatus host;
     char hostname[256] = {};
@@ -224,12 +223,12 @@ absl::Status Run(int argc, char** argv) {
     host.set_name(options.host_name);
     int gpus = 8;
     double bandwidth = 25e9;
-    if (!absl::SimpleAtoi(setting("gpus", "8"), &gpus) || gpus < 1 ||
+    if (!absl::SimpleAtoi(settings.Get("gpus", "8"), &gpus) || gpus < 1 ||
         gpus > kMaxGpusPerHost) {
       return absl::InvalidArgumentError(
           absl::StrCat("--gpus needs a number from 1 to ", kMaxGpusPerHost));
     }
-    if (!absl::SimpleAtod(setting("bandwidth", "25e9"), &bandwidth) ||
+    if (!absl::SimpleAtod(settings.Get("bandwidth", "25e9"), &bandwidth) ||
         !(bandwidth > 0 && bandwidth <= kMaxHostBandwidth)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--bandwidth needs bytes per second, above 0 and at most ",
@@ -239,7 +238,7 @@ absl::Status Run(int argc, char** argv) {
     host.set_bandwidth(bandwidth);
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
-    std::string advertise = setting("advertise", "");
+    std::string advertise = settings.Get("advertise", "");
     if (advertise.empty()) {
       const std::string listen = options.listen_address;
       advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",

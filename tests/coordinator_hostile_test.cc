@@ -194,6 +194,13 @@ TEST_CASE(
     proto::RegisterJobResponse resp;
     REQUIRE(s->RegisterJob(&ctx, req, &resp).ok());
   };
+  auto list_jobs = [&] {
+    grpc::ClientContext ctx;
+    proto::ListJobsRequest req;
+    proto::ListJobsResponse resp;
+    REQUIRE(s->ListJobs(&ctx, req, &resp).ok());
+    return resp;
+  };
   for (int i = 0; i < 30; ++i) register_job(absl::StrCat("job", i));
   auto inode = [](const std::string& path) {
     struct stat st;
@@ -211,13 +218,7 @@ TEST_CASE(
   coordinator.reset();
   coordinator = start();
   s = stub();
-  {
-    grpc::ClientContext ctx;
-    proto::ListJobsRequest req;
-    proto::ListJobsResponse resp;
-    REQUIRE(s->ListJobs(&ctx, req, &resp).ok());
-    CHECK(resp.jobs_size() == 31);
-  }
+  CHECK(list_jobs().jobs_size() == 31);
   // A state file from before per-job files (jobs inside it) is read, and
   // the next write moves its jobs into their files.
   coordinator.reset();
@@ -237,14 +238,9 @@ TEST_CASE(
   }
   coordinator = start();
   s = stub();
-  {
-    grpc::ClientContext ctx;
-    proto::ListJobsRequest req;
-    proto::ListJobsResponse resp;
-    REQUIRE(s->ListJobs(&ctx, req, &resp).ok());
-    REQUIRE(resp.jobs_size() == 1);
-    CHECK(resp.jobs(0).job() == "job7");
-  }
+  const proto::ListJobsResponse migrated = list_jobs();
+  REQUIRE(migrated.jobs_size() == 1);
+  CHECK(migrated.jobs(0).job() == "job7");
   register_job("job40");
   CHECK(std::filesystem::exists(state_dir + "/jobs/job7.pb"));
   CHECK(std::filesystem::exists(state_dir + "/jobs/job40.pb"));
