@@ -7,7 +7,9 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/channel.h"
@@ -180,6 +182,50 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   return req;
 }
 
+// Source hosts (not targets) that hold the only copy of something the plan
+// needs, with what: a small object (a rank's RNG state has no replica) or a
+// piece no other live host holds. If one goes silent the change cannot
+// finish, and is stopped at once rather than when a transfer times out.
+std::map<int32_t, std::string> SoleSources(const ReconfigureRequest& r,
+                                           const SourceHolders& holders) {
+  std::set<int32_t> targets;
+  for (const HostFragment& f : r.plan->fragments) targets.insert(f.host);
+  std::map<int32_t, std::string> out;
+  for (const SmallObjectMove& m : r.plan->small_objects) {
+    if (!m.derive_from.empty() || targets.count(m.source_host)) continue;
+    out.emplace(m.source_host, absl::StrCat("small object '", m.name,
+                                            "' of rank ", m.source_rank));
+  }
+  for (const HostFragment& f : r.plan->fragments) {
+    ForEachPiece(f, [&](const Transfer& x) {
+      if (targets.count(x.source_host) || out.count(x.source_host)) return;
+      Transfer t = x;
+      t.target_host = f.host;
+      if (holders.Alternates(t).empty()) {
+        out.emplace(x.source_host,
+                    absl::StrCat("a piece of tensor '",
+                                 r.input->spec->tensors[x.tensor].key, "'"));
+      }
+    });
+  }
+  return out;
+}
+
+// The first sole source that is no longer alive, as an error; OK if none.
+absl::Status SoleSourceLost(const ReconfigureRequest& r,
+                            const std::map<int32_t, std::string>& sole) {
+  if (!r.is_alive) return absl::OkStatus();
+  for (const auto& [host, what] : sole) {
+    if (r.is_alive(host)) continue;
+    return absl::UnavailableError(absl::StrCat(
+        "host ", HostLabel(r, host),
+        " went silent during the change (no heartbeat within the host "
+        "timeout) and it holds the only copy of ",
+        what));
+  }
+  return absl::OkStatus();
+}
+
 // Tells every source host which target hosts pull from it in this epoch:
 // with TLS it serves those hosts' SendParts and ExposePieces only. A source
 // that cannot be told is logged, not fatal: its targets then fail to pull
@@ -202,12 +248,14 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
   }
   std::vector<std::string> addresses;
   std::map<std::string, const std::set<std::string>*> of;
+  std::map<std::string, int32_t> host_of;
   for (const auto& [source, targets] : pullers) {
     auto it = r.addresses.find(source);
     if (it == r.addresses.end() || (r.is_alive && !r.is_alive(source)))
       continue;
     addresses.push_back(it->second);
     of[it->second] = &targets;
+    host_of[it->second] = source;
   }
   // One context per source, all cancelled together (as StageAll does).
   std::map<std::string, grpc::ClientContext> contexts;
@@ -217,10 +265,20 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
   }
   std::atomic<bool> finished{false};
   std::thread watch([&] {
-    while (!finished.load()) {
+    std::set<std::string> given_up;
+    for (int tick = 0; !finished.load(); ++tick) {
       if (r.cancel != nullptr && r.cancel->load()) {
         for (auto& [a, ctx] : contexts) ctx.TryCancel();
         return;
+      }
+      // A source that went silent is not waited for.
+      if (r.is_alive && tick % 10 == 0) {
+        for (auto& [a, ctx] : contexts) {
+          if (!given_up.count(a) && !r.is_alive(host_of.at(a))) {
+            given_up.insert(a);
+            ctx.TryCancel();
+          }
+        }
       }
       absl::SleepFor(absl::Milliseconds(20));
     }
@@ -300,17 +358,26 @@ absl::Status StageAll(
       running.fetch_sub(1);
     });
   }
+  const std::map<int32_t, std::string> sole = SoleSources(r, holders);
   bool cancelled = false;
-  while (running.load() > 0) {
+  absl::Status lost;
+  for (int tick = 0; running.load() > 0; ++tick) {
     if (!cancelled && r.cancel != nullptr && r.cancel->load()) {
       cancelled = true;
       for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+    }
+    if (!cancelled && lost.ok() && tick % 10 == 0) {
+      lost = SoleSourceLost(r, sole);
+      if (!lost.ok()) {
+        for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+      }
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
   for (std::thread& t : threads) t.join();
   if (cancelled)
     return absl::CancelledError("the reconfiguration was aborted by request");
+  if (!lost.ok()) return lost;
   for (int i = 0; i < n; ++i) {
     report->bytes_moved += done[i];
     report->bytes_from_peers += remote[i];
@@ -422,6 +489,30 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   }
 }
 
+// The hosts the plan uses (targets, and sources of pieces and small objects)
+// that are no longer alive: named when a change fails, since a transfer
+// error ("failed to connect", a deadline) rarely says that its peer died.
+std::string SilentHostsNote(const ReconfigureRequest& r) {
+  if (!r.is_alive) return "";
+  std::set<int32_t> used;
+  for (const HostFragment& f : r.plan->fragments) {
+    used.insert(f.host);
+    ForEachPiece(f, [&](const Transfer& x) { used.insert(x.source_host); });
+  }
+  for (const SmallObjectMove& m : r.plan->small_objects) {
+    if (m.derive_from.empty()) used.insert(m.source_host);
+  }
+  std::vector<std::string> silent;
+  for (int32_t h : used) {
+    if (!r.is_alive(h)) silent.push_back(r.input->cluster->hosts[h].name);
+  }
+  if (silent.empty()) return "";
+  return absl::StrCat(" (", silent.size() > 1 ? "hosts " : "host ",
+                      absl::StrJoin(silent, ", "),
+                      " went silent during the change: no heartbeat within "
+                      "the host timeout)");
+}
+
 // The target hosts' addresses; with `live_only`, of those alive now.
 std::vector<std::string> TargetAddresses(const ReconfigureRequest& r,
                                          bool live_only) {
@@ -486,6 +577,13 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     // (their heartbeats list the version, which nothing owns).
     AbortStagedOn(TargetAddresses(r, true), r.job, r.target_version,
                   r.plan_epoch, absl::Seconds(3));
+    if (staged.code() != absl::StatusCode::kCancelled &&
+        !absl::StrContains(staged.message(), "went silent")) {
+      if (std::string note = SilentHostsNote(r); !note.empty()) {
+        staged =
+            absl::Status(staged.code(), absl::StrCat(staged.message(), note));
+      }
+    }
     Log("coordinator")
         ->error(
             "job {} epoch {}: reconfiguration aborted, version {} intact: {}",

@@ -275,3 +275,30 @@ def test_a_piece_whose_only_source_dies_aborts_the_change_naming_it(cluster):
     assert code != 0 and report["phase"] == "aborted", report
     assert "small object 'iteration' for target rank 0" in report["error"], report
     assert c.job("j")["committed_version"] == 1
+
+
+def test_a_silent_source_with_the_only_copy_aborts_the_change_naming_it(cluster):
+    """As above, but host0 is stopped, not killed: a pull from it would hang
+    until its connection times out. The coordinator sees its heartbeats stop
+    and, since it holds the only copy of the new ranks' RNG states, stops
+    the change at once, naming it."""
+    c = cluster
+    register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    c.stop_process("host0")
+    try:
+        start = time.time()
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                     "--hosts", "host2")
+        assert code != 0 and report["phase"] == "aborted", report
+        assert "host host0 (" in report["error"], report
+        assert "went silent during the change" in report["error"], report
+        assert "the only copy of small object" in report["error"], report
+        # Stopped when its heartbeats stop, not when a transfer times out.
+        assert time.time() - start < c.host_timeout + 8
+        assert c.job("j")["committed_version"] == 1
+    finally:
+        c.resume_process("host0")
+    settle(c, ("host0", "host1", "host2"), timeout=20)
+    verify(c)
