@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/authz.h"
@@ -16,7 +17,9 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
+#include "snapshot/snapshot_dir.h"
 #include "state_transformer/fragment_executor.h"
+#include "state_transformer/snapshot_transport.h"
 #include "state_transformer/ucx_transport.h"
 
 namespace ptc {
@@ -188,6 +191,29 @@ absl::Status TransformerService::DoExecute(
     return absl::InvalidArgumentError(absl::StrCat(
         "transport '", req.transport(), "' is unknown; use ucx or grpc"));
   }
+  // Pieces no live host holds come from the job's snapshot.
+  const bool from_snapshot =
+      std::any_of(job.pieces.begin(), job.pieces.end(),
+                  [](const FragmentPiece& p) {
+                    return p.source_host == kSnapshotHost;
+                  }) ||
+      std::any_of(job.small_objects.begin(), job.small_objects.end(),
+                  [](const FragmentSmallObject& o) {
+                    return o.derive_from.empty() &&
+                           o.source_host == kSnapshotHost;
+                  });
+  SnapshotPieceTransport* snapshot = nullptr;
+  if (from_snapshot) {
+    PTC_RETURN_IF_ERROR(Annotate(
+        CheckSnapshotRoot(req.snapshot().dir(), options_.snapshot_root),
+        "the fragment's snapshot"));
+    auto t = std::make_unique<SnapshotPieceTransport>(
+        std::move(transport), req.snapshot(), job.tensors);
+    snapshot = t.get();
+    transport = std::move(t);
+  }
+  fragments_running_.fetch_add(1);
+  absl::Cleanup running = [this] { fragments_running_.fetch_sub(1); };
   // The tensors must be declared before the version can be created.
   PTC_RETURN_IF_ERROR(store_->DeclareTensors(job.job, job.tensors).status());
   PTC_RETURN_IF_ERROR(Annotate(
@@ -202,6 +228,7 @@ absl::Status TransformerService::DoExecute(
     msg.set_remote_bytes_done(p.remote_bytes_done);
     msg.set_pieces_done(p.pieces_done);
     msg.set_pieces_total(p.pieces_total);
+    if (snapshot != nullptr) msg.set_snapshot_bytes_read(snapshot->bytes_read());
     // At most every 50 ms; the final message below always carries totals.
     if (reader_gone || absl::Now() - last_report < absl::Milliseconds(50))
       return;
@@ -220,6 +247,7 @@ absl::Status TransformerService::DoExecute(
         "the coordinator went away; the staged version was deleted");
   }
   msg.set_done(true);
+  if (snapshot != nullptr) msg.set_snapshot_bytes_read(snapshot->bytes_read());
   writer->Write(msg);
   return absl::OkStatus();
 }

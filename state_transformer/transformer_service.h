@@ -6,6 +6,7 @@
 #ifndef PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
 #define PTC_STATE_TRANSFORMER_TRANSFORMER_SERVICE_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <set>
@@ -32,6 +33,9 @@ struct TransformerOptions {
   // Sends are faster here (UCX emulates gets on one machine with two
   // copies); on an RDMA network both are one-sided reads.
   bool gets_for_contiguous = false;
+  // Snapshots are written and read only under this directory (empty: any
+  // absolute path).
+  std::string snapshot_root;
 };
 
 // The fragment an ExecuteFragment request asks this host to stage, checked
@@ -63,6 +67,16 @@ class TransformerService final : public proto::Transformer::Service {
   grpc::Status AdmitPeers(grpc::ServerContext* ctx,
                           const proto::AdmitPeersRequest* req,
                           proto::AdmitPeersResponse* resp) override;
+  // Snapshots (snapshot_rpc.cc).
+  grpc::Status WriteSnapshot(
+      grpc::ServerContext* ctx, const proto::WriteSnapshotRequest* req,
+      grpc::ServerWriter<proto::SnapshotProgress>* writer) override;
+  grpc::Status FinishSnapshot(grpc::ServerContext* ctx,
+                              const proto::FinishSnapshotRequest* req,
+                              proto::FinishSnapshotResponse* resp) override;
+  grpc::Status ReadSnapshot(grpc::ServerContext* ctx,
+                            const proto::ReadSnapshotRequest* req,
+                            proto::ReadSnapshotResponse* resp) override;
 
   bool has_ucx() const { return ucx_ != nullptr; }
 
@@ -147,6 +161,9 @@ class TransformerService final : public proto::Transformer::Service {
       ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread sweeper_;
+  // Fragments executing now: snapshot writes wait while there are any, so
+  // that a change does not share the host with them.
+  std::atomic<int> fragments_running_{0};
 };
 
 }  // namespace ptc

@@ -27,6 +27,7 @@
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
+#include "snapshot/snapshot_dir.h"
 #include "state_transformer/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
@@ -42,6 +43,7 @@ constexpr char kUsage[] =
             [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
              [--bandwidth BYTES_PER_S]] [--ucx-gets scattered|all]
+            [--snapshot-root DIR]
             (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
   --config         "key = value" file with a key for every option (the
@@ -86,6 +88,9 @@ constexpr char kUsage[] =
                    default: off)
   --ucx-transports the UCX transports to use (UCX_TLS syntax, e.g. "^cma";
                    default: UCX's choice, or $UCX_TLS)
+  --snapshot-root  snapshots are written to and read from directories
+                   under DIR only (default: any absolute path the daemon
+                   may write; systemd's unit allows /var/lib/ptc/snapshots)
   --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
                    one-sided gets when it stages a reconfiguration:
                    "scattered" (default) those that are several long runs
@@ -103,7 +108,7 @@ absl::Status Run(int argc, char** argv) {
       "name",           "gpus",          "advertise",
       "bandwidth",      "ucx-gets",      "tls-ca",
       "tls-cert",       "tls-key",       "token-key",
-      "metrics-listen", "ucx-transports"};
+      "metrics-listen", "ucx-transports", "snapshot-root"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -197,6 +202,11 @@ absl::Status Run(int argc, char** argv) {
         "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
   }
   transformer.gets_for_contiguous = gets == "all";
+  transformer.snapshot_root = settings.Get("snapshot-root", "");
+  if (!transformer.snapshot_root.empty()) {
+    PTC_RETURN_IF_ERROR(Annotate(CheckSnapshotRoot(transformer.snapshot_root, ""),
+                                 "--snapshot-root"));
+  }
   options.services.push_back([transformer](Store* store) {
     return std::make_unique<TransformerService>(store, transformer);
   });
