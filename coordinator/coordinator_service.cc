@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   PTC_RETURN_IF_ERROR(s->Load());
   s->Recover();
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
+  s->snapshotter_ = std::thread([p = s.get()] { p->SnapshotLoop(); });
   return s;
 }
 
@@ -61,6 +62,7 @@ CoordinatorService::~CoordinatorService() {
     for (auto& [name, job] : jobs_) job->cancel = true;
   }
   if (monitor_.joinable()) monitor_.join();
+  if (snapshotter_.joinable()) snapshotter_.join();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -159,6 +161,8 @@ std::map<std::string, int64_t> HostBytesOf(
   return out;
 }
 
+}  // namespace
+
 // The spec of a job as the state file or a registration gives it.
 absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
     const std::string& model, const proto::LayoutSpec* layout) {
@@ -179,7 +183,6 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
   return std::make_shared<const ModelSpec>(std::move(spec));
 }
 
-}  // namespace
 
 void CoordinatorService::AdoptTargetLocked(Job& job) {
   proto::CoordinatorState::Job& s = job.state;
@@ -881,6 +884,9 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     s->set_committed_step(j->state.committed_step());
     for (const auto& o : j->state.open_saves()) s->add_open_saves(o.version());
     for (const std::string& h : j->state.lost_hosts()) s->add_lost_hosts(h);
+    s->set_snapshot_version(j->state.snapshot_version());
+    s->set_snapshot_root(j->state.snapshot_root());
+    s->set_snapshot_unix(j->state.snapshot_unix());
     for (const std::string& a : j->spec->mesh) s->add_mesh(a);
     if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;

@@ -57,10 +57,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "proto/snapshot.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
 
 namespace ptc {
+
+// The spec of a job as the state file or a registration gives it: a
+// layout spec, or a built-in model's name (not both).
+absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
+    const std::string& model, const proto::LayoutSpec* layout);
 
 struct CoordinatorOptions {
   // Where state.pb lives; created if missing, and must be writable.
@@ -133,6 +139,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
                         proto::ListJobsResponse*) override;
   grpc::Status JobToken(grpc::ServerContext*, const proto::JobTokenRequest*,
                         proto::JobTokenResponse*) override;
+  // Snapshots (snapshot_rpc.cc).
+  grpc::Status Snapshot(grpc::ServerContext* ctx,
+                        const proto::SnapshotRequest* req,
+                        grpc::ServerWriter<proto::SnapshotEvent>* writer) override;
+  grpc::Status Restore(grpc::ServerContext* ctx,
+                       const proto::RestoreRequest* req,
+                       proto::ReconfigureResponse* resp) override;
 
   // What the last restart did with reconfigurations it found in flight,
   // one line per job ("job j: resumed the commit of epoch 3").
@@ -178,6 +191,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
   };
   struct Flight;
   struct Planned;
+  // A snapshot a change reads from: regions no live host holds (a
+  // recovery), or everything (a restore).
+  struct SnapshotUse {
+    std::string dir;
+    proto::SnapshotManifest manifest;
+    bool restore = false;
+  };
 
   explicit CoordinatorService(CoordinatorOptions options)
       : options_(std::move(options)) {}
@@ -241,7 +261,28 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Plans `req` for its job (checks included; a committed version only if
   // `need_committed`); starts nothing.
   absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req,
-                                     bool need_committed);
+                                     bool need_committed,
+                                     const SnapshotUse* snapshot = nullptr);
+  // PlanChange, then StartChange.
+  absl::Status PlanAndStart(const proto::ReconfigureRequest& req,
+                            bool need_committed, const SnapshotUse* snapshot,
+                            proto::ReconfigureResponse* resp);
+  // Starts a planned change (DoReconfigure's second half).
+  absl::Status StartChange(const proto::ReconfigureRequest& req,
+                           Planned planned, proto::ReconfigureResponse* resp);
+  // Writes a snapshot of the job's committed version (Snapshot's work;
+  // also the periodic snapshotter's). `progress` may be null.
+  absl::StatusOr<proto::SnapshotEvent> DoSnapshot(
+      const proto::SnapshotRequest& req,
+      const std::function<void(const proto::SnapshotEvent&)>& progress);
+  absl::Status DoRestore(const proto::RestoreRequest& req,
+                         proto::ReconfigureResponse* resp);
+  // The newest complete snapshot under `root`, read by a live host.
+  absl::StatusOr<SnapshotUse> ReadSnapshotVia(const std::string& job,
+                                              const std::string& root,
+                                              const std::vector<std::string>& hosts);
+  // Takes periodic snapshots (jobs with a snapshot policy), one at a time.
+  void SnapshotLoop();
   absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
                              proto::ReconfigureResponse* resp);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,
@@ -272,6 +313,11 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::set<std::string> verify_hosts_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
+  std::thread snapshotter_;
+  // Jobs with a snapshot being written (one at a time per job).
+  std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);
+  // Periodic snapshots that failed: not retried before this time.
+  std::map<std::string, absl::Time> snapshot_retry_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ptc

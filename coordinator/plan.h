@@ -33,12 +33,20 @@ struct PlanInput {
   // they provide no small objects either.
   std::vector<int> source_lost;
 
+  // Regions and small objects no live host holds come from the job's
+  // snapshot of the source version: transfers and small-object moves with
+  // source host kFromSnapshot (instead of failing the plan).
+  bool snapshot_source = false;
+
   bool IsAlive(int host) const { return alive.empty() || alive[host]; }
   bool HoldsSource(int host) const {
     return IsAlive(host) && std::find(source_lost.begin(), source_lost.end(),
                                       host) == source_lost.end();
   }
 };
+
+// The source host of pieces and small objects read from a snapshot.
+inline constexpr int32_t kFromSnapshot = -1;
 
 // One piece of a target region and where it comes from. A piece whose
 // source host is its target host is a copy inside the host's store.
@@ -128,6 +136,8 @@ struct PlanSummary {
   int64_t small_object_moves = 0;
   // Wall time to compute the plan; filled by the caller who timed it.
   double plan_seconds = 0;
+  // Bytes read from the snapshot (regions no live host held).
+  int64_t snapshot_bytes = 0;
   // Per cluster host.
   std::vector<int64_t> host_send_bytes;
   std::vector<int64_t> host_receive_bytes;

@@ -63,6 +63,7 @@ void WritePlanSummary(const PlanSummary& s, const Cluster& cluster,
       .Double(s.max_host_send_seconds_lower_bound);
   w->Key("transfers").Int(s.transfers);
   w->Key("small_object_moves").Int(s.small_object_moves);
+  w->Key("snapshot_bytes").Int(s.snapshot_bytes);
   w->Key("plan_seconds").Double(s.plan_seconds);
   w->EndObject();
 }

@@ -51,6 +51,7 @@ proto::Plan PlanToProto(const Plan& plan) {
       s.max_host_send_seconds_lower_bound);
   ps->set_transfers(s.transfers);
   ps->set_small_object_moves(s.small_object_moves);
+  ps->set_snapshot_bytes(s.snapshot_bytes);
   ps->set_plan_seconds(s.plan_seconds);
   for (int64_t b : s.host_send_bytes) ps->add_host_send_bytes(b);
   for (int64_t b : s.host_receive_bytes) ps->add_host_receive_bytes(b);
@@ -95,6 +96,7 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
   s.max_host_send_seconds_lower_bound = ps.max_host_send_seconds_lower_bound();
   s.transfers = ps.transfers();
   s.small_object_moves = ps.small_object_moves();
+  s.snapshot_bytes = ps.snapshot_bytes();
   s.plan_seconds = ps.plan_seconds();
   s.host_send_bytes.assign(ps.host_send_bytes().begin(),
                            ps.host_send_bytes().end());

@@ -29,7 +29,9 @@ absl::Status Bad(const PlanInput& in, const Transfer& x,
   return absl::InvalidArgumentError(absl::StrCat(
       "invalid plan: transfer of tensor '", in.spec->tensors[x.tensor].key,
       "' region ", x.region.ToString(), " from ",
-      in.cluster->hosts[x.source_host].name, " to ",
+      x.source_host == kFromSnapshot ? std::string("the snapshot")
+                                     : in.cluster->hosts[x.source_host].name,
+      " to ",
       in.cluster->hosts[x.target_host].name, ": ", what));
 }
 
@@ -63,7 +65,10 @@ absl::StatusOr<std::vector<std::vector<const Transfer*>>> GroupTransfers(
     for (const Transfer& x : f.transfers) all.push_back({f.host, &x});
   for (const auto& [host, px] : all) {
     const Transfer& x = *px;
-    if (x.tensor < 0 || x.tensor >= num_tensors || x.source_host < 0 ||
+    const bool from_snapshot =
+        x.source_host == kFromSnapshot && in.snapshot_source;
+    if (x.tensor < 0 || x.tensor >= num_tensors ||
+        (!from_snapshot && x.source_host < 0) ||
         x.source_host >= num_hosts || x.target_host != host) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid plan: a transfer in the fragment of ",
@@ -74,7 +79,7 @@ absl::StatusOr<std::vector<std::vector<const Transfer*>>> GroupTransfers(
         Annotate(ValidateRegion(x.region, in.spec->tensors[x.tensor].shape),
                  absl::StrCat("invalid plan: tensor '",
                               in.spec->tensors[x.tensor].key, "'")));
-    if (!in.HoldsSource(x.source_host))
+    if (!from_snapshot && !in.HoldsSource(x.source_host))
       return Bad(in, x, "the source host is dead or lost the source");
     if (plan.per_rank) {
       if (x.target_rank < 0 || x.target_rank >= in.target->world_size() ||
@@ -127,8 +132,10 @@ absl::Status ValidateTensor(const PlanInput& in, const Plan& plan, int t,
     std::sort(n.begin(), n.end());
     n.erase(std::unique(n.begin(), n.end()), n.end());
     for (const Piece& p : pieces[c]) {
-      if (std::find(hold[c].begin(), hold[c].end(), p.source_host) ==
-          hold[c].end()) {
+      // The snapshot holds every region of the source version.
+      if (!(p.source_host == kFromSnapshot && in.snapshot_source) &&
+          std::find(hold[c].begin(), hold[c].end(), p.source_host) ==
+              hold[c].end()) {
         return Bad(in, *p.transfer,
                    absl::StrCat("the source host does not hold ",
                                 grid.CellRegion(c).ToString()));

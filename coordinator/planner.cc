@@ -128,6 +128,7 @@ struct Scratch {
   std::vector<std::vector<int64_t>> cells_of;  // per region id
   std::vector<absl::InlinedVector<int32_t, 4>> holders, needers, in_place;
   std::vector<std::vector<Region>> local;  // per target host
+  std::vector<std::vector<Region>> disk;   // per target host: from snapshot
   // Per host: the stamp of the last cell it holds / keeps in place.
   std::vector<int64_t> holds_cell, keeps_cell;
   int64_t stamp = 0;
@@ -199,7 +200,7 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     for (int64_t c : s->cells_of[IdOf(r)]) add(s->needers[c], h);
   }
 
-  std::vector<int32_t> local_hosts;
+  std::vector<int32_t> local_hosts, disk_hosts;
   for (int64_t c = 0; c < cells; ++c) {
     const auto& need = s->needers[c];
     if (need.empty()) continue;
@@ -224,7 +225,12 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
         a->copied_within_host_bytes += bytes;
         continue;
       }
-      if (hold.empty()) return NoSurvivingCopy(in, t, cell, h);
+      if (hold.empty()) {
+        if (!in.snapshot_source) return NoSurvivingCopy(in, t, cell, h);
+        if (s->disk[h].empty()) disk_hosts.push_back(h);
+        s->disk[h].push_back(cell);
+        continue;
+      }
       if (klass < 0) {
         std::vector<int32_t> key(hold.begin(), hold.end());
         auto [it, inserted] = s->class_of.emplace(
@@ -247,6 +253,13 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
     }
     s->local[h].clear();
   }
+  for (int32_t h : disk_hosts) {
+    CoalesceBoxes(&s->disk[h]);
+    for (const Region& r : s->disk[h]) {
+      a->fragments[h].transfers.push_back({t, r, kFromSnapshot, h, -1});
+    }
+    s->disk[h].clear();
+  }
   return absl::OkStatus();
 }
 
@@ -262,6 +275,7 @@ absl::Status AnalyzeRange(const PlanInput& in, int begin, int end,
     a->fragments[h].holds.reserve(shards_on[h]);
   }
   scratch->local.resize(num_hosts);
+  scratch->disk.resize(num_hosts);
   scratch->holds_cell.assign(num_hosts, 0);
   scratch->keeps_cell.assign(num_hosts, 0);
   for (int t = begin; t < end; ++t) {
@@ -509,6 +523,10 @@ void Summarize(const PlanInput& in, Plan* plan) {
       if (x.source_host == x.target_host) continue;
       const int64_t bytes =
           x.region.volume() * ElementSize(in.spec->tensors[x.tensor].dtype);
+      if (x.source_host == kFromSnapshot) {
+        s.snapshot_bytes += bytes;
+        continue;
+      }
       s.cross_host_bytes += bytes;
       s.host_send_bytes[x.source_host] += bytes;
       s.host_receive_bytes[x.target_host] += bytes;
@@ -540,6 +558,7 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
   struct Resolved {
     int32_t source_rank = -1;  // -1: derived from `derive_from`
     std::string derive_from;
+    bool from_snapshot = false;  // source_rank's copy in the snapshot
   };
   std::vector<absl::flat_hash_map<std::string, Resolved>> resolved(
       in.spec->small_objects.size());
@@ -565,6 +584,9 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
               });
           if (alive != source.candidates.end()) {
             res.source_rank = *alive;
+          } else if (in.snapshot_source && !source.candidates.empty()) {
+            res.source_rank = source.candidates.front();
+            res.from_snapshot = true;
           } else if (obj.new_ranks == NewRankRule::kDerive) {
             // Its copy died with its host: a fresh value (an RNG seed) is
             // as good as the lost one.
@@ -586,7 +608,9 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
       } else {
         plan->small_objects.push_back(
             {obj.name, r, res.source_rank,
-             in.source_placement->host[res.source_rank], target_host});
+             res.from_snapshot ? kFromSnapshot
+                               : in.source_placement->host[res.source_rank],
+             target_host});
       }
     }
   }

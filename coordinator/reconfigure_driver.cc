@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "coordinator/internal/cover.h"
 #include "coordinator/plan_proto.h"
+#include "coordinator/snapshot_plan.h"
 #include "proto/transformer.grpc.pb.h"
 #include "tensor_store/store_client.h"
 
@@ -152,10 +153,13 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     if (it != r.addresses.end()) (*req.mutable_peers())[host] = it->second;
     (*req.mutable_peer_names())[host] = r.input->cluster->hosts[host].name;
   };
-  ForEachPiece(f, [&](const Transfer& x) { add_peer(x.source_host); });
+  ForEachPiece(f, [&](const Transfer& x) {
+    if (x.source_host != kFromSnapshot) add_peer(x.source_host);
+  });
   // Other holders of each remote piece, for a source that fails midway.
   for (proto::Transfer& x : *req.mutable_fragment()->mutable_transfers()) {
-    if (x.source_host() == f.host) continue;
+    if (x.source_host() == f.host || x.source_host() == kFromSnapshot)
+      continue;
     Transfer t;
     t.tensor = x.tensor();
     t.source_host = x.source_host();
@@ -177,7 +181,12 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     pm->set_source_host(m.source_host);
     pm->set_derive_from(m.derive_from);
     pm->set_target_host(m.target_host);
-    if (m.derive_from.empty()) add_peer(m.source_host);
+    if (m.derive_from.empty() && m.source_host != kFromSnapshot)
+      add_peer(m.source_host);
+  }
+  if (r.snapshot != nullptr) {
+    *req.mutable_snapshot() =
+        SnapshotSourceFor(*r.snapshot, r.snapshot_dir, *r.plan, f);
   }
   return req;
 }
@@ -192,13 +201,17 @@ std::map<int32_t, std::string> SoleSources(const ReconfigureRequest& r,
   for (const HostFragment& f : r.plan->fragments) targets.insert(f.host);
   std::map<int32_t, std::string> out;
   for (const SmallObjectMove& m : r.plan->small_objects) {
-    if (!m.derive_from.empty() || targets.count(m.source_host)) continue;
+    if (!m.derive_from.empty() || targets.count(m.source_host) ||
+        m.source_host == kFromSnapshot)
+      continue;
     out.emplace(m.source_host, absl::StrCat("small object '", m.name,
                                             "' of rank ", m.source_rank));
   }
   for (const HostFragment& f : r.plan->fragments) {
     ForEachPiece(f, [&](const Transfer& x) {
-      if (targets.count(x.source_host) || out.count(x.source_host)) return;
+      if (targets.count(x.source_host) || out.count(x.source_host) ||
+          x.source_host == kFromSnapshot)
+        return;
       Transfer t = x;
       t.target_host = f.host;
       if (holders.Alternates(t).empty()) {
@@ -239,7 +252,7 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
   for (const HostFragment& f : r.plan->fragments) {
     const std::string& target = r.input->cluster->hosts[f.host].name;
     ForEachPiece(f, [&](const Transfer& x) {
-      if (x.source_host == f.host) return;
+      if (x.source_host == f.host || x.source_host == kFromSnapshot) return;
       pullers[x.source_host].insert(target);
       Transfer t = x;
       t.target_host = f.host;
@@ -312,7 +325,7 @@ absl::Status StageAll(
   absl::Mutex mu;
   ReconfigureProgress total;
   total.hosts_total = n;
-  std::vector<int64_t> done(n, 0), remote(n, 0);
+  std::vector<int64_t> done(n, 0), remote(n, 0), disk(n, 0);
   std::vector<absl::Status> status(n);
   std::vector<std::thread> threads;
   for (const HostFragment& f : r.plan->fragments) {
@@ -344,6 +357,7 @@ absl::Status StageAll(
         total.bytes_done += p.bytes_done() - done[i];
         done[i] = p.bytes_done();
         remote[i] = p.remote_bytes_done();
+        disk[i] = p.snapshot_bytes_read();
         if (p.done()) {
           finished = true;
           ++total.hosts_done;
@@ -381,6 +395,7 @@ absl::Status StageAll(
   for (int i = 0; i < n; ++i) {
     report->bytes_moved += done[i];
     report->bytes_from_peers += remote[i];
+    report->snapshot_bytes_read += disk[i];
   }
   for (int i = 0; i < n; ++i) {
     if (!status[i].ok()) {
@@ -502,6 +517,7 @@ std::string SilentHostsNote(const ReconfigureRequest& r) {
   for (const SmallObjectMove& m : r.plan->small_objects) {
     if (m.derive_from.empty()) used.insert(m.source_host);
   }
+  used.erase(kFromSnapshot);
   std::vector<std::string> silent;
   for (int32_t h : used) {
     if (!r.is_alive(h)) silent.push_back(r.input->cluster->hosts[h].name);
@@ -546,8 +562,12 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     // Both sides at once.
     absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
     std::thread source([&] {
-      before = Fingerprints(r, *r.input->source, *r.input->source_placement,
-                            r.source_version, true);
+      // A snapshot of the source version recorded its fingerprints.
+      before = r.snapshot != nullptr
+                   ? SnapshotFingerprints(*r.snapshot)
+                   : Fingerprints(r, *r.input->source,
+                                  *r.input->source_placement, r.source_version,
+                                  true);
     });
     auto after = Fingerprints(r, *r.input->target, *r.input->target_placement,
                               r.target_version, false);

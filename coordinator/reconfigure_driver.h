@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/plan.h"
+#include "proto/snapshot.pb.h"
 
 namespace ptc {
 
@@ -50,6 +51,11 @@ struct ReconfigureRequest {
   // hosts (they clean up when they return); after the decision, a commit
   // that some host did not acknowledge is left to the caller's retries.
   std::function<bool(int32_t host)> is_alive;
+  // The snapshot that pieces and small objects with source host
+  // kFromSnapshot are read from (in `snapshot_dir`); the change is then
+  // proven against its fingerprints.
+  const proto::SnapshotManifest* snapshot = nullptr;
+  std::string snapshot_dir;
 };
 
 struct ReconfigureProgress {
@@ -68,6 +74,7 @@ struct ReconfigureReport {
   int64_t bytes_moved = 0;       // all pieces, local and remote
   int64_t bytes_from_peers = 0;  // pieces that crossed hosts
   int tensors_verified = 0;      // fingerprints equal before and after
+  int64_t snapshot_bytes_read = 0;  // read from the snapshot's files
 };
 
 // `progress` is called from the driver's threads, serialized.

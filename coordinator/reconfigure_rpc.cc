@@ -4,6 +4,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +23,7 @@
 #include "coordinator/plan_validator.h"
 #include "coordinator/planner.h"
 #include "coordinator/reconfigure_driver.h"
+#include "coordinator/snapshot_plan.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
@@ -51,6 +53,8 @@ struct CoordinatorService::Flight {
   PlanInput input;
   Plan plan;
   ReconfigureRequest request;
+  // The snapshot the change reads from, if any.
+  std::shared_ptr<const SnapshotUse> snapshot;
 };
 
 namespace {
@@ -68,6 +72,7 @@ void ClearFlight(proto::CoordinatorState::Job* job) {
   job->clear_acked_hosts();
   job->clear_target_rank_hosts();
   job->clear_target_rank_devices();
+  job->clear_restore_dir();
 }
 
 // Fault injection for the process tests (tests/python): with the
@@ -125,7 +130,9 @@ struct CoordinatorService::Planned {
 };
 
 absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
-    const proto::ReconfigureRequest& req, bool need_committed) {
+    const proto::ReconfigureRequest& req, bool need_committed,
+    const SnapshotUse* snapshot) {
+  const bool restore = snapshot != nullptr && snapshot->restore;
   // Gather what planning needs, then plan without holding the lock.
   Planned out;
   std::shared_ptr<const ModelSpec> spec;
@@ -172,6 +179,18 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
     source_ranks = RankPlacementLocked(job);
     res = ResourcesLocked(req.job());
+    if (restore) {
+      // The source is the snapshot's layout on a host of its own that
+      // holds nothing live: every piece comes from disk.
+      from = snapshot->manifest.config();
+      from_hosts = {std::string(kSnapshotHostName)};
+      source_ranks = {};
+      res.names.push_back(kSnapshotHostName);
+      res.cluster.hosts.push_back({kSnapshotHostName, 1 << 20, 25e9});
+      res.alive.push_back(false);
+      res.taken.emplace_back();
+      res.memory.push_back(0);
+    }
     names = res.names;
     alive = res.alive;
     addresses = res.addresses;
@@ -253,6 +272,11 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   to_hosts = UsedHosts(out.placement, to_ids, names);
   flight->input = scenario.input();
   flight->input.source_lost = lost_ids;
+  if (snapshot != nullptr) {
+    PTC_RETURN_IF_ERROR(CheckSnapshotFitsSpec(snapshot->manifest, *spec));
+    flight->input.snapshot_source = true;
+    flight->snapshot = std::make_shared<const SnapshotUse>(*snapshot);
+  }
   if (req.strategy() == "tenplex") {
     PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
   } else if (req.strategy().empty() || req.strategy() == "ptc") {
@@ -260,6 +284,10 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "strategy '", req.strategy(), "' is unknown; use ptc or tenplex"));
+  }
+  if (snapshot != nullptr) {
+    PTC_RETURN_IF_ERROR(
+        SplitSnapshotPieces(snapshot->manifest, &flight->plan));
   }
   PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
                                "internal planner error"));
@@ -274,8 +302,68 @@ absl::Status CoordinatorService::DoReconfigure(
         "parallel pulls ", req.parallel_pulls(), " is out of range; use 1 to ",
         kMaxParallelPulls, " (0: the default, 4)"));
   }
-  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, true));
+  if (!req.transport().empty() && req.transport() != "ucx" &&
+      req.transport() != "grpc") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  }
+  absl::StatusOr<Planned> planned = PlanChange(req, true);
+  if (!planned.ok() && absl::IsFailedPrecondition(planned.status()) &&
+      (absl::StrContains(planned.status().message(), "no surviving copy") ||
+       absl::StrContains(planned.status().message(),
+                         "has no surviving source"))) {
+    // Some region lives on no host: from the job's snapshot, if it has one
+    // of the committed version.
+    std::string root;
+    int64_t committed = 0;
+    std::vector<std::string> readers(req.hosts().begin(), req.hosts().end());
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(req.job());
+      if (it != jobs_.end()) {
+        root = it->second->state.snapshot_root();
+        committed = it->second->state.committed_version();
+        readers.insert(readers.end(), it->second->state.hosts().begin(),
+                       it->second->state.hosts().end());
+      }
+    }
+    if (!root.empty()) {
+      auto use = ReadSnapshotVia(req.job(), root, readers);
+      if (!use.ok()) {
+        planned = Annotate(planned.status(),
+                           absl::StrCat("", use.status().message(), "; and"));
+      } else if (use->manifest.version() != committed) {
+        planned = absl::FailedPreconditionError(absl::StrCat(
+            planned.status().message(), ". The newest snapshot (", use->dir,
+            ") holds version ", use->manifest.version(), " (step ",
+            use->manifest.step(), "), not the committed version ", committed,
+            ": `ptcctl restore --job ", req.job(), " --from ", root,
+            " --config ... --hosts ...` rolls the job back to it"));
+      } else {
+        Log("coordinator")
+            ->info("job {}: regions no live host holds come from snapshot {}",
+                   req.job(), use->dir);
+        planned = PlanChange(req, true, &*use);
+      }
+    }
+  }
+  PTC_RETURN_IF_ERROR(planned.status());
+  return StartChange(req, *std::move(planned), resp);
+}
+
+absl::Status CoordinatorService::PlanAndStart(
+    const proto::ReconfigureRequest& req, bool need_committed,
+    const SnapshotUse* snapshot, proto::ReconfigureResponse* resp) {
+  PTC_ASSIGN_OR_RETURN(Planned planned,
+                       PlanChange(req, need_committed, snapshot));
+  return StartChange(req, std::move(planned), resp);
+}
+
+absl::Status CoordinatorService::StartChange(
+    const proto::ReconfigureRequest& req, Planned planned,
+    proto::ReconfigureResponse* resp) {
   std::shared_ptr<Flight> flight = planned.flight;
+  const bool restore = flight->snapshot && flight->snapshot->restore;
   const std::vector<std::string>& names = planned.names;
   const std::vector<std::string>& to_hosts = planned.to_hosts;
   const std::vector<int>& from_ids = planned.from_ids;
@@ -294,12 +382,13 @@ absl::Status CoordinatorService::DoReconfigure(
   };
   r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
-  if (!req.transport().empty() && req.transport() != "ucx" &&
-      req.transport() != "grpc") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
-  }
   r.transport = req.transport();
+  if (flight->snapshot) {
+    r.snapshot = &flight->snapshot->manifest;
+    r.snapshot_dir = flight->snapshot->dir;
+    // Nothing of a restore's source lives on a host to release.
+    r.keep_source = restore;
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(req.job());
@@ -314,7 +403,9 @@ absl::Status CoordinatorService::DoReconfigure(
     }
     // Rule 1: the change's version is a new number, never a save's.
     r.target_version = NewVersionLocked(job);
-    job.state.set_target_step(job.state.committed_step());
+    job.state.set_target_step(restore ? flight->snapshot->manifest.step()
+                                      : job.state.committed_step());
+    job.state.set_restore_dir(restore ? flight->snapshot->dir : "");
     job.state.clear_acked_hosts();
     job.state.set_last_epoch(epoch);
     job.state.set_target_config(flight->scenario.target.config()->ToString());
@@ -345,6 +436,7 @@ absl::Status CoordinatorService::DoReconfigure(
     job.event.Clear();
     job.event.set_plan_epoch(epoch);
     job.event.set_phase("staging");
+    if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
     *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
@@ -487,6 +579,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     e.set_verifying_seconds(report->verifying_seconds);
     e.set_bytes_from_peers(report->bytes_from_peers);
     e.set_tensors_verified(report->tensors_verified);
+    e.set_snapshot_bytes_read(report->snapshot_bytes_read);
   } else if (job.state.commit_decided()) {
     // Decided but not acknowledged everywhere: the monitor retries.
     e.set_error(std::string(report.status().message()));

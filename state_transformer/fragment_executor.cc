@@ -425,14 +425,19 @@ absl::Status ExecuteFragment(
                                     " of tensor '",
                                     job.tensors[first.tensor].key, "'")
                      : absl::StrCat("a batch of ", batch.size(),
-                                    " pieces from host ", first.source_host));
+                                    " pieces from ",
+                                    first.source_host < 0
+                                        ? std::string("the snapshot")
+                                        : absl::StrCat("host ",
+                                                       first.source_host)));
         }
         return;
       }
       pieces_total.Add(batch.size());
       (local ? bytes_copied_local_total : bytes_received_total).Add(bytes);
       totals.bytes_done += bytes;
-      if (!local) totals.remote_bytes_done += bytes;
+      // From a peer (a negative source host is the job's snapshot).
+      if (!local && first.source_host >= 0) totals.remote_bytes_done += bytes;
       totals.pieces_done += batch.size();
       if (progress) progress(totals);
     }
