@@ -33,6 +33,13 @@
 #include "tools/internal/layout_file.h"
 #include "tools/internal/placement_text.h"
 #include "ptc/layout_spec_proto.h"
+#include "ptc/families.h"
+#include "ptc/region_proto.h"
+#include "snapshot/safetensors.h"
+#include "snapshot/snapshot_dir.h"
+#include "snapshot/snapshot_reader.h"
+#include <fstream>
+#include <cstdio>
 
 namespace ptc::tools {
 
@@ -55,6 +62,11 @@ DIR admin; or --insecure for a cluster without TLS):
   ptcctl abort J
   ptcctl forget J
   ptcctl token J     (the job's token, for its processes' PTC_JOB_TOKEN)
+  ptcctl snapshot    --job J --to DIR [--keep K] [--rate BYTES_PER_S]
+                     [--every-versions N] [--every-minutes M] [--policy-only]
+  ptcctl restore     --job J --from DIR --config CONFIG --hosts h1,h2,...
+                     [--placement ...]
+  ptcctl export      --job J --to FILE.safetensors [--from DIR] [--all]
 
 The coordinator places the ranks: --hosts are candidates, and it picks
 the hosts and GPUs that make the change shortest and move the fewest bytes
@@ -68,6 +80,20 @@ placement; ptcctl ranks tells each host's launcher what to start.
 register prints the job's token where the cluster has a token key: the
 job's processes show it (PTC_JOB_TOKEN) with a "client" certificate to act
 on this job and no other. token prints it again.
+
+snapshot writes the job's committed version to DIR (an absolute path, the
+same on every host: a shared filesystem) as safetensors files and a
+manifest, every host its share in parallel; DIR keeps the newest K (3)
+complete snapshots. --every-versions / --every-minutes make the
+coordinator take them by itself (0 or negative: off); --policy-only sets
+DIR and the policy without writing now. A later change that finds a
+region on no live host reads it from the newest snapshot of the
+committed version. restore loads the newest snapshot in DIR into the
+cluster under CONFIG on the hosts (registering the job if it is unknown):
+the job's state becomes the snapshot's (its step). export writes the
+consolidated full tensors of the job's newest snapshot (parameters only;
+--all for optimizer state too) to one safetensors file, a tensor at a
+time, names from the model spec.
 
 reconfigure plans the change, runs it with a live progress line and ends
 with a report: time, bytes kept in place / copied within hosts / sent
@@ -194,6 +220,10 @@ absl::StatusOr<proto::ReconfigureRequest> ChangeRequest(const Args& args) {
   return req;
 }
 
+absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
+                          const proto::ReconfigureResponse& started,
+                          bool json);
+
 absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   int pulls = 0;
@@ -208,6 +238,14 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   req.set_strategy(args.Get("strategy"));
   proto::ReconfigureResponse started;
   PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
+  return FollowChange(stub, req, started, json);
+}
+
+// Prints a started change's plan, follows it to its end with a progress
+// line, and reports (reconfigure and restore).
+absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
+                          const proto::ReconfigureResponse& started,
+                          bool json) {
   const proto::PlanSummary& plan = started.plan();
   if (!json) {
     std::cout << absl::StrFormat(
@@ -278,6 +316,8 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
     w.Key("throughput_bytes_per_second")
         .Double(secs > 0 ? last.bytes_done() / secs : 0);
     w.Key("tensors_verified").Int(last.tensors_verified());
+    w.Key("snapshot_bytes_read").Int(last.snapshot_bytes_read());
+    w.Key("snapshot_dir").String(last.snapshot_dir());
     w.Key("strategy").String(req.strategy().empty() ? "ptc" : req.strategy());
     if (!ok) w.Key("error").String(last.error());
     w.Key("plan");
@@ -297,6 +337,11 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         HumanBytes(last.bytes_from_peers()),
         HumanBytes(secs > 0 ? last.bytes_done() / secs : 0),
         last.tensors_verified());
+    if (last.snapshot_bytes_read() > 0) {
+      std::cout << absl::StrFormat("  %s read from the snapshot %s\n",
+                                   HumanBytes(last.snapshot_bytes_read()),
+                                   last.snapshot_dir());
+    }
   }
   if (!ok) {
     absl::Status s = absl::AbortedError(absl::StrCat(
@@ -616,12 +661,224 @@ absl::Status ForgetJob(Stub* stub, const std::string& job, bool json) {
   return absl::OkStatus();
 }
 
+absl::Status SnapshotJob(Stub* stub, const Args& args, bool json) {
+  proto::SnapshotRequest req;
+  PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_root(), args.Required("to"));
+  auto number = [&](const char* flag, int64_t* out) -> absl::Status {
+    if (args.Has(flag) && !absl::SimpleAtoi(args.Get(flag), out)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " needs a whole number"));
+    }
+    return absl::OkStatus();
+  };
+  int64_t keep = 0, every_versions = 0, every_minutes = 0, rate = 0;
+  PTC_RETURN_IF_ERROR(number("keep", &keep));
+  PTC_RETURN_IF_ERROR(number("every-versions", &every_versions));
+  PTC_RETURN_IF_ERROR(number("every-minutes", &every_minutes));
+  if (args.Has("rate")) {
+    PTC_ASSIGN_OR_RETURN(rate, ParseBytes(args.Get("rate")));
+  }
+  req.set_keep(static_cast<int32_t>(std::clamp<int64_t>(keep, -1, 100000)));
+  req.set_every_versions(every_versions);
+  req.set_every_seconds(every_minutes * 60);
+  req.set_max_bytes_per_second(rate);
+  req.set_policy_only(args.Flag("policy-only"));
+  grpc::ClientContext ctx;
+  auto reader = stub->Snapshot(&ctx, req);
+  proto::SnapshotEvent e, last;
+  const bool tty = isatty(STDERR_FILENO);
+  const absl::Time start = absl::Now();
+  absl::Time printed = absl::InfinitePast();
+  while (reader->Read(&e)) {
+    last = e;
+    if (json || e.done()) continue;
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    const double frac =
+        e.bytes_total() > 0 ? static_cast<double>(e.bytes_done()) / e.bytes_total()
+                            : 0;
+    const std::string line = absl::StrFormat(
+        "  writing %s %5.1f%%  %s / %s  %s/s  hosts %d", Bar(frac, 30),
+        100 * frac, HumanBytes(e.bytes_done()), HumanBytes(e.bytes_total()),
+        HumanBytes(secs > 0 ? e.bytes_done() / secs : 0), e.hosts());
+    if (tty) {
+      std::cerr << "\r" << line << std::flush;
+    } else if (absl::Now() - printed > absl::Seconds(1)) {
+      std::cerr << line << "\n";
+      printed = absl::Now();
+    }
+  }
+  if (tty && !json) std::cerr << "\n";
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (json) {
+    JsonWriter w(2);
+    w.BeginObject().Key("job").String(req.job());
+    w.Key("dir").String(last.dir()).Key("version").Int(last.version());
+    w.Key("step").Int(last.step()).Key("bytes").Int(last.bytes_done());
+    w.Key("files").Int(last.files()).Key("hosts").Int(last.hosts());
+    w.Key("seconds").Double(last.seconds());
+    w.Key("bytes_per_second")
+        .Double(last.seconds() > 0 ? last.bytes_done() / last.seconds() : 0);
+    w.Key("removed").BeginArray();
+    for (const std::string& r : last.removed()) w.String(r);
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+  } else if (req.policy_only()) {
+    std::cout << "job " << req.job() << ": snapshots go to " << req.root()
+              << "\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "job %s: snapshot of version %d (step %d) in %s: %s in %d files from "
+        "%d hosts, %s (%s/s)\n",
+        req.job(), last.version(), last.step(), last.dir(),
+        HumanBytes(last.bytes_done()), last.files(), last.hosts(),
+        HumanSeconds(last.seconds()),
+        HumanBytes(last.seconds() > 0 ? last.bytes_done() / last.seconds()
+                                      : 0));
+    for (const std::string& r : last.removed())
+      std::cout << "  removed the older snapshot " << r << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreJob(Stub* stub, const Args& args, bool json) {
+  proto::RestoreRequest req;
+  PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_root(), args.Required("from"));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_config(), args.Required("config"));
+  PTC_ASSIGN_OR_RETURN(const std::string hosts, args.Required("hosts"));
+  for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty()))
+    req.add_hosts(std::string(h));
+  PTC_ASSIGN_OR_RETURN(*req.mutable_placement(), PlacementFlags(args));
+  proto::ReconfigureResponse started;
+  PTC_RETURN_IF_ERROR(Call(&Stub::Restore, stub, req, &started));
+  proto::ReconfigureRequest change;
+  change.set_job(req.job());
+  change.set_to(req.config());
+  return FollowChange(stub, change, started, json);
+}
+
+// The consolidated full tensors of the job's newest snapshot, one
+// safetensors file: each tensor assembled a slab of rows at a time from
+// the snapshot's regions (only the blocks each slab needs are read).
+absl::Status ExportJob(Stub* stub, const Args& args, bool json) {
+  PTC_ASSIGN_OR_RETURN(const std::string job, args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(const std::string out, args.Required("to"));
+  std::string root = args.Get("from");
+  if (root.empty()) {
+    proto::ListJobsRequest list;
+    list.set_job(job);
+    proto::ListJobsResponse jobs;
+    PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, list, &jobs));
+    if (jobs.jobs_size() == 0 || jobs.jobs(0).snapshot_root().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job, "' has no snapshots; take one with ptcctl snapshot "
+          "--job ", job, " --to DIR, or name one with --from DIR"));
+    }
+    root = jobs.jobs(0).snapshot_root();
+  }
+  PTC_ASSIGN_OR_RETURN(LatestSnapshotResult snap, LatestSnapshot(root, job));
+  const proto::SnapshotManifest& m = snap.manifest;
+  absl::StatusOr<ModelSpec> spec = m.has_layout() ? SpecFromProto(m.layout())
+                                                  : SpecForModel(m.model());
+  PTC_RETURN_IF_ERROR(Annotate(spec.status(), "the snapshot's model"));
+  if (static_cast<int>(spec->tensors.size()) != m.tensors_size()) {
+    return absl::DataLossError("the snapshot's tensors are not its model's");
+  }
+  const bool all = args.Flag("all");
+  std::vector<int> chosen;
+  std::vector<SafetensorsEntry> entries;
+  for (int t = 0; t < m.tensors_size(); ++t) {
+    const TensorSpec& ts = spec->tensors[t];
+    if (!all && ts.role != Role::kParameter) continue;
+    chosen.push_back(t);
+    entries.push_back({ts.key, ts.dtype, ts.shape});
+  }
+  PTC_ASSIGN_OR_RETURN(
+      const std::string header,
+      SafetensorsHeader(&entries, {{"format", "pt"},
+                                   {"job", job},
+                                   {"step", absl::StrCat(m.step())},
+                                   {"version", absl::StrCat(m.version())}}));
+  std::vector<std::vector<const proto::SnapshotRegion*>> regions(
+      m.tensors_size());
+  for (const proto::SnapshotRegion& r : m.regions())
+    regions[r.tensor()].push_back(&r);
+  const std::string tmp = out + ".tmp";
+  std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", tmp));
+  }
+  file.write(header.data(), static_cast<std::streamsize>(header.size()));
+  SnapshotReader reader(snap.dir);
+  constexpr int64_t kSlabBytes = int64_t{64} << 20;
+  std::vector<char> slab, piece;
+  int64_t written = 0;
+  for (int t : chosen) {
+    const TensorSpec& ts = spec->tensors[t];
+    const int64_t elem = ElementSize(ts.dtype);
+    const Region full = Region::Full(ts.shape);
+    const int64_t rows = ts.shape.empty() ? 1 : ts.shape[0];
+    const int64_t row_bytes =
+        rows > 0 ? full.volume() * elem / std::max<int64_t>(rows, 1) : 0;
+    const int64_t per_slab =
+        row_bytes > 0 ? std::max<int64_t>(1, kSlabBytes / row_bytes) : rows;
+    for (int64_t r0 = 0; r0 < rows && full.volume() > 0; r0 += per_slab) {
+      Region box = full;
+      if (!ts.shape.empty()) {
+        box.mutable_dim(0) = {r0, std::min(rows, r0 + per_slab)};
+      }
+      slab.assign(static_cast<size_t>(box.volume() * elem), 0);
+      int64_t covered = 0;
+      for (const proto::SnapshotRegion* e : regions[t]) {
+        PTC_ASSIGN_OR_RETURN(const Region stored, RegionFromProto(e->region()));
+        const Region part = stored.Intersect(box);
+        if (part.empty()) continue;
+        piece.resize(static_cast<size_t>(part.volume() * elem));
+        PTC_RETURN_IF_ERROR(reader.Read(
+            *e, ts.key, part, elem,
+            [&](int64_t off, const char* src, int64_t n) {
+              std::memcpy(piece.data() + off, src, static_cast<size_t>(n));
+            }));
+        CopyRegion(piece.data(), part, slab.data(), box, part, elem);
+        covered += part.volume();
+      }
+      if (covered != box.volume()) {
+        return absl::DataLossError(absl::StrCat(
+            "the snapshot's regions of tensor '", ts.key, "' do not cover ",
+            box.ToString()));
+      }
+      file.write(slab.data(), static_cast<std::streamsize>(slab.size()));
+      written += static_cast<int64_t>(slab.size());
+    }
+  }
+  file.flush();
+  if (!file) return absl::UnavailableError(absl::StrCat("writing ", tmp));
+  file.close();
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("renaming ", tmp, " to ", out));
+  }
+  if (json) {
+    JsonWriter w(2);
+    w.BeginObject().Key("job").String(job).Key("file").String(out);
+    w.Key("snapshot").String(snap.dir).Key("step").Int(m.step());
+    w.Key("tensors").Int(static_cast<int64_t>(chosen.size()));
+    w.Key("bytes").Int(written).EndObject();
+    std::cout << w.str() << "\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "exported %d tensors (%s) of job %s, step %d, from %s to %s\n",
+        chosen.size(), HumanBytes(written), job, m.step(), snap.dir, out);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",
                            "jobs", "status", "abort", "forget", "ranks",
-                           "token"}) {
+                           "token", "snapshot", "restore", "export"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -633,8 +890,10 @@ int RunClusterCommand(int argc, const char* const* argv) {
       argc, argv, 2,
       WithSecurityOptions({"coordinator", "job", "model", "layout", "config",
                            "hosts", "to", "parallel-pulls", "transport",
-                           "strategy", "placement", "colocate", "host"}),
-      {"json", "help", "wait", kSecurityFlag});
+                           "strategy", "placement", "colocate", "host",
+                           "from", "keep", "every-versions", "every-minutes",
+                           "rate"}),
+      {"json", "help", "wait", "policy-only", "all", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);
@@ -665,6 +924,12 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = Jobs(stub.get(), "", json);
   } else if (cmd == "ranks") {
     s = Ranks(stub.get(), *args, json);
+  } else if (cmd == "snapshot") {
+    s = SnapshotJob(stub.get(), *args, json);
+  } else if (cmd == "restore") {
+    s = RestoreJob(stub.get(), *args, json);
+  } else if (cmd == "export") {
+    s = ExportJob(stub.get(), *args, json);
   } else if (job.empty()) {
     return fail(absl::InvalidArgumentError(
                     absl::StrCat("ptcctl ", cmd, " needs a job name")),
