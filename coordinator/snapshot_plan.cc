@@ -37,8 +37,7 @@ namespace {
 // Tensor -> the manifest's regions of it (index into manifest.regions).
 std::vector<std::vector<std::pair<Region, int>>> RegionsByTensor(
     const proto::SnapshotManifest& manifest) {
-  std::vector<std::vector<std::pair<Region, int>>> out(
-      manifest.tensors_size());
+  std::vector<std::vector<std::pair<Region, int>>> out(manifest.tensors_size());
   for (int i = 0; i < manifest.regions_size(); ++i) {
     const proto::SnapshotRegion& r = manifest.regions(i);
     auto region = RegionFromProto(r.region());
@@ -72,9 +71,9 @@ absl::Status SplitSnapshotPieces(const proto::SnapshotManifest& manifest,
         out.push_back(std::move(y));
       }
       if (covered != x.region.volume()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the snapshot's regions of tensor ", x.tensor, " do not cover ",
-            x.region.ToString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the snapshot's regions of tensor ", x.tensor,
+                         " do not cover ", x.region.ToString()));
       }
     }
     f.transfers = std::move(out);

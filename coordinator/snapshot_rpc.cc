@@ -31,7 +31,8 @@ namespace {
 
 std::unique_ptr<proto::Transformer::Stub> Stub(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxManifestBytes) + (1 << 20));
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxManifestBytes) +
+                                (1 << 20));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxManifestBytes) + (1 << 20));
   return proto::Transformer::NewStub(OpenChannel(address, args));
 }
@@ -108,10 +109,11 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     const proto::SnapshotRequest& req,
     const std::function<void(const proto::SnapshotEvent&)>& progress) {
   PTC_RETURN_IF_ERROR(CheckSnapshotRoot(req.root(), ""));
-  if (req.keep() < 0 || req.keep() > kMaxKeep || req.max_bytes_per_second() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keep must be 0 (", kDefaultKeep, ") to ", kMaxKeep,
-        " and the rate not negative"));
+  if (req.keep() < 0 || req.keep() > kMaxKeep ||
+      req.max_bytes_per_second() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep must be 0 (", kDefaultKeep, ") to ", kMaxKeep,
+                     " and the rate not negative"));
   }
   // What to write, under the lock.
   std::shared_ptr<const ModelSpec> spec;
@@ -160,7 +162,8 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   };
   const absl::Time start = absl::Now();
   const int64_t version = state.committed_version();
-  PTC_ASSIGN_OR_RETURN(ParallelConfig config, spec->ParseConfig(state.config()));
+  PTC_ASSIGN_OR_RETURN(ParallelConfig config,
+                       spec->ParseConfig(state.config()));
   PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(*spec, config));
   // The hosts that hold the committed version: live, not lost.
   std::map<std::string, int32_t> id_of;
@@ -202,10 +205,12 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     }
     if (volume == NumElements(ts.shape)) {
       std::vector<std::pair<Region, const std::vector<std::string>*>> order;
-      for (const auto& [region, hosts] : groups) order.push_back({region, &hosts});
-      std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-        return a.first.volume() > b.first.volume();
-      });
+      for (const auto& [region, hosts] : groups)
+        order.push_back({region, &hosts});
+      std::stable_sort(order.begin(), order.end(),
+                       [](const auto& a, const auto& b) {
+                         return a.first.volume() > b.first.volume();
+                       });
       for (const auto& [region, hosts] : order) {
         const std::string* best = &hosts->front();
         for (const std::string& h : *hosts)
@@ -254,8 +259,10 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
       if (spec->small_objects.empty()) break;
       if (!holds(host)) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "host ", host, ", which holds the small objects (RNG states, "
-            "step counters) of ranks ", rs.front(), "..", rs.back(),
+            "host ", host,
+            ", which holds the small objects (RNG states, "
+            "step counters) of ranks ",
+            rs.front(), "..", rs.back(),
             ", is dead or lost them; bring it back or snapshot after the "
             "next save"));
       }
@@ -270,8 +277,8 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
           if (absl::IsNotFound(bytes.status())) continue;  // never saved
           if (!bytes.ok()) {
             return Annotate(bytes.status(),
-                            absl::StrCat("small object '", o.name,
-                                         "' of rank ", r, " on ", host_at[a]));
+                            absl::StrCat("small object '", o.name, "' of rank ",
+                                         r, " on ", host_at[a]));
           }
           absl::MutexLock lock(&mu);
           proto::SnapshotSmallObject* so = manifest.add_small_objects();
@@ -328,9 +335,9 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
         progress(e);
       }
     }
-    PTC_RETURN_IF_ERROR(Annotate(FromGrpcStatus(reader->Finish()),
-                                 absl::StrCat("writing the snapshot on ", host,
-                                              " (", a, ")")));
+    PTC_RETURN_IF_ERROR(
+        Annotate(FromGrpcStatus(reader->Finish()),
+                 absl::StrCat("writing the snapshot on ", host, " (", a, ")")));
     if (!last.done() || last.regions_size() != w.regions_size()) {
       return absl::DataLossError(absl::StrCat(
           host, " ended its snapshot write without listing every region"));
@@ -379,9 +386,8 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-    const std::string& a = addresses.empty()
-                               ? res.addresses.begin()->second
-                               : addresses.front();
+    const std::string& a =
+        addresses.empty() ? res.addresses.begin()->second : addresses.front();
     PTC_RETURN_IF_ERROR(Annotate(
         FromGrpcStatus(Stub(a)->FinishSnapshot(&ctx, finish, &finished)),
         "writing the snapshot's manifest"));
@@ -397,10 +403,11 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     }
   }
   Log("coordinator")
-      ->info("job {}: snapshot of version {} (step {}) in {}: {} bytes from "
-             "{} hosts in {:.2f} s",
-             req.job(), version, state.committed_step(), finished.dir(), total,
-             results.size(), seconds);
+      ->info(
+          "job {}: snapshot of version {} (step {}) in {}: {} bytes from "
+          "{} hosts in {:.2f} s",
+          req.job(), version, state.committed_step(), finished.dir(), total,
+          results.size(), seconds);
   event.set_done(true);
   event.set_dir(finished.dir());
   event.set_files(manifest.files_size());
@@ -430,10 +437,9 @@ absl::Status CoordinatorService::DoRestore(const proto::RestoreRequest& req,
     return absl::InvalidArgumentError(
         "a restore needs the config and the hosts to load the job onto");
   }
-  PTC_ASSIGN_OR_RETURN(
-      SnapshotUse use,
-      ReadSnapshotVia(req.job(), req.root(),
-                      {req.hosts().begin(), req.hosts().end()}));
+  PTC_ASSIGN_OR_RETURN(SnapshotUse use, ReadSnapshotVia(req.job(), req.root(),
+                                                        {req.hosts().begin(),
+                                                         req.hosts().end()}));
   use.restore = true;
   bool known;
   {
@@ -449,7 +455,8 @@ absl::Status CoordinatorService::DoRestore(const proto::RestoreRequest& req,
     proto::RegisterJobRequest reg;
     reg.set_job(req.job());
     reg.set_model(use.manifest.model());
-    if (use.manifest.has_layout()) *reg.mutable_layout() = use.manifest.layout();
+    if (use.manifest.has_layout())
+      *reg.mutable_layout() = use.manifest.layout();
     reg.set_config(req.config());
     *reg.mutable_hosts() = req.hosts();
     *reg.mutable_placement() = req.placement();
@@ -467,8 +474,8 @@ absl::Status CoordinatorService::DoRestore(const proto::RestoreRequest& req,
     return absl::InvalidArgumentError("parallel pulls out of range");
   }
   Log("coordinator")
-      ->info("job {}: restoring version {} (step {}) from {} as {}",
-             req.job(), use.manifest.version(), use.manifest.step(), use.dir,
+      ->info("job {}: restoring version {} (step {}) from {} as {}", req.job(),
+             use.manifest.version(), use.manifest.step(), use.dir,
              req.config());
   return PlanAndStart(change, false, &use, resp);
 }
@@ -490,14 +497,12 @@ void CoordinatorService::SnapshotLoop() {
         if (auto r = snapshot_retry_.find(name);
             r != snapshot_retry_.end() && now < r->second)
           continue;
-        const bool by_versions =
-            s.snapshot_every_versions() > 0 &&
-            s.committed_version() - s.snapshot_version() >=
-                s.snapshot_every_versions();
-        const bool by_time =
-            s.snapshot_every_seconds() > 0 &&
-            now - absl::FromUnixSeconds(s.snapshot_unix()) >=
-                absl::Seconds(s.snapshot_every_seconds());
+        const bool by_versions = s.snapshot_every_versions() > 0 &&
+                                 s.committed_version() - s.snapshot_version() >=
+                                     s.snapshot_every_versions();
+        const bool by_time = s.snapshot_every_seconds() > 0 &&
+                             now - absl::FromUnixSeconds(s.snapshot_unix()) >=
+                                 absl::Seconds(s.snapshot_every_seconds());
         if (!by_versions && !by_time) continue;
         proto::SnapshotRequest r;
         r.set_job(name);

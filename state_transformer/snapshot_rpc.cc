@@ -59,11 +59,12 @@ grpc::Status TransformerService::WriteSnapshot(
                          WriteSnapshotFile(store_, r));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     Log("transformer")
-        ->info("job {}: snapshot of version {}: wrote {} ({} bytes, {} "
-               "regions) in {:.2f} s ({:.0f} MB/s)",
-               req->job(), req->version(), r.dir + "/" + r.file,
-               done.bytes_done(), done.regions_size(), seconds,
-               seconds > 0 ? done.bytes_done() / seconds / 1e6 : 0.0);
+        ->info(
+            "job {}: snapshot of version {}: wrote {} ({} bytes, {} "
+            "regions) in {:.2f} s ({:.0f} MB/s)",
+            req->job(), req->version(), r.dir + "/" + r.file, done.bytes_done(),
+            done.regions_size(), seconds,
+            seconds > 0 ? done.bytes_done() / seconds / 1e6 : 0.0);
     writer->Write(done);
     return absl::OkStatus();
   };
@@ -110,10 +111,11 @@ grpc::Status TransformerService::FinishSnapshot(
         RetainSnapshots(req->root(), req->manifest().job(), req->keep(), dir));
     for (const std::string& r : removed) resp->add_removed(r);
     Log("transformer")
-        ->info("job {}: snapshot of version {} complete in {} ({} older "
-               "removed)",
-               req->manifest().job(), req->manifest().version(), dir,
-               removed.size());
+        ->info(
+            "job {}: snapshot of version {} complete in {} ({} older "
+            "removed)",
+            req->manifest().job(), req->manifest().version(), dir,
+            removed.size());
     return absl::OkStatus();
   };
   return ToGrpcStatus(run());

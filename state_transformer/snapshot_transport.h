@@ -37,8 +37,7 @@ class SnapshotPieceTransport : public PieceTransport {
                          int64_t element_size,
                          absl::Span<const PieceTarget> targets,
                          const StoreClient::Consumer& consume) override;
-  absl::Status FetchBatch(int32_t host, const std::string& job,
-                          int64_t version,
+  absl::Status FetchBatch(int32_t host, const std::string& job, int64_t version,
                           absl::Span<const BatchPiece> pieces) override;
   absl::StatusOr<std::string> FetchSmallObject(int32_t host,
                                                const std::string& job,

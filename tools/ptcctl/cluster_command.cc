@@ -131,6 +131,7 @@ void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
   w->Key("copied_within_host_bytes").Int(p.copied_within_host_bytes());
   w->Key("cross_host_bytes").Int(p.cross_host_bytes());
   w->Key("cross_host_bytes_lower_bound").Int(p.cross_host_bytes_lower_bound());
+  w->Key("snapshot_bytes").Int(p.snapshot_bytes());
   w->Key("max_host_send_bytes").Int(p.max_host_send_bytes());
   w->Key("max_host_send_bytes_lower_bound")
       .Int(p.max_host_send_bytes_lower_bound());

@@ -1,0 +1,215 @@
+"""Snapshots on a local cluster of real processes: regions no live host
+holds come back from disk, a cluster that lost all its memory is restored
+under another config, a snapshot killed part-way never replaces the last
+complete one, and an export is read by a safetensors reader written here
+from the format's specification."""
+import json
+import os
+import signal
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from cluster import LocalCluster
+
+MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=32"
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=3)
+    yield c
+    c.stop()
+
+
+def register(c, config, hosts):
+    c.ptcctl("register", "--job", "j", "--model", MODEL, "--config", config,
+             "--hosts", ",".join(hosts), check=True)
+
+
+def verify(c):
+    v = c.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "every element exact" in v.stdout
+
+
+def snapshot(c, root, *extra):
+    code, out = c.ptcctl_json("snapshot", "--job", "j", "--to", str(root), *extra)
+    assert code == 0, out
+    return out
+
+
+def complete(root):
+    return sorted(d for d in os.listdir(root)
+                  if os.path.exists(os.path.join(root, d, "manifest.json")))
+
+
+def test_a_region_on_no_live_host_comes_from_the_snapshot(cluster, tmp_path):
+    """tp=2, dp=1 on host0: each tensor's shards have one holder. host0
+    dies; the change to host1 reads them from the snapshot of the committed
+    version, and says how many bytes came from disk."""
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=1", ["host0"])
+    c.save("j", "host0", 1)
+    snap = snapshot(c, root)
+    assert snap["version"] == c.job("j")["committed_version"]
+    assert snap["bytes"] > 0 and snap["files"] == 1
+    c.kill("host0")
+    c.wait_dead("host0")
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1",
+                                 "--hosts", "host1")
+    assert code == 0 and report["phase"] == "committed", report
+    assert report["snapshot_bytes_read"] >= report["plan"]["snapshot_bytes"] > 0
+    assert report["snapshot_dir"].endswith(snap["dir"].split("/")[-1])
+    verify(c)
+
+
+def test_without_a_snapshot_the_loss_is_named(cluster):
+    c = cluster
+    register(c, "tp=2,dp=1", ["host0"])
+    c.save("j", "host0", 1)
+    c.kill("host0")
+    c.wait_dead("host0")
+    r = c.ptcctl("reconfigure", "--job", "j", "--to", "tp=1", "--hosts", "host1")
+    assert r.returncode != 0 and "no surviving copy" in r.stderr, r.stderr
+
+
+def test_every_ptcd_restarted_restore_under_another_config(cluster, tmp_path):
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=2", ["host0", "host1"])
+    c.save("j", "host0", 7)
+    c.save("j", "host1", 7)
+    snapshot(c, root)
+    for i, h in enumerate(["host0", "host1", "host2"]):
+        c.kill(h)
+        c.restart_ptcd(i)
+    c.wait_alive(3)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=1,dp=3",
+                                 "--hosts", "host0,host1,host2")
+    assert code == 0 and report["phase"] == "committed", report
+    assert report["bytes_from_peers"] == 0
+    assert report["snapshot_bytes_read"] >= report["bytes_moved"] > 0
+    job = c.job("j")
+    assert job["config"].startswith("tp=1") and job["committed_step"] == 7
+    verify(c)
+    # A restore into a coordinator that forgot the job registers it.
+    c.ptcctl("forget", "j", check=True)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=2,dp=1", "--hosts", "host2")
+    assert code == 0 and report["phase"] == "committed", report
+    verify(c)
+
+
+def test_bad_snapshots_are_refused_with_reasons(cluster, tmp_path):
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=1", ["host0"])
+    c.save("j", "host0", 1)
+    snap = snapshot(c, root)
+    # Another job's snapshot.
+    r = c.ptcctl("restore", "--job", "k", "--from", str(root), "--config", "tp=1",
+                 "--hosts", "host1")
+    assert r.returncode != 0 and "of job 'j'" in r.stderr, r.stderr
+    # A corrupted file: DATA_LOSS naming it.
+    shard = os.path.join(snap["dir"], "host0.safetensors")
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) - 10)
+        f.write(b"\xff" * 4)
+    c.ptcctl("forget", "j", check=True)
+    r = c.ptcctl("restore", "--job", "j", "--from", str(root), "--config", "tp=1",
+                 "--hosts", "host1")
+    assert r.returncode != 0, r.stdout
+    assert "host0.safetensors" in r.stderr and "checksum" in r.stderr, r.stderr
+    # Relative and missing directories.
+    r = c.ptcctl("snapshot", "--job", "j", "--to", "relative/dir")
+    assert r.returncode != 0 and "absolute" in r.stderr
+
+
+def test_a_killed_snapshot_never_replaces_the_last_complete_one(cluster, tmp_path):
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=2", ["host0", "host1"])
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    first = snapshot(c, root)
+    c.save("j", "host0", 2)
+    c.save("j", "host1", 2)
+    # Throttled to 200 kB/s, so that the kill lands mid-file.
+    p = c.ptcctl_async("snapshot", "--job", "j", "--to", str(root),
+                       "--rate", "200000", "--json")
+    time.sleep(1.5)
+    c.kill("host1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0, out
+    assert complete(root) == [first["dir"].split("/")[-1]]
+    new = [d for d in os.listdir(root) if d not in complete(root)]
+    assert new and not os.path.exists(root / new[0] / "manifest.json")
+    # The previous snapshot restores (to step 1).
+    c.restart_ptcd(1)
+    c.wait_alive(3)
+    c.ptcctl("forget", "j", check=True)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=2,dp=1", "--hosts", "host2")
+    assert code == 0, report
+    assert c.job("j")["committed_step"] == 1
+    # The next snapshot removes the one cut short, and keeps --keep.
+    c.save("j", "host2", 3)
+    snapshot(c, root, "--keep", "1")
+    assert len(os.listdir(root)) == 1
+
+
+def read_safetensors(path):
+    """The format from its specification: u64 little-endian header size, a
+    JSON header, then the data."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    dtypes = {"F32": np.float32, "F16": np.float16, "I64": np.int64,
+              "I32": np.int32, "U8": np.uint8, "BF16": np.uint16}
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        out[name] = np.frombuffer(data[b:e], dtype=dtypes[t["dtype"]]).reshape(t["shape"])
+    return header.get("__metadata__", {}), out
+
+
+def synthetic(index, shape, dtype):
+    """What the synthetic job saves: the low bytes of SplitMix64(index << 40
+    ^ flat index), per element."""
+    with np.errstate(over="ignore"):
+        x = (np.uint64(index) << np.uint64(40)) ^ np.arange(
+            int(np.prod(shape)), dtype=np.uint64)
+        x = x + np.uint64(0x9e3779b97f4a7c15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+        x = x ^ (x >> np.uint64(31))
+    size = np.dtype(dtype).itemsize
+    return x.view(np.uint8).reshape(-1, 8)[:, :size].copy().view(dtype).reshape(shape)
+
+
+def test_export_is_read_by_an_independent_reader(cluster, tmp_path):
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=2", ["host0", "host1"])
+    c.save("j", "host0", 5)
+    c.save("j", "host1", 5)
+    snap = snapshot(c, root)
+    out = tmp_path / "model.safetensors"
+    code, res = c.ptcctl_json("export", "--job", "j", "--to", str(out))
+    assert code == 0, res
+    meta, tensors = read_safetensors(out)
+    assert meta["step"] == "5"
+    manifest = json.load(open(os.path.join(snap["dir"], "manifest.json")))
+    keys = [t["key"] for t in manifest["tensors"]]
+    assert tensors and all(not k.startswith("optim") for k in tensors)
+    for key, value in tensors.items():
+        expected = synthetic(keys.index(key), value.shape, value.dtype)
+        assert np.array_equal(value.view(np.uint8), expected.view(np.uint8)), key
+    # The snapshot's own shards are safetensors too: each a region of a
+    # tensor, named by key and region.
+    _, shards = read_safetensors(os.path.join(snap["dir"], "host0.safetensors"))
+    name, part = next(iter(shards.items()))
+    assert "[" in name
