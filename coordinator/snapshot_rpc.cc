@@ -383,11 +383,13 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   finish.set_keep(state.snapshot_keep() > 0 ? state.snapshot_keep()
                                             : kDefaultKeep);
   proto::FinishSnapshotResponse finished;
+  if (addresses.empty()) {
+    return absl::FailedPreconditionError("the job has no tensors to snapshot");
+  }
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-    const std::string& a =
-        addresses.empty() ? res.addresses.begin()->second : addresses.front();
+    const std::string& a = addresses.front();
     PTC_RETURN_IF_ERROR(Annotate(
         FromGrpcStatus(Stub(a)->FinishSnapshot(&ctx, finish, &finished)),
         "writing the snapshot's manifest"));

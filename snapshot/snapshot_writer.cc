@@ -108,7 +108,9 @@ absl::StatusOr<proto::SnapshotProgress> WriteSnapshotFile(
   items.reserve(r.regions.size());
   std::vector<SafetensorsEntry> entries;
   int64_t total = 0;
-  for (const auto& [tensor, region] : r.regions) {
+  for (const std::pair<std::string, Region>& want : r.regions) {
+    const std::string& tensor = want.first;
+    const Region& region = want.second;
     PTC_ASSIGN_OR_RETURN(ReadView view,
                          store->OpenRead(r.job, r.version, tensor, region));
     auto it = std::find_if(
