@@ -1,19 +1,20 @@
 #include "state_transformer/fragment_executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <set>
-#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "ptc/small_object.h"
+#include "state_transformer/part_plan.h"
 
 namespace ptc {
 namespace {
@@ -21,6 +22,10 @@ namespace {
 Counter& pieces_total = GetCounter("ptc_transformer_pieces_total");
 Counter& replica_fetches_total =
     GetCounter("ptc_transformer_pieces_from_other_replicas_total");
+Counter& bytes_received_total =
+    GetCounter("ptc_transformer_bytes_received_total");
+Counter& bytes_copied_local_total =
+    GetCounter("ptc_transformer_bytes_copied_local_total");
 
 // A source host that failed (died, stalled, went away) rather than a piece
 // that is wrong: its pieces may come from another holder.
@@ -37,132 +42,245 @@ bool IsPeerFailure(const absl::Status& s) {
       return false;
   }
 }
-Counter& bytes_received_total =
-    GetCounter("ptc_transformer_bytes_received_total");
-Counter& bytes_copied_local_total =
-    GetCounter("ptc_transformer_bytes_copied_local_total");
 
-// A staged region and its pending put.
-struct Staged {
-  Region region;
-  PendingPut* put;
+// Runs one fragment's parts against the store: the target version's
+// staged buffers, the transport, and the record of sources that failed.
+// Its life cycle is Stage, then Run for every part (from any number of
+// threads), then Publish; anything short of a Publish that returned OK
+// deletes the staged version in the destructor (the one rollback).
+class FragmentRun {
+ public:
+  FragmentRun(Store* store, const FragmentJob& job,
+              const FragmentPartPlan& plan, PieceTransport* transport)
+      : store_(store), job_(job), plan_(plan), transport_(transport) {}
+  ~FragmentRun() {
+    if (!published_) {
+      puts_.clear();  // dropped puts leave nothing behind
+      store_->DeleteStaged(job_.job, job_.target_version, job_.plan_epoch);
+    }
+  }
+
+  // Reserves a buffer for every staged hold, invisible until Publish.
+  absl::Status Stage() {
+    for (const int32_t h : plan_.staged) {
+      const auto& [t, region] = job_.holds[h];
+      PTC_ASSIGN_OR_RETURN(
+          std::unique_ptr<PendingPut> put,
+          store_->BeginPut(job_.job, job_.target_version, job_.tensors[t].key,
+                           region, std::nullopt, true, job_.plan_epoch));
+      puts_.push_back(std::move(put));
+    }
+    return absl::OkStatus();
+  }
+
+  // Moves the bytes of `part` into the staged buffers. Thread-safe.
+  absl::Status Run(const FragmentPart& part) {
+    switch (part.method) {
+      case PartMethod::kCopy:
+        return CopyLocal(job_.pieces[part.pieces.front()],
+                         plan_.lands_in[part.pieces.front()]);
+      case PartMethod::kPull:
+      case PartMethod::kSnapshot:
+        if (SourceFailed(part.source_host)) {
+          return FromAlternates(
+              part, absl::UnavailableError("failed earlier in this change"));
+        }
+        if (absl::Status s = Fetch(part.pieces, part.source_host);
+            !s.ok()) {
+          if (part.method == PartMethod::kSnapshot || !IsPeerFailure(s))
+            return s;
+          MarkFailed(part.source_host);
+          return FromAlternates(part, s);
+        }
+        return absl::OkStatus();
+      case PartMethod::kLink:
+        break;
+    }
+    return absl::InternalError("a part of an unknown method");
+  }
+
+  // Seals and publishes the staged buffers, links the regions kept in
+  // place and puts the small objects: the target version is complete.
+  absl::Status Publish() {
+    for (std::unique_ptr<PendingPut>& put : puts_) {
+      PTC_RETURN_IF_ERROR(store_->FinishPut(std::move(put)).status());
+    }
+    for (const int32_t h : plan_.linked) {
+      const auto& [t, region] = job_.holds[h];
+      const std::string& key = job_.tensors[t].key;
+      PTC_ASSIGN_OR_RETURN(
+          ReadView view,
+          store_->OpenRead(job_.job, job_.source_version, key, region));
+      PTC_RETURN_IF_ERROR(store_->Link(job_.job, job_.target_version, key,
+                                       view.sources[0], job_.plan_epoch));
+    }
+    for (const FragmentSmallObject& o : job_.small_objects) {
+      PTC_RETURN_IF_ERROR(Annotate(PutSmallObject(o),
+                                   absl::StrCat("small object '", o.name,
+                                                "' for target rank ",
+                                                o.target_rank)));
+    }
+    published_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  uint8_t* Buffer(int32_t staged) const {
+    return puts_[staged]->buffer->mutable_data();
+  }
+  const Region& StagedRegion(int32_t staged) const {
+    return job_.holds[plan_.staged[staged]].second;
+  }
+
+  absl::Status CopyLocal(const FragmentPiece& p,
+                         const std::vector<int32_t>& lands_in) {
+    const TensorDecl& decl = job_.tensors[p.tensor];
+    const int64_t elem = ElementSize(decl.dtype);
+    PTC_ASSIGN_OR_RETURN(
+        ReadView view,
+        store_->OpenRead(job_.job, job_.source_version, decl.key, p.region));
+    return ForEachCoveringPiece(
+        p.region, view.sources,
+        [&](const Region& sub, const StoredRegionRef& s) {
+          for (const int32_t st : lands_in) {
+            const Region part = sub.Intersect(StagedRegion(st));
+            if (!part.empty()) {
+              CopyRegion(s.buffer->data(), s.region, Buffer(st),
+                         StagedRegion(st), part, elem);
+            }
+          }
+        });
+  }
+
+  // Pieces (indexes) from `source` in one batch of the transport: each
+  // lands in its staged buffers directly when the transport can place
+  // bytes, else through a consumer that scatters streamed chunks.
+  absl::Status Fetch(const std::vector<int32_t>& indexes, int32_t source) {
+    const size_t n = indexes.size();
+    std::vector<std::vector<PieceTarget>> targets(n);
+    std::vector<StoreClient::Consumer> consumers(n);
+    std::vector<absl::Status> bad_chunks(n);
+    std::vector<PieceTransport::BatchPiece> batch(n);
+    for (size_t i = 0; i < n; ++i) {
+      const FragmentPiece& p = job_.pieces[indexes[i]];
+      const std::vector<int32_t>& lands_in = plan_.lands_in[indexes[i]];
+      const int64_t elem = ElementSize(job_.tensors[p.tensor].dtype);
+      for (const int32_t st : lands_in)
+        targets[i].push_back({StagedRegion(st), Buffer(st)});
+      consumers[i] = [&, i, elem](int64_t offset, const char* data,
+                                  int64_t bytes) {
+        const FragmentPiece& piece = job_.pieces[indexes[i]];
+        if (offset % elem != 0 || bytes % elem != 0) {
+          bad_chunks[i] =
+              absl::DataLossError("a peer sent a chunk that splits an element");
+          return;
+        }
+        const int64_t first = offset / elem;
+        for (const Region& box :
+             FlatRangeOfRegion(piece.region, first, first + bytes / elem)) {
+          for (const PieceTarget& t : targets[i]) {
+            const Region part = box.Intersect(t.region);
+            if (!part.empty())
+              CopyRegion(data, box, t.data, t.region, part, elem);
+          }
+          data += box.volume() * elem;
+        }
+      };
+      batch[i] = {&job_.tensors[p.tensor].key, p.region, elem, targets[i],
+                  &consumers[i]};
+    }
+    PTC_RETURN_IF_ERROR(
+        transport_->FetchBatch(source, job_.job, job_.source_version, batch));
+    for (absl::Status& s : bad_chunks) PTC_RETURN_IF_ERROR(s);
+    return absl::OkStatus();
+  }
+
+  // A part whose source failed: each piece from its other holders in
+  // turn; an error names the piece and every source tried.
+  absl::Status FromAlternates(const FragmentPart& part,
+                              const absl::Status& first) {
+    for (const int32_t index : part.pieces) {
+      const FragmentPiece& p = job_.pieces[index];
+      std::vector<std::string> tried = {
+          absl::StrCat("host ", p.source_host, ": ", first.message())};
+      bool done = false;
+      for (const int32_t alt : p.alternates) {
+        if (alt == job_.host || alt == p.source_host || SourceFailed(alt))
+          continue;
+        const absl::Status s = Fetch({index}, alt);
+        if (s.ok()) {
+          done = true;
+          replica_fetches_total.Add();
+          Log("transformer")
+              ->warn(
+                  "job {}: piece {} of '{}' taken from host {} instead of "
+                  "host {}",
+                  job_.job, p.region.ToString(), job_.tensors[p.tensor].key,
+                  alt, p.source_host);
+          break;
+        }
+        tried.push_back(absl::StrCat("host ", alt, ": ", s.message()));
+        if (IsPeerFailure(s)) MarkFailed(alt);
+      }
+      if (!done) {
+        return absl::UnavailableError(absl::StrCat(
+            kNoLiveSource, " for piece ", p.region.ToString(), " of tensor '",
+            job_.tensors[p.tensor].key, "' (", absl::StrJoin(tried, "; "),
+            ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PutSmallObject(const FragmentSmallObject& o) {
+    absl::StatusOr<std::string> bytes;
+    if (!o.derive_from.empty()) {
+      bytes = DerivedSmallObject(o.name, o.derive_from, job_.target_version);
+    } else if (o.source_host == job_.host) {
+      PTC_ASSIGN_OR_RETURN(SmallObjectRef ref,
+                           store_->GetSmallObject(job_.job, job_.source_version,
+                                                  o.name, o.source_rank));
+      bytes = *ref.bytes;
+    } else {
+      bytes = transport_->FetchSmallObject(
+          o.source_host, job_.job, job_.source_version, o.name, o.source_rank);
+    }
+    PTC_RETURN_IF_ERROR(bytes.status());
+    return store_->PutSmallObject(job_.job, job_.target_version, o.name,
+                                  o.target_rank, *std::move(bytes), 0,
+                                  job_.plan_epoch);
+  }
+
+  bool SourceFailed(int32_t host) {
+    absl::MutexLock lock(&mu_);
+    return failed_sources_.count(host) > 0;
+  }
+  void MarkFailed(int32_t host) {
+    absl::MutexLock lock(&mu_);
+    failed_sources_.insert(host);
+  }
+
+  static constexpr char kNoLiveSource[] = "no live source left";
+
+  Store* const store_;
+  const FragmentJob& job_;
+  const FragmentPartPlan& plan_;
+  PieceTransport* const transport_;
+  // One per plan_.staged, until Publish hands them to the store.
+  std::vector<std::unique_ptr<PendingPut>> puts_;
+  bool published_ = false;
+  absl::Mutex mu_;
+  // Sources that failed in this fragment: their later parts go straight to
+  // the pieces' other holders.
+  std::set<int32_t> failed_sources_ ABSL_GUARDED_BY(mu_);
+
+ public:
+  static bool NamesNoLiveSource(const absl::Status& s) {
+    return absl::StartsWith(s.message(), kNoLiveSource);
+  }
 };
 
-// Copies `box` (whose bytes are `src`, dense) into every staged region of
-// the tensor that it intersects.
-void Scatter(const char* src, const Region& box,
-             const std::vector<Staged>& staged, int64_t elem) {
-  for (const Staged& s : staged) {
-    const Region part = box.Intersect(s.region);
-    if (!part.empty())
-      CopyRegion(src, box, s.put->buffer->mutable_data(), s.region, part, elem);
-  }
-}
-
-using Batch = std::vector<const FragmentPiece*>;
-
-// At most this many pieces per batch (each is a few parts of a control
-// call; kMaxPartsPerCall bounds those).
-constexpr size_t kMaxBatchPieces = 256;
-
-// Groups the pieces to copy into batches: a local piece alone, remote
-// pieces of one source in plan order up to kBatchBytes. Orders the batches
-// round-robin over their source hosts, starting at a source chosen by
-// `host`, so that the pulls in flight keep every sender busy (the plan
-// balances bytes per sender; pulling one sender's pieces after another's
-// would leave the others idle) and target hosts start on different
-// senders.
-std::vector<Batch> MakeBatches(const std::vector<const FragmentPiece*>& work,
-                               const FragmentJob& job) {
-  std::map<int32_t, std::vector<Batch>> by_source;
-  std::map<int32_t, int64_t> open_bytes;  // of each source's last batch
-  for (const FragmentPiece* p : work) {
-    std::vector<Batch>& batches = by_source[p->source_host];
-    const int64_t bytes =
-        p->region.volume() * ElementSize(job.tensors[p->tensor].dtype);
-    int64_t& open = open_bytes[p->source_host];
-    if (p->source_host == job.host || batches.empty() ||
-        open + bytes > kBatchBytes ||
-        batches.back().size() >= kMaxBatchPieces) {
-      batches.push_back({});
-      open = 0;
-    }
-    batches.back().push_back(p);
-    open += bytes;
-  }
-  std::vector<std::vector<Batch>*> queues;
-  size_t total = 0;
-  for (auto& [source, batches] : by_source) {
-    queues.push_back(&batches);
-    total += batches.size();
-  }
-  std::vector<Batch> out;
-  if (queues.empty()) return out;
-  std::vector<size_t> next(queues.size(), 0);
-  size_t q = static_cast<size_t>(job.host) % queues.size();
-  while (out.size() < total) {
-    if (next[q] < queues[q]->size())
-      out.push_back(std::move((*queues[q])[next[q]++]));
-    q = (q + 1) % queues.size();
-  }
-  return out;
-}
-
 }  // namespace
-
-absl::Status ValidateFragment(const FragmentJob& job) {
-  if (job.parallel_pulls < 1 || job.parallel_pulls > kMaxParallelPulls) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel pulls ", job.parallel_pulls,
-                     " is out of range; use 1 to ", kMaxParallelPulls));
-  }
-  const int num_tensors = static_cast<int>(job.tensors.size());
-  auto check = [&](int32_t t, const Region& region,
-                   const char* what) -> absl::Status {
-    if (t < 0 || t >= num_tensors) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the fragment ", what, " unknown tensor id ", t,
-                       " (it declares ", num_tensors, " tensors)"));
-    }
-    return Annotate(ValidateRegion(region, job.tensors[t].shape),
-                    absl::StrCat("the fragment ", what, " tensor '",
-                                 job.tensors[t].key, "'"));
-  };
-  std::vector<std::vector<const Region*>> pieces(num_tensors);
-  for (const FragmentPiece& p : job.pieces) {
-    PTC_RETURN_IF_ERROR(check(p.tensor, p.region, "moves a piece of"));
-    if (p.region.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the fragment moves an empty piece ", p.region.ToString(),
-          " of tensor '", job.tensors[p.tensor].key, "'"));
-    }
-    pieces[p.tensor].push_back(&p.region);
-  }
-  for (const auto& [t, region] : job.holds) {
-    PTC_RETURN_IF_ERROR(check(t, region, "holds"));
-    std::vector<Region> missing = {region};
-    for (const Region* piece : pieces[t]) {
-      std::vector<Region> still;
-      for (const Region& m : missing) {
-        if (!m.Intersects(*piece)) {
-          still.push_back(m);
-          continue;
-        }
-        for (Region& rest : m.Difference(*piece))
-          still.push_back(std::move(rest));
-      }
-      missing.swap(still);
-      if (missing.empty()) break;
-    }
-    if (!missing.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the fragment holds ", region.ToString(), " of tensor '",
-                       job.tensors[t].key, "' but no piece fills ",
-                       missing[0].ToString(), "; the plan is incomplete"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
@@ -224,279 +342,75 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
 
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,
-    const std::function<void(const FragmentProgress&)>& progress) {
+    const std::function<void(const FragmentProgress&)>& progress,
+    const std::atomic<bool>* cancel) {
   PTC_RETURN_IF_ERROR(ValidateFragment(job));
   PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
-  const int num_tensors = static_cast<int>(job.tensors.size());
-  // A held region that this host already stores unchanged in the source
-  // version is linked, not copied: versions share immutable buffers.
-  std::set<std::pair<int32_t, Region>> in_place;
-  for (const FragmentPiece& p : job.pieces) {
-    if (p.source_host == job.host) in_place.insert({p.tensor, p.region});
+  // Which held regions the source version here stores as they are (the
+  // plan links those it keeps in place instead of copying them).
+  std::vector<bool> stored_exactly(job.holds.size(), false);
+  for (size_t h = 0; h < job.holds.size(); ++h) {
+    const auto& [t, region] = job.holds[h];
+    auto view = store->OpenRead(job.job, job.source_version,
+                                job.tensors[t].key, region);
+    stored_exactly[h] = view.ok() && view->exact;
   }
-  std::vector<std::pair<int32_t, StoredRegionRef>> links;
-  // Stage every other held region: invisible until all are published.
-  std::vector<std::unique_ptr<PendingPut>> pending;
-  std::vector<std::vector<Staged>> staged(num_tensors);
-  for (const auto& [t, region] : job.holds) {
-    if (in_place.count({t, region})) {
-      auto view = store->OpenRead(job.job, job.source_version,
-                                  job.tensors[t].key, region);
-      if (view.ok() && view->exact) {
-        links.push_back({t, view->sources[0]});
-        continue;
-      }
-    }
-    PTC_ASSIGN_OR_RETURN(
-        std::unique_ptr<PendingPut> put,
-        store->BeginPut(job.job, job.target_version, job.tensors[t].key, region,
-                        std::nullopt, true, job.plan_epoch));
-    staged[t].push_back({region, put.get()});
-    pending.push_back(std::move(put));
-  }
-  FragmentProgress totals;
-  std::set<std::pair<int32_t, Region>> linked;
-  for (const auto& [t, ref] : links) linked.insert({t, ref.region});
-  std::vector<const FragmentPiece*> work;  // pieces that need copying
-  for (const FragmentPiece& p : job.pieces) {
-    const int64_t bytes =
-        p.region.volume() * ElementSize(job.tensors[p.tensor].dtype);
-    totals.bytes_total += bytes;
-    // A piece kept in place needs no copy, unless a staged region of the
-    // tensor overlaps it (distinct regions of a host may overlap): then it
-    // is copied into those (Scatter skips the linked region itself).
-    const bool feeds_staged = std::any_of(
-        staged[p.tensor].begin(), staged[p.tensor].end(),
-        [&](const Staged& s) { return s.region.Intersects(p.region); });
-    if (p.source_host == job.host && linked.count({p.tensor, p.region}) &&
-        !feeds_staged) {
-      totals.bytes_done += bytes;  // kept in place: nothing to move
-      ++totals.pieces_done;
-    } else {
-      work.push_back(&p);
-    }
-  }
-  totals.pieces_total = static_cast<int64_t>(job.pieces.size());
-  if (progress) progress(totals);
-  const std::vector<Batch> batches = MakeBatches(work, job);
+  const FragmentPartPlan plan = PlanFragmentParts(job, stored_exactly);
+  FragmentRun run(store, job, plan, transport);
+  PTC_RETURN_IF_ERROR(run.Stage());
 
   absl::Mutex mu;
-  absl::Status failure;
-  std::atomic<size_t> next{0};
-  auto copy_local = [&](const FragmentPiece& p) -> absl::Status {
-    const TensorDecl& decl = job.tensors[p.tensor];
-    const int64_t elem = ElementSize(decl.dtype);
-    PTC_ASSIGN_OR_RETURN(
-        ReadView view,
-        store->OpenRead(job.job, job.source_version, decl.key, p.region));
-    return ForEachCoveringPiece(
-        p.region, view.sources,
-        [&](const Region& sub, const StoredRegionRef& s) {
-          for (const Staged& st : staged[p.tensor]) {
-            const Region part = sub.Intersect(st.region);
-            if (!part.empty()) {
-              CopyRegion(s.buffer->data(), s.region,
-                         st.put->buffer->mutable_data(), st.region, part, elem);
-            }
-          }
-        });
-  };
-  auto fetch_remote = [&](const Batch& batch, int32_t source) -> absl::Status {
-    const size_t n = batch.size();
-    std::vector<std::vector<PieceTarget>> targets(n);
-    std::vector<StoreClient::Consumer> consumers(n);
-    std::vector<absl::Status> bad_chunks(n);
-    std::vector<PieceTransport::BatchPiece> pieces(n);
-    for (size_t i = 0; i < n; ++i) {
-      const FragmentPiece& p = *batch[i];
-      const int64_t elem = ElementSize(job.tensors[p.tensor].dtype);
-      for (const Staged& st : staged[p.tensor]) {
-        if (st.region.Intersects(p.region))
-          targets[i].push_back({st.region, st.put->buffer->mutable_data()});
-      }
-      // For what a transport streams rather than places itself.
-      consumers[i] = [&, i, elem](int64_t offset, const char* data,
-                                  int64_t bytes) {
-        const FragmentPiece& p = *batch[i];
-        if (offset % elem != 0 || bytes % elem != 0) {
-          bad_chunks[i] =
-              absl::DataLossError("a peer sent a chunk that splits an element");
-          return;
-        }
-        const int64_t first = offset / elem;
-        int64_t at = 0;
-        for (const Region& box :
-             FlatRangeOfRegion(p.region, first, first + bytes / elem)) {
-          Scatter(data + at, box, staged[p.tensor], elem);
-          at += box.volume() * elem;
-        }
-      };
-      pieces[i] = {&job.tensors[p.tensor].key, p.region, elem, targets[i],
-                   &consumers[i]};
-    }
-    PTC_RETURN_IF_ERROR(
-        transport->FetchBatch(source, job.job, job.source_version, pieces));
-    for (absl::Status& s : bad_chunks) PTC_RETURN_IF_ERROR(s);
-    return absl::OkStatus();
-  };
-  // Sources that failed in this fragment: their later batches go straight
-  // to the pieces' other holders.
-  std::set<int32_t> failed_sources;
-  auto source_failed = [&](int32_t host) {
-    absl::MutexLock lock(&mu);
-    return failed_sources.count(host) > 0;
-  };
-  // A batch whose source failed: each piece from its other holders in
-  // turn; an error names the piece and every source tried.
-  auto fetch_from_alternates = [&](const Batch& batch,
-                                   const absl::Status& first) -> absl::Status {
-    for (const FragmentPiece* p : batch) {
-      std::vector<std::string> tried = {
-          absl::StrCat("host ", p->source_host, ": ", first.message())};
-      bool done = false;
-      for (int32_t alt : p->alternates) {
-        if (alt == job.host || alt == p->source_host || source_failed(alt))
-          continue;
-        const absl::Status s = fetch_remote({p}, alt);
-        if (s.ok()) {
-          done = true;
-          replica_fetches_total.Add();
-          Log("transformer")
-              ->warn(
-                  "job {}: piece {} of '{}' taken from host {} instead of "
-                  "host {}",
-                  job.job, p->region.ToString(), job.tensors[p->tensor].key,
-                  alt, p->source_host);
-          break;
-        }
-        tried.push_back(absl::StrCat("host ", alt, ": ", s.message()));
-        if (IsPeerFailure(s)) {
-          absl::MutexLock lock(&mu);
-          failed_sources.insert(alt);
-        }
-      }
-      if (!done) {
-        return absl::UnavailableError(
-            absl::StrCat("no live source left for piece ", p->region.ToString(),
-                         " of tensor '", job.tensors[p->tensor].key, "' (",
-                         absl::StrJoin(tried, "; "), ")"));
-      }
-    }
-    return absl::OkStatus();
-  };
-  auto worker = [&] {
-    while (true) {
-      {
-        absl::MutexLock lock(&mu);
-        if (!failure.ok()) return;
-      }
-      const size_t i = next.fetch_add(1);
-      if (i >= batches.size()) return;
-      const Batch& batch = batches[i];
-      const FragmentPiece& first = *batch.front();
-      const bool local = first.source_host == job.host;
-      absl::Status s;
-      if (local) {
-        s = copy_local(first);
-      } else if (source_failed(first.source_host)) {
-        s = fetch_from_alternates(
-            batch, absl::UnavailableError("failed earlier in this change"));
-      } else {
-        s = fetch_remote(batch, first.source_host);
-        if (!s.ok() && IsPeerFailure(s)) {
-          {
-            absl::MutexLock lock(&mu);
-            failed_sources.insert(first.source_host);
-          }
-          s = fetch_from_alternates(batch, s);
-        }
-      }
-      int64_t bytes = 0;
-      for (const FragmentPiece* p : batch)
-        bytes += p->region.volume() * ElementSize(job.tensors[p->tensor].dtype);
-      absl::MutexLock lock(&mu);
-      if (!s.ok()) {
-        if (failure.ok() && absl::StartsWith(s.message(), "no live source")) {
-          failure = s;
-        } else if (failure.ok()) {
-          failure = Annotate(
-              s, batch.size() == 1
+  FragmentProgress totals;
+  totals.bytes_total = plan.bytes_total;
+  totals.bytes_done = plan.bytes_in_place;
+  totals.pieces_done = static_cast<int64_t>(plan.in_place.size());
+  totals.pieces_total = static_cast<int64_t>(job.pieces.size());
+  if (progress) progress(totals);
+  absl::Status moved = ParallelFor(
+      plan.parts.size(), job.parallel_pulls,
+      [&](size_t i) -> absl::Status {
+        const FragmentPart& part = plan.parts[i];
+        if (absl::Status s = run.Run(part); !s.ok()) {
+          if (FragmentRun::NamesNoLiveSource(s)) return s;
+          const FragmentPiece& first = job.pieces[part.pieces.front()];
+          return Annotate(
+              s, part.pieces.size() == 1
                      ? absl::StrCat("piece ", first.region.ToString(),
                                     " of tensor '",
                                     job.tensors[first.tensor].key, "'")
-                     : absl::StrCat("a batch of ", batch.size(),
+                     : absl::StrCat("a batch of ", part.pieces.size(),
                                     " pieces from ",
-                                    first.source_host < 0
+                                    part.method == PartMethod::kSnapshot
                                         ? std::string("the snapshot")
                                         : absl::StrCat("host ",
-                                                       first.source_host)));
+                                                       part.source_host)));
         }
-        return;
-      }
-      pieces_total.Add(batch.size());
-      (local ? bytes_copied_local_total : bytes_received_total).Add(bytes);
-      totals.bytes_done += bytes;
-      // From a peer (a negative source host is the job's snapshot).
-      if (!local && first.source_host >= 0) totals.remote_bytes_done += bytes;
-      totals.pieces_done += batch.size();
-      if (progress) progress(totals);
-    }
-  };
-  const int threads =
-      std::min<int>(job.parallel_pulls, std::max<size_t>(1, batches.size()));
-  std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
-  if (!failure.ok()) return failure;  // pending puts are dropped: nothing stays
-
-  for (size_t i = 0; i < pending.size(); ++i) {
-    auto sum = store->FinishPut(std::move(pending[i]));
-    if (!sum.ok()) {
-      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
-      return sum.status();
-    }
+        pieces_total.Add(part.pieces.size());
+        (part.method == PartMethod::kCopy ? bytes_copied_local_total
+                                          : bytes_received_total)
+            .Add(part.bytes);
+        absl::MutexLock lock(&mu);
+        totals.bytes_done += part.bytes;
+        if (part.method == PartMethod::kPull)
+          totals.remote_bytes_done += part.bytes;
+        totals.pieces_done += part.pieces.size();
+        if (progress) progress(totals);
+        return absl::OkStatus();
+      },
+      cancel);
+  if (moved.code() == absl::StatusCode::kCancelled &&
+      moved.message() == kParallelForCancelled) {
+    moved = absl::CancelledError(
+        "the fragment was cancelled; the staged version was deleted");
   }
-  for (const auto& [t, ref] : links) {
-    if (absl::Status s = store->Link(job.job, job.target_version,
-                                     job.tensors[t].key, ref, job.plan_epoch);
-        !s.ok()) {
-      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
-      return s;
-    }
-  }
-  for (const FragmentSmallObject& o : job.small_objects) {
-    absl::StatusOr<std::string> bytes;
-    if (!o.derive_from.empty()) {
-      bytes = DerivedSmallObject(o.name, o.derive_from, job.target_version);
-    } else if (o.source_host == job.host) {
-      auto ref = store->GetSmallObject(job.job, job.source_version, o.name,
-                                       o.source_rank);
-      if (ref.ok())
-        bytes = *ref->bytes;
-      else
-        bytes = ref.status();
-    } else {
-      bytes = transport->FetchSmallObject(
-          o.source_host, job.job, job.source_version, o.name, o.source_rank);
-    }
-    absl::Status s = bytes.status();
-    if (s.ok()) {
-      s = store->PutSmallObject(job.job, job.target_version, o.name,
-                                o.target_rank, *std::move(bytes), 0,
-                                job.plan_epoch);
-    }
-    if (!s.ok()) {
-      store->DeleteStaged(job.job, job.target_version, job.plan_epoch);
-      return Annotate(s, absl::StrCat("small object '", o.name,
-                                      "' for target rank ", o.target_rank));
-    }
-  }
+  PTC_RETURN_IF_ERROR(moved);
+  PTC_RETURN_IF_ERROR(run.Publish());
   Log("transformer")
       ->info(
           "job {}: version {} staged on host {} ({} pieces, {} bytes, {} from "
           "peers, {} regions kept in place, {} small objects)",
           job.job, job.target_version, job.host, totals.pieces_done,
-          totals.bytes_done, totals.remote_bytes_done, links.size(),
+          totals.bytes_done, totals.remote_bytes_done, plan.linked.size(),
           job.small_objects.size());
   return absl::OkStatus();
 }

@@ -1,12 +1,13 @@
 // Executes one host's fragment of a reconfiguration plan against its
 // store: every region the host must hold is staged in the target version
 // (a pending, invisible put), filled piece by piece — local pieces copied
-// from the host's own source version, remote ones streamed from peers —
-// and published only when all pieces have arrived. Pieces are written
-// straight into the staged buffers (no whole-tensor copies). Remote
-// pieces go in batches of up to kBatchBytes from one peer (FetchBatch); at
-// most `parallel_pulls` batches are in flight, and the transport verifies
-// every byte's checksum.
+// from the host's own source version, remote ones pulled from peers, lost
+// ones read from the job's snapshot — and published only when all pieces
+// have arrived. What goes how is decided first, purely (part_plan.h); the
+// executor only runs the parts. Pieces are written straight into the
+// staged buffers (no whole-tensor copies). Remote pieces go in batches of
+// up to kBatchBytes from one peer (FetchBatch); at most `parallel_pulls`
+// batches are in flight, and the transport verifies every byte's checksum.
 //
 // On any error nothing of the target version stays on this host.
 //
@@ -15,6 +16,7 @@
 #ifndef PTC_STATE_TRANSFORMER_FRAGMENT_EXECUTOR_H_
 #define PTC_STATE_TRANSFORMER_FRAGMENT_EXECUTOR_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/limits.h"
+#include "state_transformer/fragment.h"
 #include "tensor_store/store.h"
 #include "tensor_store/store_client.h"
 
@@ -112,69 +115,18 @@ class GrpcPieceTransport : public PieceTransport {
   std::map<int32_t, std::string> names_;
 };
 
-struct FragmentPiece {
-  int32_t tensor = 0;  // index into FragmentJob::tensors
-  Region region;
-  int32_t source_host = 0;  // == FragmentJob::host for a local copy
-  // Other hosts holding the whole piece, tried in order when source_host
-  // fails (it died or stalled mid-transfer).
-  std::vector<int32_t> alternates = {};
-};
-
-// A small object a rank of the new config takes from a rank of the old.
-struct FragmentSmallObject {
-  std::string name;
-  int32_t target_rank = 0;
-  int32_t source_rank = 0;
-  int32_t source_host = 0;  // == FragmentJob::host for a local copy
-  // Non-empty: no source; the value is DerivedSmallObject(name,
-  // derive_from, target version) (a rank whose coordinates are new).
-  std::string derive_from;
-};
-
-struct FragmentJob {
-  std::string job;
-  int64_t source_version = 0;
-  int64_t target_version = 0;
-  // The plan epoch that staged target_version (Store::CreateStaged); every
-  // write into it is made under this epoch.
-  int64_t plan_epoch = 0;
-  int32_t host = 0;
-  std::vector<TensorDecl> tensors;
-  // (tensor, region) the host holds afterwards; may overlap.
-  std::vector<std::pair<int32_t, Region>> holds;
-  std::vector<FragmentPiece> pieces;
-  // Small objects of the target ranks on this host.
-  std::vector<FragmentSmallObject> small_objects;
-  // In [1, kMaxParallelPulls].
-  int parallel_pulls = 4;
-};
-
-struct FragmentProgress {
-  int64_t bytes_done = 0;
-  int64_t bytes_total = 0;
-  int64_t remote_bytes_done = 0;
-  int64_t pieces_done = 0;
-  int64_t pieces_total = 0;
-};
-
-// Remote pieces from one peer are fetched in batches of up to this many
-// bytes (a larger piece is a batch of its own).
-inline constexpr int64_t kBatchBytes = int64_t{64} << 20;
-
-// Checks a fragment before anything is staged: tensor ids in range, every
-// held region and piece of the tensor's rank and inside its shape, pieces
-// not empty, every held region covered by the pieces of its tensor (a gap
-// would be published as zeros), parallel_pulls in range. INVALID_ARGUMENT
-// names the first problem.
-absl::Status ValidateFragment(const FragmentJob& job);
-
-// Runs `job` to completion (after ValidateFragment). `progress` is called after
-// every batch, never concurrently with itself. Errors name the piece, tensor
-// and peer.
+// Runs `job` to completion (ValidateFragment first): plans its parts
+// (PlanFragmentParts), stages a buffer for every region it does not keep
+// in place, runs the parts on up to job.parallel_pulls threads, then
+// publishes the buffers, the kept regions and the small objects. On any
+// error, or when `cancel` reads true before every part ran, nothing of the
+// target version stays on this host. `progress` is called after every
+// part, never concurrently with itself. Errors name the piece, tensor and
+// peer.
 absl::Status ExecuteFragment(
     Store* store, const FragmentJob& job, PieceTransport* transport,
-    const std::function<void(const FragmentProgress&)>& progress);
+    const std::function<void(const FragmentProgress&)>& progress,
+    const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace ptc
 

@@ -18,9 +18,6 @@
 
 namespace ptc {
 
-// The source host id of pieces and small objects read from a snapshot.
-inline constexpr int32_t kSnapshotHost = -1;
-
 class SnapshotPieceTransport : public PieceTransport {
  public:
   // `tensors` are the fragment's (the plan's tensor ids index them).

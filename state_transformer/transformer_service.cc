@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -222,7 +223,11 @@ absl::Status TransformerService::DoExecute(
   proto::FragmentProgress msg;
   absl::Time last_report = absl::InfinitePast();
   bool reader_gone = false;
+  // The coordinator cancels the call when the change aborts: no part
+  // starts after that.
+  std::atomic<bool> cancelled{false};
   auto report = [&](const FragmentProgress& p) {
+    if (ctx->IsCancelled()) cancelled = true;
     msg.set_bytes_done(p.bytes_done);
     msg.set_bytes_total(p.bytes_total);
     msg.set_remote_bytes_done(p.remote_bytes_done);
@@ -235,12 +240,9 @@ absl::Status TransformerService::DoExecute(
     last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
-  if (absl::Status s =
-          ::ptc::ExecuteFragment(store_, job, transport.get(), report);
-      !s.ok()) {
-    store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
-    return s;
-  }
+  // On failure the executor leaves nothing of the target version here.
+  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, transport.get(),
+                                             report, &cancelled));
   if (reader_gone || ctx->IsCancelled()) {
     store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
     return absl::CancelledError(

@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "ptc/region.h"
 #include "ptc/region_proto.h"
+#include "state_transformer/part_plan.h"
 
 namespace ptc {
 namespace {
@@ -236,41 +237,30 @@ absl::Status UcxPieceTransport::FetchBatch(
       const std::string& tensor = *sh.piece->tensor;
       const int64_t element_size = sh.piece->element_size;
       const PieceTarget* into = sh.into;
-      // Check what the peer says before reading anything.
-      struct Part {
-        Region part, stored;
-        const proto::ExposedPart* proto;
-      };
-      std::vector<Part> parts;
-      int64_t volume = 0;
-      for (const proto::ExposedPart& e : resp.pieces(i - begin).parts()) {
+      // What the peer says is checked before anything is read.
+      std::vector<ExposedPart> exposed;
+      const auto& answer = resp.pieces(i - begin).parts();
+      for (const proto::ExposedPart& e : answer) {
         auto part = RegionFromProto(e.part());
         auto stored = RegionFromProto(e.stored());
-        if (!part.ok() || !stored.ok() || !sh.region.Contains(*part) ||
-            !stored->Contains(*part) || (!e.send() && e.rkey().empty())) {
+        if (!part.ok() || !stored.ok()) {
           return absl::DataLossError(
-              absl::StrCat(PeerLabel(host), " exposed a part outside ",
+              absl::StrCat(PeerLabel(host), " exposed a malformed part of ",
                            sh.region.ToString(), " of '", tensor, "'"));
         }
-        volume += part->volume();
-        parts.push_back({*std::move(part), *std::move(stored), &e});
+        exposed.push_back({*std::move(part), *std::move(stored), e.send(),
+                           !e.rkey().empty()});
       }
-      if (volume != sh.region.volume()) {
-        return absl::DataLossError(
-            absl::StrCat(PeerLabel(host), " exposed ", volume, " of the ",
-                         sh.region.volume(), " elements of ",
-                         sh.region.ToString(), " of '", tensor, "'"));
+      auto wire = PlanWireParts(sh.region, into->region, exposed, element_size,
+                                min_get_run_bytes_);
+      if (!wire.ok()) {
+        return Annotate(wire.status(), absl::StrCat("exposing '", tensor,
+                                                    "' on ", PeerLabel(host)));
       }
-      for (const Part& p : parts) {
-        int64_t runs = 0;
-        ForEachRun(p.stored, into->region, p.part, element_size,
-                   [&](int64_t, int64_t, int64_t) { ++runs; });
-        if (runs == 0) continue;  // an empty part
-        // The source leaves parts to sends that are one span of its memory
-        // or have short runs there; short runs here are sent too.
-        if (p.proto->send() ||
-            p.part.volume() * element_size / runs < min_get_run_bytes_) {
-          AddTransfers(tensor, p.part, element_size, into, nullptr, &sends);
+      for (const WirePart& w : *wire) {
+        const proto::ExposedPart& e = answer[w.exposed];
+        if (w.method == WireMethod::kSend) {
+          AddTransfers(tensor, w.part, element_size, into, nullptr, &sends);
           continue;
         }
         // Read a few MiB of runs at a time and checksum them while they
@@ -281,7 +271,7 @@ absl::Status UcxPieceTransport::FetchBatch(
         absl::Status failed;
         auto flush = [&] {
           if (gets.empty() || !failed.ok()) return;
-          failed = worker->Get(resp.ucx_address(), p.proto->rkey(), gets,
+          failed = worker->Get(resp.ucx_address(), e.rkey(), gets,
                                absl::Seconds(15));
           if (failed.ok()) {
             for (const UcxWorker::GetOp& op : gets)
@@ -290,9 +280,9 @@ absl::Status UcxPieceTransport::FetchBatch(
           gets.clear();
           gets_bytes = 0;
         };
-        ForEachRun(p.stored, into->region, p.part, element_size,
+        ForEachRun(w.stored, into->region, w.part, element_size,
                    [&](int64_t src, int64_t dst, int64_t n) {
-                     gets.push_back({into->data + dst, p.proto->address() + src,
+                     gets.push_back({into->data + dst, e.address() + src,
                                      static_cast<size_t>(n)});
                      gets_bytes += n;
                      if (gets_bytes >= kGetsBytes) flush();
@@ -300,17 +290,17 @@ absl::Status UcxPieceTransport::FetchBatch(
         flush();
         if (!failed.ok()) {
           return Annotate(failed,
-                          absl::StrCat("reading ", p.part.ToString(), " of '",
+                          absl::StrCat("reading ", w.part.ToString(), " of '",
                                        tensor, "' from ", PeerLabel(host)));
         }
-        if (sum.Digest() != p.proto->checksum()) {
+        if (sum.Digest() != e.checksum()) {
           return absl::DataLossError(
-              absl::StrCat("a part ", p.part.ToString(), " of '", tensor,
+              absl::StrCat("a part ", w.part.ToString(), " of '", tensor,
                            "' read from ", PeerLabel(host),
                            " does not match the checksum its owner computed"));
         }
-        ucx_bytes_received_total.Add(p.part.volume() * element_size);
-        ucx_get_bytes_total.Add(p.part.volume() * element_size);
+        ucx_bytes_received_total.Add(w.part.volume() * element_size);
+        ucx_get_bytes_total.Add(w.part.volume() * element_size);
       }
     }
   }

@@ -1,0 +1,80 @@
+// A host's fragment of a reconfiguration plan as the state transformer
+// runs it: what the host holds in the target version, every piece that
+// fills it and where the piece comes from, the small objects of its target
+// ranks. FragmentJobFromRequest (transformer_service.h) is the one place a
+// request becomes a FragmentJob; ValidateFragment checks it before
+// anything is staged.
+#ifndef PTC_STATE_TRANSFORMER_FRAGMENT_H_
+#define PTC_STATE_TRANSFORMER_FRAGMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ptc/region.h"
+#include "tensor_store/store.h"
+
+namespace ptc {
+
+// The source host of pieces and small objects that come from the job's
+// snapshot rather than from a live host.
+inline constexpr int32_t kSnapshotHost = -1;
+
+struct FragmentPiece {
+  int32_t tensor = 0;  // index into FragmentJob::tensors
+  Region region;
+  int32_t source_host = 0;  // == FragmentJob::host for a local copy
+  // Other hosts holding the whole piece, tried in order when source_host
+  // fails (it died or stalled mid-transfer).
+  std::vector<int32_t> alternates = {};
+};
+
+// A small object a rank of the new config takes from a rank of the old.
+struct FragmentSmallObject {
+  std::string name;
+  int32_t target_rank = 0;
+  int32_t source_rank = 0;
+  int32_t source_host = 0;  // == FragmentJob::host for a local copy
+  // Non-empty: no source; the value is DerivedSmallObject(name,
+  // derive_from, target version) (a rank whose coordinates are new).
+  std::string derive_from;
+};
+
+struct FragmentJob {
+  std::string job;
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  // The plan epoch that staged target_version (Store::CreateStaged); every
+  // write into it is made under this epoch.
+  int64_t plan_epoch = 0;
+  int32_t host = 0;
+  std::vector<TensorDecl> tensors;
+  // (tensor, region) the host holds afterwards; may overlap.
+  std::vector<std::pair<int32_t, Region>> holds;
+  std::vector<FragmentPiece> pieces;
+  // Small objects of the target ranks on this host.
+  std::vector<FragmentSmallObject> small_objects;
+  // In [1, kMaxParallelPulls].
+  int parallel_pulls = 4;
+};
+
+struct FragmentProgress {
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  int64_t remote_bytes_done = 0;
+  int64_t pieces_done = 0;
+  int64_t pieces_total = 0;
+};
+
+// Checks a fragment before anything is staged: tensor ids in range, every
+// held region and piece of the tensor's rank and inside its shape, pieces
+// not empty, every held region covered by the pieces of its tensor (a gap
+// would be published as zeros), parallel_pulls in range. INVALID_ARGUMENT
+// names the first problem.
+absl::Status ValidateFragment(const FragmentJob& job);
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_FRAGMENT_H_

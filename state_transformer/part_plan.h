@@ -1,0 +1,128 @@
+// The pure middle of a host's fragment: which of its regions are kept in
+// place, which are staged, and how every piece reaches the staged buffers
+// (a part: its method, its source and where it lands). No store, no
+// transport, no threads: tests build a FragmentJob by hand and check the
+// parts; ExecuteFragment (fragment_executor.h) only runs them.
+//
+//   std::vector<bool> stored = ...;  // which holds the source stores as is
+//   FragmentPartPlan plan = PlanFragmentParts(job, stored);
+//   for (const FragmentPart& part : plan.parts) { ... run part ... }
+//
+// The second half is the same for one UCX batch: from the parts a source
+// exposed (ExposePieces' answer), which are read with gets and which the
+// source sends (PlanWireParts), checked before anything is read.
+#ifndef PTC_STATE_TRANSFORMER_PART_PLAN_H_
+#define PTC_STATE_TRANSFORMER_PART_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ptc/region.h"
+#include "state_transformer/fragment.h"
+
+namespace ptc {
+
+// How a fragment's piece reaches this host's staged buffers.
+enum class PartMethod {
+  // The held region is stored unchanged in the source version on this
+  // host: the target version shares its buffer (no bytes move).
+  kLink,
+  // From this host's own source version, by a strided copy.
+  kCopy,
+  // From a peer, over the fragment's transport (which picks gets, sends
+  // or a stream per wire part; see PlanWireParts).
+  kPull,
+  // From the job's snapshot on disk (source host kSnapshotHost).
+  kSnapshot,
+};
+
+const char* PartMethodName(PartMethod m);
+
+// One unit of work: pieces of one source that run together.
+struct FragmentPart {
+  PartMethod method = PartMethod::kCopy;
+  int32_t source_host = 0;
+  // Indexes into FragmentJob::pieces, in plan order; a copy has one piece,
+  // a pull or a snapshot read up to kBatchBytes of one source (a larger
+  // piece alone), at most kMaxBatchPieces.
+  std::vector<int32_t> pieces;
+  int64_t bytes = 0;
+};
+
+struct FragmentPartPlan {
+  // Indexes into FragmentJob::holds. Every hold is either linked (kept in
+  // place: shares the source version's buffer) or staged (a new buffer
+  // that the parts fill).
+  std::vector<int32_t> linked;
+  std::vector<int32_t> staged;
+  // For every piece (index into FragmentJob::pieces): the staged holds
+  // (indexes into `staged`) it lands in. A piece lands in every staged
+  // region of its tensor that it intersects.
+  std::vector<std::vector<int32_t>> lands_in;
+  // Pieces that need no bytes moved: kept in place and landing in no
+  // staged region.
+  std::vector<int32_t> in_place;
+  // The work, ordered round-robin over the sources (starting at one
+  // chosen by the host id), so that the parts in flight keep every sender
+  // busy and target hosts start on different senders.
+  std::vector<FragmentPart> parts;
+  int64_t bytes_total = 0;     // every piece
+  int64_t bytes_in_place = 0;  // of `in_place`
+};
+
+// Remote pieces from one peer run in batches of up to this many bytes (a
+// larger piece is a batch of its own) and this many pieces.
+inline constexpr int64_t kBatchBytes = int64_t{64} << 20;
+inline constexpr size_t kMaxBatchPieces = 256;
+
+// Plans `job` (after ValidateFragment). `stored_exactly[h]` says whether
+// this host's source version stores holds[h] as one stored region of
+// exactly that region; such a hold that the fragment also keeps in place
+// (a piece with this host as source and the same region) is linked.
+FragmentPartPlan PlanFragmentParts(const FragmentJob& job,
+                                   const std::vector<bool>& stored_exactly);
+
+// How bytes of one exposed part cross the wire.
+enum class WireMethod {
+  // One-sided reads of the source's registered memory, run by run, into
+  // the staged buffer, checked against the checksum the source computed.
+  kGet,
+  // The source sends the part (UCX tagged send): it lands in place when it
+  // is one span of the staged buffer, else in a bounce buffer that is
+  // scattered.
+  kSend,
+};
+
+// A part of a piece as the source stores it (ExposePieces' answer),
+// decoded: `part` lies in one stored buffer of the source whose region is
+// `stored`.
+struct ExposedPart {
+  Region part;
+  Region stored;
+  bool send = false;     // the source asks for a send
+  bool has_key = false;  // the source gave a remote key (gets possible)
+};
+
+struct WirePart {
+  WireMethod method = WireMethod::kSend;
+  Region part;
+  Region stored;
+  int32_t exposed = 0;  // index into the exposed parts
+};
+
+// Chooses the method of every exposed part of `share` (a region of a
+// piece) that lands in the staged buffer of region `into`: a get when the
+// source gave a key and the part's runs (in the source's and in `into`'s
+// layout) average at least `min_get_run_bytes`, else a send. Refuses, with
+// DATA_LOSS, an answer whose parts leave `share` or their stored region,
+// lack both a key and a send, or do not add up to `share`'s volume. Empty
+// parts are dropped.
+absl::StatusOr<std::vector<WirePart>> PlanWireParts(
+    const Region& share, const Region& into,
+    const std::vector<ExposedPart>& exposed, int64_t element_size,
+    int64_t min_get_run_bytes);
+
+}  // namespace ptc
+
+#endif  // PTC_STATE_TRANSFORMER_PART_PLAN_H_
