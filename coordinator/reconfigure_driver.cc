@@ -15,6 +15,8 @@
 #include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/limits.h"
+#include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "coordinator/internal/cover.h"
 #include "coordinator/plan_proto.h"
@@ -436,8 +438,6 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
   }
   std::vector<std::pair<uint64_t, int64_t>> out(num_tensors, {0, 0});
   absl::Mutex mu;
-  absl::Status failure;
-  std::vector<std::thread> threads;
   constexpr size_t kCallsPerHost = 4;
   for (const auto& [host, list] : asks) {
     if (r.addresses.count(host) == 0) {
@@ -445,31 +445,42 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
           absl::StrCat("no address for host ", host));
     }
   }
+  // Up to kCallsPerHost lanes per host, each a share of its tensors dealt
+  // round-robin; at most kMaxFingerprintCalls lanes run at once.
+  struct Lane {
+    int32_t host;
+    const std::vector<std::pair<int, std::vector<Region>>>* list;
+    size_t lane;
+  };
+  std::vector<Lane> lanes;
   for (const auto& [host, list] : asks) {
-    for (size_t lane = 0; lane < kCallsPerHost && lane < list.size(); ++lane) {
-      threads.emplace_back([&, host = host, list = &list, lane] {
-        auto client = StoreClient::Connect(r.addresses.at(host));
-        for (size_t i = lane; i < list->size(); i += kCallsPerHost) {
-          const auto& [t, regions] = (*list)[i];
+    for (size_t lane = 0; lane < kCallsPerHost && lane < list.size(); ++lane)
+      lanes.push_back({host, &list, lane});
+  }
+  constexpr int kMaxFingerprintCalls = 128;
+  absl::Status failure;
+  ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
+        const Lane& l = lanes[k];
+        auto client = StoreClient::Connect(r.addresses.at(l.host));
+        for (size_t i = l.lane; i < l.list->size(); i += kCallsPerHost) {
+          const auto& [t, regions] = (*l.list)[i];
           auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
                                         regions);
           absl::MutexLock lock(&mu);
           if (!fp.ok()) {
-            if (failure.ok()) {
-              *failed_host = host;
+            if (failure.ok()) {  // the error and the host it names
+              *failed_host = l.host;
               failure = Annotate(
                   fp.status(), absl::StrCat("fingerprinting version ", version,
-                                            " on ", HostLabel(r, host)));
+                                            " on ", HostLabel(r, l.host)));
             }
-            return;
+            return failure;
           }
           out[t].first += fp->fingerprint();
           out[t].second += fp->elements();
         }
-      });
-    }
-  }
-  for (std::thread& th : threads) th.join();
+        return absl::OkStatus();
+      }).IgnoreError();  // `failure` holds the first error
   if (!failure.ok()) return failure;
   return out;
 }
@@ -645,22 +656,20 @@ absl::Status OnEachAddress(
     const std::vector<std::string>& addresses,
     const std::function<absl::Status(const std::string&)>& fn,
     size_t max_at_once) {
+  // Every address is called even after one fails (an abort or a commit
+  // must reach all it can), so the loop itself never sees an error.
   absl::Mutex mu;
   absl::Status first;
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> threads;
-  const size_t n = std::min(addresses.size(), std::max<size_t>(1, max_at_once));
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    threads.emplace_back([&] {
-      for (size_t k = next++; k < addresses.size(); k = next++) {
+  ParallelFor(
+      addresses.size(),
+      static_cast<int>(std::min<size_t>(max_at_once, kMaxRpcThreads)),
+      [&](size_t k) {
         absl::Status s = fn(addresses[k]);
         absl::MutexLock lock(&mu);
         if (first.ok()) first = std::move(s);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+        return absl::OkStatus();
+      })
+      .IgnoreError();
   return first;
 }
 

@@ -74,7 +74,7 @@ case "$cmd" in
         "$root/tools/ptc-certs" "$certs" host "host$i" >/dev/null
       fi
       # shellcheck disable=SC2046
-      "$bin/tensor_store/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
+      "$bin/ptcd/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
         --port-file "$dir/host$i.port" --memory-limit "$memory" --coordinator "$coordinator" \
         --name "host$i" --gpus "$gpus" --log-level warn $(tls "host$i") \
         ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} ${PTCD_FLAGS:-} >"$dir/logs/host$i.log" 2>&1 &

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-3}
 rate=${RATE:-1gbit}
 [[ $(id -u) -eq 0 ]] || { echo "netns_benchmark: needs root (ip netns, tc)" >&2; exit 1; }
-bazel build //tools:ptcctl //tools:synthetic_job //tensor_store:ptcd \
+bazel build //tools:ptcctl //tools:synthetic_job //ptcd:ptcd \
   //coordinator:ptc-coordinator >/dev/null 2>&1
 bin=$PWD/bazel-bin
 dir=$(mktemp -d /tmp/ptc-netns-XXXXXX)
@@ -64,7 +64,7 @@ bw=$(/usr/bin/python3 -c "
 r='$rate'; m={'kbit':1e3,'mbit':1e6,'gbit':1e9}
 print(next(float(r[:-len(k)])*v/8 for k,v in m.items() if r.endswith(k)))")
 for i in $(seq 0 $((hosts - 1))); do
-  ip netns exec ptc-h$i env UCX_TLS=tcp,self "$bin/tensor_store/ptcd" \
+  ip netns exec ptc-h$i env UCX_TLS=tcp,self "$bin/ptcd/ptcd" \
     --listen 10.77.0.$((10 + i)):0 --socket "$dir/host$i.sock" --port-file "$dir/host$i.port" \
     --memory-limit 8GiB --coordinator "$coordinator" --name host$i --gpus 2 \
     --bandwidth "$bw" --log-level warn --insecure >"$dir/host$i.log" 2>&1 &

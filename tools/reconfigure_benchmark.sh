@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
-bazel build -c opt //tools:ptcctl //tools:synthetic_job //tensor_store:ptcd \
+bazel build -c opt //tools:ptcctl //tools:synthetic_job //ptcd:ptcd \
   //coordinator:ptc-coordinator >/dev/null 2>&1
 ptcctl=bazel-bin/tools/ptcctl
 dir=$(mktemp -d /tmp/ptc-bench-XXXXXX)

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 echo "== building"
-if ! bazel build //tools:ptcctl //tensor_store:ptcd //coordinator:ptc-coordinator \
+if ! bazel build //tools:ptcctl //ptcd:ptcd //coordinator:ptc-coordinator \
     //client:python_package > /tmp/ptc-build.log 2>&1; then
   cat /tmp/ptc-build.log; exit 1
 fi

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 echo "== building"
-if ! bazel build //tools:ptcctl //tools:synthetic_job //tensor_store:ptcd \
+if ! bazel build //tools:ptcctl //tools:synthetic_job //ptcd:ptcd \
     //coordinator:ptc-coordinator > /tmp/ptc-build.log 2>&1; then
   cat /tmp/ptc-build.log; exit 1
 fi

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "coordinator/coordinator_server.h"
-#include "state_transformer/coordinator_agent.h"
+#include "ptcd/coordinator_agent.h"
 #include "tests/testing.h"
 
 namespace ptc::testing {

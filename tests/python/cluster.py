@@ -87,7 +87,7 @@ class LocalCluster:
             port_file.unlink()
         log = open(self.dir / f"host{i}.log", "a")
         self.procs[f"host{i}"] = subprocess.Popen(
-            [str(self.bin / "tensor_store/ptcd"), "--listen", "127.0.0.1:0",
+            [str(self.bin / "ptcd/ptcd"), "--listen", "127.0.0.1:0",
              "--socket", str(self.dir / f"host{i}.sock"),
              "--port-file", str(self.dir / f"host{i}.port"), "--memory-limit", memory,
              "--coordinator", self.coordinator, "--name", f"host{i}", "--gpus", str(self.gpus),

@@ -100,7 +100,7 @@ def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, namespaces):
     logs = []
     try:
         for ns, conf, binary in [(coord_ns, confs[0], "coordinator/ptc-coordinator"),
-                                 *[(host_ns[i], confs[1 + i], "tensor_store/ptcd")
+                                 *[(host_ns[i], confs[1 + i], "ptcd/ptcd")
                                    for i in range(3)]]:
             log = open(tmp_path / f"{conf.stem}.log", "w")
             logs.append(tmp_path / f"{conf.stem}.log")

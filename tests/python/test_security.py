@@ -135,7 +135,7 @@ def test_a_host_cannot_register_as_another_host(cluster, tmp_path):
     before = cluster.hosts()["host1"]["address"]
     log = open(tmp_path / "impostor.log", "w")
     impostor = subprocess.Popen(
-        [str(cluster.bin / "tensor_store/ptcd"), "--listen", "127.0.0.1:0", "--socket", "none",
+        [str(cluster.bin / "ptcd/ptcd"), "--listen", "127.0.0.1:0", "--socket", "none",
          "--memory-limit", "64MiB", "--coordinator", cluster.coordinator, "--name", "host1",
          "--gpus", "2", *[f.replace("host1", "host0") for f in tls_flags("host1")]],
         stdout=log, stderr=log)
@@ -155,7 +155,7 @@ def test_a_host_cannot_register_as_another_host(cluster, tmp_path):
 
 def test_plaintext_needs_an_explicit_choice(bin_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
-    r = subprocess.run([str(bin_dir / "tensor_store/ptcd"), "--listen", "127.0.0.1:0",
+    r = subprocess.run([str(bin_dir / "ptcd/ptcd"), "--listen", "127.0.0.1:0",
                         "--socket", "none"], capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 2
     assert "needs TLS" in r.stderr and "--insecure" in r.stderr

@@ -28,7 +28,7 @@
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "snapshot/snapshot_dir.h"
-#include "state_transformer/coordinator_agent.h"
+#include "ptcd/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
 

@@ -24,10 +24,10 @@ pid_t StartPtcd(const std::string& dir) {
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string socket = dir + "/ptcd.sock", port = dir + "/port";
-    execl("tensor_store/ptcd", "ptcd", "--listen", "127.0.0.1:0", "--socket",
+    execl("ptcd/ptcd", "ptcd", "--listen", "127.0.0.1:0", "--socket",
           socket.c_str(), "--port-file", port.c_str(), "--memory-limit", "1GiB",
           "--log-level", "warn", "--insecure", static_cast<char*>(nullptr));
-    std::perror("exec tensor_store/ptcd");
+    std::perror("exec ptcd/ptcd");
     _exit(127);
   }
   return pid;

@@ -1,4 +1,4 @@
-#include "state_transformer/coordinator_agent.h"
+#include "ptcd/coordinator_agent.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -5,8 +5,8 @@
 // Runs on its own thread until destroyed.
 //
 //   CoordinatorAgent agent("10.0.0.1:7000", status, &store);
-#ifndef PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
-#define PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
+#ifndef PTC_PTCD_COORDINATOR_AGENT_H_
+#define PTC_PTCD_COORDINATOR_AGENT_H_
 
 #include <string>
 #include <thread>
@@ -45,4 +45,4 @@ class CoordinatorAgent {
 
 }  // namespace ptc
 
-#endif  // PTC_STATE_TRANSFORMER_COORDINATOR_AGENT_H_
+#endif  // PTC_PTCD_COORDINATOR_AGENT_H_
