@@ -13,6 +13,7 @@
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
 #include "ptc/region.h"
+#include "proto/plan.pb.h"
 
 namespace ptc {
 
@@ -144,8 +145,8 @@ struct PlanSummary {
 };
 
 struct Plan {
-  // "ptc" or "tenplex".
-  std::string strategy = "ptc";
+  // The planner's or the comparison baseline's.
+  proto::PlanStrategy strategy = proto::PLAN_STRATEGY_PTC;
   // True for per-rank plans: every target rank fetches its own pieces.
   bool per_rank = false;
   std::vector<HostFragment> fragments;

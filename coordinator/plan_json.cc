@@ -1,5 +1,7 @@
 #include "coordinator/plan_json.h"
 
+#include "proto/enum_names.h"
+
 namespace ptc {
 namespace {
 
@@ -72,7 +74,7 @@ std::string PlanJson(const PlanInput& in, const Plan& plan) {
   JsonWriter w;
   w.BeginObject();
   w.Key("model").String(in.spec->name);
-  w.Key("strategy").String(plan.strategy);
+  w.Key("strategy").String(StrategyName(plan.strategy));
   w.Key("per_rank").Bool(plan.per_rank);
   w.Key("hosts").BeginArray();
   for (size_t h = 0; h < in.cluster->hosts.size(); ++h) {

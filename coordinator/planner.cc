@@ -695,7 +695,7 @@ absl::StatusOr<Plan> PlanReconfiguration(const PlanInput& in) {
   Balance balance = Solve(a, Weights(in, /*uniform=*/false), true);
   Assign(in, &a, &balance);
   Plan plan;
-  plan.strategy = "ptc";
+  plan.strategy = proto::PLAN_STRATEGY_PTC;
   for (HostFragment& f : a.fragments) {
     if (!f.holds.empty()) plan.fragments.push_back(std::move(f));
   }
@@ -716,7 +716,7 @@ absl::StatusOr<Plan> PlanTenplexBaseline(const PlanInput& in) {
   // bounds both strategies are measured against.
   PTC_ASSIGN_OR_RETURN(Analysis a, Analyze(in));
   Plan plan;
-  plan.strategy = "tenplex";
+  plan.strategy = proto::PLAN_STRATEGY_TENPLEX;
   plan.per_rank = true;
   const int num_hosts = static_cast<int>(in.cluster->hosts.size());
   std::vector<HostFragment> fragments(num_hosts);

@@ -37,8 +37,7 @@ struct ReconfigureRequest {
   // gRPC address of every host id the plan involves.
   std::map<int32_t, std::string> addresses;
   int parallel_pulls = 4;
-  // "ucx", "grpc" or empty (UCX with a fallback to gRPC).
-  std::string transport;
+  proto::Transport transport = proto::TRANSPORT_AUTO;
   // Keep version v on the source hosts after the commit (default: release).
   bool keep_source = false;
   // Called once the fingerprints are proven, before any host commits: the

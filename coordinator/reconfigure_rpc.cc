@@ -24,6 +24,7 @@
 #include "coordinator/planner.h"
 #include "coordinator/reconfigure_driver.h"
 #include "coordinator/snapshot_plan.h"
+#include "proto/enum_names.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
@@ -97,7 +98,7 @@ void PauseAtFailpoint(absl::string_view point) {
 }
 
 bool Final(const proto::ReconfigureEvent& e) {
-  return e.phase() == "committed" || e.phase() == "aborted";
+  return PhaseEnded(e.phase());
 }
 
 }  // namespace
@@ -277,13 +278,19 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     flight->input.snapshot_source = true;
     flight->snapshot = std::make_shared<const SnapshotUse>(*snapshot);
   }
-  if (req.strategy() == "tenplex") {
-    PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
-  } else if (req.strategy().empty() || req.strategy() == "ptc") {
-    PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy '", req.strategy(), "' is unknown; use ptc or tenplex"));
+  switch (req.strategy()) {
+    case proto::PLAN_STRATEGY_TENPLEX: {
+      PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
+      break;
+    }
+    case proto::PLAN_STRATEGY_PTC: {
+      PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("strategy ", req.strategy(),
+                       " is unknown; use ptc (0) or tenplex (1)"));
   }
   if (snapshot != nullptr) {
     PTC_RETURN_IF_ERROR(
@@ -302,10 +309,10 @@ absl::Status CoordinatorService::DoReconfigure(
         "parallel pulls ", req.parallel_pulls(), " is out of range; use 1 to ",
         kMaxParallelPulls, " (0: the default, 4)"));
   }
-  if (!req.transport().empty() && req.transport() != "ucx" &&
-      req.transport() != "grpc") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  if (!proto::Transport_IsValid(req.transport())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport ", req.transport(),
+                     " is unknown; use auto (0), ucx (1) or grpc (2)"));
   }
   absl::StatusOr<Planned> planned = PlanChange(req, true);
   if (!planned.ok() && absl::IsFailedPrecondition(planned.status()) &&
@@ -435,7 +442,7 @@ absl::Status CoordinatorService::StartChange(
     job.cancel_reason.clear();
     job.event.Clear();
     job.event.set_plan_epoch(epoch);
-    job.event.set_phase("staging");
+    job.event.set_phase(proto::PHASE_STAGING);
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
@@ -454,7 +461,7 @@ absl::Status CoordinatorService::StartChange(
         }
         Job& j = *it->second;
         j.state.set_commit_decided(true);
-        j.event.set_phase("committing");
+        j.event.set_phase(proto::PHASE_COMMITTING);
         PTC_RETURN_IF_ERROR(PersistLocked());
       }
       PauseAtFailpoint("after_decision");
@@ -557,8 +564,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         e.set_bytes_total(p.bytes_total);
         e.set_hosts_done(p.hosts_done);
         e.set_hosts_total(p.hosts_total);
-        if (p.hosts_done == p.hosts_total && e.phase() == "staging")
-          e.set_phase("verifying");
+        if (p.hosts_done == p.hosts_total && e.phase() == proto::PHASE_STAGING)
+          e.set_phase(proto::PHASE_VERIFYING);
       });
   absl::MutexLock lock(&mu_);
   Job& job = *jobs_.at(name);
@@ -566,7 +573,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   proto::ReconfigureEvent& e = job.event;
   if (report.ok()) {
     AdoptTargetLocked(job);
-    e.set_phase("committed");
+    e.set_phase(proto::PHASE_COMMITTED);
     reconfigurations_committed.Add();
     bytes_from_peers_total.Add(report->bytes_from_peers);
     phase_millis_staging.Add(
@@ -586,7 +593,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     PersistLocked().IgnoreError();
     return;
   } else {
-    e.set_phase("aborted");
+    e.set_phase(proto::PHASE_ABORTED);
     reconfigurations_aborted.Add();
     e.set_error(job.cancel_reason.empty()
                     ? std::string(report.status().message())
@@ -659,7 +666,7 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     ClearFlight(&job.state);
     job.running = false;
     job.event.set_plan_epoch(epoch);
-    job.event.set_phase("committed");
+    job.event.set_phase(proto::PHASE_COMMITTED);
     if (!lost.empty()) {
       job.event.set_error(absl::StrCat(
           "committed without host(s) ", absl::StrJoin(lost, ", "),
@@ -715,7 +722,7 @@ void CoordinatorService::Recover() {
       Job& job = *jobs_.at(name);
       ClearFlight(&job.state);
       job.event.set_plan_epoch(epoch);
-      job.event.set_phase("aborted");
+      job.event.set_phase(proto::PHASE_ABORTED);
       job.event.set_error(
           "the coordinator restarted before the commit was decided");
       PersistLocked().IgnoreError();
@@ -747,7 +754,7 @@ grpc::Status CoordinatorService::Watch(
       }
       e = it->second->event;
     }
-    if (e.phase().empty()) {
+    if (e.phase() == proto::PHASE_NONE) {
       return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
           "job '", req->job(), "' has not been reconfigured yet")));
     }

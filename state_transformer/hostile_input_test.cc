@@ -143,13 +143,14 @@ TEST_CASE("hostile fragments are refused and leave the daemon healthy",
                Catch::Contains("has rank 1 but the tensor has rank 2"));
   }
   SECTION("a piece far outside its tensor, over UCX and over gRPC") {
-    for (const char* transport : {"ucx", "grpc", ""}) {
+    for (const proto::Transport transport :
+         {proto::TRANSPORT_UCX, proto::TRANSPORT_GRPC, proto::TRANSPORT_AUTO}) {
       auto req = Fragment(2, 1, kAll,
                           {kAll, Region{{0, int64_t{1} << 40}, {0, kCols}}}, 1);
       req.set_transport(transport);
       (*req.mutable_peers())[1] = c->addresses.at(0);
       const absl::Status s = t.Execute(req);
-      INFO(transport << ": " << s.ToString());
+      INFO(proto::Transport_Name(transport) << ": " << s.ToString());
       CHECK(s.code() == absl::StatusCode::kInvalidArgument);
       CHECK_THAT(std::string(s.message()), Catch::Contains("out of bounds"));
     }

@@ -176,21 +176,27 @@ absl::Status TransformerService::DoExecute(
     return t;
   };
   std::unique_ptr<PieceTransport> transport;
-  if (req.transport() == "grpc") {
-    transport = std::make_unique<GrpcPieceTransport>(peers, names);
-  } else if (req.transport() == "ucx") {
-    if (!ucx_) {
-      return absl::FailedPreconditionError(
-          "the UCX transport was asked for, but this ptcd has no UCX worker");
-    }
-    transport = ucx_transport();
-  } else if (req.transport().empty()) {
-    transport = std::make_unique<AutoTransport>(
-        ucx_ ? ucx_transport() : nullptr,
-        std::make_unique<GrpcPieceTransport>(peers, names));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport '", req.transport(), "' is unknown; use ucx or grpc"));
+  switch (req.transport()) {
+    case proto::TRANSPORT_GRPC:
+      transport = std::make_unique<GrpcPieceTransport>(peers, names);
+      break;
+    case proto::TRANSPORT_UCX:
+      if (!ucx_) {
+        return absl::FailedPreconditionError(
+            "the UCX transport was asked for, but this ptcd has no UCX "
+            "worker");
+      }
+      transport = ucx_transport();
+      break;
+    case proto::TRANSPORT_AUTO:
+      transport = std::make_unique<AutoTransport>(
+          ucx_ ? ucx_transport() : nullptr,
+          std::make_unique<GrpcPieceTransport>(peers, names));
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("transport ", req.transport(),
+                       " is unknown; use auto (0), ucx (1) or grpc (2)"));
   }
   // Pieces no live host holds come from the job's snapshot.
   const bool from_snapshot =

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "state_transformer/ucx_address_check.h"
 
 namespace ptc {
 namespace {
@@ -185,16 +186,21 @@ void UcxWorker::Cancel(Receive* receive) {
 
 absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
   // UCX parses a peer's address without its length and aborts the process
-  // on one it cannot parse, so an address that cannot be one of this UCX's
-  // is refused here: it starts with the same header byte (format version
-  // and flags) and holds at least the worker's 8-byte id. A crafted one can
-  // still get through; addresses come from peers, which are trusted until
-  // the control plane authenticates them.
+  // on one it cannot parse. An address that cannot be one of this UCX's
+  // (another header byte: format version and flags; shorter than the
+  // worker's 8-byte id) is refused at once; any other new one is parsed
+  // first by a child process (CheckUcxAddress).
   if (peer.size() < 9 || peer[0] != address_[0]) {
     return absl::InvalidArgumentError(
         absl::StrCat("a peer's UCX worker address (", peer.size(),
                      " bytes) is not one this UCX could have made"));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = endpoints_.find(peer);
+    if (it != endpoints_.end()) return it->second;
+  }
+  PTC_RETURN_IF_ERROR(CheckUcxAddress(peer));
   absl::MutexLock lock(&mu_);
   auto it = endpoints_.find(peer);
   if (it == endpoints_.end()) {

@@ -114,7 +114,7 @@ TEST_CASE(
     proto::ReconfigureEvent e;
     while (reader->Read(&e)) {
     }
-    REQUIRE(e.phase() == "committed");
+    REQUIRE(e.phase() == proto::PHASE_COMMITTED);
     testing::VerifyTarget(c, "gpt", *s, 2);
     // Every buffer staged on host2 and host3 was a prepared one.
     int64_t staged = 0;

@@ -49,8 +49,9 @@ TEST_CASE(
     "reconfigure: a GPT job moves through six layouts between four daemons, "
     "every element exact and fingerprints proven, over UCX and over gRPC",
     "[reconfigure]") {
-  const std::string transport = GENERATE(as<std::string>(), "grpc", "ucx");
-  INFO("transport " << transport);
+  const proto::Transport transport =
+      GENERATE(proto::TRANSPORT_GRPC, proto::TRANSPORT_UCX);
+  INFO("transport " << proto::Transport_Name(transport));
   DaemonCluster c(kHosts);
   const int64_t ucx_before = UcxBytes();
   int64_t cross_host = 0;
@@ -123,7 +124,7 @@ TEST_CASE(
     from_hosts = step.hosts;
   }
   // Every byte that crossed hosts went over the transport asked for.
-  CHECK(UcxBytes() - ucx_before == (transport == "ucx" ? cross_host : 0));
+  CHECK(UcxBytes() - ucx_before == (transport == proto::TRANSPORT_UCX ? cross_host : 0));
 }
 
 TEST_CASE(

@@ -89,8 +89,8 @@ absl::Status ClientCluster::Reconfigure(const std::string& job,
     if (!s.ok()) return s;
     const proto::ReconfigureEvent& e = jobs.jobs(0).reconfiguration();
     if (e.plan_epoch() == resp.plan_epoch()) {
-      if (e.phase() == "committed") return absl::OkStatus();
-      if (e.phase() == "aborted") return absl::AbortedError(e.error());
+      if (e.phase() == proto::PHASE_COMMITTED) return absl::OkStatus();
+      if (e.phase() == proto::PHASE_ABORTED) return absl::AbortedError(e.error());
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

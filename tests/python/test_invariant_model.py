@@ -167,7 +167,7 @@ class Model:
             job = c.job("j")
             phase = job.get("reconfiguration", {}).get("phase", "")
             problems = []
-            if phase not in ("", "committed", "aborted"):
+            if phase not in ("none", "committed", "aborted"):
                 problems.append(f"change still in phase {phase}")
             owned = set(job.get("open_saves", []))
             for h in self.live():

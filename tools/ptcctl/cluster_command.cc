@@ -37,6 +37,7 @@
 #include "ptc/region_proto.h"
 #include "snapshot/safetensors.h"
 #include "snapshot/snapshot_dir.h"
+#include "proto/enum_names.h"
 #include "snapshot/snapshot_reader.h"
 #include <fstream>
 #include <cstdio>
@@ -235,8 +236,12 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
         "--parallel-pulls needs a number from 1 to ", kMaxParallelPulls));
   }
   req.set_parallel_pulls(pulls);
-  req.set_transport(args.Get("transport"));
-  req.set_strategy(args.Get("strategy"));
+  PTC_ASSIGN_OR_RETURN(proto::Transport transport,
+                       ParseTransport(args.Get("transport")));
+  PTC_ASSIGN_OR_RETURN(proto::PlanStrategy strategy,
+                       ParseStrategy(args.Get("strategy")));
+  req.set_transport(transport);
+  req.set_strategy(strategy);
   proto::ReconfigureResponse started;
   PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
   return FollowChange(stub, req, started, json);
@@ -282,28 +287,29 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
     const double rate = secs > 0 ? e.bytes_done() / secs : 0;
     const double eta = rate > 0 ? (e.bytes_total() - e.bytes_done()) / rate : 0;
     const std::string line = absl::StrFormat(
-        "  %-10s %s %5.1f%%  %s / %s  %s/s  ETA %s  hosts %d/%d", e.phase(),
+        "  %-10s %s %5.1f%%  %s / %s  %s/s  ETA %s  hosts %d/%d",
+        PhaseName(e.phase()),
         Bar(frac, 30), 100 * frac, HumanBytes(e.bytes_done()),
         HumanBytes(e.bytes_total()), HumanBytes(rate), HumanSeconds(eta),
         e.hosts_done(), e.hosts_total());
     if (tty) {
       std::cerr << "\r" << line << std::flush;
     } else if (absl::Now() - printed > absl::Seconds(1) ||
-               e.phase() == "committed" || e.phase() == "aborted") {
+               PhaseEnded(e.phase())) {
       std::cerr << line << "\n";
       printed = absl::Now();
     }
   }
   if (tty && !json) std::cerr << "\n";
   PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  const bool ok = last.phase() == "committed";
+  const bool ok = last.phase() == proto::PHASE_COMMITTED;
   const double secs = last.seconds();
   if (json) {
     JsonWriter w(2);
     w.BeginObject();
     w.Key("job").String(req.job()).Key("plan_epoch").Int(started.plan_epoch());
     w.Key("phase")
-        .String(last.phase())
+        .String(PhaseName(last.phase()))
         .Key("source_version")
         .Int(started.source_version());
     w.Key("target_version")
@@ -319,7 +325,7 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
     w.Key("tensors_verified").Int(last.tensors_verified());
     w.Key("snapshot_bytes_read").Int(last.snapshot_bytes_read());
     w.Key("snapshot_dir").String(last.snapshot_dir());
-    w.Key("strategy").String(req.strategy().empty() ? "ptc" : req.strategy());
+    w.Key("strategy").String(StrategyName(req.strategy()));
     if (!ok) w.Key("error").String(last.error());
     w.Key("plan");
     WriteSummary(plan, &w);
@@ -346,7 +352,8 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
   }
   if (!ok) {
     absl::Status s = absl::AbortedError(absl::StrCat(
-        "the reconfiguration ", last.phase().empty() ? "ended" : last.phase(),
+        "the reconfiguration ",
+        last.phase() == proto::PHASE_NONE ? "ended" : PhaseName(last.phase()),
         ": ", last.error(), "; the job stays at version ",
         started.source_version()));
     return json ? ReportedInJson(s) : s;  // the report says it
@@ -521,7 +528,7 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
           .BeginObject()
           .Key("plan_epoch")
           .Int(j.reconfiguration().plan_epoch());
-      w.Key("phase").String(j.reconfiguration().phase());
+      w.Key("phase").String(PhaseName(j.reconfiguration().phase()));
       w.Key("bytes_done").Int(j.reconfiguration().bytes_done());
       w.Key("bytes_total").Int(j.reconfiguration().bytes_total());
       w.Key("error").String(j.reconfiguration().error()).EndObject();
@@ -545,10 +552,10 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
           absl::StrJoin(j.lost_hosts(), ", "));
     }
     const auto& r = j.reconfiguration();
-    if (!r.phase().empty()) {
+    if (r.phase() != proto::PHASE_NONE) {
       std::cout << absl::StrFormat(
           "  reconfiguration epoch %d: %s, %s of %s%s\n", r.plan_epoch(),
-          r.phase(), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
+          PhaseName(r.phase()), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
           r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
     }
     if (j.ranks_saved() > 0) {

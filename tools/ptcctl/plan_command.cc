@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/enum_names.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/args.h"
@@ -254,7 +255,7 @@ void PrintJson(const PlanRun& run) {
     w.Key("baseline")
         .BeginObject()
         .Key("strategy")
-        .String(run.baseline->strategy);
+        .String(StrategyName(run.baseline->strategy));
     w.Key("summary");
     WritePlanSummary(run.baseline->summary, s.cluster, &w);
     w.EndObject();
