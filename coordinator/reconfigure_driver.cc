@@ -132,6 +132,7 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   req.set_host(f.host);
   req.set_parallel_pulls(r.parallel_pulls);
   req.set_transport(r.transport);
+  req.set_peer_timeout_ms(absl::ToInt64Milliseconds(r.peer_timeout));
   for (const TensorSpec& t : r.input->spec->tensors) {
     proto::TensorDecl* d = req.add_tensors();
     d->set_key(t.key);
@@ -249,7 +250,7 @@ absl::Status SoleSourceLost(const ReconfigureRequest& r,
 void AdmitPeersOnSources(const ReconfigureRequest& r,
                          const SourceHolders& holders) {
   // source -> the targets that may pull from it (as planned, or as another
-  // holder of a piece)
+  // holder of a piece, or of a small object)
   std::map<int32_t, std::set<std::string>> pullers;
   for (const HostFragment& f : r.plan->fragments) {
     const std::string& target = r.input->cluster->hosts[f.host].name;
@@ -260,6 +261,13 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
       t.target_host = f.host;
       for (int32_t h : holders.Alternates(t)) pullers[h].insert(target);
     });
+  }
+  // Small objects are read from their source host too (GetSmallObject).
+  for (const SmallObjectMove& m : r.plan->small_objects) {
+    if (!m.derive_from.empty() || m.source_host < 0 ||
+        m.source_host == m.target_host)
+      continue;
+    pullers[m.source_host].insert(r.input->cluster->hosts[m.target_host].name);
   }
   std::vector<std::string> addresses;
   std::map<std::string, const std::set<std::string>*> of;

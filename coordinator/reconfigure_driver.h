@@ -38,6 +38,9 @@ struct ReconfigureRequest {
   std::map<int32_t, std::string> addresses;
   int parallel_pulls = 4;
   proto::Transport transport = proto::TRANSPORT_AUTO;
+  // How long a target waits on a silent source (ExecuteFragmentRequest's
+  // peer_timeout_ms): the coordinator sends twice its host timeout.
+  absl::Duration peer_timeout = absl::Seconds(60);
   // Keep version v on the source hosts after the commit (default: release).
   bool keep_source = false;
   // Called once the fingerprints are proven, before any host commits: the

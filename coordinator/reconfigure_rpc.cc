@@ -390,6 +390,11 @@ absl::Status CoordinatorService::StartChange(
   r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   r.transport = req.transport();
+  // A source silent past the host timeout is dead to the coordinator;
+  // its targets wait a little longer (its death cancels the change or
+  // moves them to other holders), up to an hour.
+  r.peer_timeout = std::min(
+      std::max(2 * options_.host_timeout, absl::Seconds(1)), absl::Hours(1));
   if (flight->snapshot) {
     r.snapshot = &flight->snapshot->manifest;
     r.snapshot_dir = flight->snapshot->dir;

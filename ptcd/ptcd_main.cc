@@ -207,9 +207,11 @@ absl::Status Run(int argc, char** argv) {
     PTC_RETURN_IF_ERROR(Annotate(CheckSnapshotRoot(transformer.snapshot_root, ""),
                                  "--snapshot-root"));
   }
-  options.services.push_back([transformer](Store* store) {
-    return std::make_unique<TransformerService>(store, transformer);
-  });
+  options.services.push_back(
+      [transformer, admissions = options.peer_admissions](Store* store) {
+        return std::make_unique<TransformerService>(store, transformer,
+                                                    admissions);
+      });
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
   if (const std::string path = settings.Get("port-file", ""); !path.empty()) {

@@ -117,7 +117,7 @@ TEST_CASE(
   for (int i = 0; i < 500; ++i) {
     auto stats = client->Stats();
     REQUIRE(stats.ok());
-    used = stats->memory_used_bytes() - stats->spare_bytes();
+    used = testing::DataBytesUsed(*stats) - stats->spare_bytes();
     if (used == 0 && stats->local_clients() == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

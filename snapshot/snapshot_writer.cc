@@ -143,7 +143,7 @@ absl::StatusOr<proto::SnapshotProgress> WriteSnapshotFile(
   const std::string path = r.dir + "/" + r.file;
   const std::string tmp = r.dir + "/." + r.file + ".tmp";
   const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   if (fd < 0) return ErrnoError(errno, absl::StrCat("creating ", tmp));
   bool keep = false;
   absl::Cleanup cleanup = [&] {

@@ -284,8 +284,8 @@ class FragmentRun {
 
 GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
-    std::map<int32_t, std::string> names)
-    : addresses_(peers), names_(std::move(names)) {
+    std::map<int32_t, std::string> names, absl::Duration peer_timeout)
+    : addresses_(peers), names_(std::move(names)), peer_timeout_(peer_timeout) {
   for (const auto& [host, address] : peers) {
     auto name = names_.find(host);
     clients_[host] =
@@ -307,10 +307,12 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
                                        int64_t version,
                                        const std::string& tensor,
                                        const Region& region,
-                                       int64_t /*element_size*/,
+                                       int64_t element_size,
                                        const StoreClient::Consumer& consume) {
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
-  auto got = client->ReadWith(job, version, tensor, region, consume);
+  auto got = client->ReadWith(
+      job, version, tensor, region, consume, 0,
+      TransferDeadline(peer_timeout_, region.volume() * element_size));
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/limits.h"
 #include "state_transformer/fragment.h"
@@ -31,6 +32,14 @@
 #include "tensor_store/store_client.h"
 
 namespace ptc {
+
+// How long a transfer of `bytes` from a peer may take: the time a silent
+// peer is given (the fragment's peer timeout, which the coordinator derives
+// from its host timeout) plus the bytes at a slow link's 100 MB/s.
+inline absl::Duration TransferDeadline(absl::Duration peer_timeout,
+                                       int64_t bytes) {
+  return peer_timeout + absl::Seconds(static_cast<double>(bytes) / 100e6);
+}
 
 // A staged buffer a piece lands in: the dense row-major bytes of `region`.
 struct PieceTarget {
@@ -95,8 +104,10 @@ class PieceTransport {
 class GrpcPieceTransport : public PieceTransport {
  public:
   // host id -> "host:port", and host id -> name (for messages; optional).
+  // A read gives up after TransferDeadline(`peer_timeout`, its bytes).
   explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
-                              std::map<int32_t, std::string> names = {});
+                              std::map<int32_t, std::string> names = {},
+                              absl::Duration peer_timeout = absl::Seconds(60));
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
@@ -113,6 +124,7 @@ class GrpcPieceTransport : public PieceTransport {
   std::map<int32_t, std::unique_ptr<StoreClient>> clients_;
   std::map<int32_t, std::string> addresses_;
   std::map<int32_t, std::string> names_;
+  const absl::Duration peer_timeout_;
 };
 
 // Runs `job` to completion (ValidateFragment first): plans its parts

@@ -2,7 +2,11 @@
 // transformer: each gets a clear error, the daemon stays up, its staged and
 // committed versions and its memory accounting stay exact, and the next
 // honest request works.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #include <catch2/catch.hpp>
@@ -11,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "proto/transformer.grpc.pb.h"
@@ -125,7 +130,7 @@ void RequireHealthy(testing::DaemonCluster& c) {
   CHECK(list->jobs(0).versions(0).version() == 1);
   auto stats = c.daemons[0]->client->Stats();
   REQUIRE(stats.ok());
-  CHECK(stats->memory_used_bytes() == kRows * kCols * 4);
+  CHECK(testing::DataBytesUsed(*stats) == kRows * kCols * 4);
 }
 
 const Region kAll{{0, kRows}, {0, kCols}};
@@ -182,6 +187,48 @@ TEST_CASE("hostile fragments are refused and leave the daemon healthy",
       CHECK(s.code() == absl::StatusCode::kInvalidArgument);
       CHECK_THAT(std::string(s.message()), Catch::Contains("parallel pulls"));
     }
+  }
+  SECTION("a peer timeout out of range") {
+    for (int64_t ms : {int64_t{-1}, int64_t{3600} * 1000 + 1}) {
+      auto req = Fragment(2, 1, kAll, {kAll});
+      req.set_peer_timeout_ms(ms);
+      const absl::Status s = t.Execute(req);
+      CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(s.message()), Catch::Contains("peer timeout"));
+    }
+  }
+  SECTION("a source that never answers is given up after the peer timeout") {
+    // A port that accepts connections and never speaks: each transport's
+    // pull waits on it until its deadline, which follows the fragment's
+    // peer timeout (the coordinator's host timeout), not a fixed minute.
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(listener >= 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ==
+            0);
+    REQUIRE(listen(listener, 16) == 0);
+    socklen_t len = sizeof(addr);
+    REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) ==
+            0);
+    for (const proto::Transport transport :
+         {proto::TRANSPORT_GRPC, proto::TRANSPORT_UCX}) {
+      auto req = Fragment(2, 1, kAll, {kAll}, 1);
+      req.set_transport(transport);
+      req.set_peer_timeout_ms(500);
+      (*req.mutable_peers())[1] =
+          absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+      const absl::Time start = absl::Now();
+      const absl::Status s = t.Execute(req);
+      const absl::Duration took = absl::Now() - start;
+      INFO(proto::Transport_Name(transport) << ": " << s.ToString() << " after "
+                                            << absl::FormatDuration(took));
+      if (s.code() == absl::StatusCode::kFailedPrecondition) continue;  // no UCX
+      CHECK_FALSE(s.ok());
+      CHECK(took < absl::Seconds(5));  // 0.5 s and the bytes at 100 MB/s
+    }
+    close(listener);
   }
   SECTION("a shape whose element count overflows int64") {
     auto req = Fragment(2, 1, kAll, {kAll});

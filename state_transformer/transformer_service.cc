@@ -25,8 +25,13 @@
 
 namespace ptc {
 
-TransformerService::TransformerService(Store* store, TransformerOptions options)
-    : store_(store), options_(options) {
+TransformerService::TransformerService(
+    Store* store, TransformerOptions options,
+    std::shared_ptr<PeerAdmissions> admissions)
+    : store_(store),
+      options_(options),
+      admissions_(admissions != nullptr ? std::move(admissions)
+                                        : std::make_shared<PeerAdmissions>()) {
   if (!options_.use_ucx) return;
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
@@ -169,16 +174,25 @@ absl::Status TransformerService::DoExecute(
   std::map<int32_t, std::string> peers(req.peers().begin(), req.peers().end());
   std::map<int32_t, std::string> names(req.peer_names().begin(),
                                        req.peer_names().end());
+  if (req.peer_timeout_ms() < 0 || req.peer_timeout_ms() > 3600 * 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer timeout ", req.peer_timeout_ms(),
+                     " ms is out of range; use 1 ms to an hour (0: 60 s)"));
+  }
+  const absl::Duration peer_timeout =
+      req.peer_timeout_ms() > 0 ? absl::Milliseconds(req.peer_timeout_ms())
+                                : absl::Seconds(60);
   auto ucx_transport = [&] {
-    auto t =
-        std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names);
+    auto t = std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers,
+                                                 names, peer_timeout);
     t->set_get_contiguous(options_.gets_for_contiguous);
     return t;
   };
   std::unique_ptr<PieceTransport> transport;
   switch (req.transport()) {
     case proto::TRANSPORT_GRPC:
-      transport = std::make_unique<GrpcPieceTransport>(peers, names);
+      transport =
+          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout);
       break;
     case proto::TRANSPORT_UCX:
       if (!ucx_) {
@@ -191,7 +205,7 @@ absl::Status TransformerService::DoExecute(
     case proto::TRANSPORT_AUTO:
       transport = std::make_unique<AutoTransport>(
           ucx_ ? ucx_transport() : nullptr,
-          std::make_unique<GrpcPieceTransport>(peers, names));
+          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout));
       break;
     default:
       return absl::InvalidArgumentError(
@@ -338,21 +352,7 @@ absl::Status TransformerService::CheckPeerCall(const grpc::ServerContext* ctx,
   }
   PTC_RETURN_IF_ERROR(CheckEpoch(job, plan_epoch, EpochUse::kPeer));
   if (ctx == nullptr || !TlsEnabled()) return absl::OkStatus();
-  const std::string caller = PeerName(*ctx);
-  absl::MutexLock lock(&mu_);
-  auto it = epochs_.find(job);
-  if (it == epochs_.end() || it->second.admitted_epoch != plan_epoch ||
-      it->second.admitted.count(caller) == 0) {
-    Log("security")
-        ->warn("refused {} of job {} epoch {} to host '{}': not admitted", what,
-               job, plan_epoch, caller);
-    return absl::PermissionDeniedError(
-        absl::StrCat("host '", caller, "' is not a peer of plan epoch ",
-                     plan_epoch, " of job '", job,
-                     "' here (the coordinator admits the hosts that pull "
-                     "from this one)"));
-  }
-  return absl::OkStatus();
+  return admissions_->Check(job, plan_epoch, PeerName(*ctx), what);
 }
 
 grpc::Status TransformerService::AdmitPeers(grpc::ServerContext* ctx,
@@ -370,11 +370,7 @@ grpc::Status TransformerService::AdmitPeers(grpc::ServerContext* ctx,
           CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kFragment);
       !s.ok())
     return ToGrpcStatus(s);
-  absl::MutexLock lock(&mu_);
-  Epochs& e = epochs_[req->job()];
-  if (e.admitted_epoch != req->plan_epoch()) e.admitted.clear();
-  e.admitted_epoch = req->plan_epoch();
-  e.admitted.insert(req->hosts().begin(), req->hosts().end());
+  admissions_->Admit(req->job(), req->plan_epoch(), req->hosts());
   return grpc::Status::OK;
 }
 
@@ -530,12 +526,14 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
     sends.push_back(
         {req.parts(i).tag(), begin, static_cast<size_t>(dst - begin)});
   }
-  // At most a minute, and never past the caller's deadline; a cancelled
-  // call (the caller left, or this daemon drains) stops waiting at once.
-  absl::Duration timeout = absl::Seconds(60);
-  if (ctx != nullptr) {
-    timeout =
-        std::min(timeout, absl::FromChrono(ctx->deadline()) - absl::Now());
+  // Never past the caller's deadline (which follows the coordinator's host
+  // timeout and the bytes asked for); a cancelled call (the caller left, or
+  // this daemon drains) stops waiting at once. A call without a deadline
+  // gets the one a target would have set with a minute's peer timeout.
+  absl::Duration timeout = TransferDeadline(absl::Seconds(60), total);
+  if (ctx != nullptr &&
+      ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    timeout = absl::FromChrono(ctx->deadline()) - absl::Now();
   }
   return ucx_->Send(req.ucx_address(), sends, timeout,
                     [ctx] { return ctx != nullptr && ctx->IsCancelled(); });

@@ -20,6 +20,7 @@
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/fragment_executor.h"
 #include "state_transformer/ucx_worker.h"
+#include "tensor_store/peer_admissions.h"
 #include "tensor_store/store.h"
 
 namespace ptc {
@@ -46,7 +47,11 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
 
 class TransformerService final : public proto::Transformer::Service {
  public:
-  explicit TransformerService(Store* store, TransformerOptions options = {});
+  // `admissions` is shared with the host's tensor store service (its reads
+  // by hosts check it too); null: one of its own.
+  explicit TransformerService(
+      Store* store, TransformerOptions options = {},
+      std::shared_ptr<PeerAdmissions> admissions = nullptr);
   ~TransformerService() override;
 
   grpc::Status ExecuteFragment(
@@ -140,6 +145,8 @@ class TransformerService final : public proto::Transformer::Service {
 
   Store* store_;
   const TransformerOptions options_;
+  // AdmitPeers: the hosts that may read from this host, per job and epoch.
+  const std::shared_ptr<PeerAdmissions> admissions_;
   std::unique_ptr<UcxWorker> ucx_;
   absl::Mutex mu_;
   // Per job: the newest epoch a fragment came with, and the epochs the
@@ -149,10 +156,6 @@ class TransformerService final : public proto::Transformer::Service {
   struct Epochs {
     int64_t newest = 0;
     std::set<int64_t> aborted;
-    // AdmitPeers: the hosts that may read from this host in epoch
-    // `admitted_epoch`.
-    int64_t admitted_epoch = 0;
-    std::set<std::string> admitted;
   };
   static constexpr size_t kAbortedEpochsKept = 64;
   std::map<std::string, Epochs> epochs_ ABSL_GUARDED_BY(mu_);

@@ -93,11 +93,12 @@ void CopyToOtherTargets(const PieceTarget& into,
 
 UcxPieceTransport::UcxPieceTransport(
     int64_t plan_epoch, const std::map<int32_t, std::string>& peers,
-    std::map<int32_t, std::string> names)
+    std::map<int32_t, std::string> names, absl::Duration peer_timeout)
     : epoch_(plan_epoch),
+      peer_timeout_(peer_timeout),
       addresses_(peers),
       names_(std::move(names)),
-      control_(peers, names_) {
+      control_(peers, names_, peer_timeout) {
   for (const auto& [host, address] : peers) {
     auto name = names_.find(host);
     stubs_[host] = proto::Transformer::NewStub(
@@ -208,7 +209,8 @@ absl::Status UcxPieceTransport::FetchBatch(
     }
     proto::ExposePiecesResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + TransferDeadline(peer_timeout_, 0)));
     const absl::Status s =
         FromGrpcStatus(stub->second->ExposePieces(&ctx, req, &resp));
     if (s.code() == absl::StatusCode::kUnimplemented) {
@@ -272,7 +274,7 @@ absl::Status UcxPieceTransport::FetchBatch(
         auto flush = [&] {
           if (gets.empty() || !failed.ok()) return;
           failed = worker->Get(resp.ucx_address(), e.rkey(), gets,
-                               absl::Seconds(15));
+                               TransferDeadline(peer_timeout_, gets_bytes));
           if (failed.ok()) {
             for (const UcxWorker::GetOp& op : gets)
               sum.Update(op.local, op.size);
@@ -420,8 +422,14 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
   // The source sends while we wait for its reply; the receiver must keep
   // progressing its worker meanwhile (UCX rendezvous needs both sides),
   // so the call runs on a helper thread.
+  // The whole call, and each wait below, within the deadline of all the
+  // bytes asked for: a source that goes silent is given up on after about
+  // the peer timeout.
+  int64_t call_bytes = 0;
+  for (const Transfer& t : transfers) call_bytes += t.count * t.element_size;
+  const absl::Duration call_timeout = TransferDeadline(peer_timeout_, call_bytes);
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + call_timeout));
   proto::SendPartsResponse resp;
   absl::Status sent;
   std::atomic<bool> replied{false};
@@ -432,7 +440,7 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
   std::vector<size_t> got(transfers.size(), 0);
   absl::Status received;
   for (size_t i = 0; i < transfers.size() && received.ok(); ++i) {
-    auto n = worker->Wait(receives[i].get(), absl::Seconds(120),
+    auto n = worker->Wait(receives[i].get(), call_timeout,
                           [&] { return replied.load() && !sent.ok(); });
     if (n.ok()) {
       got[i] = *n;
@@ -444,7 +452,7 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
   // it, and this worker is ours alone: keep progressing it until the
   // source has replied (it answers only after its sends completed).
   worker->ProgressUntil([&] { return replied.load(); },
-                        absl::Now() + absl::Seconds(120));
+                        absl::Now() + call_timeout);
   call.join();
   failed = !sent.ok() || !received.ok();
   std::move(cancel).Invoke();  // the ones not completed above

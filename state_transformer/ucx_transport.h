@@ -65,9 +65,12 @@ class UcxPieceTransport : public PieceTransport {
 
   // Each pulling thread uses a worker of its own from a pool (created on
   // first use, kept for the transport's life).
+  // A call or a wait on a peer gives up after TransferDeadline(
+  // `peer_timeout`, its bytes).
   UcxPieceTransport(int64_t plan_epoch,
                     const std::map<int32_t, std::string>& peers,
-                    std::map<int32_t, std::string> names = {});
+                    std::map<int32_t, std::string> names = {},
+                    absl::Duration peer_timeout = absl::Seconds(60));
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
@@ -122,6 +125,7 @@ class UcxPieceTransport : public PieceTransport {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<UcxWorker>> idle_ ABSL_GUARDED_BY(mu_);
   const int64_t epoch_;
+  const absl::Duration peer_timeout_;
   int64_t min_get_run_bytes_ = kMinGetRunBytes;
   bool get_contiguous_ = false;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;

@@ -86,7 +86,7 @@ TEST_CASE(
   CHECK(verified >= 2 * kClients * kRow);
   WARN("moved " << (kClients * kRow + verified) / double(1 << 30) << " GiB in "
                 << seconds << " s");
-  CHECK(d->client->Stats()->memory_used_bytes() == kClients * kRow + kShared);
+  CHECK(testing::DataBytesUsed(*d->client->Stats()) == kClients * kRow + kShared);
 }
 
 TEST_CASE("tensor store: a region larger than 4 GiB round-trips",

@@ -27,7 +27,7 @@ constexpr int64_t kRows = 64, kCols = 1024;  // 256 KiB of fp32
 int64_t MemoryUsed(testing::Daemon& d) {
   auto stats = d.client->Stats();
   REQUIRE(stats.ok());
-  return stats->memory_used_bytes();
+  return testing::DataBytesUsed(*stats);
 }
 
 int OpenDescriptors() {

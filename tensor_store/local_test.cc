@@ -77,7 +77,7 @@ TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
   REQUIRE(buf.ok());
   testing::FillPattern(3, 0, reinterpret_cast<char*>(buf->data()), buf->size());
   REQUIRE(c->CommitPut(&*buf).ok());
-  const int64_t used = d->server->store()->budget().used();
+  const int64_t used = d->server->store()->data_bytes_used();
   auto m = c->Map("job", 1, "w", r);
   REQUIRE(m.ok());
   CHECK(testing::CheckPattern(3, 0, reinterpret_cast<const char*>(m->data()),
@@ -87,7 +87,7 @@ TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
   auto view = d->server->store()->OpenRead("job", 1, "w", r);
   REQUIRE(view.ok());
   CHECK(m->inode() == view->sources[0].buffer->inode());
-  CHECK(d->server->store()->budget().used() == used);
+  CHECK(d->server->store()->data_bytes_used() == used);
   CHECK(m->checksum() == view->sources[0].checksum);
 }
 
@@ -127,11 +127,11 @@ TEST_CASE("local: a mapping outlives the delete of its version until released",
     // Still readable, still paid for.
     CHECK(testing::CheckPattern(5, 0, reinterpret_cast<const char*>(m->data()),
                                 m->size()));
-    CHECK(d->server->store()->budget().used() == kRows * kCols * 4);
+    CHECK(d->server->store()->data_bytes_used() == kRows * kCols * 4);
   }
   // Released: the memory is back.
   d->server->store()->WaitReleased();
-  CHECK(d->server->store()->budget().used() == 0);
+  CHECK(d->server->store()->data_bytes_used() == 0);
 }
 
 TEST_CASE("local: handles and leases belong to their connection",
@@ -180,12 +180,12 @@ TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
     auto buf = c->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
     REQUIRE(buf.ok());
     std::memset(buf->data(), 1, buf->size() / 2);
-    CHECK(d->server->store()->budget().used() == kRows * kCols * 4);
+    CHECK(d->server->store()->data_bytes_used() == kRows * kCols * 4);
   }  // disconnect without commit
-  for (int i = 0; i < 200 && d->server->store()->budget().used() != 0; ++i) {
+  for (int i = 0; i < 200 && d->server->store()->data_bytes_used() != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  CHECK(d->server->store()->budget().used() == 0);
+  CHECK(d->server->store()->data_bytes_used() == 0);
   CHECK(d->server->store()->List("job").jobs(0).versions_size() == 0);
 }
 
@@ -394,10 +394,10 @@ TEST_CASE("local: a put never committed is aborted after put_timeout",
   REQUIRE(c.ok());
   auto put = (*c)->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
   REQUIRE(put.ok());
-  CHECK(store.memory_used() >= kRows * kCols * 4);
+  CHECK(store.data_bytes_used() >= kRows * kCols * 4);
   // The client hangs on to it and never commits.
   absl::SleepFor(absl::Milliseconds(1500));
-  CHECK(store.memory_used() == 0);
+  CHECK(store.data_bytes_used() == 0);
   auto late = (*c)->CommitPut(&*put, 0);
   CHECK(late.status().code() == absl::StatusCode::kNotFound);
   // The connection still serves.

@@ -147,7 +147,7 @@ TEST_CASE("tensor store: commit, stat, stats and delete",
   CHECK(stat->tensor().regions(0).bytes() == 800);
   auto stats = d->client->Stats();
   REQUIRE(stats.ok());
-  CHECK(stats->memory_used_bytes() == 800);
+  CHECK(testing::DataBytesUsed(*stats) == 800);
   CHECK(stats->versions(0).bytes() == 800);
   bool counted = false;
   for (const auto& c : stats->counters()) {
@@ -158,7 +158,7 @@ TEST_CASE("tensor store: commit, stat, stats and delete",
   REQUIRE(deleted.ok());
   CHECK(*deleted == 800);
   d->server->store()->WaitReleased();  // freed in the background
-  CHECK(d->client->Stats()->memory_used_bytes() == 0);
+  CHECK(testing::DataBytesUsed(*d->client->Stats()) == 0);
   CHECK(d->client->Stat("job", 1, "w").status().code() ==
         absl::StatusCode::kNotFound);
 }
@@ -220,7 +220,7 @@ TEST_CASE(
   REQUIRE(
       d->client->Put("job", 1, "w", Region{{4, 8}, {0, 8}}, good.data(), 128)
           .ok());
-  const int64_t used_before = d->client->Stats()->memory_used_bytes();
+  const int64_t used_before = testing::DataBytesUsed(*d->client->Stats());
 
   struct Case {
     const char* name;
@@ -354,7 +354,7 @@ TEST_CASE(
       if (i > 0) absl::SleepFor(absl::Milliseconds(10));
       auto stats = d->client->Stats();
       REQUIRE(stats.ok());
-      used = stats->memory_used_bytes();
+      used = testing::DataBytesUsed(*stats);
     }
     CHECK(used == used_before);
     auto list = d->client->List("job");
@@ -383,16 +383,16 @@ TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
               ->Put("job", 1, "w", Region{{0, 1}, {0, 600 << 10}}, row.data(),
                     row.size())
               .ok());
-  const int64_t used = d->client->Stats()->memory_used_bytes();
+  const int64_t used = testing::DataBytesUsed(*d->client->Stats());
   CHECK(used == (600 << 10));
   auto over = d->client->Put("job", 1, "w", Region{{1, 2}, {0, 600 << 10}},
                              row.data(), row.size());
   CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(over.status().message().find("memory limit") != std::string::npos);
-  CHECK(d->client->Stats()->memory_used_bytes() == used);
+  CHECK(testing::DataBytesUsed(*d->client->Stats()) == used);
   REQUIRE(d->client->DeleteVersion("job", 1).ok());
   d->server->store()->WaitReleased();
-  CHECK(d->client->Stats()->memory_used_bytes() == 0);
+  CHECK(testing::DataBytesUsed(*d->client->Stats()) == 0);
   CHECK(d->client
             ->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(),
                   row.size())
@@ -424,9 +424,9 @@ TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",
   REQUIRE(writer->Write(header));
   // 4 MiB reserved; the client sends nothing more and never closes.
   absl::SleepFor(absl::Milliseconds(100));
-  CHECK((*server)->store()->memory_used() == int64_t{4} << 20);
+  CHECK((*server)->store()->data_bytes_used() == int64_t{4} << 20);
   absl::SleepFor(absl::Seconds(1));
-  CHECK((*server)->store()->memory_used() == 0);
+  CHECK((*server)->store()->data_bytes_used() == 0);
   // The server cancelled the call (gRPC tells the client only that; the
   // daemon logs the reason), and the next save has the memory.
   CHECK(writer->Finish().error_code() == grpc::StatusCode::CANCELLED);

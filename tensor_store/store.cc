@@ -162,20 +162,30 @@ absl::StatusOr<int> Store::DeclareTensors(
     j = slot;
   }
   absl::MutexLock lock(&j->mu);
-  for (const TensorDecl& d : tensors) {
-    auto it = j->decls.find(d.key);
-    if (it != j->decls.end() &&
-        (it->second.dtype != d.dtype || it->second.shape != d.shape)) {
+  int64_t new_bytes = 0;
+  int fresh = 0;
+  for (const auto& [key, d] : in_request) {
+    auto it = j->decls.find(key);
+    if (it == j->decls.end()) {
+      new_bytes += TensorDeclMetadataBytes(*d);
+      ++fresh;
+    } else if (it->second.dtype != d->dtype || it->second.shape != d->shape) {
       return absl::FailedPreconditionError(
-          absl::StrCat("tensor '", d.key, "' of job '", job,
+          absl::StrCat("tensor '", key, "' of job '", job,
                        "' is declared as ", DeclString(it->second),
-                       "; it cannot be re-declared as ", DeclString(d)));
+                       "; it cannot be re-declared as ", DeclString(*d)));
     }
   }
-  int added = 0;
-  for (const TensorDecl& d : tensors)
-    added += j->decls.emplace(d.key, d).second;
-  return added;
+  if (fresh == 0) return 0;
+  PTC_ASSIGN_OR_RETURN(
+      MemoryBudget::Reservation memory,
+      budget_.Reserve(new_bytes, absl::StrCat("declaring ", fresh,
+                                              " tensors of job '", job, "'")));
+  j->decl_memory.push_back(std::move(memory));
+  j->decl_bytes += new_bytes;
+  metadata_bytes_ += new_bytes;
+  for (const auto& [key, d] : in_request) j->decls.emplace(key, *d);
+  return fresh;
 }
 
 absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
@@ -688,6 +698,11 @@ absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
       gone.push_back(std::move(v));
     }
     j->versions.clear();
+    // The declarations go with the job (a put still holding it sees no
+    // version and fails).
+    j->decl_memory.clear();
+    metadata_bytes_ -= j->decl_bytes;
+    j->decl_bytes = 0;
   }
   Log("tensor_store")
       ->info("job {} deleted ({} versions, {} bytes)", job, gone.size(), bytes);
@@ -900,6 +915,7 @@ void Store::FillStats(proto::StatsResponse* out) const {
   out->set_spare_queued_bytes(spares_.queued_bytes());
   out->set_spare_capacity_bytes(spares_.capacity());
   out->set_memory_limit_bytes(budget_.limit());
+  out->set_metadata_bytes(metadata_bytes());
   for (const auto& [name, j] : Jobs()) {
     absl::MutexLock lock(&j->mu);
     for (const auto& [number, v] : j->versions) {

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,6 +48,14 @@ struct TensorDecl {
   DType dtype = DType::kFloat32;
   Shape shape;
 };
+
+// What one declaration is charged against the store's memory limit: its
+// key and shape and the bookkeeping around them (a job that declares a
+// million tensors pays for them like for data).
+inline int64_t TensorDeclMetadataBytes(const TensorDecl& d) {
+  return 256 + static_cast<int64_t>(d.key.size()) +
+         16 * static_cast<int64_t>(d.shape.size());
+}
 
 // Largest small object (ptc/small_object.h) a store takes: they travel
 // inline in one local-protocol packet.
@@ -236,6 +245,9 @@ class Store {
                                         const std::vector<int64_t>& sizes);
   int64_t spare_capacity() const { return spares_.capacity(); }
   int64_t memory_used() const { return budget_.used(); }
+  // Of memory_used(), the jobs' tensor declarations, and the rest: data.
+  int64_t metadata_bytes() const { return metadata_bytes_.load(); }
+  int64_t data_bytes_used() const { return memory_used() - metadata_bytes(); }
   int64_t memory_limit() const { return budget_.limit(); }
   int64_t spare_ready() const { return spares_.ready_bytes(); }
   // Fills memory and per-version bytes.
@@ -259,6 +271,10 @@ class Store {
     uint64_t id = 0;  // distinct for every job created in this store
     mutable absl::Mutex mu;
     std::map<std::string, TensorDecl> decls ABSL_GUARDED_BY(mu);
+    // What `decls` are charged against the memory limit, one reservation
+    // per DeclareTensors that added some.
+    std::vector<MemoryBudget::Reservation> decl_memory ABSL_GUARDED_BY(mu);
+    int64_t decl_bytes ABSL_GUARDED_BY(mu) = 0;
     std::map<int64_t, Version> versions ABSL_GUARDED_BY(mu);
     uint64_t next_version_id ABSL_GUARDED_BY(mu) = 1;
   };
@@ -290,6 +306,7 @@ class Store {
   // fingerprint_stop_.
   void FingerprintLoop();
   MemoryBudget budget_;
+  std::atomic<int64_t> metadata_bytes_{0};
   SparePool spares_;  // after budget_: returns its memory before budget_ dies
   // A whole stored region to fingerprint; skipped once its buffer is gone.
   struct FingerprintWork {

@@ -109,7 +109,8 @@ absl::StatusOr<uint64_t> StoreClient::Put(const std::string& job,
 
 absl::StatusOr<int64_t> StoreClient::ReadWith(
     const std::string& job, int64_t version, const std::string& tensor,
-    const Region& region, const Consumer& consume, int32_t chunk_bytes) {
+    const Region& region, const Consumer& consume, int32_t chunk_bytes,
+    absl::Duration timeout) {
   proto::ReadRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -117,8 +118,12 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(
   req.set_chunk_bytes(chunk_bytes);
   RegionToProto(region, req.mutable_region());
   grpc::ClientContext ctx;
-  // The size is unknown before the first message; budget for 64 GiB.
-  SetDeadline(&ctx, int64_t{64} << 30);
+  if (timeout > absl::ZeroDuration()) {
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  } else {
+    // The size is unknown before the first message; budget for 64 GiB.
+    SetDeadline(&ctx, int64_t{64} << 30);
+  }
   std::unique_ptr<grpc::ClientReader<proto::ReadResponse>> reader =
       stub_->Read(&ctx, req);
   proto::ReadResponse resp;

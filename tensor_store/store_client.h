@@ -52,12 +52,14 @@ class StoreClient {
                                const void* data, int64_t bytes);
 
   // Reads `region`, checks its size and checksum, hands bytes to `consume`.
-  // Returns the number of bytes read.
+  // Returns the number of bytes read. The call gives up after `timeout`
+  // (zero: DeadlineFor 64 GiB, the size being unknown up front).
   absl::StatusOr<int64_t> ReadWith(const std::string& job, int64_t version,
                                    const std::string& tensor,
                                    const Region& region,
                                    const Consumer& consume,
-                                   int32_t chunk_bytes = 0);
+                                   int32_t chunk_bytes = 0,
+                                   absl::Duration timeout = absl::ZeroDuration());
   // Reads `region` into `out`, which holds exactly `bytes` bytes.
   absl::Status Read(const std::string& job, int64_t version,
                     const std::string& tensor, const Region& region, void* out,

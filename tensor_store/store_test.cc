@@ -22,6 +22,34 @@ std::unique_ptr<PendingPut> Begin(Store& s, int64_t version, const Region& r) {
   return std::move(*put);
 }
 
+TEST_CASE(
+    "store: declarations are charged against the memory limit, a flood of "
+    "them is refused, and a deleted job gives them back",
+    "[tensor_store]") {
+  Store s({64 << 10});
+  const TensorDecl w{"w", DType::kFloat32, {8, 8}};
+  REQUIRE(s.DeclareTensors("job", {w, w}).ok());  // the same one twice
+  CHECK(s.metadata_bytes() == TensorDeclMetadataBytes(w));
+  CHECK(s.memory_used() == TensorDeclMetadataBytes(w));
+  REQUIRE(s.DeclareTensors("job", {w}).ok());  // known: not charged again
+  CHECK(s.metadata_bytes() == TensorDeclMetadataBytes(w));
+  // Ten thousand tensors with 1 KiB names: 12 MiB of bookkeeping for a
+  // store of 64 KiB. Refused as a whole, nothing declared.
+  std::vector<TensorDecl> flood;
+  for (int i = 0; i < 10000; ++i) {
+    flood.push_back({absl::StrCat(std::string(1024, 'k'), i),
+                     DType::kFloat32, {1}});
+  }
+  const absl::Status refused = s.DeclareTensors("job", flood).status();
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Contains("declaring 10000 tensors of job 'job'"));
+  CHECK(s.metadata_bytes() == TensorDeclMetadataBytes(w));
+  REQUIRE(s.DeleteJob("job").ok());
+  CHECK(s.metadata_bytes() == 0);
+  CHECK(s.memory_used() == 0);
+}
+
 TEST_CASE("store: a put is invisible until finished and gone if dropped",
           "[tensor_store]") {
   Store s({1 << 20});
@@ -29,10 +57,10 @@ TEST_CASE("store: a put is invisible until finished and gone if dropped",
   const Region r{{0, 4}, {0, 8}};
   {
     auto put = Begin(s, 1, r);
-    CHECK(s.budget().used() == 128);
+    CHECK(s.data_bytes_used() == 128);
     CHECK(s.List("job").jobs(0).versions_size() == 0);  // not visible yet
   }  // dropped: nothing stays
-  CHECK(s.budget().used() == 0);
+  CHECK(s.data_bytes_used() == 0);
   CHECK(s.List("job").jobs(0).versions_size() == 0);
   auto sum = s.FinishPut(Begin(s, 1, r));
   REQUIRE(sum.ok());
@@ -52,7 +80,7 @@ TEST_CASE("store: a version deleted while a put runs aborts the put",
   CHECK(s.FinishPut(std::move(put)).status().code() ==
         absl::StatusCode::kAborted);
   s.WaitReleased();
-  CHECK(s.budget().used() == 0);
+  CHECK(s.data_bytes_used() == 0);
 }
 
 TEST_CASE("store: a committed version cannot change", "[tensor_store]") {
@@ -188,7 +216,7 @@ TEST_CASE(
   CHECK(s.OpenRead("job", 3, "w", bottom).status().code() ==
         absl::StatusCode::kNotFound);
   s.WaitReleased();
-  CHECK(s.budget().used() == top.volume() * 4);  // the new job's one region
+  CHECK(s.data_bytes_used() == top.volume() * 4);  // the new job's one region
 }
 
 TEST_CASE("store: concurrent puts to one job all land", "[tensor_store]") {
@@ -240,7 +268,7 @@ TEST_CASE(
   CHECK(s.spares().ready_bytes() == 0);
   s.spares().WaitIdle();
   CHECK(s.spares().ready_bytes() == (2 << 20));
-  CHECK(s.budget().used() == (4 << 20));
+  CHECK(s.data_bytes_used() == (4 << 20));
   second_row1->reset();
   // A save of another size pushes out the spares of the old size.
   auto other = s.BeginPut("job", 3, "w", Region{{0, 4}, {0, 1 << 20}},
@@ -251,7 +279,7 @@ TEST_CASE(
   other->reset();
   second->reset();
   // Real data that needs the spare's room gets it.
-  CHECK(s.budget().used() == (4 << 20));  // just the spare
+  CHECK(s.data_bytes_used() == (4 << 20));  // just the spare
   REQUIRE(s.DeclareTensors("job", {{"big", DType::kUInt8, {13 << 20}}}).ok());
   auto big = s.BeginPut("job", 4, "big", Region{{0, 13 << 20}});
   REQUIRE(big.ok());
@@ -317,7 +345,7 @@ TEST_CASE(
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {4}}}).ok());
   REQUIRE(s.PutSmallObject("job", 1, "rng", 0, "state of rank 0").ok());
   REQUIRE(s.PutSmallObject("job", 1, "rng", 1, "state of rank 1").ok());
-  CHECK(s.budget().used() == 30);
+  CHECK(s.data_bytes_used() == 30);
   auto got = s.GetSmallObject("job", 1, "rng", 1);
   REQUIRE(got.ok());
   CHECK(*got->bytes == "state of rank 1");
@@ -346,7 +374,7 @@ TEST_CASE(
         absl::StatusCode::kFailedPrecondition);
   REQUIRE(s.DeleteVersion("job", 1).ok());
   s.WaitReleased();
-  CHECK(s.budget().used() == 0);
+  CHECK(s.data_bytes_used() == 0);
   // A reference taken before the delete stays valid.
   CHECK(*got->bytes == "state of rank 1");
 }

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
         [local] { return local ? local->num_clients() : 0.0; });
   s->service_ = std::make_unique<TensorStoreService>(
       &s->store_, [local] { return local ? local->num_clients() : 0; },
-      options.put_timeout);
+      options.put_timeout, options.peer_admissions);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);

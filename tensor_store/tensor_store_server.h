@@ -49,6 +49,11 @@ struct TensorStoreServerOptions {
   std::optional<gid_t> allowed_gid;
   // This host's name in the cluster (ptcd --name), for local clients.
   std::string host_name;
+  // The hosts admitted to read each job here (the transformer's AdmitPeers
+  // fills it; the store's reads by hosts check it). Shared with the
+  // services below that need it.
+  std::shared_ptr<PeerAdmissions> peer_admissions =
+      std::make_shared<PeerAdmissions>();
   // More services on the same port, built over the store (ptcd adds the
   // state transformer this way; tensor_store does not depend on it).
   std::vector<std::function<std::unique_ptr<grpc::Service>(Store*)>> services;

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/authz.h"
+#include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -49,10 +50,12 @@ class TensorStoreService::Call {
 
 TensorStoreService::TensorStoreService(Store* store,
                                        std::function<int()> local_clients,
-                                       absl::Duration put_timeout)
+                                       absl::Duration put_timeout,
+                                       std::shared_ptr<PeerAdmissions> admissions)
     : store_(store),
       local_clients_(std::move(local_clients)),
-      put_timeout_(put_timeout) {
+      put_timeout_(put_timeout),
+      admissions_(std::move(admissions)) {
   watchdog_ = std::thread([this] { WatchPuts(); });
 }
 
@@ -82,6 +85,19 @@ void TensorStoreService::WatchPuts() {
       it = puts_.erase(it);
     }
   }
+}
+
+absl::Status TensorStoreService::AuthorizeHostRead(
+    const grpc::ServerContext& ctx, const char* rpc, const std::string& job) {
+  PTC_RETURN_IF_ERROR(AuthorizeJob(ctx, kAnyCaller, rpc, job));
+  if (!TlsEnabled()) return absl::OkStatus();
+  const std::string caller = PeerName(ctx);
+  if (CallerKind(caller) != kHost) return absl::OkStatus();
+  if (admissions_ == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(rpc, " is not served to hosts here"));
+  }
+  return admissions_->Check(job, 0, caller, rpc);
 }
 
 grpc::Status TensorStoreService::DeclareTensors(
@@ -117,7 +133,7 @@ grpc::Status TensorStoreService::Put(
 grpc::Status TensorStoreService::Read(
     grpc::ServerContext* ctx, const proto::ReadRequest* req,
     grpc::ServerWriter<proto::ReadResponse>* writer) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Read", req->job());
+  if (absl::Status denied = AuthorizeHostRead(*ctx, "Read", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Read");
@@ -236,7 +252,7 @@ grpc::Status TensorStoreService::GetSmallObject(
     grpc::ServerContext* ctx, const proto::GetSmallObjectRequest* req,
     proto::GetSmallObjectResponse* resp) {
   if (absl::Status denied =
-          AuthorizeJob(*ctx, kAnyCaller, "GetSmallObject", req->job());
+          AuthorizeHostRead(*ctx, "GetSmallObject", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "GetSmallObject");
@@ -270,6 +286,7 @@ grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext* ctx,
     return ToGrpcStatus(denied);
   Call call(this, "DeleteJob");
   auto deleted = store_->DeleteJob(req->job());
+  if (admissions_ != nullptr) admissions_->Forget(req->job());
   if (deleted.ok()) {
     resp->set_versions(deleted->first);
     resp->set_bytes(deleted->second);

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/tensor_store.grpc.pb.h"
+#include "tensor_store/peer_admissions.h"
 #include "tensor_store/store.h"
 
 namespace ptc {
@@ -28,9 +29,13 @@ class TensorStoreService final : public proto::TensorStore::Service {
   // `store` must outlive the service; `local_clients` reports how many
   // Unix-socket clients are connected (for Stats). A Put stream that has not
   // ended `put_timeout` after its header is cancelled, and the memory it
-  // reserved freed (a client that stalls must not hold it for good).
+  // reserved freed (a client that stalls must not hold it for good). With
+  // TLS, a host reads (Read, GetSmallObject) only a job whose current plan
+  // admitted it (`admissions`, shared with the transformer); null: hosts
+  // read nothing.
   TensorStoreService(Store* store, std::function<int()> local_clients,
-                     absl::Duration put_timeout = absl::Minutes(10));
+                     absl::Duration put_timeout = absl::Minutes(10),
+                     std::shared_ptr<PeerAdmissions> admissions = nullptr);
   ~TensorStoreService() override;
 
   grpc::Status DeclareTensors(grpc::ServerContext* ctx,
@@ -83,9 +88,15 @@ class TensorStoreService final : public proto::TensorStore::Service {
   // Cancels Put streams past their deadline (one thread for all).
   void WatchPuts();
 
+  // AuthorizeJob, and a host caller must be a peer of `job`'s current plan
+  // here (with TLS).
+  absl::Status AuthorizeHostRead(const grpc::ServerContext& ctx,
+                                 const char* rpc, const std::string& job);
+
   Store* store_;
   std::function<int()> local_clients_;
   const absl::Duration put_timeout_;
+  const std::shared_ptr<PeerAdmissions> admissions_;
   std::atomic<int> active_calls_{0};
   const absl::Time started_ = absl::Now();
 

@@ -17,7 +17,10 @@ DaemonCluster::DaemonCluster(int hosts, int64_t spare_pool) {
     options.host_name = "host" + std::to_string(h);
     options.spare_pool_bytes = spare_pool;
     options.services.push_back(
-        [](Store* s) { return std::make_unique<TransformerService>(s); });
+        [admissions = options.peer_admissions](Store* s) {
+          return std::make_unique<TransformerService>(
+              s, TransformerOptions(), admissions);
+        });
     auto server = TensorStoreServer::Start(options);
     REQUIRE(server.ok());
     d->server = std::move(*server);

@@ -1,36 +1,77 @@
-// peer_probe: asks a ptcd for a job's pieces as a peer would
-// (ExposePieces), with this process's certificate (PTC_TLS_*), and prints
-// the answer's status code and message. For the security tests: a host the
-// coordinator did not admit for the plan epoch must be refused.
+// peer_probe: asks a ptcd for a job's pieces as a peer would, with this
+// process's certificate (PTC_TLS_*), and prints the answer's status code
+// and message. For the security tests: a host the coordinator did not
+// admit for the job's plan epoch must be refused both the UCX transfer
+// call (ExposePieces, the default) and the store's Read (--read, which
+// the gRPC transport uses).
 //
-//   peer_probe ADDRESS JOB VERSION PLAN_EPOCH TENSOR
+//   peer_probe [--read] ADDRESS JOB VERSION PLAN_EPOCH TENSOR
+#include <cstring>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
+#include "proto/tensor_store.grpc.pb.h"
 #include "proto/transformer.grpc.pb.h"
 
-int main(int argc, char** argv) {
-  int64_t version = 0, epoch = 0;
-  if (argc != 6 || !absl::SimpleAtoi(argv[3], &version) ||
-      !absl::SimpleAtoi(argv[4], &epoch)) {
-    std::cerr << "usage: peer_probe ADDRESS JOB VERSION PLAN_EPOCH TENSOR\n";
-    return 2;
-  }
-  auto stub = ptc::proto::Transformer::NewStub(ptc::OpenChannel(argv[1]));
+namespace {
+
+void FirstElement(ptc::proto::Region* region) {
+  region->add_dims()->set_end(1);
+}
+
+absl::Status Expose(const char* address, const char* job, int64_t version,
+                    int64_t epoch, const char* tensor) {
+  auto stub = ptc::proto::Transformer::NewStub(ptc::OpenChannel(address));
   ptc::proto::ExposePiecesRequest req;
-  req.set_job(argv[2]);
+  req.set_job(job);
   req.set_version(version);
   req.set_plan_epoch(epoch);
   ptc::proto::PieceRef* piece = req.add_pieces();
-  piece->set_tensor(argv[5]);
-  piece->mutable_region()->add_dims()->set_end(1);
+  piece->set_tensor(tensor);
+  FirstElement(piece->mutable_region());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   ptc::proto::ExposePiecesResponse resp;
-  const absl::Status s =
-      ptc::FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp));
+  return ptc::FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp));
+}
+
+absl::Status Read(const char* address, const char* job, int64_t version,
+                  const char* tensor) {
+  auto stub = ptc::proto::TensorStore::NewStub(ptc::OpenChannel(address));
+  ptc::proto::ReadRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  req.set_tensor(tensor);
+  FirstElement(req.mutable_region());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto reader = stub->Read(&ctx, req);
+  ptc::proto::ReadResponse resp;
+  while (reader->Read(&resp)) {
+  }
+  return ptc::FromGrpcStatus(reader->Finish());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool read = argc > 1 && std::strcmp(argv[1], "--read") == 0;
+  if (read) {
+    --argc;
+    ++argv;
+  }
+  int64_t version = 0, epoch = 0;
+  if (argc != 6 || !absl::SimpleAtoi(argv[3], &version) ||
+      !absl::SimpleAtoi(argv[4], &epoch)) {
+    std::cerr << "usage: peer_probe [--read] ADDRESS JOB VERSION PLAN_EPOCH "
+                 "TENSOR\n";
+    return 2;
+  }
+  const absl::Status s = read ? Read(argv[1], argv[2], version, argv[5])
+                              : Expose(argv[1], argv[2], version, epoch,
+                                       argv[5]);
   std::cout << absl::StatusCodeToString(s.code()) << ": " << s.message()
             << "\n";
   return 0;

@@ -40,6 +40,12 @@ std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30,
                                     int64_t spare_pool = 0);
 
 // Byte `offset` of stream `seed`: the same whatever the chunking.
+// Memory a store's data uses: memory_used_bytes less what the tensor
+// declarations are charged.
+inline int64_t DataBytesUsed(const proto::StatsResponse& stats) {
+  return stats.memory_used_bytes() - stats.metadata_bytes();
+}
+
 void FillPattern(uint64_t seed, int64_t offset, char* dst, int64_t n);
 // Whether [offset, offset+n) of stream `seed` equals `src`.
 bool CheckPattern(uint64_t seed, int64_t offset, const char* src, int64_t n);

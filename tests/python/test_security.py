@@ -167,7 +167,8 @@ def test_plaintext_needs_an_explicit_choice(bin_dir, tmp_path):
 def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
     """The coordinator admits, on each source host, the hosts that pull from
     it in a plan epoch; any other host certificate is refused the transfer
-    calls (and with them UCX addresses and remote keys)."""
+    calls (and with them UCX addresses and remote keys) and the store's
+    reads (the gRPC transport's Read, small objects)."""
     c = LocalCluster(bin_dir, tmp_path, hosts=3, gpus=2, tokens=True)
     try:
         c.ptcctl("register", "--job", "p", "--model", MODEL, "--config", "tp=2",
@@ -187,11 +188,11 @@ def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
         epoch = str(report["plan_epoch"])
         host0 = c.hosts()["host0"]["address"]
 
-        def probe(as_host):
+        def probe(as_host, *mode):
             env = dict(os.environ, PTC_TLS_CERT=str(c.certs / f"{as_host}.pem"),
                        PTC_TLS_KEY=str(c.certs / f"{as_host}.key"))
-            r = subprocess.run([str(c.bin / "tools/peer_probe"), host0, "p", "1", epoch,
-                                "embedding.word.weight"],
+            r = subprocess.run([str(c.bin / "tools/peer_probe"), *mode, host0, "p", "1",
+                                epoch, "embedding.word.weight"],
                                capture_output=True, text=True, timeout=60, env=env)
             assert r.returncode == 0, r.stderr
             return r.stdout
@@ -200,5 +201,10 @@ def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
         assert refused.startswith("PERMISSION_DENIED")
         assert "host 'host2' is not a peer of plan epoch" in refused
         assert not probe("host1").startswith("PERMISSION_DENIED")
+        # The store's Read: a host certificate alone reads nothing.
+        refused = probe("host2", "--read")
+        assert refused.startswith("PERMISSION_DENIED"), refused
+        assert "host 'host2' is not a peer of the current plan epoch" in refused
+        assert not probe("host1", "--read").startswith("PERMISSION_DENIED")
     finally:
         c.stop()
