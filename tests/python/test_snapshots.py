@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import subprocess
 import time
 
 import numpy as np
@@ -213,3 +214,94 @@ def test_export_is_read_by_an_independent_reader(cluster, tmp_path):
     _, shards = read_safetensors(os.path.join(snap["dir"], "host0.safetensors"))
     name, part = next(iter(shards.items()))
     assert "[" in name
+
+
+def test_a_zero1_job_takes_the_lost_optimizer_shards_from_the_snapshot(bin_dir, tmp_path):
+    """ZeRO-1 over dp=2, one rank per host: each rank's optimizer shard has
+    one holder; the parameters are on both. host1 dies: the change reads
+    only host1's optimizer shards from disk, the parameters from host0,
+    and the state is exact."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=3, gpus=1)
+    try:
+        root = tmp_path / "snaps"
+        register(c, "tp=1,dp=2,zero=1", ["host0", "host1"])
+        assert c.job("j")["rank_hosts"] == ["host0", "host1"]
+        c.save("j", "host0", 4)
+        c.save("j", "host1", 4)
+        snapshot(c, root)
+        c.kill("host1")
+        c.wait_dead("host1")
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to",
+                                     "tp=1,dp=2,zero=1", "--hosts", "host0,host2")
+        assert code == 0 and report["phase"] == "committed", report
+        from_disk = report["snapshot_bytes_read"]
+        state = c.job("j")["state_bytes"]
+        # Some bytes from disk (the lost shards), but not the parameters,
+        # which host0 still held.
+        assert 0 < report["plan"]["snapshot_bytes"] <= from_disk < state, report
+        assert report["bytes_from_peers"] > 0
+        assert c.job("j")["committed_step"] == 4
+        verify(c)
+    finally:
+        c.stop()
+
+
+def test_a_full_disk_fails_the_snapshot_and_keeps_the_previous_one(cluster, tmp_path):
+    """The snapshot directory on a small tmpfs that holds one snapshot: the
+    second fails with RESOURCE_EXHAUSTED naming the disk, leaves no
+    manifest and no partial file, and the first still restores."""
+    c, root = cluster, tmp_path / "small"
+    root.mkdir()
+    register(c, "tp=2,dp=1", ["host0"])
+    c.save("j", "host0", 1)
+    state = c.job("j")["state_bytes"]
+    size_kib = (state * 3 // 2) // 1024 + 64
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs",
+                        str(root)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        first = snapshot(c, root)
+        c.save("j", "host0", 2)
+        code, out = c.ptcctl_json("snapshot", "--job", "j", "--to", str(root))
+        assert code != 0, out
+        assert out["error"]["code"] == "RESOURCE_EXHAUSTED", out
+        assert "No space left on device" in out["error"]["message"], out
+        assert complete(root) == [first["dir"].split("/")[-1]]
+        leftovers = [f for d in os.listdir(root) for f in os.listdir(root / d)
+                     if ".tmp" in f]
+        assert leftovers == [], leftovers
+        c.ptcctl("forget", "j", check=True)
+        code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                     "--config", "tp=1", "--hosts", "host1")
+        assert code == 0 and report["phase"] == "committed", report
+        assert c.job("j")["committed_step"] == 1
+        verify(c)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+def test_periodic_snapshots_follow_the_committed_versions(cluster, tmp_path):
+    """--every-versions 1 --policy-only: the coordinator snapshots each new
+    committed version by itself, and keeps --keep of them."""
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=1", ["host0"])
+    c.save("j", "host0", 1)
+    code, out = c.ptcctl_json("snapshot", "--job", "j", "--to", str(root),
+                              "--every-versions", "1", "--keep", "2", "--policy-only")
+    assert code == 0, out
+    for step in (2, 3, 4):
+        c.save("j", "host0", step)
+        version = c.job("j")["committed_version"]
+        deadline = time.time() + 30
+        while f"snapshot-{version:012d}" not in complete(root):
+            assert time.time() < deadline, (version, os.listdir(root))
+            time.sleep(0.2)
+    assert len(complete(root)) == 2
+    # The newest is the committed version, and restores exactly.
+    c.ptcctl("forget", "j", check=True)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=1", "--hosts", "host1")
+    assert code == 0 and report["phase"] == "committed", report
+    assert c.job("j")["committed_step"] == 4
+    verify(c)
