@@ -558,7 +558,7 @@ grpc::Status CoordinatorService::RegisterJob(
   first_save.set_job(req->job());
   first_save.set_to(req->config());
   proto::PlacementOptions* where = first_save.mutable_placement();
-  where->set_strategy("explicit");
+  where->set_strategy(proto::PLACEMENT_EXPLICIT);
   *where->mutable_rank_hosts() = resp->placement().rank_hosts();
   *where->mutable_rank_devices() = resp->placement().rank_devices();
   proto::PrepareResponse prepared;

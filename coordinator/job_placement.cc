@@ -4,18 +4,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "proto/enum_names.h"
 
 namespace ptc {
 
 std::string PlacementStrategy(const proto::PlacementOptions& options) {
-  return options.strategy().empty() ? "ptc" : options.strategy();
+  return PlacementName(options.strategy());
 }
 
 absl::StatusOr<PlacementResult> PlaceJob(const proto::PlacementOptions& options,
                                          PlacementRequest req,
                                          const std::vector<std::string>& names) {
   const std::string strategy = PlacementStrategy(options);
-  if (strategy == "ptc") {
+  if (!proto::PlacementStrategy_IsValid(options.strategy())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement ", options.strategy(),
+                     " is unknown; use ptc (0), contiguous (1) or explicit (2)"));
+  }
+  if (options.strategy() == proto::PLACEMENT_PTC) {
     if (options.colocate_size() == 1 && options.colocate(0) == "none") {
       req.colocate.clear();
     } else if (options.colocate_size() > 0) {
@@ -41,9 +47,9 @@ absl::StatusOr<PlacementResult> PlaceJob(const proto::PlacementOptions& options,
         " placement says where every rank runs itself"));
   }
   PlacementResult result;
-  if (strategy == "contiguous") {
+  if (options.strategy() == proto::PLACEMENT_CONTIGUOUS) {
     PTC_ASSIGN_OR_RETURN(result, ContiguousPlacementResult(req));
-  } else if (strategy == "explicit") {
+  } else {  // PLACEMENT_EXPLICIT
     const int world = req.target->world_size();
     if (options.rank_hosts_size() != world ||
         options.rank_devices_size() != world) {
@@ -72,9 +78,6 @@ absl::StatusOr<PlacementResult> PlaceJob(const proto::PlacementOptions& options,
         req.hosts.push_back(h);
     }
     PTC_ASSIGN_OR_RETURN(result, EvaluatePlacement(req, p));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement '", strategy, "' is unknown; use ptc, contiguous or explicit"));
   }
   PTC_RETURN_IF_ERROR(CheckPlacementFits(req, result));
   return result;

@@ -11,6 +11,7 @@
 #include "coordinator/job_placement.h"
 #include "coordinator/plan_scenario.h"
 #include "coordinator/planner.h"
+#include "proto/enum_names.h"
 #include "ptc/families.h"
 
 namespace ptc {
@@ -154,7 +155,11 @@ TEST_CASE("placement: hostile placement options are refused clearly",
     proto::PlacementOptions o;
     for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(part, '=');
-      if (kv.first == "strategy") o.set_strategy(kv.second);
+      if (kv.first == "strategy") {
+        auto parsed = ParsePlacement(kv.second);
+        if (!parsed.ok()) return absl::StatusOr<PlacementResult>(parsed.status());
+        o.set_strategy(*parsed);
+      }
       if (kv.first == "colocate") o.add_colocate(kv.second);
       if (kv.first == "rank") {
         std::pair<std::string, std::string> hd = absl::StrSplit(kv.second, ':');

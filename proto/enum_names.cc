@@ -42,6 +42,10 @@ std::string StrategyName(proto::PlanStrategy strategy) {
   return Short(proto::PlanStrategy_Name(strategy), "PLAN_STRATEGY_");
 }
 
+std::string PlacementName(proto::PlacementStrategy placement) {
+  return Short(proto::PlacementStrategy_Name(placement), "PLACEMENT_");
+}
+
 bool PhaseEnded(proto::ReconfigurePhase phase) {
   return phase == proto::PHASE_COMMITTED || phase == proto::PHASE_ABORTED;
 }
@@ -58,6 +62,14 @@ absl::StatusOr<proto::PlanStrategy> ParseStrategy(absl::string_view name) {
   return Parse<proto::PlanStrategy>(
       name, "strategy", "PLAN_STRATEGY_", proto::PlanStrategy_ARRAYSIZE,
       &proto::PlanStrategy_Name<proto::PlanStrategy>);
+}
+
+absl::StatusOr<proto::PlacementStrategy> ParsePlacement(
+    absl::string_view name) {
+  if (name.empty()) return proto::PLACEMENT_PTC;
+  return Parse<proto::PlacementStrategy>(
+      name, "placement", "PLACEMENT_", proto::PlacementStrategy_ARRAYSIZE,
+      &proto::PlacementStrategy_Name<proto::PlacementStrategy>);
 }
 
 }  // namespace ptc

@@ -20,6 +20,7 @@ namespace ptc {
 std::string PhaseName(proto::ReconfigurePhase phase);
 std::string TransportName(proto::Transport transport);
 std::string StrategyName(proto::PlanStrategy strategy);
+std::string PlacementName(proto::PlacementStrategy placement);
 
 // True for COMMITTED and ABORTED.
 bool PhaseEnded(proto::ReconfigurePhase phase);
@@ -28,6 +29,8 @@ bool PhaseEnded(proto::ReconfigurePhase phase);
 absl::StatusOr<proto::Transport> ParseTransport(absl::string_view name);
 // "" is PLAN_STRATEGY_PTC; INVALID_ARGUMENT lists the names.
 absl::StatusOr<proto::PlanStrategy> ParseStrategy(absl::string_view name);
+// "" is PLACEMENT_PTC; INVALID_ARGUMENT lists the names.
+absl::StatusOr<proto::PlacementStrategy> ParsePlacement(absl::string_view name);
 
 }  // namespace ptc
 

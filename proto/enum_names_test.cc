@@ -15,6 +15,8 @@ TEST_CASE("enum names: every phase, transport and strategy reads short",
   CHECK_FALSE(PhaseEnded(proto::PHASE_VERIFYING));
   CHECK(TransportName(proto::TRANSPORT_GRPC) == "grpc");
   CHECK(StrategyName(proto::PLAN_STRATEGY_TENPLEX) == "tenplex");
+  CHECK(PlacementName(proto::PLACEMENT_CONTIGUOUS) == "contiguous");
+  CHECK(ParsePlacement("explicit").value() == proto::PLACEMENT_EXPLICIT);
 }
 
 TEST_CASE("enum names: the flags parse back, and a wrong one lists the names",

@@ -159,7 +159,7 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   r.valid = ValidatePlan(s.input(), plan).ok();
   plan = Plan();
   proto::PlacementOptions contiguous;
-  contiguous.set_strategy("contiguous");
+  contiguous.set_strategy(proto::PLACEMENT_CONTIGUOUS);
   PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, contiguous, candidates));
   PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(s.input()));
   r.contiguous_bytes = plan.summary.cross_host_bytes;

@@ -80,7 +80,8 @@ absl::StatusOr<proto::PlacementOptions> PlacementFlags(const Args& args) {
   proto::PlacementOptions o;
   const std::string how = args.Get("placement");
   if (how.empty() || how == "ptc" || how == "contiguous") {
-    o.set_strategy(how);
+    o.set_strategy(how == "contiguous" ? proto::PLACEMENT_CONTIGUOUS
+                                       : proto::PLACEMENT_PTC);
   } else {
     PTC_ASSIGN_OR_RETURN(const std::optional<std::string> file,
                          ReadFileIfExists(how));
@@ -89,7 +90,7 @@ absl::StatusOr<proto::PlacementOptions> PlacementFlags(const Args& args) {
           "--placement: '", how, "' is neither ptc, contiguous nor a file"));
     }
     const std::string& text = *file;
-    o.set_strategy("explicit");
+    o.set_strategy(proto::PLACEMENT_EXPLICIT);
     int line_no = 0;
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
       ++line_no;

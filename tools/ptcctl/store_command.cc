@@ -167,6 +167,7 @@ absl::Status Stats(StoreClient& c, bool json) {
     w.BeginObject();
     w.Key("memory_used_bytes").Int(s.memory_used_bytes());
     w.Key("memory_limit_bytes").Int(s.memory_limit_bytes());
+    w.Key("metadata_bytes").Int(s.metadata_bytes());
     w.Key("spare_bytes").Int(s.spare_bytes());
     w.Key("local_clients")
         .Int(s.local_clients())
@@ -194,6 +195,10 @@ absl::Status Stats(StoreClient& c, bool json) {
       HumanBytes(s.memory_limit_bytes()),
       100.0 * s.memory_used_bytes() /
           std::max<int64_t>(1, s.memory_limit_bytes()));
+  if (s.metadata_bytes() > 0) {
+    std::cout << absl::StrFormat("        of which %s tensor declarations\n",
+                                 HumanBytes(s.metadata_bytes()));
+  }
   if (s.spare_bytes() > 0) {
     std::cout << absl::StrFormat(
         "        of which %s kept ready for the next local saves\n",
