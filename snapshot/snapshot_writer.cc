@@ -63,9 +63,40 @@ class Sink {
       n -= w;
       written_ += w;
     }
+    PTC_RETURN_IF_ERROR(StreamOut());
     if (r_.progress) r_.progress(written_, total_);
     return absl::OkStatus();
   }
+
+ private:
+  // Streams the file to the disk while it is written, instead of leaving
+  // it all to the final fsync (which would write every byte only after
+  // the last one was copied): each window of kWritebackBytes starts its
+  // writeback as soon as it is complete, and the window before it is
+  // waited for and dropped from the page cache (a snapshot is not read
+  // back soon; it must not push the store's memory out).
+  static constexpr int64_t kWritebackBytes = int64_t{32} << 20;
+  absl::Status StreamOut() {
+    while (written_ - started_ >= kWritebackBytes) {
+      if (sync_file_range(fd_, started_, kWritebackBytes,
+                          SYNC_FILE_RANGE_WRITE) != 0) {
+        return ErrnoError(errno, absl::StrCat("writing ", path_));
+      }
+      if (started_ >= kWritebackBytes) {
+        const int64_t older = started_ - kWritebackBytes;
+        if (sync_file_range(fd_, older, kWritebackBytes,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+          return ErrnoError(errno, absl::StrCat("writing ", path_));
+        }
+        posix_fadvise(fd_, older, kWritebackBytes, POSIX_FADV_DONTNEED);
+      }
+      started_ += kWritebackBytes;
+    }
+    return absl::OkStatus();
+  }
+
+ public:
 
  private:
   bool Cancelled() const { return r_.cancel != nullptr && r_.cancel->load(); }
@@ -75,6 +106,7 @@ class Sink {
   const SnapshotFileRequest& r_;
   int64_t total_;
   int64_t written_ = 0;
+  int64_t started_ = 0;  // writeback started for [0, started_)
   absl::Time start_ = absl::Now();
 };
 

@@ -43,6 +43,8 @@ def snapshot(c, root, *extra):
 
 
 def complete(root):
+    if not os.path.isdir(root):
+        return []
     return sorted(d for d in os.listdir(root)
                   if os.path.exists(os.path.join(root, d, "manifest.json")))
 
