@@ -50,6 +50,13 @@ bool IsPeerFailure(const absl::Status& s) {
 // deletes the staged version in the destructor (the one rollback).
 class FragmentRun {
  public:
+  // How an error that ran out of sources for a piece begins (it names the
+  // piece itself, so callers add no context).
+  static constexpr char kNoLiveSource[] = "no live source left";
+  static bool NamesNoLiveSource(const absl::Status& s) {
+    return absl::StartsWith(s.message(), kNoLiveSource);
+  }
+
   FragmentRun(Store* store, const FragmentJob& job,
               const FragmentPartPlan& plan, PieceTransport* transport)
       : store_(store), job_(job), plan_(plan), transport_(transport) {}
@@ -260,8 +267,6 @@ class FragmentRun {
     failed_sources_.insert(host);
   }
 
-  static constexpr char kNoLiveSource[] = "no live source left";
-
   Store* const store_;
   const FragmentJob& job_;
   const FragmentPartPlan& plan_;
@@ -273,11 +278,6 @@ class FragmentRun {
   // Sources that failed in this fragment: their later parts go straight to
   // the pieces' other holders.
   std::set<int32_t> failed_sources_ ABSL_GUARDED_BY(mu_);
-
- public:
-  static bool NamesNoLiveSource(const absl::Status& s) {
-    return absl::StartsWith(s.message(), kNoLiveSource);
-  }
 };
 
 }  // namespace

@@ -260,9 +260,14 @@ absl::Status TransformerService::DoExecute(
     last_report = absl::Now();
     if (ctx->IsCancelled() || !writer->Write(msg)) reader_gone = true;
   };
-  // On failure the executor leaves nothing of the target version here.
-  PTC_RETURN_IF_ERROR(::ptc::ExecuteFragment(store_, job, transport.get(),
-                                             report, &cancelled));
+  // The executor rolls back what it staged; the version this call created
+  // goes too, whatever failed.
+  if (absl::Status s = ::ptc::ExecuteFragment(store_, job, transport.get(),
+                                              report, &cancelled);
+      !s.ok()) {
+    store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
+    return s;
+  }
   if (reader_gone || ctx->IsCancelled()) {
     store_->DeleteStaged(job.job, job.target_version, job.plan_epoch);
     return absl::CancelledError(
