@@ -85,10 +85,14 @@ absl::StatusOr<int> SpawnCheck(const std::string& address) {
         absl::StrCat("a pipe for the check: ", std::strerror(errno)));
   }
   // The child sees only UCX's settings (the same transports as this
-  // process) and the switch, nothing else of this environment.
+  // process), where its libraries are, and the switch; nothing else of
+  // this environment (no tokens or keys).
   std::vector<std::string> env = {absl::StrCat(kCheckVariable, "=1")};
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "UCX_")) env.emplace_back(*e);
+    if (absl::StartsWith(*e, "UCX_") ||
+        absl::StartsWith(*e, "LD_LIBRARY_PATH=")) {
+      env.emplace_back(*e);
+    }
   }
   std::vector<char*> envp;
   for (std::string& e : env) envp.push_back(e.data());
