@@ -113,6 +113,18 @@ TEST_CASE("coordinator: hostile host registrations are refused",
       CHECK_THAT(std::string(s.message()), Catch::Contains("parallel pulls"));
     }
   }
+  SECTION("a transport value no enum has is refused before planning") {
+    grpc::ClientContext ctx;
+    proto::ReconfigureRequest req;
+    req.set_job("nope");
+    req.set_to("dp=1");
+    req.set_transport(static_cast<proto::Transport>(7));
+    proto::ReconfigureResponse resp;
+    const absl::Status s = FromGrpcStatus(stub->Reconfigure(&ctx, req, &resp));
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("transport 7 is unknown"));
+  }
 }
 
 TEST_CASE("coordinator: dead hosts no job names expire; others stay",
