@@ -145,6 +145,96 @@ absl::Status Client::Refresh() {
   return absl::OkStatus();
 }
 
+absl::Status Client::Rebind(int rank) {
+  if (rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is negative"));
+  }
+  const int old = options_.rank;
+  options_.rank = rank;
+  absl::Status s = Refresh();
+  if (!s.ok()) options_.rank = old;
+  return s;
+}
+
+Client::~Client() {
+  {
+    absl::MutexLock lock(&follow_mu_);
+    stop_following_ = true;
+    if (follow_ctx_ != nullptr) follow_ctx_->TryCancel();
+  }
+  if (follower_.joinable()) follower_.join();
+}
+
+void Client::Follow() {
+  if (follower_.joinable()) return;
+  follower_ = std::thread([this] {
+    while (true) {
+      grpc::ClientContext ctx;
+      {
+        absl::MutexLock lock(&follow_mu_);
+        if (stop_following_) return;
+        follow_ctx_ = &ctx;
+      }
+      proto::WatchRequest req;
+      req.set_job(options_.job);
+      req.set_follow(true);
+      auto reader = coordinator_->Watch(&ctx, req);
+      proto::ReconfigureEvent e;
+      while (reader->Read(&e)) {
+        JobEvent j;
+        j.known = true;
+        j.layout_epoch = e.layout_epoch();
+        j.committed_version = e.committed_version();
+        j.pending_config = e.pending_config();
+        j.plan_epoch = e.plan_epoch();
+        j.phase = e.phase();
+        j.reason = e.reason();
+        j.error = e.error();
+        absl::MutexLock lock(&follow_mu_);
+        latest_ = std::move(j);
+      }
+      reader->Finish().ok();
+      absl::MutexLock lock(&follow_mu_);
+      follow_ctx_ = nullptr;
+      if (stop_following_) return;
+      // The coordinator went away or restarted: follow it again shortly.
+      follow_mu_.AwaitWithTimeout(absl::Condition(&stop_following_),
+                                  absl::Milliseconds(200));
+    }
+  });
+}
+
+JobEvent Client::LatestEvent() const {
+  absl::MutexLock lock(&follow_mu_);
+  return latest_;
+}
+
+absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
+                                               absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  proto::RendezvousRequest req;
+  req.set_job(options_.job);
+  req.set_layout_epoch(layout_epoch);
+  req.set_rank(options_.rank);
+  req.set_port(options_.rank == 0 ? port : 0);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        std::min(deadline, absl::Now() + options_.rpc_timeout)));
+    proto::RendezvousResponse resp;
+    const absl::Status s =
+        FromGrpcStatus(coordinator_->Rendezvous(&ctx, req, &resp));
+    if (s.ok()) return resp.address();
+    if (!absl::IsUnavailable(s) || absl::Now() > deadline) {
+      return Annotate(s, absl::StrCat("rank ", options_.rank, " of job '",
+                                      options_.job, "' meeting under layout "
+                                      "epoch ", layout_epoch));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 std::vector<int> Client::RegionsOf(const std::string& key) const {
   std::vector<int> out;
   for (int i = 0; i < static_cast<int>(regions_.size()); ++i)

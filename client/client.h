@@ -28,9 +28,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -83,8 +86,25 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& host,
                                       absl::Duration timeout = absl::Seconds(30));
 
+// The job as a process that follows it sees it (Client::Follow): the
+// newest event of the coordinator's Watch stream.
+struct JobEvent {
+  bool known = false;  // false until the first event arrives
+  int64_t layout_epoch = 0;
+  int64_t committed_version = 0;
+  // A change the processes are asked to save for (empty: none).
+  std::string pending_config;
+  // The change in flight or the last one: its plan epoch, phase, why it
+  // started and, if it aborted, why.
+  int64_t plan_epoch = 0;
+  proto::ReconfigurePhase phase = proto::PHASE_NONE;
+  std::string reason;
+  std::string error;
+};
+
 class Client {
  public:
+  ~Client();
   // Connects to the ptcd at options.socket_path and reads the job from the
   // coordinator. Errors say what to fix: no ptcd at the socket, an unknown
   // job, a rank outside the job's config, or a ptcd on another host than
@@ -94,6 +114,19 @@ class Client {
   // Re-reads the job (config, hosts, committed version) from the
   // coordinator, e.g. after a reconfiguration; the rank stays the same.
   absl::Status Refresh();
+  // Becomes `rank` of the job's current config (a live process after a
+  // change) and re-reads the job; on error the client stays as it was.
+  absl::Status Rebind(int rank);
+  // Follows the job in the background (the coordinator's Watch stream,
+  // reconnecting when it breaks); LatestEvent() is then what the stream
+  // said last. Idempotent.
+  void Follow();
+  JobEvent LatestEvent() const;
+  // Meets the job's other processes under `layout_epoch`: rank 0 offers
+  // the port of its process group's store; the others wait (up to
+  // `timeout`) until it has. Returns the store's host:port.
+  absl::StatusOr<std::string> Rendezvous(int64_t layout_epoch, int port,
+                                         absl::Duration timeout);
 
   const std::string& job() const { return options_.job; }
   int rank() const { return options_.rank; }
@@ -216,6 +249,12 @@ class Client {
   int64_t committed_step_ = 0;
   int64_t layout_epoch_ = 0;
   std::vector<RankRegion> regions_;
+  // Follow()'s thread and what it last read.
+  mutable absl::Mutex follow_mu_;
+  JobEvent latest_ ABSL_GUARDED_BY(follow_mu_);
+  bool stop_following_ ABSL_GUARDED_BY(follow_mu_) = false;
+  grpc::ClientContext* follow_ctx_ ABSL_GUARDED_BY(follow_mu_) = nullptr;
+  std::thread follower_;
 };
 
 }  // namespace ptc

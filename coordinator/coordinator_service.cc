@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   s->Recover();
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
   s->snapshotter_ = std::thread([p = s.get()] { p->SnapshotLoop(); });
+  s->auto_changer_ = std::thread([p = s.get()] { p->AutoLoop(); });
   return s;
 }
 
@@ -63,6 +64,7 @@ CoordinatorService::~CoordinatorService() {
   }
   if (monitor_.joinable()) monitor_.join();
   if (snapshotter_.joinable()) snapshotter_.join();
+  if (auto_changer_.joinable()) auto_changer_.join();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -285,6 +287,8 @@ absl::Status CoordinatorService::Load() {
     job->host_bytes = HostBytesOf(*job->spec, js.config(), js.rank_hosts());
     job->target_host_bytes =
         HostBytesOf(*job->spec, js.target_config(), js.target_rank_hosts());
+    // State from before pools: the job's hosts.
+    if (job->state.pool().empty()) *job->state.mutable_pool() = js.hosts();
     jobs_[js.job()] = std::move(job);
   }
   Log("coordinator")
@@ -345,6 +349,10 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
         who, "bandwidth ", h.bandwidth(), " bytes/s must be from 0 (the ",
         "default) to ", kMaxHostBandwidth));
   }
+  if (h.gpu_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "GPU memory ", h.gpu_memory_bytes(), " bytes is negative"));
+  }
   if (h.memory_bytes() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, "memory ", h.memory_bytes(), " bytes is negative"));
@@ -397,7 +405,10 @@ grpc::Status CoordinatorService::RegisterHost(
       }
     }
   }
+  // Whether it is drained is the scheduler's word, not the host's.
+  const bool draining = host.status.draining();
   host.status = h;
+  host.status.set_draining(draining);
   host.status.set_alive(true);
   host.last_heartbeat = absl::Now();
   Log("coordinator")
@@ -574,6 +585,7 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
                                         std::shared_ptr<const ModelSpec> spec,
                                         proto::RegisterJobResponse* resp) {
   PTC_ASSIGN_OR_RETURN(const auto shape, JobShape(*spec, req.config()));
+  PTC_RETURN_IF_ERROR(ValidateAutoPolicy(req.auto_policy(), *spec));
   absl::MutexLock lock(&mu_);
   if (jobs_.count(req.job())) {
     return absl::AlreadyExistsError(
@@ -642,6 +654,8 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
                       resp->mutable_placement());
   job->state.set_layout_epoch(1);
   job->state.set_next_version(1);
+  *job->state.mutable_auto_policy() = req.auto_policy();
+  for (const std::string& h : req.hosts()) job->state.add_pool(h);
   // Plan epochs continue after those of a forgotten job of the same name.
   if (auto r = retired_epochs_.find(req.job()); r != retired_epochs_.end())
     job->state.set_last_epoch(r->second);
@@ -887,6 +901,10 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     s->set_snapshot_version(j->state.snapshot_version());
     s->set_snapshot_root(j->state.snapshot_root());
     s->set_snapshot_unix(j->state.snapshot_unix());
+    *s->mutable_auto_policy() = j->state.auto_policy();
+    for (const std::string& h : j->state.pool()) s->add_pool(h);
+    s->set_pending_config(j->state.pending().to());
+    s->set_pending_reason(j->state.pending_reason());
     for (const std::string& a : j->spec->mesh) s->add_mesh(a);
     if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;

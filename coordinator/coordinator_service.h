@@ -56,6 +56,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
 #include "ptc/layout.h"
@@ -87,6 +88,10 @@ struct CoordinatorOptions {
 // kMaxHostBandwidth; memory >= 0. INVALID_ARGUMENT names the field.
 absl::Status ValidateHost(const proto::HostStatus& h);
 
+// An automatic-change policy, checked field by field (a pinned config
+// must run the spec); INVALID_ARGUMENT names the field.
+absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
+                                const ModelSpec& spec);
 // With TLS: PERMISSION_DENIED unless the caller's certificate names `host`
 // (a process cannot register or heartbeat as another host).
 absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
@@ -147,6 +152,18 @@ class CoordinatorService final : public proto::Coordinator::Service {
                        const proto::RestoreRequest* req,
                        proto::ReconfigureResponse* resp) override;
 
+  // Automatic changes (auto_rpc.cc).
+  grpc::Status Advise(grpc::ServerContext* ctx, const proto::AdviseRequest* req,
+                      proto::AdviseResponse* resp) override;
+  grpc::Status SetAutoPolicy(grpc::ServerContext* ctx,
+                             const proto::SetAutoPolicyRequest* req,
+                             proto::SetAutoPolicyResponse* resp) override;
+  grpc::Status ChangeHosts(grpc::ServerContext* ctx,
+                           const proto::ChangeHostsRequest* req,
+                           proto::ChangeHostsResponse* resp) override;
+  grpc::Status Rendezvous(grpc::ServerContext* ctx,
+                          const proto::RendezvousRequest* req,
+                          proto::RendezvousResponse* resp) override;
   // What the last restart did with reconfigurations it found in flight,
   // one line per job ("job j: resumed the commit of epoch 3").
   std::vector<std::string> recovery_log() const;
@@ -263,13 +280,18 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req,
                                      bool need_committed,
                                      const SnapshotUse* snapshot = nullptr);
+  // The summary of PlanChange's plan (the advisor compares them).
+  absl::StatusOr<PlanSummary> PlanSummaryOf(
+      const proto::ReconfigureRequest& req);
   // PlanChange, then StartChange.
   absl::Status PlanAndStart(const proto::ReconfigureRequest& req,
                             bool need_committed, const SnapshotUse* snapshot,
                             proto::ReconfigureResponse* resp);
-  // Starts a planned change (DoReconfigure's second half).
+  // Starts a planned change (DoReconfigure's second half); `reason` says
+  // who asked (ReconfigureEvent.reason).
   absl::Status StartChange(const proto::ReconfigureRequest& req,
-                           Planned planned, proto::ReconfigureResponse* resp);
+                           Planned planned, proto::ReconfigureResponse* resp,
+                           const std::string& reason = "requested");
   // Writes a snapshot of the job's committed version (Snapshot's work;
   // also the periodic snapshotter's). `progress` may be null.
   absl::StatusOr<proto::SnapshotEvent> DoSnapshot(
@@ -284,7 +306,22 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Takes periodic snapshots (jobs with a snapshot policy), one at a time.
   void SnapshotLoop();
   absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
-                             proto::ReconfigureResponse* resp);
+                             proto::ReconfigureResponse* resp,
+                             const std::string& reason = "requested");
+  // Records `req` as the job's pending change: its processes save at their
+  // next step, and the auto loop starts it from that save.
+  absl::Status SetPendingLocked(Job& job, const proto::ReconfigureRequest& req,
+                                const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The advisor's candidates for the job, planned and chosen.
+  absl::Status DoAdvise(const proto::AdviseRequest& req,
+                        proto::AdviseResponse* resp);
+  // Changes jobs with automatic changes whose hosts died, were drained or
+  // grew, and starts pending changes once their save committed.
+  void AutoLoop();
+  // One automatic decision for `job` (no lock held).
+  void RunAutoChange(const std::string& job, const std::string& reason,
+                     bool save_first);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,
                          proto::PrepareResponse* resp);
   absl::Status DoBeginSave(const proto::BeginSaveRequest& req,
@@ -316,6 +353,18 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::thread snapshotter_;
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);
+  std::thread auto_changer_;
+  // Set when the auto loop should look now (a save committed, hosts
+  // changed); it clears it.
+  bool auto_wake_ ABSL_GUARDED_BY(mu_) = false;
+  // Per job: what the auto loop last judged (hosts and GPUs it may use),
+  // so that it advises again only when that changes; and when it may try
+  // again after an automatic change failed.
+  std::map<std::string, std::string> auto_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> auto_retry_ ABSL_GUARDED_BY(mu_);
+  // Per job: rank 0's process group address under a layout epoch.
+  std::map<std::string, std::pair<int64_t, std::string>> rendezvous_
+      ABSL_GUARDED_BY(mu_);
   // Periodic snapshots that failed: not retried before this time.
   std::map<std::string, absl::Time> snapshot_retry_ ABSL_GUARDED_BY(mu_);
 };

@@ -303,7 +303,8 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
 }
 
 absl::Status CoordinatorService::DoReconfigure(
-    const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp) {
+    const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp,
+    const std::string& reason) {
   if (req.parallel_pulls() < 0 || req.parallel_pulls() > kMaxParallelPulls) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel pulls ", req.parallel_pulls(), " is out of range; use 1 to ",
@@ -355,7 +356,26 @@ absl::Status CoordinatorService::DoReconfigure(
     }
   }
   PTC_RETURN_IF_ERROR(planned.status());
-  return StartChange(req, *std::move(planned), resp);
+  if (req.after_save()) {
+    // Planned to prove it can run; it starts from the processes' save.
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end())
+      return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    PTC_RETURN_IF_ERROR(SetPendingLocked(*it->second, req, reason));
+    resp->set_source_version(it->second->state.committed_version());
+    *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
+    SetPlacementSummary(planned->placement, planned->placement_strategy,
+                        planned->names, resp->mutable_plan());
+    return absl::OkStatus();
+  }
+  return StartChange(req, *std::move(planned), resp, reason);
+}
+
+absl::StatusOr<PlanSummary> CoordinatorService::PlanSummaryOf(
+    const proto::ReconfigureRequest& req) {
+  PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
+  return planned.flight->plan.summary;
 }
 
 absl::Status CoordinatorService::PlanAndStart(
@@ -368,7 +388,7 @@ absl::Status CoordinatorService::PlanAndStart(
 
 absl::Status CoordinatorService::StartChange(
     const proto::ReconfigureRequest& req, Planned planned,
-    proto::ReconfigureResponse* resp) {
+    proto::ReconfigureResponse* resp, const std::string& reason) {
   std::shared_ptr<Flight> flight = planned.flight;
   const bool restore = flight->snapshot && flight->snapshot->restore;
   const std::vector<std::string>& names = planned.names;
@@ -448,6 +468,10 @@ absl::Status CoordinatorService::StartChange(
     job.event.Clear();
     job.event.set_plan_epoch(epoch);
     job.event.set_phase(proto::PHASE_STAGING);
+    job.event.set_reason(reason);
+    job.state.set_target_reason(reason);
+    job.state.clear_pending();
+    job.state.clear_pending_reason();
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
@@ -757,7 +781,23 @@ grpc::Status CoordinatorService::Watch(
         return ToGrpcStatus(absl::NotFoundError(
             absl::StrCat("job '", req->job(), "' is unknown")));
       }
-      e = it->second->event;
+      const Job& job = *it->second;
+      e = job.event;
+      if (req->follow()) {
+        e.set_layout_epoch(job.state.layout_epoch());
+        e.set_committed_version(job.state.committed_version());
+        e.set_pending_config(job.state.pending().to());
+      }
+    }
+    if (req->follow()) {
+      // Every change of the job, until the caller goes.
+      const std::string now = e.SerializeAsString();
+      if (now != last) {
+        if (!writer->Write(e)) return grpc::Status::CANCELLED;
+        last = now;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
     }
     if (e.phase() == proto::PHASE_NONE) {
       return ToGrpcStatus(absl::NotFoundError(absl::StrCat(

@@ -243,6 +243,8 @@ absl::Status CoordinatorService::DoReportSaved(
       s.set_committed_version(req.version());
       s.set_committed_step(step);
       s.clear_lost_hosts();
+      // A change that waited for this save starts now.
+      if (s.has_pending()) auto_wake_ = true;
       for (const auto& o : *open)
         if (o.version() < req.version()) superseded.push_back(o.version());
       open->erase(std::remove_if(open->begin(), open->end(),

@@ -73,6 +73,8 @@ constexpr char kUsage[] =
   --coordinator    register with this ptc-coordinator and heartbeat to it
   --name           this host's name in the cluster (default: the hostname)
   --gpus           GPUs of this host (default 8)
+  --gpu-memory     memory of each GPU, e.g. 80GiB (the advisor fits configs
+                   in it; default: unknown, taken as 80 GiB)
   --advertise      address peers and the coordinator use to reach this ptcd
                    (default: --listen, with the bound port)
   --bandwidth      this host's link, bytes per second (default 25e9)
@@ -105,7 +107,7 @@ absl::Status Run(int argc, char** argv) {
       "memory-limit",   "spare-pool",    "background-fingerprints",
       "log-level",      "allowed-uids",  "allowed-group",
       "drain-seconds",  "port-file",     "coordinator",
-      "name",           "gpus",          "advertise",
+      "name",           "gpus",          "advertise",      "gpu-memory",
       "bandwidth",      "ucx-gets",      "tls-ca",
       "tls-cert",       "tls-key",       "token-key",
       "metrics-listen", "ucx-transports", "snapshot-root"};
@@ -247,6 +249,11 @@ absl::Status Run(int argc, char** argv) {
           kMaxHostBandwidth));
     }
     host.set_gpus(gpus);
+    if (settings.Has("gpu-memory")) {
+      auto gpu_memory = ParseBytes(settings.Get("gpu-memory"));
+      PTC_RETURN_IF_ERROR(Annotate(gpu_memory.status(), "--gpu-memory"));
+      host.set_gpu_memory_bytes(*gpu_memory);
+    }
     host.set_bandwidth(bandwidth);
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));

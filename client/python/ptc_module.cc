@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "proto/enum_names.h"
 #include "ptc/data_cursor.h"
 #include "ptc/families.h"
 #include "ptc/layout.h"
@@ -442,6 +443,47 @@ PYBIND11_MODULE(_ptc, m) {
           py::arg("rank"), py::arg("token") = "",
           "token: the job's token (ptcctl token); empty: $PTC_JOB_TOKEN")
       .def("refresh", [](Client& c) { Unlocked([&] { return c.Refresh(); }); })
+      .def(
+          "rebind",
+          [](Client& c, int rank) {
+            Unlocked([&] { return c.Rebind(rank); });
+          },
+          py::arg("rank"),
+          "becomes `rank` of the job's current config (a live process after "
+          "a change) and re-reads the job")
+      .def("follow", &Client::Follow,
+           "follows the job in the background (the coordinator's Watch "
+           "stream); `event` is then its newest state")
+      .def_property_readonly(
+          "event",
+          [](const Client& c) {
+            const JobEvent e = c.LatestEvent();
+            py::dict d;
+            d["known"] = e.known;
+            d["layout_epoch"] = e.layout_epoch;
+            d["committed_version"] = e.committed_version;
+            d["pending_config"] = e.pending_config;
+            d["plan_epoch"] = e.plan_epoch;
+            d["phase"] = std::string(PhaseName(e.phase));
+            d["reason"] = e.reason;
+            d["error"] = e.error;
+            return d;
+          },
+          "the job as Follow last saw it: {known, layout_epoch, "
+          "committed_version, pending_config, plan_epoch, phase, reason, "
+          "error}")
+      .def(
+          "rendezvous",
+          [](Client& c, int64_t epoch, int port, double timeout_s) {
+            return Unlocked([&] {
+              return c.Rendezvous(epoch, port, absl::Seconds(timeout_s));
+            });
+          },
+          py::arg("layout_epoch"), py::arg("port") = 0,
+          py::arg("timeout") = 120.0,
+          "meets the job's other processes under a layout epoch: rank 0 "
+          "offers the port of its process group store, the others wait for "
+          "it; returns the store's host:port")
       .def_property_readonly("job", &Client::job)
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("host", &Client::host)

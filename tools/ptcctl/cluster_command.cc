@@ -51,7 +51,9 @@ $PTC_TLS_CERT, $PTC_TLS_KEY, the operator's certificate from tools/ptc-certs
 DIR admin; or --insecure for a cluster without TLS):
   ptcctl register    --job J (--model MODEL | --layout FILE) --config CONFIG --hosts h1,h2,...
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
+                     [--auto on [--live] ...]  (automatic changes: see ptcctl auto)
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
+                     [--after-save]  (live jobs: start from the processes' next save)
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
@@ -68,6 +70,20 @@ DIR admin; or --insecure for a cluster without TLS):
   ptcctl restore     --job J --from DIR --config CONFIG --hosts h1,h2,...
                      [--placement ...]
   ptcctl export      --job J --to FILE.safetensors [--from DIR] [--all]
+  ptcctl advise      --job J [--gpus N] [--hosts h1,h2,...]
+                     (the configs the advisor considers and the one it chooses)
+  ptcctl auto        J on|off [--live] [--pin CONFIG | --unpin] [--margin F]
+                     [--global-batch N] [--micro-batches N] [--tokens-per-step N]
+                     [--max-gpus N] [--save-timeout SECONDS]
+  ptcctl hosts       add h1,h2,... [--job J]   (into J's pool, or back in service)
+  ptcctl hosts       drain h1,h2,...           (every job leaves them)
+
+Automatic changes (register --auto on, or ptcctl auto J on): when a host
+of the job dies, is drained, or joins its pool, the coordinator changes
+the job by itself to the config `ptcctl advise` shows. With --live its
+processes follow without restarting (ptc.torch.elastic): a change while
+every host is alive first asks them to save at their next step.
+reconfigure --after-save does the same for a change by hand.
 
 The coordinator places the ranks: --hosts are candidates, and it picks
 the hosts and GPUs that make the change shortest and move the fewest bytes
@@ -141,6 +157,57 @@ void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
   w->EndObject();
 }
 
+// --auto on|off, --live, --pin/--unpin and the advisor's constraints onto
+// `p` (flags not given keep their value).
+absl::Status AutoPolicyFlags(const Args& args, proto::AutoPolicy* p) {
+  if (args.Has("auto")) {
+    const std::string v = args.Get("auto");
+    if (v != "on" && v != "off")
+      return absl::InvalidArgumentError("--auto takes on or off");
+    p->set_enabled(v == "on");
+  }
+  if (args.Flag("live")) p->set_live(true);
+  if (args.Has("pin")) p->set_pinned_config(args.Get("pin"));
+  if (args.Flag("unpin")) p->clear_pinned_config();
+  auto number = [&](const char* flag, auto set) -> absl::Status {
+    if (!args.Has(flag)) return absl::OkStatus();
+    double v = 0;
+    if (!absl::SimpleAtod(args.Get(flag), &v) || !(v >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " needs a number >= 0, not '",
+                       args.Get(flag), "'"));
+    }
+    set(v);
+    return absl::OkStatus();
+  };
+  PTC_RETURN_IF_ERROR(number("margin", [&](double v) { p->set_margin(v); }));
+  PTC_RETURN_IF_ERROR(number("global-batch", [&](double v) {
+    p->set_global_batch(static_cast<int64_t>(std::min(v, 1e15)));
+  }));
+  PTC_RETURN_IF_ERROR(number("micro-batches", [&](double v) {
+    p->set_micro_batches(static_cast<int32_t>(std::min(v, 1e9)));
+  }));
+  PTC_RETURN_IF_ERROR(number("tokens-per-step", [&](double v) {
+    p->set_tokens_per_step(static_cast<int64_t>(std::min(v, 1e18)));
+  }));
+  PTC_RETURN_IF_ERROR(number("max-gpus", [&](double v) {
+    p->set_max_gpus(static_cast<int32_t>(std::min(v, 1e9)));
+  }));
+  PTC_RETURN_IF_ERROR(number("save-timeout", [&](double v) {
+    p->set_save_timeout_seconds(v);
+  }));
+  return absl::OkStatus();
+}
+
+std::string DescribePolicy(const proto::AutoPolicy& p) {
+  if (!p.enabled()) return "automatic changes off";
+  std::string out = absl::StrCat("automatic changes on",
+                                 p.live() ? ", live processes" : "");
+  if (!p.pinned_config().empty())
+    absl::StrAppend(&out, ", pinned to ", p.pinned_config());
+  return out;
+}
+
 absl::Status Register(Stub* stub, const Args& args, bool json) {
   proto::RegisterJobRequest req;
   PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
@@ -159,6 +226,7 @@ absl::Status Register(Stub* stub, const Args& args, bool json) {
   for (absl::string_view h : absl::StrSplit(hosts, ',', absl::SkipEmpty()))
     req.add_hosts(std::string(h));
   PTC_ASSIGN_OR_RETURN(*req.mutable_placement(), PlacementFlags(args));
+  PTC_RETURN_IF_ERROR(AutoPolicyFlags(args, req.mutable_auto_policy()));
   proto::RegisterJobResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::RegisterJob, stub, req, &resp));
   const int used = req.hosts_size() - resp.placement().released_hosts_size();
@@ -226,8 +294,139 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
                           const proto::ReconfigureResponse& started,
                           bool json);
 
+absl::Status AutoJob(Stub* stub, const std::string& job, const Args& args,
+                     bool json) {
+  proto::ListJobsRequest list;
+  list.set_job(job);
+  proto::ListJobsResponse jobs;
+  PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, list, &jobs));
+  proto::SetAutoPolicyRequest req;
+  req.set_job(job);
+  *req.mutable_policy() = jobs.jobs(0).auto_policy();
+  if (args.positional().size() >= 2) {
+    const std::string& v = args.positional()[1];
+    if (v != "on" && v != "off")
+      return absl::InvalidArgumentError("ptcctl auto J on|off");
+    req.mutable_policy()->set_enabled(v == "on");
+  }
+  PTC_RETURN_IF_ERROR(AutoPolicyFlags(args, req.mutable_policy()));
+  proto::SetAutoPolicyResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::SetAutoPolicy, stub, req, &resp));
+  if (json) {
+    JsonWriter w;
+    const proto::AutoPolicy& p = resp.policy();
+    w.BeginObject().Key("job").String(job).Key("enabled").Bool(p.enabled());
+    w.Key("live").Bool(p.live()).Key("pinned_config").String(p.pinned_config());
+    w.Key("margin").Double(p.margin()).Key("global_batch").Int(p.global_batch());
+    w.Key("max_gpus").Int(p.max_gpus()).EndObject();
+    std::cout << w.str() << "\n";
+  } else {
+    std::cout << "job " << job << ": " << DescribePolicy(resp.policy()) << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Advise(Stub* stub, const Args& args, bool json) {
+  proto::AdviseRequest req;
+  PTC_ASSIGN_OR_RETURN(*req.mutable_job(), args.Required("job"));
+  if (args.Has("gpus")) {
+    int gpus = 0;
+    if (!absl::SimpleAtoi(args.Get("gpus"), &gpus) || gpus < 1)
+      return absl::InvalidArgumentError("--gpus needs a number >= 1");
+    req.set_gpus(gpus);
+  }
+  for (absl::string_view h :
+       absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty()))
+    req.add_hosts(std::string(h));
+  proto::AdviseResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->Advise(&ctx, req, &resp)));
+  if (json) {
+    JsonWriter w(2);
+    w.BeginObject().Key("job").String(req.job()).Key("chosen").Int(resp.chosen());
+    w.Key("explanation").String(resp.explanation());
+    w.Key("gpu_memory_bytes").Int(resp.gpu_memory_bytes());
+    w.Key("hosts").BeginArray();
+    for (const auto& h : resp.hosts()) w.String(h);
+    w.EndArray().Key("candidates").BeginArray();
+    for (const auto& c : resp.candidates()) {
+      w.BeginObject().Key("config").String(c.config()).Key("gpus").Int(c.gpus());
+      w.Key("fits").Bool(c.fits()).Key("why_not").String(c.why_not());
+      w.Key("state_bytes_per_gpu").Int(c.state_bytes_per_gpu());
+      w.Key("gpu_bytes_needed").Int(c.gpu_bytes_needed());
+      w.Key("step_seconds").Double(c.step_seconds());
+      w.Key("compute_seconds").Double(c.compute_seconds());
+      w.Key("bubble_seconds").Double(c.bubble_seconds());
+      w.Key("tp_seconds").Double(c.tp_seconds());
+      w.Key("dp_seconds").Double(c.dp_seconds());
+      w.Key("bytes_moved").Int(c.bytes_moved());
+      w.Key("change_seconds").Double(c.change_seconds()).EndObject();
+    }
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+    return absl::OkStatus();
+  }
+  std::cout << absl::StrFormat(
+      "job %s on %s (%s per GPU):\n  %-3s %-22s %5s %10s %10s %12s  %s\n",
+      req.job(), absl::StrJoin(resp.hosts(), ","),
+      HumanBytes(resp.gpu_memory_bytes()), "", "CONFIG", "GPUS", "GPU MEM",
+      "STEP (est)", "MOVES", "");
+  for (int i = 0; i < resp.candidates_size(); ++i) {
+    const auto& c = resp.candidates(i);
+    std::cout << absl::StrFormat(
+        "  %-3s %-22s %5d %10s %9.3fs %12s  %s\n", i == resp.chosen() ? "->" : "",
+        c.config(), c.gpus(), HumanBytes(c.gpu_bytes_needed()),
+        c.step_seconds(),
+        c.bytes_moved() >= 0 ? HumanBytes(c.bytes_moved()) : "-",
+        c.fits() ? c.why_not() : "does not fit: " + c.why_not());
+  }
+  std::cout << (resp.chosen() >= 0 ? "chosen: " : "no choice: ")
+            << resp.explanation() << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status ChangeHostsCommand(Stub* stub, const Args& args, bool json) {
+  proto::ChangeHostsRequest req;
+  const std::string& op = args.positional()[0];
+  if (op != "add" && op != "drain")
+    return absl::InvalidArgumentError("ptcctl hosts add|drain h1,h2,...");
+  if (args.positional().size() < 2)
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptcctl hosts ", op, " needs host names"));
+  req.set_op(op == "add" ? proto::ChangeHostsRequest::OP_ADD
+                         : proto::ChangeHostsRequest::OP_DRAIN);
+  for (absl::string_view h :
+       absl::StrSplit(args.positional()[1], ',', absl::SkipEmpty()))
+    req.add_hosts(std::string(h));
+  req.set_job(args.Get("job"));
+  proto::ChangeHostsResponse resp;
+  PTC_RETURN_IF_ERROR(Call(&Stub::ChangeHosts, stub, req, &resp));
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("changing").BeginArray();
+    for (const auto& j : resp.changing()) w.String(j);
+    w.EndArray().Key("manual").BeginArray();
+    for (const auto& j : resp.manual()) w.String(j);
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+    return absl::OkStatus();
+  }
+  std::cout << absl::StrFormat("%s %s\n", op == "add" ? "added" : "drained",
+                               absl::StrJoin(req.hosts(), ", "));
+  if (!resp.changing().empty())
+    std::cout << "  changing by themselves: "
+              << absl::StrJoin(resp.changing(), ", ") << "\n";
+  if (!resp.manual().empty())
+    std::cout << "  still on a drained host, automatic changes off (move them "
+                 "with ptcctl reconfigure): "
+              << absl::StrJoin(resp.manual(), ", ") << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
+  req.set_after_save(args.Flag("after-save"));
   int pulls = 0;
   if (args.Has("parallel-pulls") &&
       (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1 ||
@@ -244,6 +443,23 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   req.set_strategy(strategy);
   proto::ReconfigureResponse started;
   PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
+  if (req.after_save()) {
+    if (json) {
+      JsonWriter w;
+      w.BeginObject().Key("job").String(req.job()).Key("pending").String(req.to());
+      w.Key("plan");
+      WriteSummary(started.plan(), &w);
+      w.EndObject();
+      std::cout << w.str() << "\n";
+    } else {
+      std::cout << absl::StrFormat(
+          "job %s: the change to %s (%s across hosts) starts when its "
+          "processes have saved their next step (ptcctl status %s)\n",
+          req.job(), req.to(), HumanBytes(started.plan().cross_host_bytes()),
+          req.job());
+    }
+    return absl::OkStatus();
+  }
   return FollowChange(stub, req, started, json);
 }
 
@@ -473,6 +689,8 @@ absl::Status Hosts(Stub* stub, bool json) {
       w.BeginObject().Key("name").String(h.name()).Key("address").String(
           h.address());
       w.Key("gpus").Int(h.gpus()).Key("alive").Bool(h.alive());
+      w.Key("draining").Bool(h.draining());
+      w.Key("gpu_memory_bytes").Int(h.gpu_memory_bytes());
       w.Key("memory_bytes").Int(h.memory_bytes());
       w.Key("seconds_since_heartbeat")
           .Double(h.seconds_since_heartbeat())
@@ -488,7 +706,8 @@ absl::Status Hosts(Stub* stub, bool json) {
   for (const auto& h : resp.hosts()) {
     std::cout << absl::StrFormat(
         "%-16s %-22s %5d %-6s %10s  %s ago\n", h.name(), h.address(), h.gpus(),
-        h.alive() ? "alive" : "DEAD", HumanBytes(h.memory_bytes()),
+        !h.alive() ? "DEAD" : h.draining() ? "drain" : "alive",
+        HumanBytes(h.memory_bytes()),
         HumanSeconds(h.seconds_since_heartbeat()));
   }
   return absl::OkStatus();
@@ -531,7 +750,15 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.Key("phase").String(PhaseName(j.reconfiguration().phase()));
       w.Key("bytes_done").Int(j.reconfiguration().bytes_done());
       w.Key("bytes_total").Int(j.reconfiguration().bytes_total());
-      w.Key("error").String(j.reconfiguration().error()).EndObject();
+      w.Key("error").String(j.reconfiguration().error());
+      w.Key("reason").String(j.reconfiguration().reason()).EndObject();
+      const proto::AutoPolicy& p = j.auto_policy();
+      w.Key("auto").BeginObject().Key("enabled").Bool(p.enabled());
+      w.Key("live").Bool(p.live()).Key("pinned_config").String(p.pinned_config());
+      w.EndObject().Key("pool").BeginArray();
+      for (const auto& h : j.pool()) w.String(h);
+      w.EndArray().Key("pending_config").String(j.pending_config());
+      w.Key("pending_reason").String(j.pending_reason());
       w.EndObject();
     }
     w.EndArray().EndObject();
@@ -554,9 +781,18 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
     const auto& r = j.reconfiguration();
     if (r.phase() != proto::PHASE_NONE) {
       std::cout << absl::StrFormat(
-          "  reconfiguration epoch %d: %s, %s of %s%s\n", r.plan_epoch(),
+          "  reconfiguration epoch %d: %s, %s of %s%s%s\n", r.plan_epoch(),
           PhaseName(r.phase()), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
+          r.reason().empty() ? "" : absl::StrCat("; ", r.reason()),
           r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
+    }
+    std::cout << absl::StrFormat("  %s; pool %s\n",
+                                 DescribePolicy(j.auto_policy()),
+                                 absl::StrJoin(j.pool(), ","));
+    if (!j.pending_config().empty()) {
+      std::cout << absl::StrFormat(
+          "  pending: %s (%s), once the processes saved their next step\n",
+          j.pending_config(), j.pending_reason());
     }
     if (j.ranks_saved() > 0) {
       std::cout << absl::StrFormat(
@@ -886,7 +1122,8 @@ absl::Status ExportJob(Stub* stub, const Args& args, bool json) {
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",
                            "jobs", "status", "abort", "forget", "ranks",
-                           "token", "snapshot", "restore", "export"}) {
+                           "token", "snapshot", "restore", "export",
+                           "advise", "auto"}) {
     if (!std::strcmp(c, name)) return true;
   }
   return false;
@@ -900,8 +1137,11 @@ int RunClusterCommand(int argc, const char* const* argv) {
                            "hosts", "to", "parallel-pulls", "transport",
                            "strategy", "placement", "colocate", "host",
                            "from", "keep", "every-versions", "every-minutes",
-                           "rate"}),
-      {"json", "help", "wait", "policy-only", "all", kSecurityFlag});
+                           "rate", "gpus", "auto", "pin", "margin",
+                           "global-batch", "micro-batches", "tokens-per-step",
+                           "max-gpus", "save-timeout"}),
+      {"json", "help", "wait", "policy-only", "all", "live", "unpin",
+       "after-save", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);
@@ -926,8 +1166,12 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = Reconfigure(stub.get(), *args, json);
   } else if (cmd == "prepare") {
     s = Prepare(stub.get(), *args, json);
+  } else if (cmd == "hosts" && !args->positional().empty()) {
+    s = ChangeHostsCommand(stub.get(), *args, json);
   } else if (cmd == "hosts") {
     s = Hosts(stub.get(), json);
+  } else if (cmd == "advise") {
+    s = Advise(stub.get(), *args, json);
   } else if (cmd == "jobs") {
     s = Jobs(stub.get(), "", json);
   } else if (cmd == "ranks") {
@@ -948,6 +1192,8 @@ int RunClusterCommand(int argc, const char* const* argv) {
     s = ForgetJob(stub.get(), job, json);
   } else if (cmd == "token") {
     s = Token(stub.get(), job, json);
+  } else if (cmd == "auto") {
+    s = AutoJob(stub.get(), job, *args, json);
   } else {
     s = AbortJob(stub.get(), job, json);
   }

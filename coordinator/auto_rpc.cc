@@ -1,0 +1,530 @@
+// Automatic changes: the advisor's RPC, per-job policies, hosts given to
+// and taken from jobs, the auto loop that changes jobs by itself, and the
+// rendezvous of a live job's processes.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/address.h"
+#include "common/authz.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/advisor.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/job_placement.h"
+#include "coordinator/plan_proto.h"
+
+namespace ptc {
+
+namespace {
+
+// Advised configs planned to compare the bytes they move (the fastest
+// within the margin); each plan takes a few milliseconds to a second.
+constexpr int kMaxPlannedCandidates = 8;
+constexpr absl::Duration kAutoRetry = absl::Seconds(10);
+constexpr double kDefaultSaveTimeout = 60;
+
+bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
+              const std::string& x) {
+  return std::find(list.begin(), list.end(), x) != list.end();
+}
+
+}  // namespace
+
+absl::Status ValidateAutoPolicy(const proto::AutoPolicy& p,
+                                const ModelSpec& spec) {
+  auto range = [](double v, double lo, double hi, const char* what) {
+    if (std::isfinite(v) && v >= lo && v <= hi) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auto policy: ", what, " ", v, " must be from ", lo, " to ", hi));
+  };
+  PTC_RETURN_IF_ERROR(range(p.margin(), 0, 10, "margin"));
+  PTC_RETURN_IF_ERROR(range(static_cast<double>(p.global_batch()), 0,
+                            1e12, "global batch"));
+  PTC_RETURN_IF_ERROR(range(p.micro_batches(), 0, 1 << 20, "micro-batches"));
+  PTC_RETURN_IF_ERROR(range(static_cast<double>(p.tokens_per_step()), 0,
+                            1e15, "tokens per step"));
+  PTC_RETURN_IF_ERROR(range(p.max_gpus(), 0, 1 << 20, "max GPUs"));
+  PTC_RETURN_IF_ERROR(
+      range(p.save_timeout_seconds(), 0, 86400, "save timeout (seconds)"));
+  if (!p.pinned_config().empty()) {
+    auto c = spec.ParseConfig(p.pinned_config());
+    PTC_RETURN_IF_ERROR(Annotate(c.status(), "auto policy: pinned config"));
+    PTC_RETURN_IF_ERROR(
+        Annotate(CheckConfig(spec, *c), "auto policy: pinned config"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::SetPendingLocked(
+    Job& job, const proto::ReconfigureRequest& req, const std::string& reason) {
+  if (job.state.target_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.state.job(), "' is already being reconfigured (epoch ",
+        job.state.target_epoch(), ")"));
+  }
+  proto::ReconfigureRequest pending = req;
+  pending.set_after_save(false);
+  *job.state.mutable_pending() = pending;
+  job.state.set_pending_reason(reason);
+  job.state.set_pending_after_version(job.state.committed_version());
+  job.state.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
+  Log("coordinator")
+      ->info("job {}: change to {} ({}) waits for the processes' next save",
+             job.state.job(), req.to(), reason);
+  auto_wake_ = true;
+  return PersistLocked();
+}
+
+grpc::Status CoordinatorService::Advise(grpc::ServerContext* ctx,
+                                        const proto::AdviseRequest* req,
+                                        proto::AdviseResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "Advise"); !denied.ok())
+    return ToGrpcStatus(denied);
+  return ToGrpcStatus(DoAdvise(*req, resp));
+}
+
+absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
+                                          proto::AdviseResponse* resp) {
+  if (req.gpus() < 0 || req.gpus() > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(req.gpus(), " GPUs: give 1 to 1048576 (0: all free)"));
+  }
+  if (req.hosts_size() > 100000)
+    return absl::InvalidArgumentError("more than 100000 hosts");
+  AdvisorInput in;
+  proto::AutoPolicy policy;
+  std::shared_ptr<const ModelSpec> spec;
+  std::vector<std::string> hosts;
+  int64_t committed = 0;
+  int free = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(req.job());
+    if (it == jobs_.end())
+      return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
+    const Job& job = *it->second;
+    spec = job.spec;
+    PTC_ASSIGN_OR_RETURN(in.current, spec->ParseConfig(job.state.config()));
+    policy = job.state.auto_policy();
+    committed = job.state.committed_version();
+    const Resources res = ResourcesLocked(req.job());
+    std::vector<std::string> asked(req.hosts().begin(), req.hosts().end());
+    if (asked.empty()) {
+      for (const std::string& h : job.state.pool()) {
+        auto hit = hosts_.find(h);
+        if (hit != hosts_.end() && hit->second.status.alive() &&
+            !hit->second.status.draining())
+          asked.push_back(h);
+      }
+    }
+    in.gpus_per_host = 1 << 20;
+    in.gpu_memory_bytes = 0;
+    in.link_bandwidth = 0;
+    for (const std::string& h : asked) {
+      auto hit = hosts_.find(h);
+      if (hit == hosts_.end())
+        return absl::NotFoundError(absl::StrCat("host '", h, "' is not registered"));
+      if (!hit->second.status.alive())
+        return absl::FailedPreconditionError(
+            absl::StrCat("host '", h, "' is dead; choose live hosts"));
+      if (std::find(hosts.begin(), hosts.end(), h) != hosts.end())
+        return absl::InvalidArgumentError(absl::StrCat("host '", h, "' is named twice"));
+      const int id = static_cast<int>(
+          std::find(res.names.begin(), res.names.end(), h) - res.names.begin());
+      const int gpus = hit->second.status.gpus() -
+                       static_cast<int>(res.taken[id].size());
+      if (gpus <= 0) continue;
+      hosts.push_back(h);
+      free += gpus;
+      const proto::HostStatus& s = hit->second.status;
+      in.gpus_per_host = std::min(in.gpus_per_host, s.gpus());
+      const int64_t mem =
+          s.gpu_memory_bytes() > 0 ? s.gpu_memory_bytes() : kDefaultGpuMemoryBytes;
+      in.gpu_memory_bytes =
+          in.gpu_memory_bytes == 0 ? mem : std::min(in.gpu_memory_bytes, mem);
+      const double bw = s.bandwidth() > 0 ? s.bandwidth() : 25e9;
+      in.link_bandwidth =
+          in.link_bandwidth == 0 ? bw : std::min(in.link_bandwidth, bw);
+    }
+  }
+  if (hosts.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", req.job(), "' has no live host with a free GPU to run on",
+        req.hosts().empty() ? " in its pool (ptcctl hosts add)" : ""));
+  }
+  if (req.gpus() > free) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(req.gpus(), " GPUs asked; the hosts ",
+                     absl::StrJoin(hosts, ", "), " have ", free, " free"));
+  }
+  in.spec = spec.get();
+  in.gpus = req.gpus() > 0 ? req.gpus() : free;
+  if (in.gpu_memory_bytes == 0) in.gpu_memory_bytes = kDefaultGpuMemoryBytes;
+  PTC_ASSIGN_OR_RETURN(std::vector<ConfigCandidate> candidates,
+                       EnumerateConfigs(in, policy));
+  std::vector<int> near = WithinMargin(candidates, policy);
+  if (near.size() > kMaxPlannedCandidates) near.resize(kMaxPlannedCandidates);
+  for (int i : near) {
+    ConfigCandidate& c = candidates[i];
+    if (committed == 0) {
+      c.bytes_moved = 0;  // nothing saved yet: nothing moves
+      continue;
+    }
+    proto::ReconfigureRequest r;
+    r.set_job(req.job());
+    r.set_to(c.config);
+    for (const std::string& h : hosts) r.add_hosts(h);
+    auto planned = PlanSummaryOf(r);
+    if (!planned.ok()) {
+      c.why_not = absl::StrCat("cannot be planned here: ",
+                               planned.status().message());
+      continue;
+    }
+    c.bytes_moved = planned->cross_host_bytes;
+    c.change_seconds = planned->max_host_send_seconds;
+  }
+  auto choice = ChooseConfig(candidates, policy);
+  resp->set_chosen(choice.ok() ? choice->index : -1);
+  resp->set_explanation(choice.ok() ? choice->explanation
+                                    : std::string(choice.status().message()));
+  for (const std::string& h : hosts) resp->add_hosts(h);
+  resp->set_gpu_memory_bytes(in.gpu_memory_bytes);
+  for (const ConfigCandidate& c : candidates) {
+    proto::AdviseResponse::Candidate* p = resp->add_candidates();
+    p->set_config(c.config);
+    p->set_gpus(c.gpus);
+    p->set_state_bytes_per_gpu(c.state_bytes_per_gpu);
+    p->set_gpu_bytes_needed(c.gpu_bytes_needed);
+    p->set_fits(c.fits);
+    p->set_why_not(c.why_not);
+    p->set_step_seconds(c.step_seconds);
+    p->set_compute_seconds(c.compute_seconds);
+    p->set_bubble_seconds(c.bubble_seconds);
+    p->set_tp_seconds(c.tp_seconds);
+    p->set_dp_seconds(c.dp_seconds);
+    p->set_bytes_moved(c.bytes_moved);
+    p->set_change_seconds(c.change_seconds);
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status CoordinatorService::SetAutoPolicy(
+    grpc::ServerContext* ctx, const proto::SetAutoPolicyRequest* req,
+    proto::SetAutoPolicyResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "SetAutoPolicy");
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(req->job());
+  if (it == jobs_.end()) {
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+  }
+  Job& job = *it->second;
+  if (absl::Status s = ValidateAutoPolicy(req->policy(), *job.spec); !s.ok())
+    return ToGrpcStatus(s);
+  *job.state.mutable_auto_policy() = req->policy();
+  auto_seen_.erase(req->job());
+  auto_retry_.erase(req->job());
+  auto_wake_ = true;
+  *resp->mutable_policy() = req->policy();
+  Log("coordinator")
+      ->info("job {}: automatic changes {}{}", req->job(),
+             req->policy().enabled() ? "on" : "off",
+             req->policy().pinned_config().empty()
+                 ? ""
+                 : absl::StrCat(", pinned to ", req->policy().pinned_config()));
+  return ToGrpcStatus(PersistLocked());
+}
+
+grpc::Status CoordinatorService::ChangeHosts(
+    grpc::ServerContext* ctx, const proto::ChangeHostsRequest* req,
+    proto::ChangeHostsResponse* resp) {
+  if (absl::Status denied = Authorize(*ctx, kAdmin, "ChangeHosts");
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  if (!proto::ChangeHostsRequest::Op_IsValid(req->op())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("op ", req->op(), " is unknown; use add (0) or drain (1)")));
+  }
+  if (req->hosts().empty() || req->hosts_size() > 100000) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("name 1 to 100000 hosts"));
+  }
+  const bool drain = req->op() == proto::ChangeHostsRequest::OP_DRAIN;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& h : req->hosts()) {
+    if (!hosts_.count(h)) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("host '", h, "' is not registered")));
+    }
+  }
+  Job* target = nullptr;
+  if (!drain && !req->job().empty()) {
+    auto it = jobs_.find(req->job());
+    if (it == jobs_.end()) {
+      return ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("job '", req->job(), "' is unknown")));
+    }
+    target = it->second.get();
+  }
+  for (const std::string& h : req->hosts()) {
+    hosts_[h].status.set_draining(drain);
+    if (target != nullptr && !Contains(target->state.pool(), h))
+      target->state.add_pool(h);
+  }
+  for (const auto& [name, job] : jobs_) {
+    bool touched = false;
+    for (const std::string& h : req->hosts()) {
+      touched |= drain ? Contains(job->state.hosts(), h)
+                       : Contains(job->state.pool(), h);
+    }
+    if (!touched) continue;
+    if (job->state.auto_policy().enabled()) {
+      resp->add_changing(name);
+    } else if (drain) {
+      resp->add_manual(name);
+    }
+  }
+  auto_seen_.clear();
+  auto_retry_.clear();
+  auto_wake_ = true;
+  Log("coordinator")
+      ->info("hosts {} {}{}", absl::StrJoin(req->hosts(), ", "),
+             drain ? "drained" : "added",
+             target ? absl::StrCat(" to the pool of job ", req->job()) : "");
+  return ToGrpcStatus(PersistLocked());
+}
+
+grpc::Status CoordinatorService::Rendezvous(
+    grpc::ServerContext* ctx, const proto::RendezvousRequest* req,
+    proto::RendezvousResponse* resp) {
+  if (absl::Status denied =
+          AuthorizeJob(*ctx, kClient | kAdmin, "Rendezvous", req->job());
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(req->job());
+  if (it == jobs_.end()) {
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+  }
+  const Job& job = *it->second;
+  if (req->layout_epoch() != job.state.layout_epoch()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "layout epoch ", req->layout_epoch(), " is not the job's (",
+        job.state.layout_epoch(), "); refresh and meet under it")));
+  }
+  if (req->rank() < 0 || req->rank() >= job.ranks) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "rank ", req->rank(), " is outside the job's ", job.ranks, " ranks")));
+  }
+  auto& meet = rendezvous_[req->job()];
+  if (req->rank() == 0) {
+    if (req->port() < 1 || req->port() > 65535) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("port ", req->port(), " must be 1 to 65535")));
+    }
+    // The store runs where rank 0 does: at its ptcd's address.
+    const auto [rank_hosts, devices] = RankPlacementLocked(job);
+    auto host = rank_hosts.empty() ? hosts_.end() : hosts_.find(rank_hosts[0]);
+    if (host == hosts_.end()) {
+      return ToGrpcStatus(absl::FailedPreconditionError(
+          "the host of rank 0 is not registered"));
+    }
+    auto addr = ParseHostPort(host->second.status.address());
+    if (!addr.ok()) return ToGrpcStatus(addr.status());
+    const bool v6 = addr->host.find(':') != std::string::npos;
+    meet = {req->layout_epoch(),
+            absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
+                         req->port())};
+  } else if (meet.first != req->layout_epoch()) {
+    return ToGrpcStatus(absl::UnavailableError(
+        absl::StrCat("rank 0 of layout epoch ", req->layout_epoch(),
+                     " has not offered its address yet; retry")));
+  }
+  resp->set_address(meet.second);
+  return grpc::Status::OK;
+}
+
+void CoordinatorService::AutoLoop() {
+  while (true) {
+    // (job, reason, save first, start the pending change)
+    struct Action {
+      std::string job, reason;
+      bool save_first = false;
+      bool pending = false;
+      proto::ReconfigureRequest request;
+    };
+    std::vector<Action> actions;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || auto_wake_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(200));
+      if (stop_) return;
+      auto_wake_ = false;
+      const absl::Time now = absl::Now();
+      for (auto& [name, j] : jobs_) {
+        Job& job = *j;
+        if (job.state.target_version() != 0 || job.committing_save ||
+            job.running || forgetting_.count(name))
+          continue;
+        if (auto r = auto_retry_.find(name);
+            r != auto_retry_.end() && r->second > now)
+          continue;
+        const proto::AutoPolicy& policy = job.state.auto_policy();
+        if (job.state.has_pending()) {
+          const double waited =
+              absl::ToUnixMicros(now) / 1e6 - job.state.pending_unix();
+          const double timeout = policy.save_timeout_seconds() > 0
+                                     ? policy.save_timeout_seconds()
+                                     : kDefaultSaveTimeout;
+          const bool saved = job.state.committed_version() >
+                             job.state.pending_after_version();
+          if (saved || waited > timeout) {
+            if (!saved) {
+              Log("coordinator")
+                  ->warn("job {}: no save within {} s; the change starts from "
+                         "version {}",
+                         name, timeout, job.state.committed_version());
+            }
+            actions.push_back({name, job.state.pending_reason(), false, true,
+                               job.state.pending()});
+          }
+          continue;
+        }
+        if (!policy.enabled() || job.state.committed_version() == 0) continue;
+        std::vector<std::string> dead, draining;
+        for (const std::string& h : job.state.hosts()) {
+          auto it = hosts_.find(h);
+          if (it == hosts_.end() || !it->second.status.alive()) {
+            dead.push_back(h);
+          } else if (it->second.status.draining()) {
+            draining.push_back(h);
+          }
+        }
+        // What the job may use now: its pool's live hosts in service.
+        std::string seen = absl::StrCat(job.state.config(), "|",
+                                        policy.SerializeAsString(), "|");
+        for (const std::string& h : job.state.pool()) {
+          auto it = hosts_.find(h);
+          if (it != hosts_.end() && it->second.status.alive() &&
+              !it->second.status.draining())
+            absl::StrAppend(&seen, h, ":", it->second.status.gpus(), ",");
+        }
+        if (!dead.empty()) {
+          // Its processes there are gone: the change starts from the
+          // committed version, without them. The dead hosts leave the
+          // pool (ChangeHosts adds them back).
+          auto* pool = job.state.mutable_pool();
+          pool->erase(std::remove_if(pool->begin(), pool->end(),
+                                     [&](const std::string& h) {
+                                       return std::find(dead.begin(), dead.end(),
+                                                        h) != dead.end();
+                                     }),
+                      pool->end());
+          actions.push_back({name,
+                             absl::StrCat(dead.size() > 1 ? "hosts " : "host ",
+                                          absl::StrJoin(dead, ", "), " died"),
+                             false, false, {}});
+        } else if (!draining.empty()) {
+          actions.push_back(
+              {name, absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained"),
+               policy.live(), false, {}});
+        } else if (auto_seen_[name] != seen) {
+          actions.push_back({name, "the hosts of its pool changed",
+                             policy.live(), false, {}});
+        }
+        auto_seen_[name] = seen;
+      }
+      if (!actions.empty()) PersistLocked().IgnoreError();
+    }
+    for (const Action& a : actions) {
+      if (a.pending) {
+        proto::ReconfigureResponse resp;
+        absl::Status s = DoReconfigure(a.request, &resp, a.reason);
+        if (!s.ok()) {
+          Log("coordinator")
+              ->warn("job {}: the pending change to {} ({}) could not start: {}",
+                     a.job, a.request.to(), a.reason, s.ToString());
+          absl::MutexLock lock(&mu_);
+          auto it = jobs_.find(a.job);
+          if (it != jobs_.end() && it->second->state.target_version() == 0) {
+            Job& job = *it->second;
+            job.state.clear_pending();
+            job.state.clear_pending_reason();
+            job.event.Clear();
+            job.event.set_phase(proto::PHASE_ABORTED);
+            job.event.set_reason(a.reason);
+            job.event.set_error(std::string(s.message()));
+            auto_retry_[a.job] = absl::Now() + kAutoRetry;
+            PersistLocked().IgnoreError();
+          }
+        }
+        continue;
+      }
+      RunAutoChange(a.job, a.reason, a.save_first);
+    }
+  }
+}
+
+void CoordinatorService::RunAutoChange(const std::string& name,
+                                       const std::string& reason,
+                                       bool save_first) {
+  proto::AdviseRequest ask;
+  ask.set_job(name);
+  proto::AdviseResponse advice;
+  absl::Status s = DoAdvise(ask, &advice);
+  std::string current;
+  int current_ranks = 0;
+  bool must_move = false;  // a host of the job is dead or drained
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(name);
+    if (it == jobs_.end()) return;
+    current = it->second->state.config();
+    current_ranks = it->second->ranks;
+    for (const std::string& h : it->second->state.hosts()) {
+      auto hit = hosts_.find(h);
+      must_move |= hit == hosts_.end() || !hit->second.status.alive() ||
+                   hit->second.status.draining();
+    }
+  }
+  if (s.ok() && advice.chosen() < 0)
+    s = absl::FailedPreconditionError(advice.explanation());
+  if (s.ok()) {
+    const auto& chosen = advice.candidates(advice.chosen());
+    // More or fewer GPUs, or off a host it must leave; otherwise stay.
+    if (!must_move && chosen.gpus() == current_ranks) return;
+    Log("coordinator")
+        ->info("job {}: {}; the advisor chooses {}", name, reason,
+               advice.explanation());
+    proto::ReconfigureRequest req;
+    req.set_job(name);
+    req.set_to(chosen.config());
+    for (const std::string& h : advice.hosts()) req.add_hosts(h);
+    req.set_after_save(save_first);
+    proto::ReconfigureResponse resp;
+    s = DoReconfigure(req, &resp, absl::StrCat(reason, " (automatic)"));
+    if (s.ok()) return;
+  }
+  Log("coordinator")
+      ->warn("job {}: {}, but no automatic change could start: {}", name,
+             reason, s.ToString());
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end() || it->second->state.target_version() != 0) return;
+  proto::ReconfigureEvent& e = it->second->event;
+  e.Clear();
+  e.set_phase(proto::PHASE_ABORTED);
+  e.set_reason(absl::StrCat(reason, " (automatic)"));
+  e.set_error(std::string(s.message()));
+  auto_retry_[name] = absl::Now() + kAutoRetry;
+}
+
+}  // namespace ptc
