@@ -4,6 +4,8 @@
 #
 #   tools/local_cluster.sh up DIR [HOSTS] [GPUS_PER_HOST] [MEMORY_PER_HOST]
 #   tools/local_cluster.sh down DIR
+#   tools/local_cluster.sh kill-host DIR I    (SIGKILL host I's ptcd: a dead host)
+#   tools/local_cluster.sh start-host DIR I   (host I again: a new, empty ptcd)
 #
 # `up` prints the coordinator's address and writes DIR/env (COORDINATOR=...,
 # HOSTn_SOCKET=..., PTC_TLS_CA/PTC_TLS_CERT/PTC_TLS_KEY: the operator's
@@ -26,6 +28,32 @@ dir=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN:-$root/bazel-bin}
 
+# Sets tls() for the cluster in $dir (certificates, or plaintext).
+security() {
+  certs="$dir/certs"
+  tls() { echo --insecure; }
+  if [[ "${INSECURE:-0}" != 1 ]]; then
+    tls() {
+      echo --tls-ca "$certs/ca.pem" --tls-cert "$certs/$1.pem" --tls-key "$certs/$1.key" \
+        --token-key "$certs/tokens.key"
+    }
+  fi
+}
+
+# Starts host$1's ptcd (settings from $dir/settings).
+start_host() {
+  local i=$1
+  # shellcheck disable=SC1091
+  source "$dir/settings"
+  rm -f "$dir/host$i.port"
+  # shellcheck disable=SC2046
+  "$bin/ptcd/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
+    --port-file "$dir/host$i.port" --memory-limit "$memory" --coordinator "$coordinator" \
+    --name "host$i" --gpus "$gpus" --log-level warn $(tls "host$i") \
+    ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} ${PTCD_FLAGS:-} >>"$dir/logs/host$i.log" 2>&1 &
+  echo "host$i $!" >> "$dir/pids"
+}
+
 wait_for_file() {
   for _ in $(seq 1 200); do [[ -s "$1" ]] && return 0; sleep 0.05; done
   echo "local_cluster: $1 did not appear" >&2; return 1
@@ -36,8 +64,7 @@ case "$cmd" in
     hosts=${3:-4}; gpus=${4:-4}; memory=${5:-4GiB}
     mkdir -p "$dir/coordinator" "$dir/logs"
     : > "$dir/pids"
-    certs="$dir/certs"
-    tls() { echo --insecure; }
+    security
     if [[ "${INSECURE:-0}" != 1 ]]; then
       if [[ ! -f "$certs/ca.pem" ]]; then
         "$root/tools/ptc-certs" "$certs" ca >/dev/null
@@ -46,10 +73,6 @@ case "$cmd" in
         "$root/tools/ptc-certs" "$certs" client >/dev/null
         "$root/tools/ptc-certs" "$certs" token-key >/dev/null
       fi
-      tls() {
-        echo --tls-ca "$certs/ca.pem" --tls-cert "$certs/$1.pem" --tls-key "$certs/$1.key" \
-          --token-key "$certs/tokens.key"
-      }
       export PTC_TLS_CA="$certs/ca.pem" PTC_TLS_CERT="$certs/admin.pem" PTC_TLS_KEY="$certs/admin.key"
     else
       export PTC_INSECURE=1
@@ -62,6 +85,8 @@ case "$cmd" in
     wait_for_file "$dir/coordinator.port"
     coordinator="127.0.0.1:$(cat "$dir/coordinator.port")"
     echo "COORDINATOR=$coordinator" > "$dir/env"
+    printf 'coordinator=%s\ngpus=%s\nmemory=%s\n' "$coordinator" "$gpus" "$memory" \
+      > "$dir/settings"
     if [[ "${INSECURE:-0}" != 1 ]]; then
       printf 'PTC_TLS_CA=%s\nPTC_TLS_CERT=%s\nPTC_TLS_KEY=%s\nJOB_TLS_CERT=%s\nJOB_TLS_KEY=%s\n' \
         "$PTC_TLS_CA" "$PTC_TLS_CERT" "$PTC_TLS_KEY" "$certs/client.pem" "$certs/client.key" \
@@ -73,12 +98,7 @@ case "$cmd" in
       if [[ "${INSECURE:-0}" != 1 && ! -f "$certs/host$i.pem" ]]; then
         "$root/tools/ptc-certs" "$certs" host "host$i" >/dev/null
       fi
-      # shellcheck disable=SC2046
-      "$bin/ptcd/ptcd" --listen 127.0.0.1:0 --socket "$dir/host$i.sock" \
-        --port-file "$dir/host$i.port" --memory-limit "$memory" --coordinator "$coordinator" \
-        --name "host$i" --gpus "$gpus" --log-level warn $(tls "host$i") \
-        ${SPARE_POOL:+--spare-pool "$SPARE_POOL"} ${PTCD_FLAGS:-} >"$dir/logs/host$i.log" 2>&1 &
-      echo "host$i $!" >> "$dir/pids"
+      start_host "$i"
       echo "HOST${i}_SOCKET=$dir/host$i.sock" >> "$dir/env"
     done
     for i in $(seq 0 $((hosts - 1))); do wait_for_file "$dir/host$i.port"; done
@@ -101,5 +121,16 @@ case "$cmd" in
     rm -f "$dir/pids"
     echo "local cluster down"
     ;;
-  *) echo "usage: $0 up|down DIR [HOSTS] [GPUS] [MEMORY]" >&2; exit 2 ;;
+  kill-host)
+    i=${3:?host index}
+    pid=$(awk -v h="host$i" '$1 == h {p = $2} END {print p}' "$dir/pids")
+    [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
+    ;;
+  start-host)
+    i=${3:?host index}
+    security
+    start_host "$i"
+    wait_for_file "$dir/host$i.port"
+    ;;
+  *) echo "usage: $0 up|down|kill-host|start-host DIR [...]" >&2; exit 2 ;;
 esac

@@ -1233,3 +1233,7 @@ def check_forward(build, forward, layout, inputs, config, *, reference="",
             "the model's local tensors hold their rows in another order than the layout "
             "says (e.g. q|k|v stacked per head but declared as groups, or the reverse)")
     return {"max_abs_diff": diff}
+
+
+# Live jobs: the processes follow changes without restarting (ptc/elastic.py).
+from .elastic import Live, elastic  # noqa: E402,F401

@@ -1,0 +1,169 @@
+"""ptc-agent: starts a live job's processes on one host.
+
+Run one per host next to ptcd (under systemd, like ptcd). It follows the
+job's placement at the coordinator and keeps one process on every GPU of
+this host that the placement gives a rank: a process it started stays
+while its GPU keeps a rank (the process itself follows changes,
+ptc.torch.elastic); a GPU that gains a rank in a new layout gets a new
+process. A process that ends while its GPU keeps its rank (the job
+finished, or the process crashed) is not started again under the same
+layout: the job's other processes are not waiting for it; the next
+change brings it back. Each
+process gets the job, the coordinator, this host's ptcd socket, the host's
+name and its GPU (PTC_JOB, PTC_COORDINATOR, PTC_SOCKET, PTC_HOST,
+PTC_DEVICE, CUDA_VISIBLE_DEVICES is left alone) on top of the agent's own
+environment (the job's token PTC_JOB_TOKEN and TLS settings pass through).
+
+    python3 -m ptc.agent --job gpt --host gpu-node-7 --coordinator coord:7000 \\
+        --socket /run/ptcd/ptcd.sock [--status FILE] [--log-dir DIR] -- \\
+        python3 train.py --my-flags
+
+It reports what it runs on stdout (one line per start and exit) and, with
+--status, as JSON in FILE (rewritten atomically on every change). SIGTERM
+or SIGINT stops its processes (SIGTERM, then SIGKILL after 10 s) and it.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from . import _ptc
+
+
+class Agent:
+    def __init__(self, args, command):
+        self.args = args
+        self.command = command
+        self.children = {}  # GPU -> (Popen, start time, log file)
+        # GPU -> the newest layout epoch a process of ours ran under there.
+        self.covered = {}
+        self.exited = []
+        self.stopping = False
+
+    def say(self, msg):
+        print(f"[ptc-agent {self.args.host}] {msg}", flush=True)
+
+    def wanted(self):
+        """(layout epoch, {GPU: rank}) of this host under the job's placement
+        now (None: the coordinator could not be asked)."""
+        try:
+            placed = _ptc.ranks_on_host(self.args.coordinator, self.args.job, self.args.host)
+        except _ptc.Error as e:
+            if not getattr(self, "_warned", False):
+                self.say(f"asking the coordinator: {e}")
+                self._warned = True
+            return None
+        self._warned = False
+        return placed["layout_epoch"], {r["gpu"]: r["rank"] for r in placed["ranks"]}
+
+    def start(self, gpu, rank):
+        env = dict(os.environ, PTC_JOB=self.args.job, PTC_COORDINATOR=self.args.coordinator,
+                   PTC_SOCKET=self.args.socket, PTC_HOST=self.args.host, PTC_DEVICE=str(gpu))
+        log = None
+        out = None
+        if self.args.log_dir:
+            d = pathlib.Path(self.args.log_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            log = open(d / f"{self.args.job}-{self.args.host}-gpu{gpu}-{int(time.time() * 1e3)}"
+                       ".log", "w")
+            out = log
+        p = subprocess.Popen(self.command, env=env, stdout=out,
+                             stderr=subprocess.STDOUT if out else None)
+        self.children[gpu] = (p, time.time(), log)
+        self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of the placement now)")
+
+    def reap(self):
+        for gpu, (p, started, log) in list(self.children.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            if log:
+                log.close()
+            del self.children[gpu]
+            self.exited.append({"pid": p.pid, "gpu": gpu, "exit_code": code,
+                                "seconds": round(time.time() - started, 3)})
+            self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
+
+    def write_status(self):
+        if not self.args.status:
+            return
+        path = pathlib.Path(self.args.status)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "job": self.args.job, "host": self.args.host,
+            "running": [{"pid": p.pid, "gpu": g, "since": s}
+                        for g, (p, s, _) in sorted(self.children.items())],
+            "exited": self.exited}))
+        tmp.rename(path)
+
+    def run(self):
+        last = None
+        while not self.stopping:
+            self.reap()
+            wanted = self.wanted()
+            if wanted is not None:
+                epoch, ranks = wanted
+                for gpu in self.children:
+                    self.covered[gpu] = epoch
+                for gpu, rank in sorted(ranks.items()):
+                    if gpu not in self.children and self.covered.get(gpu) != epoch:
+                        self.start(gpu, rank)
+                        self.covered[gpu] = epoch
+            state = (sorted(self.children), len(self.exited))
+            if state != last:
+                self.write_status()
+                last = state
+            time.sleep(self.args.interval)
+        self.stop_children()
+        self.write_status()
+
+    def stop_children(self):
+        for p, _, _ in self.children.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.time() + 10
+        for p, _, _ in self.children.values():
+            try:
+                p.wait(max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.reap()
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        sys.exit("usage: python3 -m ptc.agent --job J --host H --coordinator C --socket S "
+                 "-- COMMAND ...")
+    cut = argv.index("--")
+    ap = argparse.ArgumentParser(prog="ptc-agent", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--host", required=True, help="this host's name, as its ptcd registered")
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--socket", required=True, help="this host's ptcd socket")
+    ap.add_argument("--status", help="write what runs here to this JSON file")
+    ap.add_argument("--log-dir", help="each process's output goes to a file here")
+    ap.add_argument("--interval", type=float, default=0.1,
+                    help="seconds between looks at the placement")
+    args = ap.parse_args(argv[:cut])
+    command = argv[cut + 1:]
+    if not command:
+        sys.exit("ptc-agent: give the command that runs one process after --")
+    agent = Agent(args, command)
+
+    def stop(*_):
+        agent.stopping = True
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

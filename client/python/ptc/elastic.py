@@ -1,0 +1,382 @@
+"""Live training: a job's processes follow its changes without restarting.
+
+A process is started once per GPU by the host's agent (python3 -m
+ptc.agent), with the job, the host and the GPU in its environment. It
+takes the rank the job's placement gives its GPU, meets the job's other
+processes, builds its model for that rank and loads the job's committed
+state. At every step boundary it looks at the job as the coordinator's
+Watch stream last showed it (rank 0's view, broadcast, so that every rank
+decides the same):
+
+  - a change is pending (a scheduler asked, a host joined or is drained):
+    every rank saves its state, the change starts from that save, and the
+    processes wait for its commit;
+  - a change is in flight without a save (a host died: its processes are
+    gone), or a step failed because a peer died: the processes wait for
+    the change, which starts from the last committed version, and roll
+    back to it;
+  - after the commit each process takes the rank the new placement gives
+    its GPU (or exits cleanly if there is none), the processes form their
+    process groups for the new world, rebuild their model and optimizer
+    for the new layout and load; new processes the agents started join.
+
+    import ptc.torch as pt
+
+    def build(live):                      # at the start and after every change
+        model = MyModel(live.config, live.rank)   # process groups are ready
+        opt = torch.optim.AdamW(model.parameters())
+        return {"model": model, "optimizer": opt, "extra": {"cursor": cursor}}
+
+    for live in pt.elastic(build, save_every=50):
+        with live.step():                 # a peer that dies ends the step
+            loss = train_one_step(live.model, live.optimizer, live.extra["cursor"])
+
+`live.iteration` counts the steps done (it goes back to the committed
+step after a rollback); `live.changes` lists every change the process
+went through, with its timings.
+"""
+
+import datetime
+import gc
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import _ptc
+
+# Phases of a change that has not ended (ReconfigurePhase names).
+_RUNNING = ("staging", "verifying", "committing")
+_GO, _SAVE_FOR_CHANGE, _FOLLOW, _PERIODIC_SAVE = 0, 1, 2, 3
+
+
+class _Broken(Exception):
+    """A collective failed or a save could not finish: a peer is gone."""
+
+
+def elastic(build, **options):
+    """The live loop over a job's steps (see the module's docstring);
+    options are Live's."""
+    return Live(build, **options)
+
+
+class Live:
+    """One process of a live job.
+
+    build(live) -> {"model", "optimizer", "scheduler", "extra"}: the
+    modules for live.rank of live.config (the process groups exist);
+    "extra" is what pt.save keeps besides them (a data cursor ...).
+    Defaults come from the environment the agent gives: PTC_JOB,
+    PTC_COORDINATOR, PTC_SOCKET, PTC_HOST, PTC_DEVICE.
+    save_every: also save every N steps (what a rollback returns to);
+    on_save(live) / on_load(live): called before each save / after each
+    load; backend: "nccl" with a GPU, else "gloo"; timeout: seconds any
+    one wait may take (a change, a rendezvous, a save's commit)."""
+
+    def __init__(self, build, *, job=None, coordinator=None, socket=None, host=None,
+                 device=None, save_every=0, backend=None, timeout=300.0, on_save=None,
+                 on_load=None, log=None):
+        env = os.environ
+        self.job = job or env["PTC_JOB"]
+        self.coordinator = coordinator or env["PTC_COORDINATOR"]
+        self.socket = socket or env["PTC_SOCKET"]
+        self.host = host or env["PTC_HOST"]
+        self.device = int(env.get("PTC_DEVICE", "0") if device is None else device)
+        self.save_every = save_every
+        self.timeout = timeout
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self._build, self._on_save, self._on_load = build, on_save, on_load
+        self._log = log or (lambda msg: print(f"[ptc {self.host}:{self.device}] {msg}",
+                                              flush=True))
+        self.client = None
+        self.rank = -1
+        self.config = None
+        self.layout_epoch = 0
+        self.iteration = 0
+        self.model = self.optimizer = self.scheduler = None
+        self.extra = {}
+        self.changes = []
+        self._store = None
+        self._started = False
+        self._broken = None  # the error of a step that failed
+        self._saved_at = -1
+        self._change = None  # timings of the change being followed
+        self._plan_epoch_seen = 0  # the newest change this process knows of
+
+    # ------------------------------------------------------------ the loop
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._started:
+            self._started = True
+            if not self._start():
+                raise StopIteration
+        while True:
+            try:
+                if self._broken is not None:
+                    self._recover()
+                    continue
+                decision = self._boundary()
+                if decision == _GO:
+                    return self
+                if decision == _PERIODIC_SAVE:
+                    self._save()
+                    continue
+                if decision == _SAVE_FOR_CHANGE:
+                    self._note_change("pending")
+                    try:
+                        self._save()
+                    except _Broken:
+                        raise
+                    except _ptc.Error as e:  # refused: a change started meanwhile
+                        self._log(f"save refused ({e}); following the change")
+                if not self._follow():
+                    raise StopIteration
+            except _Broken as e:
+                self._broken = e
+
+    class _Step:
+        def __init__(self, live):
+            self.live = live
+
+        def __enter__(self):
+            return self.live
+
+        def __exit__(self, kind, error, tb):
+            if kind is None:
+                self.live.iteration += 1
+                return False
+            if issubclass(kind, RuntimeError) and not issubclass(kind, _ptc.Error):
+                # A collective failed: a peer is likely gone. The loop waits
+                # for the change that follows (and re-raises this if none
+                # comes within the timeout).
+                self.live._log(f"step {self.live.iteration + 1} failed: {str(error)[:200]}")
+                self.live._broken = error
+                return True
+            return False
+
+    @property
+    def world_size(self):
+        return self.client.world_size
+
+    def save(self):
+        """Saves this process's state now (every rank must call it at the
+        same step), and waits for the version's commit."""
+        self._save()
+
+    def step(self):
+        """Wraps one training step: a step that fails because a peer died
+        is dropped, and the loop recovers at the next boundary."""
+        return Live._Step(self)
+
+    # ---------------------------------------------------------- decisions
+
+    def _boundary(self):
+        """What every rank does now, as rank 0 sees the job."""
+        code = _GO
+        if self.rank == 0:
+            ev = self.client.event
+            if ev["layout_epoch"] > self.layout_epoch or (
+                    ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen):
+                code = _FOLLOW
+            elif ev["pending_config"]:
+                code = _SAVE_FOR_CHANGE
+            elif (self.save_every and self.iteration > 0 and
+                  self.iteration % self.save_every == 0 and self.iteration != self._saved_at):
+                code = _PERIODIC_SAVE
+        flag = torch.tensor([code], dtype=torch.int64, device=self._collective_device())
+        try:
+            dist.broadcast(flag, 0)
+        except RuntimeError as e:
+            raise _Broken(e)
+        return int(flag.item())
+
+    def _collective_device(self):
+        return f"cuda:{torch.cuda.current_device()}" if self.backend == "nccl" else "cpu"
+
+    def _note_change(self, how):
+        """Starts the timings of a change, and remembers the job's event
+        then: the change has ended once the event differs from it."""
+        if self._change is None:
+            ev = self.client.event
+            self._change = {"noticed": time.time(), "how": how, "from": str(self.config),
+                            "from_rank": self.rank, "iteration": self.iteration,
+                            "marker": (ev["plan_epoch"], ev["phase"], ev["error"])}
+
+    # ---------------------------------------------------------- the parts
+
+    def _start(self):
+        """Takes this GPU's rank, meets the others, builds and loads.
+        False if the job runs nothing on this GPU."""
+        rank = self._my_rank()
+        if rank is None:
+            self._log(f"job {self.job} runs no rank on GPU {self.device} of {self.host}")
+            return False
+        if torch.cuda.is_available() and self.backend == "nccl":
+            torch.cuda.set_device(self.device)
+        self.client = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
+                                  job=self.job, rank=rank)
+        self.client.follow()
+        self._wait(lambda: self.client.event["known"], "the coordinator's Watch stream")
+        ev = self.client.event
+        self._plan_epoch_seen = ev["plan_epoch"]
+        if ev["phase"] in _RUNNING or ev["pending_config"]:
+            # Started during a change: join the layout it ends in.
+            self._wait(lambda: self.client.event["phase"] not in _RUNNING and
+                       not self.client.event["pending_config"], "the change in flight")
+            rank = self._my_rank()
+            if rank is None:
+                return False
+            self.client.rebind(rank)
+        self._form_and_load()
+        return True
+
+    def _my_rank(self):
+        placed = _ptc.ranks_on_host(self.coordinator, self.job, self.host)
+        for r in placed["ranks"]:
+            if r["gpu"] == self.device:
+                return r["rank"]
+        return None
+
+    def _wait(self, ready, what, deadline=None):
+        deadline = deadline or time.time() + self.timeout
+        while not ready():
+            if time.time() > deadline:
+                raise TimeoutError(f"waited {self.timeout:.0f} s for {what}")
+            time.sleep(0.005)
+
+    def _save(self):
+        from . import torch as pt
+        if self._on_save:
+            self._on_save(self)
+        saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
+                        extra=self.extra, step=self.iteration, wait=False)
+        # Committed once every rank saved; a peer that died meanwhile never
+        # saves, and the change its death starts ends the wait.
+        start_epoch = self.layout_epoch
+        deadline = time.time() + self.timeout
+        while True:
+            ev = self.client.event
+            if ev["committed_version"] >= saved.version:
+                break
+            if ev["layout_epoch"] > start_epoch or (
+                    ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
+                    and not ev["pending_config"] and ev["committed_version"] < saved.version):
+                raise _Broken(RuntimeError("a change started before the save committed"))
+            if time.time() > deadline:
+                raise TimeoutError(f"version {saved.version} did not commit in "
+                                   f"{self.timeout:.0f} s")
+            time.sleep(0.002)
+        self._saved_at = self.iteration
+        if self._change is not None and "saved" not in self._change:
+            self._change["saved"] = time.time()
+
+    def _recover(self):
+        """After a failed step: drop the broken groups, wait for the change
+        that follows the failure, and follow it."""
+        error, self._broken = self._broken, None
+        self._note_change("failure")
+        self._leave_groups()
+        if not self._follow(broken=True, error=error):
+            raise StopIteration
+
+    def _follow(self, broken=False, error=None):
+        """Waits for the change to end. Committed: takes the new rank (False
+        if none), forms the groups, rebuilds and loads. Aborted: goes on in
+        the old layout (if the groups are intact)."""
+        self._note_change("in flight")
+        marker = self._change["marker"]
+
+        def settled():
+            ev = self.client.event
+            if ev["layout_epoch"] > self.layout_epoch:
+                return True
+            ended = ev["phase"] not in _RUNNING and not ev["pending_config"]
+            return ended and (ev["plan_epoch"], ev["phase"], ev["error"]) != marker and \
+                ev["plan_epoch"] >= self._plan_epoch_seen
+
+        try:
+            self._wait(settled, "the job's change")
+        except TimeoutError:
+            if error is not None:
+                raise error
+            raise
+        ev = self.client.event
+        self._plan_epoch_seen = ev["plan_epoch"]
+        if ev["layout_epoch"] <= self.layout_epoch:
+            self._log(f"the change aborted ({ev['error'] or 'no reason given'})")
+            if broken:
+                # The groups are gone: wait for the next change (the
+                # coordinator retries), or give up with the step's error.
+                self._broken = error
+                self._change = None
+                time.sleep(0.2)
+                return True
+            self._change = None
+            return True
+        self._change["committed"] = time.time()
+        self._change["reason"] = ev["reason"]
+        rank = self._my_rank()
+        if rank is None:
+            self._log(f"layout epoch {ev['layout_epoch']} runs no rank on this GPU; leaving")
+            self._leave_groups()
+            return False
+        self._leave_groups()
+        self.client.rebind(rank)
+        self._form_and_load()
+        return True
+
+    def _leave_groups(self):
+        self.model = self.optimizer = self.scheduler = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._store = None
+        gc.collect()
+
+    def _form_and_load(self):
+        from . import torch as pt
+        epoch = self.client.layout_epoch
+        self.rank = self.client.rank
+        self.config = self.client.config
+        world = self.client.world_size
+        wait = datetime.timedelta(seconds=self.timeout)
+        if self.rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=wait,
+                                  wait_for_workers=False)
+            self.client.rendezvous(epoch, port=store.port, timeout=self.timeout)
+        else:
+            address = self.client.rendezvous(epoch, timeout=self.timeout)
+            where, _, port = address.rpartition(":")
+            store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
+        self._store = store
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"ptc-{epoch}", store),
+                                rank=self.rank, world_size=world, timeout=wait)
+        formed = time.time()
+        parts = self._build(self)
+        self.model = parts["model"]
+        self.optimizer = parts.get("optimizer")
+        self.scheduler = parts.get("scheduler")
+        self.extra = dict(parts.get("extra") or {})
+        self.layout_epoch = epoch
+        if self.client.committed_version > 0:
+            restored = pt.load(self.client, self.model, self.optimizer, self.scheduler)
+            self.extra.update(restored)
+            self.iteration = restored.step
+            self._saved_at = restored.step
+            if self._on_load:
+                self._on_load(self)
+        self._plan_epoch_seen = max(self._plan_epoch_seen, self.client.event["plan_epoch"])
+        if self._change is not None:
+            c = self._change
+            c.pop("marker", None)
+            c.update(formed=formed, resumed=time.time(), to=str(self.config), rank=self.rank,
+                     layout_epoch=epoch, resumed_iteration=self.iteration,
+                     pid=os.getpid())
+            c["pause_seconds"] = c["resumed"] - c["noticed"]
+            self.changes.append(c)
+            self._log(f"now rank {self.rank} of {self.config} (layout epoch {epoch}), "
+                      f"iteration {self.iteration}, after {c['pause_seconds']:.2f} s")
+            self._change = None

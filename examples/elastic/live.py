@@ -1,0 +1,294 @@
+"""A live GPT job on a local ptc cluster: nobody restarts a process and
+nobody calls `ptcctl reconfigure`.
+
+Two ptcd "hosts" with 2 GPUs each; a ptc agent per host starts one
+process per GPU that the job's placement uses (examples/elastic_live/
+train.py, ptc.torch.elastic); the job is registered with automatic, live
+changes. Then:
+
+  1. host1 dies (its ptcd, agent and processes SIGKILLed): the coordinator
+     declares it dead, picks a config for the 2 GPUs left (the advisor),
+     and moves the committed state there; host0's processes roll back to
+     it and go on in the new config, the same processes (PIDs unchanged);
+  2. host1 comes back (a new ptcd and agent) and the scheduler adds it to
+     the job's pool (`ptcctl hosts add host1 --job J`): the processes save
+     at their next step, the job grows to 4 GPUs, host1's agent starts the
+     new processes, and they all go on.
+
+Checked at the end: every reload bit-identical to the values its version
+was saved from; the loss of every iteration (the last time it ran, after
+rollbacks) equal to an uninterrupted run's within the tolerance; the
+samples of every iteration the uninterrupted run's, so every sample once;
+host0's processes never restarted.
+
+    /usr/bin/python3 examples/elastic/live.py [--json] [--work-dir DIR]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import run as elastic  # noqa: E402  (the cluster and reference-run helpers)
+
+JOB = "live-gpt"
+FIRST = "tp=2,dp=2"
+
+
+def read_jsonl(path):
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def effective(records):
+    """iteration -> the record of the last time it ran (highest layout
+    epoch: a rollback replays iterations under a newer one)."""
+    out = {}
+    for r in records:
+        if r["iteration"] not in out or r["epoch"] >= out[r["iteration"]]["epoch"]:
+            out[r["iteration"]] = r
+    return out
+
+
+class LiveJob:
+    def __init__(self, args, cluster, work):
+        self.args, self.cluster, self.work = args, cluster, work
+        self.run = work / "live"
+        self.run.mkdir(parents=True, exist_ok=True)
+        self.agents = {}
+
+    def start_agent(self, host):
+        env = dict(os.environ, PYTHONPATH=f"{self.args.bin}/client/python/pkg",
+                   OMP_NUM_THREADS="1", **self.cluster.job_env(JOB))
+        cmd = [sys.executable, "-m", "ptc.agent", "--job", JOB, "--host", host,
+               "--coordinator", self.cluster.coordinator, "--socket", self.cluster.socket(host),
+               "--status", str(self.work / f"agent-{host}.json"),
+               "--log-dir", str(self.work / "logs"), "--",
+               sys.executable, str(ROOT / "examples/elastic_live/train.py"),
+               "--model", self.args.model, "--run-dir", str(self.run),
+               "--iterations", str(self.args.iterations), "--save-every",
+               str(self.args.save_every), "--global-batch", str(self.args.global_batch),
+               "--step-seconds", str(self.args.step_seconds), "--check"]
+        log = open(self.work / f"agent-{host}.log", "a")
+        # Its own process group: killing the "host" kills the agent and its
+        # processes at once.
+        self.agents[host] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+
+    def kill_host(self, host, index):
+        subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "kill-host",
+                        str(self.cluster.dir), str(index)], check=True, env=self.cluster.env)
+        os.killpg(self.agents[host].pid, signal.SIGKILL)
+        self.agents[host].wait()
+
+    def running(self, host):
+        path = self.work / f"agent-{host}.json"
+        if not path.exists():
+            return {}
+        return {p["gpu"]: p["pid"] for p in json.loads(path.read_text())["running"]}
+
+    def losses(self):
+        return effective(read_jsonl(self.run / "losses.jsonl"))
+
+    def wait(self, what, ready, timeout=300):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if ready():
+                return
+            for host, agent in self.agents.items():
+                if agent.poll() is not None and agent.returncode not in (0, -9):
+                    raise SystemExit(f"the agent of {host} exited with {agent.returncode}")
+            time.sleep(0.05)
+        raise SystemExit(f"waited {timeout} s for {what} (work dir {self.work})")
+
+    def stop(self):
+        for agent in self.agents.values():
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        for agent in self.agents.values():
+            try:
+                agent.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+
+
+def reference(args, work):
+    """The same job uninterrupted at FIRST: losses and samples per iteration."""
+    ref = work / "reference"
+    ref.mkdir(parents=True, exist_ok=True)
+    ns = argparse.Namespace(bin=args.bin, script=HERE.parent / "elastic_gpt/train.py",
+                            model=args.model, job_name=JOB, global_batch=args.global_batch,
+                            script_args=[])
+    elastic.run_phase(ns, None, ref, FIRST, elastic.world_size(FIRST), None,
+                      ["--stop-at", str(args.iterations)])
+    return elastic.losses(ref / "losses.jsonl"), elastic.samples(ref)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=40)
+    ap.add_argument("--save-every", type=int, default=4)
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--step-seconds", type=float, default=0.05,
+                    help="each step sleeps this long too (room for the changes)")
+    ap.add_argument("--model", default=elastic.JOBS["gpt"]["model"])
+    ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--bin", default=str(ROOT / "bazel-bin"))
+    ap.add_argument("--work-dir")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    args.bin = pathlib.Path(args.bin)
+    say = (lambda *a: None) if args.json else print
+    work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-live-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    say(f"== uninterrupted run at {FIRST} for {args.iterations} iterations (the reference)")
+    ref_losses, ref_samples = reference(args, work)
+
+    cluster = elastic.Cluster(args.bin, work, hosts=2, gpus=2)
+    job = LiveJob(args, cluster, work)
+    results = {"events": []}
+    try:
+        layout = work / "layout.json"
+        subprocess.run([sys.executable, str(HERE.parent / "elastic_gpt/train.py"), "--config",
+                        FIRST, "--model", args.model, "--layout-out", str(layout)], check=True,
+                       env=dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
+        cluster.ptcctl("register", "--job", JOB, "--layout", str(layout), "--config", FIRST,
+                       "--hosts", "host0,host1", "--auto", "on", "--live", "--global-batch",
+                       str(args.global_batch), capture=True)
+        say(f"\n== job {JOB} registered at {FIRST} on host0,host1 with automatic, live "
+            "changes; an agent per host starts its processes")
+        for h in ("host0", "host1"):
+            job.start_agent(h)
+        kill_at = args.iterations // 4
+        job.wait(f"iteration {kill_at}", lambda: len(job.losses()) >= kill_at)
+        before = job.running("host0")
+        epoch0 = max(r["epoch"] for r in job.losses().values())
+        say(f"   trained to iteration {max(job.losses())}; host0 runs PIDs "
+            f"{sorted(before.values())}")
+
+        say("\n== host1 dies: its ptcd, agent and processes SIGKILLed")
+        t_kill = time.time()
+        job.kill_host("host1", 1)
+        job.wait("the job to go on without host1", lambda: any(
+            r["epoch"] > epoch0 for r in job.losses().values()))
+        after = job.losses()
+        resumed = min(r["time"] for r in after.values() if r["epoch"] > epoch0)
+        small = next(r for r in after.values() if r["epoch"] > epoch0)
+        status = cluster_status(cluster)
+        say(f"   the coordinator changed it by itself ({status['reason']}) to {small['config']}; "
+            f"training went on {resumed - t_kill:.1f} s after the kill")
+        results["events"].append({"what": "host1 died", "config": small["config"],
+                                  "reason": status["reason"],
+                                  "seconds_to_resume": resumed - t_kill})
+        epoch1 = small["epoch"]
+        grow_at = max(after) + 4
+        job.wait(f"iteration {grow_at}", lambda: max(job.losses()) >= grow_at)
+        during = job.running("host0")
+
+        say("\n== host1 comes back, and the scheduler adds it to the job "
+            "(ptcctl hosts add host1 --job ...)")
+        subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "start-host",
+                        str(cluster.dir), "1"], check=True, env=cluster.env)
+        job.start_agent("host1")
+        t_add = time.time()
+        cluster.ptcctl("hosts", "add", "host1", "--job", JOB, capture=True)
+        job.wait("the job to grow onto host1", lambda: any(
+            r["epoch"] > epoch1 for r in job.losses().values()))
+        grown = next(r for r in job.losses().values() if r["epoch"] > epoch1)
+        resumed = min(r["time"] for r in job.losses().values() if r["epoch"] > epoch1)
+        status = cluster_status(cluster)
+        say(f"   it grew by itself ({status['reason']}) to {grown['config']}; host1's agent "
+            f"started PIDs {sorted(job.running('host1').values())}; training went on "
+            f"{resumed - t_add:.1f} s after the request")
+        results["events"].append({"what": "host1 added", "config": grown["config"],
+                                  "reason": status["reason"],
+                                  "seconds_to_resume": resumed - t_add})
+        job.wait(f"iteration {args.iterations}",
+                 lambda: max(job.losses()) >= args.iterations)
+        job.wait("the processes to finish", lambda: not job.running("host0") and
+                 not job.running("host1"))
+    finally:
+        job.stop()
+        cluster.down()
+
+    ok, checks = check(job, args, ref_losses, ref_samples, before, during, say)
+    results.update(checks, ok=ok)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"\n{'PASS' if ok else 'FAIL'}: a host died and came back; the job changed "
+              "twice by itself, host0's processes never restarted" if ok else
+              f"\nFAIL (work dir {work})")
+    if ok and not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def cluster_status(cluster):
+    out = cluster.ptcctl("status", JOB, "--json", capture=True)
+    return json.loads(out)["jobs"][0]["reconfiguration"]
+
+
+def check(job, args, ref_losses, ref_samples, before, during, say):
+    run = job.run
+    procs = read_jsonl(run / "processes.jsonl")
+    # 1. host0's processes: the same PIDs before the death, after it, at the end.
+    host0_pids = sorted(before.values())
+    kept = sorted(during.values()) == host0_pids and all(
+        p["pid"] in host0_pids for p in procs if p["host"] == "host0")
+    changes = {p["pid"]: len(p["changes"]) for p in procs if p["host"] == "host0"}
+    say(f"   check 1, host0's processes: PIDs {host0_pids} before, {sorted(during.values())} "
+        f"after host1 died, changes followed {changes} -> "
+        f"{'never restarted' if kept else 'RESTARTED'}")
+    # 2. Every load bit-identical to its save.
+    loads = read_jsonl(run / "checks.jsonl")
+    bad = sum(c["mismatched"] for c in loads)
+    epochs = sorted({c["layout_epoch"] for c in loads})
+    identical = bad == 0 and len(epochs) >= 2 and all(c["files"] > 0 for c in loads)
+    say(f"   check 2, state after every reload: {len(loads)} loads under layout epochs "
+        f"{epochs}, {sum(c['elements'] for c in loads)} elements, {bad} differ -> "
+        f"{'bit-identical' if identical else 'MISMATCH'}")
+    # 3. Loss of every iteration as in the uninterrupted run.
+    got = job.losses()
+    its = [it for it in range(1, args.iterations + 1)]
+    missing = [it for it in its if it not in got]
+    worst = max((abs(got[it]["loss"] - ref_losses[it]) / max(1.0, abs(ref_losses[it]))
+                 for it in its if it in got), default=float("inf"))
+    loss_ok = not missing and worst <= args.tolerance
+    say(f"   check 3, loss: iterations 1..{args.iterations}, largest relative difference to "
+        f"the uninterrupted run {worst:.1e} (tolerance {args.tolerance:g})"
+        f"{f', missing {missing[:5]}' if missing else ''} -> {'ok' if loss_ok else 'WRONG'}")
+    # 4. Samples: each iteration's, the last time it ran, as uninterrupted.
+    per_it = {}
+    for r in read_jsonl(run / "samples.jsonl"):
+        per_it.setdefault(r["iteration"], {}).setdefault(r["epoch"], []).extend(r["ids"])
+    seen = {it: sorted(by_epoch[max(by_epoch)]) for it, by_epoch in per_it.items()}
+    every = [s for it in range(args.iterations) for s in seen.get(it, [])]
+    same = all(seen.get(it) == ref_samples.get(it) for it in range(args.iterations))
+    once = len(every) == len(set(every)) == args.iterations * args.global_batch
+    say(f"   check 4, samples: {len(every)} consumed in iterations 1..{args.iterations}, "
+        f"{len(set(every))} distinct, same as the uninterrupted run: "
+        f"{'yes' if same else 'NO'} -> {'exactly once' if once and same else 'WRONG'}")
+    pauses = [c["pause_seconds"] for p in procs for c in p["changes"]]
+    return kept and identical and loss_ok and once and same, {
+        "host0_pids": host0_pids, "host0_kept": kept, "loads_checked": len(loads),
+        "elements_differing": bad, "bit_identical": identical,
+        "max_relative_loss_difference": worst, "loss_ok": loss_ok,
+        "samples_exactly_once": once and same,
+        "process_pauses_seconds": sorted(pauses)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
