@@ -78,6 +78,29 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   return out;
 }
 
+absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
+                                       const std::string& job,
+                                       const std::string& host, int gpu,
+                                       int exit_code, int64_t layout_epoch,
+                                       absl::Duration timeout) {
+  auto stub = proto::Coordinator::NewStub(
+      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator",
+                  JobTokenFromEnvironment()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  proto::ReportProcessExitRequest req;
+  req.set_job(job);
+  req.set_host(host);
+  req.set_gpu(gpu);
+  req.set_exit_code(exit_code);
+  req.set_layout_epoch(layout_epoch);
+  proto::ReportProcessExitResponse resp;
+  PTC_RETURN_IF_ERROR(
+      Annotate(FromGrpcStatus(stub->ReportProcessExit(&ctx, req, &resp)),
+               absl::StrCat("reporting to the coordinator at ", coordinator)));
+  return resp.changing();
+}
+
 absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

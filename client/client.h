@@ -86,6 +86,15 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& host,
                                       absl::Duration timeout = absl::Seconds(30));
 
+// A host's agent: the process on `gpu` of `host` exited with `exit_code`
+// under `layout_epoch` while its GPU had a rank. Returns whether the
+// coordinator changes the job for it (automatic changes on).
+absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
+                                       const std::string& job,
+                                       const std::string& host, int gpu,
+                                       int exit_code, int64_t layout_epoch,
+                                       absl::Duration timeout = absl::Seconds(30));
+
 // The job as a process that follows it sees it (Client::Follow): the
 // newest event of the coordinator's Watch stream.
 struct JobEvent {

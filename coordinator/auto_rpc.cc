@@ -350,6 +350,48 @@ grpc::Status CoordinatorService::Rendezvous(
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::ReportProcessExit(
+    grpc::ServerContext* ctx, const proto::ReportProcessExitRequest* req,
+    proto::ReportProcessExitResponse* resp) {
+  if (absl::Status denied =
+          AuthorizeJob(*ctx, kClient | kAdmin, "ReportProcessExit", req->job());
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(req->job());
+  if (it == jobs_.end()) {
+    return ToGrpcStatus(
+        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
+  }
+  Job& job = *it->second;
+  if (req->layout_epoch() != job.state.layout_epoch()) {
+    // A process of an older layout: the change since has replaced it.
+    resp->set_changing(false);
+    return grpc::Status::OK;
+  }
+  const auto [rank_hosts, devices] = RankPlacementLocked(job);
+  bool placed = false;
+  for (size_t r = 0; r < rank_hosts.size() && r < devices.size(); ++r)
+    placed |= rank_hosts[r] == req->host() && devices[r] == req->gpu();
+  if (!placed) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "job '", req->job(), "' runs no rank on GPU ", req->gpu(), " of host '",
+        req->host().substr(0, 253), "' under layout epoch ", req->layout_epoch())));
+  }
+  const std::string why =
+      absl::StrCat("its process on GPU ", req->gpu(), " of ", req->host(),
+                   req->exit_code() < 0 ? " was killed by signal " : " exited with ",
+                   std::abs(req->exit_code()));
+  Log("coordinator")->warn("job {}: {}", req->job(), why);
+  const bool changing = job.state.auto_policy().enabled();
+  if (changing) {
+    process_exits_[req->job()] = why;
+    auto_wake_ = true;
+  }
+  resp->set_changing(changing);
+  return grpc::Status::OK;
+}
+
 void CoordinatorService::AutoLoop() {
   while (true) {
     // (job, reason, save first, start the pending change)
@@ -358,6 +400,7 @@ void CoordinatorService::AutoLoop() {
       bool save_first = false;
       bool pending = false;
       proto::ReconfigureRequest request;
+      bool must_change = false;
     };
     std::vector<Action> actions;
     {
@@ -386,12 +429,15 @@ void CoordinatorService::AutoLoop() {
                                      : kDefaultSaveTimeout;
           const bool saved = job.state.committed_version() >
                              job.state.pending_after_version();
-          if (saved || waited > timeout) {
+          // A process that died will not save: start from what is committed.
+          const bool lost_process = process_exits_.erase(name) > 0;
+          if (saved || waited > timeout || lost_process) {
             if (!saved) {
               Log("coordinator")
-                  ->warn("job {}: no save within {} s; the change starts from "
-                         "version {}",
-                         name, timeout, job.state.committed_version());
+                  ->warn("job {}: {}; the change starts from version {}", name,
+                         lost_process ? "a process died before it saved"
+                                      : absl::StrCat("no save within ", timeout, " s"),
+                         job.state.committed_version());
             }
             actions.push_back({name, job.state.pending_reason(), false, true,
                                job.state.pending()});
@@ -399,6 +445,13 @@ void CoordinatorService::AutoLoop() {
           continue;
         }
         if (!policy.enabled() || job.state.committed_version() == 0) continue;
+        if (auto e = process_exits_.find(name); e != process_exits_.end()) {
+          // Its other processes cannot go on: a change from the committed
+          // version forms the job again (the agent starts the process anew).
+          actions.push_back({name, e->second, false, false, {}, true});
+          process_exits_.erase(e);
+          continue;
+        }
         std::vector<std::string> dead, draining;
         for (const std::string& h : job.state.hosts()) {
           auto it = hosts_.find(h);
@@ -437,8 +490,20 @@ void CoordinatorService::AutoLoop() {
               {name, absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained"),
                policy.live(), false, {}});
         } else if (auto_seen_[name] != seen) {
-          actions.push_back({name, "the hosts of its pool changed",
-                             policy.live(), false, {}});
+          std::vector<std::string> joined;
+          for (const std::string& h : job.state.pool()) {
+            auto it = hosts_.find(h);
+            if (it != hosts_.end() && it->second.status.alive() &&
+                !it->second.status.draining() && !Contains(job.state.hosts(), h))
+              joined.push_back(h);
+          }
+          actions.push_back(
+              {name,
+               joined.empty() ? "its hosts changed"
+                              : absl::StrCat(joined.size() > 1 ? "hosts " : "host ",
+                                             absl::StrJoin(joined, ", "),
+                                             " can take it"),
+               policy.live(), false, {}});
         }
         auto_seen_[name] = seen;
       }
@@ -468,21 +533,21 @@ void CoordinatorService::AutoLoop() {
         }
         continue;
       }
-      RunAutoChange(a.job, a.reason, a.save_first);
+      RunAutoChange(a.job, a.reason, a.save_first, a.must_change);
     }
   }
 }
 
 void CoordinatorService::RunAutoChange(const std::string& name,
                                        const std::string& reason,
-                                       bool save_first) {
+                                       bool save_first, bool must_change) {
   proto::AdviseRequest ask;
   ask.set_job(name);
   proto::AdviseResponse advice;
   absl::Status s = DoAdvise(ask, &advice);
   std::string current;
   int current_ranks = 0;
-  bool must_move = false;  // a host of the job is dead or drained
+  bool must_move = must_change;  // a host is dead or drained, a process died
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(name);

@@ -711,6 +711,10 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       }
       gone = std::move(it->second);
       jobs_.erase(it);
+      auto_seen_.erase(req.job());
+      auto_retry_.erase(req.job());
+      process_exits_.erase(req.job());
+      rendezvous_.erase(req.job());
       const int64_t last_epoch =
           std::max(gone->state.last_epoch(), gone->state.target_epoch());
       int64_t& retired = retired_epochs_[req.job()];

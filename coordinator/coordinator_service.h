@@ -164,6 +164,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   grpc::Status Rendezvous(grpc::ServerContext* ctx,
                           const proto::RendezvousRequest* req,
                           proto::RendezvousResponse* resp) override;
+  grpc::Status ReportProcessExit(grpc::ServerContext* ctx,
+                                 const proto::ReportProcessExitRequest* req,
+                                 proto::ReportProcessExitResponse* resp) override;
   // What the last restart did with reconfigurations it found in flight,
   // one line per job ("job j: resumed the commit of epoch 3").
   std::vector<std::string> recovery_log() const;
@@ -321,7 +324,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   void AutoLoop();
   // One automatic decision for `job` (no lock held).
   void RunAutoChange(const std::string& job, const std::string& reason,
-                     bool save_first);
+                     bool save_first, bool must_change = false);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,
                          proto::PrepareResponse* resp);
   absl::Status DoBeginSave(const proto::BeginSaveRequest& req,
@@ -361,6 +364,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // so that it advises again only when that changes; and when it may try
   // again after an automatic change failed.
   std::map<std::string, std::string> auto_seen_ ABSL_GUARDED_BY(mu_);
+  // Per job: a process that died under the current layout (why), for the
+  // auto loop.
+  std::map<std::string, std::string> process_exits_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> auto_retry_ ABSL_GUARDED_BY(mu_);
   // Per job: rank 0's process group address under a layout epoch.
   std::map<std::string, std::pair<int64_t, std::string>> rendezvous_

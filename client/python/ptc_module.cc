@@ -221,6 +221,17 @@ PYBIND11_MODULE(_ptc, m) {
       "{config, world_size, layout_epoch, ranks: [{rank, gpu}]}; what a "
       "host's launcher starts there (ptcctl ranks)");
   m.def(
+      "report_process_exit",
+      [](const std::string& coordinator, const std::string& job,
+         const std::string& host, int gpu, int exit_code, int64_t epoch) {
+        return Value(ReportProcessExit(coordinator, job, host, gpu, exit_code,
+                                       epoch));
+      },
+      py::arg("coordinator"), py::arg("job"), py::arg("host"), py::arg("gpu"),
+      py::arg("exit_code"), py::arg("layout_epoch"),
+      "a host's agent: the process on `gpu` died under `layout_epoch` while "
+      "its GPU had a rank; returns whether the coordinator changes the job");
+  m.def(
       "check_layout",
       [](const std::string& json, const std::string& config) {
         const ModelSpec spec = Value(SpecFromJson(json));

@@ -15,13 +15,21 @@ changes. Then:
      at their next step, the job grows to 4 GPUs, host1's agent starts the
      new processes, and they all go on.
 
+With --scenario requests instead, nobody dies of a host: a scheduler asks
+for two changes in a row while the processes are mid-step (`ptcctl
+reconfigure --after-save`; the second replaces the first if it has not
+started, or is refused if it has), then for a third, and a process is
+SIGKILLed while that one is under way: its agent reports it, the
+coordinator changes the job from its last committed version, the agent
+starts the process again and the job goes on.
+
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
 rollbacks) equal to an uninterrupted run's within the tolerance; the
 samples of every iteration the uninterrupted run's, so every sample once;
 host0's processes never restarted.
 
-    /usr/bin/python3 examples/elastic/live.py [--json] [--work-dir DIR]
+    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests] [--json]
 """
 
 import argparse
@@ -100,6 +108,10 @@ class LiveJob:
     def losses(self):
         return effective(read_jsonl(self.run / "losses.jsonl"))
 
+    def pending(self):
+        out = self.cluster.ptcctl("status", JOB, "--json", capture=True)
+        return json.loads(out)["jobs"][0]["pending_config"]
+
     def wait(self, what, ready, timeout=300):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -122,6 +134,101 @@ class LiveJob:
                 os.killpg(agent.pid, signal.SIGKILL)
 
 
+def host_dies_and_returns(args, cluster, job, results, say):
+    """host1 dies; later it comes back and joins the job's pool. Returns
+    host0's processes before and after the death."""
+    kill_at = args.iterations // 4
+    job.wait(f"iteration {kill_at}", lambda: len(job.losses()) >= kill_at)
+    before = job.running("host0")
+    epoch0 = max(r["epoch"] for r in job.losses().values())
+    say(f"   trained to iteration {max(job.losses())}; host0 runs PIDs "
+        f"{sorted(before.values())}")
+
+    say("\n== host1 dies: its ptcd, agent and processes SIGKILLed")
+    t_kill = time.time()
+    job.kill_host("host1", 1)
+    job.wait("the job to go on without host1", lambda: any(
+        r["epoch"] > epoch0 for r in job.losses().values()))
+    after = job.losses()
+    resumed = min(r["time"] for r in after.values() if r["epoch"] > epoch0)
+    small = next(r for r in after.values() if r["epoch"] > epoch0)
+    status = cluster_status(cluster)
+    say(f"   the coordinator changed it by itself ({status['reason']}) to {small['config']}; "
+        f"training went on {resumed - t_kill:.1f} s after the kill")
+    results["events"].append({"what": "host1 died", "config": small["config"],
+                              "reason": status["reason"],
+                              "seconds_to_resume": resumed - t_kill})
+    epoch1 = small["epoch"]
+    grow_at = max(after) + 4
+    job.wait(f"iteration {grow_at}", lambda: max(job.losses()) >= grow_at)
+    during = job.running("host0")
+
+    say("\n== host1 comes back, and the scheduler adds it to the job "
+        "(ptcctl hosts add host1 --job ...)")
+    subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "start-host",
+                    str(cluster.dir), "1"], check=True, env=cluster.env)
+    job.start_agent("host1")
+    t_add = time.time()
+    cluster.ptcctl("hosts", "add", "host1", "--job", JOB, capture=True)
+    job.wait("the job to grow onto host1", lambda: any(
+        r["epoch"] > epoch1 for r in job.losses().values()))
+    grown = next(r for r in job.losses().values() if r["epoch"] > epoch1)
+    resumed = min(r["time"] for r in job.losses().values() if r["epoch"] > epoch1)
+    status = cluster_status(cluster)
+    say(f"   it grew by itself ({status['reason']}) to {grown['config']}; host1's agent "
+        f"started PIDs {sorted(job.running('host1').values())}; training went on "
+        f"{resumed - t_add:.1f} s after the request")
+    results["events"].append({"what": "host1 added", "config": grown["config"],
+                              "reason": status["reason"],
+                              "seconds_to_resume": resumed - t_add})
+    return before, during
+
+
+def requests_and_a_kill(args, cluster, job, results, say):
+    """Two changes asked in a row mid-step, then a third with a process
+    killed while it is under way. Returns host0's processes at the start
+    and after the first changes (host0's are never killed here)."""
+    ask_at = args.iterations // 5
+    job.wait(f"iteration {ask_at}", lambda: len(job.losses()) >= ask_at)
+    before = job.running("host0")
+    epoch0 = max(r["epoch"] for r in job.losses().values())
+    answers = []
+    for to in ("tp=1,pp=2,dp=2", "tp=1,pp=1,dp=4"):
+        r = cluster.ptcctl_result("reconfigure", "--job", JOB, "--to", to, "--hosts",
+                                  "host0,host1", "--after-save")
+        answers.append({"to": to, "accepted": r.returncode == 0,
+                        "answer": (r.stdout + r.stderr).strip().splitlines()[-1:]})
+    say("\n== two changes asked in a row, mid-step: " + "; ".join(
+        f"{a['to']} {'accepted' if a['accepted'] else 'refused'}" for a in answers))
+    job.wait("the change", lambda: max(r["epoch"] for r in job.losses().values()) > epoch0
+             and job.pending() == "")
+    settled = max(job.losses().values(), key=lambda r: (r["epoch"], r["iteration"]))
+    say(f"   the job runs {settled['config']} (layout epoch {settled['epoch']})")
+    results["events"].append({"what": "two requests", "answers": answers,
+                              "config": settled["config"]})
+    during = job.running("host0")
+    epoch1 = settled["epoch"]
+    ask_at = max(job.losses()) + 3
+    job.wait(f"iteration {ask_at}", lambda: max(job.losses()) >= ask_at)
+    victim = job.running("host1")[1]
+    cluster.ptcctl_result("reconfigure", "--job", JOB, "--to", "tp=2,pp=1,dp=2", "--hosts",
+                          "host0,host1", "--after-save")
+    time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)
+    say(f"\n== a third change asked, and the process on host1 GPU 1 (pid {victim}) killed "
+        "while it is under way")
+    job.wait("the job to go on", lambda: any(
+        r["epoch"] > epoch1 for r in job.losses().values()) and job.running("host1").get(1)
+        not in (None, victim) and job.pending() == "")
+    last = max(job.losses().values(), key=lambda r: (r["epoch"], r["iteration"]))
+    status = cluster_status(cluster)
+    say(f"   it goes on at {last['config']} (layout epoch {last['epoch']}; the last change: "
+        f"{status['reason']}); host1's agent started pid {job.running('host1')[1]} for GPU 1")
+    results["events"].append({"what": "process killed during a change",
+                              "config": last["config"], "reason": status["reason"]})
+    return before, during
+
+
 def reference(args, work):
     """The same job uninterrupted at FIRST: losses and samples per iteration."""
     ref = work / "reference"
@@ -137,6 +244,7 @@ def reference(args, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=("host", "requests"), default="host")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=16)
@@ -171,50 +279,10 @@ def main():
             "changes; an agent per host starts its processes")
         for h in ("host0", "host1"):
             job.start_agent(h)
-        kill_at = args.iterations // 4
-        job.wait(f"iteration {kill_at}", lambda: len(job.losses()) >= kill_at)
-        before = job.running("host0")
-        epoch0 = max(r["epoch"] for r in job.losses().values())
-        say(f"   trained to iteration {max(job.losses())}; host0 runs PIDs "
-            f"{sorted(before.values())}")
-
-        say("\n== host1 dies: its ptcd, agent and processes SIGKILLed")
-        t_kill = time.time()
-        job.kill_host("host1", 1)
-        job.wait("the job to go on without host1", lambda: any(
-            r["epoch"] > epoch0 for r in job.losses().values()))
-        after = job.losses()
-        resumed = min(r["time"] for r in after.values() if r["epoch"] > epoch0)
-        small = next(r for r in after.values() if r["epoch"] > epoch0)
-        status = cluster_status(cluster)
-        say(f"   the coordinator changed it by itself ({status['reason']}) to {small['config']}; "
-            f"training went on {resumed - t_kill:.1f} s after the kill")
-        results["events"].append({"what": "host1 died", "config": small["config"],
-                                  "reason": status["reason"],
-                                  "seconds_to_resume": resumed - t_kill})
-        epoch1 = small["epoch"]
-        grow_at = max(after) + 4
-        job.wait(f"iteration {grow_at}", lambda: max(job.losses()) >= grow_at)
-        during = job.running("host0")
-
-        say("\n== host1 comes back, and the scheduler adds it to the job "
-            "(ptcctl hosts add host1 --job ...)")
-        subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "start-host",
-                        str(cluster.dir), "1"], check=True, env=cluster.env)
-        job.start_agent("host1")
-        t_add = time.time()
-        cluster.ptcctl("hosts", "add", "host1", "--job", JOB, capture=True)
-        job.wait("the job to grow onto host1", lambda: any(
-            r["epoch"] > epoch1 for r in job.losses().values()))
-        grown = next(r for r in job.losses().values() if r["epoch"] > epoch1)
-        resumed = min(r["time"] for r in job.losses().values() if r["epoch"] > epoch1)
-        status = cluster_status(cluster)
-        say(f"   it grew by itself ({status['reason']}) to {grown['config']}; host1's agent "
-            f"started PIDs {sorted(job.running('host1').values())}; training went on "
-            f"{resumed - t_add:.1f} s after the request")
-        results["events"].append({"what": "host1 added", "config": grown["config"],
-                                  "reason": status["reason"],
-                                  "seconds_to_resume": resumed - t_add})
+        if args.scenario == "host":
+            before, during = host_dies_and_returns(args, cluster, job, results, say)
+        else:
+            before, during = requests_and_a_kill(args, cluster, job, results, say)
         job.wait(f"iteration {args.iterations}",
                  lambda: max(job.losses()) >= args.iterations)
         job.wait("the processes to finish", lambda: not job.running("host0") and
@@ -228,8 +296,11 @@ def main():
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"\n{'PASS' if ok else 'FAIL'}: a host died and came back; the job changed "
-              "twice by itself, host0's processes never restarted" if ok else
+        what = ("a host died and came back; the job changed twice by itself"
+                if args.scenario == "host" else
+                "changes asked in a row and a process killed during one")
+        print(f"\nPASS: {what}; host0's processes never restarted; every reload "
+              "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")
     if ok and not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
@@ -250,7 +321,7 @@ def check(job, args, ref_losses, ref_samples, before, during, say):
         p["pid"] in host0_pids for p in procs if p["host"] == "host0")
     changes = {p["pid"]: len(p["changes"]) for p in procs if p["host"] == "host0"}
     say(f"   check 1, host0's processes: PIDs {host0_pids} before, {sorted(during.values())} "
-        f"after host1 died, changes followed {changes} -> "
+        f"after the first change, changes followed {changes} -> "
         f"{'never restarted' if kept else 'RESTARTED'}")
     # 2. Every load bit-identical to its save.
     loads = read_jsonl(run / "checks.jsonl")

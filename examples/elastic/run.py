@@ -145,6 +145,11 @@ class Cluster:
             raise SystemExit(f"ptcctl {args[0]} failed")
         return r.stdout
 
+    def ptcctl_result(self, *args):
+        """A ptcctl command's result, whatever it is (stdout and stderr)."""
+        return subprocess.run([str(self.bin / "tools/ptcctl"), *args, "--coordinator",
+                               self.coordinator], capture_output=True, text=True)
+
     def placement(self, job):
         """(host, GPU) of every rank, as each host's launcher learns it from
         the coordinator's placement (ptc.ranks_on_host, as `ptcctl ranks`)."""

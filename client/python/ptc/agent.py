@@ -77,7 +77,7 @@ class Agent:
         self.children[gpu] = (p, time.time(), log)
         self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of the placement now)")
 
-    def reap(self):
+    def reap(self, placed=None):
         for gpu, (p, started, log) in list(self.children.items()):
             code = p.poll()
             if code is None:
@@ -88,6 +88,21 @@ class Agent:
             self.exited.append({"pid": p.pid, "gpu": gpu, "exit_code": code,
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
+            if code != 0 and not self.stopping and placed and gpu in placed[1]:
+                self.report_exit(gpu, code, placed[0])
+
+    def report_exit(self, gpu, code, epoch):
+        """A process died while its GPU had a rank: the job's others cannot
+        go on without it; the coordinator changes the job (automatic
+        changes on) and the new layout starts it again here."""
+        try:
+            changing = _ptc.report_process_exit(self.args.coordinator, self.args.job,
+                                                self.args.host, gpu, code, epoch)
+        except _ptc.Error as e:
+            self.say(f"could not report the exit to the coordinator: {e}")
+            return
+        self.say("the coordinator " + ("changes the job" if changing else
+                                       "has automatic changes off for the job"))
 
     def write_status(self):
         if not self.args.status:
@@ -103,8 +118,9 @@ class Agent:
 
     def run(self):
         last = None
+        wanted = None
         while not self.stopping:
-            self.reap()
+            self.reap(wanted)
             wanted = self.wanted()
             if wanted is not None:
                 epoch, ranks = wanted

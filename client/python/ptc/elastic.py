@@ -122,17 +122,20 @@ class Live:
                 decision = self._boundary()
                 if decision == _GO:
                     return self
-                if decision == _PERIODIC_SAVE:
-                    self._save()
-                    continue
-                if decision == _SAVE_FOR_CHANGE:
-                    self._note_change("pending")
+                if decision in (_PERIODIC_SAVE, _SAVE_FOR_CHANGE):
+                    if decision == _SAVE_FOR_CHANGE:
+                        self._note_change("pending")
                     try:
                         self._save()
-                    except _Broken:
-                        raise
-                    except _ptc.Error as e:  # refused: a change started meanwhile
+                    except _ptc.Error as e:
+                        # Refused because a change started meanwhile (from
+                        # the version committed before): follow it.
+                        if not self._changing():
+                            raise
                         self._log(f"save refused ({e}); following the change")
+                        decision = _FOLLOW
+                    if decision == _PERIODIC_SAVE:
+                        continue
                 if not self._follow():
                     raise StopIteration
             except _Broken as e:
@@ -193,6 +196,19 @@ class Live:
         except RuntimeError as e:
             raise _Broken(e)
         return int(flag.item())
+
+    def _changing(self, patience=2.0):
+        """Whether the job is changing (the Watch stream may lag the
+        coordinator's answer a little: wait up to `patience` seconds)."""
+        deadline = time.time() + patience
+        while True:
+            ev = self.client.event
+            if ev["layout_epoch"] > self.layout_epoch or ev["phase"] in _RUNNING or \
+                    ev["pending_config"]:
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.005)
 
     def _collective_device(self):
         return f"cuda:{torch.cuda.current_device()}" if self.backend == "nccl" else "cpu"
