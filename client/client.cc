@@ -241,18 +241,22 @@ absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
   req.set_layout_epoch(layout_epoch);
   req.set_rank(options_.rank);
   req.set_port(options_.rank == 0 ? port : 0);
+  const std::string what =
+      absl::StrCat("rank ", options_.rank, " of job '", options_.job,
+                   "' meeting under layout epoch ", layout_epoch);
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(
-        std::min(deadline, absl::Now() + options_.rpc_timeout)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     proto::RendezvousResponse resp;
     const absl::Status s =
         FromGrpcStatus(coordinator_->Rendezvous(&ctx, req, &resp));
     if (s.ok()) return resp.address();
-    if (!absl::IsUnavailable(s) || absl::Now() > deadline) {
-      return Annotate(s, absl::StrCat("rank ", options_.rank, " of job '",
-                                      options_.job, "' meeting under layout "
-                                      "epoch ", layout_epoch));
+    // UNAVAILABLE: rank 0 has not offered yet (or the coordinator is
+    // briefly away): ask again until the deadline.
+    if (!absl::IsUnavailable(s)) return Annotate(s, what);
+    if (absl::Now() > deadline) {
+      return Annotate(s, absl::StrCat(what, ", given up after ",
+                                      absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -67,6 +67,9 @@ absl::Status CoordinatorService::SetPendingLocked(
   }
   proto::ReconfigureRequest pending = req;
   pending.set_after_save(false);
+  // As ptc writes configs (what the processes and ptcctl show).
+  PTC_ASSIGN_OR_RETURN(const ParallelConfig to, job.spec->ParseConfig(req.to()));
+  pending.set_to(to.ToString());
   *job.state.mutable_pending() = pending;
   job.state.set_pending_reason(reason);
   job.state.set_pending_after_version(job.state.committed_version());
@@ -227,7 +230,6 @@ grpc::Status CoordinatorService::SetAutoPolicy(
   if (absl::Status s = ValidateAutoPolicy(req->policy(), *job.spec); !s.ok())
     return ToGrpcStatus(s);
   *job.state.mutable_auto_policy() = req->policy();
-  auto_seen_.erase(req->job());
   auto_retry_.erase(req->job());
   auto_wake_ = true;
   *resp->mutable_policy() = req->policy();
@@ -489,6 +491,10 @@ void CoordinatorService::AutoLoop() {
           actions.push_back(
               {name, absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained"),
                policy.live(), false, {}});
+        } else if (auto_seen_policy_[name] != policy.SerializeAsString() &&
+                   !auto_seen_[name].empty()) {
+          actions.push_back({name, "its automatic-change policy changed",
+                             policy.live(), false, {}});
         } else if (auto_seen_[name] != seen) {
           std::vector<std::string> joined;
           for (const std::string& h : job.state.pool()) {
@@ -506,6 +512,7 @@ void CoordinatorService::AutoLoop() {
                policy.live(), false, {}});
         }
         auto_seen_[name] = seen;
+        auto_seen_policy_[name] = policy.SerializeAsString();
       }
       if (!actions.empty()) PersistLocked().IgnoreError();
     }

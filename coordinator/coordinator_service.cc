@@ -712,6 +712,7 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       gone = std::move(it->second);
       jobs_.erase(it);
       auto_seen_.erase(req.job());
+      auto_seen_policy_.erase(req.job());
       auto_retry_.erase(req.job());
       process_exits_.erase(req.job());
       rendezvous_.erase(req.job());

@@ -364,6 +364,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // so that it advises again only when that changes; and when it may try
   // again after an automatic change failed.
   std::map<std::string, std::string> auto_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> auto_seen_policy_ ABSL_GUARDED_BY(mu_);
   // Per job: a process that died under the current layout (why), for the
   // auto loop.
   std::map<std::string, std::string> process_exits_ ABSL_GUARDED_BY(mu_);

@@ -21,6 +21,10 @@ A host's launcher asks which ranks to start there, and on which GPUs:
     for r in ptc.ranks_on_host("coord:7000", "gpt", "host3")["ranks"]:
         start(rank=r["rank"], gpu=r["gpu"])   # client.device agrees
 
+A live job's processes follow its changes without restarting
+(ptc.torch.elastic, docs/live.md); a host's agent (python3 -m ptc.agent)
+starts them, and reports the ones that die (ptc.report_process_exit).
+
 ptc.torch builds a PyTorch job's layout from its modules and a placement
 plan, and saves and loads a rank's whole state with one call each
 (docs/bring-your-own-model.md); ptc.torch_state is the lower-level mapping
@@ -39,7 +43,9 @@ from ._ptc import (  # noqa: F401
     derived_seed,
     padded_vocab,
     ranks_on_host,
+    report_process_exit,
 )
 
 __all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "ParallelConfig", "Save",
-           "State", "derived_seed", "model_tensors", "padded_vocab", "ranks_on_host"]
+           "State", "derived_seed", "model_tensors", "padded_vocab", "ranks_on_host",
+           "report_process_exit"]

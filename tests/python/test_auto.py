@@ -1,0 +1,161 @@
+"""Automatic changes with the real binaries: a job whose host dies, is
+drained or joins its pool changes by itself to the advisor's config (or
+its pinned one); without automatic changes nothing moves; the advisor
+explains itself; the live job's RPCs refuse hostile requests clearly."""
+import time
+
+import pytest
+
+from cluster import LocalCluster
+
+MODEL = "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=512,positions=64"
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=3, gpus=2)
+    yield c
+    c.stop()
+
+
+def register(c, *flags, config="tp=2,dp=2", hosts="host0,host1"):
+    c.ptcctl("register", "--job", "j", "--model", MODEL, "--config", config, "--hosts", hosts,
+             *flags, check=True)
+    for h in hosts.split(","):
+        c.save("j", h, 1)
+    assert c.job("j")["committed_version"] == 1
+
+
+def wait_for(what, ready, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"waited {timeout} s for {what}")
+
+
+def committed_change(c):
+    """The job once a change committed after the registration's epoch."""
+    j = c.job("j")
+    return j if j["layout_epoch"] > 1 and j["reconfiguration"]["phase"] == "committed" else None
+
+
+def test_a_dead_host_changes_the_job_by_itself_and_an_added_host_grows_it(cluster):
+    register(cluster, "--auto", "on")
+    cluster.kill("host1")
+    j = wait_for("the automatic change", lambda: committed_change(cluster))
+    assert j["hosts"] == ["host0"], j
+    assert j["ranks"] == 2, j
+    assert "host host1 died (automatic)" in j["reconfiguration"]["reason"]
+    assert "host1" not in j["pool"]
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+    # host1 back (empty), and added to the job: it grows to 4 GPUs again.
+    cluster.restart_ptcd(1)
+    cluster.wait_alive(3)
+    r = cluster.ptcctl("hosts", "add", "host1", "--job", "j", check=True)
+    assert "changing by themselves: j" in r.stdout
+    j = wait_for("the job to grow", lambda: (lambda x: x if x["layout_epoch"] > 2 and
+                                              x["reconfiguration"]["phase"] == "committed"
+                                              else None)(cluster.job("j")))
+    assert j["ranks"] == 4 and sorted(j["hosts"]) == ["host0", "host1"], j
+    assert "host host1 can take it (automatic)" in j["reconfiguration"]["reason"]
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_without_automatic_changes_a_dead_or_drained_host_moves_nothing(cluster):
+    register(cluster)
+    r = cluster.ptcctl("hosts", "drain", "host0", check=True)
+    assert "automatic changes off" in r.stdout and "j" in r.stdout
+    cluster.kill("host1")
+    cluster.wait_dead("host1")
+    time.sleep(1.0)
+    j = cluster.job("j")
+    assert j["layout_epoch"] == 1 and j["reconfiguration"]["phase"] == "none", j
+    hosts = cluster.hosts()
+    assert hosts["host0"]["draining"] and not hosts["host2"]["draining"]
+    cluster.ptcctl("hosts", "add", "host0", check=True)
+    assert not cluster.hosts()["host0"]["draining"]
+
+
+def test_a_pinned_config_is_taken_and_kept_when_a_host_is_drained(cluster):
+    register(cluster, "--auto", "on")
+    r = cluster.ptcctl("auto", "j", "on", "--pin", "tp=2,dp=1", check=True)
+    assert "pinned to tp=2,dp=1" in r.stdout
+    j = wait_for("the change to the pinned config", lambda: committed_change(cluster))
+    assert j["config"] == "tp=2,pp=1,dp=1" and len(j["hosts"]) == 1, j
+    assert "policy changed (automatic)" in j["reconfiguration"]["reason"]
+    on, other = j["hosts"][0], ({"host0", "host1"} - set(j["hosts"])).pop()
+    cluster.ptcctl("hosts", "drain", on, check=True)
+    j = wait_for("the change off the drained host", lambda: (lambda x: x if x["layout_epoch"] > 2
+                 and x["reconfiguration"]["phase"] == "committed" else None)(cluster.job("j")))
+    assert j["config"] == "tp=2,pp=1,dp=1" and j["hosts"] == [other], j
+    assert f"host {on} drained (automatic)" in j["reconfiguration"]["reason"]
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_advise_explains_its_choice_and_refuses_what_cannot_be(cluster):
+    register(cluster)
+    code, out = cluster.ptcctl_json("advise", "--job", "j", "--gpus", "2")
+    assert code == 0, out
+    chosen = out["candidates"][out["chosen"]]
+    assert chosen["gpus"] == 2 and chosen["fits"] and chosen["bytes_moved"] >= 0
+    assert "fewest bytes" in out["explanation"]
+    assert all(c["gpus"] == 2 for c in out["candidates"])
+    text = cluster.ptcctl("advise", "--job", "j", check=True).stdout
+    assert "chosen: " in text and "tp=2,pp=1,dp=2" in text
+    r = cluster.ptcctl("advise", "--job", "j", "--gpus", "99")
+    assert r.returncode == 1 and "99 GPUs asked" in r.stderr
+    r = cluster.ptcctl("advise", "--job", "nojob")
+    assert r.returncode == 1 and "job 'nojob' is unknown" in r.stderr
+    r = cluster.ptcctl("auto", "j", "on", "--pin", "tp=3")
+    assert r.returncode == 1 and "pinned config" in r.stderr
+    r = cluster.ptcctl("auto", "j", "on", "--margin", "-1")
+    assert r.returncode != 0 and "--margin" in r.stderr
+    r = cluster.ptcctl("auto", "j", "on", "--margin", "11")
+    assert r.returncode == 1 and "margin 11" in r.stderr
+    r = cluster.ptcctl("hosts", "drain", "host9")
+    assert r.returncode == 1 and "host 'host9' is not registered" in r.stderr
+    # Nothing of that changed the job.
+    j = cluster.job("j")
+    assert j["layout_epoch"] == 1 and not j["auto"]["enabled"]
+
+
+def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module):
+    ptc = ptc_module
+    register(cluster, "--auto", "on", "--live")
+    sock = lambda h: str(cluster.dir / f"{h}.sock")  # noqa: E731
+    j = cluster.job("j")
+    epoch = j["layout_epoch"]
+    rank0 = ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
+                       job="j", rank=0)
+    rank1 = ptc.Client(socket=sock(j["rank_hosts"][1]), coordinator=cluster.coordinator,
+                       job="j", rank=1)
+    with pytest.raises(ptc.Error, match="has not offered its address yet"):
+        rank1.rendezvous(epoch, timeout=0.2)
+    with pytest.raises(ptc.Error, match="layout epoch 9 is not the job's"):
+        rank0.rendezvous(9, port=5555)
+    with pytest.raises(ptc.Error, match="port 0 must be 1 to 65535"):
+        rank0.rendezvous(epoch, port=0)
+    assert rank0.rendezvous(epoch, port=5555) == "127.0.0.1:5555"
+    assert rank1.rendezvous(epoch) == "127.0.0.1:5555"
+    with pytest.raises(ptc.Error, match="runs no rank on GPU 7"):
+        ptc.report_process_exit(cluster.coordinator, "j", "host0", 7, 1, epoch)
+    with pytest.raises(ptc.Error, match="unknown"):
+        ptc.report_process_exit(cluster.coordinator, "nojob", "host0", 0, 1, epoch)
+    # A report from an older layout changes nothing.
+    assert not ptc.report_process_exit(cluster.coordinator, "j", "host0", 0, -9, epoch - 1)
+    # The job follows its Watch stream.
+    rank0.follow()
+    ev = wait_for("the first event", lambda: rank0.event if rank0.event["known"] else None)
+    assert ev["layout_epoch"] == epoch and ev["committed_version"] == 1
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
+                       "host0,host1", "--after-save", check=True)
+    assert "starts when its processes have saved their next step" in r.stdout
+    assert wait_for("the pending change", lambda: rank0.event["pending_config"]) == \
+        "tp=1,pp=1,dp=4"
+    assert cluster.job("j")["pending_config"] == "tp=1,pp=1,dp=4"

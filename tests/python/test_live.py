@@ -1,0 +1,51 @@
+"""Live jobs end to end (examples/elastic/live.py): a GPT job whose
+processes an agent per host starts, registered with automatic, live
+changes, goes through a host's death and return, and through changes
+asked in a row and a process killed during one, without any process of
+the surviving host restarting; every reload is bit-identical, and the loss
+and the samples of every iteration are those of an uninterrupted run."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_live(bin_dir, tmp_path, scenario):
+    r = subprocess.run(["/usr/bin/python3", str(ROOT / "examples/elastic/live.py"),
+                        "--scenario", scenario, "--iterations", "32", "--bin", str(bin_dir),
+                        "--work-dir", str(tmp_path / "work"), "--json"],
+                       capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if r.returncode != 0:
+        sys.stderr.write(r.stdout[-5000:] + r.stderr[-5000:])
+    assert r.returncode == 0
+    return json.loads(r.stdout)
+
+
+def test_a_host_dies_and_returns_and_the_job_follows_by_itself(bin_dir, tmp_path):
+    out = run_live(bin_dir, tmp_path, "host")
+    assert out["ok"], out
+    died, added = out["events"]
+    assert "host host1 died (automatic)" in died["reason"]
+    assert "host host1 can take it (automatic)" in added["reason"]
+    # 2 GPUs left, then 4 again.
+    assert died["config"].count("=") == 3 and added["config"] != died["config"]
+    assert out["host0_kept"] and out["bit_identical"] and out["loss_ok"]
+    assert out["samples_exactly_once"]
+    assert out["loads_checked"] >= 4  # host0's 2 after the death, 4 after the return
+
+
+def test_changes_in_a_row_and_a_process_killed_during_one(bin_dir, tmp_path):
+    out = run_live(bin_dir, tmp_path, "requests")
+    assert out["ok"], out
+    requests, killed = out["events"]
+    accepted = [a["to"] for a in requests["answers"] if a["accepted"]]
+    # The newest accepted request is where the job went.
+    assert accepted and requests["config"] == accepted[-1]
+    assert out["host0_kept"] and out["bit_identical"] and out["loss_ok"]
+    assert out["samples_exactly_once"]
