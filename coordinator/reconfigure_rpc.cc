@@ -315,7 +315,8 @@ absl::Status CoordinatorService::DoReconfigure(
         absl::StrCat("transport ", req.transport(),
                      " is unknown; use auto (0), ucx (1) or grpc (2)"));
   }
-  absl::StatusOr<Planned> planned = PlanChange(req, true);
+  // A change after the processes' save may be asked before any save.
+  absl::StatusOr<Planned> planned = PlanChange(req, !req.after_save());
   if (!planned.ok() && absl::IsFailedPrecondition(planned.status()) &&
       (absl::StrContains(planned.status().message(), "no surviving copy") ||
        absl::StrContains(planned.status().message(),

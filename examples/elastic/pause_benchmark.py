@@ -18,6 +18,15 @@ Restarting the processes (Python, torch import, gloo, building the model)
 costs the same in both and is reported separately, not in the pause; so
 is the first iteration, which shows the job goes on.
 
+With --live, each run also measures the same change of a live job in the
+same cluster (examples/elastic_live/train.py, processes started by ptc's
+agent, ptc.torch.elastic): from `ptcctl reconfigure --after-save` to the
+first step in the new config, nothing restarted (the processes save at
+their next step boundary, the store changes, they re-form their groups,
+rebuild and load). The restart-based pauses are then also reported with
+their restarts, as the job pays them: (1) restart + torch.save/torch.load,
+(2) restart + ptc store, (3) live + ptc store.
+
 With --prepare, the benchmark acts as a scheduler that knows the new
 allocation as the job starts: it runs `ptcctl prepare --wait` then, while
 the job trains, so that the target hosts (new ones included) have the
@@ -76,6 +85,69 @@ def phase(args, cluster, run_dir, config, hosts, extra, job):
     return t0, events(run_dir)
 
 
+def live_pause(args, cluster, work, run, layout, src, dst):
+    """The change src -> dst of a live job: (seconds from the request to the
+    first step in the new config, from the step boundary that saw it, and
+    the parts)."""
+    import live as live_job
+    job = f"live-{run}"
+    (src_config, src_hosts), (dst_config, dst_hosts) = src, dst
+    cluster.ptcctl("register", "--job", job, "--layout", str(layout), "--config", src_config,
+                   "--hosts", src_hosts, "--auto", "on", "--live", capture=True)
+    run_dir = work / f"live-{run}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    agents = []
+    env = dict(elastic.os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg",
+               OMP_NUM_THREADS="1", **cluster.job_env(job))
+    hosts = sorted(set(src_hosts.split(",")) | set(dst_hosts.split(",")))
+    for h in hosts:
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "ptc.agent", "--job", job, "--host", h, "--coordinator",
+             cluster.coordinator, "--socket", cluster.socket(h), "--log-dir",
+             str(run_dir / "logs"), "--", sys.executable,
+             str(elastic.ROOT / "examples/elastic_live/train.py"), "--model", args.model,
+             "--run-dir", str(run_dir), "--iterations", "3", "--save-every", "0",
+             "--global-batch", str(args.global_batch)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            start_new_session=True))
+    try:
+        losses = run_dir / "losses.jsonl"
+        deadline = time.time() + 900
+        while len(live_job.read_jsonl(losses)) < 1:
+            if time.time() > deadline:
+                raise RuntimeError(f"the live job did not train (logs in {run_dir})")
+            time.sleep(0.05)
+        asked = time.time()
+        cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config, "--hosts", dst_hosts,
+                       "--after-save", capture=True)
+        # Every process that ran writes its record when it ends (the job
+        # stops at iteration 3; one that left writes it when it leaves).
+        ended = max(elastic.world_size(dst_config), elastic.world_size(src_config))
+        while len(live_job.read_jsonl(run_dir / "processes.jsonl")) < ended:
+            if time.time() > deadline:
+                raise RuntimeError(f"the live job did not end (logs in {run_dir})")
+            time.sleep(0.1)
+        procs = live_job.read_jsonl(run_dir / "processes.jsonl")
+        changes = [c for p in procs for c in p["changes"]]
+        if not changes:
+            raise RuntimeError(f"the live job did not change (logs in {run_dir})")
+        first = min(c["noticed"] for c in changes)
+        resumed = max(c["resumed"] for c in changes)
+        return {"pause": resumed - asked, "from_boundary": resumed - first,
+                "step_in_progress": first - asked,
+                "save": max(c.get("saved", first) for c in changes) - first,
+                "change": max(c["committed"] for c in changes) -
+                max(c.get("saved", first) for c in changes),
+                "reform_and_load": resumed - max(c["committed"] for c in changes),
+                "processes": len(changes)}
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                elastic.os.killpg(a.pid, 15)
+        for a in agents:
+            a.wait()
+
+
 def stats(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
@@ -101,6 +173,9 @@ def main():
     ap.add_argument("--spare-pool",
                     help="each ptcd's --spare-pool (memory kept faulted in for the next saves "
                     "of the sizes it saw), e.g. 2GiB; default: ptcd's own")
+    ap.add_argument("--live", action="store_true",
+                    help="also the same change of a live job (no restarts), and every pause "
+                    "with its restarts")
     ap.add_argument("--prepare", action="store_true",
                     help="as a scheduler that knows the new allocation: ptcctl prepare --wait "
                     "while the job trains, before the save request")
@@ -194,6 +269,16 @@ def main():
                    "baseline": {"save": base_save, "load": base_load,
                                 "pause": base_save + base_load, "restart": base_restart}}
             row["speedup"] = row["baseline"]["pause"] / row["ptc"]["pause"]
+            if args.live:
+                cluster.ptcctl("forget", job, capture=True)  # its memory, for the live job
+                row["live"] = live_pause(args, cluster, work, run, layout,
+                                         (src_config, src_hosts), (dst_config, dst_hosts))
+                row["with_restarts"] = {
+                    "baseline": base_save + base_load + base_restart,
+                    "ptc_restart": row["ptc"]["pause"] + ptc_restart,
+                    "ptc_live": row["live"]["pause"]}
+                w = row["with_restarts"]
+                row["live_speedup"] = w["baseline"] / w["ptc_live"]
             rows.append(row)
             p, b = row["ptc"], row["baseline"]
             say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} [slowest rank's "
@@ -208,6 +293,15 @@ def main():
                    f"{p['prepare']['needed'] / 2**30:.2f} GiB in {p['prepare']['seconds']:.1f} s "
                    f"while training, {'before' if p['prepare']['before_save'] else 'NOT before'} "
                    f"the save request]" if p["prepare"] else ""))
+            if args.live:
+                lv, w = row["live"], row["with_restarts"]
+                say(f"       with restarts: (1) restart + torch.save/load {w['baseline']:.2f} s, "
+                    f"(2) restart + ptc store {w['ptc_restart']:.2f} s, (3) live + ptc store "
+                    f"{w['ptc_live']:.2f} s [waiting for the step in progress "
+                    f"{lv['step_in_progress']:.2f}, save {lv['save']:.2f}, change "
+                    f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}; "
+                    f"{lv['from_boundary']:.2f} s from the step boundary]; (3) is "
+                    f"{row['live_speedup']:.2f}x shorter than (1)")
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
@@ -216,6 +310,11 @@ def main():
                "ptc_pause": stats([r["ptc"]["pause"] for r in rows]),
                "baseline_pause": stats([r["baseline"]["pause"] for r in rows]),
                "speedup": stats([r["speedup"] for r in rows])}
+    if args.live:
+        for k in ("baseline", "ptc_restart", "ptc_live"):
+            summary[f"with_restarts_{k}"] = stats([r["with_restarts"][k] for r in rows])
+        summary["live_from_boundary"] = stats([r["live"]["from_boundary"] for r in rows])
+        summary["live_speedup"] = stats([r["live_speedup"] for r in rows])
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -227,6 +326,15 @@ def main():
               f"{p['median']:.2f} s (min {p['min']:.2f}, max {p['max']:.2f}), baseline median "
               f"{b['median']:.2f} s (min {b['min']:.2f}, max {b['max']:.2f}); ptc shorter by "
               f"{s['median']:.2f}x (min {s['min']:.2f}, max {s['max']:.2f})")
+        if args.live:
+            m = {k: summary[f"with_restarts_{k}"] for k in ("baseline", "ptc_restart", "ptc_live")}
+            fmt = lambda x: f"median {x['median']:.2f} s (min {x['min']:.2f}, max {x['max']:.2f})"  # noqa
+            print(f"with restarts: (1) restart + torch.save/load {fmt(m['baseline'])}; "
+                  f"(2) restart + ptc store {fmt(m['ptc_restart'])}; (3) live + ptc store "
+                  f"{fmt(m['ptc_live'])}, {fmt(summary['live_from_boundary'])} from the step "
+                  f"boundary; (3) shorter than (1) by {summary['live_speedup']['median']:.2f}x "
+                  f"(min {summary['live_speedup']['min']:.2f}, max "
+                  f"{summary['live_speedup']['max']:.2f}); (4) live + hot switch: not built")
 
 
 if __name__ == "__main__":
