@@ -78,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const fuzz::FuzzRequest in = fuzz::SplitInput(data, size);
   CoordinatorService* c = s.get();
-  switch (in.selector % 6) {
+  switch (in.selector % 11) {
     case 0:
       fuzz::Call(&CoordinatorService::RegisterHost, c, in.message, in.size);
       break;
@@ -96,6 +96,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 5:
       fuzz::Call(&CoordinatorService::Abort, c, in.message, in.size);
+      break;
+    case 6:
+      fuzz::Call(&CoordinatorService::Advise, c, in.message, in.size);
+      break;
+    case 7:
+      fuzz::Call(&CoordinatorService::SetAutoPolicy, c, in.message, in.size);
+      break;
+    case 8:
+      fuzz::Call(&CoordinatorService::ChangeHosts, c, in.message, in.size);
+      break;
+    case 9:
+      fuzz::Call(&CoordinatorService::Rendezvous, c, in.message, in.size);
+      break;
+    case 10:
+      fuzz::Call(&CoordinatorService::ReportProcessExit, c, in.message, in.size);
       break;
   }
   return 0;
