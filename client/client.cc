@@ -189,6 +189,31 @@ Client::~Client() {
   if (follower_.joinable()) follower_.join();
 }
 
+void Client::Unfollow() {
+  {
+    absl::MutexLock lock(&follow_mu_);
+    stop_following_ = true;
+    if (follow_ctx_ != nullptr) follow_ctx_->TryCancel();
+  }
+  if (follower_.joinable()) follower_.join();
+  absl::MutexLock lock(&follow_mu_);
+  stop_following_ = false;
+}
+
+absl::StatusOr<JobEvent> Client::FetchEvent() {
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+  JobEvent j;
+  j.known = true;
+  j.layout_epoch = job.layout_epoch();
+  j.committed_version = job.committed_version();
+  j.pending_config = job.pending_config();
+  j.plan_epoch = job.reconfiguration().plan_epoch();
+  j.phase = job.reconfiguration().phase();
+  j.reason = job.reconfiguration().reason();
+  j.error = job.reconfiguration().error();
+  return j;
+}
+
 void Client::Follow() {
   if (follower_.joinable()) return;
   follower_ = std::thread([this] {
@@ -258,7 +283,7 @@ absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
       return Annotate(s, absl::StrCat(what, ", given up after ",
                                       absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(50));
   }
 }
 

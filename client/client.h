@@ -128,9 +128,15 @@ class Client {
   absl::Status Rebind(int rank);
   // Follows the job in the background (the coordinator's Watch stream,
   // reconnecting when it breaks); LatestEvent() is then what the stream
-  // said last. Idempotent.
+  // said last. Idempotent. A followed stream holds one of the
+  // coordinator's RPC threads: follow from one process per job (a live
+  // job's rank 0) and FetchEvent from the others.
   void Follow();
+  // Stops following (LatestEvent keeps the last event).
+  void Unfollow();
   JobEvent LatestEvent() const;
+  // The job's state now, as an event (one ListJobs call).
+  absl::StatusOr<JobEvent> FetchEvent();
   // Meets the job's other processes under `layout_epoch`: rank 0 offers
   // the port of its process group's store; the others wait (up to
   // `timeout`) until it has. Returns the store's host:port.

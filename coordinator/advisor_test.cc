@@ -132,5 +132,23 @@ TEST_CASE("a pinned config is the only candidate") {
   CHECK(EnumerateConfigs(Input(spec, 4), policy)->front().gpus == 2);
 }
 
+TEST_CASE("expert parallelism varies too, for a model with experts") {
+  const ModelSpec spec = *SpecForModel(
+      "moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,experts=4,vocab=512");
+  AdvisorInput in;
+  in.spec = &spec;
+  in.current = *spec.ParseConfig("ep=2,dp=2");
+  in.gpus = 4;
+  in.gpus_per_host = 4;
+  auto c = EnumerateConfigs(in, {});
+  REQUIRE(c.ok());
+  bool ep4 = false;
+  for (const ConfigCandidate& x : *c) {
+    CHECK(x.gpus == 4);
+    ep4 |= x.config.find("ep=4") != std::string::npos;
+  }
+  CHECK(ep4);
+}
+
 }  // namespace
 }  // namespace ptc

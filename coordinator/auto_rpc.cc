@@ -431,13 +431,18 @@ void CoordinatorService::AutoLoop() {
                                      : kDefaultSaveTimeout;
           const bool saved = job.state.committed_version() >
                              job.state.pending_after_version();
-          // A process that died will not save: start from what is committed.
-          const bool lost_process = process_exits_.erase(name) > 0;
+          // A process that died, or the processes of a dead host, will not
+          // save: start from what is committed.
+          bool lost_process = process_exits_.erase(name) > 0;
+          for (const std::string& h : job.state.hosts()) {
+            auto it = hosts_.find(h);
+            lost_process |= it == hosts_.end() || !it->second.status.alive();
+          }
           if (saved || waited > timeout || lost_process) {
             if (!saved) {
               Log("coordinator")
                   ->warn("job {}: {}; the change starts from version {}", name,
-                         lost_process ? "a process died before it saved"
+                         lost_process ? "a process or host died before it saved"
                                       : absl::StrCat("no save within ", timeout, " s"),
                          job.state.committed_version());
             }

@@ -130,6 +130,19 @@ py::tuple CoordTuple(const ParallelConfig& config, const MeshCoord& c) {
 
 }  // namespace
 
+py::dict EventDict(const JobEvent& e) {
+  py::dict d;
+  d["known"] = e.known;
+  d["layout_epoch"] = e.layout_epoch;
+  d["committed_version"] = e.committed_version;
+  d["pending_config"] = e.pending_config;
+  d["plan_epoch"] = e.plan_epoch;
+  d["phase"] = std::string(PhaseName(e.phase));
+  d["reason"] = e.reason;
+  d["error"] = e.error;
+  return d;
+}
+
 PYBIND11_MODULE(_ptc, m) {
   m.doc() = "ptc client: save and load a training rank's state in ptcd.";
   error_type = PyErr_NewException("ptc.Error", PyExc_RuntimeError, nullptr);
@@ -465,24 +478,23 @@ PYBIND11_MODULE(_ptc, m) {
       .def("follow", &Client::Follow,
            "follows the job in the background (the coordinator's Watch "
            "stream); `event` is then its newest state")
+      .def("unfollow", [](Client& c) { Unlocked([&] {
+             c.Unfollow();
+             return absl::OkStatus();
+           }); },
+           "stops following (event keeps the last state)")
       .def_property_readonly(
-          "event",
-          [](const Client& c) {
-            const JobEvent e = c.LatestEvent();
-            py::dict d;
-            d["known"] = e.known;
-            d["layout_epoch"] = e.layout_epoch;
-            d["committed_version"] = e.committed_version;
-            d["pending_config"] = e.pending_config;
-            d["plan_epoch"] = e.plan_epoch;
-            d["phase"] = std::string(PhaseName(e.phase));
-            d["reason"] = e.reason;
-            d["error"] = e.error;
-            return d;
-          },
+          "event", [](const Client& c) { return EventDict(c.LatestEvent()); },
           "the job as Follow last saw it: {known, layout_epoch, "
           "committed_version, pending_config, plan_epoch, phase, reason, "
           "error}")
+      .def(
+          "fetch_event",
+          [](Client& c) {
+            return EventDict(Unlocked([&] { return c.FetchEvent(); }));
+          },
+          "the job's state now, as `event` has it (one call to the "
+          "coordinator)")
       .def(
           "rendezvous",
           [](Client& c, int64_t epoch, int port, double timeout_s) {

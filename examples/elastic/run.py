@@ -152,13 +152,15 @@ class Cluster:
 
     def placement(self, job):
         """(host, GPU) of every rank, as each host's launcher learns it from
-        the coordinator's placement (ptc.ranks_on_host, as `ptcctl ranks`)."""
-        sys.path.insert(0, f"{self.bin}/client/python/pkg")
-        import ptc
+        the coordinator's placement (`ptcctl ranks`, as ptc.ranks_on_host;
+        a ptcctl process, since a process's ptc client keeps the first
+        cluster's certificates and a benchmark makes a cluster per run)."""
         hosts = [p.stem for p in sorted(self.dir.glob("host*.port"))]
         placed = {}
         for h in hosts:
-            for r in ptc.ranks_on_host(self.coordinator, job, h)["ranks"]:
+            out = json.loads(self.ptcctl("ranks", "--job", job, "--host", h, "--json",
+                                         capture=True))
+            for r in out["ranks"]:
                 placed[r["rank"]] = (h, r["gpu"])
         return [placed[r] for r in range(len(placed))]
 

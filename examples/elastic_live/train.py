@@ -105,22 +105,25 @@ def main():
     for live in live:  # ptc
         if live.iteration >= args.iterations:
             break
-        cfg, groups = live.config, live.groups
+        # (The process groups are reached through live, not kept in this
+        # frame: a failed layout's connections close when live drops them.)
         cursor = live.extra["cursor"]  # ptc
-        samples = cursor.next_samples(groups.dp_i, cfg.dp)  # ptc
+        samples = cursor.next_samples(live.groups.dp_i, live.config.dp)  # ptc
         with live.step():  # ptc: a peer that dies ends the step
-            loss = train_step(cfg, groups, live.model, live.optimizer, live.scheduler,
-                              data[sorted(samples)], harness.SEQ, args.micro_batches,
-                              tied="embedding.word.weight")
+            loss = train_step(live.config, live.groups, live.model, live.optimizer,
+                              live.scheduler, data[sorted(samples)], harness.SEQ,
+                              args.micro_batches, tied="embedding.word.weight")
             cursor.advance()  # ptc
             time.sleep(args.step_seconds)
             it = live.iteration + 1  # the step just done
-            if groups.pp_i == 0 and groups.tp_i == 0:
+            at = (live.groups.pp_i, live.groups.tp_i, live.groups.dp_i)
+            if at[0] == 0 and at[1] == 0:
                 append(run / "samples.jsonl", {"iteration": it - 1, "epoch": live.layout_epoch,
-                                               "dp": groups.dp_i, "ids": sorted(samples)})
-            if live.model.last and groups.tp_i == 0 and groups.dp_i == 0:
+                                               "dp": at[2], "ids": sorted(samples)})
+            if live.model.last and at[1] == 0 and at[2] == 0:
                 append(run / "losses.jsonl", {"iteration": it, "loss": float(loss),
-                                              "epoch": live.layout_epoch, "config": str(cfg),
+                                              "epoch": live.layout_epoch,
+                                              "config": str(live.config),
                                               "time": time.time(), "pid": os.getpid()})
     append(run / "processes.jsonl", {"pid": os.getpid(), "host": live.host,
                                      "device": live.device, "iteration": live.iteration,

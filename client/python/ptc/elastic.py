@@ -72,11 +72,17 @@ class Live:
     save_every: also save every N steps (what a rollback returns to);
     on_save(live) / on_load(live): called before each save / after each
     load; backend: "nccl" with a GPU, else "gloo"; timeout: seconds any
-    one wait may take (a change, a rendezvous, a save's commit)."""
+    one wait may take (a change, a rendezvous, a save's commit);
+    collective_timeout: seconds a collective may wait for a peer (one
+    that a failed peer's partner still holds open gives up after it).
+
+    Attributes build sets on live (process groups, helpers) last until
+    the next change: they are dropped with the process groups, so that
+    nothing keeps a failed layout's connections open."""
 
     def __init__(self, build, *, job=None, coordinator=None, socket=None, host=None,
-                 device=None, save_every=0, backend=None, timeout=300.0, on_save=None,
-                 on_load=None, log=None):
+                 device=None, save_every=0, backend=None, timeout=300.0,
+                 collective_timeout=60.0, on_save=None, on_load=None, log=None):
         env = os.environ
         self.job = job or env["PTC_JOB"]
         self.coordinator = coordinator or env["PTC_COORDINATOR"]
@@ -85,6 +91,7 @@ class Live:
         self.device = int(env.get("PTC_DEVICE", "0") if device is None else device)
         self.save_every = save_every
         self.timeout = timeout
+        self.collective_timeout = collective_timeout
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._build, self._on_save, self._on_load = build, on_save, on_load
         self._log = log or (lambda msg: print(f"[ptc {self.host}:{self.device}] {msg}",
@@ -103,6 +110,8 @@ class Live:
         self._saved_at = -1
         self._change = None  # timings of the change being followed
         self._plan_epoch_seen = 0  # the newest change this process knows of
+        self._polled = None  # (when, event) of the last fetch_event
+        self._own = set(self.__dict__) | {"_own"}
 
     # ------------------------------------------------------------ the loop
 
@@ -157,7 +166,11 @@ class Live:
                 # for the change that follows (and re-raises this if none
                 # comes within the timeout).
                 self.live._log(f"step {self.live.iteration + 1} failed: {str(error)[:200]}")
-                self.live._broken = error
+                # Without its traceback: its frames hold the step's process
+                # groups, whose connections must close when this process
+                # leaves them (its peers then fail at once instead of
+                # waiting for the collective timeout).
+                self.live._broken = error.with_traceback(None)
                 return True
             return False
 
@@ -181,7 +194,7 @@ class Live:
         """What every rank does now, as rank 0 sees the job."""
         code = _GO
         if self.rank == 0:
-            ev = self.client.event
+            ev = self._ev()
             if ev["layout_epoch"] > self.layout_epoch or (
                     ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen):
                 code = _FOLLOW
@@ -197,12 +210,24 @@ class Live:
             raise _Broken(e)
         return int(flag.item())
 
+    def _ev(self):
+        """The job as this process knows it: rank 0 follows the
+        coordinator's Watch stream (one stream per job: each holds one of
+        the coordinator's RPC threads); the others ask the coordinator, at
+        most every 50 ms, when they wait for something."""
+        if self.rank == 0:
+            return self.client.event
+        now = time.time()
+        if self._polled is None or now - self._polled[0] >= 0.05:
+            self._polled = (now, self.client.fetch_event())
+        return self._polled[1]
+
     def _changing(self, patience=2.0):
         """Whether the job is changing (the Watch stream may lag the
         coordinator's answer a little: wait up to `patience` seconds)."""
         deadline = time.time() + patience
         while True:
-            ev = self.client.event
+            ev = self._ev()
             if ev["layout_epoch"] > self.layout_epoch or ev["phase"] in _RUNNING or \
                     ev["pending_config"]:
                 return True
@@ -217,7 +242,7 @@ class Live:
         """Starts the timings of a change, and remembers the job's event
         then: the change has ended once the event differs from it."""
         if self._change is None:
-            ev = self.client.event
+            ev = self._ev()
             self._change = {"noticed": time.time(), "how": how, "from": str(self.config),
                             "from_rank": self.rank, "iteration": self.iteration,
                             "marker": (ev["plan_epoch"], ev["phase"], ev["error"])}
@@ -235,14 +260,16 @@ class Live:
             torch.cuda.set_device(self.device)
         self.client = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
                                   job=self.job, rank=rank)
-        self.client.follow()
-        self._wait(lambda: self.client.event["known"], "the coordinator's Watch stream")
-        ev = self.client.event
+        self.rank = rank
+        if rank == 0:
+            self.client.follow()
+        self._wait(lambda: self._ev()["known"], "the coordinator's Watch stream")
+        ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
         if ev["phase"] in _RUNNING or ev["pending_config"]:
             # Started during a change: join the layout it ends in.
-            self._wait(lambda: self.client.event["phase"] not in _RUNNING and
-                       not self.client.event["pending_config"], "the change in flight")
+            self._wait(lambda: self._ev()["phase"] not in _RUNNING and
+                       not self._ev()["pending_config"], "the change in flight")
             rank = self._my_rank()
             if rank is None:
                 return False
@@ -275,7 +302,7 @@ class Live:
         start_epoch = self.layout_epoch
         deadline = time.time() + self.timeout
         while True:
-            ev = self.client.event
+            ev = self._ev()
             if ev["committed_version"] >= saved.version:
                 break
             if ev["layout_epoch"] > start_epoch or (
@@ -307,7 +334,7 @@ class Live:
         marker = self._change["marker"]
 
         def settled():
-            ev = self.client.event
+            ev = self._ev()
             if ev["layout_epoch"] > self.layout_epoch:
                 return True
             ended = ev["phase"] not in _RUNNING and not ev["pending_config"]
@@ -320,7 +347,7 @@ class Live:
             if error is not None:
                 raise error
             raise
-        ev = self.client.event
+        ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
         if ev["layout_epoch"] <= self.layout_epoch:
             self._log(f"the change aborted ({ev['error'] or 'no reason given'})")
@@ -347,6 +374,8 @@ class Live:
 
     def _leave_groups(self):
         self.model = self.optimizer = self.scheduler = None
+        for name in [k for k in self.__dict__ if k not in self._own]:
+            delattr(self, name)  # what build kept on live (its groups)
         if dist.is_initialized():
             dist.destroy_process_group()
         self._store = None
@@ -355,7 +384,12 @@ class Live:
     def _form_and_load(self):
         from . import torch as pt
         epoch = self.client.layout_epoch
+        if self.client.rank == 0 and self.rank != 0:
+            self.client.follow()
+        elif self.client.rank != 0 and self.rank == 0:
+            self.client.unfollow()
         self.rank = self.client.rank
+        self._polled = None
         self.config = self.client.config
         world = self.client.world_size
         wait = datetime.timedelta(seconds=self.timeout)
@@ -369,7 +403,8 @@ class Live:
             store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
         self._store = store
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"ptc-{epoch}", store),
-                                rank=self.rank, world_size=world, timeout=wait)
+                                rank=self.rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=self.collective_timeout))
         formed = time.time()
         parts = self._build(self)
         self.model = parts["model"]
@@ -384,7 +419,7 @@ class Live:
             self._saved_at = restored.step
             if self._on_load:
                 self._on_load(self)
-        self._plan_epoch_seen = max(self._plan_epoch_seen, self.client.event["plan_epoch"])
+        self._plan_epoch_seen = max(self._plan_epoch_seen, self._ev()["plan_epoch"])
         if self._change is not None:
             c = self._change
             c.pop("marker", None)
