@@ -559,13 +559,23 @@ void CoordinatorService::RunAutoChange(const std::string& name,
   absl::Status s = DoAdvise(ask, &advice);
   std::string current;
   int current_ranks = 0;
+  bool pinned = false;
+  std::string pinned_config;
   bool must_move = must_change;  // a host is dead or drained, a process died
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(name);
     if (it == jobs_.end()) return;
-    current = it->second->state.config();
+    // As ptc writes configs, to compare with the advisor's.
+    auto parsed = it->second->spec->ParseConfig(it->second->state.config());
+    current = parsed.ok() ? parsed->ToString() : it->second->state.config();
     current_ranks = it->second->ranks;
+    const std::string& pin = it->second->state.auto_policy().pinned_config();
+    pinned = !pin.empty();
+    if (pinned) {
+      auto p = it->second->spec->ParseConfig(pin);
+      pinned_config = p.ok() ? p->ToString() : pin;
+    }
     for (const std::string& h : it->second->state.hosts()) {
       auto hit = hosts_.find(h);
       must_move |= hit == hosts_.end() || !hit->second.status.alive() ||
@@ -576,8 +586,14 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     s = absl::FailedPreconditionError(advice.explanation());
   if (s.ok()) {
     const auto& chosen = advice.candidates(advice.chosen());
-    // More or fewer GPUs, or off a host it must leave; otherwise stay.
-    if (!must_move && chosen.gpus() == current_ranks) return;
+    // Advice under a policy that changed meanwhile: the next look redoes it.
+    if (pinned != (advice.candidates_size() == 1 &&
+                   chosen.config() == pinned_config))
+      return;
+    // Off a host it must leave, to a pinned config it does not run, or to
+    // more or fewer GPUs; otherwise it stays.
+    if (!must_move && chosen.config() == current) return;
+    if (!must_move && !pinned && chosen.gpus() == current_ranks) return;
     Log("coordinator")
         ->info("job {}: {}; the advisor chooses {}", name, reason,
                advice.explanation());

@@ -96,6 +96,13 @@ def test_a_pinned_config_is_taken_and_kept_when_a_host_is_drained(cluster):
     assert f"host {on} drained (automatic)" in j["reconfiguration"]["reason"]
     v = cluster.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stdout + v.stderr
+    # Another pinned config on as many GPUs: the job moves to it too.
+    cluster.ptcctl("auto", "j", "on", "--pin", "tp=1,dp=2", check=True)
+    j = wait_for("the change to the new pin", lambda: (lambda x: x if x["layout_epoch"] > 3
+                 and x["reconfiguration"]["phase"] == "committed" else None)(cluster.job("j")))
+    assert j["config"] == "tp=1,pp=1,dp=2", j
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
 
 
 def test_advise_explains_its_choice_and_refuses_what_cannot_be(cluster):
