@@ -41,13 +41,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   return c;
 }
 
+namespace {
+
+// A coordinator stub for a host's launcher or agent (the job's token from
+// the environment).
+std::unique_ptr<proto::Coordinator::Stub> CoordinatorStub(
+    const std::string& coordinator) {
+  return proto::Coordinator::NewStub(
+      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator",
+                  JobTokenFromEnvironment()));
+}
+
+}  // namespace
+
 absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& job,
                                       const std::string& host,
                                       absl::Duration timeout) {
-  auto stub = proto::Coordinator::NewStub(
-      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator",
-                  JobTokenFromEnvironment()));
+  auto stub = CoordinatorStub(coordinator);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ListJobsRequest req;
@@ -83,9 +94,7 @@ absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
                                        const std::string& host, int gpu,
                                        int exit_code, int64_t layout_epoch,
                                        absl::Duration timeout) {
-  auto stub = proto::Coordinator::NewStub(
-      OpenChannel(coordinator, grpc::ChannelArguments(), "coordinator",
-                  JobTokenFromEnvironment()));
+  auto stub = CoordinatorStub(coordinator);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ReportProcessExitRequest req;

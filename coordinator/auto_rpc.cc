@@ -58,6 +58,14 @@ absl::Status ValidateAutoPolicy(const proto::AutoPolicy& p,
   return absl::OkStatus();
 }
 
+absl::StatusOr<CoordinatorService::Job*> CoordinatorService::KnownJobLocked(
+    const std::string& name) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end())
+    return absl::NotFoundError(absl::StrCat("job '", name, "' is unknown"));
+  return it->second.get();
+}
+
 absl::Status CoordinatorService::SetPendingLocked(
     Job& job, const proto::ReconfigureRequest& req, const std::string& reason) {
   if (job.state.target_version() != 0) {
@@ -105,10 +113,8 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
   int free = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end())
-      return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
-    const Job& job = *it->second;
+    PTC_ASSIGN_OR_RETURN(const Job* known, KnownJobLocked(req.job()));
+    const Job& job = *known;
     spec = job.spec;
     PTC_ASSIGN_OR_RETURN(in.current, spec->ParseConfig(job.state.config()));
     policy = job.state.auto_policy();
@@ -221,12 +227,9 @@ grpc::Status CoordinatorService::SetAutoPolicy(
       !denied.ok())
     return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(req->job());
-  if (it == jobs_.end()) {
-    return ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
-  }
-  Job& job = *it->second;
+  auto known = KnownJobLocked(req->job());
+  if (!known.ok()) return ToGrpcStatus(known.status());
+  Job& job = **known;
   if (absl::Status s = ValidateAutoPolicy(req->policy(), *job.spec); !s.ok())
     return ToGrpcStatus(s);
   *job.state.mutable_auto_policy() = req->policy();
@@ -266,12 +269,9 @@ grpc::Status CoordinatorService::ChangeHosts(
   }
   Job* target = nullptr;
   if (!drain && !req->job().empty()) {
-    auto it = jobs_.find(req->job());
-    if (it == jobs_.end()) {
-      return ToGrpcStatus(absl::NotFoundError(
-          absl::StrCat("job '", req->job(), "' is unknown")));
-    }
-    target = it->second.get();
+    auto known = KnownJobLocked(req->job());
+    if (!known.ok()) return ToGrpcStatus(known.status());
+    target = *known;
   }
   for (const std::string& h : req->hosts()) {
     hosts_[h].status.set_draining(drain);
@@ -309,12 +309,9 @@ grpc::Status CoordinatorService::Rendezvous(
       !denied.ok())
     return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(req->job());
-  if (it == jobs_.end()) {
-    return ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
-  }
-  const Job& job = *it->second;
+  auto known = KnownJobLocked(req->job());
+  if (!known.ok()) return ToGrpcStatus(known.status());
+  const Job& job = **known;
   if (req->layout_epoch() != job.state.layout_epoch()) {
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
         "layout epoch ", req->layout_epoch(), " is not the job's (",
@@ -360,12 +357,9 @@ grpc::Status CoordinatorService::ReportProcessExit(
       !denied.ok())
     return ToGrpcStatus(denied);
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(req->job());
-  if (it == jobs_.end()) {
-    return ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
-  }
-  Job& job = *it->second;
+  auto known = KnownJobLocked(req->job());
+  if (!known.ok()) return ToGrpcStatus(known.status());
+  Job& job = **known;
   if (req->layout_epoch() != job.state.layout_epoch()) {
     // A process of an older layout: the change since has replaced it.
     resp->set_changing(false);

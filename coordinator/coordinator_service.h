@@ -223,6 +223,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
       : options_(std::move(options)) {}
 
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job named `name`, or NOT_FOUND ("job 'x' is unknown").
+  absl::StatusOr<Job*> KnownJobLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new version number of the job (rule 1).
   int64_t NewVersionLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION if `epoch` is not the job's layout epoch (rule 2).

@@ -360,11 +360,9 @@ absl::Status CoordinatorService::DoReconfigure(
   if (req.after_save()) {
     // Planned to prove it can run; it starts from the processes' save.
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end())
-      return absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"));
-    PTC_RETURN_IF_ERROR(SetPendingLocked(*it->second, req, reason));
-    resp->set_source_version(it->second->state.committed_version());
+    PTC_ASSIGN_OR_RETURN(Job* job, KnownJobLocked(req.job()));
+    PTC_RETURN_IF_ERROR(SetPendingLocked(*job, req, reason));
+    resp->set_source_version(job->state.committed_version());
     *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
     SetPlacementSummary(planned->placement, planned->placement_strategy,
                         planned->names, resp->mutable_plan());

@@ -41,6 +41,7 @@ import argparse
 import json
 import pathlib
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def live_pause(args, cluster, work, run, layout, src, dst):
     finally:
         for a in agents:
             if a.poll() is None:
-                elastic.os.killpg(a.pid, 15)
+                elastic.os.killpg(a.pid, signal.SIGTERM)
         for a in agents:
             a.wait()
 
