@@ -131,6 +131,18 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
 
 absl::Status Client::Refresh() {
   PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob(/*include_layout=*/true));
+  if (const int64_t serial = options_.pending_serial; serial != 0) {
+    // Bound to a hot switch: its target is this client's layout.
+    if (!job.pending_hot() || job.pending_serial() != serial) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the hot switch ", serial, " of job '", options_.job,
+          "' is no longer pending; follow the job"));
+    }
+    job.set_config(job.pending_config());
+    *job.mutable_rank_hosts() = job.pending_rank_hosts();
+    *job.mutable_rank_devices() = job.pending_rank_devices();
+    job.set_layout_epoch(job.layout_epoch() + 1);
+  }
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, job.has_layout()
                                            ? SpecFromProto(job.layout())
                                            : SpecForModel(job.model()));
@@ -216,6 +228,9 @@ absl::StatusOr<JobEvent> Client::FetchEvent() {
   j.layout_epoch = job.layout_epoch();
   j.committed_version = job.committed_version();
   j.pending_config = job.pending_config();
+  j.pending_hot = job.pending_hot();
+  j.pending_serial = job.pending_serial();
+  j.path = job.reconfiguration().path();
   j.plan_epoch = job.reconfiguration().plan_epoch();
   j.phase = job.reconfiguration().phase();
   j.reason = job.reconfiguration().reason();
@@ -244,6 +259,9 @@ void Client::Follow() {
         j.layout_epoch = e.layout_epoch();
         j.committed_version = e.committed_version();
         j.pending_config = e.pending_config();
+        j.pending_hot = e.pending_hot();
+        j.pending_serial = e.pending_serial();
+        j.path = e.path();
         j.plan_epoch = e.plan_epoch();
         j.phase = e.phase();
         j.reason = e.reason();
@@ -311,6 +329,7 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
   req.set_rank(options_.rank);
   req.set_layout_epoch(layout_epoch_);
   req.set_step(step);
+  req.set_pending_serial(options_.pending_serial);
   proto::BeginSaveResponse resp;
   PTC_RETURN_IF_ERROR(
       Annotate(FromGrpcStatus(coordinator_->BeginSave(&ctx, req, &resp)),
@@ -549,6 +568,72 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(200));
   }
+}
+
+absl::StatusOr<Client::HotSwitch> Client::PlanHotSwitch(int64_t serial) {
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+  if (!job.pending_hot() || job.pending_serial() != serial) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the hot switch ", serial, " of job '", options_.job,
+        "' is no longer pending; follow the job"));
+  }
+  if (job.layout_epoch() != layout_epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job, "' is at layout epoch ", job.layout_epoch(),
+        ", this process at ", layout_epoch_, "; follow the job"));
+  }
+  PTC_ASSIGN_OR_RETURN(ParallelConfig to, spec_.ParseConfig(job.pending_config()));
+  PTC_ASSIGN_OR_RETURN(Layout source, BuildLayout(spec_, config_));
+  PTC_ASSIGN_OR_RETURN(Layout target, BuildLayout(spec_, to));
+  if (job.rank_hosts_size() != source.world_size() ||
+      job.rank_devices_size() != source.world_size() ||
+      job.pending_rank_hosts_size() != target.world_size() ||
+      job.pending_rank_devices_size() != target.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", options_.job, "' does not place every rank of ",
+        config_.ToString(), " and ", to.ToString(),
+        " on a host and GPU; a hot switch needs both placements"));
+  }
+  // Every host of either placement, with the GPUs they use.
+  Cluster cluster;
+  auto id_of = [&](const std::string& name, int gpu) {
+    int id = cluster.FindHost(name);
+    if (id < 0) {
+      cluster.hosts.push_back({name, 0});
+      id = static_cast<int>(cluster.hosts.size()) - 1;
+    }
+    cluster.hosts[id].gpus = std::max(cluster.hosts[id].gpus, gpu + 1);
+    return id;
+  };
+  Placement from, onto;
+  for (int r = 0; r < source.world_size(); ++r) {
+    from.host.push_back(id_of(job.rank_hosts(r), job.rank_devices(r)));
+    from.device.push_back(job.rank_devices(r));
+  }
+  for (int r = 0; r < target.world_size(); ++r) {
+    onto.host.push_back(
+        id_of(job.pending_rank_hosts(r), job.pending_rank_devices(r)));
+    onto.device.push_back(job.pending_rank_devices(r));
+  }
+  HotSwitch out;
+  out.config = to.ToString();
+  for (int r = 0; r < target.world_size(); ++r) {
+    int process = -1;
+    for (int s = 0; s < source.world_size(); ++s) {
+      if (from.host[s] == onto.host[r] && from.device[s] == onto.device[r])
+        process = s;
+    }
+    if (process < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target rank ", r, " of the hot switch runs on GPU ",
+          onto.device[r], " of ", job.pending_rank_hosts(r),
+          ", where no process of the job runs"));
+    }
+    out.process_of.push_back(process);
+  }
+  PlanInput in{&spec_, &cluster, &source, &from, &target, &onto};
+  PTC_ASSIGN_OR_RETURN(out.plan, PlanProcessSwitch(in));
+  return out;
 }
 
 }  // namespace ptc

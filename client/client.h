@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "coordinator/hot_plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
@@ -59,6 +60,13 @@ struct ClientOptions {
   std::string token;
   // Deadline of each coordinator call.
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // Nonzero: bind to the job's pending hot switch with this serial
+  // (JobStatus.pending_serial) instead of its committed layout: rank,
+  // config(), regions() and layout_epoch() (the current + 1) are the
+  // switch's target, and a save is the switch's save, whose commit makes
+  // the target the job's layout. FAILED_PRECONDITION once the switch is no
+  // longer pending.
+  int64_t pending_serial = 0;
 };
 
 // One region this rank holds: a hyper-rectangle of a tensor of the model
@@ -103,6 +111,11 @@ struct JobEvent {
   int64_t committed_version = 0;
   // A change the processes are asked to save for (empty: none).
   std::string pending_config;
+  // It is a hot switch (its processes move the state), and its serial.
+  bool pending_hot = false;
+  int64_t pending_serial = 0;
+  // How the last committed change moved the state ("store", "hot switch").
+  std::string path;
   // The change in flight or the last one: its plan epoch, phase, why it
   // started and, if it aborted, why.
   int64_t plan_epoch = 0;
@@ -247,6 +260,18 @@ class Client {
 
   // Waits until the coordinator has committed `version` (every rank saved).
   absl::Status WaitCommitted(int64_t version, absl::Duration timeout);
+
+  // The job's pending hot switch with `serial`: its target config, and,
+  // for each target rank, the rank of this layout whose process runs on
+  // its GPU; and the plan between the processes (hot_plan.h), the same in
+  // every process. FAILED_PRECONDITION if it is no longer pending or the
+  // job's layout changed since this client read it.
+  struct HotSwitch {
+    std::string config;
+    std::vector<int> process_of;
+    ProcessPlan plan;
+  };
+  absl::StatusOr<HotSwitch> PlanHotSwitch(int64_t serial);
 
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}

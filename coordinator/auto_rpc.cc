@@ -67,24 +67,58 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::KnownJobLocked(
 }
 
 absl::Status CoordinatorService::SetPendingLocked(
-    Job& job, const proto::ReconfigureRequest& req, const std::string& reason) {
+    Job& job, const proto::ReconfigureRequest& req, const std::string& reason,
+    const std::vector<std::string>& rank_hosts,
+    const std::vector<int32_t>& rank_devices) {
   if (job.state.target_version() != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job.state.job(), "' is already being reconfigured (epoch ",
         job.state.target_epoch(), ")"));
+  }
+  if (job.state.hot_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job.state.job(), "' is switching to ", job.state.pending().to(),
+        " (hot switch, version ", job.state.hot_version(),
+        "); ask again after it ends"));
   }
   proto::ReconfigureRequest pending = req;
   pending.set_after_save(false);
   // As ptc writes configs (what the processes and ptcctl show).
   PTC_ASSIGN_OR_RETURN(const ParallelConfig to, job.spec->ParseConfig(req.to()));
   pending.set_to(to.ToString());
+  // A hot switch needs a process on every GPU of the target (processes
+  // move the state; nobody starts new ones before the commit), and a
+  // committed version to return to if it fails.
+  bool hot = req.hot() && job.state.committed_version() > 0 &&
+             !rank_hosts.empty() && rank_hosts.size() == rank_devices.size();
+  if (hot) {
+    const auto [hosts, devices] = RankPlacementLocked(job);
+    std::set<std::pair<std::string, int32_t>> running;
+    for (size_t r = 0; r < hosts.size() && r < devices.size(); ++r)
+      running.insert({hosts[r], devices[r]});
+    for (size_t r = 0; r < rank_hosts.size(); ++r)
+      hot &= running.count({rank_hosts[r], rank_devices[r]}) > 0;
+  }
+  pending.set_hot(hot);
+  if (hot) {
+    // Fixed now: the processes compute their plan from it.
+    proto::PlacementOptions* p = pending.mutable_placement();
+    p->set_strategy(proto::PLACEMENT_EXPLICIT);
+    p->clear_rank_hosts();
+    p->clear_rank_devices();
+    for (const std::string& h : rank_hosts) p->add_rank_hosts(h);
+    for (int32_t d : rank_devices) p->add_rank_devices(d);
+  }
   *job.state.mutable_pending() = pending;
+  job.state.set_next_serial(job.state.next_serial() + 1);
+  job.state.set_pending_serial(job.state.next_serial());
   job.state.set_pending_reason(reason);
   job.state.set_pending_after_version(job.state.committed_version());
   job.state.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
   Log("coordinator")
-      ->info("job {}: change to {} ({}) waits for the processes' next save",
-             job.state.job(), req.to(), reason);
+      ->info("job {}: change to {} ({}) waits for the processes' next {}",
+             job.state.job(), req.to(), reason,
+             hot ? "step boundary (hot switch)" : "save");
   auto_wake_ = true;
   return PersistLocked();
 }
@@ -432,6 +466,20 @@ void CoordinatorService::AutoLoop() {
             auto it = hosts_.find(h);
             lost_process |= it == hosts_.end() || !it->second.status.alive();
           }
+          if (lost_process && job.state.pending().hot() && policy.enabled()) {
+            // The hot switch cannot finish without every process: the
+            // change is planned again from the committed version.
+            Log("coordinator")
+                ->warn("job {}: a process or host died during the hot switch "
+                       "to {}; the job changes from version {}",
+                       name, job.state.pending().to(),
+                       job.state.committed_version());
+            if (!process_exits_.count(name))
+              process_exits_[name] = "a process died during a hot switch";
+            ClearPendingLocked(job);
+            auto_wake_ = true;
+            continue;
+          }
           if (saved || waited > timeout || lost_process) {
             if (!saved) {
               Log("coordinator")
@@ -527,8 +575,7 @@ void CoordinatorService::AutoLoop() {
           auto it = jobs_.find(a.job);
           if (it != jobs_.end() && it->second->state.target_version() == 0) {
             Job& job = *it->second;
-            job.state.clear_pending();
-            job.state.clear_pending_reason();
+            ClearPendingLocked(job);
             job.event.Clear();
             job.event.set_phase(proto::PHASE_ABORTED);
             job.event.set_reason(a.reason);
@@ -556,6 +603,7 @@ void CoordinatorService::RunAutoChange(const std::string& name,
   bool pinned = false;
   std::string pinned_config;
   bool must_move = must_change;  // a host is dead or drained, a process died
+  bool hot = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(name);
@@ -564,6 +612,7 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     auto parsed = it->second->spec->ParseConfig(it->second->state.config());
     current = parsed.ok() ? parsed->ToString() : it->second->state.config();
     current_ranks = it->second->ranks;
+    hot = it->second->state.auto_policy().hot();
     const std::string& pin = it->second->state.auto_policy().pinned_config();
     pinned = !pin.empty();
     if (pinned) {
@@ -596,6 +645,7 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     req.set_to(chosen.config());
     for (const std::string& h : advice.hosts()) req.add_hosts(h);
     req.set_after_save(save_first);
+    req.set_hot(save_first && hot);
     proto::ReconfigureResponse resp;
     s = DoReconfigure(req, &resp, absl::StrCat(reason, " (automatic)"));
     if (s.ok()) return;

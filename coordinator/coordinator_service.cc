@@ -186,6 +186,20 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
 }
 
 
+void ClearFlight(proto::CoordinatorState::Job* job) {
+  job->clear_target_config();
+  job->clear_target_hosts();
+  job->set_target_version(0);
+  job->set_target_epoch(0);
+  job->set_commit_decided(false);
+  job->clear_release_hosts();
+  job->set_target_step(0);
+  job->clear_acked_hosts();
+  job->clear_target_rank_hosts();
+  job->clear_target_rank_devices();
+  job->clear_restore_dir();
+}
+
 void CoordinatorService::AdoptTargetLocked(Job& job) {
   proto::CoordinatorState::Job& s = job.state;
   s.set_config(s.target_config());
@@ -213,6 +227,59 @@ void CoordinatorService::AdoptTargetLocked(Job& job) {
   job.saved.clear();
   auto shape = JobShape(*job.spec, s.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
+}
+
+void CoordinatorService::ClearPendingLocked(Job& job) {
+  proto::CoordinatorState::Job& s = job.state;
+  if (const int64_t v = s.hot_version(); v != 0) {
+    job.saved.erase(v);
+    auto* open = s.mutable_open_saves();
+    open->erase(std::remove_if(open->begin(), open->end(),
+                               [&](const auto& o) { return o.version() == v; }),
+                open->end());
+  }
+  s.clear_pending();
+  s.clear_pending_reason();
+  s.set_pending_serial(0);
+  s.set_hot_version(0);
+}
+
+std::vector<std::string> CoordinatorService::CommitHotSwitchLocked(
+    Job& job, int64_t version, int64_t step) {
+  proto::CoordinatorState::Job& s = job.state;
+  const proto::ReconfigureRequest pending = s.pending();
+  const std::string reason = s.pending_reason();
+  const double began = s.pending_unix();
+  std::vector<std::string> old_hosts(s.hosts().begin(), s.hosts().end());
+  // The pending change becomes the job's target, proven by the save, and
+  // is adopted as a change through the store would be.
+  s.set_target_config(pending.to());
+  s.clear_target_hosts();
+  for (const std::string& h : pending.placement().rank_hosts()) {
+    if (std::find(s.target_hosts().begin(), s.target_hosts().end(), h) ==
+        s.target_hosts().end())
+      s.add_target_hosts(h);
+  }
+  *s.mutable_target_rank_hosts() = pending.placement().rank_hosts();
+  *s.mutable_target_rank_devices() = pending.placement().rank_devices();
+  s.set_target_version(version);
+  s.set_target_step(step);
+  s.clear_acked_hosts();
+  job.target_host_bytes =
+      HostBytesOf(*job.spec, s.target_config(), s.target_rank_hosts());
+  const int64_t epoch = std::max(s.last_epoch(), s.target_epoch()) + 1;
+  s.set_last_epoch(epoch);
+  AdoptTargetLocked(job);
+  ClearFlight(&s);
+  ClearPendingLocked(job);
+  s.set_target_reason(reason);
+  job.event.Clear();
+  job.event.set_plan_epoch(epoch);
+  job.event.set_phase(proto::PHASE_COMMITTED);
+  job.event.set_reason(reason);
+  job.event.set_path("hot switch");
+  job.event.set_seconds(absl::ToUnixMicros(absl::Now()) / 1e6 - began);
+  return old_hosts;
 }
 
 int64_t CoordinatorService::NewVersionLocked(Job& job) {
@@ -910,6 +977,13 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     for (const std::string& h : j->state.pool()) s->add_pool(h);
     s->set_pending_config(j->state.pending().to());
     s->set_pending_reason(j->state.pending_reason());
+    if (j->state.pending().hot()) {
+      s->set_pending_hot(true);
+      *s->mutable_pending_rank_hosts() = j->state.pending().placement().rank_hosts();
+      *s->mutable_pending_rank_devices() =
+          j->state.pending().placement().rank_devices();
+    }
+    s->set_pending_serial(j->state.pending_serial());
     for (const std::string& a : j->spec->mesh) s->add_mesh(a);
     if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;

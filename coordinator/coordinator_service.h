@@ -97,6 +97,9 @@ absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
 absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
                                const std::string& host);
 
+// Clears the change in flight's target fields (after its commit or abort).
+void ClearFlight(proto::CoordinatorState::Job* job);
+
 class CoordinatorService final : public proto::Coordinator::Service {
  public:
   // Loads the state (if any) and settles reconfigurations that were in
@@ -238,6 +241,22 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::StatusOr<Job*> SavingJobLocked(const std::string& name, int32_t rank,
                                        int64_t layout_epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a hot switch's save (BeginSaveRequest.pending_serial):
+  // the job's pending hot change with that serial, a rank of its target,
+  // the layout epoch after the current one.
+  absl::StatusOr<Job*> HotSavingJobLocked(const std::string& name,
+                                          int32_t rank, int64_t layout_epoch,
+                                          int64_t serial)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The hot switch's save `version` (proven on the target's hosts) makes
+  // the pending change the job's committed layout; returns the hosts that
+  // held the version before it.
+  std::vector<std::string> CommitHotSwitchLocked(Job& job, int64_t version,
+                                                 int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Clears the pending change, and the hot switch's save if its
+  // processes began one (its version is reclaimed).
+  void ClearPendingLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the job owns `version` (rule 6).
   bool OwnsVersionLocked(const Job& job, int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -316,8 +335,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
                              const std::string& reason = "requested");
   // Records `req` as the job's pending change: its processes save at their
   // next step, and the auto loop starts it from that save.
+  // `placement` (host and GPU per target rank) is where it was planned:
+  // a hot change (req.hot) keeps it if every GPU of it runs a process of
+  // the job now, and goes through the store otherwise.
   absl::Status SetPendingLocked(Job& job, const proto::ReconfigureRequest& req,
-                                const std::string& reason)
+                                const std::string& reason,
+                                const std::vector<std::string>& rank_hosts = {},
+                                const std::vector<int32_t>& rank_devices = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The advisor's candidates for the job, planned and chosen.
   absl::Status DoAdvise(const proto::AdviseRequest& req,

@@ -62,19 +62,6 @@ namespace {
 
 // The target of the reconfiguration in flight becomes the committed state.
 // Forgets the reconfiguration in flight (its target and decision).
-void ClearFlight(proto::CoordinatorState::Job* job) {
-  job->clear_target_config();
-  job->clear_target_hosts();
-  job->set_target_version(0);
-  job->set_target_epoch(0);
-  job->set_commit_decided(false);
-  job->clear_release_hosts();
-  job->set_target_step(0);
-  job->clear_acked_hosts();
-  job->clear_target_rank_hosts();
-  job->clear_target_rank_devices();
-  job->clear_restore_dir();
-}
 
 // Fault injection for the process tests (tests/python): with the
 // environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
@@ -361,7 +348,14 @@ absl::Status CoordinatorService::DoReconfigure(
     // Planned to prove it can run; it starts from the processes' save.
     absl::MutexLock lock(&mu_);
     PTC_ASSIGN_OR_RETURN(Job* job, KnownJobLocked(req.job()));
-    PTC_RETURN_IF_ERROR(SetPendingLocked(*job, req, reason));
+    std::vector<std::string> rank_hosts;
+    std::vector<int32_t> rank_devices;
+    for (size_t r = 0; r < planned->placement.placement.host.size(); ++r) {
+      rank_hosts.push_back(planned->names[planned->placement.placement.host[r]]);
+      rank_devices.push_back(planned->placement.placement.device[r]);
+    }
+    PTC_RETURN_IF_ERROR(
+        SetPendingLocked(*job, req, reason, rank_hosts, rank_devices));
     resp->set_source_version(job->state.committed_version());
     *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
     SetPlacementSummary(planned->placement, planned->placement_strategy,
@@ -469,8 +463,7 @@ absl::Status CoordinatorService::StartChange(
     job.event.set_phase(proto::PHASE_STAGING);
     job.event.set_reason(reason);
     job.state.set_target_reason(reason);
-    job.state.clear_pending();
-    job.state.clear_pending_reason();
+    ClearPendingLocked(job);
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
@@ -786,6 +779,8 @@ grpc::Status CoordinatorService::Watch(
         e.set_layout_epoch(job.state.layout_epoch());
         e.set_committed_version(job.state.committed_version());
         e.set_pending_config(job.state.pending().to());
+        e.set_pending_hot(job.state.pending().hot());
+        e.set_pending_serial(job.state.pending_serial());
       }
     }
     if (req->follow()) {

@@ -124,6 +124,38 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
   return &job;
 }
 
+absl::StatusOr<CoordinatorService::Job*> CoordinatorService::HotSavingJobLocked(
+    const std::string& name, int32_t rank, int64_t layout_epoch,
+    int64_t serial) {
+  PTC_ASSIGN_OR_RETURN(Job * known, KnownJobLocked(name));
+  Job& job = *known;
+  const proto::CoordinatorState::Job& s = job.state;
+  if (!s.has_pending() || !s.pending().hot() || s.pending_serial() != serial) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the hot switch ", serial, " of job '", name, "' is no longer pending (",
+        s.has_pending() ? absl::StrCat("replaced by ", s.pending_serial(), ": ",
+                                       s.pending().to())
+                        : "ended, or it goes through the store",
+        "); follow the job"));
+  }
+  if (s.target_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", name, "' is being reconfigured (epoch ", s.target_epoch(),
+        ") from its committed version; follow that change"));
+  }
+  if (layout_epoch != s.layout_epoch() + 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a hot switch saves under layout epoch ", s.layout_epoch() + 1,
+        " (the one after the job's), not ", layout_epoch));
+  }
+  const int ranks = s.pending().placement().rank_hosts_size();
+  if (rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is outside the ", ranks, " ranks of ", s.pending().to()));
+  }
+  return &job;
+}
+
 grpc::Status CoordinatorService::BeginSave(grpc::ServerContext* ctx,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
@@ -139,7 +171,33 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
     return absl::InvalidArgumentError(
         absl::StrCat("step ", req.step(), " is negative"));
   }
+  if (req.pending_serial() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pending serial ", req.pending_serial(), " is negative"));
+  }
   absl::MutexLock lock(&mu_);
+  if (req.pending_serial() != 0) {
+    // A hot switch's save: one version for every target rank.
+    PTC_ASSIGN_OR_RETURN(Job * hot,
+                         HotSavingJobLocked(req.job(), req.rank(),
+                                            req.layout_epoch(), req.pending_serial()));
+    proto::CoordinatorState::Job& s = hot->state;
+    if (s.hot_version() == 0) {
+      proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
+      o->set_version(NewVersionLocked(*hot));
+      o->set_step(req.step());
+      o->set_layout_epoch(s.layout_epoch() + 1);
+      s.set_hot_version(o->version());
+      // The switch gets its own save timeout from now.
+      s.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
+      PTC_RETURN_IF_ERROR(PersistLocked());
+      Log("coordinator")
+          ->info("job {}: hot switch to {} saves step {} as version {}",
+                 req.job(), s.pending().to(), req.step(), o->version());
+    }
+    resp->set_version(s.hot_version());
+    return absl::OkStatus();
+  }
   PTC_ASSIGN_OR_RETURN(
       Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
   Job& job = *saving;
@@ -182,10 +240,17 @@ absl::Status CoordinatorService::DoReportSaved(
   std::string config;
   std::vector<std::string> rank_hosts, hosts;
   int64_t previous = 0, step = 0;
+  bool hot = false;
   {
     absl::MutexLock lock(&mu_);
-    PTC_ASSIGN_OR_RETURN(Job * saving, SavingJobLocked(req.job(), req.rank(),
-                                                       req.layout_epoch()));
+    auto known = jobs_.find(req.job());
+    hot = known != jobs_.end() && known->second->state.hot_version() != 0 &&
+          req.version() == known->second->state.hot_version();
+    PTC_ASSIGN_OR_RETURN(
+        Job * saving,
+        hot ? HotSavingJobLocked(req.job(), req.rank(), req.layout_epoch(),
+                                 known->second->state.pending_serial())
+            : SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
     auto open = std::find_if(
@@ -204,12 +269,26 @@ absl::Status CoordinatorService::DoReportSaved(
     }
     std::set<int32_t>& ranks = job.saved[req.version()];
     ranks.insert(req.rank());
-    if (static_cast<int32_t>(ranks.size()) < job.ranks) return absl::OkStatus();
+    const int32_t expected =
+        hot ? s.pending().placement().rank_hosts_size() : job.ranks;
+    if (static_cast<int32_t>(ranks.size()) < expected) return absl::OkStatus();
     step = open->step();
     spec = job.spec;
-    config = s.config();
-    rank_hosts = RankHostsLocked(job);
+    if (hot) {
+      // Proven where the target places its ranks; the old layout's hosts
+      // release their versions after the commit.
+      config = s.pending().to();
+      rank_hosts.assign(s.pending().placement().rank_hosts().begin(),
+                        s.pending().placement().rank_hosts().end());
+    } else {
+      config = s.config();
+      rank_hosts = RankHostsLocked(job);
+    }
     hosts.assign(s.hosts().begin(), s.hosts().end());
+    for (const std::string& h : rank_hosts) {
+      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end())
+        hosts.push_back(h);
+    }
     previous = s.committed_version();
     job.committing_save = true;  // no change starts until this ends
   }
@@ -230,7 +309,21 @@ absl::Status CoordinatorService::DoReportSaved(
     proto::CoordinatorState::Job& s = job.state;
     job.committing_save = false;
     auto* open = s.mutable_open_saves();
-    if (!proven.ok()) {
+    if (hot && proven.ok() && s.hot_version() != req.version()) {
+      // Overtaken (a change from the committed version started meanwhile
+      // is refused while committing_save; this is a forgotten pending).
+      return absl::AbortedError(absl::StrCat(
+          "the hot switch of job '", req.job(), "' ended before version ",
+          req.version(), " committed; version ", previous, " stays"));
+    }
+    if (hot && proven.ok()) {
+      CommitHotSwitchLocked(job, req.version(), step);
+      auto_wake_ = true;
+      if (previous > 0) superseded.push_back(previous);
+      PTC_RETURN_IF_ERROR(PersistLocked());
+      auto a = AddressesLocked(hosts);
+      if (a.ok()) addresses = *std::move(a);
+    } else if (!proven.ok()) {
       // The save failed: its version is no longer owned, and goes.
       job.saved.erase(req.version());
       open->erase(std::remove_if(open->begin(), open->end(),
@@ -255,9 +348,12 @@ absl::Status CoordinatorService::DoReportSaved(
       job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
       if (previous > 0) superseded.push_back(previous);
     }
-    PTC_RETURN_IF_ERROR(PersistLocked());
-    auto a = AddressesLocked(hosts);
-    if (a.ok()) addresses = *std::move(a);
+    if (!hot || !proven.ok()) {
+      if (hot) s.set_hot_version(0);  // the processes follow a change now
+      PTC_RETURN_IF_ERROR(PersistLocked());
+      auto a = AddressesLocked(hosts);
+      if (a.ok()) addresses = *std::move(a);
+    }
   }
   // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
   std::set<std::string> unique(addresses.begin(), addresses.end());
@@ -273,8 +369,10 @@ absl::Status CoordinatorService::DoReportSaved(
                                  previous, " stays; save again"));
   }
   Log("coordinator")
-      ->info("job {} version {} (step {}) committed by all ranks", req.job(),
-             req.version(), step);
+      ->info("job {} version {} (step {}) committed by all ranks{}", req.job(),
+             req.version(), step, hot ? absl::StrCat(": the hot switch to ",
+                                                     config, " committed")
+                                      : "");
   resp->set_committed(true);
   return absl::OkStatus();
 }

@@ -136,6 +136,9 @@ py::dict EventDict(const JobEvent& e) {
   d["layout_epoch"] = e.layout_epoch;
   d["committed_version"] = e.committed_version;
   d["pending_config"] = e.pending_config;
+  d["pending_hot"] = e.pending_hot;
+  d["pending_serial"] = e.pending_serial;
+  d["path"] = e.path;
   d["plan_epoch"] = e.plan_epoch;
   d["phase"] = std::string(PhaseName(e.phase));
   d["reason"] = e.reason;
@@ -330,6 +333,15 @@ PYBIND11_MODULE(_ptc, m) {
       "the seed ptc derived for a rank whose coordinates are new (an RNG "
       "state's small object), or None for bytes a rank saved itself");
   m.def(
+      "derived_small_object",
+      [](const std::string& name, const std::string& derive_from,
+         int64_t version) {
+        return py::bytes(DerivedSmallObject(name, derive_from, version));
+      },
+      py::arg("name"), py::arg("derive_from"), py::arg("version"),
+      "the value the store derives for small object `name` of a rank whose "
+      "coordinates (`derive_from`) are new, in `version`");
+  m.def(
       "padded_vocab",
       [](const std::string& model, int tp) {
         return PaddedVocab(Value(ResolveArchitecture(model)), tp);
@@ -454,18 +466,61 @@ PYBIND11_MODULE(_ptc, m) {
       .def(
           py::init([](const std::string& socket, const std::string& coordinator,
                       const std::string& job, int rank,
-                      const std::string& token) {
+                      const std::string& token, int64_t pending_serial) {
             ClientOptions o;
             o.socket_path = socket;
             o.coordinator = coordinator;
             o.job = job;
             o.rank = rank;
             o.token = token;
+            o.pending_serial = pending_serial;
             return Unlocked([&] { return Client::Connect(std::move(o)); });
           }),
           py::arg("socket"), py::arg("coordinator"), py::arg("job"),
-          py::arg("rank"), py::arg("token") = "",
-          "token: the job's token (ptcctl token); empty: $PTC_JOB_TOKEN")
+          py::arg("rank"), py::arg("token") = "", py::arg("pending_serial") = 0,
+          "token: the job's token (ptcctl token); empty: $PTC_JOB_TOKEN. "
+          "pending_serial: bind to the job's pending hot switch (its target "
+          "layout; a save is the switch's)")
+      .def(
+          "hot_plan",
+          [](Client& c, int64_t serial) {
+            Client::HotSwitch h =
+                Unlocked([&] { return c.PlanHotSwitch(serial); });
+            py::dict d;
+            d["config"] = h.config;
+            d["process_of"] = h.process_of;
+            py::list transfers;
+            for (const ProcessTransfer& x : h.plan.transfers) {
+              std::vector<std::pair<int64_t, int64_t>> box;
+              for (int i = 0; i < x.region.rank(); ++i)
+                box.push_back({x.region.dim(i).begin, x.region.dim(i).end});
+              transfers.append(py::make_tuple(c.spec().tensors[x.tensor].key, box,
+                                              x.source_rank, x.target_rank));
+            }
+            d["transfers"] = transfers;
+            py::list small;
+            for (const SmallObjectMove& m : h.plan.small_objects) {
+              py::dict o;
+              o["name"] = m.name;
+              o["target_rank"] = m.target_rank;
+              o["source_rank"] = m.source_rank;
+              o["derive_from"] = m.derive_from;
+              small.append(o);
+            }
+            d["small_objects"] = small;
+            d["bytes"] = h.plan.bytes;
+            d["bytes_between_processes"] = h.plan.bytes_between_processes;
+            d["bytes_between_hosts"] = h.plan.bytes_between_hosts;
+            d["host_plan_cross_host_bytes"] = h.plan.host_plan.cross_host_bytes;
+            return d;
+          },
+          py::arg("serial"),
+          "the plan of the job's pending hot switch between its processes: "
+          "{config, process_of (per target rank, the rank of this layout "
+          "whose process runs on its GPU), transfers [(key, region, "
+          "source_rank, target_rank)], small_objects [{name, target_rank, "
+          "source_rank, derive_from}], bytes, bytes_between_processes, "
+          "bytes_between_hosts}")
       .def("refresh", [](Client& c) { Unlocked([&] { return c.Refresh(); }); })
       .def(
           "rebind",
