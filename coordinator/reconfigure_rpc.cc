@@ -595,6 +595,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   if (report.ok()) {
     AdoptTargetLocked(job);
     e.set_phase(proto::PHASE_COMMITTED);
+    e.set_path("store");
     reconfigurations_committed.Add();
     bytes_from_peers_total.Add(report->bytes_from_peers);
     phase_millis_staging.Add(

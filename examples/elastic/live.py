@@ -29,7 +29,7 @@ rollbacks) equal to an uninterrupted run's within the tolerance; the
 samples of every iteration the uninterrupted run's, so every sample once;
 host0's processes never restarted.
 
-    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests] [--json]
+    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests|hot] [--json]
 """
 
 import argparse
@@ -229,6 +229,43 @@ def requests_and_a_kill(args, cluster, job, results, say):
     return before, during
 
 
+def hot_switches(args, cluster, job, results, say):
+    """Hot switches (the processes move the state between themselves) for
+    a tp, a pp and a dp change, each asked by pinning the config; during
+    the pp change a process is SIGKILLed."""
+    at = args.iterations // 6
+    job.wait(f"iteration {at}", lambda: len(job.losses()) >= at)
+    before = during = job.running("host0")
+    steps = (("tp", "tp=1,pp=1,dp=4", False), ("pp", "tp=1,pp=2,dp=2", True),
+             ("dp", "tp=1,pp=2,dp=1", False))
+    for axis, to, kill in steps:
+        epoch = max(r["epoch"] for r in job.losses().values())
+        victim = job.running("host1").get(1) if kill else None
+        cluster.ptcctl("auto", JOB, "on", "--live", "--hot", "--pin", to, capture=True)
+        if kill:
+            time.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+        say(f"\n== a {axis} change to {to} (hot switch)" +
+            (f"; the process on host1 GPU 1 (pid {victim}) SIGKILLed during it" if kill
+             else ""))
+        job.wait(f"the {axis} change", lambda: any(
+            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
+            and job.pending() == "" and (not kill or job.running("host1").get(1)
+                                         not in (None, victim)))
+        status = cluster_status(cluster)
+        last = max(job.losses().values(), key=lambda r: (r["epoch"], r["iteration"]))
+        say(f"   it goes on at {last['config']} (layout epoch {last['epoch']}); the last "
+            f"change went through the {status['path'] or '?'} ({status['reason']})")
+        results["events"].append({"what": f"{axis} change" + (" with a kill" if kill else ""),
+                                  "config": last["config"], "path": status["path"],
+                                  "reason": status["reason"]})
+        if not kill:
+            during = job.running("host0") if axis == "tp" else during
+        at = max(job.losses()) + 3
+        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
+    return before, during
+
+
 def reference(args, work):
     """The same job uninterrupted at FIRST: losses and samples per iteration."""
     ref = work / "reference"
@@ -244,7 +281,7 @@ def reference(args, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=("host", "requests"), default="host")
+    ap.add_argument("--scenario", choices=("host", "requests", "hot"), default="host")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=16)
@@ -281,12 +318,22 @@ def main():
             job.start_agent(h)
         if args.scenario == "host":
             before, during = host_dies_and_returns(args, cluster, job, results, say)
+        elif args.scenario == "hot":
+            before, during = hot_switches(args, cluster, job, results, say)
         else:
             before, during = requests_and_a_kill(args, cluster, job, results, say)
         job.wait(f"iteration {args.iterations}",
                  lambda: max(job.losses()) >= args.iterations)
         job.wait("the processes to finish", lambda: not job.running("host0") and
                  not job.running("host1"))
+        if args.scenario == "hot":
+            for p in read_jsonl(job.run / "processes.jsonl"):
+                for c in p["changes"]:
+                    if c.get("how") == "hot switch":
+                        results.setdefault("hot_switches", []).append(
+                            {k: c.get(k) for k in ("from", "to", "rank", "pause_seconds",
+                                                   "hot_seconds", "bytes_sent",
+                                                   "bytes_received")})
     finally:
         job.stop()
         cluster.down()
@@ -296,9 +343,10 @@ def main():
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        what = ("a host died and came back; the job changed twice by itself"
-                if args.scenario == "host" else
-                "changes asked in a row and a process killed during one")
+        what = {"host": "a host died and came back; the job changed twice by itself",
+                "requests": "changes asked in a row and a process killed during one",
+                "hot": "hot switches for a tp, a pp and a dp change, a process killed "
+                       "during one"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")

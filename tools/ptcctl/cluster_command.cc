@@ -53,7 +53,8 @@ DIR admin; or --insecure for a cluster without TLS):
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
                      [--auto on [--live] ...]  (automatic changes: see ptcctl auto)
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
-                     [--after-save]  (live jobs: start from the processes' next save)
+                     [--after-save [--hot]]  (live jobs: start from the processes'
+                     next save; --hot: they move the state between themselves)
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
@@ -72,7 +73,7 @@ DIR admin; or --insecure for a cluster without TLS):
   ptcctl export      --job J --to FILE.safetensors [--from DIR] [--all]
   ptcctl advise      --job J [--gpus N] [--hosts h1,h2,...]
                      (the configs the advisor considers and the one it chooses)
-  ptcctl auto        J on|off [--live] [--pin CONFIG | --unpin] [--margin F]
+  ptcctl auto        J on|off [--live [--hot|--no-hot]] [--pin CONFIG | --unpin] [--margin F]
                      [--global-batch N] [--micro-batches N] [--tokens-per-step N]
                      [--max-gpus N] [--save-timeout SECONDS]
   ptcctl hosts       add h1,h2,... [--job J]   (into J's pool, or back in service)
@@ -83,7 +84,10 @@ of the job dies, is drained, or joins its pool, the coordinator changes
 the job by itself to the config `ptcctl advise` shows. With --live its
 processes follow without restarting (ptc.torch.elastic): a change while
 every host is alive first asks them to save at their next step.
-reconfigure --after-save does the same for a change by hand.
+reconfigure --after-save does the same for a change by hand. With --hot,
+a change whose target GPUs all run a process of the job is a hot switch:
+the processes move the state between themselves over their process groups
+(ptc's plan) and save the new layout; the change commits with that save.
 
 The coordinator places the ranks: --hosts are candidates, and it picks
 the hosts and GPUs that make the change shortest and move the fewest bytes
@@ -167,6 +171,11 @@ absl::Status AutoPolicyFlags(const Args& args, proto::AutoPolicy* p) {
     p->set_enabled(v == "on");
   }
   if (args.Flag("live")) p->set_live(true);
+  if (args.Flag("hot")) {
+    p->set_live(true);
+    p->set_hot(true);
+  }
+  if (args.Flag("no-hot")) p->set_hot(false);
   if (args.Has("pin")) p->set_pinned_config(args.Get("pin"));
   if (args.Flag("unpin")) p->clear_pinned_config();
   auto number = [&](const char* flag, auto set) -> absl::Status {
@@ -202,7 +211,9 @@ absl::Status AutoPolicyFlags(const Args& args, proto::AutoPolicy* p) {
 std::string DescribePolicy(const proto::AutoPolicy& p) {
   if (!p.enabled()) return "automatic changes off";
   std::string out = absl::StrCat("automatic changes on",
-                                 p.live() ? ", live processes" : "");
+                                 p.live() ? (p.hot() ? ", live processes (hot switch)"
+                                                     : ", live processes")
+                                          : "");
   if (!p.pinned_config().empty())
     absl::StrAppend(&out, ", pinned to ", p.pinned_config());
   return out;
@@ -427,6 +438,11 @@ absl::Status ChangeHostsCommand(Stub* stub, const Args& args, bool json) {
 absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   req.set_after_save(args.Flag("after-save"));
+  req.set_hot(args.Flag("hot"));
+  if (req.hot() && !req.after_save()) {
+    return absl::InvalidArgumentError(
+        "--hot is for live jobs' changes: give --after-save with it");
+  }
   int pulls = 0;
   if (args.Has("parallel-pulls") &&
       (!absl::SimpleAtoi(args.Get("parallel-pulls"), &pulls) || pulls < 1 ||
@@ -751,14 +767,17 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.Key("bytes_done").Int(j.reconfiguration().bytes_done());
       w.Key("bytes_total").Int(j.reconfiguration().bytes_total());
       w.Key("error").String(j.reconfiguration().error());
-      w.Key("reason").String(j.reconfiguration().reason()).EndObject();
+      w.Key("reason").String(j.reconfiguration().reason());
+      w.Key("path").String(j.reconfiguration().path()).EndObject();
       const proto::AutoPolicy& p = j.auto_policy();
       w.Key("auto").BeginObject().Key("enabled").Bool(p.enabled());
-      w.Key("live").Bool(p.live()).Key("pinned_config").String(p.pinned_config());
+      w.Key("live").Bool(p.live()).Key("hot").Bool(p.hot());
+      w.Key("pinned_config").String(p.pinned_config());
       w.EndObject().Key("pool").BeginArray();
       for (const auto& h : j.pool()) w.String(h);
       w.EndArray().Key("pending_config").String(j.pending_config());
       w.Key("pending_reason").String(j.pending_reason());
+      w.Key("pending_hot").Bool(j.pending_hot());
       w.EndObject();
     }
     w.EndArray().EndObject();
@@ -781,8 +800,12 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
     const auto& r = j.reconfiguration();
     if (r.phase() != proto::PHASE_NONE) {
       std::cout << absl::StrFormat(
-          "  reconfiguration epoch %d: %s, %s of %s%s%s\n", r.plan_epoch(),
-          PhaseName(r.phase()), HumanBytes(r.bytes_done()), HumanBytes(r.bytes_total()),
+          "  reconfiguration epoch %d: %s, %s%s%s\n", r.plan_epoch(),
+          PhaseName(r.phase()),
+          r.path() == "hot switch"
+              ? "by a hot switch between the processes"
+              : absl::StrCat(HumanBytes(r.bytes_done()), " of ",
+                             HumanBytes(r.bytes_total())),
           r.reason().empty() ? "" : absl::StrCat("; ", r.reason()),
           r.error().empty() ? "" : absl::StrCat(" (", r.error(), ")"));
     }
@@ -791,8 +814,9 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
                                  absl::StrJoin(j.pool(), ","));
     if (!j.pending_config().empty()) {
       std::cout << absl::StrFormat(
-          "  pending: %s (%s), once the processes saved their next step\n",
-          j.pending_config(), j.pending_reason());
+          "  pending: %s (%s), %s\n", j.pending_config(), j.pending_reason(),
+          j.pending_hot() ? "a hot switch at the processes' next step"
+                          : "once the processes saved their next step");
     }
     if (j.ranks_saved() > 0) {
       std::cout << absl::StrFormat(
@@ -1141,7 +1165,7 @@ int RunClusterCommand(int argc, const char* const* argv) {
                            "global-batch", "micro-batches", "tokens-per-step",
                            "max-gpus", "save-timeout"}),
       {"json", "help", "wait", "policy-only", "all", "live", "unpin",
-       "after-save", kSecurityFlag});
+       "after-save", "hot", "no-hot", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);

@@ -48,7 +48,7 @@ from . import _ptc
 
 # Phases of a change that has not ended (ReconfigurePhase names).
 _RUNNING = ("staging", "verifying", "committing")
-_GO, _SAVE_FOR_CHANGE, _FOLLOW, _PERIODIC_SAVE = 0, 1, 2, 3
+_GO, _SAVE_FOR_CHANGE, _FOLLOW, _PERIODIC_SAVE, _HOT = 0, 1, 2, 3, 4
 
 
 class _Broken(Exception):
@@ -128,9 +128,14 @@ class Live:
                 if self._broken is not None:
                     self._recover()
                     continue
-                decision = self._boundary()
+                decision, serial = self._boundary()
                 if decision == _GO:
                     return self
+                if decision == _HOT:
+                    # Done (the processes run the new layout), or not
+                    # started: either way the next boundary decides again.
+                    self._hot_switch(serial)
+                    continue
                 if decision in (_PERIODIC_SAVE, _SAVE_FOR_CHANGE):
                     if decision == _SAVE_FOR_CHANGE:
                         self._note_change("pending")
@@ -192,23 +197,26 @@ class Live:
 
     def _boundary(self):
         """What every rank does now, as rank 0 sees the job."""
-        code = _GO
+        code, serial = _GO, 0
         if self.rank == 0:
             ev = self._ev()
             if ev["layout_epoch"] > self.layout_epoch or (
                     ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen):
                 code = _FOLLOW
+            elif ev["pending_config"] and ev["pending_hot"]:
+                code, serial = _HOT, ev["pending_serial"]
             elif ev["pending_config"]:
                 code = _SAVE_FOR_CHANGE
             elif (self.save_every and self.iteration > 0 and
                   self.iteration % self.save_every == 0 and self.iteration != self._saved_at):
                 code = _PERIODIC_SAVE
-        flag = torch.tensor([code], dtype=torch.int64, device=self._collective_device())
+        flag = torch.tensor([code, serial], dtype=torch.int64,
+                            device=self._collective_device())
         try:
             dist.broadcast(flag, 0)
         except RuntimeError as e:
             raise _Broken(e)
-        return int(flag.item())
+        return int(flag[0]), int(flag[1])
 
     def _ev(self):
         """The job as this process knows it: rank 0 follows the
@@ -297,25 +305,101 @@ class Live:
             self._on_save(self)
         saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
                         extra=self.extra, step=self.iteration, wait=False)
-        # Committed once every rank saved; a peer that died meanwhile never
-        # saves, and the change its death starts ends the wait.
-        start_epoch = self.layout_epoch
-        deadline = time.time() + self.timeout
-        while True:
-            ev = self._ev()
-            if ev["committed_version"] >= saved.version:
-                break
-            if ev["layout_epoch"] > start_epoch or (
-                    ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
-                    and not ev["pending_config"] and ev["committed_version"] < saved.version):
-                raise _Broken(RuntimeError("a change started before the save committed"))
-            if time.time() > deadline:
-                raise TimeoutError(f"version {saved.version} did not commit in "
-                                   f"{self.timeout:.0f} s")
-            time.sleep(0.002)
+        self._wait_committed(saved.version, self.layout_epoch)
         self._saved_at = self.iteration
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
+
+    def _all_ok(self, ok):
+        """Whether every process is ok (one all-reduce)."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64,
+                            device=self._collective_device())
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        except RuntimeError as e:
+            raise _Broken(e)
+        return bool(flag.item())
+
+    def _hot_switch(self, serial):
+        """The pending change is a hot switch: move the state to its target
+        layout between the processes (ptc's plan), save the target's first
+        version, and follow the commit. False if it did not start (the
+        change was replaced or goes through the store): the processes go on
+        in their layout."""
+        from . import hot
+        from . import torch as pt
+        self._note_change("hot switch")
+        began = time.time()
+        plan = target = save = None
+        try:
+            plan = self.client.hot_plan(serial)
+            me = self.rank
+            mine = [d for d, p in enumerate(plan["process_of"]) if p == me]
+            if mine:
+                target = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
+                                     job=self.job, rank=mine[0], pending_serial=serial)
+                # Holds the switch: the change can no longer be replaced.
+                save = target.begin_save(int(self.iteration))
+            ok = True
+        except _ptc.Error as e:
+            self._log(f"hot switch {serial} does not start: {e}")
+            ok = False
+        if not self._all_ok(ok):
+            self._change = None
+            return False
+        if self._on_save:
+            self._on_save(self)  # the switch ends in a save of this state
+        device = self._collective_device()
+        try:
+            rank_view, tensors = pt._local_tensors(self.client, self.model, self.optimizer,
+                                                   create_state=False)
+            regions = target.regions if target is not None else []
+            buffers = hot.receive_buffers(regions, device)
+            sent, received = hot.exchange(plan, me, rank_view, tensors, buffers, regions,
+                                          device)
+            del rank_view, tensors
+            mine_objects = pt.small_objects(self.optimizer, self.scheduler, self.extra)
+            objects = hot.exchange_small_objects(
+                plan, me, mine_objects, mine[0] if mine else None,
+                save.version if save is not None else 0, device)
+            moved = time.time()
+            if save is not None:
+                hot.save_target(save, regions, buffers, objects)
+            del buffers
+        except RuntimeError as e:
+            # A peer died (the collective failed), or the save was refused
+            # because a change from the committed version started: follow it.
+            raise _Broken(e)
+        version = save.version if save is not None else None
+        if version is not None:
+            self._wait_committed(version, self.layout_epoch, hot=True)
+        self._change.update(how="hot switch", moved=moved, saved=time.time(),
+                            hot_seconds=moved - began, bytes_sent=sent,
+                            bytes_received=received,
+                            bytes_between_processes=plan["bytes_between_processes"],
+                            bytes_between_hosts=plan["bytes_between_hosts"])
+        del target, save
+        if not self._follow():
+            raise StopIteration
+        return True
+
+    def _wait_committed(self, version, start_epoch, hot=False):
+        """Until `version` commits (every rank saved it). A peer that died
+        meanwhile never saves, and the change its death starts ends the
+        wait (_Broken). A hot switch's version commits with the change."""
+        deadline = time.time() + self.timeout
+        while True:
+            ev = self._ev()
+            if ev["committed_version"] >= version:
+                return
+            started = ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
+            if ev["layout_epoch"] > start_epoch or (started and (hot or not ev["pending_config"])):
+                raise _Broken(RuntimeError(f"a change started before version {version} "
+                                           "committed"))
+            if time.time() > deadline:
+                raise TimeoutError(f"version {version} did not commit in "
+                                   f"{self.timeout:.0f} s")
+            time.sleep(0.002)
 
     def _recover(self):
         """After a failed step: drop the broken groups, wait for the change

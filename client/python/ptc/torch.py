@@ -972,6 +972,21 @@ def _infer_step(optimizer, scheduler):
     raise ValueError("pass step=: the optimizer keeps no step and there is no scheduler")
 
 
+def small_objects(optimizer=None, scheduler=None, extra=None):
+    """[(name, bytes)] of the small objects save() writes for a rank: the
+    optimizer's param_groups, the scheduler, `extra`, the RNG states."""
+    groups = None
+    if optimizer is not None:
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": len(g["params"])}
+                  for g in _torch_optimizer(optimizer).param_groups]
+    return [(name, _encoded(obj, what)) for name, obj, what in (
+        (OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
+        (SCHEDULER_OBJECT, scheduler.state_dict() if scheduler is not None else None,
+         "the scheduler's state_dict"),
+        (EXTRA_OBJECT, dict(extra or {}), "extra"),
+        (RNG_OBJECT, _rng_state(), "the RNG states"))]
+
+
 def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
          wait=True, timeout=300.0):
     """Saves this rank's parameters, optimizer state (with its param_groups),
@@ -984,17 +999,8 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     if step is None:
         step = _infer_step(optimizer, scheduler)
     rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
-    groups = None
-    if optimizer is not None:
-        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": len(g["params"])}
-                  for g in _torch_optimizer(optimizer).param_groups]
     # Encode everything before the save starts: a bad object fails early.
-    objects = [(name, _encoded(obj, what)) for name, obj, what in (
-        (OPTIMIZER_OBJECT, groups, "the optimizer's param_groups"),
-        (SCHEDULER_OBJECT, scheduler.state_dict() if scheduler is not None else None,
-         "the scheduler's state_dict"),
-        (EXTRA_OBJECT, dict(extra or {}), "extra"),
-        (RNG_OBJECT, _rng_state(), "the RNG states"))]
+    objects = small_objects(optimizer, scheduler, extra)
     s = client.begin_save(int(step))
     for r in rank.regions:
         part = rank.view(r["key"], r["region"], tensors[r["key"]].detach())

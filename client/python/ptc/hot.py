@@ -1,0 +1,180 @@
+"""The hot switch: a live job's processes move their state to a new layout
+between themselves, over the process groups they already have, following
+ptc's plan, and save the new layout's first version to the store; the
+coordinator commits the change with that save.
+
+ptc's planner decides which host sends each piece of every new region
+(nothing crosses hosts that the receiving host holds, senders balanced);
+the client's plan (Client.hot_plan) names, on that host, the process that
+sends it: the receiving process itself when it holds the piece (a local
+copy), else the least loaded holder. Every process computes the same plan,
+so each sends and receives without asking anyone: one message per pair of
+processes, all posted at once (torch.distributed.batch_isend_irecv; NCCL
+on GPUs, gloo on CPU). Small objects (optimizer hyper-parameters, the
+scheduler, `extra`, RNG states) follow the store's rules: a new rank takes
+the copy of the old rank ptc's rules name, or a value derived for its new
+coordinates.
+
+Live (elastic.py) runs it; this module is its mechanics:
+
+    plan = client.hot_plan(serial)
+    bufs = receive_buffers(target_client.regions, device)
+    sent = exchange(plan, me, rank_view, tensors, bufs, target_client.regions)
+"""
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from . import torch_state
+from . import _ptc
+
+
+def _inside(box, outer):
+    return all(o0 <= b0 and b1 <= o1 for (b0, b1), (o0, o1) in zip(box, outer))
+
+
+def _sub(view, box, outer):
+    """The part of `view` (which holds region `outer`) that holds `box`."""
+    return view[tuple(slice(b0 - o0, b1 - o0) for (b0, b1), (o0, _) in zip(box, outer))]
+
+
+def receive_buffers(regions, device):
+    """One tensor per target region (client.regions of the switch's target
+    rank), in the region's shape and dtype."""
+    return [torch.empty([e - b for b, e in r["region"]],
+                        dtype=torch_state.torch_dtype(r["dtype"]), device=device)
+            for r in regions]
+
+
+def _as_bytes(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def exchange(plan, me, rank_view, tensors, buffers, regions, device):
+    """Sends this process's pieces and receives its target's (all at once),
+    copying local pieces directly. me: this process's rank in the current
+    world; rank_view / tensors: its current state (ptc.torch's view of the
+    old layout); buffers / regions: its target rank's receive buffers and
+    regions (empty for a process that leaves). Returns bytes sent to and
+    received from other processes."""
+    process_of = plan["process_of"]
+    held = defaultdict(list)  # key -> [(region, view)] of what this process holds
+    for r in rank_view.regions:
+        held[r["key"]].append((r["region"], None))
+    wanted = defaultdict(list)  # key -> [(region, buffer)]
+    for r, buf in zip(regions, buffers):
+        wanted[r["key"]].append((r["region"], buf))
+    views = {}
+
+    def source(key, box):
+        for i, (outer, _) in enumerate(held[key]):
+            if _inside(box, outer):
+                if (key, i) not in views:
+                    views[key, i] = rank_view.view(key, outer, tensors[key].detach())
+                return _sub(views[key, i], box, outer)
+        raise RuntimeError(f"the hot switch's plan has this process send {box} of '{key}', "
+                           "which it does not hold")
+
+    def target(key, box):
+        for outer, buf in wanted[key]:
+            if _inside(box, outer):
+                return _sub(buf, box, outer)
+        raise RuntimeError(f"the hot switch's plan sends {box} of '{key}' to this process, "
+                           "whose target rank does not hold it")
+
+    sends, recvs = defaultdict(list), defaultdict(list)
+    with torch.no_grad():
+        for key, box, src, dst in plan["transfers"]:
+            to = process_of[dst]
+            if src == me and to == me:
+                target(key, box).copy_(source(key, box))
+            elif src == me:
+                sends[to].append(source(key, box))
+            elif to == me:
+                recvs[src].append(target(key, box))
+        ops, inbound = [], []
+        sent = received = 0
+        for peer in sorted(sends):
+            msg = torch.cat([_as_bytes(p) for p in sends[peer]]).to(device)
+            sent += msg.numel()
+            ops.append(dist.P2POp(dist.isend, msg, peer))
+        for peer in sorted(recvs):
+            n = sum(t.numel() * t.element_size() for t in recvs[peer])
+            msg = torch.empty(n, dtype=torch.uint8, device=device)
+            received += n
+            inbound.append((msg, recvs[peer]))
+            ops.append(dist.P2POp(dist.irecv, msg, peer))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        for msg, parts in inbound:
+            at = 0
+            for t in parts:
+                n = t.numel() * t.element_size()
+                t.copy_(msg[at:at + n].view(t.dtype).view(t.shape))
+                at += n
+    return sent, received
+
+
+def exchange_small_objects(plan, me, mine, target_rank, version, device):
+    """This process's target rank's small objects: {name: bytes}, each from
+    the old rank ptc's rules name (its process sends it) or derived for
+    its new coordinates. mine: [(name, bytes)] this process would save."""
+    process_of = plan["process_of"]
+    own = dict(mine)
+    out = {}
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for m in plan["small_objects"]:
+        to = process_of[m["target_rank"]]
+        if m["derive_from"]:
+            if to == me:
+                out[m["name"]] = _ptc.derived_small_object(m["name"], m["derive_from"], version)
+            continue
+        if m["source_rank"] == me and to == me:
+            out[m["name"]] = own[m["name"]]
+        elif m["source_rank"] == me:
+            sends[to].append(m["name"])
+        elif to == me:
+            recvs[m["source_rank"]].append(m["name"])
+    # Lengths first, then the bytes: one message per pair each time.
+    lengths, ops = {}, []
+    for peer in sorted(sends):
+        n = torch.tensor([len(own[name]) for name in sends[peer]], dtype=torch.int64,
+                         device=device)
+        ops.append(dist.P2POp(dist.isend, n, peer))
+    for peer in sorted(recvs):
+        lengths[peer] = torch.empty(len(recvs[peer]), dtype=torch.int64, device=device)
+        ops.append(dist.P2POp(dist.irecv, lengths[peer], peer))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    ops, inbound = [], {}
+    for peer in sorted(sends):
+        data = b"".join(own[name] for name in sends[peer])
+        msg = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        ops.append(dist.P2POp(dist.isend, msg, peer))
+    for peer in sorted(recvs):
+        inbound[peer] = torch.empty(int(lengths[peer].sum()), dtype=torch.uint8, device=device)
+        ops.append(dist.P2POp(dist.irecv, inbound[peer], peer))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    for peer, msg in inbound.items():
+        raw, at = msg.cpu().numpy().tobytes(), 0
+        for name, n in zip(recvs[peer], lengths[peer].tolist()):
+            out[name] = raw[at:at + n]
+            at += n
+    return out
+
+
+def save_target(save, regions, buffers, objects):
+    """Writes the target rank's regions and small objects into the switch's
+    save and commits it (True if this completed the version)."""
+    for r, buf in zip(regions, buffers):
+        part = buf.view(torch.int16) if buf.dtype == torch.bfloat16 else buf
+        save.write(r["index"], part.contiguous().cpu().numpy())
+    for name, data in objects.items():
+        save.put_small_object(name, data)
+    return save.commit()
