@@ -166,3 +166,56 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
     assert wait_for("the pending change", lambda: rank0.event["pending_config"]) == \
         "tp=1,pp=1,dp=4"
     assert cluster.job("j")["pending_config"] == "tp=1,pp=1,dp=4"
+
+
+def test_a_hot_switch_is_pending_only_where_processes_run_and_refuses_stale_saves(
+        cluster, ptc_module):
+    ptc = ptc_module
+    register(cluster)
+    sock = lambda h: str(cluster.dir / f"{h}.sock")  # noqa: E731
+    j = cluster.job("j")
+    rank0 = ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
+                       job="j", rank=0)
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hot")
+    assert r.returncode != 0 and "give --after-save with it" in r.stderr
+    # On the GPUs the job runs on: a hot switch, with a placement and a serial.
+    cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
+                   "host0,host1", "--after-save", "--hot", check=True)
+    assert cluster.job("j")["pending_hot"]
+    serial = rank0.fetch_event()["pending_serial"]
+    plan = rank0.hot_plan(serial)
+    assert plan["config"] == "tp=1,pp=1,dp=4" and sorted(plan["process_of"]) == [0, 1, 2, 3]
+    assert plan["transfers"] and plan["bytes_between_processes"] > 0
+    with pytest.raises(ptc.Error, match="no longer pending"):
+        rank0.hot_plan(serial + 1)
+    with pytest.raises(ptc.Error, match="no longer pending"):
+        ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
+                   job="j", rank=0, pending_serial=serial + 1)
+    with pytest.raises(ptc.Error, match="outside"):
+        ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
+                   job="j", rank=9, pending_serial=serial)
+    # A request before the switch began replaces it (another serial).
+    cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2,dp=2", "--hosts",
+                   "host0,host1", "--after-save", "--hot", check=True)
+    serial2 = rank0.fetch_event()["pending_serial"]
+    assert serial2 != serial
+    with pytest.raises(ptc.Error, match="no longer pending"):
+        rank0.hot_plan(serial)
+    # Once a process began the switch's save, it holds: no replacement.
+    target = ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
+                        job="j", rank=0, pending_serial=serial2)
+    assert target.layout_epoch == j["layout_epoch"] + 1
+    save = target.begin_save(5)
+    assert save.version > j["committed_version"]
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
+                       "host0,host1", "--after-save", "--hot")
+    assert r.returncode != 0 and "hot switch" in r.stderr
+    del save, target
+
+
+def test_a_hot_switch_onto_gpus_without_processes_goes_through_the_store(cluster):
+    register(cluster)
+    cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=2,dp=3", "--hosts",
+                   "host0,host1,host2", "--after-save", "--hot", check=True)
+    j = cluster.job("j")
+    assert j["pending_config"] == "tp=2,pp=1,dp=3" and not j["pending_hot"]

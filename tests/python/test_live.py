@@ -1,8 +1,10 @@
 """Live jobs end to end (examples/elastic/live.py): a GPT job whose
 processes an agent per host starts, registered with automatic, live
 changes, goes through a host's death and return, and through changes
-asked in a row and a process killed during one, without any process of
-the surviving host restarting; every reload is bit-identical, and the loss
+asked in a row and a process killed during one, and through hot switches
+(the processes move the state between themselves) for a tp, a pp and a dp
+change with a process killed during one, without any process of the
+surviving host restarting; every reload is bit-identical, and the loss
 and the samples of every iteration are those of an uninterrupted run."""
 import json
 import os
@@ -49,3 +51,21 @@ def test_changes_in_a_row_and_a_process_killed_during_one(bin_dir, tmp_path):
     assert accepted and requests["config"] == accepted[-1]
     assert out["host0_kept"] and out["bit_identical"] and out["loss_ok"]
     assert out["samples_exactly_once"]
+
+
+def test_hot_switches_for_tp_pp_and_dp_and_a_process_killed_during_one(bin_dir, tmp_path):
+    out = run_live(bin_dir, tmp_path, "hot")
+    assert out["ok"], out
+    tp, pp, dp = out["events"]
+    assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch"
+    assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch"
+    # A process killed during the pp change: the job ends at its config
+    # either way, through the store from the committed version if the hot
+    # switch had not committed yet.
+    assert pp["config"] == "tp=1,pp=2,dp=2" and pp["path"] in ("hot switch", "store")
+    assert out["host0_kept"] and out["bit_identical"] and out["loss_ok"]
+    assert out["samples_exactly_once"]
+    # Every process of the tp change received or kept its new state from
+    # the others' memory (no store load of another layout's version).
+    hot = [h for h in out["hot_switches"] if h["from"] == "tp=2,pp=1,dp=2"]
+    assert len(hot) == 4 and sum(h["bytes_received"] for h in hot) > 0
