@@ -221,21 +221,37 @@ void Client::Unfollow() {
   stop_following_ = false;
 }
 
-absl::StatusOr<JobEvent> Client::FetchEvent() {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+namespace {
+
+// A followed Watch stream's event as the job's processes see it.
+JobEvent EventOf(const proto::ReconfigureEvent& e) {
   JobEvent j;
   j.known = true;
-  j.layout_epoch = job.layout_epoch();
-  j.committed_version = job.committed_version();
-  j.pending_config = job.pending_config();
-  j.pending_hot = job.pending_hot();
-  j.pending_serial = job.pending_serial();
-  j.path = job.reconfiguration().path();
-  j.plan_epoch = job.reconfiguration().plan_epoch();
-  j.phase = job.reconfiguration().phase();
-  j.reason = job.reconfiguration().reason();
-  j.error = job.reconfiguration().error();
+  j.layout_epoch = e.layout_epoch();
+  j.committed_version = e.committed_version();
+  j.pending_config = e.pending_config();
+  j.pending_hot = e.pending_hot();
+  j.pending_serial = e.pending_serial();
+  j.path = e.path();
+  j.plan_epoch = e.plan_epoch();
+  j.phase = e.phase();
+  j.reason = e.reason();
+  j.error = e.error();
   return j;
+}
+
+}  // namespace
+
+absl::StatusOr<JobEvent> Client::FetchEvent() {
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+  // The event a followed Watch stream would send now.
+  proto::ReconfigureEvent e = job.reconfiguration();
+  e.set_layout_epoch(job.layout_epoch());
+  e.set_committed_version(job.committed_version());
+  e.set_pending_config(job.pending_config());
+  e.set_pending_hot(job.pending_hot());
+  e.set_pending_serial(job.pending_serial());
+  return EventOf(e);
 }
 
 void Client::Follow() {
@@ -254,18 +270,7 @@ void Client::Follow() {
       auto reader = coordinator_->Watch(&ctx, req);
       proto::ReconfigureEvent e;
       while (reader->Read(&e)) {
-        JobEvent j;
-        j.known = true;
-        j.layout_epoch = e.layout_epoch();
-        j.committed_version = e.committed_version();
-        j.pending_config = e.pending_config();
-        j.pending_hot = e.pending_hot();
-        j.pending_serial = e.pending_serial();
-        j.path = e.path();
-        j.plan_epoch = e.plan_epoch();
-        j.phase = e.phase();
-        j.reason = e.reason();
-        j.error = e.error();
+        JobEvent j = EventOf(e);
         absl::MutexLock lock(&follow_mu_);
         latest_ = std::move(j);
       }

@@ -323,9 +323,9 @@ class Live:
     def _hot_switch(self, serial):
         """The pending change is a hot switch: move the state to its target
         layout between the processes (ptc's plan), save the target's first
-        version, and follow the commit. False if it did not start (the
-        change was replaced or goes through the store): the processes go on
-        in their layout."""
+        version, and follow the commit. If it does not start (the change was
+        replaced or goes through the store) the processes go on in their
+        layout."""
         from . import hot
         from . import torch as pt
         self._note_change("hot switch")
@@ -346,7 +346,7 @@ class Live:
             ok = False
         if not self._all_ok(ok):
             self._change = None
-            return False
+            return
         if self._on_save:
             self._on_save(self)  # the switch ends in a save of this state
         device = self._collective_device()
@@ -360,8 +360,7 @@ class Live:
             del rank_view, tensors
             mine_objects = pt.small_objects(self.optimizer, self.scheduler, self.extra)
             objects = hot.exchange_small_objects(
-                plan, me, mine_objects, mine[0] if mine else None,
-                save.version if save is not None else 0, device)
+                plan, me, mine_objects, save.version if save is not None else 0, device)
             moved = time.time()
             if save is not None:
                 hot.save_target(save, regions, buffers, objects)
@@ -373,7 +372,7 @@ class Live:
         version = save.version if save is not None else None
         if version is not None:
             self._wait_committed(version, self.layout_epoch, hot=True)
-        self._change.update(how="hot switch", moved=moved, saved=time.time(),
+        self._change.update(moved=moved, saved=time.time(),
                             hot_seconds=moved - began, bytes_sent=sent,
                             bytes_received=received,
                             bytes_between_processes=plan["bytes_between_processes"],
@@ -381,7 +380,6 @@ class Live:
         del target, save
         if not self._follow():
             raise StopIteration
-        return True
 
     def _wait_committed(self, version, start_epoch, hot=False):
         """Until `version` commits (every rank saved it). A peer that died

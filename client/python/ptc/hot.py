@@ -60,16 +60,16 @@ def exchange(plan, me, rank_view, tensors, buffers, regions, device):
     regions (empty for a process that leaves). Returns bytes sent to and
     received from other processes."""
     process_of = plan["process_of"]
-    held = defaultdict(list)  # key -> [(region, view)] of what this process holds
+    held = defaultdict(list)  # key -> regions this process holds
     for r in rank_view.regions:
-        held[r["key"]].append((r["region"], None))
+        held[r["key"]].append(r["region"])
     wanted = defaultdict(list)  # key -> [(region, buffer)]
     for r, buf in zip(regions, buffers):
         wanted[r["key"]].append((r["region"], buf))
     views = {}
 
     def source(key, box):
-        for i, (outer, _) in enumerate(held[key]):
+        for i, outer in enumerate(held[key]):
             if _inside(box, outer):
                 if (key, i) not in views:
                     views[key, i] = rank_view.view(key, outer, tensors[key].detach())
@@ -118,7 +118,7 @@ def exchange(plan, me, rank_view, tensors, buffers, regions, device):
     return sent, received
 
 
-def exchange_small_objects(plan, me, mine, target_rank, version, device):
+def exchange_small_objects(plan, me, mine, version, device):
     """This process's target rank's small objects: {name: bytes}, each from
     the old rank ptc's rules name (its process sends it) or derived for
     its new coordinates. mine: [(name, bytes)] this process would save."""
