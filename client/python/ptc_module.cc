@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "client/device_copies.h"
 #include "proto/enum_names.h"
 #include "ptc/data_cursor.h"
 #include "ptc/families.h"
@@ -424,6 +425,20 @@ PYBIND11_MODULE(_ptc, m) {
           "copies a C-contiguous buffer (numpy array, torch tensor via "
           ".numpy()) into region `index` of the save")
       .def(
+          "buffer",
+          [](py::object self, int i) {
+            Client::Save& s = self.cast<Client::Save&>();
+            const absl::Span<uint8_t> bytes = Value(s.Buffer(i));
+            // A writable byte view of the region's shared memory; it keeps
+            // the Save alive. Valid until commit.
+            return py::array(py::dtype("uint8"),
+                             {static_cast<py::ssize_t>(bytes.size())},
+                             bytes.data(), self);
+          },
+          py::arg("index"),
+          "a writable uint8 view of region `index`'s shared memory (filled "
+          "row-major by the caller; valid until commit)")
+      .def(
           "put_small_object",
           [](Client::Save& s, const std::string& name, const py::bytes& b) {
             Check(s.PutSmallObject(name, std::string(b)));
@@ -461,6 +476,54 @@ PYBIND11_MODULE(_ptc, m) {
       .def("small_object", [](const Client::State& s, const std::string& n) {
         return py::bytes(Value(s.SmallObject(n)));
       });
+
+  // GPU copies (see client/device_copies.h); addresses and streams are
+  // integers (torch: tensor.data_ptr(), current_stream().cuda_stream).
+  py::class_<DeviceCopies>(m, "DeviceCopies")
+      .def(py::init([](int device) {
+             return Value(DeviceCopies::Create(device));
+           }),
+           py::arg("device"),
+           "a side stream on GPU `device`; raises ptc.Error (UNAVAILABLE) "
+           "where CUDA has no driver or GPU")
+      .def_property_readonly("device", &DeviceCopies::device)
+      .def(
+          "save",
+          [](DeviceCopies& c, Client::Save& s, int i, uintptr_t src,
+             uint64_t bytes, uintptr_t after) {
+            Check(c.Save(s, i, src, bytes, after));
+          },
+          py::arg("save"), py::arg("index"), py::arg("src"), py::arg("bytes"),
+          py::arg("after") = 0,
+          "queues a copy of contiguous GPU memory `src` into region `index` "
+          "of the save, after the work queued on stream `after`")
+      .def(
+          "load",
+          [](DeviceCopies& c, const Client::State& s, int i, uintptr_t dst,
+             uint64_t bytes, uintptr_t after) {
+            Check(c.Load(s, i, dst, bytes, after));
+          },
+          py::arg("state"), py::arg("index"), py::arg("dst"), py::arg("bytes"),
+          py::arg("after") = 0,
+          "queues a copy of loaded region `index` into contiguous GPU memory "
+          "`dst`, after the work queued on stream `after`")
+      .def(
+          "finish",
+          [](DeviceCopies& c) {
+            const DeviceCopies::Stats st =
+                Unlocked([&] { return c.Finish(); });
+            py::dict d;
+            d["regions"] = st.regions;
+            d["bytes"] = st.bytes;
+            d["pageable_regions"] = st.pageable_regions;
+            d["pageable_reason"] = st.pageable_reason;
+            d["register_seconds"] = st.register_seconds;
+            d["seconds"] = st.seconds;
+            return d;
+          },
+          "waits for the queued copies and unregisters the mappings (before "
+          "a save's commit, before loaded memory is used); returns what they "
+          "did");
 
   py::class_<Client>(m, "Client")
       .def(

@@ -2,6 +2,7 @@
 processes: save/load round trips for every dtype, zero-copy loads, the
 torch helpers, the data cursor, and a clear error for each misuse."""
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -50,6 +51,9 @@ def save_all(clients, step):
         assert s.step == step
         for r in c.regions:
             raw = np.frombuffer(region_bytes(c.job, c.rank, r), dtype=np.uint8)
+            if r["index"] % 2:  # filled in place, through the writable view
+                s.buffer(r["index"])[:] = raw
+                continue
             arr = raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
             s.write(r["index"], arr)
         for name in c.small_object_names:
@@ -144,6 +148,77 @@ def test_torch_state_saves_and_restores_a_model_and_adam(ptc_module, cluster):
     wrong["final_norm.weight"] = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="layout mismatch|does not fit"):
         torch_state.load(c, torch_state.collect(wrong, None))
+
+
+def _devices():
+    try:
+        import torch
+    except ImportError:
+        return ["cpu"]
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_tensors_save_and_load_on_their_device(ptc_module, cluster, device):
+    """CPU tensors move through host memory; CUDA tensors (where a GPU is)
+    through the store's memory pinned in place, on a side stream. Where
+    CUDA is not usable, ptc says why."""
+    ptc = ptc_module
+    torch = pytest.importorskip("torch")
+    from ptc import torch_state
+    if not torch.cuda.is_available():
+        with pytest.raises(ptc.Error, match="CUDA is not usable on this host") as e:
+            ptc._ptc.DeviceCopies(0)
+        assert e.value.code == "UNAVAILABLE"
+    model = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8,dtype=bf16"
+    rank_hosts = register(cluster, f"dev-{device}", model, config="tp=2,dp=1",
+                          hosts=("host0",))
+    clients = connect(ptc, cluster, f"dev-{device}", rank_hosts)
+    local = []
+    for c in clients:
+        by_key = torch_state.regions_by_key(c)
+        shapes, dtypes = {}, {}
+        for r in c.regions:
+            dtypes[r["key"]] = torch_state.torch_dtype(r["dtype"])
+            shapes[r["key"]] = [max(shapes.get(r["key"], [0] * len(r["region"]))[d], e - b)
+                                for d, (b, e) in enumerate(r["region"])]
+        # The rank's local tensors (one region each here), a column slice
+        # of a wider tensor so that some views are strided.
+        # Seeded by key and region: replicas on the host save equal bytes.
+        gen = {k: torch.Generator().manual_seed(zlib.crc32(repr((k, by_key[k])).encode()))
+               for k in shapes}
+        wide = {k: torch.randn([*s[:-1], s[-1] * 2] if s else s, generator=gen[k])
+                .to(dtypes[k]).to(device) for k, s in shapes.items()}
+        tensors = {k: (w[..., :shapes[k][-1]] if shapes[k] else w) for k, w in wide.items()}
+        s = c.begin_save(5)
+        copies = torch_state.RegionCopies()
+        for r in c.regions:
+            copies.save(s, r["index"], tensors[r["key"]][torch_state.local_slices(
+                r["region"], tensors[r["key"]].shape, by_key[r["key"]])])
+        stats = copies.finish()
+        kind = "gpu_regions" if device == "cuda" else "host_regions"
+        assert stats[kind] == len(c.regions)
+        for name in c.small_object_names:
+            s.put_small_object(name, b"x")
+        s.commit()
+        local.append(tensors)
+    for c, tensors in zip(clients, local):
+        c.wait_committed(s.version, timeout=30)
+        st = c.load()
+        by_key = torch_state.regions_by_key(c)
+        fresh = {k: torch.zeros_like(t) for k, t in tensors.items()}
+        wide = {k: torch.zeros([*t.shape[:-1], t.shape[-1] * 2] if t.dim() else [],
+                               dtype=t.dtype, device=t.device) for k, t in tensors.items()}
+        into = {k: (wide[k][..., :t.shape[-1]] if t.dim() else fresh[k])
+                for k, t in tensors.items()}
+        copies = torch_state.RegionCopies()
+        for r in c.regions:
+            copies.load(st, r["index"], r["dtype"], into[r["key"]][torch_state.local_slices(
+                r["region"], into[r["key"]].shape, by_key[r["key"]])])
+        copies.finish()
+        for k, t in tensors.items():
+            assert into[k].device == t.device
+            assert torch.equal(into[k].cpu(), t.cpu()), k
 
 
 def test_each_misuse_gets_a_clear_error(ptc_module, cluster):

@@ -172,9 +172,10 @@ def exchange_small_objects(plan, me, mine, version, device):
 def save_target(save, regions, buffers, objects):
     """Writes the target rank's regions and small objects into the switch's
     save and commits it (True if this completed the version)."""
+    copies = torch_state.RegionCopies()
     for r, buf in zip(regions, buffers):
-        part = buf.view(torch.int16) if buf.dtype == torch.bfloat16 else buf
-        save.write(r["index"], part.contiguous().cpu().numpy())
+        copies.save(save, r["index"], buf)
+    copies.finish()
     for name, data in objects.items():
         save.put_small_object(name, data)
     return save.commit()

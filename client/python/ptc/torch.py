@@ -1002,11 +1002,10 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     # Encode everything before the save starts: a bad object fails early.
     objects = small_objects(optimizer, scheduler, extra)
     s = client.begin_save(int(step))
+    copies = torch_state.RegionCopies()
     for r in rank.regions:
-        part = rank.view(r["key"], r["region"], tensors[r["key"]].detach())
-        if part.dtype == torch.bfloat16:
-            part = part.view(torch.int16)
-        s.write(r["index"], part.contiguous().cpu().numpy())
+        copies.save(s, r["index"], rank.view(r["key"], r["region"], tensors[r["key"]].detach()))
+    copies.finish()
     for name, data in objects:
         s.put_small_object(name, data)
     s.commit()
@@ -1028,9 +1027,11 @@ def load(client, model, optimizer=None, scheduler=None):
             # Elements the layout does not store (vocabulary padding) are zero.
             if t.numel() != sum(math.prod(e - b for b, e in box) for box in rank.by_key[k]):
                 t.zero_()
+        copies = torch_state.RegionCopies()
         for r in rank.regions:
-            rank.view(r["key"], r["region"], tensors[r["key"]]).copy_(
-                torch_state.region_tensor(state, r["index"], r["dtype"]))
+            copies.load(state, r["index"], r["dtype"],
+                        rank.view(r["key"], r["region"], tensors[r["key"]]))
+        copies.finish()
     if optimizer is not None:
         inner = _torch_optimizer(optimizer)
         if rank.buffers and "optim.step" in tensors:  # one step for every range

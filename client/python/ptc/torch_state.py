@@ -17,10 +17,13 @@ embedding are never stored: they are zero and stay so).
     state = torch_state.load(client, tensors)   # copies into `tensors`
 """
 
+import sys
 import warnings
 
 import numpy as np
 import torch
+
+from . import _ptc
 
 _TORCH_DTYPES = {
     "fp32": torch.float32,
@@ -69,6 +72,114 @@ def local_slices(region, local_shape, regions=None):
     return tuple(out)
 
 
+# Bytes of contiguous staging copies (of strided GPU views) the copies may
+# hold on a GPU before they wait for the queued ones and free them.
+_STAGING_LIMIT = 1 << 30
+
+# GPUs where CUDA is not usable from ptc (said once per process).
+_NO_GPU_COPIES = {}
+
+
+class RegionCopies:
+    """Copies between local tensors and the regions of one save or load.
+    CUDA tensors move through the store's shared memory registered as
+    pinned host memory, on a side stream after the work the tensor's
+    current stream queued (ptc's DeviceCopies: the GPU's DMA engines read
+    and write the store's pages directly); CPU tensors, and GPU tensors
+    where CUDA is not usable from ptc (said once), through host memory.
+    finish() must run before the save commits and before loaded tensors
+    are used:
+
+        copies = RegionCopies()
+        for r in client.regions:
+            copies.save(s, r["index"], local_view)
+        copies.finish()
+        s.commit()
+    """
+
+    def __init__(self):
+        self._gpu = {}       # device index -> _ptc.DeviceCopies
+        self._held = []      # tensors the queued copies read or write
+        self._staged = 0     # bytes of staging copies among them
+        self._scatter = []   # (strided view, staged load) to copy at finish
+        self.stats = {"gpu_regions": 0, "gpu_bytes": 0, "host_regions": 0,
+                      "pageable_regions": 0, "register_seconds": 0.0}
+
+    def _device(self, t):
+        if not t.is_cuda:
+            return None
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if index in _NO_GPU_COPIES:
+            return None
+        if index not in self._gpu:
+            try:
+                self._gpu[index] = _ptc.DeviceCopies(index)
+            except _ptc.Error as e:
+                _NO_GPU_COPIES[index] = str(e)
+                print(f"ptc: GPU {index}'s tensors go through pageable host memory "
+                      f"(slower): {e}", file=sys.stderr, flush=True)
+                return None
+        return self._gpu[index]
+
+    def _hold(self, t, staged):
+        self._held.append(t)
+        if staged:
+            self._staged += t.numel() * t.element_size()
+            if self._staged >= _STAGING_LIMIT:
+                self.finish()
+
+    def save(self, s, index, part):
+        """Queues region `index` of save `s` from `part` (the local tensor's
+        view that holds it)."""
+        copies = self._device(part)
+        if copies is None:
+            if part.dtype == torch.bfloat16:
+                part = part.view(torch.int16)
+            s.write(index, part.detach().contiguous().cpu().numpy())
+            self.stats["host_regions"] += 1
+            return
+        src = part.detach().contiguous()
+        copies.save(s, index, src.data_ptr(), src.numel() * src.element_size(),
+                    torch.cuda.current_stream(src.device).cuda_stream)
+        self._hold(src, staged=src.data_ptr() != part.data_ptr())
+
+    def load(self, state, index, ptc_dtype, view):
+        """Queues region `index` of loaded `state` into `view` (the local
+        tensor's view that holds it, of the region's dtype and shape)."""
+        copies = self._device(view)
+        if copies is None:
+            with torch.no_grad():
+                view.copy_(region_tensor(state, index, ptc_dtype))
+            self.stats["host_regions"] += 1
+            return
+        dst = view if view.is_contiguous() else torch.empty(
+            view.shape, dtype=view.dtype, device=view.device)
+        copies.load(state, index, dst.data_ptr(), dst.numel() * dst.element_size(),
+                    torch.cuda.current_stream(dst.device).cuda_stream)
+        if dst is not view:
+            self._scatter.append((view, dst))
+        self._hold(dst, staged=dst is not view)
+
+    def finish(self):
+        """Waits for the queued GPU copies; places staged loads."""
+        for copies in self._gpu.values():
+            st = copies.finish()
+            self.stats["gpu_regions"] += st["regions"]
+            self.stats["gpu_bytes"] += st["bytes"]
+            self.stats["pageable_regions"] += st["pageable_regions"]
+            self.stats["register_seconds"] += st["register_seconds"]
+            if st["pageable_regions"]:
+                print(f"ptc: {st['pageable_regions']} regions copied pageable on GPU "
+                      f"{copies.device}: {st['pageable_reason']}", file=sys.stderr, flush=True)
+        with torch.no_grad():
+            for view, staged in self._scatter:
+                view.copy_(staged)
+        self._scatter.clear()
+        self._held.clear()
+        self._staged = 0
+        return self.stats
+
+
 def regions_by_key(client_or_regions):
     """{key: [region, ...]}: a rank's regions of each tensor (from a Client
     or its `regions` list), what local_slices needs to place one."""
@@ -83,14 +194,6 @@ def torch_dtype(ptc_dtype):
     if ptc_dtype not in _TORCH_DTYPES:
         raise ValueError(f"ptc dtype {ptc_dtype} has no PyTorch equivalent")
     return _TORCH_DTYPES[ptc_dtype]
-
-
-def _as_numpy(t):
-    """A C-contiguous numpy view of a CPU tensor (bf16 as its bits)."""
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy()
 
 
 def region_tensor(state, index, ptc_dtype):
@@ -159,6 +262,7 @@ def save(client, step, tensors, small_objects):
     once every rank saved it: client.wait_committed(version))."""
     s = client.begin_save(step)
     by_key = regions_by_key(client)
+    copies = RegionCopies()
     for r in client.regions:
         t = tensors.get(r["key"])
         if t is None:
@@ -169,7 +273,8 @@ def save(client, step, tensors, small_objects):
             raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
                             "the model spec")
         sl = local_slices(r["region"], t.shape, by_key[r["key"]])
-        s.write(r["index"], _as_numpy(t[sl]))
+        copies.save(s, r["index"], t[sl])
+    copies.finish()
     for name, data in small_objects.items():
         s.put_small_object(name, data)
     s.commit()
@@ -182,19 +287,20 @@ def load(client, tensors):
     the small objects."""
     state = client.load()
     by_key = regions_by_key(client)
+    copies = RegionCopies()
     filled = {}
     for r in client.regions:
         t = tensors.get(r["key"])
         if t is None:
             raise KeyError(f"rank {client.rank} holds a region of '{r['key']}' but no "
                            "local tensor was given for it")
-        src = region_tensor(state, r["index"], r["dtype"])
-        if t.dtype != src.dtype:
+        if t.dtype != torch_dtype(r["dtype"]):
             raise TypeError(f"'{r['key']}' is {t.dtype} locally but {r['dtype']} in "
                             "the model spec")
-        with torch.no_grad():
-            t[local_slices(r["region"], t.shape, by_key[r["key"]])].copy_(src)
-        filled[r["key"]] = filled.get(r["key"], 0) + src.numel()
+        view = t[local_slices(r["region"], t.shape, by_key[r["key"]])]
+        copies.load(state, r["index"], r["dtype"], view)
+        filled[r["key"]] = filled.get(r["key"], 0) + view.numel()
+    copies.finish()
     missing = [k for k in tensors if k not in filled]
     if missing:
         raise KeyError(f"rank {client.rank} got no region of {missing[:3]}: the "
