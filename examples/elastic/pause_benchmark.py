@@ -25,7 +25,10 @@ first step in the new config, nothing restarted (the processes save at
 their next step boundary, the store changes, they re-form their groups,
 rebuild and load). The restart-based pauses are then also reported with
 their restarts, as the job pays them: (1) restart + torch.save/torch.load,
-(2) restart + ptc store, (3) live + ptc store.
+(2) restart + ptc store, (3) live + ptc store; with --hot also (4) live +
+hot switch (the processes move the state between themselves over their
+process groups, following ptc's plan, and save the new layout's first
+version; the target must run on the source's GPUs).
 
 With --prepare, the benchmark acts as a scheduler that knows the new
 allocation as the job starts: it runs `ptcctl prepare --wait` then, while
@@ -35,6 +38,8 @@ the pause (the job is not paused by it).
 
     /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3
     /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3 --job moe
+    /usr/bin/python3 examples/elastic/pause_benchmark.py --runs 3 --live --hot \
+        --from tp=2,dp=2@host0,host1 --to tp=1,pp=2,dp=2@host0,host1
 """
 
 import argparse
@@ -86,16 +91,16 @@ def phase(args, cluster, run_dir, config, hosts, extra, job):
     return t0, events(run_dir)
 
 
-def live_pause(args, cluster, work, run, layout, src, dst):
-    """The change src -> dst of a live job: (seconds from the request to the
-    first step in the new config, from the step boundary that saw it, and
-    the parts)."""
+def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
+    """The change src -> dst of a live job (with `hot`, asked as a hot
+    switch): seconds from the request to the first step in the new config,
+    from the step boundary that saw it, and the parts."""
     import live as live_job
-    job = f"live-{run}"
+    job = f"{'hot' if hot else 'live'}-{run}"
     (src_config, src_hosts), (dst_config, dst_hosts) = src, dst
     cluster.ptcctl("register", "--job", job, "--layout", str(layout), "--config", src_config,
                    "--hosts", src_hosts, "--auto", "on", "--live", capture=True)
-    run_dir = work / f"live-{run}"
+    run_dir = work / job
     run_dir.mkdir(parents=True, exist_ok=True)
     agents = []
     env = dict(elastic.os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg",
@@ -120,7 +125,7 @@ def live_pause(args, cluster, work, run, layout, src, dst):
             time.sleep(0.05)
         asked = time.time()
         cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config, "--hosts", dst_hosts,
-                       "--after-save", capture=True)
+                       "--after-save", *(["--hot"] if hot else []), capture=True)
         # Every process that ran writes its record when it ends (the job
         # stops at iteration 3; one that left writes it when it leaves).
         ended = max(elastic.world_size(dst_config), elastic.world_size(src_config))
@@ -134,9 +139,16 @@ def live_pause(args, cluster, work, run, layout, src, dst):
             raise RuntimeError(f"the live job did not change (logs in {run_dir})")
         first = min(c["noticed"] for c in changes)
         resumed = max(c["resumed"] for c in changes)
-        return {"pause": resumed - asked, "from_boundary": resumed - first,
+        how = sorted({c["how"] for c in changes})
+        if hot and how != ["hot switch"]:
+            raise RuntimeError(f"the change asked as a hot switch went {how} (logs in {run_dir})")
+        moved = max(c.get("moved", first) for c in changes)
+        return {"pause": resumed - asked, "from_boundary": resumed - first, "how": how,
+                "hot_exchange": moved - first if hot else None,
+                "bytes_between_processes": max(c.get("bytes_between_processes", 0)
+                                               for c in changes),
                 "step_in_progress": first - asked,
-                "save": max(c.get("saved", first) for c in changes) - first,
+                "save": max(c.get("saved", first) for c in changes) - (moved if hot else first),
                 "change": max(c["committed"] for c in changes) -
                 max(c.get("saved", first) for c in changes),
                 "reform_and_load": resumed - max(c["committed"] for c in changes),
@@ -147,6 +159,7 @@ def live_pause(args, cluster, work, run, layout, src, dst):
                 elastic.os.killpg(a.pid, signal.SIGTERM)
         for a in agents:
             a.wait()
+        cluster.ptcctl("forget", job, capture=True)  # its GPUs and memory, for the next job
 
 
 def stats(xs):
@@ -174,6 +187,10 @@ def main():
     ap.add_argument("--spare-pool",
                     help="each ptcd's --spare-pool (memory kept faulted in for the next saves "
                     "of the sizes it saw), e.g. 2GiB; default: ptcd's own")
+    ap.add_argument("--hot", action="store_true",
+                    help="with --live: also (4) the same change of a live job as a hot switch "
+                         "(the processes move the state between themselves; the target's "
+                         "GPUs must be the source's)")
     ap.add_argument("--live", action="store_true",
                     help="also the same change of a live job (no restarts), and every pause "
                     "with its restarts")
@@ -183,6 +200,8 @@ def main():
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
     bench = BENCHMARKS[args.job]
+    if args.hot and not args.live:
+        ap.error("--hot measures a live job's hot switch: add --live")
     args.model = args.model or bench["model"]
     args.source = args.source or bench["from"]
     args.to = args.to or bench["to"]
@@ -280,6 +299,12 @@ def main():
                     "ptc_live": row["live"]["pause"]}
                 w = row["with_restarts"]
                 row["live_speedup"] = w["baseline"] / w["ptc_live"]
+                if args.hot:
+                    row["hot"] = live_pause(args, cluster, work, run, layout,
+                                            (src_config, src_hosts), (dst_config, dst_hosts),
+                                            hot=True)
+                    w["ptc_hot"] = row["hot"]["pause"]
+                    row["hot_speedup"] = w["baseline"] / w["ptc_hot"]
             rows.append(row)
             p, b = row["ptc"], row["baseline"]
             say(f"run {run + 1}: ptc pause {p['pause']:.2f} s (save {p['save']:.2f} [slowest rank's "
@@ -303,6 +328,14 @@ def main():
                     f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}; "
                     f"{lv['from_boundary']:.2f} s from the step boundary]; (3) is "
                     f"{row['live_speedup']:.2f}x shorter than (1)")
+            if args.hot:
+                h = row["hot"]
+                say(f"       (4) live + hot switch {h['pause']:.2f} s [waiting for the step in "
+                    f"progress {h['step_in_progress']:.2f}, plan + exchange "
+                    f"{h['hot_exchange']:.2f} ({h['bytes_between_processes'] / 2**20:.0f} MiB "
+                    f"between processes), save + commit {h['save']:.2f}, re-form + rebuild + "
+                    f"load {h['reform_and_load']:.2f}; {h['from_boundary']:.2f} s from the step "
+                    f"boundary]; (4) is {row['hot_speedup']:.2f}x shorter than (1)")
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
@@ -316,6 +349,10 @@ def main():
             summary[f"with_restarts_{k}"] = stats([r["with_restarts"][k] for r in rows])
         summary["live_from_boundary"] = stats([r["live"]["from_boundary"] for r in rows])
         summary["live_speedup"] = stats([r["live_speedup"] for r in rows])
+    if args.hot:
+        summary["with_restarts_ptc_hot"] = stats([r["with_restarts"]["ptc_hot"] for r in rows])
+        summary["hot_from_boundary"] = stats([r["hot"]["from_boundary"] for r in rows])
+        summary["hot_speedup"] = stats([r["hot_speedup"] for r in rows])
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -335,7 +372,14 @@ def main():
                   f"{fmt(m['ptc_live'])}, {fmt(summary['live_from_boundary'])} from the step "
                   f"boundary; (3) shorter than (1) by {summary['live_speedup']['median']:.2f}x "
                   f"(min {summary['live_speedup']['min']:.2f}, max "
-                  f"{summary['live_speedup']['max']:.2f}); (4) live + hot switch: not built")
+                  f"{summary['live_speedup']['max']:.2f})")
+            if args.hot:
+                h = summary["with_restarts_ptc_hot"]
+                print(f"(4) live + hot switch {fmt(h)}, {fmt(summary['hot_from_boundary'])} "
+                      f"from the step boundary; (4) shorter than (1) by "
+                      f"{summary['hot_speedup']['median']:.2f}x (min "
+                      f"{summary['hot_speedup']['min']:.2f}, max "
+                      f"{summary['hot_speedup']['max']:.2f})")
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ class Stage(torch.nn.Module):
     embedding under the same name."""
 
     def __init__(self, arch, tp=1, tp_rank=0, first_layer=0, num_layers=None, first=True,
-                 last=True, tp_group=None, seed=1234):
+                 last=True, tp_group=None, seed=1234, init=True):
         super().__init__()
         num_layers = arch.layers if num_layers is None else num_layers
         self.arch, self.tp, self.tp_rank = arch, tp, tp_rank
@@ -153,6 +153,9 @@ class Stage(torch.nn.Module):
         self.vocab_local = arch.padded_vocab(tp) // tp
         self.vocab_start = tp_rank * self.vocab_local
         self._keys = {}  # parameter name -> parameter
+        # Without init the parameters are left uninitialized (torch.empty):
+        # for a stage whose every parameter a load overwrites next.
+        self._init = init
         if first or last:
             self._param("embedding.word.weight", (arch.vocab, h), 0, seed)
         if first:
@@ -179,6 +182,13 @@ class Stage(torch.nn.Module):
         """A parameter holding this tp rank's shard of `key` (split over dim
         `split`, or replicated), initialized from the global tensor and
         registered under its dotted name."""
+        if not self._init:
+            local = list(shape)
+            if split is not None:
+                if key == "embedding.word.weight":
+                    local[0] = self.arch.padded_vocab(self.tp)
+                local[split] //= self.tp
+            return self._register(key, torch.nn.Parameter(torch.empty(local)))
         full = global_init(key, shape, seed)
         if split is not None:
             if key == "embedding.word.weight":
@@ -186,7 +196,9 @@ class Stage(torch.nn.Module):
                 full = torch.cat([full, torch.zeros(pad, shape[1])])
             n = full.shape[split] // self.tp
             full = full.narrow(split, self.tp_rank * n, n)
-        p = torch.nn.Parameter(full.contiguous())
+        return self._register(key, torch.nn.Parameter(full.contiguous()))
+
+    def _register(self, key, p):
         *path, name = key.split(".")
         module = self
         for part in path:

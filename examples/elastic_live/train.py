@@ -66,7 +66,8 @@ def main():
         groups = Groups(cfg, live.rank)
         first, n = cfg.stage_layers(groups.pp_i, arch.layers)
         stage = gpt.Stage(arch, cfg.tp, groups.tp_i, first, n, groups.pp_i == 0,
-                          groups.pp_i == cfg.pp - 1, groups.tp, args.seed)
+                          groups.pp_i == cfg.pp - 1, groups.tp, args.seed,
+                          init=not live.restoring)  # ptc: a load overwrites every parameter
         opt = torch.optim.Adam(stage.parameters(), lr=LR, eps=1e-8)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / WARMUP))
         live.groups = groups

@@ -31,15 +31,22 @@ decides the same):
         with live.step():                 # a peer that dies ends the step
             loss = train_one_step(live.model, live.optimizer, live.extra["cursor"])
 
+`live.restoring` is true while build runs for a process that loads the
+job's committed state next: build may then skip initializing parameters
+(torch.empty instead of a random init), since the load overwrites every
+parameter and optimizer state tensor the job's layout holds.
+
 `live.iteration` counts the steps done (it goes back to the committed
 step after a rollback); `live.changes` lists every change the process
 went through, with its timings.
 """
 
+import atexit
 import datetime
 import gc
 import os
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -53,6 +60,12 @@ _GO, _SAVE_FOR_CHANGE, _FOLLOW, _PERIODIC_SAVE, _HOT = 0, 1, 2, 3, 4
 
 class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
+
+
+def _close_at_exit(ref):
+    live = ref()
+    if live is not None:
+        live.close()
 
 
 def elastic(build, **options):
@@ -104,6 +117,7 @@ class Live:
         self.model = self.optimizer = self.scheduler = None
         self.extra = {}
         self.changes = []
+        self.restoring = False
         self._store = None
         self._started = False
         self._broken = None  # the error of a step that failed
@@ -121,6 +135,7 @@ class Live:
     def __next__(self):
         if not self._started:
             self._started = True
+            atexit.register(_close_at_exit, weakref.ref(self))
             if not self._start():
                 raise StopIteration
         while True:
@@ -254,6 +269,16 @@ class Live:
             self._change = {"noticed": time.time(), "how": how, "from": str(self.config),
                             "from_rank": self.rank, "iteration": self.iteration,
                             "marker": (ev["plan_epoch"], ev["phase"], ev["error"])}
+
+    def close(self):
+        """Leaves the process groups and stops following the job; runs at
+        exit too (a process that ends with its process groups alive can
+        abort in their teardown, and its agent would start it again)."""
+        if dist.is_initialized() or self.model is not None:
+            self._leave_groups()
+        if self.client is not None:
+            self.client.unfollow()
+            self.client = None
 
     # ---------------------------------------------------------- the parts
 
@@ -488,12 +513,14 @@ class Live:
                                 rank=self.rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=self.collective_timeout))
         formed = time.time()
+        self.restoring = self.client.committed_version > 0
         parts = self._build(self)
         self.model = parts["model"]
         self.optimizer = parts.get("optimizer")
         self.scheduler = parts.get("scheduler")
         self.extra = dict(parts.get("extra") or {})
         self.layout_epoch = epoch
+        built = time.time()
         if self.client.committed_version > 0:
             restored = pt.load(self.client, self.model, self.optimizer, self.scheduler)
             self.extra.update(restored)
@@ -505,7 +532,7 @@ class Live:
         if self._change is not None:
             c = self._change
             c.pop("marker", None)
-            c.update(formed=formed, resumed=time.time(), to=str(self.config), rank=self.rank,
+            c.update(formed=formed, built=built, resumed=time.time(), to=str(self.config), rank=self.rank,
                      layout_epoch=epoch, resumed_iteration=self.iteration,
                      pid=os.getpid())
             c["pause_seconds"] = c["resumed"] - c["noticed"]

@@ -17,6 +17,7 @@ embedding are never stored: they are zero and stay so).
     state = torch_state.load(client, tensors)   # copies into `tensors`
 """
 
+import os
 import sys
 import warnings
 
@@ -86,7 +87,8 @@ class RegionCopies:
     pinned host memory, on a side stream after the work the tensor's
     current stream queued (ptc's DeviceCopies: the GPU's DMA engines read
     and write the store's pages directly); CPU tensors, and GPU tensors
-    where CUDA is not usable from ptc (said once), through host memory.
+    where CUDA is not usable from ptc (said once) or PTC_PINNED_COPIES=0,
+    through host memory.
     finish() must run before the save commits and before loaded tensors
     are used:
 
@@ -112,6 +114,9 @@ class RegionCopies:
         if index in _NO_GPU_COPIES:
             return None
         if index not in self._gpu:
+            if os.environ.get("PTC_PINNED_COPIES", "1") == "0":
+                _NO_GPU_COPIES[index] = "turned off (PTC_PINNED_COPIES=0)"
+                return None
             try:
                 self._gpu[index] = _ptc.DeviceCopies(index)
             except _ptc.Error as e:
