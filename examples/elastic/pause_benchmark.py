@@ -20,7 +20,8 @@ is the first iteration, which shows the job goes on.
 
 With --live, each run also measures the same change of a live job in the
 same cluster (examples/elastic_live/train.py, processes started by ptc's
-agent, ptc.torch.elastic): from `ptcctl reconfigure --after-save` to the
+agent, ptc.torch.elastic, saving every step): from `ptcctl reconfigure
+--after-save`, asked during the step after the first save committed, to the
 first step in the new config, nothing restarted (the processes save at
 their next step boundary, the store changes, they re-form their groups,
 rebuild and load). The restart-based pauses are then also reported with
@@ -112,16 +113,20 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
              cluster.coordinator, "--socket", cluster.socket(h), "--log-dir",
              str(run_dir / "logs"), "--", sys.executable,
              str(elastic.ROOT / "examples/elastic_live/train.py"), "--model", args.model,
-             "--run-dir", str(run_dir), "--iterations", "3", "--save-every", "0",
+             "--run-dir", str(run_dir), "--iterations", "3", "--save-every", "1",
              "--global-batch", str(args.global_batch)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True))
     try:
         losses = run_dir / "losses.jsonl"
         deadline = time.time() + 900
-        while len(live_job.read_jsonl(losses)) < 1:
+        # A live job saves periodically (what a failure rolls back to, and
+        # what a hot switch needs): the change is asked once the save after
+        # the first step committed, during the second step.
+        while len(live_job.read_jsonl(losses)) < 1 or json.loads(cluster.ptcctl(
+                "status", job, "--json", capture=True))["jobs"][0]["committed_version"] == 0:
             if time.time() > deadline:
-                raise RuntimeError(f"the live job did not train (logs in {run_dir})")
+                raise RuntimeError(f"the live job did not train and save (logs in {run_dir})")
             time.sleep(0.05)
         asked = time.time()
         cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config, "--hosts", dst_hosts,

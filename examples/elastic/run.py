@@ -178,6 +178,12 @@ def run_phase(args, cluster, run_dir, config, world, placement, extra, save_afte
     logs.mkdir(parents=True, exist_ok=True)
     (run_dir / "samples").mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg", OMP_NUM_THREADS="1")
+    # The processes' large allocations on transparent huge pages, as ptc's
+    # agent starts live processes (ptc.agent.with_huge_pages): the same
+    # allocator for restarted and live jobs.
+    if "glibc.malloc.hugetlb" not in env.get("GLIBC_TUNABLES", ""):
+        env["GLIBC_TUNABLES"] = ":".join(
+            t for t in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if t)
     if cluster:
         env.update(cluster.job_env(args.job_name))
     procs = []

