@@ -83,4 +83,4 @@ def test_the_agent_backs_its_processes_large_allocations_with_huge_pages(ptc_mod
     env = with_huge_pages(dict(os.environ))
     out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['GLIBC_TUNABLES'])"],
                          env=env, capture_output=True, text=True, check=True)
-    assert "glibc.malloc.hugetlb=1" in out.stdout.split(":")
+    assert "glibc.malloc.hugetlb=1" in out.stdout.strip().split(":")
