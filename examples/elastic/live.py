@@ -78,6 +78,11 @@ class LiveJob:
     def start_agent(self, host):
         env = dict(os.environ, PYTHONPATH=f"{self.args.bin}/client/python/pkg",
                    OMP_NUM_THREADS="1", **self.cluster.job_env(JOB))
+        if self.args.scenario == "hot":
+            # This model's pieces are small: from 16 KiB on they travel as
+            # messages of their own, so that both of the switch's kinds of
+            # messages (own and packed) carry pieces here.
+            env["PTC_HOT_DIRECT_BYTES"] = str(16 << 10)
         cmd = [sys.executable, "-m", "ptc.agent", "--job", JOB, "--host", host,
                "--coordinator", self.cluster.coordinator, "--socket", self.cluster.socket(host),
                "--status", str(self.work / f"agent-{host}.json"),

@@ -369,9 +369,11 @@ class Live:
         except _ptc.Error as e:
             self._log(f"hot switch {serial} does not start: {e}")
             ok = False
+        planned = time.time()
         if not self._all_ok(ok):
             self._change = None
             return
+        agreed = time.time()
         if self._on_save:
             self._on_save(self)  # the switch ends in a save of this state
         device = self._collective_device()
@@ -380,8 +382,11 @@ class Live:
                                                    create_state=False)
             regions = target.regions if target is not None else []
             buffers = hot.receive_buffers(regions, device)
-            sent, received = hot.exchange(plan, me, rank_view, tensors, buffers, regions,
-                                          device)
+            ready = time.time()
+            sent, received = hot.exchange(
+                plan, me, rank_view, tensors, buffers, regions, device,
+                direct_bytes=int(os.environ.get("PTC_HOT_DIRECT_BYTES", hot.DIRECT_BYTES)))
+            exchanged = time.time()
             del rank_view, tensors
             mine_objects = pt.small_objects(self.optimizer, self.scheduler, self.extra)
             objects = hot.exchange_small_objects(
@@ -397,7 +402,8 @@ class Live:
         version = save.version if save is not None else None
         if version is not None:
             self._wait_committed(version, self.layout_epoch, hot=True)
-        self._change.update(moved=moved, saved=time.time(),
+        self._change.update(planned=planned, agreed=agreed, ready=ready,
+                            exchanged=exchanged, moved=moved, saved=time.time(),
                             hot_seconds=moved - began, bytes_sent=sent,
                             bytes_received=received,
                             bytes_between_processes=plan["bytes_between_processes"],

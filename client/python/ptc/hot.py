@@ -8,8 +8,10 @@ ptc's planner decides which host sends each piece of every new region
 the client's plan (Client.hot_plan) names, on that host, the process that
 sends it: the receiving process itself when it holds the piece (a local
 copy), else the least loaded holder. Every process computes the same plan,
-so each sends and receives without asking anyone: one message per pair of
-processes, all posted at once (torch.distributed.batch_isend_irecv; NCCL
+so each sends and receives without asking anyone: every piece of 1 MiB or
+more as a message of its own (straight from the sender's tensor into the
+receiver's buffer where contiguous), smaller ones packed into one message
+per pair of processes, all posted at once (torch.distributed.batch_isend_irecv; NCCL
 on GPUs, gloo on CPU). Small objects (optimizer hyper-parameters, the
 scheduler, `extra`, RNG states) follow the store's rules: a new rank takes
 the copy of the old rank ptc's rules name, or a value derived for its new
@@ -48,17 +50,43 @@ def receive_buffers(regions, device):
             for r in regions]
 
 
-def _as_bytes(t):
-    return t.contiguous().reshape(-1).view(torch.uint8)
+# A piece of at least this many bytes travels as a message of its own,
+# straight from the sender's tensor and into the receiver's buffer where
+# they are contiguous (no packing copy); smaller pieces between a pair of
+# processes are packed into one message. The rule reads only the plan, so
+# both sides of a pair agree on the messages and their order.
+DIRECT_BYTES = 1 << 20
+_ALIGN = 8  # packed pieces start at multiples of it (any dtype's view)
 
 
-def exchange(plan, me, rank_view, tensors, buffers, regions, device):
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _packed_at(pieces):
+    """Offsets of `pieces` (tensors) in their packed message, and its size."""
+    at, offsets = 0, []
+    for t in pieces:
+        offsets.append(at)
+        at += -(-_nbytes(t) // _ALIGN) * _ALIGN
+    return offsets, at
+
+
+def _in(msg, at, like):
+    """The bytes of `msg` from `at` viewed as a tensor shaped like `like`."""
+    return msg[at:at + _nbytes(like)].view(like.dtype).view(like.shape)
+
+
+def exchange(plan, me, rank_view, tensors, buffers, regions, device,
+             direct_bytes=DIRECT_BYTES):
     """Sends this process's pieces and receives its target's (all at once),
     copying local pieces directly. me: this process's rank in the current
     world; rank_view / tensors: its current state (ptc.torch's view of the
     old layout); buffers / regions: its target rank's receive buffers and
-    regions (empty for a process that leaves). Returns bytes sent to and
-    received from other processes."""
+    regions (empty for a process that leaves); direct_bytes: the size from
+    which a piece is a message of its own (every process of the switch must
+    use the same; Live takes $PTC_HOT_DIRECT_BYTES). Returns bytes sent to
+    and received from other processes."""
     process_of = plan["process_of"]
     held = defaultdict(list)  # key -> regions this process holds
     for r in rank_view.regions:
@@ -84,37 +112,52 @@ def exchange(plan, me, rank_view, tensors, buffers, regions, device):
         raise RuntimeError(f"the hot switch's plan sends {box} of '{key}' to this process, "
                            "whose target rank does not hold it")
 
-    sends, recvs = defaultdict(list), defaultdict(list)
+    # Per peer, in the plan's order: pieces sent (received) on their own,
+    # and pieces packed.
+    sends, recvs = defaultdict(lambda: ([], [])), defaultdict(lambda: ([], []))
     with torch.no_grad():
         for key, box, src, dst in plan["transfers"]:
             to = process_of[dst]
             if src == me and to == me:
                 target(key, box).copy_(source(key, box))
             elif src == me:
-                sends[to].append(source(key, box))
+                piece = source(key, box)
+                sends[to][_nbytes(piece) < direct_bytes].append(piece)
             elif to == me:
-                recvs[src].append(target(key, box))
-        ops, inbound = [], []
+                piece = target(key, box)
+                recvs[src][_nbytes(piece) < direct_bytes].append(piece)
+        ops, scatter = [], []  # scatter: (received, its place) after the wait
         sent = received = 0
         for peer in sorted(sends):
-            msg = torch.cat([_as_bytes(p) for p in sends[peer]]).to(device)
-            sent += msg.numel()
-            ops.append(dist.P2POp(dist.isend, msg, peer))
+            direct, packed = sends[peer]
+            for piece in direct:
+                ops.append(dist.P2POp(dist.isend, piece.contiguous().view(-1), peer))
+            offsets, size = _packed_at(packed)
+            if packed:
+                msg = torch.empty(size, dtype=torch.uint8, device=device)
+                for piece, at in zip(packed, offsets):
+                    _in(msg, at, piece).copy_(piece)
+                ops.append(dist.P2POp(dist.isend, msg, peer))
+            sent += sum(_nbytes(p) for p in direct + packed)
         for peer in sorted(recvs):
-            n = sum(t.numel() * t.element_size() for t in recvs[peer])
-            msg = torch.empty(n, dtype=torch.uint8, device=device)
-            received += n
-            inbound.append((msg, recvs[peer]))
-            ops.append(dist.P2POp(dist.irecv, msg, peer))
+            direct, packed = recvs[peer]
+            for place in direct:
+                into = place if place.is_contiguous() else torch.empty_like(
+                    place, memory_format=torch.contiguous_format)
+                if into is not place:
+                    scatter.append((into, place))
+                ops.append(dist.P2POp(dist.irecv, into.view(-1), peer))
+            offsets, size = _packed_at(packed)
+            if packed:
+                msg = torch.empty(size, dtype=torch.uint8, device=device)
+                scatter.extend((_in(msg, at, place), place) for place, at in zip(packed, offsets))
+                ops.append(dist.P2POp(dist.irecv, msg, peer))
+            received += sum(_nbytes(p) for p in direct + packed)
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-        for msg, parts in inbound:
-            at = 0
-            for t in parts:
-                n = t.numel() * t.element_size()
-                t.copy_(msg[at:at + n].view(t.dtype).view(t.shape))
-                at += n
+        for got, place in scatter:
+            place.copy_(got)
     return sent, received
 
 
