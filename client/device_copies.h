@@ -30,6 +30,7 @@
 
 namespace ptc {
 
+// Not thread-safe: one DeviceCopies per thread that copies.
 class DeviceCopies {
  public:
   // What the copies since the last Finish did.
