@@ -538,8 +538,8 @@ class Live:
         if self._change is not None:
             c = self._change
             c.pop("marker", None)
-            c.update(formed=formed, built=built, resumed=time.time(), to=str(self.config), rank=self.rank,
-                     layout_epoch=epoch, resumed_iteration=self.iteration,
+            c.update(formed=formed, built=built, resumed=time.time(), to=str(self.config),
+                     rank=self.rank, layout_epoch=epoch, resumed_iteration=self.iteration,
                      pid=os.getpid())
             c["pause_seconds"] = c["resumed"] - c["noticed"]
             self.changes.append(c)
