@@ -425,20 +425,6 @@ PYBIND11_MODULE(_ptc, m) {
           "copies a C-contiguous buffer (numpy array, torch tensor via "
           ".numpy()) into region `index` of the save")
       .def(
-          "buffer",
-          [](py::object self, int i) {
-            Client::Save& s = self.cast<Client::Save&>();
-            const absl::Span<uint8_t> bytes = Value(s.Buffer(i));
-            // A writable byte view of the region's shared memory; it keeps
-            // the Save alive. Valid until commit.
-            return py::array(py::dtype("uint8"),
-                             {static_cast<py::ssize_t>(bytes.size())},
-                             bytes.data(), self);
-          },
-          py::arg("index"),
-          "a writable uint8 view of region `index`'s shared memory (filled "
-          "row-major by the caller; valid until commit)")
-      .def(
           "put_small_object",
           [](Client::Save& s, const std::string& name, const py::bytes& b) {
             Check(s.PutSmallObject(name, std::string(b)));
@@ -495,6 +481,8 @@ PYBIND11_MODULE(_ptc, m) {
           },
           py::arg("save"), py::arg("index"), py::arg("src"), py::arg("bytes"),
           py::arg("after") = 0,
+          // The save's mappings outlive the copies into them.
+          py::keep_alive<1, 2>(),
           "queues a copy of contiguous GPU memory `src` into region `index` "
           "of the save, after the work queued on stream `after`")
       .def(
@@ -504,7 +492,7 @@ PYBIND11_MODULE(_ptc, m) {
             Check(c.Load(s, i, dst, bytes, after));
           },
           py::arg("state"), py::arg("index"), py::arg("dst"), py::arg("bytes"),
-          py::arg("after") = 0,
+          py::arg("after") = 0, py::keep_alive<1, 2>(),
           "queues a copy of loaded region `index` into contiguous GPU memory "
           "`dst`, after the work queued on stream `after`")
       .def(
