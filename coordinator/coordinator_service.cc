@@ -244,13 +244,12 @@ void CoordinatorService::ClearPendingLocked(Job& job) {
   s.set_hot_version(0);
 }
 
-std::vector<std::string> CoordinatorService::CommitHotSwitchLocked(
-    Job& job, int64_t version, int64_t step) {
+void CoordinatorService::CommitHotSwitchLocked(Job& job, int64_t version,
+                                               int64_t step) {
   proto::CoordinatorState::Job& s = job.state;
   const proto::ReconfigureRequest pending = s.pending();
   const std::string reason = s.pending_reason();
   const double began = s.pending_unix();
-  std::vector<std::string> old_hosts(s.hosts().begin(), s.hosts().end());
   // The pending change becomes the job's target, proven by the save, and
   // is adopted as a change through the store would be.
   s.set_target_config(pending.to());
@@ -279,7 +278,6 @@ std::vector<std::string> CoordinatorService::CommitHotSwitchLocked(
   job.event.set_reason(reason);
   job.event.set_path("hot switch");
   job.event.set_seconds(absl::ToUnixMicros(absl::Now()) / 1e6 - began);
-  return old_hosts;
 }
 
 int64_t CoordinatorService::NewVersionLocked(Job& job) {

@@ -249,10 +249,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
                                           int64_t serial)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hot switch's save `version` (proven on the target's hosts) makes
-  // the pending change the job's committed layout; returns the hosts that
-  // held the version before it.
-  std::vector<std::string> CommitHotSwitchLocked(Job& job, int64_t version,
-                                                 int64_t step)
+  // the pending change the job's committed layout.
+  void CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Clears the pending change, and the hot switch's save if its
   // processes began one (its version is reclaimed).

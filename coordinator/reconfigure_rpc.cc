@@ -60,9 +60,6 @@ struct CoordinatorService::Flight {
 
 namespace {
 
-// The target of the reconfiguration in flight becomes the committed state.
-// Forgets the reconfiguration in flight (its target and decision).
-
 // Fault injection for the process tests (tests/python): with the
 // environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
 // sleeps that long at that point of every change, so that a test can kill

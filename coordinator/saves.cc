@@ -320,9 +320,6 @@ absl::Status CoordinatorService::DoReportSaved(
       CommitHotSwitchLocked(job, req.version(), step);
       auto_wake_ = true;
       if (previous > 0) superseded.push_back(previous);
-      PTC_RETURN_IF_ERROR(PersistLocked());
-      auto a = AddressesLocked(hosts);
-      if (a.ok()) addresses = *std::move(a);
     } else if (!proven.ok()) {
       // The save failed: its version is no longer owned, and goes.
       job.saved.erase(req.version());
@@ -348,12 +345,10 @@ absl::Status CoordinatorService::DoReportSaved(
       job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
       if (previous > 0) superseded.push_back(previous);
     }
-    if (!hot || !proven.ok()) {
-      if (hot) s.set_hot_version(0);  // the processes follow a change now
-      PTC_RETURN_IF_ERROR(PersistLocked());
-      auto a = AddressesLocked(hosts);
-      if (a.ok()) addresses = *std::move(a);
-    }
+    if (hot && !proven.ok()) s.set_hot_version(0);  // a change follows now
+    PTC_RETURN_IF_ERROR(PersistLocked());
+    auto a = AddressesLocked(hosts);
+    if (a.ok()) addresses = *std::move(a);
   }
   // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
   std::set<std::string> unique(addresses.begin(), addresses.end());

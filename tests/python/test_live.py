@@ -84,3 +84,13 @@ def test_the_agent_backs_its_processes_large_allocations_with_huge_pages(ptc_mod
     out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['GLIBC_TUNABLES'])"],
                          env=env, capture_output=True, text=True, check=True)
     assert "glibc.malloc.hugetlb=1" in out.stdout.strip().split(":")
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "1MiB", "huge"])
+def test_a_live_process_refuses_a_hot_message_size_that_is_not_positive_bytes(
+        ptc_module, monkeypatch, value):
+    from ptc import elastic
+    monkeypatch.setenv("PTC_HOT_DIRECT_BYTES", value)
+    with pytest.raises(ValueError, match="PTC_HOT_DIRECT_BYTES"):
+        elastic.Live(lambda live: {}, job="j", coordinator="127.0.0.1:1", socket="/nonexistent",
+                     host="h", device=0)

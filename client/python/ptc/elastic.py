@@ -105,6 +105,14 @@ class Live:
         self.save_every = save_every
         self.timeout = timeout
         self.collective_timeout = collective_timeout
+        # The hot switch's size from which a piece is a message of its own
+        # (every process of a job must use the same).
+        direct = env.get("PTC_HOT_DIRECT_BYTES", "")
+        if direct and not (direct.isdigit() and int(direct) > 0):
+            raise ValueError(f"PTC_HOT_DIRECT_BYTES={direct!r}: give a positive number of "
+                             "bytes (the hot switch's size from which a piece is a message "
+                             "of its own)")
+        self._hot_direct_bytes = int(direct) if direct else None
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._build, self._on_save, self._on_load = build, on_save, on_load
         self._log = log or (lambda msg: print(f"[ptc {self.host}:{self.device}] {msg}",
@@ -385,7 +393,7 @@ class Live:
             ready = time.time()
             sent, received = hot.exchange(
                 plan, me, rank_view, tensors, buffers, regions, device,
-                direct_bytes=int(os.environ.get("PTC_HOT_DIRECT_BYTES", hot.DIRECT_BYTES)))
+                direct_bytes=self._hot_direct_bytes or hot.DIRECT_BYTES)
             exchanged = time.time()
             del rank_view, tensors
             mine_objects = pt.small_objects(self.optimizer, self.scheduler, self.extra)
