@@ -148,7 +148,9 @@ void NameRegion(const std::string& job, int64_t version,
   RegionToProto(region, op->mutable_region());
 }
 
-// Maps `size` bytes of a received memfd with `prot`, advising huge pages.
+// Maps `size` bytes of a received memfd with `prot`, advising huge pages,
+// and maps its pages at once: a put's buffer is written whole, a load's
+// region read whole.
 absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
   void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
@@ -156,6 +158,7 @@ absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
         "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
   }
   AdviseHugePages(p, size);
+  PrefaultPages(p, size, /*for_write=*/(prot & PROT_WRITE) != 0);
   return p;
 }
 

@@ -254,18 +254,25 @@ void SparePool::Prepare(const Queued& q) {
   // fresh memory slowly) without being preempted.
   constexpr int64_t kStep = 2 << 20;
   constexpr absl::Duration kMaxWait = absl::Milliseconds(50);
-  volatile char* bytes = static_cast<char*>(p);
+  char* const bytes = static_cast<char*>(p);
   bool stopped = false;
-  for (int64_t off = 0; off < size && !stopped; off += 4096) {
-    if (off % kStep == 0) {
-      const absl::Time give_up = absl::Now() + kMaxWait;
-      while (CpusBusy() && absl::Now() < give_up)
-        absl::SleepFor(absl::Milliseconds(2));
-      const bool short_of_memory = !MemoryFits(0, memory_floor_);
+  for (int64_t off = 0; off < size && !stopped; off += kStep) {
+    const absl::Time give_up = absl::Now() + kMaxWait;
+    while (CpusBusy() && absl::Now() < give_up)
+      absl::SleepFor(absl::Milliseconds(2));
+    const bool short_of_memory = !MemoryFits(0, memory_floor_);
+    {
       absl::MutexLock lock(&mu_);
       stopped = stop_ || short_of_memory;
     }
-    bytes[off] = 0;
+    if (stopped) break;
+    // One call per step where the kernel can (5.14+), a touch per page
+    // where it cannot.
+    const int64_t len = std::min(kStep, size - off);
+    if (madvise(bytes + off, len, MADV_POPULATE_WRITE) != 0) {
+      for (int64_t page = 0; page < len; page += 4096)
+        static_cast<volatile char*>(bytes)[off + page] = 0;
+    }
   }
   munmap(p, size);
   absl::MutexLock lock(&mu_);
