@@ -202,16 +202,26 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
       Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
   Job& job = *saving;
   proto::CoordinatorState::Job& s = job.state;
+  // The other ranks' save of this step in this layout (a hot switch's save
+  // of the same step is another version: the target layout's).
   for (const auto& o : s.open_saves()) {
-    if (o.step() == req.step()) {
+    if (o.step() == req.step() && o.layout_epoch() == s.layout_epoch() &&
+        o.version() != s.hot_version()) {
       resp->set_version(o.version());
       return absl::OkStatus();
     }
   }
   if (s.open_saves_size() >= std::max(1, options_.max_open_saves)) {
-    // The oldest save in progress is superseded: its version is reclaimed.
-    job.saved.erase(s.open_saves(0).version());
-    s.mutable_open_saves()->erase(s.mutable_open_saves()->begin());
+    // The oldest save in progress is superseded: its version is reclaimed
+    // (not a hot switch's: ClearPendingLocked reclaims that one).
+    auto* open = s.mutable_open_saves();
+    auto oldest = std::find_if(open->begin(), open->end(), [&](const auto& o) {
+      return o.version() != s.hot_version();
+    });
+    if (oldest != open->end()) {
+      job.saved.erase(oldest->version());
+      open->erase(oldest);
+    }
   }
   proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
   o->set_version(NewVersionLocked(job));

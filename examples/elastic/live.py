@@ -23,6 +23,12 @@ SIGKILLed while that one is under way: its agent reports it, the
 coordinator changes the job from its last committed version, the agent
 starts the process again and the job goes on.
 
+With --scenario hot: hot switches (the processes move the state between
+themselves, over gloo here) for a tp, a pp and a dp change, a process
+SIGKILLed during the pp one; then a hot switch that one process fails to
+start (PTC_TEST_HOT_REFUSE, a test fault): the processes save instead and
+the change goes through the store at once.
+
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
 rollbacks) equal to an uninterrupted run's within the tolerance; the
@@ -83,6 +89,8 @@ class LiveJob:
             # messages of their own, so that both of the switch's kinds of
             # messages (own and packed) carry pieces here.
             env["PTC_HOT_DIRECT_BYTES"] = str(16 << 10)
+            # The last change: rank 1 fails to start the hot switch to it.
+            env["PTC_TEST_HOT_REFUSE"] = f"{REFUSED}:1"
         cmd = [sys.executable, "-m", "ptc.agent", "--job", JOB, "--host", host,
                "--coordinator", self.cluster.coordinator, "--socket", self.cluster.socket(host),
                "--status", str(self.work / f"agent-{host}.json"),
@@ -234,25 +242,35 @@ def requests_and_a_kill(args, cluster, job, results, say):
     return before, during
 
 
+# The hot scenario's last change, which rank 1 fails to start as a hot
+# switch (PTC_TEST_HOT_REFUSE): the processes save, and it goes through
+# the store.
+REFUSED = "tp=2,pp=1,dp=1"
+
+
 def hot_switches(args, cluster, job, results, say):
     """Hot switches (the processes move the state between themselves) for
     a tp, a pp and a dp change, each asked by pinning the config; during
-    the pp change a process is SIGKILLed."""
+    the pp change a process is SIGKILLed. Then a hot switch one process
+    fails to start: with a save timeout longer than the wait, it ends only
+    if the processes turn it into a change through the store at once."""
     at = args.iterations // 6
     job.wait(f"iteration {at}", lambda: len(job.losses()) >= at)
     before = during = job.running("host0")
     steps = (("tp", "tp=1,pp=1,dp=4", False), ("pp", "tp=1,pp=2,dp=2", True),
-             ("dp", "tp=1,pp=2,dp=1", False))
+             ("dp", "tp=1,pp=2,dp=1", False), ("refused", REFUSED, False))
     for axis, to, kill in steps:
         epoch = max(r["epoch"] for r in job.losses().values())
         victim = job.running("host1").get(1) if kill else None
-        cluster.ptcctl("auto", JOB, "on", "--live", "--hot", "--pin", to, capture=True)
+        asked = time.time()
+        cluster.ptcctl("auto", JOB, "on", "--live", "--hot", "--pin", to, "--save-timeout",
+                       "900" if axis == "refused" else "60", capture=True)
         if kill:
             time.sleep(0.3)
             os.kill(victim, signal.SIGKILL)
         say(f"\n== a {axis} change to {to} (hot switch)" +
             (f"; the process on host1 GPU 1 (pid {victim}) SIGKILLed during it" if kill
-             else ""))
+             else "") + ("; rank 1 fails to start it" if axis == "refused" else ""))
         job.wait(f"the {axis} change", lambda: any(
             r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
             and job.pending() == "" and (not kill or job.running("host1").get(1)
@@ -263,7 +281,8 @@ def hot_switches(args, cluster, job, results, say):
             f"change went through the {status['path'] or '?'} ({status['reason']})")
         results["events"].append({"what": f"{axis} change" + (" with a kill" if kill else ""),
                                   "config": last["config"], "path": status["path"],
-                                  "reason": status["reason"]})
+                                  "reason": status["reason"],
+                                  "seconds": round(time.time() - asked, 1)})
         if not kill:
             during = job.running("host0") if axis == "tp" else during
         at = max(job.losses()) + 3
@@ -334,6 +353,8 @@ def main():
         if args.scenario == "hot":
             for p in read_jsonl(job.run / "processes.jsonl"):
                 for c in p["changes"]:
+                    if c.get("how", "").startswith("store (the hot switch"):
+                        results["hot_refused"] = results.get("hot_refused", 0) + 1
                     if c.get("how") == "hot switch":
                         results.setdefault("hot_switches", []).append(
                             {k: c.get(k) for k in ("from", "to", "rank", "pause_seconds",
@@ -351,7 +372,7 @@ def main():
         what = {"host": "a host died and came back; the job changed twice by itself",
                 "requests": "changes asked in a row and a process killed during one",
                 "hot": "hot switches for a tp, a pp and a dp change, a process killed "
-                       "during one"}[args.scenario]
+                       "during one, one that a process failed to start"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")

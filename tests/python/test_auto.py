@@ -210,6 +210,17 @@ def test_a_hot_switch_is_pending_only_where_processes_run_and_refuses_stale_save
     r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
                        "host0,host1", "--after-save", "--hot")
     assert r.returncode != 0 and "hot switch" in r.stderr
+    # The processes give the switch up (one of them could not start it):
+    # they save step 5 in their layout. That save is a version of its own,
+    # not the switch's of the same step; it commits, and the change starts
+    # from it through the store, without waiting for the save timeout.
+    for h in ("host0", "host1"):
+        cluster.save("j", h, 5)
+    committed = cluster.job("j")["committed_version"]
+    assert committed not in (j["committed_version"], save.version)
+    done = wait_for("the change from that save", lambda: committed_change(cluster), timeout=30)
+    assert done["config"] == "tp=2,pp=1,dp=2" and not done["pending_config"]
+    assert done["reconfiguration"]["path"] == "store"
     del save, target
 
 

@@ -3,8 +3,8 @@ processes an agent per host starts, registered with automatic, live
 changes, goes through a host's death and return, and through changes
 asked in a row and a process killed during one, and through hot switches
 (the processes move the state between themselves) for a tp, a pp and a dp
-change with a process killed during one, without any process of the
-surviving host restarting; every reload is bit-identical, and the loss
+change with a process killed during one, and a hot switch a process
+fails to start, without any process of the surviving host restarting; every reload is bit-identical, and the loss
 and the samples of every iteration are those of an uninterrupted run."""
 import json
 import os
@@ -56,7 +56,7 @@ def test_changes_in_a_row_and_a_process_killed_during_one(bin_dir, tmp_path):
 def test_hot_switches_for_tp_pp_and_dp_and_a_process_killed_during_one(bin_dir, tmp_path):
     out = run_live(bin_dir, tmp_path, "hot")
     assert out["ok"], out
-    tp, pp, dp = out["events"]
+    tp, pp, dp, refused = out["events"]
     assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch"
     assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch"
     # A process killed during the pp change: the job ends at its config
@@ -69,6 +69,11 @@ def test_hot_switches_for_tp_pp_and_dp_and_a_process_killed_during_one(bin_dir, 
     # other (the one killed later writes no record of its changes).
     hot = [h for h in out["hot_switches"] if h["from"] == "tp=2,pp=1,dp=2"]
     assert len(hot) >= 3 and sum(h["bytes_received"] for h in hot) > 0
+    # A hot switch that rank 1 fails to start: both processes save and the
+    # change goes through the store at once (the job's save timeout, 900 s,
+    # is longer than the scenario waits for it).
+    assert refused["config"] == "tp=2,pp=1,dp=1" and refused["path"] == "store"
+    assert out["hot_refused"] == 2
 
 
 def test_the_agent_backs_its_processes_large_allocations_with_huge_pages(ptc_module):

@@ -68,6 +68,14 @@ def _close_at_exit(ref):
         live.close()
 
 
+def _refused_in_test(config, rank):
+    """Fault injection for the process tests: with PTC_TEST_HOT_REFUSE set
+    to CONFIG:RANK, that rank fails to start a hot switch to CONFIG (as a
+    process whose connection to the target's store fails would)."""
+    armed = os.environ.get("PTC_TEST_HOT_REFUSE")
+    return bool(armed) and armed.rpartition(":") == (config, ":", str(rank))
+
+
 def elastic(build, **options):
     """The live loop over a job's steps (see the module's docstring);
     options are Live's."""
@@ -155,10 +163,11 @@ class Live:
                 if decision == _GO:
                     return self
                 if decision == _HOT:
-                    # Done (the processes run the new layout), or not
-                    # started: either way the next boundary decides again.
-                    self._hot_switch(serial)
-                    continue
+                    if self._hot_switch(serial):
+                        continue  # the processes run the new layout
+                    # Not started on every process: the change goes
+                    # through the store, from the save they make now.
+                    decision = _SAVE_FOR_CHANGE
                 if decision in (_PERIODIC_SAVE, _SAVE_FOR_CHANGE):
                     if decision == _SAVE_FOR_CHANGE:
                         self._note_change("pending")
@@ -356,9 +365,11 @@ class Live:
     def _hot_switch(self, serial):
         """The pending change is a hot switch: move the state to its target
         layout between the processes (ptc's plan), save the target's first
-        version, and follow the commit. If it does not start (the change was
-        replaced or goes through the store) the processes go on in their
-        layout."""
+        version, and follow the commit (True). If it does not start on
+        every process (False), none of them has moved anything: they save in
+        their layout, and the coordinator starts the change from that save
+        through the store (a switch held by some of them would otherwise
+        wait for the save timeout)."""
         from . import hot
         from . import torch as pt
         self._note_change("hot switch")
@@ -369,6 +380,9 @@ class Live:
             me = self.rank
             mine = [d for d, p in enumerate(plan["process_of"]) if p == me]
             if mine:
+                if _refused_in_test(plan["config"], me):
+                    raise _ptc.Error(f"rank {me} refuses the hot switch to {plan['config']} "
+                                     "(PTC_TEST_HOT_REFUSE)")
                 target = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
                                      job=self.job, rank=mine[0], pending_serial=serial)
                 # Holds the switch: the change can no longer be replaced.
@@ -379,8 +393,10 @@ class Live:
             ok = False
         planned = time.time()
         if not self._all_ok(ok):
-            self._change = None
-            return
+            self._log(f"hot switch {serial} did not start on every process; "
+                      "the change goes through the store")
+            self._change["how"] = "store (the hot switch did not start)"
+            return False
         agreed = time.time()
         if self._on_save:
             self._on_save(self)  # the switch ends in a save of this state
@@ -419,6 +435,7 @@ class Live:
         del target, save
         if not self._follow():
             raise StopIteration
+        return True
 
     def _wait_committed(self, version, start_epoch, hot=False):
         """Until `version` commits (every rank saved it). A peer that died
