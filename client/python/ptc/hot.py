@@ -24,6 +24,7 @@ Live (elastic.py) runs it; this module is its mechanics:
     sent = exchange(plan, me, rank_view, tensors, bufs, target_client.regions)
 """
 
+import math
 from collections import defaultdict
 
 import torch
@@ -42,12 +43,25 @@ def _sub(view, box, outer):
     return view[tuple(slice(b0 - o0, b1 - o0) for (b0, b1), (o0, _) in zip(box, outer))]
 
 
+_ARENA_ALIGN = 64  # receive buffers start at multiples of it
+
+
 def receive_buffers(regions, device):
     """One tensor per target region (client.regions of the switch's target
-    rank), in the region's shape and dtype."""
-    return [torch.empty([e - b for b, e in r["region"]],
-                        dtype=torch_state.torch_dtype(r["dtype"]), device=device)
-            for r in regions]
+    rank), in the region's shape and dtype: views into one allocation, so
+    that its fresh memory is mapped in huge pages. (A buffer of its own per
+    region of about 1 MiB is mapped a 4 KiB page at a time as the bytes
+    arrive: receiving 315 MiB per process over gloo took 3-5 s into fresh
+    buffers of 1.2 MiB, 0.5 s into one allocation, on the CI VM.)"""
+    views, at = [], 0
+    for r in regions:
+        dtype = torch_state.torch_dtype(r["dtype"])
+        shape = [e - b for b, e in r["region"]]
+        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        views.append((at, nbytes, dtype, shape))
+        at += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+    arena = torch.empty(at, dtype=torch.uint8, device=device)
+    return [arena[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in views]
 
 
 # A piece of at least this many bytes travels as a message of its own,
