@@ -43,25 +43,33 @@ def _sub(view, box, outer):
     return view[tuple(slice(b0 - o0, b1 - o0) for (b0, b1), (o0, _) in zip(box, outer))]
 
 
-_ARENA_ALIGN = 64  # receive buffers start at multiples of it
+_ARENA_ALIGN = 64  # views carved from one allocation start at multiples of it
+
+
+def _carve(sizes, device):
+    """uint8 tensors of `sizes` bytes, views into one allocation: its fresh
+    memory is mapped in huge pages (with the agent's malloc settings), where
+    a tensor of its own per piece of about 1 MiB is mapped a 4 KiB page at
+    a time as bytes arrive (4 processes receiving 315 MiB each over gloo,
+    in 1.2 MiB messages, on the CI VM: 2.7-3.7 s into a fresh tensor per
+    message, 0.5-0.7 s into one fresh allocation)."""
+    offsets, at = [], 0
+    for n in sizes:
+        offsets.append(at)
+        at += -(-n // _ARENA_ALIGN) * _ARENA_ALIGN
+    arena = torch.empty(at, dtype=torch.uint8, device=device)
+    return [arena[o:o + n] for o, n in zip(offsets, sizes)]
 
 
 def receive_buffers(regions, device):
     """One tensor per target region (client.regions of the switch's target
-    rank), in the region's shape and dtype: views into one allocation, so
-    that its fresh memory is mapped in huge pages. (A buffer of its own per
-    region of about 1 MiB is mapped a 4 KiB page at a time as the bytes
-    arrive: receiving 315 MiB per process over gloo took 3-5 s into fresh
-    buffers of 1.2 MiB, 0.5 s into one allocation, on the CI VM.)"""
-    views, at = [], 0
-    for r in regions:
-        dtype = torch_state.torch_dtype(r["dtype"])
-        shape = [e - b for b, e in r["region"]]
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        views.append((at, nbytes, dtype, shape))
-        at += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
-    arena = torch.empty(at, dtype=torch.uint8, device=device)
-    return [arena[o:o + n].view(dtype).view(shape) for o, n, dtype, shape in views]
+    rank), in the region's shape and dtype (views into one allocation)."""
+    shapes = [[e - b for b, e in r["region"]] for r in regions]
+    dtypes = [torch_state.torch_dtype(r["dtype"]) for r in regions]
+    sizes = [math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+             for shape, dtype in zip(shapes, dtypes)]
+    return [raw.view(dtype).view(shape)
+            for raw, dtype, shape in zip(_carve(sizes, device), dtypes, shapes)]
 
 
 # A piece of at least this many bytes travels as a message of its own,
@@ -140,31 +148,42 @@ def exchange(plan, me, rank_view, tensors, buffers, regions, device,
             elif to == me:
                 piece = target(key, box)
                 recvs[src][_nbytes(piece) < direct_bytes].append(piece)
+        # Staging (a non-contiguous piece sent or received on its own, the
+        # packed messages) in one allocation, in the order used below.
+        staged = []
+        for side in (sends, recvs):
+            for peer in sorted(side):
+                direct, packed = side[peer]
+                staged += [_nbytes(p) for p in direct if not p.is_contiguous()]
+                if packed:
+                    staged.append(_packed_at(packed)[1])
+        stage = iter(_carve(staged, device))
         ops, scatter = [], []  # scatter: (received, its place) after the wait
         sent = received = 0
         for peer in sorted(sends):
             direct, packed = sends[peer]
             for piece in direct:
-                ops.append(dist.P2POp(dist.isend, piece.contiguous().view(-1), peer))
-            offsets, size = _packed_at(packed)
+                if not piece.is_contiguous():
+                    piece = _in(next(stage), 0, piece).copy_(piece)
+                ops.append(dist.P2POp(dist.isend, piece.view(-1), peer))
             if packed:
-                msg = torch.empty(size, dtype=torch.uint8, device=device)
-                for piece, at in zip(packed, offsets):
+                msg = next(stage)
+                for piece, at in zip(packed, _packed_at(packed)[0]):
                     _in(msg, at, piece).copy_(piece)
                 ops.append(dist.P2POp(dist.isend, msg, peer))
             sent += sum(_nbytes(p) for p in direct + packed)
         for peer in sorted(recvs):
             direct, packed = recvs[peer]
             for place in direct:
-                into = place if place.is_contiguous() else torch.empty_like(
-                    place, memory_format=torch.contiguous_format)
-                if into is not place:
+                into = place
+                if not place.is_contiguous():
+                    into = _in(next(stage), 0, place)
                     scatter.append((into, place))
                 ops.append(dist.P2POp(dist.irecv, into.view(-1), peer))
-            offsets, size = _packed_at(packed)
             if packed:
-                msg = torch.empty(size, dtype=torch.uint8, device=device)
-                scatter.extend((_in(msg, at, place), place) for place, at in zip(packed, offsets))
+                msg = next(stage)
+                scatter.extend((_in(msg, at, place), place)
+                               for place, at in zip(packed, _packed_at(packed)[0]))
                 ops.append(dist.P2POp(dist.irecv, msg, peer))
             received += sum(_nbytes(p) for p in direct + packed)
         if ops:
