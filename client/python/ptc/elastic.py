@@ -275,6 +275,18 @@ class Live:
                 return False
             time.sleep(0.005)
 
+    def _left_epoch(self, epoch, patience=2.0):
+        """Whether the job left layout `epoch` or is changing away from it
+        (waits up to `patience` seconds for the Watch stream to catch up)."""
+        deadline = time.time() + patience
+        while True:
+            ev = self._ev()
+            if ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING:
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.005)
+
     def _collective_device(self):
         return f"cuda:{torch.cuda.current_device()}" if self.backend == "nccl" else "cpu"
 
@@ -507,7 +519,16 @@ class Live:
             return False
         self._leave_groups()
         self.client.rebind(rank)
-        self._form_and_load()
+        try:
+            self._form_and_load()
+        except RuntimeError as e:  # ptc.Error too
+            # A newer change started while this process met its peers or
+            # loaded (one of them died): the loop follows that one.
+            if not self._left_epoch(self.client.layout_epoch):
+                raise
+            self._log(f"layout epoch {self.client.layout_epoch} ended before this process "
+                      f"joined it: {str(e)[:200]}")
+            raise _Broken(e)
         return True
 
     def _leave_groups(self):
