@@ -203,10 +203,10 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
   Job& job = *saving;
   proto::CoordinatorState::Job& s = job.state;
   // The other ranks' save of this step in this layout (a hot switch's save
-  // of the same step is another version: the target layout's).
+  // of the same step is another version: the target layout's, under the
+  // next layout epoch).
   for (const auto& o : s.open_saves()) {
-    if (o.step() == req.step() && o.layout_epoch() == s.layout_epoch() &&
-        o.version() != s.hot_version()) {
+    if (o.step() == req.step() && o.layout_epoch() == s.layout_epoch()) {
       resp->set_version(o.version());
       return absl::OkStatus();
     }

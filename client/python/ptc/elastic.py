@@ -262,30 +262,25 @@ class Live:
             self._polled = (now, self.client.fetch_event())
         return self._polled[1]
 
-    def _changing(self, patience=2.0):
-        """Whether the job is changing (the Watch stream may lag the
-        coordinator's answer a little: wait up to `patience` seconds)."""
+    def _soon(self, ready, patience=2.0):
+        """Whether ready(event) holds within `patience` seconds (the Watch
+        stream may lag the coordinator's answer a little)."""
         deadline = time.time() + patience
         while True:
-            ev = self._ev()
-            if ev["layout_epoch"] > self.layout_epoch or ev["phase"] in _RUNNING or \
-                    ev["pending_config"]:
+            if ready(self._ev()):
                 return True
             if time.time() > deadline:
                 return False
             time.sleep(0.005)
 
-    def _left_epoch(self, epoch, patience=2.0):
-        """Whether the job left layout `epoch` or is changing away from it
-        (waits up to `patience` seconds for the Watch stream to catch up)."""
-        deadline = time.time() + patience
-        while True:
-            ev = self._ev()
-            if ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING:
-                return True
-            if time.time() > deadline:
-                return False
-            time.sleep(0.005)
+    def _changing(self):
+        """Whether the job is changing (or a change waits for a save)."""
+        return self._soon(lambda ev: ev["layout_epoch"] > self.layout_epoch or
+                          ev["phase"] in _RUNNING or bool(ev["pending_config"]))
+
+    def _left_epoch(self, epoch):
+        """Whether the job left layout `epoch` or is changing away from it."""
+        return self._soon(lambda ev: ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING)
 
     def _collective_device(self):
         return f"cuda:{torch.cuda.current_device()}" if self.backend == "nccl" else "cpu"
