@@ -357,6 +357,14 @@ Client::Save::~Save() {
 }
 
 absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i) {
+  PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
+  PTC_RETURN_IF_ERROR(b->Map());
+  // The caller may change the bytes: Commit checksums them itself.
+  written_checksums_[i].reset();
+  return absl::Span<uint8_t>(b->data(), static_cast<size_t>(b->size()));
+}
+
+absl::StatusOr<LocalClient::PutBuffer*> Client::Save::Slot(int i) {
   if (i < 0 || i >= static_cast<int>(buffers_.size())) {
     return absl::OutOfRangeError(
         absl::StrCat("region ", i, " of rank ", client_->rank(),
@@ -366,33 +374,40 @@ absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i) {
     return absl::FailedPreconditionError("this save is already committed");
   if (!buffers_[i]) {
     const RankRegion& r = client_->regions_[i];
-    PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer b,
-                         client_->local_->AllocatePut(client_->job(), version_,
-                                                      r.key, r.region));
+    PTC_ASSIGN_OR_RETURN(
+        LocalClient::PutBuffer b,
+        client_->local_->AllocatePut(client_->job(), version_, r.key, r.region,
+                                     /*map=*/false));
     buffers_[i] = std::move(b);
   }
-  // The caller may change the bytes: Commit checksums them itself.
-  written_checksums_[i].reset();
-  return absl::Span<uint8_t>(buffers_[i]->data(),
-                             static_cast<size_t>(buffers_[i]->size()));
+  return &*buffers_[i];
 }
 
 absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
-  PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, Buffer(i));
-  if (bytes.size() != dst.size()) {
+  PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
+  if (static_cast<int64_t>(bytes.size()) != b->size()) {
     const RankRegion& r = client_->regions_[i];
     return absl::InvalidArgumentError(
         absl::StrCat("region ", i, " (", r.key, " ", r.region.ToString(),
-                     ") holds ", dst.size(), " bytes but ", bytes.size(),
+                     ") holds ", b->size(), " bytes but ", bytes.size(),
                      " were given (shape or dtype does not match the layout)"));
   }
-  // Chunks that stay in the L2 cache between the copy and the checksum.
+  // In chunks that stay in the L2 cache between the checksum and the copy;
+  // a small region through the buffer's descriptor, a large one through a
+  // mapping (see kCopyThroughDescriptorBelow).
+  const bool through_fd = b->size() < kCopyThroughDescriptorBelow;
+  if (!through_fd) PTC_RETURN_IF_ERROR(b->Map());
   constexpr size_t kChunk = 256 << 10;
   StreamingChecksum sum;
   for (size_t off = 0; off < bytes.size(); off += kChunk) {
     const size_t n = std::min(kChunk, bytes.size() - off);
-    std::memcpy(dst.data() + off, bytes.data() + off, n);
-    sum.Update(dst.data() + off, n);
+    sum.Update(bytes.data() + off, n);
+    if (through_fd) {
+      PTC_RETURN_IF_ERROR(b->Write(static_cast<int64_t>(off),
+                                   bytes.data() + off, static_cast<int64_t>(n)));
+    } else {
+      std::memcpy(b->data() + off, bytes.data() + off, n);
+    }
   }
   written_checksums_[i] = sum.Digest();
   return absl::OkStatus();
@@ -450,9 +465,9 @@ absl::StatusOr<bool> Client::Save::Commit() {
       // Another rank on this host (a data-parallel replica, or the other
       // stage holding a tied embedding) saved this region first: keep one
       // copy, but only if the replicas agree.
-      PTC_ASSIGN_OR_RETURN(
-          LocalClient::Mapping m,
-          local.Map(job, version_, regions[i].key, regions[i].region));
+      PTC_ASSIGN_OR_RETURN(LocalClient::Mapping m,
+                           local.Map(job, version_, regions[i].key,
+                                     regions[i].region, /*map=*/false));
       if (m.checksum() != sum) {
         return absl::DataLossError(absl::StrCat(
             "rank ", client_->rank(), "'s copy of ", regions[i].key, " ",
@@ -490,6 +505,44 @@ absl::StatusOr<bool> Client::Save::Commit() {
     client_->committed_step_ = step_;
   }
   return resp.committed();
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> Client::State::Region(
+    int i) const {
+  PTC_RETURN_IF_ERROR(CheckIndex(i));
+  absl::MutexLock lock(&mu_);
+  LocalClient::Mapping& m = mappings_[i];
+  PTC_RETURN_IF_ERROR(Annotate(
+      m.MapNow(), absl::StrCat("mapping ", regions_[i].key, " ",
+                               regions_[i].region.ToString())));
+  return absl::Span<const uint8_t>(m.data(), static_cast<size_t>(m.size()));
+}
+
+absl::Status Client::State::Read(int i, absl::Span<uint8_t> dst) const {
+  PTC_RETURN_IF_ERROR(CheckIndex(i));
+  const LocalClient::Mapping& m = mappings_[i];
+  if (static_cast<int64_t>(dst.size()) != m.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region ", i, " (", regions_[i].key, " ",
+        regions_[i].region.ToString(), ") holds ", m.size(), " bytes; ",
+        dst.size(), " were asked for (shape or dtype does not match)"));
+  }
+  if (m.size() >= kCopyThroughDescriptorBelow) {
+    PTC_ASSIGN_OR_RETURN(absl::Span<const uint8_t> src, Region(i));
+    std::memcpy(dst.data(), src.data(), src.size());
+    return absl::OkStatus();
+  }
+  return Annotate(m.Read(0, dst.data(), m.size()),
+                  absl::StrCat("reading ", regions_[i].key, " ",
+                               regions_[i].region.ToString()));
+}
+
+absl::Status Client::State::CheckIndex(int i) const {
+  if (i < 0 || i >= static_cast<int>(mappings_.size())) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "region ", i, " is outside the loaded ", mappings_.size(), " regions"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> Client::State::SmallObject(
@@ -537,7 +590,9 @@ absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
   state->version_ = version;
   state->regions_ = regions_;
   for (const RankRegion& r : regions_) {
-    auto m = local_->Map(job(), version, r.key, r.region);
+    // Leased, not mapped: State::Read copies through the descriptor, and
+    // State::Region maps on first use.
+    auto m = local_->Map(job(), version, r.key, r.region, /*map=*/false);
     if (!m.ok()) {
       return Annotate(m.status(),
                       absl::StrCat("rank ", rank(), " loading ", r.key, " ",

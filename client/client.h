@@ -19,7 +19,8 @@
 //   PTC_RETURN_IF_ERROR(save->Commit().status());
 //   // After a reconfiguration, the new ranks load the committed version.
 //   PTC_ASSIGN_OR_RETURN(auto state, client->Load());
-//   absl::Span<const uint8_t> bytes = state->Region(0);   // zero-copy
+//   PTC_ASSIGN_OR_RETURN(auto bytes, state->Region(0));    // zero-copy
+//   PTC_RETURN_IF_ERROR(state->Read(1, my_tensor_bytes));  // or a copy
 #ifndef PTC_CLIENT_CLIENT_H_
 #define PTC_CLIENT_CLIENT_H_
 
@@ -211,6 +212,8 @@ class Client {
    private:
     friend class Client;
     Save(Client* client, int64_t version, int64_t step);
+    // Region i's put buffer, allocated (unmapped) on first use.
+    absl::StatusOr<LocalClient::PutBuffer*> Slot(int i);
     Client* client_;
     int64_t version_;
     int64_t step_;
@@ -235,9 +238,13 @@ class Client {
     int64_t version() const { return version_; }
     // The regions loaded (the client's regions() when it loaded).
     const std::vector<RankRegion>& regions() const { return regions_; }
-    absl::Span<const uint8_t> Region(int i) const {
-      return {mappings_[i].data(), static_cast<size_t>(mappings_[i].size())};
-    }
+    // The bytes of regions()[i]: a read-only mapping of the daemon's
+    // buffer (no copy), made on first use.
+    absl::StatusOr<absl::Span<const uint8_t>> Region(int i) const;
+    // Copies the bytes of regions()[i] into `dst` (exactly its size)
+    // through the buffer's descriptor, mapping nothing: the fastest way
+    // to load a region into memory of one's own.
+    absl::Status Read(int i, absl::Span<uint8_t> dst) const;
     // xxh3-64 of regions()[i] as the daemon stored it.
     uint64_t Checksum(int i) const { return mappings_[i].checksum(); }
     // The shared memory's inode, for checking that a load copied nothing.
@@ -246,9 +253,11 @@ class Client {
 
    private:
     friend class Client;
+    absl::Status CheckIndex(int i) const;
     int64_t version_ = 0;
     std::vector<RankRegion> regions_;
-    std::vector<LocalClient::Mapping> mappings_;
+    mutable absl::Mutex mu_;  // maps one region at a time
+    mutable std::vector<LocalClient::Mapping> mappings_;
     std::map<std::string, std::string> small_;
   };
   // Loads this rank's regions and small objects of the job's committed

@@ -82,12 +82,7 @@ absl::Status DeviceCopies::Save(Client::Save& save, int i, uintptr_t src,
 
 absl::Status DeviceCopies::Load(const Client::State& state, int i,
                                 uintptr_t dst, uint64_t bytes, uintptr_t after) {
-  if (i < 0 || i >= static_cast<int>(state.regions().size())) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "region ", i, " is outside the loaded ", state.regions().size(),
-        " regions"));
-  }
-  absl::Span<const uint8_t> src = state.Region(i);
+  PTC_ASSIGN_OR_RETURN(absl::Span<const uint8_t> src, state.Region(i));
   return Copy(reinterpret_cast<void*>(dst), src.data(), bytes,
               /*to_device=*/true, src.data(), src.size(), after);
 }

@@ -18,6 +18,24 @@
 
 namespace ptc {
 
+namespace {
+
+// Maps `size` bytes of a received memfd with `prot`, advising huge pages,
+// and maps its pages at once: a put's buffer is written whole, a load's
+// region read whole.
+absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
+  void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
+  }
+  AdviseHugePages(p, size);
+  PrefaultPages(p, size, /*for_write=*/(prot & PROT_WRITE) != 0);
+  return p;
+}
+
+}  // namespace
+
 LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(
     PutBuffer&& o) noexcept {
   if (this != &o) {
@@ -37,6 +55,44 @@ void LocalClient::PutBuffer::Unmap() {
   if (fd_ >= 0) close(fd_);
   data_ = nullptr;
   fd_ = -1;
+}
+
+absl::Status LocalClient::PutBuffer::Map() {
+  if (data_ != nullptr) return absl::OkStatus();
+  if (fd_ < 0)
+    return absl::FailedPreconditionError("the put buffer is already unmapped");
+  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ | PROT_WRITE));
+  data_ = static_cast<uint8_t*>(p);
+  return absl::OkStatus();
+}
+
+absl::Status LocalClient::PutBuffer::Write(int64_t offset, const void* src,
+                                           int64_t n) {
+  if (fd_ < 0)
+    return absl::FailedPreconditionError("the put buffer is already unmapped");
+  if (offset < 0 || n < 0 || offset > size_ - n) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "bytes [", offset, ", +", n, ") are outside the buffer's ", size_));
+  }
+  return WriteAt(fd_, offset, src, n);
+}
+
+absl::Status LocalClient::Mapping::MapNow() {
+  if (data_ != nullptr) return absl::OkStatus();
+  if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
+  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ));
+  data_ = static_cast<const uint8_t*>(p);
+  return absl::OkStatus();
+}
+
+absl::Status LocalClient::Mapping::Read(int64_t offset, void* dst,
+                                        int64_t n) const {
+  if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
+  if (offset < 0 || n < 0 || offset > size_ - n) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "bytes [", offset, ", +", n, ") are outside the region's ", size_));
+  }
+  return ReadAt(fd_, offset, dst, n);
 }
 
 LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
@@ -148,25 +204,11 @@ void NameRegion(const std::string& job, int64_t version,
   RegionToProto(region, op->mutable_region());
 }
 
-// Maps `size` bytes of a received memfd with `prot`, advising huge pages,
-// and maps its pages at once: a put's buffer is written whole, a load's
-// region read whole.
-absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
-  void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
-  }
-  AdviseHugePages(p, size);
-  PrefaultPages(p, size, /*for_write=*/(prot & PROT_WRITE) != 0);
-  return p;
-}
-
 }  // namespace
 
 absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
     const std::string& job, int64_t version, const std::string& tensor,
-    const Region& region) {
+    const Region& region, bool map) {
   proto::LocalRequest req;
   NameRegion(job, version, tensor, region, req.mutable_allocate_put());
   int fd = -1;
@@ -176,9 +218,7 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
   buf.handle_ = resp.handle();
   buf.size_ = resp.bytes();
   buf.fd_ = fd;
-  PTC_ASSIGN_OR_RETURN(void* p,
-                       MapShared(fd, buf.size_, PROT_READ | PROT_WRITE));
-  buf.data_ = static_cast<uint8_t*>(p);
+  if (map) PTC_RETURN_IF_ERROR(buf.Map());
   return buf;
 }
 
@@ -206,7 +246,8 @@ absl::Status LocalClient::AbortPut(PutBuffer* buffer) {
 absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
                                                       int64_t version,
                                                       const std::string& tensor,
-                                                      const Region& region) {
+                                                      const Region& region,
+                                                      bool map) {
   proto::LocalRequest req;
   NameRegion(job, version, tensor, region, req.mutable_map());
   int fd = -1;
@@ -218,8 +259,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   m.size_ = resp.bytes();
   m.checksum_ = resp.checksum();
   m.fd_ = fd;
-  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd, m.size_, PROT_READ));
-  m.data_ = static_cast<const uint8_t*>(p);
+  if (map) PTC_RETURN_IF_ERROR(m.MapNow());
   return m;
 }
 

@@ -68,6 +68,50 @@ TEST_CASE("local: a save through shared memory reads back over gRPC",
   CHECK(testing::CheckPattern(2, 0, back.data(), back.size()));
 }
 
+TEST_CASE("local: regions copied through their descriptor, not mapped",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  const Region r{{0, kRows}, {0, kCols}};
+  std::vector<char> bytes(kRows * kCols * 4);
+  testing::FillPattern(7, 0, bytes.data(), bytes.size());
+  auto buf = c->AllocatePut("job", 1, "w", r, /*map=*/false);
+  REQUIRE(buf.ok());
+  CHECK(buf->data() == nullptr);
+  // Out of the buffer's bounds: refused, nothing written.
+  CHECK(buf->Write(1, bytes.data(), buf->size()).code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK(buf->Write(-1, bytes.data(), 1).code() ==
+        absl::StatusCode::kOutOfRange);
+  // In two parts, as a client writing chunks does.
+  const int64_t half = buf->size() / 2;
+  REQUIRE(buf->Write(0, bytes.data(), half).ok());
+  REQUIRE(buf->Write(half, bytes.data() + half, buf->size() - half).ok());
+  const uint64_t sum = Checksum(bytes.data(), bytes.size());
+  auto stored = c->CommitPut(&*buf, sum);
+  REQUIRE(stored.ok());
+  CHECK(*stored == sum);  // the daemon's own pass over the sealed bytes
+
+  auto m = c->Map("job", 1, "w", r, /*map=*/false);
+  REQUIRE(m.ok());
+  CHECK(m->data() == nullptr);
+  std::vector<char> back(bytes.size());
+  REQUIRE(m->Read(0, back.data(), m->size()).ok());
+  CHECK(back == bytes);
+  CHECK(m->Read(m->size() - 3, back.data(), 4).code() ==
+        absl::StatusCode::kOutOfRange);
+  // Mapped later, the same bytes.
+  REQUIRE(m->MapNow().ok());
+  CHECK(std::memcmp(m->data(), bytes.data(), bytes.size()) == 0);
+
+  // A checksum that does not match what was written: nothing is stored.
+  auto bad = c->AllocatePut("job", 2, "w", r, /*map=*/false);
+  REQUIRE(bad.ok());
+  REQUIRE(bad->Write(0, bytes.data(), bad->size()).ok());
+  CHECK(c->CommitPut(&*bad, sum + 1).status().code() ==
+        absl::StatusCode::kDataLoss);
+}
+
 TEST_CASE("local: a load maps the daemon's own buffer, with no copy",
           "[tensor_store][local]") {
   auto d = StartWithTensor();

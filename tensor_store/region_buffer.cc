@@ -26,7 +26,7 @@ void AdviseHugePages(void* addr, int64_t size) {
   // Huge pages for shared memory cut page faults 512-fold where the host
   // allows them (/sys/kernel/mm/transparent_hugepage/shmem_enabled set to
   // "advise" or "always"); elsewhere this is a harmless no-op.
-  if (size >= (int64_t{2} << 20)) madvise(addr, size, MADV_HUGEPAGE);
+  if (size >= kHugePageBytes) madvise(addr, size, MADV_HUGEPAGE);
 }
 
 void PrefaultPages(void* addr, int64_t size, bool for_write) {
@@ -35,6 +35,40 @@ void PrefaultPages(void* addr, int64_t size, bool for_write) {
   // the pages to fault on first touch, as without it.
   if (size > 0)
     madvise(addr, size, for_write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+}
+
+absl::Status WriteAt(int fd, int64_t offset, const void* src, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  while (n > 0) {
+    const ssize_t w = pwrite(fd, p, static_cast<size_t>(n), offset);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Errno(absl::StrCat("writing ", n, " bytes at ", offset));
+    if (w == 0) {
+      return absl::InternalError(
+          absl::StrCat("the region's memory took no bytes at ", offset));
+    }
+    p += w;
+    offset += w;
+    n -= w;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAt(int fd, int64_t offset, void* dst, int64_t n) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t r = pread(fd, p, static_cast<size_t>(n), offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno(absl::StrCat("reading ", n, " bytes at ", offset));
+    if (r == 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat("the region's memory ends before byte ", offset));
+    }
+    p += r;
+    offset += r;
+    n -= r;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Create(
@@ -78,8 +112,17 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
     // The daemon writes all of it (a transfer's or a stream's bytes).
     PrefaultPages(p, size, /*for_write=*/true);
     buf->data_ = static_cast<uint8_t*>(p);
+    buf->populated_ = true;
   }
   return buf;
+}
+
+absl::Status RegionBuffer::ReadTo(int64_t offset, void* dst, int64_t n) const {
+  if (offset < 0 || n < 0 || offset > size_ - n) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "bytes [", offset, ", +", n, ") are outside the region's ", size_));
+  }
+  return ReadAt(fd_, offset, dst, n);
 }
 
 uint64_t RegionBuffer::Memoize(const std::string& key,
@@ -120,8 +163,12 @@ absl::Status RegionBuffer::Seal() {
   void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) return Errno(absl::StrCat("mmap of ", size_, " bytes"));
   AdviseHugePages(p, size_);
-  // Read whole next: the store's checksum of what was written.
-  PrefaultPages(p, size_, /*for_write=*/false);
+  // A region in huge pages is mapped whole at once (a few entries), and
+  // read whole next: the store's checksum of what was written. A smaller
+  // one is read through the memfd (ReadTo), far cheaper than mapping it
+  // page by page; its mapping fills in if something reads data().
+  populated_ = size_ >= kHugePageBytes;
+  if (populated_) PrefaultPages(p, size_, /*for_write=*/false);
   data_ = static_cast<uint8_t*>(p);
   sealed_ = true;
   return absl::OkStatus();

@@ -58,6 +58,16 @@ class RegionBuffer {
   int fd() const { return fd_; }
   // The memfd's inode: two fds with the same inode share the same memory.
   ino_t inode() const { return inode_; }
+  // Whether data() is mapped with every page in place (a region of at
+  // least kHugePageBytes, or written through the daemon's mapping). A
+  // smaller sealed region is mapped lazily by its first reader through
+  // data(); ReadTo() reads it without touching the mapping.
+  bool populated() const { return populated_; }
+  // Copies `n` bytes at `offset` into `dst` through the memfd (pread):
+  // where mapping a page is costly (a VM's page faults trap to the
+  // hypervisor) this reads a small region several times faster than its
+  // mapping does.
+  absl::Status ReadTo(int64_t offset, void* dst, int64_t n) const;
 
   // A value derived from the sealed bytes (such as the fingerprint of the
   // whole region), computed by the first caller for `key` and remembered:
@@ -74,13 +84,19 @@ class RegionBuffer {
   MemoryBudget::Reservation reservation_;
   uint8_t* data_ = nullptr;
   bool sealed_ = false;
+  bool populated_ = false;
   ino_t inode_ = 0;
   absl::Mutex memo_mu_;
   std::map<std::string, uint64_t> memo_ ABSL_GUARDED_BY(memo_mu_);
 };
 
-// madvise(MADV_HUGEPAGE) for mappings of at least 2 MiB: fewer page faults
-// where the host enables transparent huge pages for shared memory.
+// The huge page of transparent huge pages: mappings at least this large
+// are advised to use them.
+inline constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+
+// madvise(MADV_HUGEPAGE) for mappings of at least kHugePageBytes: fewer
+// page faults where the host enables transparent huge pages for shared
+// memory.
 void AdviseHugePages(void* addr, int64_t size);
 
 // Maps every page of a mapping about to be written (or read) whole, after
@@ -88,6 +104,14 @@ void AdviseHugePages(void* addr, int64_t size);
 // the hypervisor: 16 us per 4 KiB page measured on the CI VM) this makes a
 // save of a 1 MiB region 1.7 times as fast (store_benchmark). Best effort.
 void PrefaultPages(void* addr, int64_t size, bool for_write);
+
+// pwrite / pread of exactly `n` bytes at `offset` of `fd` (retrying short
+// transfers and EINTR). Copying through the descriptor maps nothing in
+// the caller: on the CI VM, 1.2 MiB into an allocated memfd ran at 6.4
+// GB/s by pwrite against 0.56 GB/s by mmap + populate + memcpy (a scratch
+// measurement), and 5.3 vs 1.4 GB/s out of one.
+absl::Status WriteAt(int fd, int64_t offset, const void* src, int64_t n);
+absl::Status ReadAt(int fd, int64_t offset, void* dst, int64_t n);
 
 }  // namespace ptc
 

@@ -13,6 +13,11 @@
 // pool has prepared memory of the region's size in the background since
 // the previous save (the benchmark waits for it outside the timed window);
 // "shm save cold" is the first save of a size, into freshly allocated pages.
+// Both write through the buffer's descriptor (pwrite), as ptc's client
+// does; "shm save mapped" fills a mapping of the buffer instead. Loads:
+// "shm read" copies the region out through its descriptor (pread), as
+// ptc's client loads into a tensor; "shm load+copy" maps it and copies;
+// "shm map only" is a zero-copy load.
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -73,18 +78,36 @@ int Run(int max_mib) {
     for (int64_t i = 0; i < bytes; i += 4096)
       src[i] = static_cast<char>(i / 4096);
     std::memset(dst.data(), 1, bytes);
-    std::vector<double> copy, shm_save, shm_cold, shm_load, shm_map, grpc_save,
-        grpc_load;
+    std::vector<double> copy, shm_save, shm_cold, shm_mapped, shm_read,
+        shm_load, shm_map, grpc_save, grpc_load;
     for (int run = 0; run < runs; ++run) {
       copy.push_back(
           Measure(bytes, [&] { std::memcpy(dst.data(), src.data(), bytes); }));
       ++version;
       d->server->store()->spares().WaitIdle();
-      (run == 0 ? shm_cold : shm_save).push_back(Measure(bytes, [&] {
-        auto buf = (*local)->AllocatePut("bench", version, key, r);
+      auto save = [&](bool map) {
+        auto buf = (*local)->AllocatePut("bench", version, key, r, map);
         if (!buf.ok()) Die(buf.status());
-        std::memcpy(buf->data(), src.data(), bytes);
+        if (map) {
+          std::memcpy(buf->data(), src.data(), bytes);
+        } else if (auto w = buf->Write(0, src.data(), bytes); !w.ok()) {
+          Die(w);
+        }
         if (auto sum = (*local)->CommitPut(&*buf); !sum.ok()) Die(sum.status());
+      };
+      if (run > 0) {  // the mapped way, into memory the spare pool prepared
+        shm_mapped.push_back(Measure(bytes, [&] { save(/*map=*/true); }));
+        if (auto s = d->client->DeleteVersion("bench", version); !s.ok())
+          Die(s.status());
+        ++version;
+        d->server->store()->spares().WaitIdle();
+      }
+      (run == 0 ? shm_cold : shm_save).push_back(
+          Measure(bytes, [&] { save(/*map=*/false); }));
+      shm_read.push_back(Measure(bytes, [&] {
+        auto m = (*local)->Map("bench", version, key, r, /*map=*/false);
+        if (!m.ok()) Die(m.status());
+        if (auto s = m->Read(0, dst.data(), bytes); !s.ok()) Die(s);
       }));
       shm_map.push_back(Measure(bytes, [&] {
         auto m = (*local)->Map("bench", version, key, r);
@@ -124,6 +147,8 @@ int Run(int max_mib) {
     row("memcpy", copy);
     row("shm save", shm_save);
     row("shm save cold", shm_cold);
+    row("shm save mapped", shm_mapped);
+    row("shm read", shm_read);
     row("shm load+copy", shm_load);
     row("shm map only", shm_map);
     row("grpc save", grpc_save);

@@ -68,6 +68,17 @@ auto Unlocked(Fn fn) {
   }
 }
 
+// Row-major and dense, or refuse: no silent reordering.
+void CheckDense(const py::buffer_info& info) {
+  py::ssize_t expect = info.itemsize;
+  for (int d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expect)
+      Check(absl::InvalidArgumentError(
+          "the data must be C-contiguous (use .contiguous())"));
+    expect *= info.shape[d];
+  }
+}
+
 // The numpy dtype that holds a ptc dtype's elements; formats numpy lacks
 // (bf16, fp8) come as unsigned integers of the same width, to be viewed
 // as the framework's type (torch: .view(torch.bfloat16)).
@@ -408,14 +419,7 @@ PYBIND11_MODULE(_ptc, m) {
           "write",
           [](Client::Save& s, int i, py::buffer data) {
             py::buffer_info info = data.request();
-            // Row-major and dense, or refuse: no silent reordering.
-            py::ssize_t expect = info.itemsize;
-            for (int d = info.ndim - 1; d >= 0; --d) {
-              if (info.shape[d] > 1 && info.strides[d] != expect)
-                Check(absl::InvalidArgumentError(
-                    "the data must be C-contiguous (use .contiguous())"));
-              expect *= info.shape[d];
-            }
+            CheckDense(info);
             const absl::Span<const uint8_t> bytes(
                 static_cast<const uint8_t*>(info.ptr),
                 static_cast<size_t>(info.size * info.itemsize));
@@ -445,7 +449,8 @@ PYBIND11_MODULE(_ptc, m) {
                   absl::StrCat("region ", i, " is outside this rank's ",
                                s.regions().size(), " regions")));
             const RankRegion& r = s.regions()[i];
-            absl::Span<const uint8_t> bytes = s.Region(i);
+            absl::Span<const uint8_t> bytes =
+                Unlocked([&] { return s.Region(i); });
             // A read-only view of the mapped buffer; it keeps the State.
             py::array a(NumpyDType(r.dtype), RegionShape(r.region),
                         bytes.data(), self);
@@ -456,6 +461,21 @@ PYBIND11_MODULE(_ptc, m) {
           py::arg("index"),
           "a read-only numpy view of region `index` (no copy); valid while "
           "any view or the State lives")
+      .def(
+          "read_into",
+          [](const Client::State& s, int i, py::buffer out) {
+            py::buffer_info info = out.request(/*writable=*/true);
+            CheckDense(info);
+            const absl::Span<uint8_t> dst(
+                static_cast<uint8_t*>(info.ptr),
+                static_cast<size_t>(info.size * info.itemsize));
+            Unlocked([&] { return s.Read(i, dst); });
+          },
+          py::arg("index"), py::arg("out"),
+          "copies region `index` into `out` (a writable C-contiguous "
+          "buffer of exactly its bytes: numpy array, CPU tensor via "
+          ".numpy()) without mapping it; faster than copying from "
+          "region(index) where the copy is all that is needed")
       .def("checksum", &Client::State::Checksum, py::arg("index"))
       .def("inode", [](const Client::State& s,
                        int i) { return static_cast<uint64_t>(s.Inode(i)); })
