@@ -67,14 +67,24 @@ class FragmentRun {
     }
   }
 
-  // Reserves a buffer for every staged hold, invisible until Publish.
+  // Reserves a buffer for every staged hold, invisible until Publish. A
+  // buffer that only local copies fill is not mapped: they write through
+  // its memfd (mapping a small buffer page by page costs more than the
+  // copy on a VM); one that a transport fills is mapped, as transports
+  // write into memory.
   absl::Status Stage() {
-    for (const int32_t h : plan_.staged) {
-      const auto& [t, region] = job_.holds[h];
+    std::vector<bool> mapped(plan_.staged.size(), false);
+    for (const FragmentPart& part : plan_.parts) {
+      if (part.method == PartMethod::kCopy) continue;
+      for (const int32_t piece : part.pieces)
+        for (const int32_t st : plan_.lands_in[piece]) mapped[st] = true;
+    }
+    for (size_t st = 0; st < plan_.staged.size(); ++st) {
+      const auto& [t, region] = job_.holds[plan_.staged[st]];
       PTC_ASSIGN_OR_RETURN(
           std::unique_ptr<PendingPut> put,
           store_->BeginPut(job_.job, job_.target_version, job_.tensors[t].key,
-                           region, std::nullopt, true, job_.plan_epoch));
+                           region, std::nullopt, mapped[st], job_.plan_epoch));
       puts_.push_back(std::move(put));
     }
     return absl::OkStatus();
@@ -146,17 +156,57 @@ class FragmentRun {
     PTC_ASSIGN_OR_RETURN(
         ReadView view,
         store_->OpenRead(job_.job, job_.source_version, decl.key, p.region));
-    return ForEachCoveringPiece(
+    // A small source is read through its memfd once, not mapped.
+    std::vector<uint8_t> scratch;
+    const RegionBuffer* read = nullptr;
+    const uint8_t* src = nullptr;
+    absl::Status written;
+    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
         p.region, view.sources,
         [&](const Region& sub, const StoredRegionRef& s) {
+          if (read != s.buffer.get()) {
+            read = s.buffer.get();
+            src = read->ReadableBytes(&scratch);
+          }
           for (const int32_t st : lands_in) {
             const Region part = sub.Intersect(StagedRegion(st));
-            if (!part.empty()) {
-              CopyRegion(s.buffer->data(), s.region, Buffer(st),
-                         StagedRegion(st), part, elem);
+            if (part.empty()) continue;
+            if (Buffer(st) != nullptr) {
+              CopyRegion(src, s.region, Buffer(st), StagedRegion(st), part,
+                         elem);
+            } else if (written.ok()) {
+              written = WriteRuns(src, s.region, *puts_[st]->buffer,
+                                  StagedRegion(st), part, elem);
             }
           }
-        });
+        }));
+    return written;
+  }
+
+  // CopyRegion into an unmapped buffer: each contiguous run (runs that
+  // continue one another merged) written through its memfd.
+  static absl::Status WriteRuns(const uint8_t* src, const Region& src_box,
+                                RegionBuffer& dst, const Region& dst_box,
+                                const Region& what, int64_t elem) {
+    absl::Status status;
+    int64_t from = 0, to = 0, len = 0;
+    auto flush = [&] {
+      if (len > 0 && status.ok()) status = dst.WriteFrom(to, src + from, len);
+      len = 0;
+    };
+    ForEachRun(src_box, dst_box, what, elem,
+               [&](int64_t src_off, int64_t dst_off, int64_t n) {
+                 if (len > 0 && src_off == from + len && dst_off == to + len) {
+                   len += n;
+                   return;
+                 }
+                 flush();
+                 from = src_off;
+                 to = dst_off;
+                 len = n;
+               });
+    flush();
+    return status;
   }
 
   // Pieces (indexes) from `source` in one batch of the transport: each

@@ -125,6 +125,26 @@ absl::Status RegionBuffer::ReadTo(int64_t offset, void* dst, int64_t n) const {
   return ReadAt(fd_, offset, dst, n);
 }
 
+const uint8_t* RegionBuffer::ReadableBytes(
+    std::vector<uint8_t>* scratch) const {
+  if (!sealed_ || populated_ || size_ >= kHugePageBytes) return data_;
+  scratch->resize(static_cast<size_t>(size_));
+  if (!ReadAt(fd_, 0, scratch->data(), size_).ok())
+    return data_;  // the mapping reads the same bytes
+  return scratch->data();
+}
+
+absl::Status RegionBuffer::WriteFrom(int64_t offset, const void* src,
+                                     int64_t n) {
+  if (sealed_)
+    return absl::FailedPreconditionError("the region's buffer is sealed");
+  if (offset < 0 || n < 0 || offset > size_ - n) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "bytes [", offset, ", +", n, ") are outside the region's ", size_));
+  }
+  return WriteAt(fd_, offset, src, n);
+}
+
 uint64_t RegionBuffer::Memoize(const std::string& key,
                                const std::function<uint64_t()>& compute) {
   {

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -68,6 +69,14 @@ class RegionBuffer {
   // hypervisor) this reads a small region several times faster than its
   // mapping does.
   absl::Status ReadTo(int64_t offset, void* dst, int64_t n) const;
+  // The sealed bytes to read whole: data() where the mapping is populated
+  // (or the region is in huge pages), else a copy read into `scratch`
+  // (resized; under kHugePageBytes), which on a VM costs a fraction of
+  // mapping it page by page. Valid while the buffer and `scratch` are.
+  const uint8_t* ReadableBytes(std::vector<uint8_t>* scratch) const;
+  // Writes `n` bytes at `offset` through the memfd (unsealed only): how
+  // a buffer created unmapped is filled without mapping it.
+  absl::Status WriteFrom(int64_t offset, const void* src, int64_t n);
 
   // A value derived from the sealed bytes (such as the fingerprint of the
   // whole region), computed by the first caller for `key` and remembered:

@@ -22,18 +22,12 @@ namespace {
 Counter& fingerprinted_bytes_total =
     GetCounter("ptc_store_fingerprinted_bytes_total");
 
-// The bytes of a sealed region: its mapping where that is populated (a
-// region in huge pages), else a copy read through the memfd into this
-// thread's scratch (under kHugePageBytes), which on a VM costs a fraction
-// of mapping it page by page. Valid until this thread's next call.
+// A sealed region's bytes to read whole (RegionBuffer::ReadableBytes),
+// in this thread's scratch where they are copied. Valid until this
+// thread's next call.
 const uint8_t* SealedBytes(const RegionBuffer& buffer) {
-  if (buffer.populated() || buffer.size() >= kHugePageBytes)
-    return buffer.data();
   thread_local std::vector<uint8_t> scratch;
-  scratch.resize(static_cast<size_t>(buffer.size()));
-  if (!buffer.ReadTo(0, scratch.data(), buffer.size()).ok())
-    return buffer.data();  // the mapping reads the same bytes
-  return scratch.data();
+  return buffer.ReadableBytes(&scratch);
 }
 
 // A whole sealed region's fingerprint, computed once and kept with its
@@ -498,8 +492,8 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
       sum += WholeFingerprint(decl, s.region, *s.buffer);
     } else {
       fingerprinted_bytes_total.Add(piece.volume() * elem);
-      sum += FingerprintRegion(s.buffer->data(), s.region, piece, decl.shape,
-                               elem);
+      sum += FingerprintRegion(SealedBytes(*s.buffer), s.region, piece,
+                               decl.shape, elem);
     }
     elements += piece.volume();
   };
