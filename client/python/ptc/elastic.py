@@ -331,8 +331,26 @@ class Live:
             if rank is None:
                 return False
             self.client.rebind(rank)
-        self._form_and_load()
-        return True
+        while True:
+            epoch = self.client.layout_epoch
+            try:
+                self._form_and_load()
+                return True
+            except RuntimeError as e:  # ptc.Error too
+                # The layout this process was started for ended while it
+                # met its peers (one of them died, a newer change started):
+                # join the layout the job goes to instead of exiting.
+                if not self._left_epoch(epoch):
+                    raise
+                self._log(f"layout epoch {epoch} ended before this process joined it: "
+                          f"{str(e)[:200]}")
+                self._leave_groups()
+                self._wait(lambda: self._ev()["phase"] not in _RUNNING and
+                           not self._ev()["pending_config"], "the change in flight")
+                rank = self._my_rank()
+                if rank is None:
+                    return False
+                self.client.rebind(rank)
 
     def _my_rank(self):
         placed = _ptc.ranks_on_host(self.coordinator, self.job, self.host)
