@@ -34,6 +34,21 @@ absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
   return p;
 }
 
+absl::Status StatusOf(const proto::LocalResponse& resp) {
+  return absl::Status(static_cast<absl::StatusCode>(resp.code()),
+                      resp.message());
+}
+
+// AllocatePutOp and MapOp name a region of a tensor of a version alike.
+template <typename Op>
+void NameRegion(const std::string& job, int64_t version,
+                const std::string& tensor, const Region& region, Op* op) {
+  op->set_job(job);
+  op->set_version(version);
+  op->set_tensor(tensor);
+  RegionToProto(region, op->mutable_region());
+}
+
 }  // namespace
 
 LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(
@@ -187,24 +202,6 @@ absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req,
   return resp;
 }
 
-namespace {
-
-absl::Status StatusOf(const proto::LocalResponse& resp) {
-  return absl::Status(static_cast<absl::StatusCode>(resp.code()),
-                      resp.message());
-}
-
-// AllocatePutOp and MapOp name a region of a tensor of a version alike.
-template <typename Op>
-void NameRegion(const std::string& job, int64_t version,
-                const std::string& tensor, const Region& region, Op* op) {
-  op->set_job(job);
-  op->set_version(version);
-  op->set_tensor(tensor);
-  RegionToProto(region, op->mutable_region());
-}
-
-}  // namespace
 
 absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
     const std::string& job, int64_t version, const std::string& tensor,

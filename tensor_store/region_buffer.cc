@@ -117,14 +117,6 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
   return buf;
 }
 
-absl::Status RegionBuffer::ReadTo(int64_t offset, void* dst, int64_t n) const {
-  if (offset < 0 || n < 0 || offset > size_ - n) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "bytes [", offset, ", +", n, ") are outside the region's ", size_));
-  }
-  return ReadAt(fd_, offset, dst, n);
-}
-
 const uint8_t* RegionBuffer::ReadableBytes(
     std::vector<uint8_t>* scratch) const {
   if (!sealed_ || populated_ || size_ >= kHugePageBytes) return data_;

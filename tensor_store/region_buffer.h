@@ -59,18 +59,10 @@ class RegionBuffer {
   int fd() const { return fd_; }
   // The memfd's inode: two fds with the same inode share the same memory.
   ino_t inode() const { return inode_; }
-  // Whether data() is mapped with every page in place (a region of at
-  // least kHugePageBytes, or written through the daemon's mapping). A
-  // smaller sealed region is mapped lazily by its first reader through
-  // data(); ReadTo() reads it without touching the mapping.
-  bool populated() const { return populated_; }
-  // Copies `n` bytes at `offset` into `dst` through the memfd (pread):
-  // where mapping a page is costly (a VM's page faults trap to the
-  // hypervisor) this reads a small region several times faster than its
-  // mapping does.
-  absl::Status ReadTo(int64_t offset, void* dst, int64_t n) const;
   // The sealed bytes to read whole: data() where the mapping is populated
-  // (or the region is in huge pages), else a copy read into `scratch`
+  // (a region in huge pages, whose mapping Seal fills; a smaller one's
+  // pages are mapped by its first reader through data()), else a copy
+  // read into `scratch`
   // (resized; under kHugePageBytes), which on a VM costs a fraction of
   // mapping it page by page. Valid while the buffer and `scratch` are.
   const uint8_t* ReadableBytes(std::vector<uint8_t>* scratch) const;
@@ -93,7 +85,7 @@ class RegionBuffer {
   MemoryBudget::Reservation reservation_;
   uint8_t* data_ = nullptr;
   bool sealed_ = false;
-  bool populated_ = false;
+  bool populated_ = false;  // every page of data_ mapped
   ino_t inode_ = 0;
   absl::Mutex memo_mu_;
   std::map<std::string, uint64_t> memo_ ABSL_GUARDED_BY(memo_mu_);

@@ -325,12 +325,8 @@ class Live:
         self._plan_epoch_seen = ev["plan_epoch"]
         if ev["phase"] in _RUNNING or ev["pending_config"]:
             # Started during a change: join the layout it ends in.
-            self._wait(lambda: self._ev()["phase"] not in _RUNNING and
-                       not self._ev()["pending_config"], "the change in flight")
-            rank = self._my_rank()
-            if rank is None:
+            if not self._rebind_after_change():
                 return False
-            self.client.rebind(rank)
         while True:
             epoch = self.client.layout_epoch
             try:
@@ -345,12 +341,19 @@ class Live:
                 self._log(f"layout epoch {epoch} ended before this process joined it: "
                           f"{str(e)[:200]}")
                 self._leave_groups()
-                self._wait(lambda: self._ev()["phase"] not in _RUNNING and
-                           not self._ev()["pending_config"], "the change in flight")
-                rank = self._my_rank()
-                if rank is None:
+                if not self._rebind_after_change():
                     return False
-                self.client.rebind(rank)
+
+    def _rebind_after_change(self):
+        """Waits for the change in flight to end and takes this GPU's rank
+        in the layout it ends in; False if that layout has none here."""
+        self._wait(lambda: self._ev()["phase"] not in _RUNNING and
+                   not self._ev()["pending_config"], "the change in flight")
+        rank = self._my_rank()
+        if rank is None:
+            return False
+        self.client.rebind(rank)
+        return True
 
     def _my_rank(self):
         placed = _ptc.ranks_on_host(self.coordinator, self.job, self.host)
