@@ -152,8 +152,10 @@ class Client {
   // The job's state now, as an event (one ListJobs call).
   absl::StatusOr<JobEvent> FetchEvent();
   // Meets the job's other processes under `layout_epoch`: rank 0 offers
-  // the port of its process group's store; the others wait (up to
-  // `timeout`) until it has. Returns the store's host:port.
+  // the port of its process group's store; every rank waits (up to
+  // `timeout`) until all of the epoch's ranks are there at once. Returns
+  // the store's host:port; FAILED_PRECONDITION once the job has another
+  // layout epoch.
   absl::StatusOr<std::string> Rendezvous(int64_t layout_epoch, int port,
                                          absl::Duration timeout);
 

@@ -25,6 +25,10 @@ namespace {
 constexpr int kMaxPlannedCandidates = 8;
 constexpr absl::Duration kAutoRetry = absl::Seconds(10);
 constexpr double kDefaultSaveTimeout = 60;
+// A rank counts as at its job's meeting when it asked within this (its
+// client asks every 50 ms while it waits): one that died meanwhile is no
+// longer counted.
+constexpr absl::Duration kMeetingPresence = absl::Seconds(5);
 
 bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
               const std::string& x) {
@@ -266,6 +270,9 @@ grpc::Status CoordinatorService::SetAutoPolicy(
   Job& job = **known;
   if (absl::Status s = ValidateAutoPolicy(req->policy(), *job.spec); !s.ok())
     return ToGrpcStatus(s);
+  // What the auto loop compares the new policy with, when it has not
+  // looked at the job since the previous one was set.
+  auto_seen_policy_.emplace(req->job(), job.state.auto_policy().SerializeAsString());
   *job.state.mutable_auto_policy() = req->policy();
   auto_retry_.erase(req->job());
   auto_wake_ = true;
@@ -355,7 +362,13 @@ grpc::Status CoordinatorService::Rendezvous(
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "rank ", req->rank(), " is outside the job's ", job.ranks, " ranks")));
   }
-  auto& meet = rendezvous_[req->job()];
+  const absl::Time now = absl::Now();
+  Meeting& meet = rendezvous_[req->job()];
+  if (meet.epoch != req->layout_epoch() ||
+      meet.seen.size() != static_cast<size_t>(job.ranks)) {
+    meet = Meeting{req->layout_epoch(), "",
+                   std::vector<absl::Time>(job.ranks, absl::InfinitePast()), false};
+  }
   if (req->rank() == 0) {
     if (req->port() < 1 || req->port() > 65535) {
       return ToGrpcStatus(absl::InvalidArgumentError(
@@ -371,15 +384,36 @@ grpc::Status CoordinatorService::Rendezvous(
     auto addr = ParseHostPort(host->second.status.address());
     if (!addr.ok()) return ToGrpcStatus(addr.status());
     const bool v6 = addr->host.find(':') != std::string::npos;
-    meet = {req->layout_epoch(),
-            absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
-                         req->port())};
-  } else if (meet.first != req->layout_epoch()) {
-    return ToGrpcStatus(absl::UnavailableError(
-        absl::StrCat("rank 0 of layout epoch ", req->layout_epoch(),
-                     " has not offered its address yet; retry")));
+    meet.address = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
+                                req->port());
   }
-  resp->set_address(meet.second);
+  meet.seen[req->rank()] = now;
+  if (!meet.met) {
+    // Nobody forms the process groups before every rank is here: a
+    // process that died (or never started) would hold the others in
+    // their groups' connect until its timeout, unable to see the change
+    // its death starts. Here they wait answering UNAVAILABLE, and the
+    // change ends the epoch: FAILED_PRECONDITION above.
+    if (meet.address.empty()) {
+      return ToGrpcStatus(absl::UnavailableError(
+          absl::StrCat("rank 0 of layout epoch ", req->layout_epoch(),
+                       " has not offered its address yet; retry")));
+    }
+    std::vector<int> absent;
+    for (int r = 0; r < job.ranks; ++r)
+      if (now - meet.seen[r] > kMeetingPresence) absent.push_back(r);
+    if (!absent.empty()) {
+      const size_t shown = std::min<size_t>(absent.size(), 8);
+      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+          job.ranks - static_cast<int>(absent.size()), " of the ", job.ranks,
+          " ranks of layout epoch ", req->layout_epoch(),
+          " are here; waiting for rank", absent.size() > 1 ? "s " : " ",
+          absl::StrJoin(absent.begin(), absent.begin() + shown, ", "),
+          absent.size() > shown ? ", ..." : "", "; retry")));
+    }
+    meet.met = true;
+  }
+  resp->set_address(meet.address);
   return grpc::Status::OK;
 }
 
@@ -415,7 +449,7 @@ grpc::Status CoordinatorService::ReportProcessExit(
   Log("coordinator")->warn("job {}: {}", req->job(), why);
   const bool changing = job.state.auto_policy().enabled();
   if (changing) {
-    process_exits_[req->job()] = why;
+    process_exits_[req->job()] = {req->layout_epoch(), why};
     auto_wake_ = true;
   }
   resp->set_changing(changing);
@@ -450,6 +484,13 @@ void CoordinatorService::AutoLoop() {
         if (auto r = auto_retry_.find(name);
             r != auto_retry_.end() && r->second > now)
           continue;
+        if (auto e = process_exits_.find(name);
+            e != process_exits_.end() && e->second.first != job.state.layout_epoch()) {
+          // A change committed since that process died: the agent starts
+          // its GPU's process anew under the new layout (the other
+          // processes of the old one followed the change).
+          process_exits_.erase(e);
+        }
         const proto::AutoPolicy& policy = job.state.auto_policy();
         if (job.state.has_pending()) {
           const double waited =
@@ -474,8 +515,8 @@ void CoordinatorService::AutoLoop() {
                        "to {}; the job changes from version {}",
                        name, job.state.pending().to(),
                        job.state.committed_version());
-            if (!process_exits_.count(name))
-              process_exits_[name] = "a process died during a hot switch";
+            process_exits_[name] = {job.state.layout_epoch(),
+                                    "a process died during a hot switch"};
             ClearPendingLocked(job);
             auto_wake_ = true;
             continue;
@@ -497,7 +538,7 @@ void CoordinatorService::AutoLoop() {
         if (auto e = process_exits_.find(name); e != process_exits_.end()) {
           // Its other processes cannot go on: a change from the committed
           // version forms the job again (the agent starts the process anew).
-          actions.push_back({name, e->second, false, false, {}, true});
+          actions.push_back({name, e->second.second, false, false, {}, true});
           process_exits_.erase(e);
           continue;
         }
@@ -538,8 +579,9 @@ void CoordinatorService::AutoLoop() {
           actions.push_back(
               {name, absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained"),
                policy.live(), false, {}});
-        } else if (auto_seen_policy_[name] != policy.SerializeAsString() &&
-                   !auto_seen_[name].empty()) {
+        } else if (auto p = auto_seen_policy_.find(name);
+                   p != auto_seen_policy_.end() &&
+                   p->second != policy.SerializeAsString()) {
           actions.push_back({name, "its automatic-change policy changed",
                              policy.live(), false, {}});
         } else if (auto_seen_[name] != seen) {

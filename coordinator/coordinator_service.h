@@ -390,13 +390,20 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // again after an automatic change failed.
   std::map<std::string, std::string> auto_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> auto_seen_policy_ ABSL_GUARDED_BY(mu_);
-  // Per job: a process that died under the current layout (why), for the
-  // auto loop.
-  std::map<std::string, std::string> process_exits_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> auto_retry_ ABSL_GUARDED_BY(mu_);
-  // Per job: rank 0's process group address under a layout epoch.
-  std::map<std::string, std::pair<int64_t, std::string>> rendezvous_
+  // Per job: a process that died (the layout epoch it ran under, why),
+  // for the auto loop.
+  std::map<std::string, std::pair<int64_t, std::string>> process_exits_
       ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> auto_retry_ ABSL_GUARDED_BY(mu_);
+  // Per job: the meeting of its processes under its layout epoch (see
+  // Rendezvous).
+  struct Meeting {
+    int64_t epoch = 0;
+    std::string address;  // rank 0's process group store; empty until offered
+    std::vector<absl::Time> seen;  // per rank: when it last asked
+    bool met = false;  // every rank was there at once
+  };
+  std::map<std::string, Meeting> rendezvous_ ABSL_GUARDED_BY(mu_);
   // Periodic snapshots that failed: not retried before this time.
   std::map<std::string, absl::Time> snapshot_retry_ ABSL_GUARDED_BY(mu_);
 };

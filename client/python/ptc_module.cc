@@ -631,8 +631,10 @@ PYBIND11_MODULE(_ptc, m) {
           py::arg("layout_epoch"), py::arg("port") = 0,
           py::arg("timeout") = 120.0,
           "meets the job's other processes under a layout epoch: rank 0 "
-          "offers the port of its process group store, the others wait for "
-          "it; returns the store's host:port")
+          "offers the port of its process group store; every rank waits "
+          "until all of the epoch's ranks are there at once; returns the "
+          "store's host:port (an error once the job has another layout "
+          "epoch, or after `timeout` seconds, naming the ranks missing)")
       .def_property_readonly("job", &Client::job)
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("host", &Client::host)

@@ -25,7 +25,8 @@ starts the process again and the job goes on.
 
 With --scenario hot: hot switches (the processes move the state between
 themselves, over gloo here) for a tp, a pp and a dp change, a process
-SIGKILLed during the pp one; then a hot switch that one process fails to
+SIGKILLed as the tp one commits (while the processes meet under the new
+layout) and one during the pp one; then a hot switch that one process fails to
 start (PTC_TEST_HOT_REFUSE, a test fault): the processes save instead and
 the change goes through the store at once.
 
@@ -121,9 +122,12 @@ class LiveJob:
     def losses(self):
         return effective(read_jsonl(self.run / "losses.jsonl"))
 
-    def pending(self):
+    def status(self):
         out = self.cluster.ptcctl("status", JOB, "--json", capture=True)
-        return json.loads(out)["jobs"][0]["pending_config"]
+        return json.loads(out)["jobs"][0]
+
+    def pending(self):
+        return self.status()["pending_config"]
 
     def wait(self, what, ready, timeout=300):
         deadline = time.time() + timeout
@@ -165,7 +169,7 @@ def host_dies_and_returns(args, cluster, job, results, say):
     after = job.losses()
     resumed = min(r["time"] for r in after.values() if r["epoch"] > epoch0)
     small = next(r for r in after.values() if r["epoch"] > epoch0)
-    status = cluster_status(cluster)
+    status = job.status()["reconfiguration"]
     say(f"   the coordinator changed it by itself ({status['reason']}) to {small['config']}; "
         f"training went on {resumed - t_kill:.1f} s after the kill")
     results["events"].append({"what": "host1 died", "config": small["config"],
@@ -187,7 +191,7 @@ def host_dies_and_returns(args, cluster, job, results, say):
         r["epoch"] > epoch1 for r in job.losses().values()))
     grown = next(r for r in job.losses().values() if r["epoch"] > epoch1)
     resumed = min(r["time"] for r in job.losses().values() if r["epoch"] > epoch1)
-    status = cluster_status(cluster)
+    status = job.status()["reconfiguration"]
     say(f"   it grew by itself ({status['reason']}) to {grown['config']}; host1's agent "
         f"started PIDs {sorted(job.running('host1').values())}; training went on "
         f"{resumed - t_add:.1f} s after the request")
@@ -234,7 +238,7 @@ def requests_and_a_kill(args, cluster, job, results, say):
         r["epoch"] > epoch1 for r in job.losses().values()) and job.running("host1").get(1)
         not in (None, victim) and job.pending() == "")
     last = max(job.losses().values(), key=lambda r: (r["epoch"], r["iteration"]))
-    status = cluster_status(cluster)
+    status = job.status()["reconfiguration"]
     say(f"   it goes on at {last['config']} (layout epoch {last['epoch']}; the last change: "
         f"{status['reason']}); host1's agent started pid {job.running('host1')[1]} for GPU 1")
     results["events"].append({"what": "process killed during a change",
@@ -250,41 +254,55 @@ REFUSED = "tp=2,pp=1,dp=1"
 
 def hot_switches(args, cluster, job, results, say):
     """Hot switches (the processes move the state between themselves) for
-    a tp, a pp and a dp change, each asked by pinning the config; during
-    the pp change a process is SIGKILLed. Then a hot switch one process
-    fails to start: with a save timeout longer than the wait, it ends only
-    if the processes turn it into a change through the store at once."""
+    a tp, a pp and a dp change, each asked by pinning the config; a
+    process is SIGKILLed just after the tp change commits (while the
+    processes meet under the new layout) and during the pp change. Then a
+    hot switch one process fails to start: with a save timeout longer
+    than the wait, it ends only if the processes turn it into a change
+    through the store at once."""
     at = args.iterations // 6
     job.wait(f"iteration {at}", lambda: len(job.losses()) >= at)
     before = during = job.running("host0")
-    steps = (("tp", "tp=1,pp=1,dp=4", False), ("pp", "tp=1,pp=2,dp=2", True),
-             ("dp", "tp=1,pp=2,dp=1", False), ("refused", REFUSED, False))
+    steps = (("tp", "tp=1,pp=1,dp=4", "committed"), ("pp", "tp=1,pp=2,dp=2", "during"),
+             ("dp", "tp=1,pp=2,dp=1", None), ("refused", REFUSED, None))
     for axis, to, kill in steps:
         epoch = max(r["epoch"] for r in job.losses().values())
         victim = job.running("host1").get(1) if kill else None
         asked = time.time()
         cluster.ptcctl("auto", JOB, "on", "--live", "--hot", "--pin", to, "--save-timeout",
                        "900" if axis == "refused" else "60", capture=True)
-        if kill:
+        switched = None
+        if kill == "during":
             time.sleep(0.3)
+        elif kill == "committed":
+            job.wait(f"the {axis} change to commit",
+                     lambda: job.status()["layout_epoch"] > epoch, timeout=120)
+            switched = job.status()["reconfiguration"]
+        if kill:
             os.kill(victim, signal.SIGKILL)
         say(f"\n== a {axis} change to {to} (hot switch)" +
-            (f"; the process on host1 GPU 1 (pid {victim}) SIGKILLed during it" if kill
-             else "") + ("; rank 1 fails to start it" if axis == "refused" else ""))
+            (f"; the process on host1 GPU 1 (pid {victim}) SIGKILLed "
+             f"{'during it' if kill == 'during' else 'as it committed'}" if kill else "")
+            + ("; rank 1 fails to start it" if axis == "refused" else ""))
         job.wait(f"the {axis} change", lambda: any(
             r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
             and job.pending() == "" and (not kill or job.running("host1").get(1)
                                          not in (None, victim)))
-        status = cluster_status(cluster)
+        status = job.status()["reconfiguration"]
         last = max(job.losses().values(), key=lambda r: (r["epoch"], r["iteration"]))
         say(f"   it goes on at {last['config']} (layout epoch {last['epoch']}); the last "
             f"change went through the {status['path'] or '?'} ({status['reason']})")
-        results["events"].append({"what": f"{axis} change" + (" with a kill" if kill else ""),
-                                  "config": last["config"], "path": status["path"],
-                                  "reason": status["reason"],
-                                  "seconds": round(time.time() - asked, 1)})
-        if not kill:
-            during = job.running("host0") if axis == "tp" else during
+        event = {"what": f"{axis} change" + {None: "", "during": " with a kill",
+                                             "committed": " with a kill after it"}[kill],
+                 "config": last["config"], "path": status["path"],
+                 "reason": status["reason"], "seconds": round(time.time() - asked, 1)}
+        if switched is not None:
+            # The change itself, and the one the kill started after it.
+            event.update(path=switched["path"], reason=switched["reason"],
+                         recovery={"path": status["path"], "reason": status["reason"]})
+        results["events"].append(event)
+        if axis == "tp":
+            during = job.running("host0")
         at = max(job.losses()) + 3
         job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
     return before, during
@@ -372,18 +390,14 @@ def main():
         what = {"host": "a host died and came back; the job changed twice by itself",
                 "requests": "changes asked in a row and a process killed during one",
                 "hot": "hot switches for a tp, a pp and a dp change, a process killed "
-                       "during one, one that a process failed to start"}[args.scenario]
+                       "as one committed and during another, one that a process failed "
+                       "to start"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")
     if ok and not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
-
-
-def cluster_status(cluster):
-    out = cluster.ptcctl("status", JOB, "--json", capture=True)
-    return json.loads(out)["jobs"][0]["reconfiguration"]
 
 
 def check(job, args, ref_losses, ref_samples, before, during, say):

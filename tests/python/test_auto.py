@@ -2,6 +2,7 @@
 drained or joins its pool changes by itself to the advisor's config (or
 its pinned one); without automatic changes nothing moves; the advisor
 explains itself; the live job's RPCs refuse hostile requests clearly."""
+import concurrent.futures
 import time
 
 import pytest
@@ -148,8 +149,19 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
         rank0.rendezvous(9, port=5555)
     with pytest.raises(ptc.Error, match="port 0 must be 1 to 65535"):
         rank0.rendezvous(epoch, port=0)
-    assert rank0.rendezvous(epoch, port=5555) == "127.0.0.1:5555"
-    assert rank1.rendezvous(epoch) == "127.0.0.1:5555"
+    # Nobody gets the address before all of the epoch's ranks are there.
+    with pytest.raises(ptc.Error, match=r"of the 4 ranks of layout epoch \d+ are here; "
+                                        r"waiting for ranks (1, )?2, 3"):
+        rank0.rendezvous(epoch, port=5555, timeout=0.3)
+    ranks = [rank0, rank1] + [ptc.Client(socket=sock(j["rank_hosts"][r]),
+                                         coordinator=cluster.coordinator, job="j", rank=r)
+                              for r in (2, 3)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        met = list(pool.map(lambda c: c.rendezvous(epoch, port=5555 if c.rank == 0 else 0,
+                                                   timeout=30), ranks))
+    assert met == ["127.0.0.1:5555"] * 4
+    # Once met, a rank asking again gets it at once.
+    assert rank1.rendezvous(epoch, timeout=0.3) == "127.0.0.1:5555"
     with pytest.raises(ptc.Error, match="runs no rank on GPU 7"):
         ptc.report_process_exit(cluster.coordinator, "j", "host0", 7, 1, epoch)
     with pytest.raises(ptc.Error, match="unknown"):

@@ -3,8 +3,9 @@ processes an agent per host starts, registered with automatic, live
 changes, goes through a host's death and return, and through changes
 asked in a row and a process killed during one, and through hot switches
 (the processes move the state between themselves) for a tp, a pp and a dp
-change with a process killed during one, and a hot switch a process
-fails to start, without any process of the surviving host restarting; every reload is bit-identical, and the loss
+change with a process killed as one commits and during another, and a
+hot switch a process fails to start, without any process of the
+surviving host restarting; every reload is bit-identical, and the loss
 and the samples of every iteration are those of an uninterrupted run."""
 import json
 import os
@@ -53,11 +54,17 @@ def test_changes_in_a_row_and_a_process_killed_during_one(bin_dir, tmp_path):
     assert out["samples_exactly_once"]
 
 
-def test_hot_switches_for_tp_pp_and_dp_and_a_process_killed_during_one(bin_dir, tmp_path):
+def test_hot_switches_for_tp_pp_and_dp_and_processes_killed_after_and_during_one(
+        bin_dir, tmp_path):
     out = run_live(bin_dir, tmp_path, "hot")
     assert out["ok"], out
     tp, pp, dp, refused = out["events"]
     assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch"
+    # A process killed as the tp change committed, while the processes met
+    # under the new layout: the others do not form their groups without
+    # it; its death changes the job again, through the store.
+    assert "killed by signal 9" in tp["recovery"]["reason"], tp
+    assert tp["recovery"]["path"] == "store", tp
     assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch"
     # A process killed during the pp change: the job ends at its config
     # either way, through the store from the committed version if the hot

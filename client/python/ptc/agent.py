@@ -66,7 +66,7 @@ class Agent:
         self.stopping = False
 
     def say(self, msg):
-        print(f"[ptc-agent {self.args.host}] {msg}", flush=True)
+        print(f"[ptc-agent {self.args.host} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     def wanted(self):
         """(layout epoch, {GPU: rank}) of this host under the job's placement
@@ -99,7 +99,8 @@ class Agent:
         self.children[gpu] = (p, time.time(), log)
         self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of the placement now)")
 
-    def reap(self, placed=None):
+    def reap(self):
+        failed = []
         for gpu, (p, started, log) in list(self.children.items()):
             code = p.poll()
             if code is None:
@@ -110,8 +111,17 @@ class Agent:
             self.exited.append({"pid": p.pid, "gpu": gpu, "exit_code": code,
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
-            if code != 0 and not self.stopping and placed and gpu in placed[1]:
-                self.report_exit(gpu, code, placed[0])
+            if code != 0 and not self.stopping:
+                failed.append((gpu, code))
+        if failed:
+            # Under the job's layout now, not the one of the last look: the
+            # process followed every change since it started, so it was
+            # the current layout's process on its GPU (a change that
+            # committed since the last look included it).
+            placed = self.wanted()
+            for gpu, code in failed:
+                if placed and gpu in placed[1]:
+                    self.report_exit(gpu, code, placed[0])
 
     def report_exit(self, gpu, code, epoch):
         """A process died while its GPU had a rank: the job's others cannot
@@ -140,9 +150,8 @@ class Agent:
 
     def run(self):
         last = None
-        wanted = None
         while not self.stopping:
-            self.reap(wanted)
+            self.reap()
             wanted = self.wanted()
             if wanted is not None:
                 epoch, ranks = wanted

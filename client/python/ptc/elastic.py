@@ -123,8 +123,9 @@ class Live:
         self._hot_direct_bytes = int(direct) if direct else None
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._build, self._on_save, self._on_load = build, on_save, on_load
-        self._log = log or (lambda msg: print(f"[ptc {self.host}:{self.device}] {msg}",
-                                              flush=True))
+        self._log = log or (lambda msg: print(
+            f"[ptc {self.host}:{self.device} {datetime.datetime.now():%H:%M:%S.%f}"[:-3]
+            + f"] {msg}", flush=True))
         self.client = None
         self.rank = -1
         self.config = None
