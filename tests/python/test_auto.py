@@ -180,6 +180,62 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
     assert cluster.job("j")["pending_config"] == "tp=1,pp=1,dp=4"
 
 
+def test_processes_waiting_at_their_meeting_leave_it_when_a_missing_one_died(
+        cluster, ptc_module):
+    """Three of four processes wait at the meeting of their layout; the
+    fourth died before it came (its agent reports it): the change its
+    death starts ends the epoch, and the three leave the meeting at once,
+    told to meet under the next one, instead of waiting out their timeout
+    (or, without a meeting, their process group's connect)."""
+    ptc = ptc_module
+    register(cluster, "--auto", "on", "--live")
+    j = cluster.job("j")
+    epoch = j["layout_epoch"]
+    waiting = [ptc.Client(socket=str(cluster.dir / f"{j['rank_hosts'][r]}.sock"),
+                          coordinator=cluster.coordinator, job="j", rank=r) for r in range(3)]
+    began = time.time()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        meetings = [pool.submit(c.rendezvous, epoch, port=5555 if c.rank == 0 else 0,
+                                timeout=60) for c in waiting]
+        time.sleep(1.0)
+        assert not any(m.done() for m in meetings)
+        host = j["rank_hosts"][3]
+        gpu = next(r["gpu"] for r in ptc.ranks_on_host(cluster.coordinator, "j", host)["ranks"]
+                   if r["rank"] == 3)
+        assert ptc.report_process_exit(cluster.coordinator, "j", host, gpu, -9, epoch)
+        for m in meetings:
+            with pytest.raises(ptc.Error, match=f"layout epoch {epoch} is not the job's"):
+                m.result(timeout=50)
+    assert time.time() - began < 30
+    assert cluster.job("j")["layout_epoch"] > epoch
+
+
+def test_a_second_exit_of_a_layout_a_change_is_replacing_starts_no_second_change(
+        cluster, ptc_module):
+    """Two processes of one layout die one after the other (their agents
+    report both): the first report starts a change from the committed
+    version; the second, arriving while that change runs (or after it
+    committed), starts no other: the agents start both GPUs' processes
+    under the new layout."""
+    ptc = ptc_module
+    register(cluster, "--auto", "on", "--live")
+    j = cluster.job("j")
+    epoch = j["layout_epoch"]
+    rank0 = ptc.Client(socket=str(cluster.dir / f"{j['rank_hosts'][0]}.sock"),
+                       coordinator=cluster.coordinator, job="j", rank=0)
+    assert ptc.report_process_exit(cluster.coordinator, "j", "host0", 0, -9, epoch)
+    wait_for("the change to start", lambda: (lambda ev: ev["layout_epoch"] > epoch or ev[
+        "phase"] in ("staging", "verifying", "committing"))(rank0.fetch_event()), timeout=30)
+    ptc.report_process_exit(cluster.coordinator, "j", "host1", 1, -9, epoch)
+    j = wait_for("the change", lambda: committed_change(cluster))
+    assert j["layout_epoch"] == epoch + 1, j
+    assert "its process on GPU 0 of host0 was killed by signal 9 (automatic)" in \
+        j["reconfiguration"]["reason"], j
+    time.sleep(1.5)  # the auto loop looks at least every 200 ms
+    j = cluster.job("j")
+    assert j["layout_epoch"] == epoch + 1 and j["reconfiguration"]["phase"] == "committed", j
+
+
 def test_a_hot_switch_is_pending_only_where_processes_run_and_refuses_stale_saves(
         cluster, ptc_module):
     ptc = ptc_module

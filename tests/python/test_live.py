@@ -106,3 +106,47 @@ def test_a_live_process_refuses_a_hot_message_size_that_is_not_positive_bytes(
     with pytest.raises(ValueError, match="PTC_HOT_DIRECT_BYTES"):
         elastic.Live(lambda live: {}, job="j", coordinator="127.0.0.1:1", socket="/nonexistent",
                      host="h", device=0)
+
+
+FORM_AGAIN = r"""
+import datetime, subprocess, sys
+import torch
+import torch.distributed as dist
+from ptc import elastic
+
+store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+# The first layout's peer never comes (it died as the group formed).
+try:
+    elastic._init_process_group("gloo", store=dist.PrefixStore("first", store), rank=0,
+                                world_size=2, timeout=datetime.timedelta(seconds=2))
+    sys.exit("formed a group of 2 alone")
+except RuntimeError:
+    pass
+# The next layout: a fresh peer, which never failed.
+peer = subprocess.Popen([sys.executable, "-c", f'''
+import datetime, torch, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", {store.port}, 2, False)
+dist.init_process_group("gloo", store=dist.PrefixStore("next", store), rank=1, world_size=2,
+                        timeout=datetime.timedelta(seconds=20))
+t = torch.tensor([2.0]); dist.all_reduce(t); assert t.item() == 3.0
+'''])
+elastic._init_process_group("gloo", store=dist.PrefixStore("next", store), rank=0,
+                            world_size=2, timeout=datetime.timedelta(seconds=20))
+t = torch.tensor([1.0])
+dist.all_reduce(t)
+assert t.item() == 3.0, t
+assert peer.wait(30) == 0
+print("formed again")
+"""
+
+
+def test_a_process_whose_group_failed_to_form_forms_the_next_with_fresh_peers(ptc_module,
+                                                                               bin_dir):
+    # A survivor whose group init failed (a peer died after the meeting)
+    # meets fresh processes in the next layout: without undoing PyTorch's
+    # group counter it would name its group differently and both sides
+    # would wait for each other's keys until the timeout.
+    env = dict(os.environ, PYTHONPATH=str(bin_dir / "client" / "python" / "pkg"))
+    r = subprocess.run([sys.executable, "-c", FORM_AGAIN], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "formed again" in r.stdout, r.stdout + r.stderr

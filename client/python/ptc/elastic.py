@@ -62,6 +62,27 @@ class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
 
 
+def _init_process_group(backend, **kwargs):
+    """dist.init_process_group, after which a failure (a peer that died
+    while the group formed) leaves this process able to form another.
+    PyTorch names a default group after a process-wide counter that it
+    increments before forming the group and resets only when a formed group
+    is destroyed: after a failed init, this process would name its next
+    group differently from its peers that never failed, and each side would
+    wait for keys the other never writes until the timeout ("Socket
+    Timeout"), in every layout it joins from then on."""
+    try:
+        dist.init_process_group(backend, **kwargs)
+    except BaseException:
+        c10d = dist.distributed_c10d
+        world = getattr(c10d, "_world", None)  # PyTorch 2
+        if world is not None and hasattr(world, "group_count"):
+            world.group_count = 0
+        elif hasattr(c10d, "_group_count"):  # PyTorch 1.13
+            c10d._group_count = 0
+        raise
+
+
 def _close_at_exit(ref):
     live = ref()
     if live is not None:
@@ -578,9 +599,9 @@ class Live:
             where, _, port = address.rpartition(":")
             store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
         self._store = store
-        dist.init_process_group(self.backend, store=dist.PrefixStore(f"ptc-{epoch}", store),
-                                rank=self.rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=self.collective_timeout))
+        _init_process_group(self.backend, store=dist.PrefixStore(f"ptc-{epoch}", store),
+                            rank=self.rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=self.collective_timeout))
         formed = time.time()
         self.restoring = self.client.committed_version > 0
         parts = self._build(self)
