@@ -37,6 +37,12 @@ def wait_for(what, ready, timeout=60):
     raise AssertionError(f"waited {timeout} s for {what}")
 
 
+def rank_client(c, ptc, j, rank):
+    """A client of job j's rank, on the host the placement gives it."""
+    return ptc.Client(socket=str(c.dir / f"{j['rank_hosts'][rank]}.sock"),
+                      coordinator=c.coordinator, job="j", rank=rank)
+
+
 def committed_change(c):
     """The job once a change committed after the registration's epoch."""
     j = c.job("j")
@@ -136,13 +142,9 @@ def test_advise_explains_its_choice_and_refuses_what_cannot_be(cluster):
 def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module):
     ptc = ptc_module
     register(cluster, "--auto", "on", "--live")
-    sock = lambda h: str(cluster.dir / f"{h}.sock")  # noqa: E731
     j = cluster.job("j")
     epoch = j["layout_epoch"]
-    rank0 = ptc.Client(socket=sock(j["rank_hosts"][0]), coordinator=cluster.coordinator,
-                       job="j", rank=0)
-    rank1 = ptc.Client(socket=sock(j["rank_hosts"][1]), coordinator=cluster.coordinator,
-                       job="j", rank=1)
+    rank0, rank1 = rank_client(cluster, ptc, j, 0), rank_client(cluster, ptc, j, 1)
     with pytest.raises(ptc.Error, match="has not offered its address yet"):
         rank1.rendezvous(epoch, timeout=0.2)
     with pytest.raises(ptc.Error, match="layout epoch 9 is not the job's"):
@@ -153,9 +155,7 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
     with pytest.raises(ptc.Error, match=r"of the 4 ranks of layout epoch \d+ are here; "
                                         r"waiting for ranks (1, )?2, 3"):
         rank0.rendezvous(epoch, port=5555, timeout=0.3)
-    ranks = [rank0, rank1] + [ptc.Client(socket=sock(j["rank_hosts"][r]),
-                                         coordinator=cluster.coordinator, job="j", rank=r)
-                              for r in (2, 3)]
+    ranks = [rank0, rank1] + [rank_client(cluster, ptc, j, r) for r in (2, 3)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         met = list(pool.map(lambda c: c.rendezvous(epoch, port=5555 if c.rank == 0 else 0,
                                                    timeout=30), ranks))
@@ -191,8 +191,7 @@ def test_processes_waiting_at_their_meeting_leave_it_when_a_missing_one_died(
     register(cluster, "--auto", "on", "--live")
     j = cluster.job("j")
     epoch = j["layout_epoch"]
-    waiting = [ptc.Client(socket=str(cluster.dir / f"{j['rank_hosts'][r]}.sock"),
-                          coordinator=cluster.coordinator, job="j", rank=r) for r in range(3)]
+    waiting = [rank_client(cluster, ptc, j, r) for r in range(3)]
     began = time.time()
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         meetings = [pool.submit(c.rendezvous, epoch, port=5555 if c.rank == 0 else 0,
@@ -221,8 +220,7 @@ def test_a_second_exit_of_a_layout_a_change_is_replacing_starts_no_second_change
     register(cluster, "--auto", "on", "--live")
     j = cluster.job("j")
     epoch = j["layout_epoch"]
-    rank0 = ptc.Client(socket=str(cluster.dir / f"{j['rank_hosts'][0]}.sock"),
-                       coordinator=cluster.coordinator, job="j", rank=0)
+    rank0 = rank_client(cluster, ptc, j, 0)
     assert ptc.report_process_exit(cluster.coordinator, "j", "host0", 0, -9, epoch)
     wait_for("the change to start", lambda: (lambda ev: ev["layout_epoch"] > epoch or ev[
         "phase"] in ("staging", "verifying", "committing"))(rank0.fetch_event()), timeout=30)

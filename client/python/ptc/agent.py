@@ -99,8 +99,7 @@ class Agent:
         self.children[gpu] = (p, time.time(), log)
         self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of the placement now)")
 
-    def reap(self):
-        failed = []
+    def reap(self, placed=None):
         for gpu, (p, started, log) in list(self.children.items()):
             code = p.poll()
             if code is None:
@@ -111,17 +110,8 @@ class Agent:
             self.exited.append({"pid": p.pid, "gpu": gpu, "exit_code": code,
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
-            if code != 0 and not self.stopping:
-                failed.append((gpu, code))
-        if failed:
-            # Under the job's layout now, not the one of the last look: the
-            # process followed every change since it started, so it was
-            # the current layout's process on its GPU (a change that
-            # committed since the last look included it).
-            placed = self.wanted()
-            for gpu, code in failed:
-                if placed and gpu in placed[1]:
-                    self.report_exit(gpu, code, placed[0])
+            if code != 0 and not self.stopping and placed and gpu in placed[1]:
+                self.report_exit(gpu, code, placed[0])
 
     def report_exit(self, gpu, code, epoch):
         """A process died while its GPU had a rank: the job's others cannot
@@ -150,8 +140,12 @@ class Agent:
 
     def run(self):
         last = None
+        wanted = None
         while not self.stopping:
-            self.reap()
+            # Exits are reported under the last look, when the process was
+            # alive: if the job has moved on since, the look below starts
+            # its GPU's process anew under the new layout instead.
+            self.reap(wanted)
             wanted = self.wanted()
             if wanted is not None:
                 epoch, ranks = wanted

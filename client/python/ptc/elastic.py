@@ -144,9 +144,7 @@ class Live:
         self._hot_direct_bytes = int(direct) if direct else None
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._build, self._on_save, self._on_load = build, on_save, on_load
-        self._log = log or (lambda msg: print(
-            f"[ptc {self.host}:{self.device} {datetime.datetime.now():%H:%M:%S.%f}"[:-3]
-            + f"] {msg}", flush=True))
+        self._log = log or self._print
         self.client = None
         self.rank = -1
         self.config = None
@@ -164,6 +162,10 @@ class Live:
         self._plan_epoch_seen = 0  # the newest change this process knows of
         self._polled = None  # (when, event) of the last fetch_event
         self._own = set(self.__dict__) | {"_own"}
+
+    def _print(self, msg):
+        stamp = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+        print(f"[ptc {self.host}:{self.device} {stamp}] {msg}", flush=True)
 
     # ------------------------------------------------------------ the loop
 
