@@ -6,10 +6,12 @@ process per GPU that the job's placement uses (examples/elastic_live/
 train.py, ptc.torch.elastic); the job is registered with automatic, live
 changes. Then:
 
-  1. host1 dies (its ptcd, agent and processes SIGKILLed): the coordinator
-     declares it dead, picks a config for the 2 GPUs left (the advisor),
-     and moves the committed state there; host0's processes roll back to
-     it and go on in the new config, the same processes (PIDs unchanged);
+  1. host1 dies (its ptcd, agent and processes SIGKILLed) as the job saves,
+     after its processes saved and before host0's did, so that the save
+     cannot commit: the coordinator declares host1 dead, picks a config
+     for the 2 GPUs left (the advisor), and moves the committed state
+     there; host0's processes roll back to it and go on in the new config,
+     the same processes (PIDs unchanged);
   2. host1 comes back (a new ptcd and agent) and the scheduler adds it to
      the job's pool (`ptcctl hosts add host1 --job J`): the processes save
      at their next step, the job grows to 4 GPUs, host1's agent starts the
@@ -101,11 +103,20 @@ class LiveJob:
                "--iterations", str(self.args.iterations), "--save-every",
                str(self.args.save_every), "--global-batch", str(self.args.global_batch),
                "--step-seconds", str(self.args.step_seconds), "--check"]
+        if self.args.scenario == "host":
+            # host0's processes hold their save of this iteration until
+            # host1 is dead (host_dies_and_returns).
+            cmd += ["--hold-save", f"{self.kill_at()}:host0"]
         log = open(self.work / f"agent-{host}.log", "a")
         # Its own process group: killing the "host" kills the agent and its
         # processes at once.
         self.agents[host] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
+
+    def kill_at(self):
+        """The iteration whose save host1 dies in (a save, so a quarter in)."""
+        at = self.args.iterations // 4
+        return at - at % self.args.save_every
 
     def kill_host(self, host, index):
         subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "kill-host",
@@ -152,18 +163,26 @@ class LiveJob:
 
 
 def host_dies_and_returns(args, cluster, job, results, say):
-    """host1 dies; later it comes back and joins the job's pool. Returns
-    host0's processes before and after the death."""
-    kill_at = args.iterations // 4
-    job.wait(f"iteration {kill_at}", lambda: len(job.losses()) >= kill_at)
+    """host1 dies as the job saves (host1's processes have saved, host0's
+    hold their save until host1 is dead, so that the save cannot commit
+    before the coordinator knows host1 is gone); later host1 comes back and
+    joins the job's pool. Returns host0's processes before and after the
+    death."""
+    kill_at = job.kill_at()
+    held = job.run / "held"
+    job.wait(f"the save of iteration {kill_at}",
+             lambda: len(list(held.glob("rank*"))) == 4)
+    time.sleep(1.0)  # host1's processes write and report their shares
     before = job.running("host0")
     epoch0 = max(r["epoch"] for r in job.losses().values())
     say(f"   trained to iteration {max(job.losses())}; host0 runs PIDs "
         f"{sorted(before.values())}")
 
-    say("\n== host1 dies: its ptcd, agent and processes SIGKILLed")
+    say(f"\n== host1 dies as the job saves iteration {kill_at}: its ptcd, agent and "
+        "processes SIGKILLed, then host0's processes save")
     t_kill = time.time()
     job.kill_host("host1", 1)
+    (held / "release").touch()
     job.wait("the job to go on without host1", lambda: any(
         r["epoch"] > epoch0 for r in job.losses().values()))
     after = job.losses()

@@ -45,6 +45,9 @@ def parse():
                     help="write every save's values aside and compare every load with them")
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="sleep this long in every step (a slower job, for tests)")
+    ap.add_argument("--hold-save", metavar="ITERATION:HOST",
+                    help="a test fault: the processes on HOST hold their save of ITERATION "
+                         "until RUN_DIR/held/release exists (the others save meanwhile)")
     return ap.parse_args()
 
 
@@ -76,7 +79,25 @@ def main():
         return {"model": stage, "optimizer": opt, "scheduler": sched,
                 "extra": {"cursor": cursor}}
 
+    hold = dict(zip(("iteration", "host"), args.hold_save.split(":"))) if args.hold_save else None
+
+    def hold_save(live):
+        """Announces this save under RUN_DIR/held; on the held host, waits
+        for the release (once)."""
+        if not hold or live.iteration != int(hold["iteration"]):
+            return
+        held = run / "held"
+        held.mkdir(parents=True, exist_ok=True)
+        (held / f"rank{live.rank}").write_text(live.host)
+        if live.host != hold["host"]:
+            return
+        hold.clear()
+        deadline = time.time() + 120
+        while not (held / "release").exists() and time.time() < deadline:
+            time.sleep(0.01)
+
     def on_save(live):  # the values of this save, for the next load's check
+        hold_save(live)
         live.extra["saved_under"] = live.layout_epoch
         if args.check:
             d = run / "aside" / f"it{live.iteration}_e{live.layout_epoch}"

@@ -1,12 +1,13 @@
 """Live jobs end to end (examples/elastic/live.py): a GPT job whose
 processes an agent per host starts, registered with automatic, live
-changes, goes through a host's death and return, and through changes
-asked in a row and a process killed during one, and through hot switches
-(the processes move the state between themselves) for a tp, a pp and a dp
-change with a process killed as one commits and during another, and a
-hot switch a process fails to start, without any process of the
-surviving host restarting; every reload is bit-identical, and the loss
-and the samples of every iteration are those of an uninterrupted run."""
+changes, goes through a host's death (as the job saves, so that the save
+cannot commit) and return, through changes asked in a row and a process
+killed during one, and through hot switches (the processes move the
+state between themselves) for a tp, a pp and a dp change with a process
+killed as one commits and during another, and a hot switch a process
+fails to start, without any process of the surviving host restarting;
+every reload is bit-identical, and the loss and the samples of every
+iteration are those of an uninterrupted run."""
 import json
 import os
 import pathlib

@@ -198,6 +198,16 @@ class Live:
                     try:
                         self._save()
                     except _ptc.Error as e:
+                        if getattr(e, "code", "") == "UNAVAILABLE":
+                            # A host of the job could not take its share
+                            # (it died as the job saved): the version is
+                            # deleted, and the change that its death starts
+                            # follows, even if the coordinator has not
+                            # marked it dead yet. The loop waits for that
+                            # change, as after a failed step, and raises
+                            # this if none comes within the timeout.
+                            self._log(f"save failed ({e}); waiting for the change")
+                            raise _Broken(e)
                         # Refused because a change started meanwhile (from
                         # the version committed before): follow it.
                         if not self._changing():
