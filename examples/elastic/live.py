@@ -27,10 +27,12 @@ starts the process again and the job goes on.
 
 With --scenario hot: hot switches (the processes move the state between
 themselves, over gloo here) for a tp, a pp and a dp change, a process
-SIGKILLed as the tp one commits (while the processes meet under the new
-layout) and one during the pp one; then a hot switch that one process fails to
-start (PTC_TEST_HOT_REFUSE, a test fault): the processes save instead and
-the change goes through the store at once.
+SIGKILLed after the tp one committed, right after it met its peers under
+the new layout (PTC_TEST_DIE_AFTER_MEETING, a test fault; the others
+leave their groups' store as the job changes again), and one during the
+pp one; then a hot switch that one process fails to start
+(PTC_TEST_HOT_REFUSE, a test fault): the processes save instead and the
+change goes through the store at once.
 
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
@@ -94,6 +96,10 @@ class LiveJob:
             env["PTC_HOT_DIRECT_BYTES"] = str(16 << 10)
             # The last change: rank 1 fails to start the hot switch to it.
             env["PTC_TEST_HOT_REFUSE"] = f"{REFUSED}:1"
+            if host == "host1":
+                # The process on GPU 1 dies right after it met its peers
+                # under the tp switch's layout (before any group formed).
+                env["PTC_TEST_DIE_AFTER_MEETING"] = f"{TP_TARGET}:1"
         cmd = [sys.executable, "-m", "ptc.agent", "--job", JOB, "--host", host,
                "--coordinator", self.cluster.coordinator, "--socket", self.cluster.socket(host),
                "--status", str(self.work / f"agent-{host}.json"),
@@ -269,20 +275,24 @@ def requests_and_a_kill(args, cluster, job, results, say):
 # switch (PTC_TEST_HOT_REFUSE): the processes save, and it goes through
 # the store.
 REFUSED = "tp=2,pp=1,dp=1"
+# The first: host1 GPU 1's process dies after it met its peers there.
+TP_TARGET = "tp=1,pp=1,dp=4"
 
 
 def hot_switches(args, cluster, job, results, say):
     """Hot switches (the processes move the state between themselves) for
     a tp, a pp and a dp change, each asked by pinning the config; a
-    process is SIGKILLed just after the tp change commits (while the
-    processes meet under the new layout) and during the pp change. Then a
+    process is SIGKILLed after the tp change committed, right after it met
+    its peers under the new layout (PTC_TEST_DIE_AFTER_MEETING, a test
+    fault: the others wait for it in the groups' store), and during the pp
+    change. Then a
     hot switch one process fails to start: with a save timeout longer
     than the wait, it ends only if the processes turn it into a change
     through the store at once."""
     at = args.iterations // 6
     job.wait(f"iteration {at}", lambda: len(job.losses()) >= at)
     before = during = job.running("host0")
-    steps = (("tp", "tp=1,pp=1,dp=4", "committed"), ("pp", "tp=1,pp=2,dp=2", "during"),
+    steps = (("tp", TP_TARGET, "met"), ("pp", "tp=1,pp=2,dp=2", "during"),
              ("dp", "tp=1,pp=2,dp=1", None), ("refused", REFUSED, None))
     for axis, to, kill in steps:
         epoch = max(r["epoch"] for r in job.losses().values())
@@ -293,15 +303,16 @@ def hot_switches(args, cluster, job, results, say):
         switched = None
         if kill == "during":
             time.sleep(0.3)
-        elif kill == "committed":
+        elif kill == "met":  # PTC_TEST_DIE_AFTER_MEETING: it kills itself
             job.wait(f"the {axis} change to commit",
                      lambda: job.status()["layout_epoch"] > epoch, timeout=120)
             switched = job.status()["reconfiguration"]
-        if kill:
+        if kill == "during":
             os.kill(victim, signal.SIGKILL)
         say(f"\n== a {axis} change to {to} (hot switch)" +
             (f"; the process on host1 GPU 1 (pid {victim}) SIGKILLed "
-             f"{'during it' if kill == 'during' else 'as it committed'}" if kill else "")
+             f"{'during it' if kill == 'during' else 'after it met its peers there'}"
+             if kill else "")
             + ("; rank 1 fails to start it" if axis == "refused" else ""))
         job.wait(f"the {axis} change", lambda: any(
             r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
@@ -312,7 +323,7 @@ def hot_switches(args, cluster, job, results, say):
         say(f"   it goes on at {last['config']} (layout epoch {last['epoch']}); the last "
             f"change went through the {status['path'] or '?'} ({status['reason']})")
         event = {"what": f"{axis} change" + {None: "", "during": " with a kill",
-                                             "committed": " with a kill after it"}[kill],
+                                             "met": " with a kill after it"}[kill],
                  "config": last["config"], "path": status["path"],
                  "reason": status["reason"], "seconds": round(time.time() - asked, 1)}
         if switched is not None:
@@ -397,6 +408,11 @@ def main():
                             {k: c.get(k) for k in ("from", "to", "rank", "pause_seconds",
                                                    "hot_seconds", "bytes_sent",
                                                    "bytes_received")})
+            # Processes that left their groups' store as the epoch ended
+            # (they waited there for the peer that died after the meeting).
+            results["formations_left"] = sum(
+                f.read_text(errors="replace").count("ended while its processes formed")
+                for f in (work / "logs").glob("*.log"))
     finally:
         job.stop()
         cluster.down()
@@ -409,8 +425,8 @@ def main():
         what = {"host": "a host died and came back; the job changed twice by itself",
                 "requests": "changes asked in a row and a process killed during one",
                 "hot": "hot switches for a tp, a pp and a dp change, a process killed "
-                       "as one committed and during another, one that a process failed "
-                       "to start"}[args.scenario]
+                       "after one committed and during another, one that a process "
+                       "failed to start"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")

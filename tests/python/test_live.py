@@ -4,15 +4,17 @@ changes, goes through a host's death (as the job saves, so that the save
 cannot commit) and return, through changes asked in a row and a process
 killed during one, and through hot switches (the processes move the
 state between themselves) for a tp, a pp and a dp change with a process
-killed as one commits and during another, and a hot switch a process
+killed after one commits and during another, and a hot switch a process
 fails to start, without any process of the surviving host restarting;
 every reload is bit-identical, and the loss and the samples of every
 iteration are those of an uninterrupted run."""
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -61,11 +63,13 @@ def test_hot_switches_for_tp_pp_and_dp_and_processes_killed_after_and_during_one
     assert out["ok"], out
     tp, pp, dp, refused = out["events"]
     assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch"
-    # A process killed as the tp change committed, while the processes met
-    # under the new layout: the others do not form their groups without
-    # it; its death changes the job again, through the store.
+    # A process killed after the tp change committed, right after it met
+    # its peers under the new layout: the others, waiting for it in their
+    # groups' store, leave it as its death changes the job again (through
+    # the store), instead of waiting for the collective timeout.
     assert "killed by signal 9" in tp["recovery"]["reason"], tp
     assert tp["recovery"]["path"] == "store", tp
+    assert out["formations_left"] >= 1, out
     assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch"
     # A process killed during the pp change: the job ends at its config
     # either way, through the store from the committed version if the hot
@@ -151,3 +155,55 @@ def test_a_process_whose_group_failed_to_form_forms_the_next_with_fresh_peers(pt
     r = subprocess.run([sys.executable, "-c", FORM_AGAIN], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "formed again" in r.stdout, r.stdout + r.stderr
+
+
+LEAVE_AT_EPOCH_END = r"""
+import datetime, os, pathlib, sys, time
+import torch
+import torch.distributed as dist
+from ptc import elastic
+
+rank, port, ended = int(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, wait_for_workers=False)
+groups = elastic._EpochStore(dist.PrefixStore("epoch-2", store), ended.exists,
+                             datetime.timedelta(seconds=120))
+if rank == 2:
+    os._exit(9)  # it met its peers, and dies before the groups form
+print("forming", flush=True)
+began = time.time()
+try:
+    elastic._init_process_group("gloo", store=groups, rank=rank, world_size=3,
+                                timeout=datetime.timedelta(seconds=120))
+    sys.exit("formed a group without rank 2")
+except RuntimeError as e:
+    assert "layout epoch ended" in str(e) or "Connection refused" in str(e), e
+    print(f"left after {time.time() - began:.1f} s")
+"""
+
+
+def test_processes_waiting_for_a_dead_peer_in_their_groups_store_leave_as_the_epoch_ends(
+        ptc_module, bin_dir, tmp_path):
+    # A process that dies after the meeting never writes its address: its
+    # peers wait in the groups' store (here up to 120 s) until the epoch
+    # ends (the job changes away from it), then at once.
+    env = dict(os.environ, PYTHONPATH=str(bin_dir / "client" / "python" / "pkg"))
+    ended = tmp_path / "ended"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", LEAVE_AT_EPOCH_END, str(r), str(port),
+                               str(ended)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(3)]
+    try:
+        assert procs[2].wait(60) == 9
+        for p in procs[:2]:
+            assert p.stdout.readline().strip() == "forming"
+        time.sleep(2)
+        assert procs[0].poll() is None and procs[1].poll() is None  # waiting
+        ended.touch()
+        for p in procs[:2]:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0 and "left after" in out, out + err
+    finally:
+        for p in procs:
+            p.kill()

@@ -45,6 +45,7 @@ import atexit
 import datetime
 import gc
 import os
+import signal
 import time
 import weakref
 
@@ -83,6 +84,82 @@ def _init_process_group(backend, **kwargs):
         raise
 
 
+class _EpochStore(dist.Store):
+    """The store a layout epoch's process groups form through: every wait
+    in it ends as soon as the epoch does (`ended()`: a peer died and the
+    job is changing away from the epoch), instead of after the group's
+    timeout. A peer that dies after the processes met leaves the others
+    waiting in the store for its keys (its address, the group's barrier):
+    those waits fail at once with the epoch's end, and the processes
+    follow the change.
+
+    It never waits in the store it wraps with a short timeout: PyTorch's
+    TCPStore client keeps a timed-out wait's answer pending on its
+    connection (and the shorter timeout), so the next call on it fails.
+    It asks whether the keys are there (a call that returns at once),
+    every 10 ms."""
+
+    _ABSENT = b"\x00ptc: no such key\x00"
+    _POLL = 0.01
+
+    def __init__(self, inner, ended, timeout):
+        super().__init__()
+        self._inner, self._ended = inner, ended
+        self._timeout = timeout  # a datetime.timedelta
+
+    def _check_epoch(self):
+        if self._ended():
+            raise RuntimeError("the layout epoch ended while its processes formed their "
+                               "groups (a peer is gone); following the change")
+
+    def _present(self, key):
+        check = getattr(self._inner, "check", None)  # PyTorch 2
+        if check is not None:
+            return check([key])
+        # PyTorch 1.13: a compare-and-set that changes nothing; a key that
+        # is absent answers with the value expected.
+        return self._inner.compare_set(key, self._ABSENT, self._ABSENT) != self._ABSENT
+
+    def wait(self, keys, timeout=None):
+        limit = min(self._timeout, timeout) if timeout else self._timeout
+        deadline = time.monotonic() + limit.total_seconds()
+        for key in keys:
+            while not self._present(key):
+                self._check_epoch()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"waited {limit.total_seconds():.0f} s for the "
+                                       f"process group's key {key!r} (a peer never wrote it)")
+                time.sleep(self._POLL)
+
+    def get(self, key):
+        self.wait([key])
+        return self._inner.get(key)
+
+    def set(self, key, value):
+        self._inner.set(key, value)
+
+    def add(self, key, value):
+        # PyTorch's barrier after forming a group polls a counter with add.
+        self._check_epoch()
+        return self._inner.add(key, value)
+
+    def check(self, keys):
+        return all(self._present(k) for k in keys)
+
+    def compare_set(self, key, expected, desired):
+        return self._inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        return self._inner.delete_key(key)
+
+    def num_keys(self):
+        self._check_epoch()
+        return self._inner.num_keys()
+
+    def set_timeout(self, timeout):
+        self._timeout = timeout
+
+
 def _close_at_exit(ref):
     live = ref()
     if live is not None:
@@ -95,6 +172,16 @@ def _refused_in_test(config, rank):
     process whose connection to the target's store fails would)."""
     armed = os.environ.get("PTC_TEST_HOT_REFUSE")
     return bool(armed) and armed.rpartition(":") == (config, ":", str(rank))
+
+
+def _dies_after_meeting_in_test(config, device, change):
+    """Fault injection for the process tests: with PTC_TEST_DIE_AFTER_MEETING
+    set to CONFIG:DEVICE, the process on that device that follows a hot
+    switch to CONFIG is killed right after it met its peers there (before
+    any process group forms). A process started anew does not die."""
+    armed = os.environ.get("PTC_TEST_DIE_AFTER_MEETING")
+    return (bool(armed) and change is not None and change.get("how") == "hot switch" and
+            armed.rpartition(":") == (str(config), ":", str(device)))
 
 
 def elastic(build, **options):
@@ -311,6 +398,12 @@ class Live:
         """Whether the job is changing (or a change waits for a save)."""
         return self._soon(lambda ev: ev["layout_epoch"] > self.layout_epoch or
                           ev["phase"] in _RUNNING or bool(ev["pending_config"]))
+
+    def _epoch_ended(self, epoch):
+        """Whether the job left layout `epoch` or is changing away from it,
+        as this process last heard (no wait)."""
+        ev = self._ev()
+        return ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING
 
     def _left_epoch(self, epoch):
         """Whether the job left layout `epoch` or is changing away from it."""
@@ -610,10 +703,14 @@ class Live:
             address = self.client.rendezvous(epoch, timeout=self.timeout)
             where, _, port = address.rpartition(":")
             store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
+        if _dies_after_meeting_in_test(self.config, self.device, self._change):
+            os.kill(os.getpid(), signal.SIGKILL)
         self._store = store
-        _init_process_group(self.backend, store=dist.PrefixStore(f"ptc-{epoch}", store),
-                            rank=self.rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=self.collective_timeout))
+        collective = datetime.timedelta(seconds=self.collective_timeout)
+        groups_store = _EpochStore(dist.PrefixStore(f"ptc-{epoch}", store),
+                                   lambda: self._epoch_ended(epoch), collective)
+        _init_process_group(self.backend, store=groups_store, rank=self.rank,
+                            world_size=world, timeout=collective)
         formed = time.time()
         self.restoring = self.client.committed_version > 0
         parts = self._build(self)
