@@ -29,6 +29,11 @@ constexpr double kDefaultSaveTimeout = 60;
 // client asks every 50 ms while it waits): one that died meanwhile is no
 // longer counted.
 constexpr absl::Duration kMeetingPresence = absl::Seconds(5);
+// How often, at most, a meeting looks over all of its ranks for absent
+// ones before every rank has arrived (and once more when the last does).
+constexpr absl::Duration kMeetingScan = absl::Milliseconds(100);
+// How many of the absent ranks an answer names.
+constexpr size_t kMeetingAbsentShown = 8;
 
 bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
               const std::string& x) {
@@ -117,7 +122,14 @@ absl::Status CoordinatorService::SetPendingLocked(
   job.state.set_next_serial(job.state.next_serial() + 1);
   job.state.set_pending_serial(job.state.next_serial());
   job.state.set_pending_reason(reason);
-  job.state.set_pending_after_version(job.state.committed_version());
+  // The save it waits for: a newer one than what is committed; for a hot
+  // switch, also newer than every save begun so far: a periodic save under
+  // way as the switch is asked would otherwise, as it commits, turn the
+  // switch into a change through the store (the save that should is that
+  // of processes that could not start the switch).
+  job.state.set_pending_after_version(
+      hot ? std::max(job.state.committed_version(), job.state.next_version() - 1)
+          : job.state.committed_version());
   job.state.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
   Log("coordinator")
       ->info("job {}: change to {} ({}) waits for the processes' next {}",
@@ -366,8 +378,9 @@ grpc::Status CoordinatorService::Rendezvous(
   Meeting& meet = rendezvous_[req->job()];
   if (meet.epoch != req->layout_epoch() ||
       meet.seen.size() != static_cast<size_t>(job.ranks)) {
-    meet = Meeting{req->layout_epoch(), "",
-                   std::vector<absl::Time>(job.ranks, absl::InfinitePast()), false};
+    meet = Meeting{};
+    meet.epoch = req->layout_epoch();
+    meet.seen.assign(job.ranks, absl::InfinitePast());
   }
   if (req->rank() == 0) {
     if (req->port() < 1 || req->port() > 65535) {
@@ -387,6 +400,7 @@ grpc::Status CoordinatorService::Rendezvous(
     meet.address = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
                                 req->port());
   }
+  if (meet.seen[req->rank()] == absl::InfinitePast()) ++meet.arrived;
   meet.seen[req->rank()] = now;
   if (!meet.met) {
     // Nobody forms the process groups before every rank is here: a
@@ -399,17 +413,29 @@ grpc::Status CoordinatorService::Rendezvous(
           absl::StrCat("rank 0 of layout epoch ", req->layout_epoch(),
                        " has not offered its address yet; retry")));
     }
-    std::vector<int> absent;
-    for (int r = 0; r < job.ranks; ++r)
-      if (now - meet.seen[r] > kMeetingPresence) absent.push_back(r);
-    if (!absent.empty()) {
-      const size_t shown = std::min<size_t>(absent.size(), 8);
+    const bool all_arrived = meet.arrived == job.ranks;
+    if (now - meet.scanned >= kMeetingScan ||
+        (all_arrived && meet.scanned_arrived < job.ranks)) {
+      meet.scanned = now;
+      meet.scanned_arrived = meet.arrived;
+      meet.absent_count = 0;
+      meet.absent_shown.clear();
+      for (int r = 0; r < job.ranks; ++r) {
+        if (now - meet.seen[r] <= kMeetingPresence) continue;
+        ++meet.absent_count;
+        if (meet.absent_shown.size() < kMeetingAbsentShown)
+          meet.absent_shown.push_back(r);
+      }
+    }
+    if (!all_arrived || meet.absent_count > 0) {
+      const int absent = std::max(meet.absent_count, 1);
       return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
-          job.ranks - static_cast<int>(absent.size()), " of the ", job.ranks,
-          " ranks of layout epoch ", req->layout_epoch(),
-          " are here; waiting for rank", absent.size() > 1 ? "s " : " ",
-          absl::StrJoin(absent.begin(), absent.begin() + shown, ", "),
-          absent.size() > shown ? ", ..." : "", "; retry")));
+          job.ranks - absent, " of the ", job.ranks, " ranks of layout epoch ",
+          req->layout_epoch(), " are here; waiting for rank",
+          meet.absent_shown.size() > 1 ? "s " : " ",
+          absl::StrJoin(meet.absent_shown, ", "),
+          static_cast<size_t>(absent) > meet.absent_shown.size() ? ", ..." : "",
+          "; retry")));
     }
     meet.met = true;
   }

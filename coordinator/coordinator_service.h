@@ -401,7 +401,15 @@ class CoordinatorService final : public proto::Coordinator::Service {
     int64_t epoch = 0;
     std::string address;  // rank 0's process group store; empty until offered
     std::vector<absl::Time> seen;  // per rank: when it last asked
+    int arrived = 0;  // ranks that asked at least once
     bool met = false;  // every rank was there at once
+    // Who was absent at the last look over every rank (at most one per
+    // kMeetingScan while some have not arrived: each rank asks every
+    // 50 ms, and a look is O(ranks) under the coordinator's lock).
+    absl::Time scanned = absl::InfinitePast();
+    int scanned_arrived = -1;
+    int absent_count = 0;
+    std::vector<int> absent_shown;  // the first few absent ranks
   };
   std::map<std::string, Meeting> rendezvous_ ABSL_GUARDED_BY(mu_);
   // Periodic snapshots that failed: not retried before this time.

@@ -97,10 +97,11 @@ class _EpochStore(dist.Store):
     TCPStore client keeps a timed-out wait's answer pending on its
     connection (and the shorter timeout), so the next call on it fails.
     It asks whether the keys are there (a call that returns at once),
-    every 10 ms."""
+    every 5 ms at first and every 100 ms after a while, so that a
+    thousand ranks waiting for a slow peer do not flood rank 0's store."""
 
     _ABSENT = b"\x00ptc: no such key\x00"
-    _POLL = 0.01
+    _POLL_FIRST, _POLL_MOST = 0.005, 0.1
 
     def __init__(self, inner, ended, timeout):
         super().__init__()
@@ -121,15 +122,20 @@ class _EpochStore(dist.Store):
         return self._inner.compare_set(key, self._ABSENT, self._ABSENT) != self._ABSENT
 
     def wait(self, keys, timeout=None):
-        limit = min(self._timeout, timeout) if timeout else self._timeout
+        # PyTorch passes no timeout, or a negative one for "none".
+        limit = self._timeout
+        if timeout is not None and timeout.total_seconds() > 0:
+            limit = min(limit, timeout)
         deadline = time.monotonic() + limit.total_seconds()
+        pause = self._POLL_FIRST
         for key in keys:
             while not self._present(key):
                 self._check_epoch()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"waited {limit.total_seconds():.0f} s for the "
                                        f"process group's key {key!r} (a peer never wrote it)")
-                time.sleep(self._POLL)
+                time.sleep(pause)
+                pause = min(pause * 1.5, self._POLL_MOST)
 
     def get(self, key):
         self.wait([key])
@@ -236,6 +242,9 @@ class Live:
         self.rank = -1
         self.config = None
         self.layout_epoch = 0
+        # The newest layout epoch this process gave up joining (a peer died
+        # as they formed it): a change away from it is what it follows next.
+        self._abandoned_epoch = 0
         self.iteration = 0
         self.model = self.optimizer = self.scheduler = None
         self.extra = {}
@@ -363,6 +372,15 @@ class Live:
             elif (self.save_every and self.iteration > 0 and
                   self.iteration % self.save_every == 0 and self.iteration != self._saved_at):
                 code = _PERIODIC_SAVE
+                # The Watch stream may lag: a hot switch asked just now is
+                # taken now, not after this save (the coordinator would
+                # take the save as the change's, and change through the
+                # store).
+                fresh = self.client.fetch_event()
+                if (fresh["pending_config"] and fresh["pending_hot"] and
+                        fresh["layout_epoch"] == self.layout_epoch and
+                        fresh["phase"] not in _RUNNING):
+                    code, serial = _HOT, fresh["pending_serial"]
         flag = torch.tensor([code, serial], dtype=torch.int64,
                             device=self._collective_device())
         try:
@@ -625,10 +643,11 @@ class Live:
         the old layout (if the groups are intact)."""
         self._note_change("in flight")
         marker = self._change["marker"]
+        known = max(self.layout_epoch, self._abandoned_epoch)
 
         def settled():
             ev = self._ev()
-            if ev["layout_epoch"] > self.layout_epoch:
+            if ev["layout_epoch"] > known:
                 return True
             ended = ev["phase"] not in _RUNNING and not ev["pending_config"]
             return ended and (ev["plan_epoch"], ev["phase"], ev["error"]) != marker and \
@@ -642,7 +661,7 @@ class Live:
             raise
         ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
-        if ev["layout_epoch"] <= self.layout_epoch:
+        if ev["layout_epoch"] <= known:
             self._log(f"the change aborted ({ev['error'] or 'no reason given'})")
             if broken:
                 # The groups are gone: wait for the next change (the
@@ -671,6 +690,9 @@ class Live:
                 raise
             self._log(f"layout epoch {self.client.layout_epoch} ended before this process "
                       f"joined it: {str(e)[:200]}")
+            # Its meeting may have completed (the peer died after it): this
+            # process must not meet there again, but follow the change.
+            self._abandoned_epoch = self.client.layout_epoch
             raise _Broken(e)
         return True
 
