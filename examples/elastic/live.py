@@ -120,9 +120,10 @@ class LiveJob:
                                              start_new_session=True)
 
     def kill_at(self):
-        """The iteration whose save host1 dies in (a save, so a quarter in)."""
-        at = self.args.iterations // 4
-        return at - at % self.args.save_every
+        """The iteration whose save host1 dies in: the periodic save about a
+        quarter in (the first one for a short run)."""
+        every = self.args.save_every
+        return max(every, self.args.iterations // 4 // every * every)
 
     def kill_host(self, host, index):
         subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "kill-host",
@@ -365,6 +366,8 @@ def main():
     ap.add_argument("--work-dir")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.save_every < 1:
+        ap.error("--save-every must be at least 1: a live job rolls back to its last save")
     args.bin = pathlib.Path(args.bin)
     say = (lambda *a: None) if args.json else print
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="ptc-live-"))

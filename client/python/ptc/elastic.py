@@ -417,15 +417,19 @@ class Live:
         return self._soon(lambda ev: ev["layout_epoch"] > self.layout_epoch or
                           ev["phase"] in _RUNNING or bool(ev["pending_config"]))
 
-    def _epoch_ended(self, epoch):
-        """Whether the job left layout `epoch` or is changing away from it,
-        as this process last heard (no wait)."""
-        ev = self._ev()
+    @staticmethod
+    def _away_from(ev, epoch):
+        """Whether, in event `ev`, the job left layout `epoch` or is
+        changing away from it."""
         return ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING
 
+    def _epoch_ended(self, epoch):
+        """_away_from as this process last heard (no wait)."""
+        return self._away_from(self._ev(), epoch)
+
     def _left_epoch(self, epoch):
-        """Whether the job left layout `epoch` or is changing away from it."""
-        return self._soon(lambda ev: ev["layout_epoch"] > epoch or ev["phase"] in _RUNNING)
+        """_away_from within the Watch stream's lag."""
+        return self._soon(lambda ev: self._away_from(ev, epoch))
 
     def _collective_device(self):
         return f"cuda:{torch.cuda.current_device()}" if self.backend == "nccl" else "cpu"
