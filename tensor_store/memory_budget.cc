@@ -19,6 +19,7 @@ MemoryBudget::Reservation& MemoryBudget::Reservation::operator=(
 void MemoryBudget::Reservation::Release() {
   if (budget_ != nullptr && bytes_ > 0) {
     budget_->used_.fetch_sub(bytes_, std::memory_order_relaxed);
+    budget_->released_.fetch_add(bytes_, std::memory_order_relaxed);
   }
   budget_ = nullptr;
   bytes_ = 0;

@@ -47,10 +47,16 @@ class MemoryBudget {
 
   int64_t used() const { return used_.load(std::memory_order_relaxed); }
   int64_t limit() const { return limit_; }
+  // Bytes given back so far, ever (a count that only grows): memory just
+  // freed is what the spare pool refills from (SparePool).
+  int64_t released() const {
+    return released_.load(std::memory_order_relaxed);
+  }
 
  private:
   const int64_t limit_;
   std::atomic<int64_t> used_{0};
+  std::atomic<int64_t> released_{0};
 };
 
 }  // namespace ptc

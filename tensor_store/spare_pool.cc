@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,22 @@ namespace {
 
 Counter& spares_used_total = GetCounter("ptc_store_spares_used_total");
 Counter& spares_missed_total = GetCounter("ptc_store_spares_missed_total");
+Counter& spares_refilled_total =
+    GetCounter("ptc_store_spares_refilled_total");
+Counter& spares_refill_cold_total =
+    GetCounter("ptc_store_spares_refill_cold_total");
+
+// How long after its release memory is taken for warm: free page reporting
+// hands free memory back to the hypervisor after about 2 s.
+constexpr absl::Duration kWarmFor = absl::Seconds(1);
+// How often the refill thread looks for released memory.
+constexpr absl::Duration kRefillPoll = absl::Milliseconds(10);
+
+absl::Duration ThreadCpuTime() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return absl::DurationFromTimespec(t);
+}
 
 // True while every CPU has a runnable thread besides the caller. The fourth
 // field of /proc/loadavg ("3/456") counts the runnable threads now, the
@@ -76,7 +93,10 @@ bool MemoryFits(int64_t more, int64_t floor) {
 
 SparePool::SparePool(MemoryBudget* budget, int64_t capacity)
     : budget_(budget), capacity_(capacity), memory_floor_(MemoryFloor()) {
-  if (capacity_ > 0) thread_ = std::thread([this] { Loop(); });
+  if (capacity_ > 0) {
+    thread_ = std::thread([this] { Loop(); });
+    refill_thread_ = std::thread([this] { RefillLoop(); });
+  }
 }
 
 SparePool::~SparePool() {
@@ -85,6 +105,7 @@ SparePool::~SparePool() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (refill_thread_.joinable()) refill_thread_.join();
   EvictAll();
 }
 
@@ -143,12 +164,39 @@ int64_t SparePool::Queue(const std::vector<int64_t>& sizes, const Wave& wave) {
       --have[size];
       covered += size;
     } else if (ready_bytes_ + queued_bytes_ + size <= capacity_) {
-      queue_.push_back({size, wave});
+      queue_.push_back({size, wave, /*for_save=*/false});
       queued_bytes_ += size;
       covered += size;
     }
   }
   return covered;
+}
+
+int64_t SparePool::ForgetSaves(const std::string& job) {
+  std::vector<Spare> gone;  // closed after the lock is released
+  int64_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [size, spares] : ready_) {
+      for (size_t i = spares.size(); i-- > 0;) {
+        if (!spares[i].for_save || spares[i].wave.job != job) continue;
+        gone.push_back(std::move(spares[i].spare));
+        spares.erase(spares.begin() + i);
+        ready_bytes_ -= size;
+        bytes += size;
+      }
+    }
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->for_save && it->wave.job == job) {
+        queued_bytes_ -= it->size;
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Spare& s : gone) close(s.fd);
+  return bytes;
 }
 
 void SparePool::EvictAll() {
@@ -167,7 +215,7 @@ void SparePool::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
-        return p->queue_.empty() && !p->busy_;
+        return p->queue_.empty() && p->preparing_ == 0;
       },
       this));
 }
@@ -180,6 +228,14 @@ int64_t SparePool::ready_bytes() const {
 int64_t SparePool::queued_bytes() const {
   absl::MutexLock lock(&mu_);
   return queued_bytes_;
+}
+
+bool SparePool::Next(Queued* q) {
+  if (stop_ || queue_.empty()) return false;
+  *q = std::move(queue_.front());
+  queue_.pop_front();
+  ++preparing_;  // its bytes stay in queued_bytes_ until it is ready
+  return true;
 }
 
 void SparePool::Loop() {
@@ -214,51 +270,100 @@ void SparePool::Loop() {
     }
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) return;
-      if (queue_.empty()) continue;
-      next = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;  // its bytes stay in queued_bytes_ until it is ready
+      if (!Next(&next)) continue;
     }
-    Prepare(next);
+    Prepare(next, /*refill=*/false);
     absl::MutexLock lock(&mu_);
     queued_bytes_ -= next.size;
-    busy_ = false;
+    --preparing_;
   }
 }
 
-void SparePool::Prepare(const Queued& q) {
+void SparePool::RefillLoop() {
+  int64_t seen = budget_->released();
+  int64_t credit = 0;  // bytes released within kWarmFor, not refilled yet
+  absl::Time warm_until = absl::InfinitePast();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(
+          absl::Condition(
+              +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
+                return p->stop_;
+              },
+              this),
+          kRefillPoll);
+      if (stop_) return;
+    }
+    const int64_t released = budget_->released();
+    if (released > seen) {
+      const absl::Time now = absl::Now();
+      if (now >= warm_until) credit = 0;  // what was freed before is cold
+      credit = std::min(capacity_, credit + (released - seen));
+      warm_until = now + kWarmFor;
+    }
+    seen = released;
+    while (credit > 0 && absl::Now() < warm_until) {
+      Queued next;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!Next(&next)) break;
+      }
+      const Prepared got = Prepare(next, /*refill=*/true);
+      absl::MutexLock lock(&mu_);
+      --preparing_;
+      if (got == Prepared::kCold) {
+        // Back to the idle thread, first in line; what this freed (the
+        // spare it gave up) earns no credit.
+        queue_.push_front(std::move(next));
+        credit = 0;
+        seen = budget_->released();
+        break;
+      }
+      queued_bytes_ -= next.size;
+      credit -= next.size;
+    }
+  }
+}
+
+SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
   const int64_t size = q.size;
   // Twice the floor to start one, so that spares given back under memory
   // pressure are not prepared again at once (and again given back).
   const int64_t floor = memory_floor_;
-  if (!MemoryFits(size, std::min(floor, INT64_MAX / 2) * 2)) return;
+  if (!MemoryFits(size, std::min(floor, INT64_MAX / 2) * 2))
+    return Prepared::kNone;
   auto reservation = budget_->Reserve(size, "a spare save buffer");
-  if (!reservation.ok()) return;  // the store is full: no spare
+  if (!reservation.ok()) return Prepared::kNone;  // the store is full
   const int fd = memfd_create("ptc-spare", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return;
+  if (fd < 0) return Prepared::kNone;
   if (ftruncate(fd, size) != 0) {
     close(fd);
-    return;
+    return Prepared::kNone;
   }
   // Allocate every page now (huge pages where allowed) by touching it.
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     close(fd);
-    return;
+    return Prepared::kNone;
   }
   AdviseHugePages(p, size);
   // A huge page at a time, each after waiting (a little) for a free CPU:
   // idle priority alone does not keep this thread off a busy CPU, because
   // the kernel zeroes a whole huge page (milliseconds on a VM that backs
-  // fresh memory slowly) without being preempted.
+  // fresh memory slowly) without being preempted. A refill does not wait,
+  // but stops at the first slow page.
   constexpr int64_t kStep = 2 << 20;
   constexpr absl::Duration kMaxWait = absl::Milliseconds(50);
+  const absl::Duration cold_step = absl::Nanoseconds(cold_step_ns_.load());
   char* const bytes = static_cast<char*>(p);
   bool stopped = false;
-  for (int64_t off = 0; off < size && !stopped; off += kStep) {
+  bool cold = false;
+  absl::Duration spent;  // populating, in this thread's CPU time
+  int64_t steps = 0;
+  for (int64_t off = 0; off < size && !stopped && !cold; off += kStep) {
     const absl::Time give_up = absl::Now() + kMaxWait;
-    while (CpusBusy() && absl::Now() < give_up)
+    while (!refill && CpusBusy() && absl::Now() < give_up)
       absl::SleepFor(absl::Milliseconds(2));
     const bool short_of_memory = !MemoryFits(0, memory_floor_);
     {
@@ -269,20 +374,41 @@ void SparePool::Prepare(const Queued& q) {
     // One call per step where the kernel can (5.14+), a touch per page
     // where it cannot.
     const int64_t len = std::min(kStep, size - off);
+    const absl::Duration began = ThreadCpuTime();
     if (madvise(bytes + off, len, MADV_POPULATE_WRITE) != 0) {
       for (int64_t page = 0; page < len; page += 4096)
         static_cast<volatile char*>(bytes)[off + page] = 0;
     }
+    // Cold on average, with two pages' grace: the pages freed are not all
+    // handed out again (one cold page among warm ones is no reason to stop).
+    spent += ThreadCpuTime() - began;
+    ++steps;
+    cold = refill && spent > cold_step * (steps + 2);
   }
   munmap(p, size);
+  if (cold) {
+    close(fd);
+    spares_refill_cold_total.Add();
+    Log("tensor_store")
+        ->debug(
+            "a spare save buffer of {} bytes was not refilled from freed "
+            "memory: it faulted in slowly (cold); left to the idle thread",
+            size);
+    return Prepared::kCold;
+  }
   absl::MutexLock lock(&mu_);
   if (stopped || stop_ || ready_bytes_ + size > capacity_) {
     close(fd);
-    return;
+    return Prepared::kNone;
   }
-  ready_[size].push_back({Spare{fd, std::move(*reservation)}, q.wave});
+  ready_[size].push_back(
+      {Spare{fd, std::move(*reservation)}, q.wave, q.for_save});
   ready_bytes_ += size;
-  Log("tensor_store")->trace("spare save buffer of {} bytes ready", size);
+  if (refill) spares_refilled_total.Add();
+  Log("tensor_store")
+      ->trace("spare save buffer of {} bytes ready{}", size,
+              refill ? " (refilled from freed memory)" : "");
+  return Prepared::kReady;
 }
 
 }  // namespace ptc

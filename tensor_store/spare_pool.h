@@ -14,6 +14,20 @@
 // waits up to 50 ms before each huge page while every CPU is busy, so that
 // preparing them hardly slows a save, a reconfiguration or training.
 //
+// Memory the store has just given back (a version deleted after a newer
+// one committed) is refilled at once instead: a second thread, at normal
+// priority and without waiting, prepares queued spares of up to as many
+// bytes within a second of their release. Pages freed a moment ago are
+// the machine's to reuse at memset speed, while memory left free longer
+// may have gone back to the hypervisor (virtio-balloon free page
+// reporting, after about 2 s) and then faults in 25 times slower on first
+// touch: on such a VM a job that saves every step would otherwise write
+// every save into cold memory, since an idle thread gets no CPU while
+// training keeps every core busy. The refill stops (and leaves the rest
+// to the idle thread) as soon as its huge pages take longer than
+// cold_step each, on average, of the thread's CPU time: the memory it got
+// was cold after all.
+//
 // Spares count against the store's memory budget; a put that would not fit
 // evicts them first (EvictAll). They also give way to the machine's other
 // processes: when the available memory (MemAvailable) falls below an eighth
@@ -37,6 +51,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "tensor_store/memory_budget.h"
 
 namespace ptc {
@@ -71,6 +86,11 @@ class SparePool {
   // free capacity allows (ready spares are not given up for them). Returns
   // the bytes of `sizes` covered (ready, or queued now or before).
   int64_t Queue(const std::vector<int64_t>& sizes, const Wave& wave);
+  // A change of `job`'s layout begins: the spares its saves asked for (of
+  // the old layout's sizes) are dropped, and the ready ones give their
+  // memory back now, while it is warm, for the change's own buffers; spares
+  // Queue'd for the change stay. Returns the bytes given back.
+  int64_t ForgetSaves(const std::string& job);
   // Frees every ready spare (their memory returns to the budget).
   void EvictAll();
   // Blocks until no spare is being prepared or queued; for benchmarks.
@@ -81,33 +101,49 @@ class SparePool {
   // The available memory (bytes) the pool leaves to others; by default an
   // eighth of the machine's, at least 1 GiB.
   void SetMemoryFloor(int64_t bytes) { memory_floor_ = bytes; }
+  // CPU time per huge page (2 MiB, on average) beyond which the refill
+  // takes the memory it gets for cold and stops; by default 2 ms (1 GB/s: warm
+  // memory faults in at 5-20 GB/s, memory the hypervisor must back again
+  // at 0.3-0.5 GB/s on the VMs measured).
+  void SetColdStep(absl::Duration d) { cold_step_ns_ = d / absl::Nanoseconds(1); }
 
  private:
   struct Ready {
     Spare spare;
     Wave wave;  // asked for by
+    bool for_save = true;  // asked for by a save (Take), not Queue
   };
   struct Queued {
     int64_t size = 0;
     Wave wave;
+    bool for_save = true;
   };
 
+  enum class Prepared { kReady, kCold, kNone };
+
   void Loop();
-  void Prepare(const Queued& q);
+  void RefillLoop();
+  // Prepares a spare of q.size; `refill`: without waiting for idle CPUs,
+  // giving up (kCold) once its pages take longer than cold_step each.
+  Prepared Prepare(const Queued& q, bool refill);
+  // Pops the next queued spare (false if none).
+  bool Next(Queued* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MemoryBudget* budget_;
   const int64_t capacity_;
   // Available memory (bytes) the pool leaves to others: spares are given
   // back when less is available, and prepared only while twice this stays.
   std::atomic<int64_t> memory_floor_;
+  std::atomic<int64_t> cold_step_ns_{2'000'000};
   mutable absl::Mutex mu_;
   std::map<int64_t, std::vector<Ready>> ready_ ABSL_GUARDED_BY(mu_);
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  int preparing_ ABSL_GUARDED_BY(mu_) = 0;  // spares being prepared
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::thread thread_;         // at idle priority
+  std::thread refill_thread_;  // at normal priority, after releases
 };
 
 }  // namespace ptc

@@ -375,18 +375,24 @@ absl::Status Store::CreateStaged(const std::string& job, int64_t version,
                      version, " and ", epoch));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
-  absl::MutexLock lock(&j->mu);
-  auto [v, added] = j->versions.try_emplace(version);
-  if (!added) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "version ", version, " of job '", job, "' already exists on this host",
-        v->second.stage_epoch > 0
-            ? absl::StrCat(" (staged by plan epoch ", v->second.stage_epoch,
-                           ")")
-            : std::string(" (a save's)")));
+  {
+    absl::MutexLock lock(&j->mu);
+    auto [v, added] = j->versions.try_emplace(version);
+    if (!added) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "version ", version, " of job '", job,
+          "' already exists on this host",
+          v->second.stage_epoch > 0
+              ? absl::StrCat(" (staged by plan epoch ", v->second.stage_epoch,
+                             ")")
+              : std::string(" (a save's)")));
+    }
+    v->second.id = j->next_version_id++;
+    v->second.stage_epoch = epoch;
   }
-  v->second.id = j->next_version_id++;
-  v->second.stage_epoch = epoch;
+  // The job's layout changes: what its saves had ready is memory for the
+  // change's buffers now (and the next saves have the new layout's sizes).
+  spares_.ForgetSaves(job);
   return absl::OkStatus();
 }
 

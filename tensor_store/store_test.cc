@@ -2,6 +2,10 @@
 #include "tensor_store/store.h"
 
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -11,6 +15,7 @@
 #include "common/checksum.h"
 #include "common/metrics.h"
 #include "ptc/fingerprint.h"
+#include "tensor_store/region_buffer.h"
 
 namespace ptc {
 namespace {
@@ -215,6 +220,9 @@ TEST_CASE(
   CHECK_THAT(std::string(late.message()), Catch::Contains("deleted"));
   CHECK(s.OpenRead("job", 3, "w", bottom).status().code() ==
         absl::StatusCode::kNotFound);
+  // (A region being fingerprinted in the background as it was deleted is
+  // freed when its fingerprint ends.)
+  s.WaitFingerprinted();
   s.WaitReleased();
   CHECK(s.data_bytes_used() == top.volume() * 4);  // the new job's one region
 }
@@ -310,6 +318,138 @@ TEST_CASE(
   CHECK(pool.Take(2 << 20, {"job", 6}));
   // Bad sizes are skipped.
   CHECK(pool.Queue({0, -1, INT64_MAX}, {"job", 5}) == 0);
+}
+
+namespace {
+
+// Threads that keep every CPU busy (at normal priority) while alive.
+class BusyCpus {
+ public:
+  BusyCpus() {
+    const long n = 2 * std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    for (long i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        while (!stop_.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+  }
+  ~BusyCpus() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// `bytes` of the store's memory, touched (in huge pages, as the store's
+// regions), then given back (a version that was deleted): its pages are
+// free and warm.
+void UseAndFree(MemoryBudget* budget, int64_t bytes) {
+  auto r = budget->Reserve(bytes, "a region");
+  REQUIRE(r.ok());
+  const int fd = memfd_create("test", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, bytes) == 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(p != MAP_FAILED);
+  AdviseHugePages(p, bytes);
+  std::memset(p, 1, bytes);
+  munmap(p, bytes);
+  close(fd);
+}
+
+int64_t WaitReady(SparePool* pool, int64_t bytes, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (pool->ready_bytes() < bytes && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  return pool->ready_bytes();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "spare pool: memory the store just gave back is refilled at once, even "
+    "while every CPU is busy",
+    "[tensor_store]") {
+  MemoryBudget budget(256 << 20);
+  SparePool pool(&budget, 64 << 20);
+  pool.SetMemoryFloor(0);
+  Counter& refilled = GetCounter("ptc_store_spares_refilled_total");
+  const int64_t refilled_before = refilled.value();
+  BusyCpus busy;
+  // A save of three 16 MiB regions queues three spares for the next save.
+  for (int i = 0; i < 3; ++i) CHECK(!pool.Take(16 << 20, {"job", 1}));
+  // The idle thread waits for a free CPU (50 ms per huge page at least):
+  // nothing is ready a while later.
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(pool.ready_bytes() == 0);
+  // The previous version is deleted: the spares are refilled at once (all
+  // but the one the idle thread holds), from its memory (the kernel hands
+  // out the pages it freed, not necessarily all of them: twice as much).
+  UseAndFree(&budget, 96 << 20);
+  const int64_t ready = WaitReady(&pool, 32 << 20, absl::Seconds(2));
+  INFO("refills that met cold memory: "
+       << GetCounter("ptc_store_spares_refill_cold_total").value());
+  CHECK(ready >= (32 << 20));
+  CHECK(refilled.value() - refilled_before >= 2);
+}
+
+TEST_CASE(
+    "spare pool: a refill that meets cold memory stops and leaves the spare "
+    "to the idle thread",
+    "[tensor_store]") {
+  MemoryBudget budget(256 << 20);
+  SparePool pool(&budget, 64 << 20);
+  pool.SetMemoryFloor(0);
+  pool.SetColdStep(absl::ZeroDuration());  // every page counts as cold
+  Counter& cold = GetCounter("ptc_store_spares_refill_cold_total");
+  const int64_t cold_before = cold.value();
+  {
+    BusyCpus busy;
+    for (int i = 0; i < 3; ++i) CHECK(!pool.Take(16 << 20, {"job", 1}));
+    UseAndFree(&budget, 48 << 20);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (cold.value() == cold_before && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(200));
+    CHECK(cold.value() - cold_before == 1);  // and it stopped there
+  }
+  // Nothing was lost: the idle thread prepares all three.
+  pool.WaitIdle();
+  CHECK(pool.ready_bytes() == (48 << 20));
+  CHECK(pool.queued_bytes() == 0);
+  CHECK(budget.used() == (48 << 20));
+}
+
+TEST_CASE(
+    "spare pool: a change of a job's layout gives back the spares its saves "
+    "asked for, and keeps those prepared for the change",
+    "[tensor_store]") {
+  Store s({/*memory_limit_bytes=*/64 << 20, /*spare_pool_bytes=*/16 << 20});
+  s.spares().SetMemoryFloor(0);
+  for (const char* job : {"a", "b"}) {
+    REQUIRE(s.DeclareTensors(job, {{"w", DType::kUInt8, {4, 1 << 20}}}).ok());
+    // A save of one 1 MiB row queues a spare of 1 MiB for the next save.
+    auto put = s.BeginPut(job, 1, "w", Region{{0, 1}, {0, 1 << 20}},
+                          std::nullopt, /*map=*/false);
+    REQUIRE(put.ok());
+  }
+  // What `ptcctl prepare` asks for job a's coming change.
+  CHECK(s.PrepareMemory("a", 1, {2 << 20}).value() == (2 << 20));
+  s.spares().WaitIdle();
+  REQUIRE(s.spares().ready_bytes() == (4 << 20));
+  // Job a's change stages version 2: its save's spare goes, b's and the
+  // change's stay.
+  REQUIRE(s.CreateStaged("a", 2, 1).ok());
+  CHECK(s.spares().ready_bytes() == (3 << 20));
+  auto staged = s.BeginPut("a", 2, "w", Region{{0, 2}, {0, 1 << 20}},
+                           std::nullopt, /*map=*/false, /*stage_epoch=*/1);
+  REQUIRE(staged.ok());
+  CHECK(s.spares().ready_bytes() == (1 << 20));  // the change took its own
+  CHECK(s.spares().Take(1 << 20, {"b", 2}));
 }
 
 TEST_CASE("spare pool: spares give way when the machine's memory is short",

@@ -21,7 +21,7 @@ is the first iteration, which shows the job goes on.
 With --live, each run also measures the same change of a live job in the
 same cluster (examples/elastic_live/train.py, processes started by ptc's
 agent, ptc.torch.elastic, saving every step): from `ptcctl reconfigure
---after-save`, asked during the step after the first save committed, to the
+--after-save`, asked during the step after its second save committed, to the
 first step in the new config, nothing restarted (the processes save at
 their next step boundary, the store changes, they re-form their groups,
 rebuild and load). The restart-based pauses are then also reported with
@@ -67,13 +67,18 @@ BENCHMARKS = {
 }
 
 
+# Saves a live job makes before the change is asked (one every step).
+LIVE_SAVES = 2
+
+
 def events(run_dir):
     return [json.loads(p.read_text()) for p in (run_dir / "events").glob("*.json")]
 
 
 def spare_counts(cluster):
-    """(spares used, missed) by every ptcd's puts so far."""
-    used = missed = 0
+    """(spares used, missed) by every ptcd's puts so far, and how many
+    spares were refilled from memory just freed."""
+    used = missed = refilled = 0
     for port in sorted(cluster.dir.glob("host*.port")):
         out = subprocess.run([str(cluster.bin / "tools/ptcctl"), "store", "stats", "--host",
                               f"127.0.0.1:{port.read_text().strip()}", "--json"],
@@ -81,7 +86,8 @@ def spare_counts(cluster):
         counters = json.loads(out)["counters"]
         used += counters.get("ptc_store_spares_used_total", 0)
         missed += counters.get("ptc_store_spares_missed_total", 0)
-    return used, missed
+        refilled += counters.get("ptc_store_spares_refilled_total", 0)
+    return used, missed, refilled
 
 
 def phase(args, cluster, run_dir, config, hosts, extra, job):
@@ -113,18 +119,21 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
              cluster.coordinator, "--socket", cluster.socket(h), "--log-dir",
              str(run_dir / "logs"), "--", sys.executable,
              str(elastic.ROOT / "examples/elastic_live/train.py"), "--model", args.model,
-             "--run-dir", str(run_dir), "--iterations", "3", "--save-every", "1",
+             "--run-dir", str(run_dir), "--iterations", str(LIVE_SAVES + 2), "--save-every", "1",
              "--global-batch", str(args.global_batch)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True))
+    spares_before = spare_counts(cluster)
     try:
         losses = run_dir / "losses.jsonl"
         deadline = time.time() + 900
         # A live job saves periodically (what a failure rolls back to, and
-        # what a hot switch needs): the change is asked once the save after
-        # the first step committed, during the second step.
-        while len(live_job.read_jsonl(losses)) < 1 or json.loads(cluster.ptcctl(
-                "status", job, "--json", capture=True))["jobs"][0]["committed_version"] == 0:
+        # what a hot switch needs): the change is asked once it has saved
+        # LIVE_SAVES times (its steady state: a version deleted after every
+        # save), during the next step.
+        while len(live_job.read_jsonl(losses)) < LIVE_SAVES or json.loads(cluster.ptcctl(
+                "status", job, "--json", capture=True))["jobs"][0]["committed_version"] < \
+                LIVE_SAVES:
             if time.time() > deadline:
                 raise RuntimeError(f"the live job did not train and save (logs in {run_dir})")
             time.sleep(0.05)
@@ -132,7 +141,8 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
         cluster.ptcctl("reconfigure", "--job", job, "--to", dst_config, "--hosts", dst_hosts,
                        "--after-save", *(["--hot"] if hot else []), capture=True)
         # Every process that ran writes its record when it ends (the job
-        # stops at iteration 3; one that left writes it when it leaves).
+        # stops one step after the change; one that left writes its record
+        # when it leaves).
         ended = max(elastic.world_size(dst_config), elastic.world_size(src_config))
         while len(live_job.read_jsonl(run_dir / "processes.jsonl")) < ended:
             if time.time() > deadline:
@@ -148,7 +158,9 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
         if hot and how != ["hot switch"]:
             raise RuntimeError(f"the change asked as a hot switch went {how} (logs in {run_dir})")
         moved = max(c.get("moved", first) for c in changes)
-        return {"pause": resumed - asked, "from_boundary": resumed - first, "how": how,
+        spares = [b - a for a, b in zip(spares_before, spare_counts(cluster))]
+        return {"spares_used": spares[0], "spares_missed": spares[1],
+                "spares_refilled": spares[2],"pause": resumed - asked, "from_boundary": resumed - first, "how": how,
                 "hot_exchange": moved - first if hot else None,
                 "bytes_between_processes": max(c.get("bytes_between_processes", 0)
                                                for c in changes),
@@ -331,7 +343,9 @@ def main():
                     f"{w['ptc_live']:.2f} s [waiting for the step in progress "
                     f"{lv['step_in_progress']:.2f}, save {lv['save']:.2f}, change "
                     f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}; "
-                    f"{lv['from_boundary']:.2f} s from the step boundary]; (3) is "
+                    f"{lv['from_boundary']:.2f} s from the step boundary; the job's puts: "
+                    f"{lv['spares_used']} into ready memory ({lv['spares_refilled']} "
+                    f"refilled as memory was freed), {lv['spares_missed']} not]; (3) is "
                     f"{row['live_speedup']:.2f}x shorter than (1)")
             if args.hot:
                 h = row["hot"]
