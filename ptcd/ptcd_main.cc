@@ -54,8 +54,9 @@ constexpr char kUsage[] =
                    (default /run/ptcd/ptcd.sock; "none" disables it)
   --memory-limit   most bytes the store may hold, e.g. 64GiB (default 8GiB)
   --spare-pool     memory kept allocated for the next local saves (checkpoints
-                   repeat their sizes); part of the limit, given up first when
-                   a put needs room (default: memory limit / 16; 0 disables)
+                   repeat their sizes), refilled at once from memory the store
+                   frees; part of the limit, given up first when a put needs
+                   room (default: memory limit / 16; 0 disables)
   --background-fingerprints
                    on (default): fingerprint every committed version's
                    regions at idle priority, so that a reconfiguration from

@@ -329,9 +329,12 @@ void SparePool::RefillLoop() {
 SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
   const int64_t size = q.size;
   // Twice the floor to start one, so that spares given back under memory
-  // pressure are not prepared again at once (and again given back).
+  // pressure are not prepared again at once (and again given back). A
+  // refill takes back memory the store itself has just given back, which
+  // leaves the machine as much available as before the release: the floor
+  // itself is the bound.
   const int64_t floor = memory_floor_;
-  if (!MemoryFits(size, std::min(floor, INT64_MAX / 2) * 2))
+  if (!MemoryFits(size, refill ? floor : std::min(floor, INT64_MAX / 2) * 2))
     return Prepared::kNone;
   auto reservation = budget_->Reserve(size, "a spare save buffer");
   if (!reservation.ok()) return Prepared::kNone;  // the store is full

@@ -32,7 +32,8 @@
 // evicts them first (EvictAll). They also give way to the machine's other
 // processes: when the available memory (MemAvailable) falls below an eighth
 // of the machine's (at least 1 GiB), every ready spare is freed within
-// 100 ms, and a spare is prepared only if twice that would stay available.
+// 100 ms, and a spare is prepared only if twice that would stay available
+// (once, for a refill: it takes back what the store has just given back).
 // Thread-safe.
 //
 //   SparePool pool(&budget, 1 << 30);
