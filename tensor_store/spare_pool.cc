@@ -355,7 +355,7 @@ SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
   // idle priority alone does not keep this thread off a busy CPU, because
   // the kernel zeroes a whole huge page (milliseconds on a VM that backs
   // fresh memory slowly) without being preempted. A refill does not wait,
-  // but stops at the first slow page.
+  // but stops once its pages have been slow (see cold_step).
   constexpr int64_t kStep = 2 << 20;
   constexpr absl::Duration kMaxWait = absl::Milliseconds(50);
   const absl::Duration cold_step = absl::Nanoseconds(cold_step_ns_.load());
