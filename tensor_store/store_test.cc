@@ -361,9 +361,12 @@ void UseAndFree(MemoryBudget* budget, int64_t bytes) {
   close(fd);
 }
 
-int64_t WaitReady(SparePool* pool, int64_t bytes, absl::Duration limit) {
+// Waits until `pool` has `bytes` ready and `counter` reads `at_least`.
+int64_t WaitReady(SparePool* pool, int64_t bytes, const Counter& counter,
+                  int64_t at_least, absl::Duration limit) {
   const absl::Time deadline = absl::Now() + limit;
-  while (pool->ready_bytes() < bytes && absl::Now() < deadline)
+  while ((pool->ready_bytes() < bytes || counter.value() < at_least) &&
+         absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(5));
   return pool->ready_bytes();
 }
@@ -377,6 +380,9 @@ TEST_CASE(
   MemoryBudget budget(256 << 20);
   SparePool pool(&budget, 64 << 20);
   pool.SetMemoryFloor(0);
+  // Whatever memory the kernel hands out (warm, or cold where tests running
+  // beside this one took the pages freed): the next test covers cold.
+  pool.SetColdStep(absl::Seconds(1));
   Counter& refilled = GetCounter("ptc_store_spares_refilled_total");
   const int64_t refilled_before = refilled.value();
   BusyCpus busy;
@@ -387,12 +393,17 @@ TEST_CASE(
   absl::SleepFor(absl::Milliseconds(300));
   CHECK(pool.ready_bytes() == 0);
   // The previous version is deleted: the spares are refilled at once (all
-  // but the one the idle thread holds), from its memory (the kernel hands
-  // out the pages it freed, not necessarily all of them: twice as much).
-  UseAndFree(&budget, 96 << 20);
-  const int64_t ready = WaitReady(&pool, 32 << 20, absl::Seconds(2));
+  // but the one the idle thread holds).
+  UseAndFree(&budget, 48 << 20);
+  // (Within seconds, not milliseconds: a mapping the refill makes waits
+  // while the idle thread, starved by the busy CPUs, holds the process's
+  // memory map in the middle of populating a page.)
+  const int64_t ready = WaitReady(&pool, 32 << 20, refilled,
+                                  refilled_before + 2, absl::Seconds(10));
   INFO("refills that met cold memory: "
-       << GetCounter("ptc_store_spares_refill_cold_total").value());
+       << GetCounter("ptc_store_spares_refill_cold_total").value()
+       << "; refilled " << refilled.value() - refilled_before << ", queued "
+       << pool.queued_bytes() << " bytes, budget used " << budget.used());
   CHECK(ready >= (32 << 20));
   CHECK(refilled.value() - refilled_before >= 2);
 }
