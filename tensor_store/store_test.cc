@@ -395,9 +395,10 @@ TEST_CASE(
   // The previous version is deleted: the spares are refilled at once (all
   // but the one the idle thread holds).
   UseAndFree(&budget, 48 << 20);
-  // (Within seconds, not milliseconds: a mapping the refill makes waits
-  // while the idle thread, starved by the busy CPUs, holds the process's
-  // memory map in the middle of populating a page.)
+  // (Within seconds, not milliseconds: 1 in 10 runs of this binary saw
+  // the refill's second spare take over 2 s, most likely its mmap waiting
+  // for the process's memory map, which the idle thread, starved by the
+  // busy CPUs, holds while it populates a page.)
   const int64_t ready = WaitReady(&pool, 32 << 20, refilled,
                                   refilled_before + 2, absl::Seconds(10));
   INFO("refills that met cold memory: "
