@@ -49,9 +49,7 @@ class MemoryBudget {
   int64_t limit() const { return limit_; }
   // Bytes given back so far, ever (a count that only grows): memory just
   // freed is what the spare pool refills from (SparePool).
-  int64_t released() const {
-    return released_.load(std::memory_order_relaxed);
-  }
+  int64_t released() const { return released_.load(std::memory_order_relaxed); }
 
  private:
   const int64_t limit_;

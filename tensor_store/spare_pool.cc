@@ -22,8 +22,7 @@ namespace {
 
 Counter& spares_used_total = GetCounter("ptc_store_spares_used_total");
 Counter& spares_missed_total = GetCounter("ptc_store_spares_missed_total");
-Counter& spares_refilled_total =
-    GetCounter("ptc_store_spares_refilled_total");
+Counter& spares_refilled_total = GetCounter("ptc_store_spares_refilled_total");
 Counter& spares_refill_cold_total =
     GetCounter("ptc_store_spares_refill_cold_total");
 
@@ -286,13 +285,11 @@ void SparePool::RefillLoop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(
-          absl::Condition(
-              +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
-                return p->stop_;
-              },
-              this),
-          kRefillPoll);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(
+                                    p->mu_) { return p->stop_; },
+                               this),
+                           kRefillPoll);
       if (stop_) return;
     }
     const int64_t released = budget_->released();

@@ -106,12 +106,14 @@ class SparePool {
   // takes the memory it gets for cold and stops; by default 2 ms (1 GB/s: warm
   // memory faults in at 5-20 GB/s, memory the hypervisor must back again
   // at 0.3-0.5 GB/s on the VMs measured).
-  void SetColdStep(absl::Duration d) { cold_step_ns_ = d / absl::Nanoseconds(1); }
+  void SetColdStep(absl::Duration d) {
+    cold_step_ns_ = d / absl::Nanoseconds(1);
+  }
 
  private:
   struct Ready {
     Spare spare;
-    Wave wave;  // asked for by
+    Wave wave;             // asked for by
     bool for_save = true;  // asked for by a save (Take), not Queue
   };
   struct Queued {

@@ -392,7 +392,12 @@ absl::Status Store::CreateStaged(const std::string& job, int64_t version,
   }
   // The job's layout changes: what its saves had ready is memory for the
   // change's buffers now (and the next saves have the new layout's sizes).
-  spares_.ForgetSaves(job);
+  if (const int64_t freed = spares_.ForgetSaves(job); freed > 0) {
+    Log("tensor_store")
+        ->debug("job {}: a change stages version {}; gave back {} bytes of "
+                "spare save buffers for it",
+                job, version, freed);
+  }
   return absl::OkStatus();
 }
 

@@ -374,8 +374,8 @@ int64_t WaitReady(SparePool* pool, int64_t bytes, const Counter& counter,
 }  // namespace
 
 TEST_CASE(
-    "spare pool: memory the store just gave back is refilled at once, even "
-    "while every CPU is busy",
+    "spare pool: memory the store just gave back is refilled at normal "
+    "priority while every CPU is busy and the idle thread waits",
     "[tensor_store]") {
   MemoryBudget budget(256 << 20);
   SparePool pool(&budget, 64 << 20);
