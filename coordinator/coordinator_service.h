@@ -352,6 +352,12 @@ class CoordinatorService final : public proto::Coordinator::Service {
                      bool save_first, bool must_change = false);
   absl::Status DoPrepare(const proto::ReconfigureRequest& req,
                          proto::PrepareResponse* resp);
+  // Queues on every target host of `planned` spares of the sizes it will
+  // write: what it stages (regions it stores as they are are linked, not
+  // written), or with `all` every region it holds.
+  absl::Status PrepareTargets(const proto::ReconfigureRequest& req,
+                              const Planned& planned, bool all,
+                              proto::PrepareResponse* resp);
   absl::Status DoBeginSave(const proto::BeginSaveRequest& req,
                            proto::BeginSaveResponse* resp);
   absl::Status DoReportSaved(const proto::ReportSavedRequest& req,

@@ -343,20 +343,36 @@ absl::Status CoordinatorService::DoReconfigure(
   PTC_RETURN_IF_ERROR(planned.status());
   if (req.after_save()) {
     // Planned to prove it can run; it starts from the processes' save.
-    absl::MutexLock lock(&mu_);
-    PTC_ASSIGN_OR_RETURN(Job* job, KnownJobLocked(req.job()));
-    std::vector<std::string> rank_hosts;
-    std::vector<int32_t> rank_devices;
-    for (size_t r = 0; r < planned->placement.placement.host.size(); ++r) {
-      rank_hosts.push_back(planned->names[planned->placement.placement.host[r]]);
-      rank_devices.push_back(planned->placement.placement.device[r]);
+    bool hot = false;
+    {
+      absl::MutexLock lock(&mu_);
+      PTC_ASSIGN_OR_RETURN(Job * job, KnownJobLocked(req.job()));
+      std::vector<std::string> rank_hosts;
+      std::vector<int32_t> rank_devices;
+      for (size_t r = 0; r < planned->placement.placement.host.size(); ++r) {
+        rank_hosts.push_back(
+            planned->names[planned->placement.placement.host[r]]);
+        rank_devices.push_back(planned->placement.placement.device[r]);
+      }
+      PTC_RETURN_IF_ERROR(
+          SetPendingLocked(*job, req, reason, rank_hosts, rank_devices));
+      hot = job->state.pending().hot();
+      resp->set_source_version(job->state.committed_version());
+      *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
+      SetPlacementSummary(planned->placement, planned->placement_strategy,
+                          planned->names, resp->mutable_plan());
     }
-    PTC_RETURN_IF_ERROR(
-        SetPendingLocked(*job, req, reason, rank_hosts, rank_devices));
-    resp->set_source_version(job->state.committed_version());
-    *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
-    SetPlacementSummary(planned->placement, planned->placement_strategy,
-                        planned->names, resp->mutable_plan());
+    // Until that save, the target hosts get the memory the change will
+    // write ready (what their stores will stage; for a hot switch, the
+    // new layout's whole first save), so that the pause after the save
+    // does not fault in fresh pages; best effort, within their spare pools.
+    proto::PrepareResponse prepared;
+    if (absl::Status s = PrepareTargets(req, *planned, hot, &prepared);
+        !s.ok()) {
+      Log("coordinator")
+          ->warn("job {}: preparing memory for the pending change: {}",
+                 req.job(), s.ToString());
+    }
     return absl::OkStatus();
   }
   return StartChange(req, *std::move(planned), resp, reason);
@@ -517,12 +533,19 @@ absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
   // A job's first save may still be coming: the change is planned from
   // its registered layout all the same.
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
+  return PrepareTargets(req, planned, /*all=*/false, resp);
+}
+
+absl::Status CoordinatorService::PrepareTargets(
+    const proto::ReconfigureRequest& req, const Planned& planned, bool all,
+    proto::PrepareResponse* resp) {
   const Plan& plan = planned.flight->plan;
   const ModelSpec& spec = *planned.flight->input.spec;
   // What each target host will stage: its held regions, except those it
   // already stores as they are (linked into the new version, not copied;
-  // before the job's first save nothing is stored).
-  const bool stored = planned.committed > 0;
+  // before the job's first save nothing is stored); with `all`, every
+  // held region (the processes save the new layout whole).
+  const bool stored = planned.committed > 0 && !all;
   const PlanInput& input = planned.flight->input;
   // (host, tensor, region) of every region a host stores now.
   std::set<std::tuple<int32_t, int32_t, Region>> kept;

@@ -154,9 +154,16 @@ int64_t SparePool::Queue(const std::vector<int64_t>& sizes, const Wave& wave) {
   if (capacity_ <= 0) return 0;
   int64_t covered = 0;
   absl::MutexLock lock(&mu_);
-  std::map<int64_t, int64_t> have;  // size -> spares ready or queued
-  for (const auto& [size, spares] : ready_) have[size] += spares.size();
-  for (const Queued& q : queue_) ++have[q.size];
+  // Spares ready or queued for changes, by size; not those saves asked
+  // for: they are a job's next save's (or its change drops them:
+  // ForgetSaves).
+  std::map<int64_t, int64_t> have;
+  for (const auto& [size, spares] : ready_) {
+    for (const Ready& r : spares)
+      if (!r.for_save) ++have[size];
+  }
+  for (const Queued& q : queue_)
+    if (!q.for_save) ++have[q.size];
   for (int64_t size : sizes) {
     if (size <= 0 || size > capacity_) continue;
     if (have[size] > 0) {

@@ -83,9 +83,11 @@ class SparePool {
   std::optional<Spare> Take(int64_t size, const Wave& wave);
   // Makes spares of `sizes` ready for puts after `wave` (a change of
   // layout about to stage buffers of these sizes): a spare of a size that
-  // is ready or queued already counts; others are queued as far as the
-  // free capacity allows (ready spares are not given up for them). Returns
-  // the bytes of `sizes` covered (ready, or queued now or before).
+  // an earlier Queue made ready or queued already counts (not one a save
+  // asked for: that is for the job's next save, or a change of its layout
+  // drops it: ForgetSaves); others are queued as far as the free capacity
+  // allows (ready spares are not given up for them). Returns the bytes of
+  // `sizes` covered (ready, or queued now or before).
   int64_t Queue(const std::vector<int64_t>& sizes, const Wave& wave);
   // A change of `job`'s layout begins: the spares its saves asked for (of
   // the old layout's sizes) are dropped, and the ready ones give their

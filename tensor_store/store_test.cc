@@ -392,21 +392,21 @@ TEST_CASE(
   // nothing is ready a while later.
   absl::SleepFor(absl::Milliseconds(300));
   CHECK(pool.ready_bytes() == 0);
-  // The previous version is deleted: the spares are refilled at once (all
-  // but the one the idle thread holds).
+  // The previous version is deleted: the refill thread prepares the queued
+  // spares from it at once. It refills for a second after a release only
+  // (memory freed longer ago may be cold): on a loaded machine (tests
+  // running beside this one) its first spare may take that long, and the
+  // idle thread then prepares the rest, as it did in 1 of about 10 runs of
+  // the whole test suite.
   UseAndFree(&budget, 48 << 20);
-  // (Within seconds, not milliseconds: 1 in 10 runs of this binary saw
-  // the refill's second spare take over 2 s, most likely its mmap waiting
-  // for the process's memory map, which the idle thread, starved by the
-  // busy CPUs, holds while it populates a page.)
   const int64_t ready = WaitReady(&pool, 32 << 20, refilled,
-                                  refilled_before + 2, absl::Seconds(10));
+                                  refilled_before + 1, absl::Seconds(10));
   INFO("refills that met cold memory: "
        << GetCounter("ptc_store_spares_refill_cold_total").value()
        << "; refilled " << refilled.value() - refilled_before << ", queued "
        << pool.queued_bytes() << " bytes, budget used " << budget.used());
   CHECK(ready >= (32 << 20));
-  CHECK(refilled.value() - refilled_before >= 2);
+  CHECK(refilled.value() - refilled_before >= 1);
 }
 
 TEST_CASE(
@@ -449,17 +449,22 @@ TEST_CASE(
                           std::nullopt, /*map=*/false);
     REQUIRE(put.ok());
   }
-  // What `ptcctl prepare` asks for job a's coming change.
-  CHECK(s.PrepareMemory("a", 1, {2 << 20}).value() == (2 << 20));
+  // What `ptcctl prepare` asks for job a's coming change: 2 MiB and 1 MiB.
+  // Job a's save spare of 1 MiB does not count for the change (it drops
+  // it); job b's does not either (b's next save takes it).
+  CHECK(s.PrepareMemory("a", 1, {2 << 20, 1 << 20}).value() == (3 << 20));
   s.spares().WaitIdle();
-  REQUIRE(s.spares().ready_bytes() == (4 << 20));
+  REQUIRE(s.spares().ready_bytes() == (5 << 20));
   // Job a's change stages version 2: its save's spare goes, b's and the
   // change's stay.
   REQUIRE(s.CreateStaged("a", 2, 1).ok());
-  CHECK(s.spares().ready_bytes() == (3 << 20));
-  auto staged = s.BeginPut("a", 2, "w", Region{{0, 2}, {0, 1 << 20}},
-                           std::nullopt, /*map=*/false, /*stage_epoch=*/1);
-  REQUIRE(staged.ok());
+  CHECK(s.spares().ready_bytes() == (4 << 20));
+  for (const Region& r : {Region{{0, 2}, {0, 1 << 20}},
+                          Region{{2, 3}, {0, 1 << 20}}}) {
+    auto staged = s.BeginPut("a", 2, "w", r, std::nullopt, /*map=*/false,
+                             /*stage_epoch=*/1);
+    REQUIRE(staged.ok());
+  }
   CHECK(s.spares().ready_bytes() == (1 << 20));  // the change took its own
   CHECK(s.spares().Take(1 << 20, {"b", 2}));
 }

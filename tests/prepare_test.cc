@@ -127,6 +127,36 @@ TEST_CASE(
     CHECK(Counter("ptc_store_spares_used_total") - used_before == staged);
   }
 
+  SECTION("a change that waits for the processes' next save prepares its "
+          "memory meanwhile") {
+    proto::ReconfigureRequest after_save = req;
+    after_save.set_after_save(true);
+    proto::ReconfigureResponse pending;
+    {
+      grpc::ClientContext ctx;
+      REQUIRE(stub->Reconfigure(&ctx, after_save, &pending).ok());
+    }
+    // Nothing is stored on host2 and host3: they will stage all of it.
+    const int64_t needed = pending.plan().target_bytes();
+    REQUIRE(needed > 0);
+    int64_t ready = 0;
+    for (int h : {2, 3}) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (c.daemons[h]->client->Stats()->spare_queued_bytes() > 0 &&
+             absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      ready += c.daemons[h]->client->Stats()->spare_bytes();
+    }
+    CHECK(ready == needed);
+    // The change itself still waits: no version on the targets yet.
+    for (int h : {2, 3}) {
+      auto list = c.daemons[h]->client->List("gpt");
+      REQUIRE(list.ok());
+      CHECK((list->jobs_size() == 0 || list->jobs(0).versions_size() == 0));
+    }
+  }
+
   SECTION("a job's hosts prepare its first save when it registers") {
     proto::RegisterJobRequest job;
     job.set_job("fresh");

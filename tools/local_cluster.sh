@@ -20,7 +20,8 @@
 # plaintext, without tokens, instead.
 # SPARE_POOL (e.g. 5GiB) sets each ptcd's --spare-pool: memory kept
 # allocated and faulted in for the next puts of the sizes it saw.
-# PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags.
+# PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags,
+# COORDINATOR_FLAGS (e.g. "--log-level info") to the coordinator's.
 set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
@@ -79,7 +80,7 @@ case "$cmd" in
     fi
     # shellcheck disable=SC2046
     "$bin/coordinator/ptc-coordinator" --listen 127.0.0.1:0 --state-dir "$dir/coordinator" \
-      --port-file "$dir/coordinator.port" --host-timeout 3 --log-level warn $(tls coordinator) \
+      --port-file "$dir/coordinator.port" --host-timeout 3 --log-level warn $(tls coordinator) ${COORDINATOR_FLAGS:-} \
       >"$dir/logs/coordinator.log" 2>&1 &
     echo "coordinator $!" >> "$dir/pids"
     wait_for_file "$dir/coordinator.port"
