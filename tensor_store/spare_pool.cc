@@ -94,7 +94,10 @@ SparePool::SparePool(MemoryBudget* budget, int64_t capacity)
     : budget_(budget), capacity_(capacity), memory_floor_(MemoryFloor()) {
   if (capacity_ > 0) {
     thread_ = std::thread([this] { Loop(); });
-    refill_thread_ = std::thread([this] { RefillLoop(); });
+    // Releases count from now, not from when the thread first runs (a
+    // busy machine may start it late).
+    refill_thread_ = std::thread(
+        [this, released = budget_->released()] { RefillLoop(released); });
   }
 }
 
@@ -200,6 +203,10 @@ int64_t SparePool::ForgetSaves(const std::string& job) {
         ++it;
       }
     }
+    // A spare a thread is preparing for one of the job's saves is freed
+    // when it is done.
+    for (InFlight& f : in_flight_)
+      if (f.q.for_save && f.q.wave.job == job) f.dropped = true;
   }
   for (Spare& s : gone) close(s.fd);
   return bytes;
@@ -221,7 +228,7 @@ void SparePool::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](SparePool* p) ABSL_SHARED_LOCKS_REQUIRED(p->mu_) {
-        return p->queue_.empty() && p->preparing_ == 0;
+        return p->queue_.empty() && p->in_flight_.empty();
       },
       this));
 }
@@ -236,11 +243,11 @@ int64_t SparePool::queued_bytes() const {
   return queued_bytes_;
 }
 
-bool SparePool::Next(Queued* q) {
+bool SparePool::Next(InFlightList::iterator* f) {
   if (stop_ || queue_.empty()) return false;
-  *q = std::move(queue_.front());
+  // Its bytes stay in queued_bytes_ until it is ready.
+  *f = in_flight_.insert(in_flight_.end(), {std::move(queue_.front())});
   queue_.pop_front();
-  ++preparing_;  // its bytes stay in queued_bytes_ until it is ready
   return true;
 }
 
@@ -250,7 +257,7 @@ void SparePool::Loop() {
   const sched_param idle{};
   pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
   while (true) {
-    Queued next;
+    InFlightList::iterator next;
     int64_t ready;
     {
       absl::MutexLock lock(&mu_);
@@ -278,15 +285,14 @@ void SparePool::Loop() {
       absl::MutexLock lock(&mu_);
       if (!Next(&next)) continue;
     }
-    Prepare(next, /*refill=*/false);
+    Prepare(*next, /*refill=*/false);
     absl::MutexLock lock(&mu_);
-    queued_bytes_ -= next.size;
-    --preparing_;
+    queued_bytes_ -= next->q.size;
+    in_flight_.erase(next);
   }
 }
 
-void SparePool::RefillLoop() {
-  int64_t seen = budget_->released();
+void SparePool::RefillLoop(int64_t seen) {
   int64_t credit = 0;  // bytes released within kWarmFor, not refilled yet
   absl::Time warm_until = absl::InfinitePast();
   while (true) {
@@ -308,29 +314,37 @@ void SparePool::RefillLoop() {
     }
     seen = released;
     while (credit > 0 && absl::Now() < warm_until) {
-      Queued next;
+      InFlightList::iterator next;
       {
         absl::MutexLock lock(&mu_);
         if (!Next(&next)) break;
       }
-      const Prepared got = Prepare(next, /*refill=*/true);
+      const Prepared got = Prepare(*next, /*refill=*/true);
       absl::MutexLock lock(&mu_);
-      --preparing_;
+      const Queued q = next->q;
+      const bool dropped = next->dropped;
+      in_flight_.erase(next);
       if (got == Prepared::kCold) {
-        // Back to the idle thread, first in line; what this freed (the
-        // spare it gave up) earns no credit.
-        queue_.push_front(std::move(next));
+        // Back to the idle thread, first in line (unless ForgetSaves
+        // dropped it meanwhile); what this freed (the spare it gave up)
+        // earns no credit.
+        if (dropped) {
+          queued_bytes_ -= q.size;
+        } else {
+          queue_.push_front(q);
+        }
         credit = 0;
         seen = budget_->released();
         break;
       }
-      queued_bytes_ -= next.size;
-      credit -= next.size;
+      queued_bytes_ -= q.size;
+      credit -= q.size;
     }
   }
 }
 
-SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
+SparePool::Prepared SparePool::Prepare(const InFlight& f, bool refill) {
+  const Queued& q = f.q;
   const int64_t size = q.size;
   // Twice the floor to start one, so that spares given back under memory
   // pressure are not prepared again at once (and again given back). A
@@ -375,14 +389,19 @@ SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
     const bool short_of_memory = !MemoryFits(0, memory_floor_);
     {
       absl::MutexLock lock(&mu_);
-      stopped = stop_ || short_of_memory;
+      stopped = stop_ || short_of_memory || f.dropped;
     }
     if (stopped) break;
-    // One call per step where the kernel can (5.14+), a touch per page
-    // where it cannot.
+    // The refill: one call per step where the kernel can (5.14+). The idle
+    // thread touches every page instead: madvise holds the process's
+    // memory map while it faults pages in, and this thread, starved of CPU
+    // by design while every core is busy, can be preempted there for
+    // seconds, stalling every thread of the daemon that maps or unmaps
+    // memory (a refill, a staging buffer, a client's region); a fault
+    // holds only its own mapping's lock (kernels 6.7+).
     const int64_t len = std::min(kStep, size - off);
     const absl::Duration began = ThreadCpuTime();
-    if (madvise(bytes + off, len, MADV_POPULATE_WRITE) != 0) {
+    if (!refill || madvise(bytes + off, len, MADV_POPULATE_WRITE) != 0) {
       for (int64_t page = 0; page < len; page += 4096)
         static_cast<volatile char*>(bytes)[off + page] = 0;
     }
@@ -404,7 +423,7 @@ SparePool::Prepared SparePool::Prepare(const Queued& q, bool refill) {
     return Prepared::kCold;
   }
   absl::MutexLock lock(&mu_);
-  if (stopped || stop_ || ready_bytes_ + size > capacity_) {
+  if (stopped || stop_ || f.dropped || ready_bytes_ + size > capacity_) {
     close(fd);
     return Prepared::kNone;
   }

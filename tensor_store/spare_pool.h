@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <optional>
 #include <string>
@@ -123,16 +124,24 @@ class SparePool {
     Wave wave;
     bool for_save = true;
   };
+  // A spare a thread is preparing; `dropped` once ForgetSaves dropped what
+  // it is for (it is then freed, not made ready).
+  struct InFlight {
+    Queued q;
+    bool dropped = false;
+  };
+  using InFlightList = std::list<InFlight>;
 
   enum class Prepared { kReady, kCold, kNone };
 
   void Loop();
-  void RefillLoop();
-  // Prepares a spare of q.size; `refill`: without waiting for idle CPUs,
-  // giving up (kCold) once its pages take longer than cold_step each.
-  Prepared Prepare(const Queued& q, bool refill);
-  // Pops the next queued spare (false if none).
-  bool Next(Queued* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `seen`: the budget's released bytes when the pool started.
+  void RefillLoop(int64_t seen);
+  // Prepares the spare `f` asks for; `refill`: without waiting for idle
+  // CPUs, giving up (kCold) once its pages take longer than cold_step each.
+  Prepared Prepare(const InFlight& f, bool refill);
+  // Moves the next queued spare to in_flight_ (false if none).
+  bool Next(InFlightList::iterator* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MemoryBudget* budget_;
   const int64_t capacity_;
@@ -145,7 +154,7 @@ class SparePool {
   int64_t ready_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int preparing_ ABSL_GUARDED_BY(mu_) = 0;  // spares being prepared
+  InFlightList in_flight_ ABSL_GUARDED_BY(mu_);  // spares being prepared
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;         // at idle priority
   std::thread refill_thread_;  // at normal priority, after releases
