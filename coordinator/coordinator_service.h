@@ -354,9 +354,11 @@ class CoordinatorService final : public proto::Coordinator::Service {
                          proto::PrepareResponse* resp);
   // Queues on every target host of `planned` spares of the sizes it will
   // write: what it stages (regions it stores as they are are linked, not
-  // written), or with `all` every region it holds.
+  // written), or with `all` every region it holds; each host's call
+  // within `timeout`.
   absl::Status PrepareTargets(const proto::ReconfigureRequest& req,
                               const Planned& planned, bool all,
+                              absl::Duration timeout,
                               proto::PrepareResponse* resp);
   absl::Status DoBeginSave(const proto::BeginSaveRequest& req,
                            proto::BeginSaveResponse* resp);

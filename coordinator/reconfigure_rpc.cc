@@ -365,9 +365,11 @@ absl::Status CoordinatorService::DoReconfigure(
     // Until that save, the target hosts get the memory the change will
     // write ready (what their stores will stage; for a hot switch, the
     // new layout's whole first save), so that the pause after the save
-    // does not fault in fresh pages; best effort, within their spare pools.
+    // does not fault in fresh pages; best effort, within their spare pools,
+    // and briefly (a host that does not answer at once is left out).
     proto::PrepareResponse prepared;
-    if (absl::Status s = PrepareTargets(req, *planned, hot, &prepared);
+    if (absl::Status s = PrepareTargets(req, *planned, hot,
+                                        absl::Seconds(2), &prepared);
         !s.ok()) {
       Log("coordinator")
           ->warn("job {}: preparing memory for the pending change: {}",
@@ -533,12 +535,12 @@ absl::Status CoordinatorService::DoPrepare(const proto::ReconfigureRequest& req,
   // A job's first save may still be coming: the change is planned from
   // its registered layout all the same.
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
-  return PrepareTargets(req, planned, /*all=*/false, resp);
+  return PrepareTargets(req, planned, /*all=*/false, absl::Seconds(30), resp);
 }
 
 absl::Status CoordinatorService::PrepareTargets(
     const proto::ReconfigureRequest& req, const Planned& planned, bool all,
-    proto::PrepareResponse* resp) {
+    absl::Duration timeout, proto::PrepareResponse* resp) {
   const Plan& plan = planned.flight->plan;
   const ModelSpec& spec = *planned.flight->input.spec;
   // What each target host will stage: its held regions, except those it
@@ -575,7 +577,7 @@ absl::Status CoordinatorService::PrepareTargets(
     const size_t i =
         std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
     auto r = StoreClient::Connect(a)->PrepareMemory(
-        req.job(), planned.committed, sizes[i]);
+        req.job(), planned.committed, sizes[i], timeout);
     if (!r.ok()) {
       return Annotate(r.status(),
                       absl::StrCat("preparing memory on ",

@@ -267,12 +267,17 @@ absl::StatusOr<proto::DeleteJobResponse> StoreClient::DeleteJob(
 
 absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
     const std::string& job, int64_t version,
-    const std::vector<int64_t>& sizes) {
+    const std::vector<int64_t>& sizes, absl::Duration timeout) {
   proto::PrepareMemoryRequest req;
   req.set_job(job);
   req.set_version(version);
   for (int64_t s : sizes) req.add_sizes(s);
-  return Unary(&proto::TensorStore::Stub::PrepareMemory, req);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  proto::PrepareMemoryResponse resp;
+  PTC_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->PrepareMemory(&ctx, req, &resp)));
+  return resp;
 }
 
 absl::StatusOr<proto::StatsResponse> StoreClient::Stats() {

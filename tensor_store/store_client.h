@@ -82,10 +82,12 @@ class StoreClient {
   absl::StatusOr<proto::DeleteJobResponse> DeleteJob(const std::string& job);
   absl::StatusOr<proto::StatsResponse> Stats();
   // Asks the daemon to prepare spare memory of `sizes` for versions of
-  // `job` after `version` (a coming change of layout).
+  // `job` after `version` (a coming change of layout); it only queues
+  // them, so a short `timeout` suits a caller that must not wait long.
   absl::StatusOr<proto::PrepareMemoryResponse> PrepareMemory(
       const std::string& job, int64_t version,
-      const std::vector<int64_t>& sizes);
+      const std::vector<int64_t>& sizes,
+      absl::Duration timeout = absl::Seconds(30));
   absl::Status PutSmallObject(const std::string& job, int64_t version,
                               const std::string& name, int32_t rank,
                               const std::string& bytes);
