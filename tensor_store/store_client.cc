@@ -266,8 +266,8 @@ absl::StatusOr<proto::DeleteJobResponse> StoreClient::DeleteJob(
 }
 
 absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
-    const std::string& job, int64_t version,
-    const std::vector<int64_t>& sizes, absl::Duration timeout) {
+    const std::string& job, int64_t version, const std::vector<int64_t>& sizes,
+    absl::Duration timeout) {
   proto::PrepareMemoryRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -275,8 +275,7 @@ absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::PrepareMemoryResponse resp;
-  PTC_RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->PrepareMemory(&ctx, req, &resp)));
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->PrepareMemory(&ctx, req, &resp)));
   return resp;
 }
 
