@@ -23,6 +23,17 @@ uint64_t FingerprintRegion(const void* data, const Region& box,
                            const Region& what, absl::Span<const int64_t> shape,
                            int64_t element_size);
 
+// The same sum computed by one kernel: every kernel gives the same value;
+// FingerprintRegion uses the fastest this CPU runs. For tests and
+// benchmarks; a kernel must be one that FingerprintKernelRuns.
+enum class FingerprintKernel { kScalar, kAvx2, kAvx512 };
+FingerprintKernel BestFingerprintKernel();
+bool FingerprintKernelRuns(FingerprintKernel kernel);
+uint64_t FingerprintRegionWith(FingerprintKernel kernel, const void* data,
+                               const Region& box, const Region& what,
+                               absl::Span<const int64_t> shape,
+                               int64_t element_size);
+
 }  // namespace ptc
 
 #endif  // PTC_PTC_FINGERPRINT_H_

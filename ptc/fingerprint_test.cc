@@ -29,10 +29,20 @@ uint64_t Reference(const std::vector<uint8_t>& bytes, int64_t first_flat,
 }
 
 TEST_CASE(
-    "fingerprint: every element size and row length gives the defined sum",
+    "fingerprint: every kernel, element size and row length gives the "
+    "defined sum",
     "[ptc][fingerprint]") {
-  // Rows of every length around the vectorized steps (8 elements), at
-  // every alignment, for each element size.
+  // Rows of every length around the vectorized steps (8 elements in AVX2,
+  // 16 in AVX-512, each handing its tail to the next), at every
+  // alignment, for each element size and each kernel this CPU runs.
+  const FingerprintKernel kernel =
+      GENERATE(FingerprintKernel::kScalar, FingerprintKernel::kAvx2,
+               FingerprintKernel::kAvx512);
+  if (!FingerprintKernelRuns(kernel)) {
+    WARN("kernel " << static_cast<int>(kernel)
+                   << " does not run on this CPU: not checked here");
+    return;
+  }
   std::mt19937_64 rng(5);
   for (int size : {1, 2, 4, 8}) {
     for (int64_t n = 0; n <= 37; ++n) {
@@ -45,10 +55,10 @@ TEST_CASE(
         what.mutable_dim(0).begin = offset;
         std::vector<uint8_t> row(bytes.begin() + offset * size,
                                  bytes.begin() + (offset + n) * size);
-        INFO("element size " << size << ", " << n << " elements from "
-                             << offset);
-        CHECK(FingerprintRegion(bytes.data(), box, what, shape, size) ==
-              Reference(row, offset, size));
+        INFO("kernel " << static_cast<int>(kernel) << ", element size " << size
+                       << ", " << n << " elements from " << offset);
+        CHECK(FingerprintRegionWith(kernel, bytes.data(), box, what, shape,
+                                    size) == Reference(row, offset, size));
       }
     }
   }
@@ -76,6 +86,26 @@ TEST_CASE("fingerprint: pieces add up to the whole, whatever the partition",
     }
     CHECK(sum == whole);
   }
+}
+
+TEST_CASE(
+    "fingerprint: the fastest kernel agrees with the scalar one on a "
+    "large tensor",
+    "[ptc][fingerprint]") {
+  // 2-D, a sub-box whose rows start at odd offsets: long rows through the
+  // vector loops, flat indices far from 0.
+  const Shape shape = {37, 1031};
+  const Region full = Region::Full(shape);
+  std::vector<uint16_t> values(full.volume());
+  std::mt19937 rng(11);
+  for (uint16_t& v : values) v = static_cast<uint16_t>(rng());
+  Region what = full;
+  what.mutable_dim(0) = {3, 35};
+  what.mutable_dim(1) = {5, 1030};
+  INFO("fastest kernel here: " << static_cast<int>(BestFingerprintKernel()));
+  CHECK(FingerprintRegion(values.data(), full, what, shape, 2) ==
+        FingerprintRegionWith(FingerprintKernel::kScalar, values.data(), full,
+                              what, shape, 2));
 }
 
 TEST_CASE("fingerprint: a moved or changed value changes it",
