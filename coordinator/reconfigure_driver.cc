@@ -14,8 +14,8 @@
 #include "absl/time/clock.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
-#include "common/logging.h"
 #include "common/limits.h"
+#include "common/logging.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "coordinator/internal/cover.h"
@@ -161,8 +161,7 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
   });
   // Other holders of each remote piece, for a source that fails midway.
   for (proto::Transfer& x : *req.mutable_fragment()->mutable_transfers()) {
-    if (x.source_host() == f.host || x.source_host() == kFromSnapshot)
-      continue;
+    if (x.source_host() == f.host || x.source_host() == kFromSnapshot) continue;
     Transfer t;
     t.tensor = x.tensor();
     t.source_host = x.source_host();
@@ -422,10 +421,13 @@ absl::Status StageAll(
 // element to one host, and each host fingerprints its share. Hosts are
 // asked in parallel, each by a few calls at once (a host's tensors are
 // dealt round-robin to them) so that it uses more than one core.
+// `stop`, when set (the staging it runs beside failed), ends it early
+// with CANCELLED, as a cancelled change does.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     const ReconfigureRequest& r, const Layout& layout,
     const Placement& placement, int64_t version, bool source,
-    const std::set<int32_t>& failed, int32_t* failed_host) {
+    const std::set<int32_t>& failed, const std::atomic<bool>& stop,
+    int32_t* failed_host) {
   const PlanInput& in = *r.input;
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   // host -> [(tensor, regions)]
@@ -467,28 +469,87 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
   }
   constexpr int kMaxFingerprintCalls = 128;
   absl::Status failure;
-  ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
-        const Lane& l = lanes[k];
-        auto client = StoreClient::Connect(r.addresses.at(l.host));
-        for (size_t i = l.lane; i < l.list->size(); i += kCallsPerHost) {
-          const auto& [t, regions] = (*l.list)[i];
-          auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
-                                        regions);
-          absl::MutexLock lock(&mu);
-          if (!fp.ok()) {
-            if (failure.ok()) {  // the error and the host it names
-              *failed_host = l.host;
-              failure = Annotate(
-                  fp.status(), absl::StrCat("fingerprinting version ", version,
-                                            " on ", HostLabel(r, l.host)));
-            }
-            return failure;
+  // Each lane's call in flight, for the watcher: it cancels them all when
+  // the change is cancelled or `stop` is set, and a call to a host that
+  // went silent (a stopped host answers nothing until the call's deadline,
+  // minutes for a large share).
+  absl::Mutex calls_mu;
+  std::vector<grpc::ClientContext*> calls(lanes.size(), nullptr);
+  std::vector<bool> silent(lanes.size(), false);
+  std::atomic<bool> finished{false};
+  auto ended = [&] {
+    return stop.load() || (r.cancel != nullptr && r.cancel->load());
+  };
+  std::thread watch([&] {
+    for (int tick = 0; !finished.load(); ++tick) {
+      const bool all = ended();
+      {
+        absl::MutexLock lock(&calls_mu);
+        for (size_t k = 0; k < lanes.size(); ++k) {
+          if (calls[k] == nullptr) continue;
+          if (!all &&
+              (tick % 10 != 0 || !r.is_alive || r.is_alive(lanes[k].host))) {
+            continue;
           }
-          out[t].first += fp->fingerprint();
-          out[t].second += fp->elements();
+          silent[k] = !all;
+          calls[k]->TryCancel();
         }
-        return absl::OkStatus();
-      }).IgnoreError();  // `failure` holds the first error
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
+    const Lane& l = lanes[k];
+    auto client = StoreClient::Connect(r.addresses.at(l.host));
+    for (size_t i = l.lane; i < l.list->size(); i += kCallsPerHost) {
+      if (ended()) {
+        absl::MutexLock lock(&mu);
+        if (failure.ok()) {
+          failure = absl::CancelledError(
+              stop.load() ? "fingerprinting stopped: staging failed"
+                          : "the reconfiguration was aborted by request");
+        }
+        return failure;
+      }
+      {
+        absl::MutexLock lock(&mu);  // another lane failed: no use going on
+        if (!failure.ok()) return failure;
+      }
+      const auto& [t, regions] = (*l.list)[i];
+      grpc::ClientContext ctx;
+      {
+        absl::MutexLock lock(&calls_mu);
+        calls[k] = &ctx;
+      }
+      auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
+                                    regions, &ctx);
+      bool went_silent;
+      {
+        absl::MutexLock lock(&calls_mu);
+        calls[k] = nullptr;
+        went_silent = silent[k];
+      }
+      if (!fp.ok() && went_silent) {
+        fp = absl::UnavailableError(
+            "it went silent (no heartbeat within the host timeout)");
+      }
+      absl::MutexLock lock(&mu);
+      if (!fp.ok()) {
+        if (failure.ok()) {  // the error and the host it names
+          *failed_host = l.host;
+          failure = Annotate(fp.status(),
+                             absl::StrCat("fingerprinting version ", version,
+                                          " on ", HostLabel(r, l.host)));
+        }
+        return failure;
+      }
+      out[t].first += fp->fingerprint();
+      out[t].second += fp->elements();
+    }
+    return absl::OkStatus();
+  }).IgnoreError();  // `failure` holds the first error
+  finished = true;
+  watch.join();
   if (!failure.ok()) return failure;
   return out;
 }
@@ -499,7 +560,8 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
 // holders, up to a few times; a region no live host holds fails it.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
     const ReconfigureRequest& r, const Layout& layout,
-    const Placement& placement, int64_t version, bool source) {
+    const Placement& placement, int64_t version, bool source,
+    const std::atomic<bool>& stop) {
   std::set<int32_t> failed;
   if (source && r.is_alive) {
     for (const auto& [host, address] : r.addresses)
@@ -508,7 +570,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> Fingerprints(
   for (int attempt = 0;; ++attempt) {
     int32_t failed_host = -1;
     auto fp = FingerprintsOnce(r, layout, placement, version, source, failed,
-                               &failed_host);
+                               stop, &failed_host);
     if (fp.ok() || !source || failed_host < 0 || attempt == 3 ||
         !(fp.status().code() == absl::StatusCode::kUnavailable ||
           fp.status().code() == absl::StatusCode::kDeadlineExceeded)) {
@@ -575,21 +637,25 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   ReconfigureReport report;
   const SourceHolders holders(r);
   AdmitPeersOnSources(r, holders);
+  // The source version's fingerprints are taken while the target stages:
+  // that version is committed and immutable, so they hold whenever they
+  // are taken, and the sources' cores are not all busy staging (a host
+  // that dies meanwhile is handled by Fingerprints, as after staging).
+  // A snapshot of the source version recorded its fingerprints.
+  std::atomic<bool> staging_failed{false};
+  absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
+  std::thread source([&] {
+    before = r.snapshot != nullptr
+                 ? SnapshotFingerprints(*r.snapshot)
+                 : Fingerprints(r, *r.input->source, *r.input->source_placement,
+                                r.source_version, true, staging_failed);
+  });
   absl::Status staged = StageAll(r, holders, progress, &report);
   report.staging_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!staged.ok()) staging_failed = true;
   if (staged.ok()) {
-    // Both sides at once.
-    absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> before;
-    std::thread source([&] {
-      // A snapshot of the source version recorded its fingerprints.
-      before = r.snapshot != nullptr
-                   ? SnapshotFingerprints(*r.snapshot)
-                   : Fingerprints(r, *r.input->source,
-                                  *r.input->source_placement, r.source_version,
-                                  true);
-    });
     auto after = Fingerprints(r, *r.input->target, *r.input->target_placement,
-                              r.target_version, false);
+                              r.target_version, false, staging_failed);
     source.join();
     if (!before.ok()) staged = before.status();
     if (staged.ok() && !after.ok()) staged = after.status();
@@ -607,6 +673,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     report.verifying_seconds =
         absl::ToDoubleSeconds(absl::Now() - start) - report.staging_seconds;
   }
+  if (source.joinable()) source.join();  // staging failed: stops early
   if (staged.ok() && r.cancel != nullptr && r.cancel->load()) {
     staged = absl::CancelledError("the reconfiguration was aborted by request");
   }
@@ -639,9 +706,13 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
                           : CommitStagedOn(TargetAddresses(r, false), r.job,
                                            r.target_version, r.plan_epoch));
   if (!r.keep_source) {
+    // The job sees the commit once this returns: a source that went silent
+    // during the change is not waited for (it drops the version, which
+    // nothing owns, when it returns), and a release is best effort.
     std::set<int32_t> sources;
     for (int32_t h : r.input->source_placement->host) {
-      if (r.input->IsAlive(h)) sources.insert(h);
+      if (r.input->IsAlive(h) && (!r.is_alive || r.is_alive(h)))
+        sources.insert(h);
     }
     std::vector<std::string> release;
     for (int32_t h : sources) {
@@ -668,15 +739,14 @@ absl::Status OnEachAddress(
   // must reach all it can), so the loop itself never sees an error.
   absl::Mutex mu;
   absl::Status first;
-  ParallelFor(
-      addresses.size(),
-      static_cast<int>(std::min<size_t>(max_at_once, kMaxRpcThreads)),
-      [&](size_t k) {
-        absl::Status s = fn(addresses[k]);
-        absl::MutexLock lock(&mu);
-        if (first.ok()) first = std::move(s);
-        return absl::OkStatus();
-      })
+  ParallelFor(addresses.size(),
+              static_cast<int>(std::min<size_t>(max_at_once, kMaxRpcThreads)),
+              [&](size_t k) {
+                absl::Status s = fn(addresses[k]);
+                absl::MutexLock lock(&mu);
+                if (first.ok()) first = std::move(s);
+                return absl::OkStatus();
+              })
       .IgnoreError();
   return first;
 }
@@ -739,7 +809,8 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version) {
   OnEachAddress(addresses, [&](const std::string& address) {
-    auto deleted = StoreClient::Connect(address)->DeleteVersion(job, version);
+    auto deleted = StoreClient::Connect(address)->DeleteVersion(
+        job, version, absl::Seconds(3));
     if (!deleted.ok() &&
         deleted.status().code() != absl::StatusCode::kNotFound) {
       Log("coordinator")

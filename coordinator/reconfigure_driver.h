@@ -70,12 +70,14 @@ struct ReconfigureProgress {
 struct ReconfigureReport {
   double seconds = 0;
   // Of `seconds`: building the target version on every host (moving the
-  // bytes), and proving it equal to the source (fingerprints of both).
+  // bytes; the source's fingerprints are taken meanwhile), and proving it
+  // equal to the source (the target's fingerprints, and the source's if
+  // they took longer than staging).
   double staging_seconds = 0;
   double verifying_seconds = 0;
-  int64_t bytes_moved = 0;       // all pieces, local and remote
-  int64_t bytes_from_peers = 0;  // pieces that crossed hosts
-  int tensors_verified = 0;      // fingerprints equal before and after
+  int64_t bytes_moved = 0;          // all pieces, local and remote
+  int64_t bytes_from_peers = 0;     // pieces that crossed hosts
+  int tensors_verified = 0;         // fingerprints equal before and after
   int64_t snapshot_bytes_read = 0;  // read from the snapshot's files
 };
 
@@ -97,6 +99,9 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
 void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch,
                    absl::Duration deadline = absl::Seconds(10));
+// Deletes `version` on each address, best effort (logged): each call gives
+// up after 3 s; a host that missed it drops the version, which nothing
+// owns, when its heartbeat lists it.
 void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version);
 // Calls fn(address) for every address, up to `max_at_once` at a time (a

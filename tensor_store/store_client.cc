@@ -26,11 +26,12 @@ template <typename Request, typename Response>
 absl::StatusOr<Response> StoreClient::Unary(
     grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*,
                                                      const Request&, Response*),
-    const Request& req, int64_t bytes) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, bytes);
+    const Request& req, int64_t bytes, grpc::ClientContext* context) {
+  grpc::ClientContext own;
+  grpc::ClientContext* ctx = context != nullptr ? context : &own;
+  SetDeadline(ctx, bytes);
   Response resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp)));
+  PTC_RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*method)(ctx, req, &resp)));
   return resp;
 }
 
@@ -191,13 +192,14 @@ absl::StatusOr<proto::StatResponse> StoreClient::Stat(
 
 absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
     const std::string& job, int64_t version, const std::string& tensor,
-    const std::vector<Region>& regions) {
+    const std::vector<Region>& regions, grpc::ClientContext* context) {
   proto::FingerprintRequest req;
   req.set_job(job);
   req.set_version(version);
   req.set_tensor(tensor);
   for (const Region& r : regions) RegionToProto(r, req.add_regions());
-  return Unary(&proto::TensorStore::Stub::Fingerprint, req, int64_t{8} << 30);
+  return Unary(&proto::TensorStore::Stub::Fingerprint, req, int64_t{8} << 30,
+               context);
 }
 
 absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job,
@@ -249,12 +251,20 @@ absl::StatusOr<std::string> StoreClient::GetSmallObject(const std::string& job,
 }
 
 absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
-                                                   int64_t version) {
+                                                   int64_t version,
+                                                   absl::Duration timeout) {
   proto::DeleteVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  PTC_ASSIGN_OR_RETURN(auto resp,
-                       Unary(&proto::TensorStore::Stub::DeleteVersion, req));
+  if (timeout <= absl::ZeroDuration()) {
+    PTC_ASSIGN_OR_RETURN(auto resp,
+                         Unary(&proto::TensorStore::Stub::DeleteVersion, req));
+    return resp.bytes();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  proto::DeleteVersionResponse resp;
+  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->DeleteVersion(&ctx, req, &resp)));
   return resp.bytes();
 }
 

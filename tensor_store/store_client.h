@@ -54,12 +54,10 @@ class StoreClient {
   // Reads `region`, checks its size and checksum, hands bytes to `consume`.
   // Returns the number of bytes read. The call gives up after `timeout`
   // (zero: DeadlineFor 64 GiB, the size being unknown up front).
-  absl::StatusOr<int64_t> ReadWith(const std::string& job, int64_t version,
-                                   const std::string& tensor,
-                                   const Region& region,
-                                   const Consumer& consume,
-                                   int32_t chunk_bytes = 0,
-                                   absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<int64_t> ReadWith(
+      const std::string& job, int64_t version, const std::string& tensor,
+      const Region& region, const Consumer& consume, int32_t chunk_bytes = 0,
+      absl::Duration timeout = absl::ZeroDuration());
   // Reads `region` into `out`, which holds exactly `bytes` bytes.
   absl::Status Read(const std::string& job, int64_t version,
                     const std::string& tensor, const Region& region, void* out,
@@ -69,15 +67,20 @@ class StoreClient {
   absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
                                            int64_t version,
                                            const std::string& tensor);
+  // `context`, if given, is the call's (its deadline is set here): a
+  // caller may end the call from another thread with its TryCancel().
   absl::StatusOr<proto::FingerprintResponse> Fingerprint(
       const std::string& job, int64_t version, const std::string& tensor,
-      const std::vector<Region>& regions = {});
+      const std::vector<Region>& regions = {},
+      grpc::ClientContext* context = nullptr);
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
   // A commit (or, with check_only, a check) with expectations.
   absl::StatusOr<proto::CommitVersionResponse> CommitChecked(
       const proto::CommitVersionRequest& req);
-  absl::StatusOr<int64_t> DeleteVersion(const std::string& job,
-                                        int64_t version);
+  // The call gives up after `timeout` (zero: the default deadline).
+  absl::StatusOr<int64_t> DeleteVersion(
+      const std::string& job, int64_t version,
+      absl::Duration timeout = absl::ZeroDuration());
   // Forgets the job on this ptcd (every version): (versions, bytes).
   absl::StatusOr<proto::DeleteJobResponse> DeleteJob(const std::string& job);
   absl::StatusOr<proto::StatsResponse> Stats();
@@ -103,13 +106,14 @@ class StoreClient {
   static absl::Duration DeadlineFor(int64_t bytes);
 
  private:
-  // One unary call with a deadline for `bytes`.
+  // One unary call with a deadline for `bytes`, in `context` if given.
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(
       grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*,
                                                        const Request&,
                                                        Response*),
-      const Request& req, int64_t bytes = 0);
+      const Request& req, int64_t bytes = 0,
+      grpc::ClientContext* context = nullptr);
 
   std::unique_ptr<proto::TensorStore::Stub> stub_;
 };

@@ -264,6 +264,32 @@ def test_a_source_that_dies_during_the_change_is_replaced_by_its_replica(cluster
     verify(c)
 
 
+def test_a_silent_source_with_a_replica_does_not_hold_the_change(cluster):
+    """As above, but host1 is stopped, not killed, as the change starts: a
+    call to it answers nothing until its deadline, up to minutes away. The
+    pulls in flight give up after the peer timeout (twice the host timeout)
+    and take host1's share from host0; the source version's fingerprints
+    (taken while the target stages) are given up once the coordinator sees
+    host1 silent and asked of host0; the release of version 1 does not wait
+    for host1. The change commits, every element exact, without waiting on
+    host1 past that (it took 30 s when the release waited for host1)."""
+    c = cluster
+    register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    c.stop_process("host1")
+    try:
+        start = time.time()
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
+                                     "--hosts", "host2")
+        took = time.time() - start
+        assert code == 0 and report["phase"] == "committed", report
+        assert took < 4 * c.host_timeout + 8, f"the change took {took:.1f} s: {report}"
+    finally:
+        c.resume_process("host1")
+    verify(c)
+
+
 def test_a_piece_whose_only_source_dies_aborts_the_change_naming_it(cluster):
     c = cluster
     register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
