@@ -19,6 +19,7 @@
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "coordinator/internal/cover.h"
+#include "coordinator/internal/fingerprint_calls.h"
 #include "coordinator/plan_proto.h"
 #include "coordinator/snapshot_plan.h"
 #include "proto/transformer.grpc.pb.h"
@@ -418,11 +419,9 @@ absl::Status StageAll(
 
 // The fingerprint and element count of every tensor of one side, each
 // element counted once: a disjoint cover of the replicas assigns every
-// element to one host, and each host fingerprints its share. Hosts are
-// asked in parallel, each by a few calls at once (a host's tensors are
-// dealt round-robin to them) so that it uses more than one core.
-// `stop`, when set (the staging it runs beside failed), ends it early
-// with CANCELLED, as a cancelled change does.
+// element to one host, and each host fingerprints its share, by a few calls
+// at once (coordinator_internal::AskFingerprints). `stop`, when set (the
+// staging it runs beside failed), ends it early with CANCELLED.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     const ReconfigureRequest& r, const Layout& layout,
     const Placement& placement, int64_t version, bool source,
@@ -430,9 +429,10 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     int32_t* failed_host) {
   const PlanInput& in = *r.input;
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
-  // host -> [(tensor, regions)]
-  std::map<int32_t, std::vector<std::pair<int, std::vector<Region>>>> asks;
+  std::map<int32_t, std::vector<coordinator_internal::FingerprintAsk>> asks;
+  std::vector<std::string> keys;
   for (int t = 0; t < num_tensors; ++t) {
+    keys.push_back(in.spec->tensors[t].key);
     std::vector<std::pair<int32_t, Region>> held;
     for (const Shard& s : layout.shards(t)) {
       const int h = placement.host[s.rank];
@@ -446,112 +446,16 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
       asks[host].push_back({t, std::move(regions)});
     }
   }
-  std::vector<std::pair<uint64_t, int64_t>> out(num_tensors, {0, 0});
-  absl::Mutex mu;
-  constexpr size_t kCallsPerHost = 4;
-  for (const auto& [host, list] : asks) {
-    if (r.addresses.count(host) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("no address for host ", host));
-    }
-  }
-  // Up to kCallsPerHost lanes per host, each a share of its tensors dealt
-  // round-robin; at most kMaxFingerprintCalls lanes run at once.
-  struct Lane {
-    int32_t host;
-    const std::vector<std::pair<int, std::vector<Region>>>* list;
-    size_t lane;
-  };
-  std::vector<Lane> lanes;
-  for (const auto& [host, list] : asks) {
-    for (size_t lane = 0; lane < kCallsPerHost && lane < list.size(); ++lane)
-      lanes.push_back({host, &list, lane});
-  }
-  constexpr int kMaxFingerprintCalls = 128;
-  absl::Status failure;
-  // Each lane's call in flight, for the watcher: it cancels them all when
-  // the change is cancelled or `stop` is set, and a call to a host that
-  // went silent (a stopped host answers nothing until the call's deadline,
-  // minutes for a large share).
-  absl::Mutex calls_mu;
-  std::vector<grpc::ClientContext*> calls(lanes.size(), nullptr);
-  std::vector<bool> silent(lanes.size(), false);
-  std::atomic<bool> finished{false};
-  auto ended = [&] {
-    return stop.load() || (r.cancel != nullptr && r.cancel->load());
-  };
-  std::thread watch([&] {
-    for (int tick = 0; !finished.load(); ++tick) {
-      const bool all = ended();
-      {
-        absl::MutexLock lock(&calls_mu);
-        for (size_t k = 0; k < lanes.size(); ++k) {
-          if (calls[k] == nullptr) continue;
-          if (!all &&
-              (tick % 10 != 0 || !r.is_alive || r.is_alive(lanes[k].host))) {
-            continue;
-          }
-          silent[k] = !all;
-          calls[k]->TryCancel();
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  });
-  ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
-    const Lane& l = lanes[k];
-    auto client = StoreClient::Connect(r.addresses.at(l.host));
-    for (size_t i = l.lane; i < l.list->size(); i += kCallsPerHost) {
-      if (ended()) {
-        absl::MutexLock lock(&mu);
-        if (failure.ok()) {
-          failure = absl::CancelledError(
-              stop.load() ? "fingerprinting stopped: staging failed"
-                          : "the reconfiguration was aborted by request");
-        }
-        return failure;
-      }
-      {
-        absl::MutexLock lock(&mu);  // another lane failed: no use going on
-        if (!failure.ok()) return failure;
-      }
-      const auto& [t, regions] = (*l.list)[i];
-      grpc::ClientContext ctx;
-      {
-        absl::MutexLock lock(&calls_mu);
-        calls[k] = &ctx;
-      }
-      auto fp = client->Fingerprint(r.job, version, in.spec->tensors[t].key,
-                                    regions, &ctx);
-      bool went_silent;
-      {
-        absl::MutexLock lock(&calls_mu);
-        calls[k] = nullptr;
-        went_silent = silent[k];
-      }
-      if (!fp.ok() && went_silent) {
-        fp = absl::UnavailableError(
-            "it went silent (no heartbeat within the host timeout)");
-      }
-      absl::MutexLock lock(&mu);
-      if (!fp.ok()) {
-        if (failure.ok()) {  // the error and the host it names
-          *failed_host = l.host;
-          failure = Annotate(fp.status(),
-                             absl::StrCat("fingerprinting version ", version,
-                                          " on ", HostLabel(r, l.host)));
-        }
-        return failure;
-      }
-      out[t].first += fp->fingerprint();
-      out[t].second += fp->elements();
-    }
-    return absl::OkStatus();
-  }).IgnoreError();  // `failure` holds the first error
-  finished = true;
-  watch.join();
-  if (!failure.ok()) return failure;
-  return out;
+  coordinator_internal::FingerprintCalls calls;
+  calls.job = r.job;
+  calls.version = version;
+  calls.tensor_keys = &keys;
+  calls.addresses = &r.addresses;
+  calls.label = [&](int32_t host) { return HostLabel(r, host); };
+  calls.is_alive = r.is_alive;
+  calls.cancel = r.cancel;
+  calls.stop = &stop;
+  return coordinator_internal::AskFingerprints(asks, calls, failed_host);
 }
 
 // Fingerprints of `version` under `layout`. For the source, a host that

@@ -1,0 +1,168 @@
+#include "coordinator/internal/fingerprint_calls.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/parallel_for.h"
+#include "common/status_macros.h"
+#include "tensor_store/store_client.h"
+
+namespace ptc::coordinator_internal {
+namespace {
+
+constexpr int kMaxFingerprintCalls = 128;
+
+// A share of one host's asks, dealt round-robin: asks lane, lane + n, ...
+struct Lane {
+  int32_t host;
+  const std::vector<FingerprintAsk>* asks;
+  size_t lane;
+};
+
+// The lanes' calls in flight, for the watcher to end. A lane registers its
+// call before making it and unregisters it after; the watcher cancels
+// under the same lock, so it never touches a context that is gone.
+class InFlight {
+ public:
+  explicit InFlight(size_t lanes) : calls_(lanes), silent_(lanes, false) {}
+
+  void Begin(size_t lane, grpc::ClientContext* ctx) {
+    absl::MutexLock lock(&mu_);
+    calls_[lane] = ctx;
+  }
+  // Whether the watcher ended the call because its host went silent.
+  bool End(size_t lane) {
+    absl::MutexLock lock(&mu_);
+    calls_[lane] = nullptr;
+    return silent_[lane];
+  }
+  // Ends the calls in flight for which `end(lane)` holds; `silent` marks
+  // them as ended for their host's silence.
+  void CancelIf(const std::function<bool(size_t)>& end, bool silent) {
+    absl::MutexLock lock(&mu_);
+    for (size_t k = 0; k < calls_.size(); ++k) {
+      if (calls_[k] == nullptr || !end(k)) continue;
+      silent_[k] = silent_[k] || silent;
+      calls_[k]->TryCancel();
+    }
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> silent_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> AskFingerprints(
+    const std::map<int32_t, std::vector<FingerprintAsk>>& asks,
+    const FingerprintCalls& calls, int32_t* failed_host) {
+  *failed_host = -1;
+  const size_t num_tensors = calls.tensor_keys->size();
+  for (const auto& [host, list] : asks) {
+    if (calls.addresses->count(host) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no address for host ", host));
+    }
+    for (const FingerprintAsk& a : list) {
+      if (a.tensor < 0 || static_cast<size_t>(a.tensor) >= num_tensors) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "an ask names tensor ", a.tensor, " of ", num_tensors));
+      }
+    }
+  }
+  auto label = [&](int32_t host) {
+    return calls.label ? calls.label(host)
+                       : absl::StrCat("host ", host, " (",
+                                      calls.addresses->at(host), ")");
+  };
+  auto cancelled = [&] {
+    return calls.cancel != nullptr && calls.cancel->load();
+  };
+  auto stopped = [&] { return calls.stop != nullptr && calls.stop->load(); };
+  auto ended = [&] {
+    return absl::CancelledError(
+        cancelled() ? "the reconfiguration was aborted by request"
+                    : "fingerprinting stopped (staging failed)");
+  };
+
+  std::vector<Lane> lanes;
+  const size_t per_host = std::max<size_t>(calls.calls_per_host, 1);
+  for (const auto& [host, list] : asks) {
+    for (size_t lane = 0; lane < per_host && lane < list.size(); ++lane)
+      lanes.push_back({host, &list, lane});
+  }
+  std::vector<std::pair<uint64_t, int64_t>> out(num_tensors, {0, 0});
+  absl::Mutex mu;  // out, failure, *failed_host
+  absl::Status failure;
+  InFlight in_flight(lanes.size());
+  std::atomic<bool> finished{false};
+  std::thread watch([&] {
+    absl::Time next_liveness = absl::Now() + calls.liveness_poll;
+    while (!finished.load()) {
+      if (cancelled() || stopped()) {
+        in_flight.CancelIf([](size_t) { return true; }, /*silent=*/false);
+      } else if (calls.is_alive && absl::Now() >= next_liveness) {
+        next_liveness = absl::Now() + calls.liveness_poll;
+        in_flight.CancelIf(
+            [&](size_t k) { return !calls.is_alive(lanes[k].host); },
+            /*silent=*/true);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
+    const Lane& l = lanes[k];
+    auto client = StoreClient::Connect(calls.addresses->at(l.host));
+    for (size_t i = l.lane; i < l.asks->size(); i += per_host) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!failure.ok()) return failure;  // no use going on
+        if (cancelled() || stopped()) {
+          failure = ended();
+          return failure;
+        }
+      }
+      const FingerprintAsk& ask = (*l.asks)[i];
+      grpc::ClientContext ctx;
+      in_flight.Begin(k, &ctx);
+      auto fp = client->Fingerprint(calls.job, calls.version,
+                                    (*calls.tensor_keys)[ask.tensor],
+                                    ask.regions, &ctx);
+      const bool went_silent = in_flight.End(k);
+      if (!fp.ok() && went_silent) {
+        fp = absl::UnavailableError(
+            "it went silent (no heartbeat within the host timeout)");
+      }
+      absl::MutexLock lock(&mu);
+      if (!fp.ok() && !went_silent && (cancelled() || stopped())) {
+        if (failure.ok()) failure = ended();  // not the host's doing
+        return failure;
+      }
+      if (!fp.ok()) {
+        if (failure.ok()) {  // the error and the host it names
+          *failed_host = l.host;
+          failure = Annotate(
+              fp.status(), absl::StrCat("fingerprinting version ",
+                                        calls.version, " on ", label(l.host)));
+        }
+        return failure;
+      }
+      out[ask.tensor].first += fp->fingerprint();
+      out[ask.tensor].second += fp->elements();
+    }
+    return absl::OkStatus();
+  }).IgnoreError();  // `failure` holds the first error
+  finished = true;
+  watch.join();
+  if (!failure.ok()) return failure;
+  return out;
+}
+
+}  // namespace ptc::coordinator_internal

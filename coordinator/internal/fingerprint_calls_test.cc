@@ -1,0 +1,182 @@
+// AskFingerprints against real in-process ptcds, and against a "stopped"
+// host: a TensorStore server that accepts calls and never answers them.
+#include "coordinator/internal/fingerprint_calls.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <random>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "ptc/fingerprint.h"
+#include "tensor_store/internal/testing.h"
+
+namespace ptc::coordinator_internal {
+namespace {
+
+// A host that accepts connections and calls but answers nothing, as a
+// stopped ptcd does, until the call is cancelled.
+class SilentStore final : public proto::TensorStore::Service {
+ public:
+  SilentStore() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~SilentStore() override { server_->Shutdown(); }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int calls() const { return calls_.load(); }
+
+  grpc::Status Fingerprint(grpc::ServerContext* ctx,
+                           const proto::FingerprintRequest*,
+                           proto::FingerprintResponse*) override {
+    ++calls_;
+    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status::CANCELLED;
+  }
+
+ private:
+  int port_ = 0;
+  std::atomic<int> calls_{0};
+  std::unique_ptr<grpc::Server> server_;
+};
+
+constexpr int64_t kElements = 4096;
+
+// Version 1 of tensor "w" (fp32, kElements) on a daemon; returns its bytes.
+std::vector<float> StoreVersion(testing::Daemon& d) {
+  std::vector<float> w(kElements);
+  std::mt19937 rng(3);
+  for (float& v : w) v = static_cast<float>(rng()) / 1024.0f;
+  const Shape shape = {kElements};
+  REQUIRE(d.client->Declare("j", {{"w", DType::kFloat32, shape}}).ok());
+  REQUIRE(d.client
+              ->Put("j", 1, "w", Region::Full(shape), w.data(),
+                    w.size() * sizeof(float))
+              .ok());
+  REQUIRE(d.client->Commit("j", 1).ok());
+  return w;
+}
+
+TEST_CASE(
+    "fingerprint calls: the hosts' shares add up to each tensor's "
+    "fingerprint",
+    "[coordinator][fingerprint]") {
+  auto a = testing::StartDaemon(int64_t{64} << 20);
+  auto b = testing::StartDaemon(int64_t{64} << 20);
+  const std::vector<float> w = StoreVersion(*a);
+  REQUIRE(StoreVersion(*b) == w);  // replicas
+  const Shape shape = {kElements};
+  const std::vector<std::string> keys = {"w"};
+  const std::map<int32_t, std::string> addresses = {{0, a->address()},
+                                                    {1, b->address()}};
+  // Host 0 the first 1000 elements in two calls, host 1 the rest in one.
+  std::map<int32_t, std::vector<FingerprintAsk>> asks;
+  asks[0] = {{0, {Region{{0, 600}}}}, {0, {Region{{600, 1000}}}}};
+  asks[1] = {{0, {Region{{1000, kElements}}}}};
+  FingerprintCalls calls;
+  calls.job = "j";
+  calls.version = 1;
+  calls.tensor_keys = &keys;
+  calls.addresses = &addresses;
+  int32_t failed = 7;
+  auto sums = AskFingerprints(asks, calls, &failed);
+  REQUIRE(sums.ok());
+  CHECK(failed == -1);
+  const Region full = Region::Full(shape);
+  CHECK((*sums)[0].first == FingerprintRegion(w.data(), full, full, shape, 4));
+  CHECK((*sums)[0].second == kElements);
+
+  SECTION("an ask that names no tensor, or a host without an address") {
+    asks[1] = {{1, {Region{{1000, kElements}}}}};
+    CHECK(AskFingerprints(asks, calls, &failed).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+    asks[1] = {{0, {Region{{1000, kElements}}}}};
+    asks[2] = {{0, {Region{{0, 1}}}}};
+    CHECK(AskFingerprints(asks, calls, &failed).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE(
+    "fingerprint calls: a call to a host that goes silent ends UNAVAILABLE "
+    "naming it, not at its deadline",
+    "[coordinator][fingerprint]") {
+  auto a = testing::StartDaemon(int64_t{64} << 20);
+  StoreVersion(*a);
+  SilentStore silent;
+  const std::vector<std::string> keys = {"w"};
+  const std::map<int32_t, std::string> addresses = {{0, a->address()},
+                                                    {1, silent.address()}};
+  std::map<int32_t, std::vector<FingerprintAsk>> asks;
+  asks[0] = {{0, {Region{{0, 1000}}}}};
+  asks[1] = {{0, {Region{{1000, kElements}}}}};
+  const absl::Time start = absl::Now();
+  FingerprintCalls calls;
+  calls.job = "j";
+  calls.version = 1;
+  calls.tensor_keys = &keys;
+  calls.addresses = &addresses;
+  calls.label = [](int32_t host) { return "host" + std::to_string(host); };
+  // Host 1 misses its heartbeats from 300 ms on.
+  calls.is_alive = [&](int32_t host) {
+    return host != 1 || absl::Now() - start < absl::Milliseconds(300);
+  };
+  calls.liveness_poll = absl::Milliseconds(50);
+  int32_t failed = -1;
+  auto sums = AskFingerprints(asks, calls, &failed);
+  const absl::Duration took = absl::Now() - start;
+  REQUIRE_FALSE(sums.ok());
+  CHECK(sums.status().code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(sums.status().message()),
+             Catch::Contains("on host1") && Catch::Contains("went silent"));
+  CHECK(failed == 1);
+  CHECK(silent.calls() == 1);
+  // The call's own deadline is 30 s and more.
+  CHECK(took < absl::Seconds(5));
+}
+
+TEST_CASE(
+    "fingerprint calls: a stop or a cancel ends every call at once, naming "
+    "no host",
+    "[coordinator][fingerprint]") {
+  SilentStore x, y;
+  const std::vector<std::string> keys = {"w"};
+  const std::map<int32_t, std::string> addresses = {{0, x.address()},
+                                                    {1, y.address()}};
+  std::map<int32_t, std::vector<FingerprintAsk>> asks;
+  asks[0] = {{0, {Region{{0, 1000}}}}, {0, {Region{{1000, 2000}}}}};
+  asks[1] = {{0, {Region{{2000, kElements}}}}};
+  std::atomic<bool> stop{false}, cancel{false};
+  FingerprintCalls calls;
+  calls.job = "j";
+  calls.version = 1;
+  calls.tensor_keys = &keys;
+  calls.addresses = &addresses;
+  calls.stop = &stop;
+  calls.cancel = &cancel;
+  const bool by_cancel = GENERATE(false, true);
+  std::thread trigger([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    (by_cancel ? cancel : stop) = true;
+  });
+  const absl::Time start = absl::Now();
+  int32_t failed = 7;
+  auto sums = AskFingerprints(asks, calls, &failed);
+  const absl::Duration took = absl::Now() - start;
+  trigger.join();
+  REQUIRE_FALSE(sums.ok());
+  CHECK(sums.status().code() == absl::StatusCode::kCancelled);
+  CHECK_THAT(std::string(sums.status().message()),
+             Catch::Contains(by_cancel ? "aborted by request" : "stopped"));
+  CHECK(failed == -1);
+  CHECK(x.calls() + y.calls() == 3);  // every lane had a call in flight
+  CHECK(took < absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace ptc::coordinator_internal
