@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "common/args.h"
 #include "common/channel.h"
+#include "common/crash.h"
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
@@ -126,6 +127,7 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace ptc
 
 int main(int argc, char** argv) {
+  ptc::InstallCrashHandler(argv[0]);
   const absl::Status s = ptc::Run(argc, argv);
   if (!s.ok()) {
     std::cerr << "ptc-coordinator: " << s.message() << "\n";

@@ -22,6 +22,7 @@
 #include "common/address.h"
 #include "common/args.h"
 #include "common/channel.h"
+#include "common/crash.h"
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
@@ -289,6 +290,7 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace ptc
 
 int main(int argc, char** argv) {
+  ptc::InstallCrashHandler(argv[0]);
   const absl::Status status = ptc::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "ptcd: " << status.message() << "\n";

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/args.h"
+#include "common/crash.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
 #include "common/status_macros.h"
@@ -299,4 +300,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ptc::tools
 
-int main(int argc, char** argv) { return ptc::tools::Main(argc, argv); }
+int main(int argc, char** argv) {
+  ptc::InstallCrashHandler(argv[0]);
+  return ptc::tools::Main(argc, argv);
+}

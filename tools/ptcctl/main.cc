@@ -2,6 +2,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "common/crash.h"
 #include "tools/ptcctl/cluster_command.h"
 #include "tools/ptcctl/layout_command.h"
 #include "tools/ptcctl/plan_command.h"
@@ -31,6 +32,7 @@ Run "ptcctl COMMAND --help" for a command's options.
 }  // namespace
 
 int main(int argc, char** argv) {
+  ptc::InstallCrashHandler(argv[0]);
   if (argc < 2 || !std::strcmp(argv[1], "--help") ||
       !std::strcmp(argv[1], "help")) {
     std::cout << kUsage;
