@@ -419,7 +419,8 @@ absl::Status StageAll(
 
 // The fingerprint and element count of every tensor of one side, each
 // element counted once: a disjoint cover of the replicas assigns every
-// element to one host, and each host fingerprints its share, by a few calls
+// element to one host (balanced across the replicas by elements), and
+// each host fingerprints its share, by a few calls
 // at once (coordinator_internal::AskFingerprints). `stop`, when set (the
 // staging it runs beside failed), ends it early with CANCELLED.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
@@ -431,6 +432,9 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
   const int num_tensors = static_cast<int>(in.spec->tensors.size());
   std::map<int32_t, std::vector<coordinator_internal::FingerprintAsk>> asks;
   std::vector<std::string> keys;
+  // Elements each host fingerprints so far: replicas share the work (the
+  // source's fingerprints run while every host stages).
+  std::map<int32_t, int64_t> load;
   for (int t = 0; t < num_tensors; ++t) {
     keys.push_back(in.spec->tensors[t].key);
     std::vector<std::pair<int32_t, Region>> held;
@@ -442,7 +446,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     }
     const int rank = static_cast<int>(in.spec->tensors[t].shape.size());
     for (auto& [host, regions] :
-         coordinator_internal::DisjointCover(rank, held)) {
+         coordinator_internal::DisjointCover(rank, held, &load)) {
       asks[host].push_back({t, std::move(regions)});
     }
   }

@@ -1,7 +1,7 @@
 // A disjoint cover: given (host, region) pairs of one tensor, assigns every
-// element of their union to exactly one host (the lowest id holding it), as
-// few regions per host as the grid allows. Used to fingerprint each
-// element of a tensor once across replicated hosts.
+// element of their union to exactly one host (the lowest id holding it, or
+// the least loaded), as few regions per host as the grid allows. Used to
+// fingerprint each element of a tensor once across replicated hosts.
 #ifndef PTC_COORDINATOR_INTERNAL_COVER_H_
 #define PTC_COORDINATOR_INTERNAL_COVER_H_
 
@@ -13,8 +13,14 @@
 
 namespace ptc::coordinator_internal {
 
+// Without `load`, each element goes to the lowest host id that holds it.
+// With `load` (elements assigned to each host so far, kept by the caller
+// across calls), each cell of the held regions' common refinement goes to
+// the holder with the fewest (ties: the lowest id), and its volume is added
+// there: replicas share the work.
 std::map<int32_t, std::vector<Region>> DisjointCover(
-    int rank, const std::vector<std::pair<int32_t, Region>>& held);
+    int rank, const std::vector<std::pair<int32_t, Region>>& held,
+    std::map<int32_t, int64_t>* load = nullptr);
 
 }  // namespace ptc::coordinator_internal
 

@@ -1,11 +1,69 @@
 #include <catch2/catch.hpp>
 #include <random>
 
+#include "coordinator/internal/cover.h"
 #include "coordinator/internal/grid.h"
 #include "coordinator/internal/max_flow.h"
 
 namespace ptc::coordinator_internal {
 namespace {
+
+// Every element of `whole` in exactly one of the cover's regions.
+void CheckCoversOnce(const std::map<int32_t, std::vector<Region>>& cover,
+                     const Region& whole) {
+  std::vector<Region> all;
+  int64_t volume = 0;
+  for (const auto& [h, regions] : cover) {
+    for (const Region& r : regions) {
+      CHECK(whole.Intersect(r) == r);
+      for (const Region& o : all) CHECK(o.Intersect(r).empty());
+      all.push_back(r);
+      volume += r.volume();
+    }
+  }
+  CHECK(volume == whole.volume());
+}
+
+TEST_CASE(
+    "disjoint cover: each element once; with a load, replicas share the "
+    "work",
+    "[coordinator][cover]") {
+  // Hosts 0 and 1 each hold a whole replica of 8 tensors [0, 1000) x [0,
+  // 64); host 2 holds rows [0, 500) of each as well (a third, partial
+  // replica).
+  const Region whole{{0, 1000}, {0, 64}};
+  const Region half{{0, 500}, {0, 64}};
+  const std::vector<std::pair<int32_t, Region>> held = {
+      {1, whole}, {0, whole}, {2, half}};
+  SECTION("without a load, the lowest id holding it takes every element") {
+    for (int t = 0; t < 8; ++t) {
+      const auto cover = DisjointCover(2, held);
+      CheckCoversOnce(cover, whole);
+      REQUIRE(cover.size() == 1);
+      CHECK(cover.begin()->first == 0);
+    }
+  }
+  SECTION("with a load kept across tensors, every holder gets a share") {
+    std::map<int32_t, int64_t> load;
+    for (int t = 0; t < 8; ++t) {
+      const auto cover = DisjointCover(2, held, &load);
+      CheckCoversOnce(cover, whole);
+      // Host 2 is only ever given rows it holds.
+      if (cover.count(2)) {
+        for (const Region& r : cover.at(2)) CHECK(half.Intersect(r) == r);
+      }
+    }
+    int64_t total = 0, most = 0;
+    for (const auto& [h, n] : load) {
+      total += n;
+      most = std::max(most, n);
+    }
+    CHECK(total == 8 * whole.volume());
+    CHECK(load.size() == 3);
+    // An even split is 1/3 each; the cells are half a tensor, so within one.
+    CHECK(most <= total / 3 + half.volume());
+  }
+}
 
 TEST_CASE("grid: cells of a region are exactly the cells inside it",
           "[coordinator][grid]") {
