@@ -17,18 +17,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "ptc/fingerprint.h"
+#include "tools/internal/stats.h"
 
 namespace ptc {
 namespace {
-
-struct Stats {
-  double min, median, max;
-};
-
-Stats Summarize(std::vector<double> gbps) {
-  std::sort(gbps.begin(), gbps.end());
-  return {gbps.front(), gbps[gbps.size() / 2], gbps.back()};
-}
 
 template <typename Fn>
 Stats Rate(int repetitions, int64_t bytes, Fn&& fn) {

@@ -30,18 +30,10 @@
 #include "common/checksum.h"
 #include "tensor_store/internal/testing.h"
 #include "tensor_store/local_client.h"
+#include "tools/internal/stats.h"
 
 namespace ptc {
 namespace {
-
-struct Stats {
-  double min, median, max;
-};
-
-Stats Summarize(std::vector<double> gbps) {
-  std::sort(gbps.begin(), gbps.end());
-  return {gbps.front(), gbps[gbps.size() / 2], gbps.back()};
-}
 
 template <typename Fn>
 double Measure(int64_t bytes, Fn&& fn) {
@@ -102,8 +94,9 @@ int Run(int max_mib) {
         ++version;
         d->server->store()->spares().WaitIdle();
       }
-      (run == 0 ? shm_cold : shm_save).push_back(
-          Measure(bytes, [&] { save(/*map=*/false); }));
+      (run == 0 ? shm_cold : shm_save).push_back(Measure(bytes, [&] {
+        save(/*map=*/false);
+      }));
       shm_read.push_back(Measure(bytes, [&] {
         auto m = (*local)->Map("bench", version, key, r, /*map=*/false);
         if (!m.ok()) Die(m.status());
