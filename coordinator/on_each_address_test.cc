@@ -1,5 +1,6 @@
 // OnEachAddress: every address is called once, at most `max_at_once` at a
-// time, and the first error comes back.
+// time, and the first error comes back. ReleaseOn, built on it, does not
+// wait long for a host that does not answer.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <mutex>
@@ -8,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "coordinator/reconfigure_driver.h"
+#include "tensor_store/internal/testing.h"
 
 namespace ptc {
 namespace {
@@ -47,6 +50,31 @@ TEST_CASE(
   SECTION("no addresses: nothing called, OK") {
     CHECK(OnEachAddress({}, call).ok());
   }
+}
+
+TEST_CASE(
+    "ReleaseOn releases a version on the hosts that answer and gives up on "
+    "one that does not within seconds",
+    "[coordinator]") {
+  // A host that keeps its connections but answers nothing (stopped).
+  testing::SilentStore silent;
+  auto live = testing::StartDaemon(int64_t{64} << 20);
+  const Shape shape = {16};
+  REQUIRE(live->client->Declare("j", {{"w", DType::kFloat32, shape}}).ok());
+  std::vector<float> w(16, 1.0f);
+  REQUIRE(live->client->Put("j", 1, "w", Region::Full(shape), w.data(), 16 * 4)
+              .ok());
+  REQUIRE(live->client->Commit("j", 1).ok());
+  const absl::Time start = absl::Now();
+  ReleaseOn({silent.address(), live->address()}, "j", 1);
+  const absl::Duration took = absl::Now() - start;
+  CHECK(silent.calls() == 1);
+  // The call's default deadline is 30 s; a release gives each host 3.
+  CHECK(took < absl::Seconds(10));
+  auto list = live->client->List("j");
+  REQUIRE(list.ok());
+  for (const proto::JobInfo& j : list->jobs())
+    for (const proto::VersionInfo& v : j.versions()) CHECK(v.version() != 1);
 }
 
 }  // namespace

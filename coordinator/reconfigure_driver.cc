@@ -420,9 +420,9 @@ absl::Status StageAll(
 // The fingerprint and element count of every tensor of one side, each
 // element counted once: a disjoint cover of the replicas assigns every
 // element to one host (balanced across the replicas by elements), and
-// each host fingerprints its share, by a few calls
-// at once (coordinator_internal::AskFingerprints). `stop`, when set (the
-// staging it runs beside failed), ends it early with CANCELLED.
+// each host fingerprints its share, by a few calls at once
+// (coordinator_internal::AskFingerprints). `stop`, when set (the staging
+// it runs beside failed), ends it early with CANCELLED.
 absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     const ReconfigureRequest& r, const Layout& layout,
     const Placement& placement, int64_t version, bool source,

@@ -1,5 +1,6 @@
 #include "tensor_store/store_client.h"
 
+#include <grpc/support/time.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -29,7 +30,10 @@ absl::StatusOr<Response> StoreClient::Unary(
     const Request& req, int64_t bytes, grpc::ClientContext* context) {
   grpc::ClientContext own;
   grpc::ClientContext* ctx = context != nullptr ? context : &own;
-  SetDeadline(ctx, bytes);
+  // A deadline the caller set stands (unset, it is the infinite future).
+  const gpr_timespec set = ctx->raw_deadline();
+  if (gpr_time_cmp(set, gpr_inf_future(set.clock_type)) == 0)
+    SetDeadline(ctx, bytes);
   Response resp;
   PTC_RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*method)(ctx, req, &resp)));
   return resp;
@@ -256,15 +260,11 @@ absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,
   proto::DeleteVersionRequest req;
   req.set_job(job);
   req.set_version(version);
-  if (timeout <= absl::ZeroDuration()) {
-    PTC_ASSIGN_OR_RETURN(auto resp,
-                         Unary(&proto::TensorStore::Stub::DeleteVersion, req));
-    return resp.bytes();
-  }
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  proto::DeleteVersionResponse resp;
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->DeleteVersion(&ctx, req, &resp)));
+  if (timeout > absl::ZeroDuration())
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  PTC_ASSIGN_OR_RETURN(
+      auto resp, Unary(&proto::TensorStore::Stub::DeleteVersion, req, 0, &ctx));
   return resp.bytes();
 }
 

@@ -67,8 +67,9 @@ class StoreClient {
   absl::StatusOr<proto::StatResponse> Stat(const std::string& job,
                                            int64_t version,
                                            const std::string& tensor);
-  // `context`, if given, is the call's (its deadline is set here): a
-  // caller may end the call from another thread with its TryCancel().
+  // `context`, if given, is the call's (a deadline is set there unless the
+  // caller set one): a caller may end the call from another thread with
+  // its TryCancel().
   absl::StatusOr<proto::FingerprintResponse> Fingerprint(
       const std::string& job, int64_t version, const std::string& tensor,
       const std::vector<Region>& regions = {},
@@ -106,7 +107,8 @@ class StoreClient {
   static absl::Duration DeadlineFor(int64_t bytes);
 
  private:
-  // One unary call with a deadline for `bytes`, in `context` if given.
+  // One unary call, in `context` if given, with the deadline set there or
+  // else one for `bytes`.
   template <typename Request, typename Response>
   absl::StatusOr<Response> Unary(
       grpc::Status (proto::TensorStore::Stub::*method)(grpc::ClientContext*,

@@ -38,9 +38,9 @@ struct Case {
   std::string name;
   std::string model;
   std::string from;
-  int from_hosts;  // host0 .. host{from_hosts-1}
+  int from_hosts;      // host0 .. host{from_hosts-1}
   std::string to;
-  int cluster_hosts;            // hosts in the cluster (>= from_hosts)
+  int cluster_hosts;   // hosts in the cluster (>= from_hosts)
   std::vector<int> candidates;  // hosts the change may use (empty: all live)
   std::vector<int> dead;
   int gpus = 8;
@@ -65,114 +65,37 @@ std::vector<Case> Cases() {
   // of stage 0's 128 replicas.
   return {
       {"GPT-3 175B: pp 16 -> 8, dp 8 -> 16 on the same 128 hosts",
-       "gpt3-175b",
-       "tp=8,pp=16,dp=8",
-       128,
-       "tp=8,pp=8,dp=16",
-       128,
-       {},
-       {}},
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=8,dp=16", 128, {}, {}},
       {"GPT-3 175B: scale-down to 64 hosts, ptc picks which of the 128",
-       "gpt3-175b",
-       "tp=8,pp=16,dp=8",
-       128,
-       "tp=8,pp=16,dp=4",
-       128,
-       {},
-       {}},
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=4", 128, {}, {}},
       {"GPT-3 175B: 16 hosts die (one per stage) -> dp=7 on 112",
-       "gpt3-175b",
-       "tp=8,pp=16,dp=8",
-       128,
-       "tp=8,pp=16,dp=7",
-       128,
-       {},
+       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=7", 128, {},
        one_per_stage},
       {"GPT-3 175B zero=1: pp 16 -> 8, dp 8 -> 16 on the same hosts",
-       "gpt3-175b",
-       "tp=8,pp=16,dp=8,zero=1",
-       128,
-       "tp=8,pp=8,dp=16,zero=1",
-       128,
-       {},
-       {}},
+       "gpt3-175b", "tp=8,pp=16,dp=8,zero=1", 128, "tp=8,pp=8,dp=16,zero=1",
+       128, {}, {}},
       {"GPT-3 2.7B: 4x4 GPUs -> tp=2,pp=2,dp=8 on 8x4",
-       "gpt3-2.7b",
-       "tp=4,pp=2,dp=2",
-       4,
-       "tp=2,pp=2,dp=8",
-       8,
-       {},
-       {},
-       4},
+       "gpt3-2.7b", "tp=4,pp=2,dp=2", 4, "tp=2,pp=2,dp=8", 8, {}, {}, 4},
       {"LLaMA-2 70B: host1 of 8 dies -> dp=1 on the 7 left",
-       "llama2-70b",
-       "tp=8,pp=4,dp=2",
-       8,
-       "tp=8,pp=4,dp=1",
-       8,
-       {},
-       {1}},
+       "llama2-70b", "tp=8,pp=4,dp=2", 8, "tp=8,pp=4,dp=1", 8, {}, {1}},
       {"LLaMA-3 70B: 3 of 32 hosts die -> dp=3 on 24 of the 29 left",
-       "llama3-70b",
-       "tp=8,pp=8,dp=4",
-       32,
-       "tp=8,pp=8,dp=3",
-       32,
-       {},
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=3", 32, {},
        {3, 12, 21}},
       {"LLaMA-3 70B: redeploy 32 hosts to 16 old + 16 new ones",
-       "llama3-70b",
-       "tp=8,pp=8,dp=4",
-       32,
-       "tp=8,pp=8,dp=4",
-       48,
-       Range(16, 48),
-       {}},
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=4", 48,
+       Range(16, 48), {}},
       {"LLaMA-3 70B: tp 8 -> 4, pp 8 -> 16 on the same 32 hosts",
-       "llama3-70b",
-       "tp=8,pp=8,dp=4",
-       32,
-       "tp=4,pp=16,dp=4",
-       32,
-       {},
-       {}},
+       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=4,pp=16,dp=4", 32, {}, {}},
       {"Mixtral 8x7B: ep 4 -> 8 on 2 -> 4 hosts",
-       "mixtral-8x7b",
-       "tp=2,ep=4,pp=2",
-       2,
-       "tp=2,ep=8,pp=2",
-       4,
-       {},
-       {}},
+       "mixtral-8x7b", "tp=2,ep=4,pp=2", 2, "tp=2,ep=8,pp=2", 4, {}, {}},
       {"MoE 64x 136B: ep 8 -> 16 on 8 -> 16 hosts",
-       "moe-64x-136b",
-       "tp=2,ep=8,pp=4",
-       8,
-       "tp=2,ep=16,pp=4",
-       16,
-       {},
-       {}},
+       "moe-64x-136b", "tp=2,ep=8,pp=4", 8, "tp=2,ep=16,pp=4", 16, {}, {}},
       {"LLaMA 405B: 16 of 2,048 hosts die -> dp=120 on 1,920",
-       "llama3-405b",
-       "tp=8,pp=16,dp=128",
-       2048,
-       "tp=8,pp=16,dp=120",
-       2048,
-       {},
-       Range(0, 16),
-       8,
-       false},
+       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=120", 2048,
+       {}, Range(0, 16), 8, false},
       {"LLaMA 405B: scale-up to 2,304 hosts, dp=144",
-       "llama3-405b",
-       "tp=8,pp=16,dp=128",
-       2048,
-       "tp=8,pp=16,dp=144",
-       2304,
-       {},
-       {},
-       8,
-       false},
+       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=144", 2304,
+       {}, {}, 8, false},
   };
 }
 
@@ -195,16 +118,16 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   std::vector<int> candidates;
   for (int h : c.candidates.empty() ? Range(0, c.cluster_hosts) : c.candidates)
     if (alive[h]) candidates.push_back(h);
-  PTC_ASSIGN_OR_RETURN(PlanScenario s,
-                       MakePlanScenario(c.model, c.from, Range(0, c.from_hosts),
-                                        c.to, candidates, cluster, alive));
+  PTC_ASSIGN_OR_RETURN(
+      PlanScenario s,
+      MakePlanScenario(c.model, c.from, Range(0, c.from_hosts), c.to,
+                       candidates, cluster, alive));
   Result r;
   Plan plan;
   std::vector<double> place_s, plan_s, total_s;
   for (int i = 0; i < runs; ++i) {
     plan = Plan();  // one plan at a time, as a coordinator holds it
-    PTC_RETURN_IF_ERROR(
-        PlaceScenarioTarget(&s, proto::PlacementOptions(), candidates));
+    PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, proto::PlacementOptions(), candidates));
     const absl::Time t = absl::Now();
     PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(s.input()));
     plan_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
@@ -242,21 +165,19 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
 }
 
 std::string Encode(const Result& r) {
-  return absl::StrFormat(
-      "%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d",
-      r.contiguous_bytes, r.contiguous_send, r.ptc_bytes, r.ptc_send, r.bound,
-      r.tenplex_bytes, r.tenplex_send, r.pieces, r.released, r.peak,
-      r.place_min, r.place_median, r.place_max, r.plan_min, r.plan_median,
-      r.plan_max, r.total_median, r.valid ? 1 : 0);
+  return absl::StrFormat("%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d",
+                         r.contiguous_bytes, r.contiguous_send, r.ptc_bytes,
+                         r.ptc_send, r.bound, r.tenplex_bytes, r.tenplex_send,
+                         r.pieces, r.released, r.peak, r.place_min, r.place_median,
+                         r.place_max, r.plan_min, r.plan_median, r.plan_max,
+                         r.total_median, r.valid ? 1 : 0);
 }
 
 bool Decode(const std::string& line, Result* r) {
   int valid = 0;
   long long v[10];
   const int n = std::sscanf(
-      line.c_str(),
-      "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf "
-      "%lf %lf %d",
+      line.c_str(), "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf %lf %lf %d",
       &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
       &r->place_min, &r->place_median, &r->place_max, &r->plan_min,
       &r->plan_median, &r->plan_max, &r->total_median, &valid);
@@ -277,9 +198,9 @@ bool RunInChild(const Case& c, int runs, Result* r, int64_t* peak_bytes,
   if (pid == 0) {
     close(fd[0]);
     auto result = RunCase(c, runs);
-    const std::string line =
-        result.ok() ? Encode(*result)
-                    : absl::StrCat("error ", result.status().ToString());
+    const std::string line = result.ok()
+                                 ? Encode(*result)
+                                 : absl::StrCat("error ", result.status().ToString());
     if (write(fd[1], line.data(), line.size()) < 0) _exit(2);
     _exit(0);
   }
@@ -313,12 +234,10 @@ int Run(int runs, int only, bool markdown) {
     std::cout << "| case | contiguous: across / largest send | ptc placement: "
                  "across / largest send | Tenplex-style: across / largest "
                  "send | place, median (min-max) | plan, median (min-max) | "
-                 "peak memory: ptc / with comparisons "
-                 "|\n|---|---|---|---|---|---|---|\n";
+                 "peak memory: ptc / with comparisons |\n|---|---|---|---|---|---|---|\n";
   } else {
     std::cout << absl::StrFormat(
-        "%d runs per case; times are median (min-max); every plan "
-        "validated\n\n",
+        "%d runs per case; times are median (min-max); every plan validated\n\n",
         runs);
   }
   bool ok = true, under_a_second = true;
@@ -336,35 +255,31 @@ int Run(int runs, int only, bool markdown) {
     ok &= r.valid;
     const bool big = c.from_hosts >= 128;
     if (big) under_a_second &= r.place_max + r.plan_max < 1.0;
-    const std::string pair_c = absl::StrCat(Bytes(r.contiguous_bytes), " / ",
-                                            Bytes(r.contiguous_send));
+    const std::string pair_c =
+        absl::StrCat(Bytes(r.contiguous_bytes), " / ", Bytes(r.contiguous_send));
     const std::string pair_p =
         absl::StrCat(Bytes(r.ptc_bytes), " / ", Bytes(r.ptc_send));
     const std::string pair_t =
-        c.baseline
-            ? absl::StrCat(Bytes(r.tenplex_bytes), " / ", Bytes(r.tenplex_send))
-            : std::string("not run (quadratic)");
+        c.baseline ? absl::StrCat(Bytes(r.tenplex_bytes), " / ", Bytes(r.tenplex_send))
+                   : std::string("not run (quadratic)");
     const std::string place = Times(r.place_median, r.place_min, r.place_max);
     const std::string plan = Times(r.plan_median, r.plan_min, r.plan_max);
     if (markdown) {
-      std::cout << absl::StrFormat(
-          "| %s | %s | %s | %s | %s | %s | %s |\n", c.name, pair_c, pair_p,
-          pair_t, place, plan,
-          absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)));
+      std::cout << absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s |\n",
+                                   c.name, pair_c, pair_p, pair_t, place, plan,
+                                   absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)));
     } else {
       std::cout << c.name << "\n"
                 << absl::StrFormat("  %s %s -> %s\n", c.model, c.from, c.to)
-                << absl::StrFormat(
-                       "  across hosts / largest send: contiguous %s; "
-                       "ptc %s (bound %s); tenplex-style %s\n",
-                       pair_c, pair_p, Bytes(r.bound), pair_t)
-                << absl::StrFormat(
-                       "  place %s, plan %s; %d pieces, %d hosts "
-                       "released; peak memory %s (%s with the "
-                       "comparisons)%s\n\n",
-                       place, plan, r.pieces, r.released, HumanBytes(r.peak),
-                       HumanBytes(peak),
-                       r.valid ? "" : "; PLAN DID NOT VALIDATE");
+                << absl::StrFormat("  across hosts / largest send: contiguous %s; "
+                                   "ptc %s (bound %s); tenplex-style %s\n",
+                                   pair_c, pair_p, Bytes(r.bound), pair_t)
+                << absl::StrFormat("  place %s, plan %s; %d pieces, %d hosts "
+                                   "released; peak memory %s (%s with the "
+                                   "comparisons)%s\n\n",
+                                   place, plan, r.pieces, r.released,
+                                   HumanBytes(r.peak), HumanBytes(peak),
+                                   r.valid ? "" : "; PLAN DID NOT VALIDATE");
     }
   }
   if (!markdown) {

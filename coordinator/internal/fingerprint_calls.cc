@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -110,9 +111,15 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> AskFingerprints(
         in_flight.CancelIf([](size_t) { return true; }, /*silent=*/false);
       } else if (calls.is_alive && absl::Now() >= next_liveness) {
         next_liveness = absl::Now() + calls.liveness_poll;
-        in_flight.CancelIf(
-            [&](size_t k) { return !calls.is_alive(lanes[k].host); },
-            /*silent=*/true);
+        // Asked outside in_flight's lock (is_alive takes its owner's).
+        std::set<int32_t> silent;
+        for (const auto& [host, list] : asks)
+          if (!calls.is_alive(host)) silent.insert(host);
+        if (!silent.empty()) {
+          in_flight.CancelIf(
+              [&](size_t k) { return silent.count(lanes[k].host) > 0; },
+              /*silent=*/true);
+        }
       }
       absl::SleepFor(absl::Milliseconds(20));
     }

@@ -15,35 +15,7 @@
 namespace ptc::coordinator_internal {
 namespace {
 
-// A host that accepts connections and calls but answers nothing, as a
-// stopped ptcd does, until the call is cancelled.
-class SilentStore final : public proto::TensorStore::Service {
- public:
-  SilentStore() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~SilentStore() override { server_->Shutdown(); }
-
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  int calls() const { return calls_.load(); }
-
-  grpc::Status Fingerprint(grpc::ServerContext* ctx,
-                           const proto::FingerprintRequest*,
-                           proto::FingerprintResponse*) override {
-    ++calls_;
-    while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
-    return grpc::Status::CANCELLED;
-  }
-
- private:
-  int port_ = 0;
-  std::atomic<int> calls_{0};
-  std::unique_ptr<grpc::Server> server_;
-};
+using testing::SilentStore;
 
 constexpr int64_t kElements = 4096;
 

@@ -1,5 +1,6 @@
 #include "tensor_store/internal/testing.h"
 
+#include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/mix.h"
 
 namespace ptc::testing {
@@ -25,6 +27,42 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+SilentStore::SilentStore() {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port_);
+  builder.RegisterService(this);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    std::cerr << "SilentStore: the server did not start\n";
+    std::abort();
+  }
+}
+
+SilentStore::~SilentStore() { server_->Shutdown(); }
+
+std::string SilentStore::address() const {
+  return absl::StrCat("127.0.0.1:", port_);
+}
+
+grpc::Status SilentStore::Hold(grpc::ServerContext* ctx) {
+  ++calls_;
+  while (!ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+  return grpc::Status::CANCELLED;
+}
+
+grpc::Status SilentStore::Fingerprint(grpc::ServerContext* ctx,
+                                      const proto::FingerprintRequest*,
+                                      proto::FingerprintResponse*) {
+  return Hold(ctx);
+}
+
+grpc::Status SilentStore::DeleteVersion(grpc::ServerContext* ctx,
+                                        const proto::DeleteVersionRequest*,
+                                        proto::DeleteVersionResponse*) {
+  return Hold(ctx);
 }
 
 std::string Daemon::address() const {

@@ -4,6 +4,7 @@
 #ifndef PTC_TENSOR_STORE_INTERNAL_TESTING_H_
 #define PTC_TENSOR_STORE_INTERNAL_TESTING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +39,32 @@ struct Daemon {
 // ready memory for local saves); aborts the test on failure.
 std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30,
                                     int64_t spare_pool = 0);
+
+// A host that accepts connections and calls but answers no Fingerprint or
+// DeleteVersion until the call is cancelled or its deadline passes, as a
+// stopped ptcd (SIGSTOP) does; on localhost:0.
+class SilentStore final : public proto::TensorStore::Service {
+ public:
+  SilentStore();
+  ~SilentStore() override;
+  std::string address() const;
+  // Calls it has taken.
+  int calls() const { return calls_.load(); }
+
+  grpc::Status Fingerprint(grpc::ServerContext* ctx,
+                           const proto::FingerprintRequest*,
+                           proto::FingerprintResponse*) override;
+  grpc::Status DeleteVersion(grpc::ServerContext* ctx,
+                             const proto::DeleteVersionRequest*,
+                             proto::DeleteVersionResponse*) override;
+
+ private:
+  grpc::Status Hold(grpc::ServerContext* ctx);
+
+  int port_ = 0;
+  std::atomic<int> calls_{0};
+  std::unique_ptr<grpc::Server> server_;
+};
 
 // Byte `offset` of stream `seed`: the same whatever the chunking.
 // Memory a store's data uses: memory_used_bytes less what the tensor
