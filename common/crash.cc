@@ -116,9 +116,10 @@ void Handler(int sig, siginfo_t* info, void* ucontext) {
     Write("\n");
   }
   // Die of the signal: a fault re-executes the faulting instruction under
-  // the default action; a raised signal is raised again.
+  // the default action; a raised signal, and a trap (which would resume
+  // after its instruction), is raised again.
   signal(sig, SIG_DFL);
-  if (info->si_code <= 0) raise(sig);
+  if (info->si_code <= 0 || sig == SIGTRAP) raise(sig);
 }
 
 }  // namespace

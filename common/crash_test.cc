@@ -26,13 +26,27 @@ __attribute__((noinline)) void AbortOnPurpose() {
   asm volatile("" ::: "memory");
 }
 
+// A breakpoint trap (SIGTRAP), after which execution would resume.
+__attribute__((noinline)) void TrapOnPurpose() {
+  asm volatile("int3" ::: "memory");
+  asm volatile("" ::: "memory");
+}
+
+enum class Crash { kFault, kAbort, kTrap };
+
 // The caller whose frame the report must reach past the signal.
-__attribute__((noinline)) void CallerOfTheCrash(bool fault) {
+__attribute__((noinline)) void CallerOfTheCrash(Crash how) {
   volatile int* null = nullptr;
-  if (fault) {
-    CrashOnPurpose(null);
-  } else {
-    AbortOnPurpose();
+  switch (how) {
+    case Crash::kFault:
+      CrashOnPurpose(null);
+      break;
+    case Crash::kAbort:
+      AbortOnPurpose();
+      break;
+    case Crash::kTrap:
+      TrapOnPurpose();
+      break;
   }
   asm volatile("" ::: "memory");
 }
@@ -41,7 +55,21 @@ TEST_CASE(
     "crash handler: a crash prints the signal and where it happened, and "
     "the process dies of it",
     "[common][crash]") {
-  const bool fault = GENERATE(true, false);
+  const Crash how = GENERATE(Crash::kFault, Crash::kAbort, Crash::kTrap);
+  struct Expected {
+    int signal;
+    const char* says;
+    const char* frame;
+  };
+  const Expected want =
+      how == Crash::kFault
+          ? Expected{SIGSEGV,
+                     "SEGV (Segmentation fault) at address 0x0000000000000000",
+                     "CrashOnPurpose"}
+      : how == Crash::kAbort
+          ? Expected{SIGABRT, "ABRT (Aborted) sent by process",
+                     "AbortOnPurpose"}
+          : Expected{SIGTRAP, "TRAP (", "TrapOnPurpose"};
   int out[2];
   REQUIRE(pipe(out) == 0);
   const pid_t child = fork();
@@ -50,8 +78,8 @@ TEST_CASE(
     dup2(out[1], STDERR_FILENO);
     close(out[0]);
     InstallCrashHandler("/proc/self/exe");
-    CallerOfTheCrash(fault);
-    _exit(0);  // not reached
+    CallerOfTheCrash(how);
+    _exit(0);  // reached only if the handler resumed the program
   }
   close(out[1]);
   std::string report;
@@ -63,15 +91,10 @@ TEST_CASE(
   REQUIRE(waitpid(child, &status, 0) == child);
   INFO(report);
   CHECK(WIFSIGNALED(status));
-  CHECK(WTERMSIG(status) == (fault ? SIGSEGV : SIGABRT));
-  CHECK_THAT(
-      report,
-      Catch::Contains(
-          fault ? "SEGV (Segmentation fault) at address 0x0000000000000000"
-                : "ABRT (Aborted) sent by process"));
+  CHECK(WTERMSIG(status) == want.signal);
+  CHECK_THAT(report, Catch::Contains(want.says));
   // The crashing frame, then its caller: unwound past the signal.
-  const size_t crashed =
-      report.find(fault ? "CrashOnPurpose" : "AbortOnPurpose");
+  const size_t crashed = report.find(want.frame);
   CHECK(crashed != std::string::npos);
   CHECK(report.find("CallerOfTheCrash", crashed) != std::string::npos);
 }

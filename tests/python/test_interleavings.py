@@ -268,11 +268,13 @@ def test_a_silent_source_with_a_replica_does_not_hold_the_change(cluster):
     """As above, but host1 is stopped, not killed, as the change starts: a
     call to it answers nothing until its deadline, up to minutes away. The
     pulls in flight give up after the peer timeout (twice the host timeout)
-    and take host1's share from host0; the source version's fingerprints
-    (taken while the target stages) are given up once the coordinator sees
-    host1 silent and asked of host0; the release of version 1 does not wait
-    for host1. The change commits, every element exact, without waiting on
-    host1 past that (it took 30 s when the release waited for host1)."""
+    and take host1's share from host0; by the time the source version's
+    fingerprints are asked, the coordinator has declared host1 dead and
+    asks host0 (a call to a host that goes silent mid-call is covered by
+    coordinator:fingerprint_calls_test); the release of version 1 after the
+    commit does not wait for host1. The change commits, every element
+    exact, without waiting on host1 past that (it took 30 s when the
+    release waited for host1)."""
     c = cluster
     register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
     c.save("j", "host0", 1)
