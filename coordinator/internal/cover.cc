@@ -14,33 +14,30 @@ std::map<int32_t, std::vector<Region>> DisjointCover(
   for (const auto& [h, r] : held) grid.AddCuts(r);
   grid.Finalize();
   constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  auto assigned = [&](int32_t h) -> int64_t {
+    if (load == nullptr) return 0;
+    auto it = load->find(h);
+    return it == load->end() ? 0 : it->second;
+  };
+  // Whether holder `a` is preferred to the cell's owner so far, `b`.
+  auto preferred = [&](int32_t a, int32_t b) {
+    if (b == kNone) return true;
+    const int64_t la = assigned(a), lb = assigned(b);
+    return la != lb ? la < lb : a < b;
+  };
   std::vector<int32_t> owner(grid.num_cells(), kNone);
-  if (load == nullptr) {
-    for (const auto& [host, r] : held) {
-      const int32_t h = host;  // a lambda cannot capture a structured binding
-      grid.ForEachCell(r, [&](int64_t c) { owner[c] = std::min(owner[c], h); });
-    }
-  } else {
-    std::vector<std::vector<int32_t>> holders(grid.num_cells());
-    for (const auto& [host, r] : held) {
-      const int32_t h = host;
-      grid.ForEachCell(r, [&](int64_t c) { holders[c].push_back(h); });
-    }
-    for (int64_t c = 0; c < grid.num_cells(); ++c) {
-      for (int32_t h : holders[c]) {
-        if (owner[c] == kNone || (*load)[h] < (*load)[owner[c]] ||
-            ((*load)[h] == (*load)[owner[c]] && h < owner[c])) {
-          owner[c] = h;
-        }
-      }
-      if (owner[c] != kNone) (*load)[owner[c]] += grid.CellRegion(c).volume();
-    }
+  for (const auto& [host, r] : held) {
+    const int32_t h = host;  // a lambda cannot capture a structured binding
+    grid.ForEachCell(r, [&](int64_t c) {
+      if (preferred(h, owner[c])) owner[c] = h;
+    });
   }
   std::map<int32_t, std::vector<Region>> out;
   for (int64_t c = 0; c < grid.num_cells(); ++c) {
-    if (owner[c] != std::numeric_limits<int32_t>::max()) {
-      out[owner[c]].push_back(grid.CellRegion(c));
-    }
+    if (owner[c] == kNone) continue;
+    Region cell = grid.CellRegion(c);
+    if (load != nullptr) (*load)[owner[c]] += cell.volume();
+    out[owner[c]].push_back(std::move(cell));
   }
   for (auto& [h, boxes] : out) CoalesceBoxes(&boxes);
   return out;

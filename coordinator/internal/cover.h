@@ -15,9 +15,9 @@ namespace ptc::coordinator_internal {
 
 // Without `load`, each element goes to the lowest host id that holds it.
 // With `load` (elements assigned to each host so far, kept by the caller
-// across calls), each cell of the held regions' common refinement goes to
-// the holder with the fewest (ties: the lowest id), and its volume is added
-// there: replicas share the work.
+// across calls), each element goes to the holder with the fewest before
+// this call (ties: the lowest id), and what each host got is added there:
+// over many tensors, replicas share the work.
 std::map<int32_t, std::vector<Region>> DisjointCover(
     int rank, const std::vector<std::pair<int32_t, Region>>& held,
     std::map<int32_t, int64_t>* load = nullptr);
