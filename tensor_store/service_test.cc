@@ -11,8 +11,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/metrics.h"
 #include "ptc/fingerprint.h"
 #include "ptc/region_proto.h"
+#include "tensor_store/internal/client_calls.h"
 #include "tensor_store/internal/testing.h"
 
 namespace ptc {
@@ -434,6 +436,62 @@ TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",
             ->Put("job", 2, "w", Region{{0, 1024}, {0, 1024}},
                   std::vector<char>(4 << 20).data(), 4 << 20)
             .ok());
+}
+
+TEST_CASE(
+    "service: one client's idle Put streams do not take the threads the "
+    "coordinator, peers and other clients need",
+    "[tensor_store][hostile]") {
+  auto d = StartDaemon();
+  Counter& refused = GetCounter(
+      "ptc_store_errors_by_code_total{code=\"RESOURCE_EXHAUSTED\"}");
+  const int64_t refused_before = refused.value();
+  // 400 Put streams on one connection that send nothing (as a client that
+  // opens streams and stalls); each held call holds a server thread.
+  auto channel = grpc::CreateChannel(d->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = proto::TensorStore::NewStub(channel);
+  constexpr int kStreams = 400;
+  constexpr int kHeld = ClientCalls::Bounds{}.per_connection;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<proto::PutResponse> responses(kStreams);
+  std::vector<std::unique_ptr<grpc::ClientWriter<proto::PutRequest>>> writers;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    writers.push_back(stub->Put(contexts.back().get(), &responses[i]));
+  }
+  // Every stream beyond the connection's bound is refused at once.
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (refused.value() - refused_before < kStreams - kHeld &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK(refused.value() - refused_before == kStreams - kHeld);
+  // The coordinator's and peers' calls (another connection) are served, and
+  // so is another client's save.
+  auto other = StoreClient::Connect(d->address());
+  auto stats = other->Stats();
+  REQUIRE(stats.ok());
+  REQUIRE(other->Declare("job", {{"w", DType::kFloat32, {4}}}).ok());
+  const std::vector<char> bytes(16, 1);
+  CHECK(other->Put("job", 1, "w", Region{{0, 4}}, bytes.data(), bytes.size())
+            .ok());
+  // The refused streams end with a message that names the bound; the held
+  // ones end when their client closes them.
+  int held = 0, exhausted = 0;
+  for (int i = 0; i < kStreams; ++i) writers[i]->WritesDone();
+  for (int i = 0; i < kStreams; ++i) {
+    const grpc::Status s = writers[i]->Finish();
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      CHECK_THAT(s.error_message(),
+                 Catch::Contains("this connection holds 32 calls"));
+    } else {
+      ++held;
+    }
+  }
+  CHECK(exhausted == kStreams - kHeld);
+  CHECK(held == kHeld);
 }
 
 }  // namespace

@@ -100,6 +100,19 @@ absl::Status TensorStoreService::AuthorizeHostRead(
   return admissions_->Check(job, 0, caller, rpc);
 }
 
+absl::StatusOr<ClientCalls::Slot> TensorStoreService::EnterClientCall(
+    const grpc::ServerContext& ctx, const char* rpc, bool writes) {
+  if (TlsEnabled()) {
+    if (CallerKind(PeerName(ctx)) != kClient) return ClientCalls::Slot();
+    PTC_ASSIGN_OR_RETURN(std::optional<std::string> job, ClientJob(ctx));
+    return client_calls_.Enter(ctx.peer(), job.value_or(""), rpc);
+  }
+  // Without TLS nobody is known: calls that only clients make (writes;
+  // peers read, the coordinator commits) are counted as clients'.
+  if (!writes) return ClientCalls::Slot();
+  return client_calls_.Enter(ctx.peer(), "", rpc);
+}
+
 grpc::Status TensorStoreService::DeclareTensors(
     grpc::ServerContext* ctx, const proto::DeclareTensorsRequest* req,
     proto::DeclareTensorsResponse* resp) {
@@ -108,6 +121,8 @@ grpc::Status TensorStoreService::DeclareTensors(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "DeclareTensors");
+  auto slot = EnterClientCall(*ctx, "DeclareTensors", /*writes=*/true);
+  if (!slot.ok()) return call.Done(slot.status());
   std::vector<TensorDecl> decls;
   for (const proto::TensorDecl& d : req->tensors()) {
     auto decl = TensorDeclFromProto(d);
@@ -127,6 +142,8 @@ grpc::Status TensorStoreService::Put(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Put");
+  auto slot = EnterClientCall(*ctx, "Put", /*writes=*/true);
+  if (!slot.ok()) return call.Done(slot.status());
   return call.Done(DoPut(ctx, reader, resp));
 }
 
@@ -137,6 +154,8 @@ grpc::Status TensorStoreService::Read(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Read");
+  auto slot = EnterClientCall(*ctx, "Read", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   return call.Done(DoRead(ctx, *req, writer));
 }
 
@@ -152,6 +171,8 @@ grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "List");
+  auto slot = EnterClientCall(*ctx, "List", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   *resp = store_->List(job);
   if (!req->job().empty() && resp->jobs().empty()) {
     return call.Done(absl::NotFoundError(
@@ -167,6 +188,8 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Stat");
+  auto slot = EnterClientCall(*ctx, "Stat", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   auto stat = store_->Stat(req->job(), req->version(), req->tensor());
   if (stat.ok()) *resp = std::move(*stat);
   return call.Done(stat.status());
@@ -180,6 +203,8 @@ grpc::Status TensorStoreService::Fingerprint(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Fingerprint");
+  auto slot = EnterClientCall(*ctx, "Fingerprint", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   std::vector<Region> regions;
   for (const proto::Region& r : req->regions()) {
     auto region = RegionFromProto(r);
@@ -237,6 +262,8 @@ grpc::Status TensorStoreService::PutSmallObject(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "PutSmallObject");
+  auto slot = EnterClientCall(*ctx, "PutSmallObject", /*writes=*/true);
+  if (!slot.ok()) return call.Done(slot.status());
   absl::Status s =
       store_->PutSmallObject(req->job(), req->version(), req->name(),
                              req->rank(), req->data(), req->checksum());
@@ -256,6 +283,8 @@ grpc::Status TensorStoreService::GetSmallObject(
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "GetSmallObject");
+  auto slot = EnterClientCall(*ctx, "GetSmallObject", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   auto ref = store_->GetSmallObject(req->job(), req->version(), req->name(),
                                     req->rank());
   if (ref.ok()) {
@@ -317,6 +346,8 @@ grpc::Status TensorStoreService::Stats(grpc::ServerContext* ctx,
   if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Stats"); !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Stats");
+  auto slot = EnterClientCall(*ctx, "Stats", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
   store_->FillStats(resp);
   resp->set_local_clients(local_clients_ ? local_clients_() : 0);
   resp->set_active_calls(active_calls_.load());

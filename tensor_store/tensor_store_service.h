@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/tensor_store.grpc.pb.h"
+#include "tensor_store/internal/client_calls.h"
 #include "tensor_store/peer_admissions.h"
 #include "tensor_store/store.h"
 
@@ -93,8 +94,15 @@ class TensorStoreService final : public proto::TensorStore::Service {
   absl::Status AuthorizeHostRead(const grpc::ServerContext& ctx,
                                  const char* rpc, const std::string& job);
 
+  // A slot in client_calls_ for a call of a job's client (with TLS: a
+  // client certificate; without: any caller of an RPC that `writes`); an
+  // empty slot for the coordinator's, admins' and peers' calls.
+  absl::StatusOr<ClientCalls::Slot> EnterClientCall(
+      const grpc::ServerContext& ctx, const char* rpc, bool writes);
+
   Store* store_;
   std::function<int()> local_clients_;
+  ClientCalls client_calls_;
   const absl::Duration put_timeout_;
   const std::shared_ptr<PeerAdmissions> admissions_;
   std::atomic<int> active_calls_{0};
