@@ -43,7 +43,7 @@ constexpr char kUsage[] =
             [--spare-pool BYTES] [--background-fingerprints on|off]
             [--drain-seconds N] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
-             [--bandwidth BYTES_PER_S]] [--ucx-gets scattered|all]
+             [--bandwidth BYTES_PER_S]]
             [--snapshot-root DIR]
             (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
@@ -95,12 +95,6 @@ constexpr char kUsage[] =
   --snapshot-root  snapshots are written to and read from directories
                    under DIR only (default: any absolute path the daemon
                    may write; systemd's unit allows /var/lib/ptc/snapshots)
-  --ucx-gets       which parts of a peer's memory this ptcd reads with UCX
-                   one-sided gets when it stages a reconfiguration:
-                   "scattered" (default) those that are several long runs
-                   there, while the peer sends those that are one span (the
-                   rendezvous reads them without a copy at the peer);
-                   "all" both kinds (to compare on an RDMA network)
 )";
 
 absl::Status Run(int argc, char** argv) {
@@ -200,12 +194,13 @@ absl::Status Run(int argc, char** argv) {
     setenv("UCX_TLS", tls.c_str(), /*overwrite=*/1);
   }
   TransformerOptions transformer;
-  const std::string gets = settings.Get("ucx-gets", "scattered");
-  if (gets != "scattered" && gets != "all") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--ucx-gets must be 'scattered' or 'all', not '", gets, "'"));
+  if (settings.Has("ucx-gets")) {
+    // Accepted so that configurations of older releases still start.
+    Log("ptcd")->warn(
+        "ucx-gets is ignored: ptcd no longer reads peers' memory with UCX "
+        "one-sided gets (they are not safe on every transport; see "
+        "docs/security.md); remove it from the configuration");
   }
-  transformer.gets_for_contiguous = gets == "all";
   transformer.snapshot_root = settings.Get("snapshot-root", "");
   if (!transformer.snapshot_root.empty()) {
     PTC_RETURN_IF_ERROR(Annotate(CheckSnapshotRoot(transformer.snapshot_root, ""),

@@ -20,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "proto/transformer.grpc.pb.h"
 #include "ptc/region_proto.h"
+#include "state_transformer/ucx_worker.h"
 #include "tensor_store/internal/testing.h"
 #include "tests/testing.h"
 
@@ -268,8 +269,9 @@ TEST_CASE(
         absl::StatusCode::kAborted);
 }
 
-// A raw UCX peer: what an attacker on the fabric holds once it has a
-// worker address and a remote key.
+// A raw UCX peer with one-sided operations: what an attacker on the
+// fabric runs once it has a worker address (a host admitted to some plan
+// epoch once gets it).
 class RawUcxPeer {
  public:
   RawUcxPeer() {
@@ -287,6 +289,7 @@ class RawUcxPeer {
   }
   ~RawUcxPeer() {
     if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
+    if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
     if (ep_ != nullptr) {
       ucp_request_param_t p = {};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -308,32 +311,46 @@ class RawUcxPeer {
     return out;
   }
 
-  // Writes `bytes` at `address` of the peer; the put's status.
-  ucs_status_t Put(const std::string& peer, const std::string& rkey,
-                   uint64_t address, const std::vector<char>& bytes) {
+  // Connects to the worker at `peer` with a key of this peer's own memory:
+  // well-formed, but not one the daemon made (as a key of memory the
+  // daemon has since let go would be). False if UCX refuses.
+  bool Connect(const std::string& peer) {
     ucp_ep_params_t ep = {};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     ep.address = reinterpret_cast<const ucp_address_t*>(peer.data());
-    if (ucs_status_t s = ucp_ep_create(worker_, &ep, &ep_); s != UCS_OK)
-      return s;
-    if (ucs_status_t s = ucp_ep_rkey_unpack(ep_, rkey.data(), &rkey_);
-        s != UCS_OK)
-      return s;
+    if (ucp_ep_create(worker_, &ep, &ep_) != UCS_OK) return false;
+    ucp_mem_map_params_t mp = {};
+    mp.field_mask =
+        UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = own_.data();
+    mp.length = own_.size();
+    if (ucp_mem_map(context_, &mp, &memh_) != UCS_OK) return false;
+    void* packed = nullptr;
+    size_t size = 0;
+    if (ucp_rkey_pack(context_, memh_, &packed, &size) != UCS_OK) return false;
+    const bool unpacked = ucp_ep_rkey_unpack(ep_, packed, &rkey_) == UCS_OK;
+    ucp_rkey_buffer_release(packed);
+    return unpacked;
+  }
+
+  // A get (or put) of `n` bytes at `remote` in the peer's memory, driven
+  // for up to `wait`: OK if it completed, its error, or UCS_INPROGRESS if
+  // it is still pending (left to the endpoint's forced close).
+  ucs_status_t Rma(bool put, void* local, uint64_t remote, size_t n,
+                   absl::Duration wait) {
     ucp_request_param_t p = {};
-    void* r = ucp_put_nbx(ep_, bytes.data(), bytes.size(), address, rkey_, &p);
+    void* r = put ? ucp_put_nbx(ep_, local, n, remote, rkey_, &p)
+                  : ucp_get_nbx(ep_, local, n, remote, rkey_, &p);
     if (UCS_PTR_IS_ERR(r)) return UCS_PTR_STATUS(r);
-    if (ucs_status_t s = Wait(r); s != UCS_OK) return s;
-    // A put is complete locally once sent; a flush waits for the remote.
-    r = ucp_ep_flush_nbx(ep_, &p);
-    if (UCS_PTR_IS_ERR(r)) return UCS_PTR_STATUS(r);
-    return Wait(r);
+    if (put && r == nullptr) r = ucp_ep_flush_nbx(ep_, &p);  // reach the peer
+    return Wait(r, wait);
   }
 
  private:
-  ucs_status_t Wait(void* r) {
+  ucs_status_t Wait(void* r, absl::Duration wait = absl::Seconds(10)) {
     if (r == nullptr) return UCS_OK;
     if (UCS_PTR_IS_ERR(r)) return UCS_PTR_STATUS(r);
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    const absl::Time deadline = absl::Now() + wait;
     ucs_status_t s;
     while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS &&
            absl::Now() < deadline) {
@@ -347,51 +364,72 @@ class RawUcxPeer {
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   ucp_rkey_h rkey_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+  std::vector<char> own_ = std::vector<char>(4096);
 };
 
 TEST_CASE(
-    "a remote UCX put into memory exposed for gets neither crashes the "
-    "daemon nor changes its bytes",
+    "no UCX peer reads or writes a daemon's memory with one-sided "
+    "operations, whatever key and address it uses",
     "[transformer][hostile]") {
   auto c = Cluster();
   Transformer t(c->addresses.at(0));
-  grpc::ClientContext ctx;
-  proto::ExposePiecesRequest req;
-  req.set_job("job");
-  req.set_version(1);
-  req.set_plan_epoch(1);
-  req.set_get_contiguous(true);
-  proto::PieceRef* piece = req.add_pieces();
-  piece->set_tensor("w");
-  *piece->mutable_region() = ToProto(kAll);
-  proto::ExposePiecesResponse resp;
-  const absl::Status exposed =
-      FromGrpcStatus(t.stub->ExposePieces(&ctx, req, &resp));
-  if (exposed.code() == absl::StatusCode::kFailedPrecondition) {
-    WARN("this ptcd has no UCX worker; nothing is exposed");
-    return;
-  }
-  REQUIRE(exposed.ok());
-  REQUIRE(resp.pieces_size() == 1);
-  REQUIRE(resp.pieces(0).parts_size() == 1);
-  const proto::ExposedPart& part = resp.pieces(0).parts(0);
-  REQUIRE_FALSE(part.send());
   {
-    // Refused by a NIC (the key is read-only), or, where UCX emulates puts
-    // in software (TCP, here), written into the exposure's private pages:
-    // either way not into the store (this was a segfault in the daemon).
-    RawUcxPeer attacker;
-    const ucs_status_t s =
-        attacker.Put(resp.ucx_address(), part.rkey(), part.address(),
-                     std::vector<char>(4096, 'x'));
-    INFO("the put: " << ucs_status_string(s));
+    // Nothing of the store is exposed for reads.
+    grpc::ClientContext ctx;
+    proto::ExposePiecesRequest req;
+    req.set_job("job");
+    req.set_version(1);
+    req.set_plan_epoch(1);
+    proto::PieceRef* piece = req.add_pieces();
+    piece->set_tensor("w");
+    *piece->mutable_region() = ToProto(kAll);
+    proto::ExposePiecesResponse resp;
+    CHECK(FromGrpcStatus(t.stub->ExposePieces(&ctx, req, &resp)).code() ==
+          absl::StatusCode::kUnimplemented);
   }
-  RequireHealthy(*c);
-  std::vector<char> back(kRows * kCols * 4);
-  REQUIRE(c->daemons[0]
-              ->client->Read("job", 1, "w", kAll, back.data(), back.size())
+  // A worker as ptcd's (this process is its daemon), and memory of the
+  // process that was never offered to anyone. Before ptcd's workers gave
+  // up one-sided operations, UCX served this get and put in software:
+  // the get returned the secret and the put changed the canary, with a
+  // key the daemon never made; after a dropped exposure, such gets
+  // crashed ptcd.
+  auto daemon = UcxWorker::Create(/*serve=*/true);
+  REQUIRE(daemon.ok());
+  std::vector<char> secret(64, '\x5a'), canary(64, '\x11');
+  {
+    RawUcxPeer attacker;
+    if (attacker.Connect((*daemon)->address())) {
+      std::vector<char> got(64, 0);
+      const ucs_status_t get = attacker.Rma(
+          /*put=*/false, got.data(), reinterpret_cast<uint64_t>(secret.data()),
+          got.size(), absl::Seconds(2));
+      INFO("the get: " << ucs_status_string(get));
+      CHECK(get != UCS_OK);
+      CHECK(got == std::vector<char>(64, 0));
+      std::vector<char> poison(64, '\x66');
+      const ucs_status_t put = attacker.Rma(
+          /*put=*/true, poison.data(),
+          reinterpret_cast<uint64_t>(canary.data()), poison.size(),
+          absl::Seconds(2));
+      INFO("the put: " << ucs_status_string(put));
+      CHECK(canary == std::vector<char>(64, '\x11'));
+    }
+  }
+  // The worker still serves tagged messages, and the daemon its store.
+  auto sender = UcxWorker::Create(/*serve=*/false);
+  REQUIRE(sender.ok());
+  std::vector<char> in(16, 0);
+  const std::vector<char> out(16, '\x7e');
+  auto receive = (*daemon)->PostReceive(42, in.data(), in.size());
+  REQUIRE(receive.ok());
+  REQUIRE((*sender)
+              ->Send((*daemon)->address(), {{42, out.data(), out.size()}},
+                     absl::Seconds(30))
               .ok());
-  CHECK(testing::CheckPattern(5, 0, back.data(), back.size()));
+  REQUIRE((*daemon)->Wait(receive->get(), absl::Seconds(30)).ok());
+  CHECK(in == out);
+  RequireHealthy(*c);
 }
 
 TEST_CASE(

@@ -116,40 +116,4 @@ FragmentPartPlan PlanFragmentParts(const FragmentJob& job,
   return plan;
 }
 
-absl::StatusOr<std::vector<WirePart>> PlanWireParts(
-    const Region& share, const Region& into,
-    const std::vector<ExposedPart>& exposed, int64_t element_size,
-    int64_t min_get_run_bytes) {
-  std::vector<WirePart> out;
-  int64_t volume = 0;
-  for (size_t i = 0; i < exposed.size(); ++i) {
-    const ExposedPart& e = exposed[i];
-    if (e.part.rank() != share.rank() || e.stored.rank() != share.rank() ||
-        !share.Contains(e.part) || !e.stored.Contains(e.part) ||
-        (!e.send && !e.has_key)) {
-      return absl::DataLossError(absl::StrCat(
-          "the source exposed a part ", e.part.ToString(), " (stored in ",
-          e.stored.ToString(), ") that does not lie in ", share.ToString(),
-          e.send || e.has_key ? "" : ", with neither a key nor a send"));
-    }
-    volume += e.part.volume();
-    if (e.part.empty()) continue;
-    int64_t runs = 0;
-    ForEachRun(e.stored, into, e.part, element_size,
-               [&](int64_t, int64_t, int64_t) { ++runs; });
-    // Short runs on either side are cheaper sent (one message) than read
-    // run by run.
-    const bool get = !e.send && runs > 0 &&
-                     e.part.volume() * element_size / runs >= min_get_run_bytes;
-    out.push_back({get ? WireMethod::kGet : WireMethod::kSend, e.part,
-                   e.stored, static_cast<int32_t>(i)});
-  }
-  if (volume != share.volume()) {
-    return absl::DataLossError(
-        absl::StrCat("the source exposed ", volume, " of the ", share.volume(),
-                     " elements of ", share.ToString()));
-  }
-  return out;
-}
-
 }  // namespace ptc

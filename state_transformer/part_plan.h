@@ -7,10 +7,6 @@
 //   std::vector<bool> stored = ...;  // which holds the source stores as is
 //   FragmentPartPlan plan = PlanFragmentParts(job, stored);
 //   for (const FragmentPart& part : plan.parts) { ... run part ... }
-//
-// The second half is the same for one UCX batch: from the parts a source
-// exposed (ExposePieces' answer), which are read with gets and which the
-// source sends (PlanWireParts), checked before anything is read.
 #ifndef PTC_STATE_TRANSFORMER_PART_PLAN_H_
 #define PTC_STATE_TRANSFORMER_PART_PLAN_H_
 
@@ -30,8 +26,8 @@ enum class PartMethod {
   kLink,
   // From this host's own source version, by a strided copy.
   kCopy,
-  // From a peer, over the fragment's transport (which picks gets, sends
-  // or a stream per wire part; see PlanWireParts).
+  // From a peer, over the fragment's transport (UCX tagged sends by the
+  // source, or a gRPC stream).
   kPull,
   // From the job's snapshot on disk (source host kSnapshotHost).
   kSnapshot,
@@ -82,46 +78,6 @@ inline constexpr size_t kMaxBatchPieces = 256;
 // (a piece with this host as source and the same region) is linked.
 FragmentPartPlan PlanFragmentParts(const FragmentJob& job,
                                    const std::vector<bool>& stored_exactly);
-
-// How bytes of one exposed part cross the wire.
-enum class WireMethod {
-  // One-sided reads of the source's registered memory, run by run, into
-  // the staged buffer, checked against the checksum the source computed.
-  kGet,
-  // The source sends the part (UCX tagged send): it lands in place when it
-  // is one span of the staged buffer, else in a bounce buffer that is
-  // scattered.
-  kSend,
-};
-
-// A part of a piece as the source stores it (ExposePieces' answer),
-// decoded: `part` lies in one stored buffer of the source whose region is
-// `stored`.
-struct ExposedPart {
-  Region part;
-  Region stored;
-  bool send = false;     // the source asks for a send
-  bool has_key = false;  // the source gave a remote key (gets possible)
-};
-
-struct WirePart {
-  WireMethod method = WireMethod::kSend;
-  Region part;
-  Region stored;
-  int32_t exposed = 0;  // index into the exposed parts
-};
-
-// Chooses the method of every exposed part of `share` (a region of a
-// piece) that lands in the staged buffer of region `into`: a get when the
-// source gave a key and the part's runs (in the source's and in `into`'s
-// layout) average at least `min_get_run_bytes`, else a send. Refuses, with
-// DATA_LOSS, an answer whose parts leave `share` or their stored region,
-// lack both a key and a send, or do not add up to `share`'s volume. Empty
-// parts are dropped.
-absl::StatusOr<std::vector<WirePart>> PlanWireParts(
-    const Region& share, const Region& into,
-    const std::vector<ExposedPart>& exposed, int64_t element_size,
-    int64_t min_get_run_bytes);
 
 }  // namespace ptc
 

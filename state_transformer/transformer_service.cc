@@ -36,15 +36,6 @@ TransformerService::TransformerService(
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
     ucx_ = std::move(*worker);
-    // Registrations keep source buffers alive; a host that only sends may
-    // see no further call for the job, so idle ones are also swept here.
-    sweeper_ = std::thread([this] {
-      absl::MutexLock lock(&mu_);
-      while (!stopping_) {
-        mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(10));
-        DropExposuresLocked("", 0);
-      }
-    });
   } else {
     Log("transformer")
         ->warn("no UCX worker ({}); peers will use the gRPC transport",
@@ -52,18 +43,7 @@ TransformerService::TransformerService(
   }
 }
 
-TransformerService::~TransformerService() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (sweeper_.joinable()) sweeper_.join();
-}
-
-TransformerService::ExposedBuffer::~ExposedBuffer() {
-  registration.reset();
-  if (mapping != nullptr) munmap(mapping, buffer->size());
-}
+TransformerService::~TransformerService() = default;
 
 absl::Status TransformerService::CheckEpoch(const std::string& job,
                                             int64_t epoch, EpochUse use) {
@@ -85,21 +65,8 @@ absl::Status TransformerService::CheckEpoch(const std::string& job,
         absl::StrCat("plan epoch ", epoch, " of job '", job,
                      "' was aborted on this host; plan the change again"));
   }
-  if (use == EpochUse::kFragment) {
-    epochs_[job].newest = epoch;
-    DropExposuresLocked(job, epoch);
-  }
+  if (use == EpochUse::kFragment) epochs_[job].newest = epoch;
   return absl::OkStatus();
-}
-
-void TransformerService::DropExposuresLocked(const std::string& job,
-                                             int64_t epoch) {
-  const absl::Time stale = absl::Now() - absl::Minutes(1);
-  for (auto it = exposed_.begin(); it != exposed_.end();) {
-    const bool drop = (it->first.first == job && it->first.second < epoch) ||
-                      it->second.last_use < stale;
-    it = drop ? exposed_.erase(it) : std::next(it);
-  }
 }
 
 absl::StatusOr<FragmentJob> FragmentJobFromRequest(
@@ -183,10 +150,8 @@ absl::Status TransformerService::DoExecute(
       req.peer_timeout_ms() > 0 ? absl::Milliseconds(req.peer_timeout_ms())
                                 : absl::Seconds(60);
   auto ucx_transport = [&] {
-    auto t = std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers,
-                                                 names, peer_timeout);
-    t->set_get_contiguous(options_.gets_for_contiguous);
-    return t;
+    return std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names,
+                                               peer_timeout);
   };
   std::unique_ptr<PieceTransport> transport;
   switch (req.transport()) {
@@ -316,7 +281,6 @@ grpc::Status TransformerService::AbortStaged(
       aborted.insert(req->plan_epoch());
       if (aborted.size() > kAbortedEpochsKept) aborted.erase(aborted.begin());
     }
-    DropExposuresLocked(req->job(), req->plan_epoch() + 1);
   }
   // An abort deletes only a staged version of its own epoch or an older
   // one: never a save's version, never a committed one.
@@ -335,10 +299,6 @@ grpc::Status TransformerService::CommitStaged(
           CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kCommit);
       !s.ok()) {
     return ToGrpcStatus(s);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    DropExposuresLocked(req->job(), std::numeric_limits<int64_t>::max());
   }
   auto bytes = store_->Commit(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
@@ -384,41 +344,6 @@ absl::StatusOr<ReadView> TransformerService::OpenForPeer(
     const proto::Region& region) {
   PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(region));
   return store_->OpenRead(job, version, tensor, r);
-}
-
-absl::Status TransformerService::ExposeLocked(
-    const std::string& job, int64_t plan_epoch,
-    const std::shared_ptr<RegionBuffer>& buffer, proto::ExposedPart* out) {
-  Exposure& e = exposed_[{job, plan_epoch}];
-  e.last_use = absl::Now();
-  std::unique_ptr<ExposedBuffer>& slot = e.buffers[buffer.get()];
-  if (slot == nullptr) {
-    auto exposed = std::make_unique<ExposedBuffer>();
-    exposed->buffer = buffer;
-    void* p = mmap(nullptr, buffer->size(), PROT_READ | PROT_WRITE, MAP_PRIVATE,
-                   buffer->fd(), 0);
-    absl::Status s;
-    if (p == MAP_FAILED) {
-      s = absl::InternalError(absl::StrCat(
-          "mapping a stored region for peers: ", std::strerror(errno)));
-    } else {
-      exposed->mapping = p;
-      auto reg = ucx_->Register(p, buffer->size());
-      if (reg.ok()) {
-        exposed->registration = *std::move(reg);
-      } else {
-        s = reg.status();
-      }
-    }
-    if (!s.ok()) {
-      e.buffers.erase(buffer.get());
-      return s;
-    }
-    slot = std::move(exposed);
-  }
-  out->set_address(slot->registration->address());
-  out->set_rkey(slot->registration->rkey());
-  return absl::OkStatus();
 }
 
 absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
@@ -544,72 +469,14 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
                     [ctx] { return ctx != nullptr && ctx->IsCancelled(); });
 }
 
-absl::Status TransformerService::DoExposePieces(
-    const grpc::ServerContext* ctx, const proto::ExposePiecesRequest& req,
-    proto::ExposePiecesResponse* resp) {
-  PTC_RETURN_IF_ERROR(CheckPeerCall(ctx, req.job(), req.plan_epoch(),
-                                    req.pieces_size(), "pieces"));
-  resp->set_ucx_address(ucx_->address());
-  absl::Status unregistered;
-  for (const proto::PieceRef& piece : req.pieces()) {
-    PTC_ASSIGN_OR_RETURN(
-        ReadView view,
-        OpenForPeer(req.job(), req.version(), piece.tensor(), piece.region()));
-    const int64_t elem = ElementSize(view.decl.dtype);
-    proto::ExposedPiece* exposed = resp->add_pieces();
-    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
-        view.region, view.sources,
-        [&](const Region& part, const StoredRegionRef& s) {
-          proto::ExposedPart* out = exposed->add_parts();
-          RegionToProto(part, out->mutable_part());
-          RegionToProto(s.region, out->mutable_stored());
-          int64_t runs = 0;
-          ForEachRun(s.region, part, part, elem,
-                     [&](int64_t, int64_t, int64_t) { ++runs; });
-          const int64_t bytes = part.volume() * elem;
-          if (runs == 0 || (runs == 1 && !req.get_contiguous()) ||
-              bytes / runs < req.min_get_run_bytes()) {
-            out->set_send(true);  // not worth gets
-            return;
-          }
-          if (part == s.region) {
-            out->set_checksum(s.checksum);  // checked when it was stored
-          } else {
-            StreamingChecksum sum;
-            ForEachRun(s.region, part, part, elem,
-                       [&](int64_t at, int64_t, int64_t n) {
-                         sum.Update(s.buffer->data() + at, n);
-                       });
-            out->set_checksum(sum.Digest());
-          }
-          absl::MutexLock lock(&mu_);
-          absl::Status s_exposed =
-              ExposeLocked(req.job(), req.plan_epoch(), s.buffer, out);
-          if (!s_exposed.ok() && unregistered.ok()) unregistered = s_exposed;
-        }));
-  }
-  if (!unregistered.ok()) {
-    // The caller falls back to sends for these pieces.
-    return absl::UnimplementedError(absl::StrCat(
-        "cannot expose store memory for gets: ", unregistered.message()));
-  }
-  return absl::OkStatus();
-}
-
 grpc::Status TransformerService::ExposePieces(
-    grpc::ServerContext* ctx, const proto::ExposePiecesRequest* req,
-    proto::ExposePiecesResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kHost, "ExposePieces");
-      !denied.ok())
-    return ToGrpcStatus(denied);
-  const absl::Status s = DoExposePieces(ctx, *req, resp);
-  if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition &&
-      s.code() != absl::StatusCode::kUnimplemented) {
-    Log("transformer")
-        ->warn("ExposePieces ({} pieces) for job {}: {}", req->pieces_size(),
-               req->job(), s.ToString());
-  }
-  return ToGrpcStatus(s);
+    grpc::ServerContext*, const proto::ExposePiecesRequest*,
+    proto::ExposePiecesResponse*) {
+  // Kept so that a ptcd of an older release, which asks before it reads,
+  // hears this and has every part sent instead.
+  return ToGrpcStatus(absl::UnimplementedError(
+      "this ptcd serves no one-sided reads of its memory; ask it to send the "
+      "parts (SendParts)"));
 }
 
 grpc::Status TransformerService::SendParts(grpc::ServerContext* ctx,

@@ -29,11 +29,6 @@ struct TransformerOptions {
   // Create this daemon's UCX worker (if UCX cannot start here, peers and
   // this host fall back to gRPC).
   bool use_ucx = true;
-  // Read the parts that are one span of a peer's memory with one-sided
-  // gets too, rather than having the peer send them (ptcd --ucx-gets all).
-  // Sends are faster here (UCX emulates gets on one machine with two
-  // copies); on an RDMA network both are one-sided reads.
-  bool gets_for_contiguous = false;
   // Snapshots are written and read only under this directory (empty: any
   // absolute path).
   std::string snapshot_root;
@@ -101,9 +96,6 @@ class TransformerService final : public proto::Transformer::Service {
   absl::Status DoSendParts(grpc::ServerContext* ctx,
                            const proto::SendPartsRequest& req,
                            proto::SendPartsResponse* resp);
-  absl::Status DoExposePieces(const grpc::ServerContext* ctx,
-                              const proto::ExposePiecesRequest& req,
-                              proto::ExposePiecesResponse* resp);
   // What both UCX calls check first: this ptcd has a worker, the call asks
   // for at most kMaxPartsPerCall `what`s, the plan epoch is current, and
   // (with TLS) the caller is a host the coordinator admitted for it.
@@ -114,35 +106,6 @@ class TransformerService final : public proto::Transformer::Service {
   absl::StatusOr<ReadView> OpenForPeer(const std::string& job, int64_t version,
                                        const std::string& tensor,
                                        const proto::Region& region);
-  // Registers `buffer` for peers' gets in `job`'s exposure for
-  // `plan_epoch` (once) and writes its address and key into `out`.
-  absl::Status ExposeLocked(const std::string& job, int64_t plan_epoch,
-                            const std::shared_ptr<RegionBuffer>& buffer,
-                            proto::ExposedPart* out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets the registrations of `job` of epochs older than `epoch`, and
-  // every one that went unused for a minute.
-  void DropExposuresLocked(const std::string& job, int64_t epoch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // A stored buffer as peers see it: a private copy-on-write mapping of
-  // its memfd, registered read-only. Gets read the stored pages through
-  // it; a put that UCX emulates in software (it does not check the key's
-  // protection) lands in private pages of this mapping, never in the
-  // store's bytes, and cannot fault on the store's read-only mapping.
-  struct ExposedBuffer {
-    ~ExposedBuffer();
-    std::shared_ptr<RegionBuffer> buffer;
-    void* mapping = nullptr;
-    std::unique_ptr<UcxWorker::Registration> registration;  // first to go
-  };
-  // Stored buffers registered for peers' gets during one plan epoch of a
-  // job.
-  struct Exposure {
-    absl::Time last_use;
-    std::map<const RegionBuffer*, std::unique_ptr<ExposedBuffer>> buffers;
-  };
-
   Store* store_;
   const TransformerOptions options_;
   // AdmitPeers: the hosts that may read from this host, per job and epoch.
@@ -159,11 +122,6 @@ class TransformerService final : public proto::Transformer::Service {
   };
   static constexpr size_t kAbortedEpochsKept = 64;
   std::map<std::string, Epochs> epochs_ ABSL_GUARDED_BY(mu_);
-  // By (job, plan epoch).
-  std::map<std::pair<std::string, int64_t>, Exposure> exposed_
-      ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread sweeper_;
   // Fragments executing now: snapshot writes wait while there are any, so
   // that a change does not share the host with them.
   std::atomic<int> fragments_running_{0};

@@ -20,18 +20,15 @@
 #include "common/status_macros.h"
 #include "ptc/region.h"
 #include "ptc/region_proto.h"
-#include "state_transformer/part_plan.h"
 
 namespace ptc {
 namespace {
 
 constexpr int64_t kPartBytes = int64_t{64} << 20;
 
-// Every byte received over UCX, and of those the ones read with gets.
+// Every byte received over UCX.
 Counter& ucx_bytes_received_total =
     GetCounter("ptc_transformer_ucx_bytes_received_total");
-Counter& ucx_get_bytes_total =
-    GetCounter("ptc_transformer_ucx_get_bytes_total");
 Counter& ucx_fallbacks_total =
     GetCounter("ptc_transformer_ucx_fallbacks_total");
 
@@ -188,123 +185,12 @@ absl::Status UcxPieceTransport::FetchBatch(
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
   absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
 
-  // Where the source stores each share (ExposePieces): each part lies in
-  // one stored buffer of the source. Parts with long runs are read with
-  // gets; the source sends the others (from its memory as it is when the
-  // part is one span there) and they land in place or are scattered here.
-  constexpr int64_t kGetsBytes = int64_t{4} << 20;  // checksummed at a time
-  std::vector<UcxWorker::GetOp> gets;
-  for (size_t begin = 0; begin < shares.size(); begin += kMaxPartsPerCall) {
-    const size_t end = std::min(shares.size(), begin + kMaxPartsPerCall);
-    proto::ExposePiecesRequest req;
-    req.set_job(job);
-    req.set_version(version);
-    req.set_plan_epoch(epoch_);
-    req.set_min_get_run_bytes(min_get_run_bytes_);
-    req.set_get_contiguous(get_contiguous_);
-    for (size_t i = begin; i < end; ++i) {
-      proto::PieceRef* ref = req.add_pieces();
-      ref->set_tensor(*shares[i].piece->tensor);
-      RegionToProto(shares[i].region, ref->mutable_region());
-    }
-    proto::ExposePiecesResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(
-        absl::ToChronoTime(absl::Now() + TransferDeadline(peer_timeout_, 0)));
-    const absl::Status s =
-        FromGrpcStatus(stub->second->ExposePieces(&ctx, req, &resp));
-    if (s.code() == absl::StatusCode::kUnimplemented) {
-      // The peer cannot expose its memory: it sends every share.
-      for (size_t i = begin; i < end; ++i) {
-        const Share& sh = shares[i];
-        AddTransfers(*sh.piece->tensor, sh.region, sh.piece->element_size,
-                     sh.into, nullptr, &sends);
-      }
-      continue;
-    }
-    if (!s.ok()) {
-      const Share& first = shares[begin];
-      return Annotate(
-          s, absl::StrCat("exposing ", end - begin, " pieces (the first ",
-                          first.region.ToString(), " of '",
-                          *first.piece->tensor, "') on ", PeerLabel(host)));
-    }
-    if (resp.pieces_size() != static_cast<int>(end - begin)) {
-      return absl::DataLossError(
-          absl::StrCat(PeerLabel(host), " exposed ", resp.pieces_size(),
-                       " pieces of the ", end - begin, " asked for"));
-    }
-    for (size_t i = begin; i < end; ++i) {
-      const Share& sh = shares[i];
-      const std::string& tensor = *sh.piece->tensor;
-      const int64_t element_size = sh.piece->element_size;
-      const PieceTarget* into = sh.into;
-      // What the peer says is checked before anything is read.
-      std::vector<ExposedPart> exposed;
-      const auto& answer = resp.pieces(i - begin).parts();
-      for (const proto::ExposedPart& e : answer) {
-        auto part = RegionFromProto(e.part());
-        auto stored = RegionFromProto(e.stored());
-        if (!part.ok() || !stored.ok()) {
-          return absl::DataLossError(
-              absl::StrCat(PeerLabel(host), " exposed a malformed part of ",
-                           sh.region.ToString(), " of '", tensor, "'"));
-        }
-        exposed.push_back({*std::move(part), *std::move(stored), e.send(),
-                           !e.rkey().empty()});
-      }
-      auto wire = PlanWireParts(sh.region, into->region, exposed, element_size,
-                                min_get_run_bytes_);
-      if (!wire.ok()) {
-        return Annotate(wire.status(), absl::StrCat("exposing '", tensor,
-                                                    "' on ", PeerLabel(host)));
-      }
-      for (const WirePart& w : *wire) {
-        const proto::ExposedPart& e = answer[w.exposed];
-        if (w.method == WireMethod::kSend) {
-          AddTransfers(tensor, w.part, element_size, into, nullptr, &sends);
-          continue;
-        }
-        // Read a few MiB of runs at a time and checksum them while they
-        // are still in cache; runs come in the part's row-major order,
-        // which is the order the source checksummed.
-        StreamingChecksum sum;
-        int64_t gets_bytes = 0;
-        absl::Status failed;
-        auto flush = [&] {
-          if (gets.empty() || !failed.ok()) return;
-          failed = worker->Get(resp.ucx_address(), e.rkey(), gets,
-                               TransferDeadline(peer_timeout_, gets_bytes));
-          if (failed.ok()) {
-            for (const UcxWorker::GetOp& op : gets)
-              sum.Update(op.local, op.size);
-          }
-          gets.clear();
-          gets_bytes = 0;
-        };
-        ForEachRun(w.stored, into->region, w.part, element_size,
-                   [&](int64_t src, int64_t dst, int64_t n) {
-                     gets.push_back({into->data + dst, e.address() + src,
-                                     static_cast<size_t>(n)});
-                     gets_bytes += n;
-                     if (gets_bytes >= kGetsBytes) flush();
-                   });
-        flush();
-        if (!failed.ok()) {
-          return Annotate(failed,
-                          absl::StrCat("reading ", w.part.ToString(), " of '",
-                                       tensor, "' from ", PeerLabel(host)));
-        }
-        if (sum.Digest() != e.checksum()) {
-          return absl::DataLossError(
-              absl::StrCat("a part ", w.part.ToString(), " of '", tensor,
-                           "' read from ", PeerLabel(host),
-                           " does not match the checksum its owner computed"));
-        }
-        ucx_bytes_received_total.Add(w.part.volume() * element_size);
-        ucx_get_bytes_total.Add(w.part.volume() * element_size);
-      }
-    }
+  // The source sends every share (from its memory as it is where the share
+  // is one span there, else packed); each lands in place where it is one
+  // span of its staged buffer, else is scattered here.
+  for (const Share& sh : shares) {
+    AddTransfers(*sh.piece->tensor, sh.region, sh.piece->element_size,
+                 sh.into, nullptr, &sends);
   }
   PTC_RETURN_IF_ERROR(SendAll(host, job, version, worker.get(), sends));
   for (const Share& sh : shares) {

@@ -1,25 +1,16 @@
 // The UCX piece transport. It takes the pieces a host needs from one peer
 // in batches (FetchBatch), so that the control calls are per batch, not
-// per piece. Each piece is split by the staged buffers it lands in and,
-// through one ExposePieces call per batch (epoch-checked), by the source's
-// stored buffers. Each part then moves one of two ways:
-// - a tagged send by the source, for a part that is one span of the
-//   source's memory (UCX's rendezvous has the receiver read it with no
-//   copy at the source: RDMA on a cluster, CMA on one machine) or whose
-//   runs are short (packed by the source, where one get per run costs
-//   more than a copy): the destination posts a tagged receive for every
-//   such part of a batch at once and asks the source with one gRPC call
-//   per 64 MiB (SendParts, epoch-checked) to send them all. A part lands
-//   in place when it is one span of the staged buffer, else in a buffer
-//   that is scattered while checksummed; the checksums come on the reply;
-// - one-sided gets, for a part that is several long runs in the source's
-//   memory: the source registers its buffer and returns the address, the
-//   remote key and the part's checksum; the destination reads every run
-//   straight into the staged buffer and checksums what landed, a few MiB
-//   at a time while it is still in cache.
-// The run length that separates the two was chosen by measurement
-// (kMinGetRunBytes, state_transformer:ucx_get_benchmark;
-// docs/benchmarks.md). Fetch (no staged buffers) streams to the consumer.
+// per piece. Each piece is split by the staged buffers it lands in; the
+// destination posts a tagged receive for every part of a batch at once
+// and asks the source with one gRPC call per 64 MiB (SendParts,
+// epoch-checked, from an admitted host) to send them all. The source
+// sends a part that is one span of its memory as it is (UCX's rendezvous
+// has the receiver read it with no copy at the source: RDMA on a cluster,
+// CMA on one machine) and packs the others; a part lands in place when it
+// is one span of the staged buffer, else in a buffer that is scattered
+// while checksummed; the checksums come on the reply. No part is read
+// with one-sided gets: ptcd serves none (ucx_worker.h, docs/security.md).
+// Fetch (no staged buffers) streams to the consumer.
 //
 // AutoTransport uses UCX and falls back to the gRPC-stream transport for a
 // peer whose ptcd has no UCX worker (or if this one has none).
@@ -40,29 +31,17 @@
 
 namespace ptc {
 
-// What SendParts and ExposePieces answer (FAILED_PRECONDITION) when their
-// ptcd has no worker.
+// What SendParts answers (FAILED_PRECONDITION) when its ptcd has no
+// worker.
 inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
 
-// What one SendParts or ExposePieces call may ask for: parts (pieces), and
-// bytes to send (the source may pack them all).
+// What one SendParts call may ask for: parts, and bytes to send (the
+// source may pack them all).
 inline constexpr int kMaxPartsPerCall = 4096;
 inline constexpr int64_t kMaxSendPartsBytes = int64_t{64} << 20;
 
-// Parts whose contiguous runs average fewer bytes are sent by the source
-// (packed) rather than read with one get per run.
-inline constexpr int64_t kMinGetRunBytes = 4 << 10;
-
 class UcxPieceTransport : public PieceTransport {
  public:
-  // Parts whose runs average fewer bytes are sent by the source; for
-  // measuring the crossover (tools: ucx_get_benchmark).
-  void set_min_get_run_bytes(int64_t bytes) { min_get_run_bytes_ = bytes; }
-  // Reads parts that are one span of the source's memory with gets too
-  // (by default they are sent: the rendezvous reads them without a copy at
-  // the source); for measuring (ucx_get_benchmark) and tests.
-  void set_get_contiguous(bool gets) { get_contiguous_ = gets; }
-
   // Each pulling thread uses a worker of its own from a pool (created on
   // first use, kept for the transport's life).
   // A call or a wait on a peer gives up after TransferDeadline(
@@ -126,8 +105,6 @@ class UcxPieceTransport : public PieceTransport {
   std::vector<std::unique_ptr<UcxWorker>> idle_ ABSL_GUARDED_BY(mu_);
   const int64_t epoch_;
   const absl::Duration peer_timeout_;
-  int64_t min_get_run_bytes_ = kMinGetRunBytes;
-  bool get_contiguous_ = false;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;
   std::map<int32_t, std::string> addresses_, names_;
   GrpcPieceTransport control_;  // small objects

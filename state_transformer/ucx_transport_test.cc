@@ -1,6 +1,6 @@
 // The UCX transport against a real ptcd (store + transformer service):
-// one-sided gets of registered store memory for long runs, packing at the
-// source for short ones, stale epochs refused. AutoTransport's fallback: a
+// the source sends every part (as it is where it is one span of stored
+// memory, packed otherwise), stale epochs refused. AutoTransport's fallback: a
 // piece whose UCX transfer breaks part-way is fetched again over gRPC (the
 // same staged bytes rewritten, nothing lost), and that peer uses gRPC from
 // then on; a stale epoch is final.
@@ -112,13 +112,9 @@ void SeeEpoch(const std::string& address, int64_t epoch) {
   REQUIRE(FromGrpcStatus(reader->Finish()).ok());
 }
 
-int64_t GetBytes() {
-  return GetCounter("ptc_transformer_ucx_get_bytes_total").value();
-}
-
 TEST_CASE(
-    "ucx transport: long runs are read with one-sided gets straight into the "
-    "staged buffers, short runs are sent by the source",
+    "ucx transport: the source sends every part; one span lands in place, "
+    "others are packed and scattered",
     "[transformer]") {
   auto cluster = ClusterWithHalves();
   UcxPieceTransport transport(1, cluster->addresses);
@@ -146,42 +142,27 @@ TEST_CASE(
       CHECK(as_chars(b, block, in_block) == Want(in_block));
     }
   };
-  // Fetches `piece` into the staged buffers, checks it landed, and returns
-  // the bytes that were read with gets.
+  // Fetches `piece` into the staged buffers and checks it landed.
   auto fetch = [&](const Region& piece) {
-    const int64_t before = GetBytes();
     REQUIRE(
         transport.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
     check_placed(piece);
-    return GetBytes() - before;
   };
 
   SECTION(
       "rows spanning both stored halves: two parts, each one span of "
       "stored memory, sent as it is and received in place") {
     const Region piece{{64, 192}, {0, kCols}};
-    CHECK(fetch(piece) == 0);
+    fetch(piece);
     // Nothing outside the piece was touched.
     const Region above{{0, 64}, {0, kCols}};
     CHECK(as_chars(a, whole, above) ==
           std::vector<char>(above.volume() * 4, 0));
   }
 
-  SECTION("the same rows read with gets when asked to") {
-    transport.set_get_contiguous(true);
-    const Region piece{{64, 192}, {0, kCols}};
-    CHECK(fetch(piece) == piece.volume() * 4);
-  }
-
-  SECTION("a column slice of long runs: read with gets, run by run") {
-    transport.set_min_get_run_bytes(1024);  // its runs are 2 KiB
-    const Region piece{{0, kRows}, {256, 768}};
-    CHECK(fetch(piece) == piece.volume() * 4);
-  }
-
   SECTION("a narrow column slice (2 KiB runs): packed at the source") {
     const Region piece{{0, kRows}, {256, 768}};
-    CHECK(fetch(piece) == 0);
+    fetch(piece);
     const Region left{{0, kRows}, {0, 256}};
     CHECK(as_chars(a, whole, left) == std::vector<char>(left.volume() * 4, 0));
   }
@@ -189,10 +170,9 @@ TEST_CASE(
   SECTION(
       "a batch: placed, scattered and streamed pieces from one peer in one "
       "call") {
-    transport.set_min_get_run_bytes(1024);
     const Region rows{{0, 40}, {0, kCols}};     // sent, in place
     const Region slice{{40, 200}, {0, 256}};    // sent packed, scattered
-    const Region wide{{200, kRows}, {0, 700}};  // gets
+    const Region wide{{200, kRows}, {0, 700}};  // across both halves
     const Region loose{{10, 20}, {100, 300}};   // no target: streamed
     std::vector<char> streamed(loose.volume() * 4, 0);
     const StoreClient::Consumer stream = [&](int64_t off, const char* data,
@@ -216,15 +196,11 @@ TEST_CASE(
     std::vector<uint8_t> t(top.volume() * 4, 0), u(bottom.volume() * 4, 0);
     const PieceTarget halves[] = {{top, t.data()}, {bottom, u.data()}};
     const Region piece{{100, kRows - 100}, {128, 640}};
-    for (int64_t min_get : {int64_t{0}, INT64_MAX}) {
-      transport.set_min_get_run_bytes(min_get);
-      REQUIRE(
-          transport.FetchInto(0, "job", 1, "w", piece, 4, halves, refuse).ok());
-      CHECK(as_chars(t, top, top.Intersect(piece)) ==
-            Want(top.Intersect(piece)));
-      CHECK(as_chars(u, bottom, bottom.Intersect(piece)) ==
-            Want(bottom.Intersect(piece)));
-    }
+    REQUIRE(
+        transport.FetchInto(0, "job", 1, "w", piece, 4, halves, refuse).ok());
+    CHECK(as_chars(t, top, top.Intersect(piece)) == Want(top.Intersect(piece)));
+    CHECK(as_chars(u, bottom, bottom.Intersect(piece)) ==
+          Want(bottom.Intersect(piece)));
   }
 
   SECTION(
@@ -316,7 +292,7 @@ TEST_CASE("auto transport: a stale plan epoch is final, not retried",
 }
 
 TEST_CASE(
-    "transformer service: SendParts and ExposePieces refuse bad requests "
+    "transformer service: SendParts refuses bad requests "
     "with clear errors",
     "[transformer]") {
   auto cluster = ClusterWithHalves();
@@ -410,29 +386,6 @@ TEST_CASE(
     CHECK(s.code() == absl::StatusCode::kAborted);
     CHECK_THAT(std::string(s.message()), Catch::Contains("stale"));
     CHECK(send(request(0)).code() == absl::StatusCode::kInvalidArgument);
-  }
-  SECTION("ExposePieces: too many pieces, a region outside the tensor") {
-    proto::ExposePiecesRequest req;
-    req.set_job("job");
-    req.set_version(1);
-    req.set_plan_epoch(1);
-    for (int i = 0; i <= kMaxPartsPerCall; ++i) {
-      proto::PieceRef* p = req.add_pieces();
-      p->set_tensor("w");
-      RegionToProto(rows, p->mutable_region());
-    }
-    proto::ExposePiecesResponse resp;
-    {
-      grpc::ClientContext ctx;
-      CHECK(FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp)).code() ==
-            absl::StatusCode::kInvalidArgument);
-    }
-    req.mutable_pieces()->DeleteSubrange(1, kMaxPartsPerCall);
-    RegionToProto(Region{{0, kRows + 1}, {0, kCols}},
-                  req.mutable_pieces(0)->mutable_region());
-    grpc::ClientContext ctx;
-    const absl::Status s = FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp));
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   }
 }
 

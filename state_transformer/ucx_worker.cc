@@ -3,7 +3,6 @@
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
-#include <deque>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,12 +24,6 @@ absl::Status UcxError(const char* what, ucs_status_t s) {
 
 }  // namespace
 
-struct UcxWorker::RemoteKey {
-  explicit RemoteKey(ucp_rkey_h k) : key(k) {}
-  ~RemoteKey() { ucp_rkey_destroy(key); }
-  ucp_rkey_h key;
-};
-
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool serve) {
   std::unique_ptr<UcxWorker> w(new UcxWorker);
   ucp_config_t* config = nullptr;
@@ -39,7 +32,9 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool serve) {
   ucp_params_t params = {};
   params.field_mask =
       UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+  // Tagged messages only: with UCP_FEATURE_RMA, UCX would serve any peer's
+  // get or put in software at any address it names (see the header).
+  params.features = UCP_FEATURE_TAG;
   params.mt_workers_shared = serve ? 1 : 0;
   ucp_context_h ctx;
   s = ucp_init(&params, config, &ctx);
@@ -66,10 +61,9 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool serve) {
 }
 
 void UcxWorker::ProgressLoop() {
-  // Peers' gets (which UCX serves from this worker when no transport reads
-  // remote memory by itself: TCP, or shared memory that UCX did not
-  // allocate) and sends whose receiver is not waiting must complete
-  // without a caller driving the worker. Not event-driven: asking UCX for
+  // Peers' rendezvous reads of this worker's sends, and sends whose
+  // receiver is not waiting, must complete without a caller driving the
+  // worker. Not event-driven: asking UCX for
   // wakeup support drops the shared-memory and CMA transports, which have
   // none. Polls every 10 us while there is traffic, backing off to every
   // 500 us when idle (negligible CPU).
@@ -88,7 +82,6 @@ UcxWorker::~UcxWorker() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     absl::MutexLock lock(&mu_);
-    rkeys_.clear();
     if (abandoned_) endpoints_.clear();  // no graceful close: see Abandon
     for (auto& [peer, ep] : endpoints_) {
       ucp_request_param_t p = {};
@@ -224,103 +217,9 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
 
 void UcxWorker::DropEndpoint(const std::string& peer) {
   absl::MutexLock lock(&mu_);
-  for (auto it = rkeys_.begin(); it != rkeys_.end();) {
-    it = it->first.first == peer ? rkeys_.erase(it) : std::next(it);
-  }
   // The endpoint itself is left to the worker's teardown: a thread may
   // still be using it; a fresh one is created for the next request.
   endpoints_.erase(peer);
-}
-
-UcxWorker::Registration::~Registration() {
-  if (memh_ != nullptr)
-    ucp_mem_unmap(Ctx(context_), static_cast<ucp_mem_h>(memh_));
-}
-
-absl::StatusOr<std::unique_ptr<UcxWorker::Registration>> UcxWorker::Register(
-    const void* data, size_t size) {
-  if (data == nullptr || size == 0) {
-    return absl::InvalidArgumentError("nothing to register");
-  }
-  ucp_mem_map_params_t params = {};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                      UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_PROT;
-  params.address = const_cast<void*>(data);
-  params.length = size;
-  // Peers read exposed memory; none may write it (a remote put is refused
-  // by the transport instead of landing in, or faulting on, sealed pages).
-  params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
-  ucp_mem_h memh;
-  ucs_status_t s = ucp_mem_map(Ctx(context_), &params, &memh);
-  if (s != UCS_OK) return UcxError("registering memory", s);
-  std::unique_ptr<Registration> r(new Registration);
-  r->context_ = context_;
-  r->memh_ = memh;
-  r->address_ = reinterpret_cast<uint64_t>(data);
-  void* packed;
-  size_t packed_size;
-  s = ucp_rkey_pack(Ctx(context_), memh, &packed, &packed_size);
-  if (s != UCS_OK) return UcxError("packing a remote key", s);
-  r->rkey_.assign(static_cast<const char*>(packed), packed_size);
-  ucp_rkey_buffer_release(packed);
-  return r;
-}
-
-absl::Status UcxWorker::Get(const std::string& peer, const std::string& rkey,
-                            absl::Span<const GetOp> ops,
-                            absl::Duration timeout) {
-  PTC_ASSIGN_OR_RETURN(void* ep, Endpoint(peer));
-  std::shared_ptr<RemoteKey> key;
-  {
-    absl::MutexLock lock(&mu_);
-    // Keys are cached per peer for the plan's many pieces; a bounded
-    // cache (plans are at most a few thousand regions per host).
-    if (rkeys_.size() > 8192) rkeys_.clear();
-    auto& slot = rkeys_[{peer, rkey}];
-    if (slot == nullptr) {
-      ucp_rkey_h unpacked;
-      const ucs_status_t s =
-          ucp_ep_rkey_unpack(static_cast<ucp_ep_h>(ep), rkey.data(), &unpacked);
-      if (s != UCS_OK) {
-        rkeys_.erase({peer, rkey});
-        return UcxError("unpacking a peer's remote key", s);
-      }
-      slot = std::make_shared<RemoteKey>(unpacked);
-    }
-    key = slot;
-  }
-  // At most this many reads in flight; the oldest is waited for first.
-  constexpr size_t kMaxInFlight = 64;
-  std::deque<void*> in_flight;
-  absl::Status failure;
-  auto wait_oldest = [&] {
-    void* r = in_flight.front();
-    in_flight.pop_front();
-    if (failure.ok()) failure = Progress(r, absl::Now() + timeout, "get");
-    // Released even if still in flight; the caller then destroys this
-    // worker (broken()) before the buffers go away, which ends the read.
-    ucp_request_free(r);
-  };
-  for (const GetOp& op : ops) {
-    if (!failure.ok()) break;
-    ucp_request_param_t p = {};
-    void* r = ucp_get_nbx(static_cast<ucp_ep_h>(ep), op.local, op.size,
-                          op.remote, key->key, &p);
-    if (UCS_PTR_IS_ERR(r)) {
-      failure = UcxError("reading from a peer", UCS_PTR_STATUS(r));
-      DropEndpoint(peer);
-      break;
-    }
-    if (r != nullptr) in_flight.push_back(r);
-    if (in_flight.size() >= kMaxInFlight) wait_oldest();
-  }
-  while (!in_flight.empty()) wait_oldest();
-  if (!failure.ok()) {
-    DropEndpoint(peer);
-    Abandon();
-  }
-  return failure;
 }
 
 absl::Status UcxWorker::Send(const std::string& peer,

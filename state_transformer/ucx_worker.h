@@ -1,22 +1,23 @@
-// One UCX worker per ptcd, for bulk bytes between daemons, two ways:
-// - one-sided gets: a daemon registers store memory (Register) and hands
-//   the packed remote key to a peer over its epoch-checked gRPC call; the
-//   peer reads the bytes straight into its own buffers (Get): RDMA reads
-//   on a cluster, without the owner's CPU. Where no transport can read
-//   memory UCX did not allocate (TCP; on one machine, UCX 1.13's shared
-//   memory, whose CMA transport has no RMA lane) UCX emulates the read
-//   with messages the owner's progress thread answers;
-// - tagged sends to a peer worker's address and tagged receives into the
-//   caller's buffer (for data packed at the source).
-// UCX picks the path. Addresses and keys are exchanged only through ptcd's
-// epoch-checked gRPC calls.
+// One UCX worker per ptcd, for bulk bytes between daemons: tagged sends to
+// a peer worker's address and tagged receives into the caller's buffer.
+// UCX picks the path: eager messages, or a rendezvous in which the
+// receiver reads the send's buffer (RDMA on a cluster, CMA on one
+// machine) for the length of that one send. Addresses are exchanged only
+// through ptcd's epoch-checked gRPC calls.
+//
+// The context has no one-sided operations (UCP_FEATURE_RMA/AMO): where no
+// transport can read or write memory by itself (TCP; shared memory that
+// UCX did not allocate), UCX 1.13 serves a peer's get or put in software,
+// copying from or to whatever address the peer names, with no check of
+// the key against a registration (docs/security.md). Without the feature
+// the worker installs no handler for those messages, so no peer reads or
+// writes a ptcd's memory except the bytes the ptcd itself sends it.
 //
 // A serving worker is thread-safe (UCS_THREAD_MODE_MULTI): any thread may
-// send, receive, get and progress it, and a background thread progresses
-// it, so peers' gets and sends complete. A non-serving worker belongs to
-// one thread at a time: UCX's multi-thread lock costs more than the copy
-// when several threads pull at once. Endpoints to peers and unpacked
-// remote keys are cached.
+// send, receive and progress it, and a background thread progresses it,
+// so peers' sends complete. A non-serving worker belongs to one thread at
+// a time: UCX's multi-thread lock costs more than the copy when several
+// threads pull at once. Endpoints to peers are cached.
 //
 //   PTC_ASSIGN_OR_RETURN(auto w, UcxWorker::Create());
 //   PTC_ASSIGN_OR_RETURN(auto r, w->PostReceive(tag, buf, n));
@@ -43,33 +44,6 @@ namespace ptc {
 
 class UcxWorker {
  public:
-  // Memory peers may read with Get until this is destroyed.
-  class Registration {
-   public:
-    ~Registration();
-    Registration(const Registration&) = delete;
-    Registration& operator=(const Registration&) = delete;
-    // The packed remote key a peer passes to Get.
-    const std::string& rkey() const { return rkey_; }
-    uint64_t address() const { return address_; }
-
-   private:
-    friend class UcxWorker;
-    Registration() = default;
-    void* context_ = nullptr;  // ucp_context_h
-    void* memh_ = nullptr;     // ucp_mem_h
-    std::string rkey_;
-    uint64_t address_ = 0;
-  };
-
-  // One contiguous read: `size` bytes at `remote` (an address inside a
-  // peer's registration) into `local`.
-  struct GetOp {
-    void* local;
-    uint64_t remote;
-    size_t size;
-  };
-
   // A receive posted with PostReceive; Wait completes it (or cancels it on
   // timeout); the buffer must stay valid until then.
   struct Receive {
@@ -77,7 +51,7 @@ class UcxWorker {
   };
 
   // A daemon's worker (`serve`): shared by threads, progressed in the
-  // background so peers' gets and sends complete. Otherwise a worker for
+  // background so peers' sends complete. Otherwise a worker for
   // one thread at a time (no locks, no background thread), such as each
   // pulling thread's: the owner progresses it while waiting.
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(bool serve = true);
@@ -101,21 +75,8 @@ class UcxWorker {
   // Cancels a posted receive that will not be waited for.
   void Cancel(Receive* receive);
 
-  // Lets peers read [data, data + size) (which may be mapped read-only).
-  absl::StatusOr<std::unique_ptr<Registration>> Register(const void* data,
-                                                         size_t size);
-
-  // Reads every op from the memory of the peer worker at `peer` that
-  // `rkey` (a Registration's key) describes, and waits until all have
-  // landed. DEADLINE_EXCEEDED when one read takes longer than `timeout` (a
-  // peer that died mid-way is noticed this way: without peer-failure mode
-  // UCX does not fail the reads); UNAVAILABLE if the peer or its
-  // registration is gone.
-  absl::Status Get(const std::string& peer, const std::string& rkey,
-                   absl::Span<const GetOp> ops, absl::Duration timeout);
-
-  // True after a Get failed part-way, or after Abandon: reads may still be
-  // in flight into the caller's buffers, so the worker must be destroyed
+  // True after Abandon: receives may still be in flight into the caller's
+  // buffers, so the worker must be destroyed
   // (which ends them) before those buffers are freed, and not used again.
   bool broken() const { return broken_; }
   // After a transfer with a peer failed part-way: the worker is never
@@ -148,11 +109,10 @@ class UcxWorker {
   UcxWorker() = default;
   // The endpoint to `peer`, created on first use.
   absl::StatusOr<void*> Endpoint(const std::string& peer);
-  // Forgets a broken endpoint (and the keys unpacked for it).
+  // Forgets a broken endpoint.
   void DropEndpoint(const std::string& peer);
   // Runs in progress_thread_ until stop_.
   void ProgressLoop();
-  struct RemoteKey;
   // Drives the worker until `request` completes, `deadline`, or `give_up`.
   absl::Status Progress(void* request, absl::Time deadline, const char* what,
                         const std::function<bool()>& give_up = nullptr);
@@ -162,9 +122,6 @@ class UcxWorker {
   std::string address_;
   absl::Mutex mu_;
   std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);  // ucp_ep_h
-  // (peer, packed key) -> unpacked key, for that peer's endpoint.
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<RemoteKey>>
-      rkeys_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
   bool broken_ = false;
   bool abandoned_ = false;

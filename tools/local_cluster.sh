@@ -20,7 +20,7 @@
 # plaintext, without tokens, instead.
 # SPARE_POOL (e.g. 5GiB) sets each ptcd's --spare-pool: memory kept
 # allocated and faulted in for the next puts of the sizes it saw.
-# PTCD_FLAGS (e.g. "--ucx-gets all") are added to every ptcd's flags,
+# PTCD_FLAGS (e.g. "--spare-pool 2GiB") are added to every ptcd's flags,
 # COORDINATOR_FLAGS (e.g. "--log-level info") to the coordinator's.
 set -euo pipefail
 cmd=${1:-}

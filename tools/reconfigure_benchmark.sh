@@ -15,8 +15,7 @@
 #   PREPARE=1 ...   before each measured change, `ptcctl prepare --wait` has
 #                   the target host prepare the memory it will stage (each
 #                   ptcd gets --spare-pool ${SPARE_POOL:-6GiB}); not timed
-#   PTCD_FLAGS="--ucx-gets all" ...   every ptcd reads the parts that are one
-#                   span of a peer's memory with gets too (default: sent)
+#   PTCD_FLAGS="..." ...   extra flags for every ptcd
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
