@@ -19,13 +19,14 @@ Each rank then saves and loads its own modules with one call each:
     ...
     extra = pt.load(client, model, optimizer, scheduler)   # extra.step: the step
 
-Keys are the parameters' names in the full model (torchtitan's convention:
-a pipeline stage keeps the full model's names for the layers it holds), and
-an optimizer's state is "optim.<slot>.<name>" (Adam's exp_avg, exp_avg_sq
-and per-parameter step; SGD's momentum_buffer). A rank's local tensor is
-its regions of the global tensor packed in order along each dimension: its
-chunk, or, for a grouped split (q|k|v), its chunk of each group
-concatenated, as Megatron and PyTorch's ColwiseParallel hold them.
+Keys are the parameters' and persistent buffers' names in the full model
+(torchtitan's convention: a pipeline stage keeps the full model's names for
+the layers it holds), and an optimizer's state is "optim.<slot>.<name>"
+(Adam's exp_avg, exp_avg_sq and per-parameter step; SGD's momentum_buffer).
+A rank's local tensor is its regions of the global tensor packed in order
+along each dimension: its chunk, or, for a grouped split (q|k|v), its chunk
+of each group concatenated, as Megatron and PyTorch's ColwiseParallel hold
+them.
 """
 
 import base64
@@ -55,11 +56,11 @@ torch_dtype = torch_state.torch_dtype
 _PTC_DTYPE = {v: k for k, v in torch_state._TORCH_DTYPES.items()}
 
 
-def ptc_dtype(dtype, what):
+def ptc_dtype(dtype, what, remedy="or keep it out of the layout"):
     """The layout's dtype name of a torch dtype; TypeError naming `what`."""
     if dtype not in _PTC_DTYPE:
         raise TypeError(f"{what} is {dtype}; ptc stores {', '.join(sorted(_PTC_DTYPE.values()))} "
-                        "(convert it, e.g. to float32, or keep it out of the layout)")
+                        f"(convert it, e.g. to float32, {remedy})")
     return _PTC_DTYPE[dtype]
 
 
@@ -328,11 +329,29 @@ def _under(pattern, name):
     return len(parts) >= k and _matches(pattern, ".".join(parts[:k]))
 
 
+def _state_buffers(model):
+    """[(name, module, name inside it, tensor)] of the model's persistent
+    buffers, those its state_dict holds (BatchNorm's running_mean,
+    running_var and num_batches_tracked; not those registered with
+    persistent=False), each tensor once, in the model's order."""
+    out, seen = [], set()
+    for mname, module in model.named_modules():
+        transient = getattr(module, "_non_persistent_buffers_set", set())
+        for bname, b in module.named_buffers(recurse=False):
+            if b is None or bname in transient or id(b) in seen:
+                continue
+            seen.add(id(b))
+            out.append((f"{mname}.{bname}" if mname else bname, module, bname, b))
+    return out
+
+
 class Layout:
     """The layout spec of a model: every parameter (its name in the full
     model, dtype, global shape), how the plan cuts it, its pipeline stage,
-    the optimizer's state beside it, and the small objects ptc.torch keeps
-    (optimizer hyper-parameters, scheduler, RNG states, user objects).
+    the optimizer's state beside it, the model's persistent buffers (those
+    in its state_dict: BatchNorm's running statistics), and the small
+    objects ptc.torch keeps (optimizer hyper-parameters, scheduler, RNG
+    states, user objects).
 
     `model` is the full model (build it on the meta device: only shapes
     are read). `mesh`: the axes, slowest first (default pp, dp, tp, with ep
@@ -352,7 +371,7 @@ class Layout:
                           else optimizer_state(optimizer))
         per_tensor = isinstance(self.optimizer, OptimizerState)
         self.stages = stages
-        owners = {}  # parameter name -> (module, name inside it)
+        owners = {}  # parameter or buffer name -> (module, name inside it)
         for mname, module in model.named_modules():
             for pname, _ in module.named_parameters(recurse=False):
                 full = f"{mname}.{pname}" if mname else pname
@@ -360,33 +379,49 @@ class Layout:
         params = list(model.named_parameters())
         if not params:
             raise ValueError("the model has no parameters")
-        # Which plan entry cuts each parameter.
+        buffers = []
+        for full, module, bname, b in _state_buffers(model):
+            owners[full] = (module, bname)
+            buffers.append((full, b))
+        buffer_names = {f for f, _ in buffers}
+        kind = lambda n: "buffer" if n in buffer_names else "parameter"  # noqa: E731
+        # Which plan entry cuts each parameter and buffer.
         chosen, used = {}, {pat: 0 for pat in plan}
-        for full, _ in params:
+        for full, _ in params + buffers:
             hits = [pat for pat in plan if _under(pat, full)]
             if len(hits) > 1:
-                raise ValueError(f"parameter '{full}' matches plan entries {hits}; "
+                raise ValueError(f"{kind(full)} '{full}' matches plan entries {hits}; "
                                  "make them disjoint")
             if hits:
                 chosen[full] = hits[0]
                 used[hits[0]] += 1
         unused = [pat for pat, n in used.items() if n == 0]
         if unused:
-            raise ValueError(f"plan entries {unused} match no parameter of the model "
+            raise ValueError(f"plan entries {unused} match no parameter or buffer of the model "
                              f"(its modules: {_sample([m for m, _ in model.named_modules() if m])})")
-        self.num_layers, stage_of = self._stage_rules(model, [f for f, _ in params])
-        tensors = []
-        for full, p in params:
-            dtype = ptc_dtype(p.dtype, f"parameter '{full}'")
+        self.num_layers, stage_of = self._stage_rules(model, [f for f, _ in params + buffers],
+                                                      kind)
+        tensors, members, buffer_tensors = [], [], []
+        for full, p in params + buffers:
+            is_buffer = full in buffer_names
+            dtype = ptc_dtype(p.dtype, f"{kind(full)} '{full}'",
+                              "or register it with persistent=False if the module recomputes it"
+                              if is_buffer else "or keep it out of the layout")
             module, pname = owners[full]
             pl = plan.get(chosen.get(full), Replicate())
             cuts = pl.cut(module, full, list(p.shape))
             t = {"key": full, "dtype": dtype, "shape": list(p.shape)}
+            if is_buffer:
+                t["role"] = "other"
             if cuts:
                 t["placements"] = cuts
             if stage_of[full]:
                 t["stage"] = stage_of[full]
+            if is_buffer:
+                buffer_tensors.append(t)
+                continue
             tensors.append(t)
+            members.append(t)
             if per_tensor:
                 for slot in self.optimizer.slots:
                     tensors.append(dict(t, key=f"optim.{slot}.{full}", role="optimizer_state"))
@@ -396,18 +431,19 @@ class Layout:
                     if stage_of[full]:
                         s["stage"] = stage_of[full]
                     tensors.append(s)
-        buffers = []
+        flat = []
         if isinstance(self.optimizer, FlatBuffer):
-            buf, members = self.optimizer.spec(list(tensors))
-            buffers.append(buf)
-            tensors += members
+            buf, state = self.optimizer.spec(members)
+            flat.append(buf)
+            tensors += state
+        tensors += buffer_tensors
         self.spec = {
             "format_version": 1,
             "name": name or type(model).__name__,
             "mesh": self.mesh,
             "num_layers": self.num_layers,
             "tensors": tensors,
-            "buffers": buffers,
+            "buffers": flat,
             "small_objects": [
                 {"name": OPTIMIZER_OBJECT, "bytes": 1024},
                 {"name": SCHEDULER_OBJECT, "bytes": 1024},
@@ -419,7 +455,7 @@ class Layout:
         # ptc's own checks (names, placements against shapes).
         _ptc.check_layout(json.dumps(self.spec))
 
-    def _stage_rules(self, model, names):
+    def _stage_rules(self, model, names, kind):
         st = self.stages
         if st is None:
             return 1, {n: None for n in names}
@@ -444,7 +480,7 @@ class Layout:
             elif ends:
                 rules[n] = {"kind": ends[0]}
             else:
-                raise ValueError(f"parameter '{n}' is in no pipeline stage: it is not under "
+                raise ValueError(f"{kind(n)} '{n}' is in no pipeline stage: it is not under "
                                  f"'{st.layers}' and matches none of first={st.first}, "
                                  f"last={st.last}, first_and_last={st.first_and_last}")
         return num_layers, rules
@@ -686,32 +722,40 @@ class _Rank:
 
 def _local_tensors(client, model, optimizer, create_state):
     """{spec key: local tensor} for every key this rank holds, checked
-    against the job's layout: every parameter known and held here, every
-    held key given, shapes and dtypes as the layout says. With
+    against the job's layout: every parameter and persistent buffer known
+    and held here, every held key given, shapes and dtypes as the layout
+    says. With
     `create_state`, missing optimizer state is created (zeros) to load into."""
     rank = _Rank(client)
     params = dict(model.named_parameters())
+    buffers = {n: b for n, _, _, b in _state_buffers(model)}
     where = f"rank {rank.rank} ({client.config}, coordinates {client.coord})"
     param_keys = {k for k, t in rank.tensors.items() if t.get("role", "") in ("", "parameter")}
+    buffer_keys = {k for k, t in rank.tensors.items() if t.get("role") == "other"}
     problems = []
-    extra = [n for n in params if n not in param_keys]
-    if extra:
-        problems.append(f"the model has parameters the layout lacks: {_sample(extra)}")
     held = list(rank.by_key)  # in the layout's order
-    elsewhere = [n for n in params if n in param_keys and n not in held and not any(
-        int(p.get("pad_multiple", 0)) for p in rank.tensors[n].get("placements", []))]
-    if elsewhere:
-        problems.append(f"the layout puts these parameters on other pipeline stages: "
-                        f"{_sample(elsewhere)}")
-    missing = [k for k in held if k in param_keys and k not in params]
-    if missing:
-        problems.append(f"the model lacks parameters this rank holds in the layout: "
-                        f"{_sample(sorted(missing))}")
+    for what, mine, keys in (("parameters", params, param_keys), ("buffers", buffers, buffer_keys)):
+        extra = [n for n in mine if n not in keys]
+        if extra:
+            problems.append(f"the model has {what} the layout lacks: {_sample(extra)}" + (
+                " (ptc.torch keeps a module's persistent buffers, those in its state_dict: "
+                "build the Layout from this model, or register a buffer the module "
+                "recomputes with persistent=False)" if what == "buffers" else ""))
+        elsewhere = [n for n in mine if n in keys and n not in held and not any(
+            int(p.get("pad_multiple", 0)) for p in rank.tensors[n].get("placements", []))]
+        if elsewhere:
+            problems.append(f"the layout puts these {what} on other pipeline stages: "
+                            f"{_sample(elsewhere)}")
+        missing = [k for k in held if k in keys and k not in mine]
+        if missing:
+            problems.append(f"the model lacks {what} this rank holds in the layout: "
+                            f"{_sample(sorted(missing))}")
     if problems:
         raise ValueError(f"{where}: the model does not match the job's layout: "
                          + "; ".join(problems))
     out = {k: params[k] for k in held if k in param_keys}
-    state_keys = [k for k in held if k not in param_keys]
+    out.update({k: buffers[k] for k in held if k in buffer_keys})
+    state_keys = [k for k in held if k not in param_keys and k not in buffer_keys]
     if state_keys and optimizer is None:
         raise ValueError(f"the job's layout holds optimizer state ({_sample(state_keys, 2)}); "
                          "pass the optimizer")
@@ -989,7 +1033,7 @@ def small_objects(optimizer=None, scheduler=None, extra=None):
 
 def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
          wait=True, timeout=300.0):
-    """Saves this rank's parameters, optimizer state (with its param_groups),
+    """Saves this rank's parameters, persistent buffers, optimizer state (with its param_groups),
     scheduler, RNG states and `extra` (plain data: a dict of numbers,
     strings, tensors, ptc.DataCursor ...) as one version of the job. Every
     local tensor is checked against the job's layout first (a mismatch
@@ -1016,7 +1060,7 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
 
 def load(client, model, optimizer=None, scheduler=None):
     """Loads the job's committed version into this rank's modules: every
-    parameter and optimizer state tensor (checked against the layout as
+    parameter, persistent buffer and optimizer state tensor (checked against the layout as
     save() does), the optimizer's param_groups hyper-parameters, the
     scheduler, the RNG states (a rank whose coordinates are new gets a
     fresh seed). Returns the saved `extra` (a dict) with `.step`."""

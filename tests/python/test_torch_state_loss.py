@@ -1,0 +1,162 @@
+"""ptc.torch keeps a module's whole state or says what is wrong: persistent
+buffers (BatchNorm's running statistics) saved, cut by the plan and
+reloaded."""
+import pytest
+import torch
+
+from cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def pt(ptc_module):
+    import ptc.torch
+    return ptc.torch
+
+
+@pytest.fixture
+def cluster(bin_dir, tmp_path):
+    c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2)
+    yield c
+    c.stop()
+
+
+def spec_tensors(layout):
+    return {t["key"]: t for t in layout.spec["tensors"]}
+
+
+def register(cluster, tmp_path, layout, config="dp=1", job="t", hosts="host0"):
+    path = tmp_path / f"{job}.json"
+    layout.write(path)
+    r = cluster.ptcctl("register", "--job", job, "--layout", str(path), "--config", config,
+                       "--hosts", hosts)
+    assert r.returncode == 0, r.stderr
+
+
+def connect(ptc_module, cluster, job="t", rank=0, host="host0"):
+    return ptc_module.Client(socket=str(cluster.dir / f"{host}.sock"),
+                             coordinator=cluster.coordinator, job=job, rank=rank)
+
+
+def reconfigure(cluster, to, hosts, job="t"):
+    r = cluster.ptcctl("reconfigure", "--job", job, "--to", to, "--hosts", hosts)
+    assert r.returncode == 0, r.stderr
+
+
+def connect_rank(ptc_module, cluster, rank, job="t"):
+    """A client for `rank` on the host the coordinator placed it on."""
+    for host in ("host0", "host1"):
+        placed = ptc_module.ranks_on_host(cluster.coordinator, job, host)["ranks"]
+        if any(r["rank"] == rank for r in placed):
+            return connect(ptc_module, cluster, job=job, rank=rank, host=host)
+    raise AssertionError(f"rank {rank} of job {job} is on no host")
+
+
+def train(model, opt, steps, inputs):
+    for i in range(steps):
+        opt.zero_grad()
+        model(inputs(i)).square().sum().backward()
+        opt.step()
+
+
+# ---- 6: persistent buffers are state ----
+
+class Normed(torch.nn.Module):
+    """BatchNorm over features cut by tp, a persistent buffer of the model's
+    own and one it recomputes (persistent=False)."""
+
+    def __init__(self, h=6):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, h)
+        self.bn = torch.nn.BatchNorm1d(h)
+        self.head = torch.nn.Linear(h, 2)
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("scratch", torch.zeros(5), persistent=False)
+
+    def forward(self, x):
+        return self.head(self.bn(self.fc(x)))
+
+
+NORMED_PLAN = {"fc": "Colwise", "bn": "Colwise", "head": "Rowwise"}
+
+
+def normed_plan(pt):
+    return {k: getattr(pt, v)() for k, v in NORMED_PLAN.items()}
+
+
+def test_persistent_buffers_are_in_the_layout_cut_by_the_plan(pt):
+    layout = pt.Layout(Normed(), normed_plan(pt), optimizer=torch.optim.Adam)
+    t = spec_tensors(layout)
+    assert t["bn.running_mean"]["role"] == "other"
+    assert t["bn.running_var"]["placements"] == [{"axes": ["tp"], "kind": "shard", "dim": 0}]
+    assert t["bn.num_batches_tracked"]["dtype"] == "int64"
+    assert "placements" not in t["bn.num_batches_tracked"]        # a scalar: replicated
+    assert "placements" not in t["scale"] and t["scale"]["role"] == "other"  # by default
+    assert "scratch" not in t                                      # persistent=False
+    assert not any(k.startswith("optim.") and ("running" in k or k.endswith("scale"))
+                   for k in t)                                     # no optimizer state
+    assert "bn.running_var" in pt.describe(layout, "tp=2", rank=1)
+    assert {r["key"]: r["region"] for r in layout.regions("tp=2")[1]}["bn.running_mean"] == [(3, 6)]
+
+    # Buffers follow their layer through the pipeline; others must be placed.
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(torch.nn.BatchNorm1d(4) for _ in range(2))
+    model.out = torch.nn.Linear(4, 4)
+    model.register_buffer("step_scale", torch.ones(1))
+    with pytest.raises(ValueError, match="buffer 'step_scale' is in no pipeline stage"):
+        pt.Layout(model, stages=pt.Stages(layers="layers", last=["out"]))
+    layout = pt.Layout(model, stages=pt.Stages(layers="layers", last=["out", "step_scale"]))
+    t = spec_tensors(layout)
+    assert t["layers.1.running_mean"]["stage"] == {"kind": "layer", "layer": 1}
+    assert t["step_scale"]["stage"] == {"kind": "last"}
+    with pytest.raises(TypeError, match="buffer 'c' is torch.complex64.*persistent=False"):
+        m = torch.nn.Linear(2, 2)
+        m.register_buffer("c", torch.zeros(2, dtype=torch.complex64))
+        pt.Layout(m)
+
+
+def test_batchnorm_statistics_survive_a_save_and_a_tp_change(pt, ptc_module, cluster,
+                                                             tmp_path):
+    torch.manual_seed(0)
+    model = Normed()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    register(cluster, tmp_path, pt.Layout(model, normed_plan(pt), optimizer=opt),
+             config="tp=1")
+    client = connect(ptc_module, cluster)
+    g = torch.Generator().manual_seed(1)
+    train(model, opt, 3, lambda i: torch.randn(8, 4, generator=g) * 3 + 1)
+    model.scale.mul_(torch.tensor([2.0, 3.0, 4.0]))
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    assert int(want["bn.num_batches_tracked"]) == 3 and want["bn.running_var"].ne(1).all()
+
+    pt.save(client, model, opt, step=3)
+    torch.manual_seed(5)
+    again = Normed()
+    pt.load(client, again, torch.optim.Adam(again.parameters(), lr=0.01))
+    got = again.state_dict()
+    assert sorted(got) == sorted(want)
+    for k in ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"] + sorted(want):
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+    # Buffers the layout lacks, or a model without those it has: refused.
+    more = Normed()
+    more.register_buffer("extra_stat", torch.zeros(2))
+    with pytest.raises(ValueError, match="buffers the layout lacks: extra_stat"):
+        pt.load(client, more, torch.optim.Adam(more.parameters()))
+    fewer = Normed()
+    fewer.bn = torch.nn.BatchNorm1d(6, track_running_stats=False)
+    with pytest.raises(ValueError, match="lacks buffers this rank holds in the layout: "
+                                         "bn.num_batches_tracked, bn.running_mean"):
+        pt.save(client, fewer, torch.optim.Adam(fewer.parameters()), step=4)
+
+    # tp=1 -> tp=2: each rank holds its features' statistics.
+    reconfigure(cluster, "tp=2", "host0,host1")
+    for rank in range(2):
+        local = Normed(h=3)
+        lopt = torch.optim.Adam(local.parameters(), lr=0.01)
+        pt.load(connect_rank(ptc_module, cluster, rank), local, lopt)
+        rows = slice(3 * rank, 3 * rank + 3)
+        for k in ("bn.running_mean", "bn.running_var", "bn.weight", "fc.weight"):
+            assert torch.equal(local.state_dict()[k], want[k][rows]), (rank, k)
+        assert torch.equal(local.head.weight, want["head.weight"][:, rows])
+        assert torch.equal(local.bn.num_batches_tracked, want["bn.num_batches_tracked"])
+        assert torch.equal(local.scale, want["scale"])
