@@ -22,11 +22,11 @@ Each rank then saves and loads its own modules with one call each:
 Keys are the parameters' and persistent buffers' names in the full model
 (torchtitan's convention: a pipeline stage keeps the full model's names for
 the layers it holds), and an optimizer's state is "optim.<slot>.<name>"
-(Adam's exp_avg, exp_avg_sq and per-parameter step; SGD's momentum_buffer).
-A rank's local tensor is its regions of the global tensor packed in order
-along each dimension: its chunk, or, for a grouped split (q|k|v), its chunk
-of each group concatenated, as Megatron and PyTorch's ColwiseParallel hold
-them.
+(Adam's exp_avg, exp_avg_sq and per-parameter step; SGD's momentum_buffer)
+for the parameters it trains. A rank's local tensor is its regions of the
+global tensor packed in order along each dimension: its chunk, or, for a
+grouped split (q|k|v), its chunk of each group concatenated, as Megatron
+and PyTorch's ColwiseParallel hold them.
 """
 
 import base64
@@ -44,7 +44,7 @@ from . import _ptc, torch_state
 
 __all__ = ["Colwise", "Experts", "FlatBuffer", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
            "Stages", "VocabParallel", "check_forward", "describe", "flat_buffer", "load",
-           "save", "shard_state", "state_regions", "state_tensors"]
+           "optimizer_state", "save", "shard_state", "state_regions", "state_tensors"]
 
 OPTIMIZER_OBJECT = "ptc.torch.optimizer"
 SCHEDULER_OBJECT = "ptc.torch.scheduler"
@@ -223,28 +223,121 @@ class OptimizerState:
     def __init__(self, slots, step=False):
         self.slots, self.step = list(slots), step
 
+    def __repr__(self):
+        return f"OptimizerState(slots={self.slots}, step={self.step})"
 
-def optimizer_state(optimizer):
-    """The OptimizerState of an optimizer (instance or class)."""
-    if optimizer is None or isinstance(optimizer, OptimizerState):
-        return optimizer
-    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
-    d = {} if isinstance(optimizer, type) else optimizer.defaults
+
+def _known_state(cls, settings):
+    """The OptimizerState a torch optimizer class keeps for a parameter of
+    a param group with `settings` (its hyper-parameters), or None for a
+    class ptc.torch does not know."""
     if issubclass(cls, (torch.optim.Adam, torch.optim.AdamW)):
         return OptimizerState(["exp_avg", "exp_avg_sq"] +
-                              (["max_exp_avg_sq"] if d.get("amsgrad") else []), step=True)
+                              (["max_exp_avg_sq"] if settings.get("amsgrad") else []), step=True)
     if issubclass(cls, torch.optim.SGD):
-        if isinstance(optimizer, type):
-            raise ValueError("pass the SGD optimizer itself, not its class: whether it keeps "
-                             "a momentum buffer depends on its momentum")
-        return OptimizerState(["momentum_buffer"] if d.get("momentum") else [])
+        return OptimizerState(["momentum_buffer"] if settings.get("momentum") else [])
     if issubclass(cls, torch.optim.Adagrad):
         return OptimizerState(["sum"], step=True)
     if issubclass(cls, torch.optim.RMSprop):
-        return OptimizerState(["square_avg"] + (["momentum_buffer"] if d.get("momentum") else [])
-                              + (["grad_avg"] if d.get("centered") else []), step=True)
-    raise ValueError(f"ptc.torch does not know the state of {cls.__name__}; pass "
-                     "optimizer=ptc.torch.OptimizerState(slots=[...], step=...)")
+        return OptimizerState(["square_avg"] + (["momentum_buffer"] if settings.get("momentum")
+                                                else [])
+                              + (["grad_avg"] if settings.get("centered") else []), step=True)
+    return None
+
+
+def _held_state(optimizer, p, name):
+    """The OptimizerState optimizer.state holds for parameter `p` (None
+    values are nothing held: SGD without momentum); ValueError for an entry
+    ptc cannot keep as a slot (not a tensor shaped like the parameter)."""
+    st = optimizer.state.get(p) or {}
+    slots, step = [], False
+    for k, v in st.items():
+        if v is None:
+            continue
+        if k == "step":
+            step = True
+        elif torch.is_tensor(v) and tuple(v.shape) == tuple(p.shape):
+            slots.append(k)
+        else:
+            what = (f"a tensor of shape {tuple(v.shape)}" if torch.is_tensor(v)
+                    else f"a {type(v).__name__}")
+            raise ValueError(
+                f"{type(optimizer).__name__}'s state of '{name}' holds '{k}', {what}, which "
+                "ptc.torch cannot keep: it keeps per-parameter slots shaped like the parameter "
+                f"{tuple(p.shape)} and a step, so this optimizer's state would be lost; use an "
+                "optimizer whose state is such slots")
+    return OptimizerState(slots, step)
+
+
+def _union(states):
+    slots, step = [], False
+    for s in states:
+        slots += [k for k in s.slots if k not in slots]
+        step = step or s.step
+    return OptimizerState(slots, step)
+
+
+def optimizer_state(optimizer):
+    """The OptimizerState of an optimizer (instance or class). From an
+    instance, every slot it keeps: those its param_groups' settings give
+    (Adam with amsgrad=True: max_exp_avg_sq; SGD with momentum:
+    momentum_buffer) and those its state already holds (an optimizer
+    ptc.torch does not know, after a step: every tensor shaped like its
+    parameter, and the step)."""
+    if optimizer is None or isinstance(optimizer, OptimizerState):
+        return optimizer
+    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
+    if isinstance(optimizer, type):
+        if issubclass(cls, torch.optim.SGD):
+            raise ValueError("pass the SGD optimizer itself, not its class: whether it keeps "
+                             "a momentum buffer depends on its momentum")
+        known = _known_state(cls, {})
+        if known is None:
+            raise ValueError(f"ptc.torch does not know the state of {cls.__name__}; pass the "
+                             "optimizer itself after one step (its state shows its slots) or "
+                             "optimizer=ptc.torch.OptimizerState(slots=[...], step=...)")
+        return known
+    known = [_known_state(cls, g) for g in optimizer.param_groups] or [_known_state(cls, {})]
+    held = [_held_state(optimizer, p, f"a parameter of param group {i}")
+            for i, g in enumerate(optimizer.param_groups) for p in g["params"]
+            if optimizer.state.get(p)]
+    if known[0] is None and not held:
+        raise ValueError(f"ptc.torch does not know the state of {cls.__name__}; pass it after "
+                         "one step (its state shows its slots) or "
+                         "optimizer=ptc.torch.OptimizerState(slots=[...], step=...)")
+    return _union([k for k in known if k is not None] + held)
+
+
+def _parameter_states(optimizer, kept, params):
+    """{parameter name: OptimizerState} of the parameters that keep
+    optimizer state in the layout. An optimizer instance over these very
+    parameters decides for itself: a parameter in its param_groups keeps
+    the slots its group's settings give and any its state holds, unless it
+    is frozen (requires_grad=False) and holds none; a parameter outside them
+    keeps none. A class or an OptimizerState (or an instance over other
+    tensors, e.g. a local model's): every parameter that requires grad
+    keeps `kept`."""
+    group_of = {}
+    if isinstance(optimizer, torch.optim.Optimizer):
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                group_of[id(p)] = g
+    out = {}
+    if any(id(p) in group_of for _, p in params):
+        cls = type(optimizer)
+        for name, p in params:
+            g = group_of.get(id(p))
+            if g is None:
+                continue
+            held = _held_state(optimizer, p, name)
+            if not p.requires_grad and not (held.slots or held.step):
+                continue
+            known = _known_state(cls, g)
+            if known is None and not (held.slots or held.step):
+                known = kept  # a class ptc does not know: the slots its other parameters show
+            out[name] = _union([known, held] if known is not None else [held])
+        return out
+    return {name: kept for name, p in params if p.requires_grad}
 
 
 class FlatBuffer:
@@ -355,7 +448,11 @@ class Layout:
 
     `model` is the full model (build it on the meta device: only shapes
     are read). `mesh`: the axes, slowest first (default pp, dp, tp, with ep
-    before tp when the plan uses it)."""
+    before tp when the plan uses it). `optimizer`: a class, an
+    OptimizerState, a FlatBuffer, or the optimizer itself over `model`'s
+    parameters, which then decides every parameter's slots (its param
+    groups' settings, e.g. amsgrad; parameters outside it keep none).
+    Frozen parameters (requires_grad=False) keep no optimizer state."""
 
     def __init__(self, model, plan=None, *, optimizer=None, stages=None, mesh=None,
                  name=None):
@@ -401,6 +498,7 @@ class Layout:
                              f"(its modules: {_sample([m for m, _ in model.named_modules() if m])})")
         self.num_layers, stage_of = self._stage_rules(model, [f for f, _ in params + buffers],
                                                       kind)
+        kept = (_parameter_states(optimizer, self.optimizer, params) if per_tensor else {})
         tensors, members, buffer_tensors = [], [], []
         for full, p in params + buffers:
             is_buffer = full in buffer_names
@@ -422,10 +520,11 @@ class Layout:
                 continue
             tensors.append(t)
             members.append(t)
-            if per_tensor:
-                for slot in self.optimizer.slots:
+            st = kept.get(full)
+            if st is not None:
+                for slot in st.slots:
                     tensors.append(dict(t, key=f"optim.{slot}.{full}", role="optimizer_state"))
-                if self.optimizer.step:
+                if st.step:
                     s = {"key": f"optim.step.{full}", "dtype": "fp32", "shape": [1],
                          "role": "optimizer_state"}
                     if stage_of[full]:
@@ -724,7 +823,7 @@ def _local_tensors(client, model, optimizer, create_state):
     """{spec key: local tensor} for every key this rank holds, checked
     against the job's layout: every parameter and persistent buffer known
     and held here, every held key given, shapes and dtypes as the layout
-    says. With
+    says, the optimizer's slots those the layout keeps. With
     `create_state`, missing optimizer state is created (zeros) to load into."""
     rank = _Rank(client)
     params = dict(model.named_parameters())
@@ -771,38 +870,16 @@ def _local_tensors(client, model, optimizer, create_state):
                              "state; build the Layout with optimizer=")
     if rank.buffers and optimizer is not None:
         out.update(_flat_state(rank, optimizer, state_keys, where, create_state))
-    elif state_keys:
+    elif optimizer is not None:
         if hasattr(optimizer, "shards"):
-            raise ValueError(f"{where}: the optimizer keeps flat shards but the job's layout "
-                             "keeps per-parameter state; build the Layout with "
-                             "optimizer=ptc.torch.FlatBuffer(...)")
-        in_opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for k in state_keys:
-            _, slot, name = k.split(".", 2)
-            p = params.get(name)
-            if p is None:
-                raise ValueError(f"{where}: the layout holds '{k}' but the model has no "
-                                 f"parameter '{name}'")
-            if id(p) not in in_opt:
-                raise ValueError(f"{where}: parameter '{name}' is not in the optimizer's "
-                                 "param_groups")
-            # Before the first step an optimizer has no state: a save writes
-            # what the first step would start from (zeros), a load creates it.
-            st = optimizer.state[p] if create_state else optimizer.state.get(p, {})
-            if slot == "step":
-                cur = st.get("step", 0.0)
-                if not torch.is_tensor(cur) or cur.dtype != torch.float32:
-                    cur = torch.tensor(float(cur))
-                if create_state:
-                    st["step"] = cur
-                out[k] = cur.reshape(1)
-            else:
-                cur = st.get(slot)
-                if cur is None:
-                    cur = torch.zeros_like(p.data, memory_format=torch.preserve_format)
-                    if create_state:
-                        st[slot] = cur
-                out[k] = cur
+            if state_keys:
+                raise ValueError(f"{where}: the optimizer keeps flat shards but the job's layout "
+                                 "keeps per-parameter state; build the Layout with "
+                                 "optimizer=ptc.torch.FlatBuffer(...)")
+        else:
+            out.update(_parameter_state(rank, optimizer, params,
+                                        [k for k in held if k in param_keys], state_keys,
+                                        where, create_state))
     for k, t in out.items():
         spec_t = rank.tensors[k]
         want_shape = rank.expected(k)
@@ -821,6 +898,101 @@ def _local_tensors(client, model, optimizer, create_state):
         if t.dtype != want_dtype:
             raise TypeError(f"{where}: '{k}' is {t.dtype} but the layout says {want_dtype}")
     return rank, out
+
+
+_REBUILD_LAYOUT = (
+    "build the job's Layout from the optimizer itself, with its final settings and param "
+    "groups (ptc.torch.Layout(model, plan, optimizer=opt): it keeps every slot the optimizer "
+    "has, e.g. max_exp_avg_sq of Adam(amsgrad=True) or SGD's momentum_buffer, and none for "
+    "parameters outside it or frozen), or with optimizer=ptc.torch.OptimizerState(slots=[...], "
+    "step=...), and register the job with that layout")
+
+
+def _settings(group):
+    keys = [k for k in ("amsgrad", "momentum", "centered") if k in group]
+    return ", ".join(f"{k}={group[k]}" for k in keys)
+
+
+def _parameter_state(rank, optimizer, params, held_params, state_keys, where, create_state):
+    """{key: local tensor} of a per-parameter optimizer's state on this
+    rank, after checking that the optimizer keeps exactly the slots the
+    layout keeps for each parameter held here: those its param group's
+    settings give (an optimizer ptc.torch knows) and those its state holds.
+    A parameter outside the optimizer keeps none."""
+    kept = {}  # parameter name -> slots the layout keeps for it ("step": its step)
+    for k, t in rank.tensors.items():
+        parts = k.split(".", 2)
+        if t.get("role") == "optimizer_state" and len(parts) == 3 and parts[0] == "optim":
+            kept.setdefault(parts[2], []).append(parts[1])
+    group_of = {id(p): (i, g) for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    cls = type(optimizer)
+    problems = {}  # (parameter, slot) -> what is wrong
+    for name in held_params:
+        p, slots = params[name], kept.get(name, [])
+        if id(p) not in group_of:
+            if slots:
+                problems[name, ""] = (f"'{name}' is not in the optimizer's param_groups but the "
+                                      f"layout keeps its optimizer state ({', '.join(slots)})")
+            continue
+        i, group = group_of[id(p)]
+        held = _held_state(optimizer, p, name)
+        has = held.slots + (["step"] if held.step else [])
+        known = _known_state(cls, group) if (p.requires_grad or has) else None
+        if known is not None:
+            want = known.slots + (["step"] if known.step else [])
+            how = f"param group {i}" + (f": {_settings(group)}" if _settings(group) else "")
+            for slot in want:
+                if slot not in slots:
+                    problems.setdefault((name, slot), (
+                        f"{cls.__name__} ({how}) keeps '{slot}' of '{name}', which the layout "
+                        f"lacks (no 'optim.{slot}.{name}': it would be lost)"))
+            for slot in slots:
+                if slot not in want:
+                    problems.setdefault((name, slot), (
+                        f"the layout keeps 'optim.{slot}.{name}', which {cls.__name__} ({how}) "
+                        f"does not keep (its slots: {', '.join(want) or 'none'})"))
+        for slot in has:
+            if slot not in slots:
+                problems.setdefault((name, slot), (
+                    f"the optimizer's state of '{name}' holds '{slot}', which the layout lacks "
+                    f"(no 'optim.{slot}.{name}': it would be lost)"))
+        if has and not create_state:
+            for slot in slots:
+                if slot not in has:
+                    problems.setdefault((name, slot), (
+                        f"the layout keeps 'optim.{slot}.{name}' but the optimizer's state of "
+                        f"'{name}' holds no '{slot}' (it holds {', '.join(has)})"))
+    if problems:
+        found = list(problems.values())
+        raise ValueError(f"{where}: the optimizer does not match the job's layout: "
+                         + "; ".join(found[:4])
+                         + (f"; ... ({len(found)} in all)" if len(found) > 4 else "")
+                         + f". {_REBUILD_LAYOUT[0].upper()}{_REBUILD_LAYOUT[1:]}")
+    out = {}
+    for k in state_keys:
+        _, slot, name = k.split(".", 2)
+        p = params.get(name)
+        if p is None:
+            raise ValueError(f"{where}: the layout holds '{k}' but the model has no "
+                             f"parameter '{name}'")
+        # Before the first step an optimizer has no state: a save writes
+        # what the first step would start from (zeros), a load creates it.
+        st = optimizer.state[p] if create_state else optimizer.state.get(p, {})
+        if slot == "step":
+            cur = st.get("step", 0.0)
+            if not torch.is_tensor(cur) or cur.dtype != torch.float32:
+                cur = torch.tensor(float(cur))
+            if create_state:
+                st["step"] = cur
+            out[k] = cur.reshape(1)
+        else:
+            cur = st.get(slot)
+            if cur is None:
+                cur = torch.zeros_like(p.data, memory_format=torch.preserve_format)
+                if create_state:
+                    st[slot] = cur
+            out[k] = cur
+    return out
 
 
 def _flat_state(rank, optimizer, state_keys, where, create_state):
@@ -848,6 +1020,19 @@ def _flat_state(rank, optimizer, state_keys, where, create_state):
         if id(t) not in in_opt:
             raise ValueError(f"{where}: the shard of '{name}' is not in the optimizer's "
                              "param_groups")
+    # The optimizer keeps no slot the buffer lacks (it would be lost).
+    slots = {t["key"].split(".", 2)[1] for t in rank.tensors.values()
+             if t.get("buffer") and t.get("slot")} | (
+                 {"step"} if "optim.step" in rank.tensors else set())
+    for name in owned:
+        held = _held_state(inner, shards[name], name)
+        for slot in held.slots + (["step"] if held.step else []):
+            if slot not in slots:
+                raise ValueError(
+                    f"{where}: the optimizer's state of the shard of '{name}' holds '{slot}', "
+                    "which the job's flat buffer does not keep (it would be lost); build the "
+                    "Layout with ptc.torch.FlatBuffer(opt, ...) of the optimizer itself, with "
+                    "its final settings, and register the job with that layout")
     for k in state_keys:
         if k == "optim.step":
             # One step for all: the optimizer's (every range steps together).
@@ -1033,13 +1218,15 @@ def small_objects(optimizer=None, scheduler=None, extra=None):
 
 def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
          wait=True, timeout=300.0):
-    """Saves this rank's parameters, persistent buffers, optimizer state (with its param_groups),
-    scheduler, RNG states and `extra` (plain data: a dict of numbers,
-    strings, tensors, ptc.DataCursor ...) as one version of the job. Every
-    local tensor is checked against the job's layout first (a mismatch
-    raises naming the tensor, nothing is written). `step` (default: the
-    optimizer's step, or the scheduler's last_epoch) is what a load returns.
-    With `wait`, returns once every rank saved and the version committed."""
+    """Saves this rank's parameters, persistent buffers, optimizer state
+    (with its param_groups), scheduler, RNG states and `extra` (plain data:
+    a dict of numbers, strings, tensors, ptc.DataCursor ...) as one version
+    of the job. Every local tensor is checked against the job's layout
+    first (a mismatch raises naming the tensor, and so does an optimizer
+    whose slots are not the layout's; nothing is written). `step` (default:
+    the optimizer's step, or the scheduler's last_epoch) is what a load
+    returns. With `wait`, returns once every rank saved and the version
+    committed."""
     if step is None:
         step = _infer_step(optimizer, scheduler)
     rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
@@ -1060,10 +1247,11 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
 
 def load(client, model, optimizer=None, scheduler=None):
     """Loads the job's committed version into this rank's modules: every
-    parameter, persistent buffer and optimizer state tensor (checked against the layout as
-    save() does), the optimizer's param_groups hyper-parameters, the
-    scheduler, the RNG states (a rank whose coordinates are new gets a
-    fresh seed). Returns the saved `extra` (a dict) with `.step`."""
+    parameter, persistent buffer and optimizer state tensor (checked
+    against the layout as save() does), the optimizer's param_groups
+    hyper-parameters, the scheduler, the RNG states (a rank whose
+    coordinates are new gets a fresh seed). Returns the saved `extra` (a
+    dict) with `.step`."""
     rank, tensors = _local_tensors(client, model, optimizer, create_state=True)
     state = client.load()
     with torch.no_grad():
