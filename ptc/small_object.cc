@@ -114,10 +114,11 @@ uint64_t Mix(uint64_t h, absl::string_view bytes) {
 
 std::string DerivedSmallObject(absl::string_view name,
                                absl::string_view derive_from,
-                               int64_t target_version) {
+                               int64_t target_version, absl::string_view job) {
   uint64_t seed = Mix(0xcbf29ce484222325ULL, name);
   seed = Mix(seed, derive_from);
   seed = Mix(seed, absl::StrCat(target_version));
+  if (!job.empty()) seed = Mix(seed, absl::StrCat("job=", job));
   std::string out(kSeedMagic, 8);
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(seed >> (8 * i)));
   return out;

@@ -68,5 +68,22 @@ TEST_CASE("small objects: new data-parallel ranks derive fresh RNG seeds",
         std::vector<int>{1});
 }
 
+TEST_CASE("small objects: a derived seed depends on the job's name",
+          "[ptc][small_object]") {
+  const std::string from = "pp=0,dp=2,tp=0";
+  const std::string a = DerivedSmallObject("rng", from, 7, "job-a");
+  const std::string b = DerivedSmallObject("rng", from, 7, "job-b");
+  REQUIRE(DerivedSeed(a).has_value());
+  REQUIRE(DerivedSeed(b).has_value());
+  // Two jobs at the same coordinates and version: two seeds.
+  CHECK(*DerivedSeed(a) != *DerivedSeed(b));
+  CHECK(a != DerivedSmallObject("rng", from, 7));
+  // The same inputs: the same bytes.
+  CHECK(DerivedSmallObject("rng", from, 7, "job-a") == a);
+  CHECK(DerivedSmallObject("rng", from, 8, "job-a") != a);
+  // Without a job: the bytes of a derivation without one, as before.
+  CHECK(DerivedSmallObject("rng", from, 7, "") == DerivedSmallObject("rng", from, 7));
+}
+
 }  // namespace
 }  // namespace ptc

@@ -2,7 +2,11 @@
 buffers (BatchNorm's running statistics) saved, cut by the plan and
 reloaded; an optimizer whose slots differ from the layout's refused at
 save and load, and a layout derived from the optimizer itself keeping
-every slot it has; frozen parameters saved without optimizer state."""
+every slot it has; frozen parameters saved without optimizer state; new
+ranks' RNG seeds that depend on the job and on the user's base seed."""
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -318,3 +322,31 @@ def test_frozen_parameters_are_saved_without_optimizer_state(pt, ptc_module, clu
                                          "but the layout keeps its optimizer state"):
         pt.save(connect_rank(ptc_module, cluster, 0, job="u"), unfrozen,
                 torch.optim.Adam(unfrozen.head.parameters()), step=1)
+
+
+# ---- 9: new ranks' seeds ----
+
+def test_new_ranks_seeds_depend_on_the_job_and_the_base_seed(pt, ptc_module, cluster,
+                                                             tmp_path):
+    model = torch.nn.Linear(3, 2)
+    for job, host in (("t", "host0"), ("u", "host1")):
+        register(cluster, tmp_path, pt.Layout(model), job=job, hosts=host)
+        pt.save(connect(ptc_module, cluster, job=job, host=host), model, step=1)
+        reconfigure(cluster, "dp=2", host, job=job)     # rank 1 is new
+
+    def stream(job, base):
+        torch.manual_seed(base)                          # the process's base seed
+        client = connect_rank(ptc_module, cluster, 1, job=job)
+        assert ptc_module.derived_seed(client.load().small_object(pt.RNG_OBJECT)) is not None
+        pt.load(client, torch.nn.Linear(3, 2))
+        return torch.rand(4), random.random(), np.random.rand()
+
+    def same(a, b):
+        return torch.equal(a[0], b[0]) and a[1:] == b[1:]
+
+    one, two, again = stream("t", 1), stream("t", 2), stream("t", 1)
+    assert not same(one, two)          # two base seeds: two streams
+    assert same(one, again)            # the same base seed: the same stream
+    other_job = stream("u", 1)
+    assert not same(one, other_job)    # two jobs: two streams
+    assert not any(torch.equal(one[0], s[0]) for s in (two, other_job))

@@ -31,6 +31,7 @@ and PyTorch's ColwiseParallel hold them.
 
 import base64
 import fnmatch
+import hashlib
 import json
 import math
 import random
@@ -44,7 +45,8 @@ from . import _ptc, torch_state
 
 __all__ = ["Colwise", "Experts", "FlatBuffer", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
            "Stages", "VocabParallel", "check_forward", "describe", "flat_buffer", "load",
-           "optimizer_state", "save", "shard_state", "state_regions", "state_tensors"]
+           "new_rank_seed", "optimizer_state", "save", "shard_state", "state_regions",
+           "state_tensors"]
 
 OPTIMIZER_OBJECT = "ptc.torch.optimizer"
 SCHEDULER_OBJECT = "ptc.torch.scheduler"
@@ -1158,10 +1160,23 @@ def _rng_state():
     return st
 
 
-def _set_rng_state(raw):
-    seed = _ptc.derived_seed(raw)
-    if seed is not None:
+def new_rank_seed(derived, job, base_seed):
+    """The seed a rank whose coordinates are new starts its generators
+    from: ptc's derived seed (from the object's name, the rank's
+    coordinates and the new version) mixed with the job's name and the
+    process's base seed (torch.initial_seed() when it loads: the seed it
+    gave torch.manual_seed), so that two jobs, or one job run with two
+    seeds, give a new rank different streams. The first 8 bytes,
+    little-endian, of BLAKE2b of "ptc.torch.seed:<derived>:<job>:<base>"."""
+    text = f"ptc.torch.seed:{int(derived)}:{job}:{int(base_seed)}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def _set_rng_state(raw, job):
+    derived = _ptc.derived_seed(raw)
+    if derived is not None:
         # A rank whose coordinates are new: a fresh stream, never a copy.
+        seed = new_rank_seed(derived, job, torch.initial_seed())
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -1250,8 +1265,9 @@ def load(client, model, optimizer=None, scheduler=None):
     parameter, persistent buffer and optimizer state tensor (checked
     against the layout as save() does), the optimizer's param_groups
     hyper-parameters, the scheduler, the RNG states (a rank whose
-    coordinates are new gets a fresh seed). Returns the saved `extra` (a
-    dict) with `.step`."""
+    coordinates are new gets a fresh seed: new_rank_seed() of ptc's derived
+    seed, the job's name and torch.initial_seed()). Returns the saved
+    `extra` (a dict) with `.step`."""
     rank, tensors = _local_tensors(client, model, optimizer, create_state=True)
     state = client.load()
     with torch.no_grad():
@@ -1283,7 +1299,7 @@ def load(client, model, optimizer=None, scheduler=None):
         if sd is None:
             raise ValueError("the save has no scheduler state; pass scheduler=None or save one")
         scheduler.load_state_dict(sd)
-    _set_rng_state(state.small_object(RNG_OBJECT))
+    _set_rng_state(state.small_object(RNG_OBJECT), client.job)
     out = Restored(decode(state.small_object(EXTRA_OBJECT)) or {})
     out.step = client.committed_step
     out.version = state.version
