@@ -19,6 +19,7 @@
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
+#include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "coordinator/job_placement.h"
 #include "coordinator/reconfigure_driver.h"
@@ -567,27 +568,75 @@ bool CoordinatorService::HostInUseLocked(const std::string& host) {
   return false;
 }
 
+absl::Status CoordinatorService::ProbeHost(const std::string& name,
+                                           const std::string& address) {
+  std::unique_ptr<StoreClient>& client = probes_[name];
+  if (client == nullptr || probe_addresses_[name] != address) {
+    client = StoreClient::Connect(address, name);
+    probe_addresses_[name] = address;
+  }
+  return client->Stats(options_.host_timeout).status();
+}
+
 void CoordinatorService::MonitorLoop() {
+  // Hosts known from the state on disk get a full timeout from when this
+  // coordinator starts watching, not from when it read them.
+  const absl::Time started = absl::Now();
   while (true) {
     std::vector<std::string> retry;
+    // Hosts whose heartbeats are overdue: asked directly before they are
+    // declared dead, outside the lock.
+    std::vector<std::pair<std::string, std::string>> overdue;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                absl::Milliseconds(200)))
         return;
       const absl::Time now = absl::Now();
-      bool changed = false;
       for (auto& [name, h] : hosts_) {
         if (h.status.alive() &&
-            now - h.last_heartbeat > options_.host_timeout) {
-          h.status.set_alive(false);
-          changed = true;
+            now - std::max(h.last_heartbeat, started) > options_.host_timeout)
+          overdue.push_back({name, h.status.address()});
+      }
+    }
+    // Late heartbeats alone do not make a host dead: on a busy machine
+    // (or a busy coordinator) they arrive late while the host is fine. A
+    // host that also leaves a direct call unanswered for host_timeout (or
+    // refuses it) is dead. At most 16 probes at once; a host that answers
+    // is not asked again before another host_timeout passes.
+    std::vector<absl::Status> probed(overdue.size());
+    ParallelFor(overdue.size(), 16, [&](size_t i) {
+                  probed[i] = ProbeHost(overdue[i].first, overdue[i].second);
+                  return absl::OkStatus();
+                })
+        .IgnoreError();
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      bool changed = false;
+      for (size_t i = 0; i < overdue.size(); ++i) {
+        auto it = hosts_.find(overdue[i].first);
+        if (it == hosts_.end() || !it->second.status.alive()) continue;
+        Host& h = it->second;
+        const absl::Duration silent = now - std::max(h.last_heartbeat, started);
+        if (silent <= options_.host_timeout) continue;  // a heartbeat came
+        const std::string& name = it->first;
+        if (probed[i].ok()) {
           Log("coordinator")
-              ->warn("host {} missed its heartbeats for {}; marked dead", name,
-                     absl::FormatDuration(now - h.last_heartbeat));
-          verify_hosts_.erase(name);
-          CancelFlightsOnLocked(name);
+              ->warn("host {}'s heartbeats are {} late, but it answered "
+                     "directly: alive (a busy machine?)",
+                     name, absl::FormatDuration(silent));
+          h.last_heartbeat = now;
+          continue;
         }
+        h.status.set_alive(false);
+        changed = true;
+        Log("coordinator")
+            ->warn("host {} missed its heartbeats for {} and did not answer "
+                   "directly ({}); marked dead",
+                   name, absl::FormatDuration(silent), probed[i].ToString());
+        verify_hosts_.erase(name);
+        CancelFlightsOnLocked(name);
       }
       // Hosts dead for host_expiry that no job names are forgotten: the
       // registry does not grow with every machine that ever came by.
@@ -601,6 +650,8 @@ void CoordinatorService::MonitorLoop() {
         Log("coordinator")
             ->info("host {} dead for {} and used by no job; forgotten", name,
                    absl::FormatDuration(now - h.last_heartbeat));
+        probes_.erase(name);
+        probe_addresses_.erase(name);
         it = hosts_.erase(it);
         changed = true;
       }

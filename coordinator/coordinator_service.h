@@ -61,6 +61,7 @@
 #include "proto/snapshot.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
+#include "tensor_store/store_client.h"
 
 namespace ptc {
 
@@ -289,6 +290,10 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::Status Load();
   void Recover();
   void MonitorLoop();
+  // Asks host `name` at `address` directly (the store's Stats, within
+  // host_timeout), for a host whose heartbeats are late. Monitor thread
+  // only.
+  absl::Status ProbeHost(const std::string& name, const std::string& address);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
@@ -386,6 +391,10 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::set<std::string> verify_hosts_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
+  // The monitor thread's own (no lock): a client per host it probed, and
+  // the address it was made for; dropped when the host is forgotten.
+  std::map<std::string, std::unique_ptr<StoreClient>> probes_;
+  std::map<std::string, std::string> probe_addresses_;
   std::thread snapshotter_;
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);

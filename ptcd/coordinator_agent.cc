@@ -27,8 +27,15 @@ bool CoordinatorAgent::registered() const {
 }
 
 void CoordinatorAgent::Loop() {
+  // Reconnect within a second of the coordinator coming back: with gRPC's
+  // default backoff (up to two minutes) a restarted coordinator heard
+  // from its hosts seconds late, and timed them out.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto stub = proto::Coordinator::NewStub(
-      OpenChannel(coordinator_, grpc::ChannelArguments(), "coordinator"));
+      OpenChannel(coordinator_, args, "coordinator"));
   absl::Duration interval = absl::Seconds(1);
   bool registered = false;
   std::string refused;  // the last reason the coordinator gave

@@ -289,8 +289,13 @@ absl::StatusOr<proto::PrepareMemoryResponse> StoreClient::PrepareMemory(
   return resp;
 }
 
-absl::StatusOr<proto::StatsResponse> StoreClient::Stats() {
-  return Unary(&proto::TensorStore::Stub::Stats, proto::StatsRequest());
+absl::StatusOr<proto::StatsResponse> StoreClient::Stats(
+    absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  if (timeout > absl::ZeroDuration())
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return Unary(&proto::TensorStore::Stub::Stats, proto::StatsRequest(), 0,
+               &ctx);
 }
 
 }  // namespace ptc

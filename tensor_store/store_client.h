@@ -84,7 +84,9 @@ class StoreClient {
       absl::Duration timeout = absl::ZeroDuration());
   // Forgets the job on this ptcd (every version): (versions, bytes).
   absl::StatusOr<proto::DeleteJobResponse> DeleteJob(const std::string& job);
-  absl::StatusOr<proto::StatsResponse> Stats();
+  // The call gives up after `timeout` (zero: the default deadline).
+  absl::StatusOr<proto::StatsResponse> Stats(
+      absl::Duration timeout = absl::ZeroDuration());
   // Asks the daemon to prepare spare memory of `sizes` for versions of
   // `job` after `version` (a coming change of layout); it only queues
   // them, so a short `timeout` suits a caller that must not wait long.

@@ -2,8 +2,11 @@
 // commit it had decided, and aborts one it had not. Deterministic: the
 // "crashed" coordinator is frozen right after (or before) its decision and
 // a second one starts from the same metadata.
+#include <grpcpp/grpcpp.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -134,6 +137,55 @@ TEST_CASE(
     "restart",
     "[coordinator][recovery]") {
   Recovers(/*decided=*/false);
+}
+
+// Whether each host is alive, as the coordinator at `port` says.
+std::map<std::string, bool> Alive(int port) {
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  proto::ListHostsResponse resp;
+  REQUIRE(stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp).ok());
+  std::map<std::string, bool> out;
+  for (const auto& h : resp.hosts()) out[h.name()] = h.alive();
+  return out;
+}
+
+TEST_CASE(
+    "coordinator: a host whose heartbeats stop but that answers directly "
+    "stays alive (a busy machine, or a coordinator that just restarted); "
+    "one that does not answer is declared dead",
+    "[coordinator][failure]") {
+  // A coordinator that restarts knowing two live hosts, neither of which
+  // heartbeats to it (as hosts whose channels are still in reconnect
+  // backoff, or starved on a loaded machine): host0's ptcd answers calls,
+  // nothing listens at host1's address any more.
+  testing::DaemonCluster c(1);
+  proto::CoordinatorState state = testing::KnownHosts(c, 2);
+  proto::HostStatus* gone = state.add_hosts();
+  gone->set_name("host1");
+  gone->set_address("127.0.0.1:1");
+  gone->set_gpus(2);
+  gone->set_alive(true);
+  testing::TempDir dir;
+  REQUIRE(WriteFileAtomically(dir.path() + "/state.pb",
+                              state.SerializeAsString())
+              .ok());
+  CoordinatorServerOptions options{"127.0.0.1:0", {dir.path()}};
+  options.service.host_timeout = absl::Milliseconds(500);
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  const int port = (*coordinator)->port();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Alive(port)["host1"] && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(Alive(port)["host1"]);
+  // Many host timeouts without a heartbeat: host0 is alive all along.
+  for (int i = 0; i < 8; ++i) {
+    CHECK(Alive(port)["host0"]);
+    absl::SleepFor(absl::Milliseconds(500));
+  }
 }
 
 }  // namespace
