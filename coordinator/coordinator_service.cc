@@ -477,6 +477,7 @@ grpc::Status CoordinatorService::RegisterHost(
   host.status.set_draining(draining);
   host.status.set_alive(true);
   host.last_heartbeat = absl::Now();
+  host.registered_at = host.last_heartbeat;
   Log("coordinator")
       ->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(),
              h.gpus(), was_dead ? ", back from the dead" : "");
@@ -568,14 +569,16 @@ bool CoordinatorService::HostInUseLocked(const std::string& host) {
   return false;
 }
 
-absl::Status CoordinatorService::ProbeHost(const std::string& name,
-                                           const std::string& address) {
+absl::StatusOr<absl::Duration> CoordinatorService::ProbeHost(
+    const std::string& name, const std::string& address) {
   std::unique_ptr<StoreClient>& client = probes_[name];
   if (client == nullptr || probe_addresses_[name] != address) {
     client = StoreClient::Connect(address, name);
     probe_addresses_[name] = address;
   }
-  return client->Stats(options_.host_timeout).status();
+  PTC_ASSIGN_OR_RETURN(proto::StatsResponse stats,
+                       client->Stats(options_.host_timeout));
+  return absl::Seconds(stats.uptime_seconds());
 }
 
 void CoordinatorService::MonitorLoop() {
@@ -604,7 +607,8 @@ void CoordinatorService::MonitorLoop() {
     // host that also leaves a direct call unanswered for host_timeout (or
     // refuses it) is dead. At most 16 probes at once; a host that answers
     // is not asked again before another host_timeout passes.
-    std::vector<absl::Status> probed(overdue.size());
+    std::vector<absl::StatusOr<absl::Duration>> probed(
+        overdue.size(), absl::UnknownError("not probed"));
     ParallelFor(overdue.size(), 16, [&](size_t i) {
                   probed[i] = ProbeHost(overdue[i].first, overdue[i].second);
                   return absl::OkStatus();
@@ -621,6 +625,14 @@ void CoordinatorService::MonitorLoop() {
         const absl::Duration silent = now - std::max(h.last_heartbeat, started);
         if (silent <= options_.host_timeout) continue;  // a heartbeat came
         const std::string& name = it->first;
+        // A ptcd that started after this host registered is another
+        // process under its name: the memory of the registered one is gone.
+        if (probed[i].ok() && h.registered_at != absl::InfinitePast() &&
+            *probed[i] + absl::Seconds(1) < now - h.registered_at) {
+          probed[i] = absl::UnavailableError(absl::StrCat(
+              "a ptcd started ", absl::FormatDuration(*probed[i]),
+              " ago answered, after this host registered"));
+        }
         if (probed[i].ok()) {
           Log("coordinator")
               ->warn("host {}'s heartbeats are {} late, but it answered "
@@ -634,7 +646,8 @@ void CoordinatorService::MonitorLoop() {
         Log("coordinator")
             ->warn("host {} missed its heartbeats for {} and did not answer "
                    "directly ({}); marked dead",
-                   name, absl::FormatDuration(silent), probed[i].ToString());
+                   name, absl::FormatDuration(silent),
+                   probed[i].status().ToString());
         verify_hosts_.erase(name);
         CancelFlightsOnLocked(name);
       }

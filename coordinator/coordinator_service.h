@@ -179,6 +179,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   struct Host {
     proto::HostStatus status;
     absl::Time last_heartbeat;
+    // When this process of the host registered (the infinite past for a
+    // host known from disk).
+    absl::Time registered_at = absl::InfinitePast();
   };
   struct Job {
     proto::CoordinatorState::Job state;
@@ -291,9 +294,10 @@ class CoordinatorService final : public proto::Coordinator::Service {
   void Recover();
   void MonitorLoop();
   // Asks host `name` at `address` directly (the store's Stats, within
-  // host_timeout), for a host whose heartbeats are late. Monitor thread
-  // only.
-  absl::Status ProbeHost(const std::string& name, const std::string& address);
+  // host_timeout), for a host whose heartbeats are late: the ptcd's
+  // uptime. Monitor thread only.
+  absl::StatusOr<absl::Duration> ProbeHost(const std::string& name,
+                                           const std::string& address);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
