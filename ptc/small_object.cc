@@ -112,13 +112,13 @@ uint64_t Mix(uint64_t h, absl::string_view bytes) {
 
 }  // namespace
 
-std::string DerivedSmallObject(absl::string_view name,
+std::string DerivedSmallObject(absl::string_view job, absl::string_view name,
                                absl::string_view derive_from,
-                               int64_t target_version, absl::string_view job) {
+                               int64_t target_version) {
   uint64_t seed = Mix(0xcbf29ce484222325ULL, name);
   seed = Mix(seed, derive_from);
   seed = Mix(seed, absl::StrCat(target_version));
-  if (!job.empty()) seed = Mix(seed, absl::StrCat("job=", job));
+  seed = Mix(seed, absl::StrCat("job=", job));
   std::string out(kSeedMagic, 8);
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(seed >> (8 * i)));
   return out;

@@ -69,15 +69,12 @@ SmallObjectSource SmallObjectSources(const SmallObjectSpec& object,
                                      const MeshCoord& target);
 
 // A derived value: the 16 bytes "PTCSEED1" + a little-endian 64-bit seed
-// mixed from the object's name, `derive_from`, the new version and, when
-// given, the job's name (two jobs then never derive the same seed for the
-// same coordinates and version). An empty `job` gives the bytes of a
-// derivation without it, which ptcd's state transformer, hot switches and
-// the test helpers that mirror them use until they pass the job.
-std::string DerivedSmallObject(absl::string_view name,
+// mixed from the job's name, the object's name, `derive_from` and the new
+// version: two jobs never derive the same seed for the same coordinates
+// and version.
+std::string DerivedSmallObject(absl::string_view job, absl::string_view name,
                                absl::string_view derive_from,
-                               int64_t target_version,
-                               absl::string_view job = {});
+                               int64_t target_version);
 // The seed of a derived value; nullopt for bytes a rank saved itself.
 std::optional<uint64_t> DerivedSeed(absl::string_view bytes);
 

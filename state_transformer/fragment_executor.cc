@@ -292,7 +292,8 @@ class FragmentRun {
   absl::Status PutSmallObject(const FragmentSmallObject& o) {
     absl::StatusOr<std::string> bytes;
     if (!o.derive_from.empty()) {
-      bytes = DerivedSmallObject(o.name, o.derive_from, job_.target_version);
+      bytes = DerivedSmallObject(job_.job, o.name, o.derive_from,
+                                 job_.target_version);
     } else if (o.source_host == job_.host) {
       PTC_ASSIGN_OR_RETURN(SmallObjectRef ref,
                            store_->GetSmallObject(job_.job, job_.source_version,

@@ -109,7 +109,7 @@ TEST_CASE(
     CHECK(last_done == total);
     ++version;
     // Every target rank holds the small objects its scope's rule names.
-    small = testing::AfterPlan(small, *plan, version);
+    small = testing::AfterPlan("gpt", small, *plan, version);
     VerifyTarget(c, *s, version, &small);
     // The old version is released everywhere; the new one is committed.
     for (auto& d : c.daemons) {
@@ -178,7 +178,7 @@ TEST_CASE(
   auto ok = RunReconfiguration(req);
   INFO(ok.status().ToString());
   REQUIRE(ok.ok());
-  const testing::SmallObjects moved = testing::AfterPlan(small, *replan, 2);
+  const testing::SmallObjects moved = testing::AfterPlan("gpt", small, *replan, 2);
   VerifyTarget(c, *again, 2, &moved);
 }
 

@@ -80,14 +80,14 @@ SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
   return small;
 }
 
-SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan,
-                       int64_t target_version) {
+SmallObjects AfterPlan(const std::string& job, const SmallObjects& before,
+                       const Plan& plan, int64_t target_version) {
   SmallObjects after;
   for (const SmallObjectMove& m : plan.small_objects) {
     after[{m.name, m.target_rank}] =
         m.derive_from.empty()
             ? before.at({m.name, m.source_rank})
-            : DerivedSmallObject(m.name, m.derive_from, target_version);
+            : DerivedSmallObject(job, m.name, m.derive_from, target_version);
   }
   return after;
 }

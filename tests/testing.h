@@ -42,9 +42,9 @@ void VerifyTarget(DaemonCluster& c, const std::string& job,
                   const PlanScenario& s, int64_t version,
                   const SmallObjects* small = nullptr);
 // The small objects the target ranks hold after `plan` ran on `before`
-// into `target_version` (derived ones: their derived seed).
-SmallObjects AfterPlan(const SmallObjects& before, const Plan& plan,
-                       int64_t target_version);
+// into `target_version` of `job` (derived ones: their derived seed).
+SmallObjects AfterPlan(const std::string& job, const SmallObjects& before,
+                       const Plan& plan, int64_t target_version);
 
 }  // namespace ptc::testing
 

@@ -247,8 +247,8 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
         const SeedOwner& other = it->second;
         if (!first && other.scope != me.scope &&
             (other.scope_but_pp != me.scope_but_pp ||
-             got == DerivedSmallObject(o.name, me.scope, version) ||
-             got == DerivedSmallObject(o.name, other.scope, version))) {
+             got == DerivedSmallObject(job, o.name, me.scope, version) ||
+             got == DerivedSmallObject(job, o.name, other.scope, version))) {
           return absl::DataLossError(absl::StrCat(
               "rank ", rank, " (", me.scope, ") and the ranks at ",
               other.scope, ": small object '", o.name,

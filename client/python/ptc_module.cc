@@ -346,13 +346,14 @@ PYBIND11_MODULE(_ptc, m) {
       "state's small object), or None for bytes a rank saved itself");
   m.def(
       "derived_small_object",
-      [](const std::string& name, const std::string& derive_from,
-         int64_t version) {
-        return py::bytes(DerivedSmallObject(name, derive_from, version));
+      [](const std::string& job, const std::string& name,
+         const std::string& derive_from, int64_t version) {
+        return py::bytes(DerivedSmallObject(job, name, derive_from, version));
       },
-      py::arg("name"), py::arg("derive_from"), py::arg("version"),
-      "the value the store derives for small object `name` of a rank whose "
-      "coordinates (`derive_from`) are new, in `version`");
+      py::arg("job"), py::arg("name"), py::arg("derive_from"),
+      py::arg("version"),
+      "the value the store derives for small object `name` of job `job` for "
+      "a rank whose coordinates (`derive_from`) are new, in `version`");
   m.def(
       "padded_vocab",
       [](const std::string& model, int tp) {

@@ -591,7 +591,8 @@ class Live:
             del rank_view, tensors
             mine_objects = pt.small_objects(self.optimizer, self.scheduler, self.extra)
             objects = hot.exchange_small_objects(
-                plan, me, mine_objects, save.version if save is not None else 0, device)
+                plan, me, mine_objects, self.job, save.version if save is not None else 0,
+                device)
             moved = time.time()
             if save is not None:
                 hot.save_target(save, regions, buffers, objects)

@@ -194,7 +194,7 @@ def exchange(plan, me, rank_view, tensors, buffers, regions, device,
     return sent, received
 
 
-def exchange_small_objects(plan, me, mine, version, device):
+def exchange_small_objects(plan, me, mine, job, version, device):
     """This process's target rank's small objects: {name: bytes}, each from
     the old rank ptc's rules name (its process sends it) or derived for
     its new coordinates. mine: [(name, bytes)] this process would save."""
@@ -206,7 +206,8 @@ def exchange_small_objects(plan, me, mine, version, device):
         to = process_of[m["target_rank"]]
         if m["derive_from"]:
             if to == me:
-                out[m["name"]] = _ptc.derived_small_object(m["name"], m["derive_from"], version)
+                out[m["name"]] = _ptc.derived_small_object(job, m["name"], m["derive_from"],
+                                                          version)
             continue
         if m["source_rank"] == me and to == me:
             out[m["name"]] = own[m["name"]]
