@@ -158,8 +158,12 @@ absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
       a.vocab_pad_multiple = small;
     } else if (p.first == "mcore") {
       a.megatron_core = v != 0;
+    } else if (p.first == "overlap") {
+      a.overlap_grad_reduce = v != 0;
     } else if (p.first == "bucket") {
+      // --overlap-grad-reduce --ddp-bucket-size N; 0: one bucket.
       a.bucket_size = v;
+      a.overlap_grad_reduce = v > 0;
     } else if (p.first == "experts" && a.family == Architecture::Family::kMoe) {
       a.experts = small;
     } else if (p.first == "top_k" && a.family == Architecture::Family::kMoe) {
@@ -173,8 +177,8 @@ absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown key '", p.first, "' in custom model '", text,
           "'; expected layers, hidden, heads, kv_heads, ffn, vocab, "
-          "positions, dtype, adam, tied, pad, mcore, bucket (moe: experts, "
-          "top_k, shared_ffn, stacked)"));
+          "positions, dtype, adam, tied, pad, mcore, overlap, bucket (moe: "
+          "experts, top_k, shared_ffn, stacked)"));
     }
   }
   if (a.family == Architecture::Family::kGpt) {
@@ -278,6 +282,11 @@ class Generator {
     const int64_t h = arch_.hidden, d = arch_.head_dim();
     Add(p + "attn.norm.weight", {h}, {}, st);
     if (gpt()) Add(p + "attn.norm.bias", {h}, {}, st);
+    // Megatron-core's Attention.__init__ builds linear_proj before
+    // SelfAttention.__init__ builds linear_qkv (attention.py:349, 1267), so
+    // proj precedes qkv in its parameter order; Megatron-LM's
+    // ParallelAttention registers query_key_value first.
+    if (arch_.megatron_core) Proj(p, st);
     const int64_t q = arch_.heads * d, kv = arch_.kv_heads * d;
     if (gpt()) {
       // Megatron's GPT orders the rows per head (q_h, k_h, v_h): tp takes
@@ -299,8 +308,14 @@ class Generator {
       Add(p + "attn.qkv.weight", {q + 2 * kv, h},
           {TpGroups(0, {q, kv, kv}, d, "heads")}, st);
     }
+    if (!arch_.megatron_core) Proj(p, st);
+  }
+
+  void Proj(const std::string& p, const StageRule& st) {
+    const int64_t h = arch_.hidden, q = arch_.heads * arch_.head_dim();
     Add(p + "attn.proj.weight", {h, q},
-        {AxisPlacement::Shard({"tp"}, 1).Even(d, "attention heads")}, st);
+        {AxisPlacement::Shard({"tp"}, 1).Even(arch_.head_dim(), "attention heads")},
+        st);
     if (gpt()) Add(p + "attn.proj.bias", {h}, {}, st);
   }
 
@@ -379,7 +394,7 @@ class Generator {
     if (arch_.megatron_core) {
       std::reverse(order.begin(), order.end());
       buf.align = 64;
-      buf.bucket_size = arch_.bucket_size;
+      buf.bucket_size = arch_.mcore_bucket_size();
       buf.bucket_pad = 128;
     }
     for (int t : order) {

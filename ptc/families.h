@@ -47,14 +47,26 @@ struct Architecture {
   int top_k = 2;
   int64_t shared_ffn = 0;
   bool stacked_experts = true;
-  // Megatron-core's layout: qkv rows ordered per query group, and (under
-  // zero=1) the distributed optimizer's param_and_grad_buffer: parameters
-  // in reverse order, starts aligned to 64 elements, buckets of
-  // bucket_size elements padded to lcm(dp, 128), the shared embedding in
-  // a bucket of its own. Otherwise Megatron-LM's: q|k|v blocks, one
-  // unpadded buffer per stage in parameter order.
+  // Megatron-core's layout (megatron-core 0.16.1, docs/layout-spec.md
+  // cites the source): qkv rows ordered per query group, each attention's
+  // linear_proj registered before its linear_qkv, and (under zero=1) the
+  // distributed optimizer's param_and_grad_buffer: parameters in reverse
+  // order, starts aligned to 64 elements, buckets padded to lcm(dp, 128),
+  // the shared embedding in a bucket of its own. Otherwise Megatron-LM's:
+  // q|k|v blocks, one unpadded buffer per stage in parameter order.
   bool megatron_core = false;
-  int64_t bucket_size = 40000000;
+  // Megatron-core's buckets: with overlap_grad_reduce (--overlap-grad-reduce)
+  // buckets of bucket_size elements (--ddp-bucket-size), by default
+  // 40,000,000 (Megatron's max(40M, 1M x dp), exact for dp <= 40); without
+  // it one bucket. "bucket=N" sets both (N > 0) or neither (0).
+  bool overlap_grad_reduce = false;
+  int64_t bucket_size = 0;  // 0: Megatron's default
+
+  // The bucket size the buffer uses: 0 for one bucket.
+  int64_t mcore_bucket_size() const {
+    if (!overlap_grad_reduce) return 0;
+    return bucket_size > 0 ? bucket_size : 40000000;
+  }
 
   int64_t head_dim() const { return hidden / heads; }
 };
@@ -71,7 +83,8 @@ std::vector<std::string> KnownModels();
 // A custom architecture: "gpt:layers=4,hidden=64,heads=4,ffn=256,vocab=1000",
 // "llama:layers=4,hidden=64,heads=8,kv_heads=2,ffn=172,vocab=1000" or
 // "moe:...,experts=8,top_k=2,shared_ffn=0,stacked=1"; other keys:
-// positions, dtype, adam=0|1, tied=0|1, pad, mcore=0|1, bucket.
+// positions, dtype, adam=0|1, tied=0|1, pad, mcore=0|1, overlap=0|1,
+// bucket.
 absl::StatusOr<Architecture> ParseArchitecture(absl::string_view text);
 
 // Named model or custom text, whichever `text` is.

@@ -135,6 +135,43 @@ TEST_CASE("model spec: custom architectures parse and unknown names fail",
   CHECK(!ResolveArchitecture("gpt:wings=2").ok());
 }
 
+TEST_CASE("model spec: mcore=1 follows Megatron-core's parameter order and "
+          "bucket defaults",
+          "[ptc][spec]") {
+  // Megatron-core builds each attention's linear_proj before its
+  // linear_qkv; its buffer reverses the order (tests/python/
+  // test_layout_spec.py compares whole layouts with Megatron-core's).
+  auto spec = SpecForModel("gpt:layers=1,hidden=16,heads=4,vocab=64,mcore=1");
+  REQUIRE(spec.ok());
+  const int proj = spec->FindTensor("layers.0.attn.proj.weight");
+  const int qkv = spec->FindTensor("layers.0.attn.qkv.weight");
+  CHECK(spec->FindTensor("layers.0.attn.norm.bias") < proj);
+  CHECK(proj < spec->FindTensor("layers.0.attn.proj.bias"));
+  CHECK(spec->FindTensor("layers.0.attn.proj.bias") < qkv);
+  CHECK(qkv < spec->FindTensor("layers.0.attn.qkv.bias"));
+  CHECK(spec->FindTensor("layers.0.attn.qkv.bias") <
+        spec->FindTensor("layers.0.mlp.norm.weight"));
+  // Megatron-LM's ParallelAttention registers query_key_value first.
+  auto lm = SpecForModel("gpt:layers=1,hidden=16,heads=4,vocab=64");
+  REQUIRE(lm.ok());
+  CHECK(lm->FindTensor("layers.0.attn.qkv.weight") <
+        lm->FindTensor("layers.0.attn.proj.weight"));
+  // Without overlap_grad_reduce one bucket; with it 40M elements by
+  // default; bucket=N is --overlap-grad-reduce --ddp-bucket-size N.
+  CHECK(spec->buffers[0].bucket_size == 0);
+  CHECK(SpecForModel("gpt:layers=1,hidden=16,heads=4,vocab=64,mcore=1,overlap=1")
+            ->buffers[0]
+            .bucket_size == 40000000);
+  CHECK(SpecForModel("gpt:layers=1,hidden=16,heads=4,vocab=64,mcore=1,bucket=300")
+            ->buffers[0]
+            .bucket_size == 300);
+  CHECK(SpecForModel("gpt:layers=1,hidden=16,heads=4,vocab=64,mcore=1,"
+                     "overlap=1,bucket=0")
+            ->buffers[0]
+            .bucket_size == 0);
+  CHECK(SpecForModel("mixtral-8x7b")->buffers[0].bucket_size == 0);
+}
+
 }  // namespace
 }  // namespace ptc
 
