@@ -41,7 +41,7 @@ constexpr char kUsage[] =
             [--memory-limit BYTES] [--log-level LEVEL] [--allowed-uids UID,...]
             [--allowed-group GROUP] [--token-key FILE] [--metrics-listen HOST:PORT]
             [--spare-pool BYTES] [--background-fingerprints on|off]
-            [--drain-seconds N] [--port-file FILE]
+            [--drain-seconds N] [--put-timeout SECONDS] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
              [--bandwidth BYTES_PER_S]]
             [--snapshot-root DIR]
@@ -71,6 +71,8 @@ constexpr char kUsage[] =
                    job's token and act on that job only, and clients with a
                    "client" certificate must carry one on gRPC
   --drain-seconds  how long calls in flight may finish on SIGTERM (default 10)
+  --put-timeout    a save's memory reserved and not committed for this many
+                   seconds (a client that hangs) is freed (default 600)
   --port-file      write the bound gRPC port here once serving
   --coordinator    register with this ptc-coordinator and heartbeat to it
   --name           this host's name in the cluster (default: the hostname)
@@ -106,7 +108,7 @@ absl::Status Run(int argc, char** argv) {
       "name",           "gpus",          "advertise",      "gpu-memory",
       "bandwidth",      "ucx-gets",      "tls-ca",
       "tls-cert",       "tls-key",       "token-key",
-      "metrics-listen", "ucx-transports", "snapshot-root"};
+      "metrics-listen", "ucx-transports", "snapshot-root",  "put-timeout"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -169,6 +171,13 @@ absl::Status Run(int argc, char** argv) {
       options.allowed_gid = found->gr_gid;
     }
   }
+  double put_timeout = 0;
+  if (!absl::SimpleAtod(settings.Get("put-timeout", "600"), &put_timeout) ||
+      !(put_timeout >= 1 && put_timeout <= 7 * 24 * 3600)) {
+    return absl::InvalidArgumentError(
+        "put timeout must be seconds from 1 to a week (604800)");
+  }
+  options.put_timeout = absl::Seconds(put_timeout);
   int drain_seconds;
   if (!absl::SimpleAtoi(settings.Get("drain-seconds", "10"), &drain_seconds) ||
       drain_seconds < 0) {

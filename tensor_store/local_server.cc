@@ -60,8 +60,10 @@ struct LocalServer::Connection {
   // With require_job_token: the job this connection's token allows (set
   // by its Hello); empty until then.
   std::string job;
-  // Why this connection is refused (empty: it is not).
+  // Why this connection is refused (empty: it is not), and the code it is
+  // told.
   std::string refusal;
+  absl::StatusCode refusal_code = absl::StatusCode::kPermissionDenied;
   // Only the connection's own thread touches these.
   std::map<uint64_t, std::unique_ptr<PendingPut>> puts;
   std::map<uint64_t, absl::Time> put_deadlines;
@@ -90,6 +92,16 @@ absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(
     return s;
   }
   chmod(options.socket_path.c_str(), 0660);
+  // The group's members reach the socket only if it is the group's (the
+  // daemon's own group needs nothing).
+  if (options.allowed_gid &&
+      chown(options.socket_path.c_str(), -1, *options.allowed_gid) != 0) {
+    const absl::Status s = Errno(absl::StrCat(
+        "giving ", options.socket_path, " to group ", *options.allowed_gid,
+        " (allowed_group)"));
+    close(fd);
+    return s;
+  }
   if (listen(fd, 128) != 0) {
     const absl::Status s = Errno("listening on the local socket");
     close(fd);
@@ -175,9 +187,10 @@ void LocalServer::AcceptLoop() {
          std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
                    conn->uid) != options_.allowed_uids.end() ||
          PeerInGroup(fd, cred.gid, group));
-    if (allowed && clients_.load() >= kMaxLocalConnections) {
+    if (allowed && clients_.load() >= options_.max_clients) {
+      conn->refusal_code = absl::StatusCode::kResourceExhausted;
       conn->refusal = absl::StrCat(
-          "this ptcd serves ", kMaxLocalConnections,
+          "this ptcd serves ", options_.max_clients,
           " local clients at once; connect again when some have left");
     } else if (!allowed) {
       conn->refusal = absl::StrCat(
@@ -210,7 +223,7 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
     // Say why, and take the client's first request before closing (closing
     // with it unread would reset the connection and lose the answer).
     proto::LocalResponse denied;
-    denied.set_code(static_cast<int>(absl::StatusCode::kPermissionDenied));
+    denied.set_code(static_cast<int>(conn->refusal_code));
     denied.set_answered(true);
     denied.set_message(conn->refusal);
     SendPacket(conn->fd, denied.SerializeAsString()).IgnoreError();

@@ -27,6 +27,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/limits.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/local.pb.h"
@@ -49,6 +50,8 @@ struct LocalServerOptions {
   // A put allocated and not committed for this long is aborted and its
   // memory freed (a client that hangs must not hold it for good).
   absl::Duration put_timeout = absl::Minutes(10);
+  // Clients served at once; more are refused with RESOURCE_EXHAUSTED.
+  int max_clients = kMaxLocalConnections;
 };
 
 class LocalServer {

@@ -398,8 +398,7 @@ TEST_CASE("local: members of the daemon's group may connect, others not",
     WARN("needs root to run clients as other users; not checked here");
     return;
   }
-  // A directory and socket everyone can reach, so that only the daemon's
-  // own check decides.
+  // A directory everyone can reach.
   char dir_template[] = "/tmp/ptc-group-test-XXXXXX";
   REQUIRE(mkdtemp(dir_template) != nullptr);
   const std::string dir = dir_template;
@@ -411,8 +410,17 @@ TEST_CASE("local: members of the daemon's group may connect, others not",
   options.allowed_gid = group;
   auto server = LocalServer::Start(&store, options);
   REQUIRE(server.ok());
-  chmod(options.socket_path.c_str(), 0666);
+  // The socket belongs to the group (mode 0660): its members reach it,
+  // other users do not (the connect fails).
+  struct stat st;
+  REQUIRE(stat(options.socket_path.c_str(), &st) == 0);
+  CHECK(st.st_gid == group);
+  CHECK((st.st_mode & 0777) == 0660);
+  CHECK(HelloFromNobody(options.socket_path, {group}) == 0);
+  CHECK(HelloFromNobody(options.socket_path, {4243}) == 101);
 
+  // A socket everyone can reach: the daemon's own check decides.
+  chmod(options.socket_path.c_str(), 0666);
   CHECK(HelloFromNobody(options.socket_path, {group}) == 0);
   CHECK(HelloFromNobody(options.socket_path, {4243, group, 4244}) == 0);
   CHECK(HelloFromNobody(options.socket_path, {4243}) ==
@@ -421,6 +429,43 @@ TEST_CASE("local: members of the daemon's group may connect, others not",
         static_cast<int>(absl::StatusCode::kPermissionDenied));
   server->reset();
   rmdir(dir.c_str());
+}
+
+TEST_CASE(
+    "local: a client beyond the most served at once is told "
+    "RESOURCE_EXHAUSTED, and served once another leaves",
+    "[tensor_store][local]") {
+  testing::TempDir dir;
+  Store store(StoreOptions{});
+  LocalServerOptions options;
+  options.socket_path = dir.path() + "/ptcd.sock";
+  options.max_clients = 2;
+  auto server = LocalServer::Start(&store, options);
+  REQUIRE(server.ok());
+  std::vector<std::unique_ptr<LocalClient>> served;
+  for (int i = 0; i < 2; ++i) {
+    auto c = LocalClient::Connect(options.socket_path);
+    REQUIRE(c.ok());
+    REQUIRE((*c)->SayHello("job").ok());
+    served.push_back(std::move(*c));
+  }
+  auto third = LocalClient::Connect(options.socket_path);
+  REQUIRE(third.ok());
+  const absl::Status refused = (*third)->SayHello("job").status();
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Contains("serves 2 local clients at once"));
+  served.pop_back();
+  // The departed client's thread ends on its own; the next one is served.
+  absl::Status again;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  do {
+    auto c = LocalClient::Connect(options.socket_path);
+    REQUIRE(c.ok());
+    again = (*c)->SayHello("job").status();
+  } while (!again.ok() && absl::Now() < deadline &&
+           (absl::SleepFor(absl::Milliseconds(20)), true));
+  CHECK(again.ok());
 }
 
 TEST_CASE("local: a put never committed is aborted after put_timeout",

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -492,6 +493,22 @@ TEST_CASE(
   }
   CHECK(exhausted == kStreams - kHeld);
   CHECK(held == kHeld);
+}
+
+TEST_CASE(
+    "service: failures by code are exported from the start, at 0",
+    "[tensor_store][service]") {
+  auto d = StartDaemon();
+  auto stats = d->client->Stats();
+  REQUIRE(stats.ok());
+  std::set<std::string> names;
+  for (const auto& c : stats->counters()) names.insert(c.name());
+  for (const char* code : {"INVALID_ARGUMENT", "DATA_LOSS", "INTERNAL",
+                           "RESOURCE_EXHAUSTED", "UNAVAILABLE"}) {
+    INFO(code);
+    CHECK(names.count(absl::StrCat("ptc_store_errors_by_code_total{code=\"",
+                                   code, "\"}")) == 1);
+  }
 }
 
 }  // namespace

@@ -16,6 +16,17 @@ namespace {
 Counter& requests_total = GetCounter("ptc_store_requests_total");
 Counter& errors_total = GetCounter("ptc_store_errors_total");
 
+// Failed calls by status code; every code is exported from the start (at
+// 0), so that a rate over it exists before the first error.
+Counter& ErrorsByCode(absl::StatusCode code) {
+  return GetCounter(absl::StrCat("ptc_store_errors_by_code_total{code=\"",
+                                 absl::StatusCodeToString(code), "\"}"));
+}
+[[maybe_unused]] const bool errors_by_code_exported = [] {
+  for (int c = 1; c <= 16; ++c) ErrorsByCode(static_cast<absl::StatusCode>(c));
+  return true;
+}();
+
 }  // namespace
 
 class TensorStoreService::Call {
@@ -29,9 +40,7 @@ class TensorStoreService::Call {
   grpc::Status Done(const absl::Status& status) {
     if (!status.ok()) {
       errors_total.Add();
-      GetCounter(absl::StrCat("ptc_store_errors_by_code_total{code=\"",
-                              absl::StatusCodeToString(status.code()), "\"}"))
-          .Add();
+      ErrorsByCode(status.code()).Add();
       const bool client_fault =
           status.code() == absl::StatusCode::kInvalidArgument ||
           status.code() == absl::StatusCode::kNotFound ||

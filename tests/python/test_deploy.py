@@ -161,3 +161,20 @@ def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, namespaces):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@pytest.mark.parametrize("binary,example", [("ptcd/ptcd", "ptcd.conf.example"),
+                                            ("coordinator/ptc-coordinator",
+                                             "coordinator.conf.example")])
+def test_the_example_configuration_names_every_option(bin_dir, binary, example):
+    """Every option the daemon's --help lists has a line in its shipped
+    example (set, or commented out with its default), so that an operator
+    finds it there."""
+    usage = run(bin_dir / binary, "--help")
+    options = set(re.findall(r"^\s+--([a-z][a-z-]+)", usage, flags=re.M))
+    options -= {"config", "help", "tls-ca", "tls-cert", "tls-key"}
+    assert {"insecure", "port-file"} <= options, usage
+    text = (ROOT / "deploy" / example).read_text()
+    missing = [o for o in sorted(options)
+               if not re.search(rf"^(# )?{o.replace('-', '_')} =", text, flags=re.M)]
+    assert not missing, f"deploy/{example} lacks {missing}"

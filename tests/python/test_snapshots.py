@@ -216,6 +216,11 @@ def test_export_is_read_by_an_independent_reader(cluster, tmp_path):
     _, shards = read_safetensors(os.path.join(snap["dir"], "host0.safetensors"))
     name, part = next(iter(shards.items()))
     assert "[" in name
+    # Every file of the state, the snapshot's and the export, is readable
+    # by its owner and group only.
+    for path in [out, os.path.join(snap["dir"], "host0.safetensors"),
+                 os.path.join(snap["dir"], "manifest.json")]:
+        assert oct(os.stat(path).st_mode & 0o777) == "0o640", path
 
 
 def test_a_zero1_job_takes_the_lost_optimizer_shards_from_the_snapshot(bin_dir, tmp_path):

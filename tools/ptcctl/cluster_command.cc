@@ -1,6 +1,7 @@
 #include "tools/ptcctl/cluster_command.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1077,6 +1078,8 @@ absl::Status ExportJob(Stub* stub, const Args& args, bool json) {
   if (!file) {
     return absl::UnavailableError(absl::StrCat("cannot create ", tmp));
   }
+  // Readable by its owner and group only, as the snapshot's own files.
+  chmod(tmp.c_str(), 0640);
   file.write(header.data(), static_cast<std::streamsize>(header.size()));
   SnapshotReader reader(snap.dir);
   constexpr int64_t kSlabBytes = int64_t{64} << 20;
