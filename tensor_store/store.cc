@@ -540,6 +540,11 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
                    "' version ", version, ")");
   if (name.empty())
     return absl::InvalidArgumentError("a small object needs a name");
+  if (static_cast<int64_t>(name.size()) > kMaxSmallObjectNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a small object's name has ", name.size(), " bytes; at most ",
+        kMaxSmallObjectNameBytes));
+  }
   if (rank < 0)
     return absl::InvalidArgumentError(absl::StrCat(what, ": negative rank"));
   if (version < 1) {
@@ -558,10 +563,11 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
         absl::StrCat(what, ": checksum mismatch, the bytes were damaged"));
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
-  auto reserved = budget_.Reserve(static_cast<int64_t>(bytes.size()), what);
+  const int64_t cost = SmallObjectMemoryBytes(name, bytes);
+  auto reserved = budget_.Reserve(cost, what);
   if (!reserved.ok()) {
     WaitReleased();  // a version deleted just before may still be freeing
-    reserved = budget_.Reserve(static_cast<int64_t>(bytes.size()), what);
+    reserved = budget_.Reserve(cost, what);
   }
   PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation memory, std::move(reserved));
   ref.bytes = std::make_shared<const std::string>(std::move(bytes));

@@ -60,6 +60,15 @@ inline int64_t TensorDeclMetadataBytes(const TensorDecl& d) {
 // Largest small object (ptc/small_object.h) a store takes: they travel
 // inline in one local-protocol packet.
 inline constexpr int64_t kMaxSmallObjectBytes = 60 * 1024;
+// Longest small object name.
+inline constexpr int64_t kMaxSmallObjectNameBytes = 256;
+
+// What a stored small object costs against the memory limit: its bytes,
+// its name and the entry that holds them (map node, strings, counts).
+inline int64_t SmallObjectMemoryBytes(const std::string& name,
+                                      const std::string& bytes) {
+  return 160 + static_cast<int64_t>(name.size() + bytes.size());
+}
 
 // A small object's bytes, immutable once stored, and their xxh3-64.
 struct SmallObjectRef {

@@ -580,7 +580,9 @@ TEST_CASE(
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {4}}}).ok());
   REQUIRE(s.PutSmallObject("job", 1, "rng", 0, "state of rank 0").ok());
   REQUIRE(s.PutSmallObject("job", 1, "rng", 1, "state of rank 1").ok());
-  CHECK(s.data_bytes_used() == 30);
+  // Each pays for its bytes, its name and its entry.
+  CHECK(s.data_bytes_used() ==
+        2 * SmallObjectMemoryBytes("rng", "state of rank 0"));
   auto got = s.GetSmallObject("job", 1, "rng", 1);
   REQUIRE(got.ok());
   CHECK(*got->bytes == "state of rank 1");
@@ -603,6 +605,22 @@ TEST_CASE(
         std::string::npos);
   CHECK(s.PutSmallObject("nojob", 1, "rng", 0, "x").code() ==
         absl::StatusCode::kNotFound);
+
+  CHECK(s.PutSmallObject("job", 1, std::string(kMaxSmallObjectNameBytes + 1, 'n'),
+                         0, "x")
+            .code() == absl::StatusCode::kInvalidArgument);
+  // Many empty objects with long names reach the memory limit: what they
+  // hold is counted, not only their (empty) bytes.
+  absl::Status full;
+  int stored = 0;
+  for (int i = 0; i < 100000 && full.ok(); ++i) {
+    full = s.PutSmallObject("job", 2, absl::StrCat(std::string(200, 'n'), i),
+                            0, "");
+    stored += full.ok();
+  }
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(stored < (1 << 20) / 200);
+  REQUIRE(s.DeleteVersion("job", 2).ok());
 
   REQUIRE(s.Commit("job", 1).ok());
   CHECK(s.PutSmallObject("job", 1, "step", 0, "7").code() ==
