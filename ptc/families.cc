@@ -284,8 +284,9 @@ class Generator {
     if (gpt()) Add(p + "attn.norm.bias", {h}, {}, st);
     // Megatron-core's Attention.__init__ builds linear_proj before
     // SelfAttention.__init__ builds linear_qkv (attention.py:349, 1267), so
-    // proj precedes qkv in its parameter order; Megatron-LM's
-    // ParallelAttention registers query_key_value first.
+    // proj precedes qkv in its parameter order; Megatron-LM's legacy
+    // ParallelAttention registers query_key_value first
+    // (megatron/legacy/model/transformer.py:573, 616).
     if (arch_.megatron_core) Proj(p, st);
     const int64_t q = arch_.heads * d, kv = arch_.kv_heads * d;
     if (gpt()) {

@@ -3,7 +3,9 @@ processes: a non-transformer (an MLP with FSDP-style flat shards) through a
 data-parallel change, an MoE through expert- and tensor-parallel changes,
 and a Megatron-core-style spec with a distributed optimizer through tp, pp
 and dp changes; every element verified after each change. Malformed specs
-get errors that name the field, and never take the coordinator down."""
+get errors that name the field, and never take the coordinator down.
+mcore=1 specs put every parameter where Megatron-core's own buffers do
+(ptc/testdata/mcore_buffers.json, from tools/mcore_buffer_reference.py)."""
 import json
 import pathlib
 import subprocess
