@@ -13,16 +13,17 @@ _ParamAndGradBuffer's per-parameter [start, end) and bucket boundaries,
 with the parameters named by ptc's keys.
 
 Nothing here is needed at test time: the fixture is committed. To
-regenerate it (about 2 minutes on 2 cores; torch's wheel is ~4 GiB with its
-CUDA libraries, which are installed but never loaded on a GPU):
+regenerate it (about 5 minutes on 2 cores; torch from PyPI is ~4 GiB with
+its CUDA libraries, which are installed but not used):
 
     /root/.pyenv/versions/3.11.7/bin/python3 -m venv /tmp/mcvenv   # any Python >= 3.10
     /tmp/mcvenv/bin/pip install torch==2.6.0 megatron-core==0.16.1 numpy packaging
     /tmp/mcvenv/bin/python tools/mcore_buffer_reference.py > ptc/testdata/mcore_buffers.json
 
-Only three things are patched, none of them in the layout logic: tensors
-stay on the CPU (torch.cuda.current_device() -> "cpu", Tensor.cuda() -> the
-tensor itself), so the buffers are allocated in host memory.
+Two things are patched, neither in the layout logic: tensors stay on the
+CPU (torch.cuda.current_device() -> "cpu", Tensor.cuda() -> the tensor
+itself), so the buffers are allocated in host memory. Arguments: case
+names to run only those (the output then holds only them).
 """
 import json
 import math
