@@ -155,7 +155,9 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
       return absl::FailedPreconditionError(
           absl::StrCat("job '", req.job(),
                        "' has no committed state yet: every rank must save and "
-                       "report first"));
+                       "report first (a live job: ask for the change after "
+                       "its processes' next save, ptcctl reconfigure "
+                       "--after-save)"));
     }
     if (job.worker.joinable())
       finished = std::move(job.worker);  // ended: join below

@@ -26,8 +26,10 @@ mkdir -p "$cache"
 labels=()
 for t in "${targets[@]}"; do labels+=("//fuzz:${t}_fuzzer"); done
 echo "== building ${#targets[@]} fuzz targets with clang + libFuzzer + ASan"
+# --symlink_prefix=/: no convenience links, so the checkout's bazel-bin
+# keeps pointing at the user's own (gcc) build.
 if ! CC=clang CXX=clang++ bazel --output_base="$cache/bazel" build --config=fuzz \
-    "${labels[@]}" >"$cache/build.log" 2>&1; then
+    --symlink_prefix=/ "${labels[@]}" >"$cache/build.log" 2>&1; then
   tail -30 "$cache/build.log"
   echo "fuzz: the fuzz targets did not build (log: $cache/build.log)"
   exit 1

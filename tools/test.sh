@@ -50,6 +50,15 @@ fuzz_failed=$(echo "$fuzz_out" | grep -c ": CRASHED" || true)
 if [[ $fuzz_rc -ne 0 && $fuzz_failed -eq 0 ]]; then fuzz_failed=1; fi  # did not build
 passed=$((passed + fuzz_passed))
 failed=$((failed + fuzz_failed))
+# The fuzz build has an output base of its own; the checkout's bazel-bin
+# must still be the user's build (ptcctl and the Python package there).
+if [[ "$(readlink -f bazel-bin)" == "$(readlink -f "$(bazel info bazel-bin 2>/dev/null)")" ]]; then
+  echo "   bazel-bin still points at this build after fuzzing"
+  passed=$((passed + 1))
+else
+  echo "   bazel-bin was re-pointed by the fuzz build: $(readlink bazel-bin)"
+  failed=$((failed + 1))
+fi
 
 echo "== python tests (Debian's /usr/bin/python3)"
 py_out=$(PTC_BIN_DIR="$(bazel info bazel-bin 2>/dev/null)" \

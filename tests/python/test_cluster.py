@@ -3,6 +3,7 @@ flow, clear errors that change nothing, a ptcd SIGKILLed in the middle of
 a transfer, and a coordinator SIGKILLed and restarted in the middle of a
 plan."""
 import json
+import re
 import subprocess
 import time
 
@@ -57,6 +58,27 @@ def test_bad_requests_get_clear_errors_and_change_nothing(cluster):
     assert cluster.job("j")["committed_version"] == 1
     v = cluster.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stderr
+
+
+def test_a_change_before_the_first_save_names_the_flag_that_waits_for_it(cluster):
+    cluster.ptcctl("register", "--job", "j", "--model", MODEL, "--config", "tp=2",
+                   "--hosts", "host0", check=True)
+    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1")
+    assert r.returncode == 1 and "has no committed state yet" in r.stderr, r.stderr
+    assert "--after-save" in r.stderr, r.stderr
+
+
+def test_ptcctl_help_lists_every_command(bin_dir):
+    """Every command the cluster commands' usage shows is in the top-level
+    help."""
+    top = subprocess.run([str(bin_dir / "tools/ptcctl"), "--help"], capture_output=True,
+                         text=True).stdout
+    usage = subprocess.run([str(bin_dir / "tools/ptcctl"), "jobs", "--help"],
+                           capture_output=True, text=True).stdout
+    commands = set(re.findall(r"^  ptcctl ([a-z]+)", usage, flags=re.M))
+    assert {"ranks", "snapshot", "restore", "export", "advise", "auto"} <= commands, usage
+    listed = set(re.findall(r"^  ([a-z]+)", top, flags=re.M))
+    assert commands <= listed, f"ptcctl --help lacks {sorted(commands - listed)}"
 
 
 def test_a_region_with_no_surviving_copy_is_refused(cluster):

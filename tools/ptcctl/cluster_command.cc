@@ -518,12 +518,17 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
             ? static_cast<double>(e.bytes_done()) / e.bytes_total()
             : 0;
     const double rate = secs > 0 ? e.bytes_done() / secs : 0;
-    const double eta = rate > 0 ? (e.bytes_total() - e.bytes_done()) / rate : 0;
+    // No estimate before bytes move, and none left to give once all moved.
+    const std::string eta =
+        e.bytes_done() >= e.bytes_total()
+            ? "-"
+            : rate > 0 ? HumanSeconds((e.bytes_total() - e.bytes_done()) / rate)
+                       : "?";
     const std::string line = absl::StrFormat(
         "  %-10s %s %5.1f%%  %s / %s  %s/s  ETA %s  hosts %d/%d",
         PhaseName(e.phase()),
         Bar(frac, 30), 100 * frac, HumanBytes(e.bytes_done()),
-        HumanBytes(e.bytes_total()), HumanBytes(rate), HumanSeconds(eta),
+        HumanBytes(e.bytes_total()), HumanBytes(rate), eta,
         e.hosts_done(), e.hosts_total());
     if (tty) {
       std::cerr << "\r" << line << std::flush;

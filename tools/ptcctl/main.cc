@@ -19,12 +19,18 @@ commands:
   register     register a job with the coordinator
   reconfigure  change a job's parallelism and hosts, with progress and a report
   prepare      have the hosts of a coming change prepare the memory it will stage
-  hosts        the cluster's hosts and their liveness
+  hosts        the cluster's hosts and their liveness; add or drain hosts
   jobs         the jobs, their committed versions and reconfigurations
   status J     one job
+  ranks        the ranks a host's launcher starts for a job, and their GPUs
   abort J      abort a job's reconfiguration in flight
   forget J     remove a job that has ended, and its state on every host
   token J      the token a job's processes show to act on it (PTC_JOB_TOKEN)
+  snapshot     write a job's committed version to disk (or set a policy)
+  restore      load a job's newest snapshot into the cluster
+  export       write a snapshot's full tensors to one safetensors file
+  advise       the configs the advisor considers for a job, and its choice
+  auto J       a job's automatic changes: on|off, live, pinned config, ...
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
