@@ -53,13 +53,13 @@ TEST_CASE("small objects: new data-parallel ranks derive fresh RNG seeds",
   const SmallObjectSource a = SmallObjectSources(rng, from, to, 4, At(0, 2, 0));
   const SmallObjectSource b = SmallObjectSources(rng, from, to, 4, At(0, 3, 0));
   CHECK(a.derive_from == "pp=0,dp=2,tp=0");
-  const std::string va = DerivedSmallObject(rng.name, a.derive_from, 7);
-  const std::string vb = DerivedSmallObject(rng.name, b.derive_from, 7);
+  const std::string va = DerivedSmallObject("job", rng.name, a.derive_from, 7);
+  const std::string vb = DerivedSmallObject("job", rng.name, b.derive_from, 7);
   REQUIRE(DerivedSeed(va).has_value());
   CHECK(*DerivedSeed(va) != *DerivedSeed(vb));
   // Deterministic, and new for every version.
-  CHECK(DerivedSmallObject(rng.name, a.derive_from, 7) == va);
-  CHECK(DerivedSmallObject(rng.name, a.derive_from, 8) != va);
+  CHECK(DerivedSmallObject("job", rng.name, a.derive_from, 7) == va);
+  CHECK(DerivedSmallObject("job", rng.name, a.derive_from, 8) != va);
   CHECK(!DerivedSeed("saved by a rank").has_value());
   // The copy rule takes the old rank's state instead.
   SmallObjectSpec copy = rng;
@@ -71,18 +71,15 @@ TEST_CASE("small objects: new data-parallel ranks derive fresh RNG seeds",
 TEST_CASE("small objects: a derived seed depends on the job's name",
           "[ptc][small_object]") {
   const std::string from = "pp=0,dp=2,tp=0";
-  const std::string a = DerivedSmallObject("rng", from, 7, "job-a");
-  const std::string b = DerivedSmallObject("rng", from, 7, "job-b");
+  const std::string a = DerivedSmallObject("job-a", "rng", from, 7);
+  const std::string b = DerivedSmallObject("job-b", "rng", from, 7);
   REQUIRE(DerivedSeed(a).has_value());
   REQUIRE(DerivedSeed(b).has_value());
   // Two jobs at the same coordinates and version: two seeds.
   CHECK(*DerivedSeed(a) != *DerivedSeed(b));
-  CHECK(a != DerivedSmallObject("rng", from, 7));
   // The same inputs: the same bytes.
-  CHECK(DerivedSmallObject("rng", from, 7, "job-a") == a);
-  CHECK(DerivedSmallObject("rng", from, 8, "job-a") != a);
-  // Without a job: the bytes of a derivation without one, as before.
-  CHECK(DerivedSmallObject("rng", from, 7, "") == DerivedSmallObject("rng", from, 7));
+  CHECK(DerivedSmallObject("job-a", "rng", from, 7) == a);
+  CHECK(DerivedSmallObject("job-a", "rng", from, 8) != a);
 }
 
 }  // namespace
