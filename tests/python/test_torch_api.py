@@ -360,6 +360,17 @@ def test_misuse_gives_clear_errors(pt, ptc_module, cluster, tmp_path):
         pt.load(connect(ptc_module, cluster, rank=1), model, opt)
 
 
+def test_a_padded_vocabulary_at_one_part_says_how_to_build_the_module(pt, ptc_module,
+                                                                      cluster, tmp_path):
+    model = Tiny()  # 10 rows of vocabulary, padded to 12 by pad=4
+    opt = torch.optim.Adam(model.parameters())
+    register(cluster, tmp_path, pt.Layout(model, {"embed": pt.VocabParallel(pad=4)},
+                                          optimizer=opt), config="tp=1")
+    with pytest.raises(ValueError, match=r"expects \(12, 8\).*padded to a multiple of 4 x 1 "
+                                         r"parts, 12.*VocabParallel\(pad=1\)"):
+        pt.save(connect(ptc_module, cluster), model, opt, step=1)
+
+
 def test_sgd_without_momentum_keeps_only_its_hyper_parameters(pt, ptc_module, cluster, tmp_path):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.25)

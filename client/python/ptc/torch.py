@@ -894,6 +894,16 @@ def _local_tensors(client, model, optimizer, create_state):
                     hint = (" (the layout cuts it as groups "
                             f"{p.get('groups')}{' x %d blocks' % p['repeats'] if p.get('repeats', 1) > 1 else ''}"
                             f" over {p['axes']}: each rank holds its chunk of each)")
+                elif p.get("kind") == "shard" and int(p.get("pad_multiple", 0)):
+                    dim = p.get("dim", 0)
+                    mult = int(p["pad_multiple"]) * _placement_parts(p, rank.config)
+                    size = int(spec_t["shape"][dim])
+                    hint = (f" (dimension {dim} of {size} is padded to a multiple of "
+                            f"{p['pad_multiple']} x {_placement_parts(p, rank.config)} parts, "
+                            f"{-(-size // mult) * mult}, at every config, one part included: "
+                            "build the module at its padded size, as Megatron does, or cut "
+                            "it with a smaller pad, e.g. VocabParallel(pad=1), which pads "
+                            "only to a multiple of the parts)")
             raise ValueError(f"{where}: '{k}' has local shape {got} but the layout expects "
                              f"{want_shape} for this rank (global {tuple(spec_t['shape'])}, "
                              f"regions {rank.by_key[k]}){hint}")
