@@ -147,6 +147,9 @@ def test_a_killed_snapshot_never_replaces_the_last_complete_one(cluster, tmp_pat
     c.kill("host1")
     out, err = p.communicate(timeout=60)
     assert p.returncode != 0, out
+    # The error names the host that failed, not the coordinator, which
+    # answered.
+    assert "host1" in out + err and "cannot reach ptc-coordinator" not in out + err, out + err
     assert complete(root) == [first["dir"].split("/")[-1]]
     new = [d for d in os.listdir(root) if d not in complete(root)]
     assert new and not os.path.exists(root / new[0] / "manifest.json")

@@ -1187,8 +1187,9 @@ int RunClusterCommand(int argc, const char* const* argv) {
   if (absl::Status s = ConfigureCommandSecurity(*args); !s.ok())
     return fail(s, 2);
   const std::string address = args->Get("coordinator", "127.0.0.1:7000");
-  auto stub = proto::Coordinator::NewStub(
-      OpenChannel(address, grpc::ChannelArguments(), "coordinator"));
+  const std::shared_ptr<grpc::Channel> channel =
+      OpenChannel(address, grpc::ChannelArguments(), "coordinator");
+  auto stub = proto::Coordinator::NewStub(channel);
   std::string job =
       args->positional().empty() ? args->Get("job") : args->positional()[0];
   absl::Status s;
@@ -1229,7 +1230,11 @@ int RunClusterCommand(int argc, const char* const* argv) {
   } else {
     s = AbortJob(stub.get(), job, json);
   }
-  if (s.code() == absl::StatusCode::kUnavailable) {
+  // UNAVAILABLE from the coordinator itself (a host it asked failed: its
+  // message names the host) leaves the channel connected; only a channel
+  // that is not means the coordinator could not be reached.
+  if (s.code() == absl::StatusCode::kUnavailable &&
+      channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
     s = absl::UnavailableError(absl::StrCat("cannot reach ptc-coordinator at ",
                                             address, ": ", s.message()));
   }
