@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cluster import LocalCluster
+from torch_jobs import connect, register, spec_tensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -32,10 +33,6 @@ class Tiny(torch.nn.Module):
         self.embed = torch.nn.Embedding(vocab, h)
         self.blocks = torch.nn.ModuleList(Block(h) for _ in range(layers))
         self.head = torch.nn.Linear(h, vocab, bias=False)
-
-
-def spec_tensors(layout):
-    return {t["key"]: t for t in layout.spec["tensors"]}
 
 
 # ---- the spec built from modules, per placement kind ----
@@ -247,19 +244,6 @@ def cluster(bin_dir, tmp_path):
     c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2)
     yield c
     c.stop()
-
-
-def register(cluster, tmp_path, layout, config="dp=1", job="t", hosts="host0"):
-    path = tmp_path / f"{job}.json"
-    layout.write(path)
-    r = cluster.ptcctl("register", "--job", job, "--layout", str(path), "--config", config,
-                       "--hosts", hosts)
-    assert r.returncode == 0, r.stderr
-
-
-def connect(ptc_module, cluster, job="t", rank=0, host="host0"):
-    return ptc_module.Client(socket=str(cluster.dir / f"{host}.sock"),
-                             coordinator=cluster.coordinator, job=job, rank=rank)
 
 
 def test_every_dtype_round_trips_bit_for_bit(pt, ptc_module, cluster, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cluster import LocalCluster
+from torch_jobs import connect, register, spec_tensors
 
 
 @pytest.fixture(scope="module")
@@ -24,23 +25,6 @@ def cluster(bin_dir, tmp_path):
     c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2)
     yield c
     c.stop()
-
-
-def spec_tensors(layout):
-    return {t["key"]: t for t in layout.spec["tensors"]}
-
-
-def register(cluster, tmp_path, layout, config="dp=1", job="t", hosts="host0"):
-    path = tmp_path / f"{job}.json"
-    layout.write(path)
-    r = cluster.ptcctl("register", "--job", job, "--layout", str(path), "--config", config,
-                       "--hosts", hosts)
-    assert r.returncode == 0, r.stderr
-
-
-def connect(ptc_module, cluster, job="t", rank=0, host="host0"):
-    return ptc_module.Client(socket=str(cluster.dir / f"{host}.sock"),
-                             coordinator=cluster.coordinator, job=job, rank=rank)
 
 
 def reconfigure(cluster, to, hosts, job="t"):
