@@ -397,12 +397,18 @@ class Generator {
       buf.align = 64;
       buf.bucket_size = arch_.mcore_bucket_size();
       buf.bucket_pad = 128;
+      // distributed_data_parallel.py:101-102: stages with pp rank > 0 get
+      // no bucket size.
+      buf.bucket_first_stage_only = true;
     }
     for (int t : order) {
       FlatBuffer::Entry e{t, FlatBuffer::OwnBucket::kNever};
       if (arch_.megatron_core && arch_.tied_embeddings &&
           spec_.tensors[t].key == "embedding.word.weight") {
         e.own_bucket = FlatBuffer::OwnBucket::kWhenShared;
+        // The last stage's copy is output_layer.weight, last in its module
+        // order, so first in its reversed buffer.
+        e.first_on_later_stages = true;
       }
       buf.entries.push_back(e);
     }

@@ -52,7 +52,8 @@ struct Architecture {
   // linear_proj registered before its linear_qkv, and (under zero=1) the
   // distributed optimizer's param_and_grad_buffer: parameters in reverse
   // order, starts aligned to 64 elements, buckets padded to lcm(dp, 128),
-  // the shared embedding in a bucket of its own. Otherwise Megatron-LM's:
+  // the shared embedding in a bucket of its own (first on the last stage),
+  // buckets on the first stage only. Otherwise Megatron-LM's:
   // q|k|v blocks, one unpadded buffer per stage in parameter order.
   bool megatron_core = false;
   // Megatron-core's buckets: with overlap_grad_reduce (--overlap-grad-reduce)

@@ -63,6 +63,12 @@ bool HeldByTwoStages(const StageRule& stage, const ParallelConfig& config,
   return held > 1;
 }
 
+// The pipeline stage of the ranks at `coord` (0 without a pipeline axis).
+int StageOf(const ParallelConfig& config, const MeshCoord& coord) {
+  const int pp = config.AxisIndex(kPipelineAxis);
+  return pp < 0 ? 0 : coord.index[pp];
+}
+
 // Lays out buffer `buf` as the ranks at `rep` (any coordinate of the group)
 // see it.
 BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
@@ -70,33 +76,45 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
                             const MeshCoord& rep) {
   BufferInstance in;
   const int64_t pad = buf.bucket_pad > 0 ? Lcm(shards, buf.bucket_pad) : 1;
+  const int stage = StageOf(config, rep);
+  const int64_t bucket_size =
+      buf.bucket_first_stage_only && stage > 0 ? 0 : buf.bucket_size;
+  // The order entries take on this stage: on stages after the first,
+  // first_on_later_stages entries lead.
+  std::vector<size_t> order;
+  order.reserve(buf.entries.size());
+  if (stage > 0) {
+    for (size_t i = 0; i < buf.entries.size(); ++i)
+      if (buf.entries[i].first_on_later_stages) order.push_back(i);
+  }
+  for (size_t i = 0; i < buf.entries.size(); ++i)
+    if (stage == 0 || !buf.entries[i].first_on_later_stages) order.push_back(i);
+  in.offset.assign(buf.entries.size(), -1);
+  in.regions.resize(buf.entries.size());
   int64_t pos = 0, bucket_start = 0;
   auto close_bucket = [&] {
     const int64_t end = RoundUp(pos, pad);
     in.buckets.push_back({bucket_start, end});
     pos = bucket_start = end;
   };
-  for (const FlatBuffer::Entry& e : buf.entries) {
+  for (size_t i : order) {
+    const FlatBuffer::Entry& e = buf.entries[i];
     const TensorSpec& t = spec.tensors[e.tensor];
     std::vector<Region> regions = RegionsOf(t.placements, t.stage, t.shape,
                                             config, spec.num_layers, rep);
     int64_t size = 0;
     for (const Region& r : regions) size += r.volume();
-    if (size == 0) {
-      in.offset.push_back(-1);
-      in.regions.emplace_back();
-      continue;
-    }
+    if (size == 0) continue;
     const bool own =
         e.own_bucket == FlatBuffer::OwnBucket::kAlways ||
         (e.own_bucket == FlatBuffer::OwnBucket::kWhenShared &&
          HeldByTwoStages(t.stage, config, spec.num_layers));
     if (own && pos > bucket_start) close_bucket();
     pos = RoundUp(pos, buf.align);
-    in.offset.push_back(pos);
-    in.regions.push_back(std::move(regions));
+    in.offset[i] = pos;
+    in.regions[i] = std::move(regions);
     pos += size;
-    if (own || (buf.bucket_size > 0 && pos - bucket_start >= buf.bucket_size)) {
+    if (own || (bucket_size > 0 && pos - bucket_start >= bucket_size)) {
       close_bucket();
     }
   }

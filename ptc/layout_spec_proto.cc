@@ -186,12 +186,17 @@ absl::StatusOr<ModelSpec> SpecFromProto(const proto::LayoutSpec& w) {
       }
       PTC_ASSIGN_OR_RETURN(FlatBuffer::OwnBucket own,
                            OwnBucketFromName(e.own_bucket(), buf.name));
-      buf.entries.push_back({it->second, own});
+      FlatBuffer::Entry entry;
+      entry.tensor = it->second;
+      entry.own_bucket = own;
+      entry.first_on_later_stages = e.first_on_later_stages();
+      buf.entries.push_back(entry);
     }
     buf.align = b.align() == 0 ? 1 : b.align();
     buf.bucket_size = b.bucket_size();
     buf.bucket_pad = b.bucket_pad();
     buf.optional = b.optional();
+    buf.bucket_first_stage_only = b.bucket_first_stage_only();
     spec.buffers.push_back(std::move(buf));
   }
   for (int i = 0; i < w.tensors_size(); ++i) {
@@ -284,11 +289,13 @@ proto::LayoutSpec SpecToProto(const ModelSpec& spec) {
       proto::FlatBufferLayout::Entry* pe = pb->add_entries();
       pe->set_tensor(spec.tensors[e.tensor].key);
       pe->set_own_bucket(OwnBucketName(e.own_bucket));
+      pe->set_first_on_later_stages(e.first_on_later_stages);
     }
     pb->set_align(b.align);
     pb->set_bucket_size(b.bucket_size);
     pb->set_bucket_pad(b.bucket_pad);
     pb->set_optional(b.optional);
+    pb->set_bucket_first_stage_only(b.bucket_first_stage_only);
   }
   for (const SmallObjectSpec& o : spec.small_objects) {
     proto::SmallObjectLayout* po = w.add_small_objects();

@@ -13,6 +13,8 @@ TEST_CASE("layout spec: built-in specs survive JSON and give the same layout",
           "[ptc][layout_spec]") {
   for (const char* model :
        {"gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8",
+        "gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8,mcore=1,"
+        "bucket=300",
         "llama:layers=3,hidden=32,heads=8,kv_heads=4,ffn=40,vocab=77,mcore=1,"
         "bucket=300",
         "moe:layers=2,hidden=16,heads=4,kv_heads=2,ffn=12,experts=4,"

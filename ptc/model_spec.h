@@ -73,6 +73,11 @@ struct FlatBuffer {
     // kAlways: the entry gets a bucket of its own; kWhenShared: only when
     // more than one pipeline stage holds it (Megatron's shared embedding).
     OwnBucket own_bucket = OwnBucket::kNever;
+    // On the pipeline stages after the first, the entry comes first in the
+    // buffer, before the entries listed ahead of it (Megatron-core's tied
+    // output weight, last in the last stage's module order, so first in
+    // its reversed buffer). false: its listed place on every stage.
+    bool first_on_later_stages = false;
   };
   std::string name;
   // Mesh axes the buffer is sharded over, jointly (first slowest).
@@ -83,6 +88,10 @@ struct FlatBuffer {
   // A bucket closes once it holds at least bucket_size elements; 0: one
   // bucket for the whole buffer.
   int64_t bucket_size = 0;
+  // bucket_size applies on the first pipeline stage only; later stages
+  // have one bucket (apart from own_bucket entries), as Megatron-core
+  // gives stages with pp rank > 0 no bucket size. false: every stage.
+  bool bucket_first_stage_only = false;
   // > 0: each bucket's end is padded to a multiple of lcm(shards,
   // bucket_pad) so that it splits evenly; 0: no padding, chunks may differ
   // by one element.

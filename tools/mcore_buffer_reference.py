@@ -70,7 +70,7 @@ CASES = [
     dict(name="gpt_pp2_dp2_overlap_later_stages",
          model="gpt:layers=4,hidden=64,heads=4,vocab=1024,positions=32,mcore=1,"
                "overlap=1,bucket=9000",
-         config="pp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="later_stages"),
+         config="pp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="pass"),
     dict(name="moe_ep1_dp2",
          model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
                "vocab=1024,stacked=0,mcore=1",
