@@ -1,6 +1,7 @@
 #include "ptc/families.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -339,7 +340,9 @@ class Generator {
       return;
     }
     const int64_t e = arch_.experts, f = arch_.ffn;
+    const int router = static_cast<int>(spec_.tensors.size());
     Add(p + "mlp.router.weight", {e, h}, {}, st);
+    const size_t first_expert = expert_params_.size();
     if (arch_.stacked_experts) {
       // [experts, ...]: ep takes whole experts, tp cuts inside each.
       AxisPlacement ep = AxisPlacement::Shard({"ep"}, 0).Even(1, "experts");
@@ -356,6 +359,8 @@ class Generator {
         Add(k + "fc2.weight", {h, f}, {ep, Tp(1)}, st, /*expert=*/true);
       }
     }
+    for (size_t i = first_expert; i < expert_params_.size(); ++i)
+      router_of_[expert_params_[i]] = router;
     if (arch_.shared_ffn > 0) {
       const int64_t s = arch_.shared_ffn;
       Add(p + "mlp.shared.fc1.weight", {2 * s, h},
@@ -432,6 +437,18 @@ class Generator {
     // over both; experts' over dp (expert data parallelism).
     Buffer("optimizer", moe() ? Axes{"dp", "ep"} : Axes{"dp"}, dense_params_);
     Buffer("optimizer.experts", {"dp"}, expert_params_);
+    if (arch_.megatron_core && !expert_params_.empty()) {
+      // At ep=1 Megatron-core's experts are dense parameters
+      // (transformer/moe/experts.py:89,203-204 set allreduce False only
+      // when ep > 1), in the dense buffer in module order
+      // (distributed_data_parallel.py:122,292): between the layer's
+      // router and its shared experts, so before the router reversed.
+      FlatBuffer& experts = spec_.buffers.back();
+      experts.join = 0;
+      experts.join_when_size_one = {"ep"};
+      for (FlatBuffer::Entry& e : experts.entries)
+        e.join_before = router_of_.at(e.tensor);
+    }
   }
 
   void SmallObjects() {
@@ -452,6 +469,7 @@ class Generator {
   const Architecture& arch_;
   ModelSpec spec_;
   std::vector<int> dense_params_, expert_params_;
+  std::map<int, int> router_of_;  // expert parameter -> its layer's router
 };
 
 }  // namespace

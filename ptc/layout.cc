@@ -69,9 +69,42 @@ int StageOf(const ParallelConfig& config, const MeshCoord& coord) {
   return pp < 0 ? 0 : coord.index[pp];
 }
 
-// Lays out buffer `buf` as the ranks at `rep` (any coordinate of the group)
-// see it.
+// Whether buffer `buf` joins another under `config`.
+bool Joined(const FlatBuffer& buf, const ParallelConfig& config) {
+  if (buf.join < 0) return false;
+  for (const std::string& a : buf.join_when_size_one) {
+    if (config.size(a) != 1) return false;
+  }
+  return true;
+}
+
+// The entries buffer `b` lays out under `config`: its own with those of
+// the buffers joining it inserted; none when it joins another.
+std::vector<FlatBuffer::Entry> EntriesUnder(const ModelSpec& spec, int b,
+                                            const ParallelConfig& config) {
+  const FlatBuffer& buf = spec.buffers[b];
+  if (Joined(buf, config)) return {};
+  std::map<int, std::vector<FlatBuffer::Entry>> before;  // by join_before
+  for (const FlatBuffer& o : spec.buffers) {
+    if (o.join != b || !Joined(o, config)) continue;
+    for (const FlatBuffer::Entry& e : o.entries) before[e.join_before].push_back(e);
+  }
+  if (before.empty()) return buf.entries;
+  std::vector<FlatBuffer::Entry> out;
+  for (const FlatBuffer::Entry& e : buf.entries) {
+    auto it = before.find(e.tensor);
+    if (it != before.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+    out.push_back(e);
+  }
+  auto last = before.find(-1);
+  if (last != before.end()) out.insert(out.end(), last->second.begin(), last->second.end());
+  return out;
+}
+
+// Lays out buffer `buf`, with `entries` (EntriesUnder), as the ranks at
+// `rep` (any coordinate of the group) see it.
 BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
+                            const std::vector<FlatBuffer::Entry>& entries,
                             const ParallelConfig& config, int64_t shards,
                             const MeshCoord& rep) {
   BufferInstance in;
@@ -82,15 +115,15 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
   // The order entries take on this stage: on stages after the first,
   // first_on_later_stages entries lead.
   std::vector<size_t> order;
-  order.reserve(buf.entries.size());
+  order.reserve(entries.size());
   if (stage > 0) {
-    for (size_t i = 0; i < buf.entries.size(); ++i)
-      if (buf.entries[i].first_on_later_stages) order.push_back(i);
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].first_on_later_stages) order.push_back(i);
   }
-  for (size_t i = 0; i < buf.entries.size(); ++i)
-    if (stage == 0 || !buf.entries[i].first_on_later_stages) order.push_back(i);
-  in.offset.assign(buf.entries.size(), -1);
-  in.regions.resize(buf.entries.size());
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (stage == 0 || !entries[i].first_on_later_stages) order.push_back(i);
+  in.offset.assign(entries.size(), -1);
+  in.regions.resize(entries.size());
   int64_t pos = 0, bucket_start = 0;
   auto close_bucket = [&] {
     const int64_t end = RoundUp(pos, pad);
@@ -98,7 +131,7 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
     pos = bucket_start = end;
   };
   for (size_t i : order) {
-    const FlatBuffer::Entry& e = buf.entries[i];
+    const FlatBuffer::Entry& e = entries[i];
     const TensorSpec& t = spec.tensors[e.tensor];
     std::vector<Region> regions = RegionsOf(t.placements, t.stage, t.shape,
                                             config, spec.num_layers, rep);
@@ -145,14 +178,20 @@ MeshCoord GroupRepresentative(const FlatBuffer& buf,
 void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
                    std::vector<std::vector<Shard>>* shards) {
   const FlatBuffer& buf = spec.buffers[b];
+  if (Joined(buf, config)) return;  // its members are the joined buffer's
+  const std::vector<FlatBuffer::Entry> entries = EntriesUnder(spec, b, config);
   AxisPlacement over = AxisPlacement::Replicate(buf.axes);
   const int64_t n = AxisPlacementParts(over, config);
   std::vector<int> entry_index(spec.tensors.size(), -1);
-  for (size_t i = 0; i < buf.entries.size(); ++i)
-    entry_index[buf.entries[i].tensor] = static_cast<int>(i);
+  for (size_t i = 0; i < entries.size(); ++i)
+    entry_index[entries[i].tensor] = static_cast<int>(i);
   std::vector<int> members;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
-    if (spec.tensors[t].buffer == b) members.push_back(static_cast<int>(t));
+    const int mb = spec.tensors[t].buffer;
+    if (mb == b || (mb >= 0 && spec.buffers[mb].join == b &&
+                    Joined(spec.buffers[mb], config))) {
+      members.push_back(static_cast<int>(t));
+    }
   }
   // One instance per group: ranks equal on every axis but the buffer's.
   std::map<std::vector<int>, BufferInstance> instances;
@@ -162,7 +201,8 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
     auto it = instances.find(rep.index);
     if (it == instances.end()) {
       it = instances
-               .emplace(rep.index, LayOutBuffer(spec, buf, config, n, rep))
+               .emplace(rep.index,
+                        LayOutBuffer(spec, buf, entries, config, n, rep))
                .first;
     }
     const BufferInstance& in = it->second;
@@ -318,13 +358,20 @@ absl::StatusOr<BufferView> ViewBuffer(const ModelSpec& spec,
   view.in_use = BufferInUse(buf, config);
   view.shards = AxisPlacementParts(over, config);
   view.index = AxisPlacementIndex(over, config, coord);
+  if (Joined(buf, config)) {
+    // Laid out in the buffer it joins: no entry placed here.
+    for (const FlatBuffer::Entry& e : buf.entries)
+      view.entries.push_back({e.tensor, -1, 0});
+    return view;
+  }
+  const std::vector<FlatBuffer::Entry> entries = EntriesUnder(spec, b, config);
   const BufferInstance in =
-      LayOutBuffer(spec, buf, config, view.shards,
+      LayOutBuffer(spec, buf, entries, config, view.shards,
                    GroupRepresentative(buf, config, coord));
-  for (size_t e = 0; e < buf.entries.size(); ++e) {
+  for (size_t e = 0; e < entries.size(); ++e) {
     int64_t size = 0;
     for (const Region& r : in.regions[e]) size += r.volume();
-    view.entries.push_back({buf.entries[e].tensor, in.offset[e], size});
+    view.entries.push_back({entries[e].tensor, in.offset[e], size});
   }
   view.buckets = in.buckets;
   view.chunks = ChunksOf(in, view.shards, view.index);

@@ -77,13 +77,17 @@ absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
 struct BufferView {
   struct Entry {
     int tensor = -1;
-    int64_t offset = -1;  // -1: the rank's pipeline stage does not hold it
+    // -1: the rank's pipeline stage does not hold it, or the buffer joins
+    // another under this config (FlatBuffer::join).
+    int64_t offset = -1;
     int64_t size = 0;     // elements of the local shard in the buffer
   };
   bool in_use = true;  // false: an optional buffer without zero=1
   int64_t shards = 1;  // ranks the instance is split over
   int64_t index = 0;   // this rank's index among them
-  std::vector<Entry> entries;                                // buffer order
+  // Listed order, with the entries of buffers that join this one
+  // inserted (first_on_later_stages entries lead on later stages).
+  std::vector<Entry> entries;
   std::vector<std::pair<int64_t, int64_t>> buckets;          // [start, end)
   std::vector<std::pair<int64_t, int64_t>> chunks;           // per bucket
 };

@@ -190,6 +190,15 @@ absl::StatusOr<ModelSpec> SpecFromProto(const proto::LayoutSpec& w) {
       entry.tensor = it->second;
       entry.own_bucket = own;
       entry.first_on_later_stages = e.first_on_later_stages();
+      if (!e.join_before().empty()) {
+        auto before = index.find(e.join_before());
+        if (before == index.end()) {
+          return Bad("flat buffer '", buf.name, "': entry '", e.tensor(),
+                     "' joins before '", e.join_before(),
+                     "', which is not a tensor of the spec");
+        }
+        entry.join_before = before->second;
+      }
       buf.entries.push_back(entry);
     }
     buf.align = b.align() == 0 ? 1 : b.align();
@@ -197,7 +206,19 @@ absl::StatusOr<ModelSpec> SpecFromProto(const proto::LayoutSpec& w) {
     buf.bucket_pad = b.bucket_pad();
     buf.optional = b.optional();
     buf.bucket_first_stage_only = b.bucket_first_stage_only();
+    buf.join_when_size_one.assign(b.join_when_size_one().begin(),
+                                  b.join_when_size_one().end());
     spec.buffers.push_back(std::move(buf));
+  }
+  for (int i = 0; i < w.buffers_size(); ++i) {
+    const std::string& join = w.buffers(i).join();
+    if (join.empty()) continue;
+    auto it = buffer_index.find(join);
+    if (it == buffer_index.end()) {
+      return Bad("flat buffer '", w.buffers(i).name(), "': join '", join,
+                 "' is not a buffer of the spec");
+    }
+    spec.buffers[i].join = it->second;
   }
   for (int i = 0; i < w.tensors_size(); ++i) {
     const proto::TensorLayout& t = w.tensors(i);
@@ -290,12 +311,17 @@ proto::LayoutSpec SpecToProto(const ModelSpec& spec) {
       pe->set_tensor(spec.tensors[e.tensor].key);
       pe->set_own_bucket(OwnBucketName(e.own_bucket));
       pe->set_first_on_later_stages(e.first_on_later_stages);
+      if (e.join_before >= 0)
+        pe->set_join_before(spec.tensors[e.join_before].key);
     }
     pb->set_align(b.align);
     pb->set_bucket_size(b.bucket_size);
     pb->set_bucket_pad(b.bucket_pad);
     pb->set_optional(b.optional);
     pb->set_bucket_first_stage_only(b.bucket_first_stage_only);
+    if (b.join >= 0) pb->set_join(spec.buffers[b.join].name);
+    for (const std::string& a : b.join_when_size_one)
+      pb->add_join_when_size_one(a);
   }
   for (const SmallObjectSpec& o : spec.small_objects) {
     proto::SmallObjectLayout* po = w.add_small_objects();

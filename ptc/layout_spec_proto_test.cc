@@ -113,6 +113,36 @@ TEST_CASE("layout spec: hostile fields get INVALID_ARGUMENT naming them",
          b->add_axes("tp");
          b->add_entries()->set_tensor("w");
        }, "must be whole on the buffer's axes"},
+      {"join an unknown buffer", [](auto* w) {
+         auto* b = w->add_buffers();
+         b->set_name("b");
+         b->add_axes("dp");
+         b->add_entries()->set_tensor("w");
+         b->set_join("nope");
+         b->add_join_when_size_one("tp");
+       }, "join 'nope' is not a buffer"},
+      {"join without axes", [](auto* w) {
+         auto* b = w->add_buffers();
+         b->set_name("b");
+         b->add_axes("dp");
+         b->add_entries()->set_tensor("w");
+         auto* c = w->add_buffers();
+         c->set_name("c");
+         c->add_axes("dp");
+         auto* t = w->add_tensors();
+         t->set_key("v");
+         t->set_dtype("float32");
+         c->add_entries()->set_tensor("v");
+         b->set_join("c");
+       }, "join needs join_when_size_one"},
+      {"join_before not in the joined buffer", [](auto* w) {
+         auto* b = w->add_buffers();
+         b->set_name("b");
+         b->add_axes("dp");
+         auto* e = b->add_entries();
+         e->set_tensor("w");
+         e->set_join_before("w");
+       }, "names join_before but the buffer joins none"},
       {"unknown buffer", [](auto* w) { w->mutable_tensors(0)->set_buffer("nope"); },
        "names buffer 'nope'"},
       {"scope axis unknown", [](auto* w) {

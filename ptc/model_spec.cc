@@ -203,6 +203,65 @@ absl::Status ValidateBuffers(const ModelSpec& spec) {
       }
     }
   }
+  // Buffers that join another under some configs.
+  for (size_t b = 0; b < spec.buffers.size(); ++b) {
+    const FlatBuffer& buf = spec.buffers[b];
+    auto bad = [&](auto&&... what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flat buffer '", buf.name, "': ", what...));
+    };
+    if (buf.join < 0) {
+      if (!buf.join_when_size_one.empty())
+        return bad("join_when_size_one needs join");
+      for (const FlatBuffer::Entry& e : buf.entries) {
+        if (e.join_before >= 0)
+          return bad("entry '", spec.tensors[e.tensor].key,
+                     "' names join_before but the buffer joins none");
+      }
+      continue;
+    }
+    if (buf.join >= static_cast<int>(spec.buffers.size()) ||
+        buf.join == static_cast<int>(b)) {
+      return bad("join must name another buffer");
+    }
+    const FlatBuffer& into = spec.buffers[buf.join];
+    if (into.join >= 0) {
+      return bad("joins '", into.name, "', which joins another buffer");
+    }
+    if (into.optional != buf.optional) {
+      return bad("joins '", into.name, "', whose optional differs");
+    }
+    if (buf.join_when_size_one.empty())
+      return bad("join needs join_when_size_one (at least one axis)");
+    std::set<std::string> when;
+    for (const std::string& a : buf.join_when_size_one) {
+      if (std::find(spec.mesh.begin(), spec.mesh.end(), a) == spec.mesh.end())
+        return bad("join_when_size_one: unknown axis '", a, "'; the mesh has ",
+                   absl::StrJoin(spec.mesh, ", "));
+      if (!when.insert(a).second)
+        return bad("join_when_size_one names axis '", a, "' twice");
+    }
+    for (const FlatBuffer::Entry& e : buf.entries) {
+      const TensorSpec& t = spec.tensors[e.tensor];
+      if (e.join_before >= 0 &&
+          (e.join_before >= n || entry_of[e.join_before] != buf.join)) {
+        return bad("entry '", t.key, "' joins before a tensor that is not an "
+                   "entry of '", into.name, "'");
+      }
+      for (const AxisPlacement& p : t.placements) {
+        for (const std::string& a : p.axes) {
+          if (p.kind != AxisPlacement::Kind::kReplicate && !when.count(a) &&
+              std::find(into.axes.begin(), into.axes.end(), a) !=
+                  into.axes.end()) {
+            return bad("entry '", t.key, "' is cut over axis '", a,
+                       "', which '", into.name,
+                       "' shards; an entry must be whole on the axes of the "
+                       "buffer it joins");
+          }
+        }
+      }
+    }
+  }
   for (int t = 0; t < n; ++t) {
     const TensorSpec& ts = spec.tensors[t];
     if (ts.buffer < 0 && ts.slot < 0) continue;

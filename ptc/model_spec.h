@@ -78,6 +78,10 @@ struct FlatBuffer {
     // output weight, last in the last stage's module order, so first in
     // its reversed buffer). false: its listed place on every stage.
     bool first_on_later_stages = false;
+    // In a buffer that joins another (`join`): index in ModelSpec::tensors
+    // of the other buffer's entry this entry goes just before when joined;
+    // -1: after its last entry.
+    int join_before = -1;
   };
   std::string name;
   // Mesh axes the buffer is sharded over, jointly (first slowest).
@@ -99,6 +103,15 @@ struct FlatBuffer {
   // Only in use under a config with zero=1 (otherwise members follow
   // their own placements, replicated over the buffer's axes).
   bool optional = false;
+  // Index in ModelSpec::buffers of the buffer this one joins, or -1. Under
+  // a config where every axis of `join_when_size_one` has size 1, this
+  // buffer has no instance of its own: its entries are laid out in buffer
+  // `join` (each before its `join_before` entry, entries with the same
+  // one in listed order), and its members are cut by that buffer's
+  // instance. (Megatron-core's experts at ep=1, which are dense
+  // parameters, interleaved in module order.)
+  int join = -1;
+  std::vector<std::string> join_when_size_one;
 };
 
 struct ModelSpec {

@@ -95,8 +95,6 @@ PTC_BUFFER = {"dense": "optimizer", "expert": "optimizer.experts"}
 MCORE_GAPS = {
     "padded_vocab": "the padded vocabulary rows (their number depends on tp) take "
                     "room in Megatron's buffer; a ptc entry holds only real rows",
-    "experts_at_ep1": "at ep=1 Megatron keeps expert weights in the dense buffer; "
-                      "ptc's buffers have fixed members for every ep",
 }
 
 
