@@ -26,33 +26,40 @@ mkdir -p "$cache"
 labels=()
 for t in "${targets[@]}"; do labels+=("//fuzz:${t}_fuzzer"); done
 echo "== building ${#targets[@]} fuzz targets with clang + libFuzzer + ASan"
+# This run's logs and crashing inputs; the corpus and the clang build are
+# shared with other runs (two suites at once): the build, and the end of
+# its Bazel server, one run at a time.
+logs=$(mktemp -d "${TMPDIR:-/tmp}/ptc-fuzz-XXXXXX")
+exec 9>"$cache/bazel.lock"
 # --symlink_prefix=/: no convenience links, so the checkout's bazel-bin
 # keeps pointing at the user's own (gcc) build.
+flock 9
 if ! CC=clang CXX=clang++ bazel --output_base="$cache/bazel" build --config=fuzz \
-    --symlink_prefix=/ "${labels[@]}" >"$cache/build.log" 2>&1; then
-  tail -30 "$cache/build.log"
-  echo "fuzz: the fuzz targets did not build (log: $cache/build.log)"
+    --symlink_prefix=/ "${labels[@]}" >"$logs/build.log" 2>&1; then
+  tail -30 "$logs/build.log"
+  echo "fuzz: the fuzz targets did not build (log: $logs/build.log)"
   exit 1
 fi
 bin=$(CC=clang CXX=clang++ bazel --output_base="$cache/bazel" info --config=fuzz bazel-bin 2>/dev/null)
+flock -u 9
 
 failed=0
 for t in "${targets[@]}"; do
   work="$cache/corpus/$t"
-  mkdir -p "$work" "$cache/artifacts/$t"
-  log="$cache/$t.log"
+  mkdir -p "$work" "$logs/artifacts/$t"
+  log="$logs/$t.log"
   # -rss_limit_mb: the targets hold a real store; -timeout: a hang is a bug.
   ASAN_OPTIONS=detect_leaks=0 SPDLOG_LEVEL=off "$bin/fuzz/${t}_fuzzer" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
-    -artifact_prefix="$cache/artifacts/$t/" "$work" "fuzz/corpus/$t" >"$log" 2>&1
+    -artifact_prefix="$logs/artifacts/$t/" "$work" "fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
-  runs=$(grep -oE "#[0-9]+" "$log" | tail -1)
-  cov=$(grep -oE "cov: [0-9]+" "$log" | tail -1)
+  runs=$(grep -aoE "#[0-9]+" "$log" | tail -1)
+  cov=$(grep -aoE "cov: [0-9]+" "$log" | tail -1)
   if [[ $rc -ne 0 ]]; then
     failed=$((failed + 1))
     echo "   $t: CRASHED after ${runs:-?} runs ($cov); log $log"
-    grep -E "ERROR|SUMMARY|==[0-9]+==" "$log" | head -5
-    for a in "$cache/artifacts/$t"/*; do
+    grep -aE "ERROR|SUMMARY|==[0-9]+==" "$log" | head -5
+    for a in "$logs/artifacts/$t"/*; do
       [[ -f "$a" ]] && cp "$a" "fuzz/corpus/$t/$(basename "$a")" &&
         echo "   input saved as fuzz/corpus/$t/$(basename "$a")"
     done
@@ -60,6 +67,9 @@ for t in "${targets[@]}"; do
     echo "   $t: ${runs:-?} runs in ${seconds}s, $cov, no crash"
   fi
 done
+flock 9
 CC=clang CXX=clang++ bazel --output_base="$cache/bazel" shutdown >/dev/null 2>&1
+flock -u 9
+[[ $failed -eq 0 ]] && rm -rf "$logs"
 echo "fuzz: ${#targets[@]} targets, $failed crashed"
 [[ $failed -eq 0 ]]
