@@ -408,6 +408,15 @@ class Generator {
     }
     for (int t : order) {
       FlatBuffer::Entry e{t, FlatBuffer::OwnBucket::kNever};
+      // The vocabulary is padded to a multiple of 128 x tp
+      // (megatron/training/tokenizer/tokenizer.py:117) and each tp rank's
+      // embedding and output weight hold padded_vocab / tp rows
+      // (tensor_parallel/layers.py:230,234), padding included.
+      const std::string& key = spec_.tensors[t].key;
+      if (arch_.megatron_core &&
+          (key == "embedding.word.weight" || key == "output.weight")) {
+        e.with_padding = true;
+      }
       if (arch_.megatron_core && arch_.tied_embeddings &&
           spec_.tensors[t].key == "embedding.word.weight") {
         e.own_bucket = FlatBuffer::OwnBucket::kWhenShared;

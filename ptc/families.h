@@ -54,7 +54,7 @@ struct Architecture {
   // order, starts aligned to 64 elements, buckets padded to lcm(dp, 128),
   // the shared embedding in a bucket of its own (first on the last stage),
   // buckets on the first stage only, MoE experts in the dense buffer at
-  // ep=1. Otherwise Megatron-LM's:
+  // ep=1, the padded vocabulary rows in the buffer. Otherwise Megatron-LM's:
   // q|k|v blocks, one unpadded buffer per stage in parameter order.
   bool megatron_core = false;
   // Megatron-core's buckets: with overlap_grad_reduce (--overlap-grad-reduce)

@@ -50,7 +50,10 @@ int64_t Lcm(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
 // regions, and the buckets.
 struct BufferInstance {
   std::vector<int64_t> offset;                  // by entry; -1: not held
+  std::vector<int64_t> room;                    // by entry: elements taken
   std::vector<std::vector<Region>> regions;     // by entry
+  // by entry, by region: where the region starts, from the entry's offset
+  std::vector<std::vector<int64_t>> starts;
   std::vector<std::pair<int64_t, int64_t>> buckets;
 };
 
@@ -123,7 +126,9 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
   for (size_t i = 0; i < entries.size(); ++i)
     if (stage == 0 || !entries[i].first_on_later_stages) order.push_back(i);
   in.offset.assign(entries.size(), -1);
+  in.room.assign(entries.size(), 0);
   in.regions.resize(entries.size());
+  in.starts.resize(entries.size());
   int64_t pos = 0, bucket_start = 0;
   auto close_bucket = [&] {
     const int64_t end = RoundUp(pos, pad);
@@ -135,8 +140,37 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
     const TensorSpec& t = spec.tensors[e.tensor];
     std::vector<Region> regions = RegionsOf(t.placements, t.stage, t.shape,
                                             config, spec.num_layers, rep);
+    std::vector<int64_t> starts;
     int64_t size = 0;
-    for (const Region& r : regions) size += r.volume();
+    if (e.with_padding) {
+      // The padded shard's regions (Validate: one padded shard on dim 0,
+      // nothing else cutting dim 0); each real region is the start of the
+      // padded one that contains it.
+      std::vector<AxisPlacement> unpadded = t.placements;
+      Shape padded_shape = t.shape;
+      for (AxisPlacement& p : unpadded) {
+        if (p.kind != AxisPlacement::Kind::kShard || p.pad_multiple <= 0) continue;
+        padded_shape[p.dim] = RoundUp(
+            padded_shape[p.dim], p.pad_multiple * AxisPlacementParts(p, config));
+        p.pad_multiple = 0;
+      }
+      const std::vector<Region> padded =
+          RegionsOf(unpadded, t.stage, padded_shape, config, spec.num_layers, rep);
+      for (const Region& r : regions) {
+        int64_t at = 0;
+        for (const Region& p : padded) {
+          if (p.Contains(r)) break;
+          at += p.volume();
+        }
+        starts.push_back(at);
+      }
+      for (const Region& p : padded) size += p.volume();
+    } else {
+      for (const Region& r : regions) {
+        starts.push_back(size);
+        size += r.volume();
+      }
+    }
     if (size == 0) continue;
     const bool own =
         e.own_bucket == FlatBuffer::OwnBucket::kAlways ||
@@ -145,7 +179,9 @@ BufferInstance LayOutBuffer(const ModelSpec& spec, const FlatBuffer& buf,
     if (own && pos > bucket_start) close_bucket();
     pos = RoundUp(pos, buf.align);
     in.offset[i] = pos;
+    in.room[i] = size;
     in.regions[i] = std::move(regions);
+    in.starts[i] = std::move(starts);
     pos += size;
     if (own || (bucket_size > 0 && pos - bucket_start >= bucket_size)) {
       close_bucket();
@@ -214,9 +250,10 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
     }
     for (int m : members) {
       const int e = entry_index[spec.tensors[m].slot];
-      int64_t at = in.offset[e];
-      if (at < 0) continue;
-      for (const Region& r : in.regions[e]) {
+      if (in.offset[e] < 0) continue;
+      for (size_t k = 0; k < in.regions[e].size(); ++k) {
+        const Region& r = in.regions[e][k];
+        const int64_t at = in.offset[e] + in.starts[e][k];
         const int64_t end = at + r.volume();
         auto first = std::lower_bound(
             mine.begin(), mine.end(), at,
@@ -229,7 +266,6 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
           for (Region& piece : FlatRangeOfRegion(r, lo - at, hi - at))
             (*shards)[m].push_back({rank, std::move(piece)});
         }
-        at = end;
       }
     }
   }
@@ -369,9 +405,9 @@ absl::StatusOr<BufferView> ViewBuffer(const ModelSpec& spec,
       LayOutBuffer(spec, buf, entries, config, view.shards,
                    GroupRepresentative(buf, config, coord));
   for (size_t e = 0; e < entries.size(); ++e) {
-    int64_t size = 0;
-    for (const Region& r : in.regions[e]) size += r.volume();
-    view.entries.push_back({entries[e].tensor, in.offset[e], size});
+    int64_t real = 0;
+    for (const Region& r : in.regions[e]) real += r.volume();
+    view.entries.push_back({entries[e].tensor, in.offset[e], in.room[e], real});
   }
   view.buckets = in.buckets;
   view.chunks = ChunksOf(in, view.shards, view.index);

@@ -80,7 +80,12 @@ struct BufferView {
     // -1: the rank's pipeline stage does not hold it, or the buffer joins
     // another under this config (FlatBuffer::join).
     int64_t offset = -1;
-    int64_t size = 0;     // elements of the local shard in the buffer
+    // Elements the entry takes in the buffer: its local shard's, with the
+    // padding rows of a with_padding entry.
+    int64_t size = 0;
+    // Elements of the local shard (the real ones), at the start of each
+    // padded region's room.
+    int64_t real = 0;
   };
   bool in_use = true;  // false: an optional buffer without zero=1
   int64_t shards = 1;  // ranks the instance is split over

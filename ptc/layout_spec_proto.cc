@@ -190,6 +190,7 @@ absl::StatusOr<ModelSpec> SpecFromProto(const proto::LayoutSpec& w) {
       entry.tensor = it->second;
       entry.own_bucket = own;
       entry.first_on_later_stages = e.first_on_later_stages();
+      entry.with_padding = e.with_padding();
       if (!e.join_before().empty()) {
         auto before = index.find(e.join_before());
         if (before == index.end()) {
@@ -311,6 +312,7 @@ proto::LayoutSpec SpecToProto(const ModelSpec& spec) {
       pe->set_tensor(spec.tensors[e.tensor].key);
       pe->set_own_bucket(OwnBucketName(e.own_bucket));
       pe->set_first_on_later_stages(e.first_on_later_stages);
+      pe->set_with_padding(e.with_padding);
       if (e.join_before >= 0)
         pe->set_join_before(spec.tensors[e.join_before].key);
     }

@@ -143,6 +143,14 @@ TEST_CASE("layout spec: hostile fields get INVALID_ARGUMENT naming them",
          e->set_tensor("w");
          e->set_join_before("w");
        }, "names join_before but the buffer joins none"},
+      {"with_padding without a padded shard", [](auto* w) {
+         auto* b = w->add_buffers();
+         b->set_name("b");
+         b->add_axes("dp");
+         auto* e = b->add_entries();
+         e->set_tensor("w");
+         e->set_with_padding(true);
+       }, "is with_padding but is not cut on dimension 0"},
       {"unknown buffer", [](auto* w) { w->mutable_tensors(0)->set_buffer("nope"); },
        "names buffer 'nope'"},
       {"scope axis unknown", [](auto* w) {

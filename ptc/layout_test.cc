@@ -139,10 +139,13 @@ TEST_CASE("layout: a buffer's view agrees with the ranges its members hold",
         CHECK(e.offset % 64 == 0);
         CHECK(e.offset >= last);
         last = e.offset + e.size;
+        // The embedding's padded rows (with_padding) follow its real ones;
+        // no member holds them.
+        CHECK(e.real <= e.size);
         int64_t owned = 0;
         for (const auto& [lo, hi] : view->chunks) {
           owned += std::max<int64_t>(
-              0, std::min(hi, e.offset + e.size) - std::max(lo, e.offset));
+              0, std::min(hi, e.offset + e.real) - std::max(lo, e.offset));
         }
         for (size_t t = 0; t < spec->tensors.size(); ++t) {
           if (spec->tensors[t].slot != e.tensor) continue;
@@ -154,6 +157,19 @@ TEST_CASE("layout: a buffer's view agrees with the ranges its members hold",
         }
       }
       CHECK(last <= end);
+    }
+  }
+  // The embedding takes padded_vocab / tp rows (with_padding): 50 rows
+  // padded to 256 at tp=2, all real ones on tp rank 0.
+  const ParallelConfig tp2 = *spec->ParseConfig("tp=2,zero=1");
+  const int word = spec->FindTensor("embedding.word.weight");
+  for (int rank = 0; rank < 2; ++rank) {
+    auto view = ViewBuffer(*spec, tp2, buf.name, rank);
+    REQUIRE(view.ok());
+    for (const BufferView::Entry& e : view->entries) {
+      if (e.tensor != word) continue;
+      CHECK(e.size == 128 * 16);
+      CHECK(e.real == (rank == 0 ? 50 * 16 : 0));
     }
   }
   const ParallelConfig c = *spec->ParseConfig("tp=1,pp=1,dp=2");

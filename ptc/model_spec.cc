@@ -192,6 +192,21 @@ absl::Status ValidateBuffers(const ModelSpec& spec) {
                    "'; buffers must not overlap");
       }
       entry_of[e.tensor] = static_cast<int>(b);
+      if (e.with_padding) {
+        int padded = 0, cuts = 0;
+        for (const AxisPlacement& p : t.placements) {
+          if (p.kind == AxisPlacement::Kind::kReplicate ||
+              p.kind == AxisPlacement::Kind::kSelect || p.dim != 0)
+            continue;
+          ++cuts;
+          padded += p.kind == AxisPlacement::Kind::kShard && p.pad_multiple > 0;
+        }
+        if (padded != 1 || cuts != 1) {
+          return bad("entry '", t.key, "' is with_padding but is not cut on "
+                     "dimension 0 by exactly one placement, a shard with "
+                     "pad_multiple");
+        }
+      }
       for (const AxisPlacement& p : t.placements) {
         for (const std::string& a : p.axes) {
           if (axes.count(a) && p.kind != AxisPlacement::Kind::kReplicate) {

@@ -82,6 +82,12 @@ struct FlatBuffer {
     // of the other buffer's entry this entry goes just before when joined;
     // -1: after its last entry.
     int join_before = -1;
+    // The entry takes the room of its padded local shard: the rows that a
+    // `shard` placement's pad_multiple adds (Megatron's padded vocabulary)
+    // count in the buffer, after the real rows of each region. The tensor
+    // must have such a placement on dimension 0 and no other placement
+    // cutting dimension 0. false: only the real elements take room.
+    bool with_padding = false;
   };
   std::string name;
   // Mesh axes the buffer is sharded over, jointly (first slowest).
