@@ -13,7 +13,7 @@ _ParamAndGradBuffer's per-parameter [start, end) and bucket boundaries,
 with the parameters named by ptc's keys.
 
 Nothing here is needed at test time: the fixture is committed. To
-regenerate it (about 5 minutes on 2 cores; torch from PyPI is ~4 GiB with
+regenerate it (about 6 minutes on 2 cores; torch from PyPI is ~4 GiB with
 its CUDA libraries, which are installed but not used):
 
     /root/.pyenv/versions/3.11.7/bin/python3 -m venv /tmp/mcvenv   # any Python >= 3.10
@@ -75,6 +75,18 @@ CASES = [
          model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
                "vocab=1024,stacked=0,mcore=1",
          config="dp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+    # The three together: padding, stages after the first, experts at ep=1.
+    dict(name="gpt_tp2_pp2_dp2_padded_vocab_overlap",
+         model="gpt:layers=4,hidden=64,heads=4,vocab=1000,positions=32,mcore=1,"
+               "overlap=1,bucket=9000",
+         config="tp=2,pp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="pass"),
+    dict(name="llama_tp2_pp2_padded_vocab_untied",
+         model="llama:layers=4,hidden=64,heads=8,kv_heads=4,ffn=96,vocab=1000,mcore=1",
+         config="tp=2,pp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+    dict(name="moe_ep1_tp2_pp2_padded_vocab",
+         model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
+               "vocab=1000,stacked=0,mcore=1",
+         config="tp=2,pp=2,zero=1", overlap=False, bucket=None, expect="pass"),
 ]
 
 
