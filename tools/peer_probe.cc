@@ -2,8 +2,10 @@
 // process's certificate (PTC_TLS_*), and prints the answer's status code
 // and message. For the security tests: a host the coordinator did not
 // admit for the job's plan epoch must be refused both the UCX transfer
-// call (ExposePieces, the default) and the store's Read (--read, which
-// the gRPC transport uses).
+// call (SendParts, the default: asked for the first element with no worker
+// address to send to, so nothing moves; an admitted host hears
+// INVALID_ARGUMENT) and the store's Read (--read, which the gRPC transport
+// uses).
 //
 //   peer_probe [--read] ADDRESS JOB VERSION PLAN_EPOCH TENSOR
 #include <cstring>
@@ -21,20 +23,21 @@ void FirstElement(ptc::proto::Region* region) {
   region->add_dims()->set_end(1);
 }
 
-absl::Status Expose(const char* address, const char* job, int64_t version,
-                    int64_t epoch, const char* tensor) {
+absl::Status SendParts(const char* address, const char* job, int64_t version,
+                       int64_t epoch, const char* tensor) {
   auto stub = ptc::proto::Transformer::NewStub(ptc::OpenChannel(address));
-  ptc::proto::ExposePiecesRequest req;
+  ptc::proto::SendPartsRequest req;
   req.set_job(job);
   req.set_version(version);
   req.set_plan_epoch(epoch);
-  ptc::proto::PieceRef* piece = req.add_pieces();
-  piece->set_tensor(tensor);
-  FirstElement(piece->mutable_region());
+  ptc::proto::PartToSend* part = req.add_parts();
+  part->set_tensor(tensor);
+  FirstElement(part->mutable_region());
+  part->set_count(1);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  ptc::proto::ExposePiecesResponse resp;
-  return ptc::FromGrpcStatus(stub->ExposePieces(&ctx, req, &resp));
+  ptc::proto::SendPartsResponse resp;
+  return ptc::FromGrpcStatus(stub->SendParts(&ctx, req, &resp));
 }
 
 absl::Status Read(const char* address, const char* job, int64_t version,
@@ -70,8 +73,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const absl::Status s = read ? Read(argv[1], argv[2], version, argv[5])
-                              : Expose(argv[1], argv[2], version, epoch,
-                                       argv[5]);
+                              : SendParts(argv[1], argv[2], version, epoch,
+                                          argv[5]);
   std::cout << absl::StatusCodeToString(s.code()) << ": " << s.message()
             << "\n";
   return 0;

@@ -167,7 +167,7 @@ def test_plaintext_needs_an_explicit_choice(bin_dir, tmp_path):
 def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
     """The coordinator admits, on each source host, the hosts that pull from
     it in a plan epoch; any other host certificate is refused the transfer
-    calls (and with them UCX addresses and remote keys) and the store's
+    call (and with it the bytes a source sends over UCX) and the store's
     reads (the gRPC transport's Read, small objects)."""
     c = LocalCluster(bin_dir, tmp_path, hosts=3, gpus=2, tokens=True)
     try:
