@@ -577,9 +577,11 @@ void CoordinatorService::AutoLoop() {
             draining.push_back(h);
           }
         }
-        // What the job may use now: its pool's live hosts in service.
-        std::string seen = absl::StrCat(job.state.config(), "|",
-                                        policy.SerializeAsString(), "|");
+        // What the job may use now: its pool's live hosts in service. Not
+        // its config: a change's own commit is no reason for another (one
+        // started for it took in a drain that came right after the commit,
+        // under the wrong reason).
+        std::string seen = absl::StrCat(policy.SerializeAsString(), "|");
         for (const std::string& h : job.state.pool()) {
           auto it = hosts_.find(h);
           if (it != hosts_.end() && it->second.status.alive() &&
