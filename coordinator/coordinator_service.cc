@@ -569,16 +569,14 @@ bool CoordinatorService::HostInUseLocked(const std::string& host) {
   return false;
 }
 
-absl::StatusOr<absl::Duration> CoordinatorService::ProbeHost(
-    const std::string& name, const std::string& address) {
+StoreClient* CoordinatorService::ProbeClient(const std::string& name,
+                                             const std::string& address) {
   std::unique_ptr<StoreClient>& client = probes_[name];
   if (client == nullptr || probe_addresses_[name] != address) {
     client = StoreClient::Connect(address, name);
     probe_addresses_[name] = address;
   }
-  PTC_ASSIGN_OR_RETURN(proto::StatsResponse stats,
-                       client->Stats(options_.host_timeout));
-  return absl::Seconds(stats.uptime_seconds());
+  return client.get();
 }
 
 void CoordinatorService::MonitorLoop() {
@@ -607,13 +605,20 @@ void CoordinatorService::MonitorLoop() {
     // host that also leaves a direct call unanswered for host_timeout (or
     // refuses it) is dead. At most 16 probes at once; a host that answers
     // is not asked again before another host_timeout passes.
+    // Each probe's client is made here, on this thread; the calls run in
+    // parallel, each on its own client. The answer: the ptcd's uptime.
+    std::vector<StoreClient*> clients;
+    for (const auto& [name, address] : overdue)
+      clients.push_back(ProbeClient(name, address));
     std::vector<absl::StatusOr<absl::Duration>> probed(
         overdue.size(), absl::UnknownError("not probed"));
     ParallelFor(overdue.size(), 16, [&](size_t i) {
-                  probed[i] = ProbeHost(overdue[i].first, overdue[i].second);
-                  return absl::OkStatus();
-                })
-        .IgnoreError();
+      auto stats = clients[i]->Stats(options_.host_timeout);
+      probed[i] = stats.ok() ? absl::StatusOr<absl::Duration>(
+                                   absl::Seconds(stats->uptime_seconds()))
+                             : stats.status();
+      return absl::OkStatus();
+    }).IgnoreError();
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();

@@ -293,11 +293,10 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::Status Load();
   void Recover();
   void MonitorLoop();
-  // Asks host `name` at `address` directly (the store's Stats, within
-  // host_timeout), for a host whose heartbeats are late: the ptcd's
-  // uptime. Monitor thread only.
-  absl::StatusOr<absl::Duration> ProbeHost(const std::string& name,
-                                           const std::string& address);
+  // The client that asks host `name` at `address` directly (the store's
+  // Stats, within host_timeout) when its heartbeats are late; made once.
+  // Monitor thread only.
+  StoreClient* ProbeClient(const std::string& name, const std::string& address);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
   absl::StatusOr<std::vector<std::string>> AddressesLocked(
