@@ -44,49 +44,47 @@ VOCAB_DIVISIBLE_BY = 128
 # Each case: ptc's model text and config, and the same model for Megatron.
 #   overlap: DistributedDataParallelConfig.overlap_grad_reduce
 #   bucket:  --ddp-bucket-size (None: Megatron's default)
-#   expect:  "pass", or the rule ptc's spec format cannot state yet (the
-#            test marks that case as an expected failure).
 CASES = [
     dict(name="llama_tp2_pp2_dp2",
          model="llama:layers=4,hidden=64,heads=8,kv_heads=4,ffn=96,vocab=1024,mcore=1",
-         config="tp=2,pp=2,dp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="tp=2,pp=2,dp=2,zero=1", overlap=False, bucket=None),
     dict(name="gpt_tp2_dp2_overlap_bucket",
          model="gpt:layers=2,hidden=64,heads=4,vocab=1024,positions=32,mcore=1,"
                "overlap=1,bucket=9000",
-         config="tp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="pass"),
+         config="tp=2,dp=2,zero=1", overlap=True, bucket=9000),
     dict(name="gpt_dp2_default_bucket_one",
          model="gpt:layers=4,hidden=1024,heads=8,vocab=1024,positions=64,mcore=1",
-         config="dp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="dp=2,zero=1", overlap=False, bucket=None),
     dict(name="gpt_dp2_overlap_default_bucket_40m",
          model="gpt:layers=4,hidden=1024,heads=8,vocab=1024,positions=64,mcore=1,overlap=1",
-         config="dp=2,zero=1", overlap=True, bucket=None, expect="pass"),
+         config="dp=2,zero=1", overlap=True, bucket=None),
     dict(name="moe_ep2",
          model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
                "vocab=1024,stacked=0,mcore=1",
-         config="ep=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="ep=2,zero=1", overlap=False, bucket=None),
     dict(name="gpt_tp2_dp2_padded_vocab",
          model="gpt:layers=2,hidden=64,heads=4,vocab=1000,positions=32,mcore=1",
-         config="tp=2,dp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="tp=2,dp=2,zero=1", overlap=False, bucket=None),
     dict(name="gpt_pp2_dp2_overlap_later_stages",
          model="gpt:layers=4,hidden=64,heads=4,vocab=1024,positions=32,mcore=1,"
                "overlap=1,bucket=9000",
-         config="pp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="pass"),
+         config="pp=2,dp=2,zero=1", overlap=True, bucket=9000),
     dict(name="moe_ep1_dp2",
          model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
                "vocab=1024,stacked=0,mcore=1",
-         config="dp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="dp=2,zero=1", overlap=False, bucket=None),
     # The three together: padding, stages after the first, experts at ep=1.
     dict(name="gpt_tp2_pp2_dp2_padded_vocab_overlap",
          model="gpt:layers=4,hidden=64,heads=4,vocab=1000,positions=32,mcore=1,"
                "overlap=1,bucket=9000",
-         config="tp=2,pp=2,dp=2,zero=1", overlap=True, bucket=9000, expect="pass"),
+         config="tp=2,pp=2,dp=2,zero=1", overlap=True, bucket=9000),
     dict(name="llama_tp2_pp2_padded_vocab_untied",
          model="llama:layers=4,hidden=64,heads=8,kv_heads=4,ffn=96,vocab=1000,mcore=1",
-         config="tp=2,pp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="tp=2,pp=2,zero=1", overlap=False, bucket=None),
     dict(name="moe_ep1_tp2_pp2_padded_vocab",
          model="moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=48,experts=4,shared_ffn=32,"
                "vocab=1000,stacked=0,mcore=1",
-         config="tp=2,pp=2,zero=1", overlap=False, bucket=None, expect="pass"),
+         config="tp=2,pp=2,zero=1", overlap=False, bucket=None),
 ]
 
 

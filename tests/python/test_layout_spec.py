@@ -99,19 +99,11 @@ def test_megatron_core_padded_vocabulary_and_later_stages_survive_changes(cluste
 # (megatron-core 0.16.1 run on CPU; the script says how to regenerate it).
 MCORE_BUFFERS = ROOT / "ptc" / "testdata" / "mcore_buffers.json"
 PTC_BUFFER = {"dense": "optimizer", "expert": "optimizer.experts"}
-# Rules of Megatron-core that ptc's spec format cannot state yet, by the
-# `expect` name of the fixture's cases that exercise them (expected to fail
-# until it can). None today: padded vocabulary rows (with_padding), stages
-# after the first (bucket_first_stage_only, first_on_later_stages) and
-# experts at ep=1 (join) are stated (docs/layout-spec.md).
-MCORE_GAPS = {}
 
 
 def mcore_cases():
     for case in json.loads(MCORE_BUFFERS.read_text())["cases"]:
-        marks = ([] if case["expect"] == "pass" else
-                 [pytest.mark.xfail(strict=True, reason=MCORE_GAPS[case["expect"]])])
-        yield pytest.param(case, id=case["name"], marks=marks)
+        yield pytest.param(case, id=case["name"])
 
 
 @pytest.mark.parametrize("case", list(mcore_cases()))
