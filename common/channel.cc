@@ -169,6 +169,18 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            grpc::ChannelArguments args,
                                            const std::string& expected_name,
                                            const std::string& job_token) {
+  // A connection whose peer vanished without closing it (a link cut, a
+  // machine powered off) would keep the channel READY, and every call on
+  // it would wait out its deadline. While a call is open the channel pings
+  // its peer every kKeepaliveTime and drops the connection when a ping is
+  // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
+  // the next one connects afresh. Idle channels do not ping.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // Keep pinging through a long wait with no data (a Watch stream, a
+  // change's staging call): gRPC's default stops after two pings.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   const Security s = Get();
   if (!s.tls) {
     return grpc::CreateCustomChannel(address,
@@ -187,6 +199,20 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                          std::make_unique<TokenCredentials>(job_token)));
   }
   return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+void AllowKeepalivePings(grpc::ServerBuilder& builder) {
+  // gRPC servers answer pings more often than every 5 minutes with a
+  // GOAWAY ("too_many_pings") by default; ptc's channels ping every
+  // kKeepaliveTimeMs while a call is open.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kKeepaliveTimeMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // The server also pings its clients, so that a stream to a client that
+  // vanished (a Watch, a Put) is closed instead of held.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs * 5);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             kKeepaliveTimeoutMs);
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {

@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxCoordinatorRequestBytes);
+  AllowKeepalivePings(builder);
   grpc::ResourceQuota quota("ptc-coordinator");
   quota.SetMaxThreads(kMaxRpcThreads);
   builder.SetResourceQuota(quota);

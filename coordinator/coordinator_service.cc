@@ -595,16 +595,19 @@ void CoordinatorService::MonitorLoop() {
         return;
       const absl::Time now = absl::Now();
       for (auto& [name, h] : hosts_) {
-        if (h.status.alive() &&
-            now - std::max(h.last_heartbeat, started) > options_.host_timeout)
+        if (h.status.alive() && now - std::max(h.last_heartbeat, started) >
+                                    options_.host_timeout / 2)
           overdue.push_back({name, h.status.address()});
       }
     }
     // Late heartbeats alone do not make a host dead: on a busy machine
     // (or a busy coordinator) they arrive late while the host is fine. A
-    // host that also leaves a direct call unanswered for host_timeout (or
-    // refuses it) is dead. At most 16 probes at once; a host that answers
-    // is not asked again before another host_timeout passes.
+    // host silent for half the timeout is asked directly, within the other
+    // half; one silent for the whole timeout that also left that call
+    // unanswered (or refused it) is dead, so that the verdict on a host
+    // behind a cut link comes after host_timeout, not twice that. At most
+    // 16 probes at once; a host that answers is not asked again before
+    // another half timeout passes.
     // Each probe's client is made here, on this thread; the calls run in
     // parallel, each on its own client. The answer: the ptcd's uptime.
     std::vector<StoreClient*> clients;
@@ -613,7 +616,7 @@ void CoordinatorService::MonitorLoop() {
     std::vector<absl::StatusOr<absl::Duration>> probed(
         overdue.size(), absl::UnknownError("not probed"));
     ParallelFor(overdue.size(), 16, [&](size_t i) {
-      auto stats = clients[i]->Stats(options_.host_timeout);
+      auto stats = clients[i]->Stats(options_.host_timeout / 2);
       probed[i] = stats.ok() ? absl::StatusOr<absl::Duration>(
                                    absl::Seconds(stats->uptime_seconds()))
                              : stats.status();
@@ -628,7 +631,7 @@ void CoordinatorService::MonitorLoop() {
         if (it == hosts_.end() || !it->second.status.alive()) continue;
         Host& h = it->second;
         const absl::Duration silent = now - std::max(h.last_heartbeat, started);
-        if (silent <= options_.host_timeout) continue;  // a heartbeat came
+        if (silent <= options_.host_timeout / 2) continue;  // a heartbeat came
         const std::string& name = it->first;
         // A ptcd that started after this host registered is another
         // process under its name: the memory of the registered one is gone.
@@ -638,11 +641,14 @@ void CoordinatorService::MonitorLoop() {
               "a ptcd started ", absl::FormatDuration(*probed[i]),
               " ago answered, after this host registered"));
         }
+        if (!probed[i].ok() && silent <= options_.host_timeout) continue;
         if (probed[i].ok()) {
           Log("coordinator")
-              ->warn("host {}'s heartbeats are {} late, but it answered "
-                     "directly: alive (a busy machine?)",
-                     name, absl::FormatDuration(silent));
+              ->log(silent > options_.host_timeout ? spdlog::level::warn
+                                                   : spdlog::level::info,
+                    "host {}'s heartbeats are {} late, but it answered "
+                    "directly: alive (a busy machine?)",
+                    name, absl::FormatDuration(silent));
           h.last_heartbeat = now;
           continue;
         }

@@ -294,7 +294,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   void Recover();
   void MonitorLoop();
   // The client that asks host `name` at `address` directly (the store's
-  // Stats, within host_timeout) when its heartbeats are late; made once.
+  // Stats, within half of host_timeout) when its heartbeats are late; made once.
   // Monitor thread only.
   StoreClient* ProbeClient(const std::string& name, const std::string& address);
   // Finishes a decided commit; true if done.

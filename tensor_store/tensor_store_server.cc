@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  AllowKeepalivePings(builder);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   grpc::ResourceQuota quota("ptcd");
   quota.SetMaxThreads(kMaxRpcThreads);

@@ -17,6 +17,53 @@ def bin_dir():
     return path
 
 
+@pytest.fixture
+def network_namespaces():
+    """Makes "hosts": network namespaces joined to a bridge in the root
+    namespace by veth pairs. make(labels) returns the subnet ("10.x.y"),
+    the bridge's name and [(namespace, address, veth)] per label, on a /24
+    of its own (from this process's id, so
+    that two suites at once do not share one); the bridge is the subnet's
+    .1, the i-th namespace its .(10+i). Everything is removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create network namespaces")
+    made, bridges = [], []
+
+    def run(*cmd):
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{cmd}: {r.stdout}{r.stderr}"
+
+    def make(labels):
+        pid = os.getpid()
+        tag = f"{pid % 10000}{chr(ord('a') + len(bridges))}"
+        net = f"10.{100 + pid % 100}.{(pid // 100) % 250 + len(bridges)}"
+        bridge = f"ptc{tag}br"
+        run("ip", "link", "add", bridge, "type", "bridge")
+        bridges.append(bridge)
+        run("ip", "addr", "add", f"{net}.1/24", "dev", bridge)
+        run("ip", "link", "set", bridge, "up")
+        hosts = []
+        for i, label in enumerate(labels):
+            ns, veth = f"ptc{tag}-{label}", f"ptc{tag}v{i}"
+            run("ip", "netns", "add", ns)
+            made.append(ns)
+            run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            run("ip", "link", "set", veth, "master", bridge, "up")
+            run("ip", "-n", ns, "addr", "add", f"{net}.{10 + i}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            hosts.append((ns, f"{net}.{10 + i}", veth))
+        return net, bridge, hosts
+
+    try:
+        yield make
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for bridge in bridges:
+            subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def ptcctl(bin_dir):
     def run(*args):

@@ -16,7 +16,6 @@ import pytest
 
 from cluster import ROOT
 
-NET = "10.78.0"
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
 
 
@@ -39,51 +38,26 @@ def run(*cmd, env=None, timeout=120):
     return r.stdout
 
 
-@pytest.fixture
-def namespaces():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    tag = f"{os.getpid() % 10000}"
-    bridge, names = f"ptcd{tag}br", [f"ptcdep{tag}-{n}" for n in ("c", "h0", "h1", "h2")]
-    made = []
-    try:
-        run("ip", "link", "add", bridge, "type", "bridge")
-        run("ip", "addr", "add", f"{NET}.1/24", "dev", bridge)
-        run("ip", "link", "set", bridge, "up")
-        for i, ns in enumerate(names):
-            run("ip", "netns", "add", ns)
-            made.append(ns)
-            veth = f"ptcd{tag}v{i}"
-            run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            run("ip", "link", "set", veth, "master", bridge, "up")
-            run("ip", "-n", ns, "addr", "add", f"{NET}.{10 + i}/24", "dev", "eth0")
-            run("ip", "-n", ns, "link", "set", "eth0", "up")
-            run("ip", "-n", ns, "link", "set", "lo", "up")
-        yield names
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-
-
-def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, namespaces):
+def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, network_namespaces):
+    net, _, made = network_namespaces(["c", "h0", "h1", "h2"])
+    namespaces = [ns for ns, _, _ in made]
     coord_ns, host_ns = namespaces[0], namespaces[1:]
     certs = tmp_path / "certs"
     tool = ROOT / "tools/ptc-certs"
     run(tool, certs, "ca")
-    run(tool, certs, "coordinator", f"{NET}.10")
+    run(tool, certs, "coordinator", f"{net}.10")
     for i in range(3):
-        run(tool, certs, "host", f"host{i}", f"{NET}.{11 + i}")
+        run(tool, certs, "host", f"host{i}", f"{net}.{11 + i}")
     for what in (["admin"], ["client"], ["token-key"]):
         run(tool, certs, *what)
-    coordinator = f"{NET}.10:7000"
+    coordinator = f"{net}.10:7000"
     confs = [configure("coordinator.conf.example", tmp_path / "coordinator.conf", {
         "listen": coordinator, "state_dir": tmp_path / "coordinator",
         "tls_ca": certs / "ca.pem", "tls_cert": certs / "coordinator.pem",
         "tls_key": certs / "coordinator.key", "token_key": certs / "tokens.key",
-        "metrics_listen": f"{NET}.10:9471"})]
+        "metrics_listen": f"{net}.10:9471"})]
     for i in range(3):
-        address = f"{NET}.{11 + i}"
+        address = f"{net}.{11 + i}"
         confs.append(configure("ptcd.conf.example", tmp_path / f"host{i}.conf", {
             "listen": f"{address}:7070", "coordinator": coordinator, "name": f"host{i}",
             "gpus": 2, "bandwidth": "1.25e9", "advertise": f"{address}:7070",
@@ -138,13 +112,13 @@ def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, namespaces):
             "deployed", env=job_env)
 
         # Metrics, over HTTP from every daemon.
-        page = urllib.request.urlopen(f"http://{NET}.10:9471/metrics", timeout=10).read()
+        page = urllib.request.urlopen(f"http://{net}.10:9471/metrics", timeout=10).read()
         page = page.decode()
         assert 'ptc_coordinator_reconfigurations_total{outcome="committed"} 1' in page
         assert 'ptc_coordinator_hosts{state="alive"} 3' in page
         ucx_bytes = 0
         for i in range(3):
-            page = urllib.request.urlopen(f"http://{NET}.{11 + i}:9470/metrics",
+            page = urllib.request.urlopen(f"http://{net}.{11 + i}:9470/metrics",
                                           timeout=10).read().decode()
             assert "# TYPE ptc_store_memory_used_bytes gauge" in page
             assert "ptc_store_memory_limit_bytes 1073741824" in page
