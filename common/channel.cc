@@ -1,5 +1,9 @@
 #include "common/channel.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -7,6 +11,9 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/address.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/job_token.h"
@@ -165,6 +172,54 @@ SecurityOptions SecurityFromEnvironment() {
 
 bool TlsEnabled() { return Get().tls; }
 
+namespace {
+
+// gRPC's target for "A:P,B:P,...": the addresses resolved now, as one
+// ipv4: (or ipv6:) list that gRPC connects to in order, staying with the
+// first that accepts (a standby coordinator does not listen). An entry
+// that does not resolve is left out (logged); none resolving leaves the
+// text as it is, for gRPC's own error.
+std::string ListTarget(const std::string& addresses) {
+  std::vector<std::string> v4, v6;
+  for (absl::string_view entry : absl::StrSplit(addresses, ',')) {
+    auto hp = ParseHostPort(entry);
+    if (!hp.ok()) {
+      Log("net")->warn("{}", std::string(hp.status().message()));
+      continue;
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(hp->host.c_str(), nullptr, &hints, &found) != 0 ||
+        found == nullptr) {
+      Log("net")->warn("{} does not resolve: left out of {}", hp->host,
+                       addresses);
+      continue;
+    }
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (found->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr,
+                text, sizeof(text));
+      v4.push_back(absl::StrCat(text, ":", hp->port));
+    } else if (found->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6,
+                &reinterpret_cast<sockaddr_in6*>(found->ai_addr)->sin6_addr,
+                text, sizeof(text));
+      v6.push_back(absl::StrCat("[", text, "]:", hp->port));
+    }
+    freeaddrinfo(found);
+  }
+  if (!v4.empty() && !v6.empty()) {
+    Log("net")->warn("{} mixes IPv4 and IPv6: only the IPv4 addresses are used",
+                     addresses);
+  }
+  if (!v4.empty()) return absl::StrCat("ipv4:", absl::StrJoin(v4, ","));
+  if (!v6.empty()) return absl::StrCat("ipv6:", absl::StrJoin(v6, ","));
+  return addresses;
+}
+
+}  // namespace
+
 std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            grpc::ChannelArguments args,
                                            const std::string& expected_name,
@@ -181,9 +236,11 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // Keep pinging through a long wait with no data (a Watch stream, a
   // change's staging call): gRPC's default stops after two pings.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  const std::string target =
+      absl::StrContains(address, ',') ? ListTarget(address) : address;
   const Security s = Get();
   if (!s.tls) {
-    return grpc::CreateCustomChannel(address,
+    return grpc::CreateCustomChannel(target,
                                      grpc::InsecureChannelCredentials(), args);
   }
   grpc::SslCredentialsOptions ssl;
@@ -198,7 +255,7 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
         credentials, grpc::MetadataCredentialsFromPlugin(
                          std::make_unique<TokenCredentials>(job_token)));
   }
-  return grpc::CreateCustomChannel(address, credentials, args);
+  return grpc::CreateCustomChannel(target, credentials, args);
 }
 
 void AllowKeepalivePings(grpc::ServerBuilder& builder) {

@@ -1,6 +1,7 @@
-// ptc-coordinator: one per cluster. Registries of hosts and jobs,
-// reconfiguration plans driven to an atomic commit, dead-host detection.
-// Its metadata lives in --state-dir and survives restarts.
+// ptc-coordinator: registries of hosts and jobs, reconfiguration plans
+// driven to an atomic commit, dead-host detection. Its metadata lives in
+// --state-dir (one coordinator) or in etcd (--etcd: several coordinators,
+// one leads, the others stand by) and survives restarts.
 #include <signal.h>
 
 #include <algorithm>
@@ -8,7 +9,12 @@
 #include <fstream>
 #include <iostream>
 
+#include <atomic>
+#include <thread>
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "common/args.h"
 #include "common/channel.h"
 #include "common/crash.h"
@@ -17,12 +23,15 @@
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/etcd_control_store.h"
 
 namespace ptc {
 namespace {
 
 constexpr char kUsage[] =
-    R"(usage: ptc-coordinator [--config FILE] --state-dir DIR [--listen HOST:PORT]
+    R"(usage: ptc-coordinator [--config FILE] (--state-dir DIR | --etcd HOST:PORT,...)
+                       [--listen HOST:PORT] [--advertise HOST:PORT]
+                       [--etcd-prefix PREFIX] [--etcd-lease SECONDS]
                        [--host-timeout SECONDS] [--host-expiry SECONDS]
                        [--log-level LEVEL] [--port-file FILE]
                        [--token-key FILE] [--metrics-listen HOST:PORT]
@@ -33,6 +42,19 @@ constexpr char kUsage[] =
                    insecure = true, ...); flags override it
   --state-dir      directory for the coordinator's metadata (state.pb: hosts;
                    jobs/JOB.pb: each job, rewritten only when it changes)
+  --etcd           keep the metadata in this etcd cluster instead (its
+                   members' client addresses): run several coordinators
+                   with the same --etcd; one leads and serves, the others
+                   stand by (not listening) and take over within the lease
+                   when it dies. Give ptcd, clients and ptcctl every
+                   coordinator's address ("a:7000,b:7000"). With TLS, etcd
+                   must require client certificates of the cluster CA and
+                   show one naming "etcd" (tools/ptc-certs DIR etcd ...)
+  --etcd-prefix    where in etcd (default /ptc)
+  --etcd-lease     the leader's lease in seconds, 2 to 300 (default 5): a
+                   leader that cannot renew it stops before it ends
+  --advertise      the address others reach this coordinator at (default:
+                   --listen), written in etcd while it leads
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
   --host-timeout   a host silent for this long is dead (default 5)
   --host-expiry    a host dead this long (seconds) that no job names is
@@ -58,7 +80,8 @@ absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
       "config",    "state-dir", "listen",         "host-timeout",
       "log-level", "port-file", "tls-ca",         "tls-cert",
-      "tls-key",   "token-key", "metrics-listen", "host-expiry"};
+      "tls-key",   "token-key", "metrics-listen", "host-expiry",
+      "etcd",      "etcd-prefix", "etcd-lease", "advertise"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -76,8 +99,11 @@ absl::Status Run(int argc, char** argv) {
   PTC_RETURN_IF_ERROR(ConfigureJobTokens(settings.Get("token-key")));
   CoordinatorServerOptions options;
   options.listen_address = settings.Get("listen", "127.0.0.1:7000");
-  PTC_ASSIGN_OR_RETURN(options.service.state_dir,
-                       settings.Required("state-dir"));
+  if (settings.Has("etcd") == settings.Has("state-dir")) {
+    return absl::InvalidArgumentError(
+        "give --state-dir (one coordinator) or --etcd (several), not both");
+  }
+  options.service.state_dir = settings.Get("state-dir");
   double timeout = 5;
   if (!absl::SimpleAtod(settings.Get("host-timeout", "5"), &timeout) ||
       timeout <= 0) {
@@ -99,6 +125,41 @@ absl::Status Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::atomic<bool> stopping{false};
+  absl::Notification stop;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    Log("coordinator")->info("signal {}: stopping", sig);
+    stopping = true;
+    stop.Notify();
+  });
+  waiter.detach();
+  std::shared_ptr<EtcdControlStore> etcd;
+  if (settings.Has("etcd")) {
+    EtcdOptions eo;
+    eo.endpoints = absl::StrSplit(settings.Get("etcd"), ',', absl::SkipEmpty());
+    eo.prefix = settings.Get("etcd-prefix", "/ptc");
+    double lease = 5;
+    if (!absl::SimpleAtod(settings.Get("etcd-lease", "5"), &lease)) {
+      return absl::InvalidArgumentError("--etcd-lease needs seconds");
+    }
+    eo.lease = absl::Seconds(static_cast<int64_t>(lease));
+    eo.identity = settings.Get("advertise", options.listen_address);
+    PTC_ASSIGN_OR_RETURN(etcd, EtcdControlStore::Connect(std::move(eo)));
+    Log("coordinator")->info("campaigning in {}", etcd->Describe());
+    // Until it leads it neither listens nor acts.
+    absl::Status led = etcd->Campaign(stopping, [](const std::string& why) {
+      // Everything this process knows may be stale now, and a standby is
+      // taking over: stop at once (a service manager starts it again, as a
+      // standby). Its writes would be refused anyway.
+      Log("coordinator")->critical("stopping: lost the lead ({})", why);
+      std::_Exit(75);
+    });
+    if (absl::IsCancelled(led)) return absl::OkStatus();
+    PTC_RETURN_IF_ERROR(led);
+    options.service.store = etcd;
+  }
   PTC_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(options));
   std::unique_ptr<MetricsServer> metrics;
   if (settings.Has("metrics-listen")) {
@@ -115,11 +176,12 @@ absl::Status Run(int argc, char** argv) {
   }
   Log("coordinator")
       ->info("ptc-coordinator serving on port {}, state in {}", server->port(),
-             options.service.state_dir);
-  int sig = 0;
-  sigwait(&signals, &sig);
-  Log("coordinator")->info("signal {}: stopping", sig);
+             etcd != nullptr ? etcd->Describe()
+                             : "state directory " + options.service.state_dir);
+  stop.WaitForNotification();
   server->Shutdown();
+  // A standby takes over now rather than when the lease runs out.
+  if (etcd != nullptr) etcd->Resign();
   return absl::OkStatus();
 }
 

@@ -33,19 +33,9 @@ namespace ptc {
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     CoordinatorOptions options) {
-  if (options.state_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "the coordinator needs a state directory");
-  }
-  // Created if missing (its parent must exist), and it must be writable:
-  // a coordinator that cannot persist must not take registrations.
-  std::error_code error;
-  std::filesystem::create_directories(options.state_dir + "/jobs", error);
-  if (error || access(options.state_dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the state directory '", options.state_dir,
-        "' cannot be created or written",
-        error ? absl::StrCat(": ", error.message()) : std::string()));
+  if (options.store == nullptr) {
+    PTC_ASSIGN_OR_RETURN(options.store,
+                         OpenLocalControlStore(options.state_dir));
   }
   std::unique_ptr<CoordinatorService> s(
       new CoordinatorService(std::move(options)));
@@ -83,50 +73,37 @@ std::vector<std::string> CoordinatorService::recovery_log() const {
 
 namespace {
 
-// A job's file in state_dir/jobs/: its name where it is a safe file name
-// (every name since job names are checked), else its bytes in hex.
-std::string JobFile(const std::string& dir, const std::string& job) {
-  return absl::StrCat(dir, "/jobs/",
-                      CheckJobName(job).ok()
-                          ? job
-                          : absl::StrCat("x-", absl::BytesToHexString(job)),
-                      ".pb");
-}
-
 }  // namespace
 
 // state.pb holds the hosts and retired epochs; each job lives in its own
 // file, rewritten only when that job changed (each file is replaced
 // atomically; a job's commit decision is in one file).
 absl::Status CoordinatorService::PersistLocked() {
-  for (auto it = persisted_jobs_.begin(); it != persisted_jobs_.end();) {
-    if (jobs_.count(it->first)) {
-      ++it;
-      continue;
-    }
-    std::error_code error;
-    std::filesystem::remove(JobFile(options_.state_dir, it->first), error);
-    if (error) {
-      return absl::InternalError(
-          absl::StrCat("removing the file of forgotten job '", it->first,
-                       "': ", error.message()));
-    }
-    it = persisted_jobs_.erase(it);
+  // One transaction of the records that changed: the cluster's, and each
+  // job's that was registered, changed or forgotten since the last one.
+  ControlStore::Writes writes;
+  for (const auto& [name, bytes] : persisted_jobs_) {
+    if (!jobs_.count(name)) writes[JobRecord(name)] = std::nullopt;
   }
+  std::map<std::string, std::string> jobs;
   for (const auto& [name, j] : jobs_) {
     std::string bytes = j->state.SerializeAsString();
     auto it = persisted_jobs_.find(name);
-    if (it != persisted_jobs_.end() && it->second == bytes) continue;
-    PTC_RETURN_IF_ERROR(
-        WriteFileAtomically(JobFile(options_.state_dir, name), bytes));
-    persisted_jobs_[name] = std::move(bytes);
+    if (it == persisted_jobs_.end() || it->second != bytes)
+      writes[JobRecord(name)] = bytes;
+    jobs[name] = std::move(bytes);
   }
   proto::CoordinatorState state;
   for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
   state.mutable_retired_epochs()->insert(retired_epochs_.begin(),
                                          retired_epochs_.end());
-  return WriteFileAtomically(options_.state_dir + "/state.pb",
-                             state.SerializeAsString());
+  std::string cluster = state.SerializeAsString();
+  if (cluster != persisted_cluster_) writes[kClusterRecord] = cluster;
+  if (writes.empty()) return absl::OkStatus();
+  PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
+  persisted_jobs_ = std::move(jobs);
+  persisted_cluster_ = std::move(cluster);
+  return absl::OkStatus();
 }
 
 namespace {
@@ -290,12 +267,15 @@ int64_t CoordinatorService::NewVersionLocked(Job& job) {
 }
 
 absl::Status CoordinatorService::Load() {
-  PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
-                       ReadFileIfExists(options_.state_dir + "/state.pb"));
+  PTC_ASSIGN_OR_RETURN(auto records, options_.store->ReadAll());
   proto::CoordinatorState state;
-  if (bytes && !state.ParseFromString(*bytes)) {
-    return absl::DataLossError(absl::StrCat(
-        options_.state_dir, "/state.pb is not a coordinator state file"));
+  if (auto it = records.find(kClusterRecord); it != records.end()) {
+    if (!state.ParseFromString(it->second)) {
+      return absl::DataLossError(
+          absl::StrCat("the cluster record in ", options_.store->Describe(),
+                       " is not a coordinator state"));
+    }
+    persisted_cluster_ = it->second;
   }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
@@ -305,26 +285,25 @@ absl::Status CoordinatorService::Load() {
   }
   retired_epochs_.insert(state.retired_epochs().begin(),
                          state.retired_epochs().end());
-  // Jobs: in their own files, or inside state.pb as coordinators before
-  // per-job files wrote them (moved into files by the next write).
+  // Jobs: in records of their own, or inside the cluster record as
+  // coordinators before per-job records wrote them (moved into records of
+  // their own by the next write).
   std::vector<proto::CoordinatorState::Job> loaded(state.jobs().begin(),
                                                    state.jobs().end());
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(
-           options_.state_dir + "/jobs", error)) {
-    if (entry.path().extension() != ".pb") continue;
-    PTC_ASSIGN_OR_RETURN(std::optional<std::string> job_bytes,
-                         ReadFileIfExists(entry.path().string()));
+  if (!state.jobs().empty()) persisted_cluster_.clear();
+  for (const auto& [key, bytes] : records) {
+    if (key == kClusterRecord) continue;
     proto::CoordinatorState::Job js;
-    if (!job_bytes || !js.ParseFromString(*job_bytes) || js.job().empty()) {
-      return absl::DataLossError(
-          absl::StrCat(entry.path().string(), " is not a job's state file"));
+    if (!js.ParseFromString(bytes) || js.job().empty()) {
+      return absl::DataLossError(absl::StrCat("record '", key, "' in ",
+                                              options_.store->Describe(),
+                                              " is not a job's state"));
     }
     loaded.erase(
         std::remove_if(loaded.begin(), loaded.end(),
                        [&](const auto& j) { return j.job() == js.job(); }),
         loaded.end());
-    persisted_jobs_[js.job()] = *job_bytes;
+    persisted_jobs_[js.job()] = bytes;
     loaded.push_back(std::move(js));
   }
   for (const auto& js : loaded) {
@@ -342,8 +321,8 @@ absl::Status CoordinatorService::Load() {
       // Refuse to start rather than forget a job with committed state (the
       // next write of the state file would drop it).
       return absl::FailedPreconditionError(absl::StrCat(
-          "job '", js.job(), "' in ", options_.state_dir,
-          "/state.pb has a layout this coordinator cannot read: ",
+          "job '", js.job(), "' in ", options_.store->Describe(),
+          " has a layout this coordinator cannot read: ",
           spec.status().message(),
           "; run the ptc version that registered it, or forget the job"));
     }
@@ -359,7 +338,7 @@ absl::Status CoordinatorService::Load() {
   }
   Log("coordinator")
       ->info("loaded {} hosts and {} jobs from {}", hosts_.size(), jobs_.size(),
-             options_.state_dir);
+             options_.store->Describe());
   return absl::OkStatus();
 }
 

@@ -2,8 +2,9 @@
 // hosts and jobs, commits of saved versions, reconfigurations driven to an
 // atomic commit (reconfigure_driver.h), and dead-host detection.
 //
-// Durability: every change of the metadata is written atomically to
-// <state_dir>/state.pb before it is acknowledged. A reconfiguration records
+// Durability: every change of the metadata is written to the control
+// store (control_store.h: the state directory, or etcd) as one
+// transaction before it is acknowledged. A reconfiguration records
 // its target before it starts and its commit decision (once fingerprints
 // are proven) before any host commits. A coordinator that restarts with a
 // reconfiguration on disk finishes the commit if it was decided, and aborts
@@ -56,6 +57,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/control_store.h"
 #include "coordinator/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
@@ -71,7 +73,10 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
     const std::string& model, const proto::LayoutSpec* layout);
 
 struct CoordinatorOptions {
-  // Where state.pb lives; created if missing, and must be writable.
+  // Where the durable control state lives (coordinator/control_store.h);
+  // if null, the local state directory `state_dir` (created if missing,
+  // and it must be writable).
+  std::shared_ptr<ControlStore> store;
   std::string state_dir;
   // A host that has not sent a heartbeat for this long is dead.
   absl::Duration host_timeout = absl::Seconds(5);
@@ -385,9 +390,11 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
   // CoordinatorState.retired_epochs.
   std::map<std::string, int64_t> retired_epochs_ ABSL_GUARDED_BY(mu_);
-  // What each job's file (state_dir/jobs/) holds now: a write rewrites only
-  // the jobs that changed, so it does not grow with the number of jobs.
+  // What each job's record and the cluster's record hold now: a write
+  // rewrites only the records that changed, so it does not grow with the
+  // number of jobs.
   std::map<std::string, std::string> persisted_jobs_ ABSL_GUARDED_BY(mu_);
+  std::string persisted_cluster_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   // Hosts that came back as the same process after being declared dead:
   // the monitor proves what they hold (rule 7).

@@ -1,0 +1,169 @@
+#include "coordinator/control_store.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+#include "common/job_token.h"
+#include "common/status_macros.h"
+#include "proto/coordinator.pb.h"
+
+namespace ptc {
+
+std::string JobRecord(const std::string& job) {
+  return absl::StrCat("jobs/", job);
+}
+
+namespace {
+
+constexpr char kJobsPrefix[] = "jobs/";
+
+class LocalControlStore final : public ControlStore {
+ public:
+  explicit LocalControlStore(std::string dir) : dir_(std::move(dir)) {}
+
+  absl::StatusOr<std::map<std::string, std::string>> ReadAll() override {
+    // A transaction a crash interrupted is applied first: all or none.
+    PTC_ASSIGN_OR_RETURN(std::optional<std::string> journal,
+                         ReadFileIfExists(JournalPath()));
+    if (journal) {
+      proto::ControlCommit commit;
+      if (!commit.ParseFromString(*journal)) {
+        return absl::DataLossError(
+            absl::StrCat(JournalPath(), " is not a coordinator journal"));
+      }
+      PTC_RETURN_IF_ERROR(Apply(commit));
+    }
+    std::map<std::string, std::string> out;
+    PTC_ASSIGN_OR_RETURN(std::optional<std::string> cluster,
+                         ReadFileIfExists(FileOf(kClusterRecord)));
+    if (cluster) out[kClusterRecord] = *std::move(cluster);
+    std::error_code error;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(dir_ + "/jobs", error)) {
+      if (entry.path().extension() != ".pb") continue;
+      PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
+                           ReadFileIfExists(entry.path().string()));
+      if (!bytes) continue;  // removed meanwhile
+      out[absl::StrCat(kJobsPrefix, JobOfFile(entry.path().stem()))] =
+          *std::move(bytes);
+    }
+    if (error) {
+      return absl::InternalError(absl::StrCat("listing ", dir_,
+                                              "/jobs: ", error.message()));
+    }
+    return out;
+  }
+
+  absl::Status Commit(const Writes& writes) override {
+    proto::ControlCommit commit;
+    for (const auto& [key, value] : writes) {
+      PTC_RETURN_IF_ERROR(CheckKey(key));
+      if (value) {
+        (*commit.mutable_put())[key] = *value;
+      } else {
+        commit.add_deleted(key);
+      }
+    }
+    // One record is one atomic file already; several go through the
+    // journal, so that a crash leaves all of them or none.
+    if (writes.size() > 1) {
+      PTC_RETURN_IF_ERROR(
+          WriteFileAtomically(JournalPath(), commit.SerializeAsString()));
+    }
+    return Apply(commit);
+  }
+
+  std::string Describe() const override {
+    return absl::StrCat("state directory ", dir_);
+  }
+
+ private:
+  static absl::Status CheckKey(const std::string& key) {
+    if (key == kClusterRecord) return absl::OkStatus();
+    if (absl::StartsWith(key, kJobsPrefix) &&
+        key.size() > sizeof(kJobsPrefix) - 1)
+      return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", key, "' is not a coordinator record"));
+  }
+
+  std::string JournalPath() const { return dir_ + "/commit.pb"; }
+
+  // A job's file: its name where that is a safe file name, else "x-" and
+  // the name in hex (job names are checked at registration, so only state
+  // from before that check has such files).
+  std::string FileOf(const std::string& key) const {
+    if (key == kClusterRecord) return dir_ + "/state.pb";
+    const std::string job = key.substr(sizeof(kJobsPrefix) - 1);
+    return absl::StrCat(dir_, "/jobs/",
+                        CheckJobName(job).ok()
+                            ? job
+                            : absl::StrCat("x-", absl::BytesToHexString(job)),
+                        ".pb");
+  }
+
+  // The job a file is named for: a file name is read as hex only where
+  // the name it encodes could not have been written as it is. (The
+  // coordinator takes a job's name from the record itself.)
+  static std::string JobOfFile(const std::string& stem) {
+    if (absl::StartsWith(stem, "x-")) {
+      const std::string hex = stem.substr(2);
+      if (!hex.empty() && hex.size() % 2 == 0 &&
+          hex.find_first_not_of("0123456789abcdef") == std::string::npos) {
+        std::string job = absl::HexStringToBytes(hex);
+        if (!CheckJobName(job).ok()) return job;
+      }
+    }
+    return stem;
+  }
+
+  absl::Status Apply(const proto::ControlCommit& commit) {
+    for (const auto& [key, value] : commit.put())
+      PTC_RETURN_IF_ERROR(WriteFileAtomically(FileOf(key), value));
+    for (const std::string& key : commit.deleted()) {
+      std::error_code error;
+      std::filesystem::remove(FileOf(key), error);
+      if (error) {
+        return absl::InternalError(absl::StrCat(
+            "removing ", FileOf(key), ": ", error.message()));
+      }
+    }
+    std::error_code error;
+    std::filesystem::remove(JournalPath(), error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("removing ", JournalPath(),
+                                              ": ", error.message()));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string dir_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(
+    const std::string& dir) {
+  if (dir.empty()) {
+    return absl::InvalidArgumentError(
+        "the coordinator needs a state directory");
+  }
+  // Created if missing (its parent must exist), and it must be writable:
+  // a coordinator that cannot persist must not take registrations.
+  std::error_code error;
+  std::filesystem::create_directories(dir + "/jobs", error);
+  if (error || access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state directory '", dir, "' cannot be created or written",
+        error ? absl::StrCat(": ", error.message()) : std::string()));
+  }
+  return std::make_unique<LocalControlStore>(dir);
+}
+
+}  // namespace ptc

@@ -1,0 +1,64 @@
+// The coordinator's durable control state: records (a key, its bytes)
+// that must outlive the coordinator's process, and with etcd its machine.
+// The coordinator keeps one record for the cluster ("cluster": hosts,
+// retired plan epochs) and one per job ("jobs/NAME": its registration,
+// versions, placement and the change in flight), and writes every
+// decision that must survive as one transaction of the records it
+// changed.
+//
+//   std::unique_ptr<ControlStore> store = OpenLocalControlStore(dir).value();
+//   PTC_RETURN_IF_ERROR(store->Commit({{"jobs/j", bytes}, {"cluster", c}}));
+//   auto records = store->ReadAll();  // at start, or on taking the lead
+//
+// Two implementations: the local state directory (one coordinator, the
+// embedded default) and etcd (coordinator/etcd_control_store.h: several
+// coordinators, one leads, every write fenced by its leadership).
+#ifndef PTC_COORDINATOR_CONTROL_STORE_H_
+#define PTC_COORDINATOR_CONTROL_STORE_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ptc {
+
+// Keys of the coordinator's records.
+inline constexpr char kClusterRecord[] = "cluster";
+std::string JobRecord(const std::string& job);  // "jobs/" + job
+
+class ControlStore {
+ public:
+  // A transaction: each key set to its bytes, or deleted (nullopt).
+  using Writes = std::map<std::string, std::optional<std::string>>;
+
+  virtual ~ControlStore() = default;
+
+  // Every record, by key.
+  virtual absl::StatusOr<std::map<std::string, std::string>> ReadAll() = 0;
+
+  // Applies `writes` all or none. FAILED_PRECONDITION when this process
+  // may no longer write (etcd: another coordinator leads now), UNAVAILABLE
+  // when the store cannot be reached, INVALID_ARGUMENT when a record is
+  // larger than the store takes; nothing is written then.
+  virtual absl::Status Commit(const Writes& writes) = 0;
+
+  // Where the records live, for logs ("state directory /var/lib/ptc",
+  // "etcd 10.0.0.1:2379,... under /ptc").
+  virtual std::string Describe() const = 0;
+};
+
+// The records as files of `dir` (created if missing; it must be
+// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb (a name
+// that is not a safe file name is hex-encoded). A transaction of several
+// records is journaled first (commit.pb, written atomically, applied,
+// removed; a journal left by a crash is applied by the next ReadAll).
+absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(
+    const std::string& dir);
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_CONTROL_STORE_H_

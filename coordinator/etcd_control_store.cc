@@ -1,0 +1,325 @@
+#include "coordinator/etcd_control_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/channel.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace ptc {
+namespace {
+
+// The first key after every key that starts with `prefix` (etcd's
+// range_end for a prefix).
+std::string PrefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<unsigned char>(prefix.back()) < 0xff) {
+      prefix.back() = static_cast<char>(prefix.back() + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+absl::Status EtcdError(const std::string& what, const grpc::Status& s) {
+  const absl::Status status = FromGrpcStatus(s);
+  return absl::Status(status.code(),
+                      absl::StrCat("etcd: ", what, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdControlStore>> EtcdControlStore::Connect(
+    EtcdOptions options) {
+  if (options.endpoints.empty())
+    return absl::InvalidArgumentError("etcd: no endpoints given");
+  if (options.prefix.empty() || options.prefix[0] != '/' ||
+      absl::EndsWith(options.prefix, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd prefix '", options.prefix,
+        "' must start with '/' and not end with one (e.g. /ptc)"));
+  }
+  if (options.lease < absl::Seconds(2) || options.lease > absl::Minutes(5)) {
+    return absl::InvalidArgumentError(
+        "the etcd lease must be 2 to 300 seconds");
+  }
+  if (options.identity.empty())
+    return absl::InvalidArgumentError("etcd: this coordinator has no address");
+  return std::unique_ptr<EtcdControlStore>(
+      new EtcdControlStore(std::move(options)));
+}
+
+EtcdControlStore::EtcdControlStore(EtcdOptions options)
+    : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  // ReadAll's pages (each at most etcd's response limit).
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel =
+      OpenChannel(absl::StrJoin(options_.endpoints, ","), args, "etcd");
+  kv_ = etcdserverpb::KV::NewStub(channel);
+  lease_ = etcdserverpb::Lease::NewStub(channel);
+}
+
+EtcdControlStore::~EtcdControlStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (renewer_.joinable()) renewer_.join();
+}
+
+std::unique_ptr<grpc::ClientContext> EtcdControlStore::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  return ctx;
+}
+
+absl::StatusOr<std::string> EtcdControlStore::Leader() {
+  etcdserverpb::RangeRequest req;
+  req.set_key(LeaderKey());
+  etcdserverpb::RangeResponse resp;
+  auto ctx = Context();
+  grpc::Status s = kv_->Range(ctx.get(), req, &resp);
+  if (!s.ok()) return EtcdError("reading the leader key", s);
+  return resp.kvs().empty() ? std::string() : resp.kvs(0).value();
+}
+
+absl::Status EtcdControlStore::Campaign(
+    const std::atomic<bool>& stop,
+    std::function<void(const std::string&)> on_lost) {
+  std::string shown;  // the leader last logged
+  absl::Status last_error;
+  while (!stop.load()) {
+    absl::StatusOr<std::string> leader = Leader();
+    if (!leader.ok()) {
+      if (leader.status().ToString() != last_error.ToString()) {
+        Log("coordinator")
+            ->warn("standing by: {} (retrying)", leader.status().ToString());
+        last_error = leader.status();
+      }
+      absl::SleepFor(absl::Milliseconds(500));
+      continue;
+    }
+    last_error = absl::OkStatus();
+    if (!leader->empty()) {
+      if (*leader != shown) {
+        Log("coordinator")
+            ->info("standing by: the coordinator at {} leads", *leader);
+        shown = *leader;
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+      continue;
+    }
+    // Nobody leads: a lease, and the leader key if it is still absent.
+    etcdserverpb::LeaseGrantRequest grant;
+    grant.set_ttl(absl::ToInt64Seconds(options_.lease));
+    etcdserverpb::LeaseGrantResponse granted;
+    const absl::Time asked = absl::Now();  // the lease runs from no earlier
+    auto ctx = Context();
+    grpc::Status s = lease_->LeaseGrant(ctx.get(), grant, &granted);
+    if (!s.ok() || !granted.error().empty()) {
+      Log("coordinator")
+          ->warn("standing by: etcd granted no lease: {}",
+                 s.ok() ? granted.error() : s.error_message());
+      absl::SleepFor(absl::Milliseconds(500));
+      continue;
+    }
+    etcdserverpb::TxnRequest txn;
+    auto* cmp = txn.add_compare();
+    cmp->set_key(LeaderKey());
+    cmp->set_target(etcdserverpb::Compare::CREATE);
+    cmp->set_result(etcdserverpb::Compare::EQUAL);
+    cmp->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(LeaderKey());
+    put->set_value(options_.identity);
+    put->set_lease(granted.id());
+    etcdserverpb::TxnResponse won;
+    ctx = Context();
+    s = kv_->Txn(ctx.get(), txn, &won);
+    if (!s.ok() || !won.succeeded()) {
+      etcdserverpb::LeaseRevokeRequest revoke;
+      revoke.set_id(granted.id());
+      etcdserverpb::LeaseRevokeResponse revoked;
+      auto rctx = Context();
+      lease_->LeaseRevoke(rctx.get(), revoke, &revoked);  // best effort
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      lease_id_ = granted.id();
+      leader_revision_ = won.header().revision();
+      on_lost_ = std::move(on_lost);
+    }
+    Log("coordinator")
+        ->info("leading: holds {} (lease {:x}, {} s)", LeaderKey(),
+               granted.id(), absl::ToInt64Seconds(options_.lease));
+    renewer_ = std::thread([this, asked] { Renew(asked + options_.lease); });
+    return absl::OkStatus();
+  }
+  return absl::CancelledError("stopped before this coordinator led");
+}
+
+void EtcdControlStore::Renew(absl::Time valid_until) {
+  // The lease is known good until `valid_until`; it is renewed every
+  // third of its TTL, and the lead is given up a margin before it could
+  // have run out unrenewed.
+  const absl::Duration margin =
+      std::max(absl::Milliseconds(500), options_.lease / 5);
+  while (true) {
+    int64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.lease / 3))
+        return;
+      id = lease_id_;
+      if (id == 0) return;  // resigned
+    }
+    const absl::Time sent = absl::Now();
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(
+        std::min(sent + options_.call_timeout, valid_until - margin)));
+    auto stream = lease_->LeaseKeepAlive(&ctx);
+    etcdserverpb::LeaseKeepAliveRequest req;
+    req.set_id(id);
+    etcdserverpb::LeaseKeepAliveResponse resp;
+    bool renewed = stream->Write(req) && stream->Read(&resp);
+    stream->WritesDone();
+    if (renewed) {
+      ctx.TryCancel();
+    }
+    stream->Finish().IgnoreError();
+    if (renewed && resp.ttl() <= 0) {
+      Lost("etcd says the leader's lease is gone (expired or revoked)");
+      return;
+    }
+    if (renewed) {
+      valid_until = sent + absl::Seconds(resp.ttl());
+    } else if (absl::Now() >= valid_until - margin) {
+      Lost(absl::StrCat("the leader's lease could not be renewed for ",
+                        absl::FormatDuration(absl::Now() - (valid_until -
+                                                            options_.lease)),
+                        " (etcd unreachable, or this machine stalled)"));
+      return;
+    }
+  }
+}
+
+void EtcdControlStore::Lost(const std::string& reason) {
+  std::function<void(const std::string&)> on_lost;
+  {
+    absl::MutexLock lock(&mu_);
+    if (leader_revision_ == 0) return;
+    leader_revision_ = 0;
+    on_lost = std::move(on_lost_);
+  }
+  Log("coordinator")->error("lost the lead: {}", reason);
+  if (on_lost) on_lost(reason);
+}
+
+void EtcdControlStore::Resign() {
+  int64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = lease_id_;
+    lease_id_ = 0;
+    leader_revision_ = 0;
+    on_lost_ = nullptr;
+  }
+  if (id == 0) return;
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(id);
+  etcdserverpb::LeaseRevokeResponse resp;
+  auto ctx = Context();
+  grpc::Status s = lease_->LeaseRevoke(ctx.get(), req, &resp);
+  if (s.ok()) {
+    Log("coordinator")->info("resigned the lead");
+  } else {
+    Log("coordinator")
+        ->warn("resigning the lead: {} (a standby takes over when the lease "
+               "runs out)",
+               s.error_message());
+  }
+}
+
+absl::StatusOr<std::map<std::string, std::string>>
+EtcdControlStore::ReadAll() {
+  const std::string prefix = RecordKey("");
+  std::map<std::string, std::string> out;
+  std::string from = prefix;
+  int64_t revision = 0;  // every page read at the first page's revision
+  while (true) {
+    etcdserverpb::RangeRequest req;
+    req.set_key(from);
+    req.set_range_end(PrefixEnd(prefix));
+    req.set_limit(256);
+    req.set_revision(revision);
+    etcdserverpb::RangeResponse resp;
+    auto ctx = Context();
+    grpc::Status s = kv_->Range(ctx.get(), req, &resp);
+    if (!s.ok()) return EtcdError("reading the coordinator's records", s);
+    if (revision == 0) revision = resp.header().revision();
+    for (const auto& kv : resp.kvs())
+      out[kv.key().substr(prefix.size())] = kv.value();
+    if (!resp.more() || resp.kvs().empty()) break;
+    from = resp.kvs(resp.kvs_size() - 1).key() + std::string(1, '\0');
+  }
+  return out;
+}
+
+absl::Status EtcdControlStore::Commit(const Writes& writes) {
+  etcdserverpb::TxnRequest txn;
+  {
+    absl::MutexLock lock(&mu_);
+    if (leader_revision_ == 0) {
+      return absl::FailedPreconditionError(
+          "this coordinator does not lead: it writes nothing");
+    }
+    // Fencing: only while the leader key is the one this process created.
+    auto* cmp = txn.add_compare();
+    cmp->set_key(LeaderKey());
+    cmp->set_target(etcdserverpb::Compare::CREATE);
+    cmp->set_result(etcdserverpb::Compare::EQUAL);
+    cmp->set_create_revision(leader_revision_);
+  }
+  for (const auto& [key, value] : writes) {
+    if (value) {
+      auto* put = txn.add_success()->mutable_request_put();
+      put->set_key(RecordKey(key));
+      put->set_value(*value);
+    } else {
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          RecordKey(key));
+    }
+  }
+  if (static_cast<int64_t>(txn.ByteSizeLong()) > kMaxEtcdTransactionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a transaction of ", txn.ByteSizeLong(),
+        " bytes is more than etcd takes (", kMaxEtcdTransactionBytes,
+        "); nothing was written"));
+  }
+  etcdserverpb::TxnResponse resp;
+  auto ctx = Context();
+  grpc::Status s = kv_->Txn(ctx.get(), txn, &resp);
+  if (!s.ok()) return EtcdError("writing the coordinator's records", s);
+  if (!resp.succeeded()) {
+    Lost("the leader key is no longer this coordinator's (another leads)");
+    return absl::FailedPreconditionError(
+        "this coordinator no longer leads (another took over): nothing was "
+        "written");
+  }
+  return absl::OkStatus();
+}
+
+std::string EtcdControlStore::Describe() const {
+  return absl::StrCat("etcd ", absl::StrJoin(options_.endpoints, ","),
+                      " under ", options_.prefix);
+}
+
+}  // namespace ptc
