@@ -47,9 +47,13 @@ constexpr char kUsage[] =
                    with the same --etcd; one leads and serves, the others
                    stand by (not listening) and take over within the lease
                    when it dies. Give ptcd, clients and ptcctl every
-                   coordinator's address ("a:7000,b:7000"). With TLS, etcd
-                   must require client certificates of the cluster CA and
-                   show one naming "etcd" (tools/ptc-certs DIR etcd ...)
+                   coordinator's address ("a:7000,b:7000")
+  --etcd-ca, --etcd-cert, --etcd-key
+                   etcd's CA (its own, not the cluster's: only coordinators
+                   may reach etcd), and this coordinator's client
+                   certificate and key from it (tools/ptc-certs ETCD_DIR
+                   etcd-client NAME); each member's certificate must name
+                   "etcd" (tools/ptc-certs ETCD_DIR etcd MEMBER ADDRESS...)
   --etcd-prefix    where in etcd (default /ptc)
   --etcd-lease     the leader's lease in seconds, 2 to 300 (default 5): a
                    leader that cannot renew it stops before it ends
@@ -81,7 +85,8 @@ absl::Status Run(int argc, char** argv) {
       "config",    "state-dir", "listen",         "host-timeout",
       "log-level", "port-file", "tls-ca",         "tls-cert",
       "tls-key",   "token-key", "metrics-listen", "host-expiry",
-      "etcd",      "etcd-prefix", "etcd-lease", "advertise"};
+      "etcd",      "etcd-prefix", "etcd-lease", "advertise",
+      "etcd-ca",   "etcd-cert", "etcd-key"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -140,6 +145,14 @@ absl::Status Run(int argc, char** argv) {
     EtcdOptions eo;
     eo.endpoints = absl::StrSplit(settings.Get("etcd"), ',', absl::SkipEmpty());
     eo.prefix = settings.Get("etcd-prefix", "/ptc");
+    eo.ca = settings.Get("etcd-ca");
+    eo.cert = settings.Get("etcd-cert");
+    eo.key = settings.Get("etcd-key");
+    if (eo.ca.empty() && !insecure) {
+      return absl::InvalidArgumentError(
+          "--etcd needs --etcd-ca, --etcd-cert and --etcd-key (etcd's CA and "
+          "this coordinator's client certificate from it), or --insecure");
+    }
     double lease = 5;
     if (!absl::SimpleAtod(settings.Get("etcd-lease", "5"), &lease)) {
       return absl::InvalidArgumentError("--etcd-lease needs seconds");

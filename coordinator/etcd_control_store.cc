@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/atomic_file.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -51,20 +52,46 @@ absl::StatusOr<std::unique_ptr<EtcdControlStore>> EtcdControlStore::Connect(
   }
   if (options.identity.empty())
     return absl::InvalidArgumentError("etcd: this coordinator has no address");
-  return std::unique_ptr<EtcdControlStore>(
-      new EtcdControlStore(std::move(options)));
-}
-
-EtcdControlStore::EtcdControlStore(EtcdOptions options)
-    : options_(std::move(options)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  const int files = !options.ca.empty() + !options.cert.empty() +
+                    !options.key.empty();
+  if (files != 0 && files != 3) {
+    return absl::InvalidArgumentError(
+        "etcd TLS needs its CA, a client certificate and its key (all three)");
+  }
+  if (files == 3) {
+    grpc::SslCredentialsOptions ssl;
+    for (auto [path, pem] : {std::pair{&options.ca, &ssl.pem_root_certs},
+                             {&options.cert, &ssl.pem_cert_chain},
+                             {&options.key, &ssl.pem_private_key}}) {
+      PTC_ASSIGN_OR_RETURN(std::optional<std::string> text,
+                           ReadFileIfExists(*path));
+      if (!text) {
+        return absl::NotFoundError(
+            absl::StrCat("etcd TLS: cannot read '", *path, "'"));
+      }
+      *pem = *std::move(text);
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
   grpc::ChannelArguments args;
+  SetKeepalive(args);
   // ReadAll's pages (each at most etcd's response limit).
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel =
-      OpenChannel(absl::StrJoin(options_.endpoints, ","), args, "etcd");
-  kv_ = etcdserverpb::KV::NewStub(channel);
-  lease_ = etcdserverpb::Lease::NewStub(channel);
+  if (files == 3) args.SetSslTargetNameOverride("etcd");
+  auto channel = grpc::CreateCustomChannel(
+      ChannelTarget(absl::StrJoin(options.endpoints, ",")), credentials, args);
+  return std::unique_ptr<EtcdControlStore>(
+      new EtcdControlStore(std::move(options), std::move(channel)));
 }
+
+EtcdControlStore::EtcdControlStore(EtcdOptions options,
+                                   std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      kv_(etcdserverpb::KV::NewStub(channel)),
+      lease_(etcdserverpb::Lease::NewStub(channel)) {}
 
 EtcdControlStore::~EtcdControlStore() {
   {
@@ -307,7 +334,18 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
   etcdserverpb::TxnResponse resp;
   auto ctx = Context();
   grpc::Status s = kv_->Txn(ctx.get(), txn, &resp);
-  if (!s.ok()) return EtcdError("writing the coordinator's records", s);
+  if (!s.ok()) {
+    // etcd may still apply a write whose call failed (it was proposed
+    // before the majority went away, and commits when it returns): what
+    // this process holds in memory may differ from what etcd will hold.
+    // It steps down; the next leader reads what etcd holds.
+    const absl::Status failed = EtcdError("writing the coordinator's records", s);
+    Lost(absl::StrCat(failed.message(), "; whether it was written is unknown"));
+    return absl::UnavailableError(absl::StrCat(
+        failed.message(),
+        "; whether it was written is unknown: this coordinator steps down and "
+        "the next leader reads etcd (check the result once one serves)"));
+  }
   if (!resp.succeeded()) {
     Lost("the leader key is no longer this coordinator's (another leads)");
     return absl::FailedPreconditionError(

@@ -34,10 +34,14 @@ namespace ptc {
 
 struct EtcdOptions {
   // The etcd members, HOST:PORT each (a client connects to one that
-  // answers). With TLS (the process's, common/channel.h) each member's
-  // certificate must be signed by the cluster CA and name "etcd"
-  // (tools/ptc-certs DIR etcd ...); this process shows its own.
+  // answers).
   std::vector<std::string> endpoints;
+  // TLS (PEM files; all three or none): etcd's CA, and this coordinator's
+  // client certificate and key from it. Each member's certificate must
+  // name "etcd" (tools/ptc-certs ETCD_DIR etcd ...). Give etcd a CA of its
+  // own, so that only coordinators can reach it, not every holder of a
+  // cluster certificate. None: plaintext.
+  std::string ca, cert, key;
   // Where ptc's keys live; several clusters can share one etcd.
   std::string prefix = "/ptc";
   // The leader's lease: a standby takes over within about this long (plus
@@ -80,7 +84,7 @@ class EtcdControlStore final : public ControlStore {
   std::string Describe() const override;
 
  private:
-  explicit EtcdControlStore(EtcdOptions options);
+  EtcdControlStore(EtcdOptions options, std::shared_ptr<grpc::Channel> channel);
   std::string LeaderKey() const { return options_.prefix + "/leader"; }
   std::string RecordKey(const std::string& key) const {
     return options_.prefix + "/records/" + key;
