@@ -172,14 +172,8 @@ SecurityOptions SecurityFromEnvironment() {
 
 bool TlsEnabled() { return Get().tls; }
 
-namespace {
-
-// gRPC's target for "A:P,B:P,...": the addresses resolved now, as one
-// ipv4: (or ipv6:) list that gRPC connects to in order, staying with the
-// first that accepts (a standby coordinator does not listen). An entry
-// that does not resolve is left out (logged); none resolving leaves the
-// text as it is, for gRPC's own error.
-std::string ListTarget(const std::string& addresses) {
+std::string ChannelTarget(const std::string& addresses) {
+  if (!absl::StrContains(addresses, ',')) return addresses;
   std::vector<std::string> v4, v6;
   for (absl::string_view entry : absl::StrSplit(addresses, ',')) {
     auto hp = ParseHostPort(entry);
@@ -218,7 +212,14 @@ std::string ListTarget(const std::string& addresses) {
   return addresses;
 }
 
-}  // namespace
+void SetKeepalive(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // Keep pinging through a long wait with no data (a Watch stream, a
+  // change's staging call): gRPC's default stops after two pings.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
 
 std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            grpc::ChannelArguments args,
@@ -230,14 +231,8 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // its peer every kKeepaliveTime and drops the connection when a ping is
   // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
   // the next one connects afresh. Idle channels do not ping.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
-  // Keep pinging through a long wait with no data (a Watch stream, a
-  // change's staging call): gRPC's default stops after two pings.
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  const std::string target =
-      absl::StrContains(address, ',') ? ListTarget(address) : address;
+  SetKeepalive(args);
+  const std::string target = ChannelTarget(address);
   const Security s = Get();
   if (!s.tls) {
     return grpc::CreateCustomChannel(target,

@@ -76,6 +76,17 @@ std::shared_ptr<grpc::Channel> OpenChannel(
 inline constexpr int kKeepaliveTimeMs = 2000;
 inline constexpr int kKeepaliveTimeoutMs = 2000;
 
+// Sets the keepalive above on `args` (OpenChannel does; for channels made
+// with other credentials).
+void SetKeepalive(grpc::ChannelArguments& args);
+
+// gRPC's target for "A:P" (itself) or "A:P,B:P,...": the addresses
+// resolved now, as one ipv4: (or ipv6:) list that gRPC connects to in
+// order, staying with the first that accepts. An entry that does not
+// resolve is left out (logged); none resolving leaves the text as it is,
+// for gRPC's own error.
+std::string ChannelTarget(const std::string& addresses);
+
 // Lets a server's clients ping as OpenChannel's channels do (gRPC refuses
 // frequent pings by default), and makes the server ping idle clients.
 void AllowKeepalivePings(grpc::ServerBuilder& builder);

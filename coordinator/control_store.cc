@@ -2,14 +2,15 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
-#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "proto/coordinator.pb.h"
 
@@ -19,9 +20,28 @@ std::string JobRecord(const std::string& job) {
   return absl::StrCat("jobs/", job);
 }
 
+std::string HostRecord(const std::string& host) {
+  return absl::StrCat("hosts/", host);
+}
+
 namespace {
 
-constexpr char kJobsPrefix[] = "jobs/";
+// The folders of named records (each NAME.pb in a directory of its own).
+constexpr const char* kFolders[] = {"jobs", "hosts"};
+
+// Whether `name` can be a file's name as it is: what job and host names
+// may hold (letters, digits, '.', '_', '-', not starting with '.' or '-'),
+// short enough for NAME.pb.
+bool SafeFileName(const std::string& name) {
+  if (name.empty() || name.size() > 250 || name[0] == '.' || name[0] == '-')
+    return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
+        c != '_' && c != '-')
+      return false;
+  }
+  return true;
+}
 
 class LocalControlStore final : public ControlStore {
  public:
@@ -43,19 +63,23 @@ class LocalControlStore final : public ControlStore {
     PTC_ASSIGN_OR_RETURN(std::optional<std::string> cluster,
                          ReadFileIfExists(FileOf(kClusterRecord)));
     if (cluster) out[kClusterRecord] = *std::move(cluster);
-    std::error_code error;
-    for (const auto& entry :
-         std::filesystem::directory_iterator(dir_ + "/jobs", error)) {
-      if (entry.path().extension() != ".pb") continue;
-      PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
-                           ReadFileIfExists(entry.path().string()));
-      if (!bytes) continue;  // removed meanwhile
-      out[absl::StrCat(kJobsPrefix, JobOfFile(entry.path().stem()))] =
-          *std::move(bytes);
-    }
-    if (error) {
-      return absl::InternalError(absl::StrCat("listing ", dir_,
-                                              "/jobs: ", error.message()));
+    for (const char* folder : kFolders) {
+      const std::string path = absl::StrCat(dir_, "/", folder);
+      if (!std::filesystem::exists(path)) continue;
+      std::error_code error;
+      for (const auto& entry :
+           std::filesystem::directory_iterator(path, error)) {
+        if (entry.path().extension() != ".pb") continue;
+        PTC_ASSIGN_OR_RETURN(std::optional<std::string> bytes,
+                             ReadFileIfExists(entry.path().string()));
+        if (!bytes) continue;  // removed meanwhile
+        out[absl::StrCat(folder, "/", NameOfFile(entry.path().stem()))] =
+            *std::move(bytes);
+      }
+      if (error) {
+        return absl::InternalError(
+            absl::StrCat("listing ", path, ": ", error.message()));
+      }
     }
     return out;
   }
@@ -84,10 +108,18 @@ class LocalControlStore final : public ControlStore {
   }
 
  private:
+  // The folder of a named record's key ("jobs"), or null.
+  static const char* FolderOf(const std::string& key) {
+    for (const char* folder : kFolders) {
+      const std::string prefix = absl::StrCat(folder, "/");
+      if (absl::StartsWith(key, prefix) && key.size() > prefix.size())
+        return folder;
+    }
+    return nullptr;
+  }
+
   static absl::Status CheckKey(const std::string& key) {
-    if (key == kClusterRecord) return absl::OkStatus();
-    if (absl::StartsWith(key, kJobsPrefix) &&
-        key.size() > sizeof(kJobsPrefix) - 1)
+    if (key == kClusterRecord || FolderOf(key) != nullptr)
       return absl::OkStatus();
     return absl::InvalidArgumentError(
         absl::StrCat("'", key, "' is not a coordinator record"));
@@ -95,37 +127,44 @@ class LocalControlStore final : public ControlStore {
 
   std::string JournalPath() const { return dir_ + "/commit.pb"; }
 
-  // A job's file: its name where that is a safe file name, else "x-" and
-  // the name in hex (job names are checked at registration, so only state
-  // from before that check has such files).
+  // A named record's file: FOLDER/NAME.pb where NAME is a safe file name
+  // (job and host names are checked when they register, so only state
+  // from before those checks has others), else "x-" and the name in hex.
   std::string FileOf(const std::string& key) const {
     if (key == kClusterRecord) return dir_ + "/state.pb";
-    const std::string job = key.substr(sizeof(kJobsPrefix) - 1);
-    return absl::StrCat(dir_, "/jobs/",
-                        CheckJobName(job).ok()
-                            ? job
-                            : absl::StrCat("x-", absl::BytesToHexString(job)),
+    const char* folder = FolderOf(key);
+    const std::string name = key.substr(std::strlen(folder) + 1);
+    return absl::StrCat(dir_, "/", folder, "/",
+                        SafeFileName(name)
+                            ? name
+                            : absl::StrCat("x-", absl::BytesToHexString(name)),
                         ".pb");
   }
 
-  // The job a file is named for: a file name is read as hex only where
+  // The name a file is named for: a file name is read as hex only where
   // the name it encodes could not have been written as it is. (The
   // coordinator takes a job's name from the record itself.)
-  static std::string JobOfFile(const std::string& stem) {
+  static std::string NameOfFile(const std::string& stem) {
     if (absl::StartsWith(stem, "x-")) {
       const std::string hex = stem.substr(2);
       if (!hex.empty() && hex.size() % 2 == 0 &&
           hex.find_first_not_of("0123456789abcdef") == std::string::npos) {
-        std::string job = absl::HexStringToBytes(hex);
-        if (!CheckJobName(job).ok()) return job;
+        std::string name = absl::HexStringToBytes(hex);
+        if (!SafeFileName(name)) return name;
       }
     }
     return stem;
   }
 
   absl::Status Apply(const proto::ControlCommit& commit) {
-    for (const auto& [key, value] : commit.put())
+    for (const auto& [key, value] : commit.put()) {
+      if (const char* folder = FolderOf(key)) {
+        std::error_code error;
+        std::filesystem::create_directories(
+            absl::StrCat(dir_, "/", folder), error);
+      }
       PTC_RETURN_IF_ERROR(WriteFileAtomically(FileOf(key), value));
+    }
     for (const std::string& key : commit.deleted()) {
       std::error_code error;
       std::filesystem::remove(FileOf(key), error);

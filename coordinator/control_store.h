@@ -1,10 +1,10 @@
 // The coordinator's durable control state: records (a key, its bytes)
 // that must outlive the coordinator's process, and with etcd its machine.
-// The coordinator keeps one record for the cluster ("cluster": hosts,
-// retired plan epochs) and one per job ("jobs/NAME": its registration,
-// versions, placement and the change in flight), and writes every
-// decision that must survive as one transaction of the records it
-// changed.
+// The coordinator keeps one record per host ("hosts/NAME": its
+// registration), one per job ("jobs/NAME": its registration, versions,
+// placement and the change in flight) and one for the rest ("cluster":
+// retired plan epochs), and writes every decision that must survive as
+// one transaction of the records it changed.
 //
 //   std::unique_ptr<ControlStore> store = OpenLocalControlStore(dir).value();
 //   PTC_RETURN_IF_ERROR(store->Commit({{"jobs/j", bytes}, {"cluster", c}}));
@@ -28,7 +28,8 @@ namespace ptc {
 
 // Keys of the coordinator's records.
 inline constexpr char kClusterRecord[] = "cluster";
-std::string JobRecord(const std::string& job);  // "jobs/" + job
+std::string JobRecord(const std::string& job);    // "jobs/" + job
+std::string HostRecord(const std::string& host);  // "hosts/" + host
 
 class ControlStore {
  public:
@@ -52,8 +53,9 @@ class ControlStore {
 };
 
 // The records as files of `dir` (created if missing; it must be
-// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb (a name
-// that is not a safe file name is hex-encoded). A transaction of several
+// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb and
+// "hosts/NAME" hosts/NAME.pb (a name that is not a safe file name is
+// hex-encoded). A transaction of several
 // records is journaled first (commit.pb, written atomically, applied,
 // removed; a journal left by a crash is applied by the next ReadAll).
 absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(

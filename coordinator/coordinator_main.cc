@@ -60,7 +60,9 @@ constexpr char kUsage[] =
   --advertise      the address others reach this coordinator at (default:
                    --listen), written in etcd while it leads
   --listen         gRPC address (default 127.0.0.1:7000; port 0 picks one)
-  --host-timeout   a host silent for this long is dead (default 5)
+  --host-timeout   a host silent for this long, that also leaves the
+                   direct call made at half of it unanswered, is dead
+                   (default 5)
   --host-expiry    a host dead this long (seconds) that no job names is
                    removed from the registry (default 86400)
   --log-level      trace, debug, info, warn, error (default info)

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/atomic_file.h"
@@ -93,15 +94,57 @@ absl::Status CoordinatorService::PersistLocked() {
       writes[JobRecord(name)] = bytes;
     jobs[name] = std::move(bytes);
   }
+  // Each host's registration in a record of its own (a cluster of
+  // thousands of hosts rewrites only those that changed).
+  for (const auto& [name, bytes] : persisted_hosts_) {
+    if (!hosts_.count(name)) writes[HostRecord(name)] = std::nullopt;
+  }
+  std::map<std::string, std::string> hosts;
+  for (const auto& [name, h] : hosts_) {
+    std::string bytes = h.status.SerializeAsString();
+    auto it = persisted_hosts_.find(name);
+    if (it == persisted_hosts_.end() || it->second != bytes)
+      writes[HostRecord(name)] = bytes;
+    hosts[name] = std::move(bytes);
+  }
   proto::CoordinatorState state;
-  for (const auto& [name, h] : hosts_) *state.add_hosts() = h.status;
   state.mutable_retired_epochs()->insert(retired_epochs_.begin(),
                                          retired_epochs_.end());
   std::string cluster = state.SerializeAsString();
   if (cluster != persisted_cluster_) writes[kClusterRecord] = cluster;
   if (writes.empty()) return absl::OkStatus();
+  // Many hosts' records at once (a rack declared dead, a coordinator's
+  // first write after an older one's state file) go first, in
+  // transactions of at most kHostBatchBytes: each is a fact of its own,
+  // and together they could exceed what one transaction may hold.
+  constexpr size_t kHostBatchBytes = 512 << 10;
+  ControlStore::Writes batch;
+  size_t batch_bytes = 0, host_bytes = 0;
+  auto bytes_of = [](const auto& write) {
+    return write.first.size() + (write.second ? write.second->size() : 0);
+  };
+  for (const auto& write : writes) {
+    if (absl::StartsWith(write.first, "hosts/")) host_bytes += bytes_of(write);
+  }
+  if (host_bytes > kHostBatchBytes) {
+    for (auto it = writes.begin(); it != writes.end();) {
+      if (!absl::StartsWith(it->first, "hosts/")) {
+        ++it;
+        continue;
+      }
+      batch_bytes += bytes_of(*it);
+      batch.insert(writes.extract(it++));
+      if (batch_bytes >= kHostBatchBytes) {
+        PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
+        batch.clear();
+        batch_bytes = 0;
+      }
+    }
+    if (!batch.empty()) PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
+  }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
   persisted_jobs_ = std::move(jobs);
+  persisted_hosts_ = std::move(hosts);
   persisted_cluster_ = std::move(cluster);
   return absl::OkStatus();
 }
@@ -279,8 +322,23 @@ absl::Status CoordinatorService::Load() {
   }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  for (const proto::HostStatus& h : state.hosts()) {
-    // Known hosts get one timeout from now to heartbeat again.
+  // Hosts: in records of their own, or inside the cluster record as
+  // coordinators before per-host records wrote them. Known hosts get one
+  // timeout from now to heartbeat again.
+  for (const proto::HostStatus& h : state.hosts())
+    hosts_[h.name()] = Host{h, now};
+  // (The cluster record is rewritten without them by the next write: no
+  // serialization equals this.)
+  if (!state.hosts().empty()) persisted_cluster_ = "\xff(with hosts)";
+  for (const auto& [key, bytes] : records) {
+    if (!absl::StartsWith(key, "hosts/")) continue;
+    proto::HostStatus h;
+    if (!h.ParseFromString(bytes) || h.name().empty()) {
+      return absl::DataLossError(absl::StrCat("record '", key, "' in ",
+                                              options_.store->Describe(),
+                                              " is not a host's registration"));
+    }
+    persisted_hosts_[h.name()] = bytes;
     hosts_[h.name()] = Host{h, now};
   }
   retired_epochs_.insert(state.retired_epochs().begin(),
@@ -290,9 +348,9 @@ absl::Status CoordinatorService::Load() {
   // their own by the next write).
   std::vector<proto::CoordinatorState::Job> loaded(state.jobs().begin(),
                                                    state.jobs().end());
-  if (!state.jobs().empty()) persisted_cluster_.clear();
+  if (!state.jobs().empty()) persisted_cluster_ = "\xff(with jobs)";
   for (const auto& [key, bytes] : records) {
-    if (key == kClusterRecord) continue;
+    if (!absl::StartsWith(key, "jobs/")) continue;
     proto::CoordinatorState::Job js;
     if (!js.ParseFromString(bytes) || js.job().empty()) {
       return absl::DataLossError(absl::StrCat("record '", key, "' in ",

@@ -73,11 +73,11 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
     const std::string& model, const proto::LayoutSpec* layout);
 
 struct CoordinatorOptions {
-  // Where the durable control state lives (coordinator/control_store.h);
-  // if null, the local state directory `state_dir` (created if missing,
-  // and it must be writable).
-  std::shared_ptr<ControlStore> store;
+  // The local state directory (created if missing, and it must be
+  // writable), where the durable control state lives unless `store` (a
+  // control_store.h implementation, e.g. etcd) is given.
   std::string state_dir;
+  std::shared_ptr<ControlStore> store;
   // A host that has not sent a heartbeat for this long is dead.
   absl::Duration host_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -390,10 +390,11 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
   // CoordinatorState.retired_epochs.
   std::map<std::string, int64_t> retired_epochs_ ABSL_GUARDED_BY(mu_);
-  // What each job's record and the cluster's record hold now: a write
-  // rewrites only the records that changed, so it does not grow with the
-  // number of jobs.
+  // What each job's, each host's and the cluster's record hold now: a
+  // write rewrites only the records that changed, so it does not grow with
+  // the number of jobs or hosts.
   std::map<std::string, std::string> persisted_jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> persisted_hosts_ ABSL_GUARDED_BY(mu_);
   std::string persisted_cluster_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   // Hosts that came back as the same process after being declared dead:

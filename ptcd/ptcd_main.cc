@@ -75,6 +75,7 @@ constexpr char kUsage[] =
                    seconds (a client that hangs) is freed (default 600)
   --port-file      write the bound gRPC port here once serving
   --coordinator    register with this ptc-coordinator and heartbeat to it
+                   (several, comma-separated: the one that leads)
   --name           this host's name in the cluster (default: the hostname)
   --gpus           GPUs of this host (default 8)
   --gpu-memory     memory of each GPU, e.g. 80GiB (the advisor fits configs

@@ -220,11 +220,15 @@ TEST_CASE(
     return st.st_ino;
   };
   const auto job0 = inode(state_dir + "/jobs/job0.pb");
+  // Each host has its own record too; state.pb holds neither hosts nor
+  // jobs (only retired plan epochs: none here, so it is not written).
+  const auto host0 = inode(state_dir + "/hosts/host0.pb");
   struct stat main_file;
-  REQUIRE(stat((state_dir + "/state.pb").c_str(), &main_file) == 0);
-  CHECK(main_file.st_size < 1024);  // hosts only, however many jobs
+  CHECK((stat((state_dir + "/state.pb").c_str(), &main_file) != 0 ||
+         main_file.st_size < 64));
   register_job("job30");
-  CHECK(inode(state_dir + "/jobs/job0.pb") == job0);  // not rewritten
+  CHECK(inode(state_dir + "/jobs/job0.pb") == job0);    // not rewritten
+  CHECK(inode(state_dir + "/hosts/host0.pb") == host0);  // nor this
 
   // A restart loads them all.
   coordinator.reset();
@@ -238,24 +242,38 @@ TEST_CASE(
     std::ifstream in(state_dir + "/jobs/job7.pb", std::ios::binary);
     proto::CoordinatorState::Job job7;
     REQUIRE(job7.ParseFromIstream(&in));
+    std::ifstream host_in(state_dir + "/hosts/host0.pb", std::ios::binary);
+    proto::HostStatus host0_status;
+    REQUIRE(host0_status.ParseFromIstream(&host_in));
+    // Hosts and jobs both inside state.pb, as coordinators before
+    // per-host and per-job files wrote them.
     proto::CoordinatorState legacy;
-    std::ifstream main_in(state_dir + "/state.pb", std::ios::binary);
-    REQUIRE(legacy.ParseFromIstream(&main_in));
     *legacy.add_jobs() = job7;
+    *legacy.add_hosts() = host0_status;
     std::ofstream(state_dir + "/state.pb", std::ios::binary | std::ios::trunc)
         << legacy.SerializeAsString();
-    for (const auto& e :
-         std::filesystem::directory_iterator(state_dir + "/jobs"))
-      std::filesystem::remove(e.path());
+    for (const char* folder : {"/jobs", "/hosts"}) {
+      for (const auto& e :
+           std::filesystem::directory_iterator(state_dir + folder))
+        std::filesystem::remove(e.path());
+    }
   }
   coordinator = start();
   s = stub();
   const proto::ListJobsResponse migrated = list_jobs();
   REQUIRE(migrated.jobs_size() == 1);
   CHECK(migrated.jobs(0).job() == "job7");
-  register_job("job40");
+  register_job("job40");  // host0 is known: it came from state.pb
   CHECK(std::filesystem::exists(state_dir + "/jobs/job7.pb"));
   CHECK(std::filesystem::exists(state_dir + "/jobs/job40.pb"));
+  CHECK(std::filesystem::exists(state_dir + "/hosts/host0.pb"));
+  proto::CoordinatorState rewritten;
+  std::ifstream main_in(state_dir + "/state.pb", std::ios::binary);
+  if (main_in) {
+    REQUIRE(rewritten.ParseFromIstream(&main_in));
+    CHECK(rewritten.jobs_size() == 0);
+    CHECK(rewritten.hosts_size() == 0);
+  }
 }
 
 }  // namespace

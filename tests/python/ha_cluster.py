@@ -26,19 +26,21 @@ def free_ports(n):
 
 
 class Etcd:
-    def __init__(self, tmp_path, members=3):
+    def __init__(self, tmp_path, members=3, host="127.0.0.1"):
+        self.host = host
         self.dir = tmp_path / "etcd"
         self.dir.mkdir()
         self.certs = self.dir / "certs"
         tool = str(ROOT / "tools/ptc-certs")
         for what in (["ca"], ["etcd-client", "coordinator"],
                      *(["etcd", f"e{i}"] for i in range(members))):
-            subprocess.run([tool, str(self.certs), *what], check=True, capture_output=True)
+            subprocess.run([tool, str(self.certs), *what, *([host] if what[0] == "etcd" else [])],
+                           check=True, capture_output=True)
         ports = free_ports(2 * members)
         self.client_ports, self.peer_ports = ports[:members], ports[members:]
         self.procs = [None] * members
-        self.endpoints = ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
-        self.initial = ",".join(f"e{i}=https://127.0.0.1:{p}"
+        self.endpoints = ",".join(f"{host}:{p}" for p in self.client_ports)
+        self.initial = ",".join(f"e{i}=https://{host}:{p}"
                                 for i, p in enumerate(self.peer_ports))
         for i in range(members):
             self.start(i, state="new")
@@ -50,10 +52,10 @@ class Etcd:
                "--peer-cert-file", c / f"etcd-e{i}.pem", "--peer-key-file", c / f"etcd-e{i}.key",
                "--peer-trusted-ca-file", c / "ca.pem", "--peer-client-cert-auth"]
         cmd = ["etcd", "--name", f"e{i}", "--data-dir", self.dir / f"e{i}",
-               "--listen-client-urls", f"https://127.0.0.1:{self.client_ports[i]}",
-               "--advertise-client-urls", f"https://127.0.0.1:{self.client_ports[i]}",
-               "--listen-peer-urls", f"https://127.0.0.1:{self.peer_ports[i]}",
-               "--initial-advertise-peer-urls", f"https://127.0.0.1:{self.peer_ports[i]}",
+               "--listen-client-urls", f"https://{self.host}:{self.client_ports[i]}",
+               "--advertise-client-urls", f"https://{self.host}:{self.client_ports[i]}",
+               "--listen-peer-urls", f"https://{self.host}:{self.peer_ports[i]}",
+               "--initial-advertise-peer-urls", f"https://{self.host}:{self.peer_ports[i]}",
                "--initial-cluster", self.initial, "--initial-cluster-state", state,
                "--initial-cluster-token", f"ptc-test-{os.getpid()}", *tls]
         log = open(self.dir / f"e{i}.log", "a")
@@ -82,6 +84,17 @@ class Etcd:
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def coordinator_command(bin_dir, etcd, address, lease=3, host_timeout=3):
+    """ptc-coordinator over `etcd` (an Etcd), listening at `address`."""
+    e = etcd.certs
+    return [str(bin_dir / "coordinator/ptc-coordinator"), "--listen", address,
+            "--etcd", etcd.endpoints, "--etcd-lease", str(lease),
+            "--etcd-ca", str(e / "ca.pem"), "--etcd-cert", str(e / "etcd-client-coordinator.pem"),
+            "--etcd-key", str(e / "etcd-client-coordinator.key"),
+            "--host-timeout", str(host_timeout), "--log-level", "info",
+            *tls_flags("coordinator")]
 
 
 class Supervised:
@@ -138,15 +151,8 @@ class HaCluster(LocalCluster):
         ports = free_ports(coordinators)
         self.addresses = [f"127.0.0.1:{p}" for p in ports]
         self.coordinator = ",".join(self.addresses)
-        e = self.etcd.certs
         self.coordinators = [
-            Supervised([str(bin_dir / "coordinator/ptc-coordinator"), "--listen", address,
-                        "--etcd", self.etcd.endpoints, "--etcd-lease", str(lease),
-                        "--etcd-ca", str(e / "ca.pem"),
-                        "--etcd-cert", str(e / "etcd-client-coordinator.pem"),
-                        "--etcd-key", str(e / "etcd-client-coordinator.key"),
-                        "--host-timeout", str(host_timeout), "--log-level", "info",
-                        *tls_flags("coordinator")],
+            Supervised(coordinator_command(bin_dir, self.etcd, address, lease, host_timeout),
                        tmp_path / f"coordinator{i}.log")
             for i, address in enumerate(self.addresses)]
         self.wait_serving()

@@ -1,6 +1,7 @@
 """The control plane outlives its coordinators: real etcd members (3, mutual
 TLS) and two coordinators on loopback, ptcds and clients given both
 coordinators' addresses (ha_cluster.py)."""
+import json
 import os
 import random
 import shutil
@@ -10,7 +11,8 @@ import time
 
 import pytest
 
-from ha_cluster import HaCluster
+from cluster import tls_flags
+from ha_cluster import Etcd, HaCluster, Supervised, coordinator_command
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
 
@@ -182,3 +184,101 @@ def test_one_etcd_member_lost_changes_nothing_and_the_majority_lost_stops_commit
     ha.save("n", "host1", 1)
     r = ha.job_tool("verify", "--job", "n")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def log_times(path, text):
+    """The times (seconds of the day) of the log lines of `path` that hold
+    `text` (spdlog's "[YYYY-MM-DD HH:MM:SS.mmm]" prefix)."""
+    times = []
+    for line in path.read_text().splitlines():
+        if text in line:
+            h, m, sec = line[12:24].split(":")
+            times.append(int(h) * 3600 + int(m) * 60 + float(sec))
+    return times
+
+
+def test_a_leader_cut_off_from_etcd_stops_before_a_standby_takes_over(bin_dir, tmp_path,
+                                                                      network_namespaces):
+    """Coordinator A in a network namespace leads; B (root namespace) stands
+    by. A's route to etcd is blackholed (A still reaches and is reached by
+    everyone else): A cannot commit a registration sent to it, and stops
+    (its lease unrenewed) before B leads; B commits it."""
+    net, bridge, made = network_namespaces(["ca"])
+    ns_a, ip_a, _ = made[0]
+    etcd_ip = f"{net}.2"
+    subprocess.run(["ip", "addr", "add", f"{etcd_ip}/24", "dev", bridge], check=True)
+    etcd = Etcd(tmp_path, host=etcd_ip)
+    a_address, b_address = f"{ip_a}:7000", f"{net}.1:7000"
+    lease = 3
+    coordinators = [
+        Supervised(["ip", "netns", "exec", ns_a,
+                    *coordinator_command(bin_dir, etcd, a_address, lease)],
+                   tmp_path / "a.log"),
+    ]
+    ptcd = None
+    both = f"{a_address},{b_address}"
+
+    def ptcctl(*args):
+        return subprocess.run([str(bin_dir / "tools/ptcctl"), *args, "--coordinator", both],
+                              capture_output=True, text=True, timeout=120)
+
+    def leader():
+        return etcd.ctl("get", "/ptc/leader", "--print-value-only").stdout.strip()
+
+    try:
+        deadline = time.time() + 60
+        while leader() != a_address:
+            assert time.time() < deadline, (tmp_path / "a.log").read_text()
+            time.sleep(0.1)
+        coordinators.append(Supervised(coordinator_command(bin_dir, etcd, b_address, lease),
+                                       tmp_path / "b.log"))
+        while not log_times(tmp_path / "b.log", f"the coordinator at {a_address} leads"):
+            assert time.time() < deadline, (tmp_path / "b.log").read_text()
+            time.sleep(0.1)
+        ptcd = subprocess.Popen(
+            [str(bin_dir / "ptcd/ptcd"), "--listen", "127.0.0.1:0", "--socket",
+             str(tmp_path / "host0.sock"), "--memory-limit", "1GiB", "--coordinator", both,
+             "--name", "host0", "--gpus", "2", *tls_flags("host0")],
+            stdout=open(tmp_path / "host0.log", "w"), stderr=subprocess.STDOUT)
+        while '"alive": true' not in ptcctl("hosts", "--json").stdout:
+            assert time.time() < deadline, (tmp_path / "host0.log").read_text()
+            time.sleep(0.1)
+        r = ptcctl("register", "--job", "before", "--model", MODEL, "--config", "tp=2",
+                   "--hosts", "host0")
+        assert r.returncode == 0, r.stdout + r.stderr
+
+        subprocess.run(["ip", "-n", ns_a, "route", "add", "blackhole", f"{etcd_ip}/32"],
+                       check=True)
+        r = ptcctl("register", "--job", "during", "--model", MODEL, "--config", "tp=2",
+                   "--hosts", "host0")
+        assert r.returncode != 0, r.stdout
+        deadline = time.time() + 60
+        while not log_times(tmp_path / "b.log", "leading: holds /ptc/leader"):
+            assert time.time() < deadline, (tmp_path / "b.log").read_text()
+            time.sleep(0.1)
+        lost = log_times(tmp_path / "a.log", "lost the lead")
+        took = log_times(tmp_path / "b.log", "leading: holds /ptc/leader")
+        assert lost and lost[0] < took[0], (lost, took)
+        assert leader() == b_address
+
+        # B serves, holds what A committed and not what it could not, and
+        # commits.
+        deadline = time.time() + 60
+        while True:
+            r = ptcctl("jobs", "--json")
+            if r.returncode == 0:
+                break
+            assert time.time() < deadline, r.stderr
+            time.sleep(0.1)
+        jobs = [j["job"] for j in json.loads(r.stdout)["jobs"]]
+        assert jobs == ["before"], jobs
+        r = ptcctl("register", "--job", "during", "--model", MODEL, "--config", "tp=2",
+                   "--hosts", "host0")
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        for c in coordinators:
+            c.stop()
+        if ptcd is not None:
+            ptcd.terminate()
+            ptcd.wait(timeout=15)
+        etcd.stop()

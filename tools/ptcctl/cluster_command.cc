@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -46,7 +47,8 @@
 namespace ptc::tools {
 
 const char kClusterUsage[] =
-    R"(usage (all take --coordinator HOST:PORT, default 127.0.0.1:7000, --json, and
+    R"(usage (all take --coordinator HOST:PORT[,HOST:PORT...] (several: the one
+that leads), default $PTC_COORDINATOR or 127.0.0.1:7000, --json, and
 the TLS options: --tls-ca, --tls-cert, --tls-key, default $PTC_TLS_CA,
 $PTC_TLS_CERT, $PTC_TLS_KEY, the operator's certificate from tools/ptc-certs
 DIR admin; or --insecure for a cluster without TLS):
@@ -1186,7 +1188,10 @@ int RunClusterCommand(int argc, const char* const* argv) {
   }
   if (absl::Status s = ConfigureCommandSecurity(*args); !s.ok())
     return fail(s, 2);
-  const std::string address = args->Get("coordinator", "127.0.0.1:7000");
+  const char* from_env = std::getenv("PTC_COORDINATOR");
+  const std::string address = args->Get(
+      "coordinator", from_env != nullptr && *from_env != '\0' ? from_env
+                                                               : "127.0.0.1:7000");
   const std::shared_ptr<grpc::Channel> channel =
       OpenChannel(address, grpc::ChannelArguments(), "coordinator");
   auto stub = proto::Coordinator::NewStub(channel);
