@@ -104,6 +104,9 @@ EtcdControlStore::~EtcdControlStore() {
 std::unique_ptr<grpc::ClientContext> EtcdControlStore::Context() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  // While the member it used is gone, a call waits (within its deadline)
+  // for the channel to reach another, rather than failing at once.
+  ctx->set_wait_for_ready(true);
   return ctx;
 }
 
@@ -182,6 +185,7 @@ absl::Status EtcdControlStore::Campaign(
       absl::MutexLock lock(&mu_);
       lease_id_ = granted.id();
       leader_revision_ = won.header().revision();
+      lease_valid_until_ = asked + options_.lease;
       on_lost_ = std::move(on_lost);
     }
     Log("coordinator")
@@ -193,25 +197,34 @@ absl::Status EtcdControlStore::Campaign(
   return absl::CancelledError("stopped before this coordinator led");
 }
 
+absl::Duration EtcdControlStore::Margin() const {
+  return std::max(absl::Milliseconds(500), options_.lease / 5);
+}
+
 void EtcdControlStore::Renew(absl::Time valid_until) {
   // The lease is known good until `valid_until`; it is renewed every
   // third of its TTL, and the lead is given up a margin before it could
   // have run out unrenewed.
-  const absl::Duration margin =
-      std::max(absl::Milliseconds(500), options_.lease / 5);
+  const absl::Duration margin = Margin();
+  // After a failed renewal (an etcd member died, etcd is electing its
+  // leader) the next try comes at once, not a third of the TTL later.
+  bool failed = false;
   while (true) {
     int64_t id;
     {
       absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.lease / 3))
+      if (mu_.AwaitWithTimeout(
+              absl::Condition(&stop_),
+              failed ? absl::Milliseconds(100) : options_.lease / 3))
         return;
       id = lease_id_;
       if (id == 0) return;  // resigned
     }
     const absl::Time sent = absl::Now();
     grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
     ctx.set_deadline(absl::ToChronoTime(
-        std::min(sent + options_.call_timeout, valid_until - margin)));
+        std::min(sent + options_.lease / 3, valid_until - margin)));
     auto stream = lease_->LeaseKeepAlive(&ctx);
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(id);
@@ -226,8 +239,11 @@ void EtcdControlStore::Renew(absl::Time valid_until) {
       Lost("etcd says the leader's lease is gone (expired or revoked)");
       return;
     }
+    failed = !renewed;
     if (renewed) {
       valid_until = sent + absl::Seconds(resp.ttl());
+      absl::MutexLock lock(&mu_);
+      lease_valid_until_ = valid_until;
     } else if (absl::Now() >= valid_until - margin) {
       Lost(absl::StrCat("the leader's lease could not be renewed for ",
                         absl::FormatDuration(absl::Now() - (valid_until -
@@ -331,15 +347,38 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
         " bytes is more than etcd takes (", kMaxEtcdTransactionBytes,
         "); nothing was written"));
   }
+  // A call that fails (an etcd member died, etcd is electing a leader)
+  // is sent again until it is answered: the transaction sets absolute
+  // values under this coordinator's leadership, and nothing else writes
+  // meanwhile (the coordinator waits for this call), so applying it twice
+  // is applying it once. Only when no answer comes before the lease could
+  // have ended is the outcome unknown.
   etcdserverpb::TxnResponse resp;
-  auto ctx = Context();
-  grpc::Status s = kv_->Txn(ctx.get(), txn, &resp);
+  grpc::Status s(grpc::StatusCode::DEADLINE_EXCEEDED,
+                 "no answer before the lease could have ended");
+  while (true) {
+    absl::Time until;
+    {
+      absl::MutexLock lock(&mu_);
+      until = lease_valid_until_ - Margin();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= until) break;
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(
+        absl::ToChronoTime(std::min(now + absl::Seconds(2), until)));
+    s = kv_->Txn(&ctx, txn, &resp);
+    if (s.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   if (!s.ok()) {
-    // etcd may still apply a write whose call failed (it was proposed
-    // before the majority went away, and commits when it returns): what
-    // this process holds in memory may differ from what etcd will hold.
-    // It steps down; the next leader reads what etcd holds.
-    const absl::Status failed = EtcdError("writing the coordinator's records", s);
+    // etcd may still apply it (a proposal it took before its majority
+    // went away commits when the majority returns): what this process
+    // holds in memory may differ from what etcd will hold. It steps down;
+    // the next leader reads what etcd holds.
+    const absl::Status failed =
+        EtcdError("writing the coordinator's records", s);
     Lost(absl::StrCat(failed.message(), "; whether it was written is unknown"));
     return absl::UnavailableError(absl::StrCat(
         failed.message(),

@@ -92,6 +92,8 @@ class EtcdControlStore final : public ControlStore {
   // The renewer thread: keeps the lease, which is good until `valid_until`.
   void Renew(absl::Time valid_until);
   void Lost(const std::string& reason);
+  // How long before the lease could end the lead is given up.
+  absl::Duration Margin() const;
   std::unique_ptr<grpc::ClientContext> Context() const;
 
   const EtcdOptions options_;
@@ -102,6 +104,8 @@ class EtcdControlStore final : public ControlStore {
   // The leader key's create revision while this process leads; 0 before
   // and after.
   int64_t leader_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // Until when the lease is known good (the renewer moves it on).
+  absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_lost_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread renewer_;

@@ -26,7 +26,10 @@ def free_ports(n):
 
 
 class Etcd:
-    def __init__(self, tmp_path, members=3, host="127.0.0.1"):
+    def __init__(self, tmp_path, members=3, host="127.0.0.1", also=()):
+        """host: the members' address; also: addresses their certificates
+        name besides (etcd checks a peer's certificate against the address
+        it connects from)."""
         self.host = host
         self.dir = tmp_path / "etcd"
         self.dir.mkdir()
@@ -34,7 +37,7 @@ class Etcd:
         tool = str(ROOT / "tools/ptc-certs")
         for what in (["ca"], ["etcd-client", "coordinator"],
                      *(["etcd", f"e{i}"] for i in range(members))):
-            subprocess.run([tool, str(self.certs), *what, *([host] if what[0] == "etcd" else [])],
+            subprocess.run([tool, str(self.certs), *what, *([host, *also] if what[0] == "etcd" else [])],
                            check=True, capture_output=True)
         ports = free_ports(2 * members)
         self.client_ports, self.peer_ports = ports[:members], ports[members:]
@@ -140,7 +143,7 @@ class Supervised:
 
 class HaCluster(LocalCluster):
     def __init__(self, bin_dir, tmp_path, coordinators=2, hosts=2, gpus=2, memory="1GiB",
-                 host_timeout=3, lease=3):
+                 host_timeout=3, lease=5):
         self.bin, self.dir, self.gpus, self.memory = bin_dir, tmp_path, gpus, memory
         self.procs = {}
         self.certs = certificates()

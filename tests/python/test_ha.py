@@ -190,6 +190,8 @@ def log_times(path, text):
     """The times (seconds of the day) of the log lines of `path` that hold
     `text` (spdlog's "[YYYY-MM-DD HH:MM:SS.mmm]" prefix)."""
     times = []
+    if not path.exists():
+        return times
     for line in path.read_text().splitlines():
         if text in line:
             h, m, sec = line[12:24].split(":")
@@ -207,7 +209,7 @@ def test_a_leader_cut_off_from_etcd_stops_before_a_standby_takes_over(bin_dir, t
     ns_a, ip_a, _ = made[0]
     etcd_ip = f"{net}.2"
     subprocess.run(["ip", "addr", "add", f"{etcd_ip}/24", "dev", bridge], check=True)
-    etcd = Etcd(tmp_path, host=etcd_ip)
+    etcd = Etcd(tmp_path, host=etcd_ip, also=[f"{net}.1"])
     a_address, b_address = f"{ip_a}:7000", f"{net}.1:7000"
     lease = 3
     coordinators = [
@@ -238,7 +240,7 @@ def test_a_leader_cut_off_from_etcd_stops_before_a_standby_takes_over(bin_dir, t
         ptcd = subprocess.Popen(
             [str(bin_dir / "ptcd/ptcd"), "--listen", "127.0.0.1:0", "--socket",
              str(tmp_path / "host0.sock"), "--memory-limit", "1GiB", "--coordinator", both,
-             "--name", "host0", "--gpus", "2", *tls_flags("host0")],
+             "--name", "host0", "--gpus", "4", *tls_flags("host0")],
             stdout=open(tmp_path / "host0.log", "w"), stderr=subprocess.STDOUT)
         while '"alive": true' not in ptcctl("hosts", "--json").stdout:
             assert time.time() < deadline, (tmp_path / "host0.log").read_text()
