@@ -163,6 +163,12 @@ class HaCluster(LocalCluster):
             self._start_ptcd(i, memory)
         self.wait_alive(hosts)
 
+    def restart_coordinator(self):
+        """What a restart is for one coordinator: here the leader is killed,
+        a standby (or it, started again) takes over."""
+        self.coordinators[self.leader()].kill()
+        self.wait_serving()
+
     def leader(self, timeout=60):
         """The index of the coordinator that leads (per etcd's leader key)."""
         deadline = time.time() + timeout

@@ -17,10 +17,14 @@ printed first); docs/consistency.md records the long runs.
 """
 import os
 import random
+import shutil
 import signal
 import time
 
+import pytest
+
 from cluster import LocalCluster
+from ha_cluster import HaCluster
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=32"
 HOSTS = [f"host{i}" for i in range(4)]
@@ -192,13 +196,22 @@ class Model:
             time.sleep(0.3)
 
 
-def test_random_interleavings_keep_the_invariant(bin_dir, tmp_path):
+@pytest.mark.parametrize("backend", ["state-dir", "etcd"])
+def test_random_interleavings_keep_the_invariant(bin_dir, tmp_path, backend):
+    """The same model on either control store: one coordinator with its
+    state directory (a restart: kill -9 and start again), or two over a
+    3-member etcd (a restart: the leader killed, a standby takes over)."""
+    if backend == "etcd" and shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (tools/setup.sh installs it)")
     seed = int(os.environ.get("PTC_MODEL_SEED", random.SystemRandom().randrange(1 << 30)))
     steps = int(os.environ.get("PTC_MODEL_STEPS", "25"))
-    print(f"\ninvariant model: seed {seed}, {steps} steps "
+    print(f"\ninvariant model ({backend}): seed {seed}, {steps} steps "
           f"(replay: PTC_MODEL_SEED={seed} PTC_MODEL_STEPS={steps})")
     rng = random.Random(seed)
-    c = LocalCluster(bin_dir, tmp_path, hosts=len(HOSTS), gpus=2, memory="1GiB")
+    if backend == "etcd":
+        c = HaCluster(bin_dir, tmp_path, hosts=len(HOSTS), gpus=2, memory="1GiB")
+    else:
+        c = LocalCluster(bin_dir, tmp_path, hosts=len(HOSTS), gpus=2, memory="1GiB")
     m = Model(c, rng, print)
     try:
         m.fresh_job()
