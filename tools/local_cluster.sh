@@ -135,7 +135,7 @@ start_control_plane_ha() {
         wait $child || true
         sleep 1
       done
-    ) &
+    ) </dev/null >>"$dir/logs/coordinator$i.log" 2>&1 &
     echo "coordinator$i $!" >> "$dir/pids"
   done
   printf 'ETCD_ENDPOINTS=%s\nCOORDINATOR0=127.0.0.1:%s\nCOORDINATOR1=127.0.0.1:%s\n' \

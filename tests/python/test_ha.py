@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cluster import tls_flags
+from cluster import ROOT, tls_flags
 from ha_cluster import Etcd, HaCluster, Supervised, coordinator_command
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
@@ -284,3 +284,42 @@ def test_a_leader_cut_off_from_etcd_stops_before_a_standby_takes_over(bin_dir, t
             ptcd.terminate()
             ptcd.wait(timeout=15)
         etcd.stop()
+
+
+def test_the_local_cluster_script_runs_the_ha_shape(bin_dir, tmp_path):
+    """tools/local_cluster.sh up DIR --ha: three etcd members and two
+    coordinators; kill-leader, and a standby serves; down stops all."""
+    script = str(ROOT / "tools/local_cluster.sh")
+    d = tmp_path / "cluster"
+    env = {**os.environ, "BIN": str(bin_dir)}
+    r = subprocess.run([script, "up", str(d), "--ha", "2", "2", "1GiB"], capture_output=True,
+                       text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        settings = dict(line.split("=", 1) for line in (d / "env").read_text().splitlines())
+        coordinator = settings["COORDINATOR"]
+        assert coordinator.count(",") == 1, coordinator
+        tls = {k: settings[k] for k in ("PTC_TLS_CA", "PTC_TLS_CERT", "PTC_TLS_KEY")}
+
+        def hosts():
+            return subprocess.run([str(bin_dir / "tools/ptcctl"), "hosts", "--json"],
+                                  capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, **tls, "PTC_COORDINATOR": coordinator})
+
+        first = hosts()
+        assert first.returncode == 0 and first.stdout.count('"alive": true') == 2, first
+        r = subprocess.run([script, "kill-leader", str(d)], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert r.returncode == 0 and "killed the leader" in r.stdout, r.stdout + r.stderr
+        deadline = time.time() + 60
+        while hosts().returncode != 0:
+            assert time.time() < deadline, "no coordinator served after the leader was killed"
+            time.sleep(0.2)
+    finally:
+        pids = [int(line.split()[1]) for line in (d / "pids").read_text().splitlines()] \
+            if (d / "pids").exists() else []
+        pids += [int(p.read_text()) for p in d.glob("coordinator*.pid")]
+        subprocess.run([script, "down", str(d)], capture_output=True, timeout=120, env=env)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"process {pid} still runs"
