@@ -10,12 +10,41 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
 #include "ptc/region.h"
 #include "proto/plan.pb.h"
 
 namespace ptc {
+
+// Why planning or a change failed, carried as a payload of its status:
+// callers decide by it (retry from a snapshot, name silent hosts), never
+// by the message's text, which is for people.
+enum class PlanFailure {
+  // Some region (or small object) has no live holder left.
+  kNoSurvivingCopy,
+  // A host the change needs went silent while it ran.
+  kHostWentSilent,
+};
+inline constexpr char kPlanFailureUrl[] = "ptc/plan-failure";
+
+inline absl::Status WithPlanFailure(absl::Status status, PlanFailure why) {
+  status.SetPayload(kPlanFailureUrl,
+                    absl::Cord(why == PlanFailure::kNoSurvivingCopy
+                                   ? "no-surviving-copy"
+                                   : "host-went-silent"));
+  return status;
+}
+
+inline bool HasPlanFailure(const absl::Status& status, PlanFailure why) {
+  const auto payload = status.GetPayload(kPlanFailureUrl);
+  return payload.has_value() &&
+         *payload == (why == PlanFailure::kNoSurvivingCopy
+                          ? "no-surviving-copy"
+                          : "host-went-silent");
+}
 
 // Everything a plan is computed from. Pointers are borrowed; they must
 // outlive the call that takes the input.

@@ -112,11 +112,13 @@ absl::Status NoSurvivingCopy(const PlanInput& in, int t, const Region& cell,
                                ", which lost the source version (restarted, "
                                "or not verified since they came back)"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "region ", cell.ToString(), " of tensor '", key, "' (needed on ", host,
-      ") has no surviving copy: it was held only by ",
-      absl::StrJoin(why, " and "),
-      "; restore it from a snapshot or bring a holder back"));
+  return WithPlanFailure(
+      absl::FailedPreconditionError(absl::StrCat(
+          "region ", cell.ToString(), " of tensor '", key, "' (needed on ",
+          host, ") has no surviving copy: it was held only by ",
+          absl::StrJoin(why, " and "),
+          "; restore it from a snapshot or bring a holder back")),
+      PlanFailure::kNoSurvivingCopy);
 }
 
 // Per-tensor scratch, reused so that planning does not allocate per cell.
@@ -592,11 +594,13 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
             // as good as the lost one.
             res.derive_from = scope;
           } else {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "small object '", obj.name, "' (", ScopeString(obj.scope),
-                ") for target rank ", r,
-                " has no surviving source: every rank that may provide it is "
-                "on a dead or restarted host"));
+            return WithPlanFailure(
+                absl::FailedPreconditionError(absl::StrCat(
+                    "small object '", obj.name, "' (",
+                    ScopeString(obj.scope), ") for target rank ", r,
+                    " has no surviving source: every rank that may provide "
+                    "it is on a dead or restarted host")),
+                PlanFailure::kNoSurvivingCopy);
           }
         }
         it = resolved[o].emplace(scope, std::move(res)).first;

@@ -143,6 +143,9 @@ TEST_CASE(
   REQUIRE(!plan.ok());
   CHECK(plan.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(plan.status().message().find("no surviving copy") != std::string::npos);
+  // What callers decide by: the payload, not the text.
+  CHECK(HasPlanFailure(plan.status(), PlanFailure::kNoSurvivingCopy));
+  CHECK_FALSE(HasPlanFailure(plan.status(), PlanFailure::kHostWentSilent));
   CHECK(plan.status().message().find("host1") != std::string::npos);
   CHECK(plan.status().message().find("layers.") != std::string::npos);
   CHECK(PlanTenplexBaseline(job.input()).status().code() ==

@@ -233,11 +233,13 @@ absl::Status SoleSourceLost(const ReconfigureRequest& r,
   if (!r.is_alive) return absl::OkStatus();
   for (const auto& [host, what] : sole) {
     if (r.is_alive(host)) continue;
-    return absl::UnavailableError(absl::StrCat(
-        "host ", HostLabel(r, host),
-        " went silent during the change (no heartbeat within the host "
-        "timeout) and it holds the only copy of ",
-        what));
+    return WithPlanFailure(
+        absl::UnavailableError(absl::StrCat(
+            "host ", HostLabel(r, host),
+            " went silent during the change (no heartbeat within the host "
+            "timeout) and it holds the only copy of ",
+            what)),
+        PlanFailure::kHostWentSilent);
   }
   return absl::OkStatus();
 }
@@ -592,7 +594,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     AbortStagedOn(TargetAddresses(r, true), r.job, r.target_version,
                   r.plan_epoch, absl::Seconds(3));
     if (staged.code() != absl::StatusCode::kCancelled &&
-        !absl::StrContains(staged.message(), "went silent")) {
+        !HasPlanFailure(staged, PlanFailure::kHostWentSilent)) {
       if (std::string note = SilentHostsNote(r); !note.empty()) {
         staged =
             absl::Status(staged.code(), absl::StrCat(staged.message(), note));

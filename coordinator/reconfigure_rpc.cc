@@ -303,10 +303,8 @@ absl::Status CoordinatorService::DoReconfigure(
   }
   // A change after the processes' save may be asked before any save.
   absl::StatusOr<Planned> planned = PlanChange(req, !req.after_save());
-  if (!planned.ok() && absl::IsFailedPrecondition(planned.status()) &&
-      (absl::StrContains(planned.status().message(), "no surviving copy") ||
-       absl::StrContains(planned.status().message(),
-                         "has no surviving source"))) {
+  if (!planned.ok() &&
+      HasPlanFailure(planned.status(), PlanFailure::kNoSurvivingCopy)) {
     // Some region lives on no host: from the job's snapshot, if it has one
     // of the committed version.
     std::string root;
