@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -461,13 +462,16 @@ TEST_CASE(
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     writers.push_back(stub->Put(contexts.back().get(), &responses[i]));
   }
-  // Every stream beyond the connection's bound is refused at once.
+  // Every stream beyond the connection's bound is refused at once: by
+  // ptc's bound, or, while the burst of 400 arrives faster than a busy
+  // machine's handler threads refuse them, by gRPC's own "Server
+  // Threadpool Exhausted" (also RESOURCE_EXHAUSTED). Wait until the bound
+  // refused some; afterwards only 32 are held.
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (refused.value() - refused_before < kStreams - kHeld &&
-         absl::Now() < deadline) {
+  while (refused.value() == refused_before && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  CHECK(refused.value() - refused_before == kStreams - kHeld);
+  CHECK(refused.value() > refused_before);
   // The coordinator's and peers' calls (another connection) are served, and
   // so is another client's save.
   auto other = StoreClient::Connect(d->address());
@@ -479,20 +483,27 @@ TEST_CASE(
             .ok());
   // The refused streams end with a message that names the bound; the held
   // ones end when their client closes them.
-  int held = 0, exhausted = 0;
+  int held = 0, exhausted = 0, by_bound = 0;
   for (int i = 0; i < kStreams; ++i) writers[i]->WritesDone();
   for (int i = 0; i < kStreams; ++i) {
     const grpc::Status s = writers[i]->Finish();
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++exhausted;
-      CHECK_THAT(s.error_message(),
-                 Catch::Contains("this connection holds 32 calls"));
+      if (absl::StrContains(s.error_message(),
+                            "this connection holds 32 calls")) {
+        ++by_bound;
+      } else {
+        CHECK_THAT(s.error_message(),
+                   Catch::Contains("Server Threadpool Exhausted"));
+      }
     } else {
       ++held;
     }
   }
   CHECK(exhausted == kStreams - kHeld);
   CHECK(held == kHeld);
+  CHECK(by_bound == refused.value() - refused_before);
+  CHECK(by_bound > 0);
 }
 
 TEST_CASE(
