@@ -156,8 +156,11 @@ absl::Status Run(int argc, char** argv) {
           "this coordinator's client certificate from it), or --insecure");
     }
     double lease = 5;
-    if (!absl::SimpleAtod(settings.Get("etcd-lease", "5"), &lease)) {
-      return absl::InvalidArgumentError("--etcd-lease needs seconds");
+    if (!absl::SimpleAtod(settings.Get("etcd-lease", "5"), &lease) ||
+        !(lease >= 2 && lease <= 300) || lease != static_cast<int>(lease)) {
+      return absl::InvalidArgumentError(
+          "--etcd-lease needs whole seconds from 2 to 300 (etcd's leases "
+          "are whole seconds)");
     }
     eo.lease = absl::Seconds(static_cast<int64_t>(lease));
     eo.identity = settings.Get("advertise", options.listen_address);

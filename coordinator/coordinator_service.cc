@@ -2,10 +2,7 @@
 // Reconfigurations are in reconfigure_rpc.cc.
 #include "coordinator/coordinator_service.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
@@ -13,7 +10,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
-#include "common/atomic_file.h"
 #include "common/authz.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"

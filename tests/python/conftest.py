@@ -17,6 +17,20 @@ def bin_dir():
     return path
 
 
+def stop_processes(procs, timeout=15):
+    """SIGTERM to each process, then waits; one that does not exit within
+    `timeout` is killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 @pytest.fixture
 def network_namespaces():
     """Makes "hosts": network namespaces joined to a bridge in the root

@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from cluster import ROOT
+from conftest import stop_processes
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
 
@@ -127,14 +128,7 @@ def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, network_names
                                        page, re.M).group(1))
         assert ucx_bytes > 0  # the bytes crossed the veths over UCX, not gRPC
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
 
 @pytest.mark.parametrize("binary,example", [("ptcd/ptcd", "ptcd.conf.example"),

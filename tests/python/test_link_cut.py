@@ -18,6 +18,8 @@ import re
 import subprocess
 import time
 
+from conftest import stop_processes
+
 MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
 HOST_TIMEOUT = 8.0
 
@@ -133,11 +135,4 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
         assert report["bytes_from_peers"] > 0
         synthetic("verify")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
