@@ -9,7 +9,7 @@ PACKAGES=(
   protobuf-compiler libabsl-dev libspdlog-dev libfmt-dev catch2 libucx-dev
   ucx-utils libxxhash-dev pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch openssl iproute2 clang libclang-rt-14-dev
-  etcd-server etcd-client golang-etcd-server-dev
+  etcd-server etcd-client golang-etcd-server-dev patchelf file
 )
 
 missing=()

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# ptc on a GPU, in one script: run it on a machine with an NVIDIA GPU (a
+# driver for CUDA 13), x86-64 Linux with glibc >= the tarball's, and none of
+# Debian's packages, from a checkout whose dist/ holds the tarball that
+# `bash tools/package.sh` builds (on Debian 12, where ptc is built).
+#
+#   bash tools/device_check.sh [--dry-run] [RESULTS_DIR]
+#
+# Steps, each reported as PASS, FAIL or SKIP with its output in RESULTS_DIR
+# (default: device-check/ ; $OUT where that is set):
+#   facts      the GPU, driver, glibc, Python and PyTorch of the machine
+#   tarball    tools/tarball_check.sh: a coordinator and two ptcds from the
+#              tarball, a change between them over UCX, every element verified
+#   cuda-test  the C++ test of the CUDA path (client/device_copies_test): a
+#              job's regions GPU -> store -> GPU bit for bit through
+#              registered (pinned) store memory on a side stream
+#   store-bench  tools/gpu_store_benchmark: a 1.1 GiB job saved from and
+#              loaded into GPU memory through a ptcd from the tarball, 5 runs,
+#              against cudaMemcpy from cudaMallocHost in the same run
+#   copy-bench tools/gpu_copy_benchmark: pageable vs registered vs pinned
+#   python     the Python client and ptc.torch on the GPU: SKIP until the
+#              client installs into a non-Debian Python (a wheel in dist/)
+# --dry-run runs what needs no GPU (facts, tarball) and skips the rest: it
+# proves the script and the tarball on a machine without a GPU.
+# Exits non-zero if a step failed. Takes about 3 minutes on an H100 host.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dry=0
+if [[ "${1:-}" == "--dry-run" ]]; then dry=1; shift; fi
+results=${1:-${OUT:-device-check}}
+mkdir -p "$results"
+results=$(realpath "$results")
+summary="$results/summary.txt"
+: >"$summary"
+failed=0
+
+report() {  # STEP STATUS WHAT
+  printf '%-12s %-5s %s\n' "$1" "$2" "$3" | tee -a "$summary"
+  [[ "$2" == FAIL ]] && failed=1
+  return 0
+}
+# Runs a step's command with a time limit, its output in RESULTS/STEP.log.
+step() {  # STEP LIMIT_S WHAT COMMAND...
+  local name=$1 limit=$2 what=$3
+  shift 3
+  echo "== $name: $what"
+  if timeout "$limit" "$@" >"$results/$name.log" 2>&1; then
+    report "$name" PASS "$what"
+  else
+    report "$name" FAIL "$what (exit $?; see $name.log)"
+  fi
+  tail -25 "$results/$name.log"
+}
+
+tarball=$(ls -t dist/ptc-*-linux-x86_64.tar.gz 2>/dev/null | head -1)
+if [[ -z "$tarball" ]]; then
+  report tarball FAIL "no dist/ptc-*-linux-x86_64.tar.gz: run 'bash tools/package.sh' first"
+  exit 1
+fi
+ptc=$(mktemp -d)/ptc
+mkdir -p "$ptc"
+tar -C "$ptc" --strip-components=1 -xzf "$tarball"
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "tarball: $(basename "$tarball") (built with glibc $(cat "$ptc/GLIBC"))"
+  echo "host glibc: $(ldd --version 2>&1 | head -1)"
+  echo "os: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
+  echo "cpus: $(nproc)"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
+      sed 's/^/gpu: /'
+  else
+    echo "gpu: none (no nvidia-smi)"
+  fi
+  echo "python: $(python3 --version 2>&1)"
+  python3 -c "import torch; print('torch:', torch.__version__, 'cuda', torch.version.cuda,
+'available', torch.cuda.is_available())" 2>&1 | tail -1
+} >"$results/facts.log" 2>&1
+cat "$results/facts.log"
+report facts PASS "$(grep -m1 '^gpu:' "$results/facts.log" || echo 'gpu: none')"
+
+step tarball 180 "a cluster from the tarball: a change between two ptcds, verified" \
+  bash tools/tarball_check.sh "$ptc"
+
+if [[ $dry == 1 ]]; then
+  for s in cuda-test store-bench copy-bench; do report "$s" SKIP "dry run: needs a GPU"; done
+else
+  step cuda-test 300 "C++ test of the CUDA path (device_copies_test)" \
+    "$ptc/libexec/device_copies_test" --durations yes
+
+  # The store benchmark against a coordinator and a ptcd from the tarball.
+  work=$(mktemp -d)
+  base=$((21000 + ($$ % 1000) * 4))
+  export PTC_INSECURE=1
+  "$ptc/bin/ptc-coordinator" --listen "127.0.0.1:$base" --state-dir "$work/c" --insecure \
+    >"$results/store-bench-coordinator.log" 2>&1 &
+  cpid=$!
+  "$ptc/bin/ptcd" --listen "127.0.0.1:$((base + 1))" --coordinator "127.0.0.1:$base" \
+    --name host0 --gpus 1 --socket "$work/host0.sock" --memory-limit 8GiB --insecure \
+    >"$results/store-bench-ptcd.log" 2>&1 &
+  dpid=$!
+  store_bench() {
+    for _ in $(seq 100); do
+      "$ptc/bin/ptcctl" register --job bench \
+        --model gpt:layers=4,hidden=1024,heads=16,vocab=32000,positions=1024 \
+        --config tp=1 --hosts host0 --coordinator "127.0.0.1:$base" && break
+      sleep 0.3
+    done
+    "$ptc/libexec/gpu_store_benchmark" --coordinator "127.0.0.1:$base" --job bench \
+      --socket "$work/host0.sock" --runs 5
+  }
+  export ptc base work
+  export -f store_bench
+  step store-bench 300 "save/load of 1.1 GiB of GPU state through ptcd vs cudaMemcpy pinned" \
+    bash -c store_bench
+  kill "$dpid" "$cpid" 2>/dev/null
+  wait "$dpid" "$cpid" 2>/dev/null
+  rm -rf "$work"
+
+  step copy-bench 180 "GPU copies: pageable vs registered vs cudaMallocHost" \
+    "$ptc/libexec/gpu_copy_benchmark" 5 256 1024
+fi
+
+report python SKIP "the Python client has no wheel for a non-Debian Python yet: ptc.torch on the GPU is not checked"
+echo "== summary"
+cat "$summary"
+exit $failed
