@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds ptc's relocatable daemon tarball from the checkout:
+# Builds ptc's two artifacts for machines other than this Debian 12 build
+# host, from the checkout:
 #
 #   bash tools/package.sh [OUT_DIR]        (default: dist/)
 #
+# -> OUT_DIR/ptc-VERSION-py3-none-manylinux_2_GLIBC_x86_64.whl: the Python
+#    client (`pip install` it into any CPython >= 3.9; tools/wheel.py)
 # -> OUT_DIR/ptc-VERSION-linux-x86_64.tar.gz, one folder ptc-VERSION/:
 #   bin/      ptcd, ptc-coordinator, ptcctl, ptc-certs
 #   libexec/  synthetic_job (a job without a framework), and the GPU checks
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-dist}")
 bash tools/setup.sh
 
-targets=(//ptcd:ptcd //coordinator:ptc-coordinator //tools:ptcctl //tools:synthetic_job
+targets=(//client:python_package //ptcd:ptcd //coordinator:ptc-coordinator //tools:ptcctl //tools:synthetic_job
          //client:device_copies_test //tools:gpu_copy_benchmark //tools:gpu_store_benchmark)
 echo "package: building ${targets[*]}"
 bazel build "${targets[@]}" 2>&1 | grep -E "^(ERROR|INFO: Build)|error:" || true
@@ -104,7 +107,11 @@ the GPU checks run by tools/device_check.sh in ptc's source tree.
 EOF
 
 mkdir -p "$out"
+rm -f "$out"/ptc-*-linux-x86_64.tar.gz
 tarball="$out/$name-linux-x86_64.tar.gz"
 tar -C "$stage" -czf "$tarball" "$name"
 echo "package: $tarball ($(du -h "$tarball" | cut -f1), glibc >= $glibc," \
   "$(ls "$root/lib" | grep -c "\.so") libraries)"
+rm -f "$out"/ptc-*.whl
+wheel=$(/usr/bin/python3 tools/wheel.py "$bin/client/python/pkg" "$out")
+echo "package: $wheel ($(du -h "$wheel" | cut -f1))"

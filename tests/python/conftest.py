@@ -88,11 +88,17 @@ def ptcctl(bin_dir):
 
 @pytest.fixture(scope="session")
 def ptc_module(bin_dir):
-    """The `ptc` Python package Bazel built (client/python)."""
+    """The `ptc` Python package Bazel built (client/python), or, with
+    PTC_INSTALLED_CLIENT=1, the one installed in this interpreter (the
+    wheel in a venv: tools/venv_check.sh)."""
     import sys
+    if os.environ.get("PTC_INSTALLED_CLIENT") == "1":
+        import ptc
+        assert "site-packages" in ptc.__file__, f"ptc is not the installed wheel: {ptc.__file__}"
+        return ptc
     pkg = bin_dir / "client" / "python" / "pkg"
-    if not (pkg / "ptc" / "_ptc.so").exists():
-        pytest.fail(f"{pkg}/ptc/_ptc.so is missing; build with `bazel build //...`")
+    if not (pkg / "ptc" / "libptc.so").exists():
+        pytest.fail(f"{pkg}/ptc/libptc.so is missing; build with `bazel build //...`")
     sys.path.insert(0, str(pkg))
     import ptc
     return ptc

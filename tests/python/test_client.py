@@ -165,7 +165,7 @@ def test_tensors_save_and_load_on_their_device(ptc_module, cluster, device):
     from ptc import torch_state
     if not torch.cuda.is_available():
         with pytest.raises(ptc.Error, match="CUDA is not usable on this host") as e:
-            ptc._ptc.DeviceCopies(0)
+            ptc._capi.DeviceCopies(0)
         assert e.value.code == "UNAVAILABLE"
     model = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8,pad=8,dtype=bf16"
     rank_hosts = register(cluster, f"dev-{device}", model, config="tp=2,dp=1",

@@ -110,7 +110,7 @@ def mcore_cases():
 def test_mcore_buffers_are_megatron_cores(bin_dir, ptc_module, case):
     """mcore=1 puts every parameter at the offset Megatron-core's
     _ParamAndGradBuffer gives it, with the same buckets, on every rank."""
-    from ptc import _ptc
+    from ptc import _capi
     r = subprocess.run([str(bin_dir / "tools" / "ptcctl"), "layout", "export", "--model",
                         case["model"]], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -121,7 +121,7 @@ def test_mcore_buffers_are_megatron_cores(bin_dir, ptc_module, case):
         want = {PTC_BUFFER[b["kind"]]: b for b in rank["buffers"]}
         got = {}
         for name in names:
-            v = _ptc.buffer_view(spec, case["config"], name, rank["rank"])
+            v = _capi.buffer_view(spec, case["config"], name, rank["rank"])
             held = {e["key"]: (e["offset"], e["size"]) for e in v["entries"]
                     if e["offset"] >= 0}
             if held:

@@ -1,7 +1,8 @@
 """ptc: a training rank's state in ptc.
 
-The extension (ptc._ptc, built by Bazel from client/python/ptc_module.cc)
-connects to the host's ptcd and the coordinator:
+The client library (ptc._capi: client/c_api.h's libptc.so, bound with
+ctypes, so the same build imports in every CPython from 3.9 on) connects to
+the host's ptcd and the coordinator:
 
     import ptc
     client = ptc.Client(socket="/run/ptcd/ptcd.sock", coordinator="coord:7000",
@@ -31,7 +32,7 @@ plan, and saves and loads a rank's whole state with one call each
 of named tensors to a built-in model's spec.
 """
 
-from ._ptc import (  # noqa: F401
+from ._capi import (  # noqa: F401
     MAX_SMALL_OBJECT_BYTES,
     Client,
     DataCursor,

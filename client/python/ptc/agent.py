@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from . import _ptc
+from . import _capi
 
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
@@ -72,8 +72,8 @@ class Agent:
         """(layout epoch, {GPU: rank}) of this host under the job's placement
         now (None: the coordinator could not be asked)."""
         try:
-            placed = _ptc.ranks_on_host(self.args.coordinator, self.args.job, self.args.host)
-        except _ptc.Error as e:
+            placed = _capi.ranks_on_host(self.args.coordinator, self.args.job, self.args.host)
+        except _capi.Error as e:
             if not getattr(self, "_warned", False):
                 self.say(f"asking the coordinator: {e}")
                 self._warned = True
@@ -118,9 +118,9 @@ class Agent:
         go on without it; the coordinator changes the job (automatic
         changes on) and the new layout starts it again here."""
         try:
-            changing = _ptc.report_process_exit(self.args.coordinator, self.args.job,
+            changing = _capi.report_process_exit(self.args.coordinator, self.args.job,
                                                 self.args.host, gpu, code, epoch)
-        except _ptc.Error as e:
+        except _capi.Error as e:
             self.say(f"could not report the exit to the coordinator: {e}")
             return
         self.say("the coordinator " + ("changes the job" if changing else

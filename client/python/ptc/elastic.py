@@ -52,7 +52,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _ptc
+from . import _capi
 
 # Phases of a change that has not ended (ReconfigurePhase names).
 _RUNNING = ("staging", "verifying", "committing")
@@ -293,7 +293,7 @@ class Live:
                         self._note_change("pending")
                     try:
                         self._save()
-                    except _ptc.Error as e:
+                    except _capi.Error as e:
                         if getattr(e, "code", "") == "UNAVAILABLE":
                             # A host of the job could not take its share
                             # (it died as the job saved): the version is
@@ -328,7 +328,7 @@ class Live:
             if kind is None:
                 self.live.iteration += 1
                 return False
-            if issubclass(kind, RuntimeError) and not issubclass(kind, _ptc.Error):
+            if issubclass(kind, RuntimeError) and not issubclass(kind, _capi.Error):
                 # A collective failed: a peer is likely gone. The loop waits
                 # for the change that follows (and re-raises this if none
                 # comes within the timeout).
@@ -464,7 +464,7 @@ class Live:
             return False
         if torch.cuda.is_available() and self.backend == "nccl":
             torch.cuda.set_device(self.device)
-        self.client = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
+        self.client = _capi.Client(socket=self.socket, coordinator=self.coordinator,
                                   job=self.job, rank=rank)
         self.rank = rank
         if rank == 0:
@@ -505,7 +505,7 @@ class Live:
         return True
 
     def _my_rank(self):
-        placed = _ptc.ranks_on_host(self.coordinator, self.job, self.host)
+        placed = _capi.ranks_on_host(self.coordinator, self.job, self.host)
         for r in placed["ranks"]:
             if r["gpu"] == self.device:
                 return r["rank"]
@@ -558,14 +558,14 @@ class Live:
             mine = [d for d, p in enumerate(plan["process_of"]) if p == me]
             if mine:
                 if _refused_in_test(plan["config"], me):
-                    raise _ptc.Error(f"rank {me} refuses the hot switch to {plan['config']} "
+                    raise _capi.Error(f"rank {me} refuses the hot switch to {plan['config']} "
                                      "(PTC_TEST_HOT_REFUSE)")
-                target = _ptc.Client(socket=self.socket, coordinator=self.coordinator,
+                target = _capi.Client(socket=self.socket, coordinator=self.coordinator,
                                      job=self.job, rank=mine[0], pending_serial=serial)
                 # Holds the switch: the change can no longer be replaced.
                 save = target.begin_save(int(self.iteration))
             ok = True
-        except _ptc.Error as e:
+        except _capi.Error as e:
             self._log(f"hot switch {serial} does not start: {e}")
             ok = False
         planned = time.time()

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import torch_state
-from . import _ptc
+from . import _capi
 
 
 def _inside(box, outer):
@@ -206,7 +206,7 @@ def exchange_small_objects(plan, me, mine, job, version, device):
         to = process_of[m["target_rank"]]
         if m["derive_from"]:
             if to == me:
-                out[m["name"]] = _ptc.derived_small_object(job, m["name"], m["derive_from"],
+                out[m["name"]] = _capi.derived_small_object(job, m["name"], m["derive_from"],
                                                           version)
             continue
         if m["source_rank"] == me and to == me:

@@ -41,7 +41,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from . import _ptc, torch_state
+from . import _capi, torch_state
 
 __all__ = ["Colwise", "Experts", "FlatBuffer", "Layout", "OptimizerState", "Replicate", "Rowwise", "Shard",
            "Stages", "VocabParallel", "check_forward", "describe", "flat_buffer", "load",
@@ -554,7 +554,7 @@ class Layout:
             ],
         }
         # ptc's own checks (names, placements against shapes).
-        _ptc.check_layout(json.dumps(self.spec))
+        _capi.check_layout(json.dumps(self.spec))
 
     def _stage_rules(self, model, names, kind):
         st = self.stages
@@ -595,7 +595,7 @@ class Layout:
 
     def regions(self, config):
         """Every rank's regions under `config`: [[region dict, ...], ...]."""
-        return _ptc.layout_regions(json.dumps(self.spec), str(config))
+        return _capi.layout_regions(json.dumps(self.spec), str(config))
 
 
 def _sample(names, k=6):
@@ -708,7 +708,7 @@ def flat_buffer(layout, config=None, rank=None, name=None):
     of the parameter), and optimizer state for those. save() and load()
     take it as an object with .optimizer (the torch optimizer over those
     tensors) and .shards ({parameter name: that tensor})."""
-    if isinstance(layout, _ptc.Client):
+    if isinstance(layout, _capi.Client):
         text, config, rank = layout.layout, str(layout.config), layout.rank
         spec = _spec_of(text)
     else:
@@ -725,7 +725,7 @@ def flat_buffer(layout, config=None, rank=None, name=None):
     rank = int(rank)
     if not 0 <= rank < 2**31:
         raise ValueError(f"rank {rank} is not a rank of {config}")
-    return BufferView(_ptc.buffer_view(text, str(config), name, rank), name)
+    return BufferView(_capi.buffer_view(text, str(config), name, rank), name)
 
 
 def _flat_parts(optimizer, where):
@@ -765,7 +765,7 @@ class _Rank:
         # and parameter -> (buffer, lo, hi) of the ranges this rank owns.
         self.buffers, self.member, self.owned = {}, {}, {}
         for b in self.spec.get("buffers", []):
-            view = BufferView(_ptc.buffer_view(text, str(self.config), b["name"], self.rank),
+            view = BufferView(_capi.buffer_view(text, str(self.config), b["name"], self.rank),
                               b["name"])
             if not view.in_use:
                 continue
@@ -1107,7 +1107,7 @@ def encode(obj):
             if all(isinstance(k, str) and not k.startswith("__") for k in o):
                 return {k: enc(v) for k, v in o.items()}
             return {"__d": [[enc(k), enc(v)] for k, v in o.items()]}
-        if isinstance(o, _ptc.DataCursor):
+        if isinstance(o, _capi.DataCursor):
             return {"__cursor": base64.b64encode(o.encode()).decode()}
         if torch.is_tensor(o):
             t = o.detach().cpu().contiguous()
@@ -1138,7 +1138,7 @@ def decode(data):
         if "__d" in o:
             return {dec(k): dec(v) for k, v in o["__d"]}
         if "__cursor" in o:
-            return _ptc.DataCursor.decode(base64.b64decode(o["__cursor"]))
+            return _capi.DataCursor.decode(base64.b64decode(o["__cursor"]))
         if "__tensor" in o:
             dtype = torch_dtype(o["__tensor"])
             raw_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
@@ -1155,9 +1155,9 @@ def decode(data):
 
 def _encoded(obj, what):
     data = encode(obj)
-    if len(data) > _ptc.MAX_SMALL_OBJECT_BYTES:
+    if len(data) > _capi.MAX_SMALL_OBJECT_BYTES:
         raise ValueError(f"{what} takes {len(data)} bytes encoded; ptc keeps at most "
-                         f"{_ptc.MAX_SMALL_OBJECT_BYTES} per small object (keep large "
+                         f"{_capi.MAX_SMALL_OBJECT_BYTES} per small object (keep large "
                          "data in tensors of the model or the layout)")
     return data
 
@@ -1183,7 +1183,7 @@ def new_rank_seed(derived, job, base_seed):
 
 
 def _set_rng_state(raw, job):
-    derived = _ptc.derived_seed(raw)
+    derived = _capi.derived_seed(raw)
     if derived is not None:
         # A rank whose coordinates are new: a fresh stream, never a copy.
         seed = new_rank_seed(derived, job, torch.initial_seed())
@@ -1346,9 +1346,9 @@ def describe(layout, config, rank=None, state=False):
     of a flat buffer), the flat buffers, and the bytes it holds. Needs no cluster; raises what ptc would refuse."""
     spec = _spec_of(layout)
     text = json.dumps(spec)
-    _ptc.check_layout(text, str(config))
-    regions = _ptc.layout_regions(text, str(config))
-    cfg = _ptc.ParallelConfig.parse(str(config), spec.get("mesh", []))
+    _capi.check_layout(text, str(config))
+    regions = _capi.layout_regions(text, str(config))
+    cfg = _capi.ParallelConfig.parse(str(config), spec.get("mesh", []))
     tensors = {t["key"]: t for t in spec["tensors"]}
     total = sum(math.prod(t["shape"]) * torch.zeros(0, dtype=torch_dtype(t["dtype"])).element_size()
                 for t in spec["tensors"])
@@ -1363,7 +1363,7 @@ def describe(layout, config, rank=None, state=False):
         for reg in mine:
             by_key.setdefault(reg["key"], []).append(reg["region"])
         coord = ", ".join(f"{a}={i}" for a, i in zip(cfg.mesh, cfg.coord_of(r)))
-        views = [BufferView(_ptc.buffer_view(text, str(config), b["name"], r), b["name"])
+        views = [BufferView(_capi.buffer_view(text, str(config), b["name"], r), b["name"])
                  for b in spec.get("buffers", [])]
         views = {v.name: v for v in views if v.in_use}
         shown = {k: b for k, b in by_key.items()
@@ -1403,9 +1403,9 @@ def shard_state(full, layout, config, rank):
     {key: local tensor} for every key of `full` the rank holds (a model
     loaded from an unsharded checkpoint; the forward check)."""
     spec = _spec_of(layout)
-    cfg = _ptc.ParallelConfig.parse(str(config), spec.get("mesh", []))
+    cfg = _capi.ParallelConfig.parse(str(config), spec.get("mesh", []))
     tensors = {t["key"]: t for t in spec["tensors"]}
-    regions = _ptc.layout_regions(json.dumps(spec), str(config))
+    regions = _capi.layout_regions(json.dumps(spec), str(config))
     if not 0 <= rank < len(regions):
         raise ValueError(f"rank {rank} is outside the {len(regions)} ranks of {config}")
     by_key = {}
@@ -1470,7 +1470,7 @@ def check_forward(build, forward, layout, inputs, config, *, reference="",
     spec = _spec_of(layout)
 
     def run(cfg, full):
-        world = _ptc.ParallelConfig.parse(str(cfg), spec.get("mesh", [])).world_size
+        world = _capi.ParallelConfig.parse(str(cfg), spec.get("mesh", [])).world_size
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

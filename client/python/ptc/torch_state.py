@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import _ptc
+from . import _capi
 
 _TORCH_DTYPES = {
     "fp32": torch.float32,
@@ -100,7 +100,7 @@ class RegionCopies:
     """
 
     def __init__(self):
-        self._gpu = {}       # device index -> _ptc.DeviceCopies
+        self._gpu = {}       # device index -> _capi.DeviceCopies
         self._held = []      # tensors the queued copies read or write
         self._staged = 0     # bytes of staging copies among them
         self._scatter = []   # (strided view, staged load) to copy at finish
@@ -118,8 +118,8 @@ class RegionCopies:
                 _NO_GPU_COPIES[index] = "turned off (PTC_PINNED_COPIES=0)"
                 return None
             try:
-                self._gpu[index] = _ptc.DeviceCopies(index)
-            except _ptc.Error as e:
+                self._gpu[index] = _capi.DeviceCopies(index)
+            except _capi.Error as e:
                 _NO_GPU_COPIES[index] = str(e)
                 print(f"ptc: GPU {index}'s tensors go through pageable host memory "
                       f"(slower): {e}", file=sys.stderr, flush=True)
