@@ -6,8 +6,11 @@
 #
 #   bash tools/device_check.sh [--dry-run] [RESULTS_DIR]
 #
+# PTC_DEVICE_PYTHON: the Python with PyTorch to test in (default python3;
+# on Debian 12 /usr/bin/python3, whose PyTorch 1.13 the dry run then uses).
+#
 # Steps, each reported as PASS, FAIL or SKIP with its output in RESULTS_DIR
-# (default: device-check/ ; $OUT where that is set):
+# (default: device-check/ ; $OUT where that is set; at most 8 files):
 #   facts      the GPU, driver, glibc, Python and PyTorch of the machine
 #   tarball    tools/tarball_check.sh: a coordinator and two ptcds from the
 #              tarball, a change between them over UCX, every element verified
@@ -18,13 +21,21 @@
 #              loaded into GPU memory through a ptcd from the tarball, 5 runs,
 #              against cudaMemcpy from cudaMallocHost in the same run
 #   copy-bench tools/gpu_copy_benchmark: pageable vs registered vs pinned
-#   python     the Python client and ptc.torch on the GPU: SKIP until the
-#              client installs into a non-Debian Python (a wheel in dist/)
-# --dry-run runs what needs no GPU (facts, tarball) and skips the rest: it
+#   python     the client wheel (dist/) installed into a venv of the
+#              machine's Python and PyTorch: ptc.torch with the state on the
+#              GPU (tests/python/test_torch_gpu.py: every dtype, and a tp=2
+#              -> tp=1 -> tp=2 change, bit for bit) and the client's and
+#              ptc.torch's CPU tests, against the tarball's daemons
+#   pause-bench  tools/gpu_pause_benchmark.py: a 1.2 GiB GPU job's restart
+#              through ptc vs DCP vs torch.save/load, and ptc's tp=2 -> tp=1
+#              change, 3 runs, against GPU <-> pinned copies
+# --dry-run runs what needs no GPU (facts, tarball, python) and skips the rest: it
 # proves the script and the tarball on a machine without a GPU.
-# Exits non-zero if a step failed. Takes about 3 minutes on an H100 host.
+# Exits non-zero if a step failed. Takes about 5 minutes on an H100 host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The machine's Python with PyTorch (a GPU machine's own).
+python=${PTC_DEVICE_PYTHON:-python3}
 dry=0
 if [[ "${1:-}" == "--dry-run" ]]; then dry=1; shift; fi
 results=${1:-${OUT:-device-check}}
@@ -53,6 +64,7 @@ step() {  # STEP LIMIT_S WHAT COMMAND...
 }
 
 tarball=$(ls -t dist/ptc-*-linux-x86_64.tar.gz 2>/dev/null | head -1)
+wheel=$(ls -t dist/ptc-*.whl 2>/dev/null | head -1)
 if [[ -z "$tarball" ]]; then
   report tarball FAIL "no dist/ptc-*-linux-x86_64.tar.gz: run 'bash tools/package.sh' first"
   exit 1
@@ -73,8 +85,8 @@ tar -C "$ptc" --strip-components=1 -xzf "$tarball"
   else
     echo "gpu: none (no nvidia-smi)"
   fi
-  echo "python: $(python3 --version 2>&1)"
-  python3 -c "import torch; print('torch:', torch.__version__, 'cuda', torch.version.cuda,
+  echo "python: $("$python" --version 2>&1)"
+  "$python" -c "import torch; print('torch:', torch.__version__, 'cuda', torch.version.cuda,
 'available', torch.cuda.is_available())" 2>&1 | tail -1
 } >"$results/facts.log" 2>&1
 cat "$results/facts.log"
@@ -94,11 +106,11 @@ else
   base=$((21000 + ($$ % 1000) * 4))
   export PTC_INSECURE=1
   "$ptc/bin/ptc-coordinator" --listen "127.0.0.1:$base" --state-dir "$work/c" --insecure \
-    >"$results/store-bench-coordinator.log" 2>&1 &
+    >"$work/coordinator.log" 2>&1 &
   cpid=$!
   "$ptc/bin/ptcd" --listen "127.0.0.1:$((base + 1))" --coordinator "127.0.0.1:$base" \
     --name host0 --gpus 1 --socket "$work/host0.sock" --memory-limit 8GiB --insecure \
-    >"$results/store-bench-ptcd.log" 2>&1 &
+    >"$work/ptcd.log" 2>&1 &
   dpid=$!
   store_bench() {
     for _ in $(seq 100); do
@@ -116,13 +128,49 @@ else
     bash -c store_bench
   kill "$dpid" "$cpid" 2>/dev/null
   wait "$dpid" "$cpid" 2>/dev/null
+  if grep -q "store-bench  FAIL" "$summary"; then
+    tail -20 "$work/coordinator.log" "$work/ptcd.log" >>"$results/store-bench.log"
+  fi
   rm -rf "$work"
 
   step copy-bench 180 "GPU copies: pageable vs registered vs cudaMallocHost" \
     "$ptc/libexec/gpu_copy_benchmark" 5 256 1024
 fi
 
-report python SKIP "the Python client has no wheel for a non-Debian Python yet: ptc.torch on the GPU is not checked"
+# The Python client: the wheel into a venv that sees the machine's PyTorch.
+venv=$(mktemp -d)/venv
+bins=$(mktemp -d)
+bash tools/internal/bin_dir.sh "$ptc" "$bins"
+if [[ -z "$wheel" ]]; then
+  report python FAIL "no dist/ptc-*.whl: run 'bash tools/package.sh' first"
+elif ! "$python" -m venv --system-site-packages "$venv" >"$results/python.log" 2>&1 ||
+     ! "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheel" >>"$results/python.log" 2>&1; then
+  report python FAIL "installing $(basename "$wheel") (see python.log)"
+else
+  # Without openssl (no certificates for the test clusters) the tests' clusters
+  # run plaintext on loopback.
+  plain=0
+  command -v openssl >/dev/null || plain=1
+  echo "openssl: $(command -v openssl || echo 'none: test clusters in plaintext')" >>"$results/facts.log"
+  py_tests() {
+    cd "$bins" && PTC_BIN_DIR="$bins" PTC_INSTALLED_CLIENT=1 PTC_TEST_PLAINTEXT=$plain \
+      PTC_REQUIRE_GPU=$((1 - dry)) \
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:xdist --rootdir "$root/tests/python" \
+      "$root/tests/python/test_torch_gpu.py" "$root/tests/python/test_client.py" \
+      "$root/tests/python/test_torch_api.py" "$root/tests/python/test_layout_spec.py"
+  }
+  root=$PWD
+  export venv bins plain root dry
+  export -f py_tests
+  step python 300 "the wheel in $("$venv/bin/python" --version): ptc.torch on the GPU and the client's tests" \
+    bash -c py_tests
+  if [[ $dry == 1 ]]; then
+    report pause-bench SKIP "dry run: needs a GPU"
+  else
+    step pause-bench 300 "a 1.2 GiB GPU job: ptc vs DCP vs torch.save restart, ptc tp=2 -> tp=1" \
+      "$venv/bin/python" tools/gpu_pause_benchmark.py --bin "$bins" --runs 3 --layers 4
+  fi
+fi
 echo "== summary"
 cat "$summary"
 exit $failed

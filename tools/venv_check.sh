@@ -49,14 +49,8 @@ bash tools/package.sh "$dist" | grep "^package:"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
   "$dist"/ptc-*.whl
 tar -C "$farm" -xzf "$dist"/ptc-*-linux-x86_64.tar.gz
-tarball=$(echo "$farm"/ptc-*)
-# The tests find the daemons where Bazel puts them (PTC_BIN_DIR): point
-# those paths at the tarball's programs.
-mkdir -p "$farm/bin/ptcd" "$farm/bin/coordinator" "$farm/bin/tools"
-ln -s "$tarball/bin/ptcd" "$farm/bin/ptcd/ptcd"
-ln -s "$tarball/bin/ptc-coordinator" "$farm/bin/coordinator/ptc-coordinator"
-ln -s "$tarball/bin/ptcctl" "$farm/bin/tools/ptcctl"
-ln -s "$tarball/libexec/synthetic_job" "$farm/bin/tools/synthetic_job"
+# The tests find the daemons where Bazel puts them (PTC_BIN_DIR).
+bash tools/internal/bin_dir.sh "$farm"/ptc-* "$farm/bin"
 
 tests=(tests/python/test_client.py tests/python/test_layout_spec.py
        tests/python/test_torch_api.py tests/python/test_torch_grouped.py

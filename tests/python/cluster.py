@@ -12,11 +12,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_HOSTS = 16
 
 
+def plaintext():
+    """PTC_TEST_PLAINTEXT=1: clusters without TLS (--insecure), for a machine
+    without openssl to make certificates (tools/device_check.sh on a GPU
+    image); never in CI."""
+    return os.environ.get("PTC_TEST_PLAINTEXT") == "1"
+
+
 def certificates():
     """The test session's CA and certificates (host0..host15, coordinator,
     admin, the jobs' "client", "client:k") and job token key, made once. This process and everything it starts use the admin
     certificate: ptc's client library reads PTC_TLS_* once per process."""
     global _certs
+    if _certs is None and plaintext():
+        _certs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-plaintext-"))
+        os.environ["PTC_INSECURE"] = "1"
     if _certs is None:
         _certs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-certs-"))
         tool = str(ROOT / "tools/ptc-certs")
@@ -34,6 +44,8 @@ _certs = None
 
 def tls_flags(name):
     certs = certificates()
+    if plaintext():
+        return ["--insecure"]
     return ["--tls-ca", str(certs / "ca.pem"), "--tls-cert", str(certs / f"{name}.pem"),
             "--tls-key", str(certs / f"{name}.key")]
 
