@@ -21,12 +21,12 @@
 #              loaded into GPU memory through a ptcd from the tarball, 5 runs,
 #              against cudaMemcpy from cudaMallocHost in the same run
 #   copy-bench tools/gpu_copy_benchmark: pageable vs registered vs pinned
-#   python     the client wheel (dist/) installed into a venv of the
-#              machine's Python and PyTorch: ptc.torch with the state on the
+#   python     the client wheel (dist/) installed for the machine's Python
+#              and PyTorch (pip install --target, on PYTHONPATH): ptc.torch with the state on the
 #              GPU (tests/python/test_torch_gpu.py: every dtype, and a tp=2
 #              -> tp=1 -> tp=2 change, bit for bit) and the client's and
 #              ptc.torch's CPU tests, against the tarball's daemons
-#   pause-bench  tools/gpu_pause_benchmark.py: a 1.2 GiB GPU job's restart
+#   pause-bench  tools/gpu_pause_benchmark.py: a 3.7 GiB GPU job's restart
 #              through ptc vs DCP vs torch.save/load, and ptc's tp=2 -> tp=1
 #              change, 3 runs, against GPU <-> pinned copies
 # --dry-run runs what needs no GPU (facts, tarball, python) and skips the rest: it
@@ -104,7 +104,6 @@ else
   # The store benchmark against a coordinator and a ptcd from the tarball.
   work=$(mktemp -d)
   base=$((21000 + ($$ % 1000) * 4))
-  export PTC_INSECURE=1
   "$ptc/bin/ptc-coordinator" --listen "127.0.0.1:$base" --state-dir "$work/c" --insecure \
     >"$work/coordinator.log" 2>&1 &
   cpid=$!
@@ -113,6 +112,7 @@ else
     >"$work/ptcd.log" 2>&1 &
   dpid=$!
   store_bench() {
+    export PTC_INSECURE=1  # the client side of --insecure; this step only
     for _ in $(seq 100); do
       "$ptc/bin/ptcctl" register --job bench \
         --model gpt:layers=4,hidden=1024,heads=16,vocab=32000,positions=1024 \
@@ -137,14 +137,16 @@ else
     "$ptc/libexec/gpu_copy_benchmark" 5 256 1024
 fi
 
-# The Python client: the wheel into a venv that sees the machine's PyTorch.
-venv=$(mktemp -d)/venv
+# The Python client: the wheel installed for the machine's Python, beside
+# its PyTorch (a folder on PYTHONPATH: a venv of a venv would not see the
+# packages of the one the machine's python3 is).
+site=$(mktemp -d)/site
 bins=$(mktemp -d)
 bash tools/internal/bin_dir.sh "$ptc" "$bins"
 if [[ -z "$wheel" ]]; then
   report python FAIL "no dist/ptc-*.whl: run 'bash tools/package.sh' first"
-elif ! "$python" -m venv --system-site-packages "$venv" >"$results/python.log" 2>&1 ||
-     ! "$venv/bin/python" -m pip install -q --no-index --no-deps "$wheel" >>"$results/python.log" 2>&1; then
+elif ! "$python" -m pip install -q --no-index --no-deps --target "$site" "$wheel" \
+       >"$results/python.log" 2>&1; then
   report python FAIL "installing $(basename "$wheel") (see python.log)"
 else
   # Without openssl (no certificates for the test clusters) the tests' clusters
@@ -154,21 +156,21 @@ else
   echo "openssl: $(command -v openssl || echo 'none: test clusters in plaintext')" >>"$results/facts.log"
   py_tests() {
     cd "$bins" && PTC_BIN_DIR="$bins" PTC_INSTALLED_CLIENT=1 PTC_TEST_PLAINTEXT=$plain \
-      PTC_REQUIRE_GPU=$((1 - dry)) \
-      "$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:xdist --rootdir "$root/tests/python" \
+      PTC_REQUIRE_GPU=$((1 - dry)) PYTHONPATH="$site" \
+      "$python" -m pytest -q -p no:cacheprovider -p no:xdist --rootdir "$root/tests/python" \
       "$root/tests/python/test_torch_gpu.py" "$root/tests/python/test_client.py" \
       "$root/tests/python/test_torch_api.py" "$root/tests/python/test_layout_spec.py"
   }
   root=$PWD
-  export venv bins plain root dry
+  export python site bins plain root dry
   export -f py_tests
-  step python 300 "the wheel in $("$venv/bin/python" --version): ptc.torch on the GPU and the client's tests" \
+  step python 300 "the wheel in $("$python" --version): ptc.torch on the GPU and the client's tests" \
     bash -c py_tests
   if [[ $dry == 1 ]]; then
     report pause-bench SKIP "dry run: needs a GPU"
   else
-    step pause-bench 300 "a 1.2 GiB GPU job: ptc vs DCP vs torch.save restart, ptc tp=2 -> tp=1" \
-      "$venv/bin/python" tools/gpu_pause_benchmark.py --bin "$bins" --runs 3 --layers 4
+    step pause-bench 300 "a 3.7 GiB GPU job: ptc vs DCP vs torch.save restart, ptc tp=2 -> tp=1" \
+      env PYTHONPATH="$site" "$python" tools/gpu_pause_benchmark.py --bin "$bins" --runs 3 --layers 4
   fi
 fi
 echo "== summary"

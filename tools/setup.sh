@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap g++ libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler libabsl-dev libspdlog-dev libfmt-dev catch2 libucx-dev
-  ucx-utils libxxhash-dev pybind11-dev python3-dev python3-numpy python3-pytest
+  ucx-utils libxxhash-dev python3-venv python3-numpy python3-pytest
   python3-torch openssl iproute2 clang libclang-rt-14-dev
   etcd-server etcd-client golang-etcd-server-dev patchelf file
 )

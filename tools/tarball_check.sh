@@ -53,9 +53,16 @@ fail() {
   exit 1
 }
 
-# Ports from this process's id, so that two checks at once do not meet.
-base=$((20000 + ($$ % 2000) * 10))
-coordinator=127.0.0.1:$base
+# Every port is the kernel's choice (:0), read back from --port-file: two
+# checks at once, or other tests' connections, never collide.
+port_of() {  # FILE: waits for a daemon's port file
+  for _ in $(seq 400); do
+    if [[ -s "$1" ]]; then cat "$1"; return; fi
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a daemon exited"; done
+    sleep 0.05
+  done
+  fail "$1 never appeared"
+}
 # Plaintext on loopback; nothing of the caller's cluster (certificates,
 # coordinator, token) applies here.
 for v in $(compgen -e); do
@@ -64,14 +71,15 @@ done
 export PTC_INSECURE=1
 ctl() { "$dir/bin/ptcctl" "$@" --coordinator "$coordinator"; }
 
-"$dir/bin/ptc-coordinator" --listen "$coordinator" --state-dir "$work/coordinator" \
-  --insecure >"$work/coordinator.log" 2>&1 &
+"$dir/bin/ptc-coordinator" --listen 127.0.0.1:0 --port-file "$work/coordinator.port" \
+  --state-dir "$work/coordinator" --insecure >"$work/coordinator.log" 2>&1 &
 pids+=($!)
+coordinator=127.0.0.1:$(port_of "$work/coordinator.port")
 start_host() {
   local i=$1
-  "$dir/bin/ptcd" --listen "127.0.0.1:$((base + 1 + i))" --coordinator "$coordinator" \
-    --name "host$i" --gpus 1 --socket "$work/host$i.sock" --memory-limit 1GiB \
-    --metrics-listen "127.0.0.1:$((base + 5 + i))" --insecure >>"$work/host$i.log" 2>&1 &
+  "$dir/bin/ptcd" --listen 127.0.0.1:0 --port-file "$work/host$i.port" \
+    --coordinator "$coordinator" --name "host$i" --gpus 1 --socket "$work/host$i.sock" \
+    --memory-limit 1GiB --metrics-listen 127.0.0.1:0 --insecure >>"$work/host$i.log" 2>&1 &
   pids+=($!)
 }
 start_host 0
@@ -108,7 +116,11 @@ report=$(ctl reconfigure --job tarball --to tp=2 --hosts host0,host1 --json) ||
   >"$work/verify.log" 2>&1 || fail "verify: $(cat "$work/verify.log")"
 echo "tarball check: tp=1 on host0 -> tp=2 on host0,host1 committed," \
   "$from_peers bytes between daemons, every element verified"
-curl_metrics=$(exec 3<>"/dev/tcp/127.0.0.1/$((base + 5))" &&
+# host0's metrics port, from its log ("metrics on http://127.0.0.1:PORT/metrics").
+log=$(<"$work/host0.log")
+[[ "$log" =~ metrics\ on\ http://127\.0\.0\.1:([0-9]+)/metrics ]] ||
+  fail "host0 did not say where its metrics are"
+curl_metrics=$(exec 3<>"/dev/tcp/127.0.0.1/${BASH_REMATCH[1]}" &&
   printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3) || true
 [[ "$curl_metrics" == *$'\nptc_store_bytes_in_total '* ]] || fail "host0's metrics did not answer"
 echo "tarball check: ok"

@@ -75,6 +75,20 @@ if [[ $py_rc -ne 0 && $py_failed -eq 0 ]]; then py_failed=1; fi
 passed=$((passed + py_passed))
 failed=$((failed + py_failed))
 
+echo "== the client wheel in a venv (a non-Debian Python, PyTorch 2.x from PyPI), the tarball's daemons"
+venv_out=$(bash tools/venv_check.sh 2>&1)
+venv_rc=$?
+echo "$venv_out" | grep -v "^[.sFE]*\( *\[ *[0-9]*%\]\)\?$" | tail -15
+venv_summary=$(echo "$venv_out" | tail -1)
+venv_passed=$(echo "$venv_summary" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || echo 0)
+venv_failed=0
+for n in $(echo "$venv_summary" | grep -oE "[0-9]+ (failed|errors?)" | grep -oE "^[0-9]+"); do
+  venv_failed=$((venv_failed + n))
+done
+if [[ $venv_rc -ne 0 && $venv_failed -eq 0 ]]; then venv_failed=1; fi
+passed=$((passed + venv_passed))
+failed=$((failed + venv_failed))
+
 if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then
   echo "   bazel test failed (exit $bazel_rc) without a failing test case; see above"
   failed=1

@@ -94,7 +94,8 @@ def ptc_module(bin_dir):
     import sys
     if os.environ.get("PTC_INSTALLED_CLIENT") == "1":
         import ptc
-        assert "site-packages" in ptc.__file__, f"ptc is not the installed wheel: {ptc.__file__}"
+        assert "bazel-out" not in ptc.__file__ and ROOT not in pathlib.Path(ptc.__file__).parents, \
+            f"ptc is not the installed wheel: {ptc.__file__}"
         return ptc
     pkg = bin_dir / "client" / "python" / "pkg"
     if not (pkg / "ptc" / "libptc.so").exists():
