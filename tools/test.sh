@@ -60,34 +60,33 @@ else
   failed=$((failed + 1))
 fi
 
+# Adds a pytest run's counts (its output, its exit status) to the totals: a
+# run that failed without a failing test (an import error, a crash) counts
+# as one failure.
+count_pytest() {
+  local summary n run_passed run_failed=0
+  summary=$(echo "$1" | tail -1)
+  run_passed=$(echo "$summary" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || echo 0)
+  for n in $(echo "$summary" | grep -oE "[0-9]+ (failed|errors?)" | grep -oE "^[0-9]+"); do
+    run_failed=$((run_failed + n))
+  done
+  if [[ $2 -ne 0 && $run_failed -eq 0 ]]; then run_failed=1; fi
+  passed=$((passed + run_passed))
+  failed=$((failed + run_failed))
+}
+
 echo "== python tests (Debian's /usr/bin/python3)"
 py_out=$(PTC_BIN_DIR="$(bazel info bazel-bin 2>/dev/null)" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python 2>&1)
 py_rc=$?
 echo "$py_out" | tail -25
-py_summary=$(echo "$py_out" | tail -1)
-py_passed=$(echo "$py_summary" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || echo 0)
-py_failed=0
-for n in $(echo "$py_summary" | grep -oE "[0-9]+ (failed|errors?)" | grep -oE "^[0-9]+"); do
-  py_failed=$((py_failed + n))
-done
-if [[ $py_rc -ne 0 && $py_failed -eq 0 ]]; then py_failed=1; fi
-passed=$((passed + py_passed))
-failed=$((failed + py_failed))
+count_pytest "$py_out" $py_rc
 
 echo "== the client wheel in a venv (a non-Debian Python, PyTorch 2.x from PyPI), the tarball's daemons"
 venv_out=$(bash tools/venv_check.sh 2>&1)
 venv_rc=$?
 echo "$venv_out" | grep -v "^[.sFE]*\( *\[ *[0-9]*%\]\)\?$" | tail -15
-venv_summary=$(echo "$venv_out" | tail -1)
-venv_passed=$(echo "$venv_summary" | grep -oE "[0-9]+ passed" | grep -oE "[0-9]+" || echo 0)
-venv_failed=0
-for n in $(echo "$venv_summary" | grep -oE "[0-9]+ (failed|errors?)" | grep -oE "^[0-9]+"); do
-  venv_failed=$((venv_failed + n))
-done
-if [[ $venv_rc -ne 0 && $venv_failed -eq 0 ]]; then venv_failed=1; fi
-passed=$((passed + venv_passed))
-failed=$((failed + venv_failed))
+count_pytest "$venv_out" $venv_rc
 
 if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then
   echo "   bazel test failed (exit $bazel_rc) without a failing test case; see above"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cluster import LocalCluster
-from torch_jobs import connect, register, spec_tensors
+from torch_jobs import AllDtypes, connect, register, spec_tensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -220,24 +220,6 @@ def test_check_forward_passes_the_right_row_order_and_catches_the_wrong_one(pt):
 
 
 # ---- on a cluster: round trips and misuse ----
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool]
-
-
-class AllDtypes(torch.nn.Module):
-    def __init__(self, fill):
-        super().__init__()
-        g = torch.Generator().manual_seed(3)
-        for i, dt in enumerate(DTYPES):
-            if fill and dt.is_floating_point:
-                v = torch.randn(5, 3, generator=g).to(dt)
-            elif fill:
-                v = torch.randint(0, 2 if dt == torch.bool else 100, (5, 3), generator=g).to(dt)
-            else:
-                v = torch.zeros(5, 3, dtype=dt)
-            self.register_parameter(f"p{i}", torch.nn.Parameter(v, requires_grad=False))
-
 
 @pytest.fixture
 def cluster(bin_dir, tmp_path):

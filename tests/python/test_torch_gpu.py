@@ -15,16 +15,12 @@ import pytest
 import torch
 
 from cluster import LocalCluster
-from torch_jobs import connect, register
+from torch_jobs import DTYPES, AllDtypes, connect, register
 
 if os.environ.get("PTC_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
     raise RuntimeError("PTC_REQUIRE_GPU=1 but PyTorch sees no CUDA device")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="PyTorch sees no CUDA device")
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool]
-
 
 @pytest.fixture(scope="module")
 def pt(ptc_module):
@@ -55,28 +51,13 @@ def copy_stats(monkeypatch):
     return seen
 
 
-class AllDtypes(torch.nn.Module):
-    def __init__(self, fill, device):
-        super().__init__()
-        g = torch.Generator().manual_seed(3)
-        for i, dt in enumerate(DTYPES):
-            if fill and dt.is_floating_point:
-                v = torch.randn(64, 33, generator=g).to(dt)
-            elif fill:
-                v = torch.randint(0, 2 if dt == torch.bool else 100, (64, 33), generator=g).to(dt)
-            else:
-                v = torch.zeros(64, 33, dtype=dt)
-            self.register_parameter(f"p{i}", torch.nn.Parameter(v.to(device),
-                                                                requires_grad=False))
-
-
 def test_every_dtype_round_trips_gpu_store_gpu_bit_for_bit(pt, ptc_module, cluster, tmp_path,
                                                            copy_stats):
-    register(cluster, tmp_path, pt.Layout(AllDtypes(True, "meta")))
+    register(cluster, tmp_path, pt.Layout(AllDtypes(True, "meta", (64, 33))))
     client = connect(ptc_module, cluster)
-    saved = AllDtypes(True, "cuda")
+    saved = AllDtypes(True, "cuda", (64, 33))
     pt.save(client, saved, step=4)
-    got = AllDtypes(False, "cuda")
+    got = AllDtypes(False, "cuda", (64, 33))
     assert pt.load(client, got).step == 4
     for (name, a), (_, b) in zip(saved.named_parameters(), got.named_parameters()):
         assert b.is_cuda and a.dtype == b.dtype and torch.equal(a, b), name

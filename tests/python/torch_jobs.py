@@ -1,5 +1,28 @@
-"""What the ptc.torch tests share: a layout's tensors by key, and a job
-registered from a layout with a client of one of its ranks."""
+"""What the ptc.torch tests share: a layout's tensors by key, a job
+registered from a layout with a client of one of its ranks, and a module
+with a parameter of every dtype."""
+import torch
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
+          torch.int64, torch.uint8, torch.bool]
+
+
+class AllDtypes(torch.nn.Module):
+    """One parameter of each of DTYPES, `shape`, on `device`: random values
+    (fill) or zeros."""
+
+    def __init__(self, fill, device="cpu", shape=(5, 3)):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        for i, dt in enumerate(DTYPES):
+            if fill and dt.is_floating_point:
+                v = torch.randn(*shape, generator=g).to(dt)
+            elif fill:
+                v = torch.randint(0, 2 if dt == torch.bool else 100, shape, generator=g).to(dt)
+            else:
+                v = torch.zeros(*shape, dtype=dt)
+            self.register_parameter(f"p{i}", torch.nn.Parameter(v.to(device),
+                                                                requires_grad=False))
 
 
 def spec_tensors(layout):
