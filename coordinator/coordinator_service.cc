@@ -999,6 +999,7 @@ CoordinatorService::RankPlacementLocked(const Job& job) const {
 CoordinatorService::Resources CoordinatorService::ResourcesLocked(
     const std::string& job) const {
   Resources r;
+  const absl::Time now = absl::Now();
   for (const auto& [name, h] : hosts_) {
     const int32_t id = static_cast<int32_t>(r.names.size());
     r.addresses[id] = h.status.address();
@@ -1007,6 +1008,8 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
         {name, h.status.gpus(),
          h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
     r.alive.push_back(h.status.alive());
+    r.late.push_back(h.status.alive() &&
+                     now - h.last_heartbeat > 2 * options_.heartbeat_interval);
     r.memory.push_back(h.status.memory_bytes() > 0 ? h.status.memory_bytes()
                                                    : -1);
   }

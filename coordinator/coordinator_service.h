@@ -217,6 +217,8 @@ class CoordinatorService final : public proto::Coordinator::Service {
     std::vector<std::string> names;
     Cluster cluster;
     std::vector<bool> alive;
+    // Alive, but heartbeats more than two intervals late (PlanInput::late).
+    std::vector<bool> late;
     std::vector<std::vector<int32_t>> taken;
     std::vector<int64_t> memory;
     std::map<int32_t, std::string> addresses;

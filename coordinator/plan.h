@@ -63,12 +63,21 @@ struct PlanInput {
   // they provide no small objects either.
   std::vector<int> source_lost;
 
+  // late[h]: host h is alive but its heartbeats are late (a cut link, a
+  // stalled machine). A late host sends only what no other live host
+  // holds, so that a change does not wait on a host that may be gone while
+  // another copy is at hand. Empty: none is late.
+  std::vector<bool> late;
+
   // Regions and small objects no live host holds come from the job's
   // snapshot of the source version: transfers and small-object moves with
   // source host kFromSnapshot (instead of failing the plan).
   bool snapshot_source = false;
 
   bool IsAlive(int host) const { return alive.empty() || alive[host]; }
+  bool IsLate(int host) const {
+    return host >= 0 && host < static_cast<int>(late.size()) && late[host];
+  }
   bool HoldsSource(int host) const {
     return IsAlive(host) && std::find(source_lost.begin(), source_lost.end(),
                                       host) == source_lost.end();

@@ -234,7 +234,12 @@ absl::Status AnalyzeTensor(const PlanInput& in, int t, Scratch* s,
         continue;
       }
       if (klass < 0) {
-        std::vector<int32_t> key(hold.begin(), hold.end());
+        // The senders: the holders, less late ones where another remains.
+        std::vector<int32_t> key;
+        for (int32_t holder : hold) {
+          if (!in.IsLate(holder)) key.push_back(holder);
+        }
+        if (key.empty()) key.assign(hold.begin(), hold.end());
         auto [it, inserted] = s->class_of.emplace(
             std::move(key), static_cast<int32_t>(a->classes.size()));
         if (inserted) {
@@ -580,10 +585,19 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
         if (!source.derive_from.empty()) {
           res.derive_from = std::move(source.derive_from);
         } else {
+          // A holder that is alive, preferably one whose heartbeats are on
+          // time.
+          auto holds = [&](int c) {
+            return in.HoldsSource(in.source_placement->host[c]);
+          };
           auto alive = std::find_if(
               source.candidates.begin(), source.candidates.end(), [&](int c) {
-                return in.HoldsSource(in.source_placement->host[c]);
+                return holds(c) && !in.IsLate(in.source_placement->host[c]);
               });
+          if (alive == source.candidates.end()) {
+            alive = std::find_if(source.candidates.begin(),
+                                 source.candidates.end(), holds);
+          }
           if (alive != source.candidates.end()) {
             res.source_rank = *alive;
           } else if (in.snapshot_source && !source.candidates.empty()) {

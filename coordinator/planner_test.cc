@@ -132,6 +132,38 @@ TEST_CASE("planner: dead hosts are never sources", "[coordinator][planner]") {
   CHECK(baseline->summary.host_send_bytes[1] == 0);
 }
 
+TEST_CASE("planner: a late host sends only what no other host holds",
+          "[coordinator][planner]") {
+  // Replicas on hosts 0 and 1; the target is host 2 alone: on time, both
+  // send half; with host 1's heartbeats late, host 0 sends everything.
+  const TestJob job =
+      Job("dp=2", {0, 1}, "dp=1", {2}, Cluster::Uniform(3, 1));
+  auto balanced = PlanReconfiguration(job.input());
+  REQUIRE(balanced.ok());
+  CHECK(balanced->summary.host_send_bytes[1] > 0);
+  PlanInput in = job.input();
+  in.late = {false, true, false};
+  auto plan = PlanReconfiguration(in);
+  REQUIRE(plan.ok());
+  REQUIRE(ValidatePlan(in, *plan).ok());
+  REQUIRE(ExecuteAndVerify(in, *plan).ok());
+  CHECK(plan->summary.host_send_bytes[1] == 0);
+  CHECK(plan->summary.host_send_bytes[0] == job.spec.TotalBytes());
+  for (const SmallObjectMove& m : plan->small_objects) {
+    if (m.derive_from.empty()) CHECK(m.source_host != 1);
+  }
+
+  // What only a late host holds still comes from it: pp=2 keeps stage 1 on
+  // host 1 alone.
+  const TestJob stages = Job("pp=2", {0, 1}, "pp=1", {2}, Cluster::Uniform(3, 1));
+  PlanInput late_sole = stages.input();
+  late_sole.late = {false, true, false};
+  auto sole = PlanReconfiguration(late_sole);
+  REQUIRE(sole.ok());
+  REQUIRE(ExecuteAndVerify(late_sole, *sole).ok());
+  CHECK(sole->summary.host_send_bytes[1] > 0);
+}
+
 TEST_CASE(
     "planner: a region with no surviving copy is FAILED_PRECONDITION "
     "naming it",

@@ -253,6 +253,9 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
                          const SourceHolders& holders) {
   // source -> the targets that may pull from it (as planned, or as another
   // holder of a piece, or of a small object)
+  // A late host (PlanInput::late) is admitted as a planned source only,
+  // not as another holder: the change does not wait to tell a host that may
+  // be gone.
   std::map<int32_t, std::set<std::string>> pullers;
   for (const HostFragment& f : r.plan->fragments) {
     const std::string& target = r.input->cluster->hosts[f.host].name;
@@ -261,7 +264,9 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
       pullers[x.source_host].insert(target);
       Transfer t = x;
       t.target_host = f.host;
-      for (int32_t h : holders.Alternates(t)) pullers[h].insert(target);
+      for (int32_t h : holders.Alternates(t)) {
+        if (!r.input->IsLate(h)) pullers[h].insert(target);
+      }
     });
   }
   // Small objects are read from their source host too (GetSmallObject).
@@ -435,8 +440,14 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
   std::map<int32_t, std::vector<coordinator_internal::FingerprintAsk>> asks;
   std::vector<std::string> keys;
   // Elements each host fingerprints so far: replicas share the work (the
-  // source's fingerprints run while every host stages).
+  // source's fingerprints run while every host stages). A late source host
+  // starts so loaded that it fingerprints only what no other holder has.
   std::map<int32_t, int64_t> load;
+  if (source) {
+    for (int32_t h = 0; h < static_cast<int32_t>(in.late.size()); ++h) {
+      if (in.IsLate(h)) load[h] = int64_t{1} << 60;
+    }
+  }
   for (int t = 0; t < num_tensors; ++t) {
     keys.push_back(in.spec->tensors[t].key);
     std::vector<std::pair<int32_t, Region>> held;
@@ -617,11 +628,13 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
                                            r.target_version, r.plan_epoch));
   if (!r.keep_source) {
     // The job sees the commit once this returns: a source that went silent
-    // during the change is not waited for (it drops the version, which
-    // nothing owns, when it returns), and a release is best effort.
+    // during the change, or was late from its start, is not waited for (its
+    // next heartbeat has it reclaim the version, which nothing owns), and a
+    // release is best effort.
     std::set<int32_t> sources;
     for (int32_t h : r.input->source_placement->host) {
-      if (r.input->IsAlive(h) && (!r.is_alive || r.is_alive(h)))
+      if (r.input->IsAlive(h) && !r.input->IsLate(h) &&
+          (!r.is_alive || r.is_alive(h)))
         sources.insert(h);
     }
     std::vector<std::string> release;

@@ -175,6 +175,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
       res.names.push_back(kSnapshotHostName);
       res.cluster.hosts.push_back({kSnapshotHostName, 1 << 20, 25e9});
       res.alive.push_back(false);
+      res.late.push_back(false);
       res.taken.emplace_back();
       res.memory.push_back(0);
     }
@@ -259,6 +260,15 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   to_hosts = UsedHosts(out.placement, to_ids, names);
   flight->input = scenario.input();
   flight->input.source_lost = lost_ids;
+  flight->input.late = res.late;
+  for (size_t h = 0; h < res.late.size(); ++h) {
+    if (res.late[h]) {
+      Log("coordinator")
+          ->warn("job {}: host {}'s heartbeats are late; it sends only what "
+                 "no other live host holds",
+                 req.job(), names[h]);
+    }
+  }
   if (snapshot != nullptr) {
     PTC_RETURN_IF_ERROR(CheckSnapshotFitsSpec(snapshot->manifest, *spec));
     flight->input.snapshot_source = true;

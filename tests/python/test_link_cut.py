@@ -4,9 +4,12 @@ host1 (dp=2) is saved; host1's veth goes down, as when a cable or a switch
 port fails: its connections are neither closed nor refused, packets just
 vanish.
 
-A change started right after the cut must end (here: aborted, since only
-host1 holds rank 1's RNG state) by the time host1's heartbeats have been
-missing for the host timeout, and host1 be declared dead then, not after
+Once host1's heartbeats are late (two intervals), a change of a job whose
+tensors host0 holds too takes nothing from host1 and commits in the time a
+change takes, not waiting on host1 at all. A change that needs what only
+host1 holds must end (here: aborted, since only host1 holds rank 1's RNG
+state) by the time host1's heartbeats have been missing for the host
+timeout, and host1 be declared dead then, not after
 its calls to host1 time out or after a second timeout:
 the coordinator asks a late host directly from half the timeout on, and
 every channel pings its peer while a call is open (common/channel.h), so a
@@ -44,9 +47,9 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
             assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(r.stdout) if r.stdout.strip() else {}
 
-    def synthetic(*args):
+    def synthetic(*args, job="cut"):
         r = subprocess.run([str(bin_dir / "tools/synthetic_job"), *args, "--coordinator",
-                            coordinator, "--job", "cut"], capture_output=True, text=True,
+                            coordinator, "--job", job], capture_output=True, text=True,
                            timeout=120, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
         return r.stdout
@@ -62,7 +65,7 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
         for i, (ns, address, _) in enumerate(hosts):
             start(f"host{i}", ["ip", "netns", "exec", ns, bin_dir / "ptcd/ptcd", "--listen",
                                f"{address}:7070", "--coordinator", coordinator, "--name",
-                               f"host{i}", "--gpus", 1, "--socket", tmp_path / f"host{i}.sock",
+                               f"host{i}", "--gpus", 2, "--socket", tmp_path / f"host{i}.sock",
                                "--memory-limit", "1GiB", "--ucx-transports", "^cma",
                                "--insecure"])
         deadline = time.time() + 60
@@ -75,16 +78,20 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
             assert time.time() < deadline, "\n".join(p.read_text() for p in logs.values())
             time.sleep(0.2)
 
-        ptcctl("register", "--job", "cut", "--model", MODEL, "--config", "tp=1,dp=2",
-               "--hosts", "host0,host1")
-        saves = [subprocess.Popen([str(bin_dir / "tools/synthetic_job"), "save",
-                                   "--coordinator", coordinator, "--job", "cut", "--host",
-                                   f"host{i}", "--socket", str(tmp_path / f"host{i}.sock"),
-                                   "--step", "1"], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
-        for s in saves:
-            out, _ = s.communicate(timeout=120)
-            assert s.returncode == 0, out
+        # One rank of each job on host0 and one on host1 (2 GPUs each).
+        for gpu, job in enumerate(("cut", "replicated")):
+            placement = tmp_path / f"{job}.placement"
+            placement.write_text(f"host0 {gpu}\nhost1 {gpu}\n")
+            ptcctl("register", "--job", job, "--model", MODEL, "--config", "tp=1,dp=2",
+                   "--hosts", "host0,host1", "--placement", placement)
+            saves = [subprocess.Popen([str(bin_dir / "tools/synthetic_job"), "save",
+                                       "--coordinator", coordinator, "--job", job, "--host",
+                                       f"host{i}", "--socket", str(tmp_path / f"host{i}.sock"),
+                                       "--step", "1"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+            for s in saves:
+                out, _ = s.communicate(timeout=120)
+                assert s.returncode == 0, out
 
         # Everyone keeps host1's MAC address, as they keep a router's when
         # the cut is further away: packets to host1 vanish (no ARP failure
@@ -98,6 +105,20 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
                             "dev", device, "nud", "permanent"], check=True)
         subprocess.run(["ip", "link", "set", hosts[1][2], "down"], check=True)
         cut = time.monotonic()
+
+        # Once host1's heartbeats are two intervals late (the interval is a
+        # quarter of the timeout, at most 1 s), a change onto host2 takes
+        # everything from host0, whose copy is as good.
+        time.sleep(2.5)
+        started = time.monotonic()
+        report = ptcctl("reconfigure", "--job", "replicated", "--to", "tp=1", "--hosts", "host2")
+        took = time.monotonic() - started
+        assert report["phase"] == "committed", report
+        assert report["plan"]["max_host_send_bytes"] == report["plan"]["cross_host_bytes"] > 0
+        assert "host host1's heartbeats are late" in logs["coordinator"].read_text()
+        # Not waiting on host1: well before its death verdict at 8 s.
+        assert took < HOST_TIMEOUT / 2, f"the change took {took:.1f} s"
+        synthetic("verify", job="replicated")
         report = ptcctl("reconfigure", "--job", "cut", "--to", "tp=1,dp=2", "--hosts",
                         "host0,host2", check=False)
         ended = time.monotonic() - cut
