@@ -642,7 +642,9 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
       auto it = r.addresses.find(h);
       if (it != r.addresses.end()) release.push_back(it->second);
     }
-    ReleaseOn(release, r.job, r.source_version);
+    // The change has committed: its report waits at most a second on a
+    // source that does not answer (one cut off just now).
+    ReleaseOn(release, r.job, r.source_version, absl::Seconds(1));
   }
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   Log("coordinator")
@@ -730,10 +732,11 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
 }
 
 void ReleaseOn(const std::vector<std::string>& addresses,
-               const std::string& job, int64_t version) {
+               const std::string& job, int64_t version,
+               absl::Duration deadline) {
   OnEachAddress(addresses, [&](const std::string& address) {
-    auto deleted = StoreClient::Connect(address)->DeleteVersion(
-        job, version, absl::Seconds(3));
+    auto deleted =
+        StoreClient::Connect(address)->DeleteVersion(job, version, deadline);
     if (!deleted.ok() &&
         deleted.status().code() != absl::StatusCode::kNotFound) {
       Log("coordinator")

@@ -100,10 +100,12 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch,
                    absl::Duration deadline = absl::Seconds(10));
 // Deletes `version` on each address, best effort (logged): each call gives
-// up after 3 s; a host that missed it drops the version, which nothing
-// owns, when its heartbeat lists it.
+// up after `deadline`. A release is an early cleanup: a host that missed
+// it (busy, cut off) drops the version, which nothing owns, when its next
+// heartbeat lists it.
 void ReleaseOn(const std::vector<std::string>& addresses,
-               const std::string& job, int64_t version);
+               const std::string& job, int64_t version,
+               absl::Duration deadline = absl::Seconds(3));
 // Calls fn(address) for every address, up to `max_at_once` at a time (a
 // thread each), waits for all, and returns the first error: a commit or
 // release costs one round trip per `max_at_once` hosts, not one per host.
