@@ -22,8 +22,6 @@ import json
 import os
 import weakref
 
-import numpy as np
-
 _API_VERSION = 1
 
 _CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
@@ -186,7 +184,15 @@ def _handle(fn, *args):
     return out
 
 
+def _np():
+    """numpy, imported where arrays are made: configs, cursors and the
+    launcher's calls work without it."""
+    import numpy
+    return numpy
+
+
 def _region_dicts(regions):
+    np = _np()
     for r in regions:
         r["numpy_dtype"] = np.dtype(_NUMPY_DTYPES[r["dtype"]])
         r["region"] = [tuple(d) for d in r["region"]]
@@ -204,8 +210,8 @@ def _bytes_of(data, writable):
         raise Error("INVALID_ARGUMENT: the output buffer is read-only", "INVALID_ARGUMENT")
     if view.nbytes == 0:
         return None, 0, view
-    flat = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
-                         dtype=np.uint8)
+    flat = _np().frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
+                         dtype="uint8")
     return flat.ctypes.data, view.nbytes, (view, flat)
 
 
@@ -472,7 +478,7 @@ class State(_Handle):
         address, size = ctypes.c_void_p(), ctypes.c_size_t()
         _check(_lib.ptc_state_region(self._h, int(index), ctypes.byref(address),
                                      ctypes.byref(size)))
-        raw = np.asarray(_Mapped(address.value or 0, size.value, self))
+        raw = _np().asarray(_Mapped(address.value or 0, size.value, self))
         return raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
 
     def read_into(self, index, out):
