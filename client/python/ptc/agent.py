@@ -29,9 +29,11 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from . import _capi
@@ -62,6 +64,12 @@ class Agent:
         self.children = {}  # GPU -> (Popen, start time, log file)
         # GPU -> the newest layout epoch a process of ours ran under there.
         self.covered = {}
+        # Each process writes the layout epoch it runs under to a file of
+        # its own here (PTC_AGENT_EPOCH_FILE, written by ptc.elastic when it
+        # meets its peers): a live process follows changes in place, so an
+        # exit is reported under the epoch it died in, which may be newer
+        # than this agent's last look at the placement.
+        self.epochs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-agent-epochs-"))
         self.exited = []
         self.stopping = False
 
@@ -81,9 +89,14 @@ class Agent:
         self._warned = False
         return placed["layout_epoch"], {r["gpu"]: r["rank"] for r in placed["ranks"]}
 
-    def start(self, gpu, rank):
+    def epoch_file(self, gpu):
+        return self.epochs / f"gpu{gpu}"
+
+    def start(self, gpu, rank, epoch):
+        self.epoch_file(gpu).write_text(str(epoch))
         env = dict(os.environ, PTC_JOB=self.args.job, PTC_COORDINATOR=self.args.coordinator,
-                   PTC_SOCKET=self.args.socket, PTC_HOST=self.args.host, PTC_DEVICE=str(gpu))
+                   PTC_SOCKET=self.args.socket, PTC_HOST=self.args.host, PTC_DEVICE=str(gpu),
+                   PTC_AGENT_EPOCH_FILE=str(self.epoch_file(gpu)))
         if not self.args.no_huge_pages:
             env = with_huge_pages(env)
         log = None
@@ -111,7 +124,15 @@ class Agent:
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
             if code != 0 and not self.stopping and placed and gpu in placed[1]:
-                self.report_exit(gpu, code, placed[0])
+                self.report_exit(gpu, code, max(placed[0], self.ran_under(gpu)))
+
+    def ran_under(self, gpu):
+        """The newest layout epoch the process on `gpu` said it met its
+        peers under (0: it said none)."""
+        try:
+            return int(self.epoch_file(gpu).read_text() or 0)
+        except (OSError, ValueError):
+            return 0
 
     def report_exit(self, gpu, code, epoch):
         """A process died while its GPU had a rank: the job's others cannot
@@ -153,7 +174,7 @@ class Agent:
                     self.covered[gpu] = epoch
                 for gpu, rank in sorted(ranks.items()):
                     if gpu not in self.children and self.covered.get(gpu) != epoch:
-                        self.start(gpu, rank)
+                        self.start(gpu, rank, epoch)
                         self.covered[gpu] = epoch
             state = (sorted(self.children), len(self.exited))
             if state != last:
@@ -162,6 +183,7 @@ class Agent:
             time.sleep(self.args.interval)
         self.stop_children()
         self.write_status()
+        shutil.rmtree(self.epochs, ignore_errors=True)
 
     def stop_children(self):
         for p, _, _ in self.children.values():

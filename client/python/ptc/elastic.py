@@ -180,6 +180,22 @@ def _refused_in_test(config, rank):
     return bool(armed) and armed.rpartition(":") == (config, ":", str(rank))
 
 
+def _tell_agent(epoch):
+    """Tells the host's agent (ptc.agent) the layout epoch this process now
+    runs under, so that if it dies, its exit is reported under that epoch
+    even when the agent has not looked at the new placement yet."""
+    path = os.environ.get("PTC_AGENT_EPOCH_FILE")
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(str(epoch))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the agent then reports under its own last look
+
+
 def _dies_after_meeting_in_test(config, device, change):
     """Fault injection for the process tests: with PTC_TEST_DIE_AFTER_MEETING
     set to CONFIG:DEVICE, the process on that device that follows a hot
@@ -730,6 +746,7 @@ class Live:
             address = self.client.rendezvous(epoch, timeout=self.timeout)
             where, _, port = address.rpartition(":")
             store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
+        _tell_agent(epoch)
         if _dies_after_meeting_in_test(self.config, self.device, self._change):
             os.kill(os.getpid(), signal.SIGKILL)
         self._store = store
