@@ -28,7 +28,6 @@
 #include "ptc/model_spec.h"
 #include "ptc/parallel_config.h"
 #include "ptc/small_object.h"
-#include "tensor_store/store.h"
 
 // Handles may be freed in any order (a garbage collector chooses it): a
 // save or state keeps its client alive (the deleter holds it), and GPU

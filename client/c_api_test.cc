@@ -12,7 +12,6 @@
 
 #include "absl/strings/match.h"
 #include "client/client.h"
-#include "tensor_store/store.h"
 #include "client/internal/testing.h"
 #include "tools/internal/synthetic.h"
 

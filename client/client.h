@@ -42,8 +42,9 @@
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
 #include "ptc/parallel_config.h"
+#include "ptc/small_object.h"
+#include "ptc/tensor_decl.h"
 #include "tensor_store/local_client.h"
-#include "tensor_store/store.h"
 
 namespace ptc {
 

@@ -29,6 +29,12 @@
 
 namespace ptc {
 
+// Largest small object a store takes: they travel inline in one
+// local-protocol packet.
+inline constexpr int64_t kMaxSmallObjectBytes = 60 * 1024;
+// Longest small object name.
+inline constexpr int64_t kMaxSmallObjectNameBytes = 256;
+
 enum class NewRankRule { kCopy, kDerive };
 absl::string_view NewRankRuleName(NewRankRule rule);
 

@@ -17,7 +17,7 @@
 #include "ptc/dtype.h"
 #include "ptc/region.h"
 #include "ptc/region_proto.h"
-#include "tensor_store/store.h"
+#include "ptc/tensor_decl.h"
 
 namespace ptc {
 namespace fs = std::filesystem;

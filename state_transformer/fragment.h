@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "ptc/region.h"
-#include "tensor_store/store.h"
+#include "ptc/tensor_decl.h"
 
 namespace ptc {
 

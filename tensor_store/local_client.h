@@ -23,7 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/local.pb.h"
 #include "ptc/region.h"
-#include "tensor_store/store.h"
+#include "ptc/small_object.h"
+#include "ptc/tensor_decl.h"
 
 namespace ptc {
 

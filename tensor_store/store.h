@@ -37,17 +37,13 @@
 #include "proto/tensor_store.pb.h"
 #include "ptc/dtype.h"
 #include "ptc/region.h"
+#include "ptc/small_object.h"
+#include "ptc/tensor_decl.h"
 #include "tensor_store/memory_budget.h"
 #include "tensor_store/region_buffer.h"
 #include "tensor_store/spare_pool.h"
 
 namespace ptc {
-
-struct TensorDecl {
-  std::string key;
-  DType dtype = DType::kFloat32;
-  Shape shape;
-};
 
 // What one declaration is charged against the store's memory limit: its
 // key and shape and the bookkeeping around them (a job that declares a
@@ -56,12 +52,6 @@ inline int64_t TensorDeclMetadataBytes(const TensorDecl& d) {
   return 256 + static_cast<int64_t>(d.key.size()) +
          16 * static_cast<int64_t>(d.shape.size());
 }
-
-// Largest small object (ptc/small_object.h) a store takes: they travel
-// inline in one local-protocol packet.
-inline constexpr int64_t kMaxSmallObjectBytes = 60 * 1024;
-// Longest small object name.
-inline constexpr int64_t kMaxSmallObjectNameBytes = 256;
 
 // What a stored small object costs against the memory limit: its bytes,
 // its name and the entry that holds them (map node, strings, counts).

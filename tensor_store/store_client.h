@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/tensor_store.grpc.pb.h"
-#include "tensor_store/store.h"
+#include "ptc/tensor_decl.h"
 
 namespace ptc {
 
