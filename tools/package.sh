@@ -32,7 +32,12 @@ bash tools/setup.sh
 targets=(//client:python_package //ptcd:ptcd //coordinator:ptc-coordinator //tools:ptcctl //tools:synthetic_job
          //client:device_copies_test //tools:gpu_copy_benchmark //tools:gpu_store_benchmark)
 echo "package: building ${targets[*]}"
-bazel build "${targets[@]}" 2>&1 | grep -E "^(ERROR|INFO: Build)|error:" || true
+if ! build_log=$(bazel build "${targets[@]}" 2>&1); then
+  # A failed build may leave older outputs behind: never package those.
+  echo "$build_log" | grep -E "^ERROR|error:" >&2
+  echo "package: the build failed" >&2
+  exit 1
+fi
 bin=$(bazel info bazel-bin 2>/dev/null)
 for t in ptcd/ptcd coordinator/ptc-coordinator tools/ptcctl tools/synthetic_job \
          client/device_copies_test tools/gpu_copy_benchmark tools/gpu_store_benchmark; do
