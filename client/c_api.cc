@@ -4,6 +4,7 @@
 // does not; structured results are written with common/json_writer.
 #include "client/c_api.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -560,6 +561,11 @@ int ptc_client_connect(const char* socket, const char* coordinator,
 void ptc_client_free(ptc_client* c) { delete c; }
 
 void ptc_client_numbers(const ptc_client* c, int64_t* out7) {
+  if (out7 == nullptr) return;
+  if (c == nullptr) {
+    std::fill(out7, out7 + 7, 0);
+    return;
+  }
   const ptc::Client& x = *c->client;
   const int64_t v[7] = {x.rank(),          x.device(),
                         x.world_size(),    x.committed_version(),
@@ -739,8 +745,12 @@ int ptc_client_wait_committed(ptc_client* c, int64_t version,
 }
 
 void ptc_save_free(ptc_save* s) { delete s; }
-int64_t ptc_save_version(const ptc_save* s) { return s->save->version(); }
-int64_t ptc_save_step(const ptc_save* s) { return s->save->step(); }
+int64_t ptc_save_version(const ptc_save* s) {
+  return s == nullptr ? 0 : s->save->version();
+}
+int64_t ptc_save_step(const ptc_save* s) {
+  return s == nullptr ? 0 : s->save->step();
+}
 
 int ptc_save_write(ptc_save* s, int index, const void* data, size_t size) {
   return Call([&]() -> absl::Status {
@@ -771,7 +781,9 @@ int ptc_save_commit(ptc_save* s, int* committed) {
 }
 
 void ptc_state_free(ptc_state* s) { delete s; }
-int64_t ptc_state_version(const ptc_state* s) { return s->state->version(); }
+int64_t ptc_state_version(const ptc_state* s) {
+  return s == nullptr ? 0 : s->state->version();
+}
 
 int ptc_state_describe(const ptc_state* s, ptc_bytes* json) {
   return Call([&]() -> absl::Status {
@@ -850,7 +862,9 @@ int ptc_gpu_create(int device, ptc_gpu** out) {
 }
 
 void ptc_gpu_free(ptc_gpu* g) { delete g; }
-int ptc_gpu_device(const ptc_gpu* g) { return g->copies->device(); }
+int ptc_gpu_device(const ptc_gpu* g) {
+  return g == nullptr ? -1 : g->copies->device();
+}
 
 int ptc_gpu_save(ptc_gpu* g, ptc_save* s, int index, uintptr_t src,
                  uint64_t bytes, uintptr_t after) {

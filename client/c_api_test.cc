@@ -131,6 +131,11 @@ TEST_CASE("c api: a rank saves and loads through the library, and every "
                                rank, nullptr, 0, &clients[rank]) == 0);
   }
   int64_t numbers[7];
+  ptc_client_numbers(nullptr, numbers);
+  CHECK(numbers[2] == 0);
+  CHECK(ptc_save_version(nullptr) == 0);
+  CHECK(ptc_state_version(nullptr) == 0);
+  CHECK(ptc_gpu_device(nullptr) == -1);
   ptc_client_numbers(clients[1], numbers);
   CHECK(numbers[0] == 1);  // rank
   CHECK(numbers[2] == 2);  // world size
