@@ -45,7 +45,9 @@ for t in ptcd/ptcd coordinator/ptc-coordinator tools/ptcctl tools/synthetic_job 
 done
 
 version=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
-glibc=$(ldd --version | head -1 | grep -oE "[0-9]+\.[0-9]+$")
+# (getconf, not `ldd --version | head`: with pipefail, head closing the
+# pipe early fails the script with SIGPIPE on a busy machine.)
+glibc=$(getconf GNU_LIBC_VERSION | grep -oE "[0-9]+\.[0-9]+$")
 name="ptc-$version"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
