@@ -7,8 +7,8 @@ BIN_DIR holds the daemons as Bazel lays them out (ptcd/ptcd,
 coordinator/ptc-coordinator, tools/ptcctl; tools/venv_check.sh and
 tools/device_check.sh make such a folder from the tarball); `ptc` must be
 importable (the wheel). The job is a GPT's tensors (hidden 2048, 4x MLP,
-vocabulary 32000) in fp32 with Adam's two moments, on the GPU: about
-1.2 GiB per 4 layers (--layers 12: 3.4 GiB).
+vocabulary 32000) in fp32 with Adam's two moments, on the GPU: 3.72 GiB at
+the default 4 layers (each layer adds about 0.56 GiB).
 
 Per run, each a fresh job on the same cluster:
   ptc restart   pt.save from the GPU into ptcd, then pt.load into a fresh

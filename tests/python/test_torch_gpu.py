@@ -22,6 +22,7 @@ if os.environ.get("PTC_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="PyTorch sees no CUDA device")
 
+
 @pytest.fixture(scope="module")
 def pt(ptc_module):
     import ptc.torch
