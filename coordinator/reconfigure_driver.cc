@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -248,9 +249,11 @@ absl::Status SoleSourceLost(const ReconfigureRequest& r,
 // with TLS it serves those hosts' SendParts and ExposePieces only. A source
 // that cannot be told is logged, not fatal: its targets then fail to pull
 // from it, as they would from a dead host. A cancel (a host went silent)
-// stops the waiting at once.
-void AdmitPeersOnSources(const ReconfigureRequest& r,
-                         const SourceHolders& holders) {
+// stops the waiting at once. Returns the sources that could not be reached
+// (unavailable, no answer in time, or gone silent meanwhile).
+std::set<int32_t> AdmitPeersOnSources(const ReconfigureRequest& r,
+                                      const SourceHolders& holders,
+                                      absl::Duration deadline) {
   // source -> the targets that may pull from it (as planned, or as another
   // holder of a piece, or of a small object)
   // A late host (PlanInput::late) is admitted as a planned source only,
@@ -290,8 +293,7 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
   // One context per source, all cancelled together (as StageAll does).
   std::map<std::string, grpc::ClientContext> contexts;
   for (const std::string& a : addresses) {
-    contexts[a].set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    contexts[a].set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   }
   std::atomic<bool> finished{false};
   std::thread watch([&] {
@@ -313,6 +315,8 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
       absl::SleepFor(absl::Milliseconds(20));
     }
   });
+  absl::Mutex mu;
+  std::set<int32_t> unreachable;
   OnEachAddress(addresses, [&](const std::string& address) {
     proto::AdmitPeersRequest req;
     req.set_job(r.job);
@@ -327,10 +331,59 @@ void AdmitPeersOnSources(const ReconfigureRequest& r,
           ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
                  r.plan_epoch, address, s.ToString());
     }
+    if (s.code() == absl::StatusCode::kUnavailable ||
+        s.code() == absl::StatusCode::kDeadlineExceeded ||
+        (s.code() == absl::StatusCode::kCancelled &&
+         !(r.cancel != nullptr && r.cancel->load()))) {
+      absl::MutexLock lock(&mu);
+      unreachable.insert(host_of.at(address));
+    }
     return absl::OkStatus();
   }).IgnoreError();
   finished = true;
   watch.join();
+  return unreachable;
+}
+
+// A source that could not be told its pullers at the change's start (its
+// link was cut a moment ago, before its heartbeats were late) is made late
+// and the change planned again, when the caller can: it then sends only
+// what no other live host holds, and the change neither stages from it
+// nor waits for its fingerprints or its release. Returns whether it
+// replanned (`input` and `plan` then hold the new ones, admitted).
+bool ReplanAroundUnreachable(const ReconfigureRequest& r,
+                             const std::set<int32_t>& unreachable,
+                             PlanInput* input, Plan* plan) {
+  if (!r.replan) return false;
+  std::vector<std::string> names;
+  *input = *r.input;
+  input->late.resize(input->cluster->hosts.size(), false);
+  for (int32_t h : unreachable) {
+    if (h < 0 || h >= static_cast<int32_t>(input->late.size()) ||
+        input->IsLate(h))
+      continue;
+    input->late[h] = true;
+    names.push_back(input->cluster->hosts[h].name);
+  }
+  if (names.empty()) return false;
+  absl::StatusOr<Plan> again = r.replan(*input);
+  if (!again.ok()) {
+    Log("coordinator")
+        ->warn("job {} epoch {}: planning again without {} failed ({}); "
+               "keeping the plan",
+               r.job, r.plan_epoch, absl::StrJoin(names, ", "),
+               again.status().ToString());
+    return false;
+  }
+  *plan = *std::move(again);
+  Log("coordinator")
+      ->warn("job {} epoch {}: {} did not answer at the change's start; "
+             "planned again, sending from {} only what no other live host "
+             "holds ({} bytes across hosts)",
+             r.job, r.plan_epoch, absl::StrJoin(names, ", "),
+             names.size() > 1 ? "them" : "it",
+             plan->summary.cross_host_bytes);
+  return true;
 }
 
 // Stages the target version on every target host, in parallel.
@@ -546,18 +599,37 @@ std::vector<std::string> TargetAddresses(const ReconfigureRequest& r,
 }  // namespace
 
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
-    const ReconfigureRequest& r,
+    const ReconfigureRequest& request,
     const std::function<void(const ReconfigureProgress&)>& progress) {
-  if (r.input == nullptr || r.plan == nullptr || r.job.empty() ||
-      r.plan_epoch <= 0 || r.target_version == r.source_version) {
+  if (request.input == nullptr || request.plan == nullptr ||
+      request.job.empty() || request.plan_epoch <= 0 ||
+      request.target_version == request.source_version) {
     return absl::InvalidArgumentError(
         "a reconfiguration needs an input, a plan, a job, a positive epoch and "
         "a new version");
   }
   const absl::Time start = absl::Now();
   ReconfigureReport report;
-  const SourceHolders holders(r);
-  AdmitPeersOnSources(r, holders);
+  // The request as driven: its input and plan may be replaced below.
+  ReconfigureRequest req = request;
+  const ReconfigureRequest& r = req;
+  PlanInput replanned_input;
+  Plan replanned;
+  // A source that cannot be told within a couple of seconds (a link cut
+  // just now: connecting times out, or a connection that is up waits for
+  // its keepalive) is planned around, when the caller can plan again; a
+  // source the new plan still needs is told again, with time to answer.
+  std::optional<SourceHolders> holding(std::in_place, r);
+  const std::set<int32_t> unreachable = AdmitPeersOnSources(
+      r, *holding, r.replan ? absl::Seconds(2) : absl::Seconds(10));
+  if (!unreachable.empty() &&
+      ReplanAroundUnreachable(r, unreachable, &replanned_input, &replanned)) {
+    req.input = &replanned_input;
+    req.plan = &replanned;
+    holding.emplace(r);
+    AdmitPeersOnSources(r, *holding, absl::Seconds(10));
+  }
+  const SourceHolders& holders = *holding;
   // The source version's fingerprints are taken while the target stages:
   // that version is committed and immutable, so they hold whenever they
   // are taken, and the sources' cores are not all busy staging (a host

@@ -58,6 +58,11 @@ struct ReconfigureRequest {
   // proven against its fingerprints.
   const proto::SnapshotManifest* snapshot = nullptr;
   std::string snapshot_dir;
+  // Plans the change again for `input`, which is the request's with the
+  // sources that did not answer at its start marked late (a link cut
+  // before their heartbeats were late): a validated plan that sends from
+  // them only what no other live host holds. Empty: the plan is kept.
+  std::function<absl::StatusOr<Plan>(const PlanInput& input)> replan;
 };
 
 struct ReconfigureProgress {

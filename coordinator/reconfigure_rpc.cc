@@ -433,6 +433,27 @@ absl::Status CoordinatorService::StartChange(
   // moves them to other holders), up to an hour.
   r.peer_timeout = std::min(
       std::max(2 * options_.host_timeout, absl::Seconds(1)), absl::Hours(1));
+  if (req.strategy() == proto::PLAN_STRATEGY_PTC) {
+    // A source found unreachable at the start is planned around (the
+    // driver marks it late); what the job's event shows follows.
+    r.replan = [this, name = req.job(), snapshot = flight->snapshot,
+                placement = planned.placement,
+                strategy = planned.placement_strategy,
+                names](const PlanInput& input) -> absl::StatusOr<Plan> {
+      PTC_ASSIGN_OR_RETURN(Plan plan, PlanReconfiguration(input));
+      if (snapshot != nullptr) {
+        PTC_RETURN_IF_ERROR(SplitSnapshotPieces(snapshot->manifest, &plan));
+      }
+      PTC_RETURN_IF_ERROR(
+          Annotate(ValidatePlan(input, plan), "internal planner error"));
+      proto::PlanSummary summary = PlanToProto(plan).summary();
+      SetPlacementSummary(placement, strategy, names, &summary);
+      absl::MutexLock lock(&mu_);
+      auto it = jobs_.find(name);
+      if (it != jobs_.end()) *it->second->event.mutable_plan() = summary;
+      return plan;
+    };
+  }
   if (flight->snapshot) {
     r.snapshot = &flight->snapshot->manifest;
     r.snapshot_dir = flight->snapshot->dir;

@@ -544,6 +544,19 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
   PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   const bool ok = last.phase() == proto::PHASE_COMMITTED;
   const double secs = last.seconds();
+  // The plan that ran: the coordinator plans again around a source that
+  // did not answer at the change's start.
+  const bool replanned =
+      last.has_plan() &&
+      (last.plan().cross_host_bytes() != plan.cross_host_bytes() ||
+       last.plan().max_host_send_bytes() != plan.max_host_send_bytes());
+  if (replanned && !json) {
+    std::cout << absl::StrFormat(
+        "  planned again (a source did not answer at the start): %s across "
+        "hosts, largest send %s\n",
+        HumanBytes(last.plan().cross_host_bytes()),
+        HumanBytes(last.plan().max_host_send_bytes()));
+  }
   if (json) {
     JsonWriter w(2);
     w.BeginObject();
@@ -567,8 +580,9 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
     w.Key("snapshot_dir").String(last.snapshot_dir());
     w.Key("strategy").String(StrategyName(req.strategy()));
     if (!ok) w.Key("error").String(last.error());
+    w.Key("replanned").Bool(replanned);
     w.Key("plan");
-    WriteSummary(plan, &w);
+    WriteSummary(replanned ? last.plan() : plan, &w);
     w.EndObject();
     std::cout << w.str() << "\n";
   } else if (ok) {
