@@ -349,8 +349,9 @@ std::set<int32_t> AdmitPeersOnSources(const ReconfigureRequest& r,
 // link was cut a moment ago, before its heartbeats were late) is made late
 // and the change planned again, when the caller can: it then sends only
 // what no other live host holds, and the change neither stages from it
-// nor waits for its fingerprints or its release. Returns whether it
-// replanned (`input` and `plan` then hold the new ones, admitted).
+// nor waits for its fingerprints or its release. A source still
+// heartbeating is slow, not cut off, and is not planned around. Returns
+// whether it replanned (`input` and `plan` then hold the new ones).
 bool ReplanAroundUnreachable(const ReconfigureRequest& r,
                              const std::set<int32_t>& unreachable,
                              PlanInput* input, Plan* plan) {
@@ -360,7 +361,7 @@ bool ReplanAroundUnreachable(const ReconfigureRequest& r,
   input->late.resize(input->cluster->hosts.size(), false);
   for (int32_t h : unreachable) {
     if (h < 0 || h >= static_cast<int32_t>(input->late.size()) ||
-        input->IsLate(h))
+        input->IsLate(h) || (r.heard_lately && r.heard_lately(h)))
       continue;
     input->late[h] = true;
     names.push_back(input->cluster->hosts[h].name);
@@ -622,11 +623,13 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   std::optional<SourceHolders> holding(std::in_place, r);
   const std::set<int32_t> unreachable = AdmitPeersOnSources(
       r, *holding, r.replan ? absl::Seconds(2) : absl::Seconds(10));
-  if (!unreachable.empty() &&
-      ReplanAroundUnreachable(r, unreachable, &replanned_input, &replanned)) {
-    req.input = &replanned_input;
-    req.plan = &replanned;
-    holding.emplace(r);
+  if (!unreachable.empty()) {
+    if (ReplanAroundUnreachable(r, unreachable, &replanned_input,
+                                &replanned)) {
+      req.input = &replanned_input;
+      req.plan = &replanned;
+      holding.emplace(r);
+    }
     AdmitPeersOnSources(r, *holding, absl::Seconds(10));
   }
   const SourceHolders& holders = *holding;

@@ -63,6 +63,10 @@ struct ReconfigureRequest {
   // before their heartbeats were late): a validated plan that sends from
   // them only what no other live host holds. Empty: the plan is kept.
   std::function<absl::StatusOr<Plan>(const PlanInput& input)> replan;
+  // Whether the host's last heartbeat came within about one interval
+  // (empty: none did). A source that did not answer in time but still heartbeats
+  // is slow, not cut off: it is told again, and the plan kept.
+  std::function<bool(int32_t host)> heard_lately;
 };
 
 struct ReconfigureProgress {

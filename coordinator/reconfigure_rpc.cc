@@ -454,6 +454,13 @@ absl::Status CoordinatorService::StartChange(
       return plan;
     };
   }
+  r.heard_lately = [this, names](int32_t host) {
+    absl::MutexLock lock(&mu_);
+    auto it = hosts_.find(names[host]);
+    return it != hosts_.end() &&
+           absl::Now() - it->second.last_heartbeat <=
+               options_.heartbeat_interval * 3 / 2;
+  };
   if (flight->snapshot) {
     r.snapshot = &flight->snapshot->manifest;
     r.snapshot_dir = flight->snapshot->dir;
