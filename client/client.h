@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "coordinator/hot_plan.h"
+#include "plan/hot_plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"

@@ -11,10 +11,10 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/advisor.h"
+#include "plan/advisor.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/job_placement.h"
-#include "coordinator/plan_proto.h"
+#include "plan/job_placement.h"
+#include "plan/plan_proto.h"
 
 namespace ptc {
 

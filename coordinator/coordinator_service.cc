@@ -18,7 +18,7 @@
 #include "common/logging.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
-#include "coordinator/job_placement.h"
+#include "plan/job_placement.h"
 #include "coordinator/reconfigure_driver.h"
 #include "ptc/families.h"
 #include "ptc/layout.h"

@@ -58,7 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/control_store.h"
-#include "coordinator/plan.h"
+#include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
 #include "ptc/layout.h"

@@ -19,10 +19,10 @@
 #include "common/logging.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
-#include "coordinator/internal/cover.h"
+#include "plan/internal/cover.h"
 #include "coordinator/internal/fingerprint_calls.h"
-#include "coordinator/plan_proto.h"
-#include "coordinator/snapshot_plan.h"
+#include "plan/plan_proto.h"
+#include "plan/snapshot_plan.h"
 #include "proto/transformer.grpc.pb.h"
 #include "tensor_store/store_client.h"
 
@@ -109,7 +109,7 @@ class SourceHolders {
       if (++checked > kMaxHostsChecked) break;
       int64_t covered = 0;
       for (const auto& [owner, cover] :
-           coordinator_internal::DisjointCover(ranks_[x.tensor], list)) {
+           plan_internal::DisjointCover(ranks_[x.tensor], list)) {
         for (const Region& r : cover) covered += r.volume();
       }
       if (covered == x.region.volume()) add(h);
@@ -513,7 +513,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> FingerprintsOnce(
     }
     const int rank = static_cast<int>(in.spec->tensors[t].shape.size());
     for (auto& [host, regions] :
-         coordinator_internal::DisjointCover(rank, held, &load)) {
+         plan_internal::DisjointCover(rank, held, &load)) {
       asks[host].push_back({t, std::move(regions)});
     }
   }

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/plan.h"
+#include "plan/plan.h"
 #include "proto/snapshot.pb.h"
 
 namespace ptc {

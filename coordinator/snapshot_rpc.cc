@@ -17,7 +17,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/internal/cover.h"
+#include "plan/internal/cover.h"
 #include "coordinator/reconfigure_driver.h"
 #include "proto/transformer.grpc.pb.h"
 #include "ptc/layout.h"
@@ -227,7 +227,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
           stored[id_of[h]].push_back(region);
         }
       }
-      for (const auto& [h, cover] : coordinator_internal::DisjointCover(
+      for (const auto& [h, cover] : plan_internal::DisjointCover(
                static_cast<int>(ts.shape.size()), held)) {
         // Each part inside one region the host stores.
         std::vector<Region> rest = cover;

@@ -12,7 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/planner.h"
+#include "plan/planner.h"
 #include "coordinator/reconfigure_driver.h"
 #include "tests/testing.h"
 

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
-#include "coordinator/plan_scenario.h"
-#include "coordinator/plan_validator.h"
-#include "coordinator/planner.h"
+#include "plan/plan_scenario.h"
+#include "plan/plan_validator.h"
+#include "plan/planner.h"
 #include "coordinator/reconfigure_driver.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/transformer_service.h"

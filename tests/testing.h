@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/plan.h"
-#include "coordinator/plan_scenario.h"
+#include "plan/plan.h"
+#include "plan/plan_scenario.h"
 #include "proto/coordinator.pb.h"
 #include "tensor_store/internal/testing.h"
 

@@ -25,9 +25,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "coordinator/plan_scenario.h"
-#include "coordinator/plan_validator.h"
-#include "coordinator/planner.h"
+#include "plan/plan_scenario.h"
+#include "plan/plan_validator.h"
+#include "plan/planner.h"
 #include "tools/internal/format.h"
 #include "tools/internal/stats.h"
 

@@ -1,0 +1,616 @@
+#include "plan/placement.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "plan/internal/grid.h"
+#include "plan/internal/max_flow.h"
+#include "plan/internal/min_cost_flow.h"
+
+namespace ptc {
+namespace {
+
+using plan_internal::Grid;
+using plan_internal::MaxFlow;
+using plan_internal::MinCostFlow;
+
+// Distinct (tensor, region) pairs of one layout, sorted: what a block
+// needs or a host holds. Each is packed as tensor << 32 | the region's
+// index among the layout's distinct regions of that tensor.
+struct Regions {
+  const Layout* layout = nullptr;
+  std::vector<uint64_t> keys;
+
+  static int32_t Tensor(uint64_t k) { return static_cast<int32_t>(k >> 32); }
+  const Region& region(uint64_t k) const {
+    return layout->regions(Tensor(k))[static_cast<int32_t>(k & 0xffffffffu)];
+  }
+};
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  return h ^ (h >> 29);
+}
+
+uint64_t Signature(const Regions& regions) {
+  uint64_t h = regions.keys.size();
+  for (uint64_t k : regions.keys) {
+    const Region& r = regions.region(k);
+    h = Mix(h, static_cast<uint64_t>(Regions::Tensor(k)));
+    for (int d = 0; d < r.rank(); ++d) {
+      h = Mix(h, static_cast<uint64_t>(r.dim(d).begin));
+      h = Mix(h, static_cast<uint64_t>(r.dim(d).end));
+    }
+  }
+  return h;
+}
+
+// The distinct regions of `layout` per group, where group_of(rank) < 0
+// leaves a rank out.
+template <typename GroupOf>
+std::vector<Regions> GroupRegions(const Layout& layout, int groups,
+                                  GroupOf group_of) {
+  std::vector<Regions> out(groups);
+  for (Regions& r : out) r.layout = &layout;
+  std::vector<int> group(layout.world_size());
+  for (int r = 0; r < layout.world_size(); ++r) group[r] = group_of(r);
+  for (int t = 0; t < layout.num_tensors(); ++t) {
+    const std::vector<Shard>& shards = layout.shards(t);
+    const std::vector<int32_t>& ids = layout.region_ids(t);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int g = group[shards[i].rank];
+      if (g < 0 || shards[i].region.empty()) continue;
+      const uint64_t key = (static_cast<uint64_t>(t) << 32) | static_cast<uint32_t>(ids[i]);
+      // Shards come by tensor, so a repeat of the group's last key is the
+      // common duplicate (the ranks of one host holding one region).
+      std::vector<uint64_t>& keys = out[g].keys;
+      if (keys.empty() || keys.back() != key) keys.push_back(key);
+    }
+  }
+  for (Regions& r : out) {
+    std::sort(r.keys.begin(), r.keys.end());
+    r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
+  }
+  return out;
+}
+
+int64_t Bytes(const ModelSpec& spec, const Regions& regions) {
+  int64_t n = 0;
+  for (uint64_t k : regions.keys)
+    n += regions.region(k).volume() *
+         ElementSize(spec.tensors[Regions::Tensor(k)].dtype);
+  return n;
+}
+
+// Bytes of the union of `needs` that `holds` lacks (tensor by tensor, on
+// the grid of both sides' boundaries).
+int64_t Missing(const ModelSpec& spec, const Regions& needs,
+                const Regions& holds) {
+  int64_t bytes = 0;
+  Grid grid;
+  std::vector<char> need, held;
+  const std::vector<uint64_t>& nk = needs.keys;
+  const std::vector<uint64_t>& hk = holds.keys;
+  size_t i = 0, j = 0;
+  while (i < nk.size()) {
+    const int32_t t = Regions::Tensor(nk[i]);
+    size_t i_end = i;
+    while (i_end < nk.size() && Regions::Tensor(nk[i_end]) == t) ++i_end;
+    j = std::lower_bound(hk.begin() + j, hk.end(), static_cast<uint64_t>(t) << 32) -
+        hk.begin();
+    size_t j_end = j;
+    while (j_end < hk.size() && Regions::Tensor(hk[j_end]) == t) ++j_end;
+    const int64_t elem = ElementSize(spec.tensors[t].dtype);
+    if (i_end - i == 1 && j_end == j) {
+      bytes += needs.region(nk[i]).volume() * elem;
+    } else if (i_end - i == 1 && j_end - j == 1 &&
+               holds.region(hk[j]).Contains(needs.region(nk[i]))) {
+      // The common case: a host that keeps its region.
+    } else {
+      grid.Reset(needs.region(nk[i]).rank());
+      for (size_t k = i; k < i_end; ++k) grid.AddCuts(needs.region(nk[k]));
+      for (size_t k = j; k < j_end; ++k) grid.AddCuts(holds.region(hk[k]));
+      grid.Finalize();
+      need.assign(grid.num_cells(), 0);
+      held.assign(grid.num_cells(), 0);
+      for (size_t k = i; k < i_end; ++k)
+        grid.ForEachCell(needs.region(nk[k]), [&](int64_t c) { need[c] = 1; });
+      for (size_t k = j; k < j_end; ++k)
+        grid.ForEachCell(holds.region(hk[k]), [&](int64_t c) { held[c] = 1; });
+      for (int64_t c = 0; c < grid.num_cells(); ++c) {
+        if (need[c] && !held[c]) bytes += grid.CellRegion(c).volume() * elem;
+      }
+    }
+    i = i_end;
+    j = j_end;
+  }
+  return bytes;
+}
+
+std::string GiB(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30))
+    return absl::StrFormat("%.2f GiB", bytes / 1073741824.0);
+  if (bytes >= (int64_t{1} << 20))
+    return absl::StrFormat("%.1f MiB", bytes / 1048576.0);
+  return absl::StrCat(bytes, " bytes");
+}
+
+absl::Status CheckRequest(const PlacementRequest& req) {
+  if (req.spec == nullptr || req.cluster == nullptr || req.target == nullptr)
+    return absl::InvalidArgumentError("placement: spec, cluster and target are required");
+  if (!req.target->config().has_value()) {
+    return absl::InvalidArgumentError(
+        "placement: the target layout was given rank by rank (no parallel "
+        "config); give its placement explicitly");
+  }
+  const int n = static_cast<int>(req.cluster->hosts.size());
+  if (req.hosts.empty())
+    return absl::InvalidArgumentError("placement: no candidate hosts given");
+  std::vector<char> seen(n, 0);
+  for (int h : req.hosts) {
+    if (h < 0 || h >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: host id ", h, " is outside the cluster's ", n, " hosts"));
+    }
+    if (seen[h]++) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: host '", req.cluster->hosts[h].name, "' is named twice"));
+    }
+  }
+  if ((!req.taken.empty() && static_cast<int>(req.taken.size()) != n) ||
+      (!req.memory.empty() && static_cast<int>(req.memory.size()) != n) ||
+      (!req.alive.empty() && static_cast<int>(req.alive.size()) != n)) {
+    return absl::InvalidArgumentError(
+        "placement: taken, memory and alive must list every cluster host");
+  }
+  if ((req.source == nullptr) != (req.source_placement == nullptr)) {
+    return absl::InvalidArgumentError(
+        "placement: a source layout needs its placement");
+  }
+  if (req.source != nullptr &&
+      req.source_placement->world_size() != req.source->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement: the source placement has ", req.source_placement->world_size(),
+        " ranks but its layout ", req.source->world_size()));
+  }
+  return absl::OkStatus();
+}
+
+bool HoldsSource(const PlacementRequest& req, int host) {
+  if (!req.alive.empty() && !req.alive[host]) return false;
+  return std::find(req.source_lost.begin(), req.source_lost.end(), host) ==
+         req.source_lost.end();
+}
+
+// What each cluster host holds of the committed version (empty without a
+// source).
+std::vector<Regions> HostHoldings(const PlacementRequest& req) {
+  const int n = static_cast<int>(req.cluster->hosts.size());
+  if (req.source == nullptr) {
+    std::vector<Regions> none(n);
+    for (Regions& r : none) r.layout = req.target;  // empty either way
+    return none;
+  }
+  std::vector<char> holds(n);
+  for (int h = 0; h < n; ++h) holds[h] = HoldsSource(req, h);
+  return GroupRegions(*req.source, n, [&](int rank) {
+    const int h = req.source_placement->host[rank];
+    return h >= 0 && h < n && holds[h] ? h : -1;
+  });
+}
+
+double Bandwidth(const Host& h) { return h.bandwidth > 0 ? h.bandwidth : 25e9; }
+
+}  // namespace
+
+absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
+                                                  const Placement& placement) {
+  PTC_RETURN_IF_ERROR(CheckRequest(req));
+  const int n = static_cast<int>(req.cluster->hosts.size());
+  if (placement.world_size() != req.target->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement: ", placement.world_size(), " ranks placed but the layout has ",
+        req.target->world_size()));
+  }
+  PTC_RETURN_IF_ERROR(ValidatePlacement(*req.cluster, placement));
+  const std::vector<Regions> holds = HostHoldings(req);
+  const std::vector<Regions> needs = GroupRegions(
+      *req.target, n, [&](int rank) { return placement.host[rank]; });
+  PlacementResult out;
+  out.placement = placement;
+  out.host_bytes.assign(n, 0);
+  out.host_old_bytes.assign(n, 0);
+  std::vector<char> used(n, 0);
+  for (int h : placement.host) used[h] = 1;
+  for (int h = 0; h < n; ++h) {
+    out.host_old_bytes[h] = Bytes(*req.spec, holds[h]);
+    if (!used[h]) continue;
+    const int64_t missing = Missing(*req.spec, needs[h], holds[h]);
+    out.cross_host_bytes += missing;
+    out.max_receive_seconds = std::max(
+        out.max_receive_seconds, missing / Bandwidth(req.cluster->hosts[h]));
+    out.host_bytes[h] = Bytes(*req.spec, needs[h]);
+  }
+  for (int h : req.hosts) {
+    if (!used[h]) out.released.push_back(h);
+  }
+  return out;
+}
+
+absl::Status CheckPlacementFits(const PlacementRequest& req,
+                                const PlacementResult& result) {
+  const Cluster& cluster = *req.cluster;
+  const Placement& p = result.placement;
+  for (int r = 0; r < p.world_size(); ++r) {
+    const int h = p.host[r];
+    if (req.taken.empty()) break;
+    const auto& taken = req.taken[h];
+    if (std::find(taken.begin(), taken.end(), p.device[r]) != taken.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", r, " is placed on GPU ", p.device[r], " of ",
+          cluster.hosts[h].name, ", which another job uses"));
+    }
+  }
+  for (size_t h = 0; h < result.host_bytes.size() && !req.memory.empty(); ++h) {
+    const int64_t need = result.host_bytes[h] +
+                         (h < result.host_old_bytes.size() ? result.host_old_bytes[h] : 0);
+    if (result.host_bytes[h] > 0 && req.memory[h] >= 0 && need > req.memory[h]) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          cluster.hosts[h].name, " would hold ", GiB(result.host_bytes[h]),
+          " of the job's new version",
+          result.host_old_bytes[h] > 0
+              ? absl::StrCat(" beside ", GiB(result.host_old_bytes[h]),
+                             " of the committed one")
+              : "",
+          " but its store has ", GiB(req.memory[h]),
+          " for the job; add hosts, or start its ptcd with more --memory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> HostStateBytes(const ModelSpec& spec, const Layout& layout,
+                                    const Placement& placement, int num_hosts) {
+  const std::vector<Regions> held = GroupRegions(
+      layout, num_hosts, [&](int rank) {
+        const int h = placement.host[rank];
+        return h >= 0 && h < num_hosts ? h : -1;
+      });
+  std::vector<int64_t> out(num_hosts);
+  for (int h = 0; h < num_hosts; ++h) out[h] = Bytes(spec, held[h]);
+  return out;
+}
+
+absl::StatusOr<PlacementResult> ContiguousPlacementResult(
+    const PlacementRequest& req) {
+  PTC_RETURN_IF_ERROR(CheckRequest(req));
+  PTC_ASSIGN_OR_RETURN(Placement p,
+                       ContiguousPlacement(*req.cluster, req.hosts,
+                                           req.target->world_size()));
+  return EvaluatePlacement(req, p);
+}
+
+absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
+  PTC_RETURN_IF_ERROR(CheckRequest(req));
+  const ModelSpec& spec = *req.spec;
+  const Cluster& cluster = *req.cluster;
+  const ParallelConfig& config = *req.target->config();
+  const int world = req.target->world_size();
+
+  // Units: ranks equal on every axis but the colocated ones.
+  std::vector<int> axes;
+  int64_t unit_size = 1;
+  for (const std::string& a : req.colocate) {
+    const int i = config.AxisIndex(a);
+    if (i < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement: colocate axis '", a, "' is not an axis of ",
+          config.ToString()));
+    }
+    if (std::find(axes.begin(), axes.end(), i) != axes.end()) continue;
+    axes.push_back(i);
+    unit_size *= config.size(a);
+  }
+  std::map<std::vector<int>, int> unit_id;
+  std::vector<int> unit_of(world);
+  std::vector<std::vector<int>> unit_ranks;
+  for (int r = 0; r < world; ++r) {
+    MeshCoord c = config.CoordOf(r);
+    for (int i : axes) c.index[i] = 0;
+    auto [it, fresh] = unit_id.emplace(c.index, static_cast<int>(unit_ranks.size()));
+    if (fresh) unit_ranks.emplace_back();
+    unit_of[r] = it->second;
+    unit_ranks[it->second].push_back(r);
+  }
+  const int units = static_cast<int>(unit_ranks.size());
+  const std::string unit_words =
+      axes.empty() ? std::string("ranks")
+                   : absl::StrCat("groups of ", unit_size, " ranks (",
+                                  absl::StrJoin(req.colocate, ","),
+                                  ") that share a host");
+
+  // Candidates: free GPUs and the units they fit.
+  struct Candidate {
+    int host;
+    std::vector<int32_t> free;
+    int slots;
+  };
+  std::vector<Candidate> cands;
+  int64_t total_slots = 0, max_free = 0;
+  for (int h : req.hosts) {
+    Candidate c{h, {}, 0};
+    const std::vector<int32_t>* taken = req.taken.empty() ? nullptr : &req.taken[h];
+    for (int32_t g = 0; g < cluster.hosts[h].gpus; ++g) {
+      if (taken == nullptr || std::find(taken->begin(), taken->end(), g) == taken->end())
+        c.free.push_back(g);
+    }
+    c.slots = static_cast<int>(static_cast<int64_t>(c.free.size()) / unit_size);
+    total_slots += c.slots;
+    max_free = std::max<int64_t>(max_free, c.free.size());
+    cands.push_back(std::move(c));
+  }
+  if (unit_size > max_free) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job's ", unit_words, " need ", unit_size,
+        " GPUs on one host, but the most free GPUs on a candidate host is ",
+        max_free, "; use hosts with more GPUs or colocate fewer axes"));
+  }
+  if (total_slots < units) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job needs ", world, " GPUs as ", units, " ", unit_words,
+        ", but the ", req.hosts.size(), " candidate hosts fit only ",
+        total_slots, " of them (GPUs other jobs use are taken); add hosts"));
+  }
+
+  // Blocks: consecutive units, sized by the hosts with the most room first.
+  std::vector<int> by_room(cands.size());
+  std::iota(by_room.begin(), by_room.end(), 0);
+  std::stable_sort(by_room.begin(), by_room.end(), [&](int a, int b) {
+    return cands[a].slots > cands[b].slots;
+  });
+  std::vector<std::vector<int>> blocks;  // units
+  for (int c : by_room) {
+    int next = static_cast<int>(blocks.empty() ? 0 : blocks.back().back() + 1);
+    if (next >= units) break;
+    const int take = std::min(cands[c].slots, units - next);
+    if (take == 0) continue;
+    blocks.emplace_back(take);
+    std::iota(blocks.back().begin(), blocks.back().end(), next);
+  }
+  const int nblocks = static_cast<int>(blocks.size());
+  std::vector<int> block_of_unit(units);
+  for (int b = 0; b < nblocks; ++b)
+    for (int u : blocks[b]) block_of_unit[u] = b;
+  // What each block needs and each host holds: two passes over every
+  // shard of the two layouts, run side by side.
+  std::vector<Regions> holdings;
+  std::thread holdings_pass([&] { holdings = HostHoldings(req); });
+  const std::vector<Regions> needs = GroupRegions(
+      *req.target, nblocks, [&](int rank) { return block_of_unit[unit_of[rank]]; });
+  holdings_pass.join();
+
+  // Classes of equal blocks and of equal hosts.
+  struct BlockClass {
+    int units;
+    int64_t bytes;
+    std::vector<int> members;
+  };
+  std::vector<BlockClass> bclass;
+  {
+    std::map<std::pair<int, uint64_t>, int> key_to;
+    for (int b = 0; b < nblocks; ++b) {
+      const auto key = std::make_pair(static_cast<int>(blocks[b].size()),
+                                      Signature(needs[b]));
+      auto [it, fresh] = key_to.emplace(key, static_cast<int>(bclass.size()));
+      if (fresh) bclass.push_back({key.first, Bytes(spec, needs[b]), {}});
+      bclass[it->second].members.push_back(b);
+    }
+  }
+  if (nblocks < static_cast<int>(cands.size())) {  // hosts left without ranks
+    bclass.push_back({0, 0, {}});
+    bclass.back().members.assign(cands.size() - nblocks, -1);
+  }
+  struct HostClass {
+    int slots;
+    int64_t memory, old_bytes;
+    double bandwidth;
+    std::vector<int> members;  // candidate indices, in preference order
+  };
+  std::vector<HostClass> hclass;
+  {
+    std::map<std::tuple<int, int64_t, double, uint64_t>, int> key_to;
+    for (size_t c = 0; c < cands.size(); ++c) {
+      const int h = cands[c].host;
+      const int64_t mem = req.memory.empty() ? -1 : req.memory[h];
+      const auto key = std::make_tuple(cands[c].slots, mem,
+                                       Bandwidth(cluster.hosts[h]),
+                                       Signature(holdings[h]));
+      auto [it, fresh] = key_to.emplace(key, static_cast<int>(hclass.size()));
+      if (fresh) {
+        hclass.push_back({cands[c].slots, mem, Bytes(spec, holdings[h]),
+                          Bandwidth(cluster.hosts[h]), {}});
+      }
+      hclass[it->second].members.push_back(static_cast<int>(c));
+    }
+  }
+  const int B = static_cast<int>(bclass.size()), H = static_cast<int>(hclass.size());
+  // Cost and feasibility of each class pair.
+  std::vector<int64_t> cost(static_cast<size_t>(B) * H, 0);
+  std::vector<double> seconds(static_cast<size_t>(B) * H, 0);
+  std::vector<char> fits(static_cast<size_t>(B) * H, 0);
+  // A block and a host that share no tensor (other pipeline stages: most
+  // pairs) cost the block's whole state, computed once per block class.
+  const size_t words = (spec.tensors.size() + 63) / 64;
+  auto tensor_bits = [&](const Regions& r) {
+    std::vector<uint64_t> bits(words, 0);
+    for (uint64_t k : r.keys) {
+      const int32_t t = Regions::Tensor(k);
+      bits[t / 64] |= uint64_t{1} << (t % 64);
+    }
+    return bits;
+  };
+  std::vector<std::vector<uint64_t>> block_bits(B), host_bits(H);
+  for (int b = 0; b < B; ++b)
+    if (bclass[b].units > 0) block_bits[b] = tensor_bits(needs[bclass[b].members[0]]);
+  for (int h = 0; h < H; ++h)
+    host_bits[h] = tensor_bits(holdings[cands[hclass[h].members[0]].host]);
+  auto share_a_tensor = [&](int b, int h) {
+    for (size_t w = 0; w < words; ++w)
+      if (block_bits[b][w] & host_bits[h][w]) return true;
+    return false;
+  };
+  std::vector<int64_t> alone(B, 0);
+  for (int b = 0; b < B; ++b) {
+    if (bclass[b].units > 0)
+      alone[b] = Missing(spec, needs[bclass[b].members[0]], Regions{});
+  }
+  for (int b = 0; b < B; ++b) {
+    const BlockClass& bc = bclass[b];
+    for (int h = 0; h < H; ++h) {
+      const HostClass& hc = hclass[h];
+      const size_t k = static_cast<size_t>(b) * H + h;
+      if (bc.units == 0) {
+        fits[k] = 1;
+        continue;
+      }
+      fits[k] = hc.slots >= bc.units &&
+                (hc.memory < 0 || hc.old_bytes + bc.bytes <= hc.memory);
+      if (!fits[k]) continue;
+      if (!share_a_tensor(b, h)) {
+        cost[k] = alone[b];
+        seconds[k] = cost[k] / hc.bandwidth;
+        continue;
+      }
+      cost[k] = Missing(spec, needs[bc.members[0]],
+                        holdings[cands[hc.members[0]].host]);
+      seconds[k] = cost[k] / hc.bandwidth;
+    }
+  }
+
+  // The network: source -> block class -> host class -> sink; every
+  // candidate host takes exactly one block (an empty one: released).
+  const int S = B + H, T = B + H + 1;
+  const int64_t n_cands = static_cast<int64_t>(cands.size());
+  auto feasible_within = [&](double limit) {
+    MaxFlow f(B + H + 2);
+    for (int b = 0; b < B; ++b)
+      f.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()));
+    for (int h = 0; h < H; ++h)
+      f.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()));
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const size_t k = static_cast<size_t>(b) * H + h;
+        if (fits[k] && seconds[k] <= limit) f.AddEdge(b, B + h, n_cands);
+      }
+    return f.Solve(S, T) == n_cands;
+  };
+  if (!feasible_within(std::numeric_limits<double>::infinity())) {
+    int64_t biggest = 0;
+    for (const BlockClass& bc : bclass) biggest = std::max(biggest, bc.bytes);
+    std::vector<std::string> room;
+    for (const Candidate& c : cands) {
+      const int h = c.host;
+      if (req.memory.empty() || req.memory[h] < 0) continue;
+      room.push_back(absl::StrCat(cluster.hosts[h].name, " has ", GiB(req.memory[h]),
+                                  " for the job, ", GiB(Bytes(spec, holdings[h])),
+                                  " of it held by the committed version"));
+      if (room.size() == 4) break;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job's state does not fit the candidate hosts' store memory: a "
+        "host's share of the new version is up to ", GiB(biggest),
+        " and must fit beside what it holds of the committed version (",
+        absl::StrJoin(room, "; "),
+        "); add hosts, or start the ptcds with more --memory"));
+  }
+  // The smallest largest receive time that still places every block.
+  std::vector<double> times;
+  for (size_t k = 0; k < seconds.size(); ++k)
+    if (fits[k]) times.push_back(seconds[k]);
+  std::sort(times.begin(), times.end());
+  times.erase(std::unique(times.begin(), times.end()), times.end());
+  size_t lo = 0, hi = times.size() - 1;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (feasible_within(times[mid])) hi = mid; else lo = mid + 1;
+  }
+  const double limit = times[lo] * (1 + std::max(0.0, req.duration_slack));
+  // Then the fewest bytes; ties go to the earlier host classes.
+  int64_t max_cost = 0;
+  for (int64_t c : cost) max_cost = std::max(max_cost, c);
+  const int64_t scale =
+      max_cost < std::numeric_limits<int64_t>::max() / (4 * (H + 1)) / std::max<int64_t>(n_cands, 1)
+          ? H + 1
+          : 1;
+  MinCostFlow mcf(B + H + 2);
+  std::vector<int> pair_edge(static_cast<size_t>(B) * H, -1);
+  for (int b = 0; b < B; ++b)
+    mcf.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()), 0);
+  for (int h = 0; h < H; ++h)
+    mcf.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()), 0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const size_t k = static_cast<size_t>(b) * H + h;
+      if (!fits[k] || seconds[k] > limit) continue;
+      const int64_t tie = (scale > 1 && bclass[b].units > 0) ? h : 0;
+      pair_edge[k] = mcf.AddEdge(b, B + h, n_cands, cost[k] * scale + tie);
+    }
+  const auto [sent, total] = mcf.Solve(S, T, n_cands);
+  if (sent != n_cands) {
+    return absl::InternalError("placement: the assignment lost a block");
+  }
+
+  // Blocks of each class to hosts of each class, in order.
+  PlacementResult out;
+  out.placement.host.assign(world, -1);
+  out.placement.device.assign(world, -1);
+  out.host_bytes.assign(cluster.hosts.size(), 0);
+  out.host_old_bytes.assign(cluster.hosts.size(), 0);
+  for (const HostClass& hc : hclass)
+    for (int c : hc.members) out.host_old_bytes[cands[c].host] = hc.old_bytes;
+  std::vector<size_t> next_block(B, 0), next_host(H, 0);
+  for (int h = 0; h < H; ++h) {
+    for (int b = 0; b < B; ++b) {
+      const int e = pair_edge[static_cast<size_t>(b) * H + h];
+      if (e < 0) continue;
+      for (int64_t f = mcf.Flow(e); f > 0; --f) {
+        const int block = bclass[b].members[next_block[b]++];
+        const Candidate& c = cands[hclass[h].members[next_host[h]++]];
+        if (block < 0) {
+          out.released.push_back(c.host);
+          continue;
+        }
+        const size_t k = static_cast<size_t>(b) * H + h;
+        out.cross_host_bytes += cost[k];
+        out.max_receive_seconds = std::max(out.max_receive_seconds, seconds[k]);
+        out.host_bytes[c.host] = bclass[b].bytes;
+        std::vector<int> ranks;
+        for (int u : blocks[block])
+          ranks.insert(ranks.end(), unit_ranks[u].begin(), unit_ranks[u].end());
+        std::sort(ranks.begin(), ranks.end());
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          out.placement.host[ranks[i]] = c.host;
+          out.placement.device[ranks[i]] = c.free[i];
+        }
+      }
+    }
+  }
+  std::sort(out.released.begin(), out.released.end(), [&](int a, int b) {
+    return std::find(req.hosts.begin(), req.hosts.end(), a) <
+           std::find(req.hosts.begin(), req.hosts.end(), b);
+  });
+  return out;
+}
+
+}  // namespace ptc

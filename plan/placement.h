@@ -1,0 +1,111 @@
+// Where a job's ranks run: the coordinator's choice of host and GPU for
+// every rank of a target layout, the one that makes a change shortest and
+// then moves the fewest bytes across hosts.
+//
+// Ranks that must share a host (by default a tp group: equal on every axis
+// but tp) form units; consecutive units (in rank order: the dp replicas of
+// one stage, Megatron's order) form host-sized blocks. A block needs the
+// distinct regions of its ranks; a host holds what its ranks held in the
+// committed version. Assigning blocks to hosts is a transportation problem
+// between classes of equal blocks and classes of equal hosts (a stage's
+// dp replicas need the same regions; hosts of one old stage hold the
+// same): solved exactly, first for the smallest largest per-host receive
+// time (bytes a host needs and lacks, over its link bandwidth, within a
+// small slack), then for the fewest bytes across hosts, each host's GPUs, the devices other jobs
+// use and its store memory (old and new version side by side) respected.
+// Candidate hosts beyond what the job needs are released.
+//
+//   PlacementRequest req{&spec, &cluster, &target_layout, candidate_hosts};
+//   req.source = &committed_layout; req.source_placement = &where;
+//   PTC_ASSIGN_OR_RETURN(PlacementResult r, ChoosePlacement(req));
+#ifndef PTC_PLAN_PLACEMENT_H_
+#define PTC_PLAN_PLACEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "ptc/layout.h"
+#include "ptc/model_spec.h"
+
+namespace ptc {
+
+struct PlacementRequest {
+  const ModelSpec* spec = nullptr;
+  const Cluster* cluster = nullptr;
+  // The layout to place; it must come from a parallel config.
+  const Layout* target = nullptr;
+  // Host ids the ranks may use, in order of preference (ties go to the
+  // earlier host, and so do blocks when no data sits anywhere yet).
+  std::vector<int> hosts;
+
+  // The committed state, for a change (null at registration).
+  const Layout* source = nullptr;
+  const Placement* source_placement = nullptr;
+  // alive[h] per cluster host (empty: all); hosts that lost the source
+  // version (restarted ptcd) hold nothing.
+  std::vector<bool> alive;
+  std::vector<int> source_lost;
+
+  // Mesh axes whose groups of ranks must share a host; empty: none.
+  std::vector<std::string> colocate = {"tp"};
+  // Per cluster host (empty: none): GPU indices other jobs use.
+  std::vector<std::vector<int32_t>> taken;
+  // Largest receive times within this fraction of the least count as
+  // equal, and among them the fewest bytes across hosts wins: a placement
+  // 0.4% slower on its busiest receiver that moves a third fewer bytes
+  // (and spreads the sends over more holders) is the better change.
+  double duration_slack = 0.05;
+  // Per cluster host (empty: unlimited): store bytes this job may hold
+  // there at once (the ptcd's memory less other jobs' state); < 0:
+  // unlimited.
+  std::vector<int64_t> memory;
+};
+
+struct PlacementResult {
+  Placement placement;
+  // Candidate hosts that get no rank.
+  std::vector<int> released;
+  // Sum over hosts of the bytes a host needs and does not hold: what the
+  // planner sends across hosts for this placement.
+  int64_t cross_host_bytes = 0;
+  // The largest of those per host, in seconds at the host's bandwidth.
+  double max_receive_seconds = 0;
+  // Store bytes of the new version on each cluster host (0 off the job),
+  // and of the committed version it holds meanwhile.
+  std::vector<int64_t> host_bytes;
+  std::vector<int64_t> host_old_bytes;
+};
+
+// The placement described above. INVALID_ARGUMENT: a layout without a
+// config, an unknown colocate axis, a unit larger than any host;
+// RESOURCE_EXHAUSTED: not enough GPUs or store memory (the message names
+// the hosts, GPUs and bytes).
+absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req);
+
+// Today's rule, for comparison: ranks fill the hosts in the order given,
+// GPU 0 upwards (the constraints are not consulted). Its result carries
+// the same measures as ChoosePlacement's.
+absl::StatusOr<PlacementResult> ContiguousPlacementResult(
+    const PlacementRequest& req);
+
+// The measures of a given placement of req.target (cross-host bytes, the
+// largest receive time, store bytes per host), for tests and comparisons.
+absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
+                                                  const Placement& placement);
+
+// Checks a placement made by other means (contiguous, explicit) against
+// req's constraints: no device another job uses, and every host's old and
+// new bytes within its memory. RESOURCE_EXHAUSTED names the host.
+absl::Status CheckPlacementFits(const PlacementRequest& req,
+                                const PlacementResult& result);
+
+// Store bytes each cluster host holds of `layout` placed by `placement`
+// (distinct regions of its ranks), indexed by host id.
+std::vector<int64_t> HostStateBytes(const ModelSpec& spec, const Layout& layout,
+                                    const Placement& placement, int num_hosts);
+
+}  // namespace ptc
+
+#endif  // PTC_PLAN_PLACEMENT_H_

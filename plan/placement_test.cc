@@ -1,0 +1,317 @@
+#include "plan/placement.h"
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include "plan/job_placement.h"
+#include "plan/plan_scenario.h"
+#include "plan/planner.h"
+#include "proto/enum_names.h"
+#include "ptc/families.h"
+
+namespace ptc {
+namespace {
+
+ModelSpec Gpt(int layers = 4) {
+  return *BuildModelSpec(*ParseArchitecture(absl::StrCat(
+      "gpt:layers=", layers, ",hidden=32,heads=4,vocab=64,positions=8")));
+}
+
+std::vector<int> Range(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+PlacementRequest Request(const PlanScenario& s, std::vector<int> hosts) {
+  PlacementRequest req;
+  req.spec = &s.spec;
+  req.cluster = &s.cluster;
+  req.target = &s.target;
+  req.hosts = std::move(hosts);
+  req.source = &s.source;
+  req.source_placement = &s.source_placement;
+  req.alive = s.alive;
+  return req;
+}
+
+// What the planner sends across hosts with `placement` as the target's.
+int64_t PlannedCrossBytes(const PlanScenario& s, const Placement& placement) {
+  PlanInput in = s.input();
+  in.target_placement = &placement;
+  auto plan = PlanReconfiguration(in);
+  REQUIRE(plan.ok());
+  return plan->summary.cross_host_bytes;
+}
+
+TEST_CASE("placement: a dead host's job keeps every surviving replica in place",
+          "[coordinator][placement]") {
+  // tp=2,pp=4,dp=2 on 8 hosts of 2 GPUs: each host is one tp group, hosts
+  // 2k and 2k+1 hold stage k. host1 dies; dp=1 fits the 7 survivors.
+  std::vector<bool> alive(8, true);
+  alive[1] = false;
+  auto s = MakePlanScenario(Gpt(), "tp=2,pp=4,dp=2", Range(8), "tp=2,pp=4,dp=1",
+                            {0, 2, 3, 4, 5, 6, 7}, Cluster::Uniform(8, 2), alive);
+  REQUIRE(s.ok());
+  const PlacementRequest req = Request(*s, {0, 2, 3, 4, 5, 6, 7});
+  auto chosen = ChoosePlacement(req);
+  REQUIRE(chosen.ok());
+  CHECK(chosen->cross_host_bytes == 0);
+  CHECK(chosen->released.size() == 3);
+  CHECK(PlannedCrossBytes(*s, chosen->placement) == 0);
+  auto contiguous = ContiguousPlacementResult(req);
+  REQUIRE(contiguous.ok());
+  CHECK(contiguous->cross_host_bytes > 0);  // stages 2, 3 land on stage 1's hosts
+  CHECK(PlannedCrossBytes(*s, contiguous->placement) ==
+        contiguous->cross_host_bytes);
+  // Deterministic.
+  auto again = ChoosePlacement(req);
+  REQUIRE(again.ok());
+  CHECK(again->placement.host == chosen->placement.host);
+  CHECK(again->placement.device == chosen->placement.device);
+}
+
+TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
+          "[coordinator][placement]") {
+  // pp=2 stages on hosts 0,1 (tp=4 each, 4 GPUs) -> dp=4 on 8 hosts.
+  auto s = MakePlanScenario(Gpt(), "tp=4,pp=2,dp=1", {0, 1}, "tp=4,pp=2,dp=4",
+                            Range(8), Cluster::Uniform(8, 4));
+  REQUIRE(s.ok());
+  const PlacementRequest req = Request(*s, Range(8));
+  auto chosen = ChoosePlacement(req);
+  auto contiguous = ContiguousPlacementResult(req);
+  REQUIRE(chosen.ok());
+  REQUIRE(contiguous.ok());
+  CHECK(chosen->cross_host_bytes <= contiguous->cross_host_bytes);
+  CHECK(chosen->cross_host_bytes == PlannedCrossBytes(*s, chosen->placement));
+  // Hosts 0 and 1 keep a replica of their own stage: they receive nothing.
+  const ParallelConfig& to = *s->target.config();
+  for (int r = 0; r < to.world_size(); ++r) {
+    const int h = chosen->placement.host[r];
+    if (h < 2) CHECK(to.IndexOn(to.CoordOf(r), "pp") == h);
+  }
+}
+
+TEST_CASE("placement: constraints: GPUs, taken devices, memory, colocation",
+          "[coordinator][placement]") {
+  auto s = MakePlanScenario(Gpt(), "tp=2,pp=1,dp=2", {0, 1}, "tp=2,pp=1,dp=3",
+                            {0, 1, 2}, Cluster::Uniform(3, 2));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, {0, 1, 2});
+  // Another job uses GPU 0 of host2: a tp pair no longer fits there.
+  req.taken = {{}, {}, {0}};
+  auto r = ChoosePlacement(req);
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(r.status().message() ==
+        "the job needs 6 GPUs as 3 groups of 2 ranks (tp) that share a host, "
+        "but the 3 candidate hosts fit only 2 of them (GPUs other jobs use "
+        "are taken); add hosts");
+  // Without colocation the free GPU is used, and the tp pair is split.
+  req.colocate = {};
+  r = ChoosePlacement(req);
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);  // 5 free GPUs
+  Cluster bigger = s->cluster;
+  bigger.hosts.push_back({"host3", 2, 25e9});
+  req.cluster = &bigger;
+  req.taken = {{}, {}, {1}, {}};
+  req.hosts = {0, 1, 2, 3};
+  r = ChoosePlacement(req);
+  REQUIRE(r.ok());
+  for (int rank = 0; rank < 6; ++rank) {
+    CHECK_FALSE((r->placement.host[rank] == 2 && r->placement.device[rank] == 1));
+  }
+  CHECK(ValidatePlacement(bigger, r->placement).ok());
+  // Store memory: every host's share is about a third of the job.
+  req = Request(*s, {0, 1, 2});
+  req.memory = {1 << 10, 1 << 10, 1 << 10};
+  r = ChoosePlacement(req);
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(r.status().message()),
+             Catch::Contains("does not fit the candidate hosts' store memory") &&
+                 Catch::Contains("host0 has 1024 bytes for the job"));
+  // A unit larger than any host.
+  auto wide = MakePlanScenario(Gpt(), "tp=2,dp=1", {0}, "tp=4,dp=1", {0, 1},
+                               Cluster::Uniform(2, 2));
+  REQUIRE(wide.ok());
+  r = ChoosePlacement(Request(*wide, {0, 1}));
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(r.status().message()), Catch::Contains("need 4 GPUs on one host"));
+}
+
+TEST_CASE("placement: hostile placement options are refused clearly",
+          "[coordinator][placement]") {
+  auto s = MakePlanScenario(Gpt(), "tp=2,dp=1", {0}, "tp=2,dp=2", {0, 1},
+                            Cluster::Uniform(2, 2));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, {0, 1});
+  req.taken = {{1}, {}};
+  const std::vector<std::string> names = {"host0", "host1"};
+  auto place = [&](const std::string& text) {
+    proto::PlacementOptions o;
+    for (absl::string_view part : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(part, '=');
+      if (kv.first == "strategy") {
+        auto parsed = ParsePlacement(kv.second);
+        if (!parsed.ok()) return absl::StatusOr<PlacementResult>(parsed.status());
+        o.set_strategy(*parsed);
+      }
+      if (kv.first == "colocate") o.add_colocate(kv.second);
+      if (kv.first == "rank") {
+        std::pair<std::string, std::string> hd = absl::StrSplit(kv.second, ':');
+        o.add_rank_hosts(hd.first);
+        o.add_rank_devices(std::stoi(hd.second));
+      }
+    }
+    return PlaceJob(o, req, names);
+  };
+  auto message = [&](const std::string& text) {
+    return std::string(place(text).status().message());
+  };
+  CHECK_THAT(message("strategy=random"), Catch::Contains("placement 'random' is unknown"));
+  CHECK_THAT(message("colocate=cp"), Catch::Contains("colocate axis 'cp' is not an axis"));
+  CHECK_THAT(message("strategy=contiguous colocate=tp"),
+             Catch::Contains("colocate applies to the ptc placement"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0"),
+             Catch::Contains("the config has 4 ranks but 1 hosts"));
+  CHECK_THAT(message("strategy=explicit rank=host9:0 rank=host1:0 rank=host1:1 rank=host0:0"),
+             Catch::Contains("host 'host9', which is not registered"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:-3"),
+             Catch::Contains("GPU -3"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:2000000000"),
+             Catch::Contains("GPU 2000000000"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:0 rank=host0:0 rank=host0:1"),
+             Catch::Contains("shares GPU 0 of host1"));
+  CHECK_THAT(message("strategy=explicit rank=host1:0 rank=host1:1 rank=host0:0 rank=host0:1"),
+             Catch::Contains("GPU 1 of host0, which another job uses"));
+  // host0 has one free GPU: contiguous order puts rank 1 on its taken one.
+  CHECK_THAT(message("strategy=contiguous"), Catch::Contains("which another job uses"));
+  // ptc's own choice fits: the tp pair whose GPU is free nowhere else is
+  // split only when colocation is off.
+  CHECK(place("").status().code() == absl::StatusCode::kResourceExhausted);
+  auto loose = place("colocate=none");
+  CHECK(loose.status().code() == absl::StatusCode::kResourceExhausted);  // 3 free GPUs, 4 ranks
+  req.taken = {{}, {}};
+  auto ok = place("strategy=explicit rank=host1:1 rank=host1:0 rank=host0:1 rank=host0:0");
+  REQUIRE(ok.ok());
+  CHECK(ok->placement.device == std::vector<int32_t>{1, 0, 1, 0});
+}
+
+// Every assignment of the host-sized blocks (consecutive tp groups) to
+// the candidate hosts, by brute force: the least largest receive time T,
+// and the fewest bytes across hosts among the assignments whose largest
+// receive time is within req.duration_slack of T.
+std::pair<double, int64_t> BruteForce(const PlacementRequest& req, int gpus) {
+  const ParallelConfig& cfg = *req.target->config();
+  const int world = cfg.world_size();
+  const int per_block = gpus / cfg.tp() * cfg.tp();
+  const int nblocks = (world + per_block - 1) / per_block;
+  const int m = static_cast<int>(req.hosts.size());
+  std::vector<std::pair<double, int64_t>> all;  // every assignment
+  std::vector<int> pick(nblocks, 0);
+  // Injective maps blocks -> candidates, enumerated as nblocks-digit
+  // numbers base m with distinct digits.
+  std::function<void(int, std::vector<char>&)> rec = [&](int b, std::vector<char>& used) {
+    if (b == nblocks) {
+      Placement p;
+      for (int r = 0; r < world; ++r) {
+        p.host.push_back(req.hosts[pick[r / per_block]]);
+        p.device.push_back(r % per_block);
+      }
+      auto e = EvaluatePlacement(req, p);
+      REQUIRE(e.ok());
+      all.push_back({e->max_receive_seconds, e->cross_host_bytes});
+      return;
+    }
+    for (int c = 0; c < m; ++c) {
+      if (used[c]) continue;
+      used[c] = 1;
+      pick[b] = c;
+      rec(b + 1, used);
+      used[c] = 0;
+    }
+  };
+  std::vector<char> used(m, 0);
+  rec(0, used);
+  double least = 1e300;
+  for (const auto& a : all) least = std::min(least, a.first);
+  int64_t fewest = std::numeric_limits<int64_t>::max();
+  for (const auto& a : all) {
+    if (a.first <= least * (1 + req.duration_slack)) fewest = std::min(fewest, a.second);
+  }
+  return {least, fewest};
+}
+
+TEST_CASE("placement: equal to brute force on random small changes",
+          "[coordinator][placement][property]") {
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  const ModelSpec spec = Gpt(4);
+  const char* configs[] = {"tp=1,pp=1,dp=2", "tp=2,pp=1,dp=2", "tp=2,pp=2,dp=1",
+                           "tp=1,pp=2,dp=2", "tp=2,pp=2,dp=2", "tp=1,pp=4,dp=1",
+                           "tp=2,pp=4,dp=1", "tp=1,pp=2,dp=3", "tp=4,pp=1,dp=1"};
+  int checked = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    const int gpus = pick(0, 1) ? 2 : 4;
+    const int n = pick(3, 6);
+    Cluster cluster = Cluster::Uniform(n, gpus);
+    for (Host& h : cluster.hosts) h.bandwidth = pick(0, 1) ? 1e9 : 2e9;
+    const std::string from = configs[pick(0, 8)], to = configs[pick(0, 8)];
+    const int from_world = ParallelConfig::Parse(from)->world_size();
+    const int to_world = ParallelConfig::Parse(to)->world_size();
+    std::vector<int> from_hosts = Range(n);
+    std::shuffle(from_hosts.begin(), from_hosts.end(), rng);
+    from_hosts.resize((from_world + gpus - 1) / gpus);
+    if (static_cast<int>(from_hosts.size()) > n) continue;
+    std::vector<bool> alive(n, true);
+    if (pick(0, 2) == 0) alive[from_hosts[pick(0, from_hosts.size() - 1)]] = false;
+    std::vector<int> cands;
+    for (int h = 0; h < n; ++h)
+      if (alive[h] && pick(0, 3) > 0) cands.push_back(h);
+    if (cands.empty()) continue;
+    // The scenario gives the layouts (its contiguous target placement on
+    // every host is not used).
+    auto s = MakePlanScenario(spec, from, from_hosts, to, Range(n), cluster, alive);
+    if (!s.ok()) continue;
+    const PlacementRequest req = Request(*s, cands);
+    const int tp = s->target.config()->tp();
+    auto chosen = ChoosePlacement(req);
+    if (tp > gpus || (to_world + gpus - 1) / gpus > static_cast<int>(cands.size())) {
+      CHECK_FALSE(chosen.ok());
+      continue;
+    }
+    INFO(from << " on " << from_hosts.size() << " hosts -> " << to << " on "
+              << cands.size() << " of " << n << " hosts of " << gpus << " GPUs");
+    REQUIRE(chosen.ok());
+    // Constraints: devices valid and distinct, tp groups on one host.
+    REQUIRE(ValidatePlacement(cluster, chosen->placement).ok());
+    const ParallelConfig& cfg = *s->target.config();
+    for (int r = 0; r < to_world; ++r) {
+      MeshCoord c = cfg.CoordOf(r);
+      c.index[cfg.AxisIndex("tp")] = 0;
+      CHECK(chosen->placement.host[r] == chosen->placement.host[cfg.RankOf(c)]);
+      CHECK(std::find(cands.begin(), cands.end(), chosen->placement.host[r]) !=
+            cands.end());
+    }
+    const auto best = BruteForce(req, gpus);
+    CHECK(chosen->max_receive_seconds <= best.first * (1 + req.duration_slack));
+    CHECK(chosen->cross_host_bytes == best.second);
+    auto planned = PlanInput(s->input());
+    planned.target_placement = &chosen->placement;
+    auto plan = PlanReconfiguration(planned);
+    if (plan.ok()) CHECK(plan->summary.cross_host_bytes == chosen->cross_host_bytes);
+    ++checked;
+  }
+  CHECK(checked >= 20);
+}
+
+}  // namespace
+}  // namespace ptc

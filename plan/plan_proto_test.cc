@@ -1,0 +1,46 @@
+#include "plan/plan_proto.h"
+
+#include <catch2/catch.hpp>
+
+#include "plan/internal/plan_testing.h"
+#include "plan/plan_validator.h"
+#include "plan/planner.h"
+
+namespace ptc {
+namespace {
+
+TEST_CASE("plan proto: a plan survives the wire and still validates",
+          "[coordinator][proto]") {
+  auto job = testing::MakeJob(
+      "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
+      {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
+  REQUIRE(job.ok());
+  auto plan = PlanReconfiguration(job->input());
+  REQUIRE(plan.ok());
+  std::string bytes;
+  REQUIRE(PlanToProto(*plan).SerializeToString(&bytes));
+  proto::Plan wire;
+  REQUIRE(wire.ParseFromString(bytes));
+  auto back = PlanFromProto(wire);
+  REQUIRE(back.ok());
+  CHECK(ValidatePlan(job->input(), *back).ok());
+  CHECK(back->summary.cross_host_bytes == plan->summary.cross_host_bytes);
+  CHECK(back->summary.host_send_bytes == plan->summary.host_send_bytes);
+  CHECK(back->fragments.size() == plan->fragments.size());
+  CHECK(back->small_objects.size() == plan->small_objects.size());
+}
+
+TEST_CASE("plan proto: a malformed region is INVALID_ARGUMENT",
+          "[coordinator][proto]") {
+  proto::Plan wire;
+  proto::Interval* d =
+      wire.add_fragments()->add_transfers()->mutable_region()->add_dims();
+  d->set_begin(5);
+  d->set_end(2);
+  auto plan = PlanFromProto(wire);
+  CHECK(plan.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(plan.status().message().find("[5, 2)") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ptc
