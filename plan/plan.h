@@ -14,6 +14,7 @@
 #include "absl/strings/cord.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
+#include "plan/piece.h"
 #include "ptc/region.h"
 #include "proto/plan.pb.h"
 
@@ -84,21 +85,6 @@ struct PlanInput {
   }
 };
 
-// The source host of pieces and small objects read from a snapshot.
-inline constexpr int32_t kFromSnapshot = -1;
-
-// One piece of a target region and where it comes from. A piece whose
-// source host is its target host is a copy inside the host's store.
-struct Transfer {
-  int32_t tensor = 0;
-  Region region;
-  int32_t source_host = 0;
-  int32_t target_host = 0;
-  // Set only in per-rank plans (the Tenplex-style baseline), where every
-  // target rank fetches its own copy; -1 in host-level plans.
-  int32_t target_rank = -1;
-};
-
 // A region a target host's store will hold in the new version.
 struct HeldRegion {
   int32_t tensor = 0;
@@ -132,19 +118,6 @@ void ForEachPiece(const HostFragment& f, Fn&& fn) {
   }
   for (const Transfer& x : f.transfers) fn(x);
 }
-
-// A small object (RNG state, step counter, ...) a target rank takes from a
-// source rank under the scope's rule (ptc/small_object.h).
-struct SmallObjectMove {
-  std::string name;
-  int32_t target_rank = 0;
-  int32_t source_rank = 0;
-  int32_t source_host = 0;
-  int32_t target_host = 0;
-  // Non-empty: derive a fresh value from these coordinates instead of
-  // copying (source_rank and source_host are -1).
-  std::string derive_from;
-};
 
 struct PlanSummary {
   // Bytes the target hosts hold after the change, each element counted once

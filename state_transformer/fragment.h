@@ -13,33 +13,26 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "plan/piece.h"
 #include "ptc/region.h"
 #include "ptc/tensor_decl.h"
 
 namespace ptc {
 
-// The source host of pieces and small objects that come from the job's
-// snapshot rather than from a live host.
-inline constexpr int32_t kSnapshotHost = -1;
+// A piece as the host runs it: the plan's Transfer (its target host is
+// the fragment's host; source host kFromSnapshot reads the job's
+// snapshot) and the other hosts that hold all of it, tried in order when
+// the source fails (it died or stalled mid-transfer).
+struct FragmentPiece : Transfer {
+  FragmentPiece() = default;
+  // Not an aggregate, so that {tensor, region, source, {alternates}} can
+  // never fill the Transfer's later fields by brace elision.
+  FragmentPiece(int32_t tensor_id, Region piece, int32_t source,
+                std::vector<int32_t> others = {})
+      : Transfer{tensor_id, std::move(piece), source},
+        alternates(std::move(others)) {}
 
-struct FragmentPiece {
-  int32_t tensor = 0;  // index into FragmentJob::tensors
-  Region region;
-  int32_t source_host = 0;  // == FragmentJob::host for a local copy
-  // Other hosts holding the whole piece, tried in order when source_host
-  // fails (it died or stalled mid-transfer).
-  std::vector<int32_t> alternates = {};
-};
-
-// A small object a rank of the new config takes from a rank of the old.
-struct FragmentSmallObject {
-  std::string name;
-  int32_t target_rank = 0;
-  int32_t source_rank = 0;
-  int32_t source_host = 0;  // == FragmentJob::host for a local copy
-  // Non-empty: no source; the value is DerivedSmallObject(name,
-  // derive_from, target version) (a rank whose coordinates are new).
-  std::string derive_from;
+  std::vector<int32_t> alternates;
 };
 
 struct FragmentJob {
@@ -54,8 +47,8 @@ struct FragmentJob {
   // (tensor, region) the host holds afterwards; may overlap.
   std::vector<std::pair<int32_t, Region>> holds;
   std::vector<FragmentPiece> pieces;
-  // Small objects of the target ranks on this host.
-  std::vector<FragmentSmallObject> small_objects;
+  // Small objects of the target ranks on this host (target_host: `host`).
+  std::vector<SmallObjectMove> small_objects;
   // In [1, kMaxParallelPulls].
   int parallel_pulls = 4;
 };

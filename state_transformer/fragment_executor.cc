@@ -131,7 +131,7 @@ class FragmentRun {
       PTC_RETURN_IF_ERROR(store_->Link(job_.job, job_.target_version, key,
                                        view.sources[0], job_.plan_epoch));
     }
-    for (const FragmentSmallObject& o : job_.small_objects) {
+    for (const SmallObjectMove& o : job_.small_objects) {
       PTC_RETURN_IF_ERROR(Annotate(PutSmallObject(o),
                                    absl::StrCat("small object '", o.name,
                                                 "' for target rank ",
@@ -289,7 +289,7 @@ class FragmentRun {
     return absl::OkStatus();
   }
 
-  absl::Status PutSmallObject(const FragmentSmallObject& o) {
+  absl::Status PutSmallObject(const SmallObjectMove& o) {
     absl::StatusOr<std::string> bytes;
     if (!o.derive_from.empty()) {
       bytes = DerivedSmallObject(job_.job, o.name, o.derive_from,

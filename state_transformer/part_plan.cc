@@ -29,7 +29,7 @@ std::vector<FragmentPart> MakeParts(const FragmentJob& job,
       FragmentPart part;
       part.source_host = p.source_host;
       part.method = local ? PartMethod::kCopy
-                    : p.source_host == kSnapshotHost ? PartMethod::kSnapshot
+                    : p.source_host == kFromSnapshot ? PartMethod::kSnapshot
                                                      : PartMethod::kPull;
       parts.push_back(std::move(part));
     }

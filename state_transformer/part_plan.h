@@ -29,7 +29,7 @@ enum class PartMethod {
   // From a peer, over the fragment's transport (UCX tagged sends by the
   // source, or a gRPC stream).
   kPull,
-  // From the job's snapshot on disk (source host kSnapshotHost).
+  // From the job's snapshot on disk (source host kFromSnapshot).
   kSnapshot,
 };
 

@@ -103,7 +103,7 @@ TEST_CASE(
     return FragmentPiece{0, Region{{k * n, (k + 1) * n}}, source};
   };
   job.pieces = {piece(0, 1), piece(1, 1), piece(2, 2), piece(3, 1),
-                piece(4, kSnapshotHost)};
+                piece(4, kFromSnapshot)};
   job.holds = {{0, Region{{0, 5 * n}}}};
   const FragmentPartPlan plan = PlanFragmentParts(job, {false});
   REQUIRE(plan.parts.size() == 5);

@@ -23,7 +23,7 @@ absl::Status SnapshotPieceTransport::Fetch(
     int32_t host, const std::string& job, int64_t version,
     const std::string& tensor, const Region& region, int64_t element_size,
     const StoreClient::Consumer& consume) {
-  if (host != kSnapshotHost) {
+  if (host != kFromSnapshot) {
     return peers_->Fetch(host, job, version, tensor, region, element_size,
                          consume);
   }
@@ -52,7 +52,7 @@ absl::Status SnapshotPieceTransport::FetchInto(
     const std::string& tensor, const Region& region, int64_t element_size,
     absl::Span<const PieceTarget> targets,
     const StoreClient::Consumer& consume) {
-  if (host == kSnapshotHost) {
+  if (host == kFromSnapshot) {
     return Fetch(host, job, version, tensor, region, element_size, consume);
   }
   return peers_->FetchInto(host, job, version, tensor, region, element_size,
@@ -62,7 +62,7 @@ absl::Status SnapshotPieceTransport::FetchInto(
 absl::Status SnapshotPieceTransport::FetchBatch(
     int32_t host, const std::string& job, int64_t version,
     absl::Span<const BatchPiece> pieces) {
-  if (host == kSnapshotHost)
+  if (host == kFromSnapshot)
     return PieceTransport::FetchBatch(host, job, version, pieces);
   return peers_->FetchBatch(host, job, version, pieces);
 }
@@ -70,7 +70,7 @@ absl::Status SnapshotPieceTransport::FetchBatch(
 absl::StatusOr<std::string> SnapshotPieceTransport::FetchSmallObject(
     int32_t host, const std::string& job, int64_t version,
     const std::string& name, int32_t rank) {
-  if (host != kSnapshotHost)
+  if (host != kFromSnapshot)
     return peers_->FetchSmallObject(host, job, version, name, rank);
   for (const proto::SnapshotSmallObject& o : source_.small_objects()) {
     if (o.name() != name || o.rank() != rank) continue;

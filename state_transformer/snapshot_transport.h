@@ -1,6 +1,6 @@
 // Pieces from a snapshot on disk, for a fragment whose plan takes regions
 // no live host holds from the job's latest snapshot: pieces and small
-// objects with source host kSnapshotHost are read from the snapshot's
+// objects with source host kFromSnapshot are read from the snapshot's
 // files (only the blocks that hold them, each checked); all others go to
 // the peers' transport.
 #ifndef PTC_STATE_TRANSFORMER_SNAPSHOT_TRANSPORT_H_

@@ -98,11 +98,13 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
           absl::StrCat("a piece names ", x.alternate_sources_size(),
                        " alternate sources; at most 16"));
     }
-    job.pieces.push_back(
-        {x.tensor(),
-         std::move(r),
-         x.source_host(),
-         {x.alternate_sources().begin(), x.alternate_sources().end()}});
+    FragmentPiece& piece = job.pieces.emplace_back();
+    piece.tensor = x.tensor();
+    piece.region = std::move(r);
+    piece.source_host = x.source_host();
+    piece.target_host = req.host();
+    piece.alternates.assign(x.alternate_sources().begin(),
+                            x.alternate_sources().end());
   }
   for (const proto::SmallObjectMove& m : req.small_objects()) {
     if (m.target_host() != req.host()) {
@@ -111,7 +113,7 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
                        m.target_host(), ", not this host ", req.host()));
     }
     job.small_objects.push_back({m.name(), m.target_rank(), m.source_rank(),
-                                 m.source_host(),
+                                 m.source_host(), m.target_host(),
                                  m.derive_from().substr(0, 1024)});
   }
   PTC_RETURN_IF_ERROR(ValidateFragment(job));
@@ -181,12 +183,12 @@ absl::Status TransformerService::DoExecute(
   const bool from_snapshot =
       std::any_of(job.pieces.begin(), job.pieces.end(),
                   [](const FragmentPiece& p) {
-                    return p.source_host == kSnapshotHost;
+                    return p.source_host == kFromSnapshot;
                   }) ||
       std::any_of(job.small_objects.begin(), job.small_objects.end(),
-                  [](const FragmentSmallObject& o) {
+                  [](const SmallObjectMove& o) {
                     return o.derive_from.empty() &&
-                           o.source_host == kSnapshotHost;
+                           o.source_host == kFromSnapshot;
                   });
   SnapshotPieceTransport* snapshot = nullptr;
   if (from_snapshot) {

@@ -1,0 +1,46 @@
+// The plan's pieces, declared once for the planner and for the state
+// transformer that carries a host's fragment out: a piece of a target
+// region and where it comes from, a small object's move, and the source
+// host that stands for the job's snapshot. A fragment's piece is a
+// Transfer with the other hosts that hold it (state_transformer/fragment.h).
+#ifndef PTC_PLAN_PIECE_H_
+#define PTC_PLAN_PIECE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "ptc/region.h"
+
+namespace ptc {
+
+// The source host of pieces and small objects read from a snapshot.
+inline constexpr int32_t kFromSnapshot = -1;
+
+// One piece of a target region and where it comes from. A piece whose
+// source host is its target host is a copy inside the host's store.
+struct Transfer {
+  int32_t tensor = 0;
+  Region region;
+  int32_t source_host = 0;
+  int32_t target_host = 0;
+  // Set only in per-rank plans (the Tenplex-style baseline), where every
+  // target rank fetches its own copy; -1 in host-level plans.
+  int32_t target_rank = -1;
+};
+
+// A small object (RNG state, step counter, ...) a target rank takes from a
+// source rank under the scope's rule (ptc/small_object.h).
+struct SmallObjectMove {
+  std::string name;
+  int32_t target_rank = 0;
+  int32_t source_rank = 0;
+  int32_t source_host = 0;
+  int32_t target_host = 0;
+  // Non-empty: derive a fresh value from these coordinates instead of
+  // copying (source_rank and source_host are -1).
+  std::string derive_from;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_PLAN_PIECE_H_
