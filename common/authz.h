@@ -6,14 +6,16 @@
 //   client:JOB     a training job's processes, for job JOB only
 //   client         a training job's processes, for the job of the token
 //                  their calls carry (common/job_token.h)
-// Each RPC states in the proto which of these it admits; the service checks
-// it first with Authorize, or AuthorizeJob where the request names a job
-// (a client acts on its own job only). Without TLS (--insecure) nobody is
-// authenticated and every call is admitted.
+// Each RPC declares in its proto which of these it admits, which request
+// field names the job a client acts on, and which names the host a host
+// speaks for (proto/callers.proto). Every handler passes its call through
+// the one path that enforces that declaration, AuthorizeCall, first.
+// Without TLS (--insecure) nobody is authenticated and every call is
+// admitted.
 //
-//   PTC_RETURN_IF_ERROR(Authorize(*ctx, kCoordinator | kAdmin, "DeleteJob"));
-//   PTC_RETURN_IF_ERROR(AuthorizeJob(*ctx, kClient | kAdmin, "BeginSave",
-//                                    req.job()));
+//   if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Abort", req);
+//       !denied.ok())
+//     return denied;
 #ifndef PTC_COMMON_AUTHZ_H_
 #define PTC_COMMON_AUTHZ_H_
 
@@ -24,6 +26,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/grpc_status.h"
+#include "google/protobuf/message.h"
 
 namespace ptc {
 
@@ -37,6 +42,35 @@ enum Caller : unsigned {
 
 // What a certificate name is.
 Caller CallerKind(const std::string& name);
+
+// The one authorization path: a call of `method` of the service named
+// `service` (its full proto name), with request `req`, against what the
+// method declares (proto/callers.proto). PERMISSION_DENIED names the RPC,
+// the caller and who may call it; a method that declares no callers is
+// refused to everyone (and so is one that does not exist, or a request of
+// another type: a programming error). `req` is null for a client stream,
+// whose messages the handler checks with AuthorizeJob. `job`, when given,
+// receives the job the call acts on: the request's, or for a method whose
+// empty job is the caller's own, a client's own job.
+absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
+                           absl::string_view service, absl::string_view method,
+                           const google::protobuf::Message* req,
+                           std::string* job = nullptr);
+
+// AuthorizeCall for a method of the generated gRPC service `Service`, as
+// a gRPC status for the handler to return.
+template <typename Service>
+grpc::Status Admit(const grpc::ServerContext& ctx, const char* method,
+                   const google::protobuf::Message* req,
+                   std::string* job = nullptr) {
+  return ToGrpcStatus(
+      AuthorizeCall(ctx, Service::service_full_name(), method, req, job));
+}
+
+// Whether every method of the service named `service` declares who may
+// call it, and every field it names exists as a string in its request:
+// INTERNAL naming the first that does not. Servers check at start.
+absl::Status CheckCallerPolicies(absl::string_view service);
 
 // OK if TLS is off or the caller is one of `allowed`; PERMISSION_DENIED
 // naming the RPC, the caller and who may call it otherwise (and a warning

@@ -142,8 +142,9 @@ absl::Status CoordinatorService::SetPendingLocked(
 grpc::Status CoordinatorService::Advise(grpc::ServerContext* ctx,
                                         const proto::AdviseRequest* req,
                                         proto::AdviseResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Advise"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Advise", req);
+      !denied.ok())
+    return denied;
   return ToGrpcStatus(DoAdvise(*req, resp));
 }
 
@@ -273,9 +274,9 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
 grpc::Status CoordinatorService::SetAutoPolicy(
     grpc::ServerContext* ctx, const proto::SetAutoPolicyRequest* req,
     proto::SetAutoPolicyResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "SetAutoPolicy");
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "SetAutoPolicy", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   absl::MutexLock lock(&mu_);
   auto known = KnownJobLocked(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());
@@ -301,9 +302,9 @@ grpc::Status CoordinatorService::SetAutoPolicy(
 grpc::Status CoordinatorService::ChangeHosts(
     grpc::ServerContext* ctx, const proto::ChangeHostsRequest* req,
     proto::ChangeHostsResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "ChangeHosts");
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "ChangeHosts", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   if (!proto::ChangeHostsRequest::Op_IsValid(req->op())) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("op ", req->op(), " is unknown; use add (0) or drain (1)")));
@@ -357,10 +358,9 @@ grpc::Status CoordinatorService::ChangeHosts(
 grpc::Status CoordinatorService::Rendezvous(
     grpc::ServerContext* ctx, const proto::RendezvousRequest* req,
     proto::RendezvousResponse* resp) {
-  if (absl::Status denied =
-          AuthorizeJob(*ctx, kClient | kAdmin, "Rendezvous", req->job());
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Rendezvous", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   absl::MutexLock lock(&mu_);
   auto known = KnownJobLocked(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());
@@ -446,10 +446,9 @@ grpc::Status CoordinatorService::Rendezvous(
 grpc::Status CoordinatorService::ReportProcessExit(
     grpc::ServerContext* ctx, const proto::ReportProcessExitRequest* req,
     proto::ReportProcessExitResponse* resp) {
-  if (absl::Status denied =
-          AuthorizeJob(*ctx, kClient | kAdmin, "ReportProcessExit", req->job());
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "ReportProcessExit", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   absl::MutexLock lock(&mu_);
   auto known = KnownJobLocked(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());

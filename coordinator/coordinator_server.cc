@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/authz.h"
 #include "common/channel.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
@@ -13,6 +14,8 @@ namespace ptc {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer);
+  PTC_RETURN_IF_ERROR(
+      CheckCallerPolicies(proto::Coordinator::service_full_name()));
   PTC_ASSIGN_OR_RETURN(s->service_,
                        CoordinatorService::Create(options.service));
   grpc::ServerBuilder builder;

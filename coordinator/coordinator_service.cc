@@ -408,21 +408,6 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
   return out;
 }
 
-absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
-                               const std::string& host) {
-  if (!TlsEnabled()) return absl::OkStatus();
-  const std::string caller = PeerName(ctx);
-  if (caller != host) {
-    Log("security")
-        ->warn("refused: a caller with certificate '{}' ({}) spoke for host {}",
-               caller, ctx.peer(), host);
-    return absl::PermissionDeniedError(
-        absl::StrCat("only host ", host, " may register or heartbeat as ", host,
-                     "; this caller's certificate names '", caller, "'"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ValidateHost(const proto::HostStatus& h) {
   if (h.name().empty() || h.name().size() > 253 ||
       !std::all_of(h.name().begin(), h.name().end(), [](char c) {
@@ -467,10 +452,11 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
 grpc::Status CoordinatorService::RegisterHost(
     grpc::ServerContext* ctx, const proto::RegisterHostRequest* req,
     proto::RegisterHostResponse* resp) {
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "RegisterHost", req);
+      !denied.ok())
+    return denied;
   const proto::HostStatus& h = req->host();
   if (absl::Status s = ValidateHost(h); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = CheckCallerIsHost(*ctx, h.name()); !s.ok())
-    return ToGrpcStatus(s);
   absl::MutexLock lock(&mu_);
   Host& host = hosts_[h.name()];
   const bool known = !host.status.name().empty();
@@ -522,8 +508,9 @@ grpc::Status CoordinatorService::RegisterHost(
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
                                            const proto::HeartbeatRequest* req,
                                            proto::HeartbeatResponse* resp) {
-  if (absl::Status s = CheckCallerIsHost(*ctx, req->name()); !s.ok())
-    return ToGrpcStatus(s);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Heartbeat", req);
+      !denied.ok())
+    return denied;
   absl::MutexLock lock(&mu_);
   auto it = hosts_.find(req->name());
   if (it == hosts_.end() || !it->second.status.alive() ||
@@ -725,9 +712,9 @@ void CoordinatorService::MonitorLoop() {
 grpc::Status CoordinatorService::RegisterJob(
     grpc::ServerContext* ctx, const proto::RegisterJobRequest* req,
     proto::RegisterJobResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "RegisterJob");
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "RegisterJob", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   if (absl::Status s = CheckJobName(req->job()); !s.ok())
     return ToGrpcStatus(s);
   auto spec =
@@ -849,8 +836,9 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
 grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext* ctx,
                                            const proto::ForgetJobRequest* req,
                                            proto::ForgetJobResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "ForgetJob"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "ForgetJob", req);
+      !denied.ok())
+    return denied;
   return ToGrpcStatus(DoForgetJob(*req, resp));
 }
 
@@ -949,11 +937,11 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
 }
 
 grpc::Status CoordinatorService::ListHosts(grpc::ServerContext* ctx,
-                                           const proto::ListHostsRequest*,
+                                           const proto::ListHostsRequest* req,
                                            proto::ListHostsResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "ListHosts");
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "ListHosts", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (const auto& [name, h] : hosts_) {
@@ -1050,14 +1038,12 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
                                           const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
-  auto client_job = ClientJob(*ctx);
-  if (!client_job.ok()) return ToGrpcStatus(client_job.status());
   // A job's client sees its own job only.
-  const std::string only =
-      req->job().empty() ? client_job->value_or("") : req->job();
-  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "ListJobs", only);
+  std::string only;
+  if (grpc::Status denied =
+          Admit<proto::Coordinator>(*ctx, "ListJobs", req, &only);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   absl::MutexLock lock(&mu_);
   for (const auto& [name, j] : jobs_) {
     if (!only.empty() && name != only) continue;
@@ -1118,8 +1104,9 @@ CoordinatorService::Counts CoordinatorService::GetCounts() {
 grpc::Status CoordinatorService::JobToken(grpc::ServerContext* ctx,
                                           const proto::JobTokenRequest* req,
                                           proto::JobTokenResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "JobToken"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "JobToken", req);
+      !denied.ok())
+    return denied;
   if (!JobTokensEnabled()) {
     return ToGrpcStatus(absl::FailedPreconditionError(
         "this coordinator has no token key (token_key), so it issues no job "

@@ -98,11 +98,6 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 // must run the spec); INVALID_ARGUMENT names the field.
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
-// With TLS: PERMISSION_DENIED unless the caller's certificate names `host`
-// (a process cannot register or heartbeat as another host).
-absl::Status CheckCallerIsHost(const grpc::ServerContext& ctx,
-                               const std::string& host);
-
 // Clears the change in flight's target fields (after its commit or abort).
 void ClearFlight(proto::CoordinatorState::Job* job);
 

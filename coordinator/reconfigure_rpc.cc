@@ -90,9 +90,9 @@ bool Final(const proto::ReconfigureEvent& e) {
 grpc::Status CoordinatorService::Reconfigure(
     grpc::ServerContext* ctx, const proto::ReconfigureRequest* req,
     proto::ReconfigureResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Reconfigure");
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Reconfigure", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   const absl::Status s = DoReconfigure(*req, resp);
   if (!s.ok())
     Log("coordinator")->warn("reconfigure {}: {}", req->job(), s.ToString());
@@ -560,8 +560,9 @@ absl::Status CoordinatorService::StartChange(
 grpc::Status CoordinatorService::Prepare(grpc::ServerContext* ctx,
                                          const proto::ReconfigureRequest* req,
                                          proto::PrepareResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Prepare"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Prepare", req);
+      !denied.ok())
+    return denied;
   const absl::Status s = DoPrepare(*req, resp);
   if (!s.ok())
     Log("coordinator")->warn("prepare {}: {}", req->job(), s.ToString());
@@ -821,9 +822,9 @@ void CoordinatorService::Recover() {
 grpc::Status CoordinatorService::Watch(
     grpc::ServerContext* ctx, const proto::WatchRequest* req,
     grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Watch", req->job());
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Watch", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   std::string last;
   while (!ctx->IsCancelled()) {
     proto::ReconfigureEvent e;
@@ -872,8 +873,9 @@ grpc::Status CoordinatorService::Watch(
 grpc::Status CoordinatorService::Abort(grpc::ServerContext* ctx,
                                        const proto::AbortRequest* req,
                                        proto::AbortResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Abort"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Abort", req);
+      !denied.ok())
+    return denied;
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(req->job());
   if (it == jobs_.end()) {

@@ -159,9 +159,9 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::HotSavingJobLocked(
 grpc::Status CoordinatorService::BeginSave(grpc::ServerContext* ctx,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kClient | kAdmin, "BeginSave", req->job());
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "BeginSave", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   return ToGrpcStatus(DoBeginSave(*req, resp));
 }
 
@@ -238,9 +238,9 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
 grpc::Status CoordinatorService::ReportSaved(
     grpc::ServerContext* ctx, const proto::ReportSavedRequest* req,
     proto::ReportSavedResponse* resp) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kClient | kAdmin, "ReportSaved", req->job());
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "ReportSaved", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   return ToGrpcStatus(DoReportSaved(*req, resp));
 }
 

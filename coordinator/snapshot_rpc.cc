@@ -91,8 +91,9 @@ CoordinatorService::ReadSnapshotVia(const std::string& job,
 grpc::Status CoordinatorService::Snapshot(
     grpc::ServerContext* ctx, const proto::SnapshotRequest* req,
     grpc::ServerWriter<proto::SnapshotEvent>* writer) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Snapshot"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Snapshot", req);
+      !denied.ok())
+    return denied;
   auto done = DoSnapshot(*req, [&](const proto::SnapshotEvent& e) {
     if (!ctx->IsCancelled()) writer->Write(e);
   });
@@ -423,8 +424,9 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
 grpc::Status CoordinatorService::Restore(grpc::ServerContext* ctx,
                                          const proto::RestoreRequest* req,
                                          proto::ReconfigureResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAdmin, "Restore"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Restore", req);
+      !denied.ok())
+    return denied;
   const absl::Status s = DoRestore(*req, resp);
   if (!s.ok())
     Log("coordinator")->warn("restore {}: {}", req->job(), s.ToString());

@@ -17,9 +17,9 @@ namespace ptc {
 grpc::Status TransformerService::WriteSnapshot(
     grpc::ServerContext* ctx, const proto::WriteSnapshotRequest* req,
     grpc::ServerWriter<proto::SnapshotProgress>* writer) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "WriteSnapshot");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "WriteSnapshot", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   auto run = [&]() -> absl::Status {
     PTC_RETURN_IF_ERROR(CheckSnapshotRoot(req->root(), options_.snapshot_root));
     if (req->version() <= 0 || req->max_bytes_per_second() < 0) {
@@ -80,9 +80,9 @@ grpc::Status TransformerService::WriteSnapshot(
 grpc::Status TransformerService::FinishSnapshot(
     grpc::ServerContext* ctx, const proto::FinishSnapshotRequest* req,
     proto::FinishSnapshotResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "FinishSnapshot");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "FinishSnapshot", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   auto run = [&]() -> absl::Status {
     PTC_RETURN_IF_ERROR(CheckSnapshotRoot(req->root(), options_.snapshot_root));
     if (req->keep() < 1) {
@@ -124,9 +124,9 @@ grpc::Status TransformerService::FinishSnapshot(
 grpc::Status TransformerService::ReadSnapshot(
     grpc::ServerContext* ctx, const proto::ReadSnapshotRequest* req,
     proto::ReadSnapshotResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "ReadSnapshot");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "ReadSnapshot", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   auto run = [&]() -> absl::Status {
     PTC_RETURN_IF_ERROR(CheckSnapshotRoot(req->root(), options_.snapshot_root));
     PTC_ASSIGN_OR_RETURN(LatestSnapshotResult latest,

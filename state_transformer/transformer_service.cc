@@ -249,9 +249,9 @@ absl::Status TransformerService::DoExecute(
 grpc::Status TransformerService::ExecuteFragment(
     grpc::ServerContext* ctx, const proto::ExecuteFragmentRequest* req,
     grpc::ServerWriter<proto::FragmentProgress>* writer) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "ExecuteFragment");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "ExecuteFragment", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   const absl::Status s = DoExecute(ctx, *req, writer);
   if (!s.ok()) {
     Log("transformer")
@@ -265,9 +265,9 @@ grpc::Status TransformerService::ExecuteFragment(
 grpc::Status TransformerService::AbortStaged(
     grpc::ServerContext* ctx, const proto::AbortStagedRequest* req,
     proto::AbortStagedResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "AbortStaged");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "AbortStaged", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   if (req->plan_epoch() <= 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("plan epoch ", req->plan_epoch(), " must be positive")));
@@ -294,9 +294,9 @@ grpc::Status TransformerService::AbortStaged(
 grpc::Status TransformerService::CommitStaged(
     grpc::ServerContext* ctx, const proto::CommitStagedRequest* req,
     proto::CommitStagedResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "CommitStaged");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "CommitStaged", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   if (absl::Status s =
           CheckEpoch(req->job(), req->plan_epoch(), EpochUse::kCommit);
       !s.ok()) {
@@ -325,9 +325,9 @@ absl::Status TransformerService::CheckPeerCall(const grpc::ServerContext* ctx,
 grpc::Status TransformerService::AdmitPeers(grpc::ServerContext* ctx,
                                             const proto::AdmitPeersRequest* req,
                                             proto::AdmitPeersResponse*) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator, "AdmitPeers");
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "AdmitPeers", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   constexpr int kMaxAdmitted = 100000;
   if (req->hosts_size() > kMaxAdmitted) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
@@ -472,8 +472,11 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
 }
 
 grpc::Status TransformerService::ExposePieces(
-    grpc::ServerContext*, const proto::ExposePiecesRequest*,
+    grpc::ServerContext* ctx, const proto::ExposePiecesRequest* req,
     proto::ExposePiecesResponse*) {
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "ExposePieces", req);
+      !denied.ok())
+    return denied;
   // Kept so that a ptcd of an older release, which asks before it reads,
   // hears this and has every part sent instead.
   return ToGrpcStatus(absl::UnimplementedError(
@@ -484,8 +487,9 @@ grpc::Status TransformerService::ExposePieces(
 grpc::Status TransformerService::SendParts(grpc::ServerContext* ctx,
                                            const proto::SendPartsRequest* req,
                                            proto::SendPartsResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kHost, "SendParts"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::Transformer>(*ctx, "SendParts", req);
+      !denied.ok())
+    return denied;
   const absl::Status s = DoSendParts(ctx, *req, resp);
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
     Log("transformer")

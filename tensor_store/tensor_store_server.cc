@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/authz.h"
 #include "common/channel.h"
 #include "common/job_token.h"
 #include "common/limits.h"
@@ -37,6 +38,8 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
         [store] { return static_cast<double>(store->spare_ready()); });
   gauge("ptc_store_local_clients",
         [local] { return local ? local->num_clients() : 0.0; });
+  PTC_RETURN_IF_ERROR(
+      CheckCallerPolicies(proto::TensorStore::service_full_name()));
   s->service_ = std::make_unique<TensorStoreService>(
       &s->store_, [local] { return local ? local->num_clients() : 0; },
       options.put_timeout, options.peer_admissions);

@@ -96,9 +96,8 @@ void TensorStoreService::WatchPuts() {
   }
 }
 
-absl::Status TensorStoreService::AuthorizeHostRead(
+absl::Status TensorStoreService::CheckHostAdmitted(
     const grpc::ServerContext& ctx, const char* rpc, const std::string& job) {
-  PTC_RETURN_IF_ERROR(AuthorizeJob(ctx, kAnyCaller, rpc, job));
   if (!TlsEnabled()) return absl::OkStatus();
   const std::string caller = PeerName(ctx);
   if (CallerKind(caller) != kHost) return absl::OkStatus();
@@ -125,10 +124,9 @@ absl::StatusOr<ClientCalls::Slot> TensorStoreService::EnterClientCall(
 grpc::Status TensorStoreService::DeclareTensors(
     grpc::ServerContext* ctx, const proto::DeclareTensorsRequest* req,
     proto::DeclareTensorsResponse* resp) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient,
-                                         "DeclareTensors", req->job());
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "DeclareTensors", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "DeclareTensors");
   auto slot = EnterClientCall(*ctx, "DeclareTensors", /*writes=*/true);
   if (!slot.ok()) return call.Done(slot.status());
@@ -146,10 +144,9 @@ grpc::Status TensorStoreService::DeclareTensors(
 grpc::Status TensorStoreService::Put(
     grpc::ServerContext* ctx, grpc::ServerReader<proto::PutRequest>* reader,
     proto::PutResponse* resp) {
-  if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin | kClient, "Put");
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "Put", nullptr);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "Put");
   auto slot = EnterClientCall(*ctx, "Put", /*writes=*/true);
   if (!slot.ok()) return call.Done(slot.status());
@@ -159,7 +156,10 @@ grpc::Status TensorStoreService::Put(
 grpc::Status TensorStoreService::Read(
     grpc::ServerContext* ctx, const proto::ReadRequest* req,
     grpc::ServerWriter<proto::ReadResponse>* writer) {
-  if (absl::Status denied = AuthorizeHostRead(*ctx, "Read", req->job());
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "Read", req);
+      !denied.ok())
+    return denied;
+  if (absl::Status denied = CheckHostAdmitted(*ctx, "Read", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "Read");
@@ -171,14 +171,11 @@ grpc::Status TensorStoreService::Read(
 grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
                                       const proto::ListRequest* req,
                                       proto::ListResponse* resp) {
-  auto client_job = ClientJob(*ctx);
-  if (!client_job.ok()) return ToGrpcStatus(client_job.status());
   // A job's client lists its own job only.
-  const std::string job =
-      req->job().empty() ? client_job->value_or("") : req->job();
-  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "List", job);
+  std::string job;
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "List", req, &job);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "List");
   auto slot = EnterClientCall(*ctx, "List", /*writes=*/false);
   if (!slot.ok()) return call.Done(slot.status());
@@ -193,9 +190,9 @@ grpc::Status TensorStoreService::List(grpc::ServerContext* ctx,
 grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
                                       const proto::StatRequest* req,
                                       proto::StatResponse* resp) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kAnyCaller, "Stat", req->job());
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "Stat", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "Stat");
   auto slot = EnterClientCall(*ctx, "Stat", /*writes=*/false);
   if (!slot.ok()) return call.Done(slot.status());
@@ -207,10 +204,9 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
 grpc::Status TensorStoreService::Fingerprint(
     grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
     proto::FingerprintResponse* resp) {
-  if (absl::Status denied =
-          AuthorizeJob(*ctx, kAnyCaller, "Fingerprint", req->job());
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "Fingerprint", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "Fingerprint");
   auto slot = EnterClientCall(*ctx, "Fingerprint", /*writes=*/false);
   if (!slot.ok()) return call.Done(slot.status());
@@ -232,10 +228,9 @@ grpc::Status TensorStoreService::Fingerprint(
 grpc::Status TensorStoreService::CommitVersion(
     grpc::ServerContext* ctx, const proto::CommitVersionRequest* req,
     proto::CommitVersionResponse* resp) {
-  if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin, "CommitVersion");
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "CommitVersion", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "CommitVersion");
   constexpr int kMaxExpectations = 1000000;
   if (req->expect_regions_size() > kMaxExpectations ||
@@ -266,10 +261,9 @@ grpc::Status TensorStoreService::CommitVersion(
 grpc::Status TensorStoreService::PutSmallObject(
     grpc::ServerContext* ctx, const proto::PutSmallObjectRequest* req,
     proto::PutSmallObjectResponse* resp) {
-  if (absl::Status denied = AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient,
-                                         "PutSmallObject", req->job());
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "PutSmallObject", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "PutSmallObject");
   auto slot = EnterClientCall(*ctx, "PutSmallObject", /*writes=*/true);
   if (!slot.ok()) return call.Done(slot.status());
@@ -287,8 +281,12 @@ grpc::Status TensorStoreService::PutSmallObject(
 grpc::Status TensorStoreService::GetSmallObject(
     grpc::ServerContext* ctx, const proto::GetSmallObjectRequest* req,
     proto::GetSmallObjectResponse* resp) {
+  if (grpc::Status denied =
+          Admit<proto::TensorStore>(*ctx, "GetSmallObject", req);
+      !denied.ok())
+    return denied;
   if (absl::Status denied =
-          AuthorizeHostRead(*ctx, "GetSmallObject", req->job());
+          CheckHostAdmitted(*ctx, "GetSmallObject", req->job());
       !denied.ok())
     return ToGrpcStatus(denied);
   Call call(this, "GetSmallObject");
@@ -306,10 +304,9 @@ grpc::Status TensorStoreService::GetSmallObject(
 grpc::Status TensorStoreService::DeleteVersion(
     grpc::ServerContext* ctx, const proto::DeleteVersionRequest* req,
     proto::DeleteVersionResponse* resp) {
-  if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin, "DeleteVersion");
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "DeleteVersion", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "DeleteVersion");
   auto bytes = store_->DeleteVersion(req->job(), req->version());
   if (bytes.ok()) resp->set_bytes(*bytes);
@@ -319,9 +316,9 @@ grpc::Status TensorStoreService::DeleteVersion(
 grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext* ctx,
                                            const proto::DeleteJobRequest* req,
                                            proto::DeleteJobResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kCoordinator | kAdmin, "DeleteJob");
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "DeleteJob", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "DeleteJob");
   auto deleted = store_->DeleteJob(req->job());
   if (admissions_ != nullptr) admissions_->Forget(req->job());
@@ -335,10 +332,9 @@ grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext* ctx,
 grpc::Status TensorStoreService::PrepareMemory(
     grpc::ServerContext* ctx, const proto::PrepareMemoryRequest* req,
     proto::PrepareMemoryResponse* resp) {
-  if (absl::Status denied =
-          Authorize(*ctx, kCoordinator | kAdmin, "PrepareMemory");
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "PrepareMemory", req);
       !denied.ok())
-    return ToGrpcStatus(denied);
+    return denied;
   Call call(this, "PrepareMemory");
   auto queued = store_->PrepareMemory(
       req->job(), req->version(), {req->sizes().begin(), req->sizes().end()});
@@ -350,10 +346,11 @@ grpc::Status TensorStoreService::PrepareMemory(
 }
 
 grpc::Status TensorStoreService::Stats(grpc::ServerContext* ctx,
-                                       const proto::StatsRequest*,
+                                       const proto::StatsRequest* req,
                                        proto::StatsResponse* resp) {
-  if (absl::Status denied = Authorize(*ctx, kAnyCaller, "Stats"); !denied.ok())
-    return ToGrpcStatus(denied);
+  if (grpc::Status denied = Admit<proto::TensorStore>(*ctx, "Stats", req);
+      !denied.ok())
+    return denied;
   Call call(this, "Stats");
   auto slot = EnterClientCall(*ctx, "Stats", /*writes=*/false);
   if (!slot.ok()) return call.Done(slot.status());

@@ -89,9 +89,9 @@ class TensorStoreService final : public proto::TensorStore::Service {
   // Cancels Put streams past their deadline (one thread for all).
   void WatchPuts();
 
-  // AuthorizeJob, and a host caller must be a peer of `job`'s current plan
-  // here (with TLS).
-  absl::Status AuthorizeHostRead(const grpc::ServerContext& ctx,
+  // After AuthorizeCall: a host caller must be a peer of `job`'s current
+  // plan here (with TLS).
+  absl::Status CheckHostAdmitted(const grpc::ServerContext& ctx,
                                  const char* rpc, const std::string& job);
 
   // A slot in client_calls_ for a call of a job's client (with TLS: a

@@ -24,8 +24,22 @@ if [[ ${#missing[@]} -gt 0 || "${CI:-}" == "true" ]]; then
   fi
   echo "setup: installing ${#PACKAGES[@]} Debian packages (${#missing[@]} missing)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null
+  # Two setups at once (two test suites on one machine) take turns, and
+  # apt waits for a lock another apt holds instead of failing.
+  exec 9>/run/lock/ptc-setup.lock
+  flock -w 1800 9 || { echo "setup: another setup held its lock for 30 minutes" >&2; exit 1; }
+  apt_opts=(-q -o DPkg::Lock::Timeout=600)
+  for attempt in 1 2 3 4 5 6; do
+    apt-get "${apt_opts[@]}" update >/dev/null 2>/tmp/ptc-apt-update.$$ && break
+    if ! grep -q "Could not get lock" /tmp/ptc-apt-update.$$ || [[ $attempt == 6 ]]; then
+      cat /tmp/ptc-apt-update.$$ >&2; rm -f /tmp/ptc-apt-update.$$; exit 1
+    fi
+    echo "setup: apt's lists are locked by another apt; waiting" >&2
+    sleep 20
+  done
+  rm -f /tmp/ptc-apt-update.$$
+  apt-get "${apt_opts[@]}" install -y --no-install-recommends "${PACKAGES[@]}" >/dev/null
+  exec 9>&-
 fi
 
 # Host tuning for ptcd: let shared memory use transparent huge pages where

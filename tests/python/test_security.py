@@ -143,10 +143,10 @@ def test_a_host_cannot_register_as_another_host(cluster, tmp_path):
         deadline = time.time() + 20
         while time.time() < deadline:
             text = (tmp_path / "impostor.log").read_text()
-            if "only host host1 may register" in text:
+            if "only host host1 may call RegisterHost as host1" in text:
                 break
             time.sleep(0.1)
-        assert "only host host1 may register" in (tmp_path / "impostor.log").read_text()
+        assert "only host host1 may call RegisterHost as host1" in (tmp_path / "impostor.log").read_text()
         assert cluster.hosts()["host1"]["address"] == before
     finally:
         impostor.kill()
