@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/args.h"
+#include "common/authz.h"
 #include "common/channel.h"
 #include "common/crash.h"
 #include "common/job_token.h"
@@ -216,6 +217,8 @@ absl::Status Run(int argc, char** argv) {
     PTC_RETURN_IF_ERROR(Annotate(CheckSnapshotRoot(transformer.snapshot_root, ""),
                                  "--snapshot-root"));
   }
+  PTC_RETURN_IF_ERROR(
+      CheckCallerPolicies(proto::Transformer::service_full_name()));
   options.services.push_back(
       [transformer, admissions = options.peer_admissions](Store* store) {
         return std::make_unique<TransformerService>(store, transformer,
