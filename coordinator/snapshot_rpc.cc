@@ -17,7 +17,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
-#include "plan/internal/cover.h"
+#include "plan/snapshot_plan.h"
 #include "coordinator/reconfigure_driver.h"
 #include "proto/transformer.grpc.pb.h"
 #include "ptc/layout.h"
@@ -171,82 +171,26 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   for (size_t i = 0; i < res.names.size(); ++i) id_of[res.names[i]] = i;
   std::set<std::string> lost(state.lost_hosts().begin(),
                              state.lost_hosts().end());
+  std::vector<bool> holding(res.names.size());
+  for (size_t i = 0; i < res.names.size(); ++i) {
+    holding[i] = res.alive[i] && !lost.count(res.names[i]) &&
+                 res.addresses.count(static_cast<int32_t>(i));
+  }
   auto holds = [&](const std::string& host) {
     auto it = id_of.find(host);
-    return it != id_of.end() && res.alive[it->second] && !lost.count(host) &&
-           res.addresses.count(it->second);
+    return it != id_of.end() && holding[it->second];
   };
-  if (static_cast<int>(ranks.first.size()) != layout.world_size()) {
-    return absl::InternalError("the job's placement does not fit its config");
+  std::vector<int32_t> rank_host;
+  for (const std::string& host : ranks.first) {
+    auto it = id_of.find(host);
+    rank_host.push_back(it == id_of.end() ? -1 : it->second);
   }
-  // Every region once, balanced over its holders (largest first, to the
-  // holder with the fewest bytes so far). Layouts whose distinct regions
-  // overlap (ZeRO-1 of tp-replicated tensors) use a disjoint cover.
-  std::map<std::string, std::vector<std::pair<std::string, Region>>> work;
-  std::map<std::string, int64_t> assigned;
-  for (int t = 0; t < layout.num_tensors(); ++t) {
-    const TensorSpec& ts = spec->tensors[t];
-    const int64_t elem = ElementSize(ts.dtype);
-    std::map<Region, std::vector<std::string>> groups;
-    for (const Shard& sh : layout.shards(t)) {
-      const std::string& host = ranks.first[sh.rank];
-      auto& g = groups[sh.region];
-      if (holds(host) && std::find(g.begin(), g.end(), host) == g.end())
-        g.push_back(host);
-    }
-    int64_t volume = 0;
-    for (const auto& [region, hosts] : groups) {
-      if (hosts.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "region ", region.ToString(), " of tensor '", ts.key,
-            "' has no live holder of version ", version,
-            "; bring its host back (or snapshot after the next save)"));
-      }
-      volume += region.volume();
-    }
-    if (volume == NumElements(ts.shape)) {
-      std::vector<std::pair<Region, const std::vector<std::string>*>> order;
-      for (const auto& [region, hosts] : groups)
-        order.push_back({region, &hosts});
-      std::stable_sort(order.begin(), order.end(),
-                       [](const auto& a, const auto& b) {
-                         return a.first.volume() > b.first.volume();
-                       });
-      for (const auto& [region, hosts] : order) {
-        const std::string* best = &hosts->front();
-        for (const std::string& h : *hosts)
-          if (assigned[h] < assigned[*best]) best = &h;
-        assigned[*best] += region.volume() * elem;
-        work[*best].push_back({ts.key, region});
-      }
-    } else {
-      std::vector<std::pair<int32_t, Region>> held;
-      std::map<int32_t, std::vector<Region>> stored;
-      for (const auto& [region, hosts] : groups) {
-        for (const std::string& h : hosts) {
-          held.push_back({id_of[h], region});
-          stored[id_of[h]].push_back(region);
-        }
-      }
-      for (const auto& [h, cover] : plan_internal::DisjointCover(
-               static_cast<int>(ts.shape.size()), held)) {
-        // Each part inside one region the host stores.
-        std::vector<Region> rest = cover;
-        for (const Region& s : stored[h]) {
-          std::vector<Region> next;
-          for (const Region& r : rest) {
-            const Region part = r.Intersect(s);
-            if (!part.empty()) {
-              work[res.names[h]].push_back({ts.key, part});
-              assigned[res.names[h]] += part.volume() * elem;
-            }
-            for (Region& d : r.Difference(s)) next.push_back(std::move(d));
-          }
-          rest = std::move(next);
-        }
-      }
-    }
-  }
+  PTC_ASSIGN_OR_RETURN(
+      const SnapshotWriters writers,
+      AssignSnapshotWriters(*spec, layout, rank_host, holding, version));
+  std::map<std::string, std::vector<std::pair<int32_t, Region>>> work;
+  for (const auto& [h, regions] : writers.regions)
+    work[res.names[h]] = regions;
   // The small objects of every rank, from the host that saved them.
   proto::SnapshotManifest manifest;
   {
@@ -314,9 +258,9 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     w.set_root(req.root());
     w.set_file(FileFor(host));
     w.set_max_bytes_per_second(state.snapshot_max_bytes_per_second());
-    for (const auto& [key, region] : work[host]) {
+    for (const auto& [tensor, region] : work[host]) {
       proto::PieceRef* p = w.add_regions();
-      p->set_tensor(key);
+      p->set_tensor(spec->tensors[tensor].key);
       RegionToProto(region, p->mutable_region());
     }
     grpc::ClientContext ctx;
@@ -374,7 +318,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     for (int i = 0; i < r.regions_size(); ++i) {
       proto::SnapshotRegion* e = manifest.add_regions();
       *e = r.regions(i);
-      e->set_tensor(spec->FindTensor(work[host][i].first));
+      e->set_tensor(work[host][i].first);
     }
   }
   manifest.set_total_bytes(total);

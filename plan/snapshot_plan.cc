@@ -1,11 +1,91 @@
 #include "plan/snapshot_plan.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "plan/internal/cover.h"
 #include "ptc/region_proto.h"
 
 namespace ptc {
+
+absl::StatusOr<SnapshotWriters> AssignSnapshotWriters(
+    const ModelSpec& spec, const Layout& layout,
+    const std::vector<int32_t>& rank_host, const std::vector<bool>& holds,
+    int64_t version) {
+  if (static_cast<int>(rank_host.size()) != layout.world_size()) {
+    return absl::InternalError("the job's placement does not fit its config");
+  }
+  auto holder = [&](int32_t h) {
+    return h >= 0 && h < static_cast<int32_t>(holds.size()) && holds[h];
+  };
+  SnapshotWriters out;
+  for (int t = 0; t < layout.num_tensors(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    const int64_t elem = ElementSize(ts.dtype);
+    // Each distinct region and its holders, in rank order.
+    std::map<Region, std::vector<int32_t>> groups;
+    for (const Shard& sh : layout.shards(t)) {
+      const int32_t host = rank_host[sh.rank];
+      std::vector<int32_t>& g = groups[sh.region];
+      if (holder(host) && std::find(g.begin(), g.end(), host) == g.end())
+        g.push_back(host);
+    }
+    int64_t volume = 0;
+    for (const auto& [region, hosts] : groups) {
+      if (hosts.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "region ", region.ToString(), " of tensor '", ts.key,
+            "' has no live holder of version ", version,
+            "; bring its host back (or snapshot after the next save)"));
+      }
+      volume += region.volume();
+    }
+    if (volume == NumElements(ts.shape)) {
+      std::vector<std::pair<Region, const std::vector<int32_t>*>> order;
+      for (const auto& [region, hosts] : groups)
+        order.push_back({region, &hosts});
+      std::stable_sort(order.begin(), order.end(),
+                       [](const auto& a, const auto& b) {
+                         return a.first.volume() > b.first.volume();
+                       });
+      for (const auto& [region, hosts] : order) {
+        int32_t best = hosts->front();
+        for (int32_t h : *hosts)
+          if (out.bytes[h] < out.bytes[best]) best = h;
+        out.bytes[best] += region.volume() * elem;
+        out.regions[best].push_back({t, region});
+      }
+      continue;
+    }
+    std::vector<std::pair<int32_t, Region>> held;
+    std::map<int32_t, std::vector<Region>> stored;
+    for (const auto& [region, hosts] : groups) {
+      for (int32_t h : hosts) {
+        held.push_back({h, region});
+        stored[h].push_back(region);
+      }
+    }
+    for (const auto& [h, cover] : plan_internal::DisjointCover(
+             static_cast<int>(ts.shape.size()), held)) {
+      // Each part inside one region the host stores.
+      std::vector<Region> rest = cover;
+      for (const Region& s : stored[h]) {
+        std::vector<Region> next;
+        for (const Region& r : rest) {
+          const Region part = r.Intersect(s);
+          if (!part.empty()) {
+            out.regions[h].push_back({t, part});
+            out.bytes[h] += part.volume() * elem;
+          }
+          for (Region& d : r.Difference(s)) next.push_back(std::move(d));
+        }
+        rest = std::move(next);
+      }
+    }
+  }
+  return out;
+}
 
 absl::Status CheckSnapshotFitsSpec(const proto::SnapshotManifest& manifest,
                                    const ModelSpec& spec) {
