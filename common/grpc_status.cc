@@ -2,18 +2,50 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "proto/status_payloads.pb.h"
+
 namespace ptc {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  proto::StatusPayloads payloads;
+  status.ForEachPayload([&](absl::string_view key, const absl::Cord& value) {
+    if (absl::StartsWith(key, kWirePayloadPrefix) &&
+        payloads.payloads_size() < kMaxWirePayloads &&
+        value.size() <= static_cast<size_t>(kMaxWirePayloadBytes)) {
+      (*payloads.mutable_payloads())[std::string(key)] = std::string(value);
+    }
+  });
+  const auto code = static_cast<grpc::StatusCode>(status.code());
+  if (payloads.payloads().empty())
+    return grpc::Status(code, std::string(status.message()));
+  return grpc::Status(code, std::string(status.message()),
+                      payloads.SerializeAsString());
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
+                   status.error_message());
+  proto::StatusPayloads payloads;
+  const std::string& details = status.error_details();
+  if (details.empty() ||
+      details.size() > static_cast<size_t>(kMaxWirePayloads *
+                                           (kMaxWirePayloadBytes + 256)) ||
+      !payloads.ParseFromString(details)) {
+    return out;
+  }
+  int taken = 0;
+  for (const auto& [key, value] : payloads.payloads()) {
+    if (taken == kMaxWirePayloads) break;
+    if (!absl::StartsWith(key, kWirePayloadPrefix) || key.size() > 128 ||
+        value.size() > static_cast<size_t>(kMaxWirePayloadBytes))
+      continue;
+    out.SetPayload(key, absl::Cord(value));
+    ++taken;
+  }
+  return out;
 }
 
 }  // namespace ptc

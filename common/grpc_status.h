@@ -1,4 +1,8 @@
-// The one place where gRPC and absl statuses are converted.
+// The one place where gRPC and absl statuses are converted. A status's
+// payloads under "ptc/" (why it failed, for callers to decide by) travel
+// with it as the gRPC status's binary details; what arrives from a peer is
+// bounded (at most kMaxWirePayloads of kMaxWirePayloadBytes each) and
+// anything else in the details is dropped.
 //
 //   return ToGrpcStatus(store->Commit(job, version));
 //   absl::Status s = FromGrpcStatus(stub->Stats(&ctx, req, &resp));
@@ -10,6 +14,10 @@
 #include "absl/status/status.h"
 
 namespace ptc {
+
+inline constexpr char kWirePayloadPrefix[] = "ptc/";
+inline constexpr int kMaxWirePayloads = 16;
+inline constexpr int kMaxWirePayloadBytes = 1024;
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

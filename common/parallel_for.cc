@@ -1,5 +1,7 @@
 #include "common/parallel_for.h"
 
+#include "absl/strings/cord.h"
+
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -43,7 +45,10 @@ absl::Status ParallelFor(size_t n, int max_threads,
   if (!first.ok()) return first;
   // Indices taken past n are no-ops, so min(next, n) were started.
   if (cancelled && std::min(next.load(), n) < n) {
-    return absl::CancelledError(kParallelForCancelled);
+    absl::Status cancelled_early =
+        absl::CancelledError("cancelled before it finished");
+    cancelled_early.SetPayload(kParallelForCancelledUrl, absl::Cord("1"));
+    return cancelled_early;
   }
   return absl::OkStatus();
 }

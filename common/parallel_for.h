@@ -24,8 +24,13 @@
 namespace ptc {
 
 // The error returned when `cancel` stopped the loop before every index ran
-// and no call failed.
-inline constexpr char kParallelForCancelled[] = "cancelled before it finished";
+// and no call failed: CANCELLED with this payload (CancelledByParallelFor
+// tells it from a call's own CANCELLED).
+inline constexpr char kParallelForCancelledUrl[] = "ptc/parallel-for-cancelled";
+inline bool CancelledByParallelFor(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kCancelled &&
+         s.GetPayload(kParallelForCancelledUrl).has_value();
+}
 
 absl::Status ParallelFor(size_t n, int max_threads,
                          const std::function<absl::Status(size_t)>& fn,

@@ -50,11 +50,11 @@ bool IsPeerFailure(const absl::Status& s) {
 // deletes the staged version in the destructor (the one rollback).
 class FragmentRun {
  public:
-  // How an error that ran out of sources for a piece begins (it names the
-  // piece itself, so callers add no context).
-  static constexpr char kNoLiveSource[] = "no live source left";
+  // The payload of an error that ran out of sources for a piece (its
+  // message names the piece itself, so callers add no context).
+  static constexpr char kNoLiveSourceUrl[] = "ptc/no-live-source";
   static bool NamesNoLiveSource(const absl::Status& s) {
-    return absl::StartsWith(s.message(), kNoLiveSource);
+    return s.GetPayload(kNoLiveSourceUrl).has_value();
   }
 
   FragmentRun(Store* store, const FragmentJob& job,
@@ -280,10 +280,12 @@ class FragmentRun {
         if (IsPeerFailure(s)) MarkFailed(alt);
       }
       if (!done) {
-        return absl::UnavailableError(absl::StrCat(
-            kNoLiveSource, " for piece ", p.region.ToString(), " of tensor '",
-            job_.tensors[p.tensor].key, "' (", absl::StrJoin(tried, "; "),
-            ")"));
+        absl::Status none = absl::UnavailableError(absl::StrCat(
+            "no live source left for piece ", p.region.ToString(),
+            " of tensor '", job_.tensors[p.tensor].key, "' (",
+            absl::StrJoin(tried, "; "), ")"));
+        none.SetPayload(kNoLiveSourceUrl, absl::Cord("1"));
+        return none;
       }
     }
     return absl::OkStatus();
@@ -451,8 +453,7 @@ absl::Status ExecuteFragment(
         return absl::OkStatus();
       },
       cancel);
-  if (moved.code() == absl::StatusCode::kCancelled &&
-      moved.message() == kParallelForCancelled) {
+  if (CancelledByParallelFor(moved)) {
     moved = absl::CancelledError(
         "the fragment was cancelled; the staged version was deleted");
   }

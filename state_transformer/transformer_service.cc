@@ -311,7 +311,7 @@ absl::Status TransformerService::CheckPeerCall(const grpc::ServerContext* ctx,
                                                const std::string& job,
                                                int64_t plan_epoch, int parts,
                                                const char* what) {
-  if (!ucx_) return absl::FailedPreconditionError(kNoUcxWorker);
+  if (!ucx_) return NoUcxWorkerError();
   if (parts > kMaxPartsPerCall) {
     return absl::InvalidArgumentError(
         absl::StrCat(parts, " ", what, " in one call; at most ",

@@ -22,6 +22,22 @@
 #include "ptc/region_proto.h"
 
 namespace ptc {
+
+namespace {
+constexpr char kNoUcxWorkerUrl[] = "ptc/no-ucx-worker";
+}  // namespace
+
+absl::Status NoUcxWorkerError() {
+  absl::Status s = absl::FailedPreconditionError(
+      "this ptcd has no UCX worker; ask it over gRPC");
+  s.SetPayload(kNoUcxWorkerUrl, absl::Cord("1"));
+  return s;
+}
+
+bool IsNoUcxWorker(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition &&
+         s.GetPayload(kNoUcxWorkerUrl).has_value();
+}
 namespace {
 
 constexpr int64_t kPartBytes = int64_t{64} << 20;
@@ -411,9 +427,7 @@ absl::Status AutoTransport::WithFallback(
         s.code() == absl::StatusCode::kCancelled) {
       return s;
     }
-    const bool peer_has_no_ucx =
-        s.code() == absl::StatusCode::kFailedPrecondition &&
-        absl::StrContains(s.message(), kNoUcxWorker);
+    const bool peer_has_no_ucx = IsNoUcxWorker(s);
     if (peer_has_no_ucx) {
       Log("transformer")
           ->warn("host {} has no UCX worker; using the gRPC transport for it",

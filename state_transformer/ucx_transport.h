@@ -31,9 +31,10 @@
 
 namespace ptc {
 
-// What SendParts answers (FAILED_PRECONDITION) when its ptcd has no
-// worker.
-inline constexpr char kNoUcxWorker[] = "this ptcd has no UCX worker";
+// What SendParts answers when its ptcd has no worker: FAILED_PRECONDITION
+// with the payload that IsNoUcxWorker finds (it crosses gRPC).
+absl::Status NoUcxWorkerError();
+bool IsNoUcxWorker(const absl::Status& s);
 
 // What one SendParts call may ask for: parts, and bytes to send (the
 // source may pack them all).
