@@ -299,8 +299,10 @@ def hot_switches(args, cluster, job, results, say):
         epoch = max(r["epoch"] for r in job.losses().values())
         victim = job.running("host1").get(1) if kill else None
         asked = time.time()
+        # A hot switch waits for every process's next step boundary: on a
+        # machine running two test suites a step can take a minute.
         cluster.ptcctl("auto", JOB, "on", "--live", "--hot", "--pin", to, "--save-timeout",
-                       "900" if axis == "refused" else "60", capture=True)
+                       "900" if axis == "refused" else "180", capture=True)
         switched = None
         if kill == "during":
             time.sleep(0.3)

@@ -62,7 +62,7 @@ def test_hot_switches_for_tp_pp_and_dp_and_processes_killed_after_and_during_one
     out = run_live(bin_dir, tmp_path, "hot")
     assert out["ok"], out
     tp, pp, dp, refused = out["events"]
-    assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch"
+    assert tp["config"] == "tp=1,pp=1,dp=4" and tp["path"] == "hot switch", tp
     # A process killed after the tp change committed, right after it met
     # its peers under the new layout: the others, waiting for it in their
     # groups' store, leave it as its death changes the job again (through
@@ -70,7 +70,7 @@ def test_hot_switches_for_tp_pp_and_dp_and_processes_killed_after_and_during_one
     assert "killed by signal 9" in tp["recovery"]["reason"], tp
     assert tp["recovery"]["path"] == "store", tp
     assert out["formations_left"] >= 1, out
-    assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch"
+    assert dp["config"] == "tp=1,pp=2,dp=1" and dp["path"] == "hot switch", dp
     # A process killed during the pp change: the job ends at its config
     # either way, through the store from the committed version if the hot
     # switch had not committed yet.
