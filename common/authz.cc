@@ -97,7 +97,10 @@ absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
   if (allowed & kCoordinator) who.push_back("the coordinator");
   if (allowed & kAdmin) who.push_back("an admin");
   if (allowed & kClient) who.push_back("a job's client");
-  Log("security")->warn("refused {} from '{}' ({})", rpc, name, ctx.peer());
+  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
+    Log("security")->warn("refused {} from '{}' ({}){}", rpc, name, ctx.peer(),
+                          SuppressedNote(held));
+  }
   return absl::PermissionDeniedError(
       absl::StrCat(rpc, " may be called by ", absl::StrJoin(who, " or "),
                    "; this caller's certificate names '", name, "'"));
@@ -113,9 +116,13 @@ absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
     // A handler that names the wrong method or request, or a method that
     // declares no callers: refused with or without TLS, so that tests
     // find it.
-    Log("security")
-        ->error("refused {}.{}: {}", std::string(service), std::string(method),
-                m == nullptr ? "no such method" : PolicyProblem(*m));
+    if (int64_t held = 0; LogAllowed("refused an undeclared call", &held)) {
+      Log("security")
+          ->error("refused {}.{}: {}{}", std::string(service),
+                  std::string(method),
+                  m == nullptr ? "no such method" : PolicyProblem(*m),
+                  SuppressedNote(held));
+    }
     return absl::InternalError(absl::StrCat(
         service, ".", method,
         " is refused: the server's handler does not match the method's "
@@ -145,9 +152,13 @@ absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
   const std::string host =
       ReadPath(*req, FieldPath(m->input_type(), host_field));
   if (CallerKind(caller) != kHost || caller == host) return absl::OkStatus();
-  Log("security")
-      ->warn("refused {}: a caller with certificate '{}' ({}) spoke for host {}",
-             rpc, caller, ctx.peer(), host);
+  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
+    Log("security")
+        ->warn(
+            "refused {}: a caller with certificate '{}' ({}) spoke for host "
+            "{}{}",
+            rpc, caller, ctx.peer(), host, SuppressedNote(held));
+  }
   return absl::PermissionDeniedError(
       absl::StrCat("only host ", host, " may call ", rpc, " as ", host,
                    "; this caller's certificate names '", caller, "'"));
@@ -188,15 +199,20 @@ absl::Status AuthorizeJob(const grpc::ServerContext& ctx, unsigned allowed,
   PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc));
   absl::StatusOr<std::optional<std::string>> own = ClientJob(ctx);
   if (!own.ok()) {
-    Log("security")
-        ->warn("refused {} from '{}' ({}): {}", rpc, PeerName(ctx), ctx.peer(),
-               std::string(own.status().message()));
+    if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
+      Log("security")
+          ->warn("refused {} from '{}' ({}): {}{}", rpc, PeerName(ctx),
+                 ctx.peer(), std::string(own.status().message()),
+                 SuppressedNote(held));
+    }
     return own.status();
   }
   if (!own->has_value() || **own == job) return absl::OkStatus();
-  Log("security")
-      ->warn("refused {} on job '{}' from a client of job '{}' ({})", rpc, job,
-             **own, ctx.peer());
+  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
+    Log("security")
+        ->warn("refused {} on job '{}' from a client of job '{}' ({}){}", rpc,
+               job, **own, ctx.peer(), SuppressedNote(held));
+  }
   return absl::PermissionDeniedError(absl::StrCat(
       rpc, " on job '", job, "': this caller acts for job '", **own, "' only"));
 }

@@ -16,9 +16,11 @@ absl::Status PeerAdmissions::Check(const std::string& job, int64_t epoch,
       return absl::OkStatus();
     }
   }
-  Log("security")
-      ->warn("refused {} of job {} epoch {} to host '{}': not admitted", what,
-             job, epoch, host);
+  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", what), &held)) {
+    Log("security")
+        ->warn("refused {} of job {} epoch {} to host '{}': not admitted{}",
+               what, job, epoch, host, SuppressedNote(held));
+  }
   return absl::PermissionDeniedError(absl::StrCat(
       "host '", host, "' is not a peer of ",
       epoch == 0 ? std::string("the current plan epoch")

@@ -46,8 +46,15 @@ class TensorStoreService::Call {
           status.code() == absl::StatusCode::kNotFound ||
           status.code() == absl::StatusCode::kCancelled ||
           status.code() == absl::StatusCode::kAlreadyExists;
-      Log("rpc")->log(client_fault ? spdlog::level::debug : spdlog::level::warn,
-                      "{}: {}", method_, status.ToString());
+      // A caller repeating a failing call does not flood the log.
+      const auto level =
+          client_fault ? spdlog::level::debug : spdlog::level::warn;
+      int64_t held = 0;
+      if (Log("rpc")->should_log(level) &&
+          LogAllowed(absl::StrCat("failed ", method_), &held)) {
+        Log("rpc")->log(level, "{}: {}{}", method_, status.ToString(),
+                        SuppressedNote(held));
+      }
     }
     return ToGrpcStatus(status);
   }
