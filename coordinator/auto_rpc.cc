@@ -11,8 +11,8 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "plan/advisor.h"
 #include "coordinator/coordinator_service.h"
+#include "plan/advisor.h"
 #include "plan/job_placement.h"
 #include "plan/plan_proto.h"
 

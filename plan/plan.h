@@ -12,11 +12,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
+#include "plan/piece.h"
+#include "proto/plan.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
-#include "plan/piece.h"
 #include "ptc/region.h"
-#include "proto/plan.pb.h"
 
 namespace ptc {
 

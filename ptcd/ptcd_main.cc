@@ -29,8 +29,8 @@
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/status_macros.h"
-#include "snapshot/snapshot_dir.h"
 #include "ptcd/coordinator_agent.h"
+#include "snapshot/snapshot_dir.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "common/channel.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/channel.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"

@@ -12,8 +12,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "coordinator/coordinator_server.h"
-#include "plan/planner.h"
 #include "coordinator/reconfigure_driver.h"
+#include "plan/planner.h"
 #include "tests/testing.h"
 
 namespace ptc {

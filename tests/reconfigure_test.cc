@@ -10,10 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
+#include "coordinator/reconfigure_driver.h"
 #include "plan/plan_scenario.h"
 #include "plan/plan_validator.h"
 #include "plan/planner.h"
-#include "coordinator/reconfigure_driver.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/transformer_service.h"
 #include "tests/testing.h"
