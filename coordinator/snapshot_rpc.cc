@@ -6,6 +6,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/authz.h"
@@ -236,61 +237,110 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
       return absl::OkStatus();
     }));
   }
-  // Every host writes its file, in parallel.
-  std::vector<std::string> addresses;
-  std::map<std::string, std::string> host_at;
-  for (const auto& [host, regions] : work) {
-    addresses.push_back(res.addresses.at(id_of[host]));
-    host_at[addresses.back()] = host;
-  }
+  // Every host writes its file, in parallel. A writer that fails (its
+  // ptcd died, its disk) is replaced: what it was to write is written by
+  // other live holders into files of their own, up to kWriteRounds rounds.
+  constexpr int kWriteRounds = 3;
+  struct Written {
+    std::string host;
+    proto::SnapshotProgress result;
+    std::vector<std::pair<int32_t, Region>> regions;
+  };
   absl::Mutex mu;
-  std::map<std::string, std::pair<int64_t, int64_t>> host_progress;
-  std::map<std::string, proto::SnapshotProgress> results;
+  std::map<std::string, std::pair<int64_t, int64_t>> file_progress;
+  std::map<std::string, Written> results;  // by file name
+  std::vector<std::string> wrote_at;       // addresses of those that wrote
   proto::SnapshotEvent event;
   event.set_version(version);
   event.set_step(state.committed_step());
-  event.set_hosts(static_cast<int32_t>(addresses.size()));
-  PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
-    const std::string& host = host_at[a];
-    proto::WriteSnapshotRequest w;
-    w.set_job(req.job());
-    w.set_version(version);
-    w.set_root(req.root());
-    w.set_file(FileFor(host));
-    w.set_max_bytes_per_second(state.snapshot_max_bytes_per_second());
-    for (const auto& [tensor, region] : work[host]) {
-      proto::PieceRef* p = w.add_regions();
-      p->set_tensor(spec->tensors[tensor].key);
-      RegionToProto(region, p->mutable_region());
+  event.set_hosts(static_cast<int32_t>(work.size()));
+  for (int round = 0; !work.empty(); ++round) {
+    std::vector<std::string> addresses;
+    std::map<std::string, std::string> host_at;
+    for (const auto& [host, regions] : work) {
+      addresses.push_back(res.addresses.at(id_of[host]));
+      host_at[addresses.back()] = host;
     }
-    grpc::ClientContext ctx;
-    auto reader = Stub(a)->WriteSnapshot(&ctx, w);
-    proto::SnapshotProgress p;
-    proto::SnapshotProgress last;
-    while (reader->Read(&p)) {
-      absl::MutexLock lock(&mu);
-      host_progress[host] = {p.bytes_done(), p.bytes_total()};
-      if (p.done()) last = p;
-      if (progress) {
-        proto::SnapshotEvent e = event;
-        for (const auto& [h, d] : host_progress) {
-          e.set_bytes_done(e.bytes_done() + d.first);
-          e.set_bytes_total(e.bytes_total() + d.second);
-        }
-        progress(e);
+    std::map<std::string, absl::Status> failed;  // host -> why
+    OnEachAddress(addresses, [&](const std::string& a) {
+      const std::string& host = host_at[a];
+      const std::string file =
+          round == 0 ? FileFor(host)
+                     : absl::StrCat(absl::StripSuffix(FileFor(host),
+                                                      ".safetensors"),
+                                    ".r", round, ".safetensors");
+      proto::WriteSnapshotRequest w;
+      w.set_job(req.job());
+      w.set_version(version);
+      w.set_root(req.root());
+      w.set_file(file);
+      w.set_max_bytes_per_second(state.snapshot_max_bytes_per_second());
+      for (const auto& [tensor, region] : work[host]) {
+        proto::PieceRef* p = w.add_regions();
+        p->set_tensor(spec->tensors[tensor].key);
+        RegionToProto(region, p->mutable_region());
       }
+      grpc::ClientContext ctx;
+      auto reader = Stub(a)->WriteSnapshot(&ctx, w);
+      proto::SnapshotProgress p;
+      proto::SnapshotProgress last;
+      while (reader->Read(&p)) {
+        absl::MutexLock lock(&mu);
+        file_progress[file] = {p.bytes_done(), p.bytes_total()};
+        if (p.done()) last = p;
+        if (progress) {
+          proto::SnapshotEvent e = event;
+          for (const auto& [f, d] : file_progress) {
+            e.set_bytes_done(e.bytes_done() + d.first);
+            e.set_bytes_total(e.bytes_total() + d.second);
+          }
+          progress(e);
+        }
+      }
+      absl::Status s = Annotate(
+          FromGrpcStatus(reader->Finish()),
+          absl::StrCat("writing the snapshot on ", host, " (", a, ")"));
+      if (s.ok() && (!last.done() || last.regions_size() != w.regions_size())) {
+        s = absl::DataLossError(absl::StrCat(
+            host, " ended its snapshot write without listing every region"));
+      }
+      absl::MutexLock lock(&mu);
+      if (!s.ok()) {
+        failed[host] = s;
+        file_progress.erase(file);
+        return s;
+      }
+      results[file] = {host, std::move(last), work[host]};
+      wrote_at.push_back(a);
+      return absl::OkStatus();
+    }).IgnoreError();
+    if (failed.empty()) break;
+    // What the failed writers were to write, from the other holders.
+    std::vector<std::pair<int32_t, Region>> orphans;
+    for (const auto& [host, why] : failed) {
+      Log("coordinator")
+          ->warn("job {}: snapshot of version {}: {}; its regions go to "
+                 "other holders",
+                 req.job(), version, why.ToString());
+      holding[id_of[host]] = false;
+      for (const auto& part : work[host]) orphans.push_back(part);
     }
-    PTC_RETURN_IF_ERROR(
-        Annotate(FromGrpcStatus(reader->Finish()),
-                 absl::StrCat("writing the snapshot on ", host, " (", a, ")")));
-    if (!last.done() || last.regions_size() != w.regions_size()) {
-      return absl::DataLossError(absl::StrCat(
-          host, " ended its snapshot write without listing every region"));
+    const absl::Status& first = failed.begin()->second;
+    if (round + 1 == kWriteRounds) {
+      return Annotate(first, absl::StrCat("after ", kWriteRounds,
+                                          " rounds of writers failing"));
     }
-    absl::MutexLock lock(&mu);
-    results[host] = std::move(last);
-    return absl::OkStatus();
-  }));
+    auto again = ReassignSnapshotParts(*spec, layout, rank_host, holding,
+                                       orphans, version);
+    if (!again.ok()) {
+      return absl::Status(first.code(),
+                          absl::StrCat(first.message(), "; ",
+                                       again.status().message()));
+    }
+    work.clear();
+    for (const auto& [h, regions] : again->regions)
+      work[res.names[h]] = regions;
+  }
   // The manifest: the contract every later reader holds to.
   manifest.set_format(kSnapshotFormat);
   manifest.set_job(req.job());
@@ -310,15 +360,16 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     for (int64_t e : t.shape) d->add_shape(e);
   }
   int64_t total = 0;
-  for (auto& [host, r] : results) {
+  for (auto& [file, written] : results) {
+    const proto::SnapshotProgress& r = written.result;
     proto::SnapshotFile* f = manifest.add_files();
     *f = r.file();
-    f->set_host(host);
+    f->set_host(written.host);
     total += f->bytes();
     for (int i = 0; i < r.regions_size(); ++i) {
       proto::SnapshotRegion* e = manifest.add_regions();
       *e = r.regions(i);
-      e->set_tensor(work[host][i].first);
+      e->set_tensor(written.regions[i].first);
     }
   }
   manifest.set_total_bytes(total);
@@ -328,13 +379,13 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   finish.set_keep(state.snapshot_keep() > 0 ? state.snapshot_keep()
                                             : kDefaultKeep);
   proto::FinishSnapshotResponse finished;
-  if (addresses.empty()) {
+  if (wrote_at.empty()) {
     return absl::FailedPreconditionError("the job has no tensors to snapshot");
   }
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-    const std::string& a = addresses.front();
+    const std::string& a = wrote_at.front();
     PTC_RETURN_IF_ERROR(Annotate(
         FromGrpcStatus(Stub(a)->FinishSnapshot(&ctx, finish, &finished)),
         "writing the snapshot's manifest"));

@@ -87,6 +87,37 @@ absl::StatusOr<SnapshotWriters> AssignSnapshotWriters(
   return out;
 }
 
+absl::StatusOr<SnapshotWriters> ReassignSnapshotParts(
+    const ModelSpec& spec, const Layout& layout,
+    const std::vector<int32_t>& rank_host, const std::vector<bool>& holds,
+    const std::vector<std::pair<int32_t, Region>>& parts, int64_t version) {
+  if (static_cast<int>(rank_host.size()) != layout.world_size()) {
+    return absl::InternalError("the job's placement does not fit its config");
+  }
+  SnapshotWriters out;
+  for (const auto& [t, part] : parts) {
+    if (t < 0 || t >= layout.num_tensors()) {
+      return absl::InternalError(absl::StrCat("tensor ", t, " is not the job's"));
+    }
+    int32_t best = -1;
+    for (const Shard& sh : layout.shards(t)) {
+      const int32_t h = rank_host[sh.rank];
+      if (h < 0 || h >= static_cast<int32_t>(holds.size()) || !holds[h] ||
+          sh.region.Intersect(part) != part)
+        continue;
+      if (best < 0 || out.bytes[h] < out.bytes[best]) best = h;
+    }
+    if (best < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", part.ToString(), " of tensor '", spec.tensors[t].key,
+          "' has no other live holder of version ", version));
+    }
+    out.bytes[best] += part.volume() * ElementSize(spec.tensors[t].dtype);
+    out.regions[best].push_back({t, part});
+  }
+  return out;
+}
+
 absl::Status CheckSnapshotFitsSpec(const proto::SnapshotManifest& manifest,
                                    const ModelSpec& spec) {
   auto refuse = [&](const std::string& why) {

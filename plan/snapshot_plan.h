@@ -48,6 +48,15 @@ absl::StatusOr<SnapshotWriters> AssignSnapshotWriters(
     const std::vector<int32_t>& rank_host, const std::vector<bool>& holds,
     int64_t version);
 
+// The writers of `parts` ((tensor, region) pairs a writer that failed was
+// to write) among the hosts still holding: each part from a host one of
+// whose ranks holds all of it, the least loaded so far. FAILED_PRECONDITION
+// names a part no such host holds.
+absl::StatusOr<SnapshotWriters> ReassignSnapshotParts(
+    const ModelSpec& spec, const Layout& layout,
+    const std::vector<int32_t>& rank_host, const std::vector<bool>& holds,
+    const std::vector<std::pair<int32_t, Region>>& parts, int64_t version);
+
 // FAILED_PRECONDITION unless the snapshot's tensors are the spec's (same
 // keys, dtypes and shapes, in order).
 absl::Status CheckSnapshotFitsSpec(const proto::SnapshotManifest& manifest,

@@ -123,3 +123,32 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace ptc
+
+namespace ptc {
+namespace {
+
+TEST_CASE("snapshot writers: a failed writer's parts go to other holders",
+          "[snapshot]") {
+  auto job = testing::MakeJob(kGpt, "tp=2,dp=2", {0, 1}, "tp=2,dp=2", {0, 1},
+                              Cluster::Uniform(2, 2));
+  REQUIRE(job.ok());
+  const std::vector<int32_t>& hosts = job->source_placement.host;
+  auto w = AssignSnapshotWriters(job->spec, job->source, hosts, {true, true}, 7);
+  REQUIRE(w.ok());
+  REQUIRE(w->regions.count(1) == 1);
+  // Host 1 died while writing: host 0 holds every part of it.
+  auto again = ReassignSnapshotParts(job->spec, job->source, hosts,
+                                     {true, false}, w->regions.at(1), 7);
+  REQUIRE(again.ok());
+  CHECK(again->regions.size() == 1);
+  CHECK(again->regions.at(0) == w->regions.at(1));
+  // Without a replica there is no one to take them.
+  auto none = ReassignSnapshotParts(job->spec, job->source, hosts,
+                                    {false, false}, w->regions.at(1), 7);
+  REQUIRE(none.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(none.status().message()),
+             Catch::Contains("has no other live holder of version 7"));
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,7 +1,9 @@
 // The snapshot RPCs of TransformerService: a host writes its share of a
 // snapshot, completes one, or reads the newest manifest of a root.
 #include <filesystem>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/authz.h"
 #include "common/grpc_status.h"
@@ -102,6 +104,19 @@ grpc::Status TransformerService::FinishSnapshot(
         return absl::FailedPreconditionError(absl::StrCat(
             "snapshot file ", dir, "/", f.name(), " is not there with ",
             f.bytes(), " bytes; the snapshot is not complete"));
+      }
+    }
+    // A writer that died (or was replaced) left its temporary file: the
+    // complete snapshot holds only what its manifest lists.
+    std::set<std::string> listed;
+    for (const proto::SnapshotFile& f : req->manifest().files())
+      listed.insert(f.name());
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (absl::StartsWith(name, ".") && absl::EndsWith(name, ".tmp") &&
+          !listed.count(name)) {
+        std::filesystem::remove(entry.path(), ec);
       }
     }
     PTC_RETURN_IF_ERROR(WriteManifest(dir, req->manifest()));

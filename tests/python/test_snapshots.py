@@ -133,8 +133,10 @@ def test_bad_snapshots_are_refused_with_reasons(cluster, tmp_path):
 
 
 def test_a_killed_snapshot_never_replaces_the_last_complete_one(cluster, tmp_path):
+    """tp=4 on host0 and host1: host1's regions have no other holder, so
+    a snapshot whose writer on host1 dies cannot complete."""
     c, root = cluster, tmp_path / "snaps"
-    register(c, "tp=2,dp=2", ["host0", "host1"])
+    register(c, "tp=4", ["host0", "host1"])
     c.save("j", "host0", 1)
     c.save("j", "host1", 1)
     first = snapshot(c, root)
@@ -165,6 +167,43 @@ def test_a_killed_snapshot_never_replaces_the_last_complete_one(cluster, tmp_pat
     c.save("j", "host2", 3)
     snapshot(c, root, "--keep", "1")
     assert len(os.listdir(root)) == 1
+
+
+def test_a_snapshot_whose_writer_dies_completes_from_a_replica(cluster, tmp_path):
+    """tp=2, dp=2 on host0 and host1: each holds a whole replica. host1 is
+    killed while it writes its file; what it was to write is written by
+    host0 into a file of its own, the snapshot completes, and a restore
+    from it onto a third host is exact."""
+    c, root = cluster, tmp_path / "snaps"
+    register(c, "tp=2,dp=2", ["host0", "host1"])
+    c.save("j", "host0", 1)
+    c.save("j", "host1", 1)
+    # Throttled to 200 kB/s, so that the kill lands mid-file.
+    p = c.ptcctl_async("snapshot", "--job", "j", "--to", str(root),
+                       "--rate", "200000", "--json")
+    time.sleep(1.5)
+    c.kill("host1")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    snap = json.loads(out)
+    dirs = complete(root)
+    assert len(dirs) == 1
+    manifest = json.loads(open(root / dirs[0] / "manifest.json").read())
+    # host0's own file and the one it wrote for host1.
+    assert [f["host"] for f in manifest["files"]] == ["host0", "host0"], manifest["files"]
+    assert any(".r1." in f["name"] for f in manifest["files"]), manifest["files"]
+    # host1's unfinished file is not left in the complete snapshot.
+    assert sorted(os.listdir(root / dirs[0])) == sorted(
+        [f["name"] for f in manifest["files"]] + ["manifest.json"])
+    log = (tmp_path / "coordinator.log").read_text()
+    assert "writing the snapshot on host1" in log and "go to other holders" in log
+    assert snap["bytes"] > 0
+    c.wait_dead("host1")
+    c.ptcctl("forget", "j", check=True)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=2,dp=1", "--hosts", "host2")
+    assert code == 0, report
+    verify(c)
 
 
 def read_safetensors(path):
