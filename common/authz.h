@@ -48,8 +48,9 @@ Caller CallerKind(const std::string& name);
 // method declares (proto/callers.proto). PERMISSION_DENIED names the RPC,
 // the caller and who may call it; a method that declares no callers is
 // refused to everyone (and so is one that does not exist, or a request of
-// another type: a programming error). `req` is null for a client stream,
-// whose messages the handler checks with AuthorizeJob. `job`, when given,
+// another type: a programming error). `req` is null at the start of a
+// client stream (the callers are checked); the handler passes its first
+// message again (the job is checked). `job`, when given,
 // receives the job the call acts on: the request's, or for a method whose
 // empty job is the caller's own, a client's own job.
 absl::Status AuthorizeCall(const grpc::ServerContext& ctx,

@@ -37,7 +37,7 @@ absl::Status TensorStoreService::DoPut(
   }
   const proto::PutHeader& h = msg.header();
   PTC_RETURN_IF_ERROR(
-      AuthorizeJob(*ctx, kCoordinator | kAdmin | kClient, "Put", h.job()));
+      AuthorizeCall(*ctx, proto::TensorStore::service_full_name(), "Put", &msg));
   PTC_ASSIGN_OR_RETURN(Region region, RegionFromProto(h.region()));
   std::optional<DType> dtype;
   if (!h.dtype().empty()) {
