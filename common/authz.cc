@@ -117,11 +117,15 @@ absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
     // declares no callers: refused with or without TLS, so that tests
     // find it.
     if (int64_t held = 0; LogAllowed("refused an undeclared call", &held)) {
+      std::string why = m == nullptr ? "no such method" : PolicyProblem(*m);
+      if (why.empty()) {
+        why = absl::StrCat("the handler passed a ",
+                           req->GetDescriptor()->full_name(), ", not a ",
+                           m->input_type()->full_name());
+      }
       Log("security")
           ->error("refused {}.{}: {}{}", std::string(service),
-                  std::string(method),
-                  m == nullptr ? "no such method" : PolicyProblem(*m),
-                  SuppressedNote(held));
+                  std::string(method), why, SuppressedNote(held));
     }
     return absl::InternalError(absl::StrCat(
         service, ".", method,
