@@ -263,7 +263,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     }
     std::map<std::string, absl::Status> failed;  // host -> why
     OnEachAddress(addresses, [&](const std::string& a) {
-      const std::string& host = host_at[a];
+      const std::string& host = host_at.at(a);
       const std::string file =
           round == 0 ? FileFor(host)
                      : absl::StrCat(absl::StripSuffix(FileFor(host),
@@ -275,7 +275,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
       w.set_root(req.root());
       w.set_file(file);
       w.set_max_bytes_per_second(state.snapshot_max_bytes_per_second());
-      for (const auto& [tensor, region] : work[host]) {
+      for (const auto& [tensor, region] : work.at(host)) {
         proto::PieceRef* p = w.add_regions();
         p->set_tensor(spec->tensors[tensor].key);
         RegionToProto(region, p->mutable_region());
@@ -310,7 +310,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
         file_progress.erase(file);
         return s;
       }
-      results[file] = {host, std::move(last), work[host]};
+      results[file] = {host, std::move(last), work.at(host)};
       wrote_at.push_back(a);
       return absl::OkStatus();
     }).IgnoreError();
