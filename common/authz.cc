@@ -1,11 +1,13 @@
 #include "common/authz.h"
 
+#include <map>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/channel.h"
 #include "common/job_token.h"
 #include "common/logging.h"
@@ -20,22 +22,6 @@ using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::MethodDescriptor;
-
-const MethodDescriptor* FindMethod(absl::string_view service,
-                                   absl::string_view method) {
-  const auto* s =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          std::string(service));
-  return s == nullptr ? nullptr : s->FindMethodByName(std::string(method));
-}
-
-unsigned DeclaredCallers(const MethodDescriptor& m) {
-  unsigned allowed = 0;
-  const google::protobuf::MethodOptions& o = m.options();
-  for (int i = 0; i < o.ExtensionSize(proto::callers); ++i)
-    allowed |= static_cast<unsigned>(o.GetExtension(proto::callers, i));
-  return allowed;
-}
 
 // The fields from `type` down to the string field at the dotted `path`
 // (through singular messages); empty if there is no such field.
@@ -62,30 +48,75 @@ std::string ReadPath(const Message& msg,
   return m->GetReflection()->GetString(*m, chain.back());
 }
 
-// Why `m`'s declaration cannot be enforced; empty if it can.
-std::string PolicyProblem(const MethodDescriptor& m) {
-  if (DeclaredCallers(m) == 0) return "declares no (callers)";
+// A method's declaration (proto/callers.proto), resolved once.
+struct Policy {
+  const MethodDescriptor* method = nullptr;
+  unsigned callers = 0;
+  std::vector<const FieldDescriptor*> job_path, host_path;
+  bool empty_job_is_own = false;
+  // Why the declaration cannot be enforced; empty if it can.
+  std::string problem;
+};
+
+Policy Resolve(const MethodDescriptor& m) {
+  Policy p;
+  p.method = &m;
   const google::protobuf::MethodOptions& o = m.options();
-  for (const std::string& path :
-       {o.GetExtension(proto::job_field), o.GetExtension(proto::host_field)}) {
-    if (!path.empty() && FieldPath(m.input_type(), path).empty()) {
-      return absl::StrCat("names field '", path, "', which ",
-                          m.input_type()->full_name(),
-                          " has not as a singular string");
+  for (int i = 0; i < o.ExtensionSize(proto::callers); ++i)
+    p.callers |= static_cast<unsigned>(o.GetExtension(proto::callers, i));
+  p.empty_job_is_own = o.GetExtension(proto::empty_job_is_own);
+  if (p.callers == 0) p.problem = "declares no (callers)";
+  for (auto [path, chain] :
+       {std::pair{&o.GetExtension(proto::job_field), &p.job_path},
+        std::pair{&o.GetExtension(proto::host_field), &p.host_path}}) {
+    if (path->empty()) continue;
+    *chain = FieldPath(m.input_type(), *path);
+    if (chain->empty() && p.problem.empty()) {
+      p.problem = absl::StrCat("names field '", *path, "', which ",
+                               m.input_type()->full_name(),
+                               " has not as a singular string");
     }
   }
-  return "";
+  return p;
 }
 
-}  // namespace
-
-Caller CallerKind(const std::string& name) {
-  if (name == "coordinator") return kCoordinator;
-  if (name == "admin") return kAdmin;
-  if (name == "client" || absl::StartsWith(name, "client:")) return kClient;
-  return kHost;
+// The declaration of `method` of the service named `service`, resolved on
+// its first call and kept (descriptors live as long as the program);
+// nullptr if there is no such method.
+const Policy* PolicyOf(absl::string_view service, absl::string_view method) {
+  static absl::Mutex mu;
+  static auto* policies =  // guarded by mu
+      new std::map<std::string, std::map<std::string, Policy, std::less<>>,
+                   std::less<>>();
+  {
+    // Every call reads; only a method's first call writes.
+    absl::ReaderMutexLock read(&mu);
+    auto s = policies->find(service);
+    if (s != policies->end()) {
+      auto m = s->second.find(method);
+      if (m != s->second.end()) return &m->second;
+    }
+  }
+  absl::MutexLock lock(&mu);
+  const auto* sd =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          std::string(service));
+  const MethodDescriptor* md =
+      sd == nullptr ? nullptr : sd->FindMethodByName(std::string(method));
+  if (md == nullptr) return nullptr;
+  return &(*policies)[std::string(service)]
+              .emplace(std::string(method), Resolve(*md))
+              .first->second;
 }
 
+void LogRefusal(const char* rpc, const std::string& what) {
+  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held))
+    Log("security")->warn("refused {}{}{}", rpc, what, SuppressedNote(held));
+}
+
+// OK if TLS is off or the caller is one of `allowed`; PERMISSION_DENIED
+// naming the RPC, the caller and who may call it otherwise (and a warning
+// in the log).
 absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
                        const char* rpc) {
   if (!TlsEnabled()) return absl::OkStatus();
@@ -97,31 +128,57 @@ absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
   if (allowed & kCoordinator) who.push_back("the coordinator");
   if (allowed & kAdmin) who.push_back("an admin");
   if (allowed & kClient) who.push_back("a job's client");
-  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
-    Log("security")->warn("refused {} from '{}' ({}){}", rpc, name, ctx.peer(),
-                          SuppressedNote(held));
-  }
+  LogRefusal(rpc, absl::StrCat(" from '", name, "' (", ctx.peer(), ")"));
   return absl::PermissionDeniedError(
       absl::StrCat(rpc, " may be called by ", absl::StrJoin(who, " or "),
                    "; this caller's certificate names '", name, "'"));
+}
+
+// Authorize, and a client caller must act on `job`: its certificate names
+// it (client:JOB) or its token was issued for it. PERMISSION_DENIED names
+// the job the caller may act on; UNAUTHENTICATED says what is wrong with a
+// missing or bad token.
+absl::Status AuthorizeJob(const grpc::ServerContext& ctx, unsigned allowed,
+                          const char* rpc, const std::string& job) {
+  PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc));
+  absl::StatusOr<std::optional<std::string>> own = ClientJob(ctx);
+  if (!own.ok()) {
+    LogRefusal(rpc, absl::StrCat(" from '", PeerName(ctx), "' (", ctx.peer(),
+                                 "): ", own.status().message()));
+    return own.status();
+  }
+  if (!own->has_value() || **own == job) return absl::OkStatus();
+  LogRefusal(rpc, absl::StrCat(" on job '", job, "' from a client of job '",
+                               **own, "' (", ctx.peer(), ")"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      rpc, " on job '", job, "': this caller acts for job '", **own, "' only"));
+}
+
+}  // namespace
+
+Caller CallerKind(const std::string& name) {
+  if (name == "coordinator") return kCoordinator;
+  if (name == "admin") return kAdmin;
+  if (name == "client" || absl::StartsWith(name, "client:")) return kClient;
+  return kHost;
 }
 
 absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
                            absl::string_view service, absl::string_view method,
                            const google::protobuf::Message* req,
                            std::string* job) {
-  const MethodDescriptor* m = FindMethod(service, method);
-  if (m == nullptr || !PolicyProblem(*m).empty() ||
-      (req != nullptr && req->GetDescriptor() != m->input_type())) {
+  const Policy* p = PolicyOf(service, method);
+  if (p == nullptr || !p->problem.empty() ||
+      (req != nullptr && req->GetDescriptor() != p->method->input_type())) {
     // A handler that names the wrong method or request, or a method that
     // declares no callers: refused with or without TLS, so that tests
     // find it.
     if (int64_t held = 0; LogAllowed("refused an undeclared call", &held)) {
-      std::string why = m == nullptr ? "no such method" : PolicyProblem(*m);
+      std::string why = p == nullptr ? "no such method" : p->problem;
       if (why.empty()) {
         why = absl::StrCat("the handler passed a ",
                            req->GetDescriptor()->full_name(), ", not a ",
-                           m->input_type()->full_name());
+                           p->method->input_type()->full_name());
       }
       Log("security")
           ->error("refused {}.{}: {}{}", std::string(service),
@@ -132,37 +189,28 @@ absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
         " is refused: the server's handler does not match the method's "
         "declared callers (a bug in this build; its log says what)"));
   }
-  const google::protobuf::MethodOptions& o = m->options();
-  const std::string& job_field = o.GetExtension(proto::job_field);
   std::string acts_on;
-  if (req != nullptr && !job_field.empty())
-    acts_on = ReadPath(*req, FieldPath(m->input_type(), job_field));
-  if (acts_on.empty() && o.GetExtension(proto::empty_job_is_own)) {
+  if (req != nullptr && !p->job_path.empty())
+    acts_on = ReadPath(*req, p->job_path);
+  if (acts_on.empty() && p->empty_job_is_own) {
     PTC_ASSIGN_OR_RETURN(std::optional<std::string> own, ClientJob(ctx));
     acts_on = own.value_or("");
   }
   if (job != nullptr) *job = acts_on;
   const std::string rpc(method);
-  const unsigned allowed = DeclaredCallers(*m);
-  if (req != nullptr && !job_field.empty()) {
-    PTC_RETURN_IF_ERROR(AuthorizeJob(ctx, allowed, rpc.c_str(), acts_on));
+  if (req != nullptr && !p->job_path.empty()) {
+    PTC_RETURN_IF_ERROR(AuthorizeJob(ctx, p->callers, rpc.c_str(), acts_on));
   } else {
-    PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc.c_str()));
+    PTC_RETURN_IF_ERROR(Authorize(ctx, p->callers, rpc.c_str()));
   }
-  const std::string& host_field = o.GetExtension(proto::host_field);
-  if (!TlsEnabled() || req == nullptr || host_field.empty())
+  if (!TlsEnabled() || req == nullptr || p->host_path.empty())
     return absl::OkStatus();
   const std::string caller = PeerName(ctx);
-  const std::string host =
-      ReadPath(*req, FieldPath(m->input_type(), host_field));
+  const std::string host = ReadPath(*req, p->host_path);
   if (CallerKind(caller) != kHost || caller == host) return absl::OkStatus();
-  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
-    Log("security")
-        ->warn(
-            "refused {}: a caller with certificate '{}' ({}) spoke for host "
-            "{}{}",
-            rpc, caller, ctx.peer(), host, SuppressedNote(held));
-  }
+  LogRefusal(rpc.c_str(),
+             absl::StrCat(": a caller with certificate '", caller, "' (",
+                          ctx.peer(), ") spoke for host ", host));
   return absl::PermissionDeniedError(
       absl::StrCat("only host ", host, " may call ", rpc, " as ", host,
                    "; this caller's certificate names '", caller, "'"));
@@ -175,9 +223,10 @@ absl::Status CheckCallerPolicies(absl::string_view service) {
   if (s == nullptr)
     return absl::InternalError(absl::StrCat("no service ", service));
   for (int i = 0; i < s->method_count(); ++i) {
-    if (std::string problem = PolicyProblem(*s->method(i)); !problem.empty())
+    const Policy* p = PolicyOf(service, s->method(i)->name());
+    if (!p->problem.empty())
       return absl::InternalError(
-          absl::StrCat(s->method(i)->full_name(), " ", problem));
+          absl::StrCat(s->method(i)->full_name(), " ", p->problem));
   }
   return absl::OkStatus();
 }
@@ -196,29 +245,6 @@ absl::StatusOr<std::optional<std::string>> ClientJob(
         "carries no job token; set PTC_JOB_TOKEN (ptcctl token --job JOB)");
   }
   return JobOfToken(std::string(it->second.data(), it->second.size()));
-}
-
-absl::Status AuthorizeJob(const grpc::ServerContext& ctx, unsigned allowed,
-                          const char* rpc, const std::string& job) {
-  PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc));
-  absl::StatusOr<std::optional<std::string>> own = ClientJob(ctx);
-  if (!own.ok()) {
-    if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
-      Log("security")
-          ->warn("refused {} from '{}' ({}): {}{}", rpc, PeerName(ctx),
-                 ctx.peer(), std::string(own.status().message()),
-                 SuppressedNote(held));
-    }
-    return own.status();
-  }
-  if (!own->has_value() || **own == job) return absl::OkStatus();
-  if (int64_t held = 0; LogAllowed(absl::StrCat("refused ", rpc), &held)) {
-    Log("security")
-        ->warn("refused {} on job '{}' from a client of job '{}' ({}){}", rpc,
-               job, **own, ctx.peer(), SuppressedNote(held));
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      rpc, " on job '", job, "': this caller acts for job '", **own, "' only"));
 }
 
 }  // namespace ptc

@@ -73,19 +73,6 @@ grpc::Status Admit(const grpc::ServerContext& ctx, const char* method,
 // INTERNAL naming the first that does not. Servers check at start.
 absl::Status CheckCallerPolicies(absl::string_view service);
 
-// OK if TLS is off or the caller is one of `allowed`; PERMISSION_DENIED
-// naming the RPC, the caller and who may call it otherwise (and a warning
-// in the log).
-absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
-                       const char* rpc);
-
-// Authorize, and a client caller must act on `job`: its certificate names
-// it (client:JOB) or its token was issued for it. PERMISSION_DENIED names
-// the job the caller may act on; UNAUTHENTICATED says what is wrong with a
-// missing or bad token.
-absl::Status AuthorizeJob(const grpc::ServerContext& ctx, unsigned allowed,
-                          const char* rpc, const std::string& job);
-
 // The one job a client caller may act on (from its certificate or token);
 // nullopt for every other caller and without TLS. For RPCs that list jobs:
 // a client sees its own.
