@@ -85,6 +85,32 @@ bool Final(const proto::ReconfigureEvent& e) {
   return PhaseEnded(e.phase());
 }
 
+// A change's validated plan for `input` by `strategy`, its snapshot pieces
+// split along the snapshot's regions when it reads one.
+absl::StatusOr<Plan> PlanFor(const PlanInput& input,
+                             proto::PlanStrategy strategy,
+                             const proto::SnapshotManifest* snapshot) {
+  Plan plan;
+  switch (strategy) {
+    case proto::PLAN_STRATEGY_TENPLEX: {
+      PTC_ASSIGN_OR_RETURN(plan, PlanTenplexBaseline(input));
+      break;
+    }
+    case proto::PLAN_STRATEGY_PTC: {
+      PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(input));
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "strategy ", strategy, " is unknown; use ptc (0) or tenplex (1)"));
+  }
+  if (snapshot != nullptr)
+    PTC_RETURN_IF_ERROR(SplitSnapshotPieces(*snapshot, &plan));
+  PTC_RETURN_IF_ERROR(
+      Annotate(ValidatePlan(input, plan), "internal planner error"));
+  return plan;
+}
+
 }  // namespace
 
 grpc::Status CoordinatorService::Reconfigure(
@@ -274,26 +300,10 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     flight->input.snapshot_source = true;
     flight->snapshot = std::make_shared<const SnapshotUse>(*snapshot);
   }
-  switch (req.strategy()) {
-    case proto::PLAN_STRATEGY_TENPLEX: {
-      PTC_ASSIGN_OR_RETURN(flight->plan, PlanTenplexBaseline(flight->input));
-      break;
-    }
-    case proto::PLAN_STRATEGY_PTC: {
-      PTC_ASSIGN_OR_RETURN(flight->plan, PlanReconfiguration(flight->input));
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("strategy ", req.strategy(),
-                       " is unknown; use ptc (0) or tenplex (1)"));
-  }
-  if (snapshot != nullptr) {
-    PTC_RETURN_IF_ERROR(
-        SplitSnapshotPieces(snapshot->manifest, &flight->plan));
-  }
-  PTC_RETURN_IF_ERROR(Annotate(ValidatePlan(flight->input, flight->plan),
-                               "internal planner error"));
+  PTC_ASSIGN_OR_RETURN(
+      flight->plan,
+      PlanFor(flight->input, req.strategy(),
+              snapshot != nullptr ? &snapshot->manifest : nullptr));
   out.flight = std::move(flight);
   return out;
 }
@@ -435,22 +445,24 @@ absl::Status CoordinatorService::StartChange(
       std::max(2 * options_.host_timeout, absl::Seconds(1)), absl::Hours(1));
   if (req.strategy() == proto::PLAN_STRATEGY_PTC) {
     // A source found unreachable at the start is planned around (the
-    // driver marks it late); what the job's event shows follows.
+    // driver marks it late; the Tenplex-style baseline ignores that); the
+    // job's event shows the plan that runs.
     r.replan = [this, name = req.job(), snapshot = flight->snapshot,
                 placement = planned.placement,
                 strategy = planned.placement_strategy,
                 names](const PlanInput& input) -> absl::StatusOr<Plan> {
-      PTC_ASSIGN_OR_RETURN(Plan plan, PlanReconfiguration(input));
-      if (snapshot != nullptr) {
-        PTC_RETURN_IF_ERROR(SplitSnapshotPieces(snapshot->manifest, &plan));
-      }
-      PTC_RETURN_IF_ERROR(
-          Annotate(ValidatePlan(input, plan), "internal planner error"));
+      PTC_ASSIGN_OR_RETURN(
+          Plan plan,
+          PlanFor(input, proto::PLAN_STRATEGY_PTC,
+                  snapshot != nullptr ? &snapshot->manifest : nullptr));
       proto::PlanSummary summary = PlanToProto(plan).summary();
       SetPlacementSummary(placement, strategy, names, &summary);
       absl::MutexLock lock(&mu_);
       auto it = jobs_.find(name);
-      if (it != jobs_.end()) *it->second->event.mutable_plan() = summary;
+      if (it != jobs_.end()) {
+        *it->second->event.mutable_plan() = summary;
+        it->second->event.set_replanned(true);
+      }
       return plan;
     };
   }

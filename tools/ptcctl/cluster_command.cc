@@ -546,10 +546,7 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
   const double secs = last.seconds();
   // The plan that ran: the coordinator plans again around a source that
   // did not answer at the change's start.
-  const bool replanned =
-      last.has_plan() &&
-      (last.plan().cross_host_bytes() != plan.cross_host_bytes() ||
-       last.plan().max_host_send_bytes() != plan.max_host_send_bytes());
+  const bool replanned = last.replanned();
   if (replanned && !json) {
     std::cout << absl::StrFormat(
         "  planned again (a source did not answer at the start): %s across "
