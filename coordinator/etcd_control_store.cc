@@ -81,17 +81,47 @@ absl::StatusOr<std::unique_ptr<EtcdControlStore>> EtcdControlStore::Connect(
   // ReadAll's pages (each at most etcd's response limit).
   args.SetMaxReceiveMessageSize(64 << 20);
   if (files == 3) args.SetSslTargetNameOverride("etcd");
-  auto channel = grpc::CreateCustomChannel(
-      ChannelTarget(absl::StrJoin(options.endpoints, ",")), credentials, args);
+  // A member that comes back is tried again within a second (gRPC's
+  // default backoff grows to two minutes). Not the minimum backoff: gRPC
+  // gives a connection attempt that long to finish its handshake.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::vector<Endpoint> members;
+  for (const std::string& address : options.endpoints) {
+    auto channel = grpc::CreateCustomChannel(address, credentials, args);
+    members.push_back({address, etcdserverpb::KV::NewStub(channel),
+                       etcdserverpb::Lease::NewStub(channel)});
+  }
   return std::unique_ptr<EtcdControlStore>(
-      new EtcdControlStore(std::move(options), std::move(channel)));
+      new EtcdControlStore(std::move(options), std::move(members)));
 }
 
 EtcdControlStore::EtcdControlStore(EtcdOptions options,
-                                   std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)),
-      kv_(etcdserverpb::KV::NewStub(channel)),
-      lease_(etcdserverpb::Lease::NewStub(channel)) {}
+                                   std::vector<Endpoint> members)
+    : options_(std::move(options)), members_(std::move(members)) {}
+
+const EtcdControlStore::Endpoint& EtcdControlStore::Using() const {
+  return members_[member_.load() % members_.size()];
+}
+
+std::string EtcdControlStore::Member() const { return Using().address; }
+
+void EtcdControlStore::Answered(const Endpoint& member,
+                                const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+    return;
+  if (members_.size() < 2) return;
+  size_t index = &member - members_.data();
+  const size_t next = (index + 1) % members_.size();
+  // Only the first of several calls that failed on the same member moves
+  // on (the others found it moved already).
+  if (member_.compare_exchange_strong(index, next)) {
+    Log("coordinator")
+        ->warn("etcd member {} did not answer ({}): using {}", member.address,
+               status.error_message(), members_[next].address);
+  }
+}
 
 EtcdControlStore::~EtcdControlStore() {
   {
@@ -104,9 +134,8 @@ EtcdControlStore::~EtcdControlStore() {
 std::unique_ptr<grpc::ClientContext> EtcdControlStore::Context() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-  // While the member it used is gone, a call waits (within its deadline)
-  // for the channel to reach another, rather than failing at once.
-  ctx->set_wait_for_ready(true);
+  // A member that refuses connections fails the call at once: the caller
+  // moves to the next one (Answered) and tries again.
   return ctx;
 }
 
@@ -115,7 +144,9 @@ absl::StatusOr<std::string> EtcdControlStore::Leader() {
   req.set_key(LeaderKey());
   etcdserverpb::RangeResponse resp;
   auto ctx = Context();
-  grpc::Status s = kv_->Range(ctx.get(), req, &resp);
+  const Endpoint& member = Using();
+  grpc::Status s = member.kv->Range(ctx.get(), req, &resp);
+  Answered(member, s);
   if (!s.ok()) return EtcdError("reading the leader key", s);
   return resp.kvs().empty() ? std::string() : resp.kvs(0).value();
 }
@@ -152,7 +183,9 @@ absl::Status EtcdControlStore::Campaign(
     etcdserverpb::LeaseGrantResponse granted;
     const absl::Time asked = absl::Now();  // the lease runs from no earlier
     auto ctx = Context();
-    grpc::Status s = lease_->LeaseGrant(ctx.get(), grant, &granted);
+    const Endpoint& member = Using();
+    grpc::Status s = member.lease->LeaseGrant(ctx.get(), grant, &granted);
+    Answered(member, s);
     if (!s.ok() || !granted.error().empty()) {
       Log("coordinator")
           ->warn("standing by: etcd granted no lease: {}",
@@ -172,13 +205,16 @@ absl::Status EtcdControlStore::Campaign(
     put->set_lease(granted.id());
     etcdserverpb::TxnResponse won;
     ctx = Context();
-    s = kv_->Txn(ctx.get(), txn, &won);
+    s = member.kv->Txn(ctx.get(), txn, &won);
+    Answered(member, s);
     if (!s.ok() || !won.succeeded()) {
       etcdserverpb::LeaseRevokeRequest revoke;
       revoke.set_id(granted.id());
       etcdserverpb::LeaseRevokeResponse revoked;
       auto rctx = Context();
-      lease_->LeaseRevoke(rctx.get(), revoke, &revoked);  // best effort
+      const Endpoint& revoker = Using();
+      Answered(revoker, revoker.lease->LeaseRevoke(rctx.get(), revoke,
+                                                   &revoked));  // best effort
       continue;
     }
     {
@@ -222,10 +258,10 @@ void EtcdControlStore::Renew(absl::Time valid_until) {
     }
     const absl::Time sent = absl::Now();
     grpc::ClientContext ctx;
-    ctx.set_wait_for_ready(true);
     ctx.set_deadline(absl::ToChronoTime(
         std::min(sent + options_.lease / 3, valid_until - margin)));
-    auto stream = lease_->LeaseKeepAlive(&ctx);
+    const Endpoint& member = Using();
+    auto stream = member.lease->LeaseKeepAlive(&ctx);
     etcdserverpb::LeaseKeepAliveRequest req;
     req.set_id(id);
     etcdserverpb::LeaseKeepAliveResponse resp;
@@ -234,7 +270,16 @@ void EtcdControlStore::Renew(absl::Time valid_until) {
     if (renewed) {
       ctx.TryCancel();
     }
-    stream->Finish().IgnoreError();
+    const grpc::Status finished = stream->Finish();
+    if (!renewed) {
+      // A stream the member ended without an answer says why; one that
+      // ran out of time may end CANCELLED: the member did not answer.
+      Answered(member, finished.ok() || finished.error_code() ==
+                                            grpc::StatusCode::CANCELLED
+                           ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                          "no renewal in time")
+                           : finished);
+    }
     if (renewed && resp.ttl() <= 0) {
       Lost("etcd says the leader's lease is gone (expired or revoked)");
       return;
@@ -280,7 +325,9 @@ void EtcdControlStore::Resign() {
   req.set_id(id);
   etcdserverpb::LeaseRevokeResponse resp;
   auto ctx = Context();
-  grpc::Status s = lease_->LeaseRevoke(ctx.get(), req, &resp);
+  const Endpoint& member = Using();
+  grpc::Status s = member.lease->LeaseRevoke(ctx.get(), req, &resp);
+  Answered(member, s);
   if (s.ok()) {
     Log("coordinator")->info("resigned the lead");
   } else {
@@ -304,8 +351,16 @@ EtcdControlStore::ReadAll() {
     req.set_limit(256);
     req.set_revision(revision);
     etcdserverpb::RangeResponse resp;
-    auto ctx = Context();
-    grpc::Status s = kv_->Range(ctx.get(), req, &resp);
+    // Pages are read at one revision: a failed page is read again from the
+    // next member, which serves the same revision.
+    grpc::Status s;
+    for (size_t tries = 0; tries < members_.size(); ++tries) {
+      auto ctx = Context();
+      const Endpoint& member = Using();
+      s = member.kv->Range(ctx.get(), req, &resp);
+      Answered(member, s);
+      if (s.ok()) break;
+    }
     if (!s.ok()) return EtcdError("reading the coordinator's records", s);
     if (revision == 0) revision = resp.header().revision();
     for (const auto& kv : resp.kvs())
@@ -348,7 +403,8 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
         "); nothing was written"));
   }
   // A call that fails (an etcd member died, etcd is electing a leader)
-  // is sent again until it is answered: the transaction sets absolute
+  // is sent again, to the next member if this one did not answer, until
+  // it is answered: the transaction sets absolute
   // values under this coordinator's leadership, and nothing else writes
   // meanwhile (the coordinator waits for this call), so applying it twice
   // is applying it once. Only when no answer comes before the lease could
@@ -365,10 +421,11 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
     const absl::Time now = absl::Now();
     if (now >= until) break;
     grpc::ClientContext ctx;
-    ctx.set_wait_for_ready(true);
     ctx.set_deadline(
         absl::ToChronoTime(std::min(now + absl::Seconds(2), until)));
-    s = kv_->Txn(&ctx, txn, &resp);
+    const Endpoint& member = Using();
+    s = member.kv->Txn(&ctx, txn, &resp);
+    Answered(member, s);
     if (s.ok()) break;
     absl::SleepFor(absl::Milliseconds(100));
   }

@@ -33,8 +33,9 @@
 namespace ptc {
 
 struct EtcdOptions {
-  // The etcd members, HOST:PORT each (a client connects to one that
-  // answers).
+  // The etcd members, HOST:PORT each. Calls go to one of them; one that
+  // fails because the member did not answer (it is down, frozen, or cut
+  // off from etcd's majority) is sent to the next member.
   std::vector<std::string> endpoints;
   // TLS (PEM files; all three or none): etcd's CA, and this coordinator's
   // client certificate and key from it. Each member's certificate must
@@ -49,7 +50,8 @@ struct EtcdOptions {
   absl::Duration lease = absl::Seconds(5);
   // This coordinator's address, written as the leader key's value.
   std::string identity;
-  // Each etcd call's deadline.
+  // Each etcd call's deadline (a Commit's tries and the lease's renewals
+  // have shorter ones, within the lease).
   absl::Duration call_timeout = absl::Seconds(5);
 };
 
@@ -75,6 +77,9 @@ class EtcdControlStore final : public ControlStore {
   // The leader's identity (empty if none leads).
   absl::StatusOr<std::string> Leader();
 
+  // The member calls go to now (HOST:PORT).
+  std::string Member() const;
+
   // Gives the lead up now (revokes the lease), so that a standby takes
   // over without waiting for the lease to run out. Commit refuses after.
   void Resign();
@@ -84,7 +89,22 @@ class EtcdControlStore final : public ControlStore {
   std::string Describe() const override;
 
  private:
-  EtcdControlStore(EtcdOptions options, std::shared_ptr<grpc::Channel> channel);
+  // One etcd member: a channel of its own, so that a member that stops
+  // answering is left for the next one (a channel over every member would
+  // keep a frozen one whose port still accepts connections).
+  struct Endpoint {
+    std::string address;
+    std::unique_ptr<etcdserverpb::KV::Stub> kv;
+    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  };
+
+  EtcdControlStore(EtcdOptions options, std::vector<Endpoint> members);
+  // The member calls go to now.
+  const Endpoint& Using() const;
+  // Records how a call to `member` ended: a member that did not answer
+  // (UNAVAILABLE, DEADLINE_EXCEEDED: down, frozen, or without etcd's
+  // majority) is replaced by the next one, if it is still the one in use.
+  void Answered(const Endpoint& member, const grpc::Status& status);
   std::string LeaderKey() const { return options_.prefix + "/leader"; }
   std::string RecordKey(const std::string& key) const {
     return options_.prefix + "/records/" + key;
@@ -97,8 +117,9 @@ class EtcdControlStore final : public ControlStore {
   std::unique_ptr<grpc::ClientContext> Context() const;
 
   const EtcdOptions options_;
-  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
-  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  const std::vector<Endpoint> members_;
+  // Index into members_ of the member in use (any thread moves it on).
+  std::atomic<size_t> member_{0};
   absl::Mutex mu_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
   // The leader key's create revision while this process leads; 0 before

@@ -68,6 +68,14 @@ class Etcd:
         self.procs[i].kill()
         self.procs[i].wait()
 
+    def pause(self, i):
+        """Freezes member i (SIGSTOP): its port still accepts connections,
+        nothing answers."""
+        self.procs[i].send_signal(signal.SIGSTOP)
+
+    def resume(self, i):
+        self.procs[i].send_signal(signal.SIGCONT)
+
     def ctl(self, *args, timeout=30):
         c = self.certs
         r = subprocess.run(["etcdctl", "--endpoints", self.endpoints, "--cacert", str(c / "ca.pem"),
@@ -80,6 +88,7 @@ class Etcd:
     def stop(self):
         for p in self.procs:
             if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
                 p.terminate()
         for p in self.procs:
             if p is not None:

@@ -186,6 +186,69 @@ def test_one_etcd_member_lost_changes_nothing_and_the_majority_lost_stops_commit
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def etcd_members(ha):
+    """(member id in hex, client address, whether it is etcd's raft leader)
+    of each member, in the order of ha.etcd.endpoints."""
+    r = ha.etcd.ctl("endpoint", "status", "--write-out=json")
+    assert r.returncode == 0, r.stderr
+    out = []
+    for e in json.loads(r.stdout):
+        member, leader = e["Status"]["header"]["member_id"], e["Status"]["leader"]
+        out.append((f"{member:x}", e["Endpoint"], member == leader))
+    return out
+
+
+def test_a_frozen_etcd_member_is_left_for_another_and_the_leader_keeps_leading(ha):
+    # A member whose process is frozen (stopped, swapping, a hung disk)
+    # still accepts connections; a coordinator that keeps sending it calls
+    # would lose its lease, and so would every standby after it. Each call
+    # that it leaves unanswered goes to the next member instead.
+    ha.ptcctl("register", "--job", "f", "--model", MODEL, "--config", "tp=2", "--hosts",
+              "host0", check=True)
+    ha.save("f", "host0", 1)
+    leader = ha.leader()
+    starts = [c.starts for c in ha.coordinators]
+    # The member the leader sends its calls to: the first, or the last one
+    # it moved to (at start, members may not have listened yet).
+    endpoints = ha.etcd.endpoints.split(",")
+    log_path = ha.dir / f"coordinator{leader}.log"
+    used = endpoints[0]
+    for line in log_path.read_text().splitlines():
+        if "did not answer" in line:
+            used = line.rsplit("using ", 1)[1].strip()
+    frozen = endpoints.index(used)
+    # Not etcd's own raft leader, so that etcd itself goes on without an
+    # election (what this test is not about).
+    members = etcd_members(ha)
+    if members[frozen][2]:
+        other = members[(frozen + 1) % len(members)][0]
+        r = subprocess.run(
+            ["etcdctl", "--endpoints", used, "--cacert", str(ha.etcd.certs / "ca.pem"),
+             "--cert", str(ha.etcd.certs / "etcd-client-coordinator.pem"),
+             "--key", str(ha.etcd.certs / "etcd-client-coordinator.key"),
+             "move-leader", other],
+            capture_output=True, text=True, timeout=30, env={**os.environ, "ETCDCTL_API": "3"})
+        assert r.returncode == 0, r.stdout + r.stderr
+    ha.etcd.pause(frozen)
+    try:
+        # Longer than the lease: the leader renews it through another member.
+        time.sleep(2 * ha.lease)
+        r = ha.ptcctl("reconfigure", "--job", "f", "--to", "tp=1,dp=2", "--hosts",
+                      "host0,host1")
+        assert r.returncode == 0, r.stdout + r.stderr
+        ha.save("f", "host0", 2)
+        v = committed(ha, "f")
+        r = ha.job_tool("verify", "--job", "f")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert [c.starts for c in ha.coordinators] == starts
+        log = log_path.read_text()
+        assert "lost the lead" not in log, log
+        assert f"etcd member {used} did not answer" in log, log
+    finally:
+        ha.etcd.resume(frozen)
+    assert ha.leader() == leader and committed(ha, "f") == v
+
+
 def log_times(path, text):
     """The times (seconds of the day) of the log lines of `path` that hold
     `text` (spdlog's "[YYYY-MM-DD HH:MM:SS.mmm]" prefix)."""
