@@ -233,6 +233,17 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // the next one connects afresh. Idle channels do not ping.
   SetKeepalive(args);
   const std::string target = ChannelTarget(address);
+  if (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:")) {
+    // Several peers, of which one serves (the coordinators: one leads):
+    // the channel connects to all of them, asks each one's gRPC health
+    // service, and sends calls only to a peer that says SERVING. A peer
+    // without the service counts as serving. One that comes back is tried
+    // within seconds (gRPC's default backoff grows to two minutes).
+    args.SetServiceConfigJSON(
+        R"({"loadBalancingConfig": [{"round_robin": {}}],)"
+        R"( "healthCheckConfig": {"serviceName": ""}})");
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
+  }
   const Security s = Get();
   if (!s.tls) {
     return grpc::CreateCustomChannel(target,

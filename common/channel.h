@@ -56,9 +56,10 @@ SecurityOptions SecurityFromEnvironment();
 bool TlsEnabled();
 
 // A channel to `address` ("host:port") with the process's security; with
-// several ("a:7000,b:7000": the coordinators of a cluster, the members of
-// etcd), to the first of them that accepts a connection, and to the next
-// when it goes away (name the peers by `expected_name` then). With
+// several ("a:7000,b:7000": the coordinators of a cluster), to the one
+// whose gRPC health service says SERVING (the leader; standbys say
+// NOT_SERVING), following it when another takes over (name the peers by
+// `expected_name` then). With
 // TLS the peer's certificate must be signed by the cluster CA and name the
 // address's host (or `expected_name`, when given: a peer known by name).
 // A training job's client passes its `job_token` (common/job_token.h):

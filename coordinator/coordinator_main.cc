@@ -24,6 +24,7 @@
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/etcd_control_store.h"
+#include "coordinator/standby_server.h"
 
 namespace ptc {
 namespace {
@@ -45,9 +46,10 @@ constexpr char kUsage[] =
   --etcd           keep the metadata in this etcd cluster instead (its
                    members' client addresses): run several coordinators
                    with the same --etcd; one leads and serves, the others
-                   stand by (not listening) and take over within the lease
-                   when it dies. Give ptcd, clients and ptcctl every
-                   coordinator's address ("a:7000,b:7000")
+                   stand by (answering every call with the leader's
+                   address) and take over within the lease when it dies.
+                   Give ptcd, clients and ptcctl every coordinator's
+                   address ("a:7000,b:7000"): they follow the leader
   --etcd-ca, --etcd-cert, --etcd-key
                    etcd's CA (its own, not the cluster's: only coordinators
                    may reach etcd), and this coordinator's client
@@ -165,8 +167,20 @@ absl::Status Run(int argc, char** argv) {
     eo.lease = absl::Seconds(static_cast<int64_t>(lease));
     eo.identity = settings.Get("advertise", options.listen_address);
     PTC_ASSIGN_OR_RETURN(etcd, EtcdControlStore::Connect(std::move(eo)));
-    Log("coordinator")->info("campaigning in {}", etcd->Describe());
-    // Until it leads it neither listens nor acts.
+    // Until it leads it answers every call with the leader's address, and
+    // tells channels that follow the leader that it does not serve.
+    PTC_ASSIGN_OR_RETURN(
+        std::unique_ptr<StandbyServer> standby,
+        StandbyServer::Start(options.listen_address,
+                             [e = etcd.get()] { return e->SeenLeader(); }));
+    // The leader's server takes the same port (one picked for port 0).
+    options.listen_address =
+        absl::StrCat(options.listen_address.substr(
+                         0, options.listen_address.rfind(':')),
+                     ":", standby->port());
+    Log("coordinator")
+        ->info("standing by on port {}; campaigning in {}", standby->port(),
+               etcd->Describe());
     absl::Status led = etcd->Campaign(stopping, [](const std::string& why) {
       // Everything this process knows may be stale now, and a standby is
       // taking over: stop at once (a service manager starts it again, as a
@@ -176,6 +190,7 @@ absl::Status Run(int argc, char** argv) {
     });
     if (absl::IsCancelled(led)) return absl::OkStatus();
     PTC_RETURN_IF_ERROR(led);
+    standby->Shutdown();
     options.service.store = etcd;
   }
   PTC_ASSIGN_OR_RETURN(auto server, CoordinatorServer::Start(options));

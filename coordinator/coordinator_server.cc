@@ -18,6 +18,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       CheckCallerPolicies(proto::Coordinator::service_full_name()));
   PTC_ASSIGN_OR_RETURN(s->service_,
                        CoordinatorService::Create(options.service));
+  // gRPC's health service says SERVING: channels given several
+  // coordinators send their calls here, not to a standby
+  // (standby_server.h).
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, ServerCredentials(),
                            &s->port_);

@@ -106,6 +106,11 @@ const EtcdControlStore::Endpoint& EtcdControlStore::Using() const {
 
 std::string EtcdControlStore::Member() const { return Using().address; }
 
+std::string EtcdControlStore::SeenLeader() const {
+  absl::MutexLock lock(&mu_);
+  return seen_leader_;
+}
+
 void EtcdControlStore::Answered(const Endpoint& member,
                                 const grpc::Status& status) {
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
@@ -168,6 +173,10 @@ absl::Status EtcdControlStore::Campaign(
       continue;
     }
     last_error = absl::OkStatus();
+    {
+      absl::MutexLock lock(&mu_);
+      seen_leader_ = *leader;
+    }
     if (!leader->empty()) {
       if (*leader != shown) {
         Log("coordinator")

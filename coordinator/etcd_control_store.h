@@ -80,6 +80,10 @@ class EtcdControlStore final : public ControlStore {
   // The member calls go to now (HOST:PORT).
   std::string Member() const;
 
+  // The leader's identity as Campaign last read it (empty: none led, or
+  // not read yet). What a standby tells callers.
+  std::string SeenLeader() const;
+
   // Gives the lead up now (revokes the lease), so that a standby takes
   // over without waiting for the lease to run out. Commit refuses after.
   void Resign();
@@ -120,7 +124,7 @@ class EtcdControlStore final : public ControlStore {
   const std::vector<Endpoint> members_;
   // Index into members_ of the member in use (any thread moves it on).
   std::atomic<size_t> member_{0};
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
   // The leader key's create revision while this process leads; 0 before
   // and after.
@@ -128,6 +132,7 @@ class EtcdControlStore final : public ControlStore {
   // Until when the lease is known good (the renewer moves it on).
   absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_lost_ ABSL_GUARDED_BY(mu_);
+  std::string seen_leader_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread renewer_;
 };

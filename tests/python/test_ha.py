@@ -59,6 +59,19 @@ def test_a_standby_takes_over_with_every_committed_byte(ha):
     standby = 1 - new
     log = (ha.dir / f"coordinator{standby}.log").read_text()
     assert f"standing by: the coordinator at {ha.addresses[new]} leads" in log
+    # The standby listens: a caller given its address alone is told who
+    # leads; one given every address, the standby's first, reaches the
+    # leader (the channel asks each one's health service).
+    ptcctl = str(ha.bin / "tools/ptcctl")
+    r = subprocess.run([ptcctl, "jobs", "--coordinator", ha.addresses[standby]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0, r.stdout
+    assert f"stands by: the coordinator at {ha.addresses[new]} leads" in r.stderr, r.stderr
+    r = subprocess.run([ptcctl, "jobs", "--json", "--coordinator",
+                        f"{ha.addresses[standby]},{ha.addresses[new]}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "j" in [j["job"] for j in json.loads(r.stdout)["jobs"]], \
+        r.stdout + r.stderr
 
 
 def test_the_leader_killed_at_random_moments_loses_nothing(ha):
