@@ -203,47 +203,15 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
 }
 
 
-void ClearFlight(proto::CoordinatorState::Job* job) {
-  job->clear_target_config();
-  job->clear_target_hosts();
-  job->set_target_version(0);
-  job->set_target_epoch(0);
-  job->set_commit_decided(false);
-  job->clear_release_hosts();
-  job->set_target_step(0);
-  job->clear_acked_hosts();
-  job->clear_target_rank_hosts();
-  job->clear_target_rank_devices();
-  job->clear_restore_dir();
-}
-
-void CoordinatorService::AdoptTargetLocked(Job& job) {
-  proto::CoordinatorState::Job& s = job.state;
-  s.set_config(s.target_config());
-  s.clear_hosts();
-  for (const std::string& h : s.target_hosts()) s.add_hosts(h);
-  *s.mutable_rank_hosts() = s.target_rank_hosts();
-  *s.mutable_rank_devices() = s.target_rank_devices();
+absl::StatusOr<std::vector<std::string>> CoordinatorService::CommitFlightLocked(
+    Job& job) {
+  PTC_ASSIGN_OR_RETURN(std::vector<std::string> lost,
+                       CommitFlight(job.state, job.event));
   job.host_bytes = job.target_host_bytes;
-  s.set_committed_version(s.target_version());
-  s.set_committed_step(s.target_step());
-  // Targets that never acknowledged the decided commit (dead ones: rule 5)
-  // do not hold the new version.
-  s.clear_lost_hosts();
-  if (s.acked_hosts_size() > 0) {
-    for (const std::string& h : s.target_hosts()) {
-      if (std::find(s.acked_hosts().begin(), s.acked_hosts().end(), h) ==
-          s.acked_hosts().end())
-        s.add_lost_hosts(h);
-    }
-  }
-  // A new layout (rule 2): saves begun or reported under the old one can
-  // never complete, and their versions are reclaimed.
-  s.set_layout_epoch(s.layout_epoch() + 1);
-  s.clear_open_saves();
-  job.saved.clear();
-  auto shape = JobShape(*job.spec, s.config());
+  job.saved.clear();  // the open saves ended with the layout epoch
+  auto shape = JobShape(*job.spec, job.state.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
+  return lost;
 }
 
 void CoordinatorService::ClearPendingLocked(Job& job) {
@@ -261,40 +229,41 @@ void CoordinatorService::ClearPendingLocked(Job& job) {
   s.set_hot_version(0);
 }
 
-void CoordinatorService::CommitHotSwitchLocked(Job& job, int64_t version,
-                                               int64_t step) {
+absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
+                                                       int64_t version,
+                                                       int64_t step) {
   proto::CoordinatorState::Job& s = job.state;
   const proto::ReconfigureRequest pending = s.pending();
-  const std::string reason = s.pending_reason();
   const double began = s.pending_unix();
-  // The pending change becomes the job's target, proven by the save, and
-  // is adopted as a change through the store would be.
-  s.set_target_config(pending.to());
-  s.clear_target_hosts();
-  for (const std::string& h : pending.placement().rank_hosts()) {
-    if (std::find(s.target_hosts().begin(), s.target_hosts().end(), h) ==
-        s.target_hosts().end())
-      s.add_target_hosts(h);
+  // The processes staged the pending change and proved it (their save):
+  // it starts, is decided and commits at once, as a change through the
+  // store would.
+  FlightTarget target;
+  target.config = pending.to();
+  target.rank_hosts = {pending.placement().rank_hosts().begin(),
+                       pending.placement().rank_hosts().end()};
+  target.rank_devices = {pending.placement().rank_devices().begin(),
+                         pending.placement().rank_devices().end()};
+  target.version = version;
+  target.epoch = s.last_epoch() + 1;
+  target.step = step;
+  target.reason = s.pending_reason();
+  const proto::CoordinatorState::Job before = s;
+  absl::Status done = StartFlight(target, s, job.event);
+  if (done.ok()) done = DecideFlight(s, job.event);
+  if (done.ok()) {
+    job.target_host_bytes =
+        HostBytesOf(*job.spec, s.target_config(), s.target_rank_hosts());
+    done = CommitFlightLocked(job).status();
   }
-  *s.mutable_target_rank_hosts() = pending.placement().rank_hosts();
-  *s.mutable_target_rank_devices() = pending.placement().rank_devices();
-  s.set_target_version(version);
-  s.set_target_step(step);
-  s.clear_acked_hosts();
-  job.target_host_bytes =
-      HostBytesOf(*job.spec, s.target_config(), s.target_rank_hosts());
-  const int64_t epoch = std::max(s.last_epoch(), s.target_epoch()) + 1;
-  s.set_last_epoch(epoch);
-  AdoptTargetLocked(job);
-  ClearFlight(&s);
+  if (!done.ok()) {
+    s = before;
+    return done;
+  }
   ClearPendingLocked(job);
-  s.set_target_reason(reason);
-  job.event.Clear();
-  job.event.set_plan_epoch(epoch);
-  job.event.set_phase(proto::PHASE_COMMITTED);
-  job.event.set_reason(reason);
   job.event.set_path("hot switch");
   job.event.set_seconds(absl::ToUnixMicros(absl::Now()) / 1e6 - began);
+  return absl::OkStatus();
 }
 
 int64_t CoordinatorService::NewVersionLocked(Job& job) {

@@ -58,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/control_store.h"
+#include "coordinator/flight.h"
 #include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
@@ -98,8 +99,6 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 // must run the spec); INVALID_ARGUMENT names the field.
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
-// Clears the change in flight's target fields (after its commit or abort).
-void ClearFlight(proto::CoordinatorState::Job* job);
 
 class CoordinatorService final : public proto::Coordinator::Service {
  public:
@@ -256,7 +255,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hot switch's save `version` (proven on the target's hosts) makes
   // the pending change the job's committed layout.
-  void CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)
+  absl::Status CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Clears the pending change, and the hot switch's save if its
   // processes began one (its version is reclaimed).
@@ -279,8 +278,12 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Cancels changes in flight that involve `host`, just declared dead.
   void CancelFlightsOnLocked(const std::string& host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes the job's target (config, hosts, version) its committed state.
-  void AdoptTargetLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits the job's decided change (CommitFlight, flight.h: its target
+  // becomes the committed state) and brings what the coordinator keeps
+  // beside the record up to date (store bytes per host, reported saves,
+  // ranks). Returns the targets lost after the decision.
+  absl::StatusOr<std::vector<std::string>> CommitFlightLocked(Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Host name of every rank under the job's committed config and hosts
   // (empty if a host is unknown).
   std::vector<std::string> RankHostsLocked(const Job& job) const

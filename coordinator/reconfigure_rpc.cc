@@ -492,42 +492,44 @@ absl::Status CoordinatorService::StartChange(
       return absl::AbortedError("the job changed while planning; try again");
     }
     // Rule 1: the change's version is a new number, never a save's.
-    r.target_version = NewVersionLocked(job);
-    job.state.set_target_step(restore ? flight->snapshot->manifest.step()
-                                      : job.state.committed_step());
-    job.state.set_restore_dir(restore ? flight->snapshot->dir : "");
-    job.state.clear_acked_hosts();
-    job.state.set_last_epoch(epoch);
-    job.state.set_target_config(flight->scenario.target.config()->ToString());
-    job.state.clear_target_hosts();
-    for (const std::string& h : to_hosts) job.state.add_target_hosts(h);
-    job.state.clear_target_rank_hosts();
-    job.state.clear_target_rank_devices();
+    FlightTarget target;
+    target.config = flight->scenario.target.config()->ToString();
     const Placement& placed = planned.placement.placement;
     for (int rank = 0; rank < placed.world_size(); ++rank) {
-      job.state.add_target_rank_hosts(names[placed.host[rank]]);
-      job.state.add_target_rank_devices(placed.device[rank]);
+      target.rank_hosts.push_back(names[placed.host[rank]]);
+      target.rank_devices.push_back(placed.device[rank]);
+    }
+    target.hosts = to_hosts;
+    target.epoch = epoch;
+    target.step = restore ? flight->snapshot->manifest.step()
+                          : job.state.committed_step();
+    target.restore_dir = restore ? flight->snapshot->dir : "";
+    for (int id : from_ids) {
+      if (alive[id]) target.release_hosts.push_back(names[id]);
+    }
+    target.reason = reason;
+    target.version = NewVersionLocked(job);
+    r.target_version = target.version;
+    const proto::CoordinatorState::Job before = job.state;
+    if (absl::Status started = StartFlight(target, job.state, job.event);
+        !started.ok()) {
+      job.state = before;
+      return started;
+    }
+    if (absl::Status persisted = PersistLocked(); !persisted.ok()) {
+      // Not started: nothing may act on a change the store does not hold.
+      job.state = before;
+      job.event.set_phase(proto::PHASE_ABORTED);
+      job.event.set_error(std::string(persisted.message()));
+      return persisted;
     }
     job.target_host_bytes.clear();
     for (size_t h = 0; h < planned.placement.host_bytes.size(); ++h) {
       if (planned.placement.host_bytes[h] > 0)
         job.target_host_bytes[names[h]] = planned.placement.host_bytes[h];
     }
-    job.state.set_target_version(r.target_version);
-    job.state.set_target_epoch(epoch);
-    job.state.set_commit_decided(false);
-    job.state.clear_release_hosts();
-    for (int id : from_ids) {
-      if (alive[id]) job.state.add_release_hosts(names[id]);
-    }
-    PTC_RETURN_IF_ERROR(PersistLocked());
     job.cancel = false;
     job.cancel_reason.clear();
-    job.event.Clear();
-    job.event.set_plan_epoch(epoch);
-    job.event.set_phase(proto::PHASE_STAGING);
-    job.event.set_reason(reason);
-    job.state.set_target_reason(reason);
     ClearPendingLocked(job);
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
@@ -546,9 +548,13 @@ absl::Status CoordinatorService::StartChange(
               "the reconfiguration was aborted before its decision");
         }
         Job& j = *it->second;
-        j.state.set_commit_decided(true);
-        j.event.set_phase(proto::PHASE_COMMITTING);
-        PTC_RETURN_IF_ERROR(PersistLocked());
+        const proto::CoordinatorState::Job before = j.state;
+        PTC_RETURN_IF_ERROR(DecideFlight(j.state, j.event));
+        if (absl::Status persisted = PersistLocked(); !persisted.ok()) {
+          // Undecided: the driver aborts the staged version.
+          j.state = before;
+          return persisted;
+        }
       }
       PauseAtFailpoint("after_decision");
       return absl::OkStatus();
@@ -666,8 +672,13 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
   if (report.ok()) {
-    AdoptTargetLocked(job);
-    e.set_phase(proto::PHASE_COMMITTED);
+    if (absl::StatusOr<std::vector<std::string>> lost = CommitFlightLocked(job);
+        !lost.ok()) {
+      // The driver commits only what before_commit decided.
+      Log("coordinator")
+          ->critical("job {} epoch {}: {}", name, e.plan_epoch(),
+                     lost.status().ToString());
+    }
     e.set_path("store");
     reconfigurations_committed.Add();
     bytes_from_peers_total.Add(report->bytes_from_peers);
@@ -688,13 +699,13 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
     PersistLocked().IgnoreError();
     return;
   } else {
-    e.set_phase(proto::PHASE_ABORTED);
     reconfigurations_aborted.Add();
-    e.set_error(job.cancel_reason.empty()
+    AbortFlight(job.cancel_reason.empty()
                     ? std::string(report.status().message())
-                    : job.cancel_reason);
+                    : job.cancel_reason,
+                job.state, e)
+        .IgnoreError();  // staging: an undecided change ends here
   }
-  ClearFlight(&job.state);
   if (absl::Status s = PersistLocked(); !s.ok()) {
     Log("coordinator")
         ->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(),
@@ -739,34 +750,23 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
     auto it = jobs_.find(name);
     if (it == jobs_.end()) return true;
     Job& job = *it->second;
-    for (const std::string& a : acked) job.state.add_acked_hosts(name_of[a]);
+    std::vector<std::string> hosts;
+    for (const std::string& a : acked) hosts.push_back(name_of[a]);
+    if (absl::Status s = AcknowledgeFlight(hosts, job.state); !s.ok()) {
+      Log("coordinator")->error("job {}: {}", name, s.ToString());
+      return true;  // no decided change of this job any more
+    }
     if (!committed.ok()) {
       PersistLocked().IgnoreError();
       return false;  // the monitor asks again
     }
-    // Every live target holds the version committed: it is the job's now.
-    // Ask no target again if all acknowledged (AdoptTargetLocked marks the
-    // others lost only when some did not).
-    if (job.state.acked_hosts_size() == job.state.target_hosts_size())
-      job.state.clear_acked_hosts();
-    std::vector<std::string> lost;
-    for (const std::string& h : job.state.target_hosts()) {
-      if (job.state.acked_hosts_size() > 0 &&
-          std::find(job.state.acked_hosts().begin(),
-                    job.state.acked_hosts().end(),
-                    h) == job.state.acked_hosts().end())
-        lost.push_back(h);
+    // Every live target holds the version committed: it is the job's now
+    // (targets that died after the decision become lost hosts).
+    if (absl::Status s = CommitFlightLocked(job).status(); !s.ok()) {
+      Log("coordinator")->error("job {}: {}", name, s.ToString());
+      return true;
     }
-    AdoptTargetLocked(job);
-    ClearFlight(&job.state);
     job.running = false;
-    job.event.set_plan_epoch(epoch);
-    job.event.set_phase(proto::PHASE_COMMITTED);
-    if (!lost.empty()) {
-      job.event.set_error(absl::StrCat(
-          "committed without host(s) ", absl::StrJoin(lost, ", "),
-          ", which died after the decision; their regions are lost"));
-    }
     PersistLocked().IgnoreError();
   }
   ReleaseOn(release, name, old_version);
@@ -815,11 +815,9 @@ void CoordinatorService::Recover() {
       AbortStagedOn(targets, name, version, fence);
       absl::MutexLock lock(&mu_);
       Job& job = *jobs_.at(name);
-      ClearFlight(&job.state);
-      job.event.set_plan_epoch(epoch);
-      job.event.set_phase(proto::PHASE_ABORTED);
-      job.event.set_error(
-          "the coordinator restarted before the commit was decided");
+      AbortFlight("the coordinator restarted before the commit was decided",
+                  job.state, job.event)
+          .IgnoreError();  // undecided: staging
       PersistLocked().IgnoreError();
       line = absl::StrCat("job ", name, ": aborted epoch ", epoch, " (version ",
                           version, " was staged, not decided); version ",

@@ -327,7 +327,11 @@ absl::Status CoordinatorService::DoReportSaved(
           req.version(), " committed; version ", previous, " stays"));
     }
     if (hot && proven.ok()) {
-      CommitHotSwitchLocked(job, req.version(), step);
+      if (absl::Status committed = CommitHotSwitchLocked(job, req.version(), step);
+          !committed.ok()) {
+        return Annotate(committed, absl::StrCat("committing the hot switch of job '",
+                                                req.job(), "'"));
+      }
       auto_wake_ = true;
       if (previous > 0) superseded.push_back(previous);
     } else if (!proven.ok()) {
