@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/authz.h"
 #include "common/channel.h"
@@ -409,6 +410,27 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
   if (h.memory_bytes() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, "memory ", h.memory_bytes(), " bytes is negative"));
+  }
+  // A domain path: 1 to 8 components of 1 to 63 letters, digits, '.',
+  // '-' or '_', joined by '/'.
+  if (!h.domain().empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(h.domain(), '/');
+    const bool valid =
+        h.domain().size() <= 253 && parts.size() <= 8 &&
+        std::all_of(parts.begin(), parts.end(), [](const std::string& p) {
+          return !p.empty() && p.size() <= 63 &&
+                 std::all_of(p.begin(), p.end(), [](char c) {
+                   return absl::ascii_isalnum(c) || c == '.' || c == '-' ||
+                          c == '_';
+                 });
+        });
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, "failure domain '",
+          absl::CHexEscape(h.domain().substr(0, 300)),
+          "' must be a path of 1 to 8 names ('rack3', 'dc1/rack3'), each of "
+          "1 to 63 letters, digits, '.', '-' or '_'"));
+    }
   }
   if (h.ucx_address().size() > 64 << 10) {
     return absl::InvalidArgumentError(absl::StrCat(who, "a UCX address of ",
@@ -963,7 +985,8 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
     r.names.push_back(name);
     r.cluster.hosts.push_back(
         {name, h.status.gpus(),
-         h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9});
+         h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9,
+         h.status.domain()});
     r.alive.push_back(h.status.alive());
     r.late.push_back(h.status.alive() &&
                      now - h.last_heartbeat > 2 * options_.heartbeat_interval);
@@ -1013,9 +1036,37 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
           Admit<proto::Coordinator>(*ctx, "ListJobs", req, &only);
       !denied.ok())
     return denied;
-  absl::MutexLock lock(&mu_);
+  // Each job's placement, to judge its survival after the lock.
+  struct Placed {
+    std::shared_ptr<const ModelSpec> spec;
+    std::string config, key;
+    Cluster cluster;
+    Placement placement;
+  };
+  std::vector<Placed> placed;
+  absl::ReleasableMutexLock lock(&mu_);
   for (const auto& [name, j] : jobs_) {
     if (!only.empty() && name != only) continue;
+    Placed& p = placed.emplace_back();
+    p.spec = j->spec;
+    p.config = j->state.config();
+    p.key = p.config;
+    {
+      const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
+      std::map<std::string, int> id;
+      for (size_t r = 0; r < rank_hosts.size(); ++r) {
+        auto [it, fresh] = id.emplace(rank_hosts[r], static_cast<int>(id.size()));
+        if (fresh) {
+          auto h = hosts_.find(rank_hosts[r]);
+          const std::string domain = h == hosts_.end() ? "" : h->second.status.domain();
+          p.cluster.hosts.push_back({rank_hosts[r], 1, 25e9, domain});
+          absl::StrAppend(&p.key, "|", rank_hosts[r], "@", domain);
+        }
+        p.placement.host.push_back(it->second);
+        p.placement.device.push_back(r < rank_devices.size() ? rank_devices[r] : 0);
+        absl::StrAppend(&p.key, ",", it->second);
+      }
+    }
     proto::JobStatus* s = resp->add_jobs();
     s->set_job(name);
     s->set_model(j->state.model());
@@ -1052,9 +1103,46 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
     *s->mutable_reconfiguration() = j->event;
   }
+  lock.Release();
   if (!only.empty() && resp->jobs().empty()) {
     return ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("job '", only, "' is unknown")));
+  }
+  for (size_t i = 0; i < placed.size(); ++i) {
+    proto::JobStatus* s = resp->mutable_jobs(static_cast<int>(i));
+    const Placed& p = placed[i];
+    {
+      absl::MutexLock cached(&survival_mu_);
+      auto it = survival_.find(s->job());
+      if (it != survival_.end() && it->second.placement == p.key) {
+        s->set_survival(it->second.text);
+        s->set_survives_host_loss(it->second.any_host);
+        continue;
+      }
+    }
+    Survival judged{p.key, "", false};
+    auto config = p.spec->ParseConfig(p.config);
+    auto layout = config.ok() ? BuildLayout(*p.spec, *config)
+                              : absl::StatusOr<Layout>(config.status());
+    if (layout.ok() && layout->world_size() == p.placement.world_size()) {
+      const SurvivalReport report =
+          CheckSurvival(*p.spec, *layout, p.placement, p.cluster);
+      judged.text = report.Describe();
+      judged.any_host = report.hosts > 1 && report.hosts_lost.empty();
+    }
+    s->set_survival(judged.text);
+    s->set_survives_host_loss(judged.any_host);
+    absl::MutexLock cached(&survival_mu_);
+    survival_[s->job()] = std::move(judged);
+  }
+  if (only.empty()) {  // forgotten jobs leave the cache
+    absl::MutexLock cached(&survival_mu_);
+    for (auto it = survival_.begin(); it != survival_.end();) {
+      const bool listed = std::any_of(
+          resp->jobs().begin(), resp->jobs().end(),
+          [&](const proto::JobStatus& j) { return j.job() == it->first; });
+      it = listed ? std::next(it) : survival_.erase(it);
+    }
   }
   return grpc::Status::OK;
 }

@@ -440,6 +440,16 @@ class CoordinatorService final : public proto::Coordinator::Service {
     std::vector<int> absent_shown;  // the first few absent ranks
   };
   std::map<std::string, Meeting> rendezvous_ ABSL_GUARDED_BY(mu_);
+  // What ListJobs says of each job's survival, for the placement it was
+  // judged on (config, every rank's host and each host's domain): worked
+  // out outside mu_, once per placement.
+  struct Survival {
+    std::string placement;
+    std::string text;
+    bool any_host = false;
+  };
+  absl::Mutex survival_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, Survival> survival_ ABSL_GUARDED_BY(survival_mu_);
   // Periodic snapshots that failed: not retried before this time.
   std::map<std::string, absl::Time> snapshot_retry_ ABSL_GUARDED_BY(mu_);
 };

@@ -96,6 +96,9 @@ void SetPlacementSummary(const PlacementResult& result,
     summary->add_rank_devices(result.placement.device[r]);
   }
   for (int h : result.released) summary->add_released_hosts(names[h]);
+  summary->set_survival(result.survival.Describe());
+  summary->set_survives_host_loss(result.survival.hosts > 1 &&
+                                  result.survival.hosts_lost.empty());
 }
 
 std::vector<std::string> UsedHosts(const PlacementResult& result,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "plan/internal/grid.h"
 #include "plan/internal/max_flow.h"
@@ -81,6 +82,27 @@ std::vector<Regions> GroupRegions(const Layout& layout, int groups,
   for (Regions& r : out) {
     std::sort(r.keys.begin(), r.keys.end());
     r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
+  }
+  return out;
+}
+
+// Per group: whether another group holds every region it holds (the
+// group's loss leaves a copy of everything). Regions are compared as the
+// layout's distinct regions: within one layout, copies are equal regions.
+std::vector<bool> SurvivingGroups(const Layout& layout,
+                                  const std::vector<Regions>& groups) {
+  std::vector<std::vector<int32_t>> holders(layout.num_tensors());
+  for (int t = 0; t < layout.num_tensors(); ++t)
+    holders[t].assign(layout.regions(t).size(), 0);
+  for (const Regions& g : groups)
+    for (uint64_t k : g.keys)
+      ++holders[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)];
+  std::vector<bool> out;
+  out.reserve(groups.size());
+  for (const Regions& g : groups) {
+    out.push_back(std::all_of(g.keys.begin(), g.keys.end(), [&](uint64_t k) {
+      return holders[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)] >= 2;
+    }));
   }
   return out;
 }
@@ -245,6 +267,7 @@ absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
   for (int h : req.hosts) {
     if (!used[h]) out.released.push_back(h);
   }
+  out.survival = CheckSurvival(*req.spec, *req.target, placement, *req.cluster);
   return out;
 }
 
@@ -278,6 +301,105 @@ absl::Status CheckPlacementFits(const PlacementRequest& req,
     }
   }
   return absl::OkStatus();
+}
+
+SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
+                             const Placement& placement,
+                             const Cluster& cluster) {
+  SurvivalReport out;
+  // The groups of one level: each used host's name, or its domain's
+  // prefix of `depth` components (-1: the host itself).
+  auto level = [&](int depth, std::vector<std::string>* names) {
+    std::map<std::string, int> id;
+    std::vector<int> group_of_host(cluster.hosts.size(), -1);
+    for (int h : placement.host) {
+      if (h < 0 || h >= static_cast<int>(cluster.hosts.size()) ||
+          group_of_host[h] >= 0)
+        continue;
+      std::string name = cluster.hosts[h].name;
+      if (depth >= 0) {
+        const std::vector<std::string> parts =
+            absl::StrSplit(cluster.hosts[h].domain, '/', absl::SkipEmpty());
+        if (static_cast<int>(parts.size()) <= depth) continue;
+        name = absl::StrJoin(parts.begin(), parts.begin() + depth + 1, "/");
+      }
+      auto [it, fresh] = id.emplace(name, static_cast<int>(names->size()));
+      if (fresh) names->push_back(name);
+      group_of_host[h] = it->second;
+    }
+    return group_of_host;
+  };
+  auto losses = [&](const std::vector<int>& group_of_host,
+                    const std::vector<std::string>& names) {
+    const std::vector<Regions> held = GroupRegions(
+        layout, static_cast<int>(names.size()), [&](int rank) {
+          const int h = placement.host[rank];
+          return h < 0 || h >= static_cast<int>(group_of_host.size())
+                     ? -1
+                     : group_of_host[h];
+        });
+    const std::vector<bool> survives = SurvivingGroups(layout, held);
+    std::vector<SurvivalReport::Loss> lost;
+    std::vector<std::vector<int32_t>> count;  // holders per region
+    for (size_t g = 0; g < names.size(); ++g) {
+      if (survives[g]) continue;
+      SurvivalReport::Loss loss{names[g], ""};
+      if (count.empty()) {
+        count.resize(layout.num_tensors());
+        for (int t = 0; t < layout.num_tensors(); ++t)
+          count[t].assign(layout.regions(t).size(), 0);
+        for (const Regions& r : held)
+          for (uint64_t k : r.keys)
+            ++count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)];
+      }
+      for (uint64_t k : held[g].keys) {
+        if (count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)] < 2) {
+          loss.example = absl::StrCat("tensor '", spec.tensors[Regions::Tensor(k)].key,
+                                      "' ", held[g].region(k).ToString());
+          break;
+        }
+      }
+      lost.push_back(std::move(loss));
+    }
+    return lost;
+  };
+  std::vector<std::string> hosts;
+  out.hosts_lost = losses(level(-1, &hosts), hosts);
+  out.hosts = static_cast<int>(hosts.size());
+  for (int depth = 0;; ++depth) {
+    std::vector<std::string> names;
+    const std::vector<int> groups = level(depth, &names);
+    if (names.empty()) break;
+    for (const std::string& n : names) out.domains.push_back(n);
+    for (SurvivalReport::Loss& l : losses(groups, names))
+      out.domains_lost.push_back(std::move(l));
+  }
+  return out;
+}
+
+std::string SurvivalReport::Describe() const {
+  auto list = [](const std::vector<Loss>& lost) {
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < lost.size() && i < 3; ++i) {
+      shown.push_back(absl::StrCat(lost[i].domain, " (", lost[i].example,
+                                   " is only there)"));
+    }
+    if (lost.size() > 3) shown.push_back(absl::StrCat(lost.size() - 3, " more"));
+    return absl::StrJoin(shown, ", ");
+  };
+  std::string out =
+      hosts_lost.empty()
+          ? (hosts > 1 ? "survives the loss of any one host"
+                       : "on one host: its loss loses the state")
+          : absl::StrCat("does not survive the loss of host ", list(hosts_lost));
+  if (hosts <= 1 && hosts_lost.empty()) return out;
+  if (!domains.empty()) {
+    absl::StrAppend(&out, domains_lost.empty()
+                              ? absl::StrCat("; survives the loss of any one domain (",
+                                             absl::StrJoin(domains, ", "), ")")
+                              : absl::StrCat("; of domain ", list(domains_lost), ": no"));
+  }
+  return out;
 }
 
 std::vector<int64_t> HostStateBytes(const ModelSpec& spec, const Layout& layout,
@@ -373,244 +495,317 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
         total_slots, " of them (GPUs other jobs use are taken); add hosts"));
   }
 
-  // Blocks: consecutive units, sized by the hosts with the most room first.
+  // Blocks: consecutive units of an order, sized by the hosts with the
+  // most room first. Two orders: rank order (the dp replicas of one stage
+  // side by side, as Megatron places them), and replica by replica (the
+  // stages of one dp replica side by side), which keeps a stage's
+  // replicas on different hosts where a host holds fewer units than the
+  // job has.
   std::vector<int> by_room(cands.size());
   std::iota(by_room.begin(), by_room.end(), 0);
   std::stable_sort(by_room.begin(), by_room.end(), [&](int a, int b) {
     return cands[a].slots > cands[b].slots;
   });
-  std::vector<std::vector<int>> blocks;  // units
-  for (int c : by_room) {
-    int next = static_cast<int>(blocks.empty() ? 0 : blocks.back().back() + 1);
-    if (next >= units) break;
-    const int take = std::min(cands[c].slots, units - next);
-    if (take == 0) continue;
-    blocks.emplace_back(take);
-    std::iota(blocks.back().begin(), blocks.back().end(), next);
+  struct Grouping {
+    std::vector<std::vector<int>> blocks;  // units
+    std::vector<int> block_of_unit;
+    std::vector<Regions> needs;  // per block
+    // Blocks whose every region another block needs too: their host's
+    // loss leaves a copy of everything.
+    int survivable = 0;
+  };
+  auto group = [&](const std::vector<int>& order) {
+    Grouping g;
+    size_t next = 0;
+    for (int c : by_room) {
+      if (next >= order.size()) break;
+      const size_t take = std::min<size_t>(cands[c].slots, order.size() - next);
+      if (take == 0) continue;
+      g.blocks.emplace_back(order.begin() + next, order.begin() + next + take);
+      next += take;
+    }
+    g.block_of_unit.assign(units, -1);
+    for (size_t b = 0; b < g.blocks.size(); ++b)
+      for (int u : g.blocks[b]) g.block_of_unit[u] = static_cast<int>(b);
+    g.needs = GroupRegions(*req.target, static_cast<int>(g.blocks.size()),
+                           [&](int rank) { return g.block_of_unit[unit_of[rank]]; });
+    const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
+    g.survivable = static_cast<int>(std::count(survives.begin(), survives.end(), true));
+    return g;
+  };
+  std::vector<int> rank_order(units);
+  std::iota(rank_order.begin(), rank_order.end(), 0);
+  std::vector<int> replica_order = rank_order;
+  const int dp_axis = config.AxisIndex("dp");
+  if (dp_axis >= 0) {
+    std::stable_sort(replica_order.begin(), replica_order.end(), [&](int a, int b) {
+      return config.CoordOf(unit_ranks[a][0]).index[dp_axis] <
+             config.CoordOf(unit_ranks[b][0]).index[dp_axis];
+    });
   }
-  const int nblocks = static_cast<int>(blocks.size());
-  std::vector<int> block_of_unit(units);
-  for (int b = 0; b < nblocks; ++b)
-    for (int u : blocks[b]) block_of_unit[u] = b;
-  // What each block needs and each host holds: two passes over every
-  // shard of the two layouts, run side by side.
+  // What each block needs and each host holds: passes over every shard
+  // of the two layouts, run side by side.
   std::vector<Regions> holdings;
   std::thread holdings_pass([&] { holdings = HostHoldings(req); });
-  const std::vector<Regions> needs = GroupRegions(
-      *req.target, nblocks, [&](int rank) { return block_of_unit[unit_of[rank]]; });
-  holdings_pass.join();
-
-  // Classes of equal blocks and of equal hosts.
-  struct BlockClass {
-    int units;
-    int64_t bytes;
-    std::vector<int> members;
-  };
-  std::vector<BlockClass> bclass;
-  {
-    std::map<std::pair<int, uint64_t>, int> key_to;
-    for (int b = 0; b < nblocks; ++b) {
-      const auto key = std::make_pair(static_cast<int>(blocks[b].size()),
-                                      Signature(needs[b]));
-      auto [it, fresh] = key_to.emplace(key, static_cast<int>(bclass.size()));
-      if (fresh) bclass.push_back({key.first, Bytes(spec, needs[b]), {}});
-      bclass[it->second].members.push_back(b);
-    }
+  std::vector<Grouping> groupings;
+  groupings.push_back(group(rank_order));
+  if (req.survive && replica_order != rank_order) {
+    Grouping spread = group(replica_order);
+    // The same blocks in another order place the same way.
+    auto sorted = [](std::vector<std::vector<int>> blocks) {
+      for (auto& b : blocks) std::sort(b.begin(), b.end());
+      std::sort(blocks.begin(), blocks.end());
+      return blocks;
+    };
+    if (sorted(spread.blocks) != sorted(groupings[0].blocks))
+      groupings.push_back(std::move(spread));
   }
-  if (nblocks < static_cast<int>(cands.size())) {  // hosts left without ranks
-    bclass.push_back({0, 0, {}});
-    bclass.back().members.assign(cands.size() - nblocks, -1);
-  }
-  struct HostClass {
-    int slots;
-    int64_t memory, old_bytes;
-    double bandwidth;
-    std::vector<int> members;  // candidate indices, in preference order
-  };
-  std::vector<HostClass> hclass;
-  {
-    std::map<std::tuple<int, int64_t, double, uint64_t>, int> key_to;
-    for (size_t c = 0; c < cands.size(); ++c) {
-      const int h = cands[c].host;
-      const int64_t mem = req.memory.empty() ? -1 : req.memory[h];
-      const auto key = std::make_tuple(cands[c].slots, mem,
-                                       Bandwidth(cluster.hosts[h]),
-                                       Signature(holdings[h]));
-      auto [it, fresh] = key_to.emplace(key, static_cast<int>(hclass.size()));
-      if (fresh) {
-        hclass.push_back({cands[c].slots, mem, Bytes(spec, holdings[h]),
-                          Bandwidth(cluster.hosts[h]), {}});
+  // Assigns the blocks of a grouping to the candidate hosts.
+  auto assign = [&](const std::vector<std::vector<int>>& blocks,
+                    const std::vector<Regions>& needs)
+      -> absl::StatusOr<PlacementResult> {
+    const int nblocks = static_cast<int>(blocks.size());
+    // Classes of equal blocks and of equal hosts.
+    struct BlockClass {
+      int units;
+      int64_t bytes;
+      std::vector<int> members;
+    };
+    std::vector<BlockClass> bclass;
+    {
+      std::map<std::pair<int, uint64_t>, int> key_to;
+      for (int b = 0; b < nblocks; ++b) {
+        const auto key = std::make_pair(static_cast<int>(blocks[b].size()),
+                                        Signature(needs[b]));
+        auto [it, fresh] = key_to.emplace(key, static_cast<int>(bclass.size()));
+        if (fresh) bclass.push_back({key.first, Bytes(spec, needs[b]), {}});
+        bclass[it->second].members.push_back(b);
       }
-      hclass[it->second].members.push_back(static_cast<int>(c));
     }
-  }
-  const int B = static_cast<int>(bclass.size()), H = static_cast<int>(hclass.size());
-  // Cost and feasibility of each class pair.
-  std::vector<int64_t> cost(static_cast<size_t>(B) * H, 0);
-  std::vector<double> seconds(static_cast<size_t>(B) * H, 0);
-  std::vector<char> fits(static_cast<size_t>(B) * H, 0);
-  // A block and a host that share no tensor (other pipeline stages: most
-  // pairs) cost the block's whole state, computed once per block class.
-  const size_t words = (spec.tensors.size() + 63) / 64;
-  auto tensor_bits = [&](const Regions& r) {
-    std::vector<uint64_t> bits(words, 0);
-    for (uint64_t k : r.keys) {
-      const int32_t t = Regions::Tensor(k);
-      bits[t / 64] |= uint64_t{1} << (t % 64);
+    if (nblocks < static_cast<int>(cands.size())) {  // hosts left without ranks
+      bclass.push_back({0, 0, {}});
+      bclass.back().members.assign(cands.size() - nblocks, -1);
     }
-    return bits;
-  };
-  std::vector<std::vector<uint64_t>> block_bits(B), host_bits(H);
-  for (int b = 0; b < B; ++b)
-    if (bclass[b].units > 0) block_bits[b] = tensor_bits(needs[bclass[b].members[0]]);
-  for (int h = 0; h < H; ++h)
-    host_bits[h] = tensor_bits(holdings[cands[hclass[h].members[0]].host]);
-  auto share_a_tensor = [&](int b, int h) {
-    for (size_t w = 0; w < words; ++w)
-      if (block_bits[b][w] & host_bits[h][w]) return true;
-    return false;
-  };
-  std::vector<int64_t> alone(B, 0);
-  for (int b = 0; b < B; ++b) {
-    if (bclass[b].units > 0)
-      alone[b] = Missing(spec, needs[bclass[b].members[0]], Regions{});
-  }
-  for (int b = 0; b < B; ++b) {
-    const BlockClass& bc = bclass[b];
-    for (int h = 0; h < H; ++h) {
-      const HostClass& hc = hclass[h];
-      const size_t k = static_cast<size_t>(b) * H + h;
-      if (bc.units == 0) {
-        fits[k] = 1;
-        continue;
+    struct HostClass {
+      int slots;
+      int64_t memory, old_bytes;
+      double bandwidth;
+      std::vector<int> members;  // candidate indices, in preference order
+    };
+    std::vector<HostClass> hclass;
+    {
+      std::map<std::tuple<int, int64_t, double, uint64_t>, int> key_to;
+      for (size_t c = 0; c < cands.size(); ++c) {
+        const int h = cands[c].host;
+        const int64_t mem = req.memory.empty() ? -1 : req.memory[h];
+        const auto key = std::make_tuple(cands[c].slots, mem,
+                                         Bandwidth(cluster.hosts[h]),
+                                         Signature(holdings[h]));
+        auto [it, fresh] = key_to.emplace(key, static_cast<int>(hclass.size()));
+        if (fresh) {
+          hclass.push_back({cands[c].slots, mem, Bytes(spec, holdings[h]),
+                            Bandwidth(cluster.hosts[h]), {}});
+        }
+        hclass[it->second].members.push_back(static_cast<int>(c));
       }
-      fits[k] = hc.slots >= bc.units &&
-                (hc.memory < 0 || hc.old_bytes + bc.bytes <= hc.memory);
-      if (!fits[k]) continue;
-      if (!share_a_tensor(b, h)) {
-        cost[k] = alone[b];
-        seconds[k] = cost[k] / hc.bandwidth;
-        continue;
-      }
-      cost[k] = Missing(spec, needs[bc.members[0]],
-                        holdings[cands[hc.members[0]].host]);
-      seconds[k] = cost[k] / hc.bandwidth;
     }
-  }
-
-  // The network: source -> block class -> host class -> sink; every
-  // candidate host takes exactly one block (an empty one: released).
-  const int S = B + H, T = B + H + 1;
-  const int64_t n_cands = static_cast<int64_t>(cands.size());
-  auto feasible_within = [&](double limit) {
-    MaxFlow f(B + H + 2);
+    const int B = static_cast<int>(bclass.size()), H = static_cast<int>(hclass.size());
+    // Cost and feasibility of each class pair.
+    std::vector<int64_t> cost(static_cast<size_t>(B) * H, 0);
+    std::vector<double> seconds(static_cast<size_t>(B) * H, 0);
+    std::vector<char> fits(static_cast<size_t>(B) * H, 0);
+    // A block and a host that share no tensor (other pipeline stages: most
+    // pairs) cost the block's whole state, computed once per block class.
+    const size_t words = (spec.tensors.size() + 63) / 64;
+    auto tensor_bits = [&](const Regions& r) {
+      std::vector<uint64_t> bits(words, 0);
+      for (uint64_t k : r.keys) {
+        const int32_t t = Regions::Tensor(k);
+        bits[t / 64] |= uint64_t{1} << (t % 64);
+      }
+      return bits;
+    };
+    std::vector<std::vector<uint64_t>> block_bits(B), host_bits(H);
     for (int b = 0; b < B; ++b)
-      f.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()));
+      if (bclass[b].units > 0) block_bits[b] = tensor_bits(needs[bclass[b].members[0]]);
     for (int h = 0; h < H; ++h)
-      f.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()));
+      host_bits[h] = tensor_bits(holdings[cands[hclass[h].members[0]].host]);
+    auto share_a_tensor = [&](int b, int h) {
+      for (size_t w = 0; w < words; ++w)
+        if (block_bits[b][w] & host_bits[h][w]) return true;
+      return false;
+    };
+    std::vector<int64_t> alone(B, 0);
+    for (int b = 0; b < B; ++b) {
+      if (bclass[b].units > 0)
+        alone[b] = Missing(spec, needs[bclass[b].members[0]], Regions{});
+    }
+    for (int b = 0; b < B; ++b) {
+      const BlockClass& bc = bclass[b];
+      for (int h = 0; h < H; ++h) {
+        const HostClass& hc = hclass[h];
+        const size_t k = static_cast<size_t>(b) * H + h;
+        if (bc.units == 0) {
+          fits[k] = 1;
+          continue;
+        }
+        fits[k] = hc.slots >= bc.units &&
+                  (hc.memory < 0 || hc.old_bytes + bc.bytes <= hc.memory);
+        if (!fits[k]) continue;
+        if (!share_a_tensor(b, h)) {
+          cost[k] = alone[b];
+          seconds[k] = cost[k] / hc.bandwidth;
+          continue;
+        }
+        cost[k] = Missing(spec, needs[bc.members[0]],
+                          holdings[cands[hc.members[0]].host]);
+        seconds[k] = cost[k] / hc.bandwidth;
+      }
+    }
+
+    // The network: source -> block class -> host class -> sink; every
+    // candidate host takes exactly one block (an empty one: released).
+    const int S = B + H, T = B + H + 1;
+    const int64_t n_cands = static_cast<int64_t>(cands.size());
+    auto feasible_within = [&](double limit) {
+      MaxFlow f(B + H + 2);
+      for (int b = 0; b < B; ++b)
+        f.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()));
+      for (int h = 0; h < H; ++h)
+        f.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()));
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+          const size_t k = static_cast<size_t>(b) * H + h;
+          if (fits[k] && seconds[k] <= limit) f.AddEdge(b, B + h, n_cands);
+        }
+      return f.Solve(S, T) == n_cands;
+    };
+    if (!feasible_within(std::numeric_limits<double>::infinity())) {
+      int64_t biggest = 0;
+      for (const BlockClass& bc : bclass) biggest = std::max(biggest, bc.bytes);
+      std::vector<std::string> room;
+      for (const Candidate& c : cands) {
+        const int h = c.host;
+        if (req.memory.empty() || req.memory[h] < 0) continue;
+        room.push_back(absl::StrCat(cluster.hosts[h].name, " has ", GiB(req.memory[h]),
+                                    " for the job, ", GiB(Bytes(spec, holdings[h])),
+                                    " of it held by the committed version"));
+        if (room.size() == 4) break;
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the job's state does not fit the candidate hosts' store memory: a "
+          "host's share of the new version is up to ", GiB(biggest),
+          " and must fit beside what it holds of the committed version (",
+          absl::StrJoin(room, "; "),
+          "); add hosts, or start the ptcds with more --memory"));
+    }
+    // The smallest largest receive time that still places every block.
+    std::vector<double> times;
+    for (size_t k = 0; k < seconds.size(); ++k)
+      if (fits[k]) times.push_back(seconds[k]);
+    std::sort(times.begin(), times.end());
+    times.erase(std::unique(times.begin(), times.end()), times.end());
+    size_t lo = 0, hi = times.size() - 1;
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      if (feasible_within(times[mid])) hi = mid; else lo = mid + 1;
+    }
+    const double limit = times[lo] * (1 + std::max(0.0, req.duration_slack));
+    // Then the fewest bytes; ties go to the earlier host classes.
+    int64_t max_cost = 0;
+    for (int64_t c : cost) max_cost = std::max(max_cost, c);
+    const int64_t scale =
+        max_cost < std::numeric_limits<int64_t>::max() / (4 * (H + 1)) / std::max<int64_t>(n_cands, 1)
+            ? H + 1
+            : 1;
+    MinCostFlow mcf(B + H + 2);
+    std::vector<int> pair_edge(static_cast<size_t>(B) * H, -1);
+    for (int b = 0; b < B; ++b)
+      mcf.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()), 0);
+    for (int h = 0; h < H; ++h)
+      mcf.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()), 0);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h) {
         const size_t k = static_cast<size_t>(b) * H + h;
-        if (fits[k] && seconds[k] <= limit) f.AddEdge(b, B + h, n_cands);
+        if (!fits[k] || seconds[k] > limit) continue;
+        const int64_t tie = (scale > 1 && bclass[b].units > 0) ? h : 0;
+        pair_edge[k] = mcf.AddEdge(b, B + h, n_cands, cost[k] * scale + tie);
       }
-    return f.Solve(S, T) == n_cands;
-  };
-  if (!feasible_within(std::numeric_limits<double>::infinity())) {
-    int64_t biggest = 0;
-    for (const BlockClass& bc : bclass) biggest = std::max(biggest, bc.bytes);
-    std::vector<std::string> room;
-    for (const Candidate& c : cands) {
-      const int h = c.host;
-      if (req.memory.empty() || req.memory[h] < 0) continue;
-      room.push_back(absl::StrCat(cluster.hosts[h].name, " has ", GiB(req.memory[h]),
-                                  " for the job, ", GiB(Bytes(spec, holdings[h])),
-                                  " of it held by the committed version"));
-      if (room.size() == 4) break;
+    const auto [sent, total] = mcf.Solve(S, T, n_cands);
+    if (sent != n_cands) {
+      return absl::InternalError("placement: the assignment lost a block");
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job's state does not fit the candidate hosts' store memory: a "
-        "host's share of the new version is up to ", GiB(biggest),
-        " and must fit beside what it holds of the committed version (",
-        absl::StrJoin(room, "; "),
-        "); add hosts, or start the ptcds with more --memory"));
-  }
-  // The smallest largest receive time that still places every block.
-  std::vector<double> times;
-  for (size_t k = 0; k < seconds.size(); ++k)
-    if (fits[k]) times.push_back(seconds[k]);
-  std::sort(times.begin(), times.end());
-  times.erase(std::unique(times.begin(), times.end()), times.end());
-  size_t lo = 0, hi = times.size() - 1;
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (feasible_within(times[mid])) hi = mid; else lo = mid + 1;
-  }
-  const double limit = times[lo] * (1 + std::max(0.0, req.duration_slack));
-  // Then the fewest bytes; ties go to the earlier host classes.
-  int64_t max_cost = 0;
-  for (int64_t c : cost) max_cost = std::max(max_cost, c);
-  const int64_t scale =
-      max_cost < std::numeric_limits<int64_t>::max() / (4 * (H + 1)) / std::max<int64_t>(n_cands, 1)
-          ? H + 1
-          : 1;
-  MinCostFlow mcf(B + H + 2);
-  std::vector<int> pair_edge(static_cast<size_t>(B) * H, -1);
-  for (int b = 0; b < B; ++b)
-    mcf.AddEdge(S, b, static_cast<int64_t>(bclass[b].members.size()), 0);
-  for (int h = 0; h < H; ++h)
-    mcf.AddEdge(B + h, T, static_cast<int64_t>(hclass[h].members.size()), 0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const size_t k = static_cast<size_t>(b) * H + h;
-      if (!fits[k] || seconds[k] > limit) continue;
-      const int64_t tie = (scale > 1 && bclass[b].units > 0) ? h : 0;
-      pair_edge[k] = mcf.AddEdge(b, B + h, n_cands, cost[k] * scale + tie);
-    }
-  const auto [sent, total] = mcf.Solve(S, T, n_cands);
-  if (sent != n_cands) {
-    return absl::InternalError("placement: the assignment lost a block");
-  }
 
-  // Blocks of each class to hosts of each class, in order.
-  PlacementResult out;
-  out.placement.host.assign(world, -1);
-  out.placement.device.assign(world, -1);
-  out.host_bytes.assign(cluster.hosts.size(), 0);
-  out.host_old_bytes.assign(cluster.hosts.size(), 0);
-  for (const HostClass& hc : hclass)
-    for (int c : hc.members) out.host_old_bytes[cands[c].host] = hc.old_bytes;
-  std::vector<size_t> next_block(B, 0), next_host(H, 0);
-  for (int h = 0; h < H; ++h) {
-    for (int b = 0; b < B; ++b) {
-      const int e = pair_edge[static_cast<size_t>(b) * H + h];
-      if (e < 0) continue;
-      for (int64_t f = mcf.Flow(e); f > 0; --f) {
-        const int block = bclass[b].members[next_block[b]++];
-        const Candidate& c = cands[hclass[h].members[next_host[h]++]];
-        if (block < 0) {
-          out.released.push_back(c.host);
-          continue;
-        }
-        const size_t k = static_cast<size_t>(b) * H + h;
-        out.cross_host_bytes += cost[k];
-        out.max_receive_seconds = std::max(out.max_receive_seconds, seconds[k]);
-        out.host_bytes[c.host] = bclass[b].bytes;
-        std::vector<int> ranks;
-        for (int u : blocks[block])
-          ranks.insert(ranks.end(), unit_ranks[u].begin(), unit_ranks[u].end());
-        std::sort(ranks.begin(), ranks.end());
-        for (size_t i = 0; i < ranks.size(); ++i) {
-          out.placement.host[ranks[i]] = c.host;
-          out.placement.device[ranks[i]] = c.free[i];
+    // Blocks of each class to hosts of each class, in order.
+    PlacementResult out;
+    out.placement.host.assign(world, -1);
+    out.placement.device.assign(world, -1);
+    out.host_bytes.assign(cluster.hosts.size(), 0);
+    out.host_old_bytes.assign(cluster.hosts.size(), 0);
+    for (const HostClass& hc : hclass)
+      for (int c : hc.members) out.host_old_bytes[cands[c].host] = hc.old_bytes;
+    std::vector<size_t> next_block(B, 0), next_host(H, 0);
+    for (int h = 0; h < H; ++h) {
+      for (int b = 0; b < B; ++b) {
+        const int e = pair_edge[static_cast<size_t>(b) * H + h];
+        if (e < 0) continue;
+        for (int64_t f = mcf.Flow(e); f > 0; --f) {
+          const int block = bclass[b].members[next_block[b]++];
+          const Candidate& c = cands[hclass[h].members[next_host[h]++]];
+          if (block < 0) {
+            out.released.push_back(c.host);
+            continue;
+          }
+          const size_t k = static_cast<size_t>(b) * H + h;
+          out.cross_host_bytes += cost[k];
+          out.max_receive_seconds = std::max(out.max_receive_seconds, seconds[k]);
+          out.host_bytes[c.host] = bclass[b].bytes;
+          std::vector<int> ranks;
+          for (int u : blocks[block])
+            ranks.insert(ranks.end(), unit_ranks[u].begin(), unit_ranks[u].end());
+          std::sort(ranks.begin(), ranks.end());
+          for (size_t i = 0; i < ranks.size(); ++i) {
+            out.placement.host[ranks[i]] = c.host;
+            out.placement.device[ranks[i]] = c.free[i];
+          }
         }
       }
     }
+    std::sort(out.released.begin(), out.released.end(), [&](int a, int b) {
+      return std::find(req.hosts.begin(), req.hosts.end(), a) <
+             std::find(req.hosts.begin(), req.hosts.end(), b);
+    });
+    return out;
+  };
+  holdings_pass.join();
+
+  absl::StatusOr<PlacementResult> best = absl::InternalError("no grouping");
+  int best_survivable = -1;
+  for (const Grouping& g : groupings) {
+    absl::StatusOr<PlacementResult> placed = assign(g.blocks, g.needs);
+    if (!placed.ok()) {
+      if (!best.ok() && best_survivable < 0) best = placed;
+      continue;
+    }
+    // Recoverability first (req.survive): more hosts whose loss leaves a
+    // copy of everything; then the shorter change, then fewer bytes.
+    const bool better =
+        !best.ok() || g.survivable > best_survivable ||
+        (g.survivable == best_survivable &&
+         (placed->max_receive_seconds * (1 + std::max(0.0, req.duration_slack)) <
+              best->max_receive_seconds ||
+          (placed->max_receive_seconds <=
+               best->max_receive_seconds * (1 + std::max(0.0, req.duration_slack)) &&
+           placed->cross_host_bytes < best->cross_host_bytes)));
+    if (better) {
+      best = std::move(placed);
+      best_survivable = g.survivable;
+    }
   }
-  std::sort(out.released.begin(), out.released.end(), [&](int a, int b) {
-    return std::find(req.hosts.begin(), req.hosts.end(), a) <
-           std::find(req.hosts.begin(), req.hosts.end(), b);
-  });
-  return out;
+  if (best.ok()) {
+    best->survival = CheckSurvival(spec, *req.target, best->placement, cluster);
+  }
+  return best;
 }
 
 }  // namespace ptc

@@ -3,8 +3,11 @@
 // then moves the fewest bytes across hosts.
 //
 // Ranks that must share a host (by default a tp group: equal on every axis
-// but tp) form units; consecutive units (in rank order: the dp replicas of
-// one stage, Megatron's order) form host-sized blocks. A block needs the
+// but tp) form units; consecutive units form host-sized blocks, in rank
+// order (the dp replicas of one stage, Megatron's order) or replica by
+// replica (a stage's replicas on different hosts): the grouping whose
+// hosts' loss leaves a copy of everything wins (`survive`), then the
+// shorter change. A block needs the
 // distinct regions of its ranks; a host holds what its ranks held in the
 // committed version. Assigning blocks to hosts is a transportation problem
 // between classes of equal blocks and classes of equal hosts (a stage's
@@ -61,8 +64,31 @@ struct PlacementRequest {
   // there at once (the ptcd's memory less other jobs' state); < 0:
   // unlimited.
   std::vector<int64_t> memory;
+  // Recoverability first: where the ranks can be grouped onto hosts in
+  // more than one way, the grouping that leaves more hosts whose loss
+  // alone keeps a copy of every region wins (a stage's dp replicas on
+  // different hosts), before the receive time and the bytes. false: the
+  // grouping of rank order only (the dp replicas of a stage side by side).
+  bool survive = true;
 };
 
+// Which single failure domain's loss a placement of `layout` survives
+// from memory: a host's, or a domain's (Host::domain and each of its
+// prefixes), survived when every region its ranks hold is held by a rank
+// elsewhere too.
+struct SurvivalReport {
+  struct Loss {
+    std::string domain;   // a host's name, or a domain path ("rack1")
+    std::string example;  // what only it holds: "tensor 'w' [0:64, 0:128]"
+  };
+  int hosts = 0;                     // hosts the placement uses
+  std::vector<Loss> hosts_lost;      // hosts whose loss loses a region
+  std::vector<std::string> domains;  // the domains of those hosts
+  std::vector<Loss> domains_lost;
+  // "survives the loss of any one host; of domain rack1: no (tensor 'w'
+  // [0:64, 0:128] is only there)".
+  std::string Describe() const;
+};
 struct PlacementResult {
   Placement placement;
   // Candidate hosts that get no rank.
@@ -76,6 +102,8 @@ struct PlacementResult {
   // and of the committed version it holds meanwhile.
   std::vector<int64_t> host_bytes;
   std::vector<int64_t> host_old_bytes;
+  // Which single host's or domain's loss it survives from memory.
+  SurvivalReport survival;
 };
 
 // The placement described above. INVALID_ARGUMENT: a layout without a
@@ -100,6 +128,12 @@ absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
 // new bytes within its memory. RESOURCE_EXHAUSTED names the host.
 absl::Status CheckPlacementFits(const PlacementRequest& req,
                                 const PlacementResult& result);
+
+// CheckSurvival: the report above for a placement of `layout` on
+// `cluster`.
+SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
+                             const Placement& placement,
+                             const Cluster& cluster);
 
 // Store bytes each cluster host holds of `layout` placed by `placement`
 // (distinct regions of its ranks), indexed by host id.

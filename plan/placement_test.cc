@@ -4,6 +4,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -95,6 +96,96 @@ TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
     const int h = chosen->placement.host[r];
     if (h < 2) CHECK(to.IndexOn(to.CoordOf(r), "pp") == h);
   }
+}
+
+TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
+          "one host's loss leaves a copy of everything",
+          "[coordinator][placement]") {
+  // tp=1,pp=2,dp=2 on two hosts of 2 GPUs, held in rank order (each host
+  // one stage, both its replicas): recoverability first moves half of it.
+  auto s = MakePlanScenario(Gpt(), "tp=1,pp=2,dp=2", {0, 1}, "tp=1,pp=2,dp=2", {0, 1},
+                            Cluster::Uniform(2, 2));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, {0, 1});
+  auto chosen = ChoosePlacement(req);
+  REQUIRE(chosen.ok());
+  CHECK(static_cast<int>(chosen->survival.hosts_lost.size()) == 0);
+  const ParallelConfig& cfg = *s->target.config();
+  for (int h = 0; h < 2; ++h) {
+    std::set<int> stages;
+    for (int r = 0; r < cfg.world_size(); ++r)
+      if (chosen->placement.host[r] == h) stages.insert(cfg.IndexOn(cfg.CoordOf(r), "pp"));
+    CHECK(stages == std::set<int>{0, 1});
+  }
+  CHECK(chosen->cross_host_bytes > 0);
+  CHECK(chosen->cross_host_bytes == PlannedCrossBytes(*s, chosen->placement));
+  SurvivalReport report = CheckSurvival(s->spec, s->target, chosen->placement, s->cluster);
+  CHECK(report.hosts == 2);
+  CHECK(report.hosts_lost.empty());
+  CHECK(report.Describe() == "survives the loss of any one host");
+
+  // Rank order only: nothing moves, and either host's loss loses a stage.
+  req.survive = false;
+  auto packed = ChoosePlacement(req);
+  REQUIRE(packed.ok());
+  CHECK(packed->cross_host_bytes == 0);
+  CHECK(static_cast<int>(packed->survival.hosts_lost.size()) == 2);
+  report = CheckSurvival(s->spec, s->target, packed->placement, s->cluster);
+  REQUIRE(report.hosts_lost.size() == 2);
+  CHECK_THAT(report.Describe(),
+             Catch::StartsWith("does not survive the loss of host host0 (tensor '") &&
+                 Catch::Contains(" is only there), host1 (tensor '"));
+
+  // One replica: nothing to spread; both groupings are the same.
+  auto single = MakePlanScenario(Gpt(), "tp=1,pp=2,dp=1", {0}, "tp=1,pp=4,dp=1", {0, 1},
+                                 Cluster::Uniform(2, 2));
+  REQUIRE(single.ok());
+  auto one = ChoosePlacement(Request(*single, {0, 1}));
+  REQUIRE(one.ok());
+  CHECK(static_cast<int>(one->survival.hosts_lost.size()) == 2);
+}
+
+TEST_CASE("placement: survival of a failure domain's loss",
+          "[coordinator][placement]") {
+  // Four hosts of one GPU in two racks; tp=1,pp=2,dp=2.
+  Cluster cluster = Cluster::Uniform(4, 1);
+  cluster.hosts[0].domain = cluster.hosts[1].domain = "r1";
+  cluster.hosts[2].domain = cluster.hosts[3].domain = "r2";
+  const ModelSpec spec = Gpt();
+  auto config = ParallelConfig::Parse("tp=1,pp=2,dp=2");
+  REQUIRE(config.ok());
+  auto layout = BuildLayout(spec, *config);
+  REQUIRE(layout.ok());
+  // Replica d's stage p on host 2d+p: each rack holds one whole replica.
+  Placement by_replica, by_stage;
+  for (int r = 0; r < config->world_size(); ++r) {
+    const int p = config->IndexOn(config->CoordOf(r), "pp");
+    const int d = config->IndexOn(config->CoordOf(r), "dp");
+    by_replica.host.push_back(2 * d + p);
+    by_stage.host.push_back(2 * p + d);  // rack r1: both copies of stage 0
+    by_replica.device.push_back(0);
+    by_stage.device.push_back(0);
+  }
+  SurvivalReport report = CheckSurvival(spec, *layout, by_replica, cluster);
+  CHECK(report.hosts_lost.empty());
+  CHECK(report.domains == std::vector<std::string>{"r1", "r2"});
+  CHECK(report.domains_lost.empty());
+  CHECK(report.Describe() ==
+        "survives the loss of any one host; survives the loss of any one domain (r1, r2)");
+  report = CheckSurvival(spec, *layout, by_stage, cluster);
+  CHECK(report.hosts_lost.empty());
+  REQUIRE(report.domains_lost.size() == 2);
+  CHECK(report.domains_lost[0].domain == "r1");
+  CHECK_THAT(report.Describe(),
+             Catch::StartsWith("survives the loss of any one host; of domain r1 (tensor '") &&
+                 Catch::EndsWith(": no"));
+  // A path: every prefix is a domain of its own.
+  cluster.hosts[0].domain = cluster.hosts[1].domain = "dc1/r1";
+  cluster.hosts[2].domain = cluster.hosts[3].domain = "dc1/r2";
+  report = CheckSurvival(spec, *layout, by_replica, cluster);
+  CHECK(report.domains == std::vector<std::string>{"dc1", "dc1/r1", "dc1/r2"});
+  REQUIRE(report.domains_lost.size() == 1);
+  CHECK(report.domains_lost[0].domain == "dc1");
 }
 
 TEST_CASE("placement: constraints: GPUs, taken devices, memory, colocation",
@@ -281,7 +372,10 @@ TEST_CASE("placement: equal to brute force on random small changes",
     // every host is not used).
     auto s = MakePlanScenario(spec, from, from_hosts, to, Range(n), cluster, alive);
     if (!s.ok()) continue;
-    const PlacementRequest req = Request(*s, cands);
+    // Brute force below enumerates the rank-order grouping: compare with
+    // that alone (`survive` adds the replica-by-replica one).
+    PlacementRequest req = Request(*s, cands);
+    req.survive = false;
     const int tp = s->target.config()->tp();
     auto chosen = ChoosePlacement(req);
     if (tp > gpus || (to_world + gpus - 1) / gpus > static_cast<int>(cands.size())) {
@@ -308,6 +402,18 @@ TEST_CASE("placement: equal to brute force on random small changes",
     planned.target_placement = &chosen->placement;
     auto plan = PlanReconfiguration(planned);
     if (plan.ok()) CHECK(plan->summary.cross_host_bytes == chosen->cross_host_bytes);
+    // Recoverability first: never fewer hosts whose loss leaves a copy of
+    // everything; with as many, never a longer change or more bytes.
+    req.survive = true;
+    auto survivable = ChoosePlacement(req);
+    REQUIRE(survivable.ok());
+    REQUIRE(ValidatePlacement(cluster, survivable->placement).ok());
+    CHECK(static_cast<int>(survivable->survival.hosts_lost.size()) <= static_cast<int>(chosen->survival.hosts_lost.size()));
+    if (static_cast<int>(survivable->survival.hosts_lost.size()) == static_cast<int>(chosen->survival.hosts_lost.size())) {
+      CHECK(survivable->max_receive_seconds <=
+            chosen->max_receive_seconds * (1 + req.duration_slack));
+      CHECK(survivable->cross_host_bytes <= chosen->cross_host_bytes);
+    }
     ++checked;
   }
   CHECK(checked >= 20);

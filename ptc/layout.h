@@ -114,6 +114,10 @@ struct Host {
   int gpus = 8;
   // Link bandwidth to the other hosts, bytes per second.
   double bandwidth = 25e9;
+  // The failure domain the host is in, as a path from the widest
+  // ("dc1/rack3": lost with dc1, or with rack3 of dc1); empty: none but
+  // the host itself.
+  std::string domain;
 };
 
 // The hosts a plan may involve; host ids are indices into `hosts`.

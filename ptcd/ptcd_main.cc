@@ -44,7 +44,7 @@ constexpr char kUsage[] =
             [--spare-pool BYTES] [--background-fingerprints on|off]
             [--drain-seconds N] [--put-timeout SECONDS] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
-             [--bandwidth BYTES_PER_S]]
+             [--bandwidth BYTES_PER_S] [--domain PATH]]
             [--snapshot-root DIR]
             (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
@@ -84,6 +84,11 @@ constexpr char kUsage[] =
   --advertise      address peers and the coordinator use to reach this ptcd
                    (default: --listen, with the bound port)
   --bandwidth      this host's link, bytes per second (default 25e9)
+  --domain         the failure domain this host shares with others, a path
+                   from the widest ("rack3", "dc1/rack3"): placements keep
+                   a copy of every region outside each domain where they
+                   can, and say which losses they survive (default: none
+                   but the host itself)
   --tls-ca, --tls-cert, --tls-key
                    the cluster CA's certificate, this host's certificate
                    (its CN is the host's --name) and key, PEM files
@@ -110,7 +115,8 @@ absl::Status Run(int argc, char** argv) {
       "name",           "gpus",          "advertise",      "gpu-memory",
       "bandwidth",      "ucx-gets",      "tls-ca",
       "tls-cert",       "tls-key",       "token-key",
-      "metrics-listen", "ucx-transports", "snapshot-root",  "put-timeout"};
+      "metrics-listen", "ucx-transports", "snapshot-root",  "put-timeout",
+      "domain"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -265,6 +271,7 @@ absl::Status Run(int argc, char** argv) {
       host.set_gpu_memory_bytes(*gpu_memory);
     }
     host.set_bandwidth(bandwidth);
+    host.set_domain(settings.Get("domain", ""));
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
     std::string advertise = settings.Get("advertise", "");

@@ -52,11 +52,13 @@ def tls_flags(name):
 
 class LocalCluster:
     def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2,
-                 coordinator_env=None, tokens=False):
+                 coordinator_env=None, tokens=False, domains=None):
         """tokens: the coordinator and every ptcd get the job token key, so
         local clients need their job's token (as the local cluster of
-        tools/local_cluster.sh runs)."""
+        tools/local_cluster.sh runs). domains: each host's failure domain
+        (ptcd --domain)."""
         self.bin = bin_dir
+        self.domains = domains
         self.dir = tmp_path
         self.gpus = gpus
         self.memory = memory
@@ -103,7 +105,8 @@ class LocalCluster:
              "--socket", str(self.dir / f"host{i}.sock"),
              "--port-file", str(self.dir / f"host{i}.port"), "--memory-limit", memory,
              "--coordinator", self.coordinator, "--name", f"host{i}", "--gpus", str(self.gpus),
-             "--log-level", "info", *tls_flags(f"host{i}"), *self.token_flags],
+             "--log-level", "info", *tls_flags(f"host{i}"), *self.token_flags,
+             *(["--domain", self.domains[i]] if getattr(self, "domains", None) else [])],
             stdout=log, stderr=log)
         self._wait_port(self.dir / f"host{i}.port")
 

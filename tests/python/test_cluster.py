@@ -93,6 +93,34 @@ def test_a_region_with_no_surviving_copy_is_refused(cluster):
     assert cluster.job("j")["committed_version"] == 1
 
 
+def test_a_stages_replicas_are_spread_so_either_host_can_die(bin_dir, tmp_path):
+    # tp=1,pp=2,dp=2 on two hosts of 2 GPUs: placed in rank order, each
+    # host would hold both replicas of one stage, and either host's death
+    # would lose a stage. Each host holds a whole replica instead.
+    c = LocalCluster(bin_dir, tmp_path, hosts=3, domains=["rack1", "rack1", "rack2"])
+    try:
+        start_job(c, config="tp=1,pp=2,dp=2", hosts=("host0", "host1"))
+        code, jobs = c.ptcctl_json("jobs")
+        assert code == 0
+        job = jobs["jobs"][0]
+        assert job["survives_host_loss"], job
+        # Both hosts are in rack1: its loss loses everything, and ptcctl
+        # says so before it happens.
+        assert job["survival"].startswith(
+            "survives the loss of any one host; of domain rack1 (tensor '"), job["survival"]
+        text = c.ptcctl("jobs").stdout
+        assert "survives the loss of any one host" in text, text
+        c.kill("host0")
+        c.wait_dead("host0")
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=1",
+                                     "--hosts", "host1,host2")
+        assert code == 0, report
+        v = c.job_tool("verify", "--job", "j")
+        assert v.returncode == 0, v.stdout + v.stderr
+    finally:
+        c.stop()
+
+
 def test_a_restarted_ptcd_is_not_trusted_as_a_source(cluster):
     # dp=2 across host0 and host1; host1 restarts (empty) and registers again.
     start_job(cluster)

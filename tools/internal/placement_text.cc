@@ -15,7 +15,8 @@
 
 namespace ptc::tools {
 
-// {"strategy", "ranks": [{"rank", "host", "gpu"}], "released_hosts"}.
+// {"strategy", "ranks": [{"rank", "host", "gpu"}], "released_hosts",
+// "survival", "survives_host_loss"}.
 void WritePlacement(const proto::PlanSummary& p, JsonWriter* w) {
   w->BeginObject().Key("strategy").String(p.placement());
   w->Key("ranks").BeginArray();
@@ -26,7 +27,10 @@ void WritePlacement(const proto::PlanSummary& p, JsonWriter* w) {
   }
   w->EndArray().Key("released_hosts").BeginArray();
   for (const std::string& h : p.released_hosts()) w->String(h);
-  w->EndArray().EndObject();
+  w->EndArray();
+  w->Key("survival").String(p.survival());
+  w->Key("survives_host_loss").Bool(p.survives_host_loss());
+  w->EndObject();
 }
 
 // "ranks 0-3" / "ranks 0, 2, 4" of a sorted list.
@@ -73,6 +77,7 @@ std::string FormatPlacement(const proto::PlanSummary& p, int max_hosts) {
                     shown < n ? absl::StrCat(" and ", n - shown, " more") : "",
                     "\n");
   }
+  if (!p.survival().empty()) absl::StrAppend(&out, "    ", p.survival(), "\n");
   return out;
 }
 

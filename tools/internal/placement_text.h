@@ -14,14 +14,15 @@
 
 namespace ptc::tools {
 
-// {"strategy", "ranks": [{"rank", "host", "gpu"}], "released_hosts"}.
+// {"strategy", "ranks": [{"rank", "host", "gpu"}], "released_hosts",
+// "survival", "survives_host_loss"}.
 void WritePlacement(const proto::PlanSummary& p, JsonWriter* w);
 
 // "0-3,8" for a sorted list of numbers.
 std::string Spans(const std::vector<int>& v);
 
 // One line per host (its ranks and their GPUs), at most `max_hosts` of
-// them (0: all), then the released hosts.
+// them (0: all), then the released hosts and which losses it survives.
 std::string FormatPlacement(const proto::PlanSummary& p, int max_hosts = 0);
 
 // --placement ptc|contiguous|FILE ("HOST GPU" per rank) and --colocate.

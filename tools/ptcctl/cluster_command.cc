@@ -778,6 +778,8 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
       w.EndArray().Key("lost_hosts").BeginArray();
       for (const auto& h : j.lost_hosts()) w.String(h);
       w.EndArray();
+      w.Key("survival").String(j.survival());
+      w.Key("survives_host_loss").Bool(j.survives_host_loss());
       w.Key("reconfiguration")
           .BeginObject()
           .Key("plan_epoch")
@@ -810,6 +812,7 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
         j.job(), j.model(), j.config(), absl::StrJoin(j.hosts(), ","),
         j.layout_epoch(), j.committed_version(), j.committed_step(), j.ranks(),
         HumanBytes(j.state_bytes()));
+    if (!j.survival().empty()) std::cout << "  " << j.survival() << "\n";
     if (j.lost_hosts_size() > 0) {
       std::cout << absl::StrFormat(
           "  no longer holding their share: %s (restarted, or not proven "
