@@ -107,6 +107,34 @@ std::vector<bool> SurvivingGroups(const Layout& layout,
   return out;
 }
 
+// `items` reordered to take turns by domain: the first of each domain (in
+// the order domains first appear), then the second of each, ...; the order
+// within a domain is kept. Unchanged when no item has a domain.
+template <typename DomainOf>
+std::vector<int> InterleaveByDomain(const std::vector<int>& items,
+                                    DomainOf domain_of) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<int>> by_domain;
+  bool any = false;
+  for (int i : items) {
+    const std::string& d = domain_of(i);
+    any |= !d.empty();
+    auto [it, fresh] = by_domain.try_emplace(d);
+    if (fresh) order.push_back(d);
+    it->second.push_back(i);
+  }
+  if (!any) return items;
+  std::vector<int> out;
+  out.reserve(items.size());
+  for (size_t round = 0; out.size() < items.size(); ++round) {
+    for (const std::string& d : order) {
+      const std::vector<int>& v = by_domain[d];
+      if (round < v.size()) out.push_back(v[round]);
+    }
+  }
+  return out;
+}
+
 int64_t Bytes(const ModelSpec& spec, const Regions& regions) {
   int64_t n = 0;
   for (uint64_t k : regions.keys)
@@ -608,6 +636,16 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
         }
         hclass[it->second].members.push_back(static_cast<int>(c));
       }
+    }
+    // Hosts of a class are interchangeable for the assignment, and the
+    // blocks of a class (a stage's replicas) go to consecutive members:
+    // with failure domains, the members take turns by domain (in
+    // preference order within each), so that a class's blocks land in
+    // different domains where there are hosts for it.
+    for (HostClass& hc : hclass) {
+      hc.members = InterleaveByDomain(hc.members, [&](int c) -> const std::string& {
+        return cluster.hosts[cands[c].host].domain;
+      });
     }
     const int B = static_cast<int>(bclass.size()), H = static_cast<int>(hclass.size());
     // Cost and feasibility of each class pair.

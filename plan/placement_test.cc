@@ -179,6 +179,25 @@ TEST_CASE("placement: survival of a failure domain's loss",
   CHECK_THAT(report.Describe(),
              Catch::StartsWith("survives the loss of any one host; of domain r1 (tensor '") &&
                  Catch::EndsWith(": no"));
+  // Placed at registration, each rack gets a whole replica (the hosts
+  // listed rack by rack).
+  PlacementRequest req;
+  req.spec = &spec;
+  req.cluster = &cluster;
+  req.target = &*layout;
+  req.hosts = {0, 1, 2, 3};
+  auto placed = ChoosePlacement(req);
+  REQUIRE(placed.ok());
+  CHECK(placed->survival.hosts_lost.empty());
+  CHECK(placed->survival.domains_lost.empty());
+  // Without domains the same hosts take the stages in order.
+  Cluster flat = Cluster::Uniform(4, 1);
+  req.cluster = &flat;
+  placed = ChoosePlacement(req);
+  REQUIRE(placed.ok());
+  CHECK(CheckSurvival(spec, *layout, placed->placement, cluster).domains_lost.size() == 2);
+  req.cluster = &cluster;
+
   // A path: every prefix is a domain of its own.
   cluster.hosts[0].domain = cluster.hosts[1].domain = "dc1/r1";
   cluster.hosts[2].domain = cluster.hosts[3].domain = "dc1/r2";
