@@ -34,13 +34,25 @@ std::unique_ptr<Client> ConnectRank(ClientCluster& c, const std::string& job,
   return std::move(*client);
 }
 
-// Rank r of a job on 2-GPU hosts runs on host r / 2.
+// Every rank of the job, each through the ptcd of the host (hostN) the
+// coordinator placed it on.
 std::vector<std::unique_ptr<Client>> ConnectAll(ClientCluster& c,
                                                 const std::string& job,
-                                                int ranks, int first_host = 0) {
+                                                int ranks) {
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(c.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  proto::ListJobsRequest req;
+  proto::ListJobsResponse resp;
+  REQUIRE(stub->ListJobs(&ctx, req, &resp).ok());
   std::vector<std::unique_ptr<Client>> out;
-  for (int r = 0; r < ranks; ++r)
-    out.push_back(ConnectRank(c, job, r, first_host + r / 2));
+  for (const proto::JobStatus& j : resp.jobs()) {
+    if (j.job() != job) continue;
+    REQUIRE(j.rank_hosts_size() == ranks);
+    for (int r = 0; r < ranks; ++r)
+      out.push_back(ConnectRank(c, job, r, std::stoi(j.rank_hosts(r).substr(4))));
+  }
+  REQUIRE(static_cast<int>(out.size()) == ranks);
   return out;
 }
 
@@ -165,7 +177,7 @@ TEST_CASE("client: after a reconfiguration each new rank loads its new shards",
   auto before = ConnectAll(cluster, "j", 4);
   SaveAll(before, 1);
   REQUIRE(cluster.Reconfigure("j", "tp=1,pp=2,dp=2", {"host1", "host2"}).ok());
-  auto after = ConnectAll(cluster, "j", 4, /*first_host=*/1);
+  auto after = ConnectAll(cluster, "j", 4);
   for (auto& c : after) {
     CHECK(c->config().ToString() == "tp=1,pp=2,dp=2");
     CHECK(c->committed_version() == 2);
@@ -198,7 +210,8 @@ TEST_CASE("client: after a reconfiguration each new rank loads its new shards",
   // told its old rank placement no longer matches.
   const absl::Status moved = before[1]->Refresh();
   CHECK(moved.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(absl::StrContains(moved.message(), "placed on host 'host1'"));
+  CHECK(absl::StrContains(moved.message(),
+                          absl::StrCat("placed on host '", after[1]->host(), "'")));
 }
 
 TEST_CASE("client: each misuse gets an error that says what to do",

@@ -187,6 +187,12 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     pm->set_target_host(m.target_host);
     if (m.derive_from.empty() && m.source_host != kFromSnapshot)
       add_peer(m.source_host);
+    for (const SmallObjectMove::Copy& c : m.alternates) {
+      pm->add_alternate_ranks(c.rank);
+      pm->add_alternate_hosts(c.host);
+      add_peer(c.host);
+    }
+    pm->set_derive_fallback(m.derive_fallback);
   }
   if (r.snapshot != nullptr) {
     *req.mutable_snapshot() =
@@ -196,8 +202,8 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
 }
 
 // Source hosts (not targets) that hold the only copy of something the plan
-// needs, with what: a small object (a rank's RNG state has no replica) or a
-// piece no other live host holds. If one goes silent the change cannot
+// needs, with what: a small object with no other copy and no fresh value
+// to fall back on, or a piece no other live host holds. If one goes silent the change cannot
 // finish, and is stopped at once rather than when a transfer times out.
 std::map<int32_t, std::string> SoleSources(const ReconfigureRequest& r,
                                            const SourceHolders& holders) {
@@ -205,8 +211,11 @@ std::map<int32_t, std::string> SoleSources(const ReconfigureRequest& r,
   for (const HostFragment& f : r.plan->fragments) targets.insert(f.host);
   std::map<int32_t, std::string> out;
   for (const SmallObjectMove& m : r.plan->small_objects) {
+    // Derived, local, from the snapshot, or with another copy or a fresh
+    // value to fall back on: no host is its only source.
     if (!m.derive_from.empty() || targets.count(m.source_host) ||
-        m.source_host == kFromSnapshot)
+        m.source_host == kFromSnapshot || !m.alternates.empty() ||
+        !m.derive_fallback.empty())
       continue;
     out.emplace(m.source_host, absl::StrCat("small object '", m.name,
                                             "' of rank ", m.source_rank));
@@ -278,6 +287,10 @@ std::set<int32_t> AdmitPeersOnSources(const ReconfigureRequest& r,
         m.source_host == m.target_host)
       continue;
     pullers[m.source_host].insert(r.input->cluster->hosts[m.target_host].name);
+    for (const SmallObjectMove::Copy& c : m.alternates) {
+      if (c.host != m.target_host && !r.input->IsLate(c.host))
+        pullers[c.host].insert(r.input->cluster->hosts[m.target_host].name);
+    }
   }
   std::vector<std::string> addresses;
   std::map<std::string, const std::set<std::string>*> of;

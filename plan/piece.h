@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ptc/region.h"
 
@@ -39,7 +40,21 @@ struct SmallObjectMove {
   // Non-empty: derive a fresh value from these coordinates instead of
   // copying (source_rank and source_host are -1).
   std::string derive_from;
+  // Other copies on other live hosts (source rank and its host), in
+  // preference order: taken when the source host fails during the change.
+  struct Copy {
+    int32_t rank = 0;
+    int32_t host = 0;
+  };
+  std::vector<Copy> alternates;
+  // Non-empty for an object a new rank may derive afresh (an RNG state):
+  // the coordinates a fresh value derives from if every copy's host
+  // failed, instead of aborting the change.
+  std::string derive_fallback;
 };
+
+// Most alternates a small object's move lists.
+inline constexpr int kMaxSmallObjectAlternates = 3;
 
 }  // namespace ptc
 

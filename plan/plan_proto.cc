@@ -34,6 +34,11 @@ proto::Plan PlanToProto(const Plan& plan) {
     pm->set_source_host(m.source_host);
     pm->set_derive_from(m.derive_from);
     pm->set_target_host(m.target_host);
+    for (const SmallObjectMove::Copy& c : m.alternates) {
+      pm->add_alternate_ranks(c.rank);
+      pm->add_alternate_hosts(c.host);
+    }
+    pm->set_derive_fallback(m.derive_fallback);
   }
   const PlanSummary& s = plan.summary;
   proto::PlanSummary* ps = wire.mutable_summary();
@@ -77,9 +82,12 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
     plan.fragments.push_back(std::move(f));
   }
   for (const proto::SmallObjectMove& pm : wire.small_objects()) {
-    plan.small_objects.push_back({pm.name(), pm.target_rank(), pm.source_rank(),
-                                  pm.source_host(), pm.target_host(),
-                                  pm.derive_from()});
+    SmallObjectMove& m = plan.small_objects.emplace_back(
+        SmallObjectMove{pm.name(), pm.target_rank(), pm.source_rank(),
+                        pm.source_host(), pm.target_host(), pm.derive_from()});
+    for (int i = 0; i < pm.alternate_ranks_size() && i < pm.alternate_hosts_size(); ++i)
+      m.alternates.push_back({pm.alternate_ranks(i), pm.alternate_hosts(i)});
+    m.derive_fallback = pm.derive_fallback();
   }
   const proto::PlanSummary& ps = wire.summary();
   PlanSummary& s = plan.summary;

@@ -28,6 +28,16 @@ TEST_CASE("plan proto: a plan survives the wire and still validates",
   CHECK(back->summary.host_send_bytes == plan->summary.host_send_bytes);
   CHECK(back->fragments.size() == plan->fragments.size());
   CHECK(back->small_objects.size() == plan->small_objects.size());
+  for (size_t i = 0; i < plan->small_objects.size(); ++i) {
+    const SmallObjectMove& a = plan->small_objects[i];
+    const SmallObjectMove& b = back->small_objects[i];
+    CHECK(b.derive_fallback == a.derive_fallback);
+    REQUIRE(b.alternates.size() == a.alternates.size());
+    for (size_t k = 0; k < a.alternates.size(); ++k) {
+      CHECK(b.alternates[k].rank == a.alternates[k].rank);
+      CHECK(b.alternates[k].host == a.alternates[k].host);
+    }
+  }
 }
 
 TEST_CASE("plan proto: a malformed region is INVALID_ARGUMENT",

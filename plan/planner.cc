@@ -566,6 +566,8 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
     int32_t source_rank = -1;  // -1: derived from `derive_from`
     std::string derive_from;
     bool from_snapshot = false;  // source_rank's copy in the snapshot
+    std::vector<SmallObjectMove::Copy> alternates;
+    std::string derive_fallback;
   };
   std::vector<absl::flat_hash_map<std::string, Resolved>> resolved(
       in.spec->small_objects.size());
@@ -600,6 +602,18 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
           }
           if (alive != source.candidates.end()) {
             res.source_rank = *alive;
+            // Copies on other hosts, one per host, in case the source
+            // host fails during the change.
+            std::vector<int32_t> hosts = {in.source_placement->host[*alive]};
+            for (int c : source.candidates) {
+              if (res.alternates.size() >= kMaxSmallObjectAlternates) break;
+              const int32_t h = in.source_placement->host[c];
+              if (!holds(c) || std::find(hosts.begin(), hosts.end(), h) != hosts.end())
+                continue;
+              hosts.push_back(h);
+              res.alternates.push_back({c, h});
+            }
+            if (obj.new_ranks == NewRankRule::kDerive) res.derive_fallback = scope;
           } else if (in.snapshot_source && !source.candidates.empty()) {
             res.source_rank = source.candidates.front();
             res.from_snapshot = true;
@@ -628,7 +642,7 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
             {obj.name, r, res.source_rank,
              res.from_snapshot ? kFromSnapshot
                                : in.source_placement->host[res.source_rank],
-             target_host});
+             target_host, "", res.alternates, res.derive_fallback});
       }
     }
   }

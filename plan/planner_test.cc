@@ -152,6 +152,18 @@ TEST_CASE("planner: a late host sends only what no other host holds",
   for (const SmallObjectMove& m : plan->small_objects) {
     if (m.derive_from.empty()) CHECK(m.source_host != 1);
   }
+  // Every copied object lists a copy on another host to take if its source
+  // host fails during the change, or may take a fresh value.
+  for (const SmallObjectMove& m : balanced->small_objects) {
+    if (!m.derive_from.empty()) continue;
+    INFO(m.name << " for rank " << m.target_rank);
+    CHECK((!m.alternates.empty() || !m.derive_fallback.empty()));
+    for (const SmallObjectMove::Copy& c : m.alternates) {
+      CHECK(c.host != m.source_host);
+      CHECK(job.source_placement.host[c.rank] == c.host);
+    }
+    if (m.name == "iteration") CHECK(m.alternates.size() == 1);
+  }
 
   // What only a late host holds still comes from it: pp=2 keeps stage 1 on
   // host 1 alone.

@@ -291,19 +291,66 @@ class FragmentRun {
     return absl::OkStatus();
   }
 
+  // Source rank `rank`'s copy of `o`, from this host's store or its host.
+  absl::StatusOr<std::string> FetchSmallObject(const SmallObjectMove& o,
+                                               int32_t rank, int32_t host) {
+    if (host == job_.host) {
+      PTC_ASSIGN_OR_RETURN(SmallObjectRef ref,
+                           store_->GetSmallObject(job_.job, job_.source_version,
+                                                  o.name, rank));
+      return *ref.bytes;
+    }
+    return transport_->FetchSmallObject(host, job_.job, job_.source_version,
+                                        o.name, rank);
+  }
+
   absl::Status PutSmallObject(const SmallObjectMove& o) {
     absl::StatusOr<std::string> bytes;
     if (!o.derive_from.empty()) {
       bytes = DerivedSmallObject(job_.job, o.name, o.derive_from,
                                  job_.target_version);
-    } else if (o.source_host == job_.host) {
-      PTC_ASSIGN_OR_RETURN(SmallObjectRef ref,
-                           store_->GetSmallObject(job_.job, job_.source_version,
-                                                  o.name, o.source_rank));
-      bytes = *ref.bytes;
     } else {
-      bytes = transport_->FetchSmallObject(
-          o.source_host, job_.job, job_.source_version, o.name, o.source_rank);
+      // The planned copy, then the others on other hosts, then a fresh
+      // value where the object may have one: a source host that failed
+      // during the change does not fail it while a copy lives.
+      std::vector<SmallObjectMove::Copy> copies = {{o.source_rank, o.source_host}};
+      copies.insert(copies.end(), o.alternates.begin(), o.alternates.end());
+      std::vector<std::string> tried;
+      for (const SmallObjectMove::Copy& c : copies) {
+        if (c.host != job_.host && SourceFailed(c.host)) {
+          tried.push_back(absl::StrCat("host ", c.host, " failed earlier"));
+          continue;
+        }
+        bytes = FetchSmallObject(o, c.rank, c.host);
+        if (bytes.ok()) {
+          if (c.host != o.source_host) {
+            Log("transformer")
+                ->warn("job {}: small object '{}' for rank {} taken from rank "
+                       "{} on host {} instead of host {}",
+                       job_.job, o.name, o.target_rank, c.rank, c.host,
+                       o.source_host);
+          }
+          break;
+        }
+        tried.push_back(absl::StrCat("host ", c.host, ": ",
+                                     bytes.status().message()));
+        if (c.host != job_.host && (absl::IsUnavailable(bytes.status()) ||
+                                    absl::IsDeadlineExceeded(bytes.status())))
+          MarkFailed(c.host);
+      }
+      if (!bytes.ok() && !o.derive_fallback.empty()) {
+        Log("transformer")
+            ->warn("job {}: small object '{}' for rank {}: no copy could be "
+                   "read ({}); it takes a fresh value",
+                   job_.job, o.name, o.target_rank, absl::StrJoin(tried, "; "));
+        bytes = DerivedSmallObject(job_.job, o.name, o.derive_fallback,
+                                   job_.target_version);
+      } else if (!bytes.ok()) {
+        absl::Status none = absl::UnavailableError(absl::StrCat(
+            "no copy could be read (", absl::StrJoin(tried, "; "), ")"));
+        none.SetPayload(kNoLiveSourceUrl, absl::Cord("1"));
+        return none;
+      }
     }
     PTC_RETURN_IF_ERROR(bytes.status());
     return store_->PutSmallObject(job_.job, job_.target_version, o.name,

@@ -112,9 +112,20 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
           absl::StrCat("small object '", m.name(), "' is for host ",
                        m.target_host(), ", not this host ", req.host()));
     }
-    job.small_objects.push_back({m.name(), m.target_rank(), m.source_rank(),
-                                 m.source_host(), m.target_host(),
-                                 m.derive_from().substr(0, 1024)});
+    if (m.alternate_ranks_size() != m.alternate_hosts_size() ||
+        m.alternate_ranks_size() > kMaxSmallObjectAlternates) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "small object '", m.name().substr(0, 256), "' lists ",
+          m.alternate_ranks_size(), " alternate ranks and ",
+          m.alternate_hosts_size(), " hosts; give one host per rank, at most ",
+          kMaxSmallObjectAlternates));
+    }
+    SmallObjectMove& o = job.small_objects.emplace_back(SmallObjectMove{
+        m.name(), m.target_rank(), m.source_rank(), m.source_host(),
+        m.target_host(), m.derive_from().substr(0, 1024)});
+    for (int i = 0; i < m.alternate_ranks_size(); ++i)
+      o.alternates.push_back({m.alternate_ranks(i), m.alternate_hosts(i)});
+    o.derive_fallback = m.derive_fallback().substr(0, 1024);
   }
   PTC_RETURN_IF_ERROR(ValidateFragment(job));
   return job;
