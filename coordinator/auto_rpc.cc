@@ -237,14 +237,15 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     r.set_job(req.job());
     r.set_to(c.config);
     for (const std::string& h : hosts) r.add_hosts(h);
-    auto planned = PlanSummaryOf(r);
+    auto planned = OutlineOf(r);
     if (!planned.ok()) {
       c.why_not = absl::StrCat("cannot be planned here: ",
                                planned.status().message());
       continue;
     }
-    c.bytes_moved = planned->cross_host_bytes;
-    c.change_seconds = planned->max_host_send_seconds;
+    c.bytes_moved = planned->summary.cross_host_bytes;
+    c.change_seconds = planned->summary.max_host_send_seconds;
+    c.survives_host_loss = planned->survives_host_loss;
   }
   auto choice = ChooseConfig(candidates, policy);
   resp->set_chosen(choice.ok() ? choice->index : -1);
@@ -267,6 +268,7 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     p->set_dp_seconds(c.dp_seconds);
     p->set_bytes_moved(c.bytes_moved);
     p->set_change_seconds(c.change_seconds);
+    p->set_survives_host_loss(c.survives_host_loss);
   }
   return absl::OkStatus();
 }

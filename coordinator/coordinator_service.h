@@ -316,9 +316,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req,
                                      bool need_committed,
                                      const SnapshotUse* snapshot = nullptr);
-  // The summary of PlanChange's plan (the advisor compares them).
-  absl::StatusOr<PlanSummary> PlanSummaryOf(
-      const proto::ReconfigureRequest& req);
+  // What the advisor compares of PlanChange's plan: its summary, and
+  // whether its placement survives any one host's loss from memory.
+  struct Outline {
+    PlanSummary summary;
+    bool survives_host_loss = false;
+  };
+  absl::StatusOr<Outline> OutlineOf(const proto::ReconfigureRequest& req);
   // PlanChange, then StartChange.
   absl::Status PlanAndStart(const proto::ReconfigureRequest& req,
                             bool need_committed, const SnapshotUse* snapshot,

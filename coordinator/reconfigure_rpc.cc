@@ -400,10 +400,12 @@ absl::Status CoordinatorService::DoReconfigure(
   return StartChange(req, *std::move(planned), resp, reason);
 }
 
-absl::StatusOr<PlanSummary> CoordinatorService::PlanSummaryOf(
+absl::StatusOr<CoordinatorService::Outline> CoordinatorService::OutlineOf(
     const proto::ReconfigureRequest& req) {
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
-  return planned.flight->plan.summary;
+  const SurvivalReport& survival = planned.placement.survival;
+  return Outline{planned.flight->plan.summary,
+                 survival.hosts > 1 && survival.hosts_lost.empty()};
 }
 
 absl::Status CoordinatorService::PlanAndStart(

@@ -204,10 +204,16 @@ absl::StatusOr<Choice> ChooseConfig(
     const std::vector<ConfigCandidate>& candidates,
     const proto::AutoPolicy& policy) {
   const std::vector<int> near = WithinMargin(candidates, policy);
+  // Recoverability first: a config whose placement survives any one
+  // host's loss, where one within the margin does.
+  const bool any_survives = std::any_of(near.begin(), near.end(), [&](int i) {
+    return candidates[i].bytes_moved >= 0 && candidates[i].survives_host_loss;
+  });
   Choice choice;
   for (int i : near) {
     const ConfigCandidate& c = candidates[i];
     if (c.bytes_moved < 0) continue;
+    if (any_survives && !c.survives_host_loss) continue;
     if (choice.index < 0) {
       choice.index = i;
       continue;
@@ -231,10 +237,12 @@ absl::StatusOr<Choice> ChooseConfig(
   }
   choice.explanation = absl::StrFormat(
       "%s on %d GPUs: %d config(s) fit each GPU and are within %.0f%% of "
-      "the fastest estimated step (%.3f s); of those it moves the fewest "
+      "the fastest estimated step (%.3f s); of those%s it moves the fewest "
       "bytes between hosts (%d) at an estimated step of %.3f s",
       c.config, c.gpus, static_cast<int>(near.size()), margin * 100,
-      candidates[near.front()].step_seconds, c.bytes_moved, c.step_seconds);
+      candidates[near.front()].step_seconds,
+      any_survives ? " that survive the loss of any one host," : "",
+      c.bytes_moved, c.step_seconds);
   return choice;
 }
 

@@ -12,8 +12,10 @@
 //
 // The choice: among configs that run the spec (CheckConfig), fit each
 // GPU's memory and meet the job's constraints, those whose estimated step
-// time is within `margin` of the fastest; of those, the one whose change
-// moves the fewest bytes between hosts (then the faster). With fewer GPUs
+// time is within `margin` of the fastest; of those, the ones whose
+// placement survives any one host's loss from memory if there are such;
+// of those, the one whose change moves the fewest bytes between hosts
+// (then the faster). With fewer GPUs
 // than any config can use, it tries one GPU fewer, down to 1.
 //
 // The step-time model is coarse and meant for ranking, not prediction:
@@ -69,6 +71,9 @@ struct ConfigCandidate {
   // Filled by the caller (a plan of the change); -1: not planned.
   int64_t bytes_moved = -1;
   double change_seconds = 0;
+  // Filled by the caller: its planned placement survives the loss of any
+  // one host from memory.
+  bool survives_host_loss = false;
 };
 
 // Every config of the job's mesh on the largest GPU count (<= in.gpus,

@@ -109,6 +109,18 @@ TEST_CASE("the choice: fewest bytes within the margin, else the fastest") {
   CHECK(ChooseConfig(c, policy)->index == 0);
   policy.set_margin(1.0);
   CHECK(ChooseConfig(c, policy)->index == 2);
+  // Recoverability first: within the margin, a config whose placement
+  // survives any one host's loss wins over one that moves fewer bytes.
+  policy.clear_margin();
+  c[0].survives_host_loss = true;
+  choice = ChooseConfig(c, policy);
+  REQUIRE(choice.ok());
+  CHECK(choice->index == 0);
+  CHECK_THAT(choice->explanation, Catch::Contains("that survive the loss of any one host"));
+  // Outside the margin it does not count.
+  c[0].survives_host_loss = false;
+  c[2].survives_host_loss = true;
+  CHECK(ChooseConfig(c, policy)->index == 1);
   // Nothing planned: no choice.
   for (ConfigCandidate& x : c) x.bytes_moved = -1;
   CHECK_FALSE(ChooseConfig(c, policy).ok());

@@ -375,6 +375,7 @@ absl::Status Advise(Stub* stub, const Args& args, bool json) {
       w.Key("tp_seconds").Double(c.tp_seconds());
       w.Key("dp_seconds").Double(c.dp_seconds());
       w.Key("bytes_moved").Int(c.bytes_moved());
+      w.Key("survives_host_loss").Bool(c.survives_host_loss());
       w.Key("change_seconds").Double(c.change_seconds()).EndObject();
     }
     w.EndArray().EndObject();
@@ -382,17 +383,18 @@ absl::Status Advise(Stub* stub, const Args& args, bool json) {
     return absl::OkStatus();
   }
   std::cout << absl::StrFormat(
-      "job %s on %s (%s per GPU):\n  %-3s %-22s %5s %10s %10s %12s  %s\n",
+      "job %s on %s (%s per GPU):\n  %-3s %-22s %5s %10s %10s %12s %-14s %s\n",
       req.job(), absl::StrJoin(resp.hosts(), ","),
       HumanBytes(resp.gpu_memory_bytes()), "", "CONFIG", "GPUS", "GPU MEM",
-      "STEP (est)", "MOVES", "");
+      "STEP (est)", "MOVES", "ANY HOST LOST", "");
   for (int i = 0; i < resp.candidates_size(); ++i) {
     const auto& c = resp.candidates(i);
     std::cout << absl::StrFormat(
-        "  %-3s %-22s %5d %10s %9.3fs %12s  %s\n", i == resp.chosen() ? "->" : "",
+        "  %-3s %-22s %5d %10s %9.3fs %12s %-14s %s\n", i == resp.chosen() ? "->" : "",
         c.config(), c.gpus(), HumanBytes(c.gpu_bytes_needed()),
         c.step_seconds(),
         c.bytes_moved() >= 0 ? HumanBytes(c.bytes_moved()) : "-",
+        c.bytes_moved() < 0 ? "-" : c.survives_host_loss() ? "survives" : "loses state",
         c.fits() ? c.why_not() : "does not fit: " + c.why_not());
   }
   std::cout << (resp.chosen() >= 0 ? "chosen: " : "no choice: ")
