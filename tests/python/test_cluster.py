@@ -3,6 +3,7 @@ flow, clear errors that change nothing, a ptcd SIGKILLed in the middle of
 a transfer, and a coordinator SIGKILLed and restarted in the middle of a
 plan."""
 import json
+import random
 import re
 import subprocess
 import time
@@ -115,6 +116,35 @@ def test_a_stages_replicas_are_spread_so_either_host_can_die(bin_dir, tmp_path):
         code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=1",
                                      "--hosts", "host1,host2")
         assert code == 0, report
+        v = c.job_tool("verify", "--job", "j")
+        assert v.returncode == 0, v.stdout + v.stderr
+    finally:
+        c.stop()
+
+
+def test_a_whole_rack_can_die_and_the_job_recovers_from_the_other_racks_memory(
+        bin_dir, tmp_path):
+    # Four hosts of one GPU in two racks: each rack gets a whole replica
+    # of tp=1,pp=2,dp=2 (not both copies of a stage), so losing either
+    # rack loses no region.
+    c = LocalCluster(bin_dir, tmp_path, hosts=4, gpus=1,
+                     domains=["rack1", "rack1", "rack2", "rack2"])
+    try:
+        start_job(c, config="tp=1,pp=2,dp=2", hosts=("host0", "host1", "host2", "host3"))
+        job = c.ptcctl_json("jobs")[1]["jobs"][0]
+        assert job["survival"] == ("survives the loss of any one host; survives the loss of "
+                                   "any one domain (rack1, rack2)"), job
+        lost, kept = (("host0", "host1"), ("host2", "host3"))
+        if random.random() < 0.5:
+            lost, kept = kept, lost
+        print(f"the rack of {lost} dies")
+        for h in lost:
+            c.kill(h)
+        for h in lost:
+            c.wait_dead(h)
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,pp=2,dp=1",
+                                     "--hosts", ",".join(kept))
+        assert code == 0 and report["phase"] == "committed", report
         v = c.job_tool("verify", "--job", "j")
         assert v.returncode == 0, v.stdout + v.stderr
     finally:
