@@ -39,7 +39,13 @@ absl::StatusOr<PlacementResult> PlaceJob(const proto::PlacementOptions& options,
       if (config.AxisIndex("tp") >= 0 && config.size("tp") <= max_free)
         req.colocate = {"tp"};
     }
+    req.survive = !options.prefer_movement();
     return ChoosePlacement(req);
+  }
+  if (options.prefer_movement()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefer_movement applies to the ptc placement; a ", strategy,
+        " placement says where every rank runs itself"));
   }
   if (options.colocate_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -109,6 +109,11 @@ struct Result {
   double plan_min = 0, plan_median = 0, plan_max = 0;
   double total_median = 0;
   bool valid = false;
+  // The ptc placement survives any one host's loss from memory; and the
+  // bytes across hosts of the placement that puts movement first
+  // (PlacementOptions.prefer_movement): what survivability costs.
+  bool survives = false;
+  int64_t movement_first_bytes = -1;
 };
 
 absl::StatusOr<Result> RunCase(const Case& c, int runs) {
@@ -149,6 +154,13 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   getrusage(RUSAGE_SELF, &usage);
   r.peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   r.valid = ValidatePlan(s.input(), plan).ok();
+  r.survives = s.placement.survival.hosts > 1 && s.placement.survival.hosts_lost.empty();
+  plan = Plan();
+  proto::PlacementOptions movement_first;
+  movement_first.set_prefer_movement(true);
+  PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, movement_first, candidates));
+  PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(s.input()));
+  r.movement_first_bytes = plan.summary.cross_host_bytes;
   plan = Plan();
   proto::PlacementOptions contiguous;
   contiguous.set_strategy(proto::PLACEMENT_CONTIGUOUS);
@@ -165,23 +177,28 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
 }
 
 std::string Encode(const Result& r) {
-  return absl::StrFormat("%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d",
-                         r.contiguous_bytes, r.contiguous_send, r.ptc_bytes,
-                         r.ptc_send, r.bound, r.tenplex_bytes, r.tenplex_send,
-                         r.pieces, r.released, r.peak, r.place_min, r.place_median,
-                         r.place_max, r.plan_min, r.plan_median, r.plan_max,
-                         r.total_median, r.valid ? 1 : 0);
+  return absl::StrFormat(
+      "%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d %d %d",
+      r.contiguous_bytes, r.contiguous_send, r.ptc_bytes, r.ptc_send, r.bound,
+      r.tenplex_bytes, r.tenplex_send, r.pieces, r.released, r.peak,
+      r.place_min, r.place_median, r.place_max, r.plan_min, r.plan_median,
+      r.plan_max, r.total_median, r.valid ? 1 : 0, r.survives ? 1 : 0,
+      r.movement_first_bytes);
 }
 
 bool Decode(const std::string& line, Result* r) {
-  int valid = 0;
-  long long v[10];
+  int valid = 0, survives = 0;
+  long long v[10], movement_first = -1;
   const int n = std::sscanf(
-      line.c_str(), "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf %lf %lf %d",
+      line.c_str(),
+      "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf %lf %lf %d %d %lld",
       &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
       &r->place_min, &r->place_median, &r->place_max, &r->plan_min,
-      &r->plan_median, &r->plan_max, &r->total_median, &valid);
-  if (n != 18) return false;
+      &r->plan_median, &r->plan_max, &r->total_median, &valid, &survives,
+      &movement_first);
+  if (n != 20) return false;
+  r->survives = survives;
+  r->movement_first_bytes = movement_first;
   r->contiguous_bytes = v[0], r->contiguous_send = v[1], r->ptc_bytes = v[2];
   r->ptc_send = v[3], r->bound = v[4], r->tenplex_bytes = v[5];
   r->tenplex_send = v[6], r->pieces = v[7], r->released = v[8], r->peak = v[9];
@@ -234,7 +251,9 @@ int Run(int runs, int only, bool markdown) {
     std::cout << "| case | contiguous: across / largest send | ptc placement: "
                  "across / largest send | Tenplex-style: across / largest "
                  "send | place, median (min-max) | plan, median (min-max) | "
-                 "peak memory: ptc / with comparisons |\n|---|---|---|---|---|---|---|\n";
+                 "peak memory: ptc / with comparisons | ptc survives any one "
+                 "host's loss / across with movement first |\n"
+                 "|---|---|---|---|---|---|---|---|\n";
   } else {
     std::cout << absl::StrFormat(
         "%d runs per case; times are median (min-max); every plan validated\n\n",
@@ -265,15 +284,21 @@ int Run(int runs, int only, bool markdown) {
     const std::string place = Times(r.place_median, r.place_min, r.place_max);
     const std::string plan = Times(r.plan_median, r.plan_min, r.plan_max);
     if (markdown) {
-      std::cout << absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s |\n",
+      std::cout << absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s | %s |\n",
                                    c.name, pair_c, pair_p, pair_t, place, plan,
-                                   absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)));
+                                   absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)),
+                                   absl::StrCat(r.survives ? "yes" : "no", " / ",
+                                                Bytes(r.movement_first_bytes)));
     } else {
       std::cout << c.name << "\n"
                 << absl::StrFormat("  %s %s -> %s\n", c.model, c.from, c.to)
                 << absl::StrFormat("  across hosts / largest send: contiguous %s; "
                                    "ptc %s (bound %s); tenplex-style %s\n",
                                    pair_c, pair_p, Bytes(r.bound), pair_t)
+                << absl::StrFormat("  survives any one host's loss: %s; across "
+                                   "hosts with movement first: %s\n",
+                                   r.survives ? "yes" : "no",
+                                   Bytes(r.movement_first_bytes))
                 << absl::StrFormat("  place %s, plan %s; %d pieces, %d hosts "
                                    "released; peak memory %s (%s with the "
                                    "comparisons)%s\n\n",

@@ -102,3 +102,26 @@ def test_lost_state_is_reported_as_json_for_machines(ptcctl):
     err = json.loads(r.stdout)["error"]
     assert err["code"] == "FAILED_PRECONDITION"
     assert "no surviving copy" in err["message"] and "host1" in err["message"]
+
+
+def test_the_placement_says_which_host_losses_it_survives(ptcctl):
+    # tp=1,pp=2,dp=2 held in rank order on two hosts (each host both
+    # replicas of one stage): ptc's placement moves half of it so that
+    # each host holds a whole replica; --prefer-movement keeps it in place
+    # and says that either host's loss loses a stage.
+    args = ["plan", "--model", SMALL, "--from", "tp=1,pp=2,dp=2", "--to", "tp=1,pp=2,dp=2",
+            "--hosts", "2x2", "--json"]
+    r = ptcctl(*args)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["placement"]["survives_host_loss"] is True
+    assert out["placement"]["survival"] == "survives the loss of any one host"
+    assert out["summary"]["cross_host_bytes"] > 0
+    r = ptcctl(*args, "--prefer-movement")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["placement"]["survives_host_loss"] is False
+    assert out["placement"]["survival"].startswith("does not survive the loss of host host0")
+    assert out["summary"]["cross_host_bytes"] == 0
+    text = ptcctl(*args[:-1]).stdout
+    assert "survives the loss of any one host" in text, text

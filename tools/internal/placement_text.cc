@@ -117,6 +117,7 @@ absl::StatusOr<proto::PlacementOptions> PlacementFlags(const Args& args) {
        absl::StrSplit(args.Get("colocate"), ',', absl::SkipEmpty())) {
     o.add_colocate(std::string(a));
   }
+  o.set_prefer_movement(args.Flag("prefer-movement"));
   return o;
 }
 

@@ -25,7 +25,8 @@ std::string Spans(const std::vector<int>& v);
 // them (0: all), then the released hosts and which losses it survives.
 std::string FormatPlacement(const proto::PlanSummary& p, int max_hosts = 0);
 
-// --placement ptc|contiguous|FILE ("HOST GPU" per rank) and --colocate.
+// --placement ptc|contiguous|FILE ("HOST GPU" per rank), --colocate and
+// --prefer-movement (a flag).
 absl::StatusOr<proto::PlacementOptions> PlacementFlags(const Args& args);
 
 }  // namespace ptc::tools

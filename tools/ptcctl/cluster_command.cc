@@ -54,6 +54,7 @@ $PTC_TLS_CERT, $PTC_TLS_KEY, the operator's certificate from tools/ptc-certs
 DIR admin; or --insecure for a cluster without TLS):
   ptcctl register    --job J (--model MODEL | --layout FILE) --config CONFIG --hosts h1,h2,...
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
+                     [--prefer-movement]
                      [--auto on [--live] ...]  (automatic changes: see ptcctl auto)
   ptcctl reconfigure --job J --to CONFIG [--hosts h1,h2,...] [--parallel-pulls N]
                      [--after-save [--hot]]  (live jobs: start from the processes'
@@ -61,6 +62,7 @@ DIR admin; or --insecure for a cluster without TLS):
                      [--transport ucx|grpc]   (default: UCX, gRPC where UCX cannot)
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
+                     [--prefer-movement]
   ptcctl prepare     --job J --to CONFIG [--hosts h1,h2,...] [--wait] [--placement ...]
   ptcctl hosts
   ptcctl jobs
@@ -93,10 +95,12 @@ the processes move the state between themselves over their process groups
 (ptc's plan) and save the new layout; the change commits with that save.
 
 The coordinator places the ranks: --hosts are candidates, and it picks
-the hosts and GPUs that make the change shortest and move the fewest bytes
-across hosts (a tp group stays on one host; --colocate names other axes,
-or none), within each host's free GPUs and store memory; hosts it leaves
-without a rank are released. --placement contiguous fills the hosts in the
+the hosts and GPUs that leave a copy of every region on another host (a
+stage's dp replicas on different hosts) where the layout allows, then make
+the change shortest and move the fewest bytes across hosts
+(--prefer-movement: those first) (a tp group stays on one host;
+--colocate names other axes, or none), within each host's free GPUs and
+store memory; hosts it leaves without a rank are released. --placement contiguous fills the hosts in the
 order named (for comparison); --placement FILE gives every rank's "HOST
 GPU", one line per rank in rank order. register and reconfigure print the
 placement; ptcctl ranks tells each host's launcher what to start.
@@ -1191,7 +1195,7 @@ int RunClusterCommand(int argc, const char* const* argv) {
                            "global-batch", "micro-batches", "tokens-per-step",
                            "max-gpus", "save-timeout"}),
       {"json", "help", "wait", "policy-only", "all", "live", "unpin",
-       "after-save", "hot", "no-hot", kSecurityFlag});
+       "after-save", "hot", "no-hot", "prefer-movement", kSecurityFlag});
   const bool json = args.ok() && args->Flag("json");
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl " + cmd, s, code, json, kClusterUsage);

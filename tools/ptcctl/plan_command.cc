@@ -31,6 +31,7 @@ const char kPlanUsage[] =
     R"(usage: ptcctl plan (--model MODEL | --layout FILE) --from CONFIG --to CONFIG --hosts NxG
                    [--to-hosts NxG] [--dead-hosts LIST] [--link-gbps GBPS]
                    [--placement ptc|contiguous|FILE] [--colocate AXES]
+                   [--prefer-movement]
                    [--baseline tenplex [--baseline-out FILE]] [--json] [--out FILE]
 
 Shows how a job's state would move from one parallel layout to another:
@@ -59,6 +60,10 @@ and planning time. Nothing is sent; no daemon is contacted.
                 target hosts in order; FILE gives "HOST GPU" per rank
   --colocate    axes whose groups must share a host (default tp where a
                 tp group fits a host; none for no constraint)
+  --prefer-movement
+                the ptc placement's shortest change and fewest bytes before
+                recoverability (by default a placement whose hosts' loss
+                leaves a copy of every region wins first)
   --baseline    also plan as Tenplex does (replica 0, per rank) and compare
   --json        print a JSON object instead of text
   --out FILE    write the whole plan (layouts, hosts, every transfer) as JSON
@@ -272,7 +277,7 @@ int RunPlanCommand(int argc, const char* const* argv) {
                   {"model", "layout", "from", "to", "hosts", "to-hosts", "dead-hosts",
                    "link-gbps", "placement", "colocate", "baseline", "out",
                    "baseline-out"},
-                  {"json", "help"});
+                  {"json", "help", "prefer-movement"});
   if (args.ok() && args->Flag("help")) {
     std::cout << kPlanUsage;
     return 0;
