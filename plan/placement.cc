@@ -335,30 +335,41 @@ SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
                              const Placement& placement,
                              const Cluster& cluster) {
   SurvivalReport out;
-  // The groups of one level: each used host's name, or its domain's
-  // prefix of `depth` components (-1: the host itself).
-  auto level = [&](int depth, std::vector<std::string>* names) {
-    std::map<std::string, int> id;
+  // The groups of one level: each used host's name (depth -1), or its
+  // domain's prefix of `depth + 1` components; a host whose path is
+  // shorter is a group of its own there (its copies count, it is not a
+  // domain of that level). `domain[g]`: group g is a domain.
+  auto level = [&](int depth, std::vector<std::string>* names,
+                   std::vector<bool>* domain) {
+    std::map<std::pair<bool, std::string>, int> id;
     std::vector<int> group_of_host(cluster.hosts.size(), -1);
     for (int h : placement.host) {
       if (h < 0 || h >= static_cast<int>(cluster.hosts.size()) ||
           group_of_host[h] >= 0)
         continue;
       std::string name = cluster.hosts[h].name;
+      bool is_domain = depth < 0;
       if (depth >= 0) {
         const std::vector<std::string> parts =
             absl::StrSplit(cluster.hosts[h].domain, '/', absl::SkipEmpty());
-        if (static_cast<int>(parts.size()) <= depth) continue;
-        name = absl::StrJoin(parts.begin(), parts.begin() + depth + 1, "/");
+        if (static_cast<int>(parts.size()) > depth) {
+          name = absl::StrJoin(parts.begin(), parts.begin() + depth + 1, "/");
+          is_domain = true;
+        }
       }
-      auto [it, fresh] = id.emplace(name, static_cast<int>(names->size()));
-      if (fresh) names->push_back(name);
+      auto [it, fresh] = id.emplace(std::make_pair(is_domain, name),
+                                    static_cast<int>(names->size()));
+      if (fresh) {
+        names->push_back(name);
+        domain->push_back(is_domain);
+      }
       group_of_host[h] = it->second;
     }
     return group_of_host;
   };
   auto losses = [&](const std::vector<int>& group_of_host,
-                    const std::vector<std::string>& names) {
+                    const std::vector<std::string>& names,
+                    const std::vector<bool>& domain) {
     const std::vector<Regions> held = GroupRegions(
         layout, static_cast<int>(names.size()), [&](int rank) {
           const int h = placement.host[rank];
@@ -370,7 +381,7 @@ SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
     std::vector<SurvivalReport::Loss> lost;
     std::vector<std::vector<int32_t>> count;  // holders per region
     for (size_t g = 0; g < names.size(); ++g) {
-      if (survives[g]) continue;
+      if (survives[g] || !domain[g]) continue;
       SurvivalReport::Loss loss{names[g], ""};
       if (count.empty()) {
         count.resize(layout.num_tensors());
@@ -392,14 +403,18 @@ SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
     return lost;
   };
   std::vector<std::string> hosts;
-  out.hosts_lost = losses(level(-1, &hosts), hosts);
+  std::vector<bool> all_hosts;
+  const std::vector<int> by_host = level(-1, &hosts, &all_hosts);
+  out.hosts_lost = losses(by_host, hosts, all_hosts);
   out.hosts = static_cast<int>(hosts.size());
   for (int depth = 0;; ++depth) {
     std::vector<std::string> names;
-    const std::vector<int> groups = level(depth, &names);
-    if (names.empty()) break;
-    for (const std::string& n : names) out.domains.push_back(n);
-    for (SurvivalReport::Loss& l : losses(groups, names))
+    std::vector<bool> domain;
+    const std::vector<int> groups = level(depth, &names, &domain);
+    if (std::find(domain.begin(), domain.end(), true) == domain.end()) break;
+    for (size_t g = 0; g < names.size(); ++g)
+      if (domain[g]) out.domains.push_back(names[g]);
+    for (SurvivalReport::Loss& l : losses(groups, names, domain))
       out.domains_lost.push_back(std::move(l));
   }
   return out;

@@ -198,6 +198,14 @@ TEST_CASE("placement: survival of a failure domain's loss",
   CHECK(CheckSurvival(spec, *layout, placed->placement, cluster).domains_lost.size() == 2);
   req.cluster = &cluster;
 
+  // A host outside every domain still holds copies: rack r1's loss is
+  // survived when the hosts outside it hold a whole replica.
+  Cluster partly = cluster;
+  partly.hosts[2].domain = partly.hosts[3].domain = "";
+  report = CheckSurvival(spec, *layout, by_replica, partly);
+  CHECK(report.domains == std::vector<std::string>{"r1"});
+  CHECK(report.domains_lost.empty());
+
   // A path: every prefix is a domain of its own.
   cluster.hosts[0].domain = cluster.hosts[1].domain = "dc1/r1";
   cluster.hosts[2].domain = cluster.hosts[3].domain = "dc1/r2";
