@@ -167,10 +167,14 @@ class HaCluster(LocalCluster):
             Supervised(coordinator_command(bin_dir, self.etcd, address, lease, host_timeout),
                        tmp_path / f"coordinator{i}.log")
             for i, address in enumerate(self.addresses)]
-        self.wait_serving()
-        for i in range(hosts):
-            self._start_ptcd(i, memory)
-        self.wait_alive(hosts)
+        try:
+            self.wait_serving()
+            for i in range(hosts):
+                self._start_ptcd(i, memory)
+            self.wait_alive(hosts)
+        except BaseException:
+            self.stop()  # no fixture will: leave no process behind
+            raise
 
     def restart_coordinator(self):
         """What a restart is for one coordinator: here the leader is killed,
