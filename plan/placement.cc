@@ -331,9 +331,39 @@ absl::Status CheckPlacementFits(const PlacementRequest& req,
   return absl::OkStatus();
 }
 
-SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
-                             const Placement& placement,
-                             const Cluster& cluster) {
+namespace {
+
+// Losses that Describe names with an example (the rest it counts).
+constexpr size_t kLossesShown = 3;
+
+// The example a loss names: a region of `held[g]` no other group holds.
+// `count` (holders per region) is filled on first use.
+std::string OnlyThere(const ModelSpec& spec, const Layout& layout,
+                      const std::vector<Regions>& held, size_t g,
+                      std::vector<std::vector<int32_t>>* count_cache) {
+  std::vector<std::vector<int32_t>>& count = *count_cache;
+  if (count.empty()) {
+    count.resize(layout.num_tensors());
+    for (int t = 0; t < layout.num_tensors(); ++t)
+      count[t].assign(layout.regions(t).size(), 0);
+    for (const Regions& r : held)
+      for (uint64_t k : r.keys)
+        ++count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)];
+  }
+  for (uint64_t k : held[g].keys) {
+    if (count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)] < 2) {
+      return absl::StrCat("tensor '", spec.tensors[Regions::Tensor(k)].key, "' ",
+                          held[g].region(k).ToString());
+    }
+  }
+  return "";
+}
+
+// CheckSurvival; without `host_level`, the domains only (ChoosePlacement
+// fills the hosts' part from its blocks).
+SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
+                              const Placement& placement,
+                              const Cluster& cluster, bool host_level) {
   SurvivalReport out;
   // The groups of one level: each used host's name (depth -1), or its
   // domain's prefix of `depth + 1` components; a host whose path is
@@ -379,35 +409,28 @@ SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
         });
     const std::vector<bool> survives = SurvivingGroups(layout, held);
     std::vector<SurvivalReport::Loss> lost;
-    std::vector<std::vector<int32_t>> count;  // holders per region
+    std::vector<std::vector<int32_t>> count;
     for (size_t g = 0; g < names.size(); ++g) {
       if (survives[g] || !domain[g]) continue;
-      SurvivalReport::Loss loss{names[g], ""};
-      if (count.empty()) {
-        count.resize(layout.num_tensors());
-        for (int t = 0; t < layout.num_tensors(); ++t)
-          count[t].assign(layout.regions(t).size(), 0);
-        for (const Regions& r : held)
-          for (uint64_t k : r.keys)
-            ++count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)];
-      }
-      for (uint64_t k : held[g].keys) {
-        if (count[Regions::Tensor(k)][static_cast<int32_t>(k & 0xffffffffu)] < 2) {
-          loss.example = absl::StrCat("tensor '", spec.tensors[Regions::Tensor(k)].key,
-                                      "' ", held[g].region(k).ToString());
-          break;
-        }
-      }
-      lost.push_back(std::move(loss));
+      lost.push_back({names[g], lost.size() < kLossesShown
+                                    ? OnlyThere(spec, layout, held, g, &count)
+                                    : ""});
     }
     return lost;
   };
-  std::vector<std::string> hosts;
-  std::vector<bool> all_hosts;
-  const std::vector<int> by_host = level(-1, &hosts, &all_hosts);
-  out.hosts_lost = losses(by_host, hosts, all_hosts);
-  out.hosts = static_cast<int>(hosts.size());
-  for (int depth = 0;; ++depth) {
+  if (host_level) {
+    std::vector<std::string> hosts;
+    std::vector<bool> all_hosts;
+    const std::vector<int> by_host = level(-1, &hosts, &all_hosts);
+    out.hosts_lost = losses(by_host, hosts, all_hosts);
+    out.hosts = static_cast<int>(hosts.size());
+  }
+  const bool any_domain = std::any_of(
+      placement.host.begin(), placement.host.end(), [&](int32_t h) {
+        return h >= 0 && h < static_cast<int>(cluster.hosts.size()) &&
+               !cluster.hosts[h].domain.empty();
+      });
+  for (int depth = 0; any_domain; ++depth) {
     std::vector<std::string> names;
     std::vector<bool> domain;
     const std::vector<int> groups = level(depth, &names, &domain);
@@ -420,14 +443,23 @@ SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
   return out;
 }
 
+}  // namespace
+
+SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
+                             const Placement& placement,
+                             const Cluster& cluster) {
+  return SurvivalLevels(spec, layout, placement, cluster, true);
+}
+
 std::string SurvivalReport::Describe() const {
   auto list = [](const std::vector<Loss>& lost) {
     std::vector<std::string> shown;
-    for (size_t i = 0; i < lost.size() && i < 3; ++i) {
+    for (size_t i = 0; i < lost.size() && i < kLossesShown; ++i) {
       shown.push_back(absl::StrCat(lost[i].domain, " (", lost[i].example,
                                    " is only there)"));
     }
-    if (lost.size() > 3) shown.push_back(absl::StrCat(lost.size() - 3, " more"));
+    if (lost.size() > kLossesShown)
+      shown.push_back(absl::StrCat(lost.size() - kLossesShown, " more"));
     return absl::StrJoin(shown, ", ");
   };
   std::string out =
@@ -557,7 +589,8 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     // loss leaves a copy of everything.
     int survivable = 0;
   };
-  auto group = [&](const std::vector<int>& order) {
+  // The blocks of an order; group() adds what they need.
+  auto blocks_of = [&](const std::vector<int>& order) {
     Grouping g;
     size_t next = 0;
     for (int c : by_room) {
@@ -570,6 +603,9 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     g.block_of_unit.assign(units, -1);
     for (size_t b = 0; b < g.blocks.size(); ++b)
       for (int u : g.blocks[b]) g.block_of_unit[u] = static_cast<int>(b);
+    return g;
+  };
+  auto group = [&](Grouping g) {
     g.needs = GroupRegions(*req.target, static_cast<int>(g.blocks.size()),
                            [&](int rank) { return g.block_of_unit[unit_of[rank]]; });
     const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
@@ -580,29 +616,32 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   std::iota(rank_order.begin(), rank_order.end(), 0);
   std::vector<int> replica_order = rank_order;
   const int dp_axis = config.AxisIndex("dp");
-  if (dp_axis >= 0) {
-    std::stable_sort(replica_order.begin(), replica_order.end(), [&](int a, int b) {
-      return config.CoordOf(unit_ranks[a][0]).index[dp_axis] <
-             config.CoordOf(unit_ranks[b][0]).index[dp_axis];
-    });
+  if (dp_axis >= 0 && req.survive) {
+    std::vector<int> replica(units);
+    for (int u = 0; u < units; ++u)
+      replica[u] = config.CoordOf(unit_ranks[u][0]).index[dp_axis];
+    std::stable_sort(replica_order.begin(), replica_order.end(),
+                     [&](int a, int b) { return replica[a] < replica[b]; });
   }
   // What each block needs and each host holds: passes over every shard
   // of the two layouts, run side by side.
   std::vector<Regions> holdings;
   std::thread holdings_pass([&] { holdings = HostHoldings(req); });
   std::vector<Grouping> groupings;
-  groupings.push_back(group(rank_order));
+  Grouping packed = blocks_of(rank_order);
   if (req.survive && replica_order != rank_order) {
-    Grouping spread = group(replica_order);
-    // The same blocks in another order place the same way.
+    Grouping spread = blocks_of(replica_order);
+    // The same blocks in another order place the same way (a unit that
+    // fills a host): only different blocks are worth a pass.
     auto sorted = [](std::vector<std::vector<int>> blocks) {
       for (auto& b : blocks) std::sort(b.begin(), b.end());
       std::sort(blocks.begin(), blocks.end());
       return blocks;
     };
-    if (sorted(spread.blocks) != sorted(groupings[0].blocks))
-      groupings.push_back(std::move(spread));
+    if (sorted(spread.blocks) != sorted(packed.blocks))
+      groupings.push_back(group(std::move(spread)));
   }
+  groupings.insert(groupings.begin(), group(std::move(packed)));
   // Assigns the blocks of a grouping to the candidate hosts.
   auto assign = [&](const std::vector<std::vector<int>>& blocks,
                     const std::vector<Regions>& needs)
@@ -834,7 +873,9 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
 
   absl::StatusOr<PlacementResult> best = absl::InternalError("no grouping");
   int best_survivable = -1;
-  for (const Grouping& g : groupings) {
+  size_t best_grouping = 0;
+  for (size_t gi = 0; gi < groupings.size(); ++gi) {
+    const Grouping& g = groupings[gi];
     absl::StatusOr<PlacementResult> placed = assign(g.blocks, g.needs);
     if (!placed.ok()) {
       if (!best.ok() && best_survivable < 0) best = placed;
@@ -853,10 +894,32 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     if (better) {
       best = std::move(placed);
       best_survivable = g.survivable;
+      best_grouping = gi;
     }
   }
   if (best.ok()) {
-    best->survival = CheckSurvival(spec, *req.target, best->placement, cluster);
+    // The hosts' part from the blocks (each used host holds what its
+    // block needs), not another pass over every shard; then the domains.
+    const Grouping& g = groupings[best_grouping];
+    SurvivalReport& report = best->survival;
+    report = SurvivalLevels(spec, *req.target, best->placement, cluster, false);
+    const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
+    std::vector<std::vector<int32_t>> count;
+    std::vector<char> seen(cluster.hosts.size(), 0);
+    for (int r = 0; r < world; ++r) {
+      const int h = best->placement.host[r];
+      if (seen[h]) continue;
+      seen[h] = 1;
+      ++report.hosts;
+      const int block = g.block_of_unit[unit_of[r]];
+      if (!survives[block]) {
+        report.hosts_lost.push_back(
+            {cluster.hosts[h].name,
+             report.hosts_lost.size() < kLossesShown
+                 ? OnlyThere(spec, *req.target, g.needs, block, &count)
+                 : ""});
+      }
+    }
   }
   return best;
 }

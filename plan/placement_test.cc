@@ -435,6 +435,9 @@ TEST_CASE("placement: equal to brute force on random small changes",
     auto survivable = ChoosePlacement(req);
     REQUIRE(survivable.ok());
     REQUIRE(ValidatePlacement(cluster, survivable->placement).ok());
+    // The report from the blocks' regions equals one from every shard.
+    CHECK(CheckSurvival(spec, s->target, survivable->placement, cluster).Describe() ==
+          survivable->survival.Describe());
     CHECK(static_cast<int>(survivable->survival.hosts_lost.size()) <= static_cast<int>(chosen->survival.hosts_lost.size()));
     if (static_cast<int>(survivable->survival.hosts_lost.size()) == static_cast<int>(chosen->survival.hosts_lost.size())) {
       CHECK(survivable->max_receive_seconds <=
