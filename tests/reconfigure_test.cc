@@ -127,24 +127,17 @@ TEST_CASE(
   CHECK(UcxBytes() - ucx_before == (transport == proto::TRANSPORT_UCX ? cross_host : 0));
 }
 
-TEST_CASE(
-    "reconfigure: a source host that fails mid-way is replaced by its replica, "
-    "and the change commits",
-    "[reconfigure]") {
-  DaemonCluster c(kHosts);
-  // dp=2 on hosts 0 and 1; the target on hosts 2 and 3 must pull from them.
-  auto s =
-      MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2",
-                       Hosts({2, 3}), ptc::Cluster::Uniform(kHosts, kGpus));
-  REQUIRE(s.ok());
-  Save(c, *s, 1);
-  auto plan = PlanReconfiguration(s->input());
+// `from` on hosts 0 and 1, saved and planned to the same config on hosts 2
+// and 3; host 1 goes away after planning, before the transfer. The
+// change's outcome.
+absl::StatusOr<ReconfigureReport> ChangeAsHost1Dies(DaemonCluster& c,
+                                                    const PlanScenario& s) {
+  Save(c, s, 1);
+  auto plan = PlanReconfiguration(s.input());
   REQUIRE(plan.ok());
-  // Host 1 goes away after planning, before the transfer: its pieces come
-  // from host 0, its small objects from their copies there or fresh.
   c.daemons[1]->server->Shutdown(absl::ZeroDuration());
   ReconfigureRequest req;
-  const PlanInput input = s->input();
+  const PlanInput input = s.input();
   req.input = &input;
   req.plan = &*plan;
   req.job = "gpt";
@@ -152,7 +145,21 @@ TEST_CASE(
   req.target_version = 2;
   req.plan_epoch = 1;
   req.addresses = c.addresses;
-  auto report = RunReconfiguration(req);
+  return RunReconfiguration(req);
+}
+
+TEST_CASE(
+    "reconfigure: a source host that fails mid-way is replaced by its replica, "
+    "and the change commits",
+    "[reconfigure]") {
+  DaemonCluster c(kHosts);
+  // dp=2: host 1's pieces come from host 0, its small objects from their
+  // copies there or fresh.
+  auto s =
+      MakePlanScenario(kModel, "tp=2,dp=2", Hosts({0, 1}), "tp=2,dp=2",
+                       Hosts({2, 3}), ptc::Cluster::Uniform(kHosts, kGpus));
+  REQUIRE(s.ok());
+  auto report = ChangeAsHost1Dies(c, *s);
   INFO(report.status().ToString());
   REQUIRE(report.ok());
   VerifyTarget(c, *s, 2);
@@ -168,20 +175,7 @@ TEST_CASE(
       MakePlanScenario(kModel, "tp=2,pp=2,dp=1", Hosts({0, 1}), "tp=2,pp=2,dp=1",
                        Hosts({2, 3}), ptc::Cluster::Uniform(kHosts, kGpus));
   REQUIRE(s.ok());
-  Save(c, *s, 1);
-  auto plan = PlanReconfiguration(s->input());
-  REQUIRE(plan.ok());
-  c.daemons[1]->server->Shutdown(absl::ZeroDuration());
-  ReconfigureRequest req;
-  const PlanInput input = s->input();
-  req.input = &input;
-  req.plan = &*plan;
-  req.job = "gpt";
-  req.source_version = 1;
-  req.target_version = 2;
-  req.plan_epoch = 1;
-  req.addresses = c.addresses;
-  auto report = RunReconfiguration(req);
+  auto report = ChangeAsHost1Dies(c, *s);
   REQUIRE(!report.ok());
   CHECK(report.status().code() == absl::StatusCode::kUnavailable);
   CHECK(report.status().message().find("from host1 (") != std::string::npos);
@@ -191,7 +185,6 @@ TEST_CASE(
     REQUIRE(list.ok());
     for (const auto& v : list->jobs(0).versions()) CHECK(v.version() == 1);
   }
-  // Version 1 stays on host 0 (host 1 is gone).
   auto list = c.daemons[0]->client->List("gpt");
   REQUIRE(list.ok());
   REQUIRE(list->jobs_size() == 1);
