@@ -2,10 +2,14 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ptc {
 
@@ -44,6 +48,25 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
   }
   out.host = std::string(host);
   return out;
+}
+
+absl::Status ValidateDomain(absl::string_view domain) {
+  if (domain.empty()) return absl::OkStatus();
+  const std::vector<absl::string_view> parts = absl::StrSplit(domain, '/');
+  const bool valid =
+      domain.size() <= 253 && parts.size() <= 8 &&
+      std::all_of(parts.begin(), parts.end(), [](absl::string_view p) {
+        return !p.empty() && p.size() <= 63 &&
+               std::all_of(p.begin(), p.end(), [](char c) {
+                 return absl::ascii_isalnum(c) || c == '.' || c == '-' ||
+                        c == '_';
+               });
+      });
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "failure domain '", absl::CHexEscape(domain.substr(0, 300)),
+      "' must be a path of 1 to 8 names ('rack3', 'dc1/rack3'), each of 1 "
+      "to 63 letters, digits, '.', '-' or '_'"));
 }
 
 }  // namespace ptc

@@ -25,6 +25,12 @@ struct HostPort {
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text,
                                        bool allow_port_zero = false);
 
+// A host's failure domain, a path from the widest ("rack3", "dc1/rack3"):
+// empty (none), or 1 to 8 names of 1 to 63 letters, digits, '.', '-' or
+// '_' joined by '/', at most 253 characters. INVALID_ARGUMENT says the
+// rule.
+absl::Status ValidateDomain(absl::string_view domain);
+
 }  // namespace ptc
 
 #endif  // PTC_COMMON_ADDRESS_H_

@@ -411,27 +411,8 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, "memory ", h.memory_bytes(), " bytes is negative"));
   }
-  // A domain path: 1 to 8 components of 1 to 63 letters, digits, '.',
-  // '-' or '_', joined by '/'.
-  if (!h.domain().empty()) {
-    const std::vector<std::string> parts = absl::StrSplit(h.domain(), '/');
-    const bool valid =
-        h.domain().size() <= 253 && parts.size() <= 8 &&
-        std::all_of(parts.begin(), parts.end(), [](const std::string& p) {
-          return !p.empty() && p.size() <= 63 &&
-                 std::all_of(p.begin(), p.end(), [](char c) {
-                   return absl::ascii_isalnum(c) || c == '.' || c == '-' ||
-                          c == '_';
-                 });
-        });
-    if (!valid) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, "failure domain '",
-          absl::CHexEscape(h.domain().substr(0, 300)),
-          "' must be a path of 1 to 8 names ('rack3', 'dc1/rack3'), each of "
-          "1 to 63 letters, digits, '.', '-' or '_'"));
-    }
-  }
+  PTC_RETURN_IF_ERROR(
+      Annotate(ValidateDomain(h.domain()), absl::StrCat("host ", h.name())));
   if (h.ucx_address().size() > 64 << 10) {
     return absl::InvalidArgumentError(absl::StrCat(who, "a UCX address of ",
                                                    h.ucx_address().size(),

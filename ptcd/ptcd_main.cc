@@ -271,6 +271,8 @@ absl::Status Run(int argc, char** argv) {
       host.set_gpu_memory_bytes(*gpu_memory);
     }
     host.set_bandwidth(bandwidth);
+    PTC_RETURN_IF_ERROR(
+        Annotate(ValidateDomain(settings.Get("domain", "")), "--domain"));
     host.set_domain(settings.Get("domain", ""));
     host.set_memory_bytes(options.memory_limit_bytes);
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));

@@ -146,3 +146,14 @@ def test_the_example_configuration_names_every_option(bin_dir, binary, example):
     missing = [o for o in sorted(options)
                if not re.search(rf"^(# )?{o.replace('-', '_')} =", text, flags=re.M)]
     assert not missing, f"deploy/{example} lacks {missing}"
+
+
+@pytest.mark.parametrize("domain", ["a//b", "rack 3", "/rack3", "x" * 64,
+                                    "/".join(["r"] * 9)])
+def test_ptcd_refuses_a_malformed_failure_domain_at_start(bin_dir, tmp_path, domain):
+    r = subprocess.run([str(bin_dir / "ptcd/ptcd"), "--insecure", "--listen", "127.0.0.1:0",
+                        "--socket", "none", "--coordinator", "127.0.0.1:1", "--name", "h",
+                        "--gpus", "1", "--domain", domain],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--domain: failure domain" in r.stderr and "must be a path" in r.stderr, r.stderr
