@@ -1109,7 +1109,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
       const SurvivalReport report =
           CheckSurvival(*p.spec, *layout, p.placement, p.cluster);
       judged.text = report.Describe();
-      judged.any_host = report.hosts > 1 && report.hosts_lost.empty();
+      judged.any_host = report.SurvivesAnyHost();
     }
     s->set_survival(judged.text);
     s->set_survives_host_loss(judged.any_host);

@@ -104,8 +104,6 @@ const EtcdControlStore::Endpoint& EtcdControlStore::Using() const {
   return members_[member_.load() % members_.size()];
 }
 
-std::string EtcdControlStore::Member() const { return Using().address; }
-
 std::string EtcdControlStore::SeenLeader() const {
   absl::MutexLock lock(&mu_);
   return seen_leader_;

@@ -77,9 +77,6 @@ class EtcdControlStore final : public ControlStore {
   // The leader's identity (empty if none leads).
   absl::StatusOr<std::string> Leader();
 
-  // The member calls go to now (HOST:PORT).
-  std::string Member() const;
-
   // The leader's identity as Campaign last read it (empty: none led, or
   // not read yet). What a standby tells callers.
   std::string SeenLeader() const;

@@ -403,9 +403,8 @@ absl::Status CoordinatorService::DoReconfigure(
 absl::StatusOr<CoordinatorService::Outline> CoordinatorService::OutlineOf(
     const proto::ReconfigureRequest& req) {
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
-  const SurvivalReport& survival = planned.placement.survival;
   return Outline{planned.flight->plan.summary,
-                 survival.hosts > 1 && survival.hosts_lost.empty()};
+                 planned.placement.survival.SurvivesAnyHost()};
 }
 
 absl::Status CoordinatorService::PlanAndStart(

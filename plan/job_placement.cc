@@ -103,8 +103,7 @@ void SetPlacementSummary(const PlacementResult& result,
   }
   for (int h : result.released) summary->add_released_hosts(names[h]);
   summary->set_survival(result.survival.Describe());
-  summary->set_survives_host_loss(result.survival.hosts > 1 &&
-                                  result.survival.hosts_lost.empty());
+  summary->set_survives_host_loss(result.survival.SurvivesAnyHost());
 }
 
 std::vector<std::string> UsedHosts(const PlacementResult& result,

@@ -85,6 +85,8 @@ struct SurvivalReport {
   std::vector<Loss> hosts_lost;      // hosts whose loss loses a region
   std::vector<std::string> domains;  // the domains of those hosts
   std::vector<Loss> domains_lost;
+  // On more than one host, and no host's loss loses a region.
+  bool SurvivesAnyHost() const { return hosts > 1 && hosts_lost.empty(); }
   // "survives the loss of any one host; of domain rack1: no (tensor 'w'
   // [0:64, 0:128] is only there)".
   std::string Describe() const;

@@ -154,7 +154,7 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   getrusage(RUSAGE_SELF, &usage);
   r.peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   r.valid = ValidatePlan(s.input(), plan).ok();
-  r.survives = s.placement.survival.hosts > 1 && s.placement.survival.hosts_lost.empty();
+  r.survives = s.placement.survival.SurvivesAnyHost();
   plan = Plan();
   proto::PlacementOptions movement_first;
   movement_first.set_prefer_movement(true);
