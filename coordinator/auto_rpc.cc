@@ -23,18 +23,6 @@ namespace {
 // Advised configs planned to compare the bytes they move (the fastest
 // within the margin); each plan takes a few milliseconds to a second.
 constexpr int kMaxPlannedCandidates = 8;
-constexpr absl::Duration kAutoRetry = absl::Seconds(10);
-constexpr double kDefaultSaveTimeout = 60;
-// A rank counts as at its job's meeting when it asked within this (its
-// client asks every 50 ms while it waits): one that died meanwhile is no
-// longer counted.
-constexpr absl::Duration kMeetingPresence = absl::Seconds(5);
-// How often, at most, a meeting looks over all of its ranks for absent
-// ones before every rank has arrived (and once more when the last does).
-constexpr absl::Duration kMeetingScan = absl::Milliseconds(100);
-// How many of the absent ranks an answer names.
-constexpr size_t kMeetingAbsentShown = 8;
-
 bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
               const std::string& x) {
   return std::find(list.begin(), list.end(), x) != list.end();
@@ -65,14 +53,6 @@ absl::Status ValidateAutoPolicy(const proto::AutoPolicy& p,
         Annotate(CheckConfig(spec, *c), "auto policy: pinned config"));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<CoordinatorService::Job*> CoordinatorService::KnownJobLocked(
-    const std::string& name) {
-  auto it = jobs_.find(name);
-  if (it == jobs_.end())
-    return absl::NotFoundError(absl::StrCat("job '", name, "' is unknown"));
-  return it->second.get();
 }
 
 absl::Status CoordinatorService::SetPendingLocked(
@@ -135,7 +115,7 @@ absl::Status CoordinatorService::SetPendingLocked(
       ->info("job {}: change to {} ({}) waits for the processes' next {}",
              job.state.job(), req.to(), reason,
              hot ? "step boundary (hot switch)" : "save");
-  auto_wake_ = true;
+  auto_changes_.Wake();
   return PersistLocked();
 }
 
@@ -164,7 +144,7 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
   int free = 0;
   {
     absl::MutexLock lock(&mu_);
-    PTC_ASSIGN_OR_RETURN(const Job* known, KnownJobLocked(req.job()));
+    PTC_ASSIGN_OR_RETURN(const Job* known, jobs_.Known(req.job()));
     const Job& job = *known;
     spec = job.spec;
     PTC_ASSIGN_OR_RETURN(in.current, spec->ParseConfig(job.state.config()));
@@ -174,32 +154,29 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     std::vector<std::string> asked(req.hosts().begin(), req.hosts().end());
     if (asked.empty()) {
       for (const std::string& h : job.state.pool()) {
-        auto hit = hosts_.find(h);
-        if (hit != hosts_.end() && hit->second.status.alive() &&
-            !hit->second.status.draining())
-          asked.push_back(h);
+        if (hosts_.Usable(h)) asked.push_back(h);
       }
     }
     in.gpus_per_host = 1 << 20;
     in.gpu_memory_bytes = 0;
     in.link_bandwidth = 0;
     for (const std::string& h : asked) {
-      auto hit = hosts_.find(h);
-      if (hit == hosts_.end())
+      const HostRegistry::Host* hit = hosts_.Find(h);
+      if (hit == nullptr)
         return absl::NotFoundError(absl::StrCat("host '", h, "' is not registered"));
-      if (!hit->second.status.alive())
+      if (!hit->status.alive())
         return absl::FailedPreconditionError(
             absl::StrCat("host '", h, "' is dead; choose live hosts"));
       if (std::find(hosts.begin(), hosts.end(), h) != hosts.end())
         return absl::InvalidArgumentError(absl::StrCat("host '", h, "' is named twice"));
       const int id = static_cast<int>(
           std::find(res.names.begin(), res.names.end(), h) - res.names.begin());
-      const int gpus = hit->second.status.gpus() -
+      const int gpus = hit->status.gpus() -
                        static_cast<int>(res.taken[id].size());
       if (gpus <= 0) continue;
       hosts.push_back(h);
       free += gpus;
-      const proto::HostStatus& s = hit->second.status;
+      const proto::HostStatus& s = hit->status;
       in.gpus_per_host = std::min(in.gpus_per_host, s.gpus());
       const int64_t mem =
           s.gpu_memory_bytes() > 0 ? s.gpu_memory_bytes() : kDefaultGpuMemoryBytes;
@@ -280,17 +257,15 @@ grpc::Status CoordinatorService::SetAutoPolicy(
       !denied.ok())
     return denied;
   absl::MutexLock lock(&mu_);
-  auto known = KnownJobLocked(req->job());
+  auto known = jobs_.Known(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());
   Job& job = **known;
   if (absl::Status s = ValidateAutoPolicy(req->policy(), *job.spec); !s.ok())
     return ToGrpcStatus(s);
   // What the auto loop compares the new policy with, when it has not
   // looked at the job since the previous one was set.
-  auto_seen_policy_.emplace(req->job(), job.state.auto_policy().SerializeAsString());
+  auto_changes_.PolicyChanging(req->job(), job.state.auto_policy());
   *job.state.mutable_auto_policy() = req->policy();
-  auto_retry_.erase(req->job());
-  auto_wake_ = true;
   *resp->mutable_policy() = req->policy();
   Log("coordinator")
       ->info("job {}: automatic changes {}{}", req->job(),
@@ -318,19 +293,20 @@ grpc::Status CoordinatorService::ChangeHosts(
   const bool drain = req->op() == proto::ChangeHostsRequest::OP_DRAIN;
   absl::MutexLock lock(&mu_);
   for (const std::string& h : req->hosts()) {
-    if (!hosts_.count(h)) {
+    if (hosts_.Find(h) == nullptr) {
       return ToGrpcStatus(absl::NotFoundError(
           absl::StrCat("host '", h, "' is not registered")));
     }
   }
   Job* target = nullptr;
   if (!drain && !req->job().empty()) {
-    auto known = KnownJobLocked(req->job());
+    auto known = jobs_.Known(req->job());
     if (!known.ok()) return ToGrpcStatus(known.status());
     target = *known;
   }
+  hosts_.SetDraining({req->hosts().begin(), req->hosts().end()}, drain)
+      .IgnoreError();  // every one is registered: checked above
   for (const std::string& h : req->hosts()) {
-    hosts_[h].status.set_draining(drain);
     if (target != nullptr && !Contains(target->state.pool(), h))
       target->state.add_pool(h);
   }
@@ -347,9 +323,8 @@ grpc::Status CoordinatorService::ChangeHosts(
       resp->add_manual(name);
     }
   }
-  auto_seen_.clear();
-  auto_retry_.clear();
-  auto_wake_ = true;
+  auto_changes_.HostsChanged();
+  auto_changes_.Wake();
   Log("coordinator")
       ->info("hosts {} {}{}", absl::StrJoin(req->hosts(), ", "),
              drain ? "drained" : "added",
@@ -364,7 +339,7 @@ grpc::Status CoordinatorService::Rendezvous(
       !denied.ok())
     return denied;
   absl::MutexLock lock(&mu_);
-  auto known = KnownJobLocked(req->job());
+  auto known = jobs_.Known(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());
   const Job& job = **known;
   if (req->layout_epoch() != job.state.layout_epoch()) {
@@ -376,14 +351,7 @@ grpc::Status CoordinatorService::Rendezvous(
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "rank ", req->rank(), " is outside the job's ", job.ranks, " ranks")));
   }
-  const absl::Time now = absl::Now();
-  Meeting& meet = rendezvous_[req->job()];
-  if (meet.epoch != req->layout_epoch() ||
-      meet.seen.size() != static_cast<size_t>(job.ranks)) {
-    meet = Meeting{};
-    meet.epoch = req->layout_epoch();
-    meet.seen.assign(job.ranks, absl::InfinitePast());
-  }
+  std::string offered;
   if (req->rank() == 0) {
     if (req->port() < 1 || req->port() > 65535) {
       return ToGrpcStatus(absl::InvalidArgumentError(
@@ -391,57 +359,22 @@ grpc::Status CoordinatorService::Rendezvous(
     }
     // The store runs where rank 0 does: at its ptcd's address.
     const auto [rank_hosts, devices] = RankPlacementLocked(job);
-    auto host = rank_hosts.empty() ? hosts_.end() : hosts_.find(rank_hosts[0]);
-    if (host == hosts_.end()) {
+    const HostRegistry::Host* host =
+        rank_hosts.empty() ? nullptr : hosts_.Find(rank_hosts[0]);
+    if (host == nullptr) {
       return ToGrpcStatus(absl::FailedPreconditionError(
           "the host of rank 0 is not registered"));
     }
-    auto addr = ParseHostPort(host->second.status.address());
+    auto addr = ParseHostPort(host->status.address());
     if (!addr.ok()) return ToGrpcStatus(addr.status());
     const bool v6 = addr->host.find(':') != std::string::npos;
-    meet.address = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
-                                req->port());
+    offered = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
+                           req->port());
   }
-  if (meet.seen[req->rank()] == absl::InfinitePast()) ++meet.arrived;
-  meet.seen[req->rank()] = now;
-  if (!meet.met) {
-    // Nobody forms the process groups before every rank is here: a
-    // process that died (or never started) would hold the others in
-    // their groups' connect until its timeout, unable to see the change
-    // its death starts. Here they wait answering UNAVAILABLE, and the
-    // change ends the epoch: FAILED_PRECONDITION above.
-    if (meet.address.empty()) {
-      return ToGrpcStatus(absl::UnavailableError(
-          absl::StrCat("rank 0 of layout epoch ", req->layout_epoch(),
-                       " has not offered its address yet; retry")));
-    }
-    const bool all_arrived = meet.arrived == job.ranks;
-    if (now - meet.scanned >= kMeetingScan ||
-        (all_arrived && meet.scanned_arrived < job.ranks)) {
-      meet.scanned = now;
-      meet.scanned_arrived = meet.arrived;
-      meet.absent_count = 0;
-      meet.absent_shown.clear();
-      for (int r = 0; r < job.ranks; ++r) {
-        if (now - meet.seen[r] <= kMeetingPresence) continue;
-        ++meet.absent_count;
-        if (meet.absent_shown.size() < kMeetingAbsentShown)
-          meet.absent_shown.push_back(r);
-      }
-    }
-    if (!all_arrived || meet.absent_count > 0) {
-      const int absent = std::max(meet.absent_count, 1);
-      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
-          job.ranks - absent, " of the ", job.ranks, " ranks of layout epoch ",
-          req->layout_epoch(), " are here; waiting for rank",
-          meet.absent_shown.size() > 1 ? "s " : " ",
-          absl::StrJoin(meet.absent_shown, ", "),
-          static_cast<size_t>(absent) > meet.absent_shown.size() ? ", ..." : "",
-          "; retry")));
-    }
-    meet.met = true;
-  }
-  resp->set_address(meet.address);
+  auto address = meetings_.Arrive(req->job(), req->layout_epoch(), job.ranks,
+                                  req->rank(), offered, absl::Now());
+  if (!address.ok()) return ToGrpcStatus(address.status());
+  resp->set_address(*address);
   return grpc::Status::OK;
 }
 
@@ -452,7 +385,7 @@ grpc::Status CoordinatorService::ReportProcessExit(
       !denied.ok())
     return denied;
   absl::MutexLock lock(&mu_);
-  auto known = KnownJobLocked(req->job());
+  auto known = jobs_.Known(req->job());
   if (!known.ok()) return ToGrpcStatus(known.status());
   Job& job = **known;
   if (req->layout_epoch() != job.state.layout_epoch()) {
@@ -476,8 +409,7 @@ grpc::Status CoordinatorService::ReportProcessExit(
   Log("coordinator")->warn("job {}: {}", req->job(), why);
   const bool changing = job.state.auto_policy().enabled();
   if (changing) {
-    process_exits_[req->job()] = {req->layout_epoch(), why};
-    auto_wake_ = true;
+    auto_changes_.ProcessExited(req->job(), req->layout_epoch(), why);
   }
   resp->set_changing(changing);
   return grpc::Status::OK;
@@ -485,153 +417,24 @@ grpc::Status CoordinatorService::ReportProcessExit(
 
 void CoordinatorService::AutoLoop() {
   while (true) {
-    // (job, reason, save first, start the pending change)
-    struct Action {
-      std::string job, reason;
-      bool save_first = false;
-      bool pending = false;
-      proto::ReconfigureRequest request;
-      bool must_change = false;
-    };
+    using Action = AutoChanges::Action;
     std::vector<Action> actions;
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || auto_wake_;
+        return stop_ || auto_changes_.woken();
       };
       mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(200));
       if (stop_) return;
-      auto_wake_ = false;
+      auto_changes_.Woke();
       const absl::Time now = absl::Now();
-      for (auto& [name, j] : jobs_) {
-        Job& job = *j;
-        if (job.state.target_version() != 0 || job.committing_save ||
-            job.running || forgetting_.count(name))
-          continue;
-        if (auto r = auto_retry_.find(name);
-            r != auto_retry_.end() && r->second > now)
-          continue;
-        if (auto e = process_exits_.find(name);
-            e != process_exits_.end() && e->second.first != job.state.layout_epoch()) {
-          // A change committed since that process died: the agent starts
-          // its GPU's process anew under the new layout (the other
-          // processes of the old one followed the change).
-          process_exits_.erase(e);
-        }
-        const proto::AutoPolicy& policy = job.state.auto_policy();
-        if (job.state.has_pending()) {
-          const double waited =
-              absl::ToUnixMicros(now) / 1e6 - job.state.pending_unix();
-          const double timeout = policy.save_timeout_seconds() > 0
-                                     ? policy.save_timeout_seconds()
-                                     : kDefaultSaveTimeout;
-          const bool saved = job.state.committed_version() >
-                             job.state.pending_after_version();
-          // A process that died, or the processes of a dead host, will not
-          // save: start from what is committed.
-          bool lost_process = process_exits_.erase(name) > 0;
-          for (const std::string& h : job.state.hosts()) {
-            auto it = hosts_.find(h);
-            lost_process |= it == hosts_.end() || !it->second.status.alive();
-          }
-          if (lost_process && job.state.pending().hot() && policy.enabled()) {
-            // The hot switch cannot finish without every process: the
-            // change is planned again from the committed version.
-            Log("coordinator")
-                ->warn("job {}: a process or host died during the hot switch "
-                       "to {}; the job changes from version {}",
-                       name, job.state.pending().to(),
-                       job.state.committed_version());
-            process_exits_[name] = {job.state.layout_epoch(),
-                                    "a process died during a hot switch"};
-            ClearPendingLocked(job);
-            auto_wake_ = true;
-            continue;
-          }
-          if (saved || waited > timeout || lost_process) {
-            if (!saved) {
-              Log("coordinator")
-                  ->warn("job {}: {}; the change starts from version {}", name,
-                         lost_process ? "a process or host died before it saved"
-                                      : absl::StrCat("no save within ", timeout, " s"),
-                         job.state.committed_version());
-            }
-            actions.push_back({name, job.state.pending_reason(), false, true,
-                               job.state.pending()});
-          }
-          continue;
-        }
-        if (!policy.enabled() || job.state.committed_version() == 0) continue;
-        if (auto e = process_exits_.find(name); e != process_exits_.end()) {
-          // Its other processes cannot go on: a change from the committed
-          // version forms the job again (the agent starts the process anew).
-          actions.push_back({name, e->second.second, false, false, {}, true});
-          process_exits_.erase(e);
-          continue;
-        }
-        std::vector<std::string> dead, draining;
-        for (const std::string& h : job.state.hosts()) {
-          auto it = hosts_.find(h);
-          if (it == hosts_.end() || !it->second.status.alive()) {
-            dead.push_back(h);
-          } else if (it->second.status.draining()) {
-            draining.push_back(h);
-          }
-        }
-        // What the job may use now: its pool's live hosts in service. Not
-        // its config: a change's own commit is no reason for another (one
-        // started for it took in a drain that came right after the commit,
-        // under the wrong reason).
-        std::string seen = absl::StrCat(policy.SerializeAsString(), "|");
-        for (const std::string& h : job.state.pool()) {
-          auto it = hosts_.find(h);
-          if (it != hosts_.end() && it->second.status.alive() &&
-              !it->second.status.draining())
-            absl::StrAppend(&seen, h, ":", it->second.status.gpus(), ",");
-        }
-        if (!dead.empty()) {
-          // Its processes there are gone: the change starts from the
-          // committed version, without them. The dead hosts leave the
-          // pool (ChangeHosts adds them back).
-          auto* pool = job.state.mutable_pool();
-          pool->erase(std::remove_if(pool->begin(), pool->end(),
-                                     [&](const std::string& h) {
-                                       return std::find(dead.begin(), dead.end(),
-                                                        h) != dead.end();
-                                     }),
-                      pool->end());
-          actions.push_back({name,
-                             absl::StrCat(dead.size() > 1 ? "hosts " : "host ",
-                                          absl::StrJoin(dead, ", "), " died"),
-                             false, false, {}});
-        } else if (!draining.empty()) {
-          actions.push_back(
-              {name, absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained"),
-               policy.live(), false, {}});
-        } else if (auto p = auto_seen_policy_.find(name);
-                   p != auto_seen_policy_.end() &&
-                   p->second != policy.SerializeAsString()) {
-          actions.push_back({name, "its automatic-change policy changed",
-                             policy.live(), false, {}});
-        } else if (auto_seen_[name] != seen) {
-          std::vector<std::string> joined;
-          for (const std::string& h : job.state.pool()) {
-            auto it = hosts_.find(h);
-            if (it != hosts_.end() && it->second.status.alive() &&
-                !it->second.status.draining() && !Contains(job.state.hosts(), h))
-              joined.push_back(h);
-          }
-          actions.push_back(
-              {name,
-               joined.empty() ? "its hosts changed"
-                              : absl::StrCat(joined.size() > 1 ? "hosts " : "host ",
-                                             absl::StrJoin(joined, ", "),
-                                             " can take it"),
-               policy.live(), false, {}});
-        }
-        auto_seen_[name] = seen;
-        auto_seen_policy_[name] = policy.SerializeAsString();
+      for (auto& [name, job] : jobs_) {
+        if (jobs_.Forgetting(name)) continue;
+        if (auto a = auto_changes_.Judge(name, *job, hosts_, now))
+          actions.push_back(*std::move(a));
       }
+      // A look that acts may have changed the job's record (dead hosts
+      // leave its pool); one that dropped a hot switch acts next round.
       if (!actions.empty()) PersistLocked().IgnoreError();
     }
     for (const Action& a : actions) {
@@ -643,15 +446,15 @@ void CoordinatorService::AutoLoop() {
               ->warn("job {}: the pending change to {} ({}) could not start: {}",
                      a.job, a.request.to(), a.reason, s.ToString());
           absl::MutexLock lock(&mu_);
-          auto it = jobs_.find(a.job);
-          if (it != jobs_.end() && it->second->state.target_version() == 0) {
-            Job& job = *it->second;
-            ClearPendingLocked(job);
+          Job* found = jobs_.Find(a.job);
+          if (found != nullptr && found->state.target_version() == 0) {
+            Job& job = *found;
+            job.ClearPending();
             job.event.Clear();
             job.event.set_phase(proto::PHASE_ABORTED);
             job.event.set_reason(a.reason);
             job.event.set_error(std::string(s.message()));
-            auto_retry_[a.job] = absl::Now() + kAutoRetry;
+            auto_changes_.Failed(a.job, absl::Now());
             PersistLocked().IgnoreError();
           }
         }
@@ -677,23 +480,21 @@ void CoordinatorService::RunAutoChange(const std::string& name,
   bool hot = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(name);
-    if (it == jobs_.end()) return;
+    Job* found = jobs_.Find(name);
+    if (found == nullptr) return;
     // As ptc writes configs, to compare with the advisor's.
-    auto parsed = it->second->spec->ParseConfig(it->second->state.config());
-    current = parsed.ok() ? parsed->ToString() : it->second->state.config();
-    current_ranks = it->second->ranks;
-    hot = it->second->state.auto_policy().hot();
-    const std::string& pin = it->second->state.auto_policy().pinned_config();
+    auto parsed = found->spec->ParseConfig(found->state.config());
+    current = parsed.ok() ? parsed->ToString() : found->state.config();
+    current_ranks = found->ranks;
+    hot = found->state.auto_policy().hot();
+    const std::string& pin = found->state.auto_policy().pinned_config();
     pinned = !pin.empty();
     if (pinned) {
-      auto p = it->second->spec->ParseConfig(pin);
+      auto p = found->spec->ParseConfig(pin);
       pinned_config = p.ok() ? p->ToString() : pin;
     }
-    for (const std::string& h : it->second->state.hosts()) {
-      auto hit = hosts_.find(h);
-      must_move |= hit == hosts_.end() || !hit->second.status.alive() ||
-                   hit->second.status.draining();
+    for (const std::string& h : found->state.hosts()) {
+      must_move |= !hosts_.Usable(h);
     }
   }
   if (s.ok() && advice.chosen() < 0)
@@ -725,14 +526,14 @@ void CoordinatorService::RunAutoChange(const std::string& name,
       ->warn("job {}: {}, but no automatic change could start: {}", name,
              reason, s.ToString());
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(name);
-  if (it == jobs_.end() || it->second->state.target_version() != 0) return;
-  proto::ReconfigureEvent& e = it->second->event;
+  Job* found = jobs_.Find(name);
+  if (found == nullptr || found->state.target_version() != 0) return;
+  proto::ReconfigureEvent& e = found->event;
   e.Clear();
   e.set_phase(proto::PHASE_ABORTED);
   e.set_reason(absl::StrCat(reason, " (automatic)"));
   e.set_error(std::string(s.message()));
-  auto_retry_[name] = absl::Now() + kAutoRetry;
+  auto_changes_.Failed(name, absl::Now());
 }
 
 }  // namespace ptc

@@ -69,10 +69,6 @@ std::vector<std::string> CoordinatorService::recovery_log() const {
   return recovery_log_;
 }
 
-namespace {
-
-}  // namespace
-
 // state.pb holds the hosts and retired epochs; each job lives in its own
 // file, rewritten only when that job changed (each file is replaced
 // atomically; a job's commit decision is in one file).
@@ -80,35 +76,10 @@ absl::Status CoordinatorService::PersistLocked() {
   // One transaction of the records that changed: the cluster's, and each
   // job's that was registered, changed or forgotten since the last one.
   ControlStore::Writes writes;
-  for (const auto& [name, bytes] : persisted_jobs_) {
-    if (!jobs_.count(name)) writes[JobRecord(name)] = std::nullopt;
-  }
-  std::map<std::string, std::string> jobs;
-  for (const auto& [name, j] : jobs_) {
-    std::string bytes = j->state.SerializeAsString();
-    auto it = persisted_jobs_.find(name);
-    if (it == persisted_jobs_.end() || it->second != bytes)
-      writes[JobRecord(name)] = bytes;
-    jobs[name] = std::move(bytes);
-  }
+  JobTable::Records jobs = jobs_.Writes(&writes);
   // Each host's registration in a record of its own (a cluster of
   // thousands of hosts rewrites only those that changed).
-  for (const auto& [name, bytes] : persisted_hosts_) {
-    if (!hosts_.count(name)) writes[HostRecord(name)] = std::nullopt;
-  }
-  std::map<std::string, std::string> hosts;
-  for (const auto& [name, h] : hosts_) {
-    std::string bytes = h.status.SerializeAsString();
-    auto it = persisted_hosts_.find(name);
-    if (it == persisted_hosts_.end() || it->second != bytes)
-      writes[HostRecord(name)] = bytes;
-    hosts[name] = std::move(bytes);
-  }
-  proto::CoordinatorState state;
-  state.mutable_retired_epochs()->insert(retired_epochs_.begin(),
-                                         retired_epochs_.end());
-  std::string cluster = state.SerializeAsString();
-  if (cluster != persisted_cluster_) writes[kClusterRecord] = cluster;
+  std::map<std::string, std::string> hosts = hosts_.Writes(&writes);
   if (writes.empty()) return absl::OkStatus();
   // Many hosts' records at once (a rack declared dead, a coordinator's
   // first write after an older one's state file) go first, in
@@ -140,69 +111,10 @@ absl::Status CoordinatorService::PersistLocked() {
     if (!batch.empty()) PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
   }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
-  persisted_jobs_ = std::move(jobs);
-  persisted_hosts_ = std::move(hosts);
-  persisted_cluster_ = std::move(cluster);
+  jobs_.Persisted(std::move(jobs));
+  hosts_.Persisted(std::move(hosts));
   return absl::OkStatus();
 }
-
-namespace {
-
-// Ranks and state bytes of a job, or why it cannot run.
-absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
-    const ModelSpec& spec, const std::string& config) {
-  PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
-  PTC_RETURN_IF_ERROR(CheckConfig(spec, c));
-  return std::make_pair(c.world_size(), spec.TotalBytes());
-}
-
-// Store bytes per host name of `config` placed on `rank_hosts` (empty if
-// either is missing).
-std::map<std::string, int64_t> HostBytesOf(
-    const ModelSpec& spec, const std::string& config,
-    const google::protobuf::RepeatedPtrField<std::string>& rank_hosts) {
-  std::map<std::string, int64_t> out;
-  if (config.empty() || rank_hosts.empty()) return out;
-  auto c = spec.ParseConfig(config);
-  if (!c.ok() || c->world_size() != rank_hosts.size()) return out;
-  auto layout = BuildLayout(spec, *c);
-  if (!layout.ok()) return out;
-  std::vector<std::string> names;
-  Placement p;
-  for (const std::string& h : rank_hosts) {
-    auto it = std::find(names.begin(), names.end(), h);
-    p.host.push_back(static_cast<int>(it - names.begin()));
-    if (it == names.end()) names.push_back(h);
-    p.device.push_back(0);
-  }
-  const std::vector<int64_t> bytes =
-      HostStateBytes(spec, *layout, p, static_cast<int>(names.size()));
-  for (size_t h = 0; h < names.size(); ++h) out[names[h]] = bytes[h];
-  return out;
-}
-
-}  // namespace
-
-// The spec of a job as the state file or a registration gives it.
-absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
-    const std::string& model, const proto::LayoutSpec* layout) {
-  if (layout != nullptr) {
-    if (!model.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("give either a model name ('", model,
-                       "') or a layout spec, not both"));
-    }
-    PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromProto(*layout));
-    return std::make_shared<const ModelSpec>(std::move(spec));
-  }
-  if (model.empty()) {
-    return absl::InvalidArgumentError(
-        "a job needs a model name or a layout spec");
-  }
-  PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(model));
-  return std::make_shared<const ModelSpec>(std::move(spec));
-}
-
 
 absl::StatusOr<std::vector<std::string>> CoordinatorService::CommitFlightLocked(
     Job& job) {
@@ -213,21 +125,6 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::CommitFlightLocked(
   auto shape = JobShape(*job.spec, job.state.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
   return lost;
-}
-
-void CoordinatorService::ClearPendingLocked(Job& job) {
-  proto::CoordinatorState::Job& s = job.state;
-  if (const int64_t v = s.hot_version(); v != 0) {
-    job.saved.erase(v);
-    auto* open = s.mutable_open_saves();
-    open->erase(std::remove_if(open->begin(), open->end(),
-                               [&](const auto& o) { return o.version() == v; }),
-                open->end());
-  }
-  s.clear_pending();
-  s.clear_pending_reason();
-  s.set_pending_serial(0);
-  s.set_hot_version(0);
 }
 
 absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
@@ -261,121 +158,27 @@ absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
     s = before;
     return done;
   }
-  ClearPendingLocked(job);
+  job.ClearPending();
   job.event.set_path("hot switch");
   job.event.set_seconds(absl::ToUnixMicros(absl::Now()) / 1e6 - began);
   return absl::OkStatus();
 }
 
-int64_t CoordinatorService::NewVersionLocked(Job& job) {
-  proto::CoordinatorState::Job& s = job.state;
-  const int64_t v = std::max(
-      {s.next_version(), s.committed_version() + 1, s.target_version() + 1});
-  s.set_next_version(v + 1);
-  return v;
-}
-
 absl::Status CoordinatorService::Load() {
   PTC_ASSIGN_OR_RETURN(auto records, options_.store->ReadAll());
-  proto::CoordinatorState state;
-  if (auto it = records.find(kClusterRecord); it != records.end()) {
-    if (!state.ParseFromString(it->second)) {
-      return absl::DataLossError(
-          absl::StrCat("the cluster record in ", options_.store->Describe(),
-                       " is not a coordinator state"));
-    }
-    persisted_cluster_ = it->second;
-  }
+  const std::string where = options_.store->Describe();
+  // Hosts from before per-host records are in the cluster record.
+  proto::CoordinatorState legacy;
+  if (auto it = records.find(kClusterRecord); it != records.end())
+    legacy.ParseFromString(it->second);  // a bad one: JobTable::Load says
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  // Hosts: in records of their own, or inside the cluster record as
-  // coordinators before per-host records wrote them. Known hosts get one
-  // timeout from now to heartbeat again.
-  for (const proto::HostStatus& h : state.hosts())
-    hosts_[h.name()] = Host{h, now};
-  // (The cluster record is rewritten without them by the next write: no
-  // serialization equals this.)
-  if (!state.hosts().empty()) persisted_cluster_ = "\xff(with hosts)";
-  for (const auto& [key, bytes] : records) {
-    if (!absl::StartsWith(key, "hosts/")) continue;
-    proto::HostStatus h;
-    if (!h.ParseFromString(bytes) || h.name().empty()) {
-      return absl::DataLossError(absl::StrCat("record '", key, "' in ",
-                                              options_.store->Describe(),
-                                              " is not a host's registration"));
-    }
-    persisted_hosts_[h.name()] = bytes;
-    hosts_[h.name()] = Host{h, now};
-  }
-  retired_epochs_.insert(state.retired_epochs().begin(),
-                         state.retired_epochs().end());
-  // Jobs: in records of their own, or inside the cluster record as
-  // coordinators before per-job records wrote them (moved into records of
-  // their own by the next write).
-  std::vector<proto::CoordinatorState::Job> loaded(state.jobs().begin(),
-                                                   state.jobs().end());
-  if (!state.jobs().empty()) persisted_cluster_ = "\xff(with jobs)";
-  for (const auto& [key, bytes] : records) {
-    if (!absl::StartsWith(key, "jobs/")) continue;
-    proto::CoordinatorState::Job js;
-    if (!js.ParseFromString(bytes) || js.job().empty()) {
-      return absl::DataLossError(absl::StrCat("record '", key, "' in ",
-                                              options_.store->Describe(),
-                                              " is not a job's state"));
-    }
-    loaded.erase(
-        std::remove_if(loaded.begin(), loaded.end(),
-                       [&](const auto& j) { return j.job() == js.job(); }),
-        loaded.end());
-    persisted_jobs_[js.job()] = bytes;
-    loaded.push_back(std::move(js));
-  }
-  for (const auto& js : loaded) {
-    auto job = std::make_unique<Job>();
-    job->state = js;
-    // A state file from before layout epochs and ptc-chosen versions.
-    if (job->state.layout_epoch() == 0) job->state.set_layout_epoch(1);
-    if (job->state.next_version() == 0) {
-      job->state.set_next_version(
-          std::max(js.committed_version(), js.target_version()) + 1);
-    }
-    auto spec = JobSpec(js.has_layout() ? "" : js.model(),
-                        js.has_layout() ? &js.layout() : nullptr);
-    if (!spec.ok()) {
-      // Refuse to start rather than forget a job with committed state (the
-      // next write of the state file would drop it).
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", js.job(), "' in ", options_.store->Describe(),
-          " has a layout this coordinator cannot read: ",
-          spec.status().message(),
-          "; run the ptc version that registered it, or forget the job"));
-    }
-    job->spec = *std::move(spec);
-    auto shape = JobShape(*job->spec, js.config());
-    if (shape.ok()) std::tie(job->ranks, job->state_bytes) = *shape;
-    job->host_bytes = HostBytesOf(*job->spec, js.config(), js.rank_hosts());
-    job->target_host_bytes =
-        HostBytesOf(*job->spec, js.target_config(), js.target_rank_hosts());
-    // State from before pools: the job's hosts.
-    if (job->state.pool().empty()) *job->state.mutable_pool() = js.hosts();
-    jobs_[js.job()] = std::move(job);
-  }
+  PTC_RETURN_IF_ERROR(jobs_.Load(records, where));
+  // Known hosts get one timeout from now to heartbeat again.
+  PTC_RETURN_IF_ERROR(hosts_.Load(records, legacy, absl::Now(), where));
   Log("coordinator")
       ->info("loaded {} hosts and {} jobs from {}", hosts_.size(), jobs_.size(),
-             options_.store->Describe());
+             where);
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::string>> CoordinatorService::AddressesLocked(
-    const std::vector<std::string>& names) {
-  std::vector<std::string> out;
-  for (const std::string& n : names) {
-    auto it = hosts_.find(n);
-    if (it == hosts_.end())
-      return absl::NotFoundError(absl::StrCat("host '", n, "' is unknown"));
-    out.push_back(it->second.status.address());
-  }
-  return out;
 }
 
 absl::Status ValidateHost(const proto::HostStatus& h) {
@@ -430,22 +233,17 @@ grpc::Status CoordinatorService::RegisterHost(
   const proto::HostStatus& h = req->host();
   if (absl::Status s = ValidateHost(h); !s.ok()) return ToGrpcStatus(s);
   absl::MutexLock lock(&mu_);
-  Host& host = hosts_[h.name()];
-  const bool known = !host.status.name().empty();
-  const bool was_dead = known && !host.status.alive();
-  const bool same_process =
-      known && host.status.incarnation() == h.incarnation();
-  if (known && (was_dead || !same_process)) {
+  const HostRegistry::Registered r = hosts_.Register(h, absl::Now());
+  if (r.known && (r.was_dead || !r.same_process)) {
     // Its memory is gone (a new process), or not to be trusted until the
     // monitor proves it (the same process back after a silence: rule 7).
-    if (same_process) verify_hosts_.insert(h.name());
     for (auto& [name, job] : jobs_) {
       const auto& hosts = job->state.hosts();
       const auto& lost = job->state.lost_hosts();
       if (std::find(hosts.begin(), hosts.end(), h.name()) != hosts.end() &&
           std::find(lost.begin(), lost.end(), h.name()) == lost.end()) {
         job->state.add_lost_hosts(h.name());
-        if (same_process) {
+        if (r.same_process) {
           Log("coordinator")
               ->warn(
                   "job {}: host {} is back (the same process, silent for a "
@@ -462,16 +260,9 @@ grpc::Status CoordinatorService::RegisterHost(
       }
     }
   }
-  // Whether it is drained is the scheduler's word, not the host's.
-  const bool draining = host.status.draining();
-  host.status = h;
-  host.status.set_draining(draining);
-  host.status.set_alive(true);
-  host.last_heartbeat = absl::Now();
-  host.registered_at = host.last_heartbeat;
   Log("coordinator")
       ->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(),
-             h.gpus(), was_dead ? ", back from the dead" : "");
+             h.gpus(), r.was_dead ? ", back from the dead" : "");
   resp->set_heartbeat_interval_seconds(
       absl::ToDoubleSeconds(options_.heartbeat_interval));
   return ToGrpcStatus(PersistLocked());
@@ -484,23 +275,19 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
       !denied.ok())
     return denied;
   absl::MutexLock lock(&mu_);
-  auto it = hosts_.find(req->name());
-  if (it == hosts_.end() || !it->second.status.alive() ||
-      (req->incarnation() != 0 &&
-       req->incarnation() != it->second.status.incarnation())) {
+  if (!hosts_.Heartbeat(req->name(), req->incarnation(), absl::Now())) {
     // Unknown, declared dead, or another process under the name: it must
     // register again (its state is no longer trusted as a source).
     resp->set_known(false);
     return grpc::Status::OK;
   }
-  it->second.last_heartbeat = absl::Now();
   resp->set_known(true);
   // Rule 6: what nothing owns any more is reclaimed. A host that is still
   // to be proven keeps everything until it is.
-  if (verify_hosts_.count(req->name())) return grpc::Status::OK;
+  if (hosts_.NeedsProof(req->name())) return grpc::Status::OK;
   for (const proto::HeldVersion& v : req->versions()) {
-    auto j = jobs_.find(v.job());
-    if (j == jobs_.end() || OwnsVersionLocked(*j->second, v.version()))
+    Job* j = jobs_.Find(v.job());
+    if (j == nullptr || j->OwnsVersion(v.version()))
       continue;
     *resp->add_reclaim() = v;
     Log("coordinator")
@@ -511,19 +298,6 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
             v.committed() ? "committed" : "uncommitted");
   }
   return grpc::Status::OK;
-}
-
-bool CoordinatorService::OwnsVersionLocked(const Job& job,
-                                           int64_t version) const {
-  const proto::CoordinatorState::Job& s = job.state;
-  if (version == s.committed_version()) return true;
-  if (s.target_version() != 0 && version == s.target_version()) return true;
-  // A number never handed out is nobody's yet; leave it (a race with its
-  // allocation would otherwise delete a put that is about to be owned).
-  if (version >= s.next_version()) return true;
-  for (const auto& o : s.open_saves())
-    if (o.version() == version) return true;
-  return false;
 }
 
 void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
@@ -547,18 +321,6 @@ void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
         ->warn("job {} epoch {}: aborting: {}", name, s.target_epoch(),
                job->cancel_reason);
   }
-}
-
-bool CoordinatorService::HostInUseLocked(const std::string& host) {
-  auto names = [&](const auto& list) {
-    return std::find(list.begin(), list.end(), host) != list.end();
-  };
-  for (const auto& [name, j] : jobs_) {
-    const proto::CoordinatorState::Job& s = j->state;
-    if (names(s.hosts()) || names(s.target_hosts()) || names(s.lost_hosts()))
-      return true;
-  }
-  return false;
 }
 
 StoreClient* CoordinatorService::ProbeClient(const std::string& name,
@@ -585,12 +347,7 @@ void CoordinatorService::MonitorLoop() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                absl::Milliseconds(200)))
         return;
-      const absl::Time now = absl::Now();
-      for (auto& [name, h] : hosts_) {
-        if (h.status.alive() && now - std::max(h.last_heartbeat, started) >
-                                    options_.host_timeout / 2)
-          overdue.push_back({name, h.status.address()});
-      }
+      overdue = hosts_.Overdue(absl::Now(), started, options_.host_timeout / 2);
     }
     // Late heartbeats alone do not make a host dead: on a busy machine
     // (or a busy coordinator) they arrive late while the host is fine. A
@@ -619,16 +376,15 @@ void CoordinatorService::MonitorLoop() {
       const absl::Time now = absl::Now();
       bool changed = false;
       for (size_t i = 0; i < overdue.size(); ++i) {
-        auto it = hosts_.find(overdue[i].first);
-        if (it == hosts_.end() || !it->second.status.alive()) continue;
-        Host& h = it->second;
-        const absl::Duration silent = now - std::max(h.last_heartbeat, started);
+        const std::string& name = overdue[i].first;
+        const HostRegistry::Host* h = hosts_.Find(name);
+        if (h == nullptr || !h->status.alive()) continue;
+        const absl::Duration silent = now - std::max(h->last_heartbeat, started);
         if (silent <= options_.host_timeout / 2) continue;  // a heartbeat came
-        const std::string& name = it->first;
         // A ptcd that started after this host registered is another
         // process under its name: the memory of the registered one is gone.
-        if (probed[i].ok() && h.registered_at != absl::InfinitePast() &&
-            *probed[i] + absl::Seconds(1) < now - h.registered_at) {
+        if (probed[i].ok() && h->registered_at != absl::InfinitePast() &&
+            *probed[i] + absl::Seconds(1) < now - h->registered_at) {
           probed[i] = absl::UnavailableError(absl::StrCat(
               "a ptcd started ", absl::FormatDuration(*probed[i]),
               " ago answered, after this host registered"));
@@ -641,34 +397,28 @@ void CoordinatorService::MonitorLoop() {
                     "host {}'s heartbeats are {} late, but it answered "
                     "directly: alive (a busy machine?)",
                     name, absl::FormatDuration(silent));
-          h.last_heartbeat = now;
+          hosts_.HeardFrom(name, now);
           continue;
         }
-        h.status.set_alive(false);
+        hosts_.MarkDead(name);
         changed = true;
         Log("coordinator")
             ->warn("host {} missed its heartbeats for {} and did not answer "
                    "directly ({}); marked dead",
                    name, absl::FormatDuration(silent),
                    probed[i].status().ToString());
-        verify_hosts_.erase(name);
         CancelFlightsOnLocked(name);
       }
       // Hosts dead for host_expiry that no job names are forgotten: the
       // registry does not grow with every machine that ever came by.
-      for (auto it = hosts_.begin(); it != hosts_.end();) {
-        const auto& [name, h] = *it;
-        if (h.status.alive() || now - h.last_heartbeat < options_.host_expiry ||
-            HostInUseLocked(name)) {
-          ++it;
-          continue;
-        }
+      for (const std::string& name : hosts_.Expire(
+               now, options_.host_expiry,
+               [&](const std::string& h) { return jobs_.NameHost(h); })) {
         Log("coordinator")
-            ->info("host {} dead for {} and used by no job; forgotten", name,
-                   absl::FormatDuration(now - h.last_heartbeat));
+            ->info("host {} dead for over {} and used by no job; forgotten",
+                   name, absl::FormatDuration(options_.host_expiry));
         probes_.erase(name);
         probe_addresses_.erase(name);
-        it = hosts_.erase(it);
         changed = true;
       }
       if (changed) PersistLocked().IgnoreError();
@@ -719,11 +469,11 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
   PTC_ASSIGN_OR_RETURN(const auto shape, JobShape(*spec, req.config()));
   PTC_RETURN_IF_ERROR(ValidateAutoPolicy(req.auto_policy(), *spec));
   absl::MutexLock lock(&mu_);
-  if (jobs_.count(req.job())) {
+  if (jobs_.Find(req.job()) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat("job '", req.job(), "' exists"));
   }
-  if (forgetting_.count(req.job())) {
+  if (jobs_.Forgetting(req.job())) {
     return absl::UnavailableError(
         absl::StrCat("job '", req.job(),
                      "' is being forgotten; register it again when that ends"));
@@ -788,21 +538,23 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
   job->state.set_next_version(1);
   *job->state.mutable_auto_policy() = req.auto_policy();
   for (const std::string& h : req.hosts()) job->state.add_pool(h);
-  // Plan epochs continue after those of a forgotten job of the same name.
-  if (auto r = retired_epochs_.find(req.job()); r != retired_epochs_.end())
-    job->state.set_last_epoch(r->second);
   std::tie(job->ranks, job->state_bytes) = shape;
   job->spec = std::move(spec);
   resp->set_ranks(job->ranks);
   resp->set_state_bytes(job->state_bytes);
-  const Job* job_ptr = job.get();
-  jobs_[req.job()] = std::move(job);
+  // Plan epochs continue after those of a forgotten job of the same name.
+  const Job* job_ptr = &jobs_.Add(std::move(job));
   Log("coordinator")
       ->info("job {} registered: {}{} {} on {} hosts ({} tensors)", req.job(),
              req.has_layout() ? "layout spec " : "", job_ptr->state.model(),
              req.config(), job_ptr->state.hosts_size(),
              job_ptr->spec->tensors.size());
-  return PersistLocked();
+  if (absl::Status s = PersistLocked(); !s.ok()) {
+    // Not registered: a retry must not find it half there.
+    jobs_.Discard(req.job());
+    return s;
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status CoordinatorService::ForgetJob(grpc::ServerContext* ctx,
@@ -826,13 +578,13 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
   std::map<std::string, std::string> name_of;  // address -> host name
   {
     absl::MutexLock lock(&mu_);
-    if (forgetting_.count(req.job())) {
+    if (jobs_.Forgetting(req.job())) {
       return absl::UnavailableError(
           absl::StrCat("job '", req.job(), "' is already being forgotten"));
     }
-    auto it = jobs_.find(req.job());
-    if (it != jobs_.end()) {
-      const Job& job = *it->second;
+    Job* found = jobs_.Find(req.job());
+    if (found != nullptr) {
+      const Job& job = *found;
       if (job.committing_save) {
         return absl::UnavailableError(absl::StrCat(
             "job '", req.job(), "' is committing a save; try again"));
@@ -842,34 +594,24 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
             "job '", req.job(), "' is being reconfigured (epoch ",
             job.state.target_epoch(), "); abort it or let it end first"));
       }
-      gone = std::move(it->second);
-      jobs_.erase(it);
-      auto_seen_.erase(req.job());
-      auto_seen_policy_.erase(req.job());
-      auto_retry_.erase(req.job());
-      process_exits_.erase(req.job());
-      rendezvous_.erase(req.job());
-      const int64_t last_epoch =
-          std::max(gone->state.last_epoch(), gone->state.target_epoch());
-      int64_t& retired = retired_epochs_[req.job()];
-      const int64_t was = retired;
-      retired = std::max(retired, last_epoch);
+      gone = jobs_.Remove(req.job());  // retires its plan epochs
+      auto_changes_.Forget(req.job());
+      meetings_.Forget(req.job());
       if (absl::Status s = PersistLocked(); !s.ok()) {
-        retired = was;
-        jobs_[req.job()] = std::move(gone);  // nothing forgotten
+        jobs_.Put(std::move(gone));  // nothing forgotten
         return s;
       }
     }
-    for (const auto& [name, h] : hosts_) {
+    for (const auto& [name, h] : hosts_.hosts()) {
       if (!h.status.alive()) continue;
       addresses.push_back(h.status.address());
       name_of[h.status.address()] = name;
     }
-    forgetting_.insert(req.job());
+    jobs_.BeginForget(req.job());
   }
   absl::Cleanup done = [&] {
     absl::MutexLock lock(&mu_);
-    forgetting_.erase(req.job());
+    jobs_.EndForget(req.job());
   };
   resp->set_was_registered(gone != nullptr);
   if (gone != nullptr && gone->worker.joinable()) gone->worker.join();  // ended
@@ -916,7 +658,7 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext* ctx,
     return denied;
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  for (const auto& [name, h] : hosts_) {
+  for (const auto& [name, h] : hosts_.hosts()) {
     proto::HostStatus* s = resp->add_hosts();
     *s = h.status;
     s->set_seconds_since_heartbeat(
@@ -943,10 +685,10 @@ CoordinatorService::RankPlacementLocked(const Job& job) const {
   Cluster cluster;
   std::vector<int> ids;
   for (const std::string& name : s.hosts()) {
-    auto it = hosts_.find(name);
-    if (it == hosts_.end()) return {};
+    const HostRegistry::Host* h = hosts_.Find(name);
+    if (h == nullptr) return {};
     ids.push_back(static_cast<int>(cluster.hosts.size()));
-    cluster.hosts.push_back({name, it->second.status.gpus(), 25e9});
+    cluster.hosts.push_back({name, h->status.gpus(), 25e9});
   }
   auto placement = ContiguousPlacement(cluster, ids, config->world_size());
   if (!placement.ok()) return {};
@@ -960,7 +702,7 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
     const std::string& job) const {
   Resources r;
   const absl::Time now = absl::Now();
-  for (const auto& [name, h] : hosts_) {
+  for (const auto& [name, h] : hosts_.hosts()) {
     const int32_t id = static_cast<int32_t>(r.names.size());
     r.addresses[id] = h.status.address();
     r.names.push_back(name);
@@ -975,9 +717,13 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
                                                    : -1);
   }
   r.taken.resize(r.names.size());
+  // Names are the registry's, in order: a binary search finds each one (a
+  // linear one was O(ranks x hosts) for every other job of the cluster).
   auto id_of = [&](const std::string& n) {
-    return static_cast<int>(std::find(r.names.begin(), r.names.end(), n) -
-                            r.names.begin());
+    auto it = std::lower_bound(r.names.begin(), r.names.end(), n);
+    return it != r.names.end() && *it == n
+               ? static_cast<int>(it - r.names.begin())
+               : static_cast<int>(r.names.size());
   };
   for (const auto& [name, j] : jobs_) {
     if (name == job) continue;
@@ -1038,8 +784,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
       for (size_t r = 0; r < rank_hosts.size(); ++r) {
         auto [it, fresh] = id.emplace(rank_hosts[r], static_cast<int>(id.size()));
         if (fresh) {
-          auto h = hosts_.find(rank_hosts[r]);
-          const std::string domain = h == hosts_.end() ? "" : h->second.status.domain();
+          const HostRegistry::Host* h = hosts_.Find(rank_hosts[r]);
+          const std::string domain = h == nullptr ? "" : h->status.domain();
           p.cluster.hosts.push_back({rank_hosts[r], 1, 25e9, domain});
           absl::StrAppend(&p.key, "|", rank_hosts[r], "@", domain);
         }
@@ -1131,8 +877,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
 CoordinatorService::Counts CoordinatorService::GetCounts() {
   absl::MutexLock lock(&mu_);
   Counts c;
-  for (const auto& [name, h] : hosts_)
-    (h.status.alive() ? c.hosts_alive : c.hosts_dead)++;
+  c.hosts_alive = hosts_.alive_count();
+  c.hosts_dead = static_cast<int>(hosts_.size()) - c.hosts_alive;
   c.jobs = static_cast<int>(jobs_.size());
   for (const auto& [name, j] : jobs_)
     if (j->state.target_version() != 0) c.changes_in_flight++;
@@ -1152,7 +898,7 @@ grpc::Status CoordinatorService::JobToken(grpc::ServerContext* ctx,
   }
   {
     absl::MutexLock lock(&mu_);
-    if (jobs_.count(req->job()) == 0) {
+    if (jobs_.Find(req->job()) == nullptr) {
       return ToGrpcStatus(absl::NotFoundError(
           absl::StrCat("job '", req->job(), "' is unknown")));
     }

@@ -39,6 +39,13 @@
 //     again once it proves it holds its share of the committed version; a
 //     new process (or a failed proof) leaves it lost.
 //
+// State: the handlers work over managers that each own a part of it and,
+// where it is durable, its records: the host registry (host_registry.h),
+// the job table (job_table.h; each job's change in flight moves through
+// flight.h's transitions), the meetings of a job's processes
+// (meetings.h). PersistLocked writes what they changed as one
+// transaction.
+//
 // Threads: gRPC handler threads; one worker thread per reconfiguration in
 // flight; one monitor thread (heartbeat deadlines, retries of decided
 // commits, proofs of returned hosts). All state is guarded by mu_; no RPC
@@ -57,8 +64,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/auto_changes.h"
 #include "coordinator/control_store.h"
 #include "coordinator/flight.h"
+#include "coordinator/host_registry.h"
+#include "coordinator/job_table.h"
+#include "coordinator/meetings.h"
 #include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
@@ -67,11 +78,6 @@
 #include "tensor_store/store_client.h"
 
 namespace ptc {
-
-// The spec of a job as the state file or a registration gives it: a
-// layout spec, or a built-in model's name (not both).
-absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
-    const std::string& model, const proto::LayoutSpec* layout);
 
 struct CoordinatorOptions {
   // The local state directory (created if missing, and it must be
@@ -175,36 +181,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::vector<std::string> recovery_log() const;
 
  private:
-  struct Host {
-    proto::HostStatus status;
-    absl::Time last_heartbeat;
-    // When this process of the host registered (the infinite past for a
-    // host known from disk).
-    absl::Time registered_at = absl::InfinitePast();
-  };
-  struct Job {
-    proto::CoordinatorState::Job state;
-    // Open save's version -> ranks that reported it (not persisted: after a
-    // restart the ranks report again or a later save supersedes it).
-    std::map<int64_t, std::set<int32_t>> saved;
-    proto::ReconfigureEvent event;  // in flight or last
-    // A save's commit is asking the hosts (no change may start meanwhile).
-    bool committing_save = false;
-    // Why the change in flight was cancelled by the coordinator itself
-    // (a host went silent); empty if by request.
-    std::string cancel_reason;
-    std::atomic<bool> cancel{false};
-    std::thread worker;
-    bool running = false;  // the worker has not finished RunFlight yet
-    int32_t ranks = 0;
-    int64_t state_bytes = 0;
-    // The job's layout spec (registered, or generated for its built-in
-    // model); never null once the job is known.
-    std::shared_ptr<const ModelSpec> spec;
-    // Store bytes the committed version and the change in flight's target
-    // take on each host, by name (what other jobs' placements must leave).
-    std::map<std::string, int64_t> host_bytes, target_host_bytes;
-  };
+  using Job = JobTable::Job;
   // The registered hosts as a placement sees them (ids index `names`),
   // with the GPUs and store bytes that jobs other than the one placed use.
   struct Resources {
@@ -231,11 +208,6 @@ class CoordinatorService final : public proto::Coordinator::Service {
       : options_(std::move(options)) {}
 
   absl::Status PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job named `name`, or NOT_FOUND ("job 'x' is unknown").
-  absl::StatusOr<Job*> KnownJobLocked(const std::string& name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new version number of the job (rule 1).
-  int64_t NewVersionLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION if `epoch` is not the job's layout epoch (rule 2).
   absl::Status CheckLayoutEpochLocked(const Job& job, int64_t epoch,
                                       int32_t rank) const
@@ -257,12 +229,6 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // the pending change the job's committed layout.
   absl::Status CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Clears the pending change, and the hot switch's save if its
-  // processes began one (its version is reclaimed).
-  void ClearPendingLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the job owns `version` (rule 6).
-  bool OwnsVersionLocked(const Job& job, int64_t version) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks every host of the job's placement to prove and seal `version`
   // (rule 4); the error says which host lacks what or which replicas
   // disagree.
@@ -270,10 +236,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
                                  const ModelSpec& spec,
                                  const std::string& config,
                                  const std::vector<std::string>& rank_hosts);
-  // Whether a job names `host` (its hosts, a change's targets, lost hosts).
-  bool HostInUseLocked(const std::string& host)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Proves the returned hosts in verify_hosts_ (rule 7).
+  // Proves the hosts the registry holds to be proven (rule 7).
   void VerifyReturnedHosts();
   // Cancels changes in flight that involve `host`, just declared dead.
   void CancelFlightsOnLocked(const std::string& host)
@@ -304,8 +267,6 @@ class CoordinatorService final : public proto::Coordinator::Service {
   StoreClient* ProbeClient(const std::string& name, const std::string& address);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
-  absl::StatusOr<std::vector<std::string>> AddressesLocked(
-      const std::vector<std::string>& names) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a new job (its hosts must be registered and have a GPU per
   // rank; `shape` is its ranks and state bytes) and persists it.
   absl::Status AddJob(const proto::RegisterJobRequest& req,
@@ -387,23 +348,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
 
   const CoordinatorOptions options_;
   mutable absl::Mutex mu_;
-  std::map<std::string, Host> hosts_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  // Jobs whose state ForgetJob is deleting on the hosts: not registered
-  // again until it ends (the deletes would take the new job's saves).
-  std::set<std::string> forgetting_ ABSL_GUARDED_BY(mu_);
-  // CoordinatorState.retired_epochs.
-  std::map<std::string, int64_t> retired_epochs_ ABSL_GUARDED_BY(mu_);
-  // What each job's, each host's and the cluster's record hold now: a
-  // write rewrites only the records that changed, so it does not grow with
-  // the number of jobs or hosts.
-  std::map<std::string, std::string> persisted_jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> persisted_hosts_ ABSL_GUARDED_BY(mu_);
-  std::string persisted_cluster_ ABSL_GUARDED_BY(mu_);
+  HostRegistry hosts_ ABSL_GUARDED_BY(mu_);
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
-  // Hosts that came back as the same process after being declared dead:
-  // the monitor proves what they hold (rule 7).
-  std::set<std::string> verify_hosts_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
   // The monitor thread's own (no lock): a client per host it probed, and
@@ -414,36 +361,10 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);
   std::thread auto_changer_;
-  // Set when the auto loop should look now (a save committed, hosts
-  // changed); it clears it.
-  bool auto_wake_ ABSL_GUARDED_BY(mu_) = false;
-  // Per job: what the auto loop last judged (hosts and GPUs it may use),
-  // so that it advises again only when that changes; and when it may try
-  // again after an automatic change failed.
-  std::map<std::string, std::string> auto_seen_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> auto_seen_policy_ ABSL_GUARDED_BY(mu_);
-  // Per job: a process that died (the layout epoch it ran under, why),
-  // for the auto loop.
-  std::map<std::string, std::pair<int64_t, std::string>> process_exits_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::string, absl::Time> auto_retry_ ABSL_GUARDED_BY(mu_);
-  // Per job: the meeting of its processes under its layout epoch (see
-  // Rendezvous).
-  struct Meeting {
-    int64_t epoch = 0;
-    std::string address;  // rank 0's process group store; empty until offered
-    std::vector<absl::Time> seen;  // per rank: when it last asked
-    int arrived = 0;  // ranks that asked at least once
-    bool met = false;  // every rank was there at once
-    // Who was absent at the last look over every rank (at most one per
-    // kMeetingScan while some have not arrived: each rank asks every
-    // 50 ms, and a look is O(ranks) under the coordinator's lock).
-    absl::Time scanned = absl::InfinitePast();
-    int scanned_arrived = -1;
-    int absent_count = 0;
-    std::vector<int> absent_shown;  // the first few absent ranks
-  };
-  std::map<std::string, Meeting> rendezvous_ ABSL_GUARDED_BY(mu_);
+  // What the auto loop remembers of each job, and its judgement.
+  AutoChanges auto_changes_ ABSL_GUARDED_BY(mu_);
+  // Per job: the meeting of its processes under its layout epoch.
+  Meetings meetings_ ABSL_GUARDED_BY(mu_);
   // What ListJobs says of each job's survival, for the placement it was
   // judged on (config, every rank's host and each host's domain): worked
   // out outside mu_, once per placement.

@@ -161,11 +161,11 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   std::thread finished;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end())
+    Job* found = jobs_.Find(req.job());
+    if (found == nullptr)
       return absl::NotFoundError(
           absl::StrCat("job '", req.job(), "' is unknown"));
-    Job& job = *it->second;
+    Job& job = *found;
     if (job.state.target_version() != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", req.job(), "' is already being reconfigured (epoch ",
@@ -211,7 +211,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
     if (req.hosts().empty()) {
       for (const std::string& h : from_hosts) {
-        if (hosts_.count(h) && hosts_.at(h).status.alive())
+        if (hosts_.Alive(h))
           to_hosts.push_back(h);
       }
     } else {
@@ -332,12 +332,12 @@ absl::Status CoordinatorService::DoReconfigure(
     std::vector<std::string> readers(req.hosts().begin(), req.hosts().end());
     {
       absl::MutexLock lock(&mu_);
-      auto it = jobs_.find(req.job());
-      if (it != jobs_.end()) {
-        root = it->second->state.snapshot_root();
-        committed = it->second->state.committed_version();
-        readers.insert(readers.end(), it->second->state.hosts().begin(),
-                       it->second->state.hosts().end());
+      Job* found = jobs_.Find(req.job());
+      if (found != nullptr) {
+        root = found->state.snapshot_root();
+        committed = found->state.committed_version();
+        readers.insert(readers.end(), found->state.hosts().begin(),
+                       found->state.hosts().end());
       }
     }
     if (!root.empty()) {
@@ -366,7 +366,7 @@ absl::Status CoordinatorService::DoReconfigure(
     bool hot = false;
     {
       absl::MutexLock lock(&mu_);
-      PTC_ASSIGN_OR_RETURN(Job * job, KnownJobLocked(req.job()));
+      PTC_ASSIGN_OR_RETURN(Job * job, jobs_.Known(req.job()));
       std::vector<std::string> rank_hosts;
       std::vector<int32_t> rank_devices;
       for (size_t r = 0; r < planned->placement.placement.host.size(); ++r) {
@@ -433,8 +433,7 @@ absl::Status CoordinatorService::StartChange(
   r.plan_epoch = epoch;
   r.is_alive = [this, names](int32_t host) {
     absl::MutexLock lock(&mu_);
-    auto it = hosts_.find(names[host]);
-    return it != hosts_.end() && it->second.status.alive();
+    return hosts_.Alive(names[host]);
   };
   r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
@@ -459,19 +458,19 @@ absl::Status CoordinatorService::StartChange(
       proto::PlanSummary summary = PlanToProto(plan).summary();
       SetPlacementSummary(placement, strategy, names, &summary);
       absl::MutexLock lock(&mu_);
-      auto it = jobs_.find(name);
-      if (it != jobs_.end()) {
-        *it->second->event.mutable_plan() = summary;
-        it->second->event.set_replanned(true);
+      Job* found = jobs_.Find(name);
+      if (found != nullptr) {
+        *found->event.mutable_plan() = summary;
+        found->event.set_replanned(true);
       }
       return plan;
     };
   }
   r.heard_lately = [this, names](int32_t host) {
     absl::MutexLock lock(&mu_);
-    auto it = hosts_.find(names[host]);
-    return it != hosts_.end() &&
-           absl::Now() - it->second.last_heartbeat <=
+    const HostRegistry::Host* h = hosts_.Find(names[host]);
+    return h != nullptr &&
+           absl::Now() - h->last_heartbeat <=
                options_.heartbeat_interval * 3 / 2;
   };
   if (flight->snapshot) {
@@ -482,12 +481,12 @@ absl::Status CoordinatorService::StartChange(
   }
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) {
+    Job* found = jobs_.Find(req.job());
+    if (found == nullptr) {
       return absl::AbortedError(absl::StrCat(
           "job '", req.job(), "' was forgotten while the change was planned"));
     }
-    Job& job = *it->second;
+    Job& job = *found;
     if (job.state.target_version() != 0 || job.committing_save ||
         job.state.committed_version() != committed) {
       return absl::AbortedError("the job changed while planning; try again");
@@ -509,7 +508,7 @@ absl::Status CoordinatorService::StartChange(
       if (alive[id]) target.release_hosts.push_back(names[id]);
     }
     target.reason = reason;
-    target.version = NewVersionLocked(job);
+    target.version = job.NewVersion();
     r.target_version = target.version;
     const proto::CoordinatorState::Job before = job.state;
     if (absl::Status started = StartFlight(target, job.state, job.event);
@@ -531,7 +530,7 @@ absl::Status CoordinatorService::StartChange(
     }
     job.cancel = false;
     job.cancel_reason.clear();
-    ClearPendingLocked(job);
+    job.ClearPending();
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
@@ -543,12 +542,12 @@ absl::Status CoordinatorService::StartChange(
       PauseAtFailpoint("before_decision");
       {
         absl::MutexLock lock(&mu_);
-        auto it = jobs_.find(name);
-        if (it == jobs_.end() || it->second->cancel) {
+        Job* found = jobs_.Find(name);
+        if (found == nullptr || found->cancel) {
           return absl::CancelledError(
               "the reconfiguration was aborted before its decision");
         }
-        Job& j = *it->second;
+        Job& j = *found;
         const proto::CoordinatorState::Job before = j.state;
         PTC_RETURN_IF_ERROR(DecideFlight(j.state, j.event));
         if (absl::Status persisted = PersistLocked(); !persisted.ok()) {
@@ -660,7 +659,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   auto report =
       RunReconfiguration(flight->request, [&](const ReconfigureProgress& p) {
         absl::MutexLock lock(&mu_);
-        proto::ReconfigureEvent& e = jobs_.at(name)->event;
+        proto::ReconfigureEvent& e = jobs_.Find(name)->event;
         e.set_bytes_done(p.bytes_done);
         e.set_bytes_total(p.bytes_total);
         e.set_hosts_done(p.hosts_done);
@@ -669,7 +668,7 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
           e.set_phase(proto::PHASE_VERIFYING);
       });
   absl::MutexLock lock(&mu_);
-  Job& job = *jobs_.at(name);
+  Job& job = *jobs_.Find(name);
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
   if (report.ok()) {
@@ -722,22 +721,21 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
   int64_t version, epoch, old_version;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(name);
-    if (it == jobs_.end()) return true;
-    Job& job = *it->second;
+    Job* found = jobs_.Find(name);
+    if (found == nullptr) return true;
+    Job& job = *found;
     const auto& s = job.state;
     if (!s.commit_decided()) return true;
     for (const std::string& h : s.target_hosts()) {
       if (std::find(s.acked_hosts().begin(), s.acked_hosts().end(), h) !=
           s.acked_hosts().end())
         continue;
-      auto host = hosts_.find(h);
-      if (host == hosts_.end() || !host->second.status.alive()) continue;
-      ask.push_back(host->second.status.address());
+      if (!hosts_.Alive(h)) continue;
+      ask.push_back(hosts_.Find(h)->status.address());
       name_of[ask.back()] = h;
     }
     auto r =
-        AddressesLocked({s.release_hosts().begin(), s.release_hosts().end()});
+        hosts_.Addresses({s.release_hosts().begin(), s.release_hosts().end()});
     if (r.ok()) release = *r;
     version = s.target_version();
     epoch = s.target_epoch();
@@ -748,9 +746,9 @@ bool CoordinatorService::FinishDecidedCommit(const std::string& name) {
       CommitStagedOn(ask, name, version, epoch, 1, absl::Seconds(2), &acked);
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(name);
-    if (it == jobs_.end()) return true;
-    Job& job = *it->second;
+    Job* found = jobs_.Find(name);
+    if (found == nullptr) return true;
+    Job& job = *found;
     std::vector<std::string> hosts;
     for (const std::string& a : acked) hosts.push_back(name_of[a]);
     if (absl::Status s = AcknowledgeFlight(hosts, job.state); !s.ok()) {
@@ -791,7 +789,7 @@ void CoordinatorService::Recover() {
     std::vector<std::string> targets;
     {
       absl::MutexLock lock(&mu_);
-      Job& job = *jobs_.at(name);
+      Job& job = *jobs_.Find(name);
       decided = job.state.commit_decided();
       epoch = job.state.target_epoch();
       version = job.state.target_version();
@@ -802,7 +800,7 @@ void CoordinatorService::Recover() {
         job.state.set_last_epoch(fence);
         PersistLocked().IgnoreError();
       }
-      auto t = AddressesLocked(
+      auto t = hosts_.Addresses(
           {job.state.target_hosts().begin(), job.state.target_hosts().end()});
       if (t.ok()) targets = *t;
     }
@@ -815,7 +813,7 @@ void CoordinatorService::Recover() {
     } else {
       AbortStagedOn(targets, name, version, fence);
       absl::MutexLock lock(&mu_);
-      Job& job = *jobs_.at(name);
+      Job& job = *jobs_.Find(name);
       AbortFlight("the coordinator restarted before the commit was decided",
                   job.state, job.event)
           .IgnoreError();  // undecided: staging
@@ -841,12 +839,12 @@ grpc::Status CoordinatorService::Watch(
     proto::ReconfigureEvent e;
     {
       absl::MutexLock lock(&mu_);
-      auto it = jobs_.find(req->job());
-      if (it == jobs_.end()) {
+      Job* found = jobs_.Find(req->job());
+      if (found == nullptr) {
         return ToGrpcStatus(absl::NotFoundError(
             absl::StrCat("job '", req->job(), "' is unknown")));
       }
-      const Job& job = *it->second;
+      const Job& job = *found;
       e = job.event;
       if (req->follow()) {
         e.set_layout_epoch(job.state.layout_epoch());
@@ -888,12 +886,12 @@ grpc::Status CoordinatorService::Abort(grpc::ServerContext* ctx,
       !denied.ok())
     return denied;
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(req->job());
-  if (it == jobs_.end()) {
+  Job* found = jobs_.Find(req->job());
+  if (found == nullptr) {
     return ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("job '", req->job(), "' is unknown")));
   }
-  Job& job = *it->second;
+  Job& job = *found;
   if (job.state.target_version() == 0) {
     resp->set_aborting(false);
     return grpc::Status::OK;

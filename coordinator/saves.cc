@@ -106,10 +106,10 @@ absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
 
 absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
     const std::string& name, int32_t rank, int64_t layout_epoch) {
-  auto it = jobs_.find(name);
-  if (it == jobs_.end())
+  Job* found = jobs_.Find(name);
+  if (found == nullptr)
     return absl::NotFoundError(absl::StrCat("job '", name, "' is unknown"));
-  Job& job = *it->second;
+  Job& job = *found;
   const proto::CoordinatorState::Job& s = job.state;
   if (rank < 0 || rank >= job.ranks) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -127,7 +127,7 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::SavingJobLocked(
 absl::StatusOr<CoordinatorService::Job*> CoordinatorService::HotSavingJobLocked(
     const std::string& name, int32_t rank, int64_t layout_epoch,
     int64_t serial) {
-  PTC_ASSIGN_OR_RETURN(Job * known, KnownJobLocked(name));
+  PTC_ASSIGN_OR_RETURN(Job * known, jobs_.Known(name));
   Job& job = *known;
   const proto::CoordinatorState::Job& s = job.state;
   if (!s.has_pending() || !s.pending().hot() || s.pending_serial() != serial) {
@@ -184,7 +184,7 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
     proto::CoordinatorState::Job& s = hot->state;
     if (s.hot_version() == 0) {
       proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
-      o->set_version(NewVersionLocked(*hot));
+      o->set_version(hot->NewVersion());
       o->set_step(req.step());
       o->set_layout_epoch(s.layout_epoch() + 1);
       s.set_hot_version(o->version());
@@ -213,7 +213,7 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
   }
   if (s.open_saves_size() >= std::max(1, options_.max_open_saves)) {
     // The oldest save in progress is superseded: its version is reclaimed
-    // (not a hot switch's: ClearPendingLocked reclaims that one).
+    // (not a hot switch's: Job::ClearPending reclaims that one).
     auto* open = s.mutable_open_saves();
     auto oldest = std::find_if(open->begin(), open->end(), [&](const auto& o) {
       return o.version() != s.hot_version();
@@ -224,7 +224,7 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
     }
   }
   proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
-  o->set_version(NewVersionLocked(job));
+  o->set_version(job.NewVersion());
   o->set_step(req.step());
   o->set_layout_epoch(s.layout_epoch());
   PTC_RETURN_IF_ERROR(PersistLocked());
@@ -253,13 +253,13 @@ absl::Status CoordinatorService::DoReportSaved(
   bool hot = false;
   {
     absl::MutexLock lock(&mu_);
-    auto known = jobs_.find(req.job());
-    hot = known != jobs_.end() && known->second->state.hot_version() != 0 &&
-          req.version() == known->second->state.hot_version();
+    Job* known = jobs_.Find(req.job());
+    hot = known != nullptr && known->state.hot_version() != 0 &&
+          req.version() == known->state.hot_version();
     PTC_ASSIGN_OR_RETURN(
         Job * saving,
         hot ? HotSavingJobLocked(req.job(), req.rank(), req.layout_epoch(),
-                                 known->second->state.pending_serial())
+                                 known->state.pending_serial())
             : SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
@@ -309,13 +309,13 @@ absl::Status CoordinatorService::DoReportSaved(
   std::vector<int64_t> superseded;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) {
+    Job* found = jobs_.Find(req.job());
+    if (found == nullptr) {
       return absl::AbortedError(
           absl::StrCat("job '", req.job(), "' was forgotten while version ",
                        req.version(), " was being committed"));
     }
-    Job& job = *it->second;
+    Job& job = *found;
     proto::CoordinatorState::Job& s = job.state;
     job.committing_save = false;
     auto* open = s.mutable_open_saves();
@@ -332,7 +332,7 @@ absl::Status CoordinatorService::DoReportSaved(
         return Annotate(committed, absl::StrCat("committing the hot switch of job '",
                                                 req.job(), "'"));
       }
-      auto_wake_ = true;
+      auto_changes_.Wake();
       if (previous > 0) superseded.push_back(previous);
     } else if (!proven.ok()) {
       // The save failed: its version is no longer owned, and goes.
@@ -348,7 +348,7 @@ absl::Status CoordinatorService::DoReportSaved(
       s.set_committed_step(step);
       s.clear_lost_hosts();
       // A change that waited for this save starts now.
-      if (s.has_pending()) auto_wake_ = true;
+      if (s.has_pending()) auto_changes_.Wake();
       for (const auto& o : *open)
         if (o.version() < req.version()) superseded.push_back(o.version());
       open->erase(std::remove_if(open->begin(), open->end(),
@@ -361,7 +361,7 @@ absl::Status CoordinatorService::DoReportSaved(
     }
     if (hot && !proven.ok()) s.set_hot_version(0);  // a change follows now
     PTC_RETURN_IF_ERROR(PersistLocked());
-    auto a = AddressesLocked(hosts);
+    auto a = hosts_.Addresses(hosts);
     if (a.ok()) addresses = *std::move(a);
   }
   // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
@@ -395,15 +395,14 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, share] : shares) {
-      auto it = hosts_.find(name);
-      if (it == hosts_.end() || !it->second.status.alive()) {
+      if (!hosts_.Alive(name)) {
         return absl::FailedPreconditionError(
             absl::StrCat("host ", name, " of the placement is ",
-                         it == hosts_.end() ? "unknown" : "dead",
+                         hosts_.Find(name) == nullptr ? "unknown" : "dead",
                          ": it cannot prove that it holds its share"));
       }
       names.push_back(name);
-      addresses.push_back(it->second.status.address());
+      addresses.push_back(hosts_.Find(name)->status.address());
     }
   }
   std::map<std::string, proto::CommitVersionResponse> answers;
@@ -462,9 +461,8 @@ void CoordinatorService::VerifyReturnedHosts() {
   std::vector<std::string> done;
   {
     absl::MutexLock lock(&mu_);
-    for (const std::string& host : verify_hosts_) {
-      auto h = hosts_.find(host);
-      if (h == hosts_.end() || !h->second.status.alive()) continue;
+    for (const std::string& host : hosts_.to_prove()) {
+      if (!hosts_.Alive(host)) continue;
       bool any = false;
       for (const auto& [name, job] : jobs_) {
         const auto& s = job->state;
@@ -473,13 +471,13 @@ void CoordinatorService::VerifyReturnedHosts() {
             std::find(lost.begin(), lost.end(), host) == lost.end())
           continue;
         any = true;
-        proofs.push_back({host, h->second.status.address(), name,
+        proofs.push_back({host, hosts_.Find(host)->status.address(), name,
                           s.committed_version(), job->spec, s.config(),
                           RankHostsLocked(*job)});
       }
       if (!any) done.push_back(host);
     }
-    for (const std::string& h : done) verify_hosts_.erase(h);
+    for (const std::string& h : done) hosts_.Proven(h);
   }
   for (const Proof& p : proofs) {
     auto shares = SharesOf(p.job, p.version, *p.spec, p.config, p.rank_hosts);
@@ -491,10 +489,10 @@ void CoordinatorService::VerifyReturnedHosts() {
               .status();
     }
     absl::MutexLock lock(&mu_);
-    auto j = jobs_.find(p.job);
-    if (j == jobs_.end() || j->second->state.committed_version() != p.version)
+    Job* j = jobs_.Find(p.job);
+    if (j == nullptr || j->state.committed_version() != p.version)
       continue;  // the job moved on meanwhile; tried again next round
-    auto* lost = j->second->state.mutable_lost_hosts();
+    auto* lost = j->state.mutable_lost_hosts();
     if (s.ok()) {
       lost->erase(std::remove(lost->begin(), lost->end(), p.host), lost->end());
       Log("coordinator")
@@ -510,7 +508,7 @@ void CoordinatorService::VerifyReturnedHosts() {
               p.job, p.host, p.version, s.ToString());
     }
     // Either way this host is settled for this job.
-    verify_hosts_.erase(p.host);
+    hosts_.Proven(p.host);
     PersistLocked().IgnoreError();
   }
 }

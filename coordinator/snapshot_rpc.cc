@@ -61,14 +61,14 @@ CoordinatorService::ReadSnapshotVia(const std::string& job,
   {
     absl::MutexLock lock(&mu_);
     auto add = [&](const std::string& h) {
-      auto it = hosts_.find(h);
-      if (it == hosts_.end() || !it->second.status.alive()) return;
-      if (std::find(addresses.begin(), addresses.end(),
-                    it->second.status.address()) == addresses.end())
-        addresses.push_back(it->second.status.address());
+      if (!hosts_.Alive(h)) return;
+      const std::string& address = hosts_.Find(h)->status.address();
+      if (std::find(addresses.begin(), addresses.end(), address) ==
+          addresses.end())
+        addresses.push_back(address);
     };
     for (const std::string& h : hosts) add(h);
-    for (const auto& [name, h] : hosts_) add(name);
+    for (const auto& [name, h] : hosts_.hosts()) add(name);
   }
   if (addresses.empty()) {
     return absl::UnavailableError("no live host to read the snapshot with");
@@ -124,12 +124,12 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   Resources res;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it == jobs_.end()) {
+    Job* found = jobs_.Find(req.job());
+    if (found == nullptr) {
       return absl::NotFoundError(
           absl::StrCat("job '", req.job(), "' is unknown"));
     }
-    Job& job = *it->second;
+    Job& job = *found;
     auto& s = job.state;
     s.set_snapshot_root(req.root());
     s.set_snapshot_keep(req.keep() > 0 ? req.keep() : kDefaultKeep);
@@ -393,10 +393,10 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(req.job());
-    if (it != jobs_.end()) {
-      it->second->state.set_snapshot_version(version);
-      it->second->state.set_snapshot_unix(manifest.created_unix());
+    Job* found = jobs_.Find(req.job());
+    if (found != nullptr) {
+      found->state.set_snapshot_version(version);
+      found->state.set_snapshot_unix(manifest.created_unix());
       PersistLocked().IgnoreError();
     }
   }
@@ -443,7 +443,7 @@ absl::Status CoordinatorService::DoRestore(const proto::RestoreRequest& req,
   bool known;
   {
     absl::MutexLock lock(&mu_);
-    known = jobs_.count(req.job()) > 0;
+    known = jobs_.Find(req.job()) != nullptr;
   }
   if (!known) {
     // Registered from the manifest, under the new config.

@@ -1,0 +1,98 @@
+// Automatic changes: what the coordinator's auto loop remembers of each
+// job and how it judges one. A job with an automatic-change policy is
+// changed when its hosts die, are drained or join its pool, when its
+// policy changes, and when one of its processes dies; a pending change
+// (requested to start from the job's next save) starts once that save
+// committed, or from the committed version when the save will not come.
+//
+// Judge is pure over the job's record, the host registry and the time; it
+// says what to start, and the coordinator starts it outside its lock (the
+// advisor plans candidates, a change is planned and started). Not
+// persisted: after a failover the new leader judges every job afresh.
+// Not thread-safe: the coordinator calls it under its lock.
+//
+//   AutoChanges auto_changes;
+//   if (auto action = auto_changes.Judge(name, job, hosts, absl::Now()))
+//     ... start action->reason's change (outside the lock)
+#ifndef PTC_COORDINATOR_AUTO_CHANGES_H_
+#define PTC_COORDINATOR_AUTO_CHANGES_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "coordinator/host_registry.h"
+#include "coordinator/job_table.h"
+#include "proto/coordinator.pb.h"
+
+namespace ptc {
+
+// An automatic change that failed to start is not tried again for this long.
+inline constexpr absl::Duration kAutoRetry = absl::Seconds(10);
+// How long a pending change waits for its save unless the policy says.
+inline constexpr double kDefaultSaveTimeout = 60;
+
+class AutoChanges {
+ public:
+  struct Action {
+    std::string job;
+    std::string reason;  // "host h3 died", "its automatic-change policy changed"
+    // The job's processes save first (a live job whose hosts are still up).
+    bool save_first = false;
+    // Start the job's pending change (`request`) now.
+    bool pending = false;
+    proto::ReconfigureRequest request;
+    // The job must leave its layout even if the advisor would keep it (a
+    // process died: the others cannot go on).
+    bool must_change = false;
+  };
+
+  // One look at the job at `now`: what to start, if anything. It changes
+  // the job's record where the look decides it: dead hosts leave its pool
+  // (ChangeHosts adds them back), and a hot switch that lost a process is
+  // dropped (its change is planned again from the committed version).
+  // A job with a change in flight, a save committing, or an automatic
+  // change that failed less than kAutoRetry ago is left alone.
+  std::optional<Action> Judge(const std::string& name, JobTable::Job& job,
+                              const HostRegistry& hosts, absl::Time now);
+
+  // A process of the job died under layout `epoch` (`why` says how).
+  void ProcessExited(const std::string& job, int64_t epoch, std::string why);
+  // The job's policy is about to be replaced; `old_policy` is the one the
+  // loop compares with if it has not looked at the job since.
+  void PolicyChanging(const std::string& job, const proto::AutoPolicy& old_policy);
+  // An automatic change of the job failed to start at `now`.
+  void Failed(const std::string& job, absl::Time now) {
+    retry_[job] = now + kAutoRetry;
+  }
+  // Hosts were added or drained: every job is judged afresh.
+  void HostsChanged() {
+    seen_.clear();
+    retry_.clear();
+  }
+  void Forget(const std::string& job);
+
+  // The loop looks now rather than at its next round (a save committed,
+  // hosts changed, a process died).
+  void Wake() { wake_ = true; }
+  bool woken() const { return wake_; }
+  void Woke() { wake_ = false; }
+
+ private:
+  // Per job: what the loop last judged (policy, pool hosts in service and
+  // their GPUs), so that it advises again only when that changes.
+  std::map<std::string, std::string> seen_;
+  std::map<std::string, std::string> seen_policy_;
+  // Per job: a process that died (the layout epoch it ran under, why).
+  std::map<std::string, std::pair<int64_t, std::string>> process_exits_;
+  // Per job: when it may be tried again after a change failed to start.
+  std::map<std::string, absl::Time> retry_;
+  bool wake_ = false;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_AUTO_CHANGES_H_

@@ -1,0 +1,165 @@
+#include "coordinator/auto_changes.h"
+
+#include <catch2/catch.hpp>
+
+namespace ptc {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(100000);
+
+proto::HostStatus Host(const std::string& name) {
+  proto::HostStatus h;
+  h.set_name(name);
+  h.set_address(name + ":7000");
+  h.set_gpus(8);
+  h.set_incarnation(1);
+  return h;
+}
+
+// A job on hosts a and b (pool a, b, c) at committed version 4, with
+// automatic changes on (live: its processes save first).
+std::unique_ptr<JobTable::Job> LiveJob() {
+  auto job = std::make_unique<JobTable::Job>();
+  auto& s = job->state;
+  s.set_job("j");
+  s.set_config("tp=1,pp=1,dp=16");
+  s.add_hosts("a");
+  s.add_hosts("b");
+  for (const char* h : {"a", "b", "c"}) s.add_pool(h);
+  s.set_committed_version(4);
+  s.set_layout_epoch(2);
+  s.mutable_auto_policy()->set_enabled(true);
+  s.mutable_auto_policy()->set_live(true);
+  return job;
+}
+
+struct World {
+  HostRegistry hosts;
+  AutoChanges auto_changes;
+  std::unique_ptr<JobTable::Job> job = LiveJob();
+  World() {
+    for (const char* h : {"a", "b", "c"}) hosts.Register(Host(h), kT0);
+  }
+  std::optional<AutoChanges::Action> Look(absl::Duration after = absl::ZeroDuration()) {
+    return auto_changes.Judge("j", *job, hosts, kT0 + after);
+  }
+};
+
+TEST_CASE("a job is changed when what it may use changes, once") {
+  World w;
+  // The first look sees a pool host it does not use.
+  auto first = w.Look();
+  REQUIRE(first.has_value());
+  CHECK(first->reason == "host c can take it");
+  CHECK(first->save_first);
+  CHECK_FALSE(w.Look().has_value());  // nothing new since
+
+  SECTION("a host of the job dies: it leaves the pool, no save first") {
+    w.hosts.MarkDead("b");
+    auto a = w.Look();
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "host b died");
+    CHECK_FALSE(a->save_first);
+    CHECK(w.job->state.pool_size() == 2);  // a, c
+    CHECK_FALSE(w.job->Names("c"));
+  }
+  SECTION("a host of the job is drained: its processes save first") {
+    REQUIRE(w.hosts.SetDraining({"a"}, true).ok());
+    auto a = w.Look();
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "host a drained");
+    CHECK(a->save_first);
+  }
+  SECTION("its policy changes") {
+    w.auto_changes.PolicyChanging("j", w.job->state.auto_policy());
+    w.job->state.mutable_auto_policy()->set_max_gpus(8);
+    CHECK(w.auto_changes.woken());
+    auto a = w.Look();
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "its automatic-change policy changed");
+  }
+  SECTION("a process dies: the job must change; an older epoch's does not count") {
+    w.auto_changes.ProcessExited("j", 1, "old");
+    CHECK_FALSE(w.Look().has_value());
+    w.auto_changes.ProcessExited("j", 2, "its process on GPU 3 of a exited with 1");
+    auto a = w.Look();
+    REQUIRE(a.has_value());
+    CHECK(a->must_change);
+    CHECK(a->reason == "its process on GPU 3 of a exited with 1");
+    CHECK_FALSE(w.Look().has_value());
+  }
+  SECTION("a change that failed is not tried again for a while") {
+    w.hosts.MarkDead("b");
+    w.auto_changes.Failed("j", kT0);
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    CHECK(w.Look(kAutoRetry + absl::Seconds(1)).has_value());
+  }
+  SECTION("a change in flight or a save committing: left alone") {
+    w.hosts.MarkDead("b");
+    w.job->state.set_target_version(5);
+    CHECK_FALSE(w.Look().has_value());
+    w.job->state.set_target_version(0);
+    w.job->committing_save = true;
+    CHECK_FALSE(w.Look().has_value());
+  }
+}
+
+TEST_CASE("a job without automatic changes, or never saved, is not changed") {
+  World w;
+  w.job->state.mutable_auto_policy()->set_enabled(false);
+  w.hosts.MarkDead("b");
+  CHECK_FALSE(w.Look().has_value());
+  w.job->state.mutable_auto_policy()->set_enabled(true);
+  w.job->state.set_committed_version(0);
+  CHECK_FALSE(w.Look().has_value());
+}
+
+TEST_CASE("a pending change starts after its save, or without it") {
+  World w;
+  auto& s = w.job->state;
+  s.mutable_pending()->set_job("j");
+  s.mutable_pending()->set_to("tp=1,pp=1,dp=24");
+  s.set_pending_reason("requested");
+  s.set_pending_after_version(4);
+  s.set_pending_unix(absl::ToUnixSeconds(kT0));
+  CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());  // waits for the save
+
+  SECTION("the save committed") {
+    s.set_committed_version(5);
+    auto a = w.Look(absl::Seconds(1));
+    REQUIRE(a.has_value());
+    CHECK(a->pending);
+    CHECK(a->request.to() == "tp=1,pp=1,dp=24");
+    CHECK(a->reason == "requested");
+  }
+  SECTION("no save within the timeout: from the committed version") {
+    auto a = w.Look(absl::Seconds(kDefaultSaveTimeout + 1));
+    REQUIRE(a.has_value());
+    CHECK(a->pending);
+  }
+  SECTION("a host died before it saved") {
+    w.hosts.MarkDead("a");
+    auto a = w.Look(absl::Seconds(1));
+    REQUIRE(a.has_value());
+    CHECK(a->pending);
+  }
+  SECTION("a hot switch that lost a process is dropped, then the job changes") {
+    s.mutable_pending()->set_hot(true);
+    s.set_hot_version(6);
+    s.add_open_saves()->set_version(6);
+    w.job->saved[6] = {0, 1};
+    w.auto_changes.ProcessExited("j", 2, "killed");
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    CHECK_FALSE(s.has_pending());
+    CHECK(s.open_saves().empty());  // its save is reclaimed
+    CHECK(w.job->saved.empty());
+    CHECK(w.auto_changes.woken());
+    auto a = w.Look(absl::Seconds(1));
+    REQUIRE(a.has_value());
+    CHECK(a->must_change);
+    CHECK(a->reason == "a process died during a hot switch");
+  }
+}
+
+}  // namespace
+}  // namespace ptc

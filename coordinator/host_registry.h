@@ -1,0 +1,127 @@
+// The coordinator's host registry: every registered host's registration
+// (its record "hosts/NAME" in the control store), when it last sent a
+// heartbeat, and which hosts came back from a silence as the same process
+// and must be proven before their bytes are used again (rule 7).
+//
+// It owns that state and its persistence: Writes() says which host records
+// changed since the last transaction, Persisted() is told once it
+// committed. It decides nothing about jobs; the coordinator asks it.
+// Not thread-safe: the coordinator calls it under its lock.
+//
+//   HostRegistry hosts;
+//   HostRegistry::Registered r = hosts.Register(status, absl::Now());
+//   if (hosts.Alive("h1")) ...
+//   ControlStore::Writes writes;
+//   auto records = hosts.Writes(&writes);
+//   PTC_RETURN_IF_ERROR(store.Commit(writes));
+//   hosts.Persisted(std::move(records));
+#ifndef PTC_COORDINATOR_HOST_REGISTRY_H_
+#define PTC_COORDINATOR_HOST_REGISTRY_H_
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/control_store.h"
+#include "proto/coordinator.pb.h"
+
+namespace ptc {
+
+class HostRegistry {
+ public:
+  struct Host {
+    proto::HostStatus status;
+    absl::Time last_heartbeat;
+    // When this process of the host registered (the infinite past for a
+    // host known from the control store).
+    absl::Time registered_at = absl::InfinitePast();
+  };
+
+  // What a registration found.
+  struct Registered {
+    bool known = false;         // the name was registered before
+    bool was_dead = false;      // ... and declared dead
+    bool same_process = false;  // ... by the same process (incarnation)
+  };
+  // Records `h` (validated by the caller) as alive, heard from at `now`.
+  // Whether it is drained stays the scheduler's word, not the host's. A
+  // host that was dead and comes back as the same process must be proven
+  // (NeedsProof) before its bytes are used.
+  Registered Register(const proto::HostStatus& h, absl::Time now);
+
+  // A heartbeat from `name` at `now`: false if the host is unknown,
+  // declared dead, or another process under the name (`incarnation` 0
+  // matches any): it must register again.
+  bool Heartbeat(const std::string& name, uint64_t incarnation,
+                 absl::Time now);
+
+  // The host's registration, or null if unknown.
+  const Host* Find(const std::string& name) const;
+  // Registered and not declared dead.
+  bool Alive(const std::string& name) const;
+  // Alive and not drained: a host a job may be placed on.
+  bool Usable(const std::string& name) const;
+  // The address of each named host; NOT_FOUND names an unknown one.
+  absl::StatusOr<std::vector<std::string>> Addresses(
+      const std::vector<std::string>& names) const;
+  // Marks registered hosts drained (or not); NOT_FOUND names an unknown one
+  // and nothing changes then.
+  absl::Status SetDraining(const std::vector<std::string>& names, bool drain);
+
+  // Alive hosts silent for more than `after` at `now` (heard from at
+  // `started` at the earliest): name and address.
+  std::vector<std::pair<std::string, std::string>> Overdue(
+      absl::Time now, absl::Time started, absl::Duration after) const;
+  // A host that answered directly counts as heard from at `now`.
+  void HeardFrom(const std::string& name, absl::Time now);
+  // Declares the host dead (it must register again); it needs no proof
+  // any more (its bytes are not trusted at all).
+  void MarkDead(const std::string& name);
+  // Forgets hosts dead for `expiry` at `now` that `in_use` does not
+  // claim; returns their names.
+  std::vector<std::string> Expire(
+      absl::Time now, absl::Duration expiry,
+      const std::function<bool(const std::string&)>& in_use);
+
+  // Hosts back as the same process after a silence, to be proven.
+  bool NeedsProof(const std::string& name) const {
+    return to_prove_.count(name) > 0;
+  }
+  const std::set<std::string>& to_prove() const { return to_prove_; }
+  void Proven(const std::string& name) { to_prove_.erase(name); }
+
+  const std::map<std::string, Host>& hosts() const { return hosts_; }
+  int alive_count() const;
+  size_t size() const { return hosts_.size(); }
+
+  // Persistence. Load takes the host records ("hosts/NAME") and the hosts
+  // of a cluster record from coordinators before per-host records; every
+  // host gets one timeout from `now` to heartbeat again. DATA_LOSS names a
+  // record that is not a host's registration.
+  absl::Status Load(const std::map<std::string, std::string>& records,
+                    const proto::CoordinatorState& legacy, absl::Time now,
+                    const std::string& where);
+  // Adds to `writes` the host records that changed since Persisted (new or
+  // changed registrations; deletes for forgotten hosts) and returns what
+  // every record holds after them, for Persisted once they committed.
+  std::map<std::string, std::string> Writes(ControlStore::Writes* writes) const;
+  void Persisted(std::map<std::string, std::string> records) {
+    persisted_ = std::move(records);
+  }
+
+ private:
+  std::map<std::string, Host> hosts_;
+  std::set<std::string> to_prove_;
+  // What each host's record holds now, by host name.
+  std::map<std::string, std::string> persisted_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_HOST_REGISTRY_H_

@@ -1,0 +1,140 @@
+#include "coordinator/host_registry.h"
+
+#include <catch2/catch.hpp>
+
+namespace ptc {
+namespace {
+
+proto::HostStatus Status(const std::string& name, uint64_t incarnation) {
+  proto::HostStatus h;
+  h.set_name(name);
+  h.set_address(name + ":7000");
+  h.set_gpus(8);
+  h.set_incarnation(incarnation);
+  return h;
+}
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST_CASE("a host that comes back after it was declared dead") {
+  HostRegistry hosts;
+  HostRegistry::Registered first = hosts.Register(Status("a", 1), kT0);
+  CHECK_FALSE(first.known);
+  REQUIRE(hosts.Alive("a"));
+  hosts.MarkDead("a");
+  CHECK_FALSE(hosts.Alive("a"));
+  // Dead hosts must register again: their heartbeats are refused.
+  CHECK_FALSE(hosts.Heartbeat("a", 1, kT0 + absl::Seconds(1)));
+
+  SECTION("as the same process: alive, to be proven before use") {
+    HostRegistry::Registered r = hosts.Register(Status("a", 1), kT0);
+    CHECK(r.known);
+    CHECK(r.was_dead);
+    CHECK(r.same_process);
+    CHECK(hosts.Alive("a"));
+    CHECK(hosts.NeedsProof("a"));
+    hosts.Proven("a");
+    CHECK_FALSE(hosts.NeedsProof("a"));
+  }
+  SECTION("as a new process: its memory is gone, nothing to prove") {
+    HostRegistry::Registered r = hosts.Register(Status("a", 2), kT0);
+    CHECK(r.was_dead);
+    CHECK_FALSE(r.same_process);
+    CHECK_FALSE(hosts.NeedsProof("a"));
+    // The old process's heartbeats are not the new one's.
+    CHECK_FALSE(hosts.Heartbeat("a", 1, kT0));
+    CHECK(hosts.Heartbeat("a", 2, kT0));
+    CHECK(hosts.Heartbeat("a", 0, kT0));
+  }
+}
+
+TEST_CASE("draining is the scheduler's word, not the host's") {
+  HostRegistry hosts;
+  hosts.Register(Status("a", 1), kT0);
+  REQUIRE(hosts.SetDraining({"a"}, true).ok());
+  CHECK(hosts.Alive("a"));
+  CHECK_FALSE(hosts.Usable("a"));
+  hosts.Register(Status("a", 2), kT0);  // a restart keeps it drained
+  CHECK_FALSE(hosts.Usable("a"));
+  // An unknown name changes nothing, not even the known ones.
+  absl::Status s = hosts.SetDraining({"a", "nope"}, false);
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(s.message()).find("'nope'") != std::string::npos);
+  CHECK_FALSE(hosts.Usable("a"));
+}
+
+TEST_CASE("overdue hosts, and expiry of dead ones no job uses") {
+  HostRegistry hosts;
+  hosts.Register(Status("a", 1), kT0);
+  hosts.Register(Status("b", 1), kT0);
+  hosts.Register(Status("c", 1), kT0);
+  REQUIRE(hosts.Heartbeat("b", 1, kT0 + absl::Seconds(4)));
+  auto overdue = hosts.Overdue(kT0 + absl::Seconds(5), kT0, absl::Seconds(2));
+  REQUIRE(overdue.size() == 2);
+  CHECK(overdue[0] == std::pair<std::string, std::string>{"a", "a:7000"});
+  CHECK(overdue[1].first == "c");
+  // Watching started later: nobody is late yet.
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0 + absl::Seconds(4),
+                      absl::Seconds(2))
+            .empty());
+  hosts.HeardFrom("a", kT0 + absl::Seconds(5));
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0, absl::Seconds(2)).size() ==
+        1);
+
+  hosts.MarkDead("a");
+  hosts.MarkDead("c");
+  auto in_use = [](const std::string& h) { return h == "c"; };
+  CHECK(hosts.Expire(kT0 + absl::Hours(1), absl::Hours(24), in_use).empty());
+  CHECK(hosts.Expire(kT0 + absl::Hours(25), absl::Hours(24), in_use) ==
+        std::vector<std::string>{"a"});
+  CHECK(hosts.Find("a") == nullptr);
+  CHECK(hosts.Find("c") != nullptr);
+  CHECK(hosts.alive_count() == 1);
+}
+
+TEST_CASE("a write holds only the host records that changed") {
+  HostRegistry hosts;
+  hosts.Register(Status("a", 1), kT0);
+  hosts.Register(Status("b", 1), kT0);
+  ControlStore::Writes writes;
+  auto records = hosts.Writes(&writes);
+  CHECK(writes.size() == 2);
+  hosts.Persisted(records);
+
+  writes.clear();
+  hosts.Persisted(hosts.Writes(&writes));
+  CHECK(writes.empty());  // heartbeats are not persisted
+
+  hosts.MarkDead("b");
+  hosts.Expire(kT0 + absl::Hours(25), absl::Hours(24),
+               [](const std::string&) { return false; });
+  REQUIRE(hosts.SetDraining({"a"}, true).ok());
+  writes.clear();
+  records = hosts.Writes(&writes);
+  REQUIRE(writes.size() == 2);
+  CHECK(writes.at(HostRecord("b")) == std::nullopt);  // forgotten
+  REQUIRE(writes.at(HostRecord("a")).has_value());
+  proto::HostStatus a;
+  REQUIRE(a.ParseFromString(*writes.at(HostRecord("a"))));
+  CHECK(a.draining());
+
+  // What was written loads back, and the next write holds nothing.
+  std::map<std::string, std::string> stored;
+  for (const auto& [key, bytes] : writes)
+    if (bytes) stored[key] = *bytes;
+  HostRegistry loaded;
+  REQUIRE(loaded.Load(stored, proto::CoordinatorState(), kT0, "test").ok());
+  CHECK(loaded.Find("a") != nullptr);
+  CHECK(loaded.Find("a")->registered_at == absl::InfinitePast());
+  ControlStore::Writes none;
+  loaded.Writes(&none);
+  CHECK(none.empty());
+
+  stored["hosts/x"] = "not a registration";
+  HostRegistry bad;
+  CHECK(bad.Load(stored, proto::CoordinatorState(), kT0, "test").code() ==
+        absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,253 @@
+#include "coordinator/job_table.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "plan/placement.h"
+#include "ptc/layout.h"
+#include "ptc/families.h"
+#include "ptc/layout_spec_proto.h"
+
+namespace ptc {
+
+absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
+    const std::string& model, const proto::LayoutSpec* layout) {
+  if (layout != nullptr) {
+    if (!model.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("give either a model name ('", model,
+                       "') or a layout spec, not both"));
+    }
+    PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromProto(*layout));
+    return std::make_shared<const ModelSpec>(std::move(spec));
+  }
+  if (model.empty()) {
+    return absl::InvalidArgumentError(
+        "a job needs a model name or a layout spec");
+  }
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(model));
+  return std::make_shared<const ModelSpec>(std::move(spec));
+}
+
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
+    const ModelSpec& spec, const std::string& config) {
+  PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
+  PTC_RETURN_IF_ERROR(CheckConfig(spec, c));
+  return std::make_pair(c.world_size(), spec.TotalBytes());
+}
+
+std::map<std::string, int64_t> HostBytesOf(
+    const ModelSpec& spec, const std::string& config,
+    const google::protobuf::RepeatedPtrField<std::string>& rank_hosts) {
+  std::map<std::string, int64_t> out;
+  if (config.empty() || rank_hosts.empty()) return out;
+  auto c = spec.ParseConfig(config);
+  if (!c.ok() || c->world_size() != rank_hosts.size()) return out;
+  auto layout = BuildLayout(spec, *c);
+  if (!layout.ok()) return out;
+  std::vector<std::string> names;
+  std::map<std::string, int> id_of;
+  Placement p;
+  for (const std::string& h : rank_hosts) {
+    auto [it, added] = id_of.emplace(h, static_cast<int>(names.size()));
+    if (added) names.push_back(h);
+    p.host.push_back(it->second);
+    p.device.push_back(0);
+  }
+  const std::vector<int64_t> bytes =
+      HostStateBytes(spec, *layout, p, static_cast<int>(names.size()));
+  for (size_t h = 0; h < names.size(); ++h) out[names[h]] = bytes[h];
+  return out;
+}
+
+void JobTable::Job::Derive() {
+  auto shape = JobShape(*spec, state.config());
+  if (shape.ok()) std::tie(ranks, state_bytes) = *shape;
+  host_bytes = HostBytesOf(*spec, state.config(), state.rank_hosts());
+  target_host_bytes =
+      HostBytesOf(*spec, state.target_config(), state.target_rank_hosts());
+}
+
+int64_t JobTable::Job::NewVersion() {
+  const int64_t v = std::max({state.next_version(),
+                              state.committed_version() + 1,
+                              state.target_version() + 1});
+  state.set_next_version(v + 1);
+  return v;
+}
+
+bool JobTable::Job::OwnsVersion(int64_t version) const {
+  const proto::CoordinatorState::Job& s = state;
+  if (version == s.committed_version()) return true;
+  if (s.target_version() != 0 && version == s.target_version()) return true;
+  // A number never handed out is nobody's yet; leave it (a race with its
+  // allocation would otherwise delete a put that is about to be owned).
+  if (version >= s.next_version()) return true;
+  for (const auto& o : s.open_saves())
+    if (o.version() == version) return true;
+  return false;
+}
+
+bool JobTable::Job::Names(const std::string& host) const {
+  auto in = [&](const auto& list) {
+    return std::find(list.begin(), list.end(), host) != list.end();
+  };
+  return in(state.hosts()) || in(state.target_hosts()) ||
+         in(state.lost_hosts());
+}
+
+void JobTable::Job::ClearPending() {
+  if (const int64_t v = state.hot_version(); v != 0) {
+    saved.erase(v);
+    auto* open = state.mutable_open_saves();
+    open->erase(std::remove_if(open->begin(), open->end(),
+                               [&](const auto& o) { return o.version() == v; }),
+                open->end());
+  }
+  state.clear_pending();
+  state.clear_pending_reason();
+  state.set_pending_serial(0);
+  state.set_hot_version(0);
+}
+
+JobTable::Job* JobTable::Find(const std::string& name) {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+const JobTable::Job* JobTable::Find(const std::string& name) const {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<JobTable::Job*> JobTable::Known(const std::string& name) {
+  Job* job = Find(name);
+  if (job == nullptr)
+    return absl::NotFoundError(absl::StrCat("job '", name, "' is unknown"));
+  return job;
+}
+
+bool JobTable::NameHost(const std::string& host) const {
+  for (const auto& [name, job] : jobs_)
+    if (job->Names(host)) return true;
+  return false;
+}
+
+JobTable::Job& JobTable::Add(std::unique_ptr<Job> job) {
+  const std::string name = job->state.job();
+  // Plan epochs continue after those of a forgotten job of the same name.
+  if (auto r = retired_epochs_.find(name); r != retired_epochs_.end())
+    job->state.set_last_epoch(std::max(job->state.last_epoch(), r->second));
+  Job& added = *job;
+  jobs_[name] = std::move(job);
+  return added;
+}
+
+std::unique_ptr<JobTable::Job> JobTable::Remove(const std::string& name) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return nullptr;
+  std::unique_ptr<Job> gone = std::move(it->second);
+  jobs_.erase(it);
+  const int64_t last_epoch =
+      std::max(gone->state.last_epoch(), gone->state.target_epoch());
+  auto r = retired_epochs_.find(name);
+  retired_before_[name] = r == retired_epochs_.end() ? -1 : r->second;
+  int64_t& retired = retired_epochs_[name];
+  retired = std::max(retired, last_epoch);
+  return gone;
+}
+
+void JobTable::Put(std::unique_ptr<Job> job) {
+  const std::string name = job->state.job();
+  if (auto b = retired_before_.find(name); b != retired_before_.end()) {
+    if (b->second < 0) {
+      retired_epochs_.erase(name);
+    } else {
+      retired_epochs_[name] = b->second;
+    }
+    retired_before_.erase(b);
+  }
+  jobs_[name] = std::move(job);
+}
+
+absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
+                            const std::string& where) {
+  proto::CoordinatorState cluster;
+  if (auto it = records.find(kClusterRecord); it != records.end()) {
+    if (!cluster.ParseFromString(it->second)) {
+      return absl::DataLossError(absl::StrCat(
+          "the cluster record in ", where, " is not a coordinator state"));
+    }
+    persisted_.cluster = it->second;
+  }
+  // A cluster record that still holds hosts or jobs is rewritten without
+  // them by the next write (no serialization equals this).
+  if (!cluster.hosts().empty() || !cluster.jobs().empty())
+    persisted_.cluster = "\xff(with hosts or jobs)";
+  retired_epochs_.insert(cluster.retired_epochs().begin(),
+                         cluster.retired_epochs().end());
+  std::map<std::string, proto::CoordinatorState::Job> loaded;
+  for (const auto& js : cluster.jobs()) loaded[js.job()] = js;
+  for (const auto& [key, bytes] : records) {
+    if (!absl::StartsWith(key, "jobs/")) continue;
+    proto::CoordinatorState::Job js;
+    if (!js.ParseFromString(bytes) || js.job().empty()) {
+      return absl::DataLossError(
+          absl::StrCat("record '", key, "' in ", where, " is not a job's state"));
+    }
+    persisted_.jobs[js.job()] = bytes;
+    loaded[js.job()] = std::move(js);
+  }
+  for (auto& [name, js] : loaded) {
+    auto job = std::make_unique<Job>();
+    // A record from before layout epochs, ptc-chosen versions and pools.
+    if (js.layout_epoch() == 0) js.set_layout_epoch(1);
+    if (js.next_version() == 0) {
+      js.set_next_version(
+          std::max(js.committed_version(), js.target_version()) + 1);
+    }
+    if (js.pool().empty()) *js.mutable_pool() = js.hosts();
+    auto spec = JobSpec(js.has_layout() ? "" : js.model(),
+                        js.has_layout() ? &js.layout() : nullptr);
+    if (!spec.ok()) {
+      // Refuse to start rather than forget a job with committed state (the
+      // next write would drop it).
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", name, "' in ", where,
+          " has a layout this coordinator cannot read: ",
+          spec.status().message(),
+          "; run the ptc version that registered it, or forget the job"));
+    }
+    job->spec = *std::move(spec);
+    job->state = std::move(js);
+    job->Derive();
+    jobs_[name] = std::move(job);
+  }
+  return absl::OkStatus();
+}
+
+JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
+  Records records;
+  for (const auto& [name, bytes] : persisted_.jobs) {
+    if (!jobs_.count(name)) (*writes)[JobRecord(name)] = std::nullopt;
+  }
+  for (const auto& [name, job] : jobs_) {
+    std::string bytes = job->state.SerializeAsString();
+    auto it = persisted_.jobs.find(name);
+    if (it == persisted_.jobs.end() || it->second != bytes)
+      (*writes)[JobRecord(name)] = bytes;
+    records.jobs[name] = std::move(bytes);
+  }
+  proto::CoordinatorState cluster;
+  cluster.mutable_retired_epochs()->insert(retired_epochs_.begin(),
+                                           retired_epochs_.end());
+  records.cluster = cluster.SerializeAsString();
+  if (records.cluster != persisted_.cluster)
+    (*writes)[kClusterRecord] = records.cluster;
+  return records;
+}
+
+}  // namespace ptc

@@ -1,0 +1,157 @@
+// The coordinator's job table: every registered job's durable record (its
+// registration, versions, open saves, placement and change in flight:
+// proto::CoordinatorState::Job, the record "jobs/NAME"), what the
+// coordinator derives from it (ranks, spec, store bytes per host), what
+// lives only in memory (reported saves, the last event, the worker of the
+// change in flight), and the plan epochs of forgotten jobs (the record
+// "cluster"), so that a job registered again under the same name never
+// reuses an epoch a host may still hold staged bytes of.
+//
+// It owns that state and its persistence: Writes() says which records
+// changed since the last transaction, Persisted() is told once it
+// committed. Not thread-safe: the coordinator calls it under its lock.
+//
+//   JobTable jobs;
+//   PTC_RETURN_IF_ERROR(jobs.Load(records, legacy, "etcd ..."));
+//   JobTable::Job* job = jobs.Find("j");           // null if unknown
+//   PTC_ASSIGN_OR_RETURN(JobTable::Job* known, jobs.Known("j"));
+//   for (auto& [name, job] : jobs) ...
+#ifndef PTC_COORDINATOR_JOB_TABLE_H_
+#define PTC_COORDINATOR_JOB_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/control_store.h"
+#include "proto/coordinator.pb.h"
+#include "ptc/model_spec.h"
+
+namespace ptc {
+
+// The spec of a job as its record or a registration gives it: a layout
+// spec, or a built-in model's name (not both).
+absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
+    const std::string& model, const proto::LayoutSpec* layout);
+// Ranks and state bytes of a job running `config`, or why it cannot run.
+absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const ModelSpec& spec,
+                                                     const std::string& config);
+// Store bytes per host name of `config` placed on `rank_hosts` (empty if
+// either is missing).
+std::map<std::string, int64_t> HostBytesOf(
+    const ModelSpec& spec, const std::string& config,
+    const google::protobuf::RepeatedPtrField<std::string>& rank_hosts);
+
+class JobTable {
+ public:
+  struct Job {
+    proto::CoordinatorState::Job state;  // the durable record
+    // Open save's version -> ranks that reported it (not persisted: after a
+    // restart the ranks report again or a later save supersedes it).
+    std::map<int64_t, std::set<int32_t>> saved;
+    proto::ReconfigureEvent event;  // in flight or last
+    // A save's commit is asking the hosts (no change may start meanwhile).
+    bool committing_save = false;
+    // Why the change in flight was cancelled by the coordinator itself
+    // (a host went silent); empty if by request.
+    std::string cancel_reason;
+    std::atomic<bool> cancel{false};
+    std::thread worker;
+    bool running = false;  // the worker has not finished RunFlight yet
+    int32_t ranks = 0;
+    int64_t state_bytes = 0;
+    // The job's layout spec (registered, or generated for its built-in
+    // model); never null once the job is known.
+    std::shared_ptr<const ModelSpec> spec;
+    // Store bytes the committed version and the change in flight's target
+    // take on each host, by name (what other jobs' placements must leave).
+    std::map<std::string, int64_t> host_bytes, target_host_bytes;
+
+    // Computes ranks, state bytes and store bytes per host from the
+    // record (a loaded one).
+    void Derive();
+    // A new version number of the job (rule 1): one counter for saves and
+    // changes, above every number it has used.
+    int64_t NewVersion();
+    // Whether the job owns `version` (rule 6): its committed version, its
+    // change's target, an open save, or a number not handed out yet.
+    bool OwnsVersion(int64_t version) const;
+    // Whether its record names `host` (its hosts, a change's targets, lost
+    // hosts).
+    bool Names(const std::string& host) const;
+    // Clears the pending change, and the hot switch's save if its
+    // processes began one (its version is reclaimed).
+    void ClearPending();
+  };
+  using Jobs = std::map<std::string, std::unique_ptr<Job>>;
+
+  // The job, or null if unknown.
+  Job* Find(const std::string& name);
+  const Job* Find(const std::string& name) const;
+  // The job, or NOT_FOUND ("job 'x' is unknown").
+  absl::StatusOr<Job*> Known(const std::string& name);
+
+  Jobs::iterator begin() { return jobs_.begin(); }
+  Jobs::iterator end() { return jobs_.end(); }
+  Jobs::const_iterator begin() const { return jobs_.begin(); }
+  Jobs::const_iterator end() const { return jobs_.end(); }
+  size_t size() const { return jobs_.size(); }
+  // Whether any job's record names `host`.
+  bool NameHost(const std::string& host) const;
+
+  // Registration: adds `job` (its record's name must be new; continues its
+  // plan epochs after those of a forgotten job of the same name).
+  Job& Add(std::unique_ptr<Job> job);
+  // Undoes an Add whose registration could not be persisted.
+  void Discard(const std::string& name) { jobs_.erase(name); }
+  // Forgetting: removes the job and retires its plan epochs. Put() undoes
+  // it (the removal could not be persisted): the job comes back and its
+  // epochs are retired as they were.
+  std::unique_ptr<Job> Remove(const std::string& name);
+  void Put(std::unique_ptr<Job> job);
+  // Jobs whose bytes ForgetJob is deleting on the hosts: not registered
+  // again until it ends (the deletes would take the new job's saves).
+  bool Forgetting(const std::string& name) const {
+    return forgetting_.count(name) > 0;
+  }
+  void BeginForget(const std::string& name) { forgetting_.insert(name); }
+  void EndForget(const std::string& name) { forgetting_.erase(name); }
+
+  // Persistence. Load takes the job records ("jobs/NAME"), the cluster
+  // record and jobs inside it (from coordinators before per-job records:
+  // moved into records of their own by the next write). DATA_LOSS names a
+  // record that is not a job's; FAILED_PRECONDITION a job whose layout
+  // this coordinator cannot read (rather than drop it on the next write).
+  absl::Status Load(const std::map<std::string, std::string>& records,
+                    const std::string& where);
+  struct Records {
+    std::map<std::string, std::string> jobs;
+    std::string cluster;
+  };
+  // Adds to `writes` the records that changed since Persisted (new or
+  // changed jobs, deletes for forgotten ones, the cluster record) and
+  // returns what the records hold after them, for Persisted.
+  Records Writes(ControlStore::Writes* writes) const;
+  void Persisted(Records records) { persisted_ = std::move(records); }
+
+ private:
+  Jobs jobs_;
+  // CoordinatorState.retired_epochs: the last plan epoch of each
+  // forgotten job.
+  std::map<std::string, int64_t> retired_epochs_;
+  // Each job's retired epoch before Remove, for Put.
+  std::map<std::string, int64_t> retired_before_;
+  std::set<std::string> forgetting_;
+  Records persisted_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_JOB_TABLE_H_

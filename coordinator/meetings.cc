@@ -1,0 +1,59 @@
+#include "coordinator/meetings.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ptc {
+
+absl::StatusOr<std::string> Meetings::Arrive(const std::string& job,
+                                             int64_t epoch, int32_t ranks,
+                                             int32_t rank,
+                                             const std::string& offered,
+                                             absl::Time now) {
+  Meeting& meet = meetings_[job];
+  if (meet.epoch != epoch || meet.seen.size() != static_cast<size_t>(ranks)) {
+    meet = Meeting{};
+    meet.epoch = epoch;
+    meet.seen.assign(ranks, absl::InfinitePast());
+  }
+  if (rank == 0) meet.address = offered;
+  if (meet.seen[rank] == absl::InfinitePast()) ++meet.arrived;
+  meet.seen[rank] = now;
+  if (meet.met) return meet.address;
+  if (meet.address.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank 0 of layout epoch ", epoch,
+        " has not offered its address yet; retry"));
+  }
+  const bool all_arrived = meet.arrived == ranks;
+  if (now - meet.scanned >= kMeetingScan ||
+      (all_arrived && meet.scanned_arrived < ranks)) {
+    meet.scanned = now;
+    meet.scanned_arrived = meet.arrived;
+    meet.absent_count = 0;
+    meet.absent_shown.clear();
+    for (int r = 0; r < ranks; ++r) {
+      if (now - meet.seen[r] <= kMeetingPresence) continue;
+      ++meet.absent_count;
+      if (meet.absent_shown.size() < kMeetingAbsentShown)
+        meet.absent_shown.push_back(r);
+    }
+  }
+  if (!all_arrived || meet.absent_count > 0) {
+    const int absent = std::max(meet.absent_count, 1);
+    return absl::UnavailableError(absl::StrCat(
+        ranks - absent, " of the ", ranks, " ranks of layout epoch ", epoch,
+        " are here; waiting for rank",
+        meet.absent_shown.size() > 1 ? "s " : " ",
+        absl::StrJoin(meet.absent_shown, ", "),
+        static_cast<size_t>(absent) > meet.absent_shown.size() ? ", ..." : "",
+        "; retry"));
+  }
+  meet.met = true;
+  return meet.address;
+}
+
+}  // namespace ptc
