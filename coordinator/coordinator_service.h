@@ -42,9 +42,11 @@
 // State: the handlers work over managers that each own a part of it and,
 // where it is durable, its records: the host registry (host_registry.h),
 // the job table (job_table.h; each job's change in flight moves through
-// flight.h's transitions), the meetings of a job's processes
+// flight.h's transitions, its saves through saves_state.h's), automatic
+// changes (auto_changes.h), the meetings of a job's processes
 // (meetings.h). PersistLocked writes what they changed as one
-// transaction.
+// transaction. Effects on the hosts are carried out by the drivers
+// (reconfigure_driver.h, snapshot_writer.h) outside the lock.
 //
 // Threads: gRPC handler threads; one worker thread per reconfiguration in
 // flight; one monitor thread (heartbeat deadlines, retries of decided
@@ -288,6 +290,20 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::Status PlanAndStart(const proto::ReconfigureRequest& req,
                             bool need_committed, const SnapshotUse* snapshot,
                             proto::ReconfigureResponse* resp);
+  // Points the driver's request of `planned` at the flight's input and
+  // plan, and gives it the coordinator's view of the hosts (alive,
+  // heard from lately, addresses) and a replan that shows in the job's
+  // event.
+  void ConnectDriver(const proto::ReconfigureRequest& req,
+                     const Planned& planned);
+  // The target of a planned change of `job` (its version is set by the
+  // caller: a new number of the job's, under the lock).
+  static FlightTarget TargetOf(const Planned& planned, const Job& job,
+                               const std::string& reason);
+  // The driver's call once the change's fingerprints are proven: decides
+  // the commit and persists the decision (or fails, and the driver
+  // aborts).
+  absl::Status DecideChange(const std::string& job);
   // Starts a planned change (DoReconfigure's second half); `reason` says
   // who asked (ReconfigureEvent.reason).
   absl::Status StartChange(const proto::ReconfigureRequest& req,

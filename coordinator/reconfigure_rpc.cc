@@ -4,6 +4,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -221,15 +222,21 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
     epoch = job.state.last_epoch() + 1;
   }
   if (finished.joinable()) finished.join();
+  // Host ids by name: one lookup per rank of a 16,384-rank source, not a
+  // scan over every host.
+  absl::flat_hash_map<std::string, int> index;
+  for (size_t i = 0; i < names.size(); ++i)
+    index.emplace(names[i], static_cast<int>(i));
   auto id_of = [&](const std::vector<std::string>& list)
       -> absl::StatusOr<std::vector<int>> {
     std::vector<int> ids;
+    ids.reserve(list.size());
     for (const std::string& n : list) {
-      auto it = std::find(names.begin(), names.end(), n);
-      if (it == names.end())
+      auto it = index.find(n);
+      if (it == index.end())
         return absl::NotFoundError(
             absl::StrCat("host '", n, "' is not registered"));
-      ids.push_back(static_cast<int>(it - names.begin()));
+      ids.push_back(it->second);
     }
     return ids;
   };
@@ -262,9 +269,8 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   // them if a region has no other copy.
   std::vector<int> lost_ids;
   for (const std::string& h : lost) {
-    auto it = std::find(names.begin(), names.end(), h);
-    if (it != names.end())
-      lost_ids.push_back(static_cast<int>(it - names.begin()));
+    if (auto it = index.find(h); it != index.end())
+      lost_ids.push_back(it->second);
   }
   // Where the target ranks run: the candidates are to_ids.
   PlacementRequest where;
@@ -415,22 +421,17 @@ absl::Status CoordinatorService::PlanAndStart(
   return StartChange(req, std::move(planned), resp);
 }
 
-absl::Status CoordinatorService::StartChange(
-    const proto::ReconfigureRequest& req, Planned planned,
-    proto::ReconfigureResponse* resp, const std::string& reason) {
-  std::shared_ptr<Flight> flight = planned.flight;
+void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
+                                       const Planned& planned) {
+  Flight* flight = planned.flight.get();
   const bool restore = flight->snapshot && flight->snapshot->restore;
   const std::vector<std::string>& names = planned.names;
-  const std::vector<std::string>& to_hosts = planned.to_hosts;
-  const std::vector<int>& from_ids = planned.from_ids;
-  const std::vector<bool>& alive = planned.alive;
-  const int64_t committed = planned.committed, epoch = planned.epoch;
   ReconfigureRequest& r = flight->request;
   r.input = &flight->input;
   r.plan = &flight->plan;
   r.job = req.job();
-  r.source_version = committed;
-  r.plan_epoch = epoch;
+  r.source_version = planned.committed;
+  r.plan_epoch = planned.epoch;
   r.is_alive = [this, names](int32_t host) {
     absl::MutexLock lock(&mu_);
     return hosts_.Alive(names[host]);
@@ -479,6 +480,64 @@ absl::Status CoordinatorService::StartChange(
     // Nothing of a restore's source lives on a host to release.
     r.keep_source = restore;
   }
+}
+
+FlightTarget CoordinatorService::TargetOf(const Planned& planned,
+                                          const Job& job,
+                                          const std::string& reason) {
+  const Flight& flight = *planned.flight;
+  const bool restore = flight.snapshot && flight.snapshot->restore;
+  const std::vector<std::string>& names = planned.names;
+  FlightTarget target;
+  target.config = flight.scenario.target.config()->ToString();
+  const Placement& placed = planned.placement.placement;
+  for (int rank = 0; rank < placed.world_size(); ++rank) {
+    target.rank_hosts.push_back(names[placed.host[rank]]);
+    target.rank_devices.push_back(placed.device[rank]);
+  }
+  target.hosts = planned.to_hosts;
+  target.epoch = planned.epoch;
+  target.step = restore ? flight.snapshot->manifest.step()
+                        : job.state.committed_step();
+  target.restore_dir = restore ? flight.snapshot->dir : "";
+  for (int id : planned.from_ids) {
+    if (planned.alive[id]) target.release_hosts.push_back(names[id]);
+  }
+  target.reason = reason;
+  return target;
+}
+
+absl::Status CoordinatorService::DecideChange(const std::string& name) {
+  PauseAtFailpoint("before_decision");
+  {
+    absl::MutexLock lock(&mu_);
+    Job* found = jobs_.Find(name);
+    if (found == nullptr || found->cancel) {
+      return absl::CancelledError(
+          "the reconfiguration was aborted before its decision");
+    }
+    Job& j = *found;
+    const proto::CoordinatorState::Job before = j.state;
+    PTC_RETURN_IF_ERROR(DecideFlight(j.state, j.event));
+    if (absl::Status persisted = PersistLocked(); !persisted.ok()) {
+      // Undecided: the driver aborts the staged version.
+      j.state = before;
+      return persisted;
+    }
+  }
+  PauseAtFailpoint("after_decision");
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorService::StartChange(
+    const proto::ReconfigureRequest& req, Planned planned,
+    proto::ReconfigureResponse* resp, const std::string& reason) {
+  std::shared_ptr<Flight> flight = planned.flight;
+  const std::vector<std::string>& names = planned.names;
+  const std::vector<std::string>& to_hosts = planned.to_hosts;
+  const int64_t committed = planned.committed, epoch = planned.epoch;
+  ReconfigureRequest& r = flight->request;
+  ConnectDriver(req, planned);
   {
     absl::MutexLock lock(&mu_);
     Job* found = jobs_.Find(req.job());
@@ -492,22 +551,7 @@ absl::Status CoordinatorService::StartChange(
       return absl::AbortedError("the job changed while planning; try again");
     }
     // Rule 1: the change's version is a new number, never a save's.
-    FlightTarget target;
-    target.config = flight->scenario.target.config()->ToString();
-    const Placement& placed = planned.placement.placement;
-    for (int rank = 0; rank < placed.world_size(); ++rank) {
-      target.rank_hosts.push_back(names[placed.host[rank]]);
-      target.rank_devices.push_back(placed.device[rank]);
-    }
-    target.hosts = to_hosts;
-    target.epoch = epoch;
-    target.step = restore ? flight->snapshot->manifest.step()
-                          : job.state.committed_step();
-    target.restore_dir = restore ? flight->snapshot->dir : "";
-    for (int id : from_ids) {
-      if (alive[id]) target.release_hosts.push_back(names[id]);
-    }
-    target.reason = reason;
+    FlightTarget target = TargetOf(planned, job, reason);
     target.version = job.NewVersion();
     r.target_version = target.version;
     const proto::CoordinatorState::Job before = job.state;
@@ -538,27 +582,7 @@ absl::Status CoordinatorService::StartChange(
     SetPlacementSummary(planned.placement, planned.placement_strategy, names,
                         job.event.mutable_plan());
     r.cancel = &job.cancel;
-    r.before_commit = [this, name = req.job()] {
-      PauseAtFailpoint("before_decision");
-      {
-        absl::MutexLock lock(&mu_);
-        Job* found = jobs_.Find(name);
-        if (found == nullptr || found->cancel) {
-          return absl::CancelledError(
-              "the reconfiguration was aborted before its decision");
-        }
-        Job& j = *found;
-        const proto::CoordinatorState::Job before = j.state;
-        PTC_RETURN_IF_ERROR(DecideFlight(j.state, j.event));
-        if (absl::Status persisted = PersistLocked(); !persisted.ok()) {
-          // Undecided: the driver aborts the staged version.
-          j.state = before;
-          return persisted;
-        }
-      }
-      PauseAtFailpoint("after_decision");
-      return absl::OkStatus();
-    };
+    r.before_commit = [this, name = req.job()] { return DecideChange(name); };
     job.running = true;
     job.worker = std::thread([this, flight] { RunFlight(flight); });
   }

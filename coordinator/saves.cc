@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/saves_state.h"
 #include "coordinator/reconfigure_driver.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
@@ -181,57 +182,30 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
     PTC_ASSIGN_OR_RETURN(Job * hot,
                          HotSavingJobLocked(req.job(), req.rank(),
                                             req.layout_epoch(), req.pending_serial()));
-    proto::CoordinatorState::Job& s = hot->state;
-    if (s.hot_version() == 0) {
-      proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
-      o->set_version(hot->NewVersion());
-      o->set_step(req.step());
-      o->set_layout_epoch(s.layout_epoch() + 1);
-      s.set_hot_version(o->version());
-      // The switch gets its own save timeout from now.
-      s.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
+    bool opened = false;
+    const int64_t version = OpenHotSave(
+        *hot, req.step(), absl::ToUnixMicros(absl::Now()) / 1e6, &opened);
+    if (opened) {
       PTC_RETURN_IF_ERROR(PersistLocked());
       Log("coordinator")
           ->info("job {}: hot switch to {} saves step {} as version {}",
-                 req.job(), s.pending().to(), req.step(), o->version());
+                 req.job(), hot->state.pending().to(), req.step(), version);
     }
-    resp->set_version(s.hot_version());
+    resp->set_version(version);
     return absl::OkStatus();
   }
   PTC_ASSIGN_OR_RETURN(
       Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
-  Job& job = *saving;
-  proto::CoordinatorState::Job& s = job.state;
-  // The other ranks' save of this step in this layout (a hot switch's save
-  // of the same step is another version: the target layout's, under the
-  // next layout epoch).
-  for (const auto& o : s.open_saves()) {
-    if (o.step() == req.step() && o.layout_epoch() == s.layout_epoch()) {
-      resp->set_version(o.version());
-      return absl::OkStatus();
-    }
+  bool opened = false;
+  const int64_t version =
+      OpenSave(*saving, req.step(), options_.max_open_saves, &opened);
+  if (opened) {
+    PTC_RETURN_IF_ERROR(PersistLocked());
+    Log("coordinator")
+        ->info("job {}: save of step {} is version {} (layout epoch {})",
+               req.job(), req.step(), version, saving->state.layout_epoch());
   }
-  if (s.open_saves_size() >= std::max(1, options_.max_open_saves)) {
-    // The oldest save in progress is superseded: its version is reclaimed
-    // (not a hot switch's: Job::ClearPending reclaims that one).
-    auto* open = s.mutable_open_saves();
-    auto oldest = std::find_if(open->begin(), open->end(), [&](const auto& o) {
-      return o.version() != s.hot_version();
-    });
-    if (oldest != open->end()) {
-      job.saved.erase(oldest->version());
-      open->erase(oldest);
-    }
-  }
-  proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
-  o->set_version(job.NewVersion());
-  o->set_step(req.step());
-  o->set_layout_epoch(s.layout_epoch());
-  PTC_RETURN_IF_ERROR(PersistLocked());
-  resp->set_version(o->version());
-  Log("coordinator")
-      ->info("job {}: save of step {} is version {} (layout epoch {})",
-             req.job(), req.step(), o->version(), s.layout_epoch());
+  resp->set_version(version);
   return absl::OkStatus();
 }
 
@@ -263,26 +237,10 @@ absl::Status CoordinatorService::DoReportSaved(
             : SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
-    auto open = std::find_if(
-        s.open_saves().begin(), s.open_saves().end(),
-        [&](const auto& o) { return o.version() == req.version(); });
-    if (open == s.open_saves().end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("version ", req.version(), " of job '", req.job(),
-                       "' is not a save in progress (committed version ",
-                       s.committed_version(),
-                       "); a save writes into the version BeginSave gives it"));
-    }
-    if (job.committing_save) {
-      return absl::UnavailableError(absl::StrCat(
-          "job '", req.job(), "' is committing another save; report again"));
-    }
-    std::set<int32_t>& ranks = job.saved[req.version()];
-    ranks.insert(req.rank());
-    const int32_t expected =
-        hot ? s.pending().placement().rank_hosts_size() : job.ranks;
-    if (static_cast<int32_t>(ranks.size()) < expected) return absl::OkStatus();
-    step = open->step();
+    PTC_ASSIGN_OR_RETURN(const SaveReport report,
+                         ReportSave(job, req.version(), req.rank(), hot));
+    if (!report.complete) return absl::OkStatus();
+    step = report.step;
     spec = job.spec;
     if (hot) {
       // Proven where the target places its ranks; the old layout's hosts
@@ -318,7 +276,6 @@ absl::Status CoordinatorService::DoReportSaved(
     Job& job = *found;
     proto::CoordinatorState::Job& s = job.state;
     job.committing_save = false;
-    auto* open = s.mutable_open_saves();
     if (hot && proven.ok() && s.hot_version() != req.version()) {
       // Overtaken (a change from the committed version started meanwhile
       // is refused while committing_save; this is a forgotten pending).
@@ -336,28 +293,11 @@ absl::Status CoordinatorService::DoReportSaved(
       if (previous > 0) superseded.push_back(previous);
     } else if (!proven.ok()) {
       // The save failed: its version is no longer owned, and goes.
-      job.saved.erase(req.version());
-      open->erase(std::remove_if(open->begin(), open->end(),
-                                 [&](const auto& o) {
-                                   return o.version() == req.version();
-                                 }),
-                  open->end());
-      superseded.push_back(req.version());
+      superseded = DropSave(job, req.version());
     } else {
-      s.set_committed_version(req.version());
-      s.set_committed_step(step);
-      s.clear_lost_hosts();
+      superseded = CommitSave(job, req.version(), step);
       // A change that waited for this save starts now.
       if (s.has_pending()) auto_changes_.Wake();
-      for (const auto& o : *open)
-        if (o.version() < req.version()) superseded.push_back(o.version());
-      open->erase(std::remove_if(open->begin(), open->end(),
-                                 [&](const auto& o) {
-                                   return o.version() <= req.version();
-                                 }),
-                  open->end());
-      job.saved.erase(job.saved.begin(), job.saved.upper_bound(req.version()));
-      if (previous > 0) superseded.push_back(previous);
     }
     if (hot && !proven.ok()) s.set_hot_version(0);  // a change follows now
     PTC_RETURN_IF_ERROR(PersistLocked());
