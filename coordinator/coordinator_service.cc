@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
   s->snapshotter_ = std::thread([p = s.get()] { p->SnapshotLoop(); });
   s->auto_changer_ = std::thread([p = s.get()] { p->AutoLoop(); });
+  s->prover_ = std::thread([p = s.get()] { p->ProverLoop(); });
   return s;
 }
 
@@ -54,6 +55,7 @@ CoordinatorService::~CoordinatorService() {
   if (monitor_.joinable()) monitor_.join();
   if (snapshotter_.joinable()) snapshotter_.join();
   if (auto_changer_.joinable()) auto_changer_.join();
+  if (prover_.joinable()) prover_.join();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&mu_);
@@ -427,6 +429,17 @@ void CoordinatorService::MonitorLoop() {
       }
     }
     for (const std::string& job : retry) FinishDecidedCommit(job);
+  }
+}
+
+void CoordinatorService::ProverLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               absl::Milliseconds(200)))
+        return;
+    }
     VerifyReturnedHosts();
   }
 }

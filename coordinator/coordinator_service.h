@@ -50,7 +50,8 @@
 //
 // Threads: gRPC handler threads; one worker thread per reconfiguration in
 // flight; one monitor thread (heartbeat deadlines, retries of decided
-// commits, proofs of returned hosts). All state is guarded by mu_; no RPC
+// commits); one prover (proofs of returned hosts); the snapshotter and the
+// auto loop. All state is guarded by mu_; no RPC
 // to a ptcd is made while holding it.
 #ifndef PTC_COORDINATOR_COORDINATOR_SERVICE_H_
 #define PTC_COORDINATOR_COORDINATOR_SERVICE_H_
@@ -238,8 +239,13 @@ class CoordinatorService final : public proto::Coordinator::Service {
                                  const ModelSpec& spec,
                                  const std::string& config,
                                  const std::vector<std::string>& rank_hosts);
-  // Proves the hosts the registry holds to be proven (rule 7).
+  // Proves the hosts the registry holds to be proven (rule 7); one that
+  // does not answer is asked again next round.
   void VerifyReturnedHosts();
+  // Runs VerifyReturnedHosts every 200 ms on a thread of its own: a proof
+  // (a fingerprint of the host's share) may take long, and the monitor
+  // must go on judging heartbeats meanwhile.
+  void ProverLoop();
   // Cancels changes in flight that involve `host`, just declared dead.
   void CancelFlightsOnLocked(const std::string& host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -377,6 +383,7 @@ class CoordinatorService final : public proto::Coordinator::Service {
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);
   std::thread auto_changer_;
+  std::thread prover_;
   // What the auto loop remembers of each job, and its judgement.
   AutoChanges auto_changes_ ABSL_GUARDED_BY(mu_);
   // Per job: the meeting of its processes under its layout epoch.

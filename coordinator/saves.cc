@@ -432,6 +432,15 @@ void CoordinatorService::VerifyReturnedHosts() {
     Job* j = jobs_.Find(p.job);
     if (j == nullptr || j->state.committed_version() != p.version)
       continue;  // the job moved on meanwhile; tried again next round
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+      // Not an answer (a busy machine, a host just back): asked again at
+      // the monitor's next round, still to be proven.
+      Log("coordinator")
+          ->info("job {}: host {} did not answer the proof of its share of "
+                 "version {} ({}); asking again",
+                 p.job, p.host, p.version, s.ToString());
+      continue;
+    }
     auto* lost = j->state.mutable_lost_hosts();
     if (s.ok()) {
       lost->erase(std::remove(lost->begin(), lost->end(), p.host), lost->end());
