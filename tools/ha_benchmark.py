@@ -12,7 +12,7 @@
    wall time.
 
 Real processes on loopback (3 etcd members with mutual TLS, 2 coordinators,
-2 ptcds), lease 3 s. min/median/max over RUNS (default 5).
+2 ptcds), lease 5 s. min/median/max over RUNS (default 5).
 
   PTC_BIN_DIR=$(bazel info bazel-bin) /usr/bin/python3 tools/ha_benchmark.py [RUNS]
 """
