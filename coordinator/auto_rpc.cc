@@ -28,6 +28,24 @@ bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
   return std::find(list.begin(), list.end(), x) != list.end();
 }
 
+void CandidateToProto(const ConfigCandidate& c,
+                      proto::AdviseResponse::Candidate* p) {
+  p->set_config(c.config);
+  p->set_gpus(c.gpus);
+  p->set_state_bytes_per_gpu(c.state_bytes_per_gpu);
+  p->set_gpu_bytes_needed(c.gpu_bytes_needed);
+  p->set_fits(c.fits);
+  p->set_why_not(c.why_not);
+  p->set_step_seconds(c.step_seconds);
+  p->set_compute_seconds(c.compute_seconds);
+  p->set_bubble_seconds(c.bubble_seconds);
+  p->set_tp_seconds(c.tp_seconds);
+  p->set_dp_seconds(c.dp_seconds);
+  p->set_bytes_moved(c.bytes_moved);
+  p->set_change_seconds(c.change_seconds);
+  p->set_survives_host_loss(c.survives_host_loss);
+}
+
 }  // namespace
 
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& p,
@@ -230,23 +248,8 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
                                     : std::string(choice.status().message()));
   for (const std::string& h : hosts) resp->add_hosts(h);
   resp->set_gpu_memory_bytes(in.gpu_memory_bytes);
-  for (const ConfigCandidate& c : candidates) {
-    proto::AdviseResponse::Candidate* p = resp->add_candidates();
-    p->set_config(c.config);
-    p->set_gpus(c.gpus);
-    p->set_state_bytes_per_gpu(c.state_bytes_per_gpu);
-    p->set_gpu_bytes_needed(c.gpu_bytes_needed);
-    p->set_fits(c.fits);
-    p->set_why_not(c.why_not);
-    p->set_step_seconds(c.step_seconds);
-    p->set_compute_seconds(c.compute_seconds);
-    p->set_bubble_seconds(c.bubble_seconds);
-    p->set_tp_seconds(c.tp_seconds);
-    p->set_dp_seconds(c.dp_seconds);
-    p->set_bytes_moved(c.bytes_moved);
-    p->set_change_seconds(c.change_seconds);
-    p->set_survives_host_loss(c.survives_host_loss);
-  }
+  for (const ConfigCandidate& c : candidates)
+    CandidateToProto(c, resp->add_candidates());
   return absl::OkStatus();
 }
 

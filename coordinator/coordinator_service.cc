@@ -767,6 +767,24 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
   return r;
 }
 
+// What ListJobs says of a job's survival: which single host or domain loss
+// its placement survives (empty if its layout cannot be built).
+CoordinatorService::Survival CoordinatorService::JudgeSurvival(
+    const ModelSpec& spec, const std::string& config,
+    const Placement& placement, const Cluster& cluster) {
+  Survival judged;
+  auto parsed = spec.ParseConfig(config);
+  auto layout = parsed.ok() ? BuildLayout(spec, *parsed)
+                            : absl::StatusOr<Layout>(parsed.status());
+  if (layout.ok() && layout->world_size() == placement.world_size()) {
+    const SurvivalReport report =
+        CheckSurvival(spec, *layout, placement, cluster);
+    judged.text = report.Describe();
+    judged.any_host = report.SurvivesAnyHost();
+  }
+  return judged;
+}
+
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
                                           const proto::ListJobsRequest* req,
                                           proto::ListJobsResponse* resp) {
@@ -791,57 +809,24 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     p.spec = j->spec;
     p.config = j->state.config();
     p.key = p.config;
-    {
-      const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
-      std::map<std::string, int> id;
-      for (size_t r = 0; r < rank_hosts.size(); ++r) {
-        auto [it, fresh] = id.emplace(rank_hosts[r], static_cast<int>(id.size()));
-        if (fresh) {
-          const HostRegistry::Host* h = hosts_.Find(rank_hosts[r]);
-          const std::string domain = h == nullptr ? "" : h->status.domain();
-          p.cluster.hosts.push_back({rank_hosts[r], 1, 25e9, domain});
-          absl::StrAppend(&p.key, "|", rank_hosts[r], "@", domain);
-        }
-        p.placement.host.push_back(it->second);
-        p.placement.device.push_back(r < rank_devices.size() ? rank_devices[r] : 0);
-        absl::StrAppend(&p.key, ",", it->second);
+    const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
+    std::map<std::string, int> id;
+    for (size_t r = 0; r < rank_hosts.size(); ++r) {
+      auto [it, fresh] = id.emplace(rank_hosts[r], static_cast<int>(id.size()));
+      if (fresh) {
+        const HostRegistry::Host* h = hosts_.Find(rank_hosts[r]);
+        const std::string domain = h == nullptr ? "" : h->status.domain();
+        p.cluster.hosts.push_back({rank_hosts[r], 1, 25e9, domain});
+        absl::StrAppend(&p.key, "|", rank_hosts[r], "@", domain);
       }
+      p.placement.host.push_back(it->second);
+      p.placement.device.push_back(r < rank_devices.size() ? rank_devices[r] : 0);
+      absl::StrAppend(&p.key, ",", it->second);
     }
     proto::JobStatus* s = resp->add_jobs();
-    s->set_job(name);
-    s->set_model(j->state.model());
-    s->set_config(j->state.config());
-    for (const std::string& h : j->state.hosts()) s->add_hosts(h);
-    s->set_committed_version(j->state.committed_version());
-    s->set_ranks(j->ranks);
-    s->set_state_bytes(j->state_bytes);
-    auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
-    for (std::string& h : rank_hosts) s->add_rank_hosts(std::move(h));
-    for (int32_t d : rank_devices) s->add_rank_devices(d);
-    if (!j->saved.empty())
-      s->set_ranks_saved(
-          static_cast<int32_t>(j->saved.rbegin()->second.size()));
-    s->set_layout_epoch(j->state.layout_epoch());
-    s->set_committed_step(j->state.committed_step());
-    for (const auto& o : j->state.open_saves()) s->add_open_saves(o.version());
-    for (const std::string& h : j->state.lost_hosts()) s->add_lost_hosts(h);
-    s->set_snapshot_version(j->state.snapshot_version());
-    s->set_snapshot_root(j->state.snapshot_root());
-    s->set_snapshot_unix(j->state.snapshot_unix());
-    *s->mutable_auto_policy() = j->state.auto_policy();
-    for (const std::string& h : j->state.pool()) s->add_pool(h);
-    s->set_pending_config(j->state.pending().to());
-    s->set_pending_reason(j->state.pending_reason());
-    if (j->state.pending().hot()) {
-      s->set_pending_hot(true);
-      *s->mutable_pending_rank_hosts() = j->state.pending().placement().rank_hosts();
-      *s->mutable_pending_rank_devices() =
-          j->state.pending().placement().rank_devices();
-    }
-    s->set_pending_serial(j->state.pending_serial());
-    for (const std::string& a : j->spec->mesh) s->add_mesh(a);
-    if (req->include_layout()) *s->mutable_layout() = SpecToProto(*j->spec);
-    *s->mutable_reconfiguration() = j->event;
+    j->Describe(req->include_layout(), s);
+    *s->mutable_rank_hosts() = {rank_hosts.begin(), rank_hosts.end()};
+    *s->mutable_rank_devices() = {rank_devices.begin(), rank_devices.end()};
   }
   lock.Release();
   if (!only.empty() && resp->jobs().empty()) {
@@ -860,16 +845,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
         continue;
       }
     }
-    Survival judged{p.key, "", false};
-    auto config = p.spec->ParseConfig(p.config);
-    auto layout = config.ok() ? BuildLayout(*p.spec, *config)
-                              : absl::StatusOr<Layout>(config.status());
-    if (layout.ok() && layout->world_size() == p.placement.world_size()) {
-      const SurvivalReport report =
-          CheckSurvival(*p.spec, *layout, p.placement, p.cluster);
-      judged.text = report.Describe();
-      judged.any_host = report.SurvivesAnyHost();
-    }
+    Survival judged = JudgeSurvival(*p.spec, p.config, p.placement, p.cluster);
+    judged.placement = p.key;
     s->set_survival(judged.text);
     s->set_survives_host_loss(judged.any_host);
     absl::MutexLock cached(&survival_mu_);

@@ -280,6 +280,22 @@ class CoordinatorService final : public proto::Coordinator::Service {
   absl::Status AddJob(const proto::RegisterJobRequest& req,
                       std::shared_ptr<const ModelSpec> spec,
                       proto::RegisterJobResponse* resp);
+  // What PlanChange gathers under the lock besides `Planned`'s part.
+  struct ChangeInputs {
+    std::shared_ptr<const ModelSpec> spec;
+    std::vector<std::string> from_hosts;
+    Resources res;
+    std::pair<std::vector<std::string>, std::vector<int32_t>> source_ranks;
+    std::vector<std::string> lost;  // alive, but without the job's state
+    std::thread finished;  // the job's last worker, ended: joined unlocked
+  };
+  // PlanChange's checks of the job and what it reads of the job and the
+  // hosts.
+  absl::Status GatherChangeLocked(const proto::ReconfigureRequest& req,
+                                  bool need_committed,
+                                  const SnapshotUse* snapshot, Planned& out,
+                                  ChangeInputs& in)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Plans `req` for its job (checks included; a committed version only if
   // `need_committed`); starts nothing.
   absl::StatusOr<Planned> PlanChange(const proto::ReconfigureRequest& req,
@@ -396,6 +412,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
     std::string text;
     bool any_host = false;
   };
+  static Survival JudgeSurvival(const ModelSpec& spec, const std::string& config,
+                                const Placement& placement,
+                                const Cluster& cluster);
   absl::Mutex survival_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, Survival> survival_ ABSL_GUARDED_BY(survival_mu_);
   // Periodic snapshots that failed: not retried before this time.

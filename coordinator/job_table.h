@@ -86,6 +86,10 @@ class JobTable {
     // Whether its record names `host` (its hosts, a change's targets, lost
     // hosts).
     bool Names(const std::string& host) const;
+    // What ListJobs shows of the job's record (its ranks' placement and
+    // survival aside, which need the hosts), with its layout spec if
+    // `include_layout`.
+    void Describe(bool include_layout, proto::JobStatus* status) const;
     // Clears the pending change, and the hot switch's save if its
     // processes began one (its version is reclaimed).
     void ClearPending();

@@ -141,87 +141,105 @@ struct CoordinatorService::Planned {
   std::string placement_strategy;
 };
 
-absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
+absl::Status CoordinatorService::GatherChangeLocked(
     const proto::ReconfigureRequest& req, bool need_committed,
-    const SnapshotUse* snapshot) {
+    const SnapshotUse* snapshot, Planned& out, ChangeInputs& in) {
   const bool restore = snapshot != nullptr && snapshot->restore;
-  // Gather what planning needs, then plan without holding the lock.
-  Planned out;
-  std::shared_ptr<const ModelSpec> spec;
+  std::shared_ptr<const ModelSpec>& spec = in.spec;
   std::string& from = out.from;
   std::vector<std::string>& names = out.names;
-  std::vector<std::string> from_hosts;
+  std::vector<std::string>& from_hosts = in.from_hosts;
   std::vector<std::string>& to_hosts = out.to_hosts;
-  Resources res;
-  std::pair<std::vector<std::string>, std::vector<int32_t>> source_ranks;
+  Resources& res = in.res;
+  auto& source_ranks = in.source_ranks;
   std::vector<bool>& alive = out.alive;
-  std::vector<std::string> lost;  // alive, but without the job's state
+  std::vector<std::string>& lost = in.lost;
   std::map<int32_t, std::string>& addresses = out.addresses;
   int64_t& committed = out.committed;
   int64_t& epoch = out.epoch;
-  std::thread finished;
+  Job* found = jobs_.Find(req.job());
+  if (found == nullptr)
+    return absl::NotFoundError(
+        absl::StrCat("job '", req.job(), "' is unknown"));
+  Job& job = *found;
+  if (job.state.target_version() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", req.job(), "' is already being reconfigured (epoch ",
+        job.state.target_epoch(), "); watch it or abort it first"));
+  }
+  if (job.committing_save) {
+    return absl::UnavailableError(absl::StrCat(
+        "job '", req.job(),
+        "' is committing a save that every rank reported; try again in a "
+        "moment (the change then starts from it)"));
+  }
+  if (need_committed && job.state.committed_version() <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", req.job(),
+                     "' has no committed state yet: every rank must save and "
+                     "report first (a live job: ask for the change after "
+                     "its processes' next save, ptcctl reconfigure "
+                     "--after-save)"));
+  }
+  if (job.worker.joinable())
+    in.finished = std::move(job.worker);  // ended: PlanChange joins it
+  spec = job.spec;
+  from = job.state.config();
+  from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
+  source_ranks = RankPlacementLocked(job);
+  res = ResourcesLocked(req.job());
+  if (restore) {
+    // The source is the snapshot's layout on a host of its own that
+    // holds nothing live: every piece comes from disk.
+    from = snapshot->manifest.config();
+    from_hosts = {std::string(kSnapshotHostName)};
+    source_ranks = {};
+    res.names.push_back(kSnapshotHostName);
+    res.cluster.hosts.push_back({kSnapshotHostName, 1 << 20, 25e9});
+    res.alive.push_back(false);
+    res.late.push_back(false);
+    res.taken.emplace_back();
+    res.memory.push_back(0);
+  }
+  names = res.names;
+  alive = res.alive;
+  addresses = res.addresses;
+  lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
+  if (req.hosts().empty()) {
+    for (const std::string& h : from_hosts) {
+      if (hosts_.Alive(h))
+        to_hosts.push_back(h);
+    }
+  } else {
+    to_hosts.assign(req.hosts().begin(), req.hosts().end());
+  }
+  committed = job.state.committed_version();
+  epoch = job.state.last_epoch() + 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
+    const proto::ReconfigureRequest& req, bool need_committed,
+    const SnapshotUse* snapshot) {
+  // Gather what planning needs, then plan without holding the lock.
+  Planned out;
+  ChangeInputs in;
+  absl::Status gathered;
   {
     absl::MutexLock lock(&mu_);
-    Job* found = jobs_.Find(req.job());
-    if (found == nullptr)
-      return absl::NotFoundError(
-          absl::StrCat("job '", req.job(), "' is unknown"));
-    Job& job = *found;
-    if (job.state.target_version() != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", req.job(), "' is already being reconfigured (epoch ",
-          job.state.target_epoch(), "); watch it or abort it first"));
-    }
-    if (job.committing_save) {
-      return absl::UnavailableError(absl::StrCat(
-          "job '", req.job(),
-          "' is committing a save that every rank reported; try again in a "
-          "moment (the change then starts from it)"));
-    }
-    if (need_committed && job.state.committed_version() <= 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", req.job(),
-                       "' has no committed state yet: every rank must save and "
-                       "report first (a live job: ask for the change after "
-                       "its processes' next save, ptcctl reconfigure "
-                       "--after-save)"));
-    }
-    if (job.worker.joinable())
-      finished = std::move(job.worker);  // ended: join below
-    spec = job.spec;
-    from = job.state.config();
-    from_hosts.assign(job.state.hosts().begin(), job.state.hosts().end());
-    source_ranks = RankPlacementLocked(job);
-    res = ResourcesLocked(req.job());
-    if (restore) {
-      // The source is the snapshot's layout on a host of its own that
-      // holds nothing live: every piece comes from disk.
-      from = snapshot->manifest.config();
-      from_hosts = {std::string(kSnapshotHostName)};
-      source_ranks = {};
-      res.names.push_back(kSnapshotHostName);
-      res.cluster.hosts.push_back({kSnapshotHostName, 1 << 20, 25e9});
-      res.alive.push_back(false);
-      res.late.push_back(false);
-      res.taken.emplace_back();
-      res.memory.push_back(0);
-    }
-    names = res.names;
-    alive = res.alive;
-    addresses = res.addresses;
-    lost.assign(job.state.lost_hosts().begin(), job.state.lost_hosts().end());
-    if (req.hosts().empty()) {
-      for (const std::string& h : from_hosts) {
-        if (hosts_.Alive(h))
-          to_hosts.push_back(h);
-      }
-    } else {
-      to_hosts.assign(req.hosts().begin(), req.hosts().end());
-    }
-    committed = job.state.committed_version();
-    epoch = job.state.last_epoch() + 1;
+    gathered = GatherChangeLocked(req, need_committed, snapshot, out, in);
   }
-  if (finished.joinable()) finished.join();
+  if (in.finished.joinable()) in.finished.join();
+  PTC_RETURN_IF_ERROR(gathered);
+  const std::shared_ptr<const ModelSpec>& spec = in.spec;
+  const std::vector<std::string>& names = out.names;
+  const std::vector<std::string>& from_hosts = in.from_hosts;
+  std::vector<std::string>& to_hosts = out.to_hosts;
+  const Resources& res = in.res;
+  const auto& source_ranks = in.source_ranks;
+  const std::vector<bool>& alive = out.alive;
+  const std::vector<std::string>& lost = in.lost;
+  const int64_t committed = out.committed;
   // Host ids by name: one lookup per rank of a 16,384-rank source, not a
   // scan over every host.
   absl::flat_hash_map<std::string, int> index;
@@ -252,7 +270,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   auto flight = std::make_shared<Flight>();
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
-                       MakePlanScenario(*spec, from, from_ids, req.to(), to_ids,
+                       MakePlanScenario(*spec, out.from, from_ids, req.to(), to_ids,
                                         res.cluster, alive));
   PlanScenario& scenario = flight->scenario;
   // The committed ranks run where the job's placement put them.
