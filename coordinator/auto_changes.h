@@ -39,7 +39,8 @@ class AutoChanges {
  public:
   struct Action {
     std::string job;
-    std::string reason;  // "host h3 died", "its automatic-change policy changed"
+    std::string
+        reason;  // "host h3 died", "its automatic-change policy changed"
     // The job's processes save first (a live job whose hosts are still up).
     bool save_first = false;
     // Start the job's pending change (`request`) now.
@@ -63,7 +64,8 @@ class AutoChanges {
   void ProcessExited(const std::string& job, int64_t epoch, std::string why);
   // The job's policy is about to be replaced; `old_policy` is the one the
   // loop compares with if it has not looked at the job since.
-  void PolicyChanging(const std::string& job, const proto::AutoPolicy& old_policy);
+  void PolicyChanging(const std::string& job,
+                      const proto::AutoPolicy& old_policy);
   // An automatic change of the job failed to start at `now`.
   void Failed(const std::string& job, absl::Time now) {
     retry_[job] = now + kAutoRetry;

@@ -40,7 +40,8 @@ struct World {
   World() {
     for (const char* h : {"a", "b", "c"}) hosts.Register(Host(h), kT0);
   }
-  std::optional<AutoChanges::Action> Look(absl::Duration after = absl::ZeroDuration()) {
+  std::optional<AutoChanges::Action> Look(
+      absl::Duration after = absl::ZeroDuration()) {
     return auto_changes.Judge("j", *job, hosts, kT0 + after);
   }
 };
@@ -78,10 +79,12 @@ TEST_CASE("a job is changed when what it may use changes, once") {
     REQUIRE(a.has_value());
     CHECK(a->reason == "its automatic-change policy changed");
   }
-  SECTION("a process dies: the job must change; an older epoch's does not count") {
+  SECTION(
+      "a process dies: the job must change; an older epoch's does not count") {
     w.auto_changes.ProcessExited("j", 1, "old");
     CHECK_FALSE(w.Look().has_value());
-    w.auto_changes.ProcessExited("j", 2, "its process on GPU 3 of a exited with 1");
+    w.auto_changes.ProcessExited("j", 2,
+                                 "its process on GPU 3 of a exited with 1");
     auto a = w.Look();
     REQUIRE(a.has_value());
     CHECK(a->must_change);

@@ -1,4 +1,5 @@
-// Registries, persistence, saves and the monitor of CoordinatorService.
+// Registration and forgetting of hosts and jobs, persistence, listings and
+// the monitor of CoordinatorService.
 // Reconfigurations are in reconfigure_rpc.cc.
 #include "coordinator/coordinator_service.h"
 

@@ -69,7 +69,8 @@ absl::Status HostRegistry::SetDraining(const std::vector<std::string>& names,
   for (const std::string& n : names) {
     if (Find(n) == nullptr) {
       return absl::NotFoundError(absl::StrCat(
-          "host '", n.substr(0, 253), "' is not registered; register it (start its ptcd) first"));
+          "host '", n.substr(0, 253),
+          "' is not registered; register it (start its ptcd) first"));
     }
   }
   for (const std::string& n : names) hosts_[n].status.set_draining(drain);
@@ -131,8 +132,8 @@ absl::Status HostRegistry::Load(
     if (!absl::StartsWith(key, "hosts/")) continue;
     proto::HostStatus h;
     if (!h.ParseFromString(bytes) || h.name().empty()) {
-      return absl::DataLossError(absl::StrCat(
-          "record '", key, "' in ", where, " is not a host's registration"));
+      return absl::DataLossError(absl::StrCat("record '", key, "' in ", where,
+                                              " is not a host's registration"));
     }
     persisted_[h.name()] = bytes;
     hosts_[h.name()] = Host{h, now};

@@ -58,8 +58,7 @@ class HostRegistry {
   // A heartbeat from `name` at `now`: false if the host is unknown,
   // declared dead, or another process under the name (`incarnation` 0
   // matches any): it must register again.
-  bool Heartbeat(const std::string& name, uint64_t incarnation,
-                 absl::Time now);
+  bool Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now);
 
   // The host's registration, or null if unknown.
   const Host* Find(const std::string& name) const;

@@ -74,8 +74,9 @@ TEST_CASE("overdue hosts, and expiry of dead ones no job uses") {
   CHECK(overdue[0] == std::pair<std::string, std::string>{"a", "a:7000"});
   CHECK(overdue[1].first == "c");
   // Watching started later: nobody is late yet.
-  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0 + absl::Seconds(4),
-                      absl::Seconds(2))
+  CHECK(hosts
+            .Overdue(kT0 + absl::Seconds(5), kT0 + absl::Seconds(4),
+                     absl::Seconds(2))
             .empty());
   hosts.HeardFrom("a", kT0 + absl::Seconds(5));
   CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0, absl::Seconds(2)).size() ==

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "plan/placement.h"
-#include "ptc/layout.h"
 #include "ptc/families.h"
+#include "ptc/layout.h"
 #include "ptc/layout_spec_proto.h"
 
 namespace ptc {
@@ -72,9 +72,9 @@ void JobTable::Job::Derive() {
 }
 
 int64_t JobTable::Job::NewVersion() {
-  const int64_t v = std::max({state.next_version(),
-                              state.committed_version() + 1,
-                              state.target_version() + 1});
+  const int64_t v =
+      std::max({state.next_version(), state.committed_version() + 1,
+                state.target_version() + 1});
   state.set_next_version(v + 1);
   return v;
 }
@@ -122,8 +122,7 @@ void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   s->set_ranks(ranks);
   s->set_state_bytes(state_bytes);
   if (!saved.empty())
-    s->set_ranks_saved(
-        static_cast<int32_t>(saved.rbegin()->second.size()));
+    s->set_ranks_saved(static_cast<int32_t>(saved.rbegin()->second.size()));
   s->set_layout_epoch(state.layout_epoch());
   s->set_committed_step(state.committed_step());
   for (const auto& o : state.open_saves()) s->add_open_saves(o.version());
@@ -212,8 +211,8 @@ absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
   proto::CoordinatorState cluster;
   if (auto it = records.find(kClusterRecord); it != records.end()) {
     if (!cluster.ParseFromString(it->second)) {
-      return absl::DataLossError(absl::StrCat(
-          "the cluster record in ", where, " is not a coordinator state"));
+      return absl::DataLossError(absl::StrCat("the cluster record in ", where,
+                                              " is not a coordinator state"));
     }
     persisted_.cluster = it->second;
   }
@@ -229,8 +228,8 @@ absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
     if (!absl::StartsWith(key, "jobs/")) continue;
     proto::CoordinatorState::Job js;
     if (!js.ParseFromString(bytes) || js.job().empty()) {
-      return absl::DataLossError(
-          absl::StrCat("record '", key, "' in ", where, " is not a job's state"));
+      return absl::DataLossError(absl::StrCat("record '", key, "' in ", where,
+                                              " is not a job's state"));
     }
     persisted_.jobs[js.job()] = bytes;
     loaded[js.job()] = std::move(js);

@@ -5,7 +5,8 @@
 namespace ptc {
 namespace {
 
-constexpr char kModel[] = "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8";
+constexpr char kModel[] =
+    "gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8";
 
 std::unique_ptr<JobTable::Job> NewJob(const std::string& name) {
   auto job = std::make_unique<JobTable::Job>();
@@ -42,8 +43,8 @@ TEST_CASE("versions: one counter, and what a job owns") {
   CHECK(job->NewVersion() == 2);
   job->state.set_committed_version(7);  // a state from before the counter
   CHECK(job->NewVersion() == 8);
-  CHECK(job->OwnsVersion(7));   // committed
-  CHECK(job->OwnsVersion(9));   // not handed out yet
+  CHECK(job->OwnsVersion(7));  // committed
+  CHECK(job->OwnsVersion(9));  // not handed out yet
   CHECK_FALSE(job->OwnsVersion(8));
   job->state.add_open_saves()->set_version(8);
   CHECK(job->OwnsVersion(8));

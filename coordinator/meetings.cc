@@ -24,9 +24,9 @@ absl::StatusOr<std::string> Meetings::Arrive(const std::string& job,
   meet.seen[rank] = now;
   if (meet.met) return meet.address;
   if (meet.address.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank 0 of layout epoch ", epoch,
-        " has not offered its address yet; retry"));
+    return absl::UnavailableError(
+        absl::StrCat("rank 0 of layout epoch ", epoch,
+                     " has not offered its address yet; retry"));
   }
   const bool all_arrived = meet.arrived == ranks;
   if (now - meet.scanned >= kMeetingScan ||

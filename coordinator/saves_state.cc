@@ -7,8 +7,7 @@
 
 namespace ptc {
 
-int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open,
-                 bool* opened) {
+int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open, bool* opened) {
   proto::CoordinatorState::Job& s = job.state;
   *opened = false;
   // The other ranks' save of this step in this layout (a hot switch's save
@@ -61,11 +60,11 @@ absl::StatusOr<SaveReport> ReportSave(JobTable::Job& job, int64_t version,
       std::find_if(s.open_saves().begin(), s.open_saves().end(),
                    [&](const auto& o) { return o.version() == version; });
   if (open == s.open_saves().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "version ", version, " of job '", s.job(),
-        "' is not a save in progress (committed version ",
-        s.committed_version(),
-        "); a save writes into the version BeginSave gives it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version, " of job '", s.job(),
+                     "' is not a save in progress (committed version ",
+                     s.committed_version(),
+                     "); a save writes into the version BeginSave gives it"));
   }
   if (job.committing_save) {
     return absl::UnavailableError(absl::StrCat(
@@ -92,9 +91,10 @@ std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
   auto* open = s.mutable_open_saves();
   for (const auto& o : *open)
     if (o.version() < version) superseded.push_back(o.version());
-  open->erase(std::remove_if(open->begin(), open->end(),
-                             [&](const auto& o) { return o.version() <= version; }),
-              open->end());
+  open->erase(
+      std::remove_if(open->begin(), open->end(),
+                     [&](const auto& o) { return o.version() <= version; }),
+      open->end());
   job.saved.erase(job.saved.begin(), job.saved.upper_bound(version));
   if (previous > 0) superseded.push_back(previous);
   return superseded;
@@ -103,9 +103,10 @@ std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
 std::vector<int64_t> DropSave(JobTable::Job& job, int64_t version) {
   auto* open = job.state.mutable_open_saves();
   job.saved.erase(version);
-  open->erase(std::remove_if(open->begin(), open->end(),
-                             [&](const auto& o) { return o.version() == version; }),
-              open->end());
+  open->erase(
+      std::remove_if(open->begin(), open->end(),
+                     [&](const auto& o) { return o.version() == version; }),
+      open->end());
   return {version};
 }
 

@@ -27,8 +27,7 @@ namespace ptc {
 // other ranks' BeginSave opened, or a new one (`*opened`). Beyond
 // `max_open` open saves the oldest (not a hot switch's) is superseded:
 // nothing owns its version any more, and the hosts' heartbeats reclaim it.
-int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open,
-                 bool* opened);
+int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open, bool* opened);
 
 // The same for a hot switch's save (the job's pending change, saved by its
 // target's processes): one version for every target rank, under the next

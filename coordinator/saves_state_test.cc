@@ -52,11 +52,13 @@ TEST_CASE("a save: opened once per step, reported by every rank, committed") {
   // A report of what is no longer open.
   auto stale = ReportSave(job, v, 0, false);
   CHECK(stale.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(stale.status().message()).find("is not a save in progress") !=
-        std::string::npos);
+  CHECK(
+      std::string(stale.status().message()).find("is not a save in progress") !=
+      std::string::npos);
 }
 
-TEST_CASE("saves beyond the open limit supersede the oldest; a failed one goes") {
+TEST_CASE(
+    "saves beyond the open limit supersede the oldest; a failed one goes") {
   auto owned = NewJob();
   JobTable::Job& job = *owned;
   bool opened = false;
@@ -84,7 +86,8 @@ TEST_CASE("a hot switch's save: one version for the target's ranks") {
   JobTable::Job& job = *owned;
   auto* pending = job.state.mutable_pending();
   pending->set_to("tp=1,pp=1,dp=3");
-  for (const char* h : {"a", "a", "b"}) pending->mutable_placement()->add_rank_hosts(h);
+  for (const char* h : {"a", "a", "b"})
+    pending->mutable_placement()->add_rank_hosts(h);
   bool opened = false;
   const int64_t v = OpenHotSave(job, 50, 1234.5, &opened);
   CHECK(opened);
