@@ -400,6 +400,59 @@ bool ReplanAroundUnreachable(const ReconfigureRequest& r,
   return true;
 }
 
+// One target host's ExecuteFragment stream, read by gRPC's callback
+// threads: staging a change on 2,048 hosts takes no thread per host.
+class FragmentStream : public grpc::ClientReadReactor<proto::FragmentProgress> {
+ public:
+  // Called under the staging's lock with each progress message.
+  using OnProgress = std::function<void(const proto::FragmentProgress&)>;
+  // Called once, when the stream ended, with how it ended.
+  using OnEnd = std::function<void(absl::Status)>;
+
+  FragmentStream(const std::string& address, proto::ExecuteFragmentRequest request,
+                 OnProgress on_progress, OnEnd on_end)
+      : stub_(proto::Transformer::NewStub(Channel(address))),
+        request_(std::move(request)),
+        on_progress_(std::move(on_progress)),
+        on_end_(std::move(on_end)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(2)));
+  }
+
+  void Start() {
+    stub_->async()->ExecuteFragment(&context_, &request_, this);
+    StartRead(&progress_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (progress_.done()) finished_ = true;
+    on_progress_(progress_);
+    StartRead(&progress_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    absl::Status s = FromGrpcStatus(status);
+    if (s.ok() && !finished_) {
+      s = absl::UnavailableError(
+          "the fragment's stream ended before it was done");
+    }
+    // The staging may delete this object once on_end_ ran: nothing of it
+    // is touched after.
+    OnEnd end = std::move(on_end_);
+    end(std::move(s));
+  }
+
+ private:
+  std::unique_ptr<proto::Transformer::Stub> stub_;
+  grpc::ClientContext context_;
+  proto::ExecuteFragmentRequest request_;
+  proto::FragmentProgress progress_;
+  bool finished_ = false;
+  OnProgress on_progress_;
+  OnEnd on_end_;
+};
+
 // Stages the target version on every target host, in parallel.
 absl::Status StageAll(
     const ReconfigureRequest& r, const SourceHolders& holders,
@@ -411,68 +464,62 @@ absl::Status StageAll(
   total.hosts_total = n;
   std::vector<int64_t> done(n, 0), remote(n, 0), disk(n, 0);
   std::vector<absl::Status> status(n);
-  std::vector<std::thread> threads;
   for (const HostFragment& f : r.plan->fragments) {
     ForEachPiece(f, [&](const Transfer& x) {
       total.bytes_total += x.region.volume() *
                            ElementSize(r.input->spec->tensors[x.tensor].dtype);
     });
   }
-  std::vector<grpc::ClientContext> contexts(n);
   std::atomic<int> running{n};
+  std::vector<std::unique_ptr<FragmentStream>> streams(n);
   for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      const HostFragment& f = r.plan->fragments[i];
-      auto it = r.addresses.find(f.host);
-      if (it == r.addresses.end()) {
-        status[i] =
-            absl::InvalidArgumentError("no address for this target host");
-        running.fetch_sub(1);
-        return;
-      }
-      auto stub = proto::Transformer::NewStub(Channel(it->second));
-      grpc::ClientContext& ctx = contexts[i];
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Hours(2)));
-      auto reader = stub->ExecuteFragment(&ctx, FragmentRequest(r, holders, f));
-      proto::FragmentProgress p;
-      bool finished = false;
-      while (reader->Read(&p)) {
-        absl::MutexLock lock(&mu);
-        total.bytes_done += p.bytes_done() - done[i];
-        done[i] = p.bytes_done();
-        remote[i] = p.remote_bytes_done();
-        disk[i] = p.snapshot_bytes_read();
-        if (p.done()) {
-          finished = true;
-          ++total.hosts_done;
-        }
-        if (progress) progress(total);
-      }
-      status[i] = FromGrpcStatus(reader->Finish());
-      if (status[i].ok() && !finished) {
-        status[i] = absl::UnavailableError(
-            "the fragment's stream ended before it was done");
-      }
+    const HostFragment& f = r.plan->fragments[i];
+    auto it = r.addresses.find(f.host);
+    if (it == r.addresses.end()) {
+      status[i] = absl::InvalidArgumentError("no address for this target host");
       running.fetch_sub(1);
-    });
+      continue;
+    }
+    streams[i] = std::make_unique<FragmentStream>(
+        it->second, FragmentRequest(r, holders, f),
+        [&, i](const proto::FragmentProgress& p) {
+          absl::MutexLock lock(&mu);
+          total.bytes_done += p.bytes_done() - done[i];
+          done[i] = p.bytes_done();
+          remote[i] = p.remote_bytes_done();
+          disk[i] = p.snapshot_bytes_read();
+          if (p.done()) ++total.hosts_done;
+          if (progress) progress(total);
+        },
+        [&, i](absl::Status s) {
+          {
+            absl::MutexLock lock(&mu);
+            status[i] = std::move(s);
+          }
+          running.fetch_sub(1);
+        });
   }
+  for (auto& stream : streams)
+    if (stream != nullptr) stream->Start();
+  auto cancel_all = [&] {
+    for (auto& stream : streams)
+      if (stream != nullptr) stream->Cancel();
+  };
   const std::map<int32_t, std::string> sole = SoleSources(r, holders);
   bool cancelled = false;
   absl::Status lost;
   for (int tick = 0; running.load() > 0; ++tick) {
     if (!cancelled && r.cancel != nullptr && r.cancel->load()) {
       cancelled = true;
-      for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+      cancel_all();
     }
     if (!cancelled && lost.ok() && tick % 10 == 0) {
       lost = SoleSourceLost(r, sole);
-      if (!lost.ok()) {
-        for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
-      }
+      if (!lost.ok()) cancel_all();
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  for (std::thread& t : threads) t.join();
+  // Every stream has ended (OnDone ran): gRPC is done with them.
   if (cancelled)
     return absl::CancelledError("the reconfiguration was aborted by request");
   if (!lost.ok()) return lost;
