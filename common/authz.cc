@@ -117,7 +117,7 @@ void LogRefusal(const char* rpc, const std::string& what) {
 // OK if TLS is off or the caller is one of `allowed`; PERMISSION_DENIED
 // naming the RPC, the caller and who may call it otherwise (and a warning
 // in the log).
-absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
+absl::Status Authorize(const grpc::ServerContextBase& ctx, unsigned allowed,
                        const char* rpc) {
   if (!TlsEnabled()) return absl::OkStatus();
   const std::string name = PeerName(ctx);
@@ -138,7 +138,7 @@ absl::Status Authorize(const grpc::ServerContext& ctx, unsigned allowed,
 // it (client:JOB) or its token was issued for it. PERMISSION_DENIED names
 // the job the caller may act on; UNAUTHENTICATED says what is wrong with a
 // missing or bad token.
-absl::Status AuthorizeJob(const grpc::ServerContext& ctx, unsigned allowed,
+absl::Status AuthorizeJob(const grpc::ServerContextBase& ctx, unsigned allowed,
                           const char* rpc, const std::string& job) {
   PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc));
   absl::StatusOr<std::optional<std::string>> own = ClientJob(ctx);
@@ -163,7 +163,7 @@ Caller CallerKind(const std::string& name) {
   return kHost;
 }
 
-absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
+absl::Status AuthorizeCall(const grpc::ServerContextBase& ctx,
                            absl::string_view service, absl::string_view method,
                            const google::protobuf::Message* req,
                            std::string* job) {
@@ -232,7 +232,7 @@ absl::Status CheckCallerPolicies(absl::string_view service) {
 }
 
 absl::StatusOr<std::optional<std::string>> ClientJob(
-    const grpc::ServerContext& ctx) {
+    const grpc::ServerContextBase& ctx) {
   if (!TlsEnabled()) return std::nullopt;
   const std::string name = PeerName(ctx);
   if (CallerKind(name) != kClient) return std::nullopt;

@@ -53,7 +53,7 @@ Caller CallerKind(const std::string& name);
 // message again (the job is checked). `job`, when given,
 // receives the job the call acts on: the request's, or for a method whose
 // empty job is the caller's own, a client's own job.
-absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
+absl::Status AuthorizeCall(const grpc::ServerContextBase& ctx,
                            absl::string_view service, absl::string_view method,
                            const google::protobuf::Message* req,
                            std::string* job = nullptr);
@@ -61,7 +61,7 @@ absl::Status AuthorizeCall(const grpc::ServerContext& ctx,
 // AuthorizeCall for a method of the generated gRPC service `Service`, as
 // a gRPC status for the handler to return.
 template <typename Service>
-grpc::Status Admit(const grpc::ServerContext& ctx, const char* method,
+grpc::Status Admit(const grpc::ServerContextBase& ctx, const char* method,
                    const google::protobuf::Message* req,
                    std::string* job = nullptr) {
   return ToGrpcStatus(
@@ -77,7 +77,7 @@ absl::Status CheckCallerPolicies(absl::string_view service);
 // nullopt for every other caller and without TLS. For RPCs that list jobs:
 // a client sees its own.
 absl::StatusOr<std::optional<std::string>> ClientJob(
-    const grpc::ServerContext& ctx);
+    const grpc::ServerContextBase& ctx);
 
 }  // namespace ptc
 

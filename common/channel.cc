@@ -288,7 +288,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {
   return grpc::SslServerCredentials(ssl);
 }
 
-std::string PeerName(const grpc::ServerContext& ctx) {
+std::string PeerName(const grpc::ServerContextBase& ctx) {
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
   for (const grpc::string_ref& cn :

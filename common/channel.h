@@ -98,7 +98,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials();
 
 // The authenticated caller's certificate name (CN): a host's name,
 // "coordinator", "admin", "client" or "client:JOB". Empty over plaintext.
-std::string PeerName(const grpc::ServerContext& ctx);
+std::string PeerName(const grpc::ServerContextBase& ctx);
 
 }  // namespace ptc
 

@@ -40,6 +40,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
       new CoordinatorService(std::move(options)));
   PTC_RETURN_IF_ERROR(s->Load());
   s->Recover();
+  s->watchers_ = std::make_unique<Watchers>(
+      [p = s.get()](const std::set<std::string>& jobs) {
+        std::map<std::string, Watchers::Events> out;
+        absl::MutexLock lock(&p->mu_);
+        for (const std::string& name : jobs) {
+          if (const Job* job = p->jobs_.Find(name))
+            out[name] = p->EventsLocked(*job);
+        }
+        return out;
+      });
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
   s->snapshotter_ = std::thread([p = s.get()] { p->SnapshotLoop(); });
   s->auto_changer_ = std::thread([p = s.get()] { p->AutoLoop(); });
@@ -48,6 +58,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
 }
 
 CoordinatorService::~CoordinatorService() {
+  watchers_.reset();  // its publisher reads the jobs
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;

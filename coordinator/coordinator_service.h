@@ -48,8 +48,8 @@
 // transaction. Effects on the hosts are carried out by the drivers
 // (reconfigure_driver.h, snapshot_writer.h) outside the lock.
 //
-// Threads: gRPC handler threads; one worker thread per reconfiguration in
-// flight; one monitor thread (heartbeat deadlines, retries of decided
+// Threads: gRPC handler threads (Watch streams hold none: watchers.h);
+// one worker thread per reconfiguration in flight; one monitor thread (heartbeat deadlines, retries of decided
 // commits); one prover (proofs of returned hosts); the snapshotter and the
 // auto loop. All state is guarded by mu_; no RPC
 // to a ptcd is made while holding it.
@@ -73,6 +73,7 @@
 #include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
 #include "coordinator/meetings.h"
+#include "coordinator/watchers.h"
 #include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
@@ -109,7 +110,10 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
 
-class CoordinatorService final : public proto::Coordinator::Service {
+// Watch is a callback method (watchers.h): no thread waits per watcher.
+class CoordinatorService final
+    : public proto::Coordinator::WithCallbackMethod_Watch<
+          proto::Coordinator::Service> {
  public:
   // Loads the state (if any) and settles reconfigurations that were in
   // flight when the previous coordinator stopped.
@@ -135,8 +139,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
                            proto::ReconfigureResponse*) override;
   grpc::Status Prepare(grpc::ServerContext*, const proto::ReconfigureRequest*,
                        proto::PrepareResponse*) override;
-  grpc::Status Watch(grpc::ServerContext*, const proto::WatchRequest*,
-                     grpc::ServerWriter<proto::ReconfigureEvent>*) override;
+  grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watch(
+      grpc::CallbackServerContext* ctx,
+      const proto::WatchRequest* req) override;
   grpc::Status Abort(grpc::ServerContext*, const proto::AbortRequest*,
                      proto::AbortResponse*) override;
   grpc::Status ForgetJob(grpc::ServerContext*, const proto::ForgetJobRequest*,
@@ -308,6 +313,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
     bool survives_host_loss = false;
   };
   absl::StatusOr<Outline> OutlineOf(const proto::ReconfigureRequest& req);
+  // What the watchers of the job see now (mu_ held).
+  Watchers::Events EventsLocked(const Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PlanChange, then StartChange.
   absl::Status PlanAndStart(const proto::ReconfigureRequest& req,
                             bool need_committed, const SnapshotUse* snapshot,
@@ -419,6 +427,9 @@ class CoordinatorService final : public proto::Coordinator::Service {
   std::map<std::string, Survival> survival_ ABSL_GUARDED_BY(survival_mu_);
   // Periodic snapshots that failed: not retried before this time.
   std::map<std::string, absl::Time> snapshot_retry_ ABSL_GUARDED_BY(mu_);
+  // The Watch streams; their publisher reads the watched jobs' events
+  // under mu_ every round. Declared last: stopped first.
+  std::unique_ptr<Watchers> watchers_;
 };
 
 }  // namespace ptc

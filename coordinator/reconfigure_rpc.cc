@@ -870,55 +870,39 @@ void CoordinatorService::Recover() {
   }
 }
 
-grpc::Status CoordinatorService::Watch(
-    grpc::ServerContext* ctx, const proto::WatchRequest* req,
-    grpc::ServerWriter<proto::ReconfigureEvent>* writer) {
+Watchers::Events CoordinatorService::EventsLocked(const Job& job) const {
+  Watchers::Events out;
+  out.change = job.event;
+  out.follow = job.event;
+  proto::ReconfigureEvent& f = out.follow;
+  f.set_layout_epoch(job.state.layout_epoch());
+  f.set_committed_version(job.state.committed_version());
+  f.set_pending_config(job.state.pending().to());
+  f.set_pending_hot(job.state.pending().hot());
+  f.set_pending_serial(job.state.pending_serial());
+  return out;
+}
+
+grpc::ServerWriteReactor<proto::ReconfigureEvent>* CoordinatorService::Watch(
+    grpc::CallbackServerContext* ctx, const proto::WatchRequest* req) {
   if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Watch", req);
       !denied.ok())
-    return denied;
-  std::string last;
-  while (!ctx->IsCancelled()) {
-    proto::ReconfigureEvent e;
-    {
-      absl::MutexLock lock(&mu_);
-      Job* found = jobs_.Find(req->job());
-      if (found == nullptr) {
-        return ToGrpcStatus(absl::NotFoundError(
-            absl::StrCat("job '", req->job(), "' is unknown")));
-      }
-      const Job& job = *found;
-      e = job.event;
-      if (req->follow()) {
-        e.set_layout_epoch(job.state.layout_epoch());
-        e.set_committed_version(job.state.committed_version());
-        e.set_pending_config(job.state.pending().to());
-        e.set_pending_hot(job.state.pending().hot());
-        e.set_pending_serial(job.state.pending_serial());
-      }
+    return Watchers::Refuse(denied);
+  Watchers::Events now;
+  {
+    absl::MutexLock lock(&mu_);
+    const Job* job = jobs_.Find(req->job());
+    if (job == nullptr) {
+      return Watchers::Refuse(ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("job '", req->job(), "' is unknown"))));
     }
-    if (req->follow()) {
-      // Every change of the job, until the caller goes.
-      const std::string now = e.SerializeAsString();
-      if (now != last) {
-        if (!writer->Write(e)) return grpc::Status::CANCELLED;
-        last = now;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-      continue;
+    if (!req->follow() && job->event.phase() == proto::PHASE_NONE) {
+      return Watchers::Refuse(ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "job '", req->job(), "' has not been reconfigured yet"))));
     }
-    if (e.phase() == proto::PHASE_NONE) {
-      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-          "job '", req->job(), "' has not been reconfigured yet")));
-    }
-    const std::string now = e.SerializeAsString();
-    if (now != last) {
-      if (!writer->Write(e)) return grpc::Status::CANCELLED;
-      last = now;
-    }
-    if (Final(e)) return grpc::Status::OK;
-    absl::SleepFor(absl::Milliseconds(100));
+    now = EventsLocked(*job);
   }
-  return grpc::Status::CANCELLED;
+  return watchers_->Watch(*req, now);
 }
 
 grpc::Status CoordinatorService::Abort(grpc::ServerContext* ctx,

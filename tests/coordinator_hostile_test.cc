@@ -29,17 +29,53 @@ proto::HostStatus GoodHost() {
   return h;
 }
 
-TEST_CASE("coordinator: hostile host registrations are refused",
-          "[coordinator][hostile]") {
-  testing::TempDir dir;
+// A coordinator over a state directory under `dir`, and a client of it.
+struct Started {
+  std::unique_ptr<CoordinatorServer> server;
+  std::unique_ptr<proto::Coordinator::Stub> stub;
+};
+Started StartCoordinator(const testing::TempDir& dir) {
   CoordinatorServerOptions options;
   options.service.state_dir = dir.path();
   options.service.host_timeout = absl::Hours(1);
   auto coordinator = CoordinatorServer::Start(options);
   REQUIRE(coordinator.ok());
-  auto stub = proto::Coordinator::NewStub(
+  Started s;
+  s.stub = proto::Coordinator::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
                           grpc::InsecureChannelCredentials()));
+  s.server = *std::move(coordinator);
+  return s;
+}
+
+// Registers `host` (GoodHost under that name) and asserts it worked.
+void Enroll(proto::Coordinator::Stub& stub, const std::string& host) {
+  grpc::ClientContext ctx;
+  proto::RegisterHostRequest req;
+  *req.mutable_host() = GoodHost();
+  req.mutable_host()->set_name(host);
+  proto::RegisterHostResponse resp;
+  REQUIRE(stub.RegisterHost(&ctx, req, &resp).ok());
+}
+
+// Registers a small job `job` running `config` on host0.
+void EnrollJob(proto::Coordinator::Stub& stub, const std::string& job,
+               const std::string& config) {
+  grpc::ClientContext ctx;
+  proto::RegisterJobRequest req;
+  req.set_job(job);
+  req.set_model("gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8");
+  req.set_config(config);
+  req.add_hosts("host0");
+  proto::RegisterJobResponse resp;
+  REQUIRE(stub.RegisterJob(&ctx, req, &resp).ok());
+}
+
+TEST_CASE("coordinator: hostile host registrations are refused",
+          "[coordinator][hostile]") {
+  testing::TempDir dir;
+  Started started = StartCoordinator(dir);
+  auto& stub = started.stub;
   auto enroll = [&](const proto::HostStatus& h) {
     grpc::ClientContext ctx;
     proto::RegisterHostRequest req;
@@ -139,24 +175,8 @@ TEST_CASE("coordinator: dead hosts no job names expire; others stay",
   auto stub = proto::Coordinator::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
                           grpc::InsecureChannelCredentials()));
-  for (const char* name : {"host0", "host1"}) {
-    grpc::ClientContext ctx;
-    proto::RegisterHostRequest req;
-    *req.mutable_host() = GoodHost();
-    req.mutable_host()->set_name(name);
-    proto::RegisterHostResponse resp;
-    REQUIRE(stub->RegisterHost(&ctx, req, &resp).ok());
-  }
-  {
-    grpc::ClientContext ctx;
-    proto::RegisterJobRequest req;
-    req.set_job("j");
-    req.set_model("gpt:layers=2,hidden=16,heads=2,ffn=32,vocab=64,positions=8");
-    req.set_config("tp=2");
-    req.add_hosts("host0");
-    proto::RegisterJobResponse resp;
-    REQUIRE(stub->RegisterJob(&ctx, req, &resp).ok());
-  }
+  for (const char* name : {"host0", "host1"}) Enroll(*stub, name);
+  EnrollJob(*stub, "j", "tp=2");
   // Neither heartbeats: both die; host1, which no job names, is forgotten.
   absl::SleepFor(absl::Seconds(2));
   grpc::ClientContext ctx;
@@ -274,6 +294,68 @@ TEST_CASE(
     CHECK(rewritten.jobs_size() == 0);
     CHECK(rewritten.hosts_size() == 0);
   }
+}
+
+// Threads of this process now (the coordinator runs in it).
+int Threads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+TEST_CASE(
+    "coordinator: more followers of a job than it has RPC threads, none "
+    "holding one",
+    "[coordinator]") {
+  testing::TempDir dir;
+  Started started = StartCoordinator(dir);
+  auto& stub = started.stub;
+  Enroll(*stub, "host0");
+  EnrollJob(*stub, "j", "tp=2");
+  // 2.5x the server's RPC threads: each follower used to hold one.
+  const int kFollowers = 640;
+  const int before = Threads();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<proto::ReconfigureEvent>>>
+      streams;
+  proto::WatchRequest req;
+  req.set_job("j");
+  req.set_follow(true);
+  for (int i = 0; i < kFollowers; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(stub->Watch(contexts.back().get(), req));
+  }
+  // Every follower is told the job as it is now...
+  for (auto& s : streams) {
+    proto::ReconfigureEvent e;
+    REQUIRE(s->Read(&e));
+    CHECK(e.layout_epoch() == 1);
+  }
+  CHECK(Threads() - before < 64);
+  // ... and that it is gone when it is forgotten.
+  {
+    grpc::ClientContext ctx;
+    proto::ForgetJobRequest forget;
+    forget.set_job("j");
+    proto::ForgetJobResponse resp;
+    REQUIRE(stub->ForgetJob(&ctx, forget, &resp).ok());
+  }
+  for (auto& s : streams) {
+    proto::ReconfigureEvent e;
+    CHECK_FALSE(s->Read(&e));
+    const grpc::Status end = s->Finish();
+    CHECK(end.error_code() == grpc::StatusCode::NOT_FOUND);
+  }
+  // A watcher of an unknown job is refused at once.
+  grpc::ClientContext ctx;
+  req.set_job("nope");
+  auto refused = stub->Watch(&ctx, req);
+  proto::ReconfigureEvent e;
+  CHECK_FALSE(refused->Read(&e));
+  CHECK(refused->Finish().error_message() == "job 'nope' is unknown");
 }
 
 }  // namespace

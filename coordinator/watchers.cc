@@ -1,0 +1,216 @@
+#include "coordinator/watchers.h"
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "proto/enum_names.h"
+
+namespace ptc {
+namespace {
+
+constexpr absl::Duration kRound = absl::Milliseconds(20);
+
+// A stream that finishes at once with a status.
+class Refused : public grpc::ServerWriteReactor<proto::ReconfigureEvent> {
+ public:
+  explicit Refused(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+// One watcher's stream. Its state is guarded by the Watchers' lock; gRPC
+// calls (StartWrite, Finish) are made outside it, since a reaction may
+// run on the calling thread. A write is in flight at most once; Finish is
+// called once, never while a write is in flight; gRPC's OnDone, the last
+// reaction, removes and deletes the stream.
+class Watchers::Stream
+    : public grpc::ServerWriteReactor<proto::ReconfigureEvent> {
+ public:
+  Stream(Watchers* owner, std::string job, bool follow)
+      : owner_(owner), job_(std::move(job)), follow_(follow) {}
+
+  const std::string& job() const { return job_; }
+
+  // What to do after a look under the lock.
+  struct Act {
+    bool write = false;
+    bool finish = false;
+    grpc::Status status;
+  };
+
+  // The job's events now (null: the job is gone).
+  Act Offer(const Events* now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    if (now == nullptr) {
+      return FinishLocked(
+          grpc::Status(grpc::StatusCode::NOT_FOUND,
+                       absl::StrCat("job '", job_, "' is unknown")));
+    }
+    const proto::ReconfigureEvent& e = follow_ ? now->follow : now->change;
+    std::string bytes = e.SerializeAsString();
+    if (bytes == last_) return {};
+    pending_ = e;
+    has_pending_ = true;
+    return WriteLocked();
+  }
+
+  void Run(const Act& act) {
+    if (act.write) StartWrite(&out_);
+    if (act.finish) Finish(act.status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Act act;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      writing_ = false;
+      if (!ok) {
+        act = FinishLocked(grpc::Status::CANCELLED);
+      } else if (deferred_.has_value()) {
+        act = FinishLocked(*deferred_);
+      } else if (!follow_ && PhaseEnded(out_.phase())) {
+        act = FinishLocked(grpc::Status::OK);  // the change ended
+      } else {
+        act = WriteLocked();
+      }
+    }
+    Run(act);
+  }
+
+  void OnCancel() override {
+    Act act;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      act = FinishLocked(grpc::Status::CANCELLED);
+    }
+    Run(act);
+  }
+
+  void OnDone() override {
+    owner_->Remove(this);
+    delete this;
+  }
+
+ private:
+  Act WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    if (writing_ || finished_ || !has_pending_) return {};
+    out_ = std::move(pending_);
+    has_pending_ = false;
+    last_ = out_.SerializeAsString();
+    writing_ = true;
+    Act act;
+    act.write = true;
+    return act;
+  }
+
+  Act FinishLocked(grpc::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+    if (finished_) return {};
+    if (writing_) {
+      // After the write in flight (OnWriteDone finishes it).
+      if (!deferred_.has_value()) deferred_ = std::move(status);
+      return {};
+    }
+    finished_ = true;
+    Act act;
+    act.finish = true;
+    act.status = std::move(status);
+    return act;
+  }
+
+  Watchers* const owner_;
+  const std::string job_;
+  const bool follow_;
+  proto::ReconfigureEvent out_;      // being written
+  proto::ReconfigureEvent pending_;  // to write next
+  bool has_pending_ = false;
+  std::string last_;  // the last event written, serialized
+  bool writing_ = false;
+  bool finished_ = false;
+  // How the stream ends once the write in flight is done.
+  std::optional<grpc::Status> deferred_;
+};
+
+Watchers::Watchers(Source source) : source_(std::move(source)) {
+  publisher_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), kRound)) return;
+      }
+      Publish();
+    }
+  });
+}
+
+Watchers::~Watchers() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  publisher_.join();
+}
+
+grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
+    const proto::WatchRequest& req, const Events& now) {
+  auto* stream = new Stream(this, req.job(), req.follow());
+  Stream::Act act;
+  {
+    absl::MutexLock lock(&mu_);
+    streams_[req.job()].insert(stream);
+    act = stream->Offer(&now);
+  }
+  stream->Run(act);
+  return stream;
+}
+
+grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Refuse(
+    grpc::Status status) {
+  return new Refused(std::move(status));
+}
+
+int Watchers::count() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [job, streams] : streams_) n += streams.size();
+  return n;
+}
+
+void Watchers::Publish() {
+  std::set<std::string> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job, streams] : streams_) jobs.insert(job);
+  }
+  if (jobs.empty()) return;
+  const std::map<std::string, Events> now = source_(jobs);
+  std::vector<std::pair<Stream*, Stream::Act>> acts;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job, streams] : streams_) {
+      auto it = now.find(job);
+      const Events* events = it == now.end() ? nullptr : &it->second;
+      if (events == nullptr && !jobs.count(job)) continue;  // watched since
+      for (Stream* s : streams) {
+        Stream::Act act = s->Offer(events);
+        if (act.write || act.finish) acts.push_back({s, std::move(act)});
+      }
+    }
+  }
+  // A stream is not deleted before its Finish has run, and only this
+  // thread or the stream's own reactions call it: each is alive here.
+  for (auto& [stream, act] : acts) stream->Run(act);
+}
+
+void Watchers::Remove(Stream* stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream->job());
+  if (it == streams_.end()) return;
+  it->second.erase(stream);
+  if (it->second.empty()) streams_.erase(it);
+}
+
+}  // namespace ptc

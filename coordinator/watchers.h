@@ -1,0 +1,79 @@
+// The watchers of jobs' events (Coordinator.Watch): each job's event is
+// read once per round (every 20 ms) for all of its watchers, and written
+// to a watcher only when it changed. A watcher is a gRPC callback stream:
+// no thread waits per watcher, so 16,384 processes following their job
+// cost the coordinator one read of the job per round and a write per
+// change, not a thread and a poll each.
+//
+// The coordinator gives a function that reads the events of the watched
+// jobs under its lock; the publisher calls it from its own thread.
+//
+//   Watchers watchers([this](const std::set<std::string>& jobs) {...});
+//   return watchers.Watch(request, first_events);  // from the handler
+#ifndef PTC_COORDINATOR_WATCHERS_H_
+#define PTC_COORDINATOR_WATCHERS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/coordinator.pb.h"
+
+namespace ptc {
+
+class Watchers {
+ public:
+  // What a job's watchers see now: its change's event, and the same with
+  // the job's layout epoch, committed version and pending change (what a
+  // follower, WatchRequest.follow, sees).
+  struct Events {
+    proto::ReconfigureEvent change;
+    proto::ReconfigureEvent follow;
+  };
+  // The events of each of `jobs`; a job missing from the answer is gone.
+  using Source = std::function<std::map<std::string, Events>(
+      const std::set<std::string>& jobs)>;
+
+  explicit Watchers(Source source);
+  // Stops the publisher; the server has finished every stream by then.
+  ~Watchers();
+  Watchers(const Watchers&) = delete;
+  Watchers& operator=(const Watchers&) = delete;
+
+  // A new watcher of `req.job()` whose job holds `now` (checked by the
+  // caller): written `now` at once, then every change. A follower watches
+  // until it goes; another watcher until the change ends (its final
+  // event), or NOT_FOUND when the job is forgotten.
+  grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watch(
+      const proto::WatchRequest& req, const Events& now);
+
+  // A stream that only says `status` (a refused call).
+  static grpc::ServerWriteReactor<proto::ReconfigureEvent>* Refuse(
+      grpc::Status status);
+
+  // Streams open now.
+  int count() const;
+
+ private:
+  class Stream;
+  void Publish();
+  // Called by a stream when it is done (gRPC will not touch it again).
+  void Remove(Stream* stream);
+
+  const Source source_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::set<Stream*>> streams_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread publisher_;
+};
+
+}  // namespace ptc
+
+#endif  // PTC_COORDINATOR_WATCHERS_H_
