@@ -303,19 +303,27 @@ absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
                    "' meeting under layout epoch ", layout_epoch);
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    // The coordinator holds the call until every rank is there (about a
+    // second at most), then answers UNAVAILABLE: ask again at once.
+    const absl::Time asked = absl::Now();
+    ctx.set_deadline(absl::ToChronoTime(
+        asked + std::max(options_.rpc_timeout, absl::Seconds(5))));
     proto::RendezvousResponse resp;
     const absl::Status s =
         FromGrpcStatus(coordinator_->Rendezvous(&ctx, req, &resp));
     if (s.ok()) return resp.address();
-    // UNAVAILABLE: rank 0 has not offered yet (or the coordinator is
-    // briefly away): ask again until the deadline.
-    if (!absl::IsUnavailable(s)) return Annotate(s, what);
+    // UNAVAILABLE: not every rank is here yet, or the coordinator is
+    // briefly away (DEADLINE_EXCEEDED: busy): ask again until the deadline.
+    if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s))
+      return Annotate(s, what);
     if (absl::Now() > deadline) {
       return Annotate(s, absl::StrCat(what, ", given up after ",
                                       absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    // An answer that came at once (the coordinator away, or one that does
+    // not hold calls) is not asked again at once.
+    if (absl::Now() - asked < absl::Milliseconds(200))
+      absl::SleepFor(absl::Milliseconds(50));
   }
 }
 

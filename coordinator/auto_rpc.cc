@@ -335,50 +335,132 @@ grpc::Status CoordinatorService::ChangeHosts(
   return ToGrpcStatus(PersistLocked());
 }
 
-grpc::Status CoordinatorService::Rendezvous(
-    grpc::ServerContext* ctx, const proto::RendezvousRequest* req,
-    proto::RendezvousResponse* resp) {
-  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Rendezvous", req);
-      !denied.ok())
-    return denied;
-  absl::MutexLock lock(&mu_);
-  auto known = jobs_.Known(req->job());
-  if (!known.ok()) return ToGrpcStatus(known.status());
+absl::StatusOr<std::string> CoordinatorService::RendezvousLocked(
+    const proto::RendezvousRequest& req) {
+  auto known = jobs_.Known(req.job());
+  if (!known.ok()) return known.status();
   const Job& job = **known;
-  if (req->layout_epoch() != job.state.layout_epoch()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "layout epoch ", req->layout_epoch(), " is not the job's (",
-        job.state.layout_epoch(), "); refresh and meet under it")));
+  if (req.layout_epoch() != job.state.layout_epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layout epoch ", req.layout_epoch(), " is not the job's (",
+        job.state.layout_epoch(), "); refresh and meet under it"));
   }
-  if (req->rank() < 0 || req->rank() >= job.ranks) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "rank ", req->rank(), " is outside the job's ", job.ranks, " ranks")));
+  if (req.rank() < 0 || req.rank() >= job.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", req.rank(), " is outside the job's ", job.ranks, " ranks"));
   }
   std::string offered;
-  if (req->rank() == 0) {
-    if (req->port() < 1 || req->port() > 65535) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("port ", req->port(), " must be 1 to 65535")));
+  if (req.rank() == 0) {
+    if (req.port() < 1 || req.port() > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("port ", req.port(), " must be 1 to 65535"));
     }
     // The store runs where rank 0 does: at its ptcd's address.
     const auto [rank_hosts, devices] = RankPlacementLocked(job);
     const HostRegistry::Host* host =
         rank_hosts.empty() ? nullptr : hosts_.Find(rank_hosts[0]);
     if (host == nullptr) {
-      return ToGrpcStatus(absl::FailedPreconditionError(
-          "the host of rank 0 is not registered"));
+      return absl::FailedPreconditionError(
+          "the host of rank 0 is not registered");
     }
     auto addr = ParseHostPort(host->status.address());
-    if (!addr.ok()) return ToGrpcStatus(addr.status());
+    if (!addr.ok()) return addr.status();
     const bool v6 = addr->host.find(':') != std::string::npos;
     offered = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
-                           req->port());
+                           req.port());
   }
-  auto address = meetings_.Arrive(req->job(), req->layout_epoch(), job.ranks,
-                                  req->rank(), offered, absl::Now());
-  if (!address.ok()) return ToGrpcStatus(address.status());
-  resp->set_address(*address);
-  return grpc::Status::OK;
+  return meetings_.Arrive(req.job(), req.layout_epoch(), job.ranks,
+                         req.rank(), offered, absl::Now());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
+    grpc::CallbackServerContext* ctx, const proto::RendezvousRequest* req,
+    proto::RendezvousResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Rendezvous", req);
+      !denied.ok()) {
+    reactor->Finish(denied);
+    return reactor;
+  }
+  std::vector<Held> told;
+  absl::StatusOr<std::string> address;
+  {
+    absl::MutexLock lock(&mu_);
+    address = RendezvousLocked(*req);
+    if (absl::IsUnavailable(address.status())) {
+      // Not met yet: the answer waits (the rank counts as here meanwhile)
+      // until every rank is, or kMeetingHold passes.
+      held_.push_back({reactor, *req, resp, absl::Now() + kMeetingHold});
+      return reactor;
+    }
+    if (address.ok()) told = TakeHeldLocked(req->job(), req->layout_epoch());
+  }
+  Tell(told, address);
+  if (address.ok()) resp->set_address(*address);
+  reactor->Finish(ToGrpcStatus(address.status()));
+  return reactor;
+}
+
+std::vector<CoordinatorService::Held> CoordinatorService::TakeHeldLocked(
+    const std::string& job, int64_t epoch) {
+  std::vector<Held> out;
+  auto keep = std::remove_if(held_.begin(), held_.end(), [&](const Held& h) {
+    return h.req.job() == job && h.req.layout_epoch() == epoch;
+  });
+  out.assign(std::make_move_iterator(keep), std::make_move_iterator(held_.end()));
+  held_.erase(keep, held_.end());
+  return out;
+}
+
+void CoordinatorService::Tell(const std::vector<Held>& held,
+                              const absl::StatusOr<std::string>& address) {
+  for (const Held& h : held) {
+    if (address.ok()) h.resp->set_address(*address);
+    h.reactor->Finish(ToGrpcStatus(address.status()));
+  }
+}
+
+void CoordinatorService::HoldLoop() {
+  while (true) {
+    // (held call, its answer now)
+    std::vector<std::pair<Held, absl::StatusOr<std::string>>> answers;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                               absl::Milliseconds(100))) {
+        // Stopping: every held call is answered (the server waits for it).
+        for (Held& h : held_) {
+          answers.push_back({std::move(h), absl::UnavailableError(
+                                               "the coordinator is stopping; "
+                                               "meet again")});
+        }
+        held_.clear();
+      } else {
+        const absl::Time now = absl::Now();
+        auto due = std::partition(held_.begin(), held_.end(),
+                                  [&](const Held& h) { return h.until > now; });
+        for (auto it = due; it != held_.end(); ++it) {
+          // Asked again for it: still here, and the meeting as it is now.
+          absl::StatusOr<std::string> a = RendezvousLocked(it->req);
+          answers.push_back({std::move(*it), std::move(a)});
+        }
+        held_.erase(due, held_.end());
+      }
+      // A held rank whose look met the meeting tells the others.
+      const size_t looked = answers.size();
+      for (size_t i = 0; i < looked; ++i) {
+        if (!answers[i].second.ok()) continue;
+        for (Held& h : TakeHeldLocked(answers[i].first.req.job(),
+                                      answers[i].first.req.layout_epoch()))
+          answers.push_back({std::move(h), answers[i].second});
+      }
+    }
+    for (auto& [held, answer] : answers) Tell({held}, answer);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_ && held_.empty()) return;
+    }
+  }
 }
 
 grpc::Status CoordinatorService::ReportProcessExit(

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   s->snapshotter_ = std::thread([p = s.get()] { p->SnapshotLoop(); });
   s->auto_changer_ = std::thread([p = s.get()] { p->AutoLoop(); });
   s->prover_ = std::thread([p = s.get()] { p->ProverLoop(); });
+  s->holder_ = std::thread([p = s.get()] { p->HoldLoop(); });
   return s;
 }
 
@@ -68,6 +69,7 @@ CoordinatorService::~CoordinatorService() {
   if (snapshotter_.joinable()) snapshotter_.join();
   if (auto_changer_.joinable()) auto_changer_.join();
   if (prover_.joinable()) prover_.join();
+  if (holder_.joinable()) holder_.join();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&mu_);

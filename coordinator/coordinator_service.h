@@ -110,10 +110,12 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
 
-// Watch is a callback method (watchers.h): no thread waits per watcher.
+// Watch and Rendezvous are callback methods: no thread waits per watcher
+// (watchers.h) or per rank waiting for its job's meeting.
 class CoordinatorService final
-    : public proto::Coordinator::WithCallbackMethod_Watch<
-          proto::Coordinator::Service> {
+    : public proto::Coordinator::WithCallbackMethod_Rendezvous<
+          proto::Coordinator::WithCallbackMethod_Watch<
+              proto::Coordinator::Service>> {
  public:
   // Loads the state (if any) and settles reconfigurations that were in
   // flight when the previous coordinator stopped.
@@ -178,9 +180,11 @@ class CoordinatorService final
   grpc::Status ChangeHosts(grpc::ServerContext* ctx,
                            const proto::ChangeHostsRequest* req,
                            proto::ChangeHostsResponse* resp) override;
-  grpc::Status Rendezvous(grpc::ServerContext* ctx,
-                          const proto::RendezvousRequest* req,
-                          proto::RendezvousResponse* resp) override;
+  // A rank's call waits at the coordinator until its job's meeting is
+  // met, for up to kMeetingHold (then UNAVAILABLE: ask again at once).
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
+                                       const proto::RendezvousRequest* req,
+                                       proto::RendezvousResponse* resp) override;
   grpc::Status ReportProcessExit(grpc::ServerContext* ctx,
                                  const proto::ReportProcessExitRequest* req,
                                  proto::ReportProcessExitResponse* resp) override;
@@ -190,6 +194,14 @@ class CoordinatorService final
 
  private:
   using Job = JobTable::Job;
+  // Rendezvous calls waiting for their meeting (answered when it is met,
+  // or at `until`).
+  struct Held {
+    grpc::ServerUnaryReactor* reactor;
+    proto::RendezvousRequest req;
+    proto::RendezvousResponse* resp;
+    absl::Time until;
+  };
   // The registered hosts as a placement sees them (ids index `names`),
   // with the GPUs and store bytes that jobs other than the one placed use.
   struct Resources {
@@ -365,6 +377,17 @@ class CoordinatorService final
                                 const std::vector<std::string>& rank_hosts = {},
                                 const std::vector<int32_t>& rank_devices = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rendezvous's answer for `req` now (it counts the rank as here).
+  absl::StatusOr<std::string> RendezvousLocked(
+      const proto::RendezvousRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The held calls of the job's meeting under `epoch`, taken from held_.
+  std::vector<Held> TakeHeldLocked(const std::string& job, int64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers held calls (no lock held: a reaction may run here).
+  static void Tell(const std::vector<Held>& held,
+                   const absl::StatusOr<std::string>& address);
+  // Answers held calls whose time is up, every 100 ms.
+  void HoldLoop();
   // The advisor's candidates for the job, planned and chosen.
   absl::Status DoAdvise(const proto::AdviseRequest& req,
                         proto::AdviseResponse* resp);
@@ -412,6 +435,9 @@ class CoordinatorService final
   AutoChanges auto_changes_ ABSL_GUARDED_BY(mu_);
   // Per job: the meeting of its processes under its layout epoch.
   Meetings meetings_ ABSL_GUARDED_BY(mu_);
+  // Rendezvous calls waiting for their meeting.
+  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  std::thread holder_;
   // What ListJobs says of each job's survival, for the placement it was
   // judged on (config, every rank's host and each host's domain): worked
   // out outside mu_, once per placement.

@@ -32,6 +32,10 @@ inline constexpr absl::Duration kMeetingPresence = absl::Seconds(5);
 // Who is absent is looked up over every rank at most this often (a look
 // is O(ranks)), and at once when the last rank first arrives.
 inline constexpr absl::Duration kMeetingScan = absl::Milliseconds(100);
+// How long a rank's call waits at the coordinator for the meeting before
+// it is answered UNAVAILABLE (and asks again at once): well within
+// kMeetingPresence, so that a waiting rank stays present.
+inline constexpr absl::Duration kMeetingHold = absl::Seconds(1);
 // How many absent ranks an answer names.
 inline constexpr size_t kMeetingAbsentShown = 8;
 

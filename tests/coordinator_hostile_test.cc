@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "common/grpc_status.h"
 #include "coordinator/coordinator_server.h"
@@ -356,6 +357,45 @@ TEST_CASE(
   proto::ReconfigureEvent e;
   CHECK_FALSE(refused->Read(&e));
   CHECK(refused->Finish().error_message() == "job 'nope' is unknown");
+}
+
+TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
+          "[coordinator]") {
+  testing::TempDir dir;
+  Started started = StartCoordinator(dir);
+  auto& stub = started.stub;
+  Enroll(*stub, "host0");
+  EnrollJob(*stub, "j", "tp=2");
+  auto meet = [&](int32_t rank, absl::Duration deadline,
+                  std::string* address) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    proto::RendezvousRequest req;
+    req.set_job("j");
+    req.set_layout_epoch(1);
+    req.set_rank(rank);
+    req.set_port(rank == 0 ? 29500 : 0);
+    proto::RendezvousResponse resp;
+    const grpc::Status s = stub->Rendezvous(&ctx, req, &resp);
+    *address = resp.address();
+    return s.error_code();
+  };
+  std::string address;
+  // Alone, rank 1 is held (the coordinator answers within a second, later
+  // than this call waits), not answered at once.
+  CHECK(meet(1, absl::Milliseconds(300), &address) ==
+        grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Held again; rank 0's arrival meets both.
+  grpc::StatusCode held_code;
+  std::string held_address;
+  std::thread rank1([&] {
+    held_code = meet(1, absl::Seconds(30), &held_address);
+  });
+  CHECK(meet(0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
+  rank1.join();
+  CHECK(address == "127.0.0.1:29500");
+  CHECK(held_code == grpc::StatusCode::OK);
+  CHECK(held_address == address);
 }
 
 }  // namespace
