@@ -72,6 +72,14 @@ void EnrollJob(proto::Coordinator::Stub& stub, const std::string& job,
   REQUIRE(stub.RegisterJob(&ctx, req, &resp).ok());
 }
 
+// A coordinator with host0 and job "j" (tp=2, two ranks) on it.
+Started StartWithJob(const testing::TempDir& dir) {
+  Started started = StartCoordinator(dir);
+  Enroll(*started.stub, "host0");
+  EnrollJob(*started.stub, "j", "tp=2");
+  return started;
+}
+
 TEST_CASE("coordinator: hostile host registrations are refused",
           "[coordinator][hostile]") {
   testing::TempDir dir;
@@ -312,10 +320,8 @@ TEST_CASE(
     "holding one",
     "[coordinator]") {
   testing::TempDir dir;
-  Started started = StartCoordinator(dir);
+  Started started = StartWithJob(dir);
   auto& stub = started.stub;
-  Enroll(*stub, "host0");
-  EnrollJob(*stub, "j", "tp=2");
   // 2.5x the server's RPC threads: each follower used to hold one.
   const int kFollowers = 640;
   const int before = Threads();
@@ -362,10 +368,8 @@ TEST_CASE(
 TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
           "[coordinator]") {
   testing::TempDir dir;
-  Started started = StartCoordinator(dir);
+  Started started = StartWithJob(dir);
   auto& stub = started.stub;
-  Enroll(*stub, "host0");
-  EnrollJob(*stub, "j", "tp=2");
   auto meet = [&](int32_t rank, absl::Duration deadline,
                   std::string* address) {
     grpc::ClientContext ctx;
