@@ -20,6 +20,9 @@ namespace ptc {
 
 namespace {
 
+// Rendezvous calls held at once, at most (16,384 ranks of a job wait at
+// once; the bound keeps a flood of calls from growing without limit).
+constexpr size_t kMaxHeld = size_t{1} << 17;
 // Advised configs planned to compare the bytes they move (the fastest
 // within the margin); each plan takes a few milliseconds to a second.
 constexpr int kMaxPlannedCandidates = 8;
@@ -387,9 +390,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
   {
     absl::MutexLock lock(&mu_);
     address = RendezvousLocked(*req);
-    if (absl::IsUnavailable(address.status())) {
+    if (absl::IsUnavailable(address.status()) && held_.size() < kMaxHeld) {
       // Not met yet: the answer waits (the rank counts as here meanwhile)
-      // until every rank is, or kMeetingHold passes.
+      // until every rank is, or kMeetingHold passes. Beyond kMaxHeld calls
+      // it comes at once (and the caller asks again a little later).
       held_.push_back({reactor, *req, resp, absl::Now() + kMeetingHold});
       return reactor;
     }
@@ -403,12 +407,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
 
 std::vector<CoordinatorService::Held> CoordinatorService::TakeHeldLocked(
     const std::string& job, int64_t epoch) {
-  std::vector<Held> out;
-  auto keep = std::remove_if(held_.begin(), held_.end(), [&](const Held& h) {
-    return h.req.job() == job && h.req.layout_epoch() == epoch;
-  });
-  out.assign(std::make_move_iterator(keep), std::make_move_iterator(held_.end()));
-  held_.erase(keep, held_.end());
+  // The job's calls go to the end, intact (remove_if would leave them
+  // moved-from), and are taken from there.
+  auto taken =
+      std::stable_partition(held_.begin(), held_.end(), [&](const Held& h) {
+        return h.req.job() != job || h.req.layout_epoch() != epoch;
+      });
+  std::vector<Held> out(std::make_move_iterator(taken),
+                        std::make_move_iterator(held_.end()));
+  held_.erase(taken, held_.end());
   return out;
 }
 

@@ -402,5 +402,40 @@ TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
   CHECK(held_address == address);
 }
 
+TEST_CASE("coordinator: a meeting tells its own ranks, not another job's",
+          "[coordinator]") {
+  testing::TempDir dir;
+  Started started = StartWithJob(dir);
+  auto& stub = started.stub;
+  EnrollJob(*stub, "k", "tp=2");
+  auto meet = [&](const std::string& job, int32_t rank,
+                  absl::Duration deadline, std::string* address) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    proto::RendezvousRequest req;
+    req.set_job(job);
+    req.set_layout_epoch(1);
+    req.set_rank(rank);
+    req.set_port(rank == 0 ? (job == "j" ? 29500 : 29501) : 0);
+    proto::RendezvousResponse resp;
+    const grpc::Status s = stub->Rendezvous(&ctx, req, &resp);
+    *address = resp.address();
+    return s.error_code();
+  };
+  std::string address;
+  // Rank 1 of j, then of k, are held (their callers stop waiting first).
+  CHECK(meet("j", 1, absl::Milliseconds(200), &address) ==
+        grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK(meet("k", 1, absl::Milliseconds(200), &address) ==
+        grpc::StatusCode::DEADLINE_EXCEEDED);
+  // j meets; k's held call is left held, and answered for its own meeting.
+  CHECK(meet("j", 0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
+  CHECK(address == "127.0.0.1:29500");
+  CHECK(meet("k", 0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
+  CHECK(address == "127.0.0.1:29501");
+  CHECK(meet("k", 1, absl::Seconds(30), &address) == grpc::StatusCode::OK);
+  CHECK(address == "127.0.0.1:29501");
+}
+
 }  // namespace
 }  // namespace ptc
