@@ -34,6 +34,8 @@ class Watchers::Stream
       : owner_(owner), job_(std::move(job)), follow_(follow) {}
 
   const std::string& job() const { return job_; }
+  // The publisher's round when the stream was added.
+  uint64_t born = 0;
 
   // What to do after a look under the lock.
   struct Act {
@@ -160,6 +162,7 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
   Stream::Act act;
   {
     absl::MutexLock lock(&mu_);
+    stream->born = round_;
     streams_[req.job()].insert(stream);
     act = stream->Offer(&now);
   }
@@ -181,8 +184,10 @@ int Watchers::count() const {
 
 void Watchers::Publish() {
   std::set<std::string> jobs;
+  uint64_t round = 0;
   {
     absl::MutexLock lock(&mu_);
+    round = ++round_;
     for (const auto& [job, streams] : streams_) jobs.insert(job);
   }
   if (jobs.empty()) return;
@@ -195,6 +200,9 @@ void Watchers::Publish() {
       const Events* events = it == now.end() ? nullptr : &it->second;
       if (events == nullptr && !jobs.count(job)) continue;  // watched since
       for (Stream* s : streams) {
+        // Added after this round read the events: it was written newer
+        // ones (an older event would go back in time, or end it).
+        if (s->born == round) continue;
         Stream::Act act = s->Offer(events);
         if (act.write || act.finish) acts.push_back({s, std::move(act)});
       }

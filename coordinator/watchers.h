@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -70,6 +71,9 @@ class Watchers {
   const Source source_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::set<Stream*>> streams_ ABSL_GUARDED_BY(mu_);
+  // The publisher's rounds: a stream added during a round has been
+  // written newer events than the round read, and is skipped by it.
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread publisher_;
 };
