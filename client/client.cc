@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "ptc/families.h"
+#include "ptc/fingerprint.h"
 #include "ptc/layout_spec_proto.h"
 
 namespace ptc {
@@ -418,6 +419,20 @@ absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
     }
   }
   written_checksums_[i] = sum.Digest();
+  return absl::OkStatus();
+}
+
+absl::Status Client::Save::WriteHollow(int i) {
+  PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
+  if (!b->hollow()) {
+    return absl::FailedPreconditionError(
+        "only a hollow ptcd (a scale test's) takes a region without its "
+        "bytes; write them with Write or Buffer");
+  }
+  const RankRegion& r = client_->regions_[i];
+  // What the hollow daemon stores as the region's checksum.
+  written_checksums_[i] =
+      HollowFingerprint(r.region, r.shape, ElementSize(r.dtype));
   return absl::OkStatus();
 }
 

@@ -196,6 +196,11 @@ class Client {
     // cache, so that Commit does not read the region again. The fastest
     // way to save a region that is already contiguous in memory.
     absl::Status Write(int i, absl::Span<const uint8_t> bytes);
+    // Marks region i saved without bytes, on a hollow ptcd only (a scale
+    // test's, which keeps every region's metadata and none of its bytes:
+    // tools/scale_harness.py drives thousands of such ranks);
+    // FAILED_PRECONDITION on a real one.
+    absl::Status WriteHollow(int i);
     // A small object of the model spec for this rank (at most 60 KiB).
     absl::Status PutSmallObject(const std::string& name,
                                 const std::string& bytes);

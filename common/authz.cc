@@ -11,6 +11,7 @@
 #include "common/channel.h"
 #include "common/job_token.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/callers.pb.h"
@@ -56,11 +57,17 @@ struct Policy {
   bool empty_job_is_own = false;
   // Why the declaration cannot be enforced; empty if it can.
   std::string problem;
+  // The method's calls, by the server that takes them (every handler
+  // authorizes its request once): ptc_rpc_calls_total{method="S.M"}.
+  Counter* calls = nullptr;
 };
 
 Policy Resolve(const MethodDescriptor& m) {
   Policy p;
   p.method = &m;
+  p.calls = &GetCounter(absl::StrCat("ptc_rpc_calls_total{method=\"",
+                                     m.service()->name(), ".", m.name(),
+                                     "\"}"));
   const google::protobuf::MethodOptions& o = m.options();
   for (int i = 0; i < o.ExtensionSize(proto::callers); ++i)
     p.callers |= static_cast<unsigned>(o.GetExtension(proto::callers, i));
@@ -189,6 +196,7 @@ absl::Status AuthorizeCall(const grpc::ServerContextBase& ctx,
         " is refused: the server's handler does not match the method's "
         "declared callers (a bug in this build; its log says what)"));
   }
+  if (req != nullptr) p->calls->Add();
   std::string acts_on;
   if (req != nullptr && !p->job_path.empty())
     acts_on = ReadPath(*req, p->job_path);

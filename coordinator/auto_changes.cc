@@ -41,6 +41,7 @@ void AutoChanges::Forget(const std::string& job) {
   seen_policy_.erase(job);
   process_exits_.erase(job);
   retry_.erase(job);
+  waiting_since_.erase(job);
 }
 
 std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
@@ -128,6 +129,25 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
     if (hosts.Usable(h))
       absl::StrAppend(&seen, h, ":", hosts.Find(h)->status.gpus(), ",");
   }
+  const auto seen_p = seen_policy_.find(name);
+  const bool policy_changed =
+      seen_p != seen_policy_.end() && seen_p->second != policy_bytes;
+  if ((!dead.empty() || !draining.empty() || policy_changed ||
+       seen_[name] != seen) &&
+      late_after_ > absl::ZeroDuration()) {
+    // A change is due; it waits while a host of the pool is in doubt.
+    bool late = false;
+    for (const auto* names : {&s.pool(), &s.hosts()}) {
+      for (const std::string& h : *names) {
+        const HostRegistry::Host* host = hosts.Find(h);
+        late |= host != nullptr && host->status.alive() &&
+                now - host->last_heartbeat > late_after_;
+      }
+    }
+    const absl::Time since = waiting_since_.try_emplace(name, now).first->second;
+    if (late && now - since < max_wait_) return std::nullopt;
+  }
+  waiting_since_.erase(name);
   bool act = true;
   if (!dead.empty()) {
     // Its processes there are gone: the change starts from the committed
@@ -144,8 +164,7 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
   } else if (!draining.empty()) {
     a.reason = absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained");
     a.save_first = policy.live();
-  } else if (auto p = seen_policy_.find(name);
-             p != seen_policy_.end() && p->second != policy_bytes) {
+  } else if (policy_changed) {
     a.reason = "its automatic-change policy changed";
     a.save_first = policy.live();
   } else if (seen_[name] != seen) {

@@ -60,6 +60,18 @@ class AutoChanges {
   std::optional<Action> Judge(const std::string& name, JobTable::Job& job,
                               const HostRegistry& hosts, absl::Time now);
 
+  // Hosts that die together (a rack's power, a switch) are declared dead
+  // over several of the monitor's rounds: a change started at the first
+  // would place ranks on the others, abort when they are declared, and
+  // wait kAutoRetry. So a due change waits while a host of the job's pool
+  // is alive but silent for more than `late_after` (in doubt), until it is
+  // declared dead or heard from again, for at most `max_wait`. Zero (the
+  // default): no wait.
+  void SetLateHosts(absl::Duration late_after, absl::Duration max_wait) {
+    late_after_ = late_after;
+    max_wait_ = max_wait;
+  }
+
   // A process of the job died under layout `epoch` (`why` says how).
   void ProcessExited(const std::string& job, int64_t epoch, std::string why);
   // The job's policy is about to be replaced; `old_policy` is the one the
@@ -92,6 +104,10 @@ class AutoChanges {
   std::map<std::string, std::pair<int64_t, std::string>> process_exits_;
   // Per job: when it may be tried again after a change failed to start.
   std::map<std::string, absl::Time> retry_;
+  // Per job: since when a change for a death waits for late hosts.
+  std::map<std::string, absl::Time> waiting_since_;
+  absl::Duration late_after_ = absl::ZeroDuration();
+  absl::Duration max_wait_ = absl::ZeroDuration();
   bool wake_ = false;
 };
 

@@ -164,5 +164,37 @@ TEST_CASE("a pending change starts after its save, or without it") {
   }
 }
 
+TEST_CASE("a change for a death waits while another host of the job is late") {
+  World w;
+  w.auto_changes.SetLateHosts(absl::Seconds(2), absl::Seconds(7));
+  REQUIRE(w.Look().has_value());  // the first look: host c can take it
+  // a and b went silent at kT0 (one rack); c heartbeats. b is declared
+  // dead first; a is still in doubt.
+  REQUIRE(w.hosts.Heartbeat("c", 1, kT0 + absl::Seconds(4.5)));
+  w.hosts.MarkDead("b");
+  CHECK_FALSE(w.Look(absl::Seconds(5)).has_value());
+  CHECK(w.job->state.pool_size() == 3);  // nothing changed yet
+
+  SECTION("once a is declared dead too, one change handles both") {
+    w.hosts.MarkDead("a");
+    auto a = w.Look(absl::Seconds(5.5));
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "hosts a, b died");
+    CHECK(w.job->state.pool_size() == 1);  // c
+  }
+  SECTION("a host heard from again ends the wait") {
+    REQUIRE(w.hosts.Heartbeat("a", 1, kT0 + absl::Seconds(5.5)));
+    auto a = w.Look(absl::Seconds(5.6));
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "host b died");
+  }
+  SECTION("the wait is bounded") {
+    CHECK_FALSE(w.Look(absl::Seconds(11)).has_value());
+    auto a = w.Look(absl::Seconds(12.5));
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "host b died");
+  }
+}
+
 }  // namespace
 }  // namespace ptc

@@ -40,6 +40,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
       new CoordinatorService(std::move(options)));
   PTC_RETURN_IF_ERROR(s->Load());
   s->Recover();
+  {
+    absl::MutexLock lock(&s->mu_);
+    // Late as the planner counts it; for no longer than a host takes to
+    // be declared dead, and a round of the monitor more.
+    s->auto_changes_.SetLateHosts(2 * s->options_.heartbeat_interval,
+                                  s->options_.host_timeout +
+                                      2 * s->options_.heartbeat_interval);
+  }
   s->watchers_ = std::make_unique<Watchers>(
       [p = s.get()](const std::set<std::string>& jobs) {
         std::map<std::string, Watchers::Events> out;

@@ -23,6 +23,17 @@ uint64_t FingerprintRegion(const void* data, const Region& box,
                            const Region& what, absl::Span<const int64_t> shape,
                            int64_t element_size);
 
+// The fingerprint of `what` in a hollow store (one that keeps regions'
+// metadata but no bytes: the scale harness's hosts), whose every element
+// reads as a function of its global flat index alone: the sum over the
+// elements of a hash that is linear in the index, computed in closed form
+// from the region's bounds (no bytes, O(rank)). Like FingerprintRegion it
+// adds up over disjoint pieces, so a hollow cluster's changes are proven
+// the way a real one's are: a re-partitioned tensor must hold every
+// element exactly once.
+uint64_t HollowFingerprint(const Region& what, absl::Span<const int64_t> shape,
+                           int64_t element_size);
+
 // The same sum computed by one kernel: every kernel gives the same value;
 // FingerprintRegion uses the fastest this CPU runs. For tests and
 // benchmarks; a kernel must be one that FingerprintKernelRuns.

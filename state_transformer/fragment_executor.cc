@@ -164,6 +164,7 @@ class FragmentRun {
     PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
         p.region, view.sources,
         [&](const Region& sub, const StoredRegionRef& s) {
+          if (s.buffer->hollow()) return;  // metadata only: nothing to copy
           if (read != s.buffer.get()) {
             read = s.buffer.get();
             src = read->ReadableBytes(&scratch);
@@ -232,6 +233,8 @@ class FragmentRun {
               absl::DataLossError("a peer sent a chunk that splits an element");
           return;
         }
+        // A hollow store's pieces stand for bytes that are not there.
+        if (store_->hollow()) return;
         const int64_t first = offset / elem;
         for (const Region& box :
              FlatRangeOfRegion(piece.region, first, first + bytes / elem)) {
@@ -384,8 +387,12 @@ class FragmentRun {
 
 GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
-    std::map<int32_t, std::string> names, absl::Duration peer_timeout)
-    : addresses_(peers), names_(std::move(names)), peer_timeout_(peer_timeout) {
+    std::map<int32_t, std::string> names, absl::Duration peer_timeout,
+    bool hollow)
+    : addresses_(peers),
+      names_(std::move(names)),
+      peer_timeout_(peer_timeout),
+      hollow_(hollow) {
   for (const auto& [host, address] : peers) {
     auto name = names_.find(host);
     clients_[host] =
@@ -412,7 +419,8 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
   auto got = client->ReadWith(
       job, version, tensor, region, consume, 0,
-      TransferDeadline(peer_timeout_, region.volume() * element_size));
+      TransferDeadline(peer_timeout_, region.volume() * element_size),
+      hollow_);
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(

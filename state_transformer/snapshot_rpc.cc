@@ -23,6 +23,11 @@ grpc::Status TransformerService::WriteSnapshot(
       !denied.ok())
     return denied;
   auto run = [&]() -> absl::Status {
+    if (store_->hollow()) {
+      return absl::FailedPreconditionError(
+          "this ptcd is hollow (a scale test's: it keeps no bytes) and "
+          "cannot write a snapshot");
+    }
     PTC_RETURN_IF_ERROR(CheckSnapshotRoot(req->root(), options_.snapshot_root));
     if (req->version() <= 0 || req->max_bytes_per_second() < 0) {
       return absl::InvalidArgumentError(

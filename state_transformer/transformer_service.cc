@@ -32,7 +32,9 @@ TransformerService::TransformerService(
       options_(options),
       admissions_(admissions != nullptr ? std::move(admissions)
                                         : std::make_shared<PeerAdmissions>()) {
-  if (!options_.use_ucx) return;
+  // A hollow store has no bytes to register or send: its peers pull over
+  // gRPC, where a read stands for the bytes it does not carry.
+  if (!options_.use_ucx || store_->hollow()) return;
   auto worker = UcxWorker::Create();
   if (worker.ok()) {
     ucx_ = std::move(*worker);
@@ -170,7 +172,8 @@ absl::Status TransformerService::DoExecute(
   switch (req.transport()) {
     case proto::TRANSPORT_GRPC:
       transport =
-          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout);
+          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout,
+                                           store_->hollow());
       break;
     case proto::TRANSPORT_UCX:
       if (!ucx_) {
@@ -183,7 +186,8 @@ absl::Status TransformerService::DoExecute(
     case proto::TRANSPORT_AUTO:
       transport = std::make_unique<AutoTransport>(
           ucx_ ? ucx_transport() : nullptr,
-          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout));
+          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout,
+                                           store_->hollow()));
       break;
     default:
       return absl::InvalidArgumentError(

@@ -59,6 +59,7 @@ LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(
     data_ = o.data_;
     size_ = o.size_;
     fd_ = o.fd_;
+    hollow_ = o.hollow_;
     o.data_ = nullptr;
     o.fd_ = -1;
   }
@@ -72,8 +73,17 @@ void LocalClient::PutBuffer::Unmap() {
   fd_ = -1;
 }
 
+namespace {
+absl::Status HollowError() {
+  return absl::FailedPreconditionError(
+      "this ptcd is hollow (a scale test's: it keeps no bytes); there is no "
+      "memory to map, write or read");
+}
+}  // namespace
+
 absl::Status LocalClient::PutBuffer::Map() {
   if (data_ != nullptr) return absl::OkStatus();
+  if (hollow_) return HollowError();
   if (fd_ < 0)
     return absl::FailedPreconditionError("the put buffer is already unmapped");
   PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ | PROT_WRITE));
@@ -83,6 +93,7 @@ absl::Status LocalClient::PutBuffer::Map() {
 
 absl::Status LocalClient::PutBuffer::Write(int64_t offset, const void* src,
                                            int64_t n) {
+  if (hollow_) return HollowError();
   if (fd_ < 0)
     return absl::FailedPreconditionError("the put buffer is already unmapped");
   if (offset < 0 || n < 0 || offset > size_ - n) {
@@ -94,6 +105,7 @@ absl::Status LocalClient::PutBuffer::Write(int64_t offset, const void* src,
 
 absl::Status LocalClient::Mapping::MapNow() {
   if (data_ != nullptr) return absl::OkStatus();
+  if (hollow_) return HollowError();
   if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
   PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ));
   data_ = static_cast<const uint8_t*>(p);
@@ -102,6 +114,7 @@ absl::Status LocalClient::Mapping::MapNow() {
 
 absl::Status LocalClient::Mapping::Read(int64_t offset, void* dst,
                                         int64_t n) const {
+  if (hollow_) return HollowError();
   if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
   if (offset < 0 || n < 0 || offset > size_ - n) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -119,6 +132,7 @@ LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
     size_ = o.size_;
     checksum_ = o.checksum_;
     fd_ = o.fd_;
+    hollow_ = o.hollow_;
     o.client_ = nullptr;
     o.data_ = nullptr;
     o.fd_ = -1;
@@ -215,7 +229,8 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
   buf.handle_ = resp.handle();
   buf.size_ = resp.bytes();
   buf.fd_ = fd;
-  if (map) PTC_RETURN_IF_ERROR(buf.Map());
+  buf.hollow_ = resp.hollow();
+  if (map && !buf.hollow_) PTC_RETURN_IF_ERROR(buf.Map());
   return buf;
 }
 
@@ -256,7 +271,8 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   m.size_ = resp.bytes();
   m.checksum_ = resp.checksum();
   m.fd_ = fd;
-  if (map) PTC_RETURN_IF_ERROR(m.MapNow());
+  m.hollow_ = resp.hollow();
+  if (map && !m.hollow_) PTC_RETURN_IF_ERROR(m.MapNow());
   return m;
 }
 

@@ -52,6 +52,9 @@ class LocalClient {
     uint8_t* data() { return data_; }
     int64_t size() const { return size_; }
     uint64_t handle() const { return handle_; }
+    // A hollow daemon's buffer (a scale test's ptcd): no memory; Map and
+    // Write fail, and it is committed with nothing written.
+    bool hollow() const { return hollow_; }
     // Maps the buffer writable (if AllocatePut did not), its pages at once.
     absl::Status Map();
     // Copies `n` bytes into the buffer at `offset` through its descriptor,
@@ -66,6 +69,7 @@ class LocalClient {
     uint8_t* data_ = nullptr;
     int64_t size_ = 0;
     int fd_ = -1;
+    bool hollow_ = false;
   };
 
   // A read-only mapping of one stored region, from Map. Move-only; on
@@ -88,6 +92,8 @@ class LocalClient {
     absl::Status Read(int64_t offset, void* dst, int64_t n) const;
     // xxh3-64 the daemon took when the region was stored.
     uint64_t checksum() const { return checksum_; }
+    // A hollow daemon's region: no bytes to map or read.
+    bool hollow() const { return hollow_; }
     // The shared memory's inode (equal to the daemon's buffer: no copy).
     ino_t inode() const;
 
@@ -99,6 +105,7 @@ class LocalClient {
     int64_t size_ = 0;
     uint64_t checksum_ = 0;
     int fd_ = -1;
+    bool hollow_ = false;
   };
 
   // UNAVAILABLE naming the path if no ptcd listens there.
@@ -107,7 +114,7 @@ class LocalClient {
   ~LocalClient();
 
   // A buffer for one region, mapped writable unless `map` is false (then
-  // filled by PutBuffer::Write).
+  // filled by PutBuffer::Write) or the daemon is hollow.
   absl::StatusOr<PutBuffer> AllocatePut(const std::string& job, int64_t version,
                                         const std::string& tensor,
                                         const Region& region, bool map = true);

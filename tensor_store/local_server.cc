@@ -412,7 +412,11 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       const uint64_t handle = next_id_++;
       resp.set_handle(handle);
       resp.set_bytes((*put)->bytes);
-      *fd_out = (*put)->buffer->fd();
+      if ((*put)->buffer->hollow()) {
+        resp.set_hollow(true);
+      } else {
+        *fd_out = (*put)->buffer->fd();
+      }
       conn->puts[handle] = std::move(*put);
       conn->put_deadlines[handle] = absl::Now() + options_.put_timeout;
       absl::MutexLock lock(&mu_);
@@ -473,7 +477,11 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       resp.set_handle(lease);
       resp.set_bytes(s.buffer->size());
       resp.set_checksum(s.checksum);
-      *fd_out = s.buffer->fd();
+      if (s.buffer->hollow()) {
+        resp.set_hollow(true);
+      } else {
+        *fd_out = s.buffer->fd();
+      }
       conn->leases[lease] = s.buffer;
       local_maps_total.Add();
       absl::MutexLock lock(&mu_);

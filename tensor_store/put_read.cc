@@ -9,6 +9,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
+#include "ptc/fingerprint.h"
 #include "tensor_store/tensor_store_service.h"
 
 namespace ptc {
@@ -73,7 +74,8 @@ absl::Status TensorStoreService::DoPut(
           "the Put sent more than the ", put->bytes, " bytes of region ",
           region.ToString(), "; nothing was stored"));
     }
-    std::memcpy(out + received, data.data(), data.size());
+    // A hollow store counts the bytes and drops them.
+    if (out != nullptr) std::memcpy(out + received, data.data(), data.size());
     checksum.Update(data.data(), data.size());
     received += data.size();
   }
@@ -121,6 +123,21 @@ absl::Status TensorStoreService::DoRead(
                       : kDefaultChunk;
   const int64_t per_chunk = std::max<int64_t>(1, chunk / elem);
   const int64_t total = region.volume();
+  if (store_->hollow()) {
+    // No bytes to send: one message that stands for them all, after the
+    // same checks of the region's coverage as a real read.
+    PTC_RETURN_IF_ERROR(ForEachCoveringPiece(
+        region, view.sources, [](const Region&, const StoredRegionRef&) {}));
+    proto::ReadResponse resp;
+    resp.set_hollow_bytes(region.volume() * elem);
+    resp.set_checksum(HollowFingerprint(region, view.decl.shape, elem));
+    resp.set_last(true);
+    if (ctx->IsCancelled() || !writer->Write(resp)) {
+      return absl::CancelledError("the reader went away");
+    }
+    reads_total.Add();
+    return absl::OkStatus();
+  }
   StreamingChecksum checksum;
   proto::ReadResponse resp;
   int64_t done = 0;

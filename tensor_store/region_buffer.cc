@@ -117,9 +117,18 @@ absl::StatusOr<std::shared_ptr<RegionBuffer>> RegionBuffer::Adopt(
   return buf;
 }
 
+std::shared_ptr<RegionBuffer> RegionBuffer::CreateHollow(
+    int64_t size, MemoryBudget::Reservation reservation) {
+  std::shared_ptr<RegionBuffer> buf(
+      new RegionBuffer(-1, size, std::move(reservation)));
+  buf->hollow_ = true;
+  return buf;
+}
+
 const uint8_t* RegionBuffer::ReadableBytes(
     std::vector<uint8_t>* scratch) const {
-  if (!sealed_ || populated_ || size_ >= kHugePageBytes) return data_;
+  if (hollow_ || !sealed_ || populated_ || size_ >= kHugePageBytes)
+    return data_;
   scratch->resize(static_cast<size_t>(size_));
   if (!ReadAt(fd_, 0, scratch->data(), size_).ok())
     return data_;  // the mapping reads the same bytes
@@ -134,6 +143,7 @@ absl::Status RegionBuffer::WriteFrom(int64_t offset, const void* src,
     return absl::OutOfRangeError(absl::StrCat(
         "bytes [", offset, ", +", n, ") are outside the region's ", size_));
   }
+  if (hollow_) return absl::OkStatus();
   return WriteAt(fd_, offset, src, n);
 }
 
@@ -159,6 +169,10 @@ RegionBuffer::~RegionBuffer() {
 
 absl::Status RegionBuffer::Seal() {
   if (sealed_) return absl::OkStatus();
+  if (hollow_) {
+    sealed_ = true;
+    return absl::OkStatus();
+  }
   if (data_ != nullptr) {
     munmap(data_, size_);
     data_ = nullptr;

@@ -42,6 +42,13 @@ class RegionBuffer {
   static absl::StatusOr<std::shared_ptr<RegionBuffer>> Adopt(
       int fd, int64_t size, MemoryBudget::Reservation reservation, bool map);
 
+  // A hollow buffer: its size and reservation, no memory, no fd (a hollow
+  // store's: the scale harness's hosts keep every region's metadata but
+  // none of its bytes). data() is null, WriteFrom takes and drops bytes,
+  // Seal only marks it sealed.
+  static std::shared_ptr<RegionBuffer> CreateHollow(
+      int64_t size, MemoryBudget::Reservation reservation);
+
   ~RegionBuffer();
   RegionBuffer(const RegionBuffer&) = delete;
   RegionBuffer& operator=(const RegionBuffer&) = delete;
@@ -52,10 +59,11 @@ class RegionBuffer {
 
   int64_t size() const { return size_; }
   bool sealed() const { return sealed_; }
+  bool hollow() const { return hollow_; }
   // Readable after Seal(), or writable before it if created mapped.
   const uint8_t* data() const { return data_; }
   uint8_t* mutable_data() { return sealed_ ? nullptr : data_; }
-  // The memfd; stays owned by the buffer.
+  // The memfd (-1 if hollow); stays owned by the buffer.
   int fd() const { return fd_; }
   // The memfd's inode: two fds with the same inode share the same memory.
   ino_t inode() const { return inode_; }
@@ -86,6 +94,7 @@ class RegionBuffer {
   uint8_t* data_ = nullptr;
   bool sealed_ = false;
   bool populated_ = false;  // every page of data_ mapped
+  bool hollow_ = false;
   ino_t inode_ = 0;
   absl::Mutex memo_mu_;
   std::map<std::string, uint64_t> memo_ ABSL_GUARDED_BY(memo_mu_);

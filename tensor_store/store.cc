@@ -37,6 +37,7 @@ const uint8_t* SealedBytes(const RegionBuffer& buffer) {
 uint64_t WholeFingerprint(const TensorDecl& decl, const Region& region,
                           RegionBuffer& buffer) {
   const int64_t elem = ElementSize(decl.dtype);
+  if (buffer.hollow()) return HollowFingerprint(region, decl.shape, elem);
   return buffer.Memoize(
       absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
                    region.ToString(), " ", elem),
@@ -238,9 +239,15 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
   // Take ready memory if there is some (saves repeat their sizes).
-  std::optional<SparePool::Spare> spare =
-      spares_.Take(put->bytes, {job, version});
-  if (spare) {
+  std::optional<SparePool::Spare> spare;
+  if (!hollow_) spare = spares_.Take(put->bytes, {job, version});
+  if (hollow_) {
+    PTC_ASSIGN_OR_RETURN(
+        MemoryBudget::Reservation r,
+        budget_.Reserve(put->bytes, absl::StrCat("a put of ", region.ToString(),
+                                                 " of ", where)));
+    put->buffer = RegionBuffer::CreateHollow(put->bytes, std::move(r));
+  } else if (spare) {
     PTC_ASSIGN_OR_RETURN(
         put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
                                          std::move(spare->reservation), map));
@@ -275,10 +282,16 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
                                           uint64_t expected) {
   const std::string where = Where(put->job, put->version, put->decl.key);
   PTC_RETURN_IF_ERROR(Annotate(put->buffer->Seal(), where));
+  // A hollow region's checksum is a function of its bounds (its bytes, had
+  // they been kept, a function of their indexes); there is nothing a
+  // writer's checksum could be compared with.
   const uint64_t checksum =
-      computed ? *computed
-               : Checksum(SealedBytes(*put->buffer), put->buffer->size());
-  if (expected != 0 && expected != checksum) {
+      put->buffer->hollow()
+          ? HollowFingerprint(put->region, put->decl.shape,
+                              ElementSize(put->decl.dtype))
+      : computed ? *computed
+                 : Checksum(SealedBytes(*put->buffer), put->buffer->size());
+  if (!put->buffer->hollow() && expected != 0 && expected != checksum) {
     return absl::DataLossError(absl::StrCat(
         where, ": the bytes of ", put->region.ToString(), " have checksum ",
         checksum, " but the writer sent ", expected, "; nothing was stored"));
@@ -503,8 +516,10 @@ absl::StatusOr<std::pair<uint64_t, int64_t>> Store::Fingerprint(
       sum += WholeFingerprint(decl, s.region, *s.buffer);
     } else {
       fingerprinted_bytes_total.Add(piece.volume() * elem);
-      sum += FingerprintRegion(SealedBytes(*s.buffer), s.region, piece,
-                               decl.shape, elem);
+      sum += s.buffer->hollow()
+                 ? HollowFingerprint(piece, decl.shape, elem)
+                 : FingerprintRegion(SealedBytes(*s.buffer), s.region, piece,
+                                     decl.shape, elem);
     }
     elements += piece.volume();
   };
@@ -740,8 +755,9 @@ absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
 }
 
 Store::Store(StoreOptions options)
-    : budget_(options.memory_limit_bytes),
-      spares_(&budget_, options.spare_pool_bytes) {
+    : hollow_(options.hollow),
+      budget_(options.memory_limit_bytes),
+      spares_(&budget_, options.hollow ? 0 : options.spare_pool_bytes) {
   release_thread_ = std::thread([this] { ReleaseLoop(); });
   if (options.fingerprint_committed) {
     fingerprint_thread_ = std::thread([this] { FingerprintLoop(); });

@@ -126,6 +126,12 @@ struct StoreOptions {
   // clients saved finds them ready instead of computing them while the job
   // waits.
   bool fingerprint_committed = true;
+  // Keep every region's metadata but none of its bytes (RegionBuffer::
+  // CreateHollow): the scale harness's hosts, hundreds in one process.
+  // Memory is charged as if the bytes were there; a region's checksum and
+  // fingerprint are functions of its bounds (HollowFingerprint), so
+  // replicas agree and changes are proven as in a real store.
+  bool hollow = false;
 };
 
 class Store {
@@ -242,6 +248,7 @@ class Store {
   // SparePool::Queue). Returns the bytes ready or being prepared.
   absl::StatusOr<int64_t> PrepareMemory(const std::string& job, int64_t version,
                                         const std::vector<int64_t>& sizes);
+  bool hollow() const { return hollow_; }
   int64_t spare_capacity() const { return spares_.capacity(); }
   int64_t memory_used() const { return budget_.used(); }
   // Of memory_used(), the jobs' tensor declarations, and the rest: data.
@@ -304,6 +311,7 @@ class Store {
   // Computes the queued regions' fingerprints, at idle priority, until
   // fingerprint_stop_.
   void FingerprintLoop();
+  const bool hollow_;
   MemoryBudget budget_;
   std::atomic<int64_t> metadata_bytes_{0};
   SparePool spares_;  // after budget_: returns its memory before budget_ dies

@@ -115,7 +115,7 @@ absl::StatusOr<uint64_t> StoreClient::Put(const std::string& job,
 absl::StatusOr<int64_t> StoreClient::ReadWith(
     const std::string& job, int64_t version, const std::string& tensor,
     const Region& region, const Consumer& consume, int32_t chunk_bytes,
-    absl::Duration timeout) {
+    absl::Duration timeout, bool hollow) {
   proto::ReadRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -136,7 +136,28 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(
   int64_t received = 0;
   bool last = false;
   uint64_t sent_checksum = 0;
+  bool hollow_read = false;
   while (reader->Read(&resp)) {
+    if (resp.hollow_bytes() != 0) {
+      if (!hollow || resp.hollow_bytes() < 0 || !resp.data().empty()) {
+        ctx.TryCancel();
+        while (reader->Read(&resp)) {
+        }
+        reader->Finish().ok();
+        return absl::DataLossError(absl::StrCat(
+            "region ", region.ToString(), " of tensor '", tensor,
+            "' came from a hollow ptcd (a scale test's, which keeps no "
+            "bytes); only a hollow store may read from one"));
+      }
+      consume(received, nullptr, resp.hollow_bytes());
+      received += resp.hollow_bytes();
+      hollow_read = true;
+      if (resp.last()) {
+        last = true;
+        sent_checksum = resp.checksum();
+      }
+      continue;
+    }
     consume(received, resp.data().data(), resp.data().size());
     checksum.Update(resp.data().data(), resp.data().size());
     received += resp.data().size();
@@ -148,7 +169,7 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(
   PTC_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   if (!last)
     return absl::DataLossError("the read ended without its final message");
-  if (checksum.Digest() != sent_checksum) {
+  if (!hollow_read && checksum.Digest() != sent_checksum) {
     return absl::DataLossError(
         absl::StrCat("region ", region.ToString(), " of tensor '", tensor,
                      "' arrived with checksum ", checksum.Digest(),

@@ -52,12 +52,16 @@ class StoreClient {
                                const void* data, int64_t bytes);
 
   // Reads `region`, checks its size and checksum, hands bytes to `consume`.
-  // Returns the number of bytes read. The call gives up after `timeout`
+  // Returns the number of bytes read. With `hollow` (a hollow store
+  // reading from a hollow peer: the scale harness), a message that stands
+  // for bytes it does not carry is consumed as consume(offset, nullptr, n);
+  // without it such a message is refused (DATA_LOSS: the peer is a hollow
+  // ptcd). The call gives up after `timeout`
   // (zero: DeadlineFor 64 GiB, the size being unknown up front).
   absl::StatusOr<int64_t> ReadWith(
       const std::string& job, int64_t version, const std::string& tensor,
       const Region& region, const Consumer& consume, int32_t chunk_bytes = 0,
-      absl::Duration timeout = absl::ZeroDuration());
+      absl::Duration timeout = absl::ZeroDuration(), bool hollow = false);
   // Reads `region` into `out`, which holds exactly `bytes` bytes.
   absl::Status Read(const std::string& job, int64_t version,
                     const std::string& tensor, const Region& region, void* out,

@@ -37,6 +37,8 @@ struct TensorStoreServerOptions {
   int64_t spare_pool_bytes = 0;
   // Fingerprint committed versions in the background (see StoreOptions).
   bool fingerprint_committed = true;
+  // Keep metadata, no bytes (StoreOptions::hollow): a scale test's host.
+  bool hollow = false;
   // Largest gRPC message accepted; larger ones fail with RESOURCE_EXHAUSTED.
   int max_message_bytes = 8 << 20;
   // A save (a gRPC Put stream, or a local put) not finished this long after
@@ -79,7 +81,7 @@ class TensorStoreServer {
   explicit TensorStoreServer(const TensorStoreServerOptions& options)
       : store_(StoreOptions{options.memory_limit_bytes,
                             options.spare_pool_bytes,
-                            options.fingerprint_committed}) {}
+                            options.fingerprint_committed, options.hollow}) {}
 
   Store store_;
   std::unique_ptr<LocalServer> local_;

@@ -1,0 +1,459 @@
+// ptc-hollow: hollow hosts and hollow ranks, many in one process, for the
+// scale harness (tools/scale_harness.py). What they skip is the bytes,
+// nothing else.
+//
+//   ptc-hollow hosts --coordinator ADDR --count N [--first I] [--dir DIR]
+//       runs N ptcds in this process, named hollow-00000, hollow-00001, ...
+//       from I: each the real daemon (its store, gRPC services, local
+//       socket DIR/NAME.sock, state transformer, coordinator agent with
+//       its heartbeats and reclaims) over a hollow store, which keeps every
+//       region's metadata and none of its bytes (StoreOptions::hollow).
+//       Writes "NAME SOCKET PORT" per host to DIR/hosts-I.txt once all
+//       registered, then runs until SIGTERM.
+//   ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
+//       runs a process per GPU of every host in FILE (lines "NAME SOCKET"),
+//       each a thread with its own client (client/client.h), following
+//       the job as a live job's process does (ptc.elastic): take the rank
+//       the job places on its GPU, meet the epoch's other ranks
+//       (Rendezvous), load the committed version, then step (every
+//       --step-ms), looking at the job at every step's boundary, saving
+//       the first --saves steps of each layout (and a step a change asks
+//       for), each until it commits; when the job changes, follow it into
+//       the new layout, or leave if it has no rank there (with
+//       --wait-for-rank: wait until it has one). Saves
+//       write no bytes (Save::WriteHollow). Prints one line per event:
+//       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
+//       EPOCH", "error MESSAGE".
+//
+// Both take --insecure only: one process is many hosts, and a process has
+// one TLS identity (ConfigureProcessSecurity); the harness measures the
+// control plane, not its handshakes.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/args.h"
+#include "common/channel.h"
+#include "common/crash.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "ptcd/coordinator_agent.h"
+#include "state_transformer/transformer_service.h"
+#include "tensor_store/tensor_store_server.h"
+
+namespace ptc::tools {
+namespace {
+
+constexpr char kUsage[] =
+    R"(usage: ptc-hollow hosts --coordinator ADDR --count N [--first I] [--dir DIR]
+                        [--gpus G] [--memory-limit BYTES] [--rack-size K] --insecure
+       ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
+                        [--step-ms MS] [--poll-ms MS] [--saves N]
+                        [--wait-for-rank] --insecure
+)";
+
+// Every line printed by a thread is whole.
+absl::Mutex out_mu;
+void Say(const std::string& line) {
+  absl::MutexLock lock(&out_mu);
+  std::cout << line << std::endl;
+}
+
+absl::StatusOr<int> IntArg(const Args& args, const std::string& name,
+                           int fallback, int lo, int hi) {
+  int v = fallback;
+  if (args.Has(name) && !absl::SimpleAtoi(args.Get(name), &v)) v = lo - 1;
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " needs a number from ", lo, " to ", hi));
+  }
+  return v;
+}
+
+void RaiseFileLimit() {
+  // Every hollow host has a listening socket and connections; every
+  // hollow rank a local socket and a channel.
+  rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// One hollow ptcd: the pieces ptcd's main() starts, over a hollow store.
+struct HollowHost {
+  std::string name;
+  std::string socket;
+  std::unique_ptr<TensorStoreServer> server;
+  std::unique_ptr<CoordinatorAgent> agent;
+};
+
+absl::Status RunHosts(const Args& args) {
+  PTC_ASSIGN_OR_RETURN(const std::string coordinator,
+                       args.Required("coordinator"));
+  PTC_ASSIGN_OR_RETURN(const int count, IntArg(args, "count", 0, 1, 4096));
+  PTC_ASSIGN_OR_RETURN(const int first, IntArg(args, "first", 0, 0, 99999));
+  PTC_ASSIGN_OR_RETURN(const int gpus, IntArg(args, "gpus", 8, 1, 64));
+  PTC_ASSIGN_OR_RETURN(const int rack, IntArg(args, "rack-size", 0, 0, 4096));
+  PTC_ASSIGN_OR_RETURN(const int64_t memory,
+                       ParseBytes(args.Get("memory-limit", "4TiB")));
+  const std::string dir = args.Get("dir", ".");
+  const sigset_t signals = BlockStopSignals();
+  RaiseFileLimit();
+  std::vector<HollowHost> hosts(count);
+  for (int i = 0; i < count; ++i) {
+    HollowHost& h = hosts[i];
+    h.name = absl::StrFormat("hollow-%05d", first + i);
+    h.socket = absl::StrCat(dir, "/", h.name, ".sock");
+    TensorStoreServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.socket_path = h.socket;
+    options.memory_limit_bytes = memory;
+    options.spare_pool_bytes = 0;
+    options.hollow = true;
+    options.host_name = h.name;
+    options.services.push_back(
+        [admissions = options.peer_admissions](Store* store) {
+          return std::make_unique<TransformerService>(
+              store, TransformerOptions{}, admissions);
+        });
+    PTC_ASSIGN_OR_RETURN(h.server, TensorStoreServer::Start(options));
+    proto::HostStatus status;
+    status.set_name(h.name);
+    status.set_address(absl::StrCat("127.0.0.1:", h.server->port()));
+    status.set_gpus(gpus);
+    status.set_bandwidth(25e9);
+    status.set_memory_bytes(memory);
+    if (rack > 0) status.set_domain(absl::StrCat("rack", (first + i) / rack));
+    status.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
+    h.agent = std::make_unique<CoordinatorAgent>(coordinator, status,
+                                                 h.server->store());
+  }
+  // Ready once every host is registered: the harness then places jobs.
+  for (HollowHost& h : hosts) {
+    while (!h.agent->registered()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string file = absl::StrCat(dir, "/hosts-", first, ".txt");
+  {
+    std::ofstream out(file + ".tmp");
+    for (const HollowHost& h : hosts)
+      out << h.name << " " << h.socket << " " << h.server->port() << "\n";
+  }
+  std::rename((file + ".tmp").c_str(), file.c_str());
+  Say(absl::StrCat("ready ", count, " hollow hosts in ", file));
+  int sig = 0;
+  sigwait(&signals, &sig);
+  for (HollowHost& h : hosts) h.agent.reset();
+  for (HollowHost& h : hosts) h.server->Shutdown(absl::Seconds(1));
+  return absl::OkStatus();
+}
+
+// The process on one GPU of a hollow host, as ptc.elastic runs it.
+class HollowRank {
+ public:
+  struct Options {
+    std::string coordinator;
+    std::string job;
+    std::string host;
+    std::string socket;
+    int gpu = 0;
+    absl::Duration step = absl::Milliseconds(200);
+    absl::Duration poll = absl::Milliseconds(50);
+    // Steps saved in each layout before it only steps.
+    int saves = 1 << 30;
+    // With no rank on this GPU: wait for one (a host added to the job;
+    // its launcher would start the process) instead of leaving.
+    bool wait_for_rank = false;
+    const std::atomic<bool>* stop = nullptr;
+  };
+  explicit HollowRank(Options o) : o_(std::move(o)) {}
+
+  void Run() {
+    const absl::Status s = Loop();
+    if (!s.ok() && !Stopping()) {
+      Say(absl::StrCat("error ", o_.host, " gpu ", o_.gpu, ": ",
+                       s.ToString()));
+    }
+  }
+
+ private:
+  bool Stopping() const { return o_.stop->load(); }
+
+  // The rank the job's layout places on this GPU (-1: none).
+  absl::StatusOr<int> MyRank() {
+    PTC_ASSIGN_OR_RETURN(HostRanks placed,
+                         RanksOnHost(o_.coordinator, o_.job, o_.host));
+    for (const auto& [rank, gpu] : placed.ranks)
+      if (gpu == o_.gpu) return rank;
+    return -1;
+  }
+
+  // The job as this process knows it: rank 0 follows the Watch stream,
+  // the others ask at most every poll interval (as ptc.elastic does).
+  absl::StatusOr<JobEvent> Event() {
+    if (client_->rank() == 0) {
+      JobEvent ev = client_->LatestEvent();
+      if (ev.known) return ev;
+    }
+    const absl::Time now = absl::Now();
+    if (now - polled_at_ >= o_.poll || !polled_.known) {
+      PTC_ASSIGN_OR_RETURN(polled_, client_->FetchEvent());
+      polled_at_ = now;
+    }
+    return polled_;
+  }
+
+  static bool Running(const JobEvent& ev) {
+    return ev.phase != proto::PHASE_NONE &&
+           ev.phase != proto::PHASE_COMMITTED &&
+           ev.phase != proto::PHASE_ABORTED;
+  }
+
+  absl::Status Loop() {
+    while (!Stopping()) {
+      // Wait out a change in flight, then take this GPU's rank in the
+      // layout it ended in.
+      int64_t now_epoch = 0;
+      if (client_ != nullptr) {
+        while (!Stopping()) {
+          PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
+          now_epoch = ev.layout_epoch;
+          if (!Running(ev) && ev.pending_config.empty()) break;
+          absl::SleepFor(o_.poll);
+        }
+      }
+      PTC_ASSIGN_OR_RETURN(int rank, MyRank());
+      if (client_ != nullptr && now_epoch == met_epoch_ &&
+          rank == client_->rank()) {
+        // The change aborted: go on in the layout this process met in.
+        PTC_RETURN_IF_ERROR(Train(met_epoch_));
+        continue;
+      }
+      if (rank < 0 && !o_.wait_for_rank) {
+        Say(absl::StrCat("left ", client_ ? client_->layout_epoch() : 0, " ",
+                         o_.host, " gpu ", o_.gpu));
+        return absl::OkStatus();
+      }
+      while (rank < 0 && !Stopping()) {
+        absl::SleepFor(absl::Seconds(2));
+        PTC_ASSIGN_OR_RETURN(rank, MyRank());
+      }
+      if (Stopping()) break;
+      if (client_ == nullptr) {
+        ClientOptions options;
+        options.socket_path = o_.socket;
+        options.coordinator = o_.coordinator;
+        options.job = o_.job;
+        options.rank = rank;
+        PTC_ASSIGN_OR_RETURN(client_, Client::Connect(options));
+      } else {
+        PTC_RETURN_IF_ERROR(client_->Rebind(rank));
+      }
+      if (rank == 0) {
+        client_->Follow();
+      } else {
+        client_->Unfollow();
+      }
+      polled_ = JobEvent{};
+      saves_done_ = 0;
+      const int64_t epoch = client_->layout_epoch();
+      // Meet: rank 0 offers a (nominal) port, every rank waits for all.
+      absl::StatusOr<std::string> met =
+          client_->Rendezvous(epoch, rank == 0 ? 1 : 0, absl::Minutes(10));
+      if (absl::IsFailedPrecondition(met.status())) continue;  // moved on
+      PTC_RETURN_IF_ERROR(met.status());
+      int regions = 0;
+      if (client_->committed_version() > 0) {
+        absl::StatusOr<std::unique_ptr<Client::State>> state = client_->Load();
+        if (absl::IsFailedPrecondition(state.status())) continue;
+        PTC_RETURN_IF_ERROR(state.status());
+        regions = static_cast<int>((*state)->regions().size());
+      }
+      met_epoch_ = epoch;
+      Say(absl::StrCat("resumed ", epoch, " ", rank, " ",
+                       client_->committed_version(), " ", regions));
+      PTC_RETURN_IF_ERROR(Train(epoch));
+    }
+    return absl::OkStatus();
+  }
+
+  // Steps in layout `epoch` until the job leaves it: at every step's
+  // boundary the process looks at the job (a change, or one waiting for
+  // a save), and it saves the first --saves steps, each until it commits.
+  absl::Status Train(int64_t epoch) {
+    int64_t step = client_->committed_step() + 1;
+    while (!Stopping()) {
+      absl::SleepFor(o_.step);
+      PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
+      if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+      const bool asked = !ev.pending_config.empty();
+      if (!asked && saves_done_ >= o_.saves) continue;
+      PTC_ASSIGN_OR_RETURN(const int64_t version, Save(step));
+      if (version == 0) return absl::OkStatus();  // the layout changed
+      // Until the version commits (every rank saved it), or a change
+      // starts (a peer died and will never save it).
+      while (!Stopping()) {
+        PTC_ASSIGN_OR_RETURN(ev, Event());
+        if (ev.committed_version >= version) break;
+        if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      if (!asked) ++saves_done_;
+      if (client_->rank() == 0) Say(absl::StrCat("saved ", version));
+      if (asked) return absl::OkStatus();  // the change starts from it
+      ++step;
+    }
+    return absl::OkStatus();
+  }
+
+  // Saves `step` with no bytes; 0 if the job's layout changed.
+  absl::StatusOr<int64_t> Save(int64_t step) {
+    absl::StatusOr<std::unique_ptr<Client::Save>> save =
+        client_->BeginSave(step);
+    if (absl::IsFailedPrecondition(save.status())) return 0;
+    PTC_RETURN_IF_ERROR(save.status());
+    for (size_t i = 0; i < client_->regions().size(); ++i)
+      PTC_RETURN_IF_ERROR((*save)->WriteHollow(static_cast<int>(i)));
+    for (const SmallObjectSpec& o : client_->spec().small_objects) {
+      PTC_RETURN_IF_ERROR((*save)->PutSmallObject(
+          o.name, absl::StrCat(o.name, " of rank ", client_->rank(),
+                               " at step ", step)));
+    }
+    absl::StatusOr<bool> committed = (*save)->Commit();
+    if (absl::IsFailedPrecondition(committed.status())) return 0;
+    PTC_RETURN_IF_ERROR(committed.status());
+    return (*save)->version();
+  }
+
+  const Options o_;
+  std::unique_ptr<Client> client_;
+  JobEvent polled_;
+  int saves_done_ = 0;
+  int64_t met_epoch_ = -1;  // the layout epoch this process last met in
+  absl::Time polled_at_ = absl::InfinitePast();
+};
+
+absl::Status RunRanks(const Args& args) {
+  PTC_ASSIGN_OR_RETURN(const std::string coordinator,
+                       args.Required("coordinator"));
+  PTC_ASSIGN_OR_RETURN(const std::string job, args.Required("job"));
+  PTC_ASSIGN_OR_RETURN(const std::string hosts_file, args.Required("hosts"));
+  PTC_ASSIGN_OR_RETURN(const int gpus, IntArg(args, "gpus", 8, 1, 64));
+  PTC_ASSIGN_OR_RETURN(const int step_ms,
+                       IntArg(args, "step-ms", 200, 0, 3600 * 1000));
+  PTC_ASSIGN_OR_RETURN(const int poll_ms, IntArg(args, "poll-ms", 50, 1, 60000));
+  PTC_ASSIGN_OR_RETURN(const int saves,
+                       IntArg(args, "saves", 1 << 30, 0, 1 << 30));
+  const sigset_t signals = BlockStopSignals();
+  RaiseFileLimit();
+  std::vector<std::pair<std::string, std::string>> hosts;
+  {
+    std::ifstream in(hosts_file);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot read the hosts file ", hosts_file));
+    }
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> f =
+          absl::StrSplit(line, ' ', absl::SkipWhitespace());
+      if (f.size() < 2) continue;
+      hosts.emplace_back(f[0], f[1]);
+    }
+  }
+  if (hosts.empty())
+    return absl::InvalidArgumentError(absl::StrCat(hosts_file, " names no host"));
+  std::atomic<bool> stop{false};
+  std::vector<std::unique_ptr<HollowRank>> ranks;
+  std::vector<std::thread> threads;
+  for (const auto& [name, socket] : hosts) {
+    for (int gpu = 0; gpu < gpus; ++gpu) {
+      HollowRank::Options o;
+      o.coordinator = coordinator;
+      o.job = job;
+      o.host = name;
+      o.socket = socket;
+      o.gpu = gpu;
+      o.step = absl::Milliseconds(step_ms);
+      o.poll = absl::Milliseconds(poll_ms);
+      o.saves = saves;
+      o.wait_for_rank = args.Flag("wait-for-rank");
+      o.stop = &stop;
+      ranks.push_back(std::make_unique<HollowRank>(std::move(o)));
+    }
+  }
+  for (auto& r : ranks) threads.emplace_back([&r] { r->Run(); });
+  Say(absl::StrCat("started ", ranks.size(), " hollow ranks"));
+  int sig = 0;
+  sigwait(&signals, &sig);
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  return absl::OkStatus();
+}
+
+absl::Status Run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help") {
+    std::cout << kUsage;
+    return argc < 2 ? absl::InvalidArgumentError("a mode is needed")
+                    : absl::OkStatus();
+  }
+  const std::string mode = argv[1];
+  PTC_ASSIGN_OR_RETURN(
+      Args args,
+      Args::Parse(argc, argv, 2,
+                  {"coordinator", "count", "first", "dir", "gpus",
+                   "memory-limit", "rack-size", "job", "hosts", "step-ms",
+                   "poll-ms", "saves", "log-level"},
+                  {"insecure", "wait-for-rank"}));
+  if (!args.Flag("insecure")) {
+    return absl::InvalidArgumentError(
+        "ptc-hollow runs with --insecure only (one process is many hosts; a "
+        "process has one TLS identity)");
+  }
+  PTC_RETURN_IF_ERROR(SetLogLevel(args.Get("log-level", "warn")));
+  SecurityOptions security;
+  security.insecure = true;
+  PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(security, "ptc-hollow"));
+  if (mode == "hosts") return RunHosts(args);
+  if (mode == "ranks") return RunRanks(args);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown mode '", mode, "'; use hosts or ranks"));
+}
+
+}  // namespace
+}  // namespace ptc::tools
+
+int main(int argc, char** argv) {
+  ptc::InstallCrashHandler(argv[0]);
+  const absl::Status status = ptc::tools::Run(argc, argv);
+  if (!status.ok()) {
+    std::cerr << "ptc-hollow: " << status.message() << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,446 @@
+#!/usr/bin/env python3
+"""The control plane at scale: the real coordinator, N hollow hosts and a
+hollow process per GPU (tools/hollow.cc: the real ptcd and client code,
+over stores that keep no bytes), through a live job's life:
+
+  start     the coordinator and the hosts (groups of --group hosts per
+            process; the hosts that will die in a process of their own)
+  meet      the job registered (automatic, live changes), its processes
+            started: each takes its rank, meets the others and saves
+            --saves steps, each until it commits
+  steady    --steady seconds of training with no change: heartbeats, and
+            every process looking at the job at each step's boundary
+  failure   --kill hosts die (SIGKILL, their processes too); the
+            coordinator declares them dead and changes the job by itself
+            to --after-kill; every surviving process follows into the new
+            layout (rank, meeting, load) or leaves
+  scale-up  --add hosts join the job's pool: the coordinator asks the
+            processes to save, changes the job to --after-add from that
+            save, and the processes on the new hosts take their ranks
+
+Per phase: wall time, the coordinator's CPU seconds, its resident memory
+(now and peak), threads, calls per second by RPC (its metrics), and the
+bytes it wrote (/proc). The failure phase also reports the control plane's
+own time from the moment the hosts were declared dead to the last process
+resuming in the new layout. Exits non-zero if a check fails: every
+surviving process resumed in the new epoch, the job's committed layout is
+the one asked for, the coordinator's threads returned to a fixed bound.
+
+  PTC_BIN_DIR=$(bazel info bazel-bin) /usr/bin/python3 tools/scale_harness.py \\
+      --hosts 64 --kill 4 --config tp=2,pp=4,dp=64 --after-kill tp=2,pp=4,dp=60
+  (the benchmark: --hosts 2048 --kill 16 --add 272 --model llama3-405b
+   --config tp=8,pp=16,dp=128 --after-kill tp=8,pp=16,dp=120
+   --after-add tp=8,pp=16,dp=144)
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def bin_dir():
+    d = os.environ.get("PTC_BIN_DIR")
+    return pathlib.Path(d) if d else ROOT / "bazel-bin"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Coordinator:
+    """The coordinator process and what /proc and its metrics say."""
+
+    def __init__(self, work, host_timeout):
+        self.metrics_port = free_port()
+        port_file = work / "coordinator.port"
+        self.log = open(work / "coordinator.log", "w")
+        self.proc = subprocess.Popen(
+            [str(bin_dir() / "coordinator/ptc-coordinator"), "--state-dir",
+             str(work / "state"), "--listen", "127.0.0.1:0", "--port-file",
+             str(port_file), "--insecure", "--log-level", "warn",
+             "--host-timeout", str(host_timeout),
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise SystemExit("the coordinator did not start; see "
+                                 f"{work / 'coordinator.log'}")
+            time.sleep(0.05)
+        self.address = f"127.0.0.1:{port_file.read_text().strip()}"
+
+    def proc_file(self, name):
+        return pathlib.Path(f"/proc/{self.proc.pid}/{name}").read_text()
+
+    def sample(self):
+        stat = self.proc_file("stat")
+        fields = stat[stat.rindex(")") + 2:].split()
+        status = dict(line.split(":", 1) for line in self.proc_file("status").splitlines()
+                      if ":" in line)
+        io = dict(line.split(": ") for line in self.proc_file("io").splitlines())
+        calls = {}
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                m = re.match(r'ptc_rpc_calls_total\{method="([^"]+)"\} (\S+)', line)
+                if m:
+                    calls[m.group(1)] = float(m.group(2))
+        return {
+            "time": time.time(),
+            "cpu": (int(fields[11]) + int(fields[12])) / TICK,
+            "rss": int(status["VmRSS"].split()[0]) * 1024,
+            "peak": int(status["VmHWM"].split()[0]) * 1024,
+            "threads": int(status["Threads"]),
+            "written": int(io["write_bytes"]),
+            "calls": calls,
+        }
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class Group:
+    """One process of hollow hosts, and one of the processes on their GPUs."""
+
+    def __init__(self, work, coordinator, first, count, gpus, rack):
+        self.work, self.first, self.count, self.gpus = work, first, count, gpus
+        self.coordinator = coordinator
+        self.hosts_file = work / f"hosts-{first}.txt"
+        self.log = open(work / f"hosts-{first}.log", "w")
+        self.hosts = subprocess.Popen(
+            [str(bin_dir() / "tools/ptc-hollow"), "hosts", "--coordinator",
+             coordinator, "--count", str(count), "--first", str(first),
+             "--dir", str(work), "--gpus", str(gpus), "--rack-size", str(rack),
+             "--insecure"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.ranks = None
+        self.ranks_out = work / f"ranks-{first}.out"
+
+    def wait_ready(self, deadline):
+        while not self.hosts_file.exists():
+            if self.hosts.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"hollow hosts from {self.first} did not start; see "
+                                 f"{self.work / f'hosts-{self.first}.log'}")
+            time.sleep(0.1)
+        return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
+
+    def start_ranks(self, job, saves, step_ms, wait_for_rank=False):
+        args = [str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
+                self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
+                "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
+                str(step_ms), "--insecure"]
+        if wait_for_rank:
+            args.append("--wait-for-rank")
+        self.ranks = subprocess.Popen(args, stdout=open(self.ranks_out, "w"),
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def lines(self):
+        try:
+            return self.ranks_out.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def kill(self):
+        for p in (self.ranks, self.hosts):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def stop(self):
+        for p in (self.ranks, self.hosts):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in (self.ranks, self.hosts):
+            if p is None:
+                continue
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+class Harness:
+    def __init__(self, opts):
+        self.o = opts
+        self.work = pathlib.Path(tempfile.mkdtemp(prefix="ptc-scale-", dir=opts.work))
+        self.coordinator = None
+        self.groups = []
+        self.phases = []
+        self.failures = []
+
+    def ptcctl(self, *args, check=True):
+        r = subprocess.run([str(bin_dir() / "tools/ptcctl"), args[0], "--coordinator",
+                            self.coordinator.address, "--insecure", *args[1:]],
+                           capture_output=True, text=True, timeout=600)
+        if check and r.returncode != 0:
+            raise SystemExit(f"ptcctl {' '.join(args)[:200]} failed: {r.stderr[-2000:]}")
+        return r
+
+    def pin(self, config):
+        self.ptcctl("auto", self.o.job, "on", "--live", "--no-hot", "--pin", config,
+                    "--save-timeout", str(self.o.timeout))
+
+    def status(self):
+        return json.loads(self.ptcctl("status", self.o.job, "--json").stdout)["jobs"][0]
+
+    @staticmethod
+    def same_config(a, b):
+        """Whether two configs are the same (the coordinator may name more
+        axes, at 1, or order them otherwise)."""
+        def parts(c):
+            return {k: v for k, _, v in (p.partition("=") for p in c.split(","))
+                    if v != "1"}
+        return parts(a) == parts(b)
+
+    def check(self, ok, what):
+        print(("  ok: " if ok else "  FAILED: ") + what, flush=True)
+        if not ok:
+            self.failures.append(what)
+
+    def phase(self, name, body):
+        print(f"phase {name} ...", flush=True)
+        before = self.coordinator.sample()
+        extra = body() or {}
+        after = self.coordinator.sample()
+        wall = after["time"] - before["time"]
+        calls = {m: (after["calls"].get(m, 0) - before["calls"].get(m, 0)) / wall
+                 for m in after["calls"]}
+        row = {"phase": name, "wall_s": wall, "cpu_s": after["cpu"] - before["cpu"],
+               "rss": after["rss"], "peak": after["peak"], "threads": after["threads"],
+               "written": after["written"] - before["written"],
+               "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
+               **extra}
+        self.phases.append(row)
+        busy = ", ".join(f"{m.split('.')[-1]} {v:.0f}/s" for m, v in
+                         sorted(row["calls_per_s"].items(), key=lambda kv: -kv[1])[:5])
+        print(f"  {wall:.2f} s, coordinator {row['cpu_s']:.2f} CPU-s "
+              f"({100 * row['cpu_s'] / wall:.0f}% of a core), rss {row['rss'] / 2**20:.0f} MiB "
+              f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads, "
+              f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}", flush=True)
+        for k, v in extra.items():
+            print(f"  {k}: {v}", flush=True)
+
+    def resumed(self, epoch):
+        """Ranks that printed 'resumed EPOCH RANK ...', and the lines' errors."""
+        ranks, errors = set(), []
+        for g in self.groups:
+            for line in g.lines():
+                f = line.split()
+                if f[:1] == ["resumed"] and int(f[1]) == epoch:
+                    ranks.add(int(f[2]))
+                elif f[:1] == ["error"]:
+                    errors.append(line)
+        return ranks, errors
+
+    def wait_resumed(self, epoch, world, timeout):
+        deadline = time.time() + timeout
+        while True:
+            ranks, errors = self.resumed(epoch)
+            if len(ranks) >= world:
+                return time.time()
+            if errors:
+                raise SystemExit(f"a hollow process failed: {errors[0]}")
+            if time.time() > deadline:
+                raise SystemExit(f"{len(ranks)} of {world} ranks resumed in layout epoch "
+                                 f"{epoch} after {timeout} s")
+            time.sleep(0.05)
+
+    def wait_saved(self, count, timeout):
+        deadline = time.time() + timeout
+        while True:
+            saved = sum(1 for g in self.groups for line in g.lines()
+                        if line.startswith("saved "))
+            if saved >= count:
+                return
+            if time.time() > deadline:
+                raise SystemExit(f"{saved} of {count} saves committed in {timeout} s")
+            time.sleep(0.05)
+
+    @staticmethod
+    def world(config):
+        size = 1
+        for part in config.split(","):
+            k, _, v = part.partition("=")
+            if k in ("tp", "pp", "dp", "cp", "ep"):
+                size *= int(v)
+        return size
+
+    def run(self):
+        o = self.o
+        print(f"work directory {self.work}", flush=True)
+        self.coordinator = Coordinator(self.work, o.host_timeout)
+        base = self.coordinator.sample()
+        print(f"coordinator at {self.coordinator.address}: {base['threads']} threads",
+              flush=True)
+
+        def start():
+            deadline = time.time() + o.timeout
+            first = 0
+            if o.kill:
+                self.groups.append(Group(self.work, self.coordinator.address, 0, o.kill,
+                                         o.gpus, o.rack))
+                first = o.kill
+            while first < o.hosts:
+                n = min(o.group, o.hosts - first)
+                self.groups.append(Group(self.work, self.coordinator.address, first, n,
+                                         o.gpus, o.rack))
+                first += n
+            self.names = [n for g in self.groups for n in g.wait_ready(deadline)]
+            return {"hosts": len(self.names)}
+
+        self.phase("start", start)
+        self.ptcctl("register", "--job", o.job, "--model", o.model, "--config", o.config,
+                    "--hosts", ",".join(self.names))
+        # Pinned to the config it runs (no change now); each phase pins the
+        # config it changes to.
+        self.pin(o.config)
+        world = self.world(o.config)
+
+        def meet():
+            for g in self.groups:
+                g.start_ranks(o.job, o.saves, o.step_ms)
+            self.wait_resumed(1, world, o.timeout)
+            if o.saves:
+                self.wait_saved(o.saves, o.timeout)
+            return {"processes": world}
+
+        self.phase("meet", meet)
+        self.check(self.status()["committed_version"] >= o.saves,
+                   f"{o.saves} saves of {world} processes committed")
+        steady_threads = self.coordinator.sample()["threads"]
+        self.phase("steady", lambda: time.sleep(o.steady))
+
+        if o.kill:
+            def failure():
+                victims = self.groups[0]
+                victims.kill()
+                killed = time.time()
+                names = set(self.names[:o.kill])
+                # The config to change to is pinned once they are in doubt
+                # (heartbeats late, not yet declared dead), when the
+                # coordinator holds every change back: the change that
+                # follows is the one for their deaths.
+                while True:
+                    rows = json.loads(self.ptcctl("hosts", "--json").stdout)["hosts"]
+                    if all(h["seconds_since_heartbeat"] > 2.5 or not h["alive"]
+                           for h in rows if h["name"] in names):
+                        break
+                    time.sleep(0.1)
+                self.pin(o.after_kill)
+                while True:
+                    rows = json.loads(self.ptcctl("hosts", "--json").stdout)["hosts"]
+                    dead = [h for h in rows if h["name"] in names and not h["alive"]]
+                    if dead:
+                        break
+                    time.sleep(0.1)
+                declared = time.time()  # the first of them
+                after = self.world(o.after_kill)
+                resumed = self.wait_resumed(2, after, o.timeout)
+                change = self.status()["reconfiguration"]
+                return {"first declared dead after kill": f"{declared - killed:.2f} s",
+                        "control plane (declared dead -> every process resumed)":
+                        f"{resumed - declared:.2f} s",
+                        "change": f"{change['phase']}, {change['reason']}"}
+
+            self.phase("failure", failure)
+            st = self.status()
+            self.check(self.same_config(st["config"], o.after_kill),
+                       f"the job runs {st['config']} (asked: {o.after_kill})")
+            self.check(st["layout_epoch"] == 2, f"layout epoch {st['layout_epoch']} (2)")
+            ranks, _ = self.resumed(2)
+            self.check(len(ranks) == self.world(o.after_kill),
+                       f"{len(ranks)} processes resumed in the new layout")
+
+        if o.add:
+            def scale_up():
+                first = o.hosts
+                g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack)
+                self.groups.append(g)
+                added = g.wait_ready(time.time() + o.timeout)
+                g.start_ranks(o.job, o.saves, o.step_ms, wait_for_rank=True)
+                started = time.time()
+                self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
+                self.pin(o.after_add)
+                epoch = 3 if o.kill else 2
+                resumed = self.wait_resumed(epoch, self.world(o.after_add), o.timeout)
+                return {"hosts added -> every process resumed": f"{resumed - started:.2f} s"}
+
+            self.phase("scale-up", scale_up)
+            st = self.status()
+            self.check(self.same_config(st["config"], o.after_add),
+                       f"the job runs {st['config']} (asked: {o.after_add})")
+
+        time.sleep(2)  # the last calls of the change end
+        end = self.coordinator.sample()
+        self.check(end["threads"] <= steady_threads + 64,
+                   f"coordinator threads {end['threads']} after the changes, "
+                   f"{steady_threads} before (bound: +64)")
+
+    def close(self):
+        for g in self.groups:
+            g.stop()
+        if self.coordinator:
+            self.coordinator.stop()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=64)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--kill", type=int, default=4)
+    p.add_argument("--add", type=int, default=0)
+    p.add_argument("--group", type=int, default=128, help="hosts per process")
+    p.add_argument("--rack", type=int, default=0, help="hosts per failure domain")
+    p.add_argument("--model", default="gpt:layers=8,hidden=64,heads=4,vocab=512,positions=64")
+    p.add_argument("--config", default="tp=2,pp=4,dp=64")
+    p.add_argument("--after-kill", default="tp=2,pp=4,dp=60")
+    p.add_argument("--after-add", default="")
+    p.add_argument("--job", default="scale")
+    p.add_argument("--saves", type=int, default=2)
+    p.add_argument("--step-ms", type=int, default=200)
+    p.add_argument("--steady", type=float, default=10)
+    p.add_argument("--host-timeout", type=float, default=5)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--work", default=None)
+    p.add_argument("--json", default=None, help="write the phases here")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    o = p.parse_args()
+    if o.add and not o.after_add:
+        p.error("--add needs --after-add")
+    h = Harness(o)
+    try:
+        h.run()
+    finally:
+        h.close()
+    if o.json:
+        pathlib.Path(o.json).write_text(json.dumps(
+            {"options": vars(o), "phases": h.phases, "failures": h.failures}, indent=1))
+    if not o.keep:
+        shutil.rmtree(h.work, ignore_errors=True)
+    if h.failures:
+        print(f"{len(h.failures)} checks failed", flush=True)
+        sys.exit(1)
+    print("every check passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
