@@ -64,6 +64,8 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ListJobsRequest req;
   req.set_job(job);
+  req.set_brief(true);
+  req.set_host(host);
   proto::ListJobsResponse resp;
   const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, &resp));
   if (s.code() == absl::StatusCode::kNotFound) {
@@ -83,9 +85,10 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   out.config = j.config();
   out.world_size = j.ranks();
   out.layout_epoch = j.layout_epoch();
-  for (int r = 0; r < j.rank_hosts_size(); ++r) {
-    if (j.rank_hosts(r) == host)
-      out.ranks.push_back({r, r < j.rank_devices_size() ? j.rank_devices(r) : -1});
+  for (int i = 0; i < j.host_ranks_size(); ++i) {
+    out.ranks.push_back(
+        {j.host_ranks(i),
+         i < j.host_rank_devices_size() ? j.host_rank_devices(i) : -1});
   }
   return out;
 }
@@ -111,12 +114,15 @@ absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
   return resp.changing();
 }
 
-absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
+absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
+                                                  bool brief) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   proto::ListJobsRequest req;
   req.set_job(options_.job);
   req.set_include_layout(include_layout);
+  req.set_brief(brief);
+  if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
   const absl::Status s =
       FromGrpcStatus(coordinator_->ListJobs(&ctx, req, &resp));
@@ -131,7 +137,11 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout) {
 }
 
 absl::Status Client::Refresh() {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob(/*include_layout=*/true));
+  // Bound to a hot switch, the placement is the switch's, in the full
+  // answer; otherwise the brief one says which ranks are on this host.
+  const bool hot = options_.pending_serial != 0;
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job,
+                       FetchJob(/*include_layout=*/true, /*brief=*/!hot));
   if (const int64_t serial = options_.pending_serial; serial != 0) {
     // Bound to a hot switch: its target is this client's layout.
     if (!job.pending_hot() || job.pending_serial() != serial) {
@@ -155,6 +165,21 @@ absl::Status Client::Refresh() {
         "rank ", rank, " is outside job '", options_.job, "': its config ",
         job.config(), " has ", config.world_size(),
         " ranks; start the processes the current config asks for"));
+  }
+  int device = -1;
+  if (!hot) {
+    const auto& here = job.host_ranks();
+    const auto at = std::find(here.begin(), here.end(), rank);
+    if (at == here.end()) {
+      // Where it is placed, from the full answer (an error path only).
+      PTC_ASSIGN_OR_RETURN(proto::JobStatus full,
+                           FetchJob(/*include_layout=*/false, /*brief=*/false));
+      *job.mutable_rank_hosts() = full.rank_hosts();
+    } else if (at - here.begin() < job.host_rank_devices_size()) {
+      device = job.host_rank_devices(static_cast<int>(at - here.begin()));
+    }
+  } else if (rank < job.rank_devices_size()) {
+    device = job.rank_devices(rank);
   }
   if (rank < job.rank_hosts_size() && job.rank_hosts(rank) != host_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -184,7 +209,7 @@ absl::Status Client::Refresh() {
   config_ = std::move(config);
   committed_version_ = job.committed_version();
   committed_step_ = job.committed_step();
-  device_ = rank < job.rank_devices_size() ? job.rank_devices(rank) : -1;
+  device_ = device;
   layout_epoch_ = job.layout_epoch();
   regions_ = std::move(regions);
   return absl::OkStatus();
@@ -654,7 +679,7 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
 }
 
 absl::StatusOr<Client::HotSwitch> Client::PlanHotSwitch(int64_t serial) {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob(/*include_layout=*/false, /*brief=*/false));
   if (!job.pending_hot() || job.pending_serial() != serial) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the hot switch ", serial, " of job '", options_.job,

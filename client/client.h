@@ -293,7 +293,10 @@ class Client {
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}
   // The job as the coordinator has it; with its layout spec if asked.
-  absl::StatusOr<proto::JobStatus> FetchJob(bool include_layout = false);
+  // Brief (the default): without the lists that grow with the job, and
+  // with the ranks on this client's host (ListJobsRequest.brief).
+  absl::StatusOr<proto::JobStatus> FetchJob(bool include_layout = false,
+                                            bool brief = true);
 
   ClientOptions options_;
   std::unique_ptr<LocalClient> local_;

@@ -233,17 +233,28 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // the next one connects afresh. Idle channels do not ping.
   SetKeepalive(args);
   const std::string target = ChannelTarget(address);
+  // A coordinator whose RPC threads are all busy (thousands of a job's
+  // processes asking at once) refuses a call before running it
+  // (RESOURCE_EXHAUSTED): it is sent again after a jittered backoff (gRPC
+  // retries: 5 attempts, about 0.1 to 2 s apart), so a burst spreads out
+  // instead of failing processes.
+  std::string config =
+      R"("methodConfig": [{"name": [{"service": "ptc.proto.Coordinator"}],)"
+      R"( "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s",)"
+      R"( "maxBackoff": "2s", "backoffMultiplier": 3,)"
+      R"( "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}])";
   if (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:")) {
     // Several peers, of which one serves (the coordinators: one leads):
     // the channel connects to all of them, asks each one's gRPC health
     // service, and sends calls only to a peer that says SERVING. A peer
     // without the service counts as serving. One that comes back is tried
     // within seconds (gRPC's default backoff grows to two minutes).
-    args.SetServiceConfigJSON(
-        R"({"loadBalancingConfig": [{"round_robin": {}}],)"
-        R"( "healthCheckConfig": {"serviceName": ""}})");
+    config = absl::StrCat(
+        R"("loadBalancingConfig": [{"round_robin": {}}],)",
+        R"( "healthCheckConfig": {"serviceName": ""}, )", config);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   }
+  args.SetServiceConfigJSON(absl::StrCat("{", config, "}"));
   const Security s = Get();
   if (!s.tls) {
     return grpc::CreateCustomChannel(target,

@@ -113,11 +113,10 @@ void JobTable::Job::ClearPending() {
   state.set_hot_version(0);
 }
 
-void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
+void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   s->set_job(state.job());
   s->set_model(state.model());
   s->set_config(state.config());
-  for (const std::string& h : state.hosts()) s->add_hosts(h);
   s->set_committed_version(state.committed_version());
   s->set_ranks(ranks);
   s->set_state_bytes(state_bytes);
@@ -125,6 +124,17 @@ void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
     s->set_ranks_saved(static_cast<int32_t>(saved.rbegin()->second.size()));
   s->set_layout_epoch(state.layout_epoch());
   s->set_committed_step(state.committed_step());
+  s->set_pending_config(state.pending().to());
+  s->set_pending_reason(state.pending_reason());
+  s->set_pending_hot(state.pending().hot());
+  s->set_pending_serial(state.pending_serial());
+  if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
+  *s->mutable_reconfiguration() = event;
+}
+
+void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
+  Brief(include_layout, s);
+  for (const std::string& h : state.hosts()) s->add_hosts(h);
   for (const auto& o : state.open_saves()) s->add_open_saves(o.version());
   for (const std::string& h : state.lost_hosts()) s->add_lost_hosts(h);
   s->set_snapshot_version(state.snapshot_version());
@@ -132,18 +142,12 @@ void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   s->set_snapshot_unix(state.snapshot_unix());
   *s->mutable_auto_policy() = state.auto_policy();
   for (const std::string& h : state.pool()) s->add_pool(h);
-  s->set_pending_config(state.pending().to());
-  s->set_pending_reason(state.pending_reason());
   if (state.pending().hot()) {
-    s->set_pending_hot(true);
     *s->mutable_pending_rank_hosts() = state.pending().placement().rank_hosts();
     *s->mutable_pending_rank_devices() =
         state.pending().placement().rank_devices();
   }
-  s->set_pending_serial(state.pending_serial());
   for (const std::string& a : spec->mesh) s->add_mesh(a);
-  if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
-  *s->mutable_reconfiguration() = event;
 }
 
 JobTable::Job* JobTable::Find(const std::string& name) {

@@ -90,6 +90,8 @@ class JobTable {
     // survival aside, which need the hosts), with its layout spec if
     // `include_layout`.
     void Describe(bool include_layout, proto::JobStatus* status) const;
+    // Of Describe, what does not grow with the job (ListJobsRequest.brief).
+    void Brief(bool include_layout, proto::JobStatus* status) const;
     // Clears the pending change, and the hot switch's save if its
     // processes began one (its version is reclaimed).
     void ClearPending();

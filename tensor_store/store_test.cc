@@ -27,15 +27,33 @@ namespace {
 std::unique_ptr<PendingPut> Begin(Store& s, int64_t version, const Region& r) {
   auto put = s.BeginPut("job", version, "w", r);
   REQUIRE(put.ok());
-  std::memset((*put)->buffer->mutable_data(), 7, (*put)->bytes);
+  if (!s.hollow()) std::memset((*put)->buffer->mutable_data(), 7, (*put)->bytes);
   return std::move(*put);
+}
+
+// The tests that run GENERATE(false, true) hold for a real store and for a
+// hollow one (metadata, no bytes: the scale harness's hosts), except where
+// they look at bytes: a hollow region's checksum is its hollow fingerprint.
+StoreOptions Options(int64_t limit, bool hollow) {
+  StoreOptions o;
+  o.memory_limit_bytes = limit;
+  o.hollow = hollow;
+  return o;
+}
+
+// The checksum a put of `r` of the 8x8 float32 "w" filled with `byte`
+// stores.
+uint64_t FilledChecksum(const Store& s, const Region& r, char byte) {
+  if (s.hollow()) return HollowFingerprint(r, {8, 8}, 4);
+  std::vector<char> bytes(r.volume() * 4, byte);
+  return Checksum(bytes.data(), bytes.size());
 }
 
 TEST_CASE(
     "store: declarations are charged against the memory limit, a flood of "
     "them is refused, and a deleted job gives them back",
     "[tensor_store]") {
-  Store s({64 << 10});
+  Store s(Options(64 << 10, GENERATE(false, true)));
   const TensorDecl w{"w", DType::kFloat32, {8, 8}};
   REQUIRE(s.DeclareTensors("job", {w, w}).ok());  // the same one twice
   CHECK(s.metadata_bytes() == TensorDeclMetadataBytes(w));
@@ -61,7 +79,7 @@ TEST_CASE(
 
 TEST_CASE("store: a put is invisible until finished and gone if dropped",
           "[tensor_store]") {
-  Store s({1 << 20});
+  Store s(Options(1 << 20, GENERATE(false, true)));
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   const Region r{{0, 4}, {0, 8}};
   {
@@ -73,15 +91,14 @@ TEST_CASE("store: a put is invisible until finished and gone if dropped",
   CHECK(s.List("job").jobs(0).versions_size() == 0);
   auto sum = s.FinishPut(Begin(s, 1, r));
   REQUIRE(sum.ok());
-  std::vector<char> sevens(128, 7);
-  CHECK(*sum == Checksum(sevens.data(), sevens.size()));
+  CHECK(*sum == FilledChecksum(s, r, 7));
   CHECK(s.List("job").jobs(0).versions(0).tensors(0).regions(0).checksum() ==
         *sum);
 }
 
 TEST_CASE("store: a version deleted while a put runs aborts the put",
           "[tensor_store]") {
-  Store s({1 << 20});
+  Store s(Options(1 << 20, GENERATE(false, true)));
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   REQUIRE(s.FinishPut(Begin(s, 1, Region{{0, 4}, {0, 8}})).ok());
   auto put = Begin(s, 1, Region{{4, 8}, {0, 8}});
@@ -93,7 +110,7 @@ TEST_CASE("store: a version deleted while a put runs aborts the put",
 }
 
 TEST_CASE("store: a committed version cannot change", "[tensor_store]") {
-  Store s({1 << 20});
+  Store s(Options(1 << 20, GENERATE(false, true)));
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   REQUIRE(s.FinishPut(Begin(s, 1, Region{{0, 4}, {0, 8}})).ok());
   auto pending = Begin(s, 1, Region{{4, 8}, {0, 8}});
@@ -643,7 +660,7 @@ namespace {
 absl::Status PutAs(Store& s, int64_t version, const Region& r, int64_t epoch) {
   auto put = s.BeginPut("job", version, "w", r, std::nullopt, true, epoch);
   if (!put.ok()) return put.status();
-  std::memset((*put)->buffer->mutable_data(), 3, (*put)->bytes);
+  if (!s.hollow()) std::memset((*put)->buffer->mutable_data(), 3, (*put)->bytes);
   return s.FinishPut(std::move(*put)).status();
 }
 
@@ -651,7 +668,7 @@ TEST_CASE(
     "store: a staged version takes writes only from its own plan epoch, and a "
     "save's version only from saves",
     "[tensor_store]") {
-  Store s({1 << 20});
+  Store s(Options(1 << 20, GENERATE(false, true)));
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   const Region a{{0, 4}, {0, 8}}, b{{4, 8}, {0, 8}};
   REQUIRE(s.CreateStaged("job", 2, 5).ok());
@@ -691,7 +708,7 @@ TEST_CASE(
     "store: a checked commit proves every expected region and small object "
     "first, and commits nothing otherwise",
     "[tensor_store]") {
-  Store s({1 << 20});
+  Store s(Options(1 << 20, GENERATE(false, true)));
   REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
   const Region a{{0, 4}, {0, 8}}, b{{4, 8}, {0, 8}};
   REQUIRE(PutAs(s, 1, a, 0).ok());
@@ -717,12 +734,50 @@ TEST_CASE(
   auto checked = s.CommitChecked("job", 1, expect, /*check_only=*/true);
   REQUIRE(checked.ok());
   REQUIRE(checked->checksums.size() == 1);
-  std::vector<char> threes(128, 3);
-  CHECK(checked->checksums[0] == Checksum(threes.data(), threes.size()));
+  CHECK(checked->checksums[0] == FilledChecksum(s, a, 3));
   CHECK_FALSE(s.List("job").jobs(0).versions(0).committed());
   REQUIRE(s.CommitChecked("job", 1, expect, false).ok());
   CHECK(s.List("job").jobs(0).versions(0).committed());
   CHECK(PutAs(s, 1, b, 0).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE(
+    "store: a hollow store charges memory as if the bytes were there, holds "
+    "none, and proves re-partitioned regions by their fingerprints",
+    "[tensor_store]") {
+  Store s(Options(int64_t{160} << 30, /*hollow=*/true));
+  // 64 GiB of float32 per version, which no machine here could hold.
+  const Shape shape = {int64_t{1} << 17, int64_t{1} << 17};
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, shape}}).ok());
+  auto put_all = [&](int64_t version, std::vector<Region> regions) {
+    for (const Region& r : regions) {
+      auto put = s.BeginPut("job", version, "w", r);
+      REQUIRE(put.ok());
+      CHECK((*put)->buffer->hollow());
+      CHECK((*put)->buffer->fd() < 0);
+      CHECK((*put)->buffer->mutable_data() == nullptr);
+      REQUIRE(s.FinishPut(std::move(*put)).ok());
+    }
+  };
+  const int64_t half = int64_t{1} << 16, full = int64_t{1} << 17;
+  put_all(1, {Region{{0, half}, {0, full}}, Region{{half, full}, {0, full}}});
+  CHECK(s.data_bytes_used() == int64_t{64} << 30);
+  // Version 2 holds the tensor in columns: the same elements, the same
+  // fingerprint; a part of it differs.
+  const Region left{{0, full}, {0, half}}, right{{0, full}, {half, full}};
+  put_all(2, {left, right});
+  auto rows = s.Fingerprint("job", 1, "w", {});
+  auto columns = s.Fingerprint("job", 2, "w", {});
+  REQUIRE(rows.ok());
+  REQUIRE(columns.ok());
+  CHECK(rows->first == columns->first);
+  CHECK(rows->second == int64_t{1} << 34);
+  auto part = s.Fingerprint("job", 2, "w", {left});
+  REQUIRE(part.ok());
+  CHECK(part->first != rows->first);
+  // Beyond the limit, as with the bytes: 3 x 64 GiB of 160.
+  CHECK(s.BeginPut("job", 3, "w", Region::Full(shape)).status().code() ==
+        absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace
