@@ -20,7 +20,10 @@
 //       the first --saves steps of each layout (and a step a change asks
 //       for), each until it commits; when the job changes, follow it into
 //       the new layout, or leave if it has no rank there (with
-//       --wait-for-rank: wait until it has one). Saves
+//       --wait-for-rank: wait until it has one). A process looks at the
+//       job as ptc.elastic's do: rank 0 follows the coordinator's Watch
+//       stream, the others ask (ListJobs) at most every --poll-ms; with
+//       --watch every process follows the stream. Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -65,7 +68,7 @@ constexpr char kUsage[] =
                         [--gpus G] [--memory-limit BYTES] [--rack-size K] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
-                        [--wait-for-rank] --insecure
+                        [--wait-for-rank] [--watch] --insecure
 )";
 
 // Every line printed by a thread is whole.
@@ -189,6 +192,9 @@ class HollowRank {
     // With no rank on this GPU: wait for one (a host added to the job;
     // its launcher would start the process) instead of leaving.
     bool wait_for_rank = false;
+    // Every process follows the Watch stream (told, not polling), not
+    // rank 0 only.
+    bool watch = false;
     const std::atomic<bool>* stop = nullptr;
   };
   explicit HollowRank(Options o) : o_(std::move(o)) {}
@@ -216,7 +222,7 @@ class HollowRank {
   // The job as this process knows it: rank 0 follows the Watch stream,
   // the others ask at most every poll interval (as ptc.elastic does).
   absl::StatusOr<JobEvent> Event() {
-    if (client_->rank() == 0) {
+    if (client_->rank() == 0 || o_.watch) {
       JobEvent ev = client_->LatestEvent();
       if (ev.known) return ev;
     }
@@ -274,7 +280,7 @@ class HollowRank {
       } else {
         PTC_RETURN_IF_ERROR(client_->Rebind(rank));
       }
-      if (rank == 0) {
+      if (rank == 0 || o_.watch) {
         client_->Follow();
       } else {
         client_->Unfollow();
@@ -403,6 +409,7 @@ absl::Status RunRanks(const Args& args) {
       o.poll = absl::Milliseconds(poll_ms);
       o.saves = saves;
       o.wait_for_rank = args.Flag("wait-for-rank");
+      o.watch = args.Flag("watch");
       o.stop = &stop;
       ranks.push_back(std::make_unique<HollowRank>(std::move(o)));
     }
@@ -429,7 +436,7 @@ absl::Status Run(int argc, char** argv) {
                   {"coordinator", "count", "first", "dir", "gpus",
                    "memory-limit", "rack-size", "job", "hosts", "step-ms",
                    "poll-ms", "saves", "log-level"},
-                  {"insecure", "wait-for-rank"}));
+                  {"insecure", "wait-for-rank", "watch"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "

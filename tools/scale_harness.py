@@ -43,11 +43,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
+# common/limits.h: the threads a server runs calls on.
+KMAX_RPC_THREADS = 256
 
 
 def bin_dir():
@@ -71,7 +74,7 @@ class Coordinator:
         self.proc = subprocess.Popen(
             [str(bin_dir() / "coordinator/ptc-coordinator"), "--state-dir",
              str(work / "state"), "--listen", "127.0.0.1:0", "--port-file",
-             str(port_file), "--insecure", "--log-level", "warn",
+             str(port_file), "--insecure", "--log-level", "info",
              "--host-timeout", str(host_timeout),
              "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -82,6 +85,21 @@ class Coordinator:
                                  f"{work / 'coordinator.log'}")
             time.sleep(0.05)
         self.address = f"127.0.0.1:{port_file.read_text().strip()}"
+        # The most threads seen since the last sample (every 0.1 s).
+        self.peak_threads = 0
+        self._sampling = threading.Thread(target=self._sample_threads, daemon=True)
+        self._sampling.start()
+
+    def _sample_threads(self):
+        while self.proc.poll() is None:
+            try:
+                status = self.proc_file("status")
+            except OSError:
+                return
+            for line in status.splitlines():
+                if line.startswith("Threads:"):
+                    self.peak_threads = max(self.peak_threads, int(line.split()[1]))
+            time.sleep(0.1)
 
     def proc_file(self, name):
         return pathlib.Path(f"/proc/{self.proc.pid}/{name}").read_text()
@@ -99,8 +117,10 @@ class Coordinator:
                 m = re.match(r'ptc_rpc_calls_total\{method="([^"]+)"\} (\S+)', line)
                 if m:
                     calls[m.group(1)] = float(m.group(2))
+        peak, self.peak_threads = self.peak_threads, 0
         return {
             "time": time.time(),
+            "peak_threads": max(peak, int(status["Threads"])),
             "cpu": (int(fields[11]) + int(fields[12])) / TICK,
             "rss": int(status["VmRSS"].split()[0]) * 1024,
             "peak": int(status["VmHWM"].split()[0]) * 1024,
@@ -108,6 +128,16 @@ class Coordinator:
             "written": int(io["write_bytes"]),
             "calls": calls,
         }
+
+    def thread_names(self):
+        names = {}
+        for task in pathlib.Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+            except OSError:
+                continue
+            names[name] = names.get(name, 0) + 1
+        return dict(sorted(names.items(), key=lambda kv: -kv[1]))
 
     def stop(self):
         if self.proc.poll() is None:
@@ -143,13 +173,15 @@ class Group:
             time.sleep(0.1)
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
-    def start_ranks(self, job, saves, step_ms, wait_for_rank=False):
+    def start_ranks(self, job, saves, step_ms, watch, wait_for_rank=False):
         args = [str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
                 str(step_ms), "--insecure"]
         if wait_for_rank:
             args.append("--wait-for-rank")
+        if watch:
+            args.append("--watch")
         self.ranks = subprocess.Popen(args, stdout=open(self.ranks_out, "w"),
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -226,6 +258,7 @@ class Harness:
                  for m in after["calls"]}
         row = {"phase": name, "wall_s": wall, "cpu_s": after["cpu"] - before["cpu"],
                "rss": after["rss"], "peak": after["peak"], "threads": after["threads"],
+               "peak_threads": after["peak_threads"],
                "written": after["written"] - before["written"],
                "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
                **extra}
@@ -234,7 +267,8 @@ class Harness:
                          sorted(row["calls_per_s"].items(), key=lambda kv: -kv[1])[:5])
         print(f"  {wall:.2f} s, coordinator {row['cpu_s']:.2f} CPU-s "
               f"({100 * row['cpu_s'] / wall:.0f}% of a core), rss {row['rss'] / 2**20:.0f} MiB "
-              f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads, "
+              f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads "
+              f"(at most {row['peak_threads']}), "
               f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}", flush=True)
         for k, v in extra.items():
             print(f"  {k}: {v}", flush=True)
@@ -317,7 +351,7 @@ class Harness:
 
         def meet():
             for g in self.groups:
-                g.start_ranks(o.job, o.saves, o.step_ms)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.watch)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
                 self.wait_saved(o.saves, o.timeout)
@@ -326,8 +360,8 @@ class Harness:
         self.phase("meet", meet)
         self.check(self.status()["committed_version"] >= o.saves,
                    f"{o.saves} saves of {world} processes committed")
-        steady_threads = self.coordinator.sample()["threads"]
         self.phase("steady", lambda: time.sleep(o.steady))
+        steady_threads = self.phases[-1]["threads"]
 
         if o.kill:
             def failure():
@@ -353,12 +387,17 @@ class Harness:
                         break
                     time.sleep(0.1)
                 declared = time.time()  # the first of them
+                while self.status()["layout_epoch"] < 2:
+                    if time.time() > declared + o.timeout:
+                        raise SystemExit("the automatic change did not commit")
+                    time.sleep(0.1)
+                committed = time.time()
                 after = self.world(o.after_kill)
                 resumed = self.wait_resumed(2, after, o.timeout)
                 change = self.status()["reconfiguration"]
                 return {"first declared dead after kill": f"{declared - killed:.2f} s",
-                        "control plane (declared dead -> every process resumed)":
-                        f"{resumed - declared:.2f} s",
+                        "declared dead -> the change committed": f"{committed - declared:.2f} s",
+                        "declared dead -> every process resumed": f"{resumed - declared:.2f} s",
                         "change": f"{change['phase']}, {change['reason']}"}
 
             self.phase("failure", failure)
@@ -376,7 +415,7 @@ class Harness:
                 g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack)
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
-                g.start_ranks(o.job, o.saves, o.step_ms, wait_for_rank=True)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.watch, wait_for_rank=True)
                 started = time.time()
                 self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
                 self.pin(o.after_add)
@@ -389,11 +428,20 @@ class Harness:
             self.check(self.same_config(st["config"], o.after_add),
                        f"the job runs {st['config']} (asked: {o.after_add})")
 
-        time.sleep(2)  # the last calls of the change end
-        end = self.coordinator.sample()
-        self.check(end["threads"] <= steady_threads + 64,
-                   f"coordinator threads {end['threads']} after the changes, "
-                   f"{steady_threads} before (bound: +64)")
+        # The RPC threads a burst of calls started end when idle.
+        deadline = time.time() + 30
+        while True:
+            end = self.coordinator.sample()
+            if end["threads"] <= steady_threads + 16 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        self.check(end["threads"] <= steady_threads + 16,
+                   f"coordinator threads {end['threads']} once idle after the changes, "
+                   f"{steady_threads} before: {self.coordinator.thread_names()}")
+        most = max(p["peak_threads"] for p in self.phases)
+        self.check(most <= KMAX_RPC_THREADS + 64,
+                   f"coordinator threads at most {most} (bound: {KMAX_RPC_THREADS} RPC "
+                   f"threads and 64 more)")
 
     def close(self):
         for g in self.groups:
@@ -417,6 +465,9 @@ def main():
     p.add_argument("--job", default="scale")
     p.add_argument("--saves", type=int, default=2)
     p.add_argument("--step-ms", type=int, default=200)
+    p.add_argument("--watch", action="store_true",
+                   help="every process follows the Watch stream (default: as "
+                   "ptc.elastic, rank 0 follows it and the others poll)")
     p.add_argument("--steady", type=float, default=10)
     p.add_argument("--host-timeout", type=float, default=5)
     p.add_argument("--timeout", type=float, default=600)

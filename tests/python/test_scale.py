@@ -1,0 +1,59 @@
+"""The scale harness at a small size: the real coordinator, 64 hollow hosts
+(the real ptcd code over stores that keep no bytes) and 512 hollow
+processes following a live job (each told by its Watch stream) through
+saves, 4 hosts' deaths and the automatic change that follows, then 4 hosts
+joining; and 128 processes that look at their job as ptc.elastic's do
+(rank 0 follows the stream, the others poll). Correctness, not
+time: every surviving process resumes in the new layout epoch, the job's
+committed layout is the one asked for (its regions proven by their
+fingerprints, as in a real change), and the coordinator's threads stay
+bounded and come back down (tools/scale_harness.py checks them all)."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def run_harness(bin_dir, tmp_path, *args):
+    out = tmp_path / "phases.json"
+    env = dict(os.environ, PTC_BIN_DIR=str(bin_dir))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "scale_harness.py"), "--work", str(tmp_path),
+         "--json", str(out), "--steady", "2", "--timeout", "300", *args],
+        capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, tmp_path):
+    result, out = run_harness(
+        bin_dir, tmp_path, "--hosts", "64", "--kill", "4", "--add", "4",
+        "--config", "tp=2,pp=4,dp=64", "--after-kill", "tp=2,pp=4,dp=60",
+        "--after-add", "tp=2,pp=4,dp=64", "--group", "32", "--watch")
+    assert result["failures"] == []
+    phases = {p["phase"]: p for p in result["phases"]}
+    assert list(phases) == ["start", "meet", "steady", "failure", "scale-up"]
+    assert phases["meet"]["processes"] == 512
+    # The processes on the dead hosts never save: only the change that
+    # their deaths start moves the job.
+    assert "died (automatic)" in phases["failure"]["change"]
+    # Every process asked the coordinator through counted RPCs.
+    assert phases["meet"]["calls_per_s"].get("Coordinator.ReportSaved", 0) > 0
+    assert "every check passed" in out
+
+
+    # Told, not polling: in steady state only the hosts' heartbeats reach
+    # the coordinator.
+    assert set(phases["steady"]["calls_per_s"]) <= {"Coordinator.Heartbeat"}
+
+
+def test_processes_that_poll_as_elastic_does_follow_a_change(bin_dir, tmp_path):
+    result, _ = run_harness(
+        bin_dir, tmp_path, "--hosts", "16", "--kill", "2", "--config", "tp=2,pp=4,dp=16",
+        "--after-kill", "tp=2,pp=4,dp=14", "--saves", "1")
+    assert result["failures"] == []
+    steady = next(p for p in result["phases"] if p["phase"] == "steady")
+    # Each process but rank 0 asks at every step's boundary.
+    assert steady["calls_per_s"]["Coordinator.ListJobs"] > 100
