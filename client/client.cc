@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/channel.h"
 #include "absl/strings/str_join.h"
@@ -44,6 +45,29 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 
 namespace {
 
+// ListJobs, a read, asked again while the coordinator refuses it for busy
+// RPC threads (thousands of a job's processes asking at once after a
+// change), after a jittered pause that grows to a second, until
+// `deadline`. The channel's own retries (common/channel.h) give up after
+// five attempts.
+absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
+                               const proto::ListJobsRequest& req,
+                               proto::ListJobsResponse* resp,
+                               absl::Time deadline) {
+  absl::BitGen random;
+  absl::Duration pause = absl::Milliseconds(50);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, resp));
+    if (s.code() != absl::StatusCode::kResourceExhausted ||
+        absl::Now() + pause > deadline)
+      return s;
+    absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
+    pause = std::min(pause * 2, absl::Seconds(1));
+  }
+}
+
 // A coordinator stub for a host's launcher or agent (the job's token from
 // the environment).
 std::unique_ptr<proto::Coordinator::Stub> CoordinatorStub(
@@ -60,14 +84,13 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& host,
                                       absl::Duration timeout) {
   auto stub = CoordinatorStub(coordinator);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   proto::ListJobsRequest req;
   req.set_job(job);
   req.set_brief(true);
   req.set_host(host);
   proto::ListJobsResponse resp;
-  const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, &resp));
+  const absl::Status s =
+      ListJobsPatiently(stub.get(), req, &resp, absl::Now() + timeout);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat("job '", job,
                                             "' is unknown to the coordinator at ",
@@ -116,16 +139,14 @@ absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
 
 absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
                                                   bool brief) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   proto::ListJobsRequest req;
   req.set_job(options_.job);
   req.set_include_layout(include_layout);
   req.set_brief(brief);
   if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
-  const absl::Status s =
-      FromGrpcStatus(coordinator_->ListJobs(&ctx, req, &resp));
+  const absl::Status s = ListJobsPatiently(
+      coordinator_.get(), req, &resp, absl::Now() + options_.rpc_timeout);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(
         "job '", options_.job, "' is unknown to the coordinator at ",

@@ -49,6 +49,10 @@ import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")
+# The hollow hosts and processes run at a lower priority than the
+# coordinator: on a machine of its own it would not share its cores with
+# thousands of them.
+NICE = ["nice", "-n", "10"]
 # common/limits.h: the threads a server runs calls on.
 KMAX_RPC_THREADS = 256
 
@@ -157,7 +161,7 @@ class Group:
         self.hosts_file = work / f"hosts-{first}.txt"
         self.log = open(work / f"hosts-{first}.log", "w")
         self.hosts = subprocess.Popen(
-            [str(bin_dir() / "tools/ptc-hollow"), "hosts", "--coordinator",
+            [*NICE, str(bin_dir() / "tools/ptc-hollow"), "hosts", "--coordinator",
              coordinator, "--count", str(count), "--first", str(first),
              "--dir", str(work), "--gpus", str(gpus), "--rack-size", str(rack),
              "--insecure"],
@@ -174,7 +178,7 @@ class Group:
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
     def start_ranks(self, job, saves, step_ms, watch, wait_for_rank=False):
-        args = [str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
+        args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
                 str(step_ms), "--insecure"]
