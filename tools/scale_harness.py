@@ -333,7 +333,7 @@ class Harness:
         def start():
             deadline = time.time() + o.timeout
             first = 0
-            if o.kill:
+            if o.kill and not o.hosts_only:
                 self.groups.append(Group(self.work, self.coordinator.address, 0, o.kill,
                                          o.gpus, o.rack))
                 first = o.kill
@@ -346,6 +346,10 @@ class Harness:
             return {"hosts": len(self.names)}
 
         self.phase("start", start)
+        if o.hosts_only:
+            # The hosts' own cost: registrations, then heartbeats.
+            self.phase("steady", lambda: time.sleep(o.steady))
+            return
         self.ptcctl("register", "--job", o.job, "--model", o.model, "--config", o.config,
                     "--hosts", ",".join(self.names))
         # Pinned to the config it runs (no change now); each phase pins the
@@ -477,6 +481,8 @@ def main():
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None, help="write the phases here")
+    p.add_argument("--hosts-only", action="store_true",
+                   help="no job: the hosts start and heartbeat (--kill is ignored)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     o = p.parse_args()
     if o.add and not o.after_add:
