@@ -44,17 +44,19 @@ class Watchers::Stream
     grpc::Status status;
   };
 
-  // The job's events now (null: the job is gone).
-  Act Offer(const Events* now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+  // The job's events now and their serialized bytes (null: the job is
+  // gone).
+  Act Offer(const Events* now, const Serialized* bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
     if (now == nullptr) {
       return FinishLocked(
           grpc::Status(grpc::StatusCode::NOT_FOUND,
                        absl::StrCat("job '", job_, "' is unknown")));
     }
-    const proto::ReconfigureEvent& e = follow_ ? now->follow : now->change;
-    std::string bytes = e.SerializeAsString();
-    if (bytes == last_) return {};
-    pending_ = e;
+    const std::string& b = follow_ ? bytes->follow : bytes->change;
+    if (b == (has_pending_ ? pending_bytes_ : last_)) return {};
+    pending_ = follow_ ? now->follow : now->change;
+    pending_bytes_ = b;
     has_pending_ = true;
     return WriteLocked();
   }
@@ -101,7 +103,7 @@ class Watchers::Stream
     if (writing_ || finished_ || !has_pending_) return {};
     out_ = std::move(pending_);
     has_pending_ = false;
-    last_ = out_.SerializeAsString();
+    last_ = std::move(pending_bytes_);
     writing_ = true;
     Act act;
     act.write = true;
@@ -128,6 +130,7 @@ class Watchers::Stream
   const bool follow_;
   proto::ReconfigureEvent out_;      // being written
   proto::ReconfigureEvent pending_;  // to write next
+  std::string pending_bytes_;        // ... serialized
   bool has_pending_ = false;
   std::string last_;  // the last event written, serialized
   bool writing_ = false;
@@ -159,12 +162,15 @@ Watchers::~Watchers() {
 grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
     const proto::WatchRequest& req, const Events& now) {
   auto* stream = new Stream(this, req.job(), req.follow());
+  const Serialized bytes = Serialize(now);
   Stream::Act act;
   {
     absl::MutexLock lock(&mu_);
     stream->born = round_;
     streams_[req.job()].insert(stream);
-    act = stream->Offer(&now);
+    // The next round looks at every stream of the job.
+    unsettled_.insert(req.job());
+    act = stream->Offer(&now, &bytes);
   }
   stream->Run(act);
   return stream;
@@ -192,6 +198,9 @@ void Watchers::Publish() {
   }
   if (jobs.empty()) return;
   const std::map<std::string, Events> now = source_(jobs);
+  // Each job's events serialized once for all of its streams.
+  std::map<std::string, Serialized> bytes;
+  for (const auto& [job, events] : now) bytes[job] = Serialize(events);
   std::vector<std::pair<Stream*, Stream::Act>> acts;
   {
     absl::MutexLock lock(&mu_);
@@ -199,13 +208,27 @@ void Watchers::Publish() {
       auto it = now.find(job);
       const Events* events = it == now.end() ? nullptr : &it->second;
       if (events == nullptr && !jobs.count(job)) continue;  // watched since
+      const Serialized* b = events == nullptr ? nullptr : &bytes[job];
+      // Nothing changed since the last round and every stream has seen
+      // it: the job's streams are not looked at (the steady state of a
+      // job with thousands of followers).
+      auto last = published_.find(job);
+      if (b != nullptr && last != published_.end() && last->second == *b &&
+          !unsettled_.count(job))
+        continue;
+      bool skipped = false;
       for (Stream* s : streams) {
         // Added after this round read the events: it was written newer
         // ones (an older event would go back in time, or end it).
-        if (s->born == round) continue;
-        Stream::Act act = s->Offer(events);
+        if (s->born == round) {
+          skipped = true;
+          continue;
+        }
+        Stream::Act act = s->Offer(events, b);
         if (act.write || act.finish) acts.push_back({s, std::move(act)});
       }
+      if (b != nullptr) published_[job] = *b;
+      if (!skipped) unsettled_.erase(job);
     }
   }
   // A stream is not deleted before its Finish has run, and only this
@@ -218,7 +241,11 @@ void Watchers::Remove(Stream* stream) {
   auto it = streams_.find(stream->job());
   if (it == streams_.end()) return;
   it->second.erase(stream);
-  if (it->second.empty()) streams_.erase(it);
+  if (it->second.empty()) {
+    published_.erase(it->first);
+    unsettled_.erase(it->first);
+    streams_.erase(it);
+  }
 }
 
 }  // namespace ptc

@@ -64,6 +64,16 @@ class Watchers {
 
  private:
   class Stream;
+  // A job's events as bytes: what a stream compares with what it wrote.
+  struct Serialized {
+    std::string change, follow;
+    bool operator==(const Serialized& o) const {
+      return change == o.change && follow == o.follow;
+    }
+  };
+  static Serialized Serialize(const Events& e) {
+    return {e.change.SerializeAsString(), e.follow.SerializeAsString()};
+  }
   void Publish();
   // Called by a stream when it is done (gRPC will not touch it again).
   void Remove(Stream* stream);
@@ -74,6 +84,11 @@ class Watchers {
   // The publisher's rounds: a stream added during a round has been
   // written newer events than the round read, and is skipped by it.
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per watched job: the events its streams were last offered, and the
+  // jobs whose streams must all be looked at next round (a stream was
+  // added, or skipped by a round).
+  std::map<std::string, Serialized> published_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> unsettled_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread publisher_;
 };
