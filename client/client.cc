@@ -8,12 +8,12 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "common/channel.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/channel.h"
 #include "common/checksum.h"
-#include "common/job_token.h"
 #include "common/grpc_status.h"
+#include "common/job_token.h"
 #include "common/status_macros.h"
 #include "ptc/families.h"
 #include "ptc/fingerprint.h"
@@ -109,9 +109,9 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   out.world_size = j.ranks();
   out.layout_epoch = j.layout_epoch();
   for (int i = 0; i < j.host_ranks_size(); ++i) {
-    out.ranks.push_back(
-        {j.host_ranks(i),
-         i < j.host_rank_devices_size() ? j.host_rank_devices(i) : -1});
+    out.ranks.push_back({j.host_ranks(i), i < j.host_rank_devices_size()
+                                              ? j.host_rank_devices(i)
+                                              : -1});
   }
   return out;
 }
@@ -145,8 +145,8 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
   req.set_brief(brief);
   if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
-  const absl::Status s = ListJobsPatiently(
-      coordinator_.get(), req, &resp, absl::Now() + options_.rpc_timeout);
+  const absl::Status s = ListJobsPatiently(coordinator_.get(), req, &resp,
+                                           absl::Now() + options_.rpc_timeout);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(
         "job '", options_.job, "' is unknown to the coordinator at ",
@@ -700,7 +700,8 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
 }
 
 absl::StatusOr<Client::HotSwitch> Client::PlanHotSwitch(int64_t serial) {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob(/*include_layout=*/false, /*brief=*/false));
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job,
+                       FetchJob(/*include_layout=*/false, /*brief=*/false));
   if (!job.pending_hot() || job.pending_serial() != serial) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the hot switch ", serial, " of job '", options_.job,

@@ -65,9 +65,9 @@ struct Policy {
 Policy Resolve(const MethodDescriptor& m) {
   Policy p;
   p.method = &m;
-  p.calls = &GetCounter(absl::StrCat("ptc_rpc_calls_total{method=\"",
-                                     m.service()->name(), ".", m.name(),
-                                     "\"}"));
+  p.calls =
+      &GetCounter(absl::StrCat("ptc_rpc_calls_total{method=\"",
+                               m.service()->name(), ".", m.name(), "\"}"));
   const google::protobuf::MethodOptions& o = m.options();
   for (int i = 0; i < o.ExtensionSize(proto::callers); ++i)
     p.callers |= static_cast<unsigned>(o.GetExtension(proto::callers, i));

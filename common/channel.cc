@@ -249,9 +249,9 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
     // service, and sends calls only to a peer that says SERVING. A peer
     // without the service counts as serving. One that comes back is tried
     // within seconds (gRPC's default backoff grows to two minutes).
-    config = absl::StrCat(
-        R"("loadBalancingConfig": [{"round_robin": {}}],)",
-        R"( "healthCheckConfig": {"serviceName": ""}, )", config);
+    config =
+        absl::StrCat(R"("loadBalancingConfig": [{"round_robin": {}}],)",
+                     R"( "healthCheckConfig": {"serviceName": ""}, )", config);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   }
   args.SetServiceConfigJSON(absl::StrCat("{", config, "}"));

@@ -144,7 +144,8 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
                 now - host->last_heartbeat > late_after_;
       }
     }
-    const absl::Time since = waiting_since_.try_emplace(name, now).first->second;
+    const absl::Time since =
+        waiting_since_.try_emplace(name, now).first->second;
     if (late && now - since < max_wait_) return std::nullopt;
   }
   waiting_since_.erase(name);

@@ -44,9 +44,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     absl::MutexLock lock(&s->mu_);
     // Late as the planner counts it; for no longer than a host takes to
     // be declared dead, and a round of the monitor more.
-    s->auto_changes_.SetLateHosts(2 * s->options_.heartbeat_interval,
-                                  s->options_.host_timeout +
-                                      2 * s->options_.heartbeat_interval);
+    s->auto_changes_.SetLateHosts(
+        2 * s->options_.heartbeat_interval,
+        s->options_.host_timeout + 2 * s->options_.heartbeat_interval);
   }
   s->watchers_ = std::make_unique<Watchers>(
       [p = s.get()](const std::set<std::string>& jobs) {
@@ -834,7 +834,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
       j->Brief(req->include_layout(), s);
       if (req->host().empty()) continue;
       const auto& hosts = j->state.rank_hosts();
-      if (hosts.size() == j->ranks && j->state.rank_devices_size() == j->ranks) {
+      if (hosts.size() == j->ranks &&
+          j->state.rank_devices_size() == j->ranks) {
         for (int r = 0; r < hosts.size(); ++r) {
           if (hosts[r] != req->host()) continue;
           s->add_host_ranks(r);
@@ -845,7 +846,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
         for (size_t r = 0; r < rank_hosts.size(); ++r) {
           if (rank_hosts[r] != req->host()) continue;
           s->add_host_ranks(static_cast<int32_t>(r));
-          s->add_host_rank_devices(r < rank_devices.size() ? rank_devices[r] : -1);
+          s->add_host_rank_devices(r < rank_devices.size() ? rank_devices[r]
+                                                           : -1);
         }
       }
     }

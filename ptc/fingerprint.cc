@@ -271,8 +271,7 @@ uint64_t FingerprintRegionWith(FingerprintKernel kernel, const void* data,
   }
 }
 
-uint64_t HollowFingerprint(const Region& what,
-                           absl::Span<const int64_t> shape,
+uint64_t HollowFingerprint(const Region& what, absl::Span<const int64_t> shape,
                            int64_t element_size) {
   // sum over elements of kMul * (index + 1) + kAdd * element_size, mod
   // 2^64. The indexes of a box sum, dimension by dimension, to the sum of
@@ -282,7 +281,8 @@ uint64_t HollowFingerprint(const Region& what,
   constexpr uint64_t kAdd = 0xC2B2AE3D27D4EB4Full;
   const int rank = what.rank();
   uint64_t count = 1;
-  for (int d = 0; d < rank; ++d) count *= static_cast<uint64_t>(what.dim(d).size());
+  for (int d = 0; d < rank; ++d)
+    count *= static_cast<uint64_t>(what.dim(d).size());
   if (count == 0) return 0;
   uint64_t index_sum = 0;
   uint64_t stride = 1;
@@ -292,7 +292,8 @@ uint64_t HollowFingerprint(const Region& what,
     // lo + (lo+1) + ... + (lo+len-1) = len * (2 lo + len - 1) / 2, one
     // factor of which is even.
     const uint64_t twice = 2 * lo + len - 1;
-    const uint64_t coords = len % 2 == 0 ? (len / 2) * twice : len * (twice / 2);
+    const uint64_t coords =
+        len % 2 == 0 ? (len / 2) * twice : len * (twice / 2);
     uint64_t others = 1;
     for (int e = 0; e < rank; ++e)
       if (e != d) others *= static_cast<uint64_t>(what.dim(e).size());

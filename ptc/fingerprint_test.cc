@@ -149,7 +149,8 @@ TEST_CASE("hollow fingerprint: the closed form is the element-by-element sum",
   b.mutable_dim(1).begin = 3;
   CHECK(HollowFingerprint(a, shape, 2) + HollowFingerprint(b, shape, 2) ==
         HollowFingerprint(full, shape, 2));
-  CHECK(HollowFingerprint(a, shape, 2) * 2 != HollowFingerprint(full, shape, 2));
+  CHECK(HollowFingerprint(a, shape, 2) * 2 !=
+        HollowFingerprint(full, shape, 2));
   CHECK(HollowFingerprint(Region::Full({0, 4}), {0, 4}, 4) == 0);
 }
 

@@ -419,8 +419,7 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
   auto got = client->ReadWith(
       job, version, tensor, region, consume, 0,
-      TransferDeadline(peer_timeout_, region.volume() * element_size),
-      hollow_);
+      TransferDeadline(peer_timeout_, region.volume() * element_size), hollow_);
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(

@@ -171,9 +171,8 @@ absl::Status TransformerService::DoExecute(
   std::unique_ptr<PieceTransport> transport;
   switch (req.transport()) {
     case proto::TRANSPORT_GRPC:
-      transport =
-          std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout,
-                                           store_->hollow());
+      transport = std::make_unique<GrpcPieceTransport>(
+          peers, names, peer_timeout, store_->hollow());
       break;
     case proto::TRANSPORT_UCX:
       if (!ucx_) {
@@ -187,7 +186,7 @@ absl::Status TransformerService::DoExecute(
       transport = std::make_unique<AutoTransport>(
           ucx_ ? ucx_transport() : nullptr,
           std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout,
-                                           store_->hollow()));
+                                               store_->hollow()));
       break;
     default:
       return absl::InvalidArgumentError(

@@ -8,8 +8,8 @@
 #include "common/checksum.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
-#include "ptc/region_proto.h"
 #include "ptc/fingerprint.h"
+#include "ptc/region_proto.h"
 #include "tensor_store/tensor_store_service.h"
 
 namespace ptc {

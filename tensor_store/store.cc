@@ -286,10 +286,9 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
   // they been kept, a function of their indexes); there is nothing a
   // writer's checksum could be compared with.
   const uint64_t checksum =
-      put->buffer->hollow()
-          ? HollowFingerprint(put->region, put->decl.shape,
-                              ElementSize(put->decl.dtype))
-      : computed ? *computed
+      put->buffer->hollow() ? HollowFingerprint(put->region, put->decl.shape,
+                                                ElementSize(put->decl.dtype))
+      : computed            ? *computed
                  : Checksum(SealedBytes(*put->buffer), put->buffer->size());
   if (!put->buffer->hollow() && expected != 0 && expected != checksum) {
     return absl::DataLossError(absl::StrCat(

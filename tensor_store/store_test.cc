@@ -27,7 +27,8 @@ namespace {
 std::unique_ptr<PendingPut> Begin(Store& s, int64_t version, const Region& r) {
   auto put = s.BeginPut("job", version, "w", r);
   REQUIRE(put.ok());
-  if (!s.hollow()) std::memset((*put)->buffer->mutable_data(), 7, (*put)->bytes);
+  if (!s.hollow())
+    std::memset((*put)->buffer->mutable_data(), 7, (*put)->bytes);
   return std::move(*put);
 }
 
@@ -660,7 +661,8 @@ namespace {
 absl::Status PutAs(Store& s, int64_t version, const Region& r, int64_t epoch) {
   auto put = s.BeginPut("job", version, "w", r, std::nullopt, true, epoch);
   if (!put.ok()) return put.status();
-  if (!s.hollow()) std::memset((*put)->buffer->mutable_data(), 3, (*put)->bytes);
+  if (!s.hollow())
+    std::memset((*put)->buffer->mutable_data(), 3, (*put)->bytes);
   return s.FinishPut(std::move(*put)).status();
 }
 

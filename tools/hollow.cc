@@ -202,8 +202,7 @@ class HollowRank {
   void Run() {
     const absl::Status s = Loop();
     if (!s.ok() && !Stopping()) {
-      Say(absl::StrCat("error ", o_.host, " gpu ", o_.gpu, ": ",
-                       s.ToString()));
+      Say(absl::StrCat("error ", o_.host, " gpu ", o_.gpu, ": ", s.ToString()));
     }
   }
 
@@ -372,7 +371,8 @@ absl::Status RunRanks(const Args& args) {
   PTC_ASSIGN_OR_RETURN(const int gpus, IntArg(args, "gpus", 8, 1, 64));
   PTC_ASSIGN_OR_RETURN(const int step_ms,
                        IntArg(args, "step-ms", 200, 0, 3600 * 1000));
-  PTC_ASSIGN_OR_RETURN(const int poll_ms, IntArg(args, "poll-ms", 50, 1, 60000));
+  PTC_ASSIGN_OR_RETURN(const int poll_ms,
+                       IntArg(args, "poll-ms", 50, 1, 60000));
   PTC_ASSIGN_OR_RETURN(const int saves,
                        IntArg(args, "saves", 1 << 30, 0, 1 << 30));
   const sigset_t signals = BlockStopSignals();
@@ -393,7 +393,8 @@ absl::Status RunRanks(const Args& args) {
     }
   }
   if (hosts.empty())
-    return absl::InvalidArgumentError(absl::StrCat(hosts_file, " names no host"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(hosts_file, " names no host"));
   std::atomic<bool> stop{false};
   std::vector<std::unique_ptr<HollowRank>> ranks;
   std::vector<std::thread> threads;
@@ -431,12 +432,11 @@ absl::Status Run(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   PTC_ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argc, argv, 2,
-                  {"coordinator", "count", "first", "dir", "gpus",
-                   "memory-limit", "rack-size", "job", "hosts", "step-ms",
-                   "poll-ms", "saves", "log-level"},
-                  {"insecure", "wait-for-rank", "watch"}));
+      Args args, Args::Parse(argc, argv, 2,
+                             {"coordinator", "count", "first", "dir", "gpus",
+                              "memory-limit", "rack-size", "job", "hosts",
+                              "step-ms", "poll-ms", "saves", "log-level"},
+                             {"insecure", "wait-for-rank", "watch"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "
