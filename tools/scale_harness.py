@@ -27,10 +27,9 @@ surviving process resumed in the new epoch, the job's committed layout is
 the one asked for, the coordinator's threads returned to a fixed bound.
 
   PTC_BIN_DIR=$(bazel info bazel-bin) /usr/bin/python3 tools/scale_harness.py \\
-      --hosts 64 --kill 4 --config tp=2,pp=4,dp=64 --after-kill tp=2,pp=4,dp=60
-  (the benchmark: --hosts 2048 --kill 16 --add 272 --model llama3-405b
-   --config tp=8,pp=16,dp=128 --after-kill tp=8,pp=16,dp=120
-   --after-add tp=8,pp=16,dp=144)
+      --hosts 64 --kill 4 --config tp=2,pp=4,dp=64 --after-kill tp=2,pp=4,dp=60 --watch
+  (docs/scale.md explains the hollow parts and the phases; docs/benchmarks.md
+   has the figures and their commands)
 """
 import argparse
 import json
