@@ -85,6 +85,21 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
       wake_ = true;
       return std::nullopt;
     }
+    // A host the pending change would run on died: the change cannot
+    // start (its target is dead). It is dropped and planned afresh at the
+    // next look, without the host, not after a failed start and kAutoRetry.
+    std::vector<std::string> gone;
+    for (const std::string& h : s.pending().hosts())
+      if (!hosts.Alive(h)) gone.push_back(h);
+    if (!gone.empty() && policy.enabled()) {
+      Log("coordinator")
+          ->warn("job {}: {} of the pending change to {} died before it "
+                 "started; the change is planned again",
+                 name, Hosts(gone), s.pending().to());
+      job.ClearPending();
+      wake_ = true;
+      return std::nullopt;
+    }
     if (!saved && waited <= timeout && !lost_process) return std::nullopt;
     if (!saved) {
       Log("coordinator")

@@ -146,6 +146,16 @@ TEST_CASE("a pending change starts after its save, or without it") {
     REQUIRE(a.has_value());
     CHECK(a->pending);
   }
+  SECTION("a host it would run on dies: it is dropped and planned again") {
+    for (const char* h : {"a", "b", "c"}) s.mutable_pending()->add_hosts(h);
+    w.hosts.MarkDead("c");  // in the pool, not (yet) the job's
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    CHECK_FALSE(s.has_pending());
+    CHECK(w.auto_changes.woken());
+    auto a = w.Look(absl::Seconds(1));
+    REQUIRE(a.has_value());
+    CHECK_FALSE(a->pending);  // judged afresh on the live hosts
+  }
   SECTION("a hot switch that lost a process is dropped, then the job changes") {
     s.mutable_pending()->set_hot(true);
     s.set_hot_version(6);
