@@ -93,9 +93,10 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
       if (!hosts.Alive(h)) gone.push_back(h);
     if (!gone.empty() && policy.enabled()) {
       Log("coordinator")
-          ->warn("job {}: {} of the pending change to {} died before it "
-                 "started; the change is planned again",
-                 name, Hosts(gone), s.pending().to());
+          ->warn(
+              "job {}: {} of the pending change to {} died before it "
+              "started; the change is planned again",
+              name, Hosts(gone), s.pending().to());
       job.ClearPending();
       wake_ = true;
       return std::nullopt;
