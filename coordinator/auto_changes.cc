@@ -44,10 +44,9 @@ void AutoChanges::Forget(const std::string& job) {
   waiting_since_.erase(job);
 }
 
-std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
-                                                      JobTable::Job& job,
-                                                      const HostRegistry& hosts,
-                                                      absl::Time now) {
+std::optional<AutoChanges::Action> AutoChanges::Judge(
+    const std::string& name, JobTable::Job& job, const HostRegistry& hosts,
+    absl::Time now) {
   proto::CoordinatorState::Job& s = job.state;
   if (s.target_version() != 0 || job.committing_save || job.running)
     return std::nullopt;
@@ -75,10 +74,9 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(const std::string& name,
       // The hot switch cannot finish without every process: the change is
       // planned again from the committed version.
       Log("coordinator")
-          ->warn(
-              "job {}: a process or host died during the hot switch to "
-              "{}; the job changes from version {}",
-              name, s.pending().to(), s.committed_version());
+          ->warn("job {}: a process or host died during the hot switch to "
+                 "{}; the job changes from version {}",
+                 name, s.pending().to(), s.committed_version());
       process_exits_[name] = {s.layout_epoch(),
                               "a process died during a hot switch"};
       job.ClearPending();

@@ -825,41 +825,31 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
   };
   std::vector<Placed> placed;
   absl::ReleasableMutexLock lock(&mu_);
-  if (req->brief()) {
-    // O(1) in the job's size but for the ranks of one host: what each of
-    // a job's thousands of processes asks.
-    for (const auto& [name, j] : jobs_) {
-      if (!only.empty() && name != only) continue;
+  for (const auto& [name, j] : jobs_) {
+    if (!only.empty() && name != only) continue;
+    if (req->brief()) {
+      // O(1) in the job's size but for one host's ranks: what each of a
+      // job's thousands of processes asks.
       proto::JobStatus* s = resp->add_jobs();
       j->Brief(req->include_layout(), s);
       if (req->host().empty()) continue;
-      const auto& hosts = j->state.rank_hosts();
-      if (hosts.size() == j->ranks &&
-          j->state.rank_devices_size() == j->ranks) {
-        for (int r = 0; r < hosts.size(); ++r) {
+      auto add = [&](const auto& hosts, const auto& devices) {
+        for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
           if (hosts[r] != req->host()) continue;
           s->add_host_ranks(r);
-          s->add_host_rank_devices(j->state.rank_devices(r));
+          s->add_host_rank_devices(
+              r < static_cast<int>(devices.size()) ? devices[r] : -1);
         }
+      };
+      if (j->state.rank_hosts_size() == j->ranks &&
+          j->state.rank_devices_size() == j->ranks) {
+        add(j->state.rank_hosts(), j->state.rank_devices());  // no copy
       } else {
         const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
-        for (size_t r = 0; r < rank_hosts.size(); ++r) {
-          if (rank_hosts[r] != req->host()) continue;
-          s->add_host_ranks(static_cast<int32_t>(r));
-          s->add_host_rank_devices(r < rank_devices.size() ? rank_devices[r]
-                                                           : -1);
-        }
+        add(rank_hosts, rank_devices);
       }
+      continue;
     }
-    lock.Release();
-    if (!only.empty() && resp->jobs().empty()) {
-      return ToGrpcStatus(
-          absl::NotFoundError(absl::StrCat("job '", only, "' is unknown")));
-    }
-    return grpc::Status::OK;
-  }
-  for (const auto& [name, j] : jobs_) {
-    if (!only.empty() && name != only) continue;
     Placed& p = placed.emplace_back();
     p.spec = j->spec;
     p.config = j->state.config();

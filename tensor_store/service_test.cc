@@ -522,5 +522,45 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "tensor store: a hollow daemon's reads stand for bytes they do not carry, "
+    "and only a hollow reader takes them",
+    "[tensor_store][service]") {
+  TensorStoreServerOptions options;
+  options.hollow = true;
+  auto server = TensorStoreServer::Start(options);
+  REQUIRE(server.ok());
+  auto client =
+      StoreClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port()));
+  const Shape shape = {8, 8};
+  const Region top{{0, 4}, {0, 8}};
+  REQUIRE(client->Declare("job", {{"w", DType::kFloat32, shape}}).ok());
+  // A put's bytes are counted and dropped; the region's checksum is its
+  // hollow fingerprint.
+  std::vector<char> bytes(top.volume() * 4, 9);
+  auto sum = client->Put("job", 1, "w", top, bytes.data(), bytes.size());
+  REQUIRE(sum.ok());
+  CHECK(*sum == HollowFingerprint(top, shape, 4));
+  // A real reader refuses the read.
+  const absl::Status real =
+      client->Read("job", 1, "w", top, bytes.data(), bytes.size());
+  CHECK(real.code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(real.message(), "hollow ptcd"));
+  // A hollow reader is told how many bytes, with none.
+  int calls = 0;
+  auto got = client->ReadWith(
+      "job", 1, "w", top,
+      [&](int64_t offset, const char* data, int64_t n) {
+        ++calls;
+        CHECK(offset == 0);
+        CHECK(data == nullptr);
+        CHECK(n == top.volume() * 4);
+      },
+      0, absl::ZeroDuration(), /*hollow=*/true);
+  REQUIRE(got.ok());
+  CHECK(*got == top.volume() * 4);
+  CHECK(calls == 1);
+}
+
 }  // namespace
 }  // namespace ptc

@@ -238,16 +238,11 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
                      " but the put sends ", DTypeName(*dtype)));
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
-  // Take ready memory if there is some (saves repeat their sizes).
-  std::optional<SparePool::Spare> spare;
-  if (!hollow_) spare = spares_.Take(put->bytes, {job, version});
-  if (hollow_) {
-    PTC_ASSIGN_OR_RETURN(
-        MemoryBudget::Reservation r,
-        budget_.Reserve(put->bytes, absl::StrCat("a put of ", region.ToString(),
-                                                 " of ", where)));
-    put->buffer = RegionBuffer::CreateHollow(put->bytes, std::move(r));
-  } else if (spare) {
+  // Take ready memory if there is some (saves repeat their sizes; a
+  // hollow store has no spare pool).
+  std::optional<SparePool::Spare> spare =
+      spares_.Take(put->bytes, {job, version});
+  if (spare) {
     PTC_ASSIGN_OR_RETURN(
         put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
                                          std::move(spare->reservation), map));
@@ -262,10 +257,14 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
       r = budget_.Reserve(put->bytes, what);
     }
     if (!r.ok()) return r.status();
-    PTC_ASSIGN_OR_RETURN(
-        put->buffer, RegionBuffer::Create(
-                         put->bytes, std::move(*r),
-                         absl::StrCat(job, "/", version, "/", tensor), map));
+    if (hollow_) {
+      put->buffer = RegionBuffer::CreateHollow(put->bytes, std::move(*r));
+    } else {
+      PTC_ASSIGN_OR_RETURN(
+          put->buffer, RegionBuffer::Create(
+                           put->bytes, std::move(*r),
+                           absl::StrCat(job, "/", version, "/", tensor), map));
+    }
   }
   // Remember which incarnation of the version the put writes into, so that
   // a delete (and re-creation) while it runs is detected. A version is

@@ -139,7 +139,8 @@ absl::StatusOr<int64_t> StoreClient::ReadWith(
   bool hollow_read = false;
   while (reader->Read(&resp)) {
     if (resp.hollow_bytes() != 0) {
-      if (!hollow || resp.hollow_bytes() < 0 || !resp.data().empty()) {
+      if (!hollow || resp.hollow_bytes() < 0 || !resp.data().empty() ||
+          resp.hollow_bytes() > (int64_t{1} << 50) - received) {
         ctx.TryCancel();
         while (reader->Read(&resp)) {
         }

@@ -56,6 +56,7 @@
 #include "common/crash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "proto/enum_names.h"
 #include "ptcd/coordinator_agent.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
@@ -234,9 +235,7 @@ class HollowRank {
   }
 
   static bool Running(const JobEvent& ev) {
-    return ev.phase != proto::PHASE_NONE &&
-           ev.phase != proto::PHASE_COMMITTED &&
-           ev.phase != proto::PHASE_ABORTED;
+    return ev.phase != proto::PHASE_NONE && !PhaseEnded(ev.phase);
   }
 
   absl::Status Loop() {
