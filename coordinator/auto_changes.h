@@ -78,9 +78,13 @@ class AutoChanges {
   // loop compares with if it has not looked at the job since.
   void PolicyChanging(const std::string& job,
                       const proto::AutoPolicy& old_policy);
-  // An automatic change of the job failed to start at `now`.
+  // An automatic change of the job failed to start at `now`: after
+  // kAutoRetry the job is judged afresh (what the failed look saw must not
+  // count as handled: a policy change that found a save committing would
+  // otherwise never be acted on).
   void Failed(const std::string& job, absl::Time now) {
     retry_[job] = now + kAutoRetry;
+    seen_.erase(job);
   }
   // Hosts were added or drained: every job is judged afresh.
   void HostsChanged() {

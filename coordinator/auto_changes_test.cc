@@ -97,6 +97,14 @@ TEST_CASE("a job is changed when what it may use changes, once") {
     CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
     CHECK(w.Look(kAutoRetry + absl::Seconds(1)).has_value());
   }
+  SECTION("a policy change that failed to start is tried again") {
+    w.auto_changes.PolicyChanging("j", w.job->state.auto_policy());
+    w.job->state.mutable_auto_policy()->set_max_gpus(8);
+    REQUIRE(w.Look().has_value());
+    w.auto_changes.Failed("j", kT0);  // e.g. a save was committing
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    CHECK(w.Look(kAutoRetry + absl::Seconds(1)).has_value());
+  }
   SECTION("a change in flight or a save committing: left alone") {
     w.hosts.MarkDead("b");
     w.job->state.set_target_version(5);
