@@ -148,19 +148,21 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
       seen_p != seen_policy_.end() && seen_p->second != policy_bytes;
   if ((!dead.empty() || !draining.empty() || policy_changed ||
        seen_[name] != seen) &&
-      late_after_ > absl::ZeroDuration()) {
+      wait_for_late_) {
     // A change is due; it waits while a host of the pool is in doubt.
-    bool late = false;
+    absl::Duration max_wait = absl::ZeroDuration();  // zero: none is late
     for (const auto* names : {&s.pool(), &s.hosts()}) {
       for (const std::string& h : *names) {
         const HostRegistry::Host* host = hosts.Find(h);
-        late |= host != nullptr && host->status.alive() &&
-                now - host->last_heartbeat > late_after_;
+        if (host != nullptr && hosts.Late(*host, now)) {
+          max_wait = std::max(max_wait, hosts.TimeoutOf(*host) +
+                                            2 * hosts.IntervalOf(*host));
+        }
       }
     }
     const absl::Time since =
         waiting_since_.try_emplace(name, now).first->second;
-    if (late && now - since < max_wait_) return std::nullopt;
+    if (now - since < max_wait) return std::nullopt;
   }
   waiting_since_.erase(name);
   bool act = true;

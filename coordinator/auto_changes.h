@@ -64,13 +64,10 @@ class AutoChanges {
   // over several of the monitor's rounds: a change started at the first
   // would place ranks on the others, abort when they are declared, and
   // wait kAutoRetry. So a due change waits while a host of the job's pool
-  // is alive but silent for more than `late_after` (in doubt), until it is
-  // declared dead or heard from again, for at most `max_wait`. Zero (the
-  // default): no wait.
-  void SetLateHosts(absl::Duration late_after, absl::Duration max_wait) {
-    late_after_ = late_after;
-    max_wait_ = max_wait;
-  }
+  // is late (HostRegistry::Late: in doubt), until it is declared dead or
+  // heard from again, for at most its timeout and two of its intervals
+  // more. Off by default: no wait.
+  void WaitForLateHosts(bool wait) { wait_for_late_ = wait; }
 
   // A process of the job died under layout `epoch` (`why` says how).
   void ProcessExited(const std::string& job, int64_t epoch, std::string why);
@@ -110,8 +107,7 @@ class AutoChanges {
   std::map<std::string, absl::Time> retry_;
   // Per job: since when a change for a death waits for late hosts.
   std::map<std::string, absl::Time> waiting_since_;
-  absl::Duration late_after_ = absl::ZeroDuration();
-  absl::Duration max_wait_ = absl::ZeroDuration();
+  bool wait_for_late_ = false;
   bool wake_ = false;
 };
 

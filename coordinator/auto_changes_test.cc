@@ -184,7 +184,8 @@ TEST_CASE("a pending change starts after its save, or without it") {
 
 TEST_CASE("a change for a death waits while another host of the job is late") {
   World w;
-  w.auto_changes.SetLateHosts(absl::Seconds(2), absl::Seconds(7));
+  // Late after two 1 s intervals; the wait: a 5 s timeout and 2 s more.
+  w.auto_changes.WaitForLateHosts(true);
   REQUIRE(w.Look().has_value());  // the first look: host c can take it
   // a and b went silent at kT0 (one rack); c heartbeats. b is declared
   // dead first; a is still in doubt.

@@ -42,11 +42,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
   s->Recover();
   {
     absl::MutexLock lock(&s->mu_);
-    // Late as the planner counts it; for no longer than a host takes to
-    // be declared dead, and a round of the monitor more.
-    s->auto_changes_.SetLateHosts(
-        2 * s->options_.heartbeat_interval,
-        s->options_.host_timeout + 2 * s->options_.heartbeat_interval);
+    s->hosts_.SetCadence({s->options_.heartbeat_interval,
+                          s->options_.host_timeout,
+                          s->options_.max_heartbeats_per_second});
+    s->auto_changes_.WaitForLateHosts(true);
   }
   s->watchers_ = std::make_unique<Watchers>(
       [p = s.get()](const std::set<std::string>& jobs) {
@@ -103,7 +102,7 @@ absl::Status CoordinatorService::PersistLocked() {
   JobTable::Records jobs = jobs_.Writes(&writes);
   // Each host's registration in a record of its own (a cluster of
   // thousands of hosts rewrites only those that changed).
-  std::map<std::string, std::string> hosts = hosts_.Writes(&writes);
+  HostRegistry::Records hosts = hosts_.Writes(&writes);
   if (writes.empty()) return absl::OkStatus();
   // Many hosts' records at once (a rack declared dead, a coordinator's
   // first write after an older one's state file) go first, in
@@ -288,7 +287,7 @@ grpc::Status CoordinatorService::RegisterHost(
       ->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(),
              h.gpus(), r.was_dead ? ", back from the dead" : "");
   resp->set_heartbeat_interval_seconds(
-      absl::ToDoubleSeconds(options_.heartbeat_interval));
+      absl::ToDoubleSeconds(hosts_.Find(h.name())->told));
   return ToGrpcStatus(PersistLocked());
 }
 
@@ -306,6 +305,8 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   }
   resp->set_known(true);
+  resp->set_heartbeat_interval_seconds(
+      absl::ToDoubleSeconds(hosts_.Find(req->name())->told));
   // Rule 6: what nothing owns any more is reclaimed. A host that is still
   // to be proven keeps everything until it is.
   if (hosts_.NeedsProof(req->name())) return grpc::Status::OK;
@@ -336,9 +337,11 @@ void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
         std::find(s.target_hosts().begin(), s.target_hosts().end(), host) !=
         s.target_hosts().end();
     if (!involved || job->cancel) continue;
+    const HostRegistry::Host* h = hosts_.Find(host);
     job->cancel_reason = absl::StrCat(
         "host ", host, " went silent (no heartbeat for ",
-        absl::FormatDuration(options_.host_timeout),
+        absl::FormatDuration(h != nullptr ? hosts_.TimeoutOf(*h)
+                                          : options_.host_timeout),
         ") during the change; version ", s.committed_version(), " stays");
     job->cancel = true;
     Log("coordinator")
@@ -366,19 +369,22 @@ void CoordinatorService::MonitorLoop() {
     // Hosts whose heartbeats are overdue: asked directly before they are
     // declared dead, outside the lock.
     std::vector<std::pair<std::string, std::string>> overdue;
+    std::vector<absl::Duration> timeouts;  // each overdue host's
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                absl::Milliseconds(200)))
         return;
-      overdue = hosts_.Overdue(absl::Now(), started, options_.host_timeout / 2);
+      overdue = hosts_.Overdue(absl::Now(), started);
+      for (const auto& [name, address] : overdue)
+        timeouts.push_back(hosts_.TimeoutOf(*hosts_.Find(name)));
     }
     // Late heartbeats alone do not make a host dead: on a busy machine
     // (or a busy coordinator) they arrive late while the host is fine. A
     // host silent for half the timeout is asked directly, within the other
     // half; one silent for the whole timeout that also left that call
     // unanswered (or refused it) is dead, so that the verdict on a host
-    // behind a cut link comes after host_timeout, not twice that. At most
+    // behind a cut link comes after its timeout, not twice that. At most
     // 16 probes at once; a host that answers is not asked again before
     // another half timeout passes.
     // Each probe's client is made here, on this thread; the calls run in
@@ -389,7 +395,7 @@ void CoordinatorService::MonitorLoop() {
     std::vector<absl::StatusOr<absl::Duration>> probed(
         overdue.size(), absl::UnknownError("not probed"));
     ParallelFor(overdue.size(), 16, [&](size_t i) {
-      auto stats = clients[i]->Stats(options_.host_timeout / 2);
+      auto stats = clients[i]->Stats(timeouts[i] / 2);
       probed[i] = stats.ok() ? absl::StatusOr<absl::Duration>(
                                    absl::Seconds(stats->uptime_seconds()))
                              : stats.status();
@@ -404,7 +410,8 @@ void CoordinatorService::MonitorLoop() {
         const HostRegistry::Host* h = hosts_.Find(name);
         if (h == nullptr || !h->status.alive()) continue;
         const absl::Duration silent = now - std::max(h->last_heartbeat, started);
-        if (silent <= options_.host_timeout / 2) continue;  // a heartbeat came
+        const absl::Duration timeout = hosts_.TimeoutOf(*h);
+        if (silent <= timeout / 2) continue;  // a heartbeat came
         // A ptcd that started after this host registered is another
         // process under its name: the memory of the registered one is gone.
         if (probed[i].ok() && h->registered_at != absl::InfinitePast() &&
@@ -413,10 +420,10 @@ void CoordinatorService::MonitorLoop() {
               "a ptcd started ", absl::FormatDuration(*probed[i]),
               " ago answered, after this host registered"));
         }
-        if (!probed[i].ok() && silent <= options_.host_timeout) continue;
+        if (!probed[i].ok() && silent <= timeout) continue;
         if (probed[i].ok()) {
           Log("coordinator")
-              ->log(silent > options_.host_timeout ? spdlog::level::warn
+              ->log(silent > timeout ? spdlog::level::warn
                                                    : spdlog::level::info,
                     "host {}'s heartbeats are {} late, but it answered "
                     "directly: alive (a busy machine?)",
@@ -746,8 +753,7 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
          h.status.bandwidth() > 0 ? h.status.bandwidth() : 25e9,
          h.status.domain()});
     r.alive.push_back(h.status.alive());
-    r.late.push_back(h.status.alive() &&
-                     now - h.last_heartbeat > 2 * options_.heartbeat_interval);
+    r.late.push_back(hosts_.Late(h, now));
     r.memory.push_back(h.status.memory_bytes() > 0 ? h.status.memory_bytes()
                                                    : -1);
   }

@@ -23,6 +23,8 @@ HostRegistry::Registered HostRegistry::Register(const proto::HostStatus& h,
   host.status.set_alive(true);
   host.last_heartbeat = now;
   host.registered_at = now;
+  host.told = Interval();
+  dirty_.insert(h.name());
   return r;
 }
 
@@ -33,7 +35,29 @@ bool HostRegistry::Heartbeat(const std::string& name, uint64_t incarnation,
       (incarnation != 0 && incarnation != it->second.status.incarnation()))
     return false;
   it->second.last_heartbeat = now;
+  it->second.told = Interval();
   return true;
+}
+
+absl::Duration HostRegistry::Interval() const {
+  // Registered hosts, dead ones too (they are few, and expire): counting
+  // the live ones would cost a pass over the registry per heartbeat.
+  const absl::Duration stretched =
+      absl::Seconds(2.0 * static_cast<double>(hosts_.size()) /
+                    std::max(cadence_.max_rate, 1.0));
+  return std::max(cadence_.interval, stretched);
+}
+
+absl::Duration HostRegistry::IntervalOf(const Host& h) const {
+  return std::max(h.told, Interval());
+}
+
+absl::Duration HostRegistry::TimeoutOf(const Host& h) const {
+  return cadence_.timeout * (IntervalOf(h) / cadence_.interval);
+}
+
+bool HostRegistry::Late(const Host& h, absl::Time now) const {
+  return h.status.alive() && now - h.last_heartbeat > 2 * IntervalOf(h);
 }
 
 const HostRegistry::Host* HostRegistry::Find(const std::string& name) const {
@@ -73,15 +97,19 @@ absl::Status HostRegistry::SetDraining(const std::vector<std::string>& names,
           "' is not registered; register it (start its ptcd) first"));
     }
   }
-  for (const std::string& n : names) hosts_[n].status.set_draining(drain);
+  for (const std::string& n : names) {
+    hosts_[n].status.set_draining(drain);
+    dirty_.insert(n);
+  }
   return absl::OkStatus();
 }
 
 std::vector<std::pair<std::string, std::string>> HostRegistry::Overdue(
-    absl::Time now, absl::Time started, absl::Duration after) const {
+    absl::Time now, absl::Time started) const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [name, h] : hosts_) {
-    if (h.status.alive() && now - std::max(h.last_heartbeat, started) > after)
+    if (h.status.alive() &&
+        now - std::max(h.last_heartbeat, started) > TimeoutOf(h) / 2)
       out.push_back({name, h.status.address()});
   }
   return out;
@@ -97,6 +125,7 @@ void HostRegistry::MarkDead(const std::string& name) {
   if (it == hosts_.end()) return;
   it->second.status.set_alive(false);
   to_prove_.erase(name);
+  dirty_.insert(name);
 }
 
 std::vector<std::string> HostRegistry::Expire(
@@ -111,6 +140,7 @@ std::vector<std::string> HostRegistry::Expire(
     }
     gone.push_back(name);
     to_prove_.erase(name);
+    dirty_.insert(name);
     it = hosts_.erase(it);
   }
   return gone;
@@ -126,8 +156,10 @@ absl::Status HostRegistry::Load(
     const std::map<std::string, std::string>& records,
     const proto::CoordinatorState& legacy, absl::Time now,
     const std::string& where) {
-  for (const proto::HostStatus& h : legacy.hosts())
+  for (const proto::HostStatus& h : legacy.hosts()) {
     hosts_[h.name()] = Host{h, now};
+    dirty_.insert(h.name());  // into a record of its own
+  }
   for (const auto& [key, bytes] : records) {
     if (!absl::StartsWith(key, "hosts/")) continue;
     proto::HostStatus h;
@@ -141,20 +173,35 @@ absl::Status HostRegistry::Load(
   return absl::OkStatus();
 }
 
-std::map<std::string, std::string> HostRegistry::Writes(
+HostRegistry::Records HostRegistry::Writes(
     ControlStore::Writes* writes) const {
-  for (const auto& [name, bytes] : persisted_) {
-    if (!hosts_.count(name)) (*writes)[HostRecord(name)] = std::nullopt;
-  }
-  std::map<std::string, std::string> records;
-  for (const auto& [name, h] : hosts_) {
-    std::string bytes = h.status.SerializeAsString();
-    auto it = persisted_.find(name);
-    if (it == persisted_.end() || it->second != bytes)
+  Records changed;
+  for (const std::string& name : dirty_) {
+    const auto host = hosts_.find(name);
+    const auto stored = persisted_.find(name);
+    if (host == hosts_.end()) {
+      if (stored != persisted_.end())
+        (*writes)[HostRecord(name)] = std::nullopt;
+      changed[name] = std::nullopt;
+      continue;
+    }
+    std::string bytes = host->second.status.SerializeAsString();
+    if (stored == persisted_.end() || stored->second != bytes)
       (*writes)[HostRecord(name)] = bytes;
-    records[name] = std::move(bytes);
+    changed[name] = std::move(bytes);
   }
-  return records;
+  return changed;
+}
+
+void HostRegistry::Persisted(Records records) {
+  for (auto& [name, bytes] : records) {
+    if (bytes.has_value()) {
+      persisted_[name] = std::move(*bytes);
+    } else {
+      persisted_.erase(name);
+    }
+    dirty_.erase(name);
+  }
 }
 
 }  // namespace ptc

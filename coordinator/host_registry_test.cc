@@ -63,24 +63,50 @@ TEST_CASE("draining is the scheduler's word, not the host's") {
   CHECK_FALSE(hosts.Usable("a"));
 }
 
+TEST_CASE("the heartbeat interval and timeout stretch as the cluster grows") {
+  HostRegistry hosts;
+  // 4 heartbeats a second, two per host per interval: the operator's 1 s
+  // holds for two hosts.
+  hosts.SetCadence({absl::Seconds(1), absl::Seconds(5), 4});
+  hosts.Register(Status("a", 1), kT0);
+  hosts.Register(Status("b", 1), kT0);
+  CHECK(hosts.Interval() == absl::Seconds(1));
+  CHECK(hosts.TimeoutOf(*hosts.Find("a")) == absl::Seconds(5));
+  // Eight hosts: every 4 s, dead after 20 s.
+  for (const char* h : {"c", "d", "e", "f", "g", "h"})
+    hosts.Register(Status(h, 1), kT0);
+  CHECK(hosts.Interval() == absl::Seconds(4));
+  CHECK(hosts.Find("h")->told == absl::Seconds(4));
+  // a was told 1 s; it is judged by the interval it will be told next.
+  CHECK(hosts.IntervalOf(*hosts.Find("a")) == absl::Seconds(4));
+  CHECK(hosts.TimeoutOf(*hosts.Find("a")) == absl::Seconds(20));
+  CHECK_FALSE(hosts.Late(*hosts.Find("a"), kT0 + absl::Seconds(8)));
+  CHECK(hosts.Late(*hosts.Find("a"), kT0 + absl::Seconds(8.5)));
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(10), kT0).empty());
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(10.5), kT0).size() == 8);
+  // The cluster shrinks: h, told 4 s, is judged by that until it hears.
+  hosts.SetCadence({absl::Seconds(1), absl::Seconds(5), 16});
+  CHECK(hosts.Interval() == absl::Seconds(1));
+  CHECK(hosts.TimeoutOf(*hosts.Find("h")) == absl::Seconds(20));
+  REQUIRE(hosts.Heartbeat("h", 1, kT0 + absl::Seconds(3)));
+  CHECK(hosts.TimeoutOf(*hosts.Find("h")) == absl::Seconds(5));
+}
+
 TEST_CASE("overdue hosts, and expiry of dead ones no job uses") {
   HostRegistry hosts;
   hosts.Register(Status("a", 1), kT0);
   hosts.Register(Status("b", 1), kT0);
   hosts.Register(Status("c", 1), kT0);
   REQUIRE(hosts.Heartbeat("b", 1, kT0 + absl::Seconds(4)));
-  auto overdue = hosts.Overdue(kT0 + absl::Seconds(5), kT0, absl::Seconds(2));
+  // Half the timeout (5 s by default): 2.5 s.
+  auto overdue = hosts.Overdue(kT0 + absl::Seconds(5), kT0);
   REQUIRE(overdue.size() == 2);
   CHECK(overdue[0] == std::pair<std::string, std::string>{"a", "a:7000"});
   CHECK(overdue[1].first == "c");
   // Watching started later: nobody is late yet.
-  CHECK(hosts
-            .Overdue(kT0 + absl::Seconds(5), kT0 + absl::Seconds(4),
-                     absl::Seconds(2))
-            .empty());
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0 + absl::Seconds(4)).empty());
   hosts.HeardFrom("a", kT0 + absl::Seconds(5));
-  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0, absl::Seconds(2)).size() ==
-        1);
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(5), kT0).size() == 1);
 
   hosts.MarkDead("a");
   hosts.MarkDead("c");
@@ -112,6 +138,7 @@ TEST_CASE("a write holds only the host records that changed") {
   REQUIRE(hosts.SetDraining({"a"}, true).ok());
   writes.clear();
   records = hosts.Writes(&writes);
+  CHECK(records.size() == 2);  // only the hosts touched are looked at
   REQUIRE(writes.size() == 2);
   CHECK(writes.at(HostRecord("b")) == std::nullopt);  // forgotten
   REQUIRE(writes.at(HostRecord("a")).has_value());

@@ -460,8 +460,13 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
   // A source silent past the host timeout is dead to the coordinator;
   // its targets wait a little longer (its death cancels the change or
   // moves them to other holders), up to an hour.
-  r.peer_timeout = std::min(
-      std::max(2 * options_.host_timeout, absl::Seconds(1)), absl::Hours(1));
+  absl::Duration host_timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    host_timeout = hosts_.Timeout();
+  }
+  r.peer_timeout = std::min(std::max(2 * host_timeout, absl::Seconds(1)),
+                            absl::Hours(1));
   if (req.strategy() == proto::PLAN_STRATEGY_PTC) {
     // A source found unreachable at the start is planned around (the
     // driver marks it late; the Tenplex-style baseline ignores that); the
@@ -489,8 +494,7 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
     absl::MutexLock lock(&mu_);
     const HostRegistry::Host* h = hosts_.Find(names[host]);
     return h != nullptr &&
-           absl::Now() - h->last_heartbeat <=
-               options_.heartbeat_interval * 3 / 2;
+           absl::Now() - h->last_heartbeat <= hosts_.IntervalOf(*h) * 3 / 2;
   };
   if (flight->snapshot) {
     r.snapshot = &flight->snapshot->manifest;

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "common/channel.h"
 #include "common/logging.h"
@@ -26,6 +28,17 @@ bool CoordinatorAgent::registered() const {
   return registered_;
 }
 
+namespace {
+
+// The interval the coordinator asked for, within sane bounds (a garbled
+// or hostile answer must not stop the heartbeats, or flood it).
+absl::Duration ToldInterval(double seconds) {
+  return std::clamp(absl::Seconds(seconds), absl::Milliseconds(50),
+                    absl::Minutes(5));
+}
+
+}  // namespace
+
 void CoordinatorAgent::Loop() {
   // Reconnect within a second of the coordinator coming back: with gRPC's
   // default backoff (up to two minutes) a restarted coordinator heard
@@ -49,9 +62,8 @@ void CoordinatorAgent::Loop() {
       const grpc::Status s = stub->RegisterHost(&ctx, req, &resp);
       if (s.ok()) {
         registered = true;
-        if (resp.heartbeat_interval_seconds() > 0) {
-          interval = absl::Seconds(resp.heartbeat_interval_seconds());
-        }
+        if (resp.heartbeat_interval_seconds() > 0)
+          interval = ToldInterval(resp.heartbeat_interval_seconds());
         Log("transformer")
             ->info("registered with the coordinator at {} as {}", coordinator_,
                    host_.name());
@@ -76,6 +88,8 @@ void CoordinatorAgent::Loop() {
       }
       proto::HeartbeatResponse resp;
       const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && resp.heartbeat_interval_seconds() > 0)
+        interval = ToldInterval(resp.heartbeat_interval_seconds());
       if (s.ok() && !resp.known()) {
         Log("transformer")
             ->warn(

@@ -172,6 +172,41 @@ TEST_CASE("coordinator: hostile host registrations are refused",
   }
 }
 
+TEST_CASE("coordinator: the heartbeat interval stretches as hosts join",
+          "[coordinator]") {
+  testing::TempDir dir;
+  CoordinatorServerOptions options;
+  options.service.state_dir = dir.path();
+  options.service.host_timeout = absl::Hours(1);
+  options.service.heartbeat_interval = absl::Seconds(1);
+  options.service.max_heartbeats_per_second = 4;  // two hosts at 1 s
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*coordinator)->port()),
+                          grpc::InsecureChannelCredentials()));
+  auto heartbeat = [&](const std::string& host) {
+    grpc::ClientContext ctx;
+    proto::HeartbeatRequest req;
+    req.set_name(host);
+    proto::HeartbeatResponse resp;
+    REQUIRE(stub->Heartbeat(&ctx, req, &resp).ok());
+    REQUIRE(resp.known());
+    return resp.heartbeat_interval_seconds();
+  };
+  grpc::ClientContext ctx;
+  proto::RegisterHostRequest req;
+  *req.mutable_host() = GoodHost();
+  proto::RegisterHostResponse resp;
+  REQUIRE(stub->RegisterHost(&ctx, req, &resp).ok());
+  CHECK(resp.heartbeat_interval_seconds() == 1);
+  CHECK(heartbeat("host0") == 1);
+  for (const char* name : {"host1", "host2", "host3"}) Enroll(*stub, name);
+  // Four hosts, two heartbeats each per interval, at most four a second.
+  CHECK(heartbeat("host0") == 2);
+  CHECK(heartbeat("host3") == 2);
+}
+
 TEST_CASE("coordinator: dead hosts no job names expire; others stay",
           "[coordinator][hostile]") {
   testing::TempDir dir;

@@ -70,16 +70,17 @@ def free_port():
 class Coordinator:
     """The coordinator process and what /proc and its metrics say."""
 
-    def __init__(self, work, host_timeout):
+    def __init__(self, work, host_timeout, rate, binary):
         self.metrics_port = free_port()
         port_file = work / "coordinator.port"
         self.log = open(work / "coordinator.log", "w")
         self.proc = subprocess.Popen(
-            [str(bin_dir() / "coordinator/ptc-coordinator"), "--state-dir",
+            [binary or str(bin_dir() / "coordinator/ptc-coordinator"), "--state-dir",
              str(work / "state"), "--listen", "127.0.0.1:0", "--port-file",
              str(port_file), "--insecure", "--log-level", "info",
              "--host-timeout", str(host_timeout),
-             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+            + (["--heartbeats-per-second", str(rate)] if rate else []),
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.time() + 60
         while not port_file.exists():
@@ -324,7 +325,8 @@ class Harness:
     def run(self):
         o = self.o
         print(f"work directory {self.work}", flush=True)
-        self.coordinator = Coordinator(self.work, o.host_timeout)
+        self.coordinator = Coordinator(self.work, o.host_timeout,
+                                       o.heartbeats_per_second, o.coordinator)
         base = self.coordinator.sample()
         print(f"coordinator at {self.coordinator.address}: {base['threads']} threads",
               flush=True)
@@ -477,6 +479,10 @@ def main():
                    "ptc.elastic, rank 0 follows it and the others poll)")
     p.add_argument("--steady", type=float, default=10)
     p.add_argument("--host-timeout", type=float, default=5)
+    p.add_argument("--heartbeats-per-second", type=float, default=None,
+                   help="the coordinator's --heartbeats-per-second (default: its own)")
+    p.add_argument("--coordinator", default=None,
+                   help="this coordinator binary (to compare two builds)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None, help="write the phases here")
