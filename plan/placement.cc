@@ -1,9 +1,12 @@
 #include "plan/placement.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -106,6 +109,33 @@ std::vector<bool> SurvivingGroups(const Layout& layout,
   }
   return out;
 }
+
+// How recoverable a placement is: of the hosts it uses, how many can be
+// lost with a copy of everything left on the others. More of them, as a
+// share of the hosts used, is better: all of them survives any one host's
+// loss; a layout without replicas survives none wherever it is placed (so
+// movement decides), and packing it onto fewer hosts is no better.
+struct Recoverability {
+  int survivable = 0;
+  int used = 1;
+  static Recoverability Of(const Layout& layout,
+                           const std::vector<Regions>& hosts) {
+    const std::vector<bool> ok = SurvivingGroups(layout, hosts);
+    Recoverability r;
+    r.used = std::max<int>(1, static_cast<int>(hosts.size()));
+    r.survivable =
+        hosts.size() > 1
+            ? static_cast<int>(std::count(ok.begin(), ok.end(), true))
+            : 0;
+    return r;
+  }
+  bool Beats(const Recoverability& o) const {
+    return int64_t{survivable} * o.used > int64_t{o.survivable} * used;
+  }
+  bool operator==(const Recoverability& o) const {
+    return int64_t{survivable} * o.used == int64_t{o.survivable} * used;
+  }
+};
 
 // `items` reordered to take turns by domain: the first of each domain (in
 // the order domains first appear), then the second of each, ...; the order
@@ -261,6 +291,277 @@ std::vector<Regions> HostHoldings(const PlacementRequest& req) {
 }
 
 double Bandwidth(const Host& h) { return h.bandwidth > 0 ? h.bandwidth : 25e9; }
+
+// A small placement problem (each unit's needs; per candidate host its
+// room, holdings, link and memory), searched by local moves.
+//
+// Rank-order blocks never put a job's first and last stages on one host,
+// nor leave the smallest stages for the host that holds nothing; the best
+// placement of a small job sometimes does. From a grouping's placement,
+// scored like the groupings (recoverability when surviving, then time and
+// bytes),
+// Descend moves a unit to a host with room, or exchanges two units of
+// different hosts, while that scores strictly better by one order: first
+// by the largest receive time, then (second descent) by the bytes across
+// hosts among placements within the time limit; a host's units that need
+// the same (a stage's replicas) also move as one. Each order is strict, so
+// no move sequence cycles. Only the two hosts a move touches are
+// recomputed.
+class SmallSearch {
+ public:
+  struct Room {
+    int slots;
+    const Regions* holds;
+    double bandwidth;
+    int64_t memory;  // < 0: unlimited
+    int64_t old_bytes;
+  };
+  struct Score {
+    bool fits = false;
+    Recoverability recoverable;  // when surviving
+    double seconds = 0;          // the largest receive time
+    int64_t bytes = 0;           // across hosts
+    // Each host's receive time, longest first (guides moves off a
+    // plateau where the longest stays).
+    std::vector<double> spread;
+  };
+  enum class Order { kTime, kBytes };
+
+  SmallSearch(const ModelSpec& spec, const Layout& target, bool survive,
+              std::vector<Regions> unit_needs, std::vector<Room> hosts)
+      : spec_(spec),
+        target_(target),
+        survive_(survive),
+        unit_needs_(std::move(unit_needs)),
+        hosts_(std::move(hosts)) {}
+
+  Score Evaluate(const std::vector<int>& host_of) {
+    Load(host_of);
+    return ScoreOf();
+  }
+
+  // Moves from `host_of` while one improves by `order` (kBytes: within
+  // `limit` seconds); the result and its score.
+  std::vector<int> Descend(std::vector<int> host_of, Order order, double limit,
+                           Score* score) {
+    Load(host_of);
+    Score current = ScoreOf();
+    const int units = static_cast<int>(host_of.size());
+    const int nh = static_cast<int>(hosts_.size());
+    auto attempt = [&](int a, std::vector<int> on_a, int b,
+                       std::vector<int> on_b) {
+      HostState old_a = state_[a], old_b = state_[b];
+      state_[a] = Compute(a, std::move(on_a));
+      state_[b] = Compute(b, std::move(on_b));
+      Score s = ScoreOf();
+      if (Beats(s, current, order, limit)) {
+        current = std::move(s);
+        return true;
+      }
+      state_[a] = std::move(old_a);
+      state_[b] = std::move(old_b);
+      return false;
+    };
+    auto without = [](std::vector<int> v, int u) {
+      v.erase(std::find(v.begin(), v.end(), u));
+      return v;
+    };
+    auto with = [](std::vector<int> v, int u) {
+      v.insert(std::lower_bound(v.begin(), v.end(), u), u);
+      return v;
+    };
+    for (int round = 0; round < 4 * units; ++round) {
+      bool moved = false;
+      // Stacks first: the units of a host that need the same (a stage's
+      // dp replicas) move, or trade places with another host's stack, as
+      // one; alone each would leave its stage's bytes needed twice.
+      for (int u = 0; u < units && !moved; ++u) {
+        const int a = host_of[u];
+        const std::vector<int> stack = StackOf(a, u);
+        if (stack.size() < 2 || stack[0] != u) continue;
+        for (int b = 0; b < nh && !moved; ++b) {
+          if (b == a) continue;
+          std::vector<int> on_a = state_[a].units, on_b = state_[b].units;
+          for (int s : stack) {
+            on_a = without(std::move(on_a), s);
+            on_b = with(std::move(on_b), s);
+          }
+          if (static_cast<int>(on_b.size()) <= hosts_[b].slots &&
+              attempt(a, on_a, b, on_b)) {
+            for (int s : stack) host_of[s] = b;
+            moved = true;
+            break;
+          }
+          // A copy: attempt replaces the host's state.
+          const std::vector<int> on_b_now = state_[b].units;
+          for (int v : on_b_now) {
+            const std::vector<int> other = StackOf(b, v);
+            if (other[0] != v || unit_needs_[v].keys == unit_needs_[u].keys)
+              continue;
+            std::vector<int> to_a = on_a, to_b = on_b;
+            for (int s : other) {
+              to_b = without(std::move(to_b), s);
+              to_a = with(std::move(to_a), s);
+            }
+            if (static_cast<int>(to_a.size()) <= hosts_[a].slots &&
+                static_cast<int>(to_b.size()) <= hosts_[b].slots &&
+                attempt(a, to_a, b, to_b)) {
+              for (int s : stack) host_of[s] = b;
+              for (int s : other) host_of[s] = a;
+              moved = true;
+              break;
+            }
+          }
+        }
+      }
+      for (int u = 0; u < units && !moved; ++u) {
+        const int a = host_of[u];
+        for (int b = 0; b < nh && !moved; ++b) {
+          if (b == a ||
+              static_cast<int>(state_[b].units.size()) >= hosts_[b].slots)
+            continue;
+          if (attempt(a, without(state_[a].units, u), b,
+                      with(state_[b].units, u))) {
+            host_of[u] = b;
+            moved = true;
+          }
+        }
+        for (int v = u + 1; v < units && !moved; ++v) {
+          const int b = host_of[v];
+          if (b == a || unit_needs_[u].keys == unit_needs_[v].keys) continue;
+          if (attempt(a, with(without(state_[a].units, u), v), b,
+                      with(without(state_[b].units, v), u))) {
+            std::swap(host_of[u], host_of[v]);
+            moved = true;
+          }
+        }
+      }
+      if (!moved) break;
+    }
+    *score = std::move(current);
+    return host_of;
+  }
+
+  // Every assignment of the units to hosts with room, when there are at
+  // most `most` of them (hosts^units): each with its score, appended to
+  // `out`. False (nothing appended) when there are more.
+  template <typename Out>
+  bool Every(int units, int64_t most, Out out) {
+    int64_t count = 1;
+    for (int u = 0; u < units; ++u) {
+      count *= static_cast<int64_t>(hosts_.size());
+      if (count > most) return false;
+    }
+    std::vector<int> host_of(units, 0), used(hosts_.size(), 0);
+    std::function<void(int)> next = [&](int u) {
+      if (u == units) {
+        out(host_of, Evaluate(host_of));
+        return;
+      }
+      for (size_t h = 0; h < hosts_.size(); ++h) {
+        if (used[h] == hosts_[h].slots) continue;
+        ++used[h];
+        host_of[u] = static_cast<int>(h);
+        next(u + 1);
+        --used[h];
+      }
+    };
+    next(0);
+    return true;
+  }
+
+ private:
+  struct HostState {
+    std::vector<int> units;
+    Regions needs;
+    bool fits = true;
+    int64_t missing = 0;
+    double seconds = 0;
+  };
+
+  // The units on host `h` that need what unit `u` (on it) needs, in order.
+  std::vector<int> StackOf(int h, int u) const {
+    std::vector<int> out;
+    for (int v : state_[h].units)
+      if (unit_needs_[v].keys == unit_needs_[u].keys) out.push_back(v);
+    return out;
+  }
+
+  static bool Beats(const Score& a, const Score& b, Order order, double limit) {
+    if (!a.fits || !b.fits) return a.fits && !b.fits;
+    if (!(a.recoverable == b.recoverable))
+      return a.recoverable.Beats(b.recoverable);
+    const double eps = 1e-9 * std::max(1e-12, b.seconds);
+    if (order == Order::kBytes) {
+      const bool a_in = a.seconds <= limit, b_in = b.seconds <= limit;
+      if (a_in != b_in) return a_in;
+      if (a.bytes != b.bytes) return a.bytes < b.bytes;
+    }
+    if (a.seconds < b.seconds - eps) return true;
+    if (a.seconds > b.seconds + eps) return false;
+    if (a.bytes != b.bytes) return a.bytes < b.bytes;
+    return a.spread < b.spread;
+  }
+
+  HostState Compute(int h, std::vector<int> on) const {
+    HostState s;
+    s.units = std::move(on);
+    s.needs.layout = &target_;
+    for (int u : s.units) {
+      s.needs.keys.insert(s.needs.keys.end(), unit_needs_[u].keys.begin(),
+                          unit_needs_[u].keys.end());
+    }
+    std::sort(s.needs.keys.begin(), s.needs.keys.end());
+    s.needs.keys.erase(std::unique(s.needs.keys.begin(), s.needs.keys.end()),
+                       s.needs.keys.end());
+    const Room& room = hosts_[h];
+    s.fits = static_cast<int>(s.units.size()) <= room.slots &&
+             (room.memory < 0 ||
+              room.old_bytes + Bytes(spec_, s.needs) <= room.memory);
+    s.missing = s.units.empty() ? 0 : Missing(spec_, s.needs, *room.holds);
+    s.seconds = s.missing / room.bandwidth;
+    return s;
+  }
+
+  void Load(const std::vector<int>& host_of) {
+    std::vector<std::vector<int>> on(hosts_.size());
+    for (size_t u = 0; u < host_of.size(); ++u)
+      on[host_of[u]].push_back(static_cast<int>(u));
+    state_.resize(hosts_.size());
+    for (size_t h = 0; h < hosts_.size(); ++h)
+      state_[h] = Compute(static_cast<int>(h), std::move(on[h]));
+  }
+
+  Score ScoreOf() const {
+    Score s;
+    s.fits = true;
+    std::vector<Regions> used;
+    for (const HostState& h : state_) {
+      s.fits &= h.fits;
+      s.seconds = std::max(s.seconds, h.seconds);
+      s.bytes += h.missing;
+      s.spread.push_back(h.seconds);
+      if (!h.units.empty()) used.push_back(h.needs);
+    }
+    std::sort(s.spread.begin(), s.spread.end(), std::greater<double>());
+    if (survive_) s.recoverable = Recoverability::Of(target_, used);
+    return s;
+  }
+
+  const ModelSpec& spec_;
+  const Layout& target_;
+  const bool survive_;
+  const std::vector<Regions> unit_needs_;
+  const std::vector<Room> hosts_;
+  std::vector<HostState> state_;
+};
+
+// Jobs this small are searched by SmallSearch: a round of its moves costs
+// units x hosts evaluations.
+constexpr int kSearchUnits = 32;
+constexpr int kSearchHosts = 32;
+// ... and where hosts^units is at most this, every assignment is tried.
+constexpr int64_t kSearchEvery = 4096;
 
 }  // namespace
 
@@ -585,21 +886,23 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     std::vector<std::vector<int>> blocks;  // units
     std::vector<int> block_of_unit;
     std::vector<Regions> needs;  // per block
-    // Blocks whose every region another block needs too: their host's
-    // loss leaves a copy of everything.
-    int survivable = 0;
+    Recoverability recoverable;  // of its blocks, each on a host
   };
-  // The blocks of an order; group() adds what they need.
-  auto blocks_of = [&](const std::vector<int>& order) {
+  // The blocks of an order, of at most `most` units each (nullopt: the
+  // hosts cannot take them so); group() adds what they need.
+  auto blocks_of = [&](const std::vector<int>& order,
+                       int most) -> std::optional<Grouping> {
     Grouping g;
     size_t next = 0;
     for (int c : by_room) {
       if (next >= order.size()) break;
-      const size_t take = std::min<size_t>(cands[c].slots, order.size() - next);
+      const size_t take =
+          std::min<size_t>(std::min(cands[c].slots, most), order.size() - next);
       if (take == 0) continue;
       g.blocks.emplace_back(order.begin() + next, order.begin() + next + take);
       next += take;
     }
+    if (next < order.size()) return std::nullopt;
     g.block_of_unit.assign(units, -1);
     for (size_t b = 0; b < g.blocks.size(); ++b)
       for (int u : g.blocks[b]) g.block_of_unit[u] = static_cast<int>(b);
@@ -608,8 +911,7 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   auto group = [&](Grouping g) {
     g.needs = GroupRegions(*req.target, static_cast<int>(g.blocks.size()),
                            [&](int rank) { return g.block_of_unit[unit_of[rank]]; });
-    const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
-    g.survivable = static_cast<int>(std::count(survives.begin(), survives.end(), true));
+    g.recoverable = Recoverability::Of(*req.target, g.needs);
     return g;
   };
   std::vector<int> rank_order(units);
@@ -627,21 +929,33 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   // of the two layouts, run side by side.
   std::vector<Regions> holdings;
   std::thread holdings_pass([&] { holdings = HostHoldings(req); });
+  // Each order in blocks as large as the hosts take, then smaller ones
+  // down to the fewest units that spread the job over every candidate:
+  // spread, a job moves less where its state already lies on more hosts
+  // than it needs (a stage on each of two hosts, each kept where it is).
+  // The same blocks in another order place the same way (a unit that
+  // fills a host): only different blocks are worth a pass.
   std::vector<Grouping> groupings;
-  Grouping packed = blocks_of(rank_order);
-  if (req.survive && replica_order != rank_order) {
-    Grouping spread = blocks_of(replica_order);
-    // The same blocks in another order place the same way (a unit that
-    // fills a host): only different blocks are worth a pass.
-    auto sorted = [](std::vector<std::vector<int>> blocks) {
-      for (auto& b : blocks) std::sort(b.begin(), b.end());
-      std::sort(blocks.begin(), blocks.end());
-      return blocks;
-    };
-    if (sorted(spread.blocks) != sorted(packed.blocks))
-      groupings.push_back(group(std::move(spread)));
+  std::set<std::vector<std::vector<int>>> seen_blocks;
+  int most_slots = 0;
+  for (const Candidate& c : cands) most_slots = std::max(most_slots, c.slots);
+  const int fewest =
+      static_cast<int>((units + static_cast<int64_t>(cands.size()) - 1) /
+                       static_cast<int64_t>(cands.size()));
+  for (int most = most_slots; most >= std::max(fewest, 1); --most) {
+    for (const std::vector<int>* order : {&rank_order, &replica_order}) {
+      if (order == &replica_order &&
+          (!req.survive || replica_order == rank_order))
+        continue;
+      std::optional<Grouping> g = blocks_of(*order, most);
+      if (!g.has_value()) continue;
+      std::vector<std::vector<int>> sorted = g->blocks;
+      for (auto& b : sorted) std::sort(b.begin(), b.end());
+      std::sort(sorted.begin(), sorted.end());
+      if (seen_blocks.insert(std::move(sorted)).second)
+        groupings.push_back(group(*std::move(g)));
+    }
   }
-  groupings.insert(groupings.begin(), group(std::move(packed)));
   // Assigns the blocks of a grouping to the candidate hosts.
   auto assign = [&](const std::vector<std::vector<int>>& blocks,
                     const std::vector<Regions>& needs)
@@ -872,29 +1186,126 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   holdings_pass.join();
 
   absl::StatusOr<PlacementResult> best = absl::InternalError("no grouping");
-  int best_survivable = -1;
+  Recoverability best_recoverable;
   size_t best_grouping = 0;
+  std::vector<Placement> placed_groupings;  // each that placed, for Refine
   for (size_t gi = 0; gi < groupings.size(); ++gi) {
     const Grouping& g = groupings[gi];
     absl::StatusOr<PlacementResult> placed = assign(g.blocks, g.needs);
     if (!placed.ok()) {
-      if (!best.ok() && best_survivable < 0) best = placed;
+      if (!best.ok() && placed_groupings.empty()) best = placed;
       continue;
     }
-    // Recoverability first (req.survive): more hosts whose loss leaves a
-    // copy of everything; then the shorter change, then fewer bytes.
+    placed_groupings.push_back(placed->placement);
+    // Recoverability first (req.survive): more of its hosts whose loss
+    // leaves a copy of everything; then the shorter change, then fewer
+    // bytes across hosts; then the larger blocks (fewer hosts; the earlier
+    // grouping). Without a committed version (a registration) nothing
+    // moves: the fewer hosts, after recoverability.
+    const Recoverability recoverable =
+        req.survive ? g.recoverable : Recoverability();
     const bool better =
-        !best.ok() || g.survivable > best_survivable ||
-        (g.survivable == best_survivable &&
-         (placed->max_receive_seconds * (1 + std::max(0.0, req.duration_slack)) <
+        !best.ok() || recoverable.Beats(best_recoverable) ||
+        (recoverable == best_recoverable && req.source != nullptr &&
+         (placed->max_receive_seconds *
+                  (1 + std::max(0.0, req.duration_slack)) <
               best->max_receive_seconds ||
           (placed->max_receive_seconds <=
-               best->max_receive_seconds * (1 + std::max(0.0, req.duration_slack)) &&
+               best->max_receive_seconds *
+                   (1 + std::max(0.0, req.duration_slack)) &&
            placed->cross_host_bytes < best->cross_host_bytes)));
     if (better) {
       best = std::move(placed);
-      best_survivable = g.survivable;
+      best_recoverable = recoverable;
       best_grouping = gi;
+    }
+  }
+  if (best.ok() && req.source != nullptr && units <= kSearchUnits &&
+      static_cast<int>(cands.size()) <= kSearchHosts) {
+    std::vector<SmallSearch::Room> rooms;
+    std::map<int, int> cand_of_host;
+    for (size_t c = 0; c < cands.size(); ++c) {
+      const int h = cands[c].host;
+      cand_of_host[h] = static_cast<int>(c);
+      rooms.push_back(
+          {cands[c].slots, &holdings[h], Bandwidth(cluster.hosts[h]),
+           req.memory.empty() ? -1 : req.memory[h], Bytes(spec, holdings[h])});
+    }
+    SmallSearch search(spec, *req.target, req.survive,
+                       GroupRegions(*req.target, units,
+                                    [&](int rank) { return unit_of[rank]; }),
+                       std::move(rooms));
+    auto units_of = [&](const Placement& p) {
+      std::vector<int> host_of(units);
+      for (int u = 0; u < units; ++u)
+        host_of[u] = cand_of_host.at(p.host[unit_ranks[u][0]]);
+      return host_of;
+    };
+    // Every grouping's placement, where a descent to the shortest largest
+    // receive leads from each, and where a descent to the fewest bytes
+    // within the slack of the shortest of all leads from each of those.
+    // The choice as by brute force: the most recoverable, then within the
+    // slack of the shortest receive, the fewest bytes.
+    struct Option {
+      std::vector<int> host_of;
+      SmallSearch::Score score;
+    };
+    // The chosen grouping's placement first: it stays on a tie.
+    const std::vector<int> host_of = units_of(best->placement);
+    std::vector<Option> options = {{host_of, search.Evaluate(host_of)}};
+    const double slack = 1 + std::max(0.0, req.duration_slack);
+    // A problem this small is searched whole.
+    search.Every(units, kSearchEvery,
+                 [&](const std::vector<int>& h, SmallSearch::Score s) {
+                   options.push_back({h, std::move(s)});
+                 });
+    for (const Placement& start : placed_groupings) {
+      std::vector<int> from = units_of(start);
+      options.push_back({from, search.Evaluate(from)});
+      SmallSearch::Score fast;
+      std::vector<int> quick =
+          search.Descend(from, SmallSearch::Order::kTime, 0, &fast);
+      options.push_back({std::move(quick), std::move(fast)});
+    }
+    double quickest = std::numeric_limits<double>::infinity();
+    for (const Option& o : options)
+      if (o.score.fits) quickest = std::min(quickest, o.score.seconds);
+    for (size_t i = 0, n = options.size(); i < n; ++i) {
+      SmallSearch::Score lean;
+      std::vector<int> fewer =
+          search.Descend(options[i].host_of, SmallSearch::Order::kBytes,
+                         quickest * slack, &lean);
+      options.push_back({std::move(fewer), std::move(lean)});
+    }
+    Recoverability most;
+    for (const Option& o : options)
+      if (o.score.fits && o.score.recoverable.Beats(most))
+        most = o.score.recoverable;
+    double shortest = std::numeric_limits<double>::infinity();
+    for (const Option& o : options) {
+      if (o.score.fits && o.score.recoverable == most)
+        shortest = std::min(shortest, o.score.seconds);
+    }
+    const Option* chosen = nullptr;
+    for (const Option& o : options) {
+      if (!o.score.fits || !(o.score.recoverable == most) ||
+          o.score.seconds > shortest * slack)
+        continue;
+      if (chosen == nullptr || o.score.bytes < chosen->score.bytes) chosen = &o;
+    }
+    if (chosen != nullptr && chosen->host_of != host_of) {
+      Placement p;
+      p.host.assign(world, -1);
+      p.device.assign(world, -1);
+      std::vector<int> next(cands.size(), 0);
+      for (int u = 0; u < units; ++u) {
+        const Candidate& c = cands[chosen->host_of[u]];
+        for (int r : unit_ranks[u]) {
+          p.host[r] = c.host;
+          p.device[r] = c.free[next[chosen->host_of[u]]++];
+        }
+      }
+      return EvaluatePlacement(req, p);
     }
   }
   if (best.ok()) {

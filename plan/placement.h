@@ -3,20 +3,27 @@
 // then moves the fewest bytes across hosts.
 //
 // Ranks that must share a host (by default a tp group: equal on every axis
-// but tp) form units; consecutive units form host-sized blocks, in rank
-// order (the dp replicas of one stage, Megatron's order) or replica by
-// replica (a stage's replicas on different hosts): the grouping whose
-// hosts' loss leaves a copy of everything wins (`survive`), then the
-// shorter change. A block needs the
+// but tp) form units; consecutive units form blocks, in rank order (the dp
+// replicas of one stage, Megatron's order) or replica by replica (a
+// stage's replicas on different hosts), as large as the hosts take or
+// smaller, down to spreading the job over every candidate (where its
+// state already lies on more hosts than it needs, spread moves less).
+// The grouping with the largest share of hosts whose loss leaves a copy
+// of everything wins (`survive`: recoverability first), then the shorter
+// change, then the fewest bytes. A small job (up to 32 units on up to 32 hosts)
+// is then searched further: every assignment of units to hosts where there are
+// at most 4,096, else local moves (a unit, or a host's replicas of one
+// stage, to another host, or exchanged) from each grouping's placement,
+// chosen by the same rule. A block needs the
 // distinct regions of its ranks; a host holds what its ranks held in the
 // committed version. Assigning blocks to hosts is a transportation problem
 // between classes of equal blocks and classes of equal hosts (a stage's
 // dp replicas need the same regions; hosts of one old stage hold the
 // same): solved exactly, first for the smallest largest per-host receive
 // time (bytes a host needs and lacks, over its link bandwidth, within a
-// small slack), then for the fewest bytes across hosts, each host's GPUs, the devices other jobs
-// use and its store memory (old and new version side by side) respected.
-// Candidate hosts beyond what the job needs are released.
+// small slack), then for the fewest bytes across hosts, each host's GPUs, the
+// devices other jobs use and its store memory (old and new version side by
+// side) respected. Candidate hosts beyond what the job needs are released.
 //
 //   PlacementRequest req{&spec, &cluster, &target_layout, candidate_hosts};
 //   req.source = &committed_layout; req.source_placement = &where;
@@ -64,11 +71,12 @@ struct PlacementRequest {
   // there at once (the ptcd's memory less other jobs' state); < 0:
   // unlimited.
   std::vector<int64_t> memory;
-  // Recoverability first: where the ranks can be grouped onto hosts in
-  // more than one way, the grouping that leaves more hosts whose loss
-  // alone keeps a copy of every region wins (a stage's dp replicas on
-  // different hosts), before the receive time and the bytes. false: the
-  // grouping of rank order only (the dp replicas of a stage side by side).
+  // Recoverability first: where the ranks can be placed in more than one
+  // way, the placement with the largest share of hosts whose loss alone
+  // keeps a copy of every region wins (a stage's dp replicas on different
+  // hosts), before the receive time and the bytes moved. false: movement alone,
+  // with the groupings of rank order only (the dp replicas of a stage side by
+  // side).
   bool survive = true;
 };
 
