@@ -315,10 +315,13 @@ class SmallSearch {
     double bandwidth;
     int64_t memory;  // < 0: unlimited
     int64_t old_bytes;
+    std::string domain;  // the host's failure domain ("": its own)
   };
   struct Score {
     bool fits = false;
-    Recoverability recoverable;  // when surviving
+    // When surviving: of its hosts, and then of their failure domains.
+    Recoverability recoverable;
+    Recoverability domains;
     double seconds = 0;          // the largest receive time
     int64_t bytes = 0;           // across hosts
     // Each host's receive time, longest first (guides moves off a
@@ -333,7 +336,10 @@ class SmallSearch {
         target_(target),
         survive_(survive),
         unit_needs_(std::move(unit_needs)),
-        hosts_(std::move(hosts)) {}
+        hosts_(std::move(hosts)),
+        any_domain_(
+            std::any_of(hosts_.begin(), hosts_.end(),
+                        [](const Room& r) { return !r.domain.empty(); })) {}
 
   Score Evaluate(const std::vector<int>& host_of) {
     Load(host_of);
@@ -487,10 +493,19 @@ class SmallSearch {
     return out;
   }
 
+ public:
+  // 1: `a` survives more (hosts first, then domains); -1: `b`; 0: as much.
+  static int MoreRecoverable(const Score& a, const Score& b) {
+    if (!(a.recoverable == b.recoverable))
+      return a.recoverable.Beats(b.recoverable) ? 1 : -1;
+    if (!(a.domains == b.domains)) return a.domains.Beats(b.domains) ? 1 : -1;
+    return 0;
+  }
+
+ private:
   static bool Beats(const Score& a, const Score& b, Order order, double limit) {
     if (!a.fits || !b.fits) return a.fits && !b.fits;
-    if (!(a.recoverable == b.recoverable))
-      return a.recoverable.Beats(b.recoverable);
+    if (const int r = MoreRecoverable(a, b); r != 0) return r > 0;
     const double eps = 1e-9 * std::max(1e-12, b.seconds);
     if (order == Order::kBytes) {
       const bool a_in = a.seconds <= limit, b_in = b.seconds <= limit;
@@ -536,15 +551,36 @@ class SmallSearch {
     Score s;
     s.fits = true;
     std::vector<Regions> used;
-    for (const HostState& h : state_) {
+    // The used hosts' needs by failure domain (a host without one is a
+    // domain of its own).
+    std::map<std::string, Regions> by_domain;
+    for (size_t i = 0; i < state_.size(); ++i) {
+      const HostState& h = state_[i];
       s.fits &= h.fits;
       s.seconds = std::max(s.seconds, h.seconds);
       s.bytes += h.missing;
       s.spread.push_back(h.seconds);
-      if (!h.units.empty()) used.push_back(h.needs);
+      if (h.units.empty()) continue;
+      used.push_back(h.needs);
+      if (any_domain_) {
+        const std::string& d = hosts_[i].domain;
+        Regions& r = by_domain[d.empty() ? absl::StrCat("\n", i) : d];
+        r.layout = &target_;
+        r.keys.insert(r.keys.end(), h.needs.keys.begin(), h.needs.keys.end());
+      }
     }
     std::sort(s.spread.begin(), s.spread.end(), std::greater<double>());
-    if (survive_) s.recoverable = Recoverability::Of(target_, used);
+    if (!survive_) return s;
+    s.recoverable = Recoverability::Of(target_, used);
+    if (any_domain_) {
+      std::vector<Regions> domains;
+      for (auto& [name, r] : by_domain) {
+        std::sort(r.keys.begin(), r.keys.end());
+        r.keys.erase(std::unique(r.keys.begin(), r.keys.end()), r.keys.end());
+        domains.push_back(std::move(r));
+      }
+      s.domains = Recoverability::Of(target_, domains);
+    }
     return s;
   }
 
@@ -553,6 +589,7 @@ class SmallSearch {
   const bool survive_;
   const std::vector<Regions> unit_needs_;
   const std::vector<Room> hosts_;
+  const bool any_domain_;
   std::vector<HostState> state_;
 };
 
@@ -1227,9 +1264,10 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     for (size_t c = 0; c < cands.size(); ++c) {
       const int h = cands[c].host;
       cand_of_host[h] = static_cast<int>(c);
-      rooms.push_back(
-          {cands[c].slots, &holdings[h], Bandwidth(cluster.hosts[h]),
-           req.memory.empty() ? -1 : req.memory[h], Bytes(spec, holdings[h])});
+      rooms.push_back({cands[c].slots, &holdings[h],
+                       Bandwidth(cluster.hosts[h]),
+                       req.memory.empty() ? -1 : req.memory[h],
+                       Bytes(spec, holdings[h]), cluster.hosts[h].domain});
     }
     SmallSearch search(spec, *req.target, req.survive,
                        GroupRegions(*req.target, units,
@@ -1241,11 +1279,12 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
         host_of[u] = cand_of_host.at(p.host[unit_ranks[u][0]]);
       return host_of;
     };
-    // Every grouping's placement, where a descent to the shortest largest
-    // receive leads from each, and where a descent to the fewest bytes
-    // within the slack of the shortest of all leads from each of those.
-    // The choice as by brute force: the most recoverable, then within the
-    // slack of the shortest receive, the fewest bytes.
+    // Every assignment where there are few; else every grouping's
+    // placement, where a descent to the shortest largest receive leads
+    // from each, and where a descent to the fewest bytes within the slack
+    // of the shortest of all leads from each of those. The choice as by
+    // brute force: the most recoverable (hosts, then failure domains),
+    // then within the slack of the shortest receive, the fewest bytes.
     struct Option {
       std::vector<int> host_of;
       SmallSearch::Score score;
@@ -1254,43 +1293,49 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     const std::vector<int> host_of = units_of(best->placement);
     std::vector<Option> options = {{host_of, search.Evaluate(host_of)}};
     const double slack = 1 + std::max(0.0, req.duration_slack);
-    // A problem this small is searched whole.
-    search.Every(units, kSearchEvery,
-                 [&](const std::vector<int>& h, SmallSearch::Score s) {
-                   options.push_back({h, std::move(s)});
-                 });
-    for (const Placement& start : placed_groupings) {
-      std::vector<int> from = units_of(start);
-      options.push_back({from, search.Evaluate(from)});
-      SmallSearch::Score fast;
-      std::vector<int> quick =
-          search.Descend(from, SmallSearch::Order::kTime, 0, &fast);
-      options.push_back({std::move(quick), std::move(fast)});
+    // A problem this small is searched whole; a larger one by descents.
+    const bool whole =
+        search.Every(units, kSearchEvery,
+                     [&](const std::vector<int>& h, SmallSearch::Score s) {
+                       options.push_back({h, std::move(s)});
+                     });
+    if (!whole) {
+      for (const Placement& start : placed_groupings) {
+        std::vector<int> from = units_of(start);
+        options.push_back({from, search.Evaluate(from)});
+        SmallSearch::Score fast;
+        std::vector<int> quick =
+            search.Descend(from, SmallSearch::Order::kTime, 0, &fast);
+        options.push_back({std::move(quick), std::move(fast)});
+      }
+      double quickest = std::numeric_limits<double>::infinity();
+      for (const Option& o : options)
+        if (o.score.fits) quickest = std::min(quickest, o.score.seconds);
+      for (size_t i = 0, n = options.size(); i < n; ++i) {
+        SmallSearch::Score lean;
+        std::vector<int> fewer =
+            search.Descend(options[i].host_of, SmallSearch::Order::kBytes,
+                           quickest * slack, &lean);
+        options.push_back({std::move(fewer), std::move(lean)});
+      }
     }
-    double quickest = std::numeric_limits<double>::infinity();
-    for (const Option& o : options)
-      if (o.score.fits) quickest = std::min(quickest, o.score.seconds);
-    for (size_t i = 0, n = options.size(); i < n; ++i) {
-      SmallSearch::Score lean;
-      std::vector<int> fewer =
-          search.Descend(options[i].host_of, SmallSearch::Order::kBytes,
-                         quickest * slack, &lean);
-      options.push_back({std::move(fewer), std::move(lean)});
+    const SmallSearch::Score* most = nullptr;
+    for (const Option& o : options) {
+      if (o.score.fits &&
+          (most == nullptr || SmallSearch::MoreRecoverable(o.score, *most) > 0))
+        most = &o.score;
     }
-    Recoverability most;
-    for (const Option& o : options)
-      if (o.score.fits && o.score.recoverable.Beats(most))
-        most = o.score.recoverable;
+    auto as_recoverable = [&](const Option& o) {
+      return o.score.fits && most != nullptr &&
+             SmallSearch::MoreRecoverable(o.score, *most) == 0;
+    };
     double shortest = std::numeric_limits<double>::infinity();
     for (const Option& o : options) {
-      if (o.score.fits && o.score.recoverable == most)
-        shortest = std::min(shortest, o.score.seconds);
+      if (as_recoverable(o)) shortest = std::min(shortest, o.score.seconds);
     }
     const Option* chosen = nullptr;
     for (const Option& o : options) {
-      if (!o.score.fits || !(o.score.recoverable == most) ||
-          o.score.seconds > shortest * slack)
-        continue;
+      if (!as_recoverable(o) || o.score.seconds > shortest * slack) continue;
       if (chosen == nullptr || o.score.bytes < chosen->score.bytes) chosen = &o;
     }
     if (chosen != nullptr && chosen->host_of != host_of) {

@@ -112,6 +112,31 @@ TEST_CASE(
   CHECK(packed->released.size() == 2);
 }
 
+TEST_CASE("placement: a change moves a replica out of a rack that holds both",
+          "[coordinator][placement]") {
+  // tp=2,pp=1,dp=2 with both replicas in rackA (host0, host1); host2 and
+  // host3 are rackB. Either host's loss is survived as it is, the rack's
+  // is not: recoverability first moves one replica to rackB.
+  Cluster cluster = Cluster::Uniform(4, 2);
+  for (int h = 0; h < 4; ++h)
+    cluster.hosts[h].domain = h < 2 ? "rackA" : "rackB";
+  auto s = MakePlanScenario(Gpt(), "tp=2,pp=1,dp=2", {0, 1}, "tp=2,pp=1,dp=2",
+                            Range(4), cluster, std::vector<bool>(4, true));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, Range(4));
+  auto chosen = ChoosePlacement(req);
+  REQUIRE(chosen.ok());
+  CHECK(chosen->survival.SurvivesAnyHost());
+  CHECK(chosen->survival.domains_lost.empty());
+  CHECK(chosen->cross_host_bytes > 0);  // a replica's worth, to rackB
+  // Movement first keeps both where they are.
+  req.survive = false;
+  auto still = ChoosePlacement(req);
+  REQUIRE(still.ok());
+  CHECK(still->cross_host_bytes == 0);
+  CHECK(still->survival.domains_lost.size() == 1);
+}
+
 TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
           "[coordinator][placement]") {
   // pp=2 stages on hosts 0,1 (tp=4 each, 4 GPUs) -> dp=4 on 8 hosts.

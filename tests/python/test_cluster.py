@@ -259,8 +259,10 @@ def test_prepare_readies_the_target_hosts_memory_and_changes_nothing(cluster):
     code, out = cluster.ptcctl_json("prepare", "--job", "j", "--to", "tp=1,pp=2,dp=2",
                                     "--hosts", "host1,host2,host3", "--wait")
     assert code == 0, out
-    # 4 ranks on hosts of 2 GPUs: host1 and host2 get them, host3 none.
-    assert sorted(h["name"] for h in out["hosts"]) == ["host1", "host2"]
+    # 4 ranks on hosts of 2 GPUs: host1 (which holds everything) keeps a
+    # whole replica, host2 and host3 take a stage each of the other, so
+    # that any one host's loss leaves a copy (two hosts could not).
+    assert sorted(h["name"] for h in out["hosts"]) == ["host1", "host2", "host3"]
     for h in out["hosts"]:
         # Each ptcd's default pool is 1/16 of its 2 GiB limit.
         assert h["capacity_bytes"] == 128 << 20
@@ -287,9 +289,10 @@ def test_forget_removes_a_job_everywhere_and_its_name_can_be_used_again(cluster)
     assert code == 0, out
     assert out["was_registered"] is True
     assert out["not_cleared"] == []
-    # The hosts that hold version 2 (host1 and host2: 4 ranks on 2-GPU
-    # hosts) deleted it; no host keeps anything of the job.
-    assert sorted(c["host"] for c in out["cleared"]) == ["host1", "host2"]
+    # The hosts that hold version 2 (host1, host2 and host3: a replica on
+    # host1, the other's stages on host2 and host3) deleted it; no host
+    # keeps anything of the job.
+    assert sorted(c["host"] for c in out["cleared"]) == ["host1", "host2", "host3"]
     assert out["bytes_deleted"] == sum(c["bytes"] for c in out["cleared"]) > 0
     for h in ("host0", "host1", "host2", "host3"):
         assert cluster.store_versions(h, "j") == []
