@@ -292,6 +292,15 @@ std::vector<Regions> HostHoldings(const PlacementRequest& req) {
 
 double Bandwidth(const Host& h) { return h.bandwidth > 0 ? h.bandwidth : 25e9; }
 
+// Jobs this small are searched by SmallSearch: a round of its moves costs
+// units x hosts evaluations.
+constexpr int kSearchUnits = 32;
+constexpr int kSearchHosts = 32;
+// ... and where hosts^units is at most this, every assignment is tried.
+constexpr int64_t kSearchEvery = 4096;
+// The most regions a search looks at (tens of milliseconds here).
+constexpr int64_t kSearchWork = 1'500'000;
+
 // A small placement problem (each unit's needs; per candidate host its
 // room, holdings, link and memory), searched by local moves.
 //
@@ -376,7 +385,7 @@ class SmallSearch {
       v.insert(std::lower_bound(v.begin(), v.end(), u), u);
       return v;
     };
-    for (int round = 0; round < 4 * units; ++round) {
+    for (int round = 0; round < 4 * units && work_ < kSearchWork; ++round) {
       bool moved = false;
       // Stacks first: the units of a host that need the same (a stage's
       // dp replicas) move, or trade places with another host's stack, as
@@ -458,6 +467,13 @@ class SmallSearch {
       count *= static_cast<int64_t>(hosts_.size());
       if (count > most) return false;
     }
+    // Each assignment computes every host.
+    int64_t per = 0;
+    for (int u = 0; u < units; ++u)
+      per += static_cast<int64_t>(unit_needs_[u].keys.size());
+    for (const Room& r : hosts_)
+      per += static_cast<int64_t>(r.holds->keys.size());
+    if (count * per > kSearchWork - work_) return false;
     std::vector<int> host_of(units, 0), used(hosts_.size(), 0);
     std::function<void(int)> next = [&](int u) {
       if (u == units) {
@@ -494,6 +510,7 @@ class SmallSearch {
   }
 
  public:
+  bool any_domain() const { return any_domain_; }
   // 1: `a` survives more (hosts first, then domains); -1: `b`; 0: as much.
   static int MoreRecoverable(const Score& a, const Score& b) {
     if (!(a.recoverable == b.recoverable))
@@ -530,6 +547,8 @@ class SmallSearch {
     s.needs.keys.erase(std::unique(s.needs.keys.begin(), s.needs.keys.end()),
                        s.needs.keys.end());
     const Room& room = hosts_[h];
+    work_ +=
+        static_cast<int64_t>(s.needs.keys.size() + room.holds->keys.size());
     s.fits = static_cast<int>(s.units.size()) <= room.slots &&
              (room.memory < 0 ||
               room.old_bytes + Bytes(spec_, s.needs) <= room.memory);
@@ -591,14 +610,11 @@ class SmallSearch {
   const std::vector<Room> hosts_;
   const bool any_domain_;
   std::vector<HostState> state_;
+  // Regions looked at so far (each host's needs and holdings, per host
+  // computed): the search stops when it passes kSearchWork, so that its
+  // time is bounded and its result does not depend on the machine's speed.
+  mutable int64_t work_ = 0;
 };
-
-// Jobs this small are searched by SmallSearch: a round of its moves costs
-// units x hosts evaluations.
-constexpr int kSearchUnits = 32;
-constexpr int kSearchHosts = 32;
-// ... and where hosts^units is at most this, every assignment is tried.
-constexpr int64_t kSearchEvery = 4096;
 
 }  // namespace
 
@@ -1269,9 +1285,16 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
                        req.memory.empty() ? -1 : req.memory[h],
                        Bytes(spec, holdings[h]), cluster.hosts[h].domain});
     }
-    SmallSearch search(spec, *req.target, req.survive,
-                       GroupRegions(*req.target, units,
-                                    [&](int rank) { return unit_of[rank]; }),
+    std::vector<Regions> unit_needs = GroupRegions(
+        *req.target, units, [&](int rank) { return unit_of[rank]; });
+    // A unit that alone holds a region can be on no host whose loss is
+    // survived: where every unit does (dp=1), no placement is more
+    // recoverable than another.
+    const std::vector<bool> alone_ok = SurvivingGroups(*req.target, unit_needs);
+    const bool can_survive =
+        req.survive &&
+        std::find(alone_ok.begin(), alone_ok.end(), true) != alone_ok.end();
+    SmallSearch search(spec, *req.target, req.survive, std::move(unit_needs),
                        std::move(rooms));
     auto units_of = [&](const Placement& p) {
       std::vector<int> host_of(units);
@@ -1289,12 +1312,23 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
       std::vector<int> host_of;
       SmallSearch::Score score;
     };
-    // The chosen grouping's placement first: it stays on a tie.
+    // The chosen grouping's placement first: it stays on a tie. Nothing
+    // beats one that moves nothing and survives every host's and
+    // domain's loss (or cannot survive any).
     const std::vector<int> host_of = units_of(best->placement);
     std::vector<Option> options = {{host_of, search.Evaluate(host_of)}};
+    auto full = [](const Recoverability& r) {
+      return r.used > 1 && r.survivable == r.used;
+    };
+    const SmallSearch::Score& now = options[0].score;
+    const bool unbeatable =
+        best->cross_host_bytes == 0 &&
+        (!can_survive || (full(now.recoverable) &&
+                          (!search.any_domain() || full(now.domains))));
     const double slack = 1 + std::max(0.0, req.duration_slack);
     // A problem this small is searched whole; a larger one by descents.
     const bool whole =
+        unbeatable ||
         search.Every(units, kSearchEvery,
                      [&](const std::vector<int>& h, SmallSearch::Score s) {
                        options.push_back({h, std::move(s)});
