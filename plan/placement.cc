@@ -350,6 +350,16 @@ class SmallSearch {
             std::any_of(hosts_.begin(), hosts_.end(),
                         [](const Room& r) { return !r.domain.empty(); })) {}
 
+  bool any_domain() const { return any_domain_; }
+
+  // 1: `a` survives more (hosts first, then domains); -1: `b`; 0: as much.
+  static int MoreRecoverable(const Score& a, const Score& b) {
+    if (!(a.recoverable == b.recoverable))
+      return a.recoverable.Beats(b.recoverable) ? 1 : -1;
+    if (!(a.domains == b.domains)) return a.domains.Beats(b.domains) ? 1 : -1;
+    return 0;
+  }
+
   Score Evaluate(const std::vector<int>& host_of) {
     Load(host_of);
     return ScoreOf();
@@ -509,17 +519,6 @@ class SmallSearch {
     return out;
   }
 
- public:
-  bool any_domain() const { return any_domain_; }
-  // 1: `a` survives more (hosts first, then domains); -1: `b`; 0: as much.
-  static int MoreRecoverable(const Score& a, const Score& b) {
-    if (!(a.recoverable == b.recoverable))
-      return a.recoverable.Beats(b.recoverable) ? 1 : -1;
-    if (!(a.domains == b.domains)) return a.domains.Beats(b.domains) ? 1 : -1;
-    return 0;
-  }
-
- private:
   static bool Beats(const Score& a, const Score& b, Order order, double limit) {
     if (!a.fits || !b.fits) return a.fits && !b.fits;
     if (const int r = MoreRecoverable(a, b); r != 0) return r > 0;
