@@ -1240,7 +1240,7 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
   absl::StatusOr<PlacementResult> best = absl::InternalError("no grouping");
   Recoverability best_recoverable;
   size_t best_grouping = 0;
-  std::vector<Placement> placed_groupings;  // each that placed, for Refine
+  std::vector<Placement> placed_groupings;  // each that placed: SmallSearch starts
   for (size_t gi = 0; gi < groupings.size(); ++gi) {
     const Grouping& g = groupings[gi];
     absl::StatusOr<PlacementResult> placed = assign(g.blocks, g.needs);
