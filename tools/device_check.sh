@@ -27,8 +27,9 @@
 #              -> tp=1 -> tp=2 change, bit for bit) and the client's and
 #              ptc.torch's CPU tests, against the tarball's daemons
 #   pause-bench  tools/gpu_pause_benchmark.py: a 3.7 GiB GPU job's restart
-#              through ptc vs DCP vs torch.save/load, and ptc's tp=2 -> tp=1
-#              change, 3 runs, against GPU <-> pinned copies
+#              through ptc vs DCP vs torch.save/load, and its tp=2 -> tp=1
+#              change through ptc vs DCP (two processes on the GPU save,
+#              one loads, DCP reshards), 3 runs, against GPU <-> pinned copies
 # --dry-run runs what needs no GPU (facts, tarball, python) and skips the rest: it
 # proves the script and the tarball on a machine without a GPU.
 # Exits non-zero if a step failed. Takes about 5 minutes on an H100 host.
@@ -169,7 +170,7 @@ else
   if [[ $dry == 1 ]]; then
     report pause-bench SKIP "dry run: needs a GPU"
   else
-    step pause-bench 300 "a 3.7 GiB GPU job: ptc vs DCP vs torch.save restart, ptc tp=2 -> tp=1" \
+    step pause-bench 300 "a 3.7 GiB GPU job: restart and tp=2 -> tp=1 change, ptc vs DCP (and torch.save)" \
       env PYTHONPATH="$site" "$python" tools/gpu_pause_benchmark.py --bin "$bins" --runs 3 --layers 4
   fi
 fi

@@ -10,7 +10,8 @@ importable (the wheel). The job is a GPT's tensors (hidden 2048, 4x MLP,
 vocabulary 32000) in fp32 with Adam's two moments, on the GPU: 3.72 GiB at
 the default 4 layers (each layer adds about 0.56 GiB).
 
-Per run, each a fresh job on the same cluster:
+Per run, each a fresh job on the same cluster (the DCP change after the
+other runs, in processes of its own):
   ptc restart   pt.save from the GPU into ptcd, then pt.load into a fresh
                 model and optimizer on the GPU (same layout)
   DCP restart   torch.distributed.checkpoint save of the same state dict
@@ -20,9 +21,13 @@ Per run, each a fresh job on the same cluster:
   ptc change    tp=2 -> tp=1: both tp=2 ranks save their shards (clients
                 in this process; one GPU), the store re-partitions the
                 state (ptcctl reconfigure), the tp=1 rank loads it
-DCP can reshard tp=2 -> tp=1 only from a checkpoint saved by one process
-per rank with DTensors on a device mesh of one GPU per rank: not on a
-machine with one GPU, so the table has no DCP change.
+  DCP change    tp=2 -> tp=1: two processes (one per tp rank, sharing the
+                GPU over gloo) save their shards as DTensors with
+                torch.distributed.checkpoint, then one process loads the
+                checkpoint into a fresh tp=1 model and optimizer on the GPU
+                (DCP reshards at load). The DTensors cut qkv in two
+                contiguous halves where ptc's layout cuts q, k and v each:
+                the same bytes, a layout DTensor can express.
 
 Prints min/median/max seconds per phase and the GB/s of each against
 cudaMemcpy-class copies of the same bytes to and from pinned memory
@@ -33,6 +38,7 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -150,29 +156,145 @@ def local_model(pt, full_state, layout, config, rank, layers):
     return model
 
 
+# DCP's change runs in processes of its own, since DCP saves one shard per
+# process: two savers (`--dcp-role save --dcp-rank R`, a gloo group of two
+# on the one GPU) and then one loader (`--dcp-role load`), each doing every
+# run.
+COLWISE, ROWWISE = ("qkv", "fc1", "head"), ("proj", "fc2")
+
+
+def tp_dim(name):
+    """The dimension tensor parallelism cuts parameter `name` along (None: replicated)."""
+    module, _, attr = name.rpartition(".")
+    kind = module.rsplit(".", 1)[-1]
+    if kind in COLWISE:
+        return 0
+    return 1 if kind in ROWWISE and attr == "weight" else None
+
+
+def dcp_state(model, opt, wrap):
+    """A flat state dict of the parameters and their Adam state, each
+    tensor through wrap(parameter_name, tensor)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    state = {"model": {n: wrap(n, p.detach()) for n, p in model.named_parameters()}, "optim": {}}
+    for p, s in opt.state.items():
+        n = names[id(p)]
+        state["optim"][n] = {k: wrap(n, v) if torch.is_tensor(v) and v.dim() > 0 else v
+                             for k, v in s.items()}
+    return state
+
+
+def dcp_save_role(args):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    dist.init_process_group("gloo", rank=args.dcp_rank, world_size=2)
+    mesh = init_device_mesh(DEVICE, (2,))
+    torch.manual_seed(0)
+    model = gpt(args.layers).to(DEVICE)
+    opt = trained(model)
+
+    def shard(name, t):
+        dim = tp_dim(name)
+        local = t if dim is None else t.chunk(2, dim)[args.dcp_rank].contiguous()
+        return DTensor.from_local(local, mesh, [Replicate() if dim is None else Shard(dim)],
+                                  run_check=False, shape=t.shape, stride=t.stride())
+
+    state = dcp_state(model, opt, shard)
+    times = []
+    for run in range(args.runs):
+        dist.barrier()
+        t0 = synced()
+        dcp.save(state, checkpoint_id=str(args.dcp_dir / f"dcp-change{run}"))
+        synced()
+        dist.barrier()  # the save ends when both ranks' shards are written
+        times.append(time.perf_counter() - t0)
+    if args.dcp_rank == 0:
+        (args.dcp_dir / "dcp-save.json").write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def dcp_load_role(args):
+    import torch.distributed.checkpoint as dcp
+    times = []
+    for run in range(args.runs):
+        torch.manual_seed(1000 + run)  # not the saved model's values
+        fresh = gpt(args.layers).to(DEVICE)
+        fresh_opt = trained(fresh)  # DCP loads in place: the state must exist
+        t0 = synced()
+        dcp.load(dcp_state(fresh, fresh_opt, lambda n, t: t),
+                 checkpoint_id=str(args.dcp_dir / f"dcp-change{run}"))
+        t1 = synced()
+        times.append(t1 - t0)
+        if run == 0:  # every parameter as the savers' model had it
+            torch.manual_seed(0)
+            ref = gpt(args.layers).to(DEVICE)
+            ref_opt = trained(ref)
+            for (n, a), b in zip(ref.named_parameters(), fresh.parameters()):
+                assert torch.equal(a, b), f"DCP change: {n} differs after the load"
+                assert torch.equal(ref_opt.state[a]["exp_avg"], fresh_opt.state[b]["exp_avg"])
+            del ref, ref_opt
+        del fresh, fresh_opt
+        shutil.rmtree(args.dcp_dir / f"dcp-change{run}")
+    (args.dcp_dir / "dcp-load.json").write_text(json.dumps(times))
+
+
+def dcp_change(args, disk):
+    """DCP's tp=2 -> tp=1 for every run: (save seconds, load seconds) lists."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # LOCAL_RANK 0: both ranks on the one GPU (DeviceMesh picks the device by it).
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK="0")
+    cmd = [sys.executable, __file__, "--runs", str(args.runs), "--layers", str(args.layers),
+           "--device", DEVICE, "--dcp-dir", str(disk)]
+    savers = [subprocess.Popen(cmd + ["--dcp-role", "save", "--dcp-rank", str(r)], env=env)
+              for r in range(2)]
+    while any(p.poll() is None for p in savers):
+        if any(p.poll() not in (None, 0) for p in savers):  # the other waits at a barrier
+            for p in savers:
+                p.kill()
+        time.sleep(0.1)
+    if any(p.returncode != 0 for p in savers):
+        raise RuntimeError(f"DCP change: a saver failed (exit {[p.returncode for p in savers]})")
+    subprocess.run(cmd + ["--dcp-role", "load"], env=env, check=True)
+    return (json.loads((disk / "dcp-save.json").read_text()),
+            json.loads((disk / "dcp-load.json").read_text()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", type=pathlib.Path, required=True)
+    ap.add_argument("--bin", type=pathlib.Path)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--disk", type=pathlib.Path, default=None,
                     help="where DCP and torch.save write (default: a temporary folder)")
     ap.add_argument("--device", default="cuda",
                     help="cpu: a dry run of the script on a machine without a GPU")
+    ap.add_argument("--dcp-role", choices=("save", "load"), help=argparse.SUPPRESS)
+    ap.add_argument("--dcp-rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--dcp-dir", type=pathlib.Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
+    if args.dcp_role:
+        return dcp_save_role(args) if args.dcp_role == "save" else dcp_load_role(args)
+    if args.bin is None:
+        ap.error("--bin BIN_DIR is required")
     import ptc.torch as pt
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("PyTorch sees no CUDA device")
     import torch.distributed.checkpoint as dcp
 
+    dcp_failed = None
     work = pathlib.Path(tempfile.mkdtemp(prefix="ptc-pause-"))
     disk = pathlib.Path(tempfile.mkdtemp(prefix="ptc-pause-disk-", dir=args.disk))
     cluster = Cluster(args.bin, work)
     times = {k: [] for k in ("ptc restart: save", "ptc restart: load", "DCP restart: save",
                              "DCP restart: load", "torch.save", "torch.load",
                              "ptc change: save (2 ranks)", "ptc change: store", "ptc change: load",
+                             "DCP change: save (2 processes)", "DCP change: load",
                              "limit: GPU -> pinned", "limit: pinned -> GPU")}
     try:
         torch.manual_seed(0)
@@ -286,12 +408,22 @@ def main():
             times["limit: GPU -> pinned"].append(t1 - t0)
             times["limit: pinned -> GPU"].append(t2 - t1)
             del gpu, pinned
-            print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in times.items()),
+            print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in times.items() if v),
                   flush=True)
+        del model, opt
+        torch.cuda.empty_cache()
+        print("DCP change tp=2 -> tp=1: two saving processes, then one loading", flush=True)
+        try:
+            saves, loads = dcp_change(args, disk)
+            times["DCP change: save (2 processes)"], times["DCP change: load"] = saves, loads
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            dcp_failed = str(e)
+            print(f"DCP change failed: {e}", flush=True)
     finally:
         cluster.stop()
         shutil.rmtree(disk, ignore_errors=True)
     print(f"{'phase':32} {'min':>8} {'median':>8} {'max':>8}   GB/s (median)")
+    times = {k: v for k, v in times.items() if v}
     for k, v in times.items():
         med = statistics.median(v)
         print(f"{k:32} {min(v):8.3f} {med:8.3f} {max(v):8.3f}   {nbytes / med / 1e9:6.2f}")
@@ -301,7 +433,12 @@ def main():
                                 statistics.median(times["torch.load"]))
     pause["ptc change tp=2 -> tp=1"] = sum(statistics.median(times[f"ptc change: {p}"])
                                            for p in ("save (2 ranks)", "store", "load"))
+    if not dcp_failed:
+        pause["DCP change tp=2 -> tp=1"] = sum(statistics.median(times[f"DCP change: {p}"])
+                                               for p in ("save (2 processes)", "load"))
     print("pause (save + load, medians): " + ", ".join(f"{k} {v:.3f} s" for k, v in pause.items()))
+    if dcp_failed:
+        raise SystemExit(f"the DCP change did not run: {dcp_failed}")
 
 
 if __name__ == "__main__":
