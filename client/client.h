@@ -143,9 +143,9 @@ class Client {
   absl::Status Rebind(int rank);
   // Follows the job in the background (the coordinator's Watch stream,
   // reconnecting when it breaks); LatestEvent() is then what the stream
-  // said last. Idempotent. A followed stream holds one of the
-  // coordinator's RPC threads: follow from one process per job (a live
-  // job's rank 0) and FetchEvent from the others.
+  // said last. Idempotent. The coordinator holds no thread per stream
+  // (a callback method): every process of a live job follows its own, and
+  // is told rather than asking (FetchEvent) while it waits.
   void Follow();
   // Stops following (LatestEvent keeps the last event).
   void Unfollow();

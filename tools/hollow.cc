@@ -21,9 +21,10 @@
 //       for), each until it commits; when the job changes, follow it into
 //       the new layout, or leave if it has no rank there (with
 //       --wait-for-rank: wait until it has one). A process looks at the
-//       job as ptc.elastic's do: rank 0 follows the coordinator's Watch
-//       stream, the others ask (ListJobs) at most every --poll-ms; with
-//       --watch every process follows the stream. Saves
+//       job as ptc.elastic's do: every process follows the coordinator's
+//       Watch stream; with --poll only rank 0 does and the others ask
+//       (ListJobs) at most every --poll-ms, as ptc.elastic's did before
+//       (for comparison). Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -69,7 +70,7 @@ constexpr char kUsage[] =
                         [--gpus G] [--memory-limit BYTES] [--rack-size K] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
-                        [--wait-for-rank] [--watch] --insecure
+                        [--wait-for-rank] [--poll] --insecure
 )";
 
 // Every line printed by a thread is whole.
@@ -193,9 +194,9 @@ class HollowRank {
     // With no rank on this GPU: wait for one (a host added to the job;
     // its launcher would start the process) instead of leaving.
     bool wait_for_rank = false;
-    // Every process follows the Watch stream (told, not polling), not
-    // rank 0 only.
-    bool watch = false;
+    // Every process follows the Watch stream (told, not polling); false:
+    // rank 0 only, the others poll.
+    bool watch = true;
     const std::atomic<bool>* stop = nullptr;
   };
   explicit HollowRank(Options o) : o_(std::move(o)) {}
@@ -219,8 +220,9 @@ class HollowRank {
     return -1;
   }
 
-  // The job as this process knows it: rank 0 follows the Watch stream,
-  // the others ask at most every poll interval (as ptc.elastic does).
+  // The job as this process knows it: what its Watch stream told it
+  // (with --poll, rank 0's stream; the others ask at most every poll
+  // interval).
   absl::StatusOr<JobEvent> Event() {
     if (client_->rank() == 0 || o_.watch) {
       JobEvent ev = client_->LatestEvent();
@@ -409,7 +411,7 @@ absl::Status RunRanks(const Args& args) {
       o.poll = absl::Milliseconds(poll_ms);
       o.saves = saves;
       o.wait_for_rank = args.Flag("wait-for-rank");
-      o.watch = args.Flag("watch");
+      o.watch = !args.Flag("poll");
       o.stop = &stop;
       ranks.push_back(std::make_unique<HollowRank>(std::move(o)));
     }
@@ -435,7 +437,7 @@ absl::Status Run(int argc, char** argv) {
                              {"coordinator", "count", "first", "dir", "gpus",
                               "memory-limit", "rack-size", "job", "hosts",
                               "step-ms", "poll-ms", "saves", "log-level"},
-                             {"insecure", "wait-for-rank", "watch"}));
+                             {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "

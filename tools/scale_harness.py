@@ -27,7 +27,7 @@ surviving process resumed in the new epoch, the job's committed layout is
 the one asked for, the coordinator's threads returned to a fixed bound.
 
   PTC_BIN_DIR=$(bazel info bazel-bin) /usr/bin/python3 tools/scale_harness.py \\
-      --hosts 64 --kill 4 --config tp=2,pp=4,dp=64 --after-kill tp=2,pp=4,dp=60 --watch
+      --hosts 64 --kill 4 --config tp=2,pp=4,dp=64 --after-kill tp=2,pp=4,dp=60
   (docs/scale.md explains the hollow parts and the phases; docs/benchmarks.md
    has the figures and their commands)
 """
@@ -177,15 +177,15 @@ class Group:
             time.sleep(0.1)
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
-    def start_ranks(self, job, saves, step_ms, watch, wait_for_rank=False):
+    def start_ranks(self, job, saves, step_ms, poll, wait_for_rank=False):
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
                 str(step_ms), "--insecure"]
         if wait_for_rank:
             args.append("--wait-for-rank")
-        if watch:
-            args.append("--watch")
+        if poll:
+            args.append("--poll")
         self.ranks = subprocess.Popen(args, stdout=open(self.ranks_out, "w"),
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -360,7 +360,7 @@ class Harness:
 
         def meet():
             for g in self.groups:
-                g.start_ranks(o.job, o.saves, o.step_ms, o.watch)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
                 self.wait_saved(o.saves, o.timeout)
@@ -424,7 +424,7 @@ class Harness:
                 g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack)
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
-                g.start_ranks(o.job, o.saves, o.step_ms, o.watch, wait_for_rank=True)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, wait_for_rank=True)
                 started = time.time()
                 self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
                 self.pin(o.after_add)
@@ -474,9 +474,10 @@ def main():
     p.add_argument("--job", default="scale")
     p.add_argument("--saves", type=int, default=2)
     p.add_argument("--step-ms", type=int, default=200)
-    p.add_argument("--watch", action="store_true",
-                   help="every process follows the Watch stream (default: as "
-                   "ptc.elastic, rank 0 follows it and the others poll)")
+    p.add_argument("--poll", action="store_true",
+                   help="rank 0 follows the Watch stream and the others poll, as "
+                   "ptc.elastic's processes did before 2026-11-28 (default: every "
+                   "process follows its stream, as they do now)")
     p.add_argument("--steady", type=float, default=10)
     p.add_argument("--host-timeout", type=float, default=5)
     p.add_argument("--heartbeats-per-second", type=float, default=None,

@@ -2,8 +2,9 @@
 (the real ptcd code over stores that keep no bytes) and 512 hollow
 processes following a live job (each told by its Watch stream) through
 saves, 4 hosts' deaths and the automatic change that follows, then 4 hosts
-joining; and 128 processes that look at their job as ptc.elastic's do
-(rank 0 follows the stream, the others poll). Correctness, not
+joining; and 128 processes that look at their job as ptc.elastic's did
+before they followed their own streams (rank 0 follows the stream, the
+others poll). Correctness, not
 time: every surviving process resumes in the new layout epoch, the job's
 committed layout is the one asked for (its regions proven by their
 fingerprints, as in a real change), and the coordinator's threads stay
@@ -31,7 +32,7 @@ def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, 
     result, out = run_harness(
         bin_dir, tmp_path, "--hosts", "64", "--kill", "4", "--add", "4",
         "--config", "tp=2,pp=4,dp=64", "--after-kill", "tp=2,pp=4,dp=60",
-        "--after-add", "tp=2,pp=4,dp=64", "--group", "32", "--watch")
+        "--after-add", "tp=2,pp=4,dp=64", "--group", "32")
     assert result["failures"] == []
     phases = {p["phase"]: p for p in result["phases"]}
     assert list(phases) == ["start", "meet", "steady", "failure", "scale-up"]
@@ -49,10 +50,10 @@ def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, 
     assert set(phases["steady"]["calls_per_s"]) <= {"Coordinator.Heartbeat"}
 
 
-def test_processes_that_poll_as_elastic_does_follow_a_change(bin_dir, tmp_path):
+def test_processes_that_poll_follow_a_change(bin_dir, tmp_path):
     result, _ = run_harness(
         bin_dir, tmp_path, "--hosts", "16", "--kill", "2", "--config", "tp=2,pp=4,dp=16",
-        "--after-kill", "tp=2,pp=4,dp=14", "--saves", "1")
+        "--after-kill", "tp=2,pp=4,dp=14", "--saves", "1", "--poll")
     assert result["failures"] == []
     steady = next(p for p in result["phases"] if p["phase"] == "steady")
     # Each process but rank 0 asks at every step's boundary.

@@ -272,7 +272,6 @@ class Live:
         self._saved_at = -1
         self._change = None  # timings of the change being followed
         self._plan_epoch_seen = 0  # the newest change this process knows of
-        self._polled = None  # (when, event) of the last fetch_event
         self._own = set(self.__dict__) | {"_own"}
 
     def _print(self, msg):
@@ -406,16 +405,12 @@ class Live:
         return int(flag[0]), int(flag[1])
 
     def _ev(self):
-        """The job as this process knows it: rank 0 follows the
-        coordinator's Watch stream (one stream per job: each holds one of
-        the coordinator's RPC threads); the others ask the coordinator, at
-        most every 50 ms, when they wait for something."""
-        if self.rank == 0:
-            return self.client.event
-        now = time.time()
-        if self._polled is None or now - self._polled[0] >= 0.05:
-            self._polled = (now, self.client.fetch_event())
-        return self._polled[1]
+        """The job as this process knows it: what the coordinator's Watch
+        stream last told it. Every process follows its own stream (the
+        coordinator holds no thread per stream and sends a job's news to
+        its streams once per change of phase), so a process that waits is
+        told, and asks nothing while the job trains."""
+        return self.client.event
 
     def _soon(self, ready, patience=2.0):
         """Whether ready(event) holds within `patience` seconds (the Watch
@@ -483,8 +478,7 @@ class Live:
         self.client = _capi.Client(socket=self.socket, coordinator=self.coordinator,
                                   job=self.job, rank=rank)
         self.rank = rank
-        if rank == 0:
-            self.client.follow()
+        self.client.follow()
         self._wait(lambda: self._ev()["known"], "the coordinator's Watch stream")
         ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
@@ -729,12 +723,7 @@ class Live:
     def _form_and_load(self):
         from . import torch as pt
         epoch = self.client.layout_epoch
-        if self.client.rank == 0 and self.rank != 0:
-            self.client.follow()
-        elif self.client.rank != 0 and self.rank == 0:
-            self.client.unfollow()
         self.rank = self.client.rank
-        self._polled = None
         self.config = self.client.config
         world = self.client.world_size
         wait = datetime.timedelta(seconds=self.timeout)
