@@ -174,7 +174,7 @@ absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
   if (done.ok()) done = DecideFlight(s, job.event);
   if (done.ok()) {
     job.target_host_bytes =
-        HostBytesOf(*job.spec, s.target_config(), s.target_rank_hosts());
+        HostBytesOf(job.spec, &layouts_, s.target_config(), s.target_rank_hosts());
     done = CommitFlightLocked(job).status();
   }
   if (!done.ok()) {
@@ -546,13 +546,12 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
     }
     candidates.push_back(id);
   }
-  PTC_ASSIGN_OR_RETURN(const ParallelConfig config,
-                       spec->ParseConfig(req.config()));
-  PTC_ASSIGN_OR_RETURN(const Layout layout, BuildLayout(*spec, config));
+  PTC_ASSIGN_OR_RETURN(const std::shared_ptr<const Layout> layout,
+                       layouts_.Get(spec, req.config()));
   PlacementRequest preq;
   preq.spec = spec.get();
   preq.cluster = &res.cluster;
-  preq.target = &layout;
+  preq.target = layout.get();
   preq.hosts = candidates;
   preq.alive = res.alive;
   preq.taken = res.taken;
@@ -798,15 +797,13 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
 // What ListJobs says of a job's survival: which single host or domain loss
 // its placement survives (empty if its layout cannot be built).
 CoordinatorService::Survival CoordinatorService::JudgeSurvival(
-    const ModelSpec& spec, const std::string& config,
+    const std::shared_ptr<const ModelSpec>& spec, const std::string& config,
     const Placement& placement, const Cluster& cluster) {
   Survival judged;
-  auto parsed = spec.ParseConfig(config);
-  auto layout = parsed.ok() ? BuildLayout(spec, *parsed)
-                            : absl::StatusOr<Layout>(parsed.status());
-  if (layout.ok() && layout->world_size() == placement.world_size()) {
+  auto layout = layouts_.Get(spec, config);
+  if (layout.ok() && (*layout)->world_size() == placement.world_size()) {
     const SurvivalReport report =
-        CheckSurvival(spec, *layout, placement, cluster);
+        CheckSurvival(*spec, **layout, placement, cluster);
     judged.text = report.Describe();
     judged.any_host = report.SurvivesAnyHost();
   }
@@ -896,7 +893,7 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
         continue;
       }
     }
-    Survival judged = JudgeSurvival(*p.spec, p.config, p.placement, p.cluster);
+    Survival judged = JudgeSurvival(p.spec, p.config, p.placement, p.cluster);
     judged.placement = p.key;
     s->set_survival(judged.text);
     s->set_survives_host_loss(judged.any_host);

@@ -40,13 +40,15 @@ absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(
 }
 
 std::map<std::string, int64_t> HostBytesOf(
-    const ModelSpec& spec, const std::string& config,
+    const std::shared_ptr<const ModelSpec>& spec, LayoutCache* layouts,
+    const std::string& config,
     const google::protobuf::RepeatedPtrField<std::string>& rank_hosts) {
   std::map<std::string, int64_t> out;
   if (config.empty() || rank_hosts.empty()) return out;
-  auto c = spec.ParseConfig(config);
+  auto c = spec->ParseConfig(config);
   if (!c.ok() || c->world_size() != rank_hosts.size()) return out;
-  auto layout = BuildLayout(spec, *c);
+  LayoutCache own(1);
+  auto layout = (layouts != nullptr ? layouts : &own)->Get(spec, config);
   if (!layout.ok()) return out;
   std::vector<std::string> names;
   std::map<std::string, int> id_of;
@@ -58,7 +60,7 @@ std::map<std::string, int64_t> HostBytesOf(
     p.device.push_back(0);
   }
   const std::vector<int64_t> bytes =
-      HostStateBytes(spec, *layout, p, static_cast<int>(names.size()));
+      HostStateBytes(*spec, **layout, p, static_cast<int>(names.size()));
   for (size_t h = 0; h < names.size(); ++h) out[names[h]] = bytes[h];
   return out;
 }
@@ -66,9 +68,9 @@ std::map<std::string, int64_t> HostBytesOf(
 void JobTable::Job::Derive() {
   auto shape = JobShape(*spec, state.config());
   if (shape.ok()) std::tie(ranks, state_bytes) = *shape;
-  host_bytes = HostBytesOf(*spec, state.config(), state.rank_hosts());
-  target_host_bytes =
-      HostBytesOf(*spec, state.target_config(), state.target_rank_hosts());
+  host_bytes = HostBytesOf(spec, nullptr, state.config(), state.rank_hosts());
+  target_host_bytes = HostBytesOf(spec, nullptr, state.target_config(),
+                                  state.target_rank_hosts());
 }
 
 int64_t JobTable::Job::NewVersion() {

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/control_store.h"
 #include "proto/coordinator.pb.h"
+#include "ptc/layout_cache.h"
 #include "ptc/model_spec.h"
 
 namespace ptc {
@@ -44,9 +45,10 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> JobSpec(
 absl::StatusOr<std::pair<int32_t, int64_t>> JobShape(const ModelSpec& spec,
                                                      const std::string& config);
 // Store bytes per host name of `config` placed on `rank_hosts` (empty if
-// either is missing).
+// either is missing); the layout from `layouts` (null: built here).
 std::map<std::string, int64_t> HostBytesOf(
-    const ModelSpec& spec, const std::string& config,
+    const std::shared_ptr<const ModelSpec>& spec, LayoutCache* layouts,
+    const std::string& config,
     const google::protobuf::RepeatedPtrField<std::string>& rank_hosts);
 
 class JobTable {

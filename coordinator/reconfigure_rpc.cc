@@ -270,12 +270,12 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   auto flight = std::make_shared<Flight>();
   flight->job = req.job();
   PTC_ASSIGN_OR_RETURN(flight->scenario,
-                       MakePlanScenario(*spec, out.from, from_ids, req.to(), to_ids,
-                                        res.cluster, alive));
+                       MakePlanScenario(spec, &layouts_, out.from, from_ids,
+                                        req.to(), to_ids, res.cluster, alive));
   PlanScenario& scenario = flight->scenario;
   // The committed ranks run where the job's placement put them.
   if (static_cast<int>(source_ranks.first.size()) ==
-      scenario.source.world_size()) {
+      scenario.source().world_size()) {
     Placement p;
     PTC_ASSIGN_OR_RETURN(const std::vector<int> ids, id_of(source_ranks.first));
     p.host = ids;
@@ -294,10 +294,10 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   PlacementRequest where;
   where.spec = &scenario.spec;
   where.cluster = &scenario.cluster;
-  where.target = &scenario.target;
+  where.target = &scenario.target();
   where.hosts = to_ids;
   if (committed > 0) {
-    where.source = &scenario.source;
+    where.source = &scenario.source();
     where.source_placement = &scenario.source_placement;
   }
   where.alive = alive;
@@ -511,7 +511,7 @@ FlightTarget CoordinatorService::TargetOf(const Planned& planned,
   const bool restore = flight.snapshot && flight.snapshot->restore;
   const std::vector<std::string>& names = planned.names;
   FlightTarget target;
-  target.config = flight.scenario.target.config()->ToString();
+  target.config = flight.scenario.target().config()->ToString();
   const Placement& placed = planned.placement.placement;
   for (int rank = 0; rank < placed.world_size(); ++rank) {
     target.rank_hosts.push_back(names[placed.host[rank]]);

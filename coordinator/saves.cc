@@ -33,9 +33,7 @@ struct HostShare {
 
 absl::StatusOr<std::map<std::string, HostShare>> SharesOf(
     const std::string& job, int64_t version, const ModelSpec& spec,
-    const std::string& config, const std::vector<std::string>& rank_hosts) {
-  PTC_ASSIGN_OR_RETURN(ParallelConfig c, spec.ParseConfig(config));
-  PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, c));
+    const Layout& layout, const std::vector<std::string>& rank_hosts) {
   if (static_cast<int>(rank_hosts.size()) != layout.world_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job, "' places ", rank_hosts.size(), " of its ",
@@ -262,7 +260,7 @@ absl::Status CoordinatorService::DoReportSaved(
   }
   // Every rank reported: prove the version on every host (rule 4).
   const absl::Status proven =
-      CommitSaveOnHosts(req.job(), req.version(), *spec, config, rank_hosts);
+      CommitSaveOnHosts(req.job(), req.version(), spec, config, rank_hosts);
   std::vector<std::string> addresses;
   std::vector<int64_t> superseded;
   {
@@ -327,10 +325,13 @@ absl::Status CoordinatorService::DoReportSaved(
 }
 
 absl::Status CoordinatorService::CommitSaveOnHosts(
-    const std::string& job, int64_t version, const ModelSpec& spec,
-    const std::string& config, const std::vector<std::string>& rank_hosts) {
+    const std::string& job, int64_t version,
+    const std::shared_ptr<const ModelSpec>& spec, const std::string& config,
+    const std::vector<std::string>& rank_hosts) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<const Layout> layout,
+                       layouts_.Get(spec, config));
   PTC_ASSIGN_OR_RETURN(auto shares,
-                       SharesOf(job, version, spec, config, rank_hosts));
+                       SharesOf(job, version, *spec, *layout, rank_hosts));
   std::vector<std::string> names, addresses;
   {
     absl::MutexLock lock(&mu_);
@@ -420,7 +421,10 @@ void CoordinatorService::VerifyReturnedHosts() {
     for (const std::string& h : done) hosts_.Proven(h);
   }
   for (const Proof& p : proofs) {
-    auto shares = SharesOf(p.job, p.version, *p.spec, p.config, p.rank_hosts);
+    auto layout = layouts_.Get(p.spec, p.config);
+    auto shares = layout.ok() ? SharesOf(p.job, p.version, *p.spec, **layout,
+                                         p.rank_hosts)
+                              : layout.status();
     absl::Status s = shares.status();
     if (s.ok() && shares->count(p.host)) {
       // Sealing is right: the coordinator committed this version.

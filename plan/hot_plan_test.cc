@@ -13,8 +13,8 @@ constexpr char kSmallGpt[] =
 // Every target region is covered exactly once by its rank's pieces, and
 // each piece's sender holds it in the source layout.
 void CheckCovers(const PlanScenario& s, const ProcessPlan& p) {
-  for (int t = 0; t < s.target.num_tensors(); ++t) {
-    for (const Shard& d : s.target.shards(t)) {
+  for (int t = 0; t < s.target().num_tensors(); ++t) {
+    for (const Shard& d : s.target().shards(t)) {
       if (d.region.empty()) continue;
       std::vector<Region> parts;
       for (const ProcessTransfer& x : p.transfers) {
@@ -23,7 +23,7 @@ void CheckCovers(const PlanScenario& s, const ProcessPlan& p) {
         if (part.empty()) continue;
         parts.push_back(part);
         bool held = false;
-        for (const Shard& h : s.source.shards(t))
+        for (const Shard& h : s.source().shards(t))
           held |= h.rank == x.source_rank && h.region.Contains(x.region);
         CHECK(held);
       }
@@ -76,7 +76,7 @@ TEST_CASE("hot plan: tp, pp and dp changes cover every target region",
     if (from.substr(0, 4) != to.substr(0, 4))
       CHECK(p->bytes_between_processes > 0);
     CHECK(p->small_objects.size() ==
-          static_cast<size_t>(s.target.world_size()) *
+          static_cast<size_t>(s.target().world_size()) *
               s.spec.small_objects.size());
   }
 }

@@ -33,9 +33,9 @@ PlacementRequest Request(const PlanScenario& s, std::vector<int> hosts) {
   PlacementRequest req;
   req.spec = &s.spec;
   req.cluster = &s.cluster;
-  req.target = &s.target;
+  req.target = &s.target();
   req.hosts = std::move(hosts);
-  req.source = &s.source;
+  req.source = &s.source();
   req.source_placement = &s.source_placement;
   req.alive = s.alive;
   return req;
@@ -151,7 +151,7 @@ TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
   CHECK(chosen->cross_host_bytes <= contiguous->cross_host_bytes);
   CHECK(chosen->cross_host_bytes == PlannedCrossBytes(*s, chosen->placement));
   // Hosts 0 and 1 keep a replica of their own stage: they receive nothing.
-  const ParallelConfig& to = *s->target.config();
+  const ParallelConfig& to = *s->target().config();
   for (int r = 0; r < to.world_size(); ++r) {
     const int h = chosen->placement.host[r];
     if (h < 2) CHECK(to.IndexOn(to.CoordOf(r), "pp") == h);
@@ -170,7 +170,7 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   auto chosen = ChoosePlacement(req);
   REQUIRE(chosen.ok());
   CHECK(static_cast<int>(chosen->survival.hosts_lost.size()) == 0);
-  const ParallelConfig& cfg = *s->target.config();
+  const ParallelConfig& cfg = *s->target().config();
   for (int h = 0; h < 2; ++h) {
     std::set<int> stages;
     for (int r = 0; r < cfg.world_size(); ++r)
@@ -179,7 +179,7 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   }
   CHECK(chosen->cross_host_bytes > 0);
   CHECK(chosen->cross_host_bytes == PlannedCrossBytes(*s, chosen->placement));
-  SurvivalReport report = CheckSurvival(s->spec, s->target, chosen->placement, s->cluster);
+  SurvivalReport report = CheckSurvival(s->spec, s->target(), chosen->placement, s->cluster);
   CHECK(report.hosts == 2);
   CHECK(report.hosts_lost.empty());
   CHECK(report.Describe() == "survives the loss of any one host");
@@ -190,7 +190,7 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   REQUIRE(packed.ok());
   CHECK(packed->cross_host_bytes == 0);
   CHECK(static_cast<int>(packed->survival.hosts_lost.size()) == 2);
-  report = CheckSurvival(s->spec, s->target, packed->placement, s->cluster);
+  report = CheckSurvival(s->spec, s->target(), packed->placement, s->cluster);
   REQUIRE(report.hosts_lost.size() == 2);
   CHECK_THAT(report.Describe(),
              Catch::StartsWith("does not survive the loss of host host0 (tensor '") &&
@@ -466,7 +466,7 @@ TEST_CASE("placement: equal to brute force over every grouping of tp groups",
     // (`survive` puts recoverability first).
     PlacementRequest req = Request(*s, cands);
     req.survive = false;
-    const int tp = s->target.config()->tp();
+    const int tp = s->target().config()->tp();
     auto chosen = ChoosePlacement(req);
     if (tp > gpus || (to_world + gpus - 1) / gpus > static_cast<int>(cands.size())) {
       CHECK_FALSE(chosen.ok());
@@ -477,7 +477,7 @@ TEST_CASE("placement: equal to brute force over every grouping of tp groups",
     REQUIRE(chosen.ok());
     // Constraints: devices valid and distinct, tp groups on one host.
     REQUIRE(ValidatePlacement(cluster, chosen->placement).ok());
-    const ParallelConfig& cfg = *s->target.config();
+    const ParallelConfig& cfg = *s->target().config();
     for (int r = 0; r < to_world; ++r) {
       MeshCoord c = cfg.CoordOf(r);
       c.index[cfg.AxisIndex("tp")] = 0;
@@ -498,7 +498,7 @@ TEST_CASE("placement: equal to brute force over every grouping of tp groups",
     REQUIRE(survivable.ok());
     REQUIRE(ValidatePlacement(cluster, survivable->placement).ok());
     // The report from the blocks' regions equals one from every shard.
-    CHECK(CheckSurvival(spec, s->target, survivable->placement, cluster).Describe() ==
+    CHECK(CheckSurvival(spec, s->target(), survivable->placement, cluster).Describe() ==
           survivable->survival.Describe());
     // Recoverability first: never a smaller share of hosts whose loss
     // leaves a copy of everything; with as large a share, never a longer

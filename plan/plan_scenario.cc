@@ -23,27 +23,43 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     const std::vector<int>& from_hosts, const std::string& to,
     const std::vector<int>& to_hosts, Cluster cluster,
     std::vector<bool> alive) {
+  return MakePlanScenario(std::make_shared<const ModelSpec>(std::move(spec)),
+                          nullptr, from, from_hosts, to, to_hosts,
+                          std::move(cluster), std::move(alive));
+}
+
+absl::StatusOr<PlanScenario> MakePlanScenario(
+    const std::shared_ptr<const ModelSpec>& spec, LayoutCache* layouts,
+    const std::string& from, const std::vector<int>& from_hosts,
+    const std::string& to, const std::vector<int>& to_hosts, Cluster cluster,
+    std::vector<bool> alive) {
   PlanScenario s;
-  s.spec = std::move(spec);
+  s.spec = *spec;
   s.cluster = std::move(cluster);
   s.alive = std::move(alive);
   struct Side {
     const char* name;
     const std::string* text;
     const std::vector<int>* hosts;
-    Layout* layout;
+    std::shared_ptr<const Layout>* layout;
     Placement* placement;
   };
   for (Side side :
-       {Side{"source", &from, &from_hosts, &s.source, &s.source_placement},
-        Side{"target", &to, &to_hosts, &s.target, &s.target_placement}}) {
+       {Side{"source", &from, &from_hosts, &s.source_layout, &s.source_placement},
+        Side{"target", &to, &to_hosts, &s.target_layout, &s.target_placement}}) {
     const std::string context =
         absl::StrCat(side.name, " config '", *side.text, "'");
     auto config = s.spec.ParseConfig(*side.text);
     PTC_RETURN_IF_ERROR(Annotate(config.status(), context));
-    auto layout = BuildLayout(s.spec, *config);
-    PTC_RETURN_IF_ERROR(Annotate(layout.status(), context));
-    *side.layout = *std::move(layout);
+    if (layouts != nullptr) {
+      auto layout = layouts->Get(spec, *side.text);
+      PTC_RETURN_IF_ERROR(Annotate(layout.status(), context));
+      *side.layout = *std::move(layout);
+    } else {
+      auto layout = BuildLayout(s.spec, *config);
+      PTC_RETURN_IF_ERROR(Annotate(layout.status(), context));
+      *side.layout = std::make_shared<const Layout>(*std::move(layout));
+    }
     auto placement =
         ContiguousPlacement(s.cluster, *side.hosts, config->world_size());
     PTC_RETURN_IF_ERROR(Annotate(placement.status(), context));
@@ -58,9 +74,9 @@ absl::Status PlaceScenarioTarget(PlanScenario* s,
   PlacementRequest req;
   req.spec = &s->spec;
   req.cluster = &s->cluster;
-  req.target = &s->target;
+  req.target = &s->target();
   req.hosts = candidates;
-  req.source = &s->source;
+  req.source = &s->source();
   req.source_placement = &s->source_placement;
   req.alive = s->alive;
   std::vector<std::string> names;

@@ -10,12 +10,14 @@
 #ifndef PTC_PLAN_PLAN_SCENARIO_H_
 #define PTC_PLAN_PLAN_SCENARIO_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "plan/placement.h"
 #include "plan/plan.h"
+#include "ptc/layout_cache.h"
 #include "proto/coordinator.pb.h"
 
 namespace ptc {
@@ -23,7 +25,9 @@ namespace ptc {
 struct PlanScenario {
   ModelSpec spec;
   Cluster cluster;
-  Layout source, target;
+  // Shared with the LayoutCache they came from, if any (never null in a
+  // made scenario).
+  std::shared_ptr<const Layout> source_layout, target_layout;
   Placement source_placement, target_placement;
   std::vector<bool> alive;  // empty: all alive
   // How the target was placed: "contiguous" (MakePlanScenario) or what
@@ -32,10 +36,13 @@ struct PlanScenario {
   PlacementResult placement;
   double placement_seconds = 0;
 
+  const Layout& source() const { return *source_layout; }
+  const Layout& target() const { return *target_layout; }
+
   // Points into this object: keep it alive (and unmoved) while in use.
   PlanInput input() const {
-    return PlanInput{&spec,   &cluster,          &source, &source_placement,
-                     &target, &target_placement, alive};
+    return PlanInput{&spec,     &cluster,          &source(), &source_placement,
+                     &target(), &target_placement, alive};
   }
 };
 
@@ -46,6 +53,14 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     ModelSpec spec, const std::string& from,
     const std::vector<int>& from_hosts, const std::string& to,
     const std::vector<int>& to_hosts, Cluster cluster,
+    std::vector<bool> alive = {});
+
+// The same with the layouts from `layouts` (a coordinator's: the committed
+// layout is built once, not at every change) for `spec`, the cache's key.
+absl::StatusOr<PlanScenario> MakePlanScenario(
+    const std::shared_ptr<const ModelSpec>& spec, LayoutCache* layouts,
+    const std::string& from, const std::vector<int>& from_hosts,
+    const std::string& to, const std::vector<int>& to_hosts, Cluster cluster,
     std::vector<bool> alive = {});
 
 // The same for a built-in model: a known name or a custom architecture

@@ -57,7 +57,7 @@ TEST_CASE("planner: a tp change inside one host copies within the host",
   // dp=2 on one host: both replicas (and both tp ranks, for tp-replicated
   // tensors) share one copy in the store.
   int64_t rank_bytes = 0;
-  for (int r = 0; r < 4; ++r) rank_bytes += job.target.RankBytes(job.spec, r);
+  for (int r = 0; r < 4; ++r) rank_bytes += job.target().RankBytes(job.spec, r);
   CHECK(plan->summary.dedup_saved_bytes ==
         rank_bytes - plan->summary.target_bytes);
   CHECK(plan->summary.dedup_saved_bytes >= plan->summary.target_bytes);

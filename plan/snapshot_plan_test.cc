@@ -14,7 +14,7 @@ constexpr char kGpt[] =
 // Every element of every tensor written exactly once, each part inside a
 // region its writer's ranks hold, and the bytes add up.
 void CheckWriters(const testing::TestJob& job, const SnapshotWriters& w) {
-  const Layout& layout = job.source;
+  const Layout& layout = job.source();
   for (int t = 0; t < layout.num_tensors(); ++t) {
     INFO("tensor " << job.spec.tensors[t].key);
     std::vector<Region> parts;
@@ -49,7 +49,7 @@ TEST_CASE("snapshot writers: replicas share the writing, each region once",
   auto job = testing::MakeJob(kGpt, "tp=1,dp=2", {0, 1}, "tp=1,dp=2", {0, 1},
                               Cluster::Uniform(2, 1));
   REQUIRE(job.ok());
-  auto w = AssignSnapshotWriters(job->spec, job->source,
+  auto w = AssignSnapshotWriters(job->spec, job->source(),
                                  job->source_placement.host, {true, true}, 7);
   REQUIRE(w.ok());
   CheckWriters(*job, *w);
@@ -61,7 +61,7 @@ TEST_CASE("snapshot writers: replicas share the writing, each region once",
   CHECK(std::abs(w->bytes.at(0) - w->bytes.at(1)) <= largest);
 
   SECTION("a dead replica leaves the whole version to the other") {
-    auto one = AssignSnapshotWriters(job->spec, job->source,
+    auto one = AssignSnapshotWriters(job->spec, job->source(),
                                      job->source_placement.host,
                                      {false, true}, 7);
     REQUIRE(one.ok());
@@ -75,7 +75,7 @@ TEST_CASE("snapshot writers: a region without a live holder is named",
   auto job = testing::MakeJob(kGpt, "tp=2", {0, 1}, "tp=2", {0, 1},
                               Cluster::Uniform(2, 1));
   REQUIRE(job.ok());
-  auto w = AssignSnapshotWriters(job->spec, job->source,
+  auto w = AssignSnapshotWriters(job->spec, job->source(),
                                  job->source_placement.host, {true, false}, 7);
   REQUIRE(w.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(w.status().message()),
@@ -83,10 +83,10 @@ TEST_CASE("snapshot writers: a region without a live holder is named",
   // A rank on a host the coordinator does not know holds nothing either.
   std::vector<int32_t> unknown = job->source_placement.host;
   unknown[1] = -1;
-  CHECK(AssignSnapshotWriters(job->spec, job->source, unknown, {true, true}, 7)
+  CHECK(AssignSnapshotWriters(job->spec, job->source(), unknown, {true, true}, 7)
             .status()
             .code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(AssignSnapshotWriters(job->spec, job->source, {0}, {true, true}, 7)
+  CHECK(AssignSnapshotWriters(job->spec, job->source(), {0}, {true, true}, 7)
             .status()
             .code() == absl::StatusCode::kInternal);
 }
@@ -105,15 +105,15 @@ TEST_CASE(
   REQUIRE(job.ok());
   // Some tensor's distinct regions overlap in this layout.
   int overlapping = 0;
-  for (int t = 0; t < job->source.num_tensors(); ++t) {
+  for (int t = 0; t < job->source().num_tensors(); ++t) {
     std::set<Region> distinct;
-    for (const Shard& s : job->source.shards(t)) distinct.insert(s.region);
+    for (const Shard& s : job->source().shards(t)) distinct.insert(s.region);
     int64_t volume = 0;
     for (const Region& r : distinct) volume += r.volume();
     if (volume > NumElements(job->spec.tensors[t].shape)) ++overlapping;
   }
   REQUIRE(overlapping > 0);
-  auto w = AssignSnapshotWriters(job->spec, job->source,
+  auto w = AssignSnapshotWriters(job->spec, job->source(),
                                  job->source_placement.host,
                                  std::vector<bool>(8, true), 7);
   REQUIRE(w.ok());
@@ -133,17 +133,17 @@ TEST_CASE("snapshot writers: a failed writer's parts go to other holders",
                               Cluster::Uniform(2, 2));
   REQUIRE(job.ok());
   const std::vector<int32_t>& hosts = job->source_placement.host;
-  auto w = AssignSnapshotWriters(job->spec, job->source, hosts, {true, true}, 7);
+  auto w = AssignSnapshotWriters(job->spec, job->source(), hosts, {true, true}, 7);
   REQUIRE(w.ok());
   REQUIRE(w->regions.count(1) == 1);
   // Host 1 died while writing: host 0 holds every part of it.
-  auto again = ReassignSnapshotParts(job->spec, job->source, hosts,
+  auto again = ReassignSnapshotParts(job->spec, job->source(), hosts,
                                      {true, false}, w->regions.at(1), 7);
   REQUIRE(again.ok());
   CHECK(again->regions.size() == 1);
   CHECK(again->regions.at(0) == w->regions.at(1));
   // Without a replica there is no one to take them.
-  auto none = ReassignSnapshotParts(job->spec, job->source, hosts,
+  auto none = ReassignSnapshotParts(job->spec, job->source(), hosts,
                                     {false, false}, w->regions.at(1), 7);
   REQUIRE(none.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(none.status().message()),

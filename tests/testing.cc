@@ -50,9 +50,9 @@ SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
   for (auto& d : c.daemons) REQUIRE(d->client->Declare(job, decls).ok());
   std::set<std::tuple<int, int, Region>> done;
   std::set<int> hosts;
-  for (int t = 0; t < s.source.num_tensors(); ++t) {
+  for (int t = 0; t < s.source().num_tensors(); ++t) {
     const TensorSpec& ts = s.spec.tensors[t];
-    for (const Shard& sh : s.source.shards(t)) {
+    for (const Shard& sh : s.source().shards(t)) {
       const int h = s.source_placement.host[sh.rank];
       hosts.insert(h);
       if (!done.insert({h, t, sh.region}).second) continue;
@@ -66,7 +66,7 @@ SmallObjects SaveSource(DaemonCluster& c, const std::string& job,
     }
   }
   SmallObjects small;
-  for (int rank = 0; rank < s.source.world_size(); ++rank) {
+  for (int rank = 0; rank < s.source().world_size(); ++rank) {
     const int h = s.source_placement.host[rank];
     for (const SmallObjectSpec& o : s.spec.small_objects) {
       const std::string bytes = tools::SyntheticSmallObject(o.name, rank);
@@ -97,7 +97,7 @@ void VerifyTarget(DaemonCluster& c, const std::string& job,
                   const SmallObjects* small) {
   if (small != nullptr) {
     REQUIRE(small->size() ==
-            s.spec.small_objects.size() * s.target.world_size());
+            s.spec.small_objects.size() * s.target().world_size());
     for (const auto& [key, want] : *small) {
       const int h = s.target_placement.host[key.second];
       auto got = c.daemons[h]->client->GetSmallObject(job, version, key.first,
@@ -108,9 +108,9 @@ void VerifyTarget(DaemonCluster& c, const std::string& job,
       CHECK(*got == want);
     }
   }
-  for (int t = 0; t < s.target.num_tensors(); ++t) {
+  for (int t = 0; t < s.target().num_tensors(); ++t) {
     const TensorSpec& ts = s.spec.tensors[t];
-    for (const Shard& sh : s.target.shards(t)) {
+    for (const Shard& sh : s.target().shards(t)) {
       const int h = s.target_placement.host[sh.rank];
       const std::vector<char> want =
           tools::Synthetic(t, ts.shape, sh.region, ElementSize(ts.dtype));

@@ -194,8 +194,8 @@ void PrintText(const PlanRun& run) {
   std::cout << absl::StrFormat(
       "Plan for %s (%s of state with Adam): %s on %d ranks -> %s on %d ranks\n",
       s.spec.name, HumanBytes(s.spec.TotalBytes()),
-      s.source.config()->ToString(), s.source.world_size(),
-      s.target.config()->ToString(), s.target.world_size());
+      s.source().config()->ToString(), s.source().world_size(),
+      s.target().config()->ToString(), s.target().world_size());
   std::cout << absl::StrFormat(
       "hosts: %d in the cluster, %d dead, link %s/s each\n\n",
       s.cluster.hosts.size(), dead, HumanBytes(s.cluster.hosts[0].bandwidth));
@@ -248,8 +248,8 @@ void PrintJson(const PlanRun& run) {
   w.BeginObject();
   w.Key("model").String(s.spec.name);
   w.Key("state_bytes").Int(s.spec.TotalBytes());
-  w.Key("from").String(s.source.config()->ToString());
-  w.Key("to").String(s.target.config()->ToString());
+  w.Key("from").String(s.source().config()->ToString());
+  w.Key("to").String(s.target().config()->ToString());
   w.Key("validated").Bool(true);
   w.Key("placement_seconds").Double(s.placement_seconds);
   w.Key("placement");
