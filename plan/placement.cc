@@ -714,6 +714,44 @@ std::string OnlyThere(const ModelSpec& spec, const Layout& layout,
 
 // CheckSurvival; without `host_level`, the domains only (ChoosePlacement
 // fills the hosts' part from its blocks).
+// Per group of ranks (group_of(rank); -1: none), the first small object
+// the group's loss takes ("" where none): one a new rank can only copy
+// (NewRankRule::kCopy) has one copy per class of ranks that agree on its
+// scope's axes, and a group that holds every rank of a class holds the
+// class's only copies ("small object 'cursor' of rank 3"). A rank's own
+// object (every axis in scope) is lost with its host whatever the
+// placement; objects a new rank derives (an RNG state) take a fresh value.
+std::vector<std::string> SmallObjectsOnlyIn(
+    const ModelSpec& spec, const Layout& layout, int groups,
+    const std::function<int(int)>& group_of) {
+  std::vector<std::string> out(groups);
+  if (!layout.config().has_value()) return out;
+  const ParallelConfig& config = *layout.config();
+  for (const SmallObjectSpec& o : spec.small_objects) {
+    if (o.new_ranks != NewRankRule::kCopy) continue;
+    std::vector<int> axes;
+    for (const std::string& a : o.scope) {
+      if (const int i = config.AxisIndex(a); i >= 0) axes.push_back(i);
+    }
+    // A class's group (-2: it spans groups) and its first rank.
+    std::map<std::vector<int>, std::pair<int, int>> classes;
+    std::vector<int> key(axes.size());
+    for (int r = 0; r < layout.world_size(); ++r) {
+      const MeshCoord c = config.CoordOf(r);
+      for (size_t i = 0; i < axes.size(); ++i) key[i] = c.index[axes[i]];
+      const int g = group_of(r);
+      auto [it, fresh] = classes.try_emplace(key, g, r);
+      if (!fresh && it->second.first != g) it->second.first = -2;
+    }
+    for (const auto& [k, where] : classes) {
+      const auto [g, rank] = where;
+      if (g >= 0 && g < groups && out[g].empty())
+        out[g] = absl::StrCat("small object '", o.name, "' of rank ", rank);
+    }
+  }
+  return out;
+}
+
 SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
                               const Placement& placement,
                               const Cluster& cluster, bool host_level) {
@@ -753,21 +791,24 @@ SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
   auto losses = [&](const std::vector<int>& group_of_host,
                     const std::vector<std::string>& names,
                     const std::vector<bool>& domain) {
-    const std::vector<Regions> held = GroupRegions(
-        layout, static_cast<int>(names.size()), [&](int rank) {
-          const int h = placement.host[rank];
-          return h < 0 || h >= static_cast<int>(group_of_host.size())
-                     ? -1
-                     : group_of_host[h];
-        });
+    auto group_of = [&](int rank) {
+      const int h = placement.host[rank];
+      return h < 0 || h >= static_cast<int>(group_of_host.size())
+                 ? -1
+                 : group_of_host[h];
+    };
+    const int groups = static_cast<int>(names.size());
+    const std::vector<Regions> held = GroupRegions(layout, groups, group_of);
     const std::vector<bool> survives = SurvivingGroups(layout, held);
+    const std::vector<std::string> small =
+        SmallObjectsOnlyIn(spec, layout, groups, group_of);
     std::vector<SurvivalReport::Loss> lost;
     std::vector<std::vector<int32_t>> count;
-    for (size_t g = 0; g < names.size(); ++g) {
-      if (survives[g] || !domain[g]) continue;
-      lost.push_back({names[g], lost.size() < kLossesShown
-                                    ? OnlyThere(spec, layout, held, g, &count)
-                                    : ""});
+    for (int g = 0; g < groups; ++g) {
+      if ((survives[g] && small[g].empty()) || !domain[g]) continue;
+      lost.push_back({names[g], lost.size() >= kLossesShown ? ""
+                                : !survives[g] ? OnlyThere(spec, layout, held, g, &count)
+                                               : small[g]});
     }
     return lost;
   };
@@ -1393,6 +1434,9 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     SurvivalReport& report = best->survival;
     report = SurvivalLevels(spec, *req.target, best->placement, cluster, false);
     const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
+    const std::vector<std::string> small = SmallObjectsOnlyIn(
+        spec, *req.target, static_cast<int>(cluster.hosts.size()),
+        [&](int rank) { return best->placement.host[rank]; });
     std::vector<std::vector<int32_t>> count;
     std::vector<char> seen(cluster.hosts.size(), 0);
     for (int r = 0; r < world; ++r) {
@@ -1401,12 +1445,13 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
       seen[h] = 1;
       ++report.hosts;
       const int block = g.block_of_unit[unit_of[r]];
-      if (!survives[block]) {
+      if (!survives[block] || !small[h].empty()) {
         report.hosts_lost.push_back(
             {cluster.hosts[h].name,
-             report.hosts_lost.size() < kLossesShown
+             report.hosts_lost.size() >= kLossesShown ? ""
+             : !survives[block]
                  ? OnlyThere(spec, *req.target, g.needs, block, &count)
-                 : ""});
+                 : small[h]});
       }
     }
   }

@@ -205,6 +205,41 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   CHECK(static_cast<int>(one->survival.hosts_lost.size()) == 2);
 }
 
+TEST_CASE("placement: a small object a new rank can only copy is judged like a "
+          "region: one copy per class of its scope, lost with the host holding it",
+          "[coordinator][placement]") {
+  // tp=1,pp=2,dp=2 on two hosts, each stage's replicas spread: every
+  // tensor survives either host's loss.
+  ModelSpec spec = Gpt();
+  auto judge = [&](std::vector<std::string> scope, NewRankRule rule) {
+    ModelSpec with = spec;
+    with.small_objects.push_back({"cursor", std::move(scope), rule, 64});
+    auto s = MakePlanScenario(with, "tp=1,pp=2,dp=2", {0, 1}, "tp=1,pp=2,dp=2", {0, 1},
+                              Cluster::Uniform(2, 2));
+    REQUIRE(s.ok());
+    auto chosen = ChoosePlacement(Request(*s, {0, 1}));
+    REQUIRE(chosen.ok());
+    const SurvivalReport report =
+        CheckSurvival(s->spec, s->target(), chosen->placement, s->cluster);
+    // The placement's own report and the judgement of the placement agree.
+    CHECK(chosen->survival.Describe() == report.Describe());
+    return report;
+  };
+  // Global, or one per stage: copies on both hosts.
+  CHECK(judge({}, NewRankRule::kCopy).Describe() == "survives the loss of any one host");
+  CHECK(judge({"pp"}, NewRankRule::kCopy).Describe() == "survives the loss of any one host");
+  // One per rank that a new rank copies: each copy lives on one host.
+  const SurvivalReport own = judge({"pp", "dp", "tp"}, NewRankRule::kCopy);
+  CHECK(own.hosts_lost.size() == 2);
+  CHECK_FALSE(own.SurvivesAnyHost());
+  CHECK_THAT(own.Describe(),
+             Catch::StartsWith("does not survive the loss of host host0 (small object "
+                               "'cursor' of rank ") &&
+                 Catch::Contains(" is only there), host1 (small object 'cursor' of rank "));
+  // One per rank that a new rank derives (an RNG state): a fresh value.
+  CHECK(judge({"pp", "dp", "tp"}, NewRankRule::kDerive).SurvivesAnyHost());
+}
+
 TEST_CASE("placement: survival of a failure domain's loss",
           "[coordinator][placement]") {
   // Four hosts of one GPU in two racks; tp=1,pp=2,dp=2.
