@@ -19,6 +19,7 @@
 #include "plan/internal/grid.h"
 #include "plan/internal/max_flow.h"
 #include "plan/internal/min_cost_flow.h"
+#include "plan/planner.h"
 
 namespace ptc {
 namespace {
@@ -300,6 +301,9 @@ constexpr int kSearchHosts = 32;
 constexpr int64_t kSearchEvery = 4096;
 // The most regions a search looks at (tens of milliseconds here).
 constexpr int64_t kSearchWork = 1'500'000;
+// Placements equal by the search's rule whose plans are made to compare
+// their busiest senders (each a small job's plan: milliseconds).
+constexpr int kTiesPlanned = 6;
 
 // A small placement problem (each unit's needs; per candidate host its
 // room, holdings, link and memory), searched by local moves.
@@ -1408,23 +1412,63 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
       if (as_recoverable(o)) shortest = std::min(shortest, o.score.seconds);
     }
     const Option* chosen = nullptr;
+    auto tied = [&](const Option& o) {
+      return as_recoverable(o) && o.score.seconds <= shortest * slack;
+    };
     for (const Option& o : options) {
-      if (!as_recoverable(o) || o.score.seconds > shortest * slack) continue;
+      if (!tied(o)) continue;
       if (chosen == nullptr || o.score.bytes < chosen->score.bytes) chosen = &o;
     }
-    if (chosen != nullptr && chosen->host_of != host_of) {
+    auto placement_of = [&](const std::vector<int>& unit_host) {
       Placement p;
       p.host.assign(world, -1);
       p.device.assign(world, -1);
       std::vector<int> next(cands.size(), 0);
       for (int u = 0; u < units; ++u) {
-        const Candidate& c = cands[chosen->host_of[u]];
+        const Candidate& c = cands[unit_host[u]];
         for (int r : unit_ranks[u]) {
           p.host[r] = c.host;
-          p.device[r] = c.free[next[chosen->host_of[u]]++];
+          p.device[r] = c.free[next[unit_host[u]]++];
         }
       }
-      return EvaluatePlacement(req, p);
+      return p;
+    };
+    // Placements equal by that rule (as recoverable, within the slack, the
+    // same bytes) differ in how the plan spreads the sends: of the first
+    // kTiesPlanned distinct ones, the one whose busiest sender sends least
+    // (the earliest on a tie).
+    if (chosen != nullptr && chosen->score.bytes > 0) {
+      std::vector<const Option*> ties;
+      for (const Option& o : options) {
+        if (!tied(o) || o.score.bytes != chosen->score.bytes ||
+            std::any_of(ties.begin(), ties.end(), [&](const Option* t) {
+              return t->host_of == o.host_of;
+            }))
+          continue;
+        ties.push_back(&o);
+        if (static_cast<int>(ties.size()) == kTiesPlanned) break;
+      }
+      int64_t least = std::numeric_limits<int64_t>::max();
+      for (size_t i = 0; ties.size() > 1 && i < ties.size(); ++i) {
+        const Placement p = placement_of(ties[i]->host_of);
+        PlanInput in;
+        in.spec = &spec;
+        in.cluster = &cluster;
+        in.source = req.source;
+        in.source_placement = req.source_placement;
+        in.target = req.target;
+        in.target_placement = &p;
+        in.alive = req.alive;
+        in.source_lost = req.source_lost;
+        const absl::StatusOr<Plan> plan = PlanReconfiguration(in);
+        if (plan.ok() && plan->summary.max_host_send_bytes < least) {
+          least = plan->summary.max_host_send_bytes;
+          chosen = ties[i];
+        }
+      }
+    }
+    if (chosen != nullptr && chosen->host_of != host_of) {
+      return EvaluatePlacement(req, placement_of(chosen->host_of));
     }
   }
   if (best.ok()) {
