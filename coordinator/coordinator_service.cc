@@ -173,8 +173,8 @@ absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
   absl::Status done = StartFlight(target, s, job.event);
   if (done.ok()) done = DecideFlight(s, job.event);
   if (done.ok()) {
-    job.target_host_bytes =
-        HostBytesOf(job.spec, &layouts_, s.target_config(), s.target_rank_hosts());
+    job.target_host_bytes = HostBytesOf(job.spec, &layouts_, s.target_config(),
+                                        s.target_rank_hosts());
     done = CommitFlightLocked(job).status();
   }
   if (!done.ok()) {

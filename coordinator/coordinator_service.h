@@ -77,8 +77,8 @@
 #include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/snapshot.pb.h"
-#include "ptc/layout_cache.h"
 #include "ptc/layout.h"
+#include "ptc/layout_cache.h"
 #include "ptc/model_spec.h"
 #include "tensor_store/store_client.h"
 

@@ -811,8 +811,9 @@ SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
     for (int g = 0; g < groups; ++g) {
       if ((survives[g] && small[g].empty()) || !domain[g]) continue;
       lost.push_back({names[g], lost.size() >= kLossesShown ? ""
-                                : !survives[g] ? OnlyThere(spec, layout, held, g, &count)
-                                               : small[g]});
+                                : !survives[g]
+                                    ? OnlyThere(spec, layout, held, g, &count)
+                                    : small[g]});
     }
     return lost;
   };

@@ -179,7 +179,8 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   }
   CHECK(chosen->cross_host_bytes > 0);
   CHECK(chosen->cross_host_bytes == PlannedCrossBytes(*s, chosen->placement));
-  SurvivalReport report = CheckSurvival(s->spec, s->target(), chosen->placement, s->cluster);
+  SurvivalReport report =
+      CheckSurvival(s->spec, s->target(), chosen->placement, s->cluster);
   CHECK(report.hosts == 2);
   CHECK(report.hosts_lost.empty());
   CHECK(report.Describe() == "survives the loss of any one host");
@@ -205,17 +206,18 @@ TEST_CASE("placement: a stage's dp replicas go to different hosts, so that any "
   CHECK(static_cast<int>(one->survival.hosts_lost.size()) == 2);
 }
 
-TEST_CASE("placement: a small object a new rank can only copy is judged like a "
-          "region: one copy per class of its scope, lost with the host holding it",
-          "[coordinator][placement]") {
+TEST_CASE(
+    "placement: a small object a new rank can only copy is judged like a "
+    "region: one copy per class of its scope, lost with the host holding it",
+    "[coordinator][placement]") {
   // tp=1,pp=2,dp=2 on two hosts, each stage's replicas spread: every
   // tensor survives either host's loss.
   ModelSpec spec = Gpt();
   auto judge = [&](std::vector<std::string> scope, NewRankRule rule) {
     ModelSpec with = spec;
     with.small_objects.push_back({"cursor", std::move(scope), rule, 64});
-    auto s = MakePlanScenario(with, "tp=1,pp=2,dp=2", {0, 1}, "tp=1,pp=2,dp=2", {0, 1},
-                              Cluster::Uniform(2, 2));
+    auto s = MakePlanScenario(with, "tp=1,pp=2,dp=2", {0, 1}, "tp=1,pp=2,dp=2",
+                              {0, 1}, Cluster::Uniform(2, 2));
     REQUIRE(s.ok());
     auto chosen = ChoosePlacement(Request(*s, {0, 1}));
     REQUIRE(chosen.ok());
@@ -226,16 +228,20 @@ TEST_CASE("placement: a small object a new rank can only copy is judged like a "
     return report;
   };
   // Global, or one per stage: copies on both hosts.
-  CHECK(judge({}, NewRankRule::kCopy).Describe() == "survives the loss of any one host");
-  CHECK(judge({"pp"}, NewRankRule::kCopy).Describe() == "survives the loss of any one host");
+  CHECK(judge({}, NewRankRule::kCopy).Describe() ==
+        "survives the loss of any one host");
+  CHECK(judge({"pp"}, NewRankRule::kCopy).Describe() ==
+        "survives the loss of any one host");
   // One per rank that a new rank copies: each copy lives on one host.
   const SurvivalReport own = judge({"pp", "dp", "tp"}, NewRankRule::kCopy);
   CHECK(own.hosts_lost.size() == 2);
   CHECK_FALSE(own.SurvivesAnyHost());
-  CHECK_THAT(own.Describe(),
-             Catch::StartsWith("does not survive the loss of host host0 (small object "
-                               "'cursor' of rank ") &&
-                 Catch::Contains(" is only there), host1 (small object 'cursor' of rank "));
+  CHECK_THAT(
+      own.Describe(),
+      Catch::StartsWith("does not survive the loss of host host0 (small object "
+                        "'cursor' of rank ") &&
+          Catch::Contains(
+              " is only there), host1 (small object 'cursor' of rank "));
   // One per rank that a new rank derives (an RNG state): a fresh value.
   CHECK(judge({"pp", "dp", "tp"}, NewRankRule::kDerive).SurvivesAnyHost());
 }
@@ -427,7 +433,9 @@ struct Best {
   int64_t send = 0;
 };
 double SurvivingShare(const SurvivalReport& r) {
-  return r.hosts <= 1 ? 0.0 : static_cast<double>(r.hosts - r.hosts_lost.size()) / r.hosts;
+  return r.hosts <= 1
+             ? 0.0
+             : static_cast<double>(r.hosts - r.hosts_lost.size()) / r.hosts;
 }
 Best BruteForce(const PlacementRequest& req, int gpus) {
   const ParallelConfig& cfg = *req.target->config();
@@ -454,8 +462,8 @@ Best BruteForce(const PlacementRequest& req, int gpus) {
       auto e = EvaluatePlacement(req, p);
       REQUIRE(e.ok());
       if (req.survive) {
-        const double share =
-            SurvivingShare(CheckSurvival(*req.spec, *req.target, p, *req.cluster));
+        const double share = SurvivingShare(
+            CheckSurvival(*req.spec, *req.target, p, *req.cluster));
         if (share < most - 1e-12) return;
         if (share > most + 1e-12) {
           most = share;
@@ -484,7 +492,9 @@ Best BruteForce(const PlacementRequest& req, int gpus) {
   }
   int64_t send = std::numeric_limits<int64_t>::max();
   for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].first > least * (1 + req.duration_slack) || all[i].second != fewest) continue;
+    if (all[i].first > least * (1 + req.duration_slack) ||
+        all[i].second != fewest)
+      continue;
     PlanInput in;
     in.spec = req.spec;
     in.cluster = req.cluster;
@@ -562,7 +572,8 @@ int AgainstBruteForce(uint64_t seed, int iterations) {
     double assignments = 1;
     for (int u = 0; u < to_world / tp; ++u) assignments *= cands.size();
     const Best best = BruteForce(req, gpus);
-    CHECK(chosen->max_receive_seconds <= best.seconds * (1 + req.duration_slack));
+    CHECK(chosen->max_receive_seconds <=
+          best.seconds * (1 + req.duration_slack));
     CHECK(chosen->cross_host_bytes == best.bytes);
     auto planned = PlanInput(s->input());
     planned.target_placement = &chosen->placement;
@@ -574,7 +585,8 @@ int AgainstBruteForce(uint64_t seed, int iterations) {
       // Among the placements equal by receive time and bytes, the least
       // largest send (of those the search saw: all, where it tries every
       // assignment).
-      if (assignments <= 4096) CHECK(plan->summary.max_host_send_bytes == best.send);
+      if (assignments <= 4096)
+        CHECK(plan->summary.max_host_send_bytes == best.send);
     }
     req.survive = true;
     auto survivable = ChoosePlacement(req);
@@ -584,7 +596,8 @@ int AgainstBruteForce(uint64_t seed, int iterations) {
       // The same among the most recoverable assignments (where they are
       // few: each is judged as a whole).
       const Best most = BruteForce(req, gpus);
-      CHECK(survivable->max_receive_seconds <= most.seconds * (1 + req.duration_slack));
+      CHECK(survivable->max_receive_seconds <=
+            most.seconds * (1 + req.duration_slack));
       CHECK(survivable->cross_host_bytes == most.bytes);
       planned.target_placement = &survivable->placement;
       auto splan = PlanReconfiguration(planned);
@@ -592,8 +605,8 @@ int AgainstBruteForce(uint64_t seed, int iterations) {
         CHECK(splan->summary.max_host_send_bytes == most.send);
     }
     // The report from the blocks' regions equals one from every shard.
-    CHECK(CheckSurvival(spec, s->target(), survivable->placement, cluster).Describe() ==
-          survivable->survival.Describe());
+    CHECK(CheckSurvival(spec, s->target(), survivable->placement, cluster)
+              .Describe() == survivable->survival.Describe());
     // Recoverability first: never a smaller share of hosts whose loss
     // leaves a copy of everything; with as large a share, never a longer
     // change or more bytes.

@@ -44,9 +44,10 @@ absl::StatusOr<PlanScenario> MakePlanScenario(
     std::shared_ptr<const Layout>* layout;
     Placement* placement;
   };
-  for (Side side :
-       {Side{"source", &from, &from_hosts, &s.source_layout, &s.source_placement},
-        Side{"target", &to, &to_hosts, &s.target_layout, &s.target_placement}}) {
+  for (Side side : {Side{"source", &from, &from_hosts, &s.source_layout,
+                         &s.source_placement},
+                    Side{"target", &to, &to_hosts, &s.target_layout,
+                         &s.target_placement}}) {
     const std::string context =
         absl::StrCat(side.name, " config '", *side.text, "'");
     auto config = s.spec.ParseConfig(*side.text);

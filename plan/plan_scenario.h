@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "plan/placement.h"
 #include "plan/plan.h"
-#include "ptc/layout_cache.h"
 #include "proto/coordinator.pb.h"
+#include "ptc/layout_cache.h"
 
 namespace ptc {
 

@@ -61,9 +61,8 @@ TEST_CASE("snapshot writers: replicas share the writing, each region once",
   CHECK(std::abs(w->bytes.at(0) - w->bytes.at(1)) <= largest);
 
   SECTION("a dead replica leaves the whole version to the other") {
-    auto one = AssignSnapshotWriters(job->spec, job->source(),
-                                     job->source_placement.host,
-                                     {false, true}, 7);
+    auto one = AssignSnapshotWriters(
+        job->spec, job->source(), job->source_placement.host, {false, true}, 7);
     REQUIRE(one.ok());
     CheckWriters(*job, *one);
     CHECK(one->regions.count(0) == 0);
@@ -83,9 +82,10 @@ TEST_CASE("snapshot writers: a region without a live holder is named",
   // A rank on a host the coordinator does not know holds nothing either.
   std::vector<int32_t> unknown = job->source_placement.host;
   unknown[1] = -1;
-  CHECK(AssignSnapshotWriters(job->spec, job->source(), unknown, {true, true}, 7)
-            .status()
-            .code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(
+      AssignSnapshotWriters(job->spec, job->source(), unknown, {true, true}, 7)
+          .status()
+          .code() == absl::StatusCode::kFailedPrecondition);
   CHECK(AssignSnapshotWriters(job->spec, job->source(), {0}, {true, true}, 7)
             .status()
             .code() == absl::StatusCode::kInternal);
@@ -133,7 +133,8 @@ TEST_CASE("snapshot writers: a failed writer's parts go to other holders",
                               Cluster::Uniform(2, 2));
   REQUIRE(job.ok());
   const std::vector<int32_t>& hosts = job->source_placement.host;
-  auto w = AssignSnapshotWriters(job->spec, job->source(), hosts, {true, true}, 7);
+  auto w =
+      AssignSnapshotWriters(job->spec, job->source(), hosts, {true, true}, 7);
   REQUIRE(w.ok());
   REQUIRE(w->regions.count(1) == 1);
   // Host 1 died while writing: host 0 holds every part of it.

@@ -11,7 +11,8 @@ namespace ptc {
 namespace {
 
 std::shared_ptr<const ModelSpec> Spec() {
-  auto spec = SpecForModel("gpt:layers=2,hidden=16,heads=2,vocab=64,positions=8");
+  auto spec =
+      SpecForModel("gpt:layers=2,hidden=16,heads=2,vocab=64,positions=8");
   REQUIRE(spec.ok());
   return std::make_shared<const ModelSpec>(*std::move(spec));
 }
@@ -22,7 +23,8 @@ int64_t Shards(const Layout& l) {
   return n;
 }
 
-TEST_CASE("layout cache: one build per spec and config, the same layout as a build") {
+TEST_CASE(
+    "layout cache: one build per spec and config, the same layout as a build") {
   const auto spec = Spec();
   LayoutCache cache;
   auto a = cache.Get(spec, "tp=2,dp=2");
@@ -57,12 +59,16 @@ TEST_CASE("layout cache: errors are the config's and are not kept") {
   LayoutCache cache;
   auto bad = cache.Get(spec, "tp=3");  // 2 heads do not split 3 ways
   CHECK_FALSE(bad.ok());
-  CHECK(cache.Get(spec, "tp=").status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(cache.Get(nullptr, "tp=2").status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(cache.Get(spec, "tp=").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(cache.Get(nullptr, "tp=2").status().code() ==
+        absl::StatusCode::kInvalidArgument);
   CHECK(cache.size() == 0);
 }
 
-TEST_CASE("layout cache: the least recently used leave beyond the budget; holders keep theirs") {
+TEST_CASE(
+    "layout cache: the least recently used leave beyond the budget; holders "
+    "keep theirs") {
   const auto spec = Spec();
   auto probe = BuildLayout(*spec, *spec->ParseConfig("dp=2"));
   REQUIRE(probe.ok());

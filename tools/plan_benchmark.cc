@@ -190,7 +190,8 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
 
 std::string Encode(const Result& r) {
   return absl::StrFormat(
-      "%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d %d %d "
+      "%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d %d "
+      "%d "
       "%.9f %.9f %.9f",
       r.contiguous_bytes, r.contiguous_send, r.ptc_bytes, r.ptc_send, r.bound,
       r.tenplex_bytes, r.tenplex_send, r.pieces, r.released, r.peak,
@@ -204,7 +205,8 @@ bool Decode(const std::string& line, Result* r) {
   long long v[10], movement_first = -1;
   const int n = std::sscanf(
       line.c_str(),
-      "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf %lf %lf %d %d %lld "
+      "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf "
+      "%lf %lf %d %d %lld "
       "%lf %lf %lf",
       &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
       &r->place_min, &r->place_median, &r->place_max, &r->plan_min,
@@ -298,29 +300,33 @@ int Run(int runs, int only, bool markdown) {
                    : std::string("not run (quadratic)");
     const std::string place = Times(r.place_median, r.place_min, r.place_max);
     const std::string plan = Times(r.plan_median, r.plan_min, r.plan_max);
-    const std::string layout = Times(r.layout_median, r.layout_min, r.layout_max);
+    const std::string layout =
+        Times(r.layout_median, r.layout_min, r.layout_max);
     if (markdown) {
-      std::cout << absl::StrFormat("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-                                   c.name, pair_c, pair_p, pair_t, layout, place, plan,
-                                   absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)),
-                                   absl::StrCat(r.survives ? "yes" : "no", " / ",
-                                                Bytes(r.movement_first_bytes)));
+      std::cout << absl::StrFormat(
+          "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, pair_c,
+          pair_p, pair_t, layout, place, plan,
+          absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)),
+          absl::StrCat(r.survives ? "yes" : "no", " / ",
+                       Bytes(r.movement_first_bytes)));
     } else {
       std::cout << c.name << "\n"
                 << absl::StrFormat("  %s %s -> %s\n", c.model, c.from, c.to)
-                << absl::StrFormat("  across hosts / largest send: contiguous %s; "
-                                   "ptc %s (bound %s); tenplex-style %s\n",
-                                   pair_c, pair_p, Bytes(r.bound), pair_t)
-                << absl::StrFormat("  survives any one host's loss: %s; across "
-                                   "hosts with movement first: %s\n",
-                                   r.survives ? "yes" : "no",
-                                   Bytes(r.movement_first_bytes))
-                << absl::StrFormat("  target layout %s, place %s, plan %s; %d "
-                                   "pieces, %d hosts released; peak memory %s "
-                                   "(%s with the comparisons)%s\n\n",
-                                   layout, place, plan, r.pieces, r.released,
-                                   HumanBytes(r.peak), HumanBytes(peak),
-                                   r.valid ? "" : "; PLAN DID NOT VALIDATE");
+                << absl::StrFormat(
+                       "  across hosts / largest send: contiguous %s; "
+                       "ptc %s (bound %s); tenplex-style %s\n",
+                       pair_c, pair_p, Bytes(r.bound), pair_t)
+                << absl::StrFormat(
+                       "  survives any one host's loss: %s; across "
+                       "hosts with movement first: %s\n",
+                       r.survives ? "yes" : "no", Bytes(r.movement_first_bytes))
+                << absl::StrFormat(
+                       "  target layout %s, place %s, plan %s; %d "
+                       "pieces, %d hosts released; peak memory %s "
+                       "(%s with the comparisons)%s\n\n",
+                       layout, place, plan, r.pieces, r.released,
+                       HumanBytes(r.peak), HumanBytes(peak),
+                       r.valid ? "" : "; PLAN DID NOT VALIDATE");
     }
   }
   if (!markdown) {
