@@ -64,9 +64,14 @@ FIRST = "tp=2,dp=2"
 
 
 def read_jsonl(path):
+    """The file's complete records: the training processes append to it
+    while this reads, so a last line without its newline is still being
+    written and is left for the next read."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.split("\n")[:-1]  # the part after the last newline is unfinished
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def effective(records):

@@ -228,11 +228,15 @@ def run_phase(args, cluster, run_dir, config, world, placement, extra, save_afte
 
 
 def losses(path):
+    """Loss by iteration: the complete records of losses.jsonl (a line
+    without its newline is still being appended by rank 0; left for the
+    next read)."""
     out = {}
     if path.exists():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            out[rec["iteration"]] = rec["loss"]
+        for line in path.read_text().split("\n")[:-1]:
+            if line.strip():
+                rec = json.loads(line)
+                out[rec["iteration"]] = rec["loss"]
     return out
 
 
