@@ -16,12 +16,18 @@
 #                   the target host prepare the memory it will stage (each
 #                   ptcd gets --spare-pool ${SPARE_POOL:-6GiB}); not timed
 #   PTCD_FLAGS="..." ...   extra flags for every ptcd
+#   BIN=DIR ...   the binaries of another build (a bazel-bin), not built here
+#   RESULTS=FILE ...   also appends a JSON line per measured change to FILE
+#                   (tools/compare_builds.sh reads them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
-bazel build -c opt //tools:ptcctl //tools:synthetic_job //ptcd:ptcd \
-  //coordinator:ptc-coordinator >/dev/null 2>&1
-ptcctl=bazel-bin/tools/ptcctl
+if [[ -z "${BIN:-}" ]]; then
+  bazel build -c opt //tools:ptcctl //tools:synthetic_job //ptcd:ptcd \
+    //coordinator:ptc-coordinator >/dev/null 2>&1
+fi
+export BIN=${BIN:-$PWD/bazel-bin}
+ptcctl=$BIN/tools/ptcctl
 dir=$(mktemp -d /tmp/ptc-bench-XXXXXX)
 trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
 
@@ -67,32 +73,39 @@ start=tp=4,pp=1,dp=1,zero=1
 $ptcctl register $c --job bench --model $model --config $start --hosts host0 >/dev/null
 PTC_JOB_TOKEN=$($ptcctl token $c bench)
 export PTC_JOB_TOKEN
-bazel-bin/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --step 1
+$BIN/tools/synthetic_job save $c --job bench --host host0 --socket "$HOST0_SOCKET" --step 1
 
 measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]
-  local times=() stage_times=() rates=() stage_rates=()
+  local times=() stage_times=() verify_times=() rates=() stage_rates=()
   for i in $(seq 1 "$runs"); do
     if [[ -n "${PREPARE:-}" ]]; then
       $ptcctl prepare $c --job bench --to "$2" --hosts "$3" --wait >/dev/null
     fi
     out=$($ptcctl reconfigure $c --job bench --to "$2" --hosts "$3" --transport "$4" \
       --strategy "${5:-ptc}" --json)
-    read -r secs stage cross < <(echo "$out" | /usr/bin/python3 -c 'import json,sys
-r = json.load(sys.stdin); print(r["seconds"], r["staging_seconds"], r["bytes_from_peers"])')
-    times+=("$secs"); stage_times+=("$stage")
+    read -r secs stage verify cross < <(echo "$out" | /usr/bin/python3 -c 'import json,sys
+r = json.load(sys.stdin)
+print(r["seconds"], r["staging_seconds"], r["verifying_seconds"], r["bytes_from_peers"])')
+    times+=("$secs"); stage_times+=("$stage"); verify_times+=("$verify")
+    if [[ -n "${RESULTS:-}" ]]; then
+      echo "{\"case\": \"$1\", \"seconds\": $secs, \"staging_seconds\": $stage," \
+        "\"verifying_seconds\": $verify, \"bytes_from_peers\": $cross," \
+        "\"tag_bw_mb_s\": ${ucx_tag:-0}, \"memcpy_fresh_mb_s\": ${fresh:-0}}" >>"$RESULTS"
+    fi
     rates+=("$(/usr/bin/python3 -c "print($cross / $secs / 1e6)")")
     stage_rates+=("$(/usr/bin/python3 -c "print($cross / $stage / 1e6)")")
     $ptcctl reconfigure $c --job bench --to $start --hosts host0 --transport "$4" --json >/dev/null
   done
   /usr/bin/python3 - "$1" "$cross" "$ucx_shm" "$ucx_put_dram" "$ucx_tag" "${times[*]}" \
-    "${rates[*]}" "${stage_times[*]}" "${stage_rates[*]}" "$fresh" <<'PY'
+    "${rates[*]}" "${stage_times[*]}" "${stage_rates[*]}" "$fresh" "${verify_times[*]}" <<'PY'
 import os, statistics, sys
-name, cross, shm, put_dram, tag, times, rates, stimes, srates, fresh = sys.argv[1:]
+name, cross, shm, put_dram, tag, times, rates, stimes, srates, fresh, vtimes = sys.argv[1:]
 def mmm(xs, fmt):
     xs = sorted(map(float, xs.split()))
     return "/".join(fmt.format(x) for x in (xs[0], statistics.median(xs), xs[-1])), statistics.median(xs)
 t, _ = mmm(times, "{:.2f}"); r, rmed = mmm(rates, "{:.0f}")
 st, _ = mmm(stimes, "{:.2f}"); sr, smed = mmm(srates, "{:.0f}")
+vt, vmed = mmm(vtimes, "{:.2f}")
 prepared = " (target memory prepared beforehand)" if os.environ.get("PREPARE") else ""
 print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
       f"    end to end (staging + fingerprints of both versions + commit): time min/median/max "
@@ -100,7 +113,8 @@ print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
       f"    staging (the bytes moving): time {st} s, throughput {sr} MB/s = "
       f"ucx_perftest: {100*smed/float(tag):.0f}% of tag_bw 1 GiB, {100*smed/float(put_dram):.0f}% of "
       f"put_bw 1 GiB, {100*smed/float(shm):.0f}% of put_bw 16 MiB; "
-      f"{100*smed/float(fresh):.0f}% of memcpy into fresh memory")
+      f"{100*smed/float(fresh):.0f}% of memcpy into fresh memory\n"
+      f"    verifying (fingerprints of both versions): time {vt} s")
 PY
 }
 parts=${PARTS:-transports,strategies}
