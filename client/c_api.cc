@@ -511,6 +511,10 @@ int ptc_ranks_on_host(const char* coordinator, const char* job,
     w.Key("config").String(r.config);
     w.Key("world_size").Int(r.world_size);
     w.Key("layout_epoch").Int(r.layout_epoch);
+    w.Key("committed_version").Int(r.committed_version);
+    w.Key("phase").String(ptc::PhaseName(r.phase));
+    w.Key("live").Bool(r.live);
+    w.Key("rank0_host_address").String(r.rank0_host_address);
     w.Key("ranks").BeginArray();
     for (const auto& [rank, gpu] : r.ranks) {
       w.BeginObject().Key("rank").Int(rank).Key("gpu").Int(gpu).EndObject();

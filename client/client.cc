@@ -108,6 +108,10 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   out.config = j.config();
   out.world_size = j.ranks();
   out.layout_epoch = j.layout_epoch();
+  out.committed_version = j.committed_version();
+  out.phase = j.reconfiguration().phase();
+  out.live = j.auto_policy().live();
+  out.rank0_host_address = j.rank0_host_address();
   for (int i = 0; i < j.host_ranks_size(); ++i) {
     out.ranks.push_back({j.host_ranks(i), i < j.host_rank_devices_size()
                                               ? j.host_rank_devices(i)

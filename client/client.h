@@ -89,6 +89,14 @@ struct HostRanks {
   int world_size = 0;
   int64_t layout_epoch = 0;
   std::vector<std::pair<int, int>> ranks;  // (rank, GPU), ascending
+  // What a launcher needs besides: the job's committed version, the phase
+  // of its change (kPhaseNone if none ran), whether its processes follow
+  // changes themselves (AutoPolicy.live), and the address of rank 0's
+  // host as it registered (HOST:PORT; empty if unknown).
+  int64_t committed_version = 0;
+  proto::ReconfigurePhase phase = proto::PHASE_NONE;
+  bool live = false;
+  std::string rank0_host_address;
 };
 // NOT_FOUND for an unknown job; an empty list for a host with no rank.
 absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,

@@ -239,6 +239,12 @@ absl::Status ValidateHost(const proto::HostStatus& h) {
   }
   PTC_RETURN_IF_ERROR(
       Annotate(ValidateDomain(h.domain()), absl::StrCat("host ", h.name())));
+  // A Unix socket's path is at most 107 bytes (sun_path).
+  if (h.socket().size() > 107 || h.socket().find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, "a socket path of ", h.socket().size(),
+        " bytes or with a NUL; a Unix socket's path has at most 107"));
+  }
   if (h.ucx_address().size() > 64 << 10) {
     return absl::InvalidArgumentError(absl::StrCat(who, "a UCX address of ",
                                                    h.ucx_address().size(),
@@ -843,6 +849,9 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
           s->add_host_rank_devices(
               r < static_cast<int>(devices.size()) ? devices[r] : -1);
         }
+        if (hosts.empty()) return;
+        if (const HostRegistry::Host* h = hosts_.Find(hosts[0]); h != nullptr)
+          s->set_rank0_host_address(h->status.address());
       };
       if (j->state.rank_hosts_size() == j->ranks &&
           j->state.rank_devices_size() == j->ranks) {

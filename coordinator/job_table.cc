@@ -130,6 +130,7 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   s->set_pending_reason(state.pending_reason());
   s->set_pending_hot(state.pending().hot());
   s->set_pending_serial(state.pending_serial());
+  *s->mutable_auto_policy() = state.auto_policy();
   if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
   *s->mutable_reconfiguration() = event;
 }
@@ -142,7 +143,6 @@ void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   s->set_snapshot_version(state.snapshot_version());
   s->set_snapshot_root(state.snapshot_root());
   s->set_snapshot_unix(state.snapshot_unix());
-  *s->mutable_auto_policy() = state.auto_policy();
   for (const std::string& h : state.pool()) s->add_pool(h);
   if (state.pending().hot()) {
     *s->mutable_pending_rank_hosts() = state.pending().placement().rank_hosts();

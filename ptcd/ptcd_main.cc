@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -275,6 +276,15 @@ absl::Status Run(int argc, char** argv) {
         Annotate(ValidateDomain(settings.Get("domain", "")), "--domain"));
     host.set_domain(settings.Get("domain", ""));
     host.set_memory_bytes(options.memory_limit_bytes);
+    if (!options.socket_path.empty()) {
+      // Absolute: a launcher on this machine connects the job's processes
+      // to it wherever it runs from.
+      std::error_code ignored;
+      const std::filesystem::path socket =
+          std::filesystem::absolute(options.socket_path, ignored);
+      host.set_socket(socket.string().size() <= 107 ? socket.string()
+                                                    : options.socket_path);
+    }
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
     std::string advertise = settings.Get("advertise", "");
     if (advertise.empty()) {

@@ -54,7 +54,7 @@ bash tools/internal/bin_dir.sh "$farm"/ptc-* "$farm/bin"
 
 tests=(tests/python/test_client.py tests/python/test_layout_spec.py
        tests/python/test_torch_api.py tests/python/test_torch_grouped.py
-       tests/python/test_torch_state_loss.py)
+       tests/python/test_torch_state_loss.py tests/python/test_launcher.py)
 # Run from outside the checkout, so that nothing of it is importable.
 root=$PWD
 cd "$farm"

@@ -15,6 +15,7 @@ A script calls, in order:
 
 import argparse
 import json
+import os
 import pathlib
 import time
 
@@ -29,14 +30,19 @@ import ptc.torch as pt
 def parse(description, more=None):
     """The common command line; `more(parser)` adds a script's own flags."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--rank", type=int, default=0)
+    # Started by ptc's launcher (ptcctl run, the agent), a process finds its
+    # rank, job, socket, GPU and master port in the environment, as under
+    # torchrun; the flags override it.
+    env = os.environ.get
+    ap.add_argument("--rank", type=int, default=int(env("RANK", "0")))
     ap.add_argument("--config", required=True)
-    ap.add_argument("--job", default="")
-    ap.add_argument("--coordinator", default="")
-    ap.add_argument("--socket", help="this rank's host's ptcd socket (none: no ptc)")
-    ap.add_argument("--gpu", type=int, default=-1,
+    ap.add_argument("--job", default=env("PTC_JOB", ""))
+    ap.add_argument("--coordinator", default=env("PTC_COORDINATOR", ""))
+    ap.add_argument("--socket", default=env("PTC_SOCKET"),
+                    help="this rank's host's ptcd socket (none: no ptc)")
+    ap.add_argument("--gpu", type=int, default=int(env("PTC_DEVICE", "-1")),
                     help="the GPU the job's placement gives this rank (its launcher's word)")
-    ap.add_argument("--master-port", type=int, default=0)
+    ap.add_argument("--master-port", type=int, default=int(env("MASTER_PORT", "0")))
     ap.add_argument("--run-dir", default=".")
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1234)

@@ -169,38 +169,59 @@ class Cluster:
                        env=self.env, stdout=subprocess.DEVNULL)
 
 
-def run_phase(args, cluster, run_dir, config, world, placement, extra, save_after=None):
-    """Starts one process per rank and waits for all; exits on a failure.
+def run_phase(args, cluster, run_dir, config, world, placement, extra, save_after=None,
+              launcher="ptcctl"):
+    """Runs one process per rank and waits for all; exits on a failure.
     With `save_after`, asks the job to save (the control file) once it has
-    trained that many iterations."""
-    port = free_port()
+    trained that many iterations. On the cluster the processes are started
+    by ptc's launcher (`ptcctl run`: the agent for each local ptcd, which
+    gives each process its rank, GPU, socket and master port as torchrun
+    would); launcher="direct", and the reference run without a cluster,
+    start them here."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (run_dir / "samples").mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg", OMP_NUM_THREADS="1")
     # The processes' large allocations on transparent huge pages, as ptc's
-    # agent starts live processes (ptc.agent.with_huge_pages): the same
-    # allocator for restarted and live jobs.
+    # agent starts them (ptc.agent.with_huge_pages): the same allocator for
+    # every launch.
     if "glibc.malloc.hugetlb" not in env.get("GLIBC_TUNABLES", ""):
         env["GLIBC_TUNABLES"] = ":".join(
             t for t in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if t)
     if cluster:
         env.update(cluster.job_env(args.job_name))
+    script = [sys.executable, str(args.script), "--config", config, "--model", args.model,
+              "--run-dir", str(run_dir), "--global-batch", str(args.global_batch),
+              *args.script_args, *extra]
+    port = free_port()
     procs = []
-    for rank in range(world):
-        cmd = [sys.executable, str(args.script), "--rank", str(rank), "--config", config,
-               "--model", args.model, "--job", args.job_name, "--coordinator",
-               cluster.coordinator if cluster else "", "--master-port", str(port),
-               "--run-dir", str(run_dir), "--global-batch", str(args.global_batch),
-               *args.script_args, *extra]
-        rank_env = env
-        if placement:  # started on its host's ptcd, its GPU the only one it sees
-            host, gpu = placement[rank]
-            cmd += ["--socket", cluster.socket(host), "--gpu", str(gpu)]
-            rank_env = dict(env, CUDA_VISIBLE_DEVICES=str(gpu))
-        log = open(logs / f"{config}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=rank_env),
-                      log))
+    if cluster and launcher == "ptcctl":
+        # MASTER_PORT is the launcher's base plus the layout epoch modulo
+        # 1000: a base that makes it the free port found here.
+        epoch = json.loads(cluster.ptcctl("status", args.job_name, "--json",
+                                          capture=True))["jobs"][0]["layout_epoch"]
+        base = port - epoch % 1000
+        if base < 1024:
+            base += 1000
+        phase_logs = logs / config
+        log = open(logs / f"{config}_launcher.log", "w")
+        cmd = [str(cluster.bin / "tools/ptcctl"), "run", "--job", args.job_name,
+               "--coordinator", cluster.coordinator, "--log-dir", str(phase_logs),
+               "--master-port", str(base), "--mode", "restart", "--", *script]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                       env=dict(env, PTC_PYTHON=sys.executable)), log))
+    else:
+        for rank in range(world):
+            cmd = [*script, "--rank", str(rank), "--job", args.job_name, "--coordinator",
+                   cluster.coordinator if cluster else "", "--master-port", str(port)]
+            rank_env = env
+            if placement:  # started on its host's ptcd, its GPU the only one it sees
+                host, gpu = placement[rank]
+                cmd += ["--socket", cluster.socket(host), "--gpu", str(gpu)]
+                rank_env = dict(env, CUDA_VISIBLE_DEVICES=str(gpu))
+            log = open(logs / f"{config}_rank{rank}.log", "w")
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           env=rank_env), log))
     if placement:
         (run_dir / "launch").mkdir(exist_ok=True)
         (run_dir / "launch" / f"{config}.json").write_text(json.dumps(
@@ -214,17 +235,17 @@ def run_phase(args, cluster, run_dir, config, world, placement, extra, save_afte
                 request.touch()
         time.sleep(0.05)
     failed = []
-    for rank, (p, log) in enumerate(procs):
+    for i, (p, log) in enumerate(procs):
         if p.poll() is None:
             p.kill()
         if p.wait() != 0:
-            failed.append(rank)
+            failed.append(i)
         log.close()
     request.unlink(missing_ok=True)
     if failed:
-        for rank in failed[:2]:
-            sys.stderr.write((logs / f"{config}_rank{rank}.log").read_text()[-3000:])
-        raise SystemExit(f"ranks {failed} of {config} failed (logs in {logs})")
+        for f in sorted(logs.glob(f"{config}_*.log"))[:2] + sorted(logs.glob(f"{config}/*"))[:2]:
+            sys.stderr.write(f"== {f}\n{f.read_text()[-3000:]}")
+        raise SystemExit(f"the processes of {config} failed (logs in {logs})")
 
 
 def losses(path):

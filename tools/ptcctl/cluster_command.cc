@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -83,6 +84,9 @@ DIR admin; or --insecure for a cluster without TLS):
                      [--max-gpus N] [--save-timeout SECONDS]
   ptcctl hosts       add h1,h2,... [--job J]   (into J's pool, or back in service)
   ptcctl hosts       drain h1,h2,...           (every job leaves them)
+  ptcctl run         --job J [--log-dir DIR] [--master-port P] [--mode auto|live|restart]
+                     [--python PYTHON] -- COMMAND ARGS...
+                     (runs the job's processes on this machine until they finish)
 
 Automatic changes (register --auto on, or ptcctl auto J on): when a host
 of the job dies, is drained, or joins its pool, the coordinator changes
@@ -133,6 +137,18 @@ memory it will stage (within its ptcd's --spare-pool), so that the change
 itself writes into ready memory: run it as soon as the new allocation is
 known, while the job still trains. Nothing moves. --wait returns when the
 memory is ready, showing progress.
+
+run is the launcher of a job on one machine (a local cluster): it starts
+ptc's agent (python3 -m ptc.agent) for every live ptcd of this machine
+(a host whose registered socket is here), which runs COMMAND once for
+each rank the placement gives its GPUs, with the variables torchrun sets
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and PTC_JOB, PTC_SOCKET,
+PTC_DEVICE. A restart-style job's processes are stopped when a change
+starts and the new layout's are started after it commits; a live job's
+follow changes themselves. It ends when the job's processes have
+finished, with the status of one that failed. On a cluster, each host
+runs the agent under systemd instead. PYTHON (default $PTC_PYTHON, else
+python3) must import ptc: the wheel, or the package this checkout built.
 
 forget removes a job that has ended: the coordinator forgets it and every
 live host deletes all its versions. Refused while the job is being
@@ -733,6 +749,7 @@ absl::Status Hosts(Stub* stub, bool json) {
       w.Key("draining").Bool(h.draining());
       w.Key("gpu_memory_bytes").Int(h.gpu_memory_bytes());
       w.Key("memory_bytes").Int(h.memory_bytes());
+      w.Key("domain").String(h.domain()).Key("socket").String(h.socket());
       w.Key("seconds_since_heartbeat")
           .Double(h.seconds_since_heartbeat())
           .EndObject();
@@ -1171,7 +1188,127 @@ absl::Status ExportJob(Stub* stub, const Args& args, bool json) {
   return absl::OkStatus();
 }
 
+// The hosts of this machine: alive, with a registered socket that is a
+// Unix socket here. (A host elsewhere may name the same path; its file
+// here would not be a socket, or would be one of this machine's ptcds,
+// whose names it registered under.)
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LocalHosts(
+    Stub* stub) {
+  proto::ListHostsResponse resp;
+  PTC_RETURN_IF_ERROR(
+      Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
+  std::vector<std::pair<std::string, std::string>> local;
+  for (const proto::HostStatus& h : resp.hosts()) {
+    struct stat st = {};
+    if (!h.alive() || h.socket().empty() ||
+        stat(h.socket().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))
+      continue;
+    local.emplace_back(h.name(), h.socket());
+  }
+  return local;
+}
+
+// The Python package this ptcctl was built beside (bazel-bin/tools/ptcctl
+// -> bazel-bin/client/python/pkg), if there is one.
+std::string PackageBeside(const char* argv0) {
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string path = n > 0 ? std::string(self, n) : std::string(argv0);
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return "";
+  const std::string pkg = path.substr(0, slash) + "/../client/python/pkg";
+  struct stat st = {};
+  return stat((pkg + "/ptc/agent.py").c_str(), &st) == 0 ? pkg : "";
+}
+
 }  // namespace
+
+int RunRunCommand(int argc, const char* const* argv) {
+  int cut = 2;
+  while (cut < argc && std::strcmp(argv[cut], "--") != 0) ++cut;
+  auto args = Args::Parse(cut, argv, 2,
+                          WithSecurityOptions({"coordinator", "job", "log-dir",
+                                               "master-port", "mode", "python",
+                                               "status", "grace"}),
+                          {"help", kSecurityFlag});
+  auto fail = [&](const absl::Status& s, int code) {
+    return Fail("ptcctl run", s, code, false, kClusterUsage);
+  };
+  if (args.ok() && args->Flag("help")) {
+    std::cout << kClusterUsage;
+    return 0;
+  }
+  if (!args.ok()) return fail(args.status(), 2);
+  if (cut + 1 >= argc) {
+    return fail(absl::InvalidArgumentError(
+                    "give the command that runs one process after --, e.g. "
+                    "ptcctl run --job J -- python3 train.py"),
+                2);
+  }
+  const std::string job =
+      args->positional().empty() ? args->Get("job") : args->positional()[0];
+  if (job.empty())
+    return fail(absl::InvalidArgumentError("--job is required"), 2);
+  if (absl::Status s = ConfigureCommandSecurity(*args); !s.ok())
+    return fail(s, 2);
+  const char* from_env = std::getenv("PTC_COORDINATOR");
+  const std::string address = args->Get(
+      "coordinator", from_env != nullptr && *from_env != '\0' ? from_env
+                                                               : "127.0.0.1:7000");
+  auto stub = proto::Coordinator::NewStub(
+      OpenChannel(address, grpc::ChannelArguments(), "coordinator"));
+  auto local = LocalHosts(stub.get());
+  if (!local.ok()) return fail(local.status(), 1);
+  if (local->empty()) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+                    "no live ptcd of the coordinator at ", address,
+                    " has its socket on this machine; start them first "
+                    "(tools/local_cluster.sh up DIR)")),
+                1);
+  }
+  // The agent gets the security settings as the environment (what the
+  // client library reads).
+  auto export_env = [](const char* name, const std::string& value) {
+    if (!value.empty()) setenv(name, value.c_str(), 1);
+  };
+  export_env("PTC_TLS_CA", args->Get("tls-ca"));
+  export_env("PTC_TLS_CERT", args->Get("tls-cert"));
+  export_env("PTC_TLS_KEY", args->Get("tls-key"));
+  if (args->Flag(kSecurityFlag)) setenv("PTC_INSECURE", "1", 1);
+  if (const std::string pkg = PackageBeside(argv[0]); !pkg.empty()) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path =
+        old != nullptr && *old != '\0' ? absl::StrCat(pkg, ":", old) : pkg;
+    setenv("PYTHONPATH", path.c_str(), 1);
+  }
+  const char* python_env = std::getenv("PTC_PYTHON");
+  std::vector<std::string> agent = {
+      args->Get("python", python_env != nullptr && *python_env != '\0'
+                              ? python_env
+                              : "python3"),
+      "-m", "ptc.agent", "--job", job, "--coordinator", address,
+      "--until-done"};
+  for (const auto& [host, socket] : *local)
+    agent.push_back(absl::StrCat("--local=", host, "=", socket));
+  for (const char* option : {"log-dir", "master-port", "mode", "status", "grace"}) {
+    if (args->Has(option))
+      agent.push_back(absl::StrCat("--", option, "=", args->Get(option)));
+  }
+  for (int i = cut; i < argc; ++i) agent.push_back(argv[i]);  // -- COMMAND...
+  std::vector<char*> exec_argv;
+  for (std::string& a : agent) exec_argv.push_back(a.data());
+  exec_argv.push_back(nullptr);
+  std::cerr << "ptcctl run: the agent for " << local->size()
+            << " hosts of this machine (";
+  for (size_t i = 0; i < local->size(); ++i)
+    std::cerr << (i ? "," : "") << (*local)[i].first;
+  std::cerr << ") runs job " << job << "\n";
+  execvp(exec_argv[0], exec_argv.data());
+  return fail(absl::NotFoundError(absl::StrCat(
+                  "cannot run ", agent[0], ": ", std::strerror(errno),
+                  " (give --python or PTC_PYTHON)")),
+              1);
+}
 
 bool IsClusterCommand(const char* c) {
   for (const char* name : {"register", "reconfigure", "prepare", "hosts",

@@ -11,6 +11,9 @@ extern const char kClusterUsage[];
 bool IsClusterCommand(const char* command);
 // Exit code: 0 success, 1 failure (also an aborted reconfiguration), 2 usage.
 int RunClusterCommand(int argc, const char* const* argv);
+// ptcctl run ... -- COMMAND: replaces this process with ptc's agent for
+// every host of this machine; returns only on failure.
+int RunRunCommand(int argc, const char* const* argv);
 
 }  // namespace ptc::tools
 

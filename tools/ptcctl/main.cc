@@ -31,6 +31,7 @@ commands:
   export       write a snapshot's full tensors to one safetensors file
   advise       the configs the advisor considers for a job, and its choice
   auto J       a job's automatic changes: on|off, live, pinned config, ...
+  run          run a job's processes on this machine (the agent per local ptcd)
 
 Run "ptcctl COMMAND --help" for a command's options.
 )";
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
     return ptc::tools::RunLayoutCommand(argc, argv);
   if (!std::strcmp(argv[1], "store"))
     return ptc::tools::RunStoreCommand(argc, argv);
+  if (!std::strcmp(argv[1], "run")) return ptc::tools::RunRunCommand(argc, argv);
   if (ptc::tools::IsClusterCommand(argv[1]))
     return ptc::tools::RunClusterCommand(argc, argv);
   std::cerr << "ptcctl: unknown command '" << argv[1] << "'\n\n" << kUsage;

@@ -1,28 +1,51 @@
-"""ptc-agent: starts a live job's processes on one host.
+"""ptc-agent: starts a job's processes on one host, and again after a change.
 
 Run one per host next to ptcd (under systemd, like ptcd). It follows the
-job's placement at the coordinator and keeps one process on every GPU of
-this host that the placement gives a rank: a process it started stays
-while its GPU keeps a rank (the process itself follows changes,
-ptc.torch.elastic); a GPU that gains a rank in a new layout gets a new
-process. A process that ends while its GPU keeps its rank (the job
-finished, or the process crashed) is not started again under the same
-layout: the job's other processes are not waiting for it; the next
-change brings it back. Each
-process gets the job, the coordinator, this host's ptcd socket, the host's
-name and its GPU (PTC_JOB, PTC_COORDINATOR, PTC_SOCKET, PTC_HOST,
-PTC_DEVICE, CUDA_VISIBLE_DEVICES is left alone) on top of the agent's own
-environment (the job's token PTC_JOB_TOKEN and TLS settings pass through),
-and glibc's malloc backs their large allocations with transparent huge
-pages (with_huge_pages; --no-huge-pages leaves that out).
+job's placement at the coordinator and runs one process on every GPU of
+this host that the placement gives a rank. Two kinds of jobs:
+
+- **Live jobs** (registered or set with `--live`: their processes follow
+  changes themselves, ptc.torch.elastic): a process it started stays while
+  its GPU keeps a rank; a GPU that gains a rank in a new layout gets a new
+  process. A process that ends while its GPU keeps its rank (the job
+  finished, or the process crashed) is not started again under the same
+  layout: the job's other processes are not waiting for it; the next
+  change brings it back.
+- **Restart-style jobs** (every other job: processes that load the
+  committed version when they start and save as they train, as a script
+  written for torchrun does): when a change starts it stops the job's
+  processes here (SIGTERM, then SIGKILL after --grace seconds), and once
+  the change commits it starts the new layout's ranks, which load what the
+  change moved. Each gets the variables torchrun sets: RANK, WORLD_SIZE,
+  LOCAL_RANK (the GPU the placement gives the rank, so that
+  `torch.cuda.set_device(LOCAL_RANK)` lands on it), LOCAL_WORLD_SIZE (the
+  job's ranks on this host), MASTER_ADDR (the address rank 0's host
+  registered) and MASTER_PORT (--master-port plus the layout epoch modulo
+  1000, a fresh port for each layout), TORCHELASTIC_RUN_ID (the job).
+
+Every process gets the job, the coordinator, this host's ptcd socket, the
+host's name, its GPU and the layout epoch it starts under (PTC_JOB,
+PTC_COORDINATOR, PTC_SOCKET, PTC_HOST, PTC_DEVICE, PTC_LAYOUT_EPOCH;
+CUDA_VISIBLE_DEVICES is left alone) on top of the agent's own environment
+(the job's token PTC_JOB_TOKEN and TLS settings pass through), and glibc's
+malloc backs their large allocations with transparent huge pages
+(with_huge_pages; --no-huge-pages leaves that out).
 
     python3 -m ptc.agent --job gpt --host gpu-node-7 --coordinator coord:7000 \\
         --socket /run/ptcd/ptcd.sock [--status FILE] [--log-dir DIR] -- \\
         python3 train.py --my-flags
 
+One agent process can serve several hosts of one machine (a local
+cluster's): --local HOST=SOCKET for each, instead of --host and --socket.
+With --until-done it exits once the job's processes here have finished:
+no change in flight, every rank of the current layout on its hosts ran
+and exited 0 (exit status 0), or one failed and the coordinator does not
+change the job for it (the agent stops the others; the failed process's
+status). `ptcctl run` starts it so for every ptcd of this machine.
+
 It reports what it runs on stdout (one line per start and exit) and, with
 --status, as JSON in FILE (rewritten atomically on every change). SIGTERM
-or SIGINT stops its processes (SIGTERM, then SIGKILL after 10 s) and it.
+or SIGINT stops its processes (SIGTERM, then SIGKILL after --grace s) and it.
 """
 
 import argparse
@@ -57,10 +80,18 @@ def with_huge_pages(env):
     return dict(env, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGES}" if tunables else HUGE_PAGES)
 
 
+# Phases of a change in flight (the others: none, committed, aborted).
+_RUNNING = ("staging", "verifying", "committing")
+
+
 class Agent:
-    def __init__(self, args, command):
+    """The processes of one job on one host."""
+
+    def __init__(self, args, command, host, socket):
         self.args = args
         self.command = command
+        self.host = host
+        self.socket = socket
         self.children = {}  # GPU -> (Popen, start time, log file)
         # GPU -> the newest layout epoch a process of ours ran under there.
         self.covered = {}
@@ -72,47 +103,72 @@ class Agent:
         self.epochs = pathlib.Path(tempfile.mkdtemp(prefix="ptc-agent-epochs-"))
         self.exited = []
         self.stopping = False
+        self.look = None  # the job as last seen (ranks_on_host's answer)
+        self.failed = None  # (GPU, exit code) of a process the job cannot go on without
+        self._warned = False
 
     def say(self, msg):
-        print(f"[ptc-agent {self.args.host} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        print(f"[ptc-agent {self.host} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    def wanted(self):
-        """(layout epoch, {GPU: rank}) of this host under the job's placement
-        now (None: the coordinator could not be asked)."""
+    def fetch(self):
+        """The job as the coordinator has it now, with this host's ranks
+        ({layout_epoch, world_size, phase, live, rank0_host_address, ranks:
+        {GPU: rank}}); None if the coordinator could not be asked."""
         try:
-            placed = _capi.ranks_on_host(self.args.coordinator, self.args.job, self.args.host)
+            placed = _capi.ranks_on_host(self.args.coordinator, self.args.job, self.host)
         except _capi.Error as e:
-            if not getattr(self, "_warned", False):
+            if not self._warned:
                 self.say(f"asking the coordinator: {e}")
                 self._warned = True
             return None
         self._warned = False
-        return placed["layout_epoch"], {r["gpu"]: r["rank"] for r in placed["ranks"]}
+        placed["ranks"] = {r["gpu"]: r["rank"] for r in placed["ranks"]}
+        return placed
+
+    def live(self, look):
+        if self.args.mode == "auto":
+            return bool(look.get("live"))
+        return self.args.mode == "live"
 
     def epoch_file(self, gpu):
         return self.epochs / f"gpu{gpu}"
 
-    def start(self, gpu, rank, epoch):
-        self.epoch_file(gpu).write_text(str(epoch))
+    def environment(self, gpu, rank, look):
+        epoch = look["layout_epoch"]
         env = dict(os.environ, PTC_JOB=self.args.job, PTC_COORDINATOR=self.args.coordinator,
-                   PTC_SOCKET=self.args.socket, PTC_HOST=self.args.host, PTC_DEVICE=str(gpu),
+                   PTC_SOCKET=self.socket, PTC_HOST=self.host, PTC_DEVICE=str(gpu),
+                   PTC_LAYOUT_EPOCH=str(epoch),
                    PTC_AGENT_EPOCH_FILE=str(self.epoch_file(gpu)))
+        if not self.live(look):
+            # What torchrun sets, so that scripts written for it run
+            # unchanged; a live process takes its rank from ptc.elastic.
+            master = look.get("rank0_host_address", "").rpartition(":")[0].strip("[]")
+            env.update(RANK=str(rank), WORLD_SIZE=str(look["world_size"]),
+                       LOCAL_RANK=str(gpu), LOCAL_WORLD_SIZE=str(len(look["ranks"])),
+                       MASTER_ADDR=master or "127.0.0.1",
+                       MASTER_PORT=str(self.args.master_port + epoch % 1000),
+                       TORCHELASTIC_RUN_ID=self.args.job, PTC_RANK=str(rank))
         if not self.args.no_huge_pages:
             env = with_huge_pages(env)
+        return env
+
+    def start(self, gpu, rank, look):
+        epoch = look["layout_epoch"]
+        self.epoch_file(gpu).write_text(str(epoch))
+        env = self.environment(gpu, rank, look)
         log = None
-        out = None
         if self.args.log_dir:
             d = pathlib.Path(self.args.log_dir)
             d.mkdir(parents=True, exist_ok=True)
-            log = open(d / f"{self.args.job}-{self.args.host}-gpu{gpu}-{int(time.time() * 1e3)}"
+            log = open(d / f"{self.args.job}-{self.host}-gpu{gpu}-{int(time.time() * 1e3)}"
                        ".log", "w")
-            out = log
-        p = subprocess.Popen(self.command, env=env, stdout=out,
-                             stderr=subprocess.STDOUT if out else None)
+        p = subprocess.Popen(self.command, env=env, stdout=log,
+                             stderr=subprocess.STDOUT if log else None)
         self.children[gpu] = (p, time.time(), log)
-        self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of the placement now)")
+        self.covered[gpu] = epoch
+        self.say(f"started pid {p.pid} on GPU {gpu} (rank {rank} of layout epoch {epoch})")
 
-    def reap(self, placed=None):
+    def reap(self, look=None):
         for gpu, (p, started, log) in list(self.children.items()):
             code = p.poll()
             if code is None:
@@ -121,10 +177,19 @@ class Agent:
                 log.close()
             del self.children[gpu]
             self.exited.append({"pid": p.pid, "gpu": gpu, "exit_code": code,
+                                "layout_epoch": self.covered.get(gpu, 0),
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
-            if code != 0 and not self.stopping and placed and gpu in placed[1]:
-                self.report_exit(gpu, code, max(placed[0], self.ran_under(gpu)))
+            # A restart-style process that ends while the job changes, or in
+            # a layout the job has left, ended by the change (a save
+            # refused, a peer stopped): not a failure to report.
+            if (code != 0 and not self.stopping and look and gpu in look["ranks"] and
+                    (self.live(look) or (look["phase"] not in _RUNNING and
+                                         self.covered.get(gpu) == look["layout_epoch"]))):
+                changing = self.report_exit(gpu, code, max(look["layout_epoch"],
+                                                           self.ran_under(gpu)))
+                if changing is False and self.failed is None:
+                    self.failed = (gpu, code)
 
     def ran_under(self, gpu):
         """The newest layout epoch the process on `gpu` said it met its
@@ -137,80 +202,173 @@ class Agent:
     def report_exit(self, gpu, code, epoch):
         """A process died while its GPU had a rank: the job's others cannot
         go on without it; the coordinator changes the job (automatic
-        changes on) and the new layout starts it again here."""
+        changes on) and the new layout starts it again here. Returns
+        whether it does (None: it could not be asked)."""
         try:
             changing = _capi.report_process_exit(self.args.coordinator, self.args.job,
-                                                self.args.host, gpu, code, epoch)
+                                                self.host, gpu, code, epoch)
         except _capi.Error as e:
             self.say(f"could not report the exit to the coordinator: {e}")
-            return
+            return None
         self.say("the coordinator " + ("changes the job" if changing else
                                        "has automatic changes off for the job"))
+        return changing
 
-    def write_status(self):
-        if not self.args.status:
+    def step(self):
+        """One look at the job, and what it asks of this host."""
+        look = self.fetch()
+        if look is None or self.live(look):
+            # A live process follows changes itself: its exit is reported
+            # under the last look, when it was alive (if the job has moved
+            # on since, the look below starts its GPU's process anew under
+            # the new layout instead).
+            self.reap(self.look)
+        else:
+            # Restart-style: under this look, which says whether the job
+            # was changing when the process ended.
+            self.reap(look)
+        if look is None:
             return
-        path = pathlib.Path(self.args.status)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
-            "job": self.args.job, "host": self.args.host,
-            "running": [{"pid": p.pid, "gpu": g, "since": s}
-                        for g, (p, s, _) in sorted(self.children.items())],
-            "exited": self.exited}))
-        tmp.rename(path)
+        self.look = look
+        epoch, ranks = look["layout_epoch"], look["ranks"]
+        if self.live(look):
+            for gpu in self.children:
+                self.covered[gpu] = epoch
+            for gpu, rank in sorted(ranks.items()):
+                if gpu not in self.children and self.covered.get(gpu) != epoch:
+                    self.start(gpu, rank, look)
+            return
+        # Restart-style: nothing runs while a change is in flight or in a
+        # layout the job has left; the new layout's ranks start after the
+        # commit and load the version it made.
+        changing = look["phase"] in _RUNNING
+        stale = [g for g in self.children if self.covered.get(g) != epoch]
+        if changing or stale:
+            why = ("a change of the job started" if changing else
+                   f"the job moved on to layout epoch {epoch}")
+            self.stop_children(why)
+        if changing:
+            return
+        for gpu, rank in sorted(ranks.items()):
+            if gpu not in self.children and self.covered.get(gpu) != epoch:
+                self.start(gpu, rank, look)
 
-    def run(self):
-        last = None
-        wanted = None
-        while not self.stopping:
-            # Exits are reported under the last look, when the process was
-            # alive: if the job has moved on since, the look below starts
-            # its GPU's process anew under the new layout instead.
-            self.reap(wanted)
-            wanted = self.wanted()
-            if wanted is not None:
-                epoch, ranks = wanted
-                for gpu in self.children:
-                    self.covered[gpu] = epoch
-                for gpu, rank in sorted(ranks.items()):
-                    if gpu not in self.children and self.covered.get(gpu) != epoch:
-                        self.start(gpu, rank, epoch)
-                        self.covered[gpu] = epoch
-            state = (sorted(self.children), len(self.exited))
-            if state != last:
-                self.write_status()
-                last = state
-            time.sleep(self.args.interval)
-        self.stop_children()
-        self.write_status()
-        shutil.rmtree(self.epochs, ignore_errors=True)
+    def done(self):
+        """--until-done: every rank of the current layout on this host ran
+        and its process ended, with no change in flight."""
+        look = self.look
+        if look is None or self.children or look["phase"] in _RUNNING:
+            return False
+        return all(self.covered.get(g) == look["layout_epoch"] for g in look["ranks"])
 
-    def stop_children(self):
-        for p, _, _ in self.children.values():
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.time() + 10
+    def status(self):
+        return {"job": self.args.job, "host": self.host,
+                "layout_epoch": self.look["layout_epoch"] if self.look else None,
+                "running": [{"pid": p.pid, "gpu": g, "since": s}
+                            for g, (p, s, _) in sorted(self.children.items())],
+                "exited": self.exited}
+
+    def stop_children(self, why=None):
+        running = [p for p, _, _ in self.children.values() if p.poll() is None]
+        if why and running:
+            self.say(f"stopping {len(running)} processes: {why}")
+        for p in running:
+            p.terminate()
+        deadline = time.time() + self.args.grace
         for p, _, _ in self.children.values():
             try:
                 p.wait(max(0.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        stopping, self.stopping = self.stopping, True  # stopped, not failed
         self.reap()
+        self.stopping = stopping
+
+    def close(self):
+        shutil.rmtree(self.epochs, ignore_errors=True)
+
+
+class Runner:
+    """The agents of one process (one per host it serves), in one loop."""
+
+    def __init__(self, args, agents):
+        self.args = args
+        self.agents = agents
+        self.stopping = False
+
+    def write_status(self):
+        if not self.args.status:
+            return
+        path = pathlib.Path(self.args.status)
+        tmp = path.with_suffix(".tmp")
+        states = [a.status() for a in self.agents]
+        # One host: the document as before; several: one per host.
+        tmp.write_text(json.dumps(states[0] if len(states) == 1 else {"hosts": states}))
+        tmp.rename(path)
+
+    def run(self):
+        """Returns the exit status for --until-done (0 otherwise)."""
+        last = None
+        code = 0
+        while not self.stopping:
+            for a in self.agents:
+                a.step()
+            state = [(sorted(a.children), len(a.exited)) for a in self.agents]
+            if state != last:
+                self.write_status()
+                last = state
+            failed = [a.failed for a in self.agents if a.failed]
+            if self.args.until_done and failed:
+                gpu, code = failed[0]
+                for a in self.agents:
+                    a.stop_children(f"a process of the job failed ({code}) and the "
+                                    f"coordinator does not change the job for it")
+                break
+            if self.args.until_done and all(a.done() for a in self.agents):
+                bad = [e for a in self.agents for e in a.exited
+                       if e["exit_code"] != 0 and a.look and
+                       e["layout_epoch"] == a.look["layout_epoch"]]
+                code = bad[0]["exit_code"] if bad else 0
+                for a in self.agents:
+                    a.say("the job's processes here have finished")
+                break
+            time.sleep(self.args.interval)
+        for a in self.agents:
+            a.stopping = True
+            a.stop_children()
+        self.write_status()
+        for a in self.agents:
+            a.close()
+        return code if code >= 0 else 128 - code
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        sys.exit("usage: python3 -m ptc.agent --job J --host H --coordinator C --socket S "
-                 "-- COMMAND ...")
+        sys.exit("usage: python3 -m ptc.agent --job J --coordinator C "
+                 "(--host H --socket S | --local HOST=SOCKET ...) -- COMMAND ...")
     cut = argv.index("--")
     ap = argparse.ArgumentParser(prog="ptc-agent", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--job", required=True)
-    ap.add_argument("--host", required=True, help="this host's name, as its ptcd registered")
+    ap.add_argument("--host", help="this host's name, as its ptcd registered")
     ap.add_argument("--coordinator", required=True)
-    ap.add_argument("--socket", required=True, help="this host's ptcd socket")
+    ap.add_argument("--socket", help="this host's ptcd socket")
+    ap.add_argument("--local", action="append", default=[], metavar="HOST=SOCKET",
+                    help="serve this host of the machine too (repeatable; instead of "
+                         "--host and --socket)")
+    ap.add_argument("--mode", choices=("auto", "live", "restart"), default="auto",
+                    help="live: processes follow changes themselves; restart: stopped before "
+                         "a change and started after it; auto (default): live if the job's "
+                         "policy says so (ptcctl auto --live)")
+    ap.add_argument("--master-port", type=int, default=29500,
+                    help="restart-style jobs: MASTER_PORT is this plus the layout epoch "
+                         "modulo 1000")
+    ap.add_argument("--until-done", action="store_true",
+                    help="exit once the job's processes here have finished (see above)")
+    ap.add_argument("--grace", type=float, default=10.0,
+                    help="seconds a process gets to end after SIGTERM before SIGKILL")
     ap.add_argument("--status", help="write what runs here to this JSON file")
     ap.add_argument("--log-dir", help="each process's output goes to a file here")
     ap.add_argument("--no-huge-pages", action="store_true",
@@ -221,14 +379,32 @@ def main(argv=None):
     args = ap.parse_args(argv[:cut])
     command = argv[cut + 1:]
     if not command:
-        sys.exit("ptc-agent: give the command that runs one process after --")
-    agent = Agent(args, command)
+        ap.error("give the command that runs one process after --")
+    hosts = []
+    if args.host or args.socket:
+        if not (args.host and args.socket):
+            ap.error("--host and --socket go together")
+        hosts.append((args.host, args.socket))
+    for spec in args.local:
+        host, eq, socket = spec.partition("=")
+        if not (host and eq and socket):
+            ap.error(f"--local takes HOST=SOCKET, not '{spec}'")
+        hosts.append((host, socket))
+    if not hosts:
+        ap.error("name the host to serve: --host and --socket, or --local HOST=SOCKET")
+    if len({h for h, _ in hosts}) != len(hosts):
+        ap.error("a host is named twice")
+    if not 1 <= args.master_port <= 65535 - 999:
+        ap.error(f"--master-port {args.master_port}: from 1 to {65535 - 999}")
+    if args.grace < 0 or args.interval <= 0:
+        ap.error("--grace must be >= 0 and --interval > 0")
+    runner = Runner(args, [Agent(args, command, h, s) for h, s in hosts])
 
     def stop(*_):
-        agent.stopping = True
+        runner.stopping = True
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    agent.run()
+    sys.exit(runner.run())
 
 
 if __name__ == "__main__":
