@@ -11,7 +11,9 @@
 #   bash tools/compare_builds.sh BASE [HEAD] [ROUNDS]
 #       HEAD: default HEAD; ROUNDS: default 3 (each: one invocation of
 #       tools/reconfigure_benchmark.sh per build, RUNS changes each)
-#   RUNS=2 PREPARE=1 ...   passed on to reconfigure_benchmark.sh
+#   RUNS=2 PREPARE=1 ...   passed on to reconfigure_benchmark.sh (WARMUP=1
+#                   by default: one untimed change first, so that no build is
+#                   measured into memory the VM has not backed yet)
 #
 # The benchmark script and its cluster script are HEAD's, run with each
 # build's binaries (BIN=), so both builds are measured the same way.
@@ -44,7 +46,7 @@ for round in $(seq 1 "$rounds"); do
   for side in base head; do
     if [[ $side == base ]]; then bin=$base_bin; else bin=$head_bin; fi
     echo "round $round/$rounds: $side" >&2
-    BIN=$bin TRANSPORTS=ucx PARTS=transports \
+    BIN=$bin TRANSPORTS=ucx PARTS=transports WARMUP=${WARMUP:-1} \
       RESULTS=$results.$side bash tools/reconfigure_benchmark.sh "${RUNS:-1}" >&2
   done
 done
