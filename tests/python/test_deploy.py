@@ -117,16 +117,25 @@ def test_a_cluster_forms_from_the_shipped_files(bin_dir, tmp_path, network_names
         page = page.decode()
         assert 'ptc_coordinator_reconfigurations_total{outcome="committed"} 1' in page
         assert 'ptc_coordinator_hosts{state="alive"} 3' in page
+        exported = set(re.findall(r"^# TYPE (\w+) ", page, re.M))
         ucx_bytes = 0
         for i in range(3):
             page = urllib.request.urlopen(f"http://{net}.{11 + i}:9470/metrics",
                                           timeout=10).read().decode()
+            exported |= set(re.findall(r"^# TYPE (\w+) ", page, re.M))
             assert "# TYPE ptc_store_memory_used_bytes gauge" in page
             assert "ptc_store_memory_limit_bytes 1073741824" in page
             assert "ptc_transformer_ucx_fallbacks_total 0" in page
             ucx_bytes += int(re.search(r"^ptc_transformer_ucx_bytes_received_total (\d+)$",
                                        page, re.M).group(1))
         assert ucx_bytes > 0  # the bytes crossed the veths over UCX, not gRPC
+        # The shipped Grafana dashboard plots only what the daemons export
+        # (errors by code appear with a host's first error).
+        dashboard = json.loads((ROOT / "deploy/grafana/ptc-dashboard.json").read_text())
+        plotted = {m for p in dashboard["panels"] for t in p["targets"]
+                   for m in re.findall(r"\bptc_\w+", t["expr"])}
+        assert len(plotted) >= 15
+        assert plotted - exported <= {"ptc_store_errors_by_code_total"}, plotted - exported
     finally:
         stop_processes(procs)
 
