@@ -10,6 +10,7 @@ PACKAGES=(
   ucx-utils libxxhash-dev python3-venv python3-numpy python3-pytest
   python3-torch openssl iproute2 clang libclang-rt-14-dev
   etcd-server etcd-client golang-etcd-server-dev patchelf file
+  chromium chromium-driver
 )
 
 missing=()

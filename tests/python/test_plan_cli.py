@@ -1,6 +1,7 @@
 """`ptcctl plan` end to end: output for people and machines, the whole plan
 checked by a separate program, and clear errors."""
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -125,3 +126,53 @@ def test_the_placement_says_which_host_losses_it_survives(ptcctl):
     assert out["summary"]["cross_host_bytes"] == 0
     text = ptcctl(*args[:-1]).stdout
     assert "survives the loss of any one host" in text, text
+
+
+def test_the_plan_as_a_picture_says_what_the_plan_says(ptcctl, tmp_path):
+    """--svg and --html draw the bytes between hosts and the placements;
+    the numbers in the picture are the plan's, and a real browser (headless
+    Chromium) renders the page."""
+    import os
+    import shutil
+    import xml.etree.ElementTree as ET
+    svg, html, whole = tmp_path / "plan.svg", tmp_path / "plan.html", tmp_path / "plan.json"
+    r = ptcctl("plan", "--model", SMALL, "--from", "tp=1,pp=4,dp=2", "--to", "tp=2,pp=2,dp=2",
+               "--hosts", "2x4", "--to-hosts", "4x4", "--dead-hosts", "3", "--svg", str(svg),
+               "--html", str(html), "--out", str(whole), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)["summary"]
+    plan = json.loads(whole.read_text())
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    root = ET.parse(svg).getroot()
+    cells = root.findall(".//s:rect[@class='flow']", ns)
+    assert len(cells) == 4 * 4  # four hosts, no snapshot row
+    across = sum(float(c.get("data-bytes")) for c in cells
+                 if c.get("data-from") != c.get("data-to"))
+    within = sum(float(c.get("data-bytes")) for c in cells
+                 if c.get("data-from") == c.get("data-to"))
+    assert across == summary["cross_host_bytes"] > 0
+    assert within == summary["kept_in_place_bytes"] + summary["copied_within_host_bytes"]
+    for side in ("source", "target"):
+        ranks = {int(c.get("data-rank")): int(c.get("data-host"))
+                 for c in root.findall(f".//s:rect[@class='rank {side}']", ns)}
+        assert ranks == {p["rank"]: p["host"] for p in plan[side]["ranks"]}
+    text = " ".join(t.text or "" for t in root.iter(f"{{{ns['s']}}}text"))
+    assert "host3 (dead)" in text and "least possible" in text
+    page = html.read_text()
+    assert "<svg" in page and "<table id=\"hosts\">" in page and "<script" not in page
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        assert os.environ.get("CI") != "true", "CI installs chromium (tools/setup.sh)"
+        return
+    shots = pathlib.Path(os.environ.get("PTC_SCREENSHOT_DIR", tmp_path))
+    shot = shots / "plan-picture.png"
+    browser = [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'chromium'}"]
+    dom = subprocess.run([*browser, "--dump-dom", html.as_uri()], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "host3 (dead)" in dom.stdout and "keeps in place" in dom.stdout
+    r = subprocess.run([*browser, "--window-size=1000,620", f"--screenshot={shot}", html.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.stat().st_size > 10000, r.stderr[-2000:]

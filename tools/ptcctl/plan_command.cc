@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "plan/job_placement.h"
 #include "plan/plan_json.h"
+#include "plan/plan_svg.h"
 #include "plan/plan_scenario.h"
 #include "plan/plan_validator.h"
 #include "plan/planner.h"
@@ -33,6 +34,7 @@ const char kPlanUsage[] =
                    [--placement ptc|contiguous|FILE] [--colocate AXES]
                    [--prefer-movement]
                    [--baseline tenplex [--baseline-out FILE]] [--json] [--out FILE]
+                   [--svg FILE] [--html FILE]
 
 Shows how a job's state would move from one parallel layout to another:
 bytes kept in place, copied within hosts and sent across hosts (with the
@@ -69,6 +71,11 @@ and planning time. Nothing is sent; no daemon is contacted.
   --out FILE    write the whole plan (layouts, hosts, every transfer) as JSON
   --baseline-out FILE
                 write the baseline's whole plan the same way
+  --svg FILE    draw the plan: bytes from each host to each (a matrix;
+                the diagonal stays on its host), and the ranks' hosts
+                before and after
+  --html FILE   the same picture in a page, with the per-host table
+                (no script, nothing fetched: open it anywhere)
 )";
 
 namespace {
@@ -276,7 +283,7 @@ int RunPlanCommand(int argc, const char* const* argv) {
       Args::Parse(argc, argv, 2,
                   {"model", "layout", "from", "to", "hosts", "to-hosts", "dead-hosts",
                    "link-gbps", "placement", "colocate", "baseline", "out",
-                   "baseline-out"},
+                   "baseline-out", "svg", "html"},
                   {"json", "help", "prefer-movement"});
   if (args.ok() && args->Flag("help")) {
     std::cout << kPlanUsage;
@@ -313,12 +320,33 @@ int RunPlanCommand(int argc, const char* const* argv) {
                   1);
     }
   }
+  for (const char* option : {"svg", "html"}) {
+    if (!args->Has(option)) continue;
+    const std::string title = absl::StrCat(
+        args->Has("layout") ? args->Get("layout") : args->Get("model"), ": ",
+        args->Get("from"), " on ", args->Get("hosts"), " -> ", args->Get("to"),
+        args->Has("to-hosts") ? absl::StrCat(" on ", args->Get("to-hosts")) : "");
+    const PlanInput input = run->scenario.input();
+    std::ofstream out(args->Get(option));
+    out << (std::string(option) == "svg" ? PlanSvg(input, run->plan, title)
+                                         : PlanHtml(input, run->plan, title));
+    out.close();
+    if (!out) {
+      return fail(absl::UnavailableError(absl::StrCat(
+                      "cannot write the picture to ", args->Get(option))),
+                  1);
+    }
+  }
   if (json) {
     PrintJson(*run);
   } else {
     PrintText(*run);
     if (args->Has("out"))
       std::cout << "plan written to " << args->Get("out") << "\n";
+    for (const char* option : {"svg", "html"}) {
+      if (args->Has(option))
+        std::cout << "picture written to " << args->Get(option) << "\n";
+    }
   }
   return 0;
 }
