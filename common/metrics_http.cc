@@ -61,8 +61,8 @@ std::string Response(const char* status, const std::string& type,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address) {
+absl::StatusOr<std::pair<int, int>> ListenTcp(const std::string& address,
+                                              const std::string& what) {
   PTC_ASSIGN_OR_RETURN(HostPort hp,
                        ParseHostPort(address, /*allow_port_zero=*/true));
   struct addrinfo hints = {};
@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (const int e = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &found);
       e != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", address, "': ", gai_strerror(e)));
+        absl::StrCat(what, " address '", address, "': ", gai_strerror(e)));
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     freeaddrinfo(found);
     if (fd >= 0) close(fd);
     return absl::UnavailableError(
-        absl::StrCat("serving metrics on ", address, ": ", why));
+        absl::StrCat("serving ", what, " on ", address, ": ", why));
   }
   freeaddrinfo(found);
   struct sockaddr_storage bound = {};
@@ -95,6 +95,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
       ntohs(bound.ss_family == AF_INET6
                 ? reinterpret_cast<struct sockaddr_in6*>(&bound)->sin6_port
                 : reinterpret_cast<struct sockaddr_in*>(&bound)->sin_port);
+  return std::make_pair(fd, bound_port);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& address) {
+  PTC_ASSIGN_OR_RETURN(HostPort hp,
+                       ParseHostPort(address, /*allow_port_zero=*/true));
+  PTC_ASSIGN_OR_RETURN(const auto listening, ListenTcp(address, "metrics"));
+  const auto [fd, bound_port] = listening;
   std::unique_ptr<MetricsServer> s(new MetricsServer(fd, bound_port));
   s->thread_ = std::thread([m = s.get()] { m->Loop(); });
   Log("metrics")->info("metrics on http://{}:{}/metrics", hp.host, bound_port);

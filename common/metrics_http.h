@@ -12,10 +12,16 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
 namespace ptc {
+
+// A listening TCP socket on `address` (HOST:PORT; port 0 picks one): its
+// descriptor and bound port. `what` names the service in errors.
+absl::StatusOr<std::pair<int, int>> ListenTcp(const std::string& address,
+                                              const std::string& what);
 
 class MetricsServer {
  public:

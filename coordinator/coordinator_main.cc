@@ -21,6 +21,7 @@
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "coordinator/web_view.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/etcd_control_store.h"
@@ -37,6 +38,7 @@ constexpr char kUsage[] =
                        [--heartbeats-per-second N]
                        [--log-level LEVEL] [--port-file FILE]
                        [--token-key FILE] [--metrics-listen HOST:PORT]
+                       [--web-listen HOST:PORT --web-token-file FILE]
                        (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
   --config         "key = value" file with a key for every option (the
@@ -92,6 +94,14 @@ constexpr char kUsage[] =
   --metrics-listen serve Prometheus metrics at http://HOST:PORT/metrics
                    (hosts, jobs, reconfigurations by outcome, bytes moved,
                    phase durations; default: off)
+  --web-listen     serve the read-only web view at https://HOST:PORT/ (the
+                   hosts, the jobs, where their ranks run, changes in
+                   flight; HTTPS with --tls-cert and --tls-key, HTTP only
+                   with --insecure; default: off). Needs --web-token-file
+  --web-token-file the viewer's token (one line, 16 or more characters of
+                   letters, digits and ._~-; e.g. openssl rand -hex 16): a
+                   browser opens https://HOST:PORT/?token=TOKEN once. It can
+                   only look; never give it the admin key
 )";
 
 absl::Status Run(int argc, char** argv) {
@@ -100,7 +110,8 @@ absl::Status Run(int argc, char** argv) {
       "log-level", "port-file", "tls-ca",         "tls-cert",
       "tls-key",   "token-key", "metrics-listen", "host-expiry",
       "etcd",      "etcd-prefix", "etcd-lease", "advertise",
-      "etcd-ca",   "etcd-cert", "etcd-key", "heartbeats-per-second"};
+      "etcd-ca",   "etcd-cert", "etcd-key", "heartbeats-per-second",
+      "web-listen", "web-token-file"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -216,6 +227,33 @@ absl::Status Run(int argc, char** argv) {
   if (settings.Has("metrics-listen")) {
     PTC_ASSIGN_OR_RETURN(metrics,
                          MetricsServer::Start(settings.Get("metrics-listen")));
+  }
+  std::unique_ptr<WebView> web;
+  if (settings.Has("web-listen") != settings.Has("web-token-file")) {
+    return absl::InvalidArgumentError(
+        "--web-listen and --web-token-file go together (the view needs its "
+        "viewer token)");
+  }
+  if (settings.Has("web-listen")) {
+    WebView::Options wo;
+    wo.listen = settings.Get("web-listen");
+    PTC_ASSIGN_OR_RETURN(wo.token,
+                         WebView::ReadToken(settings.Get("web-token-file")));
+    if (!insecure) {
+      auto from = [&](const char* option, const char* env) {
+        const char* e = std::getenv(env);
+        return settings.Get(option, e != nullptr ? e : "");
+      };
+      wo.tls_cert = from("tls-cert", "PTC_TLS_CERT");
+      wo.tls_key = from("tls-key", "PTC_TLS_KEY");
+    }
+    // The view asks this coordinator over gRPC, as any client would.
+    std::string host = options.listen_address.substr(
+        0, options.listen_address.rfind(':'));
+    if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]")
+      host = "127.0.0.1";
+    wo.coordinator = absl::StrCat(host, ":", server->port());
+    PTC_ASSIGN_OR_RETURN(web, WebView::Start(std::move(wo)));
   }
   if (settings.Has("port-file")) {
     const std::string path = settings.Get("port-file");

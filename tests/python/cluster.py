@@ -52,11 +52,12 @@ def tls_flags(name):
 
 class LocalCluster:
     def __init__(self, bin_dir, tmp_path, hosts=4, gpus=2, memory="2GiB", host_timeout=2,
-                 coordinator_env=None, tokens=False, domains=None):
+                 coordinator_env=None, tokens=False, domains=None, coordinator_flags=()):
         """tokens: the coordinator and every ptcd get the job token key, so
         local clients need their job's token (as the local cluster of
         tools/local_cluster.sh runs). domains: each host's failure domain
-        (ptcd --domain)."""
+        (ptcd --domain). coordinator_flags: more flags for the coordinator."""
+        self.coordinator_flags = list(coordinator_flags)
         self.bin = bin_dir
         self.domains = domains
         self.dir = tmp_path
@@ -91,7 +92,7 @@ class LocalCluster:
             [str(self.bin / "coordinator/ptc-coordinator"), "--listen", f"127.0.0.1:{port}",
              "--state-dir", str(self.dir / "coordinator"), "--port-file", str(port_file),
              "--host-timeout", str(self.host_timeout), "--log-level", "info",
-             *tls_flags("coordinator"), *self.token_flags],
+             *tls_flags("coordinator"), *self.token_flags, *self.coordinator_flags],
             stdout=log, stderr=log, env={**os.environ, **(self.coordinator_env or {})})
         return self._wait_port(port_file)
 

@@ -38,6 +38,7 @@
 #include "snapshot/safetensors.h"
 #include "snapshot/snapshot_dir.h"
 #include "snapshot/snapshot_reader.h"
+#include "coordinator/status_json.h"
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 #include "tools/internal/layout_file.h"
@@ -740,22 +741,7 @@ absl::Status Hosts(Stub* stub, bool json) {
   PTC_RETURN_IF_ERROR(
       Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
   if (json) {
-    JsonWriter w(2);
-    w.BeginObject().Key("hosts").BeginArray();
-    for (const auto& h : resp.hosts()) {
-      w.BeginObject().Key("name").String(h.name()).Key("address").String(
-          h.address());
-      w.Key("gpus").Int(h.gpus()).Key("alive").Bool(h.alive());
-      w.Key("draining").Bool(h.draining());
-      w.Key("gpu_memory_bytes").Int(h.gpu_memory_bytes());
-      w.Key("memory_bytes").Int(h.memory_bytes());
-      w.Key("domain").String(h.domain()).Key("socket").String(h.socket());
-      w.Key("seconds_since_heartbeat")
-          .Double(h.seconds_since_heartbeat())
-          .EndObject();
-    }
-    w.EndArray().EndObject();
-    std::cout << w.str() << "\n";
+    std::cout << HostsJson(resp) << "\n";
     return absl::OkStatus();
   }
   std::cout << absl::StrFormat("%-16s %-22s %5s %-6s %10s  %s\n", "HOST",
@@ -777,55 +763,7 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
   proto::ListJobsResponse resp;
   PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, req, &resp));
   if (json) {
-    JsonWriter w(2);
-    w.BeginObject().Key("jobs").BeginArray();
-    for (const auto& j : resp.jobs()) {
-      w.BeginObject().Key("job").String(j.job()).Key("model").String(j.model());
-      w.Key("mesh").BeginArray();
-      for (const auto& a : j.mesh()) w.String(a);
-      w.EndArray();
-      w.Key("config").String(j.config()).Key("hosts").BeginArray();
-      for (const auto& h : j.hosts()) w.String(h);
-      w.EndArray().Key("committed_version").Int(j.committed_version());
-      w.Key("ranks").Int(j.ranks()).Key("ranks_saved").Int(j.ranks_saved());
-      w.Key("state_bytes").Int(j.state_bytes());
-      w.Key("rank_hosts").BeginArray();
-      for (const auto& h : j.rank_hosts()) w.String(h);
-      w.EndArray().Key("rank_gpus").BeginArray();
-      for (int32_t d : j.rank_devices()) w.Int(d);
-      w.EndArray();
-      w.Key("layout_epoch").Int(j.layout_epoch());
-      w.Key("committed_step").Int(j.committed_step());
-      w.Key("open_saves").BeginArray();
-      for (int64_t v : j.open_saves()) w.Int(v);
-      w.EndArray().Key("lost_hosts").BeginArray();
-      for (const auto& h : j.lost_hosts()) w.String(h);
-      w.EndArray();
-      w.Key("survival").String(j.survival());
-      w.Key("survives_host_loss").Bool(j.survives_host_loss());
-      w.Key("reconfiguration")
-          .BeginObject()
-          .Key("plan_epoch")
-          .Int(j.reconfiguration().plan_epoch());
-      w.Key("phase").String(PhaseName(j.reconfiguration().phase()));
-      w.Key("bytes_done").Int(j.reconfiguration().bytes_done());
-      w.Key("bytes_total").Int(j.reconfiguration().bytes_total());
-      w.Key("error").String(j.reconfiguration().error());
-      w.Key("reason").String(j.reconfiguration().reason());
-      w.Key("path").String(j.reconfiguration().path()).EndObject();
-      const proto::AutoPolicy& p = j.auto_policy();
-      w.Key("auto").BeginObject().Key("enabled").Bool(p.enabled());
-      w.Key("live").Bool(p.live()).Key("hot").Bool(p.hot());
-      w.Key("pinned_config").String(p.pinned_config());
-      w.EndObject().Key("pool").BeginArray();
-      for (const auto& h : j.pool()) w.String(h);
-      w.EndArray().Key("pending_config").String(j.pending_config());
-      w.Key("pending_reason").String(j.pending_reason());
-      w.Key("pending_hot").Bool(j.pending_hot());
-      w.EndObject();
-    }
-    w.EndArray().EndObject();
-    std::cout << w.str() << "\n";
+    std::cout << JobsJson(resp) << "\n";
     return absl::OkStatus();
   }
   for (const auto& j : resp.jobs()) {
