@@ -164,3 +164,57 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
         if browser:
             browser.close()
         cluster.stop()
+
+
+def test_the_web_view_survives_hostile_and_slow_clients(bin_dir, tmp_path):
+    import ssl
+    token = "viewer-" + os.urandom(12).hex()
+    (tmp_path / "web.token").write_text(token)
+    web = free_port()
+    cluster = LocalCluster(bin_dir, tmp_path, hosts=1, gpus=2, coordinator_flags=[
+        "--web-listen", f"127.0.0.1:{web}", "--web-token-file", str(tmp_path / "web.token")])
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    def ask(path, headers=None):
+        req = urllib.request.Request(f"https://127.0.0.1:{web}{path}",
+                                     headers={"Authorization": f"Bearer {token}",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+    try:
+        status, body = ask("/api/hosts")
+        assert status == 200 and json.loads(body)["hosts"][0]["name"] == "host0"
+        # A client that connects and says nothing holds the view at most 2 s.
+        silent = socket.create_connection(("127.0.0.1", web))
+        start = time.time()
+        assert ask("/api/jobs")[0] == 200
+        assert time.time() - start < 10
+        silent.close()
+        # Paths outside the page's files, a wrong token, an oversized head.
+        assert ask("/../../etc/passwd")[0] == 404
+        assert ask("/api/hosts", {"Authorization": "Bearer " + "x" * 32})[0] == 401
+        with socket.create_connection(("127.0.0.1", web)) as raw:
+            with ctx.wrap_socket(raw) as tls:
+                tls.sendall(b"GET / HTTP/1.1\r\nX: " + b"a" * (64 << 10) + b"\r\n\r\n")
+                try:
+                    tls.recv(1024)
+                except (ssl.SSLError, ConnectionError):
+                    pass
+        status, page = ask("/")
+        assert status == 200 and b"app.js" in page
+        assert cluster.procs["coordinator"].poll() is None
+        # The token file's rules are checked at start.
+        (tmp_path / "short.token").write_text("short")
+        r = subprocess.run([str(bin_dir / "coordinator/ptc-coordinator"), "--state-dir",
+                            str(tmp_path / "other"), "--listen", "127.0.0.1:0", "--insecure",
+                            "--web-listen", "127.0.0.1:0", "--web-token-file",
+                            str(tmp_path / "short.token")], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and "at least 16 characters" in r.stderr, r.stderr
+    finally:
+        cluster.stop()
