@@ -12,7 +12,8 @@
 // which sets an HttpOnly, Secure, SameSite=Strict cookie and leads to the
 // page; scripts may send "Authorization: Bearer TOKEN". Everything else is
 // 401 without it. One thread answers one request at a time; a client that
-// stops sending is dropped after 2 s. Off unless ptc-coordinator gets --web-listen and --web-token-file.
+// stops sending is dropped after 2 s. Off unless ptc-coordinator gets
+// --web-listen and --web-token-file.
 //
 //   WebView::Options o;
 //   o.listen = "0.0.0.0:7443"; o.token = ReadToken(file);
