@@ -5,11 +5,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -21,11 +20,11 @@
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
-#include "coordinator/web_view.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/etcd_control_store.h"
 #include "coordinator/standby_server.h"
+#include "coordinator/web_view.h"
 
 namespace ptc {
 namespace {
@@ -106,11 +105,11 @@ constexpr char kUsage[] =
 
 absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
-      "config",    "state-dir", "listen",         "host-timeout",
-      "log-level", "port-file", "tls-ca",         "tls-cert",
-      "tls-key",   "token-key", "metrics-listen", "host-expiry",
-      "etcd",      "etcd-prefix", "etcd-lease", "advertise",
-      "etcd-ca",   "etcd-cert", "etcd-key", "heartbeats-per-second",
+      "config",     "state-dir",     "listen",         "host-timeout",
+      "log-level",  "port-file",     "tls-ca",         "tls-cert",
+      "tls-key",    "token-key",     "metrics-listen", "host-expiry",
+      "etcd",       "etcd-prefix",   "etcd-lease",     "advertise",
+      "etcd-ca",    "etcd-cert",     "etcd-key",       "heartbeats-per-second",
       "web-listen", "web-token-file"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
@@ -248,8 +247,8 @@ absl::Status Run(int argc, char** argv) {
       wo.tls_key = from("tls-key", "PTC_TLS_KEY");
     }
     // The view asks this coordinator over gRPC, as any client would.
-    std::string host = options.listen_address.substr(
-        0, options.listen_address.rfind(':'));
+    std::string host =
+        options.listen_address.substr(0, options.listen_address.rfind(':'));
     if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]")
       host = "127.0.0.1";
     wo.coordinator = absl::StrCat(host, ":", server->port());

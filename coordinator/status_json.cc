@@ -62,8 +62,10 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
     w.Key("reason").String(j.reconfiguration().reason());
     w.Key("path").String(j.reconfiguration().path());
     const proto::ReconfigureEvent& r = j.reconfiguration();
-    w.Key("hosts_done").Int(r.hosts_done()).Key("hosts_total").Int(
-        r.hosts_total());
+    w.Key("hosts_done")
+        .Int(r.hosts_done())
+        .Key("hosts_total")
+        .Int(r.hosts_total());
     w.Key("seconds").Double(r.seconds());
     w.Key("staging_seconds").Double(r.staging_seconds());
     w.Key("verifying_seconds").Double(r.verifying_seconds());

@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <fstream>
@@ -105,7 +106,8 @@ bool Parse(const std::string& head, Request* r) {
 }
 
 bool SameToken(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return a.size() == b.size() &&
+         CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 // The token the request shows: its cookie, or a bearer authorization.
@@ -270,10 +272,11 @@ void WebView::Serve(int fd) {
   Request r;
   const bool parsed = absl::StrContains(head, "\r\n\r\n") && Parse(head, &r);
   auto page = [](const std::string& title, const std::string& text) {
-    return absl::StrCat("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
-                        "<title>ptc: ",
-                        title, "</title></head><body><h1>", title, "</h1><p>",
-                        text, "</p></body></html>\n");
+    return absl::StrCat(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        "<title>ptc: ",
+        title, "</title></head><body><h1>", title, "</h1><p>", text,
+        "</p></body></html>\n");
   };
   if (!parsed) {
     if (!head.empty())
@@ -304,9 +307,8 @@ void WebView::Serve(int fd) {
              "the viewer token in the coordinator's --web-token-file (not an "
              "admin credential: it can only look).")));
   } else if (r.path == "/api/hosts" || r.path == "/api/jobs") {
-    auto stub = proto::Coordinator::NewStub(
-        OpenChannel(options_.coordinator, grpc::ChannelArguments(),
-                    "coordinator"));
+    auto stub = proto::Coordinator::NewStub(OpenChannel(
+        options_.coordinator, grpc::ChannelArguments(), "coordinator"));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(kTimeoutMs));

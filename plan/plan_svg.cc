@@ -23,19 +23,31 @@ std::string Bytes(double b) {
     ++u;
   }
   return u == 0 ? absl::StrFormat("%.0f B", b)
-                : absl::StrFormat("%.*f %s", b < 10 ? 2 : b < 100 ? 1 : 0, b,
-                                  units[u]);
+                : absl::StrFormat("%.*f %s",
+                                  b < 10    ? 2
+                                  : b < 100 ? 1
+                                            : 0,
+                                  b, units[u]);
 }
 
 std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -140,7 +152,8 @@ class Svg {
                           "height=\"%.1f\" fill=\"%s\" stroke=\"#fff\" "
                           "stroke-width=\"0.5\"%s%s>",
                           x, y, w, h, fill, data.empty() ? "" : " ", data);
-    if (!tip.empty()) absl::StrAppend(&body_, "<title>", Escape(tip), "</title>");
+    if (!tip.empty())
+      absl::StrAppend(&body_, "<title>", Escape(tip), "</title>");
     absl::StrAppend(&body_, "</rect>\n");
   }
   std::string Finish(double width, double height) const {
@@ -151,7 +164,8 @@ class Svg {
                         width, height, width, height),
         "<style>.title{font-size:15px;font-weight:bold}"
         ".head{font-size:12px;font-weight:bold}.small{font-size:9px}"
-        ".cell{font-size:9px;fill:#111}.light{fill:#fff}.dim{fill:#666}</style>\n",
+        ".cell{font-size:9px;fill:#111}.light{fill:#fff}.dim{fill:#666}</"
+        "style>\n",
         "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", body_,
         "</svg>\n");
   }
@@ -186,13 +200,14 @@ double DrawPlacement(Svg& svg, double y, const char* label,
         h >= 0 && h < static_cast<int>(cluster.hosts.size())
             ? cluster.hosts[h].name
             : "?";
-    svg.Rect(x, yy, cell - 1, cell, HostColour(h),
-             absl::StrCat("rank ", r, " on ", name, " GPU ",
-                          r < static_cast<int>(placement->device.size())
-                              ? placement->device[r]
-                              : -1),
-             absl::StrFormat("class=\"rank %s\" data-rank=\"%d\" data-host=\"%d\"",
-                             label, r, h));
+    svg.Rect(
+        x, yy, cell - 1, cell, HostColour(h),
+        absl::StrCat("rank ", r, " on ", name, " GPU ",
+                     r < static_cast<int>(placement->device.size())
+                         ? placement->device[r]
+                         : -1),
+        absl::StrFormat("class=\"rank %s\" data-rank=\"%d\" data-host=\"%d\"",
+                        label, r, h));
     const std::string number = absl::StrCat(r);
     if (5.5 * number.size() + 2 <= cell)
       svg.Text(x + cell / 2, yy + cell * 0.7, number, "small", "middle");
@@ -227,12 +242,12 @@ std::string PlanSvg(const PlanInput& input, const Plan& plan,
   Svg svg;
   const PlanSummary& s = plan.summary;
   svg.Text(20, 26, title, "title");
-  svg.Text(20, 48,
-           absl::StrCat("across hosts ", Bytes(s.cross_host_bytes),
-                        " (least possible ", Bytes(s.cross_host_bytes_lower_bound),
-                        "); copied within hosts ",
-                        Bytes(s.copied_within_host_bytes), "; kept in place ",
-                        Bytes(s.kept_in_place_bytes)));
+  svg.Text(
+      20, 48,
+      absl::StrCat("across hosts ", Bytes(s.cross_host_bytes),
+                   " (least possible ", Bytes(s.cross_host_bytes_lower_bound),
+                   "); copied within hosts ", Bytes(s.copied_within_host_bytes),
+                   "; kept in place ", Bytes(s.kept_in_place_bytes)));
   svg.Text(20, 66,
            absl::StrCat("busiest sender ", Bytes(s.max_host_send_bytes),
                         " (bound ", Bytes(s.max_host_send_bytes_lower_bound),
@@ -240,12 +255,13 @@ std::string PlanSvg(const PlanInput& input, const Plan& plan,
                         snapshot ? absl::StrCat("; from the snapshot ",
                                                 Bytes(f.sent[f.hosts]))
                                  : ""));
-  svg.Text(20, 92,
-           g.count < f.hosts
-               ? absl::StrCat("bytes from (rows) to (columns), ", f.hosts,
-                              " hosts in ", g.count, " groups")
-               : "bytes from (rows) to (columns); the diagonal stays on its host",
-           "head");
+  svg.Text(
+      20, 92,
+      g.count < f.hosts
+          ? absl::StrCat("bytes from (rows) to (columns), ", f.hosts,
+                         " hosts in ", g.count, " groups")
+          : "bytes from (rows) to (columns); the diagonal stays on its host",
+      "head");
   // Lightness of a cell: a log scale from 1 KiB to the largest cell.
   auto lightness = [&](double b) {
     const double lo = std::log(1024.0), hi = std::log(std::max(peak, 2048.0));
@@ -277,13 +293,13 @@ std::string PlanSvg(const PlanInput& input, const Plan& plan,
     const double y = top + r * cell;
     if (cell >= 16 || r % 4 == 0 || snap_row) {
       svg.Text(left - 6, y + cell * 0.62,
-               snap_row ? "snapshot" : GroupName(input, g, r), "small",
-               "end");
+               snap_row ? "snapshot" : GroupName(input, g, r), "small", "end");
     }
     for (int c = 0; c < g.count; ++c) {
       const double b = m[r][c];
       const bool diagonal = r == c;
-      const std::string from = snap_row ? "the snapshot" : GroupName(input, g, r);
+      const std::string from =
+          snap_row ? "the snapshot" : GroupName(input, g, r);
       svg.Rect(left + c * cell, y, cell, cell, shade(b, diagonal),
                absl::StrCat(from, " -> ", GroupName(input, g, c), ": ",
                             Bytes(b), diagonal ? " (stays on the host)" : ""),

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -29,6 +31,7 @@
 #include "common/json_writer.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
+#include "coordinator/status_json.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "proto/enum_names.h"
 #include "proto/tensor_store.grpc.pb.h"
@@ -38,13 +41,10 @@
 #include "snapshot/safetensors.h"
 #include "snapshot/snapshot_dir.h"
 #include "snapshot/snapshot_reader.h"
-#include "coordinator/status_json.h"
 #include "tools/internal/cli.h"
 #include "tools/internal/format.h"
 #include "tools/internal/layout_file.h"
 #include "tools/internal/placement_text.h"
-#include <fstream>
-#include <cstdio>
 
 namespace ptc::tools {
 
@@ -1164,11 +1164,11 @@ std::string PackageBeside(const char* argv0) {
 int RunRunCommand(int argc, const char* const* argv) {
   int cut = 2;
   while (cut < argc && std::strcmp(argv[cut], "--") != 0) ++cut;
-  auto args = Args::Parse(cut, argv, 2,
-                          WithSecurityOptions({"coordinator", "job", "log-dir",
-                                               "master-port", "mode", "python",
-                                               "status", "grace"}),
-                          {"help", kSecurityFlag});
+  auto args = Args::Parse(
+      cut, argv, 2,
+      WithSecurityOptions({"coordinator", "job", "log-dir", "master-port",
+                           "mode", "python", "status", "grace"}),
+      {"help", kSecurityFlag});
   auto fail = [&](const absl::Status& s, int code) {
     return Fail("ptcctl run", s, code, false, kClusterUsage);
   };
@@ -1191,8 +1191,8 @@ int RunRunCommand(int argc, const char* const* argv) {
     return fail(s, 2);
   const char* from_env = std::getenv("PTC_COORDINATOR");
   const std::string address = args->Get(
-      "coordinator", from_env != nullptr && *from_env != '\0' ? from_env
-                                                               : "127.0.0.1:7000");
+      "coordinator",
+      from_env != nullptr && *from_env != '\0' ? from_env : "127.0.0.1:7000");
   auto stub = proto::Coordinator::NewStub(
       OpenChannel(address, grpc::ChannelArguments(), "coordinator"));
   auto local = LocalHosts(stub.get());
@@ -1224,11 +1224,17 @@ int RunRunCommand(int argc, const char* const* argv) {
       args->Get("python", python_env != nullptr && *python_env != '\0'
                               ? python_env
                               : "python3"),
-      "-m", "ptc.agent", "--job", job, "--coordinator", address,
+      "-m",
+      "ptc.agent",
+      "--job",
+      job,
+      "--coordinator",
+      address,
       "--until-done"};
   for (const auto& [host, socket] : *local)
     agent.push_back(absl::StrCat("--local=", host, "=", socket));
-  for (const char* option : {"log-dir", "master-port", "mode", "status", "grace"}) {
+  for (const char* option :
+       {"log-dir", "master-port", "mode", "status", "grace"}) {
     if (args->Has(option))
       agent.push_back(absl::StrCat("--", option, "=", args->Get(option)));
   }

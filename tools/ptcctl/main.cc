@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     return ptc::tools::RunLayoutCommand(argc, argv);
   if (!std::strcmp(argv[1], "store"))
     return ptc::tools::RunStoreCommand(argc, argv);
-  if (!std::strcmp(argv[1], "run")) return ptc::tools::RunRunCommand(argc, argv);
+  if (!std::strcmp(argv[1], "run"))
+    return ptc::tools::RunRunCommand(argc, argv);
   if (ptc::tools::IsClusterCommand(argv[1]))
     return ptc::tools::RunClusterCommand(argc, argv);
   std::cerr << "ptcctl: unknown command '" << argv[1] << "'\n\n" << kUsage;

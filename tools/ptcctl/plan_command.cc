@@ -16,8 +16,8 @@
 #include "common/status_macros.h"
 #include "plan/job_placement.h"
 #include "plan/plan_json.h"
-#include "plan/plan_svg.h"
 #include "plan/plan_scenario.h"
+#include "plan/plan_svg.h"
 #include "plan/plan_validator.h"
 #include "plan/planner.h"
 #include "proto/enum_names.h"
@@ -279,12 +279,11 @@ void PrintJson(const PlanRun& run) {
 }  // namespace
 
 int RunPlanCommand(int argc, const char* const* argv) {
-  auto args =
-      Args::Parse(argc, argv, 2,
-                  {"model", "layout", "from", "to", "hosts", "to-hosts", "dead-hosts",
-                   "link-gbps", "placement", "colocate", "baseline", "out",
-                   "baseline-out", "svg", "html"},
-                  {"json", "help", "prefer-movement"});
+  auto args = Args::Parse(argc, argv, 2,
+                          {"model", "layout", "from", "to", "hosts", "to-hosts",
+                           "dead-hosts", "link-gbps", "placement", "colocate",
+                           "baseline", "out", "baseline-out", "svg", "html"},
+                          {"json", "help", "prefer-movement"});
   if (args.ok() && args->Flag("help")) {
     std::cout << kPlanUsage;
     return 0;
@@ -325,7 +324,8 @@ int RunPlanCommand(int argc, const char* const* argv) {
     const std::string title = absl::StrCat(
         args->Has("layout") ? args->Get("layout") : args->Get("model"), ": ",
         args->Get("from"), " on ", args->Get("hosts"), " -> ", args->Get("to"),
-        args->Has("to-hosts") ? absl::StrCat(" on ", args->Get("to-hosts")) : "");
+        args->Has("to-hosts") ? absl::StrCat(" on ", args->Get("to-hosts"))
+                              : "");
     const PlanInput input = run->scenario.input();
     std::ofstream out(args->Get(option));
     out << (std::string(option) == "svg" ? PlanSvg(input, run->plan, title)
