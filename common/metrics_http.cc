@@ -117,17 +117,25 @@ MetricsServer::~MetricsServer() {
   close(fd_);
 }
 
-void MetricsServer::Loop() {
-  while (!stopping_) {
-    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+void ServeConnections(int fd, const std::atomic<bool>& stopping,
+                      const std::function<void(int conn)>& serve) {
+  while (!stopping) {
+    const int conn = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
-      if (stopping_) return;
+      if (stopping) return;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
           errno == ENOMEM) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       continue;
     }
+    serve(conn);
+    close(conn);
+  }
+}
+
+void MetricsServer::Loop() {
+  ServeConnections(fd_, stopping_, [](int conn) {
     const std::string head = ReadHead(conn);
     if (absl::StartsWith(head, "GET /metrics ") ||
         absl::StartsWith(head, "GET /metrics?")) {
@@ -137,8 +145,7 @@ void MetricsServer::Loop() {
       WriteAll(conn, Response("404 Not Found", "text/plain",
                               "ptc serves GET /metrics only\n"));
     }
-    close(conn);
-  }
+  });
 }
 
 }  // namespace ptc

@@ -9,6 +9,7 @@
 #define PTC_COMMON_METRICS_HTTP_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,6 +23,12 @@ namespace ptc {
 // descriptor and bound port. `what` names the service in errors.
 absl::StatusOr<std::pair<int, int>> ListenTcp(const std::string& address,
                                               const std::string& what);
+
+// Accepts connections on the listening socket `fd` until `stopping` (and
+// the socket's shutdown wakes accept), one at a time: serve(conn), then
+// closes it. Out of descriptors, it waits 100 ms before the next accept.
+void ServeConnections(int fd, const std::atomic<bool>& stopping,
+                      const std::function<void(int conn)>& serve);
 
 class MetricsServer {
  public:

@@ -227,24 +227,14 @@ WebView::~WebView() {
 }
 
 void WebView::Loop() {
-  while (!stopping_) {
-    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) {
-      if (stopping_) return;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
-          errno == ENOMEM) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      continue;
-    }
+  ServeConnections(fd_, stopping_, [this](int conn) {
     // Every read and write of a connection (the TLS handshake too) within
-    // the timeout: a slow or silent client cannot hold the thread.
+    // the timeout: a client that stops sending cannot hold the thread.
     struct timeval tv = {kTimeoutMs / 1000, 0};
     setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     Serve(conn);
-    close(conn);
-  }
+  });
 }
 
 void WebView::Serve(int fd) {
