@@ -311,6 +311,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
     return grpc::Status::OK;
   }
   resp->set_known(true);
+  hosts_.NoteMemoryUsed(req->name(), req->memory_used_bytes());
   resp->set_heartbeat_interval_seconds(
       absl::ToDoubleSeconds(hosts_.Find(req->name())->told));
   // Rule 6: what nothing owns any more is reclaimed. A host that is still

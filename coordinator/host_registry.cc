@@ -39,6 +39,12 @@ bool HostRegistry::Heartbeat(const std::string& name, uint64_t incarnation,
   return true;
 }
 
+void HostRegistry::NoteMemoryUsed(const std::string& name, int64_t bytes) {
+  auto it = hosts_.find(name);
+  if (it != hosts_.end())
+    it->second.status.set_memory_used_bytes(std::max<int64_t>(bytes, 0));
+}
+
 absl::Duration HostRegistry::Interval() const {
   // Registered hosts, dead ones too (they are few, and expire): counting
   // the live ones would cost a pass over the registry per heartbeat.

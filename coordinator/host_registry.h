@@ -94,6 +94,9 @@ class HostRegistry {
   // process under the name (`incarnation` 0 matches any): it must
   // register again.
   bool Heartbeat(const std::string& name, uint64_t incarnation, absl::Time now);
+  // What a live host's heartbeat said of its store's memory in use (shown,
+  // not persisted: the next heartbeat after a restart says it again).
+  void NoteMemoryUsed(const std::string& name, int64_t bytes);
 
   // The host's registration, or null if unknown.
   const Host* Find(const std::string& name) const;

@@ -15,6 +15,7 @@ std::string HostsJson(const proto::ListHostsResponse& resp) {
     w.Key("draining").Bool(h.draining());
     w.Key("gpu_memory_bytes").Int(h.gpu_memory_bytes());
     w.Key("memory_bytes").Int(h.memory_bytes());
+    w.Key("memory_used_bytes").Int(h.memory_used_bytes());
     w.Key("domain").String(h.domain()).Key("socket").String(h.socket());
     w.Key("seconds_since_heartbeat")
         .Double(h.seconds_since_heartbeat())

@@ -4,7 +4,8 @@
 //
 //   std::cout << HostsJson(list_hosts_response);
 //   {"hosts": [{"name", "address", "gpus", "alive", "draining",
-//               "gpu_memory_bytes", "memory_bytes", "domain", "socket",
+//               "gpu_memory_bytes", "memory_bytes", "memory_used_bytes",
+//               "domain", "socket",
 //               "seconds_since_heartbeat"}]}
 //   std::cout << JobsJson(list_jobs_response);
 //   {"jobs": [{"job", "model", "mesh", "config", "hosts",

@@ -85,6 +85,7 @@ void CoordinatorAgent::Loop() {
       req.set_incarnation(host_.incarnation());
       if (store_ != nullptr) {
         for (const auto& v : store_->Versions()) *req.add_versions() = v;
+        req.set_memory_used_bytes(store_->memory_used());
       }
       proto::HeartbeatResponse resp;
       const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);

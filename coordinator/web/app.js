@@ -79,7 +79,10 @@ function renderHosts(hosts, jobs, hostIndex) {
          h.name),
       el("td", {}, el("span", { class: `state ${state}` }, state)),
       el("td", { class: "gpus" }, `${n} of ${h.gpus}`, which ? ` (${which})` : ""),
-      el("td", { class: "num" }, bytes(h.memory_bytes)),
+      el("td", { class: "memory" },
+        `${bytes(h.memory_used_bytes || 0)} of ${bytes(h.memory_bytes)}`,
+        el("div", { class: "bar small" }, el("div", { style: {
+          width: `${h.memory_bytes ? Math.min(100, (100 * (h.memory_used_bytes || 0)) / h.memory_bytes).toFixed(1) : 0}%` } }))),
       el("td", {}, h.domain || "the host alone"),
       el("td", { class: "num" }, `${seconds(h.seconds_since_heartbeat)} ago`));
   }));

@@ -137,6 +137,9 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
             cluster.save("gpt", host, 1)
         job = '[data-job="gpt"]'
         browser.wait(lambda: "committed version 1" in browser.text(job))
+        # The stores' memory in use, from the hosts' heartbeats.
+        browser.wait(lambda: not browser.text(f'tr[data-host="{placed[0]}"] .memory')
+                     .startswith("0 B of "))
         assert "tp=2,pp=2" in browser.text(f"{job} .config")
         ranks = browser.js(f"return [...document.querySelectorAll('{job} .strip')[0].children]"
                            ".map(c => c.dataset.host)")
