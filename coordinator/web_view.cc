@@ -16,6 +16,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -27,6 +28,10 @@
 #include "common/status_macros.h"
 #include "coordinator/status_json.h"
 #include "coordinator/web_assets.h"
+#include "common/json_writer.h"
+#include "ptc/layout.h"
+#include "ptc/layout_spec_proto.h"
+#include "ptc/model_spec.h"
 #include "proto/coordinator.grpc.pb.h"
 
 namespace ptc {
@@ -146,6 +151,65 @@ std::string JsonError(const std::string& message) {
     escaped += c;
   }
   return absl::StrCat("{\"error\": \"", escaped, "\"}");
+}
+
+// One tensor of a job's layout as the page draws it: the job's tensors
+// (names, shapes), and the chosen one's distinct regions with the ranks
+// holding each (replicas: more than one rank).
+//   {"job", "config", "layout_epoch", "rank_hosts": [..],
+//    "tensors": [{"key", "shape"}], "tensor": {"index", "key", "dtype",
+//    "shape", "regions": [{"region": [[b, e], ..], "ranks": [..]}]}}
+absl::StatusOr<std::string> LayoutJson(const proto::JobStatus& j,
+                                       int tensor) {
+  PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SpecFromProto(j.layout()));
+  PTC_ASSIGN_OR_RETURN(const ParallelConfig config,
+                       spec.ParseConfig(j.config()));
+  PTC_ASSIGN_OR_RETURN(const Layout layout, BuildLayout(spec, config));
+  if (tensor < 0 || tensor >= layout.num_tensors()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor, " is outside the job's ",
+                     layout.num_tensors(), " tensors"));
+  }
+  JsonWriter w;
+  w.BeginObject().Key("job").String(j.job()).Key("config").String(j.config());
+  w.Key("layout_epoch").Int(j.layout_epoch()).Key("rank_hosts").BeginArray();
+  for (const auto& h : j.rank_hosts()) w.String(h);
+  w.EndArray().Key("tensors").BeginArray();
+  for (const TensorSpec& t : spec.tensors) {
+    w.BeginObject().Key("key").String(t.key).Key("shape").BeginArray();
+    for (int64_t e : t.shape) w.Int(e);
+    w.EndArray().EndObject();
+  }
+  w.EndArray();
+  const TensorSpec& t = spec.tensors[tensor];
+  w.Key("tensor").BeginObject().Key("index").Int(tensor);
+  w.Key("key").String(t.key).Key("dtype").String(DTypeName(t.dtype));
+  w.Key("shape").BeginArray();
+  for (int64_t e : t.shape) w.Int(e);
+  w.EndArray();
+  // Distinct regions in the order first held, with their ranks.
+  std::vector<std::pair<Region, std::vector<int32_t>>> regions;
+  std::map<std::string, size_t> index;
+  for (const Shard& shard : layout.shards(tensor)) {
+    if (shard.region.empty()) continue;
+    auto [it, added] =
+        index.try_emplace(shard.region.ToString(), regions.size());
+    if (added) regions.push_back({shard.region, {}});
+    regions[it->second].second.push_back(shard.rank);
+  }
+  w.Key("regions").BeginArray();
+  for (const auto& [region, ranks] : regions) {
+    w.BeginObject().Key("region").BeginArray();
+    for (int d = 0; d < region.rank(); ++d) {
+      w.BeginArray().Int(region.dim(d).begin).Int(region.dim(d).end);
+      w.EndArray();
+    }
+    w.EndArray().Key("ranks").BeginArray();
+    for (int32_t r : ranks) w.Int(r);
+    w.EndArray().EndObject();
+  }
+  w.EndArray().EndObject().EndObject();
+  return w.str();
 }
 
 }  // namespace
@@ -296,6 +360,37 @@ void WebView::Serve(int fd) {
              "Open this address with <code>/?token=TOKEN</code>, TOKEN being "
              "the viewer token in the coordinator's --web-token-file (not an "
              "admin credential: it can only look).")));
+  } else if (r.path == "/api/layout") {
+    // ?job=J&tensor=N (default 0)
+    int tensor = 0;
+    if (r.query.count("tensor") &&
+        !absl::SimpleAtoi(r.query["tensor"], &tensor)) {
+      tensor = -1;
+    }
+    auto stub = proto::Coordinator::NewStub(OpenChannel(
+        options_.coordinator, grpc::ChannelArguments(), "coordinator"));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(kTimeoutMs));
+    proto::ListJobsRequest req;
+    req.set_job(r.query["job"]);
+    req.set_include_layout(true);
+    proto::ListJobsResponse resp;
+    const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
+    absl::StatusOr<std::string> body =
+        !s.ok() ? FromGrpcStatus(s)
+        : resp.jobs_size() != 1
+            ? absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"))
+            : LayoutJson(resp.jobs(0), tensor);
+    if (body.ok()) {
+      conn.Write(Response("200 OK", "application/json", *body));
+    } else {
+      conn.Write(Response(
+          absl::IsInvalidArgument(body.status()) ? "400 Bad Request"
+          : absl::IsNotFound(body.status())      ? "404 Not Found"
+                                                 : "502 Bad Gateway",
+          "application/json", JsonError(body.status().ToString())));
+    }
   } else if (r.path == "/api/hosts" || r.path == "/api/jobs") {
     auto stub = proto::Coordinator::NewStub(OpenChannel(
         options_.coordinator, grpc::ChannelArguments(), "coordinator"));

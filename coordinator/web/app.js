@@ -138,9 +138,98 @@ function renderJobs(jobs, hostIndex, dead) {
       el("span", {}, el("span", { class: "swatch", style: { background: hue(hostIndex.get(h)) } }),
          h, dead.has(h) ? " (dead)" : ""))));
     if (j.survival) parts.push(el("div", { class: "survival" }, j.survival));
-    return el("div", { class: "job", "data-job": j.job }, ...parts);
+    const card = el("div", { class: "job", "data-job": j.job }, ...parts);
+    updateLayout(j, hostIndex).then((box) => card.append(box));
+    return card;
   }));
+  for (const name of layouts.keys())
+    if (!jobs.some((j) => j.job === name)) layouts.delete(name);
   document.getElementById("job-count").textContent = `${jobs.length}`;
+}
+
+// Each job's layout picture: kept across refreshes (its tensor choice),
+// fetched again only when the job's layout or the choice changes.
+const layouts = new Map();  // job -> {box, select, key, tensor}
+const SVG = "http://www.w3.org/2000/svg";
+
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// The chosen tensor's distinct regions over its first two dimensions
+// (rows: dim 0, columns: dim 1; a 1-D tensor is one row), each split into
+// one band per rank holding it, coloured by that rank's host: replicas
+// show as bands of several colours.
+function drawTensor(data, hostIndex) {
+  const t = data.tensor;
+  const rows = t.shape.length >= 2 ? t.shape[0] : 1;
+  const cols = t.shape.length >= 2 ? t.shape[1] : t.shape[0] || 1;
+  const W = 520, H = Math.max(60, Math.min(240, Math.round((W * rows) / cols)));
+  const svg = svgEl("svg", { width: W + 2, height: H + 2, class: "tensor" });
+  for (const reg of t.regions) {
+    const [r0, r1] = t.shape.length >= 2 ? reg.region[0] : [0, 1];
+    const [c0, c1] = t.shape.length >= 2 ? reg.region[1] : reg.region[0];
+    const x = 1 + (W * c0) / cols, w = Math.max(1, (W * (c1 - c0)) / cols);
+    const y = 1 + (H * r0) / rows, h = Math.max(1, (H * (r1 - r0)) / rows);
+    const hosts = reg.ranks.map((r) => data.rank_hosts[r] || "?");
+    const g = svgEl("g", { "data-region": JSON.stringify(reg.region),
+                           "data-ranks": reg.ranks.join(","), "data-hosts": hosts.join(",") });
+    g.append(svgEl("title", {}, `${t.key} ${reg.region.map(([b, e]) => `[${b}:${e}]`).join("")}` +
+                   ` held by ${reg.ranks.map((r, i) => `rank ${r} (${hosts[i]})`).join(", ")}`));
+    const bands = Math.min(reg.ranks.length, 8);
+    const bh = h / bands;
+    for (let i = 0; i < bands; i++) {
+      g.append(svgEl("rect", { x, y: y + bh * i, width: w, height: bh,
+                               fill: hostIndex.has(hosts[i]) ? hue(hostIndex.get(hosts[i])) : "#ccc" }));
+      if (i > 0)  // a replica's band, not a cut of the tensor
+        g.append(svgEl("line", { x1: x, x2: x + w, y1: y + bh * i, y2: y + bh * i,
+                                 stroke: "#fff", "stroke-dasharray": "4 3" }));
+      const label = `rank ${reg.ranks[i]} on ${hosts[i]}`;
+      if (w > 6 * label.length && bh > 13)
+        g.append(svgEl("text", { x: x + w / 2, y: y + bh * i + bh / 2 + 4, "text-anchor": "middle",
+                                 class: "region-label" }, label));
+    }
+    g.append(svgEl("rect", { x, y, width: w, height: h, fill: "none", stroke: "#fff",
+                             "stroke-width": 1.5 }));
+    svg.append(g);
+  }
+  return svg;
+}
+
+async function updateLayout(job, hostIndex) {
+  let l = layouts.get(job.job);
+  if (!l) {
+    const select = el("select", { class: "tensor-choice" });
+    const box = el("div", { class: "layout" },
+      el("div", { class: "strip-label" }, "a tensor's regions, by the hosts of the ranks that hold them: ",
+         select), el("div", { class: "picture" }));
+    l = { box, select, key: "", tensor: 0 };
+    select.addEventListener("change", () => { l.tensor = Number(select.value); l.key = ""; });
+    layouts.set(job.job, l);
+  }
+  const key = `${job.layout_epoch}/${job.config}/${l.tensor}/${job.rank_hosts.join(",")}`;
+  if (key === l.key) return l.box;
+  l.key = key;
+  try {
+    const data = await get(`api/layout?job=${encodeURIComponent(job.job)}&tensor=${l.tensor}`);
+    if (l.select.options.length !== data.tensors.length) {
+      l.select.replaceChildren(...data.tensors.map((t, i) =>
+        el("option", { value: i }, `${t.key} [${t.shape.join(", ")}]`)));
+    }
+    l.select.value = String(l.tensor);
+    const shape = data.tensor.shape.length > 2 ? " (its first two dimensions)" : "";
+    l.box.querySelector(".picture").replaceChildren(drawTensor(data, hostIndex),
+      el("div", { class: "legend" }, `${data.tensor.regions.length} distinct ` +
+         `region${data.tensor.regions.length === 1 ? "" : "s"}${shape}; ` +
+         "a region several ranks hold (replicas) shows one band per rank, parted by dashes"));
+  } catch (e) {
+    l.key = "";
+    l.box.querySelector(".picture").replaceChildren(el("div", { class: "legend" }, e.message));
+  }
+  return l.box;
 }
 
 async function refresh() {

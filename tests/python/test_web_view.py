@@ -144,6 +144,22 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
         ranks = browser.js(f"return [...document.querySelectorAll('{job} .strip')[0].children]"
                            ".map(c => c.dataset.host)")
         assert ranks == placed
+        # A tensor's regions, each held by its ranks on their hosts (the
+        # first tensor, then another one chosen in the list).
+        def regions():
+            return browser.js(f"return [...document.querySelectorAll('{job} .layout g')]"
+                              ".map(g => [g.dataset.ranks, g.dataset.hosts])")
+        drawn = browser.wait(regions)
+        for ranks, hosts in drawn:
+            assert hosts.split(",") == [placed[int(r)] for r in ranks.split(",")]
+        assert sorted(int(r) for ranks, _ in drawn for r in ranks.split(",")) == \
+            sorted(set(int(r) for ranks, _ in drawn for r in ranks.split(",")))
+        first = drawn
+        browser.js(f"const s = document.querySelector('{job} .tensor-choice');"
+                   "const o = [...s.options].find(o => /qkv.*weight/.test(o.text));"
+                   "s.value = o ? o.value : String(s.options.length - 1);"
+                   "s.dispatchEvent(new Event('change'));")
+        browser.wait(lambda: regions() and regions() != first)
         browser.screenshot(shots / "web-view.png")
 
         # A change: the page follows it to its commit (the new config, a new
