@@ -489,6 +489,9 @@ absl::Status StageAll(
           remote[i] = p.remote_bytes_done();
           disk[i] = p.snapshot_bytes_read();
           if (p.done()) ++total.hosts_done;
+          total.fragment = i;
+          total.fragment_bytes_done = p.bytes_done();
+          total.fragment_done = p.done();
           if (progress) progress(total);
         },
         [&, i](absl::Status s) {

@@ -74,6 +74,11 @@ struct ReconfigureProgress {
   int64_t bytes_total = 0;
   int hosts_done = 0;
   int hosts_total = 0;
+  // The fragment (index in the plan) whose report this is, its bytes done
+  // and whether it finished; -1 when none.
+  int fragment = -1;
+  int64_t fragment_bytes_done = 0;
+  bool fragment_done = false;
 };
 
 struct ReconfigureReport {

@@ -20,6 +20,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/reconfigure_driver.h"
 #include "plan/job_placement.h"
+#include "plan/plan_flows.h"
 #include "plan/plan_proto.h"
 #include "plan/plan_scenario.h"
 #include "plan/plan_validator.h"
@@ -603,6 +604,25 @@ absl::Status CoordinatorService::StartChange(
     *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
     SetPlacementSummary(planned.placement, planned.placement_strategy, names,
                         job.event.mutable_plan());
+    // For pictures of the change: the bytes between hosts, and each target
+    // host's progress against its share.
+    const PlanInput& input = *r.input;
+    auto name_of = [&](int32_t h) -> std::string {
+      if (h == kFromSnapshot) return "snapshot";
+      return h >= 0 && h < static_cast<int>(names.size()) ? names[h] : "?";
+    };
+    for (const HostFlow& f : HostFlows(input, flight->plan)) {
+      proto::PlanSummary::HostFlow* p = job.event.mutable_plan()->add_flows();
+      p->set_from(name_of(f.from));
+      p->set_to(name_of(f.to));
+      p->set_bytes(f.bytes);
+    }
+    const std::vector<int64_t> shares = FragmentBytes(input, flight->plan);
+    for (size_t i = 0; i < flight->plan.fragments.size(); ++i) {
+      proto::ReconfigureEvent::HostProgress* p = job.event.add_host_progress();
+      p->set_host(name_of(flight->plan.fragments[i].host));
+      p->set_bytes_total(shares[i]);
+    }
     r.cancel = &job.cancel;
     r.before_commit = [this, name = req.job()] { return DecideChange(name); };
     job.running = true;
@@ -710,6 +730,12 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         e.set_bytes_total(p.bytes_total);
         e.set_hosts_done(p.hosts_done);
         e.set_hosts_total(p.hosts_total);
+        if (p.fragment >= 0 && p.fragment < e.host_progress_size()) {
+          proto::ReconfigureEvent::HostProgress* h =
+              e.mutable_host_progress(p.fragment);
+          h->set_bytes_done(p.fragment_bytes_done);
+          h->set_done(h->done() || p.fragment_done);
+        }
         if (p.hosts_done == p.hosts_total && e.phase() == proto::PHASE_STAGING)
           e.set_phase(proto::PHASE_VERIFYING);
       });

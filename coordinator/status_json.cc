@@ -81,7 +81,20 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
     w.Key("max_host_send_bytes").Int(plan.max_host_send_bytes());
     w.Key("rank_hosts").BeginArray();
     for (const auto& h : plan.rank_hosts()) w.String(h);
-    w.EndArray().EndObject().EndObject();
+    w.EndArray().Key("flows").BeginArray();
+    for (const auto& f : plan.flows()) {
+      w.BeginObject().Key("from").String(f.from()).Key("to").String(f.to());
+      w.Key("bytes").Int(f.bytes()).EndObject();
+    }
+    w.EndArray().EndObject();
+    w.Key("host_progress").BeginArray();
+    for (const auto& h : r.host_progress()) {
+      w.BeginObject().Key("host").String(h.host());
+      w.Key("bytes_done").Int(h.bytes_done()).Key("bytes_total").Int(
+          h.bytes_total());
+      w.Key("done").Bool(h.done()).EndObject();
+    }
+    w.EndArray().EndObject();
     const proto::AutoPolicy& p = j.auto_policy();
     w.Key("auto").BeginObject().Key("enabled").Bool(p.enabled());
     w.Key("live").Bool(p.live()).Key("hot").Bool(p.hot());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plan/plan_flows.h"
 
 namespace ptc {
 namespace {
@@ -75,27 +76,25 @@ Flows Measure(const PlanInput& input, const Plan& plan) {
   f.copied.assign(f.hosts, 0);
   f.sent.assign(f.hosts + 1, 0);
   f.received.assign(f.hosts, 0);
-  auto size = [&](int32_t tensor, const Region& r) {
-    return static_cast<double>(r.volume()) *
-           ElementSize(input.spec->tensors[tensor].dtype);
-  };
   for (const HostFragment& frag : plan.fragments) {
     if (frag.host < 0 || frag.host >= f.hosts) continue;
-    for (const HeldRegion& h : frag.holds)
-      if (h.kept_in_place) f.kept[frag.host] += size(h.tensor, h.region);
-    for (const Transfer& t : frag.transfers) {
-      const double b = size(t.tensor, t.region);
-      const int src = t.source_host == kFromSnapshot ? f.hosts : t.source_host;
-      if (src < 0 || src > f.hosts || t.target_host < 0 ||
-          t.target_host >= f.hosts)
-        continue;
-      f.bytes[src][t.target_host] += b;
-      if (src == t.target_host) {
-        f.copied[src] += b;
-      } else {
-        f.sent[src] += b;
-        f.received[t.target_host] += b;
+    for (const HeldRegion& h : frag.holds) {
+      if (h.kept_in_place) {
+        f.kept[frag.host] += static_cast<double>(h.region.volume()) *
+                             ElementSize(input.spec->tensors[h.tensor].dtype);
       }
+    }
+  }
+  for (const HostFlow& flow : HostFlows(input, plan)) {
+    const int src = flow.from == kFromSnapshot ? f.hosts : flow.from;
+    if (src < 0 || src > f.hosts || flow.to < 0 || flow.to >= f.hosts) continue;
+    const double b = static_cast<double>(flow.bytes);
+    f.bytes[src][flow.to] += b;
+    if (src == flow.to) {
+      f.copied[src] += b;
+    } else {
+      f.sent[src] += b;
+      f.received[flow.to] += b;
     }
   }
   return f;

@@ -110,6 +110,52 @@ function renderChange(j) {
     r.error ? `; ${r.error}` : "");
 }
 
+// A change's plan as a matrix of bytes from each host (rows) to each
+// (columns), the diagonal what is copied within a host, and each target
+// host's staging progress.
+function renderPlan(r, hostIndex) {
+  const flows = (r.plan && r.plan.flows) || [];
+  if (!flows.length && !(r.host_progress || []).length) return null;
+  const names = [...new Set(flows.flatMap((f) => [f.from, f.to]))].sort((a, b) =>
+    a === "snapshot" ? -1 : b === "snapshot" ? 1 : a.localeCompare(b, "en", { numeric: true }));
+  const bytesOf = new Map(flows.map((f) => [`${f.from}\u0000${f.to}`, f.bytes]));
+  const peak = Math.max(1024, ...flows.map((f) => f.bytes));
+  const shade = (b, diagonal) => {
+    if (!b) return "#f4f4f4";
+    const t = Math.min(1, Math.max(0, (Math.log(Math.max(b, 1024)) - Math.log(1024)) /
+                                   (Math.log(peak) - Math.log(1024) || 1)));
+    return `hsl(${diagonal ? 140 : 215},${diagonal ? 45 : 70}%,${Math.round(92 - 60 * t)}%)`;
+  };
+  const swatch = (h) => el("span", { class: "swatch", style: {
+    background: hostIndex.has(h) ? hue(hostIndex.get(h)) : "#999" } });
+  const out = el("div", { class: "plan" });
+  if (flows.length) {
+    const head = el("tr", {}, el("th", {}, "from \\ to"),
+      ...names.filter((n) => n !== "snapshot").map((n) => el("th", {}, swatch(n), n)));
+    const rows = names.map((from) => el("tr", {}, el("th", {}, from === "snapshot" ? "" : swatch(from), from),
+      ...names.filter((n) => n !== "snapshot").map((to) => {
+        const b = bytesOf.get(`${from}\u0000${to}`) || 0;
+        const dark = b && Math.log(Math.max(b, 1024)) > (Math.log(1024) + Math.log(peak)) / 2;
+        return el("td", { class: "flow" + (dark ? " dark" : ""), "data-from": from, "data-to": to,
+                          "data-bytes": b, style: { background: shade(b, from === to) } },
+                  b ? bytes(b) : "");
+      })));
+    out.append(el("div", { class: "strip-label" },
+                  "the plan: bytes from each host (rows) to each (columns); the diagonal is copied within a host"),
+               el("table", { class: "matrix" }, head, ...rows));
+  }
+  const progress = r.host_progress || [];
+  if (progress.length) {
+    out.append(el("div", { class: "strip-label" }, "each target host's staging"),
+      el("div", { class: "hosts-progress" }, ...progress.map((h) => el("div", { "data-host": h.host,
+        class: "host-progress" + (h.done ? " done" : "") }, swatch(h.host), `${h.host} `,
+        el("span", { class: "bar small inline" }, el("div", { style: {
+          width: `${h.bytes_total ? Math.min(100, (100 * h.bytes_done) / h.bytes_total).toFixed(1) : 100}%` } })),
+        ` ${bytes(h.bytes_done)} of ${bytes(h.bytes_total)}${h.done ? ", done" : ""}`))));
+  }
+  return out;
+}
+
 function renderJobs(jobs, hostIndex, dead) {
   const box = document.getElementById("jobs");
   box.replaceChildren(...jobs.map((j) => {
@@ -129,6 +175,7 @@ function renderJobs(jobs, hostIndex, dead) {
         el("span", {}, policy),
         j.pending_config ? el("span", {}, `pending: ${j.pending_config} (${j.pending_reason})`) : null),
       renderChange(j),
+      renderPlan(r, hostIndex),
       ...strip("ranks now, by host", j.rank_hosts, hostIndex, dead),
     ];
     if (RUNNING.has(r.phase) && r.plan && r.plan.rank_hosts.length)

@@ -172,6 +172,19 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
             f"const c = document.querySelector('{job} .change');"
             "return c && c.dataset.phase === 'committed'"))
         assert "layout epoch 2" in browser.text(f"{job} .epoch")
+        # The change's plan as a matrix of bytes between hosts, and each
+        # target host's staging, all done.
+        _, status = cluster.ptcctl_json("status", "gpt")
+        event = status["jobs"][0]["reconfiguration"]
+        cells = browser.wait(lambda: browser.js(
+            f"return [...document.querySelectorAll('{job} td.flow')]"
+            ".map(c => [c.dataset.from, c.dataset.to, Number(c.dataset.bytes)])"))
+        across = sum(b for f, t, b in cells if f != t and f != "snapshot")
+        assert across == event["plan"]["cross_host_bytes"] > 0
+        progress = browser.js(f"return [...document.querySelectorAll('{job} .host-progress')]"
+                              ".map(h => [h.dataset.host, h.classList.contains('done')])")
+        assert sorted(h for h, _ in progress) == sorted(p["host"] for p in event["host_progress"])
+        assert progress and all(done for _, done in progress)
         browser.screenshot(shots / "web-view-changed.png")
 
         # A host dies: the page says so.
