@@ -542,6 +542,7 @@ void CoordinatorService::AutoLoop() {
           if (found != nullptr && found->state.target_version() == 0) {
             Job& job = *found;
             job.ClearPending();
+            job.ArchiveEvent();
             job.event.Clear();
             job.event.set_phase(proto::PHASE_ABORTED);
             job.event.set_reason(a.reason);
@@ -620,6 +621,7 @@ void CoordinatorService::RunAutoChange(const std::string& name,
   absl::MutexLock lock(&mu_);
   Job* found = jobs_.Find(name);
   if (found == nullptr || found->state.target_version() != 0) return;
+  found->ArchiveEvent();
   proto::ReconfigureEvent& e = found->event;
   e.Clear();
   e.set_phase(proto::PHASE_ABORTED);

@@ -170,6 +170,7 @@ absl::Status CoordinatorService::CommitHotSwitchLocked(Job& job,
   target.step = step;
   target.reason = s.pending_reason();
   const proto::CoordinatorState::Job before = s;
+  job.ArchiveEvent();
   absl::Status done = StartFlight(target, s, job.event);
   if (done.ok()) done = DecideFlight(s, job.event);
   if (done.ok()) {

@@ -116,10 +116,13 @@ absl::Status StartFlight(const FlightTarget& target, JobRecord& job,
   job.clear_acked_hosts();
   SetAll(job.mutable_release_hosts(), target.release_hosts);
   job.set_target_reason(target.reason);
+  const std::string from = job.config();
   event.Clear();
   event.set_plan_epoch(target.epoch);
   event.set_phase(proto::PHASE_STAGING);
   event.set_reason(target.reason);
+  event.set_from_config(from);
+  event.set_to_config(target.config);
   return absl::OkStatus();
 }
 

@@ -135,8 +135,28 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   *s->mutable_reconfiguration() = event;
 }
 
+void JobTable::Job::ArchiveEvent() {
+  if (event.phase() != proto::PHASE_COMMITTED &&
+      event.phase() != proto::PHASE_ABORTED)
+    return;
+  if (!history.empty() && history.front().plan_epoch() == event.plan_epoch() &&
+      history.front().phase() == event.phase() &&
+      history.front().error() == event.error())
+    return;
+  proto::ReconfigureEvent past = event;
+  past.mutable_plan()->clear_flows();
+  past.mutable_plan()->clear_rank_hosts();
+  past.mutable_plan()->clear_rank_devices();
+  past.mutable_plan()->clear_host_send_bytes();
+  past.mutable_plan()->clear_host_receive_bytes();
+  past.clear_host_progress();
+  history.push_front(std::move(past));
+  if (history.size() > kHistory) history.pop_back();
+}
+
 void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   Brief(include_layout, s);
+  for (const proto::ReconfigureEvent& e : history) *s->add_recent_changes() = e;
   for (const std::string& h : state.hosts()) s->add_hosts(h);
   for (const auto& o : state.open_saves()) s->add_open_saves(o.version());
   for (const std::string& h : state.lost_hosts()) s->add_lost_hosts(h);

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -59,6 +60,8 @@ class JobTable {
     // restart the ranks report again or a later save supersedes it).
     std::map<int64_t, std::set<int32_t>> saved;
     proto::ReconfigureEvent event;  // in flight or last
+    // Ended changes before `event`, newest first (ArchiveEvent).
+    std::deque<proto::ReconfigureEvent> history;
     // A save's commit is asking the hosts (no change may start meanwhile).
     bool committing_save = false;
     // Why the change in flight was cancelled by the coordinator itself
@@ -94,6 +97,11 @@ class JobTable {
     void Describe(bool include_layout, proto::JobStatus* status) const;
     // Of Describe, what does not grow with the job (ListJobsRequest.brief).
     void Brief(bool include_layout, proto::JobStatus* status) const;
+    // Before `event` is replaced by a new change's: keeps it in `history`
+    // (at most kHistory, without its plan's flows and placement) if it
+    // ended and is not kept already.
+    void ArchiveEvent();
+    static constexpr size_t kHistory = 8;
     // Clears the pending change, and the hot switch's save if its
     // processes began one (its version is reclaimed).
     void ClearPending();

@@ -578,6 +578,7 @@ absl::Status CoordinatorService::StartChange(
     target.version = job.NewVersion();
     r.target_version = target.version;
     const proto::CoordinatorState::Job before = job.state;
+    job.ArchiveEvent();
     if (absl::Status started = StartFlight(target, job.state, job.event);
         !started.ok()) {
       job.state = before;

@@ -63,6 +63,8 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
     w.Key("reason").String(j.reconfiguration().reason());
     w.Key("path").String(j.reconfiguration().path());
     const proto::ReconfigureEvent& r = j.reconfiguration();
+    w.Key("from_config").String(r.from_config());
+    w.Key("to_config").String(r.to_config());
     w.Key("hosts_done")
         .Int(r.hosts_done())
         .Key("hosts_total")
@@ -95,6 +97,20 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
       w.Key("done").Bool(h.done()).EndObject();
     }
     w.EndArray().EndObject();
+    w.Key("recent_changes").BeginArray();
+    for (const proto::ReconfigureEvent& e : j.recent_changes()) {
+      w.BeginObject().Key("plan_epoch").Int(e.plan_epoch());
+      w.Key("phase").String(PhaseName(e.phase()));
+      w.Key("from_config").String(e.from_config());
+      w.Key("to_config").String(e.to_config());
+      w.Key("seconds").Double(e.seconds());
+      w.Key("staging_seconds").Double(e.staging_seconds());
+      w.Key("verifying_seconds").Double(e.verifying_seconds());
+      w.Key("bytes_from_peers").Int(e.bytes_from_peers());
+      w.Key("path").String(e.path()).Key("reason").String(e.reason());
+      w.Key("error").String(e.error()).EndObject();
+    }
+    w.EndArray();
     const proto::AutoPolicy& p = j.auto_policy();
     w.Key("auto").BeginObject().Key("enabled").Bool(p.enabled());
     w.Key("live").Bool(p.live()).Key("hot").Bool(p.hot());

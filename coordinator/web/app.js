@@ -96,18 +96,33 @@ function renderChange(j) {
   if (RUNNING.has(r.phase)) {
     const pct = r.bytes_total > 0 ? Math.min(100, (100 * r.bytes_done) / r.bytes_total) : 0;
     return el("div", { class: "change running", "data-phase": r.phase },
-      `change ${r.plan_epoch} in flight: ${r.phase}, ${bytes(r.bytes_done)} of ${bytes(r.bytes_total)}`,
+      `change ${r.plan_epoch} in flight (${r.from_config} → ${r.to_config}): ${r.phase}, ` +
+      `${bytes(r.bytes_done)} of ${bytes(r.bytes_total)}`,
       r.hosts_total ? `, ${r.hosts_done} of ${r.hosts_total} hosts done` : "",
       r.plan && r.plan.cross_host_bytes ? `; ${bytes(r.plan.cross_host_bytes)} across hosts` : "",
       r.reason ? ` (${r.reason})` : "",
       el("div", { class: "bar" }, el("div", { style: { width: `${pct.toFixed(1)}%` } })));
   }
+  return el("div", { class: `change ${r.phase}`, "data-phase": r.phase },
+    `last change: ${describeChange(r)}`);
+}
+
+// "3: tp=2 -> tp=1,dp=2, committed in 1.2 s (staging ..., verifying ...), ..."
+function describeChange(r) {
   const took = r.seconds ? ` in ${seconds(r.seconds)} (staging ${seconds(r.staging_seconds)},` +
     ` verifying ${seconds(r.verifying_seconds)}), ${bytes(r.bytes_from_peers)} from peers` : "";
-  return el("div", { class: `change ${r.phase}`, "data-phase": r.phase },
-    `last change (${r.plan_epoch}): ${r.phase}${took}`,
-    r.path ? `, ${r.path}` : "", r.reason ? `; ${r.reason}` : "",
-    r.error ? `; ${r.error}` : "");
+  const what = r.from_config || r.to_config ? `${r.from_config} → ${r.to_config}, ` : "";
+  return `${r.plan_epoch ? `${r.plan_epoch}: ` : ""}${what}${r.phase}${took}` +
+    (r.path ? `, ${r.path}` : "") + (r.reason ? `; ${r.reason}` : "") +
+    (r.error ? `; ${r.error}` : "");
+}
+
+function renderHistory(j) {
+  const past = j.recent_changes || [];
+  if (!past.length) return null;
+  return el("details", { class: "history" },
+    el("summary", {}, `${past.length} earlier change${past.length === 1 ? "" : "s"}`),
+    el("ul", {}, ...past.map((r) => el("li", { "data-phase": r.phase }, describeChange(r)))));
 }
 
 // A change's plan as a matrix of bytes from each host (rows) to each
@@ -175,6 +190,7 @@ function renderJobs(jobs, hostIndex, dead) {
         el("span", {}, policy),
         j.pending_config ? el("span", {}, `pending: ${j.pending_config} (${j.pending_reason})`) : null),
       renderChange(j),
+      renderHistory(j),
       renderPlan(r, hostIndex),
       ...strip("ranks now, by host", j.rank_hosts, hostIndex, dead),
     ];

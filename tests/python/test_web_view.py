@@ -186,11 +186,22 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
         assert sorted(h for h, _ in progress) == sorted(p["host"] for p in event["host_progress"])
         assert progress and all(done for _, done in progress)
         browser.screenshot(shots / "web-view-changed.png")
+        assert "tp=2,pp=2 → tp=1,pp=2,dp=2, committed" in browser.text(f"{job} .change")
+
+        # Another change: the first one goes to the job's earlier changes.
+        r = cluster.ptcctl("reconfigure", "--job", "gpt", "--to", "tp=2,pp=2",
+                           "--hosts", "host1,host2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        browser.wait(lambda: "tp=1,pp=2,dp=2 → tp=2,pp=2,dp=1, committed" in
+                     browser.text(f"{job} .change"))
+        browser.js(f"document.querySelector('{job} details.history').open = true")
+        assert "tp=2,pp=2 → tp=1,pp=2,dp=2, committed" in browser.text(f"{job} details.history")
 
         # A host dies: the page says so.
         cluster.kill("host3")
         browser.wait(lambda: browser.text('tr[data-host="host3"] .state') == "dead", timeout=90)
         assert browser.text("#host-count") == "3 alive of 4"
+        browser.js("document.querySelectorAll('details.history').forEach(d => d.open = true)")
         browser.screenshot(shots / "web-view-dead-host.png")
     finally:
         if browser:
