@@ -190,7 +190,7 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
 
         # Another change: the first one goes to the job's earlier changes.
         r = cluster.ptcctl("reconfigure", "--job", "gpt", "--to", "tp=2,pp=2",
-                           "--hosts", "host1,host2")
+                           "--hosts", "host2,host3")
         assert r.returncode == 0, r.stdout + r.stderr
         browser.wait(lambda: "tp=1,pp=2,dp=2 → tp=2,pp=2,dp=1, committed" in
                      browser.text(f"{job} .change"))
@@ -201,6 +201,10 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
         cluster.kill("host3")
         browser.wait(lambda: browser.text('tr[data-host="host3"] .state') == "dead", timeout=90)
         assert browser.text("#host-count") == "3 alive of 4"
+        # The job's ranks there are marked (it has no other copy: automatic
+        # changes are off, and its survival line says what is lost).
+        browser.wait(lambda: browser.js(
+            f"return document.querySelectorAll('{job} .rank.dead').length > 0"))
         browser.js("document.querySelectorAll('details.history').forEach(d => d.open = true)")
         browser.screenshot(shots / "web-view-dead-host.png")
     finally:
