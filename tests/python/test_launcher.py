@@ -113,8 +113,11 @@ def test_a_torchrun_script_runs_changes_and_resumes_under_ptcctl_run(bin_dir, tm
         stop.touch()
         output, _ = run.communicate(timeout=180)
         assert run.returncode == 0, output
-        assert "stopping 2 processes: a change of the job started" in output or \
-            "stopping 2 processes: the job moved on" in output, output
+        # The agent stopped them, or they ended by themselves first (a save
+        # refused once the change had started); either way none of the
+        # failures counted against the job.
+        assert ("stopping 2 processes" in output or output.count("exited with") >= 2), output
+        assert "changes the job" not in output and "automatic changes off" not in output, output
         ends = [r for r in records(out) if r["event"] == "end"]
         assert len(ends) == 4 and len({r["step"] for r in ends}) == 1
     finally:
