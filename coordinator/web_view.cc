@@ -272,6 +272,9 @@ absl::StatusOr<std::unique_ptr<WebView>> WebView::Start(Options options) {
                        ListenTcp(options.listen, "the web view"));
   std::unique_ptr<WebView> view(
       new WebView(std::move(options), listening.first, listening.second));
+  // One channel for every request, as any client keeps one.
+  view->stub_ = proto::Coordinator::NewStub(OpenChannel(
+      view->options_.coordinator, grpc::ChannelArguments(), "coordinator"));
   view->tls_ = std::move(tls);
   view->thread_ = std::thread([v = view.get()] { v->Loop(); });
   Log("web")->info("web view on {}://{} (port {})",
@@ -299,6 +302,44 @@ void WebView::Loop() {
     setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     Serve(conn);
   });
+}
+
+absl::StatusOr<std::string> WebView::Api(
+    const std::string& path, const std::map<std::string, std::string>& query) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(kTimeoutMs));
+  if (path == "/api/hosts") {
+    proto::ListHostsResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(
+        stub_->ListHosts(&ctx, proto::ListHostsRequest(), &resp)));
+    return HostsJson(resp);
+  }
+  if (path == "/api/jobs") {
+    proto::ListJobsResponse resp;
+    PTC_RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->ListJobs(&ctx, proto::ListJobsRequest(), &resp)));
+    return JobsJson(resp);
+  }
+  if (path == "/api/layout") {  // ?job=J&tensor=N (default 0)
+    auto arg = [&](const char* key) {
+      auto it = query.find(key);
+      return it == query.end() ? std::string() : it->second;
+    };
+    int tensor = 0;
+    if (!arg("tensor").empty() && !absl::SimpleAtoi(arg("tensor"), &tensor))
+      tensor = -1;
+    proto::ListJobsRequest req;
+    req.set_job(arg("job"));
+    req.set_include_layout(true);
+    proto::ListJobsResponse resp;
+    PTC_RETURN_IF_ERROR(FromGrpcStatus(stub_->ListJobs(&ctx, req, &resp)));
+    if (resp.jobs_size() != 1)
+      return absl::NotFoundError(
+          absl::StrCat("job '", req.job(), "' is unknown"));
+    return LayoutJson(resp.jobs(0), tensor);
+  }
+  return absl::NotFoundError(absl::StrCat("no ", path, " here"));
 }
 
 void WebView::Serve(int fd) {
@@ -360,28 +401,8 @@ void WebView::Serve(int fd) {
              "Open this address with <code>/?token=TOKEN</code>, TOKEN being "
              "the viewer token in the coordinator's --web-token-file (not an "
              "admin credential: it can only look).")));
-  } else if (r.path == "/api/layout") {
-    // ?job=J&tensor=N (default 0)
-    int tensor = 0;
-    if (r.query.count("tensor") &&
-        !absl::SimpleAtoi(r.query["tensor"], &tensor)) {
-      tensor = -1;
-    }
-    auto stub = proto::Coordinator::NewStub(OpenChannel(
-        options_.coordinator, grpc::ChannelArguments(), "coordinator"));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(kTimeoutMs));
-    proto::ListJobsRequest req;
-    req.set_job(r.query["job"]);
-    req.set_include_layout(true);
-    proto::ListJobsResponse resp;
-    const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
-    absl::StatusOr<std::string> body =
-        !s.ok() ? FromGrpcStatus(s)
-        : resp.jobs_size() != 1
-            ? absl::NotFoundError(absl::StrCat("job '", req.job(), "' is unknown"))
-            : LayoutJson(resp.jobs(0), tensor);
+  } else if (absl::StartsWith(r.path, "/api/")) {
+    const absl::StatusOr<std::string> body = Api(r.path, r.query);
     if (body.ok()) {
       conn.Write(Response("200 OK", "application/json", *body));
     } else {
@@ -390,29 +411,6 @@ void WebView::Serve(int fd) {
           : absl::IsNotFound(body.status())      ? "404 Not Found"
                                                  : "502 Bad Gateway",
           "application/json", JsonError(body.status().ToString())));
-    }
-  } else if (r.path == "/api/hosts" || r.path == "/api/jobs") {
-    auto stub = proto::Coordinator::NewStub(OpenChannel(
-        options_.coordinator, grpc::ChannelArguments(), "coordinator"));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(kTimeoutMs));
-    std::string body;
-    grpc::Status s;
-    if (r.path == "/api/hosts") {
-      proto::ListHostsResponse resp;
-      s = stub->ListHosts(&ctx, proto::ListHostsRequest(), &resp);
-      if (s.ok()) body = HostsJson(resp);
-    } else {
-      proto::ListJobsResponse resp;
-      s = stub->ListJobs(&ctx, proto::ListJobsRequest(), &resp);
-      if (s.ok()) body = JobsJson(resp);
-    }
-    if (s.ok()) {
-      conn.Write(Response("200 OK", "application/json", body));
-    } else {
-      conn.Write(Response("502 Bad Gateway", "application/json",
-                          JsonError(FromGrpcStatus(s).ToString())));
     }
   } else {
     const std::string path = r.path == "/" ? "/index.html" : r.path;

@@ -23,11 +23,13 @@
 #define PTC_COORDINATOR_WEB_VIEW_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "proto/coordinator.grpc.pb.h"
 
 namespace ptc {
 
@@ -54,11 +56,16 @@ class WebView {
   WebView(Options options, int fd, int port);
   void Loop();
   void Serve(int conn);
+  // The JSON of /api/hosts, /api/jobs and /api/layout, from the
+  // coordinator; NOT_FOUND for another path or an unknown job.
+  absl::StatusOr<std::string> Api(
+      const std::string& path, const std::map<std::string, std::string>& query);
 
   const Options options_;
   const int fd_;
   const int port_;
   std::unique_ptr<Tls> tls_;
+  std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

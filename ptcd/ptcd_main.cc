@@ -278,12 +278,12 @@ absl::Status Run(int argc, char** argv) {
     host.set_memory_bytes(options.memory_limit_bytes);
     if (!options.socket_path.empty()) {
       // Absolute: a launcher on this machine connects the job's processes
-      // to it wherever it runs from.
+      // to it wherever it runs from (a path too long for sun_path once
+      // absolute is not registered: ptcctl run then does not find it).
       std::error_code ignored;
       const std::filesystem::path socket =
           std::filesystem::absolute(options.socket_path, ignored);
-      host.set_socket(socket.string().size() <= 107 ? socket.string()
-                                                    : options.socket_path);
+      if (socket.string().size() <= 107) host.set_socket(socket.string());
     }
     host.set_incarnation(absl::Uniform<uint64_t>(absl::BitGen()));
     std::string advertise = settings.Get("advertise", "");
