@@ -904,8 +904,21 @@ void CoordinatorService::Recover() {
 Watchers::Events CoordinatorService::EventsLocked(const Job& job) const {
   Watchers::Events out;
   out.change = job.event;
-  out.follow = job.event;
+  // A follower (a process of the job) is told what it acts on: the
+  // change's phase and outcome, not its plan or its progress, which
+  // change many times a second during a change and would be written to
+  // each of thousands of processes (ptcctl watch streams those).
+  const proto::ReconfigureEvent& e = job.event;
   proto::ReconfigureEvent& f = out.follow;
+  f.set_plan_epoch(e.plan_epoch());
+  f.set_phase(e.phase());
+  f.set_seconds(e.seconds());
+  f.set_error(e.error());
+  f.set_reason(e.reason());
+  f.set_path(e.path());
+  f.set_replanned(e.replanned());
+  f.set_from_config(e.from_config());
+  f.set_to_config(e.to_config());
   f.set_layout_epoch(job.state.layout_epoch());
   f.set_committed_version(job.state.committed_version());
   f.set_pending_config(job.state.pending().to());

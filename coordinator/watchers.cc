@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "proto/enum_names.h"
 
 namespace ptc {
@@ -21,6 +22,19 @@ class Refused : public grpc::ServerWriteReactor<proto::ReconfigureEvent> {
 };
 
 }  // namespace
+
+Watchers::Shared Watchers::Share(Events e) {
+  Shared s;
+  s.change_bytes =
+      std::make_shared<const std::string>(e.change.SerializeAsString());
+  s.follow_bytes =
+      std::make_shared<const std::string>(e.follow.SerializeAsString());
+  s.change =
+      std::make_shared<const proto::ReconfigureEvent>(std::move(e.change));
+  s.follow =
+      std::make_shared<const proto::ReconfigureEvent>(std::move(e.follow));
+  return s;
+}
 
 // One watcher's stream. Its state is guarded by the Watchers' lock; gRPC
 // calls (StartWrite, Finish) are made outside it, since a reaction may
@@ -42,19 +56,21 @@ class Watchers::Stream
     bool write = false;
     bool finish = false;
     grpc::Status status;
+    int64_t bytes = 0;  // of the event written
   };
 
-  // The job's events now and their serialized bytes (null: the job is
-  // gone).
-  Act Offer(const Events* now, const Serialized* bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
+  // The job's events now (null: the job is gone).
+  Act Offer(const Shared* now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
     if (now == nullptr) {
       return FinishLocked(
           grpc::Status(grpc::StatusCode::NOT_FOUND,
                        absl::StrCat("job '", job_, "' is unknown")));
     }
-    const std::string& b = follow_ ? bytes->follow : bytes->change;
-    if (b == (has_pending_ ? pending_bytes_ : last_)) return {};
+    const std::shared_ptr<const std::string>& b =
+        follow_ ? now->follow_bytes : now->change_bytes;
+    const std::shared_ptr<const std::string>& seen =
+        has_pending_ ? pending_bytes_ : last_;
+    if (seen != nullptr && (seen == b || *seen == *b)) return {};
     pending_ = follow_ ? now->follow : now->change;
     pending_bytes_ = b;
     has_pending_ = true;
@@ -62,7 +78,13 @@ class Watchers::Stream
   }
 
   void Run(const Act& act) {
-    if (act.write) StartWrite(&out_);
+    if (act.write) {
+      static Counter& events = GetCounter("ptc_watch_events_written_total");
+      static Counter& bytes = GetCounter("ptc_watch_bytes_written_total");
+      events.Add();
+      bytes.Add(act.bytes);
+      StartWrite(out_.get());
+    }
     if (act.finish) Finish(act.status);
   }
 
@@ -75,7 +97,7 @@ class Watchers::Stream
         act = FinishLocked(grpc::Status::CANCELLED);
       } else if (deferred_.has_value()) {
         act = FinishLocked(*deferred_);
-      } else if (!follow_ && PhaseEnded(out_.phase())) {
+      } else if (!follow_ && PhaseEnded(out_->phase())) {
         act = FinishLocked(grpc::Status::OK);  // the change ended
       } else {
         act = WriteLocked();
@@ -107,6 +129,7 @@ class Watchers::Stream
     writing_ = true;
     Act act;
     act.write = true;
+    act.bytes = static_cast<int64_t>(last_->size());
     return act;
   }
 
@@ -128,11 +151,12 @@ class Watchers::Stream
   Watchers* const owner_;
   const std::string job_;
   const bool follow_;
-  proto::ReconfigureEvent out_;      // being written
-  proto::ReconfigureEvent pending_;  // to write next
-  std::string pending_bytes_;        // ... serialized
+  // The events are the job's, shared with its other streams.
+  std::shared_ptr<const proto::ReconfigureEvent> out_;      // being written
+  std::shared_ptr<const proto::ReconfigureEvent> pending_;  // to write next
+  std::shared_ptr<const std::string> pending_bytes_;        // ... serialized
   bool has_pending_ = false;
-  std::string last_;  // the last event written, serialized
+  std::shared_ptr<const std::string> last_;  // the last event written
   bool writing_ = false;
   bool finished_ = false;
   // How the stream ends once the write in flight is done.
@@ -162,7 +186,7 @@ Watchers::~Watchers() {
 grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
     const proto::WatchRequest& req, const Events& now) {
   auto* stream = new Stream(this, req.job(), req.follow());
-  const Serialized bytes = Serialize(now);
+  const Shared shared = Share(now);
   Stream::Act act;
   {
     absl::MutexLock lock(&mu_);
@@ -170,7 +194,7 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
     streams_[req.job()].insert(stream);
     // The next round looks at every stream of the job.
     unsettled_.insert(req.job());
-    act = stream->Offer(&now, &bytes);
+    act = stream->Offer(&shared);
   }
   stream->Run(act);
   return stream;
@@ -197,18 +221,17 @@ void Watchers::Publish() {
     for (const auto& [job, streams] : streams_) jobs.insert(job);
   }
   if (jobs.empty()) return;
-  const std::map<std::string, Events> now = source_(jobs);
-  // Each job's events serialized once for all of its streams.
-  std::map<std::string, Serialized> bytes;
-  for (const auto& [job, events] : now) bytes[job] = Serialize(events);
+  std::map<std::string, Events> read = source_(jobs);
+  // Each job's events copied and serialized once for all of its streams.
+  std::map<std::string, Shared> now;
+  for (auto& [job, events] : read) now[job] = Share(std::move(events));
   std::vector<std::pair<Stream*, Stream::Act>> acts;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [job, streams] : streams_) {
       auto it = now.find(job);
-      const Events* events = it == now.end() ? nullptr : &it->second;
-      if (events == nullptr && !jobs.count(job)) continue;  // watched since
-      const Serialized* b = events == nullptr ? nullptr : &bytes[job];
+      const Shared* b = it == now.end() ? nullptr : &it->second;
+      if (b == nullptr && !jobs.count(job)) continue;  // watched since
       // Nothing changed since the last round and every stream has seen
       // it: the job's streams are not looked at (the steady state of a
       // job with thousands of followers).
@@ -224,7 +247,7 @@ void Watchers::Publish() {
           skipped = true;
           continue;
         }
-        Stream::Act act = s->Offer(events, b);
+        Stream::Act act = s->Offer(b);
         if (act.write || act.finish) acts.push_back({s, std::move(act)});
       }
       if (b != nullptr) published_[job] = *b;

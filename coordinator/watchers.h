@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -64,16 +65,19 @@ class Watchers {
 
  private:
   class Stream;
-  // A job's events as bytes: what a stream compares with what it wrote.
-  struct Serialized {
-    std::string change, follow;
-    bool operator==(const Serialized& o) const {
-      return change == o.change && follow == o.follow;
+  // A job's events as its streams share them: one copy and one
+  // serialization per round for all of them (16,384 followers of a job do
+  // not hold 16,384 copies), and the bytes a stream compares with what it
+  // wrote.
+  struct Shared {
+    std::shared_ptr<const proto::ReconfigureEvent> change, follow;
+    std::shared_ptr<const std::string> change_bytes, follow_bytes;
+    bool operator==(const Shared& o) const {
+      return *change_bytes == *o.change_bytes &&
+             *follow_bytes == *o.follow_bytes;
     }
   };
-  static Serialized Serialize(const Events& e) {
-    return {e.change.SerializeAsString(), e.follow.SerializeAsString()};
-  }
+  static Shared Share(Events e);
   void Publish();
   // Called by a stream when it is done (gRPC will not touch it again).
   void Remove(Stream* stream);
@@ -87,7 +91,7 @@ class Watchers {
   // Per watched job: the events its streams were last offered, and the
   // jobs whose streams must all be looked at next round (a stream was
   // added, or skipped by a round).
-  std::map<std::string, Serialized> published_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Shared> published_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> unsettled_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread publisher_;

@@ -115,12 +115,18 @@ class Coordinator:
                       if ":" in line)
         io = dict(line.split(": ") for line in self.proc_file("io").splitlines())
         calls = {}
+        watch = {"events": 0, "bytes": 0}
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                     timeout=30) as r:
             for line in r.read().decode().splitlines():
                 m = re.match(r'ptc_rpc_calls_total\{method="([^"]+)"\} (\S+)', line)
                 if m:
                     calls[m.group(1)] = float(m.group(2))
+                # What the Watch streams wrote (a coordinator from before
+                # 2026-11-28 does not count it: 0).
+                m = re.match(r'ptc_watch_(events|bytes)_written_total (\S+)', line)
+                if m:
+                    watch[m.group(1)] = float(m.group(2))
         peak, self.peak_threads = self.peak_threads, 0
         return {
             "time": time.time(),
@@ -131,6 +137,7 @@ class Coordinator:
             "threads": int(status["Threads"]),
             "written": int(io["write_bytes"]),
             "calls": calls,
+            "watch": watch,
         }
 
     def thread_names(self):
@@ -265,6 +272,8 @@ class Harness:
                "peak_threads": after["peak_threads"],
                "written": after["written"] - before["written"],
                "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
+               "watch_events": after["watch"]["events"] - before["watch"]["events"],
+               "watch_bytes": after["watch"]["bytes"] - before["watch"]["bytes"],
                **extra}
         self.phases.append(row)
         busy = ", ".join(f"{m.split('.')[-1]} {v:.0f}/s" for m, v in
@@ -273,7 +282,9 @@ class Harness:
               f"({100 * row['cpu_s'] / wall:.0f}% of a core), rss {row['rss'] / 2**20:.0f} MiB "
               f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads "
               f"(at most {row['peak_threads']}), "
-              f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}", flush=True)
+              f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}; Watch streams "
+              f"written {row['watch_events']:.0f} events, "
+              f"{row['watch_bytes'] / 2**20:.2f} MiB", flush=True)
         for k, v in extra.items():
             print(f"  {k}: {v}", flush=True)
 
