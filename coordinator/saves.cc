@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/authz.h"
@@ -14,72 +15,13 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/saves_state.h"
 #include "coordinator/reconfigure_driver.h"
+#include "coordinator/save_proof.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
-namespace {
-
-// What each host of a placement must hold of one version: the distinct
-// regions of the ranks placed on it (ranks on one host share a region) and
-// every rank's small objects; and which ranks hold each region, for
-// messages.
-struct HostShare {
-  proto::CommitVersionRequest request;
-  std::vector<std::vector<int32_t>> ranks;  // per expected region
-};
-
-absl::StatusOr<std::map<std::string, HostShare>> SharesOf(
-    const std::string& job, int64_t version, const ModelSpec& spec,
-    const Layout& layout, const std::vector<std::string>& rank_hosts) {
-  if (static_cast<int>(rank_hosts.size()) != layout.world_size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job, "' places ", rank_hosts.size(), " of its ",
-        layout.world_size(), " ranks; are all its hosts registered?"));
-  }
-  std::map<std::string, HostShare> out;
-  for (const std::string& h : rank_hosts) {
-    HostShare& share = out[h];
-    share.request.set_job(job);
-    share.request.set_version(version);
-  }
-  for (int t = 0; t < layout.num_tensors(); ++t) {
-    // (host, region) -> index in that host's expectations.
-    std::map<std::pair<std::string, Region>, int> index;
-    for (const Shard& s : layout.shards(t)) {
-      if (s.region.empty()) continue;
-      const std::string& host = rank_hosts[s.rank];
-      HostShare& share = out[host];
-      auto [it, added] = index.try_emplace({host, s.region},
-                                           share.request.expect_regions_size());
-      if (added) {
-        proto::ExpectedRegion* e = share.request.add_expect_regions();
-        e->set_tensor(spec.tensors[t].key);
-        RegionToProto(s.region, e->mutable_region());
-        share.ranks.emplace_back();
-      }
-      share.ranks[it->second].push_back(s.rank);
-    }
-  }
-  for (int rank = 0; rank < layout.world_size(); ++rank) {
-    for (const SmallObjectSpec& o : spec.small_objects) {
-      proto::ExpectedSmallObject* e =
-          out[rank_hosts[rank]].request.add_expect_small_objects();
-      e->set_name(o.name);
-      e->set_rank(rank);
-    }
-  }
-  return out;
-}
-
-std::string Ranks(const std::vector<int32_t>& ranks) {
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
-                      absl::StrJoin(ranks, ","));
-}
-
-}  // namespace
 
 absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
                                                         int64_t epoch,
@@ -346,11 +288,12 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
       addresses.push_back(hosts_.Find(name)->status.address());
     }
   }
+  absl::flat_hash_map<absl::string_view, size_t> index_of;
+  for (size_t i = 0; i < addresses.size(); ++i) index_of[addresses[i]] = i;
   std::map<std::string, proto::CommitVersionResponse> answers;
   absl::Mutex mu;
   PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
-    const size_t i =
-        std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
+    const size_t i = index_of.at(a);
     auto r =
         StoreClient::Connect(a)->CommitChecked(shares.at(names[i]).request);
     if (!r.ok()) {
@@ -362,32 +305,7 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
     return absl::OkStatus();
   }));
   // Replicas on different hosts must agree (on one host the client checks).
-  struct Copy {
-    std::string host;
-    uint64_t checksum;
-    const std::vector<int32_t>* ranks;
-  };
-  std::map<std::pair<std::string, Region>, Copy> first;
-  for (const auto& [name, share] : shares) {
-    const proto::CommitVersionResponse& answer = answers.at(name);
-    if (answer.checksums_size() != share.request.expect_regions_size()) {
-      return absl::InternalError(absl::StrCat(
-          "host ", name, " answered ", answer.checksums_size(),
-          " checksums for ", share.request.expect_regions_size(), " regions"));
-    }
-    for (int i = 0; i < answer.checksums_size(); ++i) {
-      const proto::ExpectedRegion& e = share.request.expect_regions(i);
-      PTC_ASSIGN_OR_RETURN(Region r, RegionFromProto(e.region()));
-      auto [it, added] = first.try_emplace(
-          {e.tensor(), r}, Copy{name, answer.checksums(i), &share.ranks[i]});
-      if (added || it->second.checksum == answer.checksums(i)) continue;
-      return absl::DataLossError(absl::StrCat(
-          "replicas of tensor '", e.tensor(), "' ", r.ToString(),
-          " disagree: ", Ranks(*it->second.ranks), " on ", it->second.host,
-          " saved other bytes than ", Ranks(share.ranks[i]), " on ", name));
-    }
-  }
-  return absl::OkStatus();
+  return CheckReplicas(*spec, *layout, shares, answers);
 }
 
 void CoordinatorService::VerifyReturnedHosts() {

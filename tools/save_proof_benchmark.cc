@@ -1,0 +1,118 @@
+// What a save's commit costs the coordinator at scale: building each host's
+// share of the version (what it must prove it holds) from the job's layout
+// and placement, the requests' size on the wire, and comparing the copies'
+// checksums once every host answered. The layout itself is not counted:
+// the coordinator keeps the committed one (LayoutCache).
+//
+//   bazel build -c opt //tools:save_proof_benchmark
+//   bazel-bin/tools/save_proof_benchmark [--runs N]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "coordinator/save_proof.h"
+#include "ptc/families.h"
+#include "ptc/layout.h"
+#include "tools/internal/stats.h"
+
+namespace ptc::tools {
+namespace {
+
+struct Case {
+  const char* what;
+  const char* model;
+  const char* config;
+  int gpus_per_host;
+};
+
+absl::Status RunCase(const Case& c, int runs) {
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(c.model));
+  PTC_ASSIGN_OR_RETURN(const ParallelConfig config, spec.ParseConfig(c.config));
+  PTC_ASSIGN_OR_RETURN(const Layout layout, BuildLayout(spec, config));
+  // Ranks in order on hosts of `gpus_per_host`, as the placement packs
+  // them (a tp group on one host, dp replicas on other hosts).
+  std::vector<std::string> rank_hosts(layout.world_size());
+  for (int r = 0; r < layout.world_size(); ++r)
+    rank_hosts[r] = absl::StrCat("host", r / c.gpus_per_host);
+  size_t shards = 0;
+  for (int t = 0; t < layout.num_tensors(); ++t)
+    shards += layout.shards(t).size();
+
+  std::vector<double> build_s, check_s;
+  int64_t expected = 0, wire = 0;
+  for (int i = 0; i < runs; ++i) {
+    absl::Time t = absl::Now();
+    PTC_ASSIGN_OR_RETURN(auto shares,
+                         SharesOf("job", 2 + i, spec, layout, rank_hosts));
+    build_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    // Every host's answer: each region's checksum, the same for every copy
+    // (a function of its tensor and region id), as hosts that agree.
+    std::map<std::string, proto::CommitVersionResponse> answers;
+    expected = wire = 0;
+    for (const auto& [host, share] : shares) {
+      proto::CommitVersionResponse& a = answers[host];
+      for (const HostShare::Expected& e : share.expected)
+        a.add_checksums(static_cast<uint64_t>(e.tensor) << 32 | e.region);
+      expected += share.request.expect_regions_size();
+      wire += static_cast<int64_t>(share.request.ByteSizeLong());
+    }
+    t = absl::Now();
+    PTC_RETURN_IF_ERROR(CheckReplicas(spec, layout, shares, answers));
+    check_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
+  const Stats b = Summarize(build_s), k = Summarize(check_s);
+  std::cout << absl::StrFormat(
+      "| %s | %d | %d | %.1fM | %.2fM | %.0f MiB | %.3f / %.3f / %.3f | "
+      "%.3f / %.3f / %.3f |\n",
+      c.what, layout.world_size(),
+      layout.world_size() / c.gpus_per_host, shards / 1e6, expected / 1e6,
+      wire / 1048576.0, b.min, b.median, b.max, k.min, k.median, k.max);
+  return absl::OkStatus();
+}
+
+int Run(int runs) {
+  const Case cases[] = {
+      {"LLaMA-3 70B, tp=8,pp=8,dp=4", "llama3-70b", "tp=8,pp=8,dp=4", 8},
+      {"LLaMA-3 70B, tp=8,pp=8,dp=32", "llama3-70b", "tp=8,pp=8,dp=32", 8},
+      {"LLaMA 405B, tp=8,pp=16,dp=16", "llama3-405b", "tp=8,pp=16,dp=16", 8},
+      {"LLaMA 405B, tp=8,pp=16,dp=128", "llama3-405b", "tp=8,pp=16,dp=128",
+       8},
+  };
+  std::cout << "save's proof, seconds min / median / max of " << runs
+            << " runs\n\n"
+            << "| job | ranks | hosts | layout's shards | expected regions | "
+               "requests | build the shares (s) | compare the copies (s) |\n"
+            << "|---|---|---|---|---|---|---|---|\n";
+  for (const Case& c : cases) {
+    const absl::Status s = RunCase(c, runs);
+    if (!s.ok()) {
+      std::cerr << c.what << ": " << s << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ptc::tools
+
+int main(int argc, char** argv) {
+  int runs = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {
+      runs = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::cerr << "usage: save_proof_benchmark [--runs N]\n";
+      return 2;
+    }
+  }
+  return ptc::tools::Run(runs);
+}
