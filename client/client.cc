@@ -183,7 +183,6 @@ absl::Status Client::Refresh() {
                                            ? SpecFromProto(job.layout())
                                            : SpecForModel(job.model()));
   PTC_ASSIGN_OR_RETURN(ParallelConfig config, spec.ParseConfig(job.config()));
-  PTC_ASSIGN_OR_RETURN(Layout layout, BuildLayout(spec, config));
   const int rank = options_.rank;
   if (rank >= config.world_size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -191,6 +190,10 @@ absl::Status Client::Refresh() {
         job.config(), " has ", config.world_size(),
         " ranks; start the processes the current config asks for"));
   }
+  // This rank's regions only: not the whole job's layout, which every
+  // process of a 16,384-rank job would build at every change.
+  PTC_ASSIGN_OR_RETURN(const std::vector<std::vector<Region>> mine,
+                       BuildRankRegions(spec, config, rank));
   int device = -1;
   if (!hot) {
     const auto& here = job.host_ranks();
@@ -214,12 +217,12 @@ absl::Status Client::Refresh() {
         " or connect to that host's ptcd"));
   }
   std::vector<RankRegion> regions;
-  for (int t = 0; t < layout.num_tensors(); ++t) {
+  for (int t = 0; t < static_cast<int>(mine.size()); ++t) {
     const TensorSpec& ts = spec.tensors[t];
-    for (const Shard& s : layout.shards(t)) {
-      if (s.rank != rank || s.region.empty()) continue;
-      regions.push_back({t, ts.key, ts.dtype, ts.shape, s.region,
-                         s.region.volume() * ElementSize(ts.dtype)});
+    for (const Region& r : mine[t]) {
+      if (r.empty()) continue;
+      regions.push_back(
+          {t, ts.key, ts.dtype, ts.shape, r, r.volume() * ElementSize(ts.dtype)});
     }
   }
   // The daemon must know this rank's tensors before it stores them.

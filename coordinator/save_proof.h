@@ -2,7 +2,7 @@
 // before the save commits (rule 4 of coordinator_service.h), and the check
 // that replicas on different hosts saved the same bytes. Built from the
 // layout's region ids and host indexes: at 16,384 ranks of a 405B model a
-// save expects millions of regions (tools/save_proof_benchmark).
+// save expects millions of regions (tools/control_plane_benchmark).
 //
 //   PTC_ASSIGN_OR_RETURN(auto shares,
 //                        SharesOf(job, version, spec, layout, rank_hosts));

@@ -210,8 +210,58 @@ MeshCoord GroupRepresentative(const FlatBuffer& buf,
   return coord;
 }
 
-// Assigns the members of buffer `b` their flat ranges on every rank.
+// The tensors laid out in buffer `b` under `config`: its members and
+// those of the buffers that join it.
+std::vector<int> BufferMembers(const ModelSpec& spec, int b,
+                               const ParallelConfig& config) {
+  std::vector<int> members;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const int mb = spec.tensors[t].buffer;
+    if (mb == b || (mb >= 0 && spec.buffers[mb].join == b &&
+                    Joined(spec.buffers[mb], config))) {
+      members.push_back(static_cast<int>(t));
+    }
+  }
+  return members;
+}
+
+// One rank's part of a buffer instance `in` (its chunk `i` of `n` of every
+// bucket): emit(member, region) for each piece of a member's region in it,
+// in buffer order. `entry_index` maps a tensor to its entry in `in`.
+template <typename Emit>
+void RankPieces(const ModelSpec& spec, const BufferInstance& in, int64_t n,
+                int64_t i, const std::vector<int>& entry_index,
+                const std::vector<int>& members, Emit emit) {
+  std::vector<std::pair<int64_t, int64_t>> mine;
+  for (const auto& c : ChunksOf(in, n, i)) {
+    if (c.first < c.second) mine.push_back(c);
+  }
+  for (int m : members) {
+    const int e = entry_index[spec.tensors[m].slot];
+    if (in.offset[e] < 0) continue;
+    for (size_t k = 0; k < in.regions[e].size(); ++k) {
+      const Region& r = in.regions[e][k];
+      const int64_t at = in.offset[e] + in.starts[e][k];
+      const int64_t end = at + r.volume();
+      auto first = std::lower_bound(
+          mine.begin(), mine.end(), at,
+          [](const std::pair<int64_t, int64_t>& c, int64_t v) {
+            return c.second <= v;
+          });
+      for (auto c = first; c != mine.end() && c->first < end; ++c) {
+        const int64_t lo = std::max(at, c->first), hi = std::min(end, c->second);
+        if (lo >= hi) continue;
+        for (Region& piece : FlatRangeOfRegion(r, lo - at, hi - at))
+          emit(m, std::move(piece));
+      }
+    }
+  }
+}
+
+// Assigns the members of buffer `b` their flat ranges on `ranks`,
+// appended to (*shards)[member].
 void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
+                   const std::vector<int>& ranks,
                    std::vector<std::vector<Shard>>* shards) {
   const FlatBuffer& buf = spec.buffers[b];
   if (Joined(buf, config)) return;  // its members are the joined buffer's
@@ -221,17 +271,10 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
   std::vector<int> entry_index(spec.tensors.size(), -1);
   for (size_t i = 0; i < entries.size(); ++i)
     entry_index[entries[i].tensor] = static_cast<int>(i);
-  std::vector<int> members;
-  for (size_t t = 0; t < spec.tensors.size(); ++t) {
-    const int mb = spec.tensors[t].buffer;
-    if (mb == b || (mb >= 0 && spec.buffers[mb].join == b &&
-                    Joined(spec.buffers[mb], config))) {
-      members.push_back(static_cast<int>(t));
-    }
-  }
+  const std::vector<int> members = BufferMembers(spec, b, config);
   // One instance per group: ranks equal on every axis but the buffer's.
   std::map<std::vector<int>, BufferInstance> instances;
-  for (int rank = 0; rank < config.world_size(); ++rank) {
+  for (int rank : ranks) {
     const MeshCoord coord = config.CoordOf(rank);
     const MeshCoord rep = GroupRepresentative(buf, config, coord);
     auto it = instances.find(rep.index);
@@ -241,33 +284,10 @@ void ResolveBuffer(const ModelSpec& spec, int b, const ParallelConfig& config,
                         LayOutBuffer(spec, buf, entries, config, n, rep))
                .first;
     }
-    const BufferInstance& in = it->second;
-    // This rank's chunk of every bucket, in buffer order.
-    std::vector<std::pair<int64_t, int64_t>> mine;
-    for (const auto& c :
-         ChunksOf(in, n, AxisPlacementIndex(over, config, coord))) {
-      if (c.first < c.second) mine.push_back(c);
-    }
-    for (int m : members) {
-      const int e = entry_index[spec.tensors[m].slot];
-      if (in.offset[e] < 0) continue;
-      for (size_t k = 0; k < in.regions[e].size(); ++k) {
-        const Region& r = in.regions[e][k];
-        const int64_t at = in.offset[e] + in.starts[e][k];
-        const int64_t end = at + r.volume();
-        auto first = std::lower_bound(
-            mine.begin(), mine.end(), at,
-            [](const std::pair<int64_t, int64_t>& c, int64_t v) {
-              return c.second <= v;
-            });
-        for (auto c = first; c != mine.end() && c->first < end; ++c) {
-          const int64_t lo = std::max(at, c->first), hi = std::min(end, c->second);
-          if (lo >= hi) continue;
-          for (Region& piece : FlatRangeOfRegion(r, lo - at, hi - at))
-            (*shards)[m].push_back({rank, std::move(piece)});
-        }
-      }
-    }
+    RankPieces(spec, it->second, n, AxisPlacementIndex(over, config, coord),
+               entry_index, members, [&](int m, Region piece) {
+                 (*shards)[m].push_back({rank, std::move(piece)});
+               });
   }
 }
 
@@ -338,6 +358,52 @@ bool BufferInUse(const FlatBuffer& buf, const ParallelConfig& config) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::vector<Region>>> BuildRankRegions(
+    const ModelSpec& spec, const ParallelConfig& config, int rank) {
+  PTC_RETURN_IF_ERROR(spec.Validate());
+  PTC_RETURN_IF_ERROR(CheckConfig(spec, config));
+  if (rank < 0 || rank >= config.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is outside the ", config.world_size(), " ranks of ",
+        config.ToString()));
+  }
+  const int n = static_cast<int>(spec.tensors.size());
+  std::vector<std::vector<Region>> out(n);
+  const MeshCoord coord = config.CoordOf(rank);
+  const int pp_axis = config.AxisIndex(kPipelineAxis);
+  const int stage = pp_axis < 0 ? 0 : coord.index[pp_axis];
+  for (int t = 0; t < n; ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    if (ts.buffer >= 0 && BufferInUse(spec.buffers[ts.buffer], config))
+      continue;  // ResolveBufferForRank
+    // As LayOutTensor: the regions of the rank's indices on the axes the
+    // placements cut, on a stage that holds the tensor.
+    const TensorSpec& rules = ts.slot >= 0 ? spec.tensors[ts.slot] : ts;
+    if (NumElements(ts.shape) == 0) continue;
+    if (!rules.stage.HeldBy(stage, config, spec.num_layers)) continue;
+    MeshCoord rep;
+    rep.index.assign(config.axes.size(), 0);
+    if (pp_axis >= 0) rep.index[pp_axis] = stage;
+    for (const AxisPlacement& p : rules.placements) {
+      for (const std::string& a : p.axes) {
+        const int i = config.AxisIndex(a);
+        if (i >= 0) rep.index[i] = coord.index[i];
+      }
+    }
+    out[t] = RegionsOf(rules.placements, StageRule::All(), ts.shape, config,
+                       spec.num_layers, rep);
+  }
+  std::vector<std::vector<Shard>> pieces(n);
+  for (int b = 0; b < static_cast<int>(spec.buffers.size()); ++b) {
+    if (BufferInUse(spec.buffers[b], config))
+      ResolveBuffer(spec, b, config, {rank}, &pieces);
+  }
+  for (int t = 0; t < n; ++t) {
+    for (Shard& p : pieces[t]) out[t].push_back(std::move(p.region));
+  }
+  return out;
+}
+
 absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config) {
   PTC_RETURN_IF_ERROR(spec.Validate());
@@ -353,8 +419,11 @@ absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
     }
     LayOutTensor(spec, t, config, index, &shards[t]);
   }
+  std::vector<int> ranks(world_size);
+  std::iota(ranks.begin(), ranks.end(), 0);
   for (int b = 0; b < static_cast<int>(spec.buffers.size()); ++b) {
-    if (BufferInUse(spec.buffers[b], config)) ResolveBuffer(spec, b, config, &shards);
+    if (BufferInUse(spec.buffers[b], config))
+      ResolveBuffer(spec, b, config, ranks, &shards);
   }
   for (auto& s : shards) {
     auto by_rank = [](const Shard& a, const Shard& b) { return a.rank < b.rank; };

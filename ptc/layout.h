@@ -69,6 +69,14 @@ class Layout {
 absl::StatusOr<Layout> BuildLayout(const ModelSpec& spec,
                                    const ParallelConfig& config);
 
+// The regions one rank holds under `config`, per tensor, in the order
+// BuildLayout lists them for that rank: what a training process needs of
+// its job's layout, built without the other ranks' (at 16,384 ranks of a
+// 405B model the whole layout is 0.2-0.3 s and hundreds of MiB).
+// INVALID_ARGUMENT for a rank outside the config, as BuildLayout otherwise.
+absl::StatusOr<std::vector<std::vector<Region>>> BuildRankRegions(
+    const ModelSpec& spec, const ParallelConfig& config, int rank);
+
 // One instance of flat buffer `buffer` as rank `rank` sees it under
 // `config`: where each entry's local shard starts (its regions row-major,
 // in order), the buckets, and the chunk of each bucket the rank owns. A

@@ -212,3 +212,59 @@ TEST_CASE("layout: an explicit layout with a region out of bounds is rejected",
 
 }  // namespace
 }  // namespace ptc
+
+namespace ptc {
+namespace {
+
+TEST_CASE(
+    "layout: one rank's regions, built alone, are exactly its shards of the "
+    "whole layout",
+    "[ptc][layout]") {
+  const std::pair<const char*, std::vector<const char*>> cases[] = {
+      {"gpt:layers=3,hidden=16,heads=4,vocab=50,positions=8,pad=4",
+       {"tp=2,pp=3,dp=2", "tp=4,pp=2,dp=3,zero=1", "tp=1,pp=1,dp=5,zero=1"}},
+      // Megatron-core's distributed optimizer: buckets, alignment, the
+      // shared embedding in a bucket of its own under a pipeline.
+      {"gpt:layers=2,hidden=16,heads=4,vocab=50,positions=8,mcore=1,"
+       "bucket=300",
+       {"tp=2,pp=2,dp=2,zero=1", "tp=1,pp=1,dp=3,zero=1", "tp=2,pp=2,dp=3"}},
+      {"llama:layers=3,hidden=32,heads=8,kv_heads=4,ffn=40,vocab=77,mcore=1,"
+       "bucket=300",
+       {"tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,dp=1"}},
+      {"moe:layers=2,hidden=16,heads=4,kv_heads=2,ffn=12,experts=4,"
+       "shared_ffn=8,stacked=0",
+       {"tp=2,pp=2,dp=2,zero=1", "tp=1,pp=1,dp=4,ep=2", "tp=1,pp=1,dp=3"}},
+  };
+  for (const auto& [model, configs] : cases) {
+    auto spec = SpecForModel(model);
+    REQUIRE(spec.ok());
+    for (const char* cfg : configs) {
+      INFO(model << " " << cfg);
+      auto c = spec->ParseConfig(cfg);
+      REQUIRE(c.ok());
+      auto layout = BuildLayout(*spec, *c);
+      REQUIRE(layout.ok());
+      for (int rank = 0; rank < c->world_size(); ++rank) {
+        auto mine = BuildRankRegions(*spec, *c, rank);
+        REQUIRE(mine.ok());
+        REQUIRE(static_cast<int>(mine->size()) == layout->num_tensors());
+        for (int t = 0; t < layout->num_tensors(); ++t) {
+          std::vector<Region> want;
+          for (const Shard& s : layout->shards(t))
+            if (s.rank == rank) want.push_back(s.region);
+          INFO("rank " << rank << " tensor " << spec->tensors[t].key);
+          CHECK((*mine)[t] == want);
+        }
+      }
+    }
+  }
+  auto spec = SpecForModel(cases[0].first);
+  auto c = spec->ParseConfig("tp=2,pp=3,dp=2");
+  CHECK(BuildRankRegions(*spec, *c, 12).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(BuildRankRegions(*spec, *c, -1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,11 +1,16 @@
-// What a save's commit costs the coordinator at scale: building each host's
-// share of the version (what it must prove it holds) from the job's layout
-// and placement, the requests' size on the wire, and comparing the copies'
-// checksums once every host answered. The layout itself is not counted:
-// the coordinator keeps the committed one (LayoutCache).
+// What the control plane's per-save and per-change work costs at scale,
+// with no bytes moved:
+// - a save's commit at the coordinator: building each host's share of the
+//   version (what it must prove it holds) from the job's layout and
+//   placement, the requests' size on the wire, and comparing the copies'
+//   checksums once every host answered (the layout itself is not counted:
+//   the coordinator keeps the committed one, LayoutCache);
+// - a training process's look at its new layout after a change (the
+//   client's Refresh): its own rank's regions, against the whole layout it
+//   built before 2026-11-28.
 //
-//   bazel build -c opt //tools:save_proof_benchmark
-//   bazel-bin/tools/save_proof_benchmark [--runs N]
+//   bazel build -c opt //tools:control_plane_benchmark
+//   bazel-out/k8-opt/bin/tools/control_plane_benchmark [--runs N]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +37,9 @@ struct Case {
   const char* config;
   int gpus_per_host;
 };
+
+// The second table's rows, printed after the first.
+std::string process_rows_;
 
 absl::Status RunCase(const Case& c, int runs) {
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(c.model));
@@ -68,7 +76,21 @@ absl::Status RunCase(const Case& c, int runs) {
     PTC_RETURN_IF_ERROR(CheckReplicas(spec, layout, shares, answers));
     check_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
   }
+  // The process's view: rank 0's regions alone, and the whole layout.
+  std::vector<double> rank_s, whole_s;
+  for (int i = 0; i < runs; ++i) {
+    absl::Time t = absl::Now();
+    PTC_ASSIGN_OR_RETURN(auto mine, BuildRankRegions(spec, config, 0));
+    rank_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    PTC_ASSIGN_OR_RETURN(const Layout whole, BuildLayout(spec, config));
+    whole_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
   const Stats b = Summarize(build_s), k = Summarize(check_s);
+  const Stats m = Summarize(rank_s), w = Summarize(whole_s);
+  process_rows_ += absl::StrFormat(
+      "| %s | %d | %.4f / %.4f / %.4f | %.3f / %.3f / %.3f |\n", c.what,
+      layout.world_size(), m.min, m.median, m.max, w.min, w.median, w.max);
   std::cout << absl::StrFormat(
       "| %s | %d | %d | %.1fM | %.2fM | %.0f MiB | %.3f / %.3f / %.3f | "
       "%.3f / %.3f / %.3f |\n",
@@ -98,6 +120,11 @@ int Run(int runs) {
       return 1;
     }
   }
+  std::cout << "\na process's regions after a change (the client's Refresh), "
+               "seconds min / median / max\n\n"
+            << "| job | ranks | its rank's regions | the whole layout |\n"
+            << "|---|---|---|---|\n"
+            << process_rows_;
   return 0;
 }
 
@@ -110,7 +137,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::cerr << "usage: save_proof_benchmark [--runs N]\n";
+      std::cerr << "usage: control_plane_benchmark [--runs N]\n";
       return 2;
     }
   }
