@@ -20,6 +20,7 @@
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/open_files.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/etcd_control_store.h"
@@ -120,6 +121,16 @@ absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(const Settings settings,
                        Settings::Load(args, kOptions, kFlags));
   PTC_RETURN_IF_ERROR(SetLogLevel(settings.Get("log-level", "info")));
+  // A connection per host and per training process that follows its job.
+  if (const int64_t files = RaiseOpenFilesLimit(); files < 65536) {
+    Log("coordinator")
+        ->warn(
+            "this process may open {} files: each host and each training "
+            "process holds a connection to the coordinator, so it serves "
+            "fewer than that; raise the limit (LimitNOFILE= of its systemd "
+            "unit; deploy/systemd/ptc-coordinator.service sets 1048576)",
+            files);
+  }
   PTC_ASSIGN_OR_RETURN(const bool insecure, settings.Flag("insecure"));
   PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(
       {settings.Get("tls-ca"), settings.Get("tls-cert"),

@@ -56,6 +56,7 @@
 #include "common/channel.h"
 #include "common/crash.h"
 #include "common/logging.h"
+#include "common/open_files.h"
 #include "common/status_macros.h"
 #include "proto/enum_names.h"
 #include "ptcd/coordinator_agent.h"
@@ -91,16 +92,6 @@ absl::StatusOr<int> IntArg(const Args& args, const std::string& name,
   return v;
 }
 
-void RaiseFileLimit() {
-  // Every hollow host has a listening socket and connections; every
-  // hollow rank a local socket and a channel.
-  rlimit r;
-  if (getrlimit(RLIMIT_NOFILE, &r) == 0) {
-    r.rlim_cur = r.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &r);
-  }
-}
-
 sigset_t BlockStopSignals() {
   sigset_t signals;
   sigemptyset(&signals);
@@ -129,7 +120,9 @@ absl::Status RunHosts(const Args& args) {
                        ParseBytes(args.Get("memory-limit", "4TiB")));
   const std::string dir = args.Get("dir", ".");
   const sigset_t signals = BlockStopSignals();
-  RaiseFileLimit();
+  // Every hollow host has a listening socket and connections; every
+  // hollow rank a local socket and a channel.
+  RaiseOpenFilesLimit();
   std::vector<HollowHost> hosts(count);
   for (int i = 0; i < count; ++i) {
     HollowHost& h = hosts[i];
@@ -377,7 +370,9 @@ absl::Status RunRanks(const Args& args) {
   PTC_ASSIGN_OR_RETURN(const int saves,
                        IntArg(args, "saves", 1 << 30, 0, 1 << 30));
   const sigset_t signals = BlockStopSignals();
-  RaiseFileLimit();
+  // Every hollow host has a listening socket and connections; every
+  // hollow rank a local socket and a channel.
+  RaiseOpenFilesLimit();
   std::vector<std::pair<std::string, std::string>> hosts;
   {
     std::ifstream in(hosts_file);
