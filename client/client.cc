@@ -48,21 +48,49 @@ namespace {
 // ListJobs, a read, asked again while the coordinator refuses it for busy
 // RPC threads (thousands of a job's processes asking at once after a
 // change), after a jittered pause that grows to a second, until
-// `deadline`. The channel's own retries (common/channel.h) give up after
-// five attempts.
+// `deadline`; and up to three times when the connection failed
+// (UNAVAILABLE: reset by a coordinator under load, or one failing over),
+// so that a coordinator that is down still fails the call within a
+// second. The channel's own retries (common/channel.h) give up after five
+// attempts.
 absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
                                const proto::ListJobsRequest& req,
                                proto::ListJobsResponse* resp,
                                absl::Time deadline) {
   absl::BitGen random;
   absl::Duration pause = absl::Milliseconds(50);
+  int unavailable = 0;
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, resp));
-    if (s.code() != absl::StatusCode::kResourceExhausted ||
-        absl::Now() + pause > deadline)
-      return s;
+    const bool again =
+        s.code() == absl::StatusCode::kResourceExhausted ||
+        (s.code() == absl::StatusCode::kUnavailable && ++unavailable <= 3);
+    if (!again || absl::Now() + pause > deadline) return s;
+    absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
+    pause = std::min(pause * 2, absl::Seconds(1));
+  }
+}
+
+// A call to the coordinator (`call(&ctx)`), asked again after a jittered
+// pause that grows to a second while it fails UNAVAILABLE, until
+// `deadline`: a connection reset or a ping left unanswered by a coordinator
+// under load (thousands of processes saving at once), or a coordinator
+// asking to report again. `*unavailable` counts the attempts that failed
+// so; the last status is returned.
+template <typename Call>
+absl::Status AskWhileUnavailable(absl::Time deadline, Call call,
+                                 int* unavailable) {
+  absl::BitGen random;
+  absl::Duration pause = absl::Milliseconds(50);
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    const absl::Status s = FromGrpcStatus(call(&ctx));
+    if (!absl::IsUnavailable(s)) return s;
+    ++*unavailable;
+    if (absl::Now() + pause > deadline) return s;
     absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
     pause = std::min(pause * 2, absl::Seconds(1));
   }
@@ -389,8 +417,6 @@ std::vector<int> Client::RegionsOf(const std::string& key) const {
 }
 
 absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   proto::BeginSaveRequest req;
   req.set_job(options_.job);
   req.set_rank(options_.rank);
@@ -398,9 +424,17 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
   req.set_step(step);
   req.set_pending_serial(options_.pending_serial);
   proto::BeginSaveResponse resp;
-  PTC_RETURN_IF_ERROR(
-      Annotate(FromGrpcStatus(coordinator_->BeginSave(&ctx, req, &resp)),
-               absl::StrCat("beginning the save of step ", step)));
+  // Asked again if the connection failed: every rank's BeginSave of one
+  // step gets the same version, however often it asks.
+  int unavailable = 0;
+  PTC_RETURN_IF_ERROR(Annotate(
+      AskWhileUnavailable(
+          absl::Now() + options_.rpc_timeout,
+          [&](grpc::ClientContext* ctx) {
+            return coordinator_->BeginSave(ctx, req, &resp);
+          },
+          &unavailable),
+      absl::StrCat("beginning the save of step ", step)));
   return std::unique_ptr<Save>(new Save(this, resp.version(), step));
 }
 
@@ -563,18 +597,37 @@ absl::StatusOr<bool> Client::Save::Commit() {
         local.PutSmallObject(job, version_, name, client_->rank(), bytes));
   }
   committed_ = true;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(
-      absl::ToChronoTime(absl::Now() + client_->options_.rpc_timeout));
   proto::ReportSavedRequest req;
   req.set_job(job);
   req.set_rank(client_->rank());
   req.set_version(version_);
   req.set_layout_epoch(client_->layout_epoch_);
   proto::ReportSavedResponse resp;
-  PTC_RETURN_IF_ERROR(Annotate(
-      FromGrpcStatus(client_->coordinator_->ReportSaved(&ctx, req, &resp)),
-      "reporting the save to the coordinator"));
+  // A rank's report counts once however often it is sent; it is sent
+  // again while the coordinator asks for it again (it is committing
+  // another save) or the connection failed.
+  int unavailable = 0;
+  absl::Status first_unavailable;
+  absl::Status reported = AskWhileUnavailable(
+      absl::Now() + client_->options_.rpc_timeout,
+      [&](grpc::ClientContext* ctx) {
+        grpc::Status s = client_->coordinator_->ReportSaved(ctx, req, &resp);
+        if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+            first_unavailable.ok())
+          first_unavailable = FromGrpcStatus(s);
+        return s;
+      },
+      &unavailable);
+  if (unavailable > 0 && absl::IsFailedPrecondition(reported)) {
+    // No longer a save in progress after a report that failed: either
+    // that report completed it (its answer was lost), or its hosts could
+    // not prove it and it was dropped (the first failure says why).
+    PTC_ASSIGN_OR_RETURN(JobEvent now, client_->FetchEvent());
+    reported = now.committed_version >= version_ ? absl::OkStatus()
+                                                 : first_unavailable;
+  }
+  PTC_RETURN_IF_ERROR(
+      Annotate(reported, "reporting the save to the coordinator"));
   if (resp.committed()) {
     // This rank's own commit: its view moves with it.
     client_->committed_version_ = version_;

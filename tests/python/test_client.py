@@ -2,6 +2,7 @@
 processes: save/load round trips for every dtype, zero-copy loads, the
 torch helpers, the data cursor, and a clear error for each misuse."""
 import random
+import time
 import zlib
 
 import numpy as np
@@ -281,3 +282,69 @@ def test_cursor_consumes_every_sample_once_across_dp_and_batch_changes(ptc_modul
         assert all(0 <= s < n for s in seen)
     with pytest.raises(ptc.Error, match="not a ptc data cursor"):
         ptc.DataCursor.decode(b"junk")
+
+
+def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module, bin_dir,
+                                                                      tmp_path):
+    """The coordinator commits one save of a job at a time and asks a rank
+    that reports another meanwhile to report again (UNAVAILABLE); the
+    client does so until its deadline instead of failing the save."""
+    import threading
+    ptc = ptc_module
+    c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=30)
+    try:
+        rank_hosts = register(c, "again")
+        clients = connect(ptc, c, "again", rank_hosts)
+        save_all(clients, 1)
+        on0 = [k for k in clients if rank_hosts[k.rank] == "host0"]
+        on1 = [k for k in clients if rank_hosts[k.rank] == "host1"]
+
+        def save(k, step, results):
+            try:
+                s = k.begin_save(step)
+                for r in k.regions:
+                    raw = np.frombuffer(region_bytes(k.job, k.rank, r), dtype=np.uint8)
+                    s.write(r["index"],
+                            raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]]))
+                for name in k.small_object_names:
+                    s.put_small_object(name, f"{name} of rank {k.rank}".encode())
+                s.commit()
+                results.append(None)
+            except Exception as e:  # reported to the test below
+                results.append(e)
+
+        # Step 2: host0's ranks save, then host0 stops; host1's ranks save,
+        # and the last report starts the commit, which waits for host0.
+        done = []
+        for k in on0:
+            save(k, 2, done)
+        c.stop_process("host0")
+        save(on1[0], 2, done)
+        assert done == [None] * 3, done
+        committing_done = []
+        committing = threading.Thread(target=save, args=(on1[1], 2, committing_done))
+        committing.start()
+        time.sleep(1.5)
+        assert committing.is_alive(), committing_done  # waiting for host0's proof
+        # Step 3 of a host1 rank reports while step 2 commits: asked to
+        # report again until host0 answers.
+        later_done = []
+        later = threading.Thread(target=save, args=(on1[0], 3, later_done))
+        later.start()
+        time.sleep(2)
+        assert later.is_alive(), later_done
+        c.resume_process("host0")
+        committing.join(120)
+        later.join(120)
+        assert committing_done == [None] and later_done == [None], (committing_done, later_done)
+        for k in clients:
+            k.wait_committed(2, timeout=30)
+        save(on1[1], 3, done)
+        for k in on0:
+            save(k, 3, done)
+        deadline = time.time() + 30
+        while c.job("again")["committed_step"] < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert c.job("again")["committed_step"] == 3
+    finally:
+        c.stop()
