@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <thread>
 
@@ -45,55 +46,44 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 
 namespace {
 
-// ListJobs, a read, asked again while the coordinator refuses it for busy
-// RPC threads (thousands of a job's processes asking at once after a
-// change), after a jittered pause that grows to a second, until
-// `deadline`; and up to three times when the connection failed
-// (UNAVAILABLE: reset by a coordinator under load, or one failing over),
-// so that a coordinator that is down still fails the call within a
-// second. The channel's own retries (common/channel.h) give up after five
-// attempts.
-absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
-                               const proto::ListJobsRequest& req,
-                               proto::ListJobsResponse* resp,
-                               absl::Time deadline) {
-  absl::BitGen random;
-  absl::Duration pause = absl::Milliseconds(50);
-  int unavailable = 0;
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    const absl::Status s = FromGrpcStatus(stub->ListJobs(&ctx, req, resp));
-    const bool again =
-        s.code() == absl::StatusCode::kResourceExhausted ||
-        (s.code() == absl::StatusCode::kUnavailable && ++unavailable <= 3);
-    if (!again || absl::Now() + pause > deadline) return s;
-    absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
-    pause = std::min(pause * 2, absl::Seconds(1));
-  }
-}
-
 // A call to the coordinator (`call(&ctx)`), asked again after a jittered
-// pause that grows to a second while it fails UNAVAILABLE, until
-// `deadline`: a connection reset or a ping left unanswered by a coordinator
-// under load (thousands of processes saving at once), or a coordinator
-// asking to report again. `*unavailable` counts the attempts that failed
-// so; the last status is returned.
+// pause that grows to a second, until `deadline`:
+// - while it is refused for busy RPC threads (RESOURCE_EXHAUSTED: thousands
+//   of a job's processes asking at once; a refused call never ran). The
+//   channel's own retries (common/channel.h) give up after five attempts;
+// - up to `max_unavailable` times while it fails UNAVAILABLE: a connection
+//   reset or a ping left unanswered by a coordinator under load, one
+//   failing over, or a coordinator asking to report again.
+// `*unavailable` counts the attempts that failed UNAVAILABLE; the last
+// status is returned.
 template <typename Call>
-absl::Status AskWhileUnavailable(absl::Time deadline, Call call,
-                                 int* unavailable) {
+absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
+                          int* unavailable) {
   absl::BitGen random;
   absl::Duration pause = absl::Milliseconds(50);
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpcStatus(call(&ctx));
-    if (!absl::IsUnavailable(s)) return s;
-    ++*unavailable;
-    if (absl::Now() + pause > deadline) return s;
+    bool again = absl::IsResourceExhausted(s);
+    if (absl::IsUnavailable(s)) again = ++*unavailable <= max_unavailable;
+    if (!again || absl::Now() + pause > deadline) return s;
     absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
     pause = std::min(pause * 2, absl::Seconds(1));
   }
+}
+
+// ListJobs, a read, asked patiently; a coordinator that is down fails it
+// within a second (three attempts that fail UNAVAILABLE).
+absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
+                               const proto::ListJobsRequest& req,
+                               proto::ListJobsResponse* resp,
+                               absl::Time deadline) {
+  int unavailable = 0;
+  return AskPatiently(
+      deadline, 3,
+      [&](grpc::ClientContext* ctx) { return stub->ListJobs(ctx, req, resp); },
+      &unavailable);
 }
 
 // A coordinator stub for a host's launcher or agent (the job's token from
@@ -424,12 +414,12 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
   req.set_step(step);
   req.set_pending_serial(options_.pending_serial);
   proto::BeginSaveResponse resp;
-  // Asked again if the connection failed: every rank's BeginSave of one
-  // step gets the same version, however often it asks.
+  // Asked again if refused or the connection failed: every rank's
+  // BeginSave of one step gets the same version, however often it asks.
   int unavailable = 0;
   PTC_RETURN_IF_ERROR(Annotate(
-      AskWhileUnavailable(
-          absl::Now() + options_.rpc_timeout,
+      AskPatiently(
+          absl::Now() + options_.rpc_timeout, INT_MAX,
           [&](grpc::ClientContext* ctx) {
             return coordinator_->BeginSave(ctx, req, &resp);
           },
@@ -608,8 +598,8 @@ absl::StatusOr<bool> Client::Save::Commit() {
   // another save) or the connection failed.
   int unavailable = 0;
   absl::Status first_unavailable;
-  absl::Status reported = AskWhileUnavailable(
-      absl::Now() + client_->options_.rpc_timeout,
+  absl::Status reported = AskPatiently(
+      absl::Now() + client_->options_.rpc_timeout, INT_MAX,
       [&](grpc::ClientContext* ctx) {
         grpc::Status s = client_->coordinator_->ReportSaved(ctx, req, &resp);
         if (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
