@@ -169,7 +169,7 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
   if (!dead.empty()) {
     // Its processes there are gone: the change starts from the committed
     // version, without them. The dead hosts leave the pool (ChangeHosts
-    // adds them back).
+    // adds them back; one that returns as the same process rejoins it).
     auto* pool = s.mutable_pool();
     pool->erase(std::remove_if(pool->begin(), pool->end(),
                                [&](const std::string& h) {
@@ -177,6 +177,9 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
                                                   h) != dead.end();
                                }),
                 pool->end());
+    for (const std::string& h : dead) {
+      if (!Contains(s.left_pool_dead(), h)) s.add_left_pool_dead(h);
+    }
     a.reason = absl::StrCat(Hosts(dead), " died");
   } else if (!draining.empty()) {
     a.reason = absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained");

@@ -62,6 +62,9 @@ TEST_CASE("a job is changed when what it may use changes, once") {
     CHECK(a->reason == "host b died");
     CHECK_FALSE(a->save_first);
     CHECK(w.job->state.pool_size() == 2);  // a, c
+    // ... remembered, to rejoin if it returns as the same process.
+    REQUIRE(w.job->state.left_pool_dead_size() == 1);
+    CHECK(w.job->state.left_pool_dead(0) == "b");
     CHECK_FALSE(w.job->Names("c"));
   }
   SECTION("a host of the job is drained: its processes save first") {

@@ -313,8 +313,10 @@ grpc::Status CoordinatorService::ChangeHosts(
   hosts_.SetDraining({req->hosts().begin(), req->hosts().end()}, drain)
       .IgnoreError();  // every one is registered: checked above
   for (const std::string& h : req->hosts()) {
-    if (target != nullptr && !Contains(target->state.pool(), h))
-      target->state.add_pool(h);
+    if (target == nullptr) continue;
+    if (!Contains(target->state.pool(), h)) target->state.add_pool(h);
+    auto* left = target->state.mutable_left_pool_dead();
+    left->erase(std::remove(left->begin(), left->end(), h), left->end());
   }
   for (const auto& [name, job] : jobs_) {
     bool touched = false;

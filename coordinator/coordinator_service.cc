@@ -290,6 +290,30 @@ grpc::Status CoordinatorService::RegisterHost(
       }
     }
   }
+  // A host declared dead left its jobs' pools; back as the same process
+  // (it was only silent), it rejoins them, so that a stall or a cut link
+  // does not shrink a job for good. A new process does not: its jobs'
+  // operators add it back (ptcctl hosts add).
+  bool rejoined = false;
+  for (auto& [name, job] : jobs_) {
+    auto* left = job->state.mutable_left_pool_dead();
+    auto it = std::find(left->begin(), left->end(), h.name());
+    if (it == left->end() || !r.known) continue;
+    left->erase(it);
+    if (!r.same_process) continue;
+    rejoined = true;
+    const auto& pool = job->state.pool();
+    if (std::find(pool.begin(), pool.end(), h.name()) == pool.end())
+      job->state.add_pool(h.name());
+    Log("coordinator")
+        ->info("job {}: host {} is back as the same process; it rejoins the "
+               "job's pool",
+               name, h.name());
+  }
+  if (rejoined) {
+    auto_changes_.HostsChanged();
+    auto_changes_.Wake();
+  }
   Log("coordinator")
       ->info("host {} registered at {} ({} GPUs){}", h.name(), h.address(),
              h.gpus(), r.was_dead ? ", back from the dead" : "");

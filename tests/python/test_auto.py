@@ -49,6 +49,26 @@ def committed_change(c):
     return j if j["layout_epoch"] > 1 and j["reconfiguration"]["phase"] == "committed" else None
 
 
+def test_a_host_declared_dead_while_only_silent_rejoins_the_pool_once_back(cluster):
+    """A stall or a cut link gets a live host declared dead: the job leaves
+    it (and its pool). Back as the same process, it rejoins the pool, and
+    the job grows onto it again by itself; it does not stay smaller for
+    good."""
+    register(cluster, "--auto", "on")
+    cluster.stop_process("host1")
+    j = wait_for("the automatic change", lambda: committed_change(cluster))
+    assert j["hosts"] == ["host0"] and "host1" not in j["pool"], j
+    cluster.resume_process("host1")
+    j = wait_for("the job to grow back", lambda: (lambda x: x if x["layout_epoch"] > 2 and
+                                                  x["reconfiguration"]["phase"] == "committed"
+                                                  else None)(cluster.job("j")))
+    assert "host1" in j["pool"], j
+    assert j["ranks"] == 4 and sorted(j["hosts"]) == ["host0", "host1"], j
+    assert "host host1 can take it (automatic)" in j["reconfiguration"]["reason"], j
+    v = cluster.job_tool("verify", "--job", "j")
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
 def test_a_dead_host_changes_the_job_by_itself_and_an_added_host_grows_it(cluster):
     register(cluster, "--auto", "on")
     cluster.kill("host1")
