@@ -375,7 +375,7 @@ absl::StatusOr<std::vector<std::vector<Region>>> BuildRankRegions(
   for (int t = 0; t < n; ++t) {
     const TensorSpec& ts = spec.tensors[t];
     if (ts.buffer >= 0 && BufferInUse(spec.buffers[ts.buffer], config))
-      continue;  // ResolveBufferForRank
+      continue;  // laid out in its buffer below
     // As LayOutTensor: the regions of the rank's indices on the axes the
     // placements cut, on a stage that holds the tensor.
     const TensorSpec& rules = ts.slot >= 0 ? spec.tensors[ts.slot] : ts;
