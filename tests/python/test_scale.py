@@ -44,10 +44,15 @@ def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, 
     assert phases["meet"]["calls_per_s"].get("Coordinator.ReportSaved", 0) > 0
     assert "every check passed" in out
 
-
     # Told, not polling: in steady state only the hosts' heartbeats reach
     # the coordinator.
     assert set(phases["steady"]["calls_per_s"]) <= {"Coordinator.Heartbeat"}
+    # A follower is told a change's phases, not its progress: a few small
+    # events per process, however many progress reports the 60 hosts make
+    # (each process was written each of them, plan and all, before).
+    failure = phases["failure"]
+    assert 0 < failure["watch_events"] <= 8 * 512, failure
+    assert failure["watch_bytes"] / failure["watch_events"] < 2048, failure
 
 
 def test_processes_that_poll_follow_a_change(bin_dir, tmp_path):
