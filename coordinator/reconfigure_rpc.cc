@@ -169,7 +169,9 @@ absl::Status CoordinatorService::GatherChangeLocked(
         job.state.target_epoch(), "); watch it or abort it first"));
   }
   if (job.committing_save) {
-    return absl::UnavailableError(absl::StrCat(
+    // ABORTED, as when the job changes while the change is planned: the
+    // caller asks again (ptcctl does, for a while).
+    return absl::AbortedError(absl::StrCat(
         "job '", req.job(),
         "' is committing a save that every rank reported; try again in a "
         "moment (the change then starts from it)"));

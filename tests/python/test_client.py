@@ -1,6 +1,7 @@
 """The Python client (`import ptc`) against a real local cluster of
 processes: save/load round trips for every dtype, zero-copy loads, the
 torch helpers, the data cursor, and a clear error for each misuse."""
+import json
 import random
 import time
 import zlib
@@ -346,5 +347,51 @@ def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module
         while c.job("again")["committed_step"] < 3 and time.time() < deadline:
             time.sleep(0.05)
         assert c.job("again")["committed_step"] == 3
+    finally:
+        c.stop()
+
+
+def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir, tmp_path):
+    """The coordinator refuses a change while it commits a save (ABORTED:
+    try again in a moment); ptcctl asks again, and the change starts from
+    that save once it committed."""
+    import threading
+    ptc = ptc_module
+    c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=30)
+    try:
+        rank_hosts = register(c, "change")
+        clients = connect(ptc, c, "change", rank_hosts)
+        save_all(clients, 1)
+        on0 = [k for k in clients if rank_hosts[k.rank] == "host0"]
+        on1 = [k for k in clients if rank_hosts[k.rank] == "host1"]
+
+        def save(k, step):
+            s = k.begin_save(step)
+            for r in k.regions:
+                raw = np.frombuffer(region_bytes(k.job, k.rank, r), dtype=np.uint8)
+                s.write(r["index"],
+                        raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]]))
+            for name in k.small_object_names:
+                s.put_small_object(name, f"{name} of rank {k.rank}".encode())
+            s.commit()
+
+        for k in on0 + on1[:1]:
+            save(k, 2)
+        c.stop_process("host0")
+        committing = threading.Thread(target=save, args=(on1[1], 2))
+        committing.start()  # its report starts the commit, which waits for host0
+        time.sleep(1.5)
+        change = c.ptcctl_async("reconfigure", "--job", "change", "--to", "tp=2,dp=1",
+                                "--hosts", "host1", "--json")
+        time.sleep(2)
+        assert change.poll() is None, change.communicate()
+        c.resume_process("host0")
+        committing.join(120)
+        out, err = change.communicate(timeout=300)
+        assert change.returncode == 0, out + err
+        assert "committing a save" in err and "asking again" in err, err
+        report = json.loads(out)
+        assert report["phase"] == "committed", report
+        assert report["source_version"] == 2 and c.job("change")["committed_step"] == 2
     finally:
         c.stop()

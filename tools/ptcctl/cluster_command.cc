@@ -65,6 +65,8 @@ DIR admin; or --insecure for a cluster without TLS):
                      [--strategy ptc|tenplex] (tenplex: the per-rank baseline plan)
                      [--placement ptc|contiguous|FILE] [--colocate tp,...|none]
                      [--prefer-movement]
+                     (asked again for up to a minute while the job commits a
+                     save, or changed while the change was planned)
   ptcctl prepare     --job J --to CONFIG [--hosts h1,h2,...] [--wait] [--placement ...]
   ptcctl hosts
   ptcctl jobs
@@ -167,6 +169,29 @@ absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   return FromGrpcStatus((stub->*method)(&ctx, req, resp));
+}
+
+// A change's request, asked again for up to a minute while the coordinator
+// answers ABORTED: the job was committing a save that every rank reported,
+// or changed while the change was planned (the change then starts from
+// the new committed version). A scheduler need not retry these itself.
+template <typename Req, typename Resp>
+absl::Status AskWhileAborted(
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+    Stub* stub, const Req& req, Resp* resp) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  absl::Duration pause = absl::Milliseconds(100);
+  bool told = false;
+  while (true) {
+    const absl::Status s = Call(method, stub, req, resp);
+    if (!absl::IsAborted(s) || absl::Now() + pause > deadline) return s;
+    if (!told) {
+      std::cerr << s.message() << "; asking again\n";
+      told = true;
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Seconds(2));
+  }
 }
 
 void WriteSummary(const proto::PlanSummary& p, JsonWriter* w) {
@@ -484,7 +509,7 @@ absl::Status Reconfigure(Stub* stub, const Args& args, bool json) {
   req.set_transport(transport);
   req.set_strategy(strategy);
   proto::ReconfigureResponse started;
-  PTC_RETURN_IF_ERROR(Call(&Stub::Reconfigure, stub, req, &started));
+  PTC_RETURN_IF_ERROR(AskWhileAborted(&Stub::Reconfigure, stub, req, &started));
   if (req.after_save()) {
     if (json) {
       JsonWriter w;
@@ -638,7 +663,7 @@ absl::Status FollowChange(Stub* stub, const proto::ReconfigureRequest& req,
 absl::Status Prepare(Stub* stub, const Args& args, bool json) {
   PTC_ASSIGN_OR_RETURN(proto::ReconfigureRequest req, ChangeRequest(args));
   proto::PrepareResponse resp;
-  PTC_RETURN_IF_ERROR(Call(&Stub::Prepare, stub, req, &resp));
+  PTC_RETURN_IF_ERROR(AskWhileAborted(&Stub::Prepare, stub, req, &resp));
   int64_t needed = 0, prepared = 0;
   for (const auto& h : resp.hosts()) {
     needed += h.bytes_needed();
