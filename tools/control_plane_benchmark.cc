@@ -10,7 +10,7 @@
 //   built before 2026-11-28.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
-//   bazel-out/k8-opt/bin/tools/control_plane_benchmark [--runs N]
+//   bazel-bin/tools/control_plane_benchmark [--runs N]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
