@@ -73,8 +73,8 @@ absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
   }
 }
 
-// ListJobs, a read, asked patiently; a coordinator that is down fails it
-// within a second (three attempts that fail UNAVAILABLE).
+// ListJobs, a read, asked patiently; where no coordinator listens, it
+// fails within a second (three attempts that fail UNAVAILABLE).
 absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
                                const proto::ListJobsRequest& req,
                                proto::ListJobsResponse* resp,
