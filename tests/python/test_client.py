@@ -44,20 +44,25 @@ def region_bytes(job, rank, r):
     return np.random.default_rng(seed).bytes(r["bytes"])
 
 
+def save_rank(c, step):
+    """Client `c` saves `step` (its regions' deterministic bytes and its
+    small objects) and reports it; returns the save's version."""
+    s = c.begin_save(step)
+    version = s.version
+    assert s.step == step
+    for r in c.regions:
+        raw = np.frombuffer(region_bytes(c.job, c.rank, r), dtype=np.uint8)
+        arr = raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
+        s.write(r["index"], arr)
+    for name in c.small_object_names:
+        s.put_small_object(name, f"{name} of rank {c.rank}".encode())
+    s.commit()
+    return version
+
+
 def save_all(clients, step):
     """Every client saves `step`; returns the version ptc gave the save."""
-    versions = set()
-    for c in clients:
-        s = c.begin_save(step)
-        versions.add(s.version)
-        assert s.step == step
-        for r in c.regions:
-            raw = np.frombuffer(region_bytes(c.job, c.rank, r), dtype=np.uint8)
-            arr = raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]])
-            s.write(r["index"], arr)
-        for name in c.small_object_names:
-            s.put_small_object(name, f"{name} of rank {c.rank}".encode())
-        s.commit()
+    versions = {save_rank(c, step) for c in clients}
     assert len(versions) == 1  # ranks saving one step share its version
     version = versions.pop()
     for c in clients:
@@ -302,14 +307,7 @@ def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module
 
         def save(k, step, results):
             try:
-                s = k.begin_save(step)
-                for r in k.regions:
-                    raw = np.frombuffer(region_bytes(k.job, k.rank, r), dtype=np.uint8)
-                    s.write(r["index"],
-                            raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]]))
-                for name in k.small_object_names:
-                    s.put_small_object(name, f"{name} of rank {k.rank}".encode())
-                s.commit()
+                save_rank(k, step)
                 results.append(None)
             except Exception as e:  # reported to the test below
                 results.append(e)
@@ -365,20 +363,10 @@ def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir
         on0 = [k for k in clients if rank_hosts[k.rank] == "host0"]
         on1 = [k for k in clients if rank_hosts[k.rank] == "host1"]
 
-        def save(k, step):
-            s = k.begin_save(step)
-            for r in k.regions:
-                raw = np.frombuffer(region_bytes(k.job, k.rank, r), dtype=np.uint8)
-                s.write(r["index"],
-                        raw.view(r["numpy_dtype"]).reshape([e - b for b, e in r["region"]]))
-            for name in k.small_object_names:
-                s.put_small_object(name, f"{name} of rank {k.rank}".encode())
-            s.commit()
-
         for k in on0 + on1[:1]:
-            save(k, 2)
+            save_rank(k, 2)
         c.stop_process("host0")
-        committing = threading.Thread(target=save, args=(on1[1], 2))
+        committing = threading.Thread(target=save_rank, args=(on1[1], 2))
         committing.start()  # its report starts the commit, which waits for host0
         time.sleep(1.5)
         change = c.ptcctl_async("reconfigure", "--job", "change", "--to", "tp=2,dp=1",
