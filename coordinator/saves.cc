@@ -7,18 +7,16 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/authz.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/saves_state.h"
 #include "coordinator/reconfigure_driver.h"
 #include "coordinator/save_proof.h"
+#include "coordinator/saves_state.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
-#include "ptc/region_proto.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {

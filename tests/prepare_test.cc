@@ -19,13 +19,6 @@ namespace {
 constexpr char kModel[] =
     "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=64,positions=8,pad=8";
 
-int64_t Counter(const std::string& name) {
-  for (const auto& [n, value] : CounterValues()) {
-    if (n == name) return value;
-  }
-  return 0;
-}
-
 // A coordinator that knows the cluster's four hosts and job "gpt" at
 // version 1 (tp=2 on host0).
 proto::CoordinatorState Committed(const testing::DaemonCluster& c) {
@@ -101,7 +94,8 @@ TEST_CASE(
       CHECK((list->jobs_size() == 0 || list->jobs(0).versions_size() == 0));
     }
 
-    const int64_t used_before = Counter("ptc_store_spares_used_total");
+    const int64_t used_before =
+        GetCounter("ptc_store_spares_used_total").value();
     proto::ReconfigureResponse started;
     {
       grpc::ClientContext ctx;
@@ -124,7 +118,8 @@ TEST_CASE(
       for (const auto& t : list->jobs(0).versions(0).tensors())
         staged += t.regions_size();
     }
-    CHECK(Counter("ptc_store_spares_used_total") - used_before == staged);
+    CHECK(GetCounter("ptc_store_spares_used_total").value() - used_before ==
+          staged);
   }
 
   SECTION("a change that waits for the processes' next save prepares its "

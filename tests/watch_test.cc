@@ -20,13 +20,6 @@ namespace {
 constexpr char kModel[] =
     "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=64,positions=8,pad=8";
 
-int64_t Counter(const std::string& name) {
-  for (const auto& [n, value] : CounterValues()) {
-    if (n == name) return value;
-  }
-  return 0;
-}
-
 TEST_CASE(
     "watch: followers are told a change's phases and outcome, without its "
     "plan or progress; a plain watcher gets both",
@@ -62,7 +55,8 @@ TEST_CASE(
   std::vector<std::vector<proto::ReconfigureEvent>> followed(kFollowers);
   std::vector<std::thread> followers;
   std::vector<grpc::ClientContext> contexts(kFollowers);
-  const int64_t written_before = Counter("ptc_watch_events_written_total");
+  const int64_t written_before =
+      GetCounter("ptc_watch_events_written_total").value();
   for (int i = 0; i < kFollowers; ++i) {
     contexts[i].set_deadline(
         absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
@@ -83,7 +77,7 @@ TEST_CASE(
   }
   // Each is told the job as it is now before the change starts.
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (Counter("ptc_watch_events_written_total") - written_before <
+  while (GetCounter("ptc_watch_events_written_total").value() - written_before <
              kFollowers &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));

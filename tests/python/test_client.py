@@ -3,6 +3,7 @@ processes: save/load round trips for every dtype, zero-copy loads, the
 torch helpers, the data cursor, and a clear error for each misuse."""
 import json
 import random
+import threading
 import time
 import zlib
 
@@ -290,20 +291,25 @@ def test_cursor_consumes_every_sample_once_across_dp_and_batch_changes(ptc_modul
         ptc.DataCursor.decode(b"junk")
 
 
+def saved_on_two_hosts(ptc, c, job):
+    """Job `job` at tp=2,dp=2 on host0 and host1 of `c` (a cluster of its
+    own, whose hosts a test may stop), saved at step 1: its clients, and
+    those on host0 and on host1."""
+    rank_hosts = register(c, job)
+    clients = connect(ptc, c, job, rank_hosts)
+    save_all(clients, 1)
+    return (clients, [k for k in clients if rank_hosts[k.rank] == "host0"],
+            [k for k in clients if rank_hosts[k.rank] == "host1"])
+
+
 def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module, bin_dir,
                                                                       tmp_path):
     """The coordinator commits one save of a job at a time and asks a rank
     that reports another meanwhile to report again (UNAVAILABLE); the
     client does so until its deadline instead of failing the save."""
-    import threading
-    ptc = ptc_module
     c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=30)
     try:
-        rank_hosts = register(c, "again")
-        clients = connect(ptc, c, "again", rank_hosts)
-        save_all(clients, 1)
-        on0 = [k for k in clients if rank_hosts[k.rank] == "host0"]
-        on1 = [k for k in clients if rank_hosts[k.rank] == "host1"]
+        clients, on0, on1 = saved_on_two_hosts(ptc_module, c, "again")
 
         def save(k, step, results):
             try:
@@ -353,15 +359,9 @@ def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir
     """The coordinator refuses a change while it commits a save (ABORTED:
     try again in a moment); ptcctl asks again, and the change starts from
     that save once it committed."""
-    import threading
-    ptc = ptc_module
     c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=30)
     try:
-        rank_hosts = register(c, "change")
-        clients = connect(ptc, c, "change", rank_hosts)
-        save_all(clients, 1)
-        on0 = [k for k in clients if rank_hosts[k.rank] == "host0"]
-        on1 = [k for k in clients if rank_hosts[k.rank] == "host1"]
+        clients, on0, on1 = saved_on_two_hosts(ptc_module, c, "change")
 
         for k in on0 + on1[:1]:
             save_rank(k, 2)
