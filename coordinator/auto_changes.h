@@ -32,6 +32,9 @@ namespace ptc {
 
 // An automatic change that failed to start is not tried again for this long.
 inline constexpr absl::Duration kAutoRetry = absl::Seconds(10);
+// One that found the job busy a moment (ABORTED: a save committing, the job
+// changed as it was planned) is tried again after this.
+inline constexpr absl::Duration kAutoRetryAborted = absl::Milliseconds(500);
 // How long a pending change waits for its save unless the policy says.
 inline constexpr double kDefaultSaveTimeout = 60;
 
@@ -75,12 +78,13 @@ class AutoChanges {
   // loop compares with if it has not looked at the job since.
   void PolicyChanging(const std::string& job,
                       const proto::AutoPolicy& old_policy);
-  // An automatic change of the job failed to start at `now`: after
-  // kAutoRetry the job is judged afresh (what the failed look saw must not
-  // count as handled: a policy change that found a save committing would
-  // otherwise never be acted on).
-  void Failed(const std::string& job, absl::Time now) {
-    retry_[job] = now + kAutoRetry;
+  // An automatic change of the job failed to start at `now`: after `wait`
+  // the job is judged afresh (what the failed look saw must not count as
+  // handled: a policy change that found a save committing would otherwise
+  // never be acted on).
+  void Failed(const std::string& job, absl::Time now,
+              absl::Duration wait = kAutoRetry) {
+    retry_[job] = now + wait;
     seen_.erase(job);
   }
   // Hosts were added or drained: every job is judged afresh.

@@ -104,9 +104,17 @@ TEST_CASE("a job is changed when what it may use changes, once") {
     w.auto_changes.PolicyChanging("j", w.job->state.auto_policy());
     w.job->state.mutable_auto_policy()->set_max_gpus(8);
     REQUIRE(w.Look().has_value());
-    w.auto_changes.Failed("j", kT0);  // e.g. a save was committing
+    w.auto_changes.Failed("j", kT0);  // e.g. no config fits
     CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
     CHECK(w.Look(kAutoRetry + absl::Seconds(1)).has_value());
+  }
+  SECTION("a change that found a save committing is tried again at once") {
+    w.auto_changes.PolicyChanging("j", w.job->state.auto_policy());
+    w.job->state.mutable_auto_policy()->set_max_gpus(8);
+    REQUIRE(w.Look().has_value());
+    w.auto_changes.Failed("j", kT0, kAutoRetryAborted);  // ABORTED
+    CHECK_FALSE(w.Look(kAutoRetryAborted / 2).has_value());
+    CHECK(w.Look(kAutoRetryAborted + absl::Milliseconds(1)).has_value());
   }
   SECTION("a change in flight or a save committing: left alone") {
     w.hosts.MarkDead("b");

@@ -236,6 +236,9 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     r.set_to(c.config);
     for (const std::string& h : hosts) r.add_hosts(h);
     auto planned = OutlineOf(r);
+    // ABORTED: the job is committing a save (or changed meanwhile); every
+    // candidate would fail alike, and the advice is asked again after it.
+    if (absl::IsAborted(planned.status())) return planned.status();
     if (!planned.ok()) {
       c.why_not = absl::StrCat("cannot be planned here: ",
                                planned.status().message());
@@ -535,6 +538,13 @@ void CoordinatorService::AutoLoop() {
       if (a.pending) {
         proto::ReconfigureResponse resp;
         absl::Status s = DoReconfigure(a.request, &resp, a.reason);
+        if (absl::IsAborted(s)) {
+          // A save began committing after the look: the pending change
+          // stays, and starts from that save in a moment.
+          absl::MutexLock lock(&mu_);
+          auto_changes_.Failed(a.job, absl::Now(), kAutoRetryAborted);
+          continue;
+        }
         if (!s.ok()) {
           Log("coordinator")
               ->warn("job {}: the pending change to {} ({}) could not start: {}",
@@ -616,6 +626,16 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     proto::ReconfigureResponse resp;
     s = DoReconfigure(req, &resp, absl::StrCat(reason, " (automatic)"));
     if (s.ok()) return;
+  }
+  if (absl::IsAborted(s)) {
+    // The job is committing a save (or changed as the change was planned):
+    // not a failure, the loop looks again in a moment.
+    Log("coordinator")
+        ->info("job {}: {}; the automatic change waits a moment: {}", name,
+               reason, std::string(s.message()));
+    absl::MutexLock lock(&mu_);
+    auto_changes_.Failed(name, absl::Now(), kAutoRetryAborted);
+    return;
   }
   Log("coordinator")
       ->warn("job {}: {}, but no automatic change could start: {}", name,

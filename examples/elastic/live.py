@@ -218,8 +218,14 @@ def host_dies_and_returns(args, cluster, job, results, say):
     job.start_agent("host1")
     t_add = time.time()
     cluster.ptcctl("hosts", "add", "host1", "--job", JOB, capture=True)
-    job.wait("the job to grow onto host1", lambda: any(
-        r["epoch"] > epoch1 for r in job.losses().values()))
+    def grew():
+        return any(r["epoch"] > epoch1 for r in job.losses().values())
+
+    job.wait("the job to grow onto host1",
+             lambda: grew() or max(job.losses()) >= args.iterations)
+    if not grew():
+        raise SystemExit(f"the job trained its {args.iterations} iterations before it grew "
+                         f"onto host1 (work dir {job.work})")
     grown = next(r for r in job.losses().values() if r["epoch"] > epoch1)
     resumed = min(r["time"] for r in job.losses().values() if r["epoch"] > epoch1)
     status = job.status()["reconfiguration"]

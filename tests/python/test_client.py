@@ -356,9 +356,9 @@ def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module
 
 
 def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir, tmp_path):
-    """The coordinator refuses a change while it commits a save (ABORTED:
-    try again in a moment); ptcctl asks again, and the change starts from
-    that save once it committed."""
+    """The coordinator refuses a change, and an advice, while it commits a
+    save (ABORTED: try again in a moment); ptcctl asks again, and the
+    change starts from that save once it committed."""
     c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=30)
     try:
         clients, on0, on1 = saved_on_two_hosts(ptc_module, c, "change")
@@ -371,10 +371,17 @@ def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir
         time.sleep(1.5)
         change = c.ptcctl_async("reconfigure", "--job", "change", "--to", "tp=2,dp=1",
                                 "--hosts", "host1", "--json")
+        # (An advice plans its candidates: it was "no config could be
+        # planned" while the save committed.)
+        advice = c.ptcctl_async("advise", "--job", "change", "--json")
         time.sleep(2)
         assert change.poll() is None, change.communicate()
+        assert advice.poll() is None, advice.communicate()
         c.resume_process("host0")
         committing.join(120)
+        out, err = advice.communicate(timeout=300)
+        assert advice.returncode == 0, out + err
+        assert "committing a save" in err and "asking again" in err, err
         out, err = change.communicate(timeout=300)
         assert change.returncode == 0, out + err
         assert "committing a save" in err and "asking again" in err, err

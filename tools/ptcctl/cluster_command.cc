@@ -165,25 +165,28 @@ using Stub = proto::Coordinator::Stub;
 template <typename Req, typename Resp>
 absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
                                                Resp*),
-                  Stub* stub, const Req& req, Resp* resp) {
+                  Stub* stub, const Req& req, Resp* resp,
+                  absl::Duration timeout = absl::Seconds(30)) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return FromGrpcStatus((stub->*method)(&ctx, req, resp));
 }
 
-// A change's request, asked again for up to a minute while the coordinator
-// answers ABORTED: the job was committing a save that every rank reported,
-// or changed while the change was planned (the change then starts from
-// the new committed version). A scheduler need not retry these itself.
+// A change's request (or an advice), asked again for up to a minute while
+// the coordinator answers ABORTED: the job was committing a save that every
+// rank reported, or changed while the change was planned (the change then
+// starts from the new committed version). A scheduler need not retry these
+// itself.
 template <typename Req, typename Resp>
-absl::Status AskWhileAborted(
-    grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
-    Stub* stub, const Req& req, Resp* resp) {
+absl::Status AskWhileAborted(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                          const Req&, Resp*),
+                             Stub* stub, const Req& req, Resp* resp,
+                             absl::Duration timeout = absl::Seconds(30)) {
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
   absl::Duration pause = absl::Milliseconds(100);
   bool told = false;
   while (true) {
-    const absl::Status s = Call(method, stub, req, resp);
+    const absl::Status s = Call(method, stub, req, resp, timeout);
     if (!absl::IsAborted(s) || absl::Now() + pause > deadline) return s;
     if (!told) {
       std::cerr << s.message() << "; asking again\n";
@@ -399,9 +402,8 @@ absl::Status Advise(Stub* stub, const Args& args, bool json) {
        absl::StrSplit(args.Get("hosts"), ',', absl::SkipEmpty()))
     req.add_hosts(std::string(h));
   proto::AdviseResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
-  PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->Advise(&ctx, req, &resp)));
+  PTC_RETURN_IF_ERROR(
+      AskWhileAborted(&Stub::Advise, stub, req, &resp, absl::Minutes(5)));
   if (json) {
     JsonWriter w(2);
     w.BeginObject().Key("job").String(req.job()).Key("chosen").Int(resp.chosen());
