@@ -670,6 +670,7 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
       gone = jobs_.Remove(req.job());  // retires its plan epochs
       auto_changes_.Forget(req.job());
       meetings_.Forget(req.job());
+      shares_.Forget(req.job());
       if (absl::Status s = PersistLocked(); !s.ok()) {
         jobs_.Put(std::move(gone));  // nothing forgotten
         return s;

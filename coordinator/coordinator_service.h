@@ -73,6 +73,7 @@
 #include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
 #include "coordinator/meetings.h"
+#include "coordinator/save_proof.h"
 #include "coordinator/watchers.h"
 #include "plan/plan.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -464,6 +465,9 @@ class CoordinatorService final
   // ~0.25 s): the committed layout is built once, not at every save and
   // change. Thread-safe on its own; taken under mu_ or not.
   LayoutCache layouts_;
+  // Each job's save proof under its last placement (what each host must
+  // hold, by id once a host keeps it). Thread-safe on its own.
+  ShareCache shares_;
   // The Watch streams; their publisher reads the watched jobs' events
   // under mu_ every round. Declared last: stopped first.
   std::unique_ptr<Watchers> watchers_;

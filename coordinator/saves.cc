@@ -10,6 +10,7 @@
 #include "common/authz.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/reconfigure_driver.h"
@@ -270,12 +271,12 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
     const std::vector<std::string>& rank_hosts) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<const Layout> layout,
                        layouts_.Get(spec, config));
-  PTC_ASSIGN_OR_RETURN(auto shares,
-                       SharesOf(job, version, *spec, *layout, rank_hosts));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<const Shares> shares,
+                       shares_.Get(job, spec, config, *layout, rank_hosts));
   std::vector<std::string> names, addresses;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, share] : shares) {
+    for (const auto& [name, share] : *shares) {
       if (!hosts_.Alive(name)) {
         return absl::FailedPreconditionError(
             absl::StrCat("host ", name, " of the placement is ",
@@ -292,18 +293,36 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
   absl::Mutex mu;
   PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
     const size_t i = index_of.at(a);
-    auto r =
-        StoreClient::Connect(a)->CommitChecked(shares.at(names[i]).request);
+    const HostShare& share = shares->at(names[i]);
+    // By id where the host was sent its expectations under this placement;
+    // whole where not, or where it no longer keeps them (it restarted).
+    bool whole = !shares_.Sent(job, names[i], share.id);
+    auto store = StoreClient::Connect(a);
+    auto r = store->CommitChecked(
+        ShareRequest(job, version, *spec, *layout, share, whole));
+    if (r.ok() && r->expectations_unknown() && !whole) {
+      whole = true;
+      r = store->CommitChecked(
+          ShareRequest(job, version, *spec, *layout, share, whole));
+    }
+    if (r.ok() && r->expectations_unknown())
+      r = absl::InternalError("it does not keep the expectations it was sent");
     if (!r.ok()) {
       return Annotate(r.status(), absl::StrCat("host ", names[i], " (", a,
                                                ") cannot commit it"));
     }
+    if (whole) shares_.MarkSent(job, names[i], share.id, true);
+    static Counter& sent_whole =
+        GetCounter(R"(ptc_save_proof_requests_total{expectations="whole"})");
+    static Counter& sent_by_id =
+        GetCounter(R"(ptc_save_proof_requests_total{expectations="by_id"})");
+    (whole ? sent_whole : sent_by_id).Add();
     absl::MutexLock lock(&mu);
     answers[names[i]] = *std::move(r);
     return absl::OkStatus();
   }));
   // Replicas on different hosts must agree (on one host the client checks).
-  return CheckReplicas(*spec, *layout, shares, answers);
+  return CheckReplicas(*spec, *layout, *shares, answers);
 }
 
 void CoordinatorService::VerifyReturnedHosts() {
@@ -338,15 +357,19 @@ void CoordinatorService::VerifyReturnedHosts() {
   }
   for (const Proof& p : proofs) {
     auto layout = layouts_.Get(p.spec, p.config);
-    auto shares = layout.ok() ? SharesOf(p.job, p.version, *p.spec, **layout,
-                                         p.rank_hosts)
+    auto shares = layout.ok() ? shares_.Get(p.job, p.spec, p.config, **layout,
+                                            p.rank_hosts)
                               : layout.status();
     absl::Status s = shares.status();
-    if (s.ok() && shares->count(p.host)) {
-      // Sealing is right: the coordinator committed this version.
+    if (s.ok() && (*shares)->count(p.host)) {
+      // Sealing is right: the coordinator committed this version. Whole:
+      // the host is back, and keeps nothing it was sent before.
+      const HostShare& share = (*shares)->at(p.host);
       s = StoreClient::Connect(p.address)
-              ->CommitChecked(shares->at(p.host).request)
+              ->CommitChecked(ShareRequest(p.job, p.version, *p.spec, **layout,
+                                           share, /*whole=*/true))
               .status();
+      shares_.MarkSent(p.job, p.host, share.id, s.ok());
     }
     absl::MutexLock lock(&mu_);
     Job* j = jobs_.Find(p.job);

@@ -72,6 +72,68 @@ TEST_CASE("tensor store: every dtype round-trips, whole and across regions",
 }
 
 TEST_CASE(
+    "tensor store: a commit's expectations are kept under their id for the "
+    "job's next commits, until the job is deleted",
+    "[tensor_store][service]") {
+  auto d = StartDaemon();
+  const Shape shape = {4, 6};
+  const Region left{{0, 4}, {0, 3}}, right{{0, 4}, {3, 6}};
+  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, shape}}).ok());
+  auto put = [&](int64_t version) {
+    for (const Region& r : {left, right}) {
+      const std::vector<char> part =
+          RandomBytes(r.volume() * 4, static_cast<uint32_t>(version));
+      REQUIRE(d->client->Put("job", version, "w", r, part.data(), part.size())
+                  .ok());
+    }
+  };
+  auto by_id = [&](int64_t version, uint64_t id) {
+    proto::CommitVersionRequest req;
+    req.set_job("job");
+    req.set_version(version);
+    req.set_expectations_id(id);
+    return d->client->CommitChecked(req);
+  };
+  put(1);
+  put(2);
+  put(3);
+  // Named before any was sent: unknown, and version 1 stays open.
+  auto unknown = by_id(1, 42);
+  REQUIRE(unknown.ok());
+  CHECK(unknown->expectations_unknown());
+  CHECK(unknown->checksums_size() == 0);
+
+  proto::CommitVersionRequest whole;
+  whole.set_job("job");
+  whole.set_version(1);
+  whole.set_expectations_id(42);
+  for (const Region& r : {left, right}) {
+    proto::ExpectedRegion* e = whole.add_expect_regions();
+    e->set_tensor("w");
+    RegionToProto(r, e->mutable_region());
+  }
+  auto first = d->client->CommitChecked(whole);
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->expectations_unknown());
+  CHECK(first->checksums_size() == 2);
+
+  // Version 2 by id: checked against the same two regions.
+  auto second = by_id(2, 42);
+  REQUIRE(second.ok());
+  CHECK_FALSE(second->expectations_unknown());
+  REQUIRE(second->checksums_size() == 2);
+  CHECK(second->bytes() == 4 * 6 * 4);
+  // Another id is not what the store keeps.
+  CHECK(by_id(3, 43)->expectations_unknown());
+
+  // A job deleted forgets them.
+  REQUIRE(d->client->DeleteJob("job").ok());
+  REQUIRE(d->client->Declare("job", {{"w", DType::kFloat32, shape}}).ok());
+  put(4);
+  CHECK(by_id(4, 42)->expectations_unknown());
+}
+
+TEST_CASE(
     "tensor store: partial reads spanning several stored regions are exact",
     "[tensor_store][service]") {
   auto d = StartDaemon();

@@ -247,17 +247,38 @@ grpc::Status TensorStoreService::CommitVersion(
         " regions and small objects; got ", req->expect_regions_size(), " and ",
         req->expect_small_objects_size())));
   }
-  VersionExpectation expect;
-  expect.regions.reserve(req->expect_regions_size());
-  for (const proto::ExpectedRegion& e : req->expect_regions()) {
-    auto r = RegionFromProto(e.region());
-    if (!r.ok()) return call.Done(r.status());
-    expect.regions.emplace_back(e.tensor(), *std::move(r));
+  const bool by_id = req->expectations_id() != 0 &&
+                     req->expect_regions().empty() &&
+                     req->expect_small_objects().empty();
+  std::shared_ptr<const VersionExpectation> expect;
+  if (by_id) {
+    absl::MutexLock lock(&kept_mu_);
+    auto it = kept_.find(req->job());
+    if (it == kept_.end() || it->second.id != req->expectations_id()) {
+      resp->set_expectations_unknown(true);
+      return call.Done(absl::OkStatus());
+    }
+    expect = it->second.expect;
+  } else {
+    auto given = std::make_shared<VersionExpectation>();
+    given->regions.reserve(req->expect_regions_size());
+    for (const proto::ExpectedRegion& e : req->expect_regions()) {
+      auto r = RegionFromProto(e.region());
+      if (!r.ok()) return call.Done(r.status());
+      given->regions.emplace_back(e.tensor(), *std::move(r));
+    }
+    for (const proto::ExpectedSmallObject& e : req->expect_small_objects())
+      given->small_objects.emplace_back(e.name(), e.rank());
+    expect = std::move(given);
   }
-  for (const proto::ExpectedSmallObject& e : req->expect_small_objects())
-    expect.small_objects.emplace_back(e.name(), e.rank());
-  auto result = store_->CommitChecked(req->job(), req->version(), expect,
+  auto result = store_->CommitChecked(req->job(), req->version(), *expect,
                                       req->check_only());
+  if (!by_id && req->expectations_id() != 0 && !expect->empty() &&
+      result.ok()) {
+    // Kept for the job's next commits (one list per job, replaced).
+    absl::MutexLock lock(&kept_mu_);
+    kept_[req->job()] = {req->expectations_id(), std::move(expect)};
+  }
   if (result.ok()) {
     resp->set_bytes(result->bytes);
     for (uint64_t c : result->checksums) resp->add_checksums(c);
@@ -329,6 +350,10 @@ grpc::Status TensorStoreService::DeleteJob(grpc::ServerContext* ctx,
   Call call(this, "DeleteJob");
   auto deleted = store_->DeleteJob(req->job());
   if (admissions_ != nullptr) admissions_->Forget(req->job());
+  {
+    absl::MutexLock lock(&kept_mu_);
+    kept_.erase(req->job());
+  }
   if (deleted.ok()) {
     resp->set_versions(deleted->first);
     resp->set_bytes(deleted->second);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -115,6 +116,15 @@ class TensorStoreService final : public proto::TensorStore::Service {
   std::set<grpc::ServerContext*> expired_ ABSL_GUARDED_BY(watch_mu_);
   bool stop_ ABSL_GUARDED_BY(watch_mu_) = false;
   std::thread watchdog_;
+
+  // Per job: the expectations its commits last sent with an id (kept for
+  // later commits that name it; CommitVersionRequest.expectations_id).
+  struct KeptExpectations {
+    uint64_t id = 0;
+    std::shared_ptr<const VersionExpectation> expect;
+  };
+  absl::Mutex kept_mu_;
+  std::map<std::string, KeptExpectations> kept_ ABSL_GUARDED_BY(kept_mu_);
 };
 
 }  // namespace ptc

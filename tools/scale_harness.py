@@ -116,6 +116,7 @@ class Coordinator:
         io = dict(line.split(": ") for line in self.proc_file("io").splitlines())
         calls = {}
         watch = {"events": 0, "bytes": 0}
+        proofs = {"whole": 0, "by_id": 0}
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
                                     timeout=30) as r:
             for line in r.read().decode().splitlines():
@@ -127,6 +128,12 @@ class Coordinator:
                 m = re.match(r'ptc_watch_(events|bytes)_written_total (\S+)', line)
                 if m:
                     watch[m.group(1)] = float(m.group(2))
+                # A save's proof requests to the hosts: with their
+                # expectations, or naming those the host keeps.
+                m = re.match(r'ptc_save_proof_requests_total\{expectations="(\w+)"\} (\S+)',
+                             line)
+                if m:
+                    proofs[m.group(1)] = float(m.group(2))
         peak, self.peak_threads = self.peak_threads, 0
         return {
             "time": time.time(),
@@ -138,6 +145,7 @@ class Coordinator:
             "written": int(io["write_bytes"]),
             "calls": calls,
             "watch": watch,
+            "proofs": proofs,
         }
 
     def thread_names(self):
@@ -274,6 +282,8 @@ class Harness:
                "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
                "watch_events": after["watch"]["events"] - before["watch"]["events"],
                "watch_bytes": after["watch"]["bytes"] - before["watch"]["bytes"],
+               "proofs_whole": after["proofs"]["whole"] - before["proofs"]["whole"],
+               "proofs_by_id": after["proofs"]["by_id"] - before["proofs"]["by_id"],
                **extra}
         self.phases.append(row)
         busy = ", ".join(f"{m.split('.')[-1]} {v:.0f}/s" for m, v in
@@ -284,7 +294,8 @@ class Harness:
               f"(at most {row['peak_threads']}), "
               f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}; Watch streams "
               f"written {row['watch_events']:.0f} events, "
-              f"{row['watch_bytes'] / 2**20:.2f} MiB", flush=True)
+              f"{row['watch_bytes'] / 2**20:.2f} MiB; save proofs sent whole "
+              f"{row['proofs_whole']:.0f}, by id {row['proofs_by_id']:.0f}", flush=True)
         for k, v in extra.items():
             print(f"  {k}: {v}", flush=True)
 

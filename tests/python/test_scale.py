@@ -42,6 +42,10 @@ def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, 
     assert "died (automatic)" in phases["failure"]["change"]
     # Every process asked the coordinator through counted RPCs.
     assert phases["meet"]["calls_per_s"].get("Coordinator.ReportSaved", 0) > 0
+    # A save's proof sends each host its expectations once per layout; the
+    # later saves name them.
+    assert phases["meet"]["proofs_whole"] == 64, phases["meet"]
+    assert phases["meet"]["proofs_by_id"] >= 64, phases["meet"]
     assert "every check passed" in out
 
     # Told, not polling: in steady state only the hosts' heartbeats reach
