@@ -24,7 +24,8 @@
 //       job as ptc.elastic's do: every process follows the coordinator's
 //       Watch stream; with --poll only rank 0 does and the others ask
 //       (ListJobs) at most every --poll-ms, as ptc.elastic's did before
-//       (for comparison). Saves
+//       (for comparison). --rpc-timeout-s is each client's deadline for
+//       a call (30 s, as ptc's default). Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -71,7 +72,8 @@ constexpr char kUsage[] =
                         [--gpus G] [--memory-limit BYTES] [--rack-size K] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
-                        [--wait-for-rank] [--poll] --insecure
+                        [--rpc-timeout-s S] [--wait-for-rank] [--poll]
+                        --insecure
 )";
 
 // Every line printed by a thread is whole.
@@ -184,6 +186,8 @@ class HollowRank {
     absl::Duration poll = absl::Milliseconds(50);
     // Steps saved in each layout before it only steps.
     int saves = 1 << 30;
+    // The client's deadline for a call (ClientOptions::rpc_timeout).
+    absl::Duration rpc_timeout = absl::Seconds(30);
     // With no rank on this GPU: wait for one (a host added to the job;
     // its launcher would start the process) instead of leaving.
     bool wait_for_rank = false;
@@ -269,6 +273,7 @@ class HollowRank {
         options.coordinator = o_.coordinator;
         options.job = o_.job;
         options.rank = rank;
+        options.rpc_timeout = o_.rpc_timeout;
         PTC_ASSIGN_OR_RETURN(client_, Client::Connect(options));
       } else {
         PTC_RETURN_IF_ERROR(client_->Rebind(rank));
@@ -369,6 +374,8 @@ absl::Status RunRanks(const Args& args) {
                        IntArg(args, "poll-ms", 50, 1, 60000));
   PTC_ASSIGN_OR_RETURN(const int saves,
                        IntArg(args, "saves", 1 << 30, 0, 1 << 30));
+  PTC_ASSIGN_OR_RETURN(const int rpc_timeout_s,
+                       IntArg(args, "rpc-timeout-s", 30, 1, 3600));
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every
   // hollow rank a local socket and a channel.
@@ -405,6 +412,7 @@ absl::Status RunRanks(const Args& args) {
       o.step = absl::Milliseconds(step_ms);
       o.poll = absl::Milliseconds(poll_ms);
       o.saves = saves;
+      o.rpc_timeout = absl::Seconds(rpc_timeout_s);
       o.wait_for_rank = args.Flag("wait-for-rank");
       o.watch = !args.Flag("poll");
       o.stop = &stop;

@@ -192,11 +192,11 @@ class Group:
             time.sleep(0.1)
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
-    def start_ranks(self, job, saves, step_ms, poll, wait_for_rank=False):
+    def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, wait_for_rank=False):
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
-                str(step_ms), "--insecure"]
+                str(step_ms), "--rpc-timeout-s", str(rpc_timeout), "--insecure"]
         if wait_for_rank:
             args.append("--wait-for-rank")
         if poll:
@@ -382,7 +382,7 @@ class Harness:
 
         def meet():
             for g in self.groups:
-                g.start_ranks(o.job, o.saves, o.step_ms, o.poll)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
                 self.wait_saved(o.saves, o.timeout)
@@ -446,7 +446,8 @@ class Harness:
                 g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack)
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
-                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, wait_for_rank=True)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
+                              wait_for_rank=True)
                 started = time.time()
                 self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
                 self.pin(o.after_add)
@@ -507,6 +508,10 @@ def main():
     p.add_argument("--coordinator", default=None,
                    help="this coordinator binary (to compare two builds)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--rpc-timeout", type=int, default=30,
+                   help="each hollow process's deadline for a call, in seconds (ptc's "
+                        "default: 30; longer where thousands of them share this "
+                        "machine's cores with the coordinator)")
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None, help="write the phases here")
     p.add_argument("--hosts-only", action="store_true",
