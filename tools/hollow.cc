@@ -439,7 +439,7 @@ absl::Status Run(int argc, char** argv) {
       Args args, Args::Parse(argc, argv, 2,
                              {"coordinator", "count", "first", "dir", "gpus",
                               "memory-limit", "rack-size", "job", "hosts",
-                              "step-ms", "poll-ms", "saves", "log-level"},
+                              "step-ms", "poll-ms", "saves", "rpc-timeout-s", "log-level"},
                              {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(

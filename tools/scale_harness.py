@@ -183,6 +183,7 @@ class Group:
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.ranks = None
         self.ranks_out = work / f"ranks-{first}.out"
+        self.killed = False  # its hosts died on purpose (kill())
 
     def wait_ready(self, deadline):
         while not self.hosts_file.exists():
@@ -211,6 +212,7 @@ class Group:
             return []
 
     def kill(self):
+        self.killed = True
         for p in (self.ranks, self.hosts):
             if p is not None and p.poll() is None:
                 p.kill()
@@ -319,10 +321,20 @@ class Harness:
                 return time.time()
             if errors:
                 raise SystemExit(f"a hollow process failed: {errors[0]}")
+            self.check_ranks_running()
             if time.time() > deadline:
                 raise SystemExit(f"{len(ranks)} of {world} ranks resumed in layout epoch "
                                  f"{epoch} after {timeout} s")
             time.sleep(0.05)
+
+    def check_ranks_running(self):
+        """A process of hollow ranks that exited (a bad flag, a crash) fails
+        the run at once, not at the phase's timeout."""
+        for g in self.groups:
+            if g.ranks is not None and not g.killed and g.ranks.poll() is not None:
+                last = (g.lines() or ["(nothing)"])[-1]
+                raise SystemExit(f"the hollow ranks of hosts from {g.first} exited with "
+                                 f"{g.ranks.returncode}: {last}")
 
     def wait_saved(self, count, timeout):
         deadline = time.time() + timeout
@@ -331,6 +343,7 @@ class Harness:
                         if line.startswith("saved "))
             if saved >= count:
                 return
+            self.check_ranks_running()
             if time.time() > deadline:
                 raise SystemExit(f"{saved} of {count} saves committed in {timeout} s")
             time.sleep(0.05)
