@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       OpenChannel(c->options_.coordinator, grpc::ChannelArguments(),
                   "coordinator", c->options_.token));
   PTC_RETURN_IF_ERROR(c->Refresh());
+  c->reached_coordinator_ = true;
   return c;
 }
 
@@ -73,15 +74,18 @@ absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
   }
 }
 
-// ListJobs, a read, asked patiently; where no coordinator listens, it
-// fails within a second (three attempts that fail UNAVAILABLE).
+// ListJobs, a read, asked patiently, with `max_unavailable` attempts that
+// fail UNAVAILABLE at most: three (a caller that never reached the
+// coordinator: where none listens, it fails within a second) to as many as
+// the deadline allows (a client that did: the connection was lost, e.g.
+// reset by a coordinator under load, and is made again).
 absl::Status ListJobsPatiently(proto::Coordinator::Stub* stub,
                                const proto::ListJobsRequest& req,
                                proto::ListJobsResponse* resp,
-                               absl::Time deadline) {
+                               absl::Time deadline, int max_unavailable) {
   int unavailable = 0;
   return AskPatiently(
-      deadline, 3,
+      deadline, max_unavailable,
       [&](grpc::ClientContext* ctx) { return stub->ListJobs(ctx, req, resp); },
       &unavailable);
 }
@@ -107,15 +111,18 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
   req.set_brief(true);
   req.set_host(host);
   proto::ListJobsResponse resp;
-  const absl::Status s =
-      ListJobsPatiently(stub.get(), req, &resp, absl::Now() + timeout);
+  // A fresh channel: ten attempts (about 7 s where no coordinator
+  // listens), for connections a busy coordinator resets.
+  const absl::Status s = ListJobsPatiently(stub.get(), req, &resp,
+                                           absl::Now() + timeout, 10);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat("job '", job,
                                             "' is unknown to the coordinator at ",
                                             coordinator));
   }
   PTC_RETURN_IF_ERROR(
-      Annotate(s, absl::StrCat("asking the coordinator at ", coordinator)));
+      Annotate(s, absl::StrCat("asking the coordinator at ", coordinator,
+                               " which ranks run on ", host)));
   if (resp.jobs_size() != 1) {
     return absl::InternalError(absl::StrCat(
         "the coordinator at ", coordinator, " answered with ", resp.jobs_size(),
@@ -167,8 +174,10 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
   req.set_brief(brief);
   if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
-  const absl::Status s = ListJobsPatiently(coordinator_.get(), req, &resp,
-                                           absl::Now() + options_.rpc_timeout);
+  const absl::Status s =
+      ListJobsPatiently(coordinator_.get(), req, &resp,
+                        absl::Now() + options_.rpc_timeout,
+                        reached_coordinator_ ? INT_MAX : 3);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(
         "job '", options_.job, "' is unknown to the coordinator at ",

@@ -309,6 +309,9 @@ class Client {
   ClientOptions options_;
   std::unique_ptr<LocalClient> local_;
   std::unique_ptr<proto::Coordinator::Stub> coordinator_;
+  // Connect answered: a later read the coordinator fails UNAVAILABLE is a
+  // lost connection, asked again until the call's deadline.
+  bool reached_coordinator_ = false;
   std::string host_;
   int device_ = -1;
   ModelSpec spec_;
