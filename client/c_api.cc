@@ -188,6 +188,26 @@ DataCursor ToCursor(const ptc_cursor* c) {
   return DataCursor{c->seed, c->dataset_size, c->consumed, c->global_batch};
 }
 
+// ptc_ranks_on_host's answer: {config, world_size, ..., ranks: [{rank, gpu}]}.
+std::string HostRanksJson(const ptc::HostRanks& r) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("config").String(r.config);
+  w.Key("world_size").Int(r.world_size);
+  w.Key("layout_epoch").Int(r.layout_epoch);
+  w.Key("committed_version").Int(r.committed_version);
+  w.Key("phase").String(ptc::PhaseName(r.phase));
+  w.Key("live").Bool(r.live);
+  w.Key("rank0_host_address").String(r.rank0_host_address);
+  w.Key("ranks").BeginArray();
+  for (const auto& [rank, gpu] : r.ranks) {
+    w.BeginObject().Key("rank").Int(rank).Key("gpu").Int(gpu).EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str();
+}
+
 }  // namespace
 }  // namespace ptc
 
@@ -506,22 +526,17 @@ int ptc_ranks_on_host(const char* coordinator, const char* job,
       return Null("coordinator, job, host or out");
     PTC_ASSIGN_OR_RETURN(ptc::HostRanks r,
                          ptc::RanksOnHost(coordinator, job, host));
-    JsonWriter w;
-    w.BeginObject();
-    w.Key("config").String(r.config);
-    w.Key("world_size").Int(r.world_size);
-    w.Key("layout_epoch").Int(r.layout_epoch);
-    w.Key("committed_version").Int(r.committed_version);
-    w.Key("phase").String(ptc::PhaseName(r.phase));
-    w.Key("live").Bool(r.live);
-    w.Key("rank0_host_address").String(r.rank0_host_address);
-    w.Key("ranks").BeginArray();
-    for (const auto& [rank, gpu] : r.ranks) {
-      w.BeginObject().Key("rank").Int(rank).Key("gpu").Int(gpu).EndObject();
-    }
-    w.EndArray();
-    w.EndObject();
-    Give(w.str(), json);
+    Give(ptc::HostRanksJson(r), json);
+    return absl::OkStatus();
+  });
+}
+
+int ptc_client_ranks_on_host(ptc_client* c, const char* host, ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (c == nullptr || host == nullptr || json == nullptr)
+      return Null("client, host or out");
+    PTC_ASSIGN_OR_RETURN(ptc::HostRanks r, c->client->RanksOn(host));
+    Give(ptc::HostRanksJson(r), json);
     return absl::OkStatus();
   });
 }

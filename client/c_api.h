@@ -125,6 +125,9 @@ PTC_API int ptc_client_follow(ptc_client* c);
 PTC_API int ptc_client_unfollow(ptc_client* c);
 PTC_API int ptc_client_event(const ptc_client* c, ptc_bytes* json);
 PTC_API int ptc_client_fetch_event(ptc_client* c, ptc_bytes* json);
+// ptc_ranks_on_host over the client's own connection.
+PTC_API int ptc_client_ranks_on_host(ptc_client* c, const char* host,
+                                     ptc_bytes* json);
 PTC_API int ptc_client_rendezvous(ptc_client* c, int64_t layout_epoch,
                                   int port, double timeout_s,
                                   ptc_bytes* address);

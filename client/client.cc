@@ -99,22 +99,19 @@ std::unique_ptr<proto::Coordinator::Stub> CoordinatorStub(
                   JobTokenFromEnvironment()));
 }
 
-}  // namespace
-
-absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
-                                      const std::string& job,
-                                      const std::string& host,
-                                      absl::Duration timeout) {
-  auto stub = CoordinatorStub(coordinator);
+// The brief answer for `host` (ListJobsRequest.brief, .host) as HostRanks.
+absl::StatusOr<HostRanks> AskRanksOn(proto::Coordinator::Stub* stub,
+                                     const std::string& coordinator,
+                                     const std::string& job,
+                                     const std::string& host,
+                                     absl::Time deadline, int max_unavailable) {
   proto::ListJobsRequest req;
   req.set_job(job);
   req.set_brief(true);
   req.set_host(host);
   proto::ListJobsResponse resp;
-  // A fresh channel: ten attempts (about 7 s where no coordinator
-  // listens), for connections a busy coordinator resets.
-  const absl::Status s = ListJobsPatiently(stub.get(), req, &resp,
-                                           absl::Now() + timeout, 10);
+  const absl::Status s =
+      ListJobsPatiently(stub, req, &resp, deadline, max_unavailable);
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat("job '", job,
                                             "' is unknown to the coordinator at ",
@@ -143,6 +140,25 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                               : -1});
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
+                                      const std::string& job,
+                                      const std::string& host,
+                                      absl::Duration timeout) {
+  auto stub = CoordinatorStub(coordinator);
+  // A fresh channel: ten attempts (about 7 s where no coordinator
+  // listens), for connections a busy coordinator resets.
+  return AskRanksOn(stub.get(), coordinator, job, host, absl::Now() + timeout,
+                    10);
+}
+
+absl::StatusOr<HostRanks> Client::RanksOn(const std::string& host) {
+  return AskRanksOn(coordinator_.get(), options_.coordinator, options_.job,
+                    host, absl::Now() + options_.rpc_timeout,
+                    reached_coordinator_ ? INT_MAX : 3);
 }
 
 absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,

@@ -168,6 +168,11 @@ class Client {
   absl::StatusOr<std::string> Rendezvous(int64_t layout_epoch, int port,
                                          absl::Duration timeout);
 
+  // The ranks the job's placement puts on `host` and their GPUs, asked
+  // over this client's connection (RanksOnHost opens one per call: a live
+  // process asks it after every change).
+  absl::StatusOr<HostRanks> RanksOn(const std::string& host);
+
   const std::string& job() const { return options_.job; }
   int rank() const { return options_.rank; }
   // This ptcd's host name, as the coordinator knows it.

@@ -210,8 +210,11 @@ class HollowRank {
 
   // The rank the job's layout places on this GPU (-1: none).
   absl::StatusOr<int> MyRank() {
+    // Over the client's connection once it has one (after a change).
     PTC_ASSIGN_OR_RETURN(HostRanks placed,
-                         RanksOnHost(o_.coordinator, o_.job, o_.host));
+                         client_ != nullptr
+                             ? client_->RanksOn(o_.host)
+                             : RanksOnHost(o_.coordinator, o_.job, o_.host));
     for (const auto& [rank, gpu] : placed.ranks)
       if (gpu == o_.gpu) return rank;
     return -1;

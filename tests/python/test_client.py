@@ -226,6 +226,22 @@ def test_tensors_save_and_load_on_their_device(ptc_module, cluster, device):
             assert torch.equal(into[k].cpu(), t.cpu()), k
 
 
+def test_a_client_asks_which_ranks_run_on_a_host_over_its_own_connection(ptc_module, cluster):
+    """A live process asks after every change which rank its GPU runs;
+    its client answers as ptc.ranks_on_host does, without a connection of
+    its own per call."""
+    ptc = ptc_module
+    rank_hosts = register(cluster, "mine")
+    clients = connect(ptc, cluster, "mine", rank_hosts)
+    for host in ("host0", "host1"):
+        fresh = ptc.ranks_on_host(cluster.coordinator, "mine", host)
+        assert clients[0].ranks_on_host(host) == fresh
+        assert sorted(r["rank"] for r in fresh["ranks"]) == [
+            r for r, h in enumerate(rank_hosts) if h == host]
+    # A host the job does not use: no rank there.
+    assert clients[0].ranks_on_host("nowhere")["ranks"] == []
+
+
 def test_each_misuse_gets_a_clear_error(ptc_module, cluster):
     ptc = ptc_module
     rank_hosts = register(cluster, "misuse")

@@ -118,6 +118,7 @@ _SIGNATURES = {
     "ptc_client_unfollow": ([_P], _I),
     "ptc_client_event": ([_P, _B], _I),
     "ptc_client_fetch_event": ([_P, _B], _I),
+    "ptc_client_ranks_on_host": ([_P, _S, _B], _I),
     "ptc_client_rendezvous": ([_P, _I64, _I, _D, _B], _I),
     "ptc_client_hot_plan": ([_P, _I64, _B], _I),
     "ptc_client_begin_save": ([_P, _I64, _PP], _I),
@@ -596,6 +597,11 @@ class Client(_Handle):
         """the job's state now, as `event` has it (one call to the
         coordinator)"""
         return _json(_lib.ptc_client_fetch_event, self._h)
+
+    def ranks_on_host(self, host):
+        """ranks_on_host(coordinator, job, host) over this client's
+        connection to the coordinator (that one opens one per call)"""
+        return _json(_lib.ptc_client_ranks_on_host, self._h, _s(host))
 
     def rendezvous(self, layout_epoch, port=0, timeout=120.0):
         """meets the job's other processes under a layout epoch: rank 0 offers

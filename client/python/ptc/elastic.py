@@ -515,7 +515,11 @@ class Live:
         return True
 
     def _my_rank(self):
-        placed = _capi.ranks_on_host(self.coordinator, self.job, self.host)
+        # Over the client's connection once it has one (after a change):
+        # a connection per call, from every process at every change, is
+        # what a busy coordinator resets.
+        placed = (self.client.ranks_on_host(self.host) if self.client is not None
+                  else _capi.ranks_on_host(self.coordinator, self.job, self.host))
         for r in placed["ranks"]:
             if r["gpu"] == self.device:
                 return r["rank"]
