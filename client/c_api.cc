@@ -189,14 +189,14 @@ DataCursor ToCursor(const ptc_cursor* c) {
 }
 
 // ptc_ranks_on_host's answer: {config, world_size, ..., ranks: [{rank, gpu}]}.
-std::string HostRanksJson(const ptc::HostRanks& r) {
+std::string HostRanksJson(const HostRanks& r) {
   JsonWriter w;
   w.BeginObject();
   w.Key("config").String(r.config);
   w.Key("world_size").Int(r.world_size);
   w.Key("layout_epoch").Int(r.layout_epoch);
   w.Key("committed_version").Int(r.committed_version);
-  w.Key("phase").String(ptc::PhaseName(r.phase));
+  w.Key("phase").String(PhaseName(r.phase));
   w.Key("live").Bool(r.live);
   w.Key("rank0_host_address").String(r.rank0_host_address);
   w.Key("ranks").BeginArray();

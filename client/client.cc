@@ -158,7 +158,7 @@ absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
 absl::StatusOr<HostRanks> Client::RanksOn(const std::string& host) {
   return AskRanksOn(coordinator_.get(), options_.coordinator, options_.job,
                     host, absl::Now() + options_.rpc_timeout,
-                    reached_coordinator_ ? INT_MAX : 3);
+                    UnavailableAttempts());
 }
 
 absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
@@ -190,10 +190,9 @@ absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
   req.set_brief(brief);
   if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
-  const absl::Status s =
-      ListJobsPatiently(coordinator_.get(), req, &resp,
-                        absl::Now() + options_.rpc_timeout,
-                        reached_coordinator_ ? INT_MAX : 3);
+  const absl::Status s = ListJobsPatiently(coordinator_.get(), req, &resp,
+                                           absl::Now() + options_.rpc_timeout,
+                                           UnavailableAttempts());
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(
         "job '", options_.job, "' is unknown to the coordinator at ",

@@ -24,6 +24,7 @@
 #ifndef PTC_CLIENT_CLIENT_H_
 #define PTC_CLIENT_CLIENT_H_
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -315,8 +316,10 @@ class Client {
   std::unique_ptr<LocalClient> local_;
   std::unique_ptr<proto::Coordinator::Stub> coordinator_;
   // Connect answered: a later read the coordinator fails UNAVAILABLE is a
-  // lost connection, asked again until the call's deadline.
+  // lost connection, asked again until the call's deadline; before, three
+  // attempts (where no coordinator listens, Connect fails within a second).
   bool reached_coordinator_ = false;
+  int UnavailableAttempts() const { return reached_coordinator_ ? INT_MAX : 3; }
   std::string host_;
   int device_ = -1;
   ModelSpec spec_;

@@ -439,11 +439,12 @@ absl::Status Run(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   PTC_ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argc, argv, 2,
-                             {"coordinator", "count", "first", "dir", "gpus",
-                              "memory-limit", "rack-size", "job", "hosts",
-                              "step-ms", "poll-ms", "saves", "rpc-timeout-s", "log-level"},
-                             {"insecure", "wait-for-rank", "poll"}));
+      Args args,
+      Args::Parse(argc, argv, 2,
+                  {"coordinator", "count", "first", "dir", "gpus",
+                   "memory-limit", "rack-size", "job", "hosts", "step-ms",
+                   "poll-ms", "saves", "rpc-timeout-s", "log-level"},
+                  {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "

@@ -218,6 +218,7 @@ def host_dies_and_returns(args, cluster, job, results, say):
     job.start_agent("host1")
     t_add = time.time()
     cluster.ptcctl("hosts", "add", "host1", "--job", JOB, capture=True)
+
     def grew():
         return any(r["epoch"] > epoch1 for r in job.losses().values())
 
