@@ -580,19 +580,26 @@ absl::StatusOr<bool> Client::Save::Commit() {
   }
   LocalClient& local = *client_->local_;
   const std::string& job = client_->job();
+  // The daemon checksums what it stores, on several threads; the checksum
+  // a region was written with (Write) is checked against it. A region
+  // filled in place (Buffer: the GPU's copies) is not read here at all.
+  std::vector<LocalClient::PutBuffer*> puts;
+  std::vector<uint64_t> written;
   for (size_t i = 0; i < regions.size(); ++i) {
-    LocalClient::PutBuffer& b = *buffers_[i];
-    const uint64_t sum = written_checksums_[i] ? *written_checksums_[i]
-                                               : Checksum(b.data(), b.size());
-    auto stored = local.CommitPut(&b, sum);
-    if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
+    puts.push_back(&*buffers_[i]);
+    written.push_back(written_checksums_[i].value_or(0));
+  }
+  PTC_ASSIGN_OR_RETURN(std::vector<LocalClient::PutResult> stored,
+                       local.CommitPuts(puts, written));
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (stored[i].status.code() == absl::StatusCode::kAlreadyExists) {
       // Another rank on this host (a data-parallel replica, or the other
       // stage holding a tied embedding) saved this region first: keep one
       // copy, but only if the replicas agree.
       PTC_ASSIGN_OR_RETURN(LocalClient::Mapping m,
                            local.Map(job, version_, regions[i].key,
                                      regions[i].region, /*map=*/false));
-      if (m.checksum() != sum) {
+      if (m.checksum() != stored[i].checksum) {
         return absl::DataLossError(absl::StrCat(
             "rank ", client_->rank(), "'s copy of ", regions[i].key, " ",
             regions[i].region.ToString(),
@@ -600,8 +607,8 @@ absl::StatusOr<bool> Client::Save::Commit() {
             "version ",
             version_, ": replicas diverged"));
       }
-    } else if (!stored.ok()) {
-      return Annotate(stored.status(),
+    } else if (!stored[i].status.ok()) {
+      return Annotate(stored[i].status,
                       absl::StrCat("saving ", regions[i].key, " ",
                                    regions[i].region.ToString()));
     }

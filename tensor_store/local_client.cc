@@ -7,10 +7,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/unix_socket.h"
@@ -244,6 +246,74 @@ absl::StatusOr<uint64_t> LocalClient::CommitPut(PutBuffer* buffer,
                        Call(std::move(req), nullptr));
   PTC_RETURN_IF_ERROR(StatusOf(resp));
   return resp.checksum();
+}
+
+absl::StatusOr<std::vector<LocalClient::PutResult>> LocalClient::CommitPuts(
+    const std::vector<PutBuffer*>& buffers,
+    const std::vector<uint64_t>& checksums) {
+  if (!checksums.empty() && checksums.size() != buffers.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(buffers.size(), " buffers and ", checksums.size(),
+                     " checksums; give one per buffer or none"));
+  }
+  auto expected = [&](size_t i) {
+    return checksums.empty() ? 0 : checksums[i];
+  };
+  std::vector<PutResult> out(buffers.size());
+  for (size_t first = 0; first < buffers.size();) {
+    const size_t end =
+        std::min(buffers.size(), first + store_internal::kMaxCommitPuts);
+    if (!batch_unknown_) {
+      proto::LocalRequest req;
+      proto::CommitPutsOp* op = req.mutable_commit_puts();
+      for (size_t i = first; i < end; ++i) {
+        // Unmapped so that the daemon can seal it; its descriptor is kept
+        // until the answer (an older daemon's refusal needs it mapped again).
+        PutBuffer& b = *buffers[i];
+        if (b.data_ != nullptr) munmap(b.data_, static_cast<size_t>(b.size_));
+        b.data_ = nullptr;
+        op->add_handles(b.handle_);
+        if (!checksums.empty()) op->add_checksums(checksums[i]);
+      }
+      PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                           Call(std::move(req), nullptr));
+      // A ptcd that predates CommitPuts reads an empty request.
+      batch_unknown_ =
+          resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+          resp.message() == "local request names no operation";
+      if (!batch_unknown_) {
+        PTC_RETURN_IF_ERROR(StatusOf(resp));
+        if (resp.put_results_size() != static_cast<int>(end - first)) {
+          return absl::InternalError(
+              absl::StrCat("ptcd answered ", resp.put_results_size(), " of ",
+                           end - first, " commits"));
+        }
+        for (size_t i = first; i < end; ++i) {
+          const proto::PutResult& r =
+              resp.put_results(static_cast<int>(i - first));
+          out[i].status = absl::Status(static_cast<absl::StatusCode>(r.code()),
+                                       r.message());
+          out[i].checksum = r.checksum();
+          buffers[i]->Unmap();
+        }
+        first = end;
+        continue;
+      }
+    }
+    for (size_t i = first; i < end; ++i) {
+      PutBuffer& b = *buffers[i];
+      uint64_t sum = expected(i);
+      if (sum == 0 && !b.hollow() && b.size() > 0) {
+        PTC_RETURN_IF_ERROR(b.Map());  // unmapped by the batch it refused
+        sum = Checksum(b.data(), static_cast<size_t>(b.size()));
+      }
+      absl::StatusOr<uint64_t> stored = CommitPut(&b, sum);
+      out[i].status = stored.status();
+      out[i].checksum = stored.ok() ? *stored : sum;
+    }
+    first = end;
+  }
+  return out;
 }
 
 absl::Status LocalClient::AbortPut(PutBuffer* buffer) {

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -122,6 +123,23 @@ class LocalClient {
   // of the bytes written. Returns the checksum the daemon stored.
   absl::StatusOr<uint64_t> CommitPut(PutBuffer* buffer, uint64_t checksum = 0);
   absl::Status AbortPut(PutBuffer* buffer);
+  // What CommitPuts says of one buffer: whether it was stored, and the
+  // checksum of its bytes as the daemon took it (also when it was refused,
+  // e.g. ALREADY_EXISTS, so that the caller can compare its copy with the
+  // stored one; 0 where unknown).
+  struct PutResult {
+    absl::Status status;
+    uint64_t checksum = 0;
+  };
+  // Unmaps and commits the buffers, up to kMaxCommitPuts per request: the
+  // daemon checksums each request's buffers on several threads.
+  // `checksums` is empty or one per buffer, as CommitPut's. One result per
+  // buffer; an error status only if a request failed as a whole. With a
+  // ptcd older than this request, one CommitPut per buffer, each mapped
+  // buffer checksummed here first (so that its result has its checksum).
+  absl::StatusOr<std::vector<PutResult>> CommitPuts(
+      const std::vector<PutBuffer*>& buffers,
+      const std::vector<uint64_t>& checksums);
   // Maps a stored region (exactly one region the daemon stores); with
   // `map` false, only leases it (read by Mapping::Read, or MapNow later).
   absl::StatusOr<Mapping> Map(const std::string& job, int64_t version,
@@ -162,6 +180,8 @@ class LocalClient {
   int fd_;
   absl::Mutex mu_;
   uint64_t next_request_ = 1;
+  // The daemon answered CommitPuts as an unknown request (it is older).
+  std::atomic<bool> batch_unknown_{false};
 };
 
 }  // namespace ptc

@@ -327,6 +327,26 @@ absl::Status LocalServer::CheckOwner(uint64_t id, const Connection* conn,
   return absl::OkStatus();
 }
 
+absl::Status LocalServer::CheckPut(uint64_t handle, const Connection* conn) {
+  PTC_RETURN_IF_ERROR(CheckOwner(handle, conn, "put handle"));
+  // Puts and leases share one numbering: a lease is no put handle.
+  if (!conn->puts.count(handle)) {
+    return absl::NotFoundError(absl::StrCat("put handle ", handle,
+                                            " does not exist (", handle,
+                                            " is a lease from Map)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalServer::CheckLease(uint64_t lease, const Connection* conn) {
+  PTC_RETURN_IF_ERROR(CheckOwner(lease, conn, "lease"));
+  if (!conn->leases.count(lease)) {
+    return absl::NotFoundError(absl::StrCat(
+        "lease ", lease, " does not exist (", lease, " is a put handle)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LocalServer::CheckJob(Connection* conn,
                                    const proto::LocalRequest& req) {
   if (!options_.require_job_token) return absl::OkStatus();
@@ -425,8 +445,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
     }
     case proto::LocalRequest::kCommitPut: {
       const uint64_t handle = req.commit_put().handle();
-      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok())
-        return fail(s);
+      if (absl::Status s = CheckPut(handle, conn); !s.ok()) return fail(s);
       auto it = conn->puts.find(handle);
       // Seal first: if the client still maps the buffer writable, the put
       // stays pending and the client may unmap and commit again.
@@ -448,10 +467,86 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       resp.set_bytes(bytes);
       return resp;
     }
+    case proto::LocalRequest::kCommitPuts: {
+      const proto::CommitPutsOp& op = req.commit_puts();
+      const int n = op.handles_size();
+      if (n == 0 || n > store_internal::kMaxCommitPuts) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("CommitPuts takes 1 to ",
+                         store_internal::kMaxCommitPuts, " handles, not ", n)));
+      }
+      if (op.checksums_size() != 0 && op.checksums_size() != n) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "CommitPuts has ", n, " handles and ", op.checksums_size(),
+            " checksums; send one per handle or none")));
+      }
+      // Every handle this connection's and named once, or nothing is done.
+      for (int k = 0; k < n; ++k) {
+        const uint64_t handle = op.handles(k);
+        if (absl::Status s = CheckPut(handle, conn); !s.ok()) return fail(s);
+        for (int e = 0; e < k; ++e) {
+          if (op.handles(e) == handle) {
+            return fail(absl::InvalidArgumentError(absl::StrCat(
+                "put handle ", handle, " is named twice in one CommitPuts")));
+          }
+        }
+      }
+      // Sealed first, as CommitPut does: a put whose buffer is still mapped
+      // writable stays pending and answers why.
+      std::vector<int> taken;
+      std::vector<std::unique_ptr<PendingPut>> puts;
+      std::vector<uint64_t> expected;
+      std::vector<absl::Status> sealed(n);
+      for (int k = 0; k < n; ++k) {
+        auto it = conn->puts.find(op.handles(k));
+        sealed[k] = it->second->buffer->Seal();
+        if (!sealed[k].ok()) continue;
+        taken.push_back(k);
+        puts.push_back(std::move(it->second));
+        expected.push_back(op.checksums_size() == 0 ? 0 : op.checksums(k));
+        conn->puts.erase(it);
+        conn->put_deadlines.erase(op.handles(k));
+        absl::MutexLock lock(&mu_);
+        owners_.erase(op.handles(k));
+      }
+      std::vector<int64_t> bytes;
+      for (const auto& p : puts) bytes.push_back(p->bytes);
+      const std::vector<Store::PutOutcome> outcomes =
+          store_->FinishPuts(std::move(puts), expected);
+      std::vector<proto::PutResult> results(n);
+      for (int k = 0; k < n; ++k) {
+        if (sealed[k].ok()) continue;
+        results[k].set_code(static_cast<int>(sealed[k].code()));
+        results[k].set_message(std::string(sealed[k].message()));
+      }
+      for (size_t t = 0; t < taken.size(); ++t) {
+        proto::PutResult& r = results[taken[t]];
+        r.set_checksum(outcomes[t].checksum);
+        r.set_code(static_cast<int>(outcomes[t].status.code()));
+        r.set_message(std::string(outcomes[t].status.message()));
+        if (outcomes[t].status.ok()) {
+          local_puts_total.Add();
+          local_bytes_in_total.Add(bytes[t]);
+        }
+      }
+      for (proto::PutResult& r : results) {
+        std::string* m = r.mutable_message();
+        if (m->size() <= store_internal::kMaxPutResultMessage) continue;
+        // Cut on a UTF-8 character's first byte.
+        size_t cut = store_internal::kMaxPutResultMessage - 3;
+        while (cut > 0 &&
+               (static_cast<unsigned char>((*m)[cut]) & 0xC0) == 0x80)
+          --cut;
+        m->resize(cut);
+        m->append("...");
+      }
+      for (proto::PutResult& r : results)
+        *resp.add_put_results() = std::move(r);
+      return resp;
+    }
     case proto::LocalRequest::kAbortPut: {
       const uint64_t handle = req.abort_put().handle();
-      if (absl::Status s = CheckOwner(handle, conn, "put handle"); !s.ok())
-        return fail(s);
+      if (absl::Status s = CheckPut(handle, conn); !s.ok()) return fail(s);
       conn->puts.erase(handle);
       conn->put_deadlines.erase(handle);
       absl::MutexLock lock(&mu_);
@@ -490,8 +585,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
     }
     case proto::LocalRequest::kRelease: {
       const uint64_t lease = req.release().lease();
-      if (absl::Status s = CheckOwner(lease, conn, "lease"); !s.ok())
-        return fail(s);
+      if (absl::Status s = CheckLease(lease, conn); !s.ok()) return fail(s);
       conn->leases.erase(lease);
       absl::MutexLock lock(&mu_);
       owners_.erase(lease);

@@ -86,6 +86,10 @@ class LocalServer {
   void AbortExpiredPuts(Connection* conn);
   absl::Status CheckOwner(uint64_t id, const Connection* conn,
                           const char* what);
+  // CheckOwner, and the id is a pending put's (CheckPut) or a lease's
+  // (CheckLease) of this connection.
+  absl::Status CheckPut(uint64_t handle, const Connection* conn);
+  absl::Status CheckLease(uint64_t lease, const Connection* conn);
 
   Store* store_;
   LocalServerOptions options_;

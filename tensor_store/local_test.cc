@@ -17,6 +17,7 @@
 #include "common/job_token.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
+#include "tensor_store/internal/unix_socket.h"
 #include "tensor_store/local_client.h"
 #include "tensor_store/local_server.h"
 
@@ -197,6 +198,216 @@ TEST_CASE("local: handles and leases belong to their connection",
   CHECK(thief->Call(bogus, nullptr)->code() ==
         static_cast<int>(absl::StatusCode::kNotFound));
   REQUIRE(owner->CommitPut(&*buf).ok());
+}
+
+TEST_CASE("local: a lease is no put handle and a put handle no lease",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  SaveRows(*c, 1, 0, kRows, 3);
+  proto::LocalRequest map;
+  map.mutable_map()->set_job("job");
+  map.mutable_map()->set_version(1);
+  map.mutable_map()->set_tensor("w");
+  RegionToProto(Region{{0, kRows}, {0, kCols}},
+                map.mutable_map()->mutable_region());
+  int fd = -1;
+  auto mapped = c->Call(map, &fd);
+  REQUIRE(mapped.ok());
+  REQUIRE(mapped->code() == 0);
+  close(fd);
+  const uint64_t lease = mapped->handle();
+  auto buf = c->AllocatePut("job", 2, "w", Region{{0, 8}, {0, kCols}});
+  REQUIRE(buf.ok());
+  proto::LocalRequest commit;
+  commit.mutable_commit_put()->set_handle(lease);
+  auto as_put = c->Call(commit, nullptr);
+  REQUIRE(as_put.ok());
+  CHECK(as_put->code() == static_cast<int>(absl::StatusCode::kNotFound));
+  CHECK(as_put->message().find("is a lease") != std::string::npos);
+  proto::LocalRequest batch;
+  batch.mutable_commit_puts()->add_handles(lease);
+  CHECK(c->Call(batch, nullptr)->code() ==
+        static_cast<int>(absl::StatusCode::kNotFound));
+  proto::LocalRequest abort;
+  abort.mutable_abort_put()->set_handle(lease);
+  CHECK(c->Call(abort, nullptr)->code() ==
+        static_cast<int>(absl::StatusCode::kNotFound));
+  proto::LocalRequest release;
+  release.mutable_release()->set_lease(buf->handle());
+  auto as_lease = c->Call(release, nullptr);
+  CHECK(as_lease->code() == static_cast<int>(absl::StatusCode::kNotFound));
+  CHECK(as_lease->message().find("is a put handle") != std::string::npos);
+  // Both still work as what they are.
+  CHECK(c->CommitPut(&*buf).ok());
+  proto::LocalRequest done;
+  done.mutable_release()->set_lease(lease);
+  CHECK(c->Call(done, nullptr)->code() == 0);
+}
+
+TEST_CASE("local: CommitPuts commits a batch, one answer per put",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  // Eight puts of 8 rows: four filled in place (no checksum sent), three
+  // with their checksum, one with a wrong one.
+  std::vector<LocalClient::PutBuffer> bufs;
+  std::vector<uint64_t> want, sent;
+  for (int k = 0; k < 8; ++k) {
+    auto b =
+        c->AllocatePut("job", 1, "w", Region{{8 * k, 8 * k + 8}, {0, kCols}});
+    REQUIRE(b.ok());
+    testing::FillPattern(k, 0, reinterpret_cast<char*>(b->data()), b->size());
+    want.push_back(Checksum(b->data(), b->size()));
+    sent.push_back(k < 4 ? 0 : k == 7 ? want.back() ^ 1 : want.back());
+    bufs.push_back(*std::move(b));
+  }
+  std::vector<LocalClient::PutBuffer*> ptrs;
+  for (auto& b : bufs) ptrs.push_back(&b);
+  auto results = c->CommitPuts(ptrs, sent);
+  REQUIRE(results.ok());
+  REQUIRE(results->size() == 8);
+  for (int k = 0; k < 7; ++k) {
+    CHECK((*results)[k].status.ok());
+    CHECK((*results)[k].checksum == want[k]);
+  }
+  CHECK((*results)[7].status.code() == absl::StatusCode::kDataLoss);
+  CHECK((*results)[7].checksum == want[7]);
+  std::vector<char> back(8 * kCols * 4);
+  REQUIRE(d->client
+              ->Read("job", 1, "w", Region{{16, 24}, {0, kCols}}, back.data(),
+                     back.size())
+              .ok());
+  CHECK(testing::CheckPattern(2, 0, back.data(), back.size()));
+
+  // The same region again: refused, with the checksum of the new bytes.
+  auto again = c->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
+  REQUIRE(again.ok());
+  testing::FillPattern(0, 0, reinterpret_cast<char*>(again->data()),
+                       again->size());
+  auto dup = c->CommitPuts({&*again}, {});
+  REQUIRE(dup.ok());
+  CHECK((*dup)[0].status.code() == absl::StatusCode::kAlreadyExists);
+  CHECK((*dup)[0].checksum == want[0]);
+
+  // Hostile batches change nothing.
+  auto pending = c->AllocatePut("job", 1, "w", Region{{56, 64}, {0, kCols}});
+  REQUIRE(pending.ok());
+  pending->Unmap();
+  auto code = [&](const proto::LocalRequest& req) {
+    auto r = c->Call(req, nullptr);
+    REQUIRE(r.ok());
+    CHECK(r->put_results_size() == 0);
+    return r->code();
+  };
+  proto::LocalRequest twice;
+  twice.mutable_commit_puts()->add_handles(pending->handle());
+  twice.mutable_commit_puts()->add_handles(pending->handle());
+  CHECK(code(twice) == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  proto::LocalRequest none;
+  none.mutable_commit_puts();
+  CHECK(code(none) == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  proto::LocalRequest too_many;
+  for (int k = 0; k <= store_internal::kMaxCommitPuts; ++k)
+    too_many.mutable_commit_puts()->add_handles(pending->handle());
+  CHECK(code(too_many) == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  proto::LocalRequest counts;
+  counts.mutable_commit_puts()->add_handles(pending->handle());
+  counts.mutable_commit_puts()->add_checksums(1);
+  counts.mutable_commit_puts()->add_checksums(2);
+  CHECK(code(counts) == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  proto::LocalRequest unknown;
+  unknown.mutable_commit_puts()->add_handles(pending->handle());
+  unknown.mutable_commit_puts()->add_handles(424242);
+  CHECK(code(unknown) == static_cast<int>(absl::StatusCode::kNotFound));
+  // The pending put survived all of that.
+  auto last = c->CommitPuts({&*pending}, {});
+  REQUIRE(last.ok());
+  CHECK((*last)[0].status.ok());
+}
+
+TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",
+          "[tensor_store][local]") {
+  // What an older ptcd answers: CommitPuts is an empty request to it.
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/old.sock";
+  const int listener = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(bind(listener, reinterpret_cast<struct sockaddr*>(&addr),
+               sizeof(addr)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  std::vector<uint64_t> committed;
+  std::thread old_ptcd([&] {
+    const int conn = accept(listener, nullptr, nullptr);
+    for (;;) {
+      int unused = -1;
+      auto packet = store_internal::ReceivePacket(conn, &unused);
+      proto::LocalRequest req;
+      if (!packet.ok() || !req.ParseFromString(*packet)) break;
+      proto::LocalResponse resp;
+      resp.set_request_id(req.request_id());
+      resp.set_answered(true);
+      int fd = -1;
+      if (req.has_allocate_put()) {
+        fd = memfd_create("old", 0);
+        if (ftruncate(fd, 4096) != 0) break;
+        resp.set_handle(7);
+        resp.set_bytes(4096);
+      } else if (req.has_commit_put()) {
+        committed.push_back(req.commit_put().checksum());
+        resp.set_checksum(req.commit_put().checksum());
+      } else {
+        resp.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+        resp.set_message("local request names no operation");
+      }
+      const bool sent =
+          store_internal::SendPacket(conn, resp.SerializeAsString(), fd).ok();
+      if (fd >= 0) close(fd);
+      if (!sent) break;
+    }
+    close(conn);
+  });
+  {
+    auto c = LocalClient::Connect(path);
+    REQUIRE(c.ok());
+    auto b = (*c)->AllocatePut("job", 1, "w", Region{{0, 1}, {0, 1024}});
+    REQUIRE(b.ok());
+    testing::FillPattern(5, 0, reinterpret_cast<char*>(b->data()), b->size());
+    const uint64_t want = Checksum(b->data(), b->size());
+    auto results = (*c)->CommitPuts({&*b}, {});
+    REQUIRE(results.ok());
+    CHECK((*results)[0].status.ok());
+    CHECK((*results)[0].checksum == want);
+    REQUIRE(committed.size() == 1);
+    CHECK(committed[0] ==
+          want);  // checksummed by the client for the old daemon
+  }
+  old_ptcd.join();
+  close(listener);
+}
+
+TEST_CASE("local: a put still mapped writable stays pending in a batch",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  auto mapped = c->AllocatePut("job", 1, "w", Region{{0, 8}, {0, kCols}});
+  auto done = c->AllocatePut("job", 1, "w", Region{{8, 16}, {0, kCols}});
+  REQUIRE(mapped.ok());
+  REQUIRE(done.ok());
+  done->Unmap();
+  proto::LocalRequest req;
+  req.mutable_commit_puts()->add_handles(mapped->handle());
+  req.mutable_commit_puts()->add_handles(done->handle());
+  auto r = c->Call(req, nullptr);
+  REQUIRE(r.ok());
+  REQUIRE(r->put_results_size() == 2);
+  CHECK(r->put_results(0).code() ==
+        static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  CHECK(r->put_results(0).message().find("unmap") != std::string::npos);
+  CHECK(r->put_results(1).code() == 0);
+  CHECK(c->CommitPut(&*mapped).ok());  // unmaps, then commits
 }
 
 TEST_CASE(

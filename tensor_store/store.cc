@@ -4,6 +4,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -329,6 +332,60 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
       ->debug("stored {} of {} ({} bytes, xxh3 {:016x})",
               put->region.ToString(), where, put->bytes, checksum);
   return checksum;
+}
+
+std::vector<Store::PutOutcome> Store::FinishPuts(
+    std::vector<std::unique_ptr<PendingPut>> puts,
+    const std::vector<uint64_t>& expected) {
+  std::vector<PutOutcome> out(puts.size());
+  std::vector<std::optional<uint64_t>> sums(puts.size());
+  // Sealed first: nothing can write the bytes while they are checksummed.
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < puts.size(); ++i) {
+    out[i].status =
+        Annotate(puts[i]->buffer->Seal(),
+                 Where(puts[i]->job, puts[i]->version, puts[i]->decl.key));
+    if (!out[i].status.ok()) continue;
+    const PendingPut& p = *puts[i];
+    if (p.buffer->hollow()) {
+      sums[i] =
+          HollowFingerprint(p.region, p.decl.shape, ElementSize(p.decl.dtype));
+    } else {
+      todo.push_back(i);
+    }
+  }
+  std::sort(todo.begin(), todo.end(), [&](size_t a, size_t b) {
+    return puts[a]->buffer->size() > puts[b]->buffer->size();
+  });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
+      const RegionBuffer& b = *puts[todo[k]]->buffer;
+      sums[todo[k]] = Checksum(SealedBytes(b), b.size());
+    }
+  };
+  const size_t workers =
+      std::min<size_t>({todo.size(), static_cast<size_t>(kMaxChecksumThreads),
+                        std::max(1u, std::thread::hardware_concurrency())});
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: fewer do the work
+    }
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < puts.size(); ++i) {
+    if (!out[i].status.ok()) continue;
+    out[i].checksum = sums[i].value_or(0);
+    auto sum = FinishPut(std::move(puts[i]), sums[i],
+                         expected.empty() ? 0 : expected[i]);
+    out[i].status = sum.status();
+    if (sum.ok()) out[i].checksum = *sum;
+  }
+  return out;
 }
 
 absl::Status Store::CheckWriterLocked(const Version* v,

@@ -175,6 +175,22 @@ class Store {
       std::unique_ptr<PendingPut> put,
       std::optional<uint64_t> computed = std::nullopt, uint64_t expected = 0);
 
+  // FinishPut of several puts at once (a rank's whole save), their
+  // checksums taken by up to kMaxChecksumThreads threads, largest first;
+  // each put is published as FinishPut would, in order. `expected` is
+  // empty or one per put (0: no check). Every put gets an answer, its
+  // status and the checksum of its bytes as the store took it (also when
+  // the region was refused, e.g. ALREADY_EXISTS: the caller can compare
+  // its copy with the one stored; 0 where the buffer could not be sealed).
+  struct PutOutcome {
+    absl::Status status;
+    uint64_t checksum = 0;
+  };
+  static constexpr int kMaxChecksumThreads = 8;
+  std::vector<PutOutcome> FinishPuts(
+      std::vector<std::unique_ptr<PendingPut>> puts,
+      const std::vector<uint64_t>& expected);
+
   // Adds `ref` (a region stored in another version of the job, e.g. from
   // OpenRead) to `version` as it is: the two versions share the sealed,
   // immutable buffer, and its memory is counted once. Creates the version

@@ -11,10 +11,16 @@
 // `ptcctl register --job J --model gpt:layers=4,hidden=1024,heads=16,
 // vocab=32000,positions=1024 --config tp=1 --hosts host0`: 1.1 GiB).
 // Every run saves the rank's regions from GPU memory as a new version
-// (BeginSave -> copies -> Finish -> small objects -> Commit) and loads the
-// committed version into fresh GPU memory (Load -> copies -> Finish). The
-// first load is copied back to the host and compared with what was saved,
-// element for element. Prints min/median/max seconds and GB/s per phase.
+// (BeginSave -> buffers -> copies -> Finish -> small objects -> Commit),
+// each phase timed, and loads the committed version into fresh GPU memory
+// (Load -> copies -> Finish). Between Finish and Commit it times one
+// checksum pass over the saved bytes (left out of the save's time): what a
+// pass costs on this host, for reading the commit's time. Every run also
+// saves the same regions the other way a client could: through a pinned
+// buffer of CUDA's and Save::Write (checksummed while the CPU copies), the
+// two ways alternated. The first load is copied back to the host and
+// compared with what was saved, element for element. Prints min/median/max
+// seconds and GB/s per phase.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,12 +32,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/device_copies.h"
 #include "common/args.h"
+#include "common/checksum.h"
 #include "common/status_macros.h"
 #include "tools/internal/synthetic.h"
 
@@ -124,40 +131,115 @@ absl::Status Run(const Args& args) {
       "%s (GPU %d), job %s: %d regions, %.2f GiB per save and load, %d runs\n",
       prop.name, device, job, regions.size(), bytes / 1073741824.0, runs);
 
-  Series save{"save (BeginSave .. Commit)"}, save_copies{"  of which GPU -> store copies"},
+  Series save{"save (BeginSave .. Commit)"}, save_begin{"  of which BeginSave"},
+      save_buffers{"  of which AllocatePut + mmap"},
       save_register{"  of which cudaHostRegister"},
-      load{"load (Load .. copies done)"}, load_copies{"  of which store -> GPU copies"},
+      save_queue{"  of which queueing (with register)"},
+      save_finish{"  of which copies' wait + unregister"},
+      save_commit{"  of which Commit"}, save_sum{"  a checksum pass (apart)"},
+      staged{"save staged (pinned + Write)"},
+      staged_commit{"  of which Commit"}, load{"load (Load .. copies done)"},
+      load_copies{"  of which store -> GPU copies"},
       load_register{"  of which cudaHostRegister"};
+  // The staged path: each region through a pinned buffer of CUDA's, then
+  // written into the store by the CPU (checksummed while it copies).
+  size_t largest = 0;
+  for (const RankRegion& r : regions)
+    largest = std::max<size_t>(largest, r.bytes);
+  void* pinned_stage[2] = {nullptr, nullptr};
+  cudaEvent_t stage_done[2];
+  cudaStream_t stage_stream;
+  PTC_RETURN_IF_ERROR(Cuda(cudaStreamCreate(&stage_stream), "stream"));
+  for (int k = 0; k < 2; ++k) {
+    PTC_RETURN_IF_ERROR(
+        Cuda(cudaMallocHost(&pinned_stage[k], largest), "cudaMallocHost"));
+    PTC_RETURN_IF_ERROR(Cuda(cudaEventCreate(&stage_done[k]), "event"));
+  }
+  int64_t step = 0;
+  auto save_staged = [&]() -> absl::Status {
+    const double t0 = Now();
+    PTC_ASSIGN_OR_RETURN(auto s, client->BeginSave(++step));
+    auto queue = [&](size_t i) -> absl::Status {
+      PTC_RETURN_IF_ERROR(Cuda(
+          cudaMemcpyAsync(pinned_stage[i % 2], src.ptr[i], regions[i].bytes,
+                          cudaMemcpyDeviceToHost, stage_stream),
+          "copying a region to pinned memory"));
+      return Cuda(cudaEventRecord(stage_done[i % 2], stage_stream),
+                  "marking a copy");
+    };
+    if (!regions.empty()) PTC_RETURN_IF_ERROR(queue(0));
+    for (size_t i = 0; i < regions.size(); ++i) {
+      PTC_RETURN_IF_ERROR(
+          Cuda(cudaEventSynchronize(stage_done[i % 2]), "wait"));
+      if (i + 1 < regions.size()) PTC_RETURN_IF_ERROR(queue(i + 1));
+      PTC_RETURN_IF_ERROR(
+          s->Write(i, absl::Span<const uint8_t>(
+                          static_cast<const uint8_t*>(pinned_stage[i % 2]),
+                          regions[i].bytes)));
+    }
+    for (const SmallObjectSpec& o : client->spec().small_objects)
+      PTC_RETURN_IF_ERROR(
+          s->PutSmallObject(o.name, SyntheticSmallObject(o.name, 0)));
+    const double t1 = Now();
+    PTC_RETURN_IF_ERROR(s->Commit().status());
+    const double t2 = Now();
+    staged.seconds.push_back(t2 - t0);
+    staged_commit.seconds.push_back(t2 - t1);
+    return client->WaitCommitted(s->version(), absl::Seconds(60));
+  };
   for (int run = 0; run < runs; ++run) {
-    double t0 = Now();
-    PTC_ASSIGN_OR_RETURN(auto s, client->BeginSave(run + 1));
+    if (run % 2 == 1) PTC_RETURN_IF_ERROR(save_staged());
+    const double t0 = Now();
+    PTC_ASSIGN_OR_RETURN(auto s, client->BeginSave(++step));
+    const double t1 = Now();
+    for (size_t i = 0; i < regions.size(); ++i)
+      PTC_RETURN_IF_ERROR(s->Buffer(i).status());
+    const double t2 = Now();
     for (size_t i = 0; i < regions.size(); ++i) {
       PTC_RETURN_IF_ERROR(copies->Save(
           *s, i, reinterpret_cast<uintptr_t>(src.ptr[i]), regions[i].bytes, 0));
     }
+    const double t3 = Now();
     PTC_ASSIGN_OR_RETURN(DeviceCopies::Stats st, copies->Finish());
+    const double t4 = Now();
     if (st.pageable_regions > 0) {
       std::cout << "  note: " << st.pageable_regions
                 << " regions copied pageable: " << st.pageable_reason << "\n";
     }
+    // One checksum pass over what was copied, timed apart and left out of
+    // the save's time: what each pass over the bytes costs on this host.
+    uint64_t x = 0;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> b, s->Buffer(i));
+      x ^= Checksum(b.data(), b.size());
+    }
+    const double t5 = Now();
+    if (x == 42) std::cout << "";
     for (const SmallObjectSpec& o : client->spec().small_objects)
       PTC_RETURN_IF_ERROR(s->PutSmallObject(o.name, SyntheticSmallObject(o.name, 0)));
     PTC_RETURN_IF_ERROR(s->Commit().status());
-    save.seconds.push_back(Now() - t0);
-    save_copies.seconds.push_back(st.seconds);
+    const double t6 = Now();
+    save.seconds.push_back(t6 - t0 - (t5 - t4));
+    save_begin.seconds.push_back(t1 - t0);
+    save_buffers.seconds.push_back(t2 - t1);
     save_register.seconds.push_back(st.register_seconds);
+    save_queue.seconds.push_back(t3 - t2);
+    save_finish.seconds.push_back(t4 - t3);
+    save_sum.seconds.push_back(t5 - t4);
+    save_commit.seconds.push_back(t6 - t5);
     const int64_t version = s->version();
     s.reset();
-
     PTC_RETURN_IF_ERROR(client->WaitCommitted(version, absl::Seconds(60)));
-    t0 = Now();
+    if (run % 2 == 0) PTC_RETURN_IF_ERROR(save_staged());
+
+    const double l0 = Now();
     PTC_ASSIGN_OR_RETURN(auto state, client->Load());
     for (size_t i = 0; i < regions.size(); ++i) {
       PTC_RETURN_IF_ERROR(copies->Load(
           *state, i, reinterpret_cast<uintptr_t>(dst.ptr[i]), regions[i].bytes, 0));
     }
     PTC_ASSIGN_OR_RETURN(st, copies->Finish());
-    load.seconds.push_back(Now() - t0);
+    load.seconds.push_back(Now() - l0);
     load_copies.seconds.push_back(st.seconds);
     load_register.seconds.push_back(st.register_seconds);
     if (run == 0) {
@@ -200,8 +282,10 @@ absl::Status Run(const Args& args) {
   }
   std::cout << absl::StrFormat("%-34s %9s %9s %9s   %s\n", "", "min", "median", "max",
                                "GB/s at the median (worst-best)");
-  for (const Series* s : {&save, &save_copies, &save_register, &d2h, &load,
-                          &load_copies, &load_register, &h2d})
+  for (const Series* s :
+       {&save, &save_begin, &save_buffers, &save_register, &save_queue,
+        &save_finish, &save_commit, &save_sum, &staged, &staged_commit, &d2h,
+        &load, &load_copies, &load_register, &h2d})
     Print(*s, bytes);
   return absl::OkStatus();
 }

@@ -11,6 +11,10 @@ namespace ptc::store_internal {
 
 // Largest local protocol message.
 inline constexpr int kMaxPacket = 64 * 1024;
+// Most puts one CommitPuts commits, and the longest message of one put's
+// answer: the answer to a whole batch fits one packet.
+inline constexpr int kMaxCommitPuts = 128;
+inline constexpr int kMaxPutResultMessage = 200;
 
 // Sends `bytes` and, if fd >= 0, a copy of `fd`.
 absl::Status SendPacket(int socket, const std::string& bytes, int fd = -1);
