@@ -203,8 +203,11 @@ class Client {
    public:
     ~Save();
     // The writable bytes of regions()[i], in daemon-owned shared memory,
-    // allocated on first use. Fill them row-major before Commit.
-    absl::StatusOr<absl::Span<uint8_t>> Buffer(int i);
+    // allocated on first use. Fill them row-major before Commit. With
+    // `populate` false the mapping's pages are left to be faulted in by
+    // whoever touches them first (cudaHostRegister pins, and so faults in,
+    // every page itself: populating them before would do it twice).
+    absl::StatusOr<absl::Span<uint8_t>> Buffer(int i, bool populate = true);
     // Copies `bytes` (exactly regions()[i].bytes, row-major) into region i
     // and takes its checksum during the copy, while each chunk is in
     // cache, so that Commit does not read the region again. The fastest

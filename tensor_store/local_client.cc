@@ -23,16 +23,17 @@ namespace ptc {
 namespace {
 
 // Maps `size` bytes of a received memfd with `prot`, advising huge pages,
-// and maps its pages at once: a put's buffer is written whole, a load's
-// region read whole.
-absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot) {
+// and maps its pages at once (unless `populate` is false): a put's buffer
+// is written whole, a load's region read whole.
+absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot,
+                                bool populate = true) {
   void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
   }
   AdviseHugePages(p, size);
-  PrefaultPages(p, size, /*for_write=*/(prot & PROT_WRITE) != 0);
+  if (populate) PrefaultPages(p, size, /*for_write=*/(prot & PROT_WRITE) != 0);
   return p;
 }
 
@@ -83,12 +84,13 @@ absl::Status HollowError() {
 }
 }  // namespace
 
-absl::Status LocalClient::PutBuffer::Map() {
+absl::Status LocalClient::PutBuffer::Map(bool populate) {
   if (data_ != nullptr) return absl::OkStatus();
   if (hollow_) return HollowError();
   if (fd_ < 0)
     return absl::FailedPreconditionError("the put buffer is already unmapped");
-  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ | PROT_WRITE));
+  PTC_ASSIGN_OR_RETURN(void* p,
+                       MapShared(fd_, size_, PROT_READ | PROT_WRITE, populate));
   data_ = static_cast<uint8_t*>(p);
   return absl::OkStatus();
 }

@@ -56,8 +56,9 @@ class LocalClient {
     // A hollow daemon's buffer (a scale test's ptcd): no memory; Map and
     // Write fail, and it is committed with nothing written.
     bool hollow() const { return hollow_; }
-    // Maps the buffer writable (if AllocatePut did not), its pages at once.
-    absl::Status Map();
+    // Maps the buffer writable (if AllocatePut did not), its pages at once
+    // unless `populate` is false.
+    absl::Status Map(bool populate = true);
     // Copies `n` bytes into the buffer at `offset` through its descriptor,
     // mapping nothing (see WriteAt in region_buffer.h: several times
     // faster than filling a fresh mapping where page faults are costly).
