@@ -18,8 +18,10 @@
 #              job's regions GPU -> store -> GPU bit for bit through
 #              registered (pinned) store memory on a side stream
 #   store-bench  tools/gpu_store_benchmark: a 1.1 GiB job saved from and
-#              loaded into GPU memory through a ptcd from the tarball, 5 runs,
-#              against cudaMemcpy from cudaMallocHost in the same run
+#              loaded into GPU memory through a ptcd from the tarball (its
+#              spare pool sized as the deploy guide says: a save's memory is
+#              ready), 5 runs, phase by phase, against cudaMemcpy from
+#              cudaMallocHost in the same run
 #   copy-bench tools/gpu_copy_benchmark: pageable vs registered vs pinned
 #   python     the client wheel (dist/) installed for the machine's Python
 #              and PyTorch (pip install --target, on PYTHONPATH): ptc.torch with the state on the
@@ -109,7 +111,8 @@ else
     >"$work/coordinator.log" 2>&1 &
   cpid=$!
   "$ptc/bin/ptcd" --listen "127.0.0.1:$((base + 1))" --coordinator "127.0.0.1:$base" \
-    --name host0 --gpus 1 --socket "$work/host0.sock" --memory-limit 8GiB --insecure \
+    --name host0 --gpus 1 --socket "$work/host0.sock" --memory-limit 16GiB --spare-pool 4GiB \
+    --insecure \
     >"$work/ptcd.log" 2>&1 &
   dpid=$!
   store_bench() {
