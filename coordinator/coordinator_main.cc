@@ -22,6 +22,7 @@
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/mutex_checks.h"
 #include "common/open_files.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
@@ -291,6 +292,7 @@ absl::Status Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ptc::InstallCrashHandler(argv[0]);
+  ptc::ConfigureMutexChecks();
   // glibc gives each thread that allocates an arena of its own, up to 8 per
   // core, and frees little of them back: the coordinator's 256 RPC threads
   // left its memory 25-35% above what 4 arenas hold on a 2-core machine

@@ -29,6 +29,7 @@
 #include "common/limits.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "ptcd/coordinator_agent.h"
 #include "snapshot/snapshot_dir.h"
@@ -318,6 +319,7 @@ absl::Status Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ptc::InstallCrashHandler(argv[0]);
+  ptc::ConfigureMutexChecks();
   const absl::Status status = ptc::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "ptcd: " << status.message() << "\n";

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "coordinator/save_proof.h"
 #include "ptc/families.h"
@@ -162,6 +163,8 @@ int Run(int runs) {
 }  // namespace ptc::tools
 
 int main(int argc, char** argv) {
+  ptc::ConfigureMutexChecks();  // as in the daemons: off unless
+                                // PTC_MUTEX_CHECKS=1
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) {

@@ -57,6 +57,7 @@
 #include "common/channel.h"
 #include "common/crash.h"
 #include "common/logging.h"
+#include "common/mutex_checks.h"
 #include "common/open_files.h"
 #include "common/status_macros.h"
 #include "proto/enum_names.h"
@@ -465,6 +466,7 @@ absl::Status Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ptc::InstallCrashHandler(argv[0]);
+  ptc::ConfigureMutexChecks();
   const absl::Status status = ptc::tools::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "ptc-hollow: " << status.message() << "\n";

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "plan/plan_scenario.h"
 #include "plan/plan_validator.h"
@@ -343,6 +344,8 @@ int Run(int runs, int only, bool markdown) {
 }  // namespace ptc::tools
 
 int main(int argc, char** argv) {
+  ptc::ConfigureMutexChecks();  // as in the daemons: off unless
+                                // PTC_MUTEX_CHECKS=1
   int runs = 5, only = -1;
   bool markdown = false;
   for (int i = 1; i < argc; ++i) {

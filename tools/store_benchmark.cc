@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/mutex_checks.h"
 #include "tensor_store/internal/testing.h"
 #include "tensor_store/local_client.h"
 #include "tools/internal/stats.h"
@@ -155,6 +156,8 @@ int Run(int max_mib) {
 }  // namespace ptc
 
 int main(int argc, char** argv) {
+  ptc::ConfigureMutexChecks();  // as in the daemons: off unless
+                                // PTC_MUTEX_CHECKS=1
   int max_mib = 1024;
   if (argc == 3 && std::string(argv[1]) == "--max-mib")
     max_mib = std::atoi(argv[2]);

@@ -5,6 +5,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh || exit 1
+# Every daemon a test starts checks its lock order (common/mutex_checks.h).
+export PTC_MUTEX_CHECKS=1
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
