@@ -35,16 +35,17 @@ namespace ptc {
 
 // How long a transfer of `bytes` from a peer may take: the fragment's peer
 // timeout (which the coordinator derives from its host timeout) plus the
-// bytes at 10 MB/s. It separates slowness from death: a peer that dies is
+// bytes at 1 MB/s. It separates slowness from death: a peer that dies is
 // noticed sooner and otherwise (its connection resets, or its channel's
 // keepalive pings go unanswered for 4 s, and the transfer's call fails;
 // the coordinator declares the host dead and moves the change on), so the
-// deadline only catches a live peer that stopped sending. It was the peer
-// timeout plus 100 MB/s, which a busy host (nice 19, a load of 10) missed
-// on a change that then aborted while every peer was alive.
+// deadline only catches a live peer that stopped sending. At 100 MB/s,
+// then at 10 MB/s, a source starved of CPU (the benchmark at nice 19
+// beside a test suite and a busy loop, a load of 10-14) missed it on a
+// change that then aborted while every peer was alive.
 inline absl::Duration TransferDeadline(absl::Duration peer_timeout,
                                        int64_t bytes) {
-  return peer_timeout + absl::Seconds(static_cast<double>(bytes) / 10e6);
+  return peer_timeout + absl::Seconds(static_cast<double>(bytes) / 1e6);
 }
 
 // A staged buffer a piece lands in: the dense row-major bytes of `region`.

@@ -227,7 +227,7 @@ TEST_CASE("hostile fragments are refused and leave the daemon healthy",
                                             << absl::FormatDuration(took));
       if (s.code() == absl::StatusCode::kFailedPrecondition) continue;  // no UCX
       CHECK_FALSE(s.ok());
-      CHECK(took < absl::Seconds(5));  // 0.5 s and the bytes at 10 MB/s
+      CHECK(took < absl::Seconds(5));  // 0.5 s and the bytes at 1 MB/s
     }
     close(listener);
   }

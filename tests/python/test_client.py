@@ -390,9 +390,11 @@ def test_a_change_asked_while_a_save_commits_starts_after_it(ptc_module, bin_dir
         # (An advice plans its candidates: it was "no config could be
         # planned" while the save committed.)
         advice = c.ptcctl_async("advise", "--job", "change", "--json")
+        # Both are refused and ask again while the commit waits for host0
+        # (their output below says so). Not asserted by time: on a busy
+        # machine the commit can end first, by giving host0 up once its
+        # connection's keepalive pings go unanswered (about 4 s).
         time.sleep(2)
-        assert change.poll() is None, change.communicate()
-        assert advice.poll() is None, advice.communicate()
         c.resume_process("host0")
         committing.join(120)
         out, err = advice.communicate(timeout=300)
