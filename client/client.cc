@@ -466,11 +466,10 @@ Client::Save::~Save() {
     if (b) client_->local_->AbortPut(&*b).IgnoreError();
 }
 
-absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i,
-                                                        bool populate) {
+absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i, bool populate) {
   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
   PTC_RETURN_IF_ERROR(b->Map(populate));
-  // The caller may change the bytes: Commit checksums them itself.
+  // The caller may change the bytes: ptcd checksums what it stores at Commit.
   written_checksums_[i].reset();
   return absl::Span<uint8_t>(b->data(), static_cast<size_t>(b->size()));
 }

@@ -209,9 +209,10 @@ class Client {
     // every page itself: populating them before would do it twice).
     absl::StatusOr<absl::Span<uint8_t>> Buffer(int i, bool populate = true);
     // Copies `bytes` (exactly regions()[i].bytes, row-major) into region i
-    // and takes its checksum during the copy, while each chunk is in
-    // cache, so that Commit does not read the region again. The fastest
-    // way to save a region that is already contiguous in memory.
+    // and takes their checksum during the copy, while each chunk is in
+    // cache; at Commit ptcd compares it with its own checksum of what it
+    // stores (DATA_LOSS if they differ). The fastest way to save a region
+    // that is already contiguous in memory.
     absl::Status Write(int i, absl::Span<const uint8_t> bytes);
     // Marks region i saved without bytes, on a hollow ptcd only (a scale
     // test's, which keeps every region's metadata and none of its bytes:

@@ -76,7 +76,8 @@ DeviceCopies::~DeviceCopies() {
 absl::Status DeviceCopies::Save(Client::Save& save, int i, uintptr_t src,
                                 uint64_t bytes, uintptr_t after) {
   // Not populated: registering pins every page, faulting it in.
-  PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst, save.Buffer(i, /*populate=*/false));
+  PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst,
+                       save.Buffer(i, /*populate=*/false));
   return Copy(dst.data(), reinterpret_cast<const void*>(src), bytes,
               /*to_device=*/false, dst.data(), dst.size(), after);
 }
