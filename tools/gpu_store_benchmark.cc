@@ -208,13 +208,11 @@ absl::Status Run(const Args& args) {
     }
     // One checksum pass over what was copied, timed apart and left out of
     // the save's time: what each pass over the bytes costs on this host.
-    uint64_t x = 0;
     for (size_t i = 0; i < regions.size(); ++i) {
       PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> b, s->Buffer(i));
-      x ^= Checksum(b.data(), b.size());
+      (void)Checksum(b.data(), b.size());  // another library's: not elided
     }
     const double t5 = Now();
-    if (x == 42) std::cout << "";
     for (const SmallObjectSpec& o : client->spec().small_objects)
       PTC_RETURN_IF_ERROR(s->PutSmallObject(o.name, SyntheticSmallObject(o.name, 0)));
     PTC_RETURN_IF_ERROR(s->Commit().status());
