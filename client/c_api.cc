@@ -733,10 +733,15 @@ int ptc_client_hot_plan(ptc_client* c, int64_t serial, ptc_bytes* json) {
 }
 
 int ptc_client_begin_save(ptc_client* c, int64_t step, ptc_save** out) {
+  return ptc_client_begin_save_for_change(c, step, 0, out);
+}
+
+int ptc_client_begin_save_for_change(ptc_client* c, int64_t step,
+                                     int64_t change_serial, ptc_save** out) {
   return Call([&]() -> absl::Status {
     if (c == nullptr || out == nullptr) return Null("client or out");
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::Client::Save> s,
-                         c->client->BeginSave(step));
+                         c->client->BeginSave(step, change_serial));
     *out = new ptc_save{ptc::KeepingClient(std::move(s), c->client)};
     return absl::OkStatus();
   });

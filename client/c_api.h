@@ -135,6 +135,11 @@ PTC_API int ptc_client_hot_plan(ptc_client* c, int64_t serial,
                                 ptc_bytes* json);
 PTC_API int ptc_client_begin_save(ptc_client* c, int64_t step,
                                   ptc_save** out);
+// A save for the pending change of serial `change_serial`, made in the
+// current layout because its hot switch did not start (Client::BeginSave).
+PTC_API int ptc_client_begin_save_for_change(ptc_client* c, int64_t step,
+                                             int64_t change_serial,
+                                             ptc_save** out);
 PTC_API int ptc_client_load(ptc_client* c, ptc_state** out);
 PTC_API int ptc_client_wait_committed(ptc_client* c, int64_t version,
                                       double timeout_s);

@@ -430,13 +430,15 @@ std::vector<int> Client::RegionsOf(const std::string& key) const {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(int64_t step) {
+absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
+    int64_t step, int64_t change_serial) {
   proto::BeginSaveRequest req;
   req.set_job(options_.job);
   req.set_rank(options_.rank);
   req.set_layout_epoch(layout_epoch_);
   req.set_step(step);
   req.set_pending_serial(options_.pending_serial);
+  req.set_change_serial(change_serial);
   proto::BeginSaveResponse resp;
   // Asked again if refused or the connection failed: every rank's
   // BeginSave of one step gets the same version, however often it asks.

@@ -253,8 +253,12 @@ class Client {
   // coordinator gives the save its version (every rank saving the same
   // step under the same layout writes into the same version).
   // FAILED_PRECONDITION if the job's layout changed since this client read
-  // it, or the job is being reconfigured.
-  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t step);
+  // it, or the job is being reconfigured. `change_serial`: the pending
+  // change this save is made for (JobStatus.pending_serial), when its ranks
+  // save for it instead of switching hot: the change then goes through the
+  // store from this save (0: a save of the job's own schedule).
+  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t step,
+                                                  int64_t change_serial = 0);
 
   // This rank's state in one committed version: read-only mappings of the
   // daemon's buffers (no copy) and the rank's small objects. Valid while

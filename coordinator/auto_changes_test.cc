@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "coordinator/saves_state.h"
+
 namespace ptc {
 namespace {
 
@@ -153,6 +155,18 @@ TEST_CASE("a pending change starts after its save, or without it") {
     CHECK(a->pending);
     CHECK(a->request.to() == "tp=1,pp=1,dp=24");
     CHECK(a->reason == "requested");
+  }
+  SECTION("a hot switch: only a save its processes make for it counts") {
+    s.mutable_pending()->set_hot(true);
+    s.set_pending_after_version(kAwaitingOwnSave);
+    s.set_committed_version(5);  // a periodic save
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    s.set_pending_after_version(5);  // they began version 6 for the change
+    CHECK_FALSE(w.Look(absl::Seconds(1)).has_value());
+    s.set_committed_version(6);
+    auto a = w.Look(absl::Seconds(1));
+    REQUIRE(a.has_value());
+    CHECK(a->pending);
   }
   SECTION("no save within the timeout: from the committed version") {
     auto a = w.Look(absl::Seconds(kDefaultSaveTimeout + 1));

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/saves_state.h"
 #include "plan/advisor.h"
 #include "plan/job_placement.h"
 #include "plan/plan_proto.h"
@@ -124,13 +125,12 @@ absl::Status CoordinatorService::SetPendingLocked(
   job.state.set_pending_serial(job.state.next_serial());
   job.state.set_pending_reason(reason);
   // The save it waits for: a newer one than what is committed; for a hot
-  // switch, also newer than every save begun so far: a periodic save under
-  // way as the switch is asked would otherwise, as it commits, turn the
-  // switch into a change through the store (the save that should is that
-  // of processes that could not start the switch).
-  job.state.set_pending_after_version(
-      hot ? std::max(job.state.committed_version(), job.state.next_version() - 1)
-          : job.state.committed_version());
+  // switch, only the one its processes make for it if they cannot start
+  // it (SaveIsForChange). A periodic save, begun before or just after the
+  // switch was asked (before the processes heard of it), would otherwise
+  // turn the switch into a change through the store as it commits.
+  job.state.set_pending_after_version(hot ? kAwaitingOwnSave
+                                          : job.state.committed_version());
   job.state.set_pending_unix(absl::ToUnixMicros(absl::Now()) / 1e6);
   Log("coordinator")
       ->info("job {}: change to {} ({}) waits for the processes' next {}",

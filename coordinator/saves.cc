@@ -115,6 +115,15 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "pending serial ", req.pending_serial(), " is negative"));
   }
+  if (req.change_serial() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("change serial ", req.change_serial(), " is negative"));
+  }
+  if (req.change_serial() != 0 && req.pending_serial() != 0) {
+    return absl::InvalidArgumentError(
+        "a save is either a hot switch's (pending serial) or one made for a "
+        "pending change in the current layout (change serial), not both");
+  }
   absl::MutexLock lock(&mu_);
   if (req.pending_serial() != 0) {
     // A hot switch's save: one version for every target rank.
@@ -138,7 +147,15 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
   bool opened = false;
   const int64_t version =
       OpenSave(*saving, req.step(), options_.max_open_saves, &opened);
-  if (opened) {
+  const bool for_change =
+      SaveIsForChange(*saving, req.change_serial(), version);
+  if (for_change) {
+    Log("coordinator")
+        ->info(
+            "job {}: the change to {} goes through the store from version {}",
+            req.job(), saving->state.pending().to(), version);
+  }
+  if (opened || for_change) {
     PTC_RETURN_IF_ERROR(PersistLocked());
     Log("coordinator")
         ->info("job {}: save of step {} is version {} (layout epoch {})",

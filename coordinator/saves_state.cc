@@ -1,6 +1,7 @@
 #include "coordinator/saves_state.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,17 @@ int64_t OpenHotSave(JobTable::Job& job, int64_t step, double now_unix,
   return o->version();
 }
 
+bool SaveIsForChange(JobTable::Job& job, int64_t serial, int64_t version) {
+  proto::CoordinatorState::Job& s = job.state;
+  if (serial == 0 || !s.has_pending() || s.pending_serial() != serial)
+    return false;
+  // Already waiting for this save or an older one (a change through the
+  // store waits for any save newer than the committed version).
+  if (s.pending_after_version() < version) return false;
+  s.set_pending_after_version(version - 1);
+  return true;
+}
+
 absl::StatusOr<SaveReport> ReportSave(JobTable::Job& job, int64_t version,
                                       int32_t rank, bool hot) {
   const proto::CoordinatorState::Job& s = job.state;
@@ -88,14 +100,23 @@ std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
   s.set_committed_version(version);
   s.set_committed_step(step);
   s.clear_lost_hosts();
+  // A pending hot switch's save stays open: it is of the next layout, and
+  // the switch goes on (or ClearPending drops it).
+  const int64_t hot = s.hot_version();
   auto* open = s.mutable_open_saves();
   for (const auto& o : *open)
-    if (o.version() < version) superseded.push_back(o.version());
-  open->erase(
-      std::remove_if(open->begin(), open->end(),
-                     [&](const auto& o) { return o.version() <= version; }),
-      open->end());
-  job.saved.erase(job.saved.begin(), job.saved.upper_bound(version));
+    if (o.version() < version && o.version() != hot)
+      superseded.push_back(o.version());
+  open->erase(std::remove_if(open->begin(), open->end(),
+                             [&](const auto& o) {
+                               return o.version() <= version &&
+                                      o.version() != hot;
+                             }),
+              open->end());
+  for (auto it = job.saved.begin();
+       it != job.saved.end() && it->first <= version;) {
+    it = it->first == hot ? std::next(it) : job.saved.erase(it);
+  }
   if (previous > 0) superseded.push_back(previous);
   return superseded;
 }

@@ -35,6 +35,18 @@ int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open, bool* opened);
 int64_t OpenHotSave(JobTable::Job& job, int64_t step, double now_unix,
                     bool* opened);
 
+// A pending hot switch waits for this save (its pending_after_version)
+// until its processes begin a save for it in their layout (the switch did
+// not start on every process): no periodic save turns it into a change
+// through the store.
+inline constexpr int64_t kAwaitingOwnSave = INT64_MAX;
+
+// The ranks began saving `version` for the pending change of serial
+// `serial` (BeginSaveRequest.change_serial): a pending hot switch of that
+// serial starts through the store once `version` commits. True if the
+// record changed (persist it); a serial no longer pending changes nothing.
+bool SaveIsForChange(JobTable::Job& job, int64_t serial, int64_t version);
+
 struct SaveReport {
   bool complete = false;  // every rank of the save reported it
   int64_t step = 0;       // the save's training step

@@ -110,5 +110,48 @@ TEST_CASE("a hot switch's save: one version for the target's ranks") {
   CHECK(report->complete);
 }
 
+TEST_CASE(
+    "a save the ranks make for a pending hot switch, and one that is not") {
+  auto owned = NewJob();
+  JobTable::Job& job = *owned;
+  proto::CoordinatorState::Job& s = job.state;
+  s.mutable_pending()->set_to("tp=1,pp=1,dp=2");
+  s.mutable_pending()->set_hot(true);
+  s.set_pending_serial(7);
+  s.set_pending_after_version(kAwaitingOwnSave);
+  bool opened = false;
+  // The switch began: its save is open under the next epoch.
+  const int64_t hot = OpenHotSave(job, 40, 1000, &opened);
+  REQUIRE(ReportSave(job, hot, 0, true).ok());
+
+  // A periodic save, not for the change: it commits, the switch stays.
+  const int64_t periodic = OpenSave(job, 41, 8, &opened);
+  CHECK_FALSE(SaveIsForChange(job, 0, periodic));
+  CHECK_FALSE(SaveIsForChange(job, 6, periodic));  // a serial no longer pending
+  CHECK(s.pending_after_version() == kAwaitingOwnSave);
+  CommitSave(job, periodic, 41);
+  CHECK(s.committed_version() == periodic);
+  // The switch's save is still open and keeps its report.
+  REQUIRE(s.open_saves_size() == 1);
+  CHECK(s.open_saves(0).version() == hot);
+  CHECK(job.saved.count(hot) == 1);
+
+  // The switch did not start on every process: they save for it.
+  const int64_t own = OpenSave(job, 42, 8, &opened);
+  CHECK(SaveIsForChange(job, 7, own));
+  CHECK(s.pending_after_version() == own - 1);
+  CHECK_FALSE(SaveIsForChange(job, 7, own));  // the other rank's BeginSave
+  const int64_t later = OpenSave(job, 43, 8, &opened);
+  CHECK_FALSE(SaveIsForChange(job, 7, later));  // already waits for `own`
+  CHECK(s.pending_after_version() == own - 1);
+
+  // A change through the store waits for any save newer than the committed.
+  s.mutable_pending()->set_hot(false);
+  s.set_pending_after_version(s.committed_version());
+  CHECK_FALSE(SaveIsForChange(job, 7, later));
+  job.ClearPending();
+  CHECK_FALSE(SaveIsForChange(job, 7, later));  // nothing pending
+}
+
 }  // namespace
 }  // namespace ptc

@@ -3,12 +3,14 @@
 // client library).
 //
 //   synthetic_job save --coordinator ADDR --job J --host NAME --socket PATH
-//   [--step S] [--layout-epoch E]
+//   [--step S] [--layout-epoch E] [--change-serial N]
 //       saves step S (default 1), through the host's ptcd socket (shared
 //       memory), the regions of every rank the job places on NAME into the
 //       version the coordinator gives it, and reports each rank saved;
 //       --layout-epoch saves under that epoch instead of the job's current
-//       one (a stale rank, for tests); --perturb changes the first byte of
+//       one (a stale rank, for tests); --change-serial saves for the
+//       pending change of that serial (its hot switch did not start);
+//       --perturb changes the first byte of
 //       every region (replicas that diverged, for tests);
 //   synthetic_job verify --coordinator ADDR --job J
 //       reads every rank's regions of the committed version from its host
@@ -91,9 +93,13 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
   PTC_ASSIGN_OR_RETURN(std::string job, args.Required("job"));
   PTC_ASSIGN_OR_RETURN(std::string host, args.Required("host"));
   PTC_ASSIGN_OR_RETURN(std::string socket, args.Required("socket"));
-  int64_t step, epoch = 0;
+  int64_t step, epoch = 0, change_serial = 0;
   if (!absl::SimpleAtoi(args.Get("step", "1"), &step) || step < 0) {
     return absl::InvalidArgumentError("--step needs a number >= 0");
+  }
+  if (!absl::SimpleAtoi(args.Get("change-serial", "0"), &change_serial) ||
+      change_serial < 0) {
+    return absl::InvalidArgumentError("--change-serial needs a number >= 0");
   }
   if (args.Has("layout-epoch") &&
       (!absl::SimpleAtoi(args.Get("layout-epoch"), &epoch) || epoch < 1)) {
@@ -122,6 +128,7 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     req.set_rank(first_rank);
     req.set_layout_epoch(epoch);
     req.set_step(step);
+    req.set_change_serial(change_serial);
     proto::BeginSaveResponse resp;
     PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->BeginSave(&ctx, req, &resp)));
     version = resp.version();
@@ -275,13 +282,14 @@ absl::Status Verify(proto::Coordinator::Stub* stub, const Args& args) {
 
 int Main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
-  auto args = Args::Parse(
-      argc, argv, 2,
-      {"coordinator", "job", "host", "socket", "step", "layout-epoch"},
-      {"perturb"});
+  auto args = Args::Parse(argc, argv, 2,
+                          {"coordinator", "job", "host", "socket", "step",
+                           "layout-epoch", "change-serial"},
+                          {"perturb"});
   if ((cmd != "save" && cmd != "verify") || !args.ok()) {
     std::cerr << "usage: synthetic_job save|verify --coordinator ADDR --job J "
-                 "[--host NAME --socket PATH --step S [--layout-epoch E]]\n";
+                 "[--host NAME --socket PATH --step S [--layout-epoch E] "
+                 "[--change-serial N]]\n";
     if (!args.ok()) std::cerr << args.status().message() << "\n";
     return 2;
   }

@@ -296,14 +296,27 @@ def test_a_hot_switch_is_pending_only_where_processes_run_and_refuses_stale_save
     r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
                        "host0,host1", "--after-save", "--hot")
     assert r.returncode != 0 and "hot switch" in r.stderr
-    # The processes give the switch up (one of them could not start it):
-    # they save step 5 in their layout. That save is a version of its own,
-    # not the switch's of the same step; it commits, and the change starts
-    # from it through the store, without waiting for the save timeout.
+    # A periodic save (made by processes that had not heard of the switch
+    # yet) commits, but the switch stays pending: no save of their own
+    # turns it into a change through the store.
     for h in ("host0", "host1"):
-        cluster.save("j", h, 5)
+        cluster.save("j", h, 4)
+    periodic = cluster.job("j")
+    assert periodic["committed_version"] > j["committed_version"], periodic
+    assert periodic["pending_hot"], periodic
+    time.sleep(0.5)  # the auto loop looks at least every 200 ms
+    assert cluster.job("j")["pending_hot"]
+    assert rank0.fetch_event()["pending_serial"] == serial2
+    # The processes give the switch up (one of them could not start it):
+    # they save step 5 in their layout, for the change. That save is a
+    # version of its own, not the switch's of the same step; it commits,
+    # and the change starts from it through the store, without waiting for
+    # the save timeout.
+    for h in ("host0", "host1"):
+        cluster.save("j", h, 5, "--change-serial", str(serial2))
     committed = cluster.job("j")["committed_version"]
-    assert committed not in (j["committed_version"], save.version)
+    assert committed not in (j["committed_version"], save.version,
+                             periodic["committed_version"])
     done = wait_for("the change from that save", lambda: committed_change(cluster), timeout=30)
     assert done["config"] == "tp=2,pp=1,dp=2" and not done["pending_config"]
     assert done["reconfiguration"]["path"] == "store"

@@ -122,6 +122,7 @@ _SIGNATURES = {
     "ptc_client_rendezvous": ([_P, _I64, _I, _D, _B], _I),
     "ptc_client_hot_plan": ([_P, _I64, _B], _I),
     "ptc_client_begin_save": ([_P, _I64, _PP], _I),
+    "ptc_client_begin_save_for_change": ([_P, _I64, _I64, _PP], _I),
     "ptc_client_load": ([_P, _PP], _I),
     "ptc_client_wait_committed": ([_P, _I64, _D], _I),
     "ptc_save_free": ([_P], None),
@@ -638,8 +639,12 @@ class Client(_Handle):
         model name)"""
         return _bytes(_lib.ptc_client_layout, self._h).decode()
 
-    def begin_save(self, step):
-        return Save(_handle(_lib.ptc_client_begin_save, self._h, int(step)), self)
+    def begin_save(self, step, change_serial=0):
+        """Starts saving `step`. `change_serial`: the pending change this
+        save is made for (its hot switch did not start on every process),
+        which then goes through the store from it."""
+        return Save(_handle(_lib.ptc_client_begin_save_for_change, self._h, int(step),
+                            int(change_serial)), self)
 
     def load(self):
         return State(_handle(_lib.ptc_client_load, self._h), self)

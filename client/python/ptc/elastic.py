@@ -301,13 +301,14 @@ class Live:
                     if self._hot_switch(serial):
                         continue  # the processes run the new layout
                     # Not started on every process: the change goes
-                    # through the store, from the save they make now.
+                    # through the store, from the save they make now for
+                    # it (the coordinator takes no other save for it).
                     decision = _SAVE_FOR_CHANGE
                 if decision in (_PERIODIC_SAVE, _SAVE_FOR_CHANGE):
                     if decision == _SAVE_FOR_CHANGE:
                         self._note_change("pending")
                     try:
-                        self._save()
+                        self._save(serial if decision == _SAVE_FOR_CHANGE else 0)
                     except _capi.Error as e:
                         if getattr(e, "code", "") == "UNAVAILABLE":
                             # A host of the job could not take its share
@@ -383,7 +384,7 @@ class Live:
             elif ev["pending_config"] and ev["pending_hot"]:
                 code, serial = _HOT, ev["pending_serial"]
             elif ev["pending_config"]:
-                code = _SAVE_FOR_CHANGE
+                code, serial = _SAVE_FOR_CHANGE, ev["pending_serial"]
             elif (self.save_every and self.iteration > 0 and
                   self.iteration % self.save_every == 0 and self.iteration != self._saved_at):
                 code = _PERIODIC_SAVE
@@ -532,12 +533,13 @@ class Live:
                 raise TimeoutError(f"waited {self.timeout:.0f} s for {what}")
             time.sleep(0.005)
 
-    def _save(self):
+    def _save(self, change_serial=0):
         from . import torch as pt
         if self._on_save:
             self._on_save(self)
         saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
-                        extra=self.extra, step=self.iteration, wait=False)
+                        extra=self.extra, step=self.iteration, wait=False,
+                        change_serial=change_serial)
         self._wait_committed(saved.version, self.layout_epoch)
         self._saved_at = self.iteration
         if self._change is not None and "saved" not in self._change:
