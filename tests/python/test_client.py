@@ -282,6 +282,12 @@ def test_each_misuse_gets_a_clear_error(ptc_module, cluster):
         s.commit()
     with pytest.raises(ptc.Error, match="step -1 is negative"):
         c.begin_save(-1)
+    with pytest.raises(ptc.Error, match="change serial -3 is negative"):
+        c.begin_save(1, change_serial=-3)
+    # A serial that is not pending: a save like any other.
+    s2 = c.begin_save(1, change_serial=12345)
+    assert s2.version > 0
+    del s2
 
 
 def test_cursor_consumes_every_sample_once_across_dp_and_batch_changes(ptc_module):
