@@ -113,7 +113,9 @@ class LiveJob:
                "--model", self.args.model, "--run-dir", str(self.run),
                "--iterations", str(self.args.iterations), "--save-every",
                str(self.args.save_every), "--global-batch", str(self.args.global_batch),
-               "--step-seconds", str(self.args.step_seconds), "--check"]
+               "--step-seconds", str(self.args.step_seconds)]
+        if getattr(self.args, "check", True):  # every reload compared bit for bit
+            cmd.append("--check")
         if self.args.scenario == "host":
             # host0's processes hold their save of this iteration until
             # host1 is dead (host_dies_and_returns).
