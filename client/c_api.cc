@@ -36,6 +36,9 @@
 struct ptc_client {
   std::shared_ptr<ptc::Client> client;
 };
+struct ptc_follower {
+  std::unique_ptr<ptc::JobFollower> follower;
+};
 struct ptc_save {
   std::shared_ptr<ptc::Client::Save> save;
 };
@@ -536,6 +539,38 @@ int ptc_client_ranks_on_host(ptc_client* c, const char* host, ptc_bytes* json) {
     if (c == nullptr || host == nullptr || json == nullptr)
       return Null("client, host or out");
     PTC_ASSIGN_OR_RETURN(ptc::HostRanks r, c->client->RanksOn(host));
+    Give(ptc::HostRanksJson(r), json);
+    return absl::OkStatus();
+  });
+}
+
+int ptc_follower_open(const char* coordinator, const char* job,
+                      ptc_follower** out) {
+  return Call([&]() -> absl::Status {
+    if (coordinator == nullptr || job == nullptr || out == nullptr)
+      return Null("coordinator, job or out");
+    *out =
+        new ptc_follower{std::make_unique<ptc::JobFollower>(coordinator, job)};
+    return absl::OkStatus();
+  });
+}
+
+void ptc_follower_free(ptc_follower* f) { delete f; }
+
+int ptc_follower_event(const ptc_follower* f, ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (f == nullptr || json == nullptr) return Null("follower or out");
+    Give(ptc::EventJson(f->follower->Latest()), json);
+    return absl::OkStatus();
+  });
+}
+
+int ptc_follower_ranks_on_host(ptc_follower* f, const char* host,
+                               ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (f == nullptr || host == nullptr || json == nullptr)
+      return Null("follower, host or out");
+    PTC_ASSIGN_OR_RETURN(ptc::HostRanks r, f->follower->RanksOn(host));
     Give(ptc::HostRanksJson(r), json);
     return absl::OkStatus();
   });

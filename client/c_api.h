@@ -35,6 +35,7 @@ extern "C" {
 #define PTC_API __attribute__((visibility("default")))
 
 typedef struct ptc_client ptc_client;
+typedef struct ptc_follower ptc_follower;
 typedef struct ptc_save ptc_save;
 typedef struct ptc_state ptc_state;
 typedef struct ptc_gpu ptc_gpu;
@@ -104,6 +105,15 @@ PTC_API int ptc_ranks_on_host(const char* coordinator, const char* job,
 PTC_API int ptc_report_process_exit(const char* coordinator, const char* job,
                                     const char* host, int gpu, int exit_code,
                                     int64_t layout_epoch, int* changes);
+// A job followed by an agent (client/client.h JobFollower): its Watch
+// stream's newest event (the JSON of ptc_client_event), and the ranks on
+// a host (the JSON of ptc_ranks_on_host) over the follower's channel.
+PTC_API int ptc_follower_open(const char* coordinator, const char* job,
+                              ptc_follower** out);
+PTC_API void ptc_follower_free(ptc_follower* f);
+PTC_API int ptc_follower_event(const ptc_follower* f, ptc_bytes* json);
+PTC_API int ptc_follower_ranks_on_host(ptc_follower* f, const char* host,
+                                       ptc_bytes* json);
 
 // A training rank's client (client/client.h).
 PTC_API int ptc_client_connect(const char* socket, const char* coordinator,

@@ -297,25 +297,9 @@ absl::Status Client::Rebind(int rank) {
   return s;
 }
 
-Client::~Client() {
-  {
-    absl::MutexLock lock(&follow_mu_);
-    stop_following_ = true;
-    if (follow_ctx_ != nullptr) follow_ctx_->TryCancel();
-  }
-  if (follower_.joinable()) follower_.join();
-}
+Client::~Client() { watch_.Stop(); }
 
-void Client::Unfollow() {
-  {
-    absl::MutexLock lock(&follow_mu_);
-    stop_following_ = true;
-    if (follow_ctx_ != nullptr) follow_ctx_->TryCancel();
-  }
-  if (follower_.joinable()) follower_.join();
-  absl::MutexLock lock(&follow_mu_);
-  stop_following_ = false;
-}
+void Client::Unfollow() { watch_.Stop(); }
 
 namespace {
 
@@ -350,41 +334,70 @@ absl::StatusOr<JobEvent> Client::FetchEvent() {
   return EventOf(e);
 }
 
-void Client::Follow() {
-  if (follower_.joinable()) return;
-  follower_ = std::thread([this] {
+void JobWatch::Start(proto::Coordinator::Stub* stub, const std::string& job) {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this, stub, job] {
     while (true) {
       grpc::ClientContext ctx;
       {
-        absl::MutexLock lock(&follow_mu_);
-        if (stop_following_) return;
-        follow_ctx_ = &ctx;
+        absl::MutexLock lock(&mu_);
+        if (stop_) return;
+        ctx_ = &ctx;
       }
       proto::WatchRequest req;
-      req.set_job(options_.job);
+      req.set_job(job);
       req.set_follow(true);
-      auto reader = coordinator_->Watch(&ctx, req);
+      auto reader = stub->Watch(&ctx, req);
       proto::ReconfigureEvent e;
       while (reader->Read(&e)) {
         JobEvent j = EventOf(e);
-        absl::MutexLock lock(&follow_mu_);
+        absl::MutexLock lock(&mu_);
         latest_ = std::move(j);
       }
       reader->Finish().ok();
-      absl::MutexLock lock(&follow_mu_);
-      follow_ctx_ = nullptr;
-      if (stop_following_) return;
+      absl::MutexLock lock(&mu_);
+      ctx_ = nullptr;
+      if (stop_) return;
       // The coordinator went away or restarted: follow it again shortly.
-      follow_mu_.AwaitWithTimeout(absl::Condition(&stop_following_),
-                                  absl::Milliseconds(200));
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(200));
     }
   });
 }
 
-JobEvent Client::LatestEvent() const {
-  absl::MutexLock lock(&follow_mu_);
+void JobWatch::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (ctx_ != nullptr) ctx_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  stop_ = false;
+}
+
+JobEvent JobWatch::Latest() const {
+  absl::MutexLock lock(&mu_);
   return latest_;
 }
+
+JobFollower::JobFollower(const std::string& coordinator, const std::string& job)
+    : coordinator_(coordinator),
+      job_(job),
+      stub_(CoordinatorStub(coordinator)) {
+  watch_.Start(stub_.get(), job_);
+}
+
+absl::StatusOr<HostRanks> JobFollower::RanksOn(const std::string& host,
+                                               absl::Duration timeout) {
+  // One channel for the follower's life: asked again where a busy
+  // coordinator resets it, as a fresh one would be (ten attempts).
+  return AskRanksOn(stub_.get(), coordinator_, job_, host,
+                    absl::Now() + timeout, 10);
+}
+
+void Client::Follow() { watch_.Start(coordinator_.get(), options_.job); }
+
+JobEvent Client::LatestEvent() const { return watch_.Latest(); }
 
 absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
                                                absl::Duration timeout) {

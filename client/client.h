@@ -135,6 +135,47 @@ struct JobEvent {
   std::string error;
 };
 
+// Follows a job's Watch stream (WatchRequest.follow) in a thread of its
+// own, following it again 200 ms after it breaks (the coordinator went
+// away or restarted). The coordinator holds no thread per stream.
+class JobWatch {
+ public:
+  ~JobWatch() { Stop(); }
+  // Follows `job` over `stub`, which must outlive the following (Stop, or
+  // this object). Idempotent while following.
+  void Start(proto::Coordinator::Stub* stub, const std::string& job);
+  // Stops following; Latest() keeps the last event, Start follows again.
+  void Stop();
+  JobEvent Latest() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  JobEvent latest_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;
+};
+
+// A job followed from outside its processes (a host's agent): the job's
+// Watch stream, and the ranks it places on a host asked over the same
+// channel, so that whoever watches is told of a change rather than asking.
+class JobFollower {
+ public:
+  // Starts following at once; the first event comes when the coordinator
+  // answers (Latest().known is false until then).
+  JobFollower(const std::string& coordinator, const std::string& job);
+  JobEvent Latest() const { return watch_.Latest(); }
+  // RanksOnHost over this follower's channel.
+  absl::StatusOr<HostRanks> RanksOn(const std::string& host,
+                                    absl::Duration timeout = absl::Seconds(30));
+
+ private:
+  std::string coordinator_;
+  std::string job_;
+  std::unique_ptr<proto::Coordinator::Stub> stub_;
+  JobWatch watch_;  // declared after stub_: it stops before the stub goes
+};
+
 class Client {
  public:
   ~Client();
@@ -336,12 +377,8 @@ class Client {
   int64_t committed_step_ = 0;
   int64_t layout_epoch_ = 0;
   std::vector<RankRegion> regions_;
-  // Follow()'s thread and what it last read.
-  mutable absl::Mutex follow_mu_;
-  JobEvent latest_ ABSL_GUARDED_BY(follow_mu_);
-  bool stop_following_ ABSL_GUARDED_BY(follow_mu_) = false;
-  grpc::ClientContext* follow_ctx_ ABSL_GUARDED_BY(follow_mu_) = nullptr;
-  std::thread follower_;
+  // Follow()'s stream (declared last: it stops before coordinator_ goes).
+  JobWatch watch_;
 };
 
 }  // namespace ptc

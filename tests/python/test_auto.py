@@ -329,3 +329,58 @@ def test_a_hot_switch_onto_gpus_without_processes_goes_through_the_store(cluster
                    "host0,host1,host2", "--after-save", "--hot", check=True)
     j = cluster.job("j")
     assert j["pending_config"] == "tp=2,pp=1,dp=3" and not j["pending_hot"]
+
+
+def test_an_agent_is_told_of_changes_by_the_jobs_stream_and_asks_only_then(
+        cluster, ptc_module, tmp_path):
+    """A host's agent follows its job on the coordinator's Watch stream
+    (ptc.Follower) and asks for its host's ranks only when the stream tells
+    of a change, or after --refresh: an idle job costs the coordinator
+    nothing per look (it was one call per host every 100 ms)."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    ptc = ptc_module
+    register(cluster, "--auto", "on", "--live")
+    j = cluster.job("j")
+    follower = ptc.Follower(cluster.coordinator, "j")
+    wait_for("the stream's first event", lambda: follower.event["known"])
+    assert follower.event["layout_epoch"] == j["layout_epoch"]
+    placed = follower.ranks_on_host("host0")
+    assert sorted(r["rank"] for r in placed["ranks"]) == [
+        r for r, h in enumerate(j["rank_hosts"]) if h == "host0"]
+    with pytest.raises(ptc.Error, match="unknown"):
+        ptc.Follower(cluster.coordinator, "nope").ranks_on_host("host0")
+
+    status = tmp_path / "agent.json"
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(ptc.__file__).parents[1]))
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ptc.agent", "--job", "j", "--host", "host0", "--socket",
+         str(cluster.dir / "host0.sock"), "--coordinator", cluster.coordinator,
+         "--status", str(status), "--mode", "live", "--refresh", "600", "--", "sleep", "600"],
+        env=env, stdout=open(tmp_path / "agent.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        def agent_status():
+            try:
+                return json.loads(status.read_text())
+            except (OSError, ValueError):
+                return None
+        s = wait_for("the agent's processes", lambda: (lambda x: x if x and len(
+            x["running"]) == 2 else None)(agent_status()))
+        time.sleep(2.0)  # 20 looks at the placement
+        idle = agent_status()["coordinator_asks"]
+        assert 1 <= idle <= 3, agent_status()
+        # A change: the stream tells the agent, which asks again at once
+        # (long before --refresh).
+        cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
+                       "host0,host1", check=True)
+        s = wait_for("the agent to see the new layout", lambda: (lambda x: x if x and x[
+            "layout_epoch"] == j["layout_epoch"] + 1 else None)(agent_status()), timeout=120)
+        assert s["coordinator_asks"] <= idle + 10, s
+        assert follower.event["layout_epoch"] == j["layout_epoch"] + 1
+    finally:
+        agent.terminate()
+        agent.wait(60)

@@ -37,6 +37,7 @@ from ._capi import (  # noqa: F401
     Client,
     DataCursor,
     Error,
+    Follower,
     ParallelConfig,
     Save,
     State,
@@ -47,6 +48,7 @@ from ._capi import (  # noqa: F401
     report_process_exit,
 )
 
-__all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "ParallelConfig", "Save",
+__all__ = ["MAX_SMALL_OBJECT_BYTES", "Client", "DataCursor", "Error", "Follower",
+           "ParallelConfig", "Save",
            "State", "derived_seed", "model_tensors", "padded_vocab", "ranks_on_host",
            "report_process_exit"]

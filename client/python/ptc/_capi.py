@@ -106,6 +106,10 @@ _SIGNATURES = {
     "ptc_cursor_decode": ([_S, _SZ, ctypes.POINTER(_Cursor)], _I),
     "ptc_ranks_on_host": ([_S, _S, _S, _B], _I),
     "ptc_report_process_exit": ([_S, _S, _S, _I, _I, _I64, ctypes.POINTER(_I)], _I),
+    "ptc_follower_open": ([_S, _S, _PP], _I),
+    "ptc_follower_free": ([_P], None),
+    "ptc_follower_event": ([_P, _B], _I),
+    "ptc_follower_ranks_on_host": ([_P, _S, _B], _I),
     "ptc_client_connect": ([_S, _S, _S, _I, _S, _I64, _PP], _I),
     "ptc_client_free": ([_P], None),
     "ptc_client_numbers": ([_P, ctypes.POINTER(_I64)], None),
@@ -311,6 +315,26 @@ def report_process_exit(coordinator, job, host, gpu, exit_code, layout_epoch):
                                         int(exit_code), int(layout_epoch),
                                         ctypes.byref(changes)))
     return bool(changes.value)
+
+
+class Follower(_Handle):
+    """A job followed from outside its processes (a host's agent): the
+    coordinator's Watch stream tells it of every change (`event`, no call),
+    and `ranks_on_host` asks over the follower's one channel."""
+
+    def __init__(self, coordinator, job):
+        self._own(_handle(_lib.ptc_follower_open, _s(coordinator), _s(job)),
+                  _lib.ptc_follower_free)
+
+    @property
+    def event(self):
+        """the job as the stream last told it (Client.event's fields;
+        known is False until the first event)"""
+        return _json(_lib.ptc_follower_event, self._h)
+
+    def ranks_on_host(self, host):
+        """ptc.ranks_on_host over this follower's channel"""
+        return _json(_lib.ptc_follower_ranks_on_host, self._h, _s(host))
 
 
 def check_layout(layout, config=""):

@@ -106,16 +106,35 @@ class Agent:
         self.look = None  # the job as last seen (ranks_on_host's answer)
         self.failed = None  # (GPU, exit code) of a process the job cannot go on without
         self._warned = False
+        # The job's Watch stream (opened on the first look), and the last
+        # answer about this host with the stream's event it answered.
+        self.follower = None
+        self._answer = None  # (event marker, time asked, look)
+        self.asks = 0  # calls to the coordinator for this host's ranks
 
     def say(self, msg):
         print(f"[ptc-agent {self.host} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     def fetch(self):
-        """The job as the coordinator has it now, with this host's ranks
+        """The job as the coordinator has it, with this host's ranks
         ({layout_epoch, world_size, phase, live, rank0_host_address, ranks:
-        {GPU: rank}}); None if the coordinator could not be asked."""
+        {GPU: rank}}); None if the coordinator could not be asked. The
+        coordinator is asked again only once the job's Watch stream tells
+        of a change (a phase, a layout epoch, a version, a pending change),
+        or --refresh seconds after its last answer (a stream that broke, a
+        policy changed): an idle job costs it one call per host every
+        --refresh seconds, not one per --interval."""
+        if self.follower is None:
+            self.follower = _capi.Follower(self.args.coordinator, self.args.job)
+        ev = self.follower.event
+        marker = (ev["known"], ev["layout_epoch"], ev["plan_epoch"], ev["phase"],
+                  ev["committed_version"], ev["pending_config"], ev["error"])
+        if (self._answer is not None and ev["known"] and self._answer[0] == marker and
+                time.time() - self._answer[1] < self.args.refresh):
+            return self._answer[2]
+        self.asks += 1
         try:
-            placed = _capi.ranks_on_host(self.args.coordinator, self.args.job, self.host)
+            placed = self.follower.ranks_on_host(self.host)
         except _capi.Error as e:
             if not self._warned:
                 self.say(f"asking the coordinator: {e}")
@@ -123,6 +142,9 @@ class Agent:
             return None
         self._warned = False
         placed["ranks"] = {r["gpu"]: r["rank"] for r in placed["ranks"]}
+        # Under the event read before asking: one that came meanwhile is
+        # asked about at the next look.
+        self._answer = (marker, time.time(), placed)
         return placed
 
     def live(self, look):
@@ -264,6 +286,7 @@ class Agent:
     def status(self):
         return {"job": self.args.job, "host": self.host,
                 "layout_epoch": self.look["layout_epoch"] if self.look else None,
+                "coordinator_asks": self.asks,
                 "running": [{"pid": p.pid, "gpu": g, "since": s}
                             for g, (p, s, _) in sorted(self.children.items())],
                 "exited": self.exited}
@@ -314,7 +337,7 @@ class Runner:
         while not self.stopping:
             for a in self.agents:
                 a.step()
-            state = [(sorted(a.children), len(a.exited)) for a in self.agents]
+            state = [(sorted(a.children), len(a.exited), a.asks) for a in self.agents]
             if state != last:
                 self.write_status()
                 last = state
@@ -375,7 +398,10 @@ def main(argv=None):
                     help="do not ask glibc to back the processes' large allocations with "
                          "transparent huge pages (GLIBC_TUNABLES glibc.malloc.hugetlb=1)")
     ap.add_argument("--interval", type=float, default=0.1,
-                    help="seconds between looks at the placement")
+                    help="seconds between looks at the processes and the job's stream")
+    ap.add_argument("--refresh", type=float, default=5.0,
+                    help="seconds after which the placement is asked again although the "
+                         "job's Watch stream told of no change")
     args = ap.parse_args(argv[:cut])
     command = argv[cut + 1:]
     if not command:
@@ -396,8 +422,8 @@ def main(argv=None):
         ap.error("a host is named twice")
     if not 1 <= args.master_port <= 65535 - 999:
         ap.error(f"--master-port {args.master_port}: from 1 to {65535 - 999}")
-    if args.grace < 0 or args.interval <= 0:
-        ap.error("--grace must be >= 0 and --interval > 0")
+    if args.grace < 0 or args.interval <= 0 or not args.refresh > 0:
+        ap.error("--grace must be >= 0, --interval and --refresh > 0")
     runner = Runner(args, [Agent(args, command, h, s) for h, s in hosts])
 
     def stop(*_):
