@@ -128,6 +128,34 @@ TEST_CASE("a job is changed when what it may use changes, once") {
   }
 }
 
+TEST_CASE(
+    "a job grows onto a host back from repeated false deaths after its hold") {
+  World w;
+  REQUIRE(w.Look().has_value());  // c can take it (the first look)
+  // c keeps being declared dead and coming back as the same process.
+  absl::Time t = kT0;
+  for (int i = 0; i < 2; ++i) {
+    t += absl::Minutes(1);
+    w.hosts.MarkDead("c");
+    REQUIRE(w.hosts.Register(Host("c"), t).same_process);
+  }
+  const absl::Duration since = t - kT0;
+  REQUIRE(w.hosts.HeldBack("c", t));
+  // The pool it may use lost c (held back): a change away from it would be
+  // due if the job ran there; it does not, so the look shrinks nothing...
+  auto during =
+      w.auto_changes.Judge("j", *w.job, w.hosts, t + absl::Seconds(1));
+  REQUIRE(during.has_value());
+  CHECK(during->reason == "its hosts changed");
+  CHECK_FALSE(w.auto_changes.Judge("j", *w.job, w.hosts, t + absl::Seconds(20))
+                  .has_value());
+  // ... and once the hold ends, c can take it.
+  auto after = w.auto_changes.Judge("j", *w.job, w.hosts,
+                                    kT0 + since + absl::Seconds(31));
+  REQUIRE(after.has_value());
+  CHECK(after->reason == "host c can take it");
+}
+
 TEST_CASE("a job without automatic changes, or never saved, is not changed") {
   World w;
   w.job->state.mutable_auto_policy()->set_enabled(false);

@@ -305,10 +305,23 @@ grpc::Status CoordinatorService::RegisterHost(
     const auto& pool = job->state.pool();
     if (std::find(pool.begin(), pool.end(), h.name()) == pool.end())
       job->state.add_pool(h.name());
-    Log("coordinator")
-        ->info("job {}: host {} is back as the same process; it rejoins the "
-               "job's pool",
-               name, h.name());
+    const HostRegistry::Host* back = hosts_.Find(h.name());
+    if (hosts_.HeldBack(h.name(), absl::Now())) {
+      Log("coordinator")
+          ->warn(
+              "job {}: host {} is back as the same process after {} "
+              "false deaths within {}; it rejoins the job's pool, and the "
+              "job grows onto it after {}",
+              name, h.name(), back->flaps,
+              absl::FormatDuration(HostRegistry::kFlapWindow),
+              absl::FormatDuration(back->held_until - absl::Now()));
+    } else {
+      Log("coordinator")
+          ->info(
+              "job {}: host {} is back as the same process; it rejoins "
+              "the job's pool",
+              name, h.name());
+    }
   }
   if (rejoined) {
     auto_changes_.HostsChanged();

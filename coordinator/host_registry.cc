@@ -16,7 +16,17 @@ HostRegistry::Registered HostRegistry::Register(const proto::HostStatus& h,
   r.same_process = r.known && host.status.incarnation() == h.incarnation();
   // The same process back after it was declared dead kept its memory, but
   // it is not trusted until proven (rule 7).
-  if (r.was_dead && r.same_process) to_prove_.insert(h.name());
+  if (r.was_dead && r.same_process) {
+    to_prove_.insert(h.name());
+    // A false death: damped if it follows another one closely.
+    host.flaps = now - host.last_flap < kFlapWindow ? host.flaps + 1 : 1;
+    host.last_flap = now;
+    if (host.flaps > 1) {
+      absl::Duration hold = kFirstFlapHold;
+      for (int i = 2; i < host.flaps && hold < kMaxFlapHold; ++i) hold *= 2;
+      host.held_until = now + std::min(hold, kMaxFlapHold);
+    }
+  }
   const bool draining = host.status.draining();
   host.status = h;
   host.status.set_draining(draining);
@@ -74,6 +84,11 @@ const HostRegistry::Host* HostRegistry::Find(const std::string& name) const {
 bool HostRegistry::Alive(const std::string& name) const {
   const Host* h = Find(name);
   return h != nullptr && h->status.alive();
+}
+
+bool HostRegistry::HeldBack(const std::string& name, absl::Time now) const {
+  const Host* h = Find(name);
+  return h != nullptr && h->status.alive() && now < h->held_until;
 }
 
 bool HostRegistry::Usable(const std::string& name) const {

@@ -45,7 +45,27 @@ class HostRegistry {
     // The heartbeat interval the host was last told (zero: not told by
     // this coordinator).
     absl::Duration told = absl::ZeroDuration();
+    // False deaths (declared dead, back as the same process) close
+    // together, the last one's time, and until when jobs do not grow onto
+    // the host (FlapHold).
+    int flaps = 0;
+    absl::Time last_flap = absl::InfinitePast();
+    absl::Time held_until = absl::InfinitePast();
   };
+
+  // A host that keeps being declared dead and coming back (a flapping
+  // link, a host that stalls) would move its jobs off and back each time,
+  // each move rolling them back to their last save. The first false death
+  // in kFlapWindow costs nothing more: jobs grow onto the host again at
+  // once. Each further one holds the growth for kFirstFlapHold, doubled
+  // per flap, at most kMaxFlapHold; a host that stays up for kFlapWindow
+  // starts afresh.
+  static constexpr absl::Duration kFlapWindow = absl::Minutes(10);
+  static constexpr absl::Duration kFirstFlapHold = absl::Seconds(30);
+  static constexpr absl::Duration kMaxFlapHold = absl::Minutes(10);
+  // Jobs do not grow onto `name` now (alive, but back from its latest of
+  // several false deaths a moment ago). Its current jobs stay on it.
+  bool HeldBack(const std::string& name, absl::Time now) const;
 
   // How often hosts heartbeat, and how long a silent one has before it is
   // declared dead. A host sends two heartbeats per interval. The

@@ -48,6 +48,42 @@ TEST_CASE("a host that comes back after it was declared dead") {
   }
 }
 
+TEST_CASE("a host that keeps coming back from false deaths is held back") {
+  HostRegistry hosts;
+  hosts.Register(Status("a", 1), kT0);
+  absl::Time t = kT0;
+  // Declared dead and back as the same process, every `gap`.
+  auto flap = [&](absl::Duration gap) {
+    t += gap;
+    hosts.MarkDead("a");
+    REQUIRE(hosts.Register(Status("a", 1), t).same_process);
+  };
+  flap(absl::Minutes(1));
+  CHECK_FALSE(hosts.HeldBack("a", t));  // the first: jobs grow back at once
+  flap(absl::Minutes(1));
+  CHECK(hosts.HeldBack("a", t));
+  CHECK(hosts.HeldBack("a", t + absl::Seconds(29)));
+  CHECK_FALSE(hosts.HeldBack("a", t + absl::Seconds(30)));
+  flap(absl::Minutes(1));
+  CHECK(hosts.HeldBack("a", t + absl::Seconds(59)));
+  CHECK_FALSE(hosts.HeldBack("a", t + absl::Seconds(60)));
+  for (int i = 0; i < 10; ++i) flap(absl::Minutes(1));
+  CHECK(hosts.HeldBack("a", t + HostRegistry::kMaxFlapHold - absl::Seconds(1)));
+  CHECK_FALSE(hosts.HeldBack("a", t + HostRegistry::kMaxFlapHold));
+  // Dead, it is not held back: it is not there.
+  hosts.MarkDead("a");
+  CHECK_FALSE(hosts.HeldBack("a", t));
+  // Up for the window: the next false death is a first one again.
+  hosts.Register(Status("a", 1), t);
+  flap(HostRegistry::kFlapWindow + absl::Seconds(1));
+  CHECK_FALSE(hosts.HeldBack("a", t));
+  // A new process (a restart) is no false death.
+  hosts.MarkDead("a");
+  hosts.Register(Status("a", 2), t + absl::Seconds(1));
+  CHECK_FALSE(hosts.HeldBack("a", t + absl::Seconds(1)));
+  CHECK_FALSE(hosts.HeldBack("nowhere", t));
+}
+
 TEST_CASE("draining is the scheduler's word, not the host's") {
   HostRegistry hosts;
   hosts.Register(Status("a", 1), kT0);
