@@ -750,6 +750,8 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext* ctx,
     *s = h.status;
     s->set_seconds_since_heartbeat(
         absl::ToDoubleSeconds(now - h.last_heartbeat));
+    if (hosts_.HeldBack(name, now))
+      s->set_held_back_seconds(absl::ToDoubleSeconds(h.held_until - now));
   }
   return grpc::Status::OK;
 }

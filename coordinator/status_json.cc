@@ -17,6 +17,7 @@ std::string HostsJson(const proto::ListHostsResponse& resp) {
     w.Key("memory_bytes").Int(h.memory_bytes());
     w.Key("memory_used_bytes").Int(h.memory_used_bytes());
     w.Key("domain").String(h.domain()).Key("socket").String(h.socket());
+    w.Key("held_back_seconds").Double(h.held_back_seconds());
     w.Key("seconds_since_heartbeat")
         .Double(h.seconds_since_heartbeat())
         .EndObject();

@@ -69,6 +69,23 @@ def test_a_host_declared_dead_while_only_silent_rejoins_the_pool_once_back(clust
     assert v.returncode == 0, v.stdout + v.stderr
 
 
+def test_a_host_that_flaps_is_held_back_and_ptcctl_hosts_says_so(cluster):
+    """host2 is declared dead and comes back as the same process twice:
+    the second time it is held back (jobs grow onto it only after 30 s;
+    auto_changes_test covers the growth), and `ptcctl hosts` says so."""
+    for _ in range(2):
+        cluster.stop_process("host2")
+        cluster.wait_dead("host2")
+        cluster.resume_process("host2")
+        wait_for("host2 back", lambda: cluster.hosts()["host2"]["alive"])
+    held = cluster.hosts()["host2"]
+    assert 0 < held["held_back_seconds"] <= 30, held
+    r = cluster.ptcctl("hosts")
+    assert any(line.split()[:1] == ["host2"] and "held" in line.split()
+               for line in r.stdout.splitlines()), r.stdout
+    assert cluster.hosts()["host0"]["held_back_seconds"] == 0
+
+
 def test_a_dead_host_changes_the_job_by_itself_and_an_added_host_grows_it(cluster):
     register(cluster, "--auto", "on")
     cluster.kill("host1")

@@ -775,11 +775,14 @@ absl::Status Hosts(Stub* stub, bool json) {
                                "ADDRESS", "GPUS", "STATE", "MEMORY",
                                "LAST HEARTBEAT");
   for (const auto& h : resp.hosts()) {
-    std::cout << absl::StrFormat(
-        "%-16s %-22s %5d %-6s %10s  %s ago\n", h.name(), h.address(), h.gpus(),
-        !h.alive() ? "DEAD" : h.draining() ? "drain" : "alive",
-        HumanBytes(h.memory_bytes()),
-        HumanSeconds(h.seconds_since_heartbeat()));
+    std::cout << absl::StrFormat("%-16s %-22s %5d %-6s %10s  %s ago\n",
+                                 h.name(), h.address(), h.gpus(),
+                                 !h.alive()                  ? "DEAD"
+                                 : h.draining()              ? "drain"
+                                 : h.held_back_seconds() > 0 ? "held"
+                                                             : "alive",
+                                 HumanBytes(h.memory_bytes()),
+                                 HumanSeconds(h.seconds_since_heartbeat()));
   }
   return absl::OkStatus();
 }
