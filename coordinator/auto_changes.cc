@@ -44,6 +44,13 @@ void AutoChanges::Forget(const std::string& job) {
   waiting_since_.erase(job);
 }
 
+bool MayPlaceOn(const HostRegistry& hosts,
+                const proto::CoordinatorState::Job& job,
+                const std::string& host, absl::Time now) {
+  return hosts.Usable(host) &&
+         (Contains(job.hosts(), host) || !hosts.HeldBack(host, now));
+}
+
 std::optional<AutoChanges::Action> AutoChanges::Judge(
     const std::string& name, JobTable::Job& job, const HostRegistry& hosts,
     absl::Time now) {
@@ -139,15 +146,8 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
   // wrong reason).
   const std::string policy_bytes = policy.SerializeAsString();
   std::string seen = absl::StrCat(policy_bytes, "|");
-  // A host back from a false death shortly after another one is held back
-  // a while (HostRegistry::HeldBack): the job grows onto it once the hold
-  // ends, not at every flap.
-  auto candidate = [&](const std::string& h) {
-    return hosts.Usable(h) &&
-           (Contains(s.hosts(), h) || !hosts.HeldBack(h, now));
-  };
   for (const std::string& h : s.pool()) {
-    if (candidate(h))
+    if (MayPlaceOn(hosts, s, h, now))
       absl::StrAppend(&seen, h, ":", hosts.Find(h)->status.gpus(), ",");
   }
   const auto seen_p = seen_policy_.find(name);
@@ -197,7 +197,8 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
   } else if (seen_[name] != seen) {
     std::vector<std::string> joined;
     for (const std::string& h : s.pool()) {
-      if (candidate(h) && !Contains(s.hosts(), h)) joined.push_back(h);
+      if (MayPlaceOn(hosts, s, h, now) && !Contains(s.hosts(), h))
+        joined.push_back(h);
     }
     a.reason = joined.empty() ? "its hosts changed"
                               : absl::StrCat(Hosts(joined), " can take it");

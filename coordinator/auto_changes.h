@@ -38,6 +38,14 @@ inline constexpr absl::Duration kAutoRetryAborted = absl::Milliseconds(500);
 // How long a pending change waits for its save unless the policy says.
 inline constexpr double kDefaultSaveTimeout = 60;
 
+// Whether an automatic change may place the job of record `job` on `host`
+// now: a usable host, and not one held back after repeated false deaths
+// (HostRegistry::HeldBack: the job grows onto it once the hold ends)
+// unless the job already runs there.
+bool MayPlaceOn(const HostRegistry& hosts,
+                const proto::CoordinatorState::Job& job,
+                const std::string& host, absl::Time now);
+
 class AutoChanges {
  public:
   struct Action {

@@ -174,15 +174,9 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     const Resources res = ResourcesLocked(req.job());
     std::vector<std::string> asked(req.hosts().begin(), req.hosts().end());
     if (asked.empty()) {
-      // Not a host held back after repeated false deaths (unless the job
-      // runs there): it joins once its hold ends.
       const absl::Time now = absl::Now();
       for (const std::string& h : job.state.pool()) {
-        const bool runs =
-            std::find(job.state.hosts().begin(), job.state.hosts().end(), h) !=
-            job.state.hosts().end();
-        if (hosts_.Usable(h) && (runs || !hosts_.HeldBack(h, now)))
-          asked.push_back(h);
+        if (MayPlaceOn(hosts_, job.state, h, now)) asked.push_back(h);
       }
     }
     in.gpus_per_host = 1 << 20;

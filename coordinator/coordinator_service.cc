@@ -305,8 +305,8 @@ grpc::Status CoordinatorService::RegisterHost(
     const auto& pool = job->state.pool();
     if (std::find(pool.begin(), pool.end(), h.name()) == pool.end())
       job->state.add_pool(h.name());
-    const HostRegistry::Host* back = hosts_.Find(h.name());
     if (hosts_.HeldBack(h.name(), absl::Now())) {
+      const HostRegistry::Host* back = hosts_.Find(h.name());
       Log("coordinator")
           ->warn(
               "job {}: host {} is back as the same process after {} "
@@ -750,8 +750,9 @@ grpc::Status CoordinatorService::ListHosts(grpc::ServerContext* ctx,
     *s = h.status;
     s->set_seconds_since_heartbeat(
         absl::ToDoubleSeconds(now - h.last_heartbeat));
-    if (hosts_.HeldBack(name, now))
-      s->set_held_back_seconds(absl::ToDoubleSeconds(h.held_until - now));
+    s->set_held_back_seconds(hosts_.HeldBack(name, now)
+                                 ? absl::ToDoubleSeconds(h.held_until - now)
+                                 : 0);
   }
   return grpc::Status::OK;
 }

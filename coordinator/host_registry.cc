@@ -31,6 +31,7 @@ HostRegistry::Registered HostRegistry::Register(const proto::HostStatus& h,
   host.status = h;
   host.status.set_draining(draining);
   host.status.set_alive(true);
+  host.status.clear_held_back_seconds();  // the coordinator's word (HeldBack)
   host.last_heartbeat = now;
   host.registered_at = now;
   host.told = Interval();

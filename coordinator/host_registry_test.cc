@@ -82,6 +82,11 @@ TEST_CASE("a host that keeps coming back from false deaths is held back") {
   hosts.Register(Status("a", 2), t + absl::Seconds(1));
   CHECK_FALSE(hosts.HeldBack("a", t + absl::Seconds(1)));
   CHECK_FALSE(hosts.HeldBack("nowhere", t));
+  // A host cannot claim a hold (or its absence): ListHosts says it.
+  proto::HostStatus claims = Status("b", 1);
+  claims.set_held_back_seconds(99);
+  hosts.Register(claims, t);
+  CHECK(hosts.Find("b")->status.held_back_seconds() == 0);
 }
 
 TEST_CASE("draining is the scheduler's word, not the host's") {

@@ -51,14 +51,11 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "elastic_gpt"))
 import live as live_example  # noqa: E402  (the live job's launcher)
+from live import read_jsonl  # noqa: E402
 import run as elastic  # noqa: E402  (the local cluster)
 
 MODEL = "layers=12,hidden=768,heads=12,ffn=3072,vocab=16384,positions=1024"
 LR, WARMUP = 3e-3, 4
-
-
-def read_jsonl(path):
-    return live_example.read_jsonl(path)
 
 
 def stats(xs):

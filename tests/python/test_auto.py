@@ -310,6 +310,8 @@ def test_a_hot_switch_is_pending_only_where_processes_run_and_refuses_stale_save
     assert target.layout_epoch == j["layout_epoch"] + 1
     save = target.begin_save(5)
     assert save.version > j["committed_version"]
+    with pytest.raises(ptc.Error, match="not both"):
+        target.begin_save(5, change_serial=serial2)
     r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
                        "host0,host1", "--after-save", "--hot")
     assert r.returncode != 0 and "hot switch" in r.stderr
