@@ -464,7 +464,10 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
           },
           &unavailable),
       absl::StrCat("beginning the save of step ", step)));
-  return std::unique_ptr<Save>(new Save(this, resp.version(), step));
+  std::unique_ptr<Save> save(new Save(this, resp.version(), step));
+  save->keep_.assign(resp.keep_small_objects().begin(),
+                     resp.keep_small_objects().end());
+  return save;
 }
 
 Client::Save::Save(Client* client, int64_t version, int64_t step)
@@ -638,6 +641,18 @@ absl::StatusOr<bool> Client::Save::Commit() {
   req.set_rank(client_->rank());
   req.set_version(version_);
   req.set_layout_epoch(client_->layout_epoch_);
+  // Objects whose every copy is on this host: the coordinator keeps them
+  // too, so that the host's loss does not lose them (a larger one cannot
+  // be kept, and the job's survival line says so).
+  for (const std::string& name : keep_) {
+    auto it = small_.find(name);
+    if (it == small_.end()) continue;
+    if (static_cast<int64_t>(it->second.size()) > kMaxKeptSmallObjectBytes)
+      continue;
+    proto::KeptSmallObject* k = req.add_kept_small_objects();
+    k->set_name(name);
+    k->set_bytes(it->second);
+  }
   proto::ReportSavedResponse resp;
   // A rank's report counts once however often it is sent; it is sent
   // again while the coordinator asks for it again (it is committing

@@ -288,6 +288,8 @@ class Client {
     // xxh3 of region i taken by Write (unset once Buffer(i) hands it out).
     std::vector<std::optional<uint64_t>> written_checksums_;
     std::map<std::string, std::string> small_;
+    // Small objects the coordinator keeps a copy of (BeginSave's answer).
+    std::vector<std::string> keep_;
     bool committed_ = false;
   };
   // Starts saving this rank's state at training step `step` (>= 0): the

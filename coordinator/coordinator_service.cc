@@ -145,6 +145,7 @@ absl::StatusOr<std::vector<std::string>> CoordinatorService::CommitFlightLocked(
                        CommitFlight(job.state, job.event));
   job.host_bytes = job.target_host_bytes;
   job.saved.clear();  // the open saves ended with the layout epoch
+  job.PruneKept();
   auto shape = JobShape(*job.spec, job.state.config());
   if (shape.ok()) std::tie(job.ranks, job.state_bytes) = *shape;
   return lost;
@@ -601,6 +602,7 @@ absl::Status CoordinatorService::AddJob(const proto::RegisterJobRequest& req,
   preq.alive = res.alive;
   preq.taken = res.taken;
   preq.memory = res.memory;
+  preq.small_objects_kept = true;  // each save keeps them (saves.cc)
   PTC_ASSIGN_OR_RETURN(const PlacementResult placed,
                        PlaceJob(req.placement(), preq, res.names));
   auto job = std::make_unique<Job>();
@@ -847,12 +849,13 @@ CoordinatorService::Resources CoordinatorService::ResourcesLocked(
 // its placement survives (empty if its layout cannot be built).
 CoordinatorService::Survival CoordinatorService::JudgeSurvival(
     const std::shared_ptr<const ModelSpec>& spec, const std::string& config,
-    const Placement& placement, const Cluster& cluster) {
+    const Placement& placement, const Cluster& cluster,
+    bool small_objects_kept) {
   Survival judged;
   auto layout = layouts_.Get(spec, config);
   if (layout.ok() && (*layout)->world_size() == placement.world_size()) {
     const SurvivalReport report =
-        CheckSurvival(*spec, **layout, placement, cluster);
+        CheckSurvival(*spec, **layout, placement, cluster, small_objects_kept);
     judged.text = report.Describe();
     judged.any_host = report.SurvivesAnyHost();
   }
@@ -874,6 +877,9 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     std::string config, key;
     Cluster cluster;
     Placement placement;
+    // The coordinator keeps every small object of the committed version
+    // that has no copy on a second host.
+    bool small_objects_kept = false;
   };
   std::vector<Placed> placed;
   absl::ReleasableMutexLock lock(&mu_);
@@ -909,6 +915,11 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     p.spec = j->spec;
     p.config = j->state.config();
     p.key = p.config;
+    if (auto kept = j->kept.find(j->state.committed_version());
+        kept != j->kept.end() && kept->second->Complete()) {
+      p.small_objects_kept = true;
+      p.key += "|kept";
+    }
     const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
     std::map<std::string, int> id;
     for (size_t r = 0; r < rank_hosts.size(); ++r) {
@@ -945,7 +956,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
         continue;
       }
     }
-    Survival judged = JudgeSurvival(p.spec, p.config, p.placement, p.cluster);
+    Survival judged = JudgeSurvival(p.spec, p.config, p.placement, p.cluster,
+                                    p.small_objects_kept);
     judged.placement = p.key;
     s->set_survival(judged.text);
     s->set_survives_host_loss(judged.any_host);

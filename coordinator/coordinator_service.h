@@ -72,6 +72,7 @@
 #include "coordinator/flight.h"
 #include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
+#include "coordinator/kept_small_objects.h"
 #include "coordinator/meetings.h"
 #include "coordinator/save_proof.h"
 #include "coordinator/watchers.h"
@@ -252,6 +253,11 @@ class CoordinatorService final
                                           int32_t rank, int64_t layout_epoch,
                                           int64_t serial)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copies the coordinator keeps of save `version` (a hot switch's
+  // when `hot`), made at its first BeginSave with the plan of what its
+  // ranks send (kept_small_objects.h).
+  KeptSmallObjects& KeptForSaveLocked(Job& job, int64_t version, bool hot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hot switch's save `version` (proven on the target's hosts) makes
   // the pending change the job's committed layout.
   absl::Status CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)
@@ -311,6 +317,8 @@ class CoordinatorService final
     Resources res;
     std::pair<std::vector<std::string>, std::vector<int32_t>> source_ranks;
     std::vector<std::string> lost;  // alive, but without the job's state
+    // The copies kept of the committed version's small objects, or null.
+    std::shared_ptr<const KeptSmallObjects> kept;
     std::thread finished;  // the job's last worker, ended: joined unlocked
   };
   // PlanChange's checks of the job and what it reads of the job and the
@@ -455,7 +463,7 @@ class CoordinatorService final
   };
   Survival JudgeSurvival(const std::shared_ptr<const ModelSpec>& spec,
                          const std::string& config, const Placement& placement,
-                         const Cluster& cluster);
+                         const Cluster& cluster, bool small_objects_kept);
   absl::Mutex survival_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, Survival> survival_ ABSL_GUARDED_BY(survival_mu_);
   // Periodic snapshots that failed: not retried before this time.

@@ -1,6 +1,7 @@
 #include "coordinator/job_table.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -113,6 +114,12 @@ void JobTable::Job::ClearPending() {
   state.clear_pending_reason();
   state.set_pending_serial(0);
   state.set_hot_version(0);
+  PruneKept();
+}
+
+void JobTable::Job::PruneKept() {
+  for (auto it = kept.begin(); it != kept.end();)
+    it = OwnsVersion(it->first) ? std::next(it) : kept.erase(it);
 }
 
 void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/control_store.h"
+#include "coordinator/kept_small_objects.h"
 #include "proto/coordinator.pb.h"
 #include "ptc/layout_cache.h"
 #include "ptc/model_spec.h"
@@ -78,6 +79,13 @@ class JobTable {
     // Store bytes the committed version and the change in flight's target
     // take on each host, by name (what other jobs' placements must leave).
     std::map<std::string, int64_t> host_bytes, target_host_bytes;
+    // Copies of small objects with no copy on a second host, by version
+    // (kept_small_objects.h); of versions the job owns only (PruneKept).
+    // Not persisted: a coordinator that takes over keeps them from the
+    // next save.
+    std::map<int64_t, std::shared_ptr<KeptSmallObjects>> kept;
+    // The plan of the layout saved last (most saves share it).
+    std::shared_ptr<const KeepPlan> keep_plan;
 
     // Computes ranks, state bytes and store bytes per host from the
     // record (a loaded one).
@@ -105,6 +113,8 @@ class JobTable {
     // Clears the pending change, and the hot switch's save if its
     // processes began one (its version is reclaimed).
     void ClearPending();
+    // Forgets the kept copies of versions the job no longer owns.
+    void PruneKept();
   };
   using Jobs = std::map<std::string, std::unique_ptr<Job>>;
 

@@ -185,8 +185,14 @@ proto::ExecuteFragmentRequest FragmentRequest(const ReconfigureRequest& r,
     pm->set_source_host(m.source_host);
     pm->set_derive_from(m.derive_from);
     pm->set_target_host(m.target_host);
-    if (m.derive_from.empty() && m.source_host != kFromSnapshot)
-      add_peer(m.source_host);
+    if (m.derive_from.empty() && m.source_host >= 0) add_peer(m.source_host);
+    if (m.kept_rank >= 0 && r.kept_copy) {
+      if (const std::string* copy = r.kept_copy(m.name, m.kept_rank)) {
+        pm->set_has_kept(true);
+        pm->set_kept_rank(m.kept_rank);
+        pm->set_kept(*copy);
+      }
+    }
     for (const SmallObjectMove::Copy& c : m.alternates) {
       pm->add_alternate_ranks(c.rank);
       pm->add_alternate_hosts(c.host);
@@ -214,8 +220,8 @@ std::map<int32_t, std::string> SoleSources(const ReconfigureRequest& r,
     // Derived, local, from the snapshot, or with another copy or a fresh
     // value to fall back on: no host is its only source.
     if (!m.derive_from.empty() || targets.count(m.source_host) ||
-        m.source_host == kFromSnapshot || !m.alternates.empty() ||
-        !m.derive_fallback.empty())
+        m.source_host < 0 || !m.alternates.empty() ||
+        !m.derive_fallback.empty() || m.kept_rank >= 0)
       continue;
     out.emplace(m.source_host, absl::StrCat("small object '", m.name,
                                             "' of rank ", m.source_rank));
@@ -637,6 +643,7 @@ std::string SilentHostsNote(const ReconfigureRequest& r) {
     if (m.derive_from.empty()) used.insert(m.source_host);
   }
   used.erase(kFromSnapshot);
+  used.erase(kFromCoordinator);
   std::vector<std::string> silent;
   for (int32_t h : used) {
     if (!r.is_alive(h)) silent.push_back(r.input->cluster->hosts[h].name);

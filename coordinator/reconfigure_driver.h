@@ -67,6 +67,11 @@ struct ReconfigureRequest {
   // (empty: none did). A source that did not answer in time but still heartbeats
   // is slow, not cut off: it is told again, and the plan kept.
   std::function<bool(int32_t host)> heard_lately;
+  // The copy the coordinator keeps of source rank `rank`'s small object
+  // `name` (a move's kept_rank), or null: attached to the move in its
+  // target's request. Empty: none is kept.
+  std::function<const std::string*(const std::string& name, int32_t rank)>
+      kept_copy;
 };
 
 struct ReconfigureProgress {

@@ -58,6 +58,9 @@ struct CoordinatorService::Flight {
   ReconfigureRequest request;
   // The snapshot the change reads from, if any.
   std::shared_ptr<const SnapshotUse> snapshot;
+  // The copies the coordinator keeps of the source version's small
+  // objects (the plan's kept_rank), or null.
+  std::shared_ptr<const KeptSmallObjects> kept;
 };
 
 namespace {
@@ -217,6 +220,8 @@ absl::Status CoordinatorService::GatherChangeLocked(
     to_hosts.assign(req.hosts().begin(), req.hosts().end());
   }
   committed = job.state.committed_version();
+  if (auto it = job.kept.find(committed); it != job.kept.end())
+    in.kept = it->second;
   epoch = job.state.last_epoch() + 1;
   return absl::OkStatus();
 }
@@ -307,12 +312,21 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
   where.source_lost = lost_ids;
   where.taken = res.taken;
   where.memory = res.memory;
+  // Each save keeps what a host alone holds of the small objects.
+  where.small_objects_kept = true;
   PTC_ASSIGN_OR_RETURN(out.placement, PlaceJob(req.placement(), where, names));
   out.placement_strategy = PlacementStrategy(req.placement());
   scenario.target_placement = out.placement.placement;
   to_hosts = UsedHosts(out.placement, to_ids, names);
   flight->input = scenario.input();
   flight->input.source_lost = lost_ids;
+  if (in.kept != nullptr && in.kept->size() > 0) {
+    flight->input.kept = [kept = in.kept](const std::string& name,
+                                          int32_t rank) {
+      return kept->Find(name, rank) != nullptr;
+    };
+  }
+  flight->kept = in.kept;
   flight->input.late = res.late;
   for (size_t h = 0; h < res.late.size(); ++h) {
     if (res.late[h]) {
@@ -499,6 +513,11 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
     return h != nullptr &&
            absl::Now() - h->last_heartbeat <= hosts_.IntervalOf(*h) * 3 / 2;
   };
+  if (flight->kept) {
+    r.kept_copy = [kept = flight->kept](const std::string& name, int32_t rank) {
+      return kept->Find(name, rank);
+    };
+  }
   if (flight->snapshot) {
     r.snapshot = &flight->snapshot->manifest;
     r.snapshot_dir = flight->snapshot->dir;

@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/kept_small_objects.h"
 #include "coordinator/reconfigure_driver.h"
 #include "coordinator/save_proof.h"
 #include "coordinator/saves_state.h"
@@ -21,6 +22,47 @@
 #include "tensor_store/store_client.h"
 
 namespace ptc {
+
+namespace {
+
+// Tells a saving rank which of its small objects to send with its report.
+void AskToKeep(const KeptSmallObjects& kept, int32_t rank,
+               proto::BeginSaveResponse* resp) {
+  const std::vector<std::vector<std::string>>& names = kept.plan().names;
+  if (rank < 0 || rank >= static_cast<int32_t>(names.size())) return;
+  for (const std::string& name : names[rank])
+    resp->add_keep_small_objects(name);
+}
+
+// The objects of a rank's report, checked against what BeginSave asked it
+// to send (`asked`; null: the version is not a save in progress, which
+// ReportSave refuses).
+absl::Status CheckKeptObjects(const proto::ReportSavedRequest& req,
+                              const KeptSmallObjects* kept) {
+  if (req.kept_small_objects_size() == 0) return absl::OkStatus();
+  const std::vector<std::string>* asked = nullptr;
+  if (kept != nullptr && req.rank() >= 0 &&
+      req.rank() < static_cast<int32_t>(kept->plan().names.size()))
+    asked = &kept->plan().names[req.rank()];
+  for (const proto::KeptSmallObject& o : req.kept_small_objects()) {
+    if (asked == nullptr ||
+        std::find(asked->begin(), asked->end(), o.name()) == asked->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", req.rank(), " sends small object '", o.name().substr(0, 256),
+          "' to keep, but BeginSave did not ask it for that one (it asks for "
+          "objects whose every copy is on the rank's host)"));
+    }
+    if (static_cast<int64_t>(o.bytes().size()) > kMaxKeptSmallObjectBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "small object '", o.name(), "' of rank ", req.rank(), " has ",
+          o.bytes().size(), " bytes; the coordinator keeps at most ",
+          kMaxKeptSmallObjectBytes, " (send none of a larger one)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status CoordinatorService::CheckLayoutEpochLocked(const Job& job,
                                                         int64_t epoch,
@@ -96,6 +138,38 @@ absl::StatusOr<CoordinatorService::Job*> CoordinatorService::HotSavingJobLocked(
   return &job;
 }
 
+KeptSmallObjects& CoordinatorService::KeptForSaveLocked(Job& job,
+                                                        int64_t version,
+                                                        bool hot) {
+  std::shared_ptr<KeptSmallObjects>& kept = job.kept[version];
+  if (kept) return *kept;
+  const proto::CoordinatorState::Job& s = job.state;
+  std::string config = s.config();
+  std::vector<std::string> rank_hosts;
+  if (hot) {
+    config = s.pending().to();
+    rank_hosts.assign(s.pending().placement().rank_hosts().begin(),
+                      s.pending().placement().rank_hosts().end());
+  } else {
+    rank_hosts = RankHostsLocked(job);
+  }
+  if (!job.keep_plan || job.keep_plan->key != KeepPlanKey(config, rank_hosts)) {
+    absl::StatusOr<KeepPlan> plan = MakeKeepPlan(*job.spec, config, rank_hosts);
+    if (!plan.ok()) {
+      // A placement that does not place every rank (a host unknown after
+      // a restart): nothing is asked for, and the survival line says the
+      // small objects are not kept.
+      Log("coordinator")
+          ->warn("job {}: no small objects are kept for version {}: {}",
+                 s.job(), version, plan.status().ToString());
+      plan = KeepPlan{KeepPlanKey(config, rank_hosts), {}, 0};
+    }
+    job.keep_plan = std::make_shared<const KeepPlan>(*std::move(plan));
+  }
+  kept = std::make_shared<KeptSmallObjects>(job.keep_plan);
+  return *kept;
+}
+
 grpc::Status CoordinatorService::BeginSave(grpc::ServerContext* ctx,
                                            const proto::BeginSaveRequest* req,
                                            proto::BeginSaveResponse* resp) {
@@ -140,6 +214,7 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
                  req.job(), hot->state.pending().to(), req.step(), version);
     }
     resp->set_version(version);
+    AskToKeep(KeptForSaveLocked(*hot, version, /*hot=*/true), req.rank(), resp);
     return absl::OkStatus();
   }
   PTC_ASSIGN_OR_RETURN(
@@ -162,6 +237,8 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
                req.job(), req.step(), version, saving->state.layout_epoch());
   }
   resp->set_version(version);
+  AskToKeep(KeptForSaveLocked(*saving, version, /*hot=*/false), req.rank(),
+            resp);
   return absl::OkStatus();
 }
 
@@ -193,8 +270,23 @@ absl::Status CoordinatorService::DoReportSaved(
             : SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
+    const bool open = std::any_of(
+        s.open_saves().begin(), s.open_saves().end(),
+        [&](const auto& o) { return o.version() == req.version(); });
+    KeptSmallObjects* kept =
+        open ? &KeptForSaveLocked(job, req.version(), hot) : nullptr;
+    PTC_RETURN_IF_ERROR(CheckKeptObjects(req, kept));
     PTC_ASSIGN_OR_RETURN(const SaveReport report,
                          ReportSave(job, req.version(), req.rank(), hot));
+    for (const proto::KeptSmallObject& o : req.kept_small_objects()) {
+      if (!kept->Add(o.name(), req.rank(), o.bytes())) {
+        Log("coordinator")
+            ->warn(
+                "job {}: version {} keeps {} bytes of small objects "
+                "already; rank {}'s '{}' is not kept",
+                req.job(), req.version(), kept->bytes(), req.rank(), o.name());
+      }
+    }
     if (!report.complete) return absl::OkStatus();
     step = report.step;
     spec = job.spec;

@@ -28,6 +28,7 @@ int64_t OpenSave(JobTable::Job& job, int64_t step, int max_open, bool* opened) {
     if (oldest != open->end()) {
       job.saved.erase(oldest->version());
       open->erase(oldest);
+      job.PruneKept();
     }
   }
   proto::CoordinatorState::Job::OpenSave* o = s.add_open_saves();
@@ -118,6 +119,7 @@ std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
     it = it->first == hot ? std::next(it) : job.saved.erase(it);
   }
   if (previous > 0) superseded.push_back(previous);
+  job.PruneKept();
   return superseded;
 }
 
@@ -128,6 +130,7 @@ std::vector<int64_t> DropSave(JobTable::Job& job, int64_t version) {
       std::remove_if(open->begin(), open->end(),
                      [&](const auto& o) { return o.version() == version; }),
       open->end());
+  job.PruneKept();
   return {version};
 }
 

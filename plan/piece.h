@@ -7,6 +7,7 @@
 #define PTC_PLAN_PIECE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ namespace ptc {
 
 // The source host of pieces and small objects read from a snapshot.
 inline constexpr int32_t kFromSnapshot = -1;
+// The source host of a small object whose every copy died with its host,
+// taken from the copy the coordinator keeps (SmallObjectMove::kept_rank).
+inline constexpr int32_t kFromCoordinator = -2;
 
 // One piece of a target region and where it comes from. A piece whose
 // source host is its target host is a copy inside the host's store.
@@ -51,6 +55,13 @@ struct SmallObjectMove {
   // the coordinates a fresh value derives from if every copy's host
   // failed, instead of aborting the change.
   std::string derive_fallback;
+  // >= 0: the coordinator keeps a copy of this object as rank kept_rank
+  // saved it (every copy was on one host): the source when source_host is
+  // kFromCoordinator, else taken when every copy's host failed.
+  int32_t kept_rank = -1;
+  // That copy, attached by the coordinator to a fragment's request (never
+  // in a plan).
+  std::optional<std::string> kept;
 };
 
 // Most alternates a small object's move lists.

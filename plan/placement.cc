@@ -652,7 +652,8 @@ absl::StatusOr<PlacementResult> EvaluatePlacement(const PlacementRequest& req,
   for (int h : req.hosts) {
     if (!used[h]) out.released.push_back(h);
   }
-  out.survival = CheckSurvival(*req.spec, *req.target, placement, *req.cluster);
+  out.survival = CheckSurvival(*req.spec, *req.target, placement, *req.cluster,
+                               req.small_objects_kept);
   return out;
 }
 
@@ -716,41 +717,22 @@ std::string OnlyThere(const ModelSpec& spec, const Layout& layout,
   return "";
 }
 
-// CheckSurvival; without `host_level`, the domains only (ChoosePlacement
-// fills the hosts' part from its blocks).
 // Per group of ranks (group_of(rank); -1: none), the first small object
-// the group's loss takes ("" where none): one a new rank can only copy
-// (NewRankRule::kCopy) has one copy per class of ranks that agree on its
-// scope's axes, and a group that holds every rank of a class holds the
-// class's only copies ("small object 'cursor' of rank 3"). A rank's own
-// object (every axis in scope) is lost with its host whatever the
-// placement; objects a new rank derives (an RNG state) take a fresh value.
+// the group's loss takes ("" where none): a class of SmallObjectClasses
+// whose ranks are all in the group holds its only copies ("small object
+// 'cursor' of rank 3"), unless the coordinator keeps them
+// (`small_objects_kept`).
 std::vector<std::string> SmallObjectsOnlyIn(
     const ModelSpec& spec, const Layout& layout, int groups,
-    const std::function<int(int)>& group_of) {
+    const std::function<int(int)>& group_of, bool small_objects_kept) {
   std::vector<std::string> out(groups);
-  if (!layout.config().has_value()) return out;
-  const ParallelConfig& config = *layout.config();
-  for (const SmallObjectSpec& o : spec.small_objects) {
-    if (o.new_ranks != NewRankRule::kCopy) continue;
-    std::vector<int> axes;
-    for (const std::string& a : o.scope) {
-      if (const int i = config.AxisIndex(a); i >= 0) axes.push_back(i);
-    }
-    // A class's group (-2: it spans groups) and its first rank.
-    std::map<std::vector<int>, std::pair<int, int>> classes;
-    std::vector<int> key(axes.size());
-    for (int r = 0; r < layout.world_size(); ++r) {
-      const MeshCoord c = config.CoordOf(r);
-      for (size_t i = 0; i < axes.size(); ++i) key[i] = c.index[axes[i]];
-      const int g = group_of(r);
-      auto [it, fresh] = classes.try_emplace(key, g, r);
-      if (!fresh && it->second.first != g) it->second.first = -2;
-    }
-    for (const auto& [k, where] : classes) {
-      const auto [g, rank] = where;
-      if (g >= 0 && g < groups && out[g].empty())
-        out[g] = absl::StrCat("small object '", o.name, "' of rank ", rank);
+  if (!layout.config().has_value() || small_objects_kept) return out;
+  for (const SmallObjectClass& c :
+       SmallObjectClasses(spec, *layout.config(), group_of)) {
+    if (c.group >= 0 && c.group < groups && out[c.group].empty()) {
+      out[c.group] =
+          absl::StrCat("small object '", spec.small_objects[c.object].name,
+                       "' of rank ", c.first_rank);
     }
   }
   return out;
@@ -758,7 +740,8 @@ std::vector<std::string> SmallObjectsOnlyIn(
 
 SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
                               const Placement& placement,
-                              const Cluster& cluster, bool host_level) {
+                              const Cluster& cluster, bool host_level,
+                              bool small_objects_kept) {
   SurvivalReport out;
   // The groups of one level: each used host's name (depth -1), or its
   // domain's prefix of `depth + 1` components; a host whose path is
@@ -805,7 +788,7 @@ SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
     const std::vector<Regions> held = GroupRegions(layout, groups, group_of);
     const std::vector<bool> survives = SurvivingGroups(layout, held);
     const std::vector<std::string> small =
-        SmallObjectsOnlyIn(spec, layout, groups, group_of);
+        SmallObjectsOnlyIn(spec, layout, groups, group_of, small_objects_kept);
     std::vector<SurvivalReport::Loss> lost;
     std::vector<std::vector<int32_t>> count;
     for (int g = 0; g < groups; ++g) {
@@ -844,10 +827,38 @@ SurvivalReport SurvivalLevels(const ModelSpec& spec, const Layout& layout,
 
 }  // namespace
 
+std::vector<SmallObjectClass> SmallObjectClasses(
+    const ModelSpec& spec, const ParallelConfig& config,
+    const std::function<int(int)>& group_of) {
+  std::vector<SmallObjectClass> out;
+  for (size_t o = 0; o < spec.small_objects.size(); ++o) {
+    const SmallObjectSpec& object = spec.small_objects[o];
+    if (object.new_ranks != NewRankRule::kCopy) continue;
+    std::vector<int> axes;
+    for (const std::string& a : object.scope) {
+      if (const int i = config.AxisIndex(a); i >= 0) axes.push_back(i);
+    }
+    // A class's group (-2: it spans groups) and its first rank.
+    std::map<std::vector<int>, std::pair<int, int>> classes;
+    std::vector<int> key(axes.size());
+    for (int r = 0; r < config.world_size(); ++r) {
+      const MeshCoord c = config.CoordOf(r);
+      for (size_t i = 0; i < axes.size(); ++i) key[i] = c.index[axes[i]];
+      const int g = group_of(r);
+      auto [it, fresh] = classes.try_emplace(key, g, r);
+      if (!fresh && it->second.first != g) it->second.first = -2;
+    }
+    for (const auto& [k, where] : classes)
+      out.push_back({static_cast<int>(o), where.second, where.first});
+  }
+  return out;
+}
+
 SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
-                             const Placement& placement,
-                             const Cluster& cluster) {
-  return SurvivalLevels(spec, layout, placement, cluster, true);
+                             const Placement& placement, const Cluster& cluster,
+                             bool small_objects_kept) {
+  return SurvivalLevels(spec, layout, placement, cluster, true,
+                        small_objects_kept);
 }
 
 std::string SurvivalReport::Describe() const {
@@ -1477,11 +1488,13 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     // block needs), not another pass over every shard; then the domains.
     const Grouping& g = groupings[best_grouping];
     SurvivalReport& report = best->survival;
-    report = SurvivalLevels(spec, *req.target, best->placement, cluster, false);
+    report = SurvivalLevels(spec, *req.target, best->placement, cluster, false,
+                            req.small_objects_kept);
     const std::vector<bool> survives = SurvivingGroups(*req.target, g.needs);
     const std::vector<std::string> small = SmallObjectsOnlyIn(
         spec, *req.target, static_cast<int>(cluster.hosts.size()),
-        [&](int rank) { return best->placement.host[rank]; });
+        [&](int rank) { return best->placement.host[rank]; },
+        req.small_objects_kept);
     std::vector<std::vector<int32_t>> count;
     std::vector<char> seen(cluster.hosts.size(), 0);
     for (int r = 0; r < world; ++r) {

@@ -32,6 +32,7 @@
 #define PTC_PLAN_PLACEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,10 @@ struct PlacementRequest {
   // with the groupings of rank order only (the dp replicas of a stage side by
   // side).
   bool survive = true;
+  // The coordinator keeps a copy of every small object whose copies are
+  // all on one host (SmallObjectClasses): a host's or domain's loss then
+  // loses none, and the survival report counts regions only.
+  bool small_objects_kept = false;
 };
 
 // Which single failure domain's loss a placement of `layout` survives
@@ -142,8 +147,24 @@ absl::Status CheckPlacementFits(const PlacementRequest& req,
 // CheckSurvival: the report above for a placement of `layout` on
 // `cluster`.
 SurvivalReport CheckSurvival(const ModelSpec& spec, const Layout& layout,
-                             const Placement& placement,
-                             const Cluster& cluster);
+                             const Placement& placement, const Cluster& cluster,
+                             bool small_objects_kept = false);
+
+// The classes of ranks of `config` that hold the same copy of a small
+// object a new rank can only copy (NewRankRule::kCopy): those that agree
+// on its scope's axes. For each, the object's index in spec.small_objects,
+// its first rank, and the group all its ranks are in (group_of(rank)), or
+// -2 where they span groups. A class in one group (a host) holds the
+// object's only copies there: a rank's own object (every axis in scope)
+// always; an object per data-parallel rank when a replica is on one host.
+struct SmallObjectClass {
+  int object = 0;
+  int first_rank = 0;
+  int group = 0;
+};
+std::vector<SmallObjectClass> SmallObjectClasses(
+    const ModelSpec& spec, const ParallelConfig& config,
+    const std::function<int(int)>& group_of);
 
 // Store bytes each cluster host holds of `layout` placed by `placement`
 // (distinct regions of its ranks), indexed by host id.

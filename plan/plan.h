@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,13 @@ struct PlanInput {
   // snapshot of the source version: transfers and small-object moves with
   // source host kFromSnapshot (instead of failing the plan).
   bool snapshot_source = false;
+
+  // Whether the coordinator keeps a copy of small object `name` as source
+  // rank `rank` saved it (it keeps those whose every copy is on one host).
+  // A move with no other copy on a live host takes it (source host
+  // kFromCoordinator, or as the last resort during the change). Empty:
+  // none is kept.
+  std::function<bool(const std::string& name, int32_t rank)> kept;
 
   bool IsAlive(int host) const { return alive.empty() || alive[host]; }
   bool IsLate(int host) const {

@@ -39,6 +39,8 @@ proto::Plan PlanToProto(const Plan& plan) {
       pm->add_alternate_hosts(c.host);
     }
     pm->set_derive_fallback(m.derive_fallback);
+    pm->set_has_kept(m.kept_rank >= 0);
+    pm->set_kept_rank(m.kept_rank);
   }
   const PlanSummary& s = plan.summary;
   proto::PlanSummary* ps = wire.mutable_summary();
@@ -88,6 +90,7 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
     for (int i = 0; i < pm.alternate_ranks_size() && i < pm.alternate_hosts_size(); ++i)
       m.alternates.push_back({pm.alternate_ranks(i), pm.alternate_hosts(i)});
     m.derive_fallback = pm.derive_fallback();
+    if (pm.has_kept()) m.kept_rank = pm.kept_rank();
   }
   const proto::PlanSummary& ps = wire.summary();
   PlanSummary& s = plan.summary;

@@ -568,6 +568,7 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
     bool from_snapshot = false;  // source_rank's copy in the snapshot
     std::vector<SmallObjectMove::Copy> alternates;
     std::string derive_fallback;
+    int32_t kept_rank = -1;  // the candidate whose copy the coordinator keeps
   };
   std::vector<absl::flat_hash_map<std::string, Resolved>> resolved(
       in.spec->small_objects.size());
@@ -584,6 +585,14 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
         SmallObjectSource source =
             SmallObjectSources(obj, from, to, in.spec->num_layers, coord);
         Resolved res;
+        if (in.kept) {
+          for (int c : source.candidates) {
+            if (in.kept(obj.name, c)) {
+              res.kept_rank = c;
+              break;
+            }
+          }
+        }
         if (!source.derive_from.empty()) {
           res.derive_from = std::move(source.derive_from);
         } else {
@@ -614,6 +623,9 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
               res.alternates.push_back({c, h});
             }
             if (obj.new_ranks == NewRankRule::kDerive) res.derive_fallback = scope;
+          } else if (res.kept_rank >= 0) {
+            // Every copy died with its host; the coordinator kept one.
+            res.source_rank = res.kept_rank;
           } else if (in.snapshot_source && !source.candidates.empty()) {
             res.source_rank = source.candidates.front();
             res.from_snapshot = true;
@@ -638,11 +650,16 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
         plan->small_objects.push_back(
             {obj.name, r, -1, -1, target_host, res.derive_from});
       } else {
+        const bool dead =
+            res.source_rank == res.kept_rank &&
+            !in.HoldsSource(in.source_placement->host[res.source_rank]);
         plan->small_objects.push_back(
             {obj.name, r, res.source_rank,
              res.from_snapshot ? kFromSnapshot
+             : dead            ? kFromCoordinator
                                : in.source_placement->host[res.source_rank],
-             target_host, "", res.alternates, res.derive_fallback});
+             target_host, "", res.alternates, res.derive_fallback,
+             res.kept_rank});
       }
     }
   }

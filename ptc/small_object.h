@@ -32,6 +32,10 @@ namespace ptc {
 // Largest small object a store takes: they travel inline in one
 // local-protocol packet.
 inline constexpr int64_t kMaxSmallObjectBytes = 60 * 1024;
+// Largest small object the coordinator keeps a copy of where every copy
+// of it is on one host (BeginSaveResponse.keep_small_objects); a larger
+// one stays with its host only.
+inline constexpr int64_t kMaxKeptSmallObjectBytes = 16 * 1024;
 // Longest small object name.
 inline constexpr int64_t kMaxSmallObjectNameBytes = 256;
 

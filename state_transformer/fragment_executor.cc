@@ -312,6 +312,10 @@ class FragmentRun {
     if (!o.derive_from.empty()) {
       bytes = DerivedSmallObject(job_.job, o.name, o.derive_from,
                                  job_.target_version);
+    } else if (o.source_host == kFromCoordinator) {
+      // Every copy died with its host before the change: the copy the
+      // coordinator keeps.
+      bytes = *o.kept;
     } else {
       // The planned copy, then the others on other hosts, then a fresh
       // value where the object may have one: a source host that failed
@@ -341,7 +345,16 @@ class FragmentRun {
                                     absl::IsDeadlineExceeded(bytes.status())))
           MarkFailed(c.host);
       }
-      if (!bytes.ok() && !o.derive_fallback.empty()) {
+      if (!bytes.ok() && o.kept.has_value()) {
+        Log("transformer")
+            ->warn(
+                "job {}: small object '{}' for rank {}: no copy could be "
+                "read ({}); it takes the copy the coordinator keeps of "
+                "rank {}'s",
+                job_.job, o.name, o.target_rank, absl::StrJoin(tried, "; "),
+                o.kept_rank);
+        bytes = *o.kept;
+      } else if (!bytes.ok() && !o.derive_fallback.empty()) {
         Log("transformer")
             ->warn("job {}: small object '{}' for rank {}: no copy could be "
                    "read ({}); it takes a fresh value",

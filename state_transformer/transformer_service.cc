@@ -128,6 +128,22 @@ absl::StatusOr<FragmentJob> FragmentJobFromRequest(
     for (int i = 0; i < m.alternate_ranks_size(); ++i)
       o.alternates.push_back({m.alternate_ranks(i), m.alternate_hosts(i)});
     o.derive_fallback = m.derive_fallback().substr(0, 1024);
+    if (static_cast<int64_t>(m.kept().size()) > kMaxSmallObjectBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("small object '", m.name().substr(0, 256),
+                       "' comes with a kept copy of ", m.kept().size(),
+                       " bytes; at most ", kMaxSmallObjectBytes));
+    }
+    if (m.has_kept()) {
+      o.kept_rank = m.kept_rank();
+      o.kept = m.kept();
+    }
+    if (m.source_host() == kFromCoordinator && !o.kept.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "small object '", m.name().substr(0, 256), "' for rank ",
+          m.target_rank(),
+          " is to come from the coordinator's copy, but none is attached"));
+    }
   }
   PTC_RETURN_IF_ERROR(ValidateFragment(job));
   return job;

@@ -170,7 +170,21 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     }
   }
   bool committed = false;
+  int64_t kept = 0;
   for (int rank : ranks) {
+    // Each rank's own BeginSave (the same version) says which of its small
+    // objects the coordinator keeps a copy of.
+    proto::BeginSaveResponse began;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+      proto::BeginSaveRequest req;
+      req.set_job(job);
+      req.set_rank(rank);
+      req.set_layout_epoch(epoch);
+      req.set_step(step);
+      PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->BeginSave(&ctx, req, &began)));
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     proto::ReportSavedRequest req;
@@ -178,15 +192,21 @@ absl::Status Save(proto::Coordinator::Stub* stub, const Args& args) {
     req.set_rank(rank);
     req.set_version(version);
     req.set_layout_epoch(epoch);
+    for (const std::string& name : began.keep_small_objects()) {
+      proto::KeptSmallObject* k = req.add_kept_small_objects();
+      k->set_name(name);
+      k->set_bytes(SyntheticSmallObject(name, rank));
+      ++kept;
+    }
     proto::ReportSavedResponse resp;
     PTC_RETURN_IF_ERROR(FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp)));
     committed |= resp.committed();
   }
   std::cout << absl::StrFormat(
       "%s: saved %d ranks of job %s step %d as version %d (%d regions, %.1f "
-      "MiB)%s\n",
+      "MiB; %d small objects kept by the coordinator too)%s\n",
       host, ranks.size(), job, step, version, done.size(), bytes / 1048576.0,
-      committed ? "; version committed by all ranks" : "");
+      kept, committed ? "; version committed by all ranks" : "");
   return absl::OkStatus();
 }
 
