@@ -258,6 +258,10 @@ class CoordinatorService final
   // ranks send (kept_small_objects.h).
   KeptSmallObjects& KeptForSaveLocked(Job& job, int64_t version, bool hot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After `flight` committed: the copies kept of its source version's
+  // small objects, as the plan moved them, are the new version's.
+  void CarryKeptLocked(Job& job, const Flight& flight)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hot switch's save `version` (proven on the target's hosts) makes
   // the pending change the job's committed layout.
   absl::Status CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)

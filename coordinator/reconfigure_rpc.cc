@@ -742,6 +742,25 @@ absl::Status CoordinatorService::PrepareTargets(
   return absl::OkStatus();
 }
 
+void CoordinatorService::CarryKeptLocked(Job& job, const Flight& flight) {
+  if (!flight.kept) return;
+  // The new version's objects are the source's, moved by the plan: a copy
+  // kept of the source is the copy of each target rank that takes it.
+  // What no kept copy covers is kept from the next save.
+  KeptSmallObjects& kept = KeptForSaveLocked(
+      job, job.state.committed_version(), /*hot=*/false);
+  const std::vector<std::vector<std::string>>& asked = kept.plan().names;
+  for (const SmallObjectMove& m : flight.plan.small_objects) {
+    if (m.kept_rank < 0 || m.target_rank < 0 ||
+        m.target_rank >= static_cast<int32_t>(asked.size()))
+      continue;
+    const std::vector<std::string>& names = asked[m.target_rank];
+    if (std::find(names.begin(), names.end(), m.name) == names.end()) continue;
+    if (const std::string* copy = flight.kept->Find(m.name, m.kept_rank))
+      kept.Add(m.name, m.target_rank, *copy);
+  }
+}
+
 void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   const std::string& name = flight->job;
   auto report =
@@ -772,6 +791,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
       Log("coordinator")
           ->critical("job {} epoch {}: {}", name, e.plan_epoch(),
                      lost.status().ToString());
+    } else {
+      CarryKeptLocked(job, *flight);
     }
     e.set_path("store");
     reconfigurations_committed.Add();

@@ -315,6 +315,10 @@ class FragmentRun {
     } else if (o.source_host == kFromCoordinator) {
       // Every copy died with its host before the change: the copy the
       // coordinator keeps.
+      Log("transformer")
+          ->warn("job {}: small object '{}' for rank {} taken from the copy "
+                 "the coordinator keeps of rank {}'s (no live host holds it)",
+                 job_.job, o.name, o.target_rank, o.kept_rank);
       bytes = *o.kept;
     } else {
       // The planned copy, then the others on other hosts, then a fresh

@@ -19,6 +19,18 @@ def register(c, config="tp=2,dp=2", hosts=("host0", "host1")):
              "--hosts", ",".join(hosts), check=True)
 
 
+def register_with_loader(c, config, hosts):
+    """Registers job j as MODEL's layout plus a data loader's position per
+    data-parallel rank ("loader": scope dp, copied to new ranks): where a
+    replica is on one host, its loader has no copy on another host."""
+    spec = json.loads(c.ptcctl("layout", "export", "--model", MODEL, check=True).stdout)
+    spec["small_objects"].append({"name": "loader", "scope": ["dp"], "bytes": "64"})
+    path = c.dir / "loader_layout.json"
+    path.write_text(json.dumps(spec))
+    c.ptcctl("register", "--job", "j", "--layout", str(path), "--config", config,
+             "--hosts", ",".join(hosts), check=True)
+
+
 def verify(c):
     v = c.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stdout + v.stderr
@@ -319,6 +331,45 @@ def test_a_source_that_dies_takes_its_small_objects_from_other_copies_or_fresh_v
     verify(c)
 
 
+def test_a_dead_hosts_only_small_objects_come_from_the_copy_the_coordinator_keeps(
+        cluster):
+    """Each host holds a whole replica (tp=2,dp=2), so each replica's data
+    loader position is on one host only. Each save sends those to the
+    coordinator too; host0 dies, and the change to host1 and host2 takes
+    dp 0's loader from the coordinator's copy instead of refusing ("no
+    surviving source"). The survival line counts the copies once they are
+    kept."""
+    c = cluster
+    register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
+    job = c.ptcctl_json("jobs")[1]["jobs"][0]
+    hosts = job["rank_hosts"]
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2], hosts
+    # Nothing saved: the loaders are only on their hosts.
+    assert "small object 'loader' of rank" in job["survival"], job["survival"]
+    assert not job["survives_host_loss"]
+    for h in ("host0", "host1"):
+        r = c.save("j", h, 1)
+        assert "1 small objects kept by the coordinator too" in r.stdout, r.stdout
+    job = c.ptcctl_json("jobs")[1]["jobs"][0]
+    assert job["survival"] == "survives the loss of any one host", job["survival"]
+    assert job["survives_host_loss"]
+    dead = hosts[0]
+    c.kill(dead)
+    c.wait_dead(dead)
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                 "--hosts", f"{hosts[2]},host2")
+    assert code == 0 and report["phase"] == "committed", report
+    # (The target's dp 0 is on either host: each holds a whole replica.)
+    log = (c.dir / f"{hosts[2]}.log").read_text() + (c.dir / "host2.log").read_text()
+    assert "small object 'loader' for rank 0 taken from the copy the coordinator " \
+        "keeps of rank 0's" in log, log
+    verify(c)
+    # The new version's loaders are kept too, carried from the copies the
+    # change used: either new host's loss would lose none.
+    job = c.ptcctl_json("jobs")[1]["jobs"][0]
+    assert job["survival"] == "survives the loss of any one host", job["survival"]
+
+
 def test_a_source_killed_at_a_random_moment_of_a_change_never_aborts_it(bin_dir, tmp_path):
     """The fault that used to abort most changes: one of two replicas' hosts
     killed while the job moves to two other hosts, at a random moment
@@ -333,11 +384,52 @@ def test_a_source_killed_at_a_random_moment_of_a_change_never_aborts_it(bin_dir,
         c.stop()
 
 
-def killed_during_changes(c):
+def test_a_source_with_the_only_copy_of_a_small_object_killed_as_the_change_starts(cluster):
+    """host0 holds a whole replica and the only copy of its replica's data
+    loader position; it is killed as the change starts, before the
+    coordinator sees it die, so the plan reads the loader from it. The
+    target finds it gone and takes the copy the coordinator keeps: the
+    change commits instead of aborting over 64 bytes."""
+    c = cluster
+    register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
+    hosts = c.ptcctl_json("jobs")[1]["jobs"][0]["rank_hosts"]
+    for h in ("host0", "host1"):
+        c.save("j", h, 1)
+    c.kill(hosts[0])
+    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                 "--hosts", f"{hosts[2]},host2")
+    assert code == 0 and report["phase"] == "committed", report
+    log = (c.dir / f"{hosts[2]}.log").read_text() + (c.dir / "host2.log").read_text()
+    assert "it takes the copy the coordinator keeps of rank 0's" in log, log
+    verify(c)
+
+
+def test_a_source_with_the_only_copy_of_a_small_object_killed_during_changes_never_aborts_them(
+        bin_dir, tmp_path):
+    """As above, with a data loader position per data-parallel rank that
+    only one host holds (each host a whole replica), and the copies the
+    coordinator keeps carried from change to change: a kill that comes
+    before the loader is read takes the coordinator's copy; every trial
+    commits."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=4)
+    try:
+        killed_during_changes(c, register_job=lambda c: register_with_loader(
+            c, "tp=2,dp=2", ("host0", "host1")))
+        kept = sum(("taken from the copy the coordinator keeps" in
+                    (c.dir / f"host{i}.log").read_text()) for i in range(4))
+        print(f"hosts whose log tells of a small object from the coordinator's copy: {kept}")
+    finally:
+        c.stop()
+
+
+def killed_during_changes(c, register_job=None):
     seed = int(os.environ.get("PTC_FAULT_SEED", random.randrange(1 << 30)))
     print(f"PTC_FAULT_SEED={seed}")
     rng = random.Random(seed)
-    register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    if register_job is None:
+        register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
+    else:
+        register_job(c)
     c.save("j", "host0", 1)
     c.save("j", "host1", 1)
     pairs = [("host0", "host1"), ("host2", "host3")]
