@@ -35,13 +35,14 @@ void AskToKeep(const KeptSmallObjects& kept, int32_t rank,
 }
 
 // The objects of a rank's report, checked against what BeginSave asked it
-// to send (`asked`; null: the version is not a save in progress, which
-// ReportSave refuses).
+// to send (`kept`'s plan; null: the version is not a save in progress,
+// which ReportSave refuses).
 absl::Status CheckKeptObjects(const proto::ReportSavedRequest& req,
                               const KeptSmallObjects* kept) {
-  if (req.kept_small_objects_size() == 0) return absl::OkStatus();
+  if (req.kept_small_objects_size() == 0 || kept == nullptr)
+    return absl::OkStatus();
   const std::vector<std::string>* asked = nullptr;
-  if (kept != nullptr && req.rank() >= 0 &&
+  if (req.rank() >= 0 &&
       req.rank() < static_cast<int32_t>(kept->plan().names.size()))
     asked = &kept->plan().names[req.rank()];
   for (const proto::KeptSmallObject& o : req.kept_small_objects()) {

@@ -14,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "coordinator/coordinator_server.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ptc/small_object.h"
 #include "tensor_store/internal/testing.h"
 
 namespace ptc {
@@ -170,6 +171,59 @@ TEST_CASE("coordinator: hostile host registrations are refused",
     CHECK_THAT(std::string(s.message()),
                Catch::Contains("transport 7 is unknown"));
   }
+}
+
+TEST_CASE("coordinator: a report keeps only the small objects it was asked for",
+          "[coordinator]") {
+  testing::TempDir dir;
+  Started s = StartWithJob(dir);  // tp=2 on host0: every copy on one host
+  auto begin = [&](int32_t rank) {
+    grpc::ClientContext ctx;
+    proto::BeginSaveRequest req;
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_layout_epoch(1);
+    req.set_step(7);
+    proto::BeginSaveResponse resp;
+    REQUIRE(s.stub->BeginSave(&ctx, req, &resp).ok());
+    return resp;
+  };
+  // The job-wide objects are asked of rank 0 only; the RNG states derive.
+  const proto::BeginSaveResponse first = begin(0);
+  const std::vector<std::string> asked(first.keep_small_objects().begin(),
+                                       first.keep_small_objects().end());
+  CHECK(asked ==
+        std::vector<std::string>{"iteration", "lr_scheduler", "data_cursor"});
+  CHECK(begin(1).keep_small_objects().empty());
+  auto report = [&](int32_t rank, int64_t version, const std::string& name,
+                    size_t bytes) {
+    grpc::ClientContext ctx;
+    proto::ReportSavedRequest req;
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_version(version);
+    req.set_layout_epoch(1);
+    proto::KeptSmallObject* k = req.add_kept_small_objects();
+    k->set_name(name);
+    k->set_bytes(std::string(bytes, 'x'));
+    proto::ReportSavedResponse resp;
+    return s.stub->ReportSaved(&ctx, req, &resp);
+  };
+  grpc::Status r = report(1, first.version(), "iteration", 8);
+  CHECK(r.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(r.error_message(),
+             Catch::Contains("BeginSave did not ask it for that one"));
+  r = report(0, first.version(), "rng.default", 16);
+  CHECK(r.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  r = report(0, first.version(), "iteration", kMaxKeptSmallObjectBytes + 1);
+  CHECK(r.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(r.error_message(), Catch::Contains("keeps at most 16384"));
+  // Not a save in progress: said so, whatever it carries.
+  r = report(0, first.version() + 100, "iteration", 8);
+  CHECK(r.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(r.error_message(), Catch::Contains("not a save in progress"));
+  // What was asked is taken (rank 1 has not reported: nothing commits).
+  CHECK(report(0, first.version(), "iteration", 8).ok());
 }
 
 TEST_CASE("coordinator: the heartbeat interval stretches as hosts join",
