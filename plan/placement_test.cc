@@ -213,16 +213,19 @@ TEST_CASE(
   // tp=1,pp=2,dp=2 on two hosts, each stage's replicas spread: every
   // tensor survives either host's loss.
   ModelSpec spec = Gpt();
-  auto judge = [&](std::vector<std::string> scope, NewRankRule rule) {
+  auto judge = [&](std::vector<std::string> scope, NewRankRule rule,
+                   bool kept = false) {
     ModelSpec with = spec;
     with.small_objects.push_back({"cursor", std::move(scope), rule, 64});
     auto s = MakePlanScenario(with, "tp=1,pp=2,dp=2", {0, 1}, "tp=1,pp=2,dp=2",
                               {0, 1}, Cluster::Uniform(2, 2));
     REQUIRE(s.ok());
-    auto chosen = ChoosePlacement(Request(*s, {0, 1}));
+    PlacementRequest req = Request(*s, {0, 1});
+    req.small_objects_kept = kept;
+    auto chosen = ChoosePlacement(req);
     REQUIRE(chosen.ok());
-    const SurvivalReport report =
-        CheckSurvival(s->spec, s->target(), chosen->placement, s->cluster);
+    const SurvivalReport report = CheckSurvival(
+        s->spec, s->target(), chosen->placement, s->cluster, kept);
     // The placement's own report and the judgement of the placement agree.
     CHECK(chosen->survival.Describe() == report.Describe());
     return report;
@@ -244,6 +247,38 @@ TEST_CASE(
               " is only there), host1 (small object 'cursor' of rank "));
   // One per rank that a new rank derives (an RNG state): a fresh value.
   CHECK(judge({"pp", "dp", "tp"}, NewRankRule::kDerive).SurvivesAnyHost());
+  // The coordinator keeps a copy of each class on one host: only regions
+  // count.
+  CHECK(
+      judge({"pp", "dp", "tp"}, NewRankRule::kCopy, /*kept=*/true).Describe() ==
+      "survives the loss of any one host");
+}
+
+TEST_CASE("small object classes: the ranks holding one copy, and their group",
+          "[coordinator][placement]") {
+  ModelSpec spec = Gpt();
+  spec.small_objects = {{"step", {}, NewRankRule::kCopy, 8},
+                        {"loader", {"dp"}, NewRankRule::kCopy, 64},
+                        {"rng", {"pp", "dp", "tp"}, NewRankRule::kDerive, 16}};
+  auto config = ParallelConfig::Parse("tp=2,dp=2");
+  REQUIRE(config.ok());
+  // Replica d on host d: the loader's classes are each on one host, the
+  // step spans both; derived objects have no class.
+  std::vector<SmallObjectClass> classes =
+      SmallObjectClasses(spec, *config, [](int r) { return r / 2; });
+  REQUIRE(classes.size() == 3);
+  CHECK(classes[0].object == 0);
+  CHECK(classes[0].first_rank == 0);
+  CHECK(classes[0].group == -2);
+  CHECK(classes[1].object == 1);
+  CHECK(classes[1].first_rank == 0);
+  CHECK(classes[1].group == 0);
+  CHECK(classes[2].object == 1);
+  CHECK(classes[2].first_rank == 2);
+  CHECK(classes[2].group == 1);
+  // Ranks alternating over the hosts: every class spans both.
+  classes = SmallObjectClasses(spec, *config, [](int r) { return r % 2; });
+  for (const SmallObjectClass& c : classes) CHECK(c.group == -2);
 }
 
 TEST_CASE("placement: survival of a failure domain's loss",

@@ -80,6 +80,9 @@ absl::Status PlaceScenarioTarget(PlanScenario* s,
   req.source = &s->source();
   req.source_placement = &s->source_placement;
   req.alive = s->alive;
+  // As the coordinator runs it: each save keeps what one host alone holds
+  // of the small objects.
+  req.small_objects_kept = true;
   std::vector<std::string> names;
   for (const Host& h : s->cluster.hosts) names.push_back(h.name);
   const absl::Time start = absl::Now();

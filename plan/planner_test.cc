@@ -1,10 +1,11 @@
 #include "plan/planner.h"
-#include "ptc/families.h"
 
 #include <catch2/catch.hpp>
 
 #include "plan/internal/plan_testing.h"
+#include "plan/plan_proto.h"
 #include "plan/plan_validator.h"
+#include "ptc/families.h"
 
 namespace ptc {
 namespace {
@@ -276,6 +277,55 @@ TEST_CASE("planner: small objects follow their scope's rule",
       }
     }
   }
+}
+
+TEST_CASE(
+    "planner: a small object whose every copy died comes from the copy the "
+    "coordinator keeps",
+    "[coordinator][planner]") {
+  // tp=2,dp=2, replica d on host d; host 0 died. Its replica's data loader
+  // position had no copy elsewhere.
+  TestJob job = Job("tp=2,dp=2", {0, 1}, "tp=2,dp=2", {1, 2},
+                    Cluster::Uniform(3, 2), {false, true, true});
+  job.spec.small_objects.push_back({"loader", {"dp"}, NewRankRule::kCopy, 64});
+  PlanInput in = job.input();
+  auto refused = PlanReconfiguration(in);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("small object 'loader'") &&
+                 Catch::Contains("has no surviving source"));
+  // The coordinator kept rank 0's copy (the first of replica 0's ranks)
+  // and rank 2's.
+  in.kept = [](const std::string& name, int32_t rank) {
+    return name == "loader" && (rank == 0 || rank == 2);
+  };
+  auto plan = PlanReconfiguration(in);
+  REQUIRE(plan.ok());
+  int loaders = 0;
+  for (const SmallObjectMove& m : plan->small_objects) {
+    if (m.name != "loader") {
+      CHECK(m.kept_rank == -1);
+      continue;
+    }
+    ++loaders;
+    if (m.target_rank < 2) {
+      // Replica 0's: only the coordinator's copy is left.
+      CHECK(m.source_host == kFromCoordinator);
+      CHECK(m.source_rank == 0);
+      CHECK(m.kept_rank == 0);
+    } else {
+      // Replica 1's: from its live host, the kept copy as the last resort.
+      CHECK(m.source_host == 1);
+      CHECK(m.source_rank == 2);
+      CHECK(m.kept_rank == 2);
+    }
+  }
+  CHECK(loaders == 4);
+  // The plan travels with its kept ranks.
+  auto back = PlanFromProto(PlanToProto(*plan));
+  REQUIRE(back.ok());
+  for (size_t i = 0; i < plan->small_objects.size(); ++i)
+    CHECK(back->small_objects[i].kept_rank == plan->small_objects[i].kept_rank);
 }
 
 TEST_CASE("planner: LLaMA with grouped splits and ZeRO-1 re-partitions exactly",
