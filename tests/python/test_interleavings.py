@@ -370,6 +370,60 @@ def test_a_dead_hosts_only_small_objects_come_from_the_copy_the_coordinator_keep
     assert job["survival"] == "survives the loss of any one host", job["survival"]
 
 
+def test_any_single_host_killed_in_steady_state_or_mid_change_recovers_from_memory(
+        bin_dir, tmp_path):
+    """Two racks of two hosts; the job (tp=2,dp=2, with a data loader
+    position per replica) on two of them, a replica each. Four trials, each
+    killing one of the job's hosts (seed printed; PTC_FAULT_SEED) either in
+    steady state, the change then moving the lost replica to a spare host,
+    or at a random moment of a change to the two spare hosts. Before each
+    kill the job says it survives the loss of any one host; every trial
+    commits, every element exact, the lost replica's loader from the copy
+    the coordinator keeps where no live host holds it; the killed ptcd
+    comes back empty as a spare."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=4, domains=["r1", "r2", "r1", "r2"])
+    try:
+        seed = int(os.environ.get("PTC_FAULT_SEED", random.randrange(1 << 30)))
+        print(f"PTC_FAULT_SEED={seed}")
+        rng = random.Random(seed)
+        register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
+        c.save("j", "host0", 1)
+        c.save("j", "host1", 1)
+        outcomes = []
+        for trial in range(4):
+            job = c.ptcctl_json("jobs")[1]["jobs"][0]
+            assert job["survives_host_loss"], (seed, trial, job["survival"])
+            on = sorted(set(job["rank_hosts"]))
+            spare = [h for h in ("host0", "host1", "host2", "host3") if h not in on]
+            victim = rng.choice(on)
+            if rng.random() < 0.5:
+                moment = "steady"
+                c.kill(victim)
+                c.wait_dead(victim)
+                survivor = next(h for h in on if h != victim)
+                code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to",
+                                             "tp=2,dp=2", "--hosts", f"{survivor},{spare[0]}")
+            else:
+                delay = rng.uniform(0, 0.4)
+                moment = f"{delay:.2f} s into a change"
+                change = c.ptcctl_async("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                        "--hosts", ",".join(spare), "--json")
+                time.sleep(delay)
+                c.kill(victim)
+                out, err = change.communicate(timeout=240)
+                code = change.returncode
+                report = json.loads(out) if out.strip().startswith("{") else {"error": err}
+            outcomes.append((victim, moment, report.get("phase")))
+            assert code == 0 and report["phase"] == "committed", (seed, trial, moment, report)
+            verify(c)
+            c.wait_dead(victim)
+            c._start_ptcd(int(victim[4:]), c.memory)
+            c.wait_alive(4)
+        print(f"killed (host, moment, outcome): {outcomes}")
+    finally:
+        c.stop()
+
+
 def test_a_source_killed_at_a_random_moment_of_a_change_never_aborts_it(bin_dir, tmp_path):
     """The fault that used to abort most changes: one of two replicas' hosts
     killed while the job moves to two other hosts, at a random moment
