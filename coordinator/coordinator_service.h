@@ -259,9 +259,23 @@ class CoordinatorService final
   KeptSmallObjects& KeptForSaveLocked(Job& job, int64_t version, bool hot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After `flight` committed: the copies kept of its source version's
-  // small objects, as the plan moved them, are the new version's.
-  void CarryKeptLocked(Job& job, const Flight& flight)
+  // small objects, as the plan moved them, are the new version's. Returns
+  // the objects the new version needs kept that no kept copy covered (they
+  // had copies on several hosts before): each as its rank, name and the
+  // address of the host that holds it now, for KeepFromHosts.
+  struct ToKeep {
+    int32_t rank = 0;
+    std::string name;
+    std::string address;
+  };
+  std::vector<ToKeep> CarryKeptLocked(Job& job, const Flight& flight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `objects` of version `version` from their hosts and keeps them
+  // (while the version is the job's committed one); one that cannot be
+  // read is logged, and kept from the next save.
+  void KeepFromHosts(const std::string& job, int64_t version,
+                     const std::vector<ToKeep>& objects)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The hot switch's save `version` (proven on the target's hosts) makes
   // the pending change the job's committed layout.
   absl::Status CommitHotSwitchLocked(Job& job, int64_t version, int64_t step)

@@ -2,16 +2,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "plan/placement.h"
 
 namespace ptc {
-
-std::string KeepPlanKey(const std::string& config,
-                        const std::vector<std::string>& rank_hosts) {
-  return absl::StrCat(config, "@", absl::StrJoin(rank_hosts, ","));
-}
 
 absl::StatusOr<KeepPlan> MakeKeepPlan(
     const ModelSpec& spec, const std::string& config,
@@ -30,7 +24,8 @@ absl::StatusOr<KeepPlan> MakeKeepPlan(
                    .first->second;
   }
   KeepPlan plan;
-  plan.key = KeepPlanKey(config, rank_hosts);
+  plan.config = config;
+  plan.rank_hosts = rank_hosts;
   plan.names.resize(rank_hosts.size());
   for (const SmallObjectClass& c :
        SmallObjectClasses(spec, parsed, [&](int r) { return group[r]; })) {

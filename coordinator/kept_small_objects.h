@@ -40,8 +40,12 @@ inline constexpr int64_t kMaxKeptBytesPerVersion = 64 << 20;
 
 // Which objects each rank of a layout sends the coordinator to keep.
 struct KeepPlan {
-  // The config and placement it is for ("tp=2,dp=2@h0,h0,h1,h1").
-  std::string key;
+  // The config and placement (each rank's host) it is for.
+  std::string config;
+  std::vector<std::string> rank_hosts;
+  bool For(const std::string& c, const std::vector<std::string>& hosts) const {
+    return c == config && hosts == rank_hosts;
+  }
   // Per rank, the objects it sends (most ranks: none).
   std::vector<std::vector<std::string>> names;
   // Classes kept, in all.
@@ -53,9 +57,6 @@ struct KeepPlan {
 absl::StatusOr<KeepPlan> MakeKeepPlan(
     const ModelSpec& spec, const std::string& config,
     const std::vector<std::string>& rank_hosts);
-// The key MakeKeepPlan gives the plan.
-std::string KeepPlanKey(const std::string& config,
-                        const std::vector<std::string>& rank_hosts);
 
 // The copies kept of one version.
 class KeptSmallObjects {

@@ -1,6 +1,8 @@
 // Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <set>
 #include <tuple>
 
@@ -742,22 +744,75 @@ absl::Status CoordinatorService::PrepareTargets(
   return absl::OkStatus();
 }
 
-void CoordinatorService::CarryKeptLocked(Job& job, const Flight& flight) {
-  if (!flight.kept) return;
+std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
+    Job& job, const Flight& flight) {
   // The new version's objects are the source's, moved by the plan: a copy
   // kept of the source is the copy of each target rank that takes it.
-  // What no kept copy covers is kept from the next save.
   KeptSmallObjects& kept = KeptForSaveLocked(
       job, job.state.committed_version(), /*hot=*/false);
-  const std::vector<std::vector<std::string>>& asked = kept.plan().names;
+  const KeepPlan& plan = kept.plan();
   for (const SmallObjectMove& m : flight.plan.small_objects) {
     if (m.kept_rank < 0 || m.target_rank < 0 ||
-        m.target_rank >= static_cast<int32_t>(asked.size()))
+        m.target_rank >= static_cast<int32_t>(plan.names.size()) ||
+        flight.kept == nullptr)
       continue;
-    const std::vector<std::string>& names = asked[m.target_rank];
+    const std::vector<std::string>& names = plan.names[m.target_rank];
     if (std::find(names.begin(), names.end(), m.name) == names.end()) continue;
     if (const std::string* copy = flight.kept->Find(m.name, m.kept_rank))
       kept.Add(m.name, m.target_rank, *copy);
+  }
+  std::vector<ToKeep> missing;
+  for (size_t r = 0; r < plan.names.size(); ++r) {
+    for (const std::string& name : plan.names[r]) {
+      const int32_t rank = static_cast<int32_t>(r);
+      if (kept.Find(name, rank) != nullptr) continue;
+      const HostRegistry::Host* h = hosts_.Find(plan.rank_hosts[r]);
+      if (h != nullptr) missing.push_back({rank, name, h->status.address()});
+    }
+  }
+  return missing;
+}
+
+void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
+                                       const std::vector<ToKeep>& objects) {
+  // Bounded: the next change of the job waits for this worker. A host
+  // that fails once is not asked again.
+  constexpr size_t kMostRead = 256;
+  std::map<std::string, std::unique_ptr<StoreClient>> stores;
+  std::set<std::string> failed;
+  for (size_t i = 0; i < objects.size() && i < kMostRead; ++i) {
+    const ToKeep& o = objects[i];
+    if (failed.count(o.address)) continue;
+    std::unique_ptr<StoreClient>& store = stores[o.address];
+    if (!store) store = StoreClient::Connect(o.address);
+    absl::StatusOr<std::string> bytes =
+        store->GetSmallObject(job, version, o.name, o.rank);
+    if (!bytes.ok()) failed.insert(o.address);
+    if (bytes.ok() &&
+        static_cast<int64_t>(bytes->size()) > kMaxKeptSmallObjectBytes) {
+      continue;  // too large to keep: the survival line says so
+    }
+    absl::MutexLock lock(&mu_);
+    Job* found = jobs_.Find(job);
+    if (found == nullptr || found->state.committed_version() != version) return;
+    auto kept = found->kept.find(version);
+    if (kept == found->kept.end()) return;
+    if (!bytes.ok()) {
+      Log("coordinator")
+          ->warn(
+              "job {}: small object '{}' of rank {} could not be read from "
+              "its host to keep ({}); it is kept from the next save",
+              job, o.name, o.rank, bytes.status().ToString());
+      continue;
+    }
+    kept->second->Add(o.name, o.rank, *std::move(bytes));
+  }
+  if (objects.size() > kMostRead) {
+    Log("coordinator")
+        ->info(
+            "job {}: {} small objects of version {} are kept from the next "
+            "save",
+            job, objects.size() - kMostRead, version);
   }
 }
 
@@ -780,7 +835,9 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         if (p.hosts_done == p.hosts_total && e.phase() == proto::PHASE_STAGING)
           e.set_phase(proto::PHASE_VERIFYING);
       });
-  absl::MutexLock lock(&mu_);
+  std::vector<ToKeep> to_keep;
+  int64_t committed = 0;
+  absl::ReleasableMutexLock lock(&mu_);
   Job& job = *jobs_.Find(name);
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
@@ -792,7 +849,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
           ->critical("job {} epoch {}: {}", name, e.plan_epoch(),
                      lost.status().ToString());
     } else {
-      CarryKeptLocked(job, *flight);
+      to_keep = CarryKeptLocked(job, *flight);
+      committed = job.state.committed_version();
     }
     e.set_path("store");
     reconfigurations_committed.Add();
@@ -826,6 +884,9 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         ->error("persisting the end of epoch {} of job {}: {}", e.plan_epoch(),
                 name, s.ToString());
   }
+  lock.Release();
+  // Best effort, after the change ended: what no kept copy covered.
+  if (!to_keep.empty()) KeepFromHosts(name, committed, to_keep);
 }
 
 bool CoordinatorService::FinishDecidedCommit(const std::string& name) {

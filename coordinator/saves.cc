@@ -154,7 +154,7 @@ KeptSmallObjects& CoordinatorService::KeptForSaveLocked(Job& job,
   } else {
     rank_hosts = RankHostsLocked(job);
   }
-  if (!job.keep_plan || job.keep_plan->key != KeepPlanKey(config, rank_hosts)) {
+  if (!job.keep_plan || !job.keep_plan->For(config, rank_hosts)) {
     absl::StatusOr<KeepPlan> plan = MakeKeepPlan(*job.spec, config, rank_hosts);
     if (!plan.ok()) {
       // A placement that does not place every rank (a host unknown after
@@ -163,7 +163,7 @@ KeptSmallObjects& CoordinatorService::KeptForSaveLocked(Job& job,
       Log("coordinator")
           ->warn("job {}: no small objects are kept for version {}: {}",
                  s.job(), version, plan.status().ToString());
-      plan = KeepPlan{KeepPlanKey(config, rank_hosts), {}, 0};
+      plan = KeepPlan{config, rank_hosts, {}, 0};
     }
     job.keep_plan = std::make_shared<const KeepPlan>(*std::move(plan));
   }

@@ -438,6 +438,33 @@ def test_a_source_killed_at_a_random_moment_of_a_change_never_aborts_it(bin_dir,
         c.stop()
 
 
+def test_a_small_object_a_change_leaves_on_one_host_is_kept_from_that_host(bin_dir, tmp_path):
+    """Hosts of one GPU: at tp=2,dp=2 each replica spans two hosts, so its
+    loader has copies on both and nothing needs keeping. At tp=1,dp=2 each
+    replica is one rank on one host: after the change the coordinator reads
+    each loader from its new host to keep it, and the job survives either
+    host's loss at once, not only from its next save."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=4, gpus=1)
+    try:
+        register_with_loader(c, "tp=2,dp=2", ("host0", "host1", "host2", "host3"))
+        for h in ("host0", "host1", "host2", "host3"):
+            r = c.save("j", h, 1)
+            assert "0 small objects kept by the coordinator too" in r.stdout, r.stdout
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=1,dp=2",
+                                     "--hosts", "host0,host2")
+        assert code == 0 and report["phase"] == "committed", report
+        verify(c)
+        deadline = time.time() + 30
+        while True:
+            job = c.ptcctl_json("jobs")[1]["jobs"][0]
+            if job["survives_host_loss"] or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert job["survival"] == "survives the loss of any one host", job["survival"]
+    finally:
+        c.stop()
+
+
 def test_a_source_with_the_only_copy_of_a_small_object_killed_as_the_change_starts(cluster):
     """host0 holds a whole replica and the only copy of its replica's data
     loader position; it is killed as the change starts, before the
