@@ -936,6 +936,12 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
     }
     proto::JobStatus* s = resp->add_jobs();
     j->Describe(req->include_layout(), s);
+    if (auto kept = j->kept.find(j->state.committed_version());
+        kept != j->kept.end()) {
+      s->set_kept_small_objects(kept->second->size());
+      s->set_small_objects_to_keep(kept->second->plan().objects);
+      s->set_kept_small_object_bytes(kept->second->bytes());
+    }
     *s->mutable_rank_hosts() = {rank_hosts.begin(), rank_hosts.end()};
     *s->mutable_rank_devices() = {rank_devices.begin(), rank_devices.end()};
   }

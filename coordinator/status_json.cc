@@ -53,6 +53,9 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
     w.EndArray();
     w.Key("survival").String(j.survival());
     w.Key("survives_host_loss").Bool(j.survives_host_loss());
+    w.Key("kept_small_objects").Int(j.kept_small_objects());
+    w.Key("small_objects_to_keep").Int(j.small_objects_to_keep());
+    w.Key("kept_small_object_bytes").Int(j.kept_small_object_bytes());
     w.Key("reconfiguration")
         .BeginObject()
         .Key("plan_epoch")

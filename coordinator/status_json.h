@@ -12,6 +12,8 @@
 //              "committed_version", "ranks", "ranks_saved", "state_bytes",
 //              "rank_hosts", "rank_gpus", "layout_epoch", "committed_step",
 //              "open_saves", "lost_hosts", "survival", "survives_host_loss",
+//              "kept_small_objects", "small_objects_to_keep",
+//              "kept_small_object_bytes",
 //              "reconfiguration": {"plan_epoch", "phase", "bytes_done",
 //                                  "bytes_total", "error", "reason", "path"},
 //              "auto": {...}, "pool", "pending_config", ...}]}

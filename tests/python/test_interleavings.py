@@ -353,6 +353,11 @@ def test_a_dead_hosts_only_small_objects_come_from_the_copy_the_coordinator_keep
     job = c.ptcctl_json("jobs")[1]["jobs"][0]
     assert job["survival"] == "survives the loss of any one host", job["survival"]
     assert job["survives_host_loss"]
+    assert (job["kept_small_objects"], job["small_objects_to_keep"],
+            job["kept_small_object_bytes"]) == (2, 2, 2 * 96), job  # 96 bytes each
+    text = c.ptcctl("jobs").stdout
+    assert ("small objects with every copy on one host: 2, of which the coordinator "
+            "keeps a copy of 2") in text, text
     dead = hosts[0]
     c.kill(dead)
     c.wait_dead(dead)

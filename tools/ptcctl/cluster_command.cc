@@ -804,6 +804,13 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
         j.layout_epoch(), j.committed_version(), j.committed_step(), j.ranks(),
         HumanBytes(j.state_bytes()));
     if (!j.survival().empty()) std::cout << "  " << j.survival() << "\n";
+    if (j.small_objects_to_keep() > 0) {
+      std::cout << absl::StrFormat(
+          "  small objects with every copy on one host: %d, of which the "
+          "coordinator keeps a copy of %d (%s)\n",
+          j.small_objects_to_keep(), j.kept_small_objects(),
+          HumanBytes(j.kept_small_object_bytes()));
+    }
     if (j.lost_hosts_size() > 0) {
       std::cout << absl::StrFormat(
           "  no longer holding their share: %s (restarted, or not proven "
