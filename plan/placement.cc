@@ -302,8 +302,10 @@ constexpr int64_t kSearchEvery = 4096;
 // The most regions a search looks at (tens of milliseconds here).
 constexpr int64_t kSearchWork = 1'500'000;
 // Placements equal by the search's rule whose plans are made to compare
-// their busiest senders (each a small job's plan: milliseconds).
-constexpr int kTiesPlanned = 6;
+// their busiest senders (each a small job's plan: milliseconds), counting
+// as one those where every host needs the same regions (their host-level
+// plans are the same).
+constexpr int kTiesPlanned = 64;
 
 // A small placement problem (each unit's needs; per candidate host its
 // room, holdings, link and memory), searched by local moves.
@@ -1347,6 +1349,17 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     // survived: where every unit does (dp=1), no placement is more
     // recoverable than another.
     const std::vector<bool> alone_ok = SurvivingGroups(*req.target, unit_needs);
+    // Units that need the same regions (a stage's data-parallel replicas
+    // without ZeRO) are interchangeable: each host's plan depends only on
+    // which kinds of unit it holds.
+    std::vector<int> unit_kind(units);
+    {
+      std::map<uint64_t, int> kinds;
+      for (int u = 0; u < units; ++u) {
+        unit_kind[u] = kinds.try_emplace(Signature(unit_needs[u]), kinds.size())
+                           .first->second;
+      }
+    }
     const bool can_survive =
         req.survive &&
         std::find(alone_ok.begin(), alone_ok.end(), true) != alone_ok.end();
@@ -1447,16 +1460,23 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     };
     // Placements equal by that rule (as recoverable, within the slack, the
     // same bytes) differ in how the plan spreads the sends: of the first
-    // kTiesPlanned distinct ones, the one whose busiest sender sends least
-    // (the earliest on a tie).
+    // kTiesPlanned that differ in what some host needs, the one whose
+    // busiest sender sends least (the earliest on a tie).
     if (chosen != nullptr && chosen->score.bytes > 0) {
       std::vector<const Option*> ties;
+      std::set<std::vector<int>> seen;  // per host, the kinds of its units
       for (const Option& o : options) {
-        if (!tied(o) || o.score.bytes != chosen->score.bytes ||
-            std::any_of(ties.begin(), ties.end(), [&](const Option* t) {
-              return t->host_of == o.host_of;
-            }))
-          continue;
+        if (!tied(o) || o.score.bytes != chosen->score.bytes) continue;
+        std::vector<std::vector<int>> kinds(cands.size());
+        for (int u = 0; u < units; ++u)
+          kinds[o.host_of[u]].push_back(unit_kind[u]);
+        std::vector<int> key;
+        for (std::vector<int>& k : kinds) {
+          std::sort(k.begin(), k.end());
+          key.insert(key.end(), k.begin(), k.end());
+          key.push_back(-1);
+        }
+        if (!seen.insert(std::move(key)).second) continue;
         ties.push_back(&o);
         if (static_cast<int>(ties.size()) == kTiesPlanned) break;
       }
