@@ -93,6 +93,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   proto::CoordinatorState::Job state;
   std::pair<std::vector<std::string>, std::vector<int32_t>> ranks;
   Resources res;
+  std::shared_ptr<const KeptSmallObjects> kept;
   {
     absl::MutexLock lock(&mu_);
     Job* found = jobs_.Find(req.job());
@@ -128,6 +129,8 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
     state = s;
     ranks = RankPlacementLocked(job);
     res = ResourcesLocked(req.job());
+    if (auto it = job.kept.find(s.committed_version()); it != job.kept.end())
+      kept = it->second;
   }
   absl::Cleanup done = [&] {
     absl::MutexLock lock(&mu_);
@@ -142,6 +145,7 @@ absl::StatusOr<proto::SnapshotEvent> CoordinatorService::DoSnapshot(
   in.names = std::move(res.names);
   in.alive = std::move(res.alive);
   in.addresses = std::move(res.addresses);
+  in.kept = std::move(kept);
   PTC_ASSIGN_OR_RETURN(SnapshotWritten written, WriteSnapshot(in, progress));
   {
     absl::MutexLock lock(&mu_);

@@ -19,6 +19,7 @@
 #include "plan/snapshot_plan.h"
 #include "ptc/layout.h"
 #include "ptc/region_proto.h"
+#include "ptc/small_object.h"
 #include "snapshot/snapshot_dir.h"
 #include "tensor_store/store_client.h"
 
@@ -81,50 +82,127 @@ struct SnapshotRun {
   }
 
   // The small objects of every rank, from the host that saved them, into
-  // the manifest.
+  // the manifest. A rank whose host is dead or lost them takes each from
+  // another rank of its class (the same coordinates on the object's scope:
+  // the same copy) on a live host, else the copy the coordinator keeps,
+  // else, for an object a new rank derives (an RNG state), a fresh value,
+  // as a change would give it.
   absl::Status GatherSmallObjects() {
+    if (spec->small_objects.empty()) return absl::OkStatus();
     absl::Mutex mu;
     std::map<std::string, std::vector<int32_t>> ranks_on;
-    for (int32_t r = 0; r < layout.world_size(); ++r)
-      ranks_on[in.rank_hosts[r]].push_back(r);
+    std::vector<int32_t> orphans;  // ranks on hosts that do not hold them
+    for (int32_t r = 0; r < layout.world_size(); ++r) {
+      if (Holds(in.rank_hosts[r])) {
+        ranks_on[in.rank_hosts[r]].push_back(r);
+      } else {
+        orphans.push_back(r);
+      }
+    }
     std::vector<std::string> addresses;
     std::map<std::string, std::string> host_at;
     for (const auto& [host, rs] : ranks_on) {
-      if (spec->small_objects.empty()) break;
-      if (!Holds(host)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "host ", host,
-            ", which holds the small objects (RNG states, "
-            "step counters) of ranks ",
-            rs.front(), "..", rs.back(),
-            ", is dead or lost them; bring it back or snapshot after the "
-            "next save"));
-      }
       addresses.push_back(in.addresses.at(id_of.at(host)));
       host_at[addresses.back()] = host;
     }
+    // (object, rank) -> its bytes, from the live hosts.
+    std::map<std::pair<int, int32_t>, std::string> got;
     PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
       auto client = StoreClient::Connect(a);
       for (int32_t r : ranks_on[host_at[a]]) {
-        for (const SmallObjectSpec& o : spec->small_objects) {
-          auto bytes = client->GetSmallObject(in.job, version, o.name, r);
+        for (size_t o = 0; o < spec->small_objects.size(); ++o) {
+          const std::string& name = spec->small_objects[o].name;
+          auto bytes = client->GetSmallObject(in.job, version, name, r);
           if (absl::IsNotFound(bytes.status())) continue;  // never saved
           if (!bytes.ok()) {
             return Annotate(bytes.status(),
-                            absl::StrCat("small object '", o.name, "' of rank ",
+                            absl::StrCat("small object '", name, "' of rank ",
                                          r, " on ", host_at[a]));
           }
           absl::MutexLock lock(&mu);
-          proto::SnapshotSmallObject* so = manifest.add_small_objects();
-          so->set_name(o.name);
-          so->set_rank(r);
-          so->set_checksum(Checksum(bytes->data(), bytes->size()));
-          so->set_data(*std::move(bytes));
+          got[{static_cast<int>(o), r}] = *std::move(bytes);
         }
       }
       return absl::OkStatus();
     }));
+    if (!orphans.empty()) PTC_RETURN_IF_ERROR(FillOrphans(orphans, &got));
+    for (auto& [key, bytes] : got) {
+      proto::SnapshotSmallObject* so = manifest.add_small_objects();
+      so->set_name(spec->small_objects[key.first].name);
+      so->set_rank(key.second);
+      so->set_checksum(Checksum(bytes.data(), bytes.size()));
+      so->set_data(std::move(bytes));
+    }
     return absl::OkStatus();
+  }
+
+  // GatherSmallObjects' ranks on hosts that do not hold them.
+  absl::Status FillOrphans(
+      const std::vector<int32_t>& orphans,
+      std::map<std::pair<int, int32_t>, std::string>* got) {
+    const ParallelConfig& config = *layout.config();
+    int from_peers = 0, from_coordinator = 0, fresh = 0;
+    // Copies from the live hosts only (not those filled in here).
+    std::map<std::pair<int, int32_t>, std::string> filled;
+    for (size_t o = 0; o < spec->small_objects.size(); ++o) {
+      const SmallObjectSpec& object = spec->small_objects[o];
+      // Each class's ranks.
+      std::map<std::string, std::vector<int32_t>> classes;
+      for (int32_t r = 0; r < layout.world_size(); ++r) {
+        classes[ScopeCoordinates(object, config, config.CoordOf(r))].push_back(
+            r);
+      }
+      for (int32_t r : orphans) {
+        const std::string scope =
+            ScopeCoordinates(object, config, config.CoordOf(r));
+        const std::string* copy = nullptr;
+        for (int32_t c : classes[scope]) {
+          auto it = got->find({static_cast<int>(o), c});
+          if (it != got->end()) {
+            copy = &it->second;
+            break;
+          }
+        }
+        std::string bytes;
+        if (copy != nullptr) {
+          bytes = *copy;
+          ++from_peers;
+        } else if (const std::string* kept = KeptCopy(object, classes[scope]);
+                   kept != nullptr) {
+          bytes = *kept;
+          ++from_coordinator;
+        } else if (object.new_ranks == NewRankRule::kDerive) {
+          bytes = DerivedSmallObject(in.job, object.name, scope, version);
+          ++fresh;
+        } else {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "host ", in.rank_hosts[r], ", which holds small object '",
+              object.name, "' of rank ", r,
+              ", is dead or lost it, and no live host or the coordinator "
+              "holds another copy; bring it back or snapshot after the "
+              "next save"));
+        }
+        filled[{static_cast<int>(o), r}] = std::move(bytes);
+      }
+    }
+    got->merge(filled);
+    Log("coordinator")
+        ->warn(
+            "snapshot of job {}: the small objects of {} ranks whose host "
+            "is dead or lost them: {} from other ranks' copies, {} from "
+            "the copies the coordinator keeps, {} fresh values",
+            in.job, orphans.size(), from_peers, from_coordinator, fresh);
+    return absl::OkStatus();
+  }
+
+  // The coordinator's copy of `object` kept for one of `ranks`, or null.
+  const std::string* KeptCopy(const SmallObjectSpec& object,
+                              const std::vector<int32_t>& ranks) const {
+    if (in.kept == nullptr) return nullptr;
+    for (int32_t c : ranks) {
+      if (const std::string* k = in.kept->Find(object.name, c)) return k;
+    }
+    return nullptr;
   }
 
   // Every writer's file.

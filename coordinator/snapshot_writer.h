@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/kept_small_objects.h"
 #include "proto/coordinator.pb.h"
 #include "proto/snapshot.pb.h"
 #include "proto/transformer.grpc.pb.h"
@@ -46,6 +47,10 @@ struct SnapshotJob {
   std::vector<std::string> names;
   std::vector<bool> alive;
   std::map<int32_t, std::string> addresses;
+  // The copies the coordinator keeps of the committed version's small
+  // objects (null: none): a rank whose host is dead takes them from here
+  // where no live rank holds the same copy.
+  std::shared_ptr<const KeptSmallObjects> kept;
 };
 
 struct SnapshotWritten {
@@ -56,9 +61,10 @@ struct SnapshotWritten {
 };
 
 // Writes the snapshot; `progress` (may be empty) sees the bytes written so
-// far. FAILED_PRECONDITION when a host that holds ranks' small objects is
-// dead or lost them, or a region has no live holder left; the writers'
-// errors otherwise, annotated with the host.
+// far. FAILED_PRECONDITION when a small object of a rank whose host is
+// dead or lost it has no other copy (on a live host, kept by the
+// coordinator) and no fresh value, or a region has no live holder left;
+// the writers' errors otherwise, annotated with the host.
 absl::StatusOr<SnapshotWritten> WriteSnapshot(
     const SnapshotJob& in,
     const std::function<void(const proto::SnapshotEvent&)>& progress);

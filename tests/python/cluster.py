@@ -120,6 +120,19 @@ class LocalCluster:
         p.send_signal(sig)
         p.wait(timeout=30)
 
+    def register_with_loader(self, model, config, hosts, job="j"):
+        """Registers `job` as `model`'s layout plus a data loader's position
+        per data-parallel rank ("loader": scope dp, copied to new ranks):
+        where a replica is on one host, its loader has no copy on another
+        host."""
+        spec = json.loads(self.ptcctl("layout", "export", "--model", model,
+                                      check=True).stdout)
+        spec["small_objects"].append({"name": "loader", "scope": ["dp"], "bytes": "64"})
+        path = self.dir / f"{job}_loader_layout.json"
+        path.write_text(json.dumps(spec))
+        self.ptcctl("register", "--job", job, "--layout", str(path), "--config", config,
+                    "--hosts", ",".join(hosts), check=True)
+
     def restart_ptcd(self, i):
         """Starts host<i> again: a new process with an empty store."""
         self._start_ptcd(i, self.memory)

@@ -20,15 +20,7 @@ def register(c, config="tp=2,dp=2", hosts=("host0", "host1")):
 
 
 def register_with_loader(c, config, hosts):
-    """Registers job j as MODEL's layout plus a data loader's position per
-    data-parallel rank ("loader": scope dp, copied to new ranks): where a
-    replica is on one host, its loader has no copy on another host."""
-    spec = json.loads(c.ptcctl("layout", "export", "--model", MODEL, check=True).stdout)
-    spec["small_objects"].append({"name": "loader", "scope": ["dp"], "bytes": "64"})
-    path = c.dir / "loader_layout.json"
-    path.write_text(json.dumps(spec))
-    c.ptcctl("register", "--job", "j", "--layout", str(path), "--config", config,
-             "--hosts", ",".join(hosts), check=True)
+    c.register_with_loader(MODEL, config, hosts)
 
 
 def verify(c):

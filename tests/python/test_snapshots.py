@@ -206,6 +206,36 @@ def test_a_snapshot_whose_writer_dies_completes_from_a_replica(cluster, tmp_path
     verify(c)
 
 
+def test_a_snapshot_while_a_host_is_dead_takes_its_ranks_small_objects_from_copies(
+        cluster, tmp_path):
+    """host0 holds a whole replica (tp=2,dp=2 with host1) and is dead when a
+    snapshot is taken: its ranks' small objects come from host1's copies
+    (the step counter, the model-parallel RNG states), the copy the
+    coordinator keeps (its replica's data loader position) or a fresh
+    value (each rank's own RNG state), instead of failing the snapshot.
+    Every memory then lost, the restore from it is exact."""
+    c, root = cluster, tmp_path / "snaps"
+    c.register_with_loader(MODEL, "tp=2,dp=2", ("host0", "host1"))
+    hosts = c.ptcctl_json("jobs")[1]["jobs"][0]["rank_hosts"]
+    for h in ("host0", "host1"):
+        c.save("j", h, 1)
+    dead, alive = hosts[0], hosts[2]
+    c.kill(dead)
+    c.wait_dead(dead)
+    snapshot(c, root)
+    log = (tmp_path / "coordinator.log").read_text()
+    assert ("the small objects of 2 ranks whose host is dead or lost them: 8 from "
+            "other ranks' copies, 2 from the copies the coordinator keeps, 2 fresh "
+            "values") in log, log
+    c.kill(alive)
+    c.wait_dead(alive)
+    c.ptcctl("forget", "j", check=True)
+    code, report = c.ptcctl_json("restore", "--job", "j", "--from", str(root),
+                                 "--config", "tp=2,dp=1", "--hosts", "host2")
+    assert code == 0 and report["phase"] == "committed", report
+    verify(c)
+
+
 def read_safetensors(path):
     """The format from its specification: u64 little-endian header size, a
     JSON header, then the data."""
