@@ -271,8 +271,9 @@ class CoordinatorService final
   std::vector<ToKeep> CarryKeptLocked(Job& job, const Flight& flight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `objects` of version `version` from their hosts and keeps them
-  // (while the version is the job's committed one); one that cannot be
-  // read is logged, and kept from the next save.
+  // (while the version is the job's committed one): at most 256, 2 s
+  // each, 10 s in all, since the job's next change waits for this. One
+  // that is not read is kept from the next save.
   void KeepFromHosts(const std::string& job, int64_t version,
                      const std::vector<ToKeep>& objects)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -775,18 +775,21 @@ std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
 
 void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
                                        const std::vector<ToKeep>& objects) {
-  // Bounded: the next change of the job waits for this worker. A host
-  // that fails once is not asked again.
+  // Bounded: the next change of the job waits for this worker. Each read
+  // has 2 s, all of them 10 s; a host that fails once is not asked again.
   constexpr size_t kMostRead = 256;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
   std::map<std::string, std::unique_ptr<StoreClient>> stores;
   std::set<std::string> failed;
-  for (size_t i = 0; i < objects.size() && i < kMostRead; ++i) {
-    const ToKeep& o = objects[i];
+  size_t read = 0;
+  for (; read < objects.size() && read < kMostRead && absl::Now() < until;
+       ++read) {
+    const ToKeep& o = objects[read];
     if (failed.count(o.address)) continue;
     std::unique_ptr<StoreClient>& store = stores[o.address];
     if (!store) store = StoreClient::Connect(o.address);
     absl::StatusOr<std::string> bytes =
-        store->GetSmallObject(job, version, o.name, o.rank);
+        store->GetSmallObject(job, version, o.name, o.rank, absl::Seconds(2));
     if (!bytes.ok()) failed.insert(o.address);
     if (bytes.ok() &&
         static_cast<int64_t>(bytes->size()) > kMaxKeptSmallObjectBytes) {
@@ -807,12 +810,12 @@ void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
     }
     kept->second->Add(o.name, o.rank, *std::move(bytes));
   }
-  if (objects.size() > kMostRead) {
+  if (read < objects.size()) {
     Log("coordinator")
         ->info(
             "job {}: {} small objects of version {} are kept from the next "
             "save",
-            job, objects.size() - kMostRead, version);
+            job, objects.size() - read, version);
   }
 }
 

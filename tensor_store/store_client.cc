@@ -257,17 +257,20 @@ absl::Status StoreClient::PutSmallObject(const std::string& job,
   return Unary(&proto::TensorStore::Stub::PutSmallObject, req).status();
 }
 
-absl::StatusOr<std::string> StoreClient::GetSmallObject(const std::string& job,
-                                                        int64_t version,
-                                                        const std::string& name,
-                                                        int32_t rank) {
+absl::StatusOr<std::string> StoreClient::GetSmallObject(
+    const std::string& job, int64_t version, const std::string& name,
+    int32_t rank, absl::Duration timeout) {
   proto::GetSmallObjectRequest req;
   req.set_job(job);
   req.set_version(version);
   req.set_name(name);
   req.set_rank(rank);
-  PTC_ASSIGN_OR_RETURN(auto resp,
-                       Unary(&proto::TensorStore::Stub::GetSmallObject, req));
+  grpc::ClientContext ctx;
+  if (timeout > absl::ZeroDuration())
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  PTC_ASSIGN_OR_RETURN(
+      auto resp,
+      Unary(&proto::TensorStore::Stub::GetSmallObject, req, 0, &ctx));
   if (Checksum(resp.data().data(), resp.data().size()) != resp.checksum()) {
     return absl::DataLossError(
         absl::StrCat("small object '", name, "' of rank ", rank,

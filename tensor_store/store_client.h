@@ -102,10 +102,10 @@ class StoreClient {
                               const std::string& name, int32_t rank,
                               const std::string& bytes);
   // The object's bytes, checked against the checksum the daemon stored.
-  absl::StatusOr<std::string> GetSmallObject(const std::string& job,
-                                             int64_t version,
-                                             const std::string& name,
-                                             int32_t rank);
+  // The call gives up after `timeout` (zero: the default deadline).
+  absl::StatusOr<std::string> GetSmallObject(
+      const std::string& job, int64_t version, const std::string& name,
+      int32_t rank, absl::Duration timeout = absl::ZeroDuration());
 
   proto::TensorStore::Stub* stub() { return stub_.get(); }
 
