@@ -585,14 +585,15 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
         SmallObjectSource source =
             SmallObjectSources(obj, from, to, in.spec->num_layers, coord);
         Resolved res;
-        if (in.kept) {
-          for (int c : source.candidates) {
-            if (in.kept(obj.name, c)) {
-              res.kept_rank = c;
-              break;
-            }
-          }
-        }
+        // The candidate whose copy the coordinator keeps: it keeps only
+        // objects a new rank copies whose every copy is on one host, so
+        // it is looked for only where no other host holds one.
+        auto kept_rank = [&]() {
+          if (!in.kept || obj.new_ranks != NewRankRule::kCopy) return -1;
+          for (int c : source.candidates)
+            if (in.kept(obj.name, c)) return c;
+          return -1;
+        };
         if (!source.derive_from.empty()) {
           res.derive_from = std::move(source.derive_from);
         } else {
@@ -623,7 +624,8 @@ absl::Status PlanSmallObjects(const PlanInput& in, Plan* plan) {
               res.alternates.push_back({c, h});
             }
             if (obj.new_ranks == NewRankRule::kDerive) res.derive_fallback = scope;
-          } else if (res.kept_rank >= 0) {
+            if (res.alternates.empty()) res.kept_rank = kept_rank();
+          } else if ((res.kept_rank = kept_rank()) >= 0) {
             // Every copy died with its host; the coordinator kept one.
             res.source_rank = res.kept_rank;
           } else if (in.snapshot_source && !source.candidates.empty()) {

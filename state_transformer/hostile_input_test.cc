@@ -6,8 +6,8 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -18,8 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "plan/piece.h"
 #include "proto/transformer.grpc.pb.h"
 #include "ptc/region_proto.h"
+#include "ptc/small_object.h"
 #include "state_transformer/ucx_worker.h"
 #include "tensor_store/internal/testing.h"
 #include "tests/testing.h"
@@ -230,6 +232,22 @@ TEST_CASE("hostile fragments are refused and leave the daemon healthy",
       CHECK(took < absl::Seconds(5));  // 0.5 s and the bytes at 1 MB/s
     }
     close(listener);
+  }
+  SECTION("a small object from the coordinator's copy: none, or too large") {
+    auto req = Fragment(2, 1, kAll, {kAll});
+    proto::SmallObjectMove* m = req.add_small_objects();
+    m->set_name("step");
+    m->set_source_host(kFromCoordinator);
+    m->set_target_host(req.host());
+    absl::Status s = t.Execute(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("none is attached"));
+    m->set_has_kept(true);
+    m->set_kept(std::string(kMaxSmallObjectBytes + 1, 'x'));
+    s = t.Execute(req);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("comes with a kept copy"));
   }
   SECTION("a shape whose element count overflows int64") {
     auto req = Fragment(2, 1, kAll, {kAll});
