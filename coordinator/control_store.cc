@@ -24,6 +24,15 @@ std::string HostRecord(const std::string& host) {
   return absl::StrCat("hosts/", host);
 }
 
+absl::Status TooManyRecords(size_t records) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("a transaction of ", records,
+                   " records is more than the store takes at "
+                   "once (",
+                   kMaxRecordsPerCommit,
+                   ", etcd's default --max-txn-ops); nothing was written"));
+}
+
 namespace {
 
 // The folders of named records (each NAME.pb in a directory of its own).
@@ -85,6 +94,8 @@ class LocalControlStore final : public ControlStore {
   }
 
   absl::Status Commit(const Writes& writes) override {
+    if (writes.size() > kMaxRecordsPerCommit)
+      return TooManyRecords(writes.size());
     proto::ControlCommit commit;
     for (const auto& [key, value] : writes) {
       PTC_RETURN_IF_ERROR(CheckKey(key));

@@ -16,6 +16,7 @@
 #ifndef PTC_COORDINATOR_CONTROL_STORE_H_
 #define PTC_COORDINATOR_CONTROL_STORE_H_
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,6 +32,13 @@ inline constexpr char kClusterRecord[] = "cluster";
 std::string JobRecord(const std::string& job);    // "jobs/" + job
 std::string HostRecord(const std::string& host);  // "hosts/" + host
 
+// The most records one Commit may hold: etcd's default --max-txn-ops
+// (operations in one transaction). Both stores refuse more
+// (INVALID_ARGUMENT), so that a write etcd would refuse fails the same way
+// against the state directory, where most tests run; the coordinator
+// writes a larger change as several transactions (PersistLocked).
+inline constexpr size_t kMaxRecordsPerCommit = 128;
+
 class ControlStore {
  public:
   // A transaction: each key set to its bytes, or deleted (nullopt).
@@ -43,14 +51,21 @@ class ControlStore {
 
   // Applies `writes` all or none. FAILED_PRECONDITION when this process
   // may no longer write (etcd: another coordinator leads now), UNAVAILABLE
-  // when the store cannot be reached, INVALID_ARGUMENT when a record is
-  // larger than the store takes; nothing is written then.
+  // when the store cannot be reached (whether it was written is unknown),
+  // INVALID_ARGUMENT when the transaction is larger than the store takes
+  // (bytes, or more than kMaxRecordsPerCommit records), another code when
+  // the store refused it (etcd: RESOURCE_EXHAUSTED when its space quota is
+  // used up); nothing is written then.
   virtual absl::Status Commit(const Writes& writes) = 0;
 
   // Where the records live, for logs ("state directory /var/lib/ptc",
   // "etcd 10.0.0.1:2379,... under /ptc").
   virtual std::string Describe() const = 0;
 };
+
+// The refusal of a transaction of `records` records, more than
+// kMaxRecordsPerCommit.
+absl::Status TooManyRecords(size_t records);
 
 // The records as files of `dir` (created if missing; it must be
 // writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb and

@@ -104,34 +104,50 @@ absl::Status CoordinatorService::PersistLocked() {
   // thousands of hosts rewrites only those that changed).
   HostRegistry::Records hosts = hosts_.Writes(&writes);
   if (writes.empty()) return absl::OkStatus();
-  // Many hosts' records at once (a rack declared dead, a coordinator's
-  // first write after an older one's state file) go first, in
-  // transactions of at most kHostBatchBytes: each is a fact of its own,
-  // and together they could exceed what one transaction may hold.
-  constexpr size_t kHostBatchBytes = 512 << 10;
-  ControlStore::Writes batch;
-  size_t batch_bytes = 0, host_bytes = 0;
+  // One transaction where it fits. Else the records that are facts of
+  // their own go first, in transactions of at most kBatchBytes and
+  // kMaxRecordsPerCommit records: each host's registration (a rack
+  // declared dead, a coordinator's first write after an older one's state
+  // file), then each job's new or changed record (each holds its job's
+  // decisions whole); the last transaction holds the rest (the deletes
+  // and the cluster record: a forgotten job's removal and its retired
+  // epoch together).
+  constexpr size_t kBatchBytes = 512 << 10;
   auto bytes_of = [](const auto& write) {
     return write.first.size() + (write.second ? write.second->size() : 0);
   };
+  size_t host_bytes = 0;
   for (const auto& write : writes) {
     if (absl::StartsWith(write.first, "hosts/")) host_bytes += bytes_of(write);
   }
-  if (host_bytes > kHostBatchBytes) {
+  auto commit_first = [&](auto picked) -> absl::Status {
+    ControlStore::Writes batch;
+    size_t batch_bytes = 0;
     for (auto it = writes.begin(); it != writes.end();) {
-      if (!absl::StartsWith(it->first, "hosts/")) {
+      if (!picked(*it)) {
         ++it;
         continue;
       }
-      batch_bytes += bytes_of(*it);
-      batch.insert(writes.extract(it++));
-      if (batch_bytes >= kHostBatchBytes) {
+      if (!batch.empty() && (batch_bytes + bytes_of(*it) > kBatchBytes ||
+                             batch.size() == kMaxRecordsPerCommit)) {
         PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
         batch.clear();
         batch_bytes = 0;
       }
+      batch_bytes += bytes_of(*it);
+      batch.insert(writes.extract(it++));
     }
-    if (!batch.empty()) PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
+    return batch.empty() ? absl::OkStatus() : options_.store->Commit(batch);
+  };
+  if (host_bytes > kBatchBytes || writes.size() > kMaxRecordsPerCommit) {
+    PTC_RETURN_IF_ERROR(commit_first([](const auto& write) {
+      return absl::StartsWith(write.first, "hosts/");
+    }));
+  }
+  if (writes.size() > kMaxRecordsPerCommit) {
+    PTC_RETURN_IF_ERROR(commit_first([](const auto& write) {
+      return absl::StartsWith(write.first, "jobs/") && write.second.has_value();
+    }));
   }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
   jobs_.Persisted(std::move(jobs));

@@ -28,6 +28,26 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
+// Whether etcd refused a request rather than failing to answer it: it
+// checks a request (its size, its operations, the caller's permissions,
+// its space quota) before it applies any of it, so nothing of a refused
+// one is written, and sending it again is refused again. "too many
+// requests" (RESOURCE_EXHAUSTED as well) is etcd shedding load: it passes.
+bool RefusedByEtcd(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return true;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return !absl::StrContains(s.error_message(), "too many requests");
+    default:
+      return false;
+  }
+}
+
 absl::Status EtcdError(const std::string& what, const grpc::Status& s) {
   const absl::Status status = FromGrpcStatus(s);
   return absl::Status(status.code(),
@@ -393,6 +413,8 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
     cmp->set_result(etcdserverpb::Compare::EQUAL);
     cmp->set_create_revision(leader_revision_);
   }
+  if (writes.size() > kMaxRecordsPerCommit)
+    return TooManyRecords(writes.size());
   for (const auto& [key, value] : writes) {
     if (value) {
       auto* put = txn.add_success()->mutable_request_put();
@@ -411,7 +433,8 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
   }
   // A call that fails (an etcd member died, etcd is electing a leader)
   // is sent again, to the next member if this one did not answer, until
-  // it is answered: the transaction sets absolute
+  // it is answered (etcd's refusals, RefusedByEtcd, are answers): the
+  // transaction sets absolute
   // values under this coordinator's leadership, and nothing else writes
   // meanwhile (the coordinator waits for this call), so applying it twice
   // is applying it once. Only when no answer comes before the lease could
@@ -434,6 +457,21 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
     s = member.kv->Txn(&ctx, txn, &resp);
     Answered(member, s);
     if (s.ok()) break;
+    if (RefusedByEtcd(s)) {
+      const absl::Status refused =
+          EtcdError("writing the coordinator's records", s);
+      return absl::Status(
+          // FAILED_PRECONDITION says "another leads" to the coordinator;
+          // etcd means a permission it lacks.
+          refused.code() == absl::StatusCode::kFailedPrecondition
+              ? absl::StatusCode::kPermissionDenied
+              : refused.code(),
+          absl::StrCat(refused.message(), "; nothing was written",
+                       s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED
+                           ? " (etcd's space quota is used up: compact and "
+                             "defragment etcd, then disarm its NOSPACE alarm)"
+                           : ""));
+    }
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!s.ok()) {

@@ -43,7 +43,9 @@ int FreePort() {
 // One etcd member on loopback, in a temporary directory.
 class Etcd {
  public:
-  Etcd() : client_(FreePort()), peer_(FreePort()) {
+  // `flags`: more of etcd's command line.
+  explicit Etcd(std::vector<std::string> flags = {})
+      : client_(FreePort()), peer_(FreePort()) {
     const std::string c = "http://127.0.0.1:" + std::to_string(client_);
     const std::string p = "http://127.0.0.1:" + std::to_string(peer_);
     std::vector<std::string> args = {
@@ -51,6 +53,7 @@ class Etcd {
         "--listen-client-urls", c, "--advertise-client-urls", c,
         "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
         "--initial-cluster", "t=" + p};
+    args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -197,6 +200,48 @@ TEST_CASE("a transaction larger than etcd takes is refused before it is sent") {
   CHECK(std::string(s.message()).find("more than etcd takes") !=
         std::string::npos);
   CHECK(a->ReadAll()->empty());
+  CHECK(a->Commit({{JobRecord("small"), "ok"}}).ok());  // still leads
+}
+
+TEST_CASE(
+    "a transaction of more records than etcd takes at once is refused "
+    "before it is sent") {
+  Etcd etcd;
+  auto a = Store(etcd, "10.0.0.1:7000");
+  REQUIRE(Lead(*a, [](const std::string&) {}).ok());
+  ControlStore::Writes writes;
+  for (size_t i = 0; i <= kMaxRecordsPerCommit; ++i)
+    writes[HostRecord("h" + std::to_string(i))] = "host";
+  const absl::Status s = a->Commit(writes);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("more than the store takes") !=
+        std::string::npos);
+  CHECK(a->ReadAll()->empty());
+  writes.erase(writes.begin());
+  CHECK(a->Commit(writes).ok());  // exactly as many: one transaction
+  CHECK(a->ReadAll()->size() == kMaxRecordsPerCommit);
+}
+
+TEST_CASE("a transaction etcd refuses is answered at once, not sent again") {
+  // An etcd that takes fewer operations per transaction than its default:
+  // its refusal is an answer (nothing was written), where sending it again
+  // until the lease ends would hold the coordinator for ever (the lease
+  // is renewed meanwhile) and a store that is full would never recover.
+  Etcd etcd({"--max-txn-ops", "16"});
+  auto a = Store(etcd, "10.0.0.1:7000");
+  std::atomic<bool> lost{false};
+  REQUIRE(Lead(*a, [&](const std::string&) { lost = true; }).ok());
+  ControlStore::Writes writes;
+  for (int i = 0; i < 32; ++i)
+    writes[HostRecord("h" + std::to_string(i))] = "host";
+  const absl::Time start = absl::Now();
+  const absl::Status s = a->Commit(writes);
+  CHECK(absl::Now() - start < absl::Seconds(30));
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("nothing was written") !=
+        std::string::npos);
+  CHECK(a->ReadAll()->empty());
+  CHECK_FALSE(lost.load());
   CHECK(a->Commit({{JobRecord("small"), "ok"}}).ok());  // still leads
 }
 

@@ -4,11 +4,13 @@
 // a second one starts from the same metadata.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/atomic_file.h"
 #include "coordinator/coordinator_server.h"
@@ -186,6 +188,51 @@ TEST_CASE(
     CHECK(Alive(port)["host0"]);
     absl::SleepFor(absl::Milliseconds(500));
   }
+}
+
+TEST_CASE(
+    "coordinator: a write of more records than one transaction takes (300 "
+    "hosts moved into records of their own) is written in several",
+    "[coordinator][failure]") {
+  // A state file from before per-host records, with 300 hosts: the first
+  // write moves each into a record of its own, more than a transaction
+  // holds (kMaxRecordsPerCommit). host0 does not answer, so the
+  // coordinator declares it dead: that is the first write.
+  proto::CoordinatorState state;
+  for (int i = 0; i < 300; ++i) {
+    proto::HostStatus* h = state.add_hosts();
+    h->set_name(absl::StrCat("host", i));
+    h->set_address("127.0.0.1:1");
+    h->set_gpus(8);
+    h->set_alive(i == 0);
+  }
+  testing::TempDir dir;
+  REQUIRE(
+      WriteFileAtomically(dir.path() + "/state.pb", state.SerializeAsString())
+          .ok());
+  CoordinatorServerOptions options{"127.0.0.1:0", {dir.path()}};
+  options.service.host_timeout = absl::Milliseconds(500);
+  {
+    auto coordinator = CoordinatorServer::Start(options);
+    REQUIRE(coordinator.ok());
+    const int port = (*coordinator)->port();
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (Alive(port)["host0"] && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(50));
+    REQUIRE_FALSE(Alive(port)["host0"]);
+  }
+  // Every host is in a record of its own, and host0's death with it.
+  int records = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(dir.path() + "/hosts"))
+    records += entry.path().extension() == ".pb";
+  CHECK(records == 300);
+  auto again = CoordinatorServer::Start(options);
+  REQUIRE(again.ok());
+  const std::map<std::string, bool> alive = Alive((*again)->port());
+  CHECK(alive.size() == 300);
+  CHECK(std::none_of(alive.begin(), alive.end(),
+                     [](const auto& h) { return h.second; }));
 }
 
 }  // namespace
