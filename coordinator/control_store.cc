@@ -33,10 +33,14 @@ absl::Status TooManyRecords(size_t records) {
                    ", etcd's default --max-txn-ops); nothing was written"));
 }
 
+std::string KeptRecord(const std::string& job, int64_t version, int32_t part) {
+  return absl::StrCat("kept/", job, "/", version, "/", part);
+}
+
 namespace {
 
 // The folders of named records (each NAME.pb in a directory of its own).
-constexpr const char* kFolders[] = {"jobs", "hosts"};
+constexpr const char* kFolders[] = {"jobs", "hosts", "kept"};
 
 // Whether `name` can be a file's name as it is: what job and host names
 // may hold (letters, digits, '.', '_', '-', not starting with '.' or '-'),

@@ -2,7 +2,8 @@
 // that must outlive the coordinator's process, and with etcd its machine.
 // The coordinator keeps one record per host ("hosts/NAME": its
 // registration), one per job ("jobs/NAME": its registration, versions,
-// placement and the change in flight) and one for the rest ("cluster":
+// placement and the change in flight), the copies it keeps of jobs' small
+// objects ("kept/JOB/VERSION/PART") and one for the rest ("cluster":
 // retired plan epochs), and writes every decision that must survive as
 // one transaction of the records it changed.
 //
@@ -17,6 +18,7 @@
 #define PTC_COORDINATOR_CONTROL_STORE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,6 +33,9 @@ namespace ptc {
 inline constexpr char kClusterRecord[] = "cluster";
 std::string JobRecord(const std::string& job);    // "jobs/" + job
 std::string HostRecord(const std::string& host);  // "hosts/" + host
+// "kept/JOB/VERSION/PART": a part of the small objects the coordinator
+// keeps of a job's committed version.
+std::string KeptRecord(const std::string& job, int64_t version, int32_t part);
 
 // The most records one Commit may hold: etcd's default --max-txn-ops
 // (operations in one transaction). Both stores refuse more
@@ -68,9 +73,9 @@ class ControlStore {
 absl::Status TooManyRecords(size_t records);
 
 // The records as files of `dir` (created if missing; it must be
-// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb and
-// "hosts/NAME" hosts/NAME.pb (a name that is not a safe file name is
-// hex-encoded). A transaction of several
+// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb,
+// "hosts/NAME" hosts/NAME.pb and "kept/NAME" kept/NAME.pb (a name that is
+// not a safe file name is hex-encoded). A transaction of several
 // records is journaled first (commit.pb, written atomically, applied,
 // removed; a journal left by a crash is applied by the next ReadAll).
 absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(

@@ -106,20 +106,21 @@ absl::Status CoordinatorService::PersistLocked() {
   if (writes.empty()) return absl::OkStatus();
   // One transaction where it fits. Else the records that are facts of
   // their own go first, in transactions of at most kBatchBytes and
-  // kMaxRecordsPerCommit records: each host's registration (a rack
-  // declared dead, a coordinator's first write after an older one's state
-  // file), then each job's new or changed record (each holds its job's
-  // decisions whole); the last transaction holds the rest (the deletes
-  // and the cluster record: a forgotten job's removal and its retired
-  // epoch together).
+  // kMaxRecordsPerCommit records: the kept copies of jobs' new versions
+  // (useless until their job's record names the version), each host's
+  // registration (a rack declared dead, a coordinator's first write after
+  // an older one's state file), then where there are still too many, each
+  // job's new or changed record (each holds its job's decisions whole).
+  // The next holds the rest (the deletes and the cluster record: a
+  // forgotten job's removal and its retired epoch together); the kept
+  // copies of versions no longer committed are deleted after it where
+  // they do not fit.
   constexpr size_t kBatchBytes = 512 << 10;
   auto bytes_of = [](const auto& write) {
     return write.first.size() + (write.second ? write.second->size() : 0);
   };
-  size_t host_bytes = 0;
-  for (const auto& write : writes) {
-    if (absl::StartsWith(write.first, "hosts/")) host_bytes += bytes_of(write);
-  }
+  size_t bytes = 0;
+  for (const auto& write : writes) bytes += bytes_of(write);
   auto commit_first = [&](auto picked) -> absl::Status {
     ControlStore::Writes batch;
     size_t batch_bytes = 0;
@@ -139,7 +140,13 @@ absl::Status CoordinatorService::PersistLocked() {
     }
     return batch.empty() ? absl::OkStatus() : options_.store->Commit(batch);
   };
-  if (host_bytes > kBatchBytes || writes.size() > kMaxRecordsPerCommit) {
+  auto kept = [](const auto& write) {
+    return absl::StartsWith(write.first, "kept/");
+  };
+  if (writes.size() > kMaxRecordsPerCommit || bytes > kBatchBytes) {
+    PTC_RETURN_IF_ERROR(commit_first([&](const auto& write) {
+      return kept(write) && write.second.has_value();
+    }));
     PTC_RETURN_IF_ERROR(commit_first([](const auto& write) {
       return absl::StartsWith(write.first, "hosts/");
     }));
@@ -149,7 +156,19 @@ absl::Status CoordinatorService::PersistLocked() {
       return absl::StartsWith(write.first, "jobs/") && write.second.has_value();
     }));
   }
+  ControlStore::Writes after;
+  if (writes.size() > kMaxRecordsPerCommit) {
+    for (auto it = writes.begin(); it != writes.end();) {
+      if (kept(*it)) {
+        after.insert(writes.extract(it++));
+      } else {
+        ++it;
+      }
+    }
+  }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
+  writes = std::move(after);
+  PTC_RETURN_IF_ERROR(commit_first([](const auto&) { return true; }));
   jobs_.Persisted(std::move(jobs));
   hosts_.Persisted(std::move(hosts));
   return absl::OkStatus();

@@ -292,7 +292,47 @@ absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
     job->Derive();
     jobs_[name] = std::move(job);
   }
+  LoadKept(records);
   return absl::OkStatus();
+}
+
+void JobTable::LoadKept(const std::map<std::string, std::string>& records) {
+  // Each job's parts of its committed version, by part.
+  std::map<std::string, std::map<int32_t, proto::KeptCopies>> parts;
+  std::map<std::string, std::vector<std::string>> keys;
+  for (auto it = records.lower_bound("kept/");
+       it != records.end() && absl::StartsWith(it->first, "kept/"); ++it) {
+    proto::KeptCopies p;
+    const Job* job = nullptr;
+    if (p.ParseFromString(it->second) &&
+        it->first == KeptRecord(p.job(), p.version(), p.part()))
+      job = Find(p.job());
+    if (job == nullptr || p.version() != job->state.committed_version() ||
+        p.part() < 0 || p.part() >= p.parts()) {
+      persisted_.stale_kept.push_back(it->first);
+      continue;
+    }
+    keys[p.job()].push_back(it->first);
+    parts[p.job()].emplace(p.part(), std::move(p));
+  }
+  for (auto& [name, by_part] : parts) {
+    const int32_t expected = by_part.begin()->second.parts();
+    bool whole = static_cast<int32_t>(by_part.size()) == expected;
+    for (const auto& [part, p] : by_part)
+      whole = whole && p.parts() == expected;
+    if (!whole) {
+      persisted_.stale_kept.insert(persisted_.stale_kept.end(),
+                                   keys[name].begin(), keys[name].end());
+      continue;
+    }
+    std::vector<proto::KeptCopies> in_order;
+    for (auto& [part, p] : by_part) in_order.push_back(std::move(p));
+    Job& job = *jobs_[name];
+    std::shared_ptr<KeptSmallObjects> kept =
+        KeptSmallObjects::FromRecords(in_order);
+    persisted_.kept[name] = {kept->stamp(), keys[name]};
+    job.kept[job.state.committed_version()] = std::move(kept);
+  }
 }
 
 JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
@@ -307,6 +347,38 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
       (*writes)[JobRecord(name)] = bytes;
     records.jobs[name] = std::move(bytes);
   }
+  // Each job's committed version's kept copies, where they changed; the
+  // records they replace are deleted.
+  for (const auto& [name, job] : jobs_) {
+    const int64_t version = job->state.committed_version();
+    auto kept = job->kept.find(version);
+    if (kept == job->kept.end() || kept->second->size() == 0) continue;
+    auto before = persisted_.kept.find(name);
+    if (before != persisted_.kept.end() &&
+        before->second.stamp == kept->second->stamp()) {
+      records.kept[name] = before->second;
+      continue;
+    }
+    Records::Kept& now = records.kept[name];
+    now.stamp = kept->second->stamp();
+    for (const proto::KeptCopies& part :
+         kept->second->ToRecords(name, version)) {
+      now.keys.push_back(KeptRecord(name, version, part.part()));
+      (*writes)[now.keys.back()] = part.SerializeAsString();
+    }
+  }
+  for (const auto& [name, before] : persisted_.kept) {
+    auto now = records.kept.find(name);
+    for (const std::string& key : before.keys) {
+      if (now == records.kept.end() ||
+          std::find(now->second.keys.begin(), now->second.keys.end(), key) ==
+              now->second.keys.end())
+        (*writes)[key] = std::nullopt;
+    }
+  }
+  for (const std::string& key : persisted_.stale_kept)
+    (*writes)[key] = std::nullopt;
+
   proto::CoordinatorState cluster;
   cluster.mutable_retired_epochs()->insert(retired_epochs_.begin(),
                                            retired_epochs_.end());

@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -81,8 +82,7 @@ class JobTable {
     std::map<std::string, int64_t> host_bytes, target_host_bytes;
     // Copies of small objects with no copy on a second host, by version
     // (kept_small_objects.h); of versions the job owns only (PruneKept).
-    // Not persisted: a coordinator that takes over keeps them from the
-    // next save.
+    // The committed version's are persisted too (records "kept/...").
     std::map<int64_t, std::shared_ptr<KeptSmallObjects>> kept;
     // The plan of the layout saved last (most saves share it).
     std::shared_ptr<const KeepPlan> keep_plan;
@@ -152,7 +152,10 @@ class JobTable {
 
   // Persistence. Load takes the job records ("jobs/NAME"), the cluster
   // record and jobs inside it (from coordinators before per-job records:
-  // moved into records of their own by the next write). DATA_LOSS names a
+  // moved into records of their own by the next write), and the kept
+  // copies of each job's committed version (records of other versions, or
+  // an incomplete or unreadable set, are deleted by the next write: the
+  // copies are kept again from the job's next save). DATA_LOSS names a
   // record that is not a job's; FAILED_PRECONDITION a job whose layout
   // this coordinator cannot read (rather than drop it on the next write).
   absl::Status Load(const std::map<std::string, std::string>& records,
@@ -160,14 +163,28 @@ class JobTable {
   struct Records {
     std::map<std::string, std::string> jobs;
     std::string cluster;
+    // Per job, the records of its committed version's kept copies and
+    // the copies' stamp (KeptSmallObjects::stamp) they hold.
+    struct Kept {
+      uint64_t stamp = 0;
+      std::vector<std::string> keys;
+    };
+    std::map<std::string, Kept> kept;
+    // Kept records of no job's committed version (deleted next).
+    std::vector<std::string> stale_kept;
   };
   // Adds to `writes` the records that changed since Persisted (new or
-  // changed jobs, deletes for forgotten ones, the cluster record) and
-  // returns what the records hold after them, for Persisted.
+  // changed jobs, deletes for forgotten ones, the cluster record, each
+  // job's committed version's kept copies when they changed, deletes for
+  // the kept copies of versions no longer committed) and returns what the
+  // records hold after them, for Persisted.
   Records Writes(ControlStore::Writes* writes) const;
   void Persisted(Records records) { persisted_ = std::move(records); }
 
  private:
+  // Load's part for the records "kept/...".
+  void LoadKept(const std::map<std::string, std::string>& records);
+
   Jobs jobs_;
   // CoordinatorState.retired_epochs: the last plan epoch of each
   // forgotten job.

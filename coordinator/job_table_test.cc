@@ -89,6 +89,107 @@ TEST_CASE("a write holds the job records that changed, and loads back") {
   CHECK(loaded.Known("nope").status().code() == absl::StatusCode::kNotFound);
 }
 
+// Copies kept of `version` of `job`: `n` objects of `bytes` bytes each.
+std::shared_ptr<KeptSmallObjects> Kept(int64_t n, size_t bytes) {
+  auto plan = std::make_shared<KeepPlan>();
+  plan->objects = n;
+  auto kept = std::make_shared<KeptSmallObjects>(std::move(plan));
+  for (int64_t r = 0; r < n; ++r) {
+    REQUIRE(kept->Add("loader", static_cast<int32_t>(r),
+                      std::string(bytes, static_cast<char>('a' + r % 26))));
+  }
+  return kept;
+}
+
+TEST_CASE(
+    "the committed version's kept copies are written when they change, "
+    "and load back") {
+  JobTable jobs;
+  JobTable::Job& j = jobs.Add(NewJob("j"));
+  j.state.set_committed_version(3);
+  // An open save's copies are not written: only the committed version's.
+  j.kept[4] = Kept(2, 100);
+  std::map<std::string, std::string> stored;
+  ControlStore::Writes writes;
+  auto records = jobs.Writes(&writes);
+  CHECK(writes.size() == 1);  // the job's record
+  Apply(writes, &stored);
+  jobs.Persisted(records);
+
+  // 40 copies of 16 KiB: three parts of about 256 KiB.
+  j.kept[3] = Kept(40, 16 << 10);
+  writes.clear();
+  records = jobs.Writes(&writes);
+  CHECK(writes.size() == 3);
+  CHECK(writes.count(KeptRecord("j", 3, 0)));
+  CHECK(writes.count(KeptRecord("j", 3, 2)));
+  Apply(writes, &stored);
+  jobs.Persisted(records);
+  writes.clear();
+  jobs.Persisted(jobs.Writes(&writes));
+  CHECK(writes.empty());  // unchanged: nothing written again
+
+  JobTable loaded;
+  REQUIRE(loaded.Load(stored, "test").ok());
+  const JobTable::Job* back = loaded.Find("j");
+  REQUIRE(back != nullptr);
+  REQUIRE(back->kept.count(3));
+  const KeptSmallObjects& copies = *back->kept.at(3);
+  CHECK(copies.size() == 40);
+  CHECK(copies.Complete());
+  CHECK(copies.bytes() == 40 * (16 << 10));
+  REQUIRE(copies.Find("loader", 27) != nullptr);
+  CHECK(*copies.Find("loader", 27) == std::string(16 << 10, 'b'));
+  writes.clear();
+  loaded.Persisted(loaded.Writes(&writes));
+  for (const auto& [key, bytes] : writes)  // the copies as loaded
+    CHECK(key.rfind("kept/", 0) != 0);
+
+  SECTION("a new committed version's copies replace the old one's") {
+    j.state.set_committed_version(5);
+    j.kept[5] = Kept(1, 10);
+    j.PruneKept();
+    writes.clear();
+    jobs.Writes(&writes);
+    CHECK(writes.at(KeptRecord("j", 5, 0)).has_value());
+    CHECK(writes.at(KeptRecord("j", 3, 0)) == std::nullopt);
+    CHECK(writes.at(KeptRecord("j", 3, 1)) == std::nullopt);
+    CHECK(writes.at(KeptRecord("j", 3, 2)) == std::nullopt);
+  }
+  SECTION("copies of a version the job no longer commits are deleted") {
+    proto::CoordinatorState::Job js;
+    REQUIRE(js.ParseFromString(stored.at(JobRecord("j"))));
+    js.set_committed_version(5);
+    stored[JobRecord("j")] = js.SerializeAsString();
+    JobTable other;
+    REQUIRE(other.Load(stored, "test").ok());
+    CHECK(other.Find("j")->kept.empty());
+    writes.clear();
+    other.Writes(&writes);
+    CHECK(writes.count(KeptRecord("j", 3, 0)));
+    CHECK(writes.at(KeptRecord("j", 3, 1)) == std::nullopt);
+  }
+  SECTION("an incomplete set (a part missing) is not loaded, and deleted") {
+    stored.erase(KeptRecord("j", 3, 1));
+    JobTable other;
+    REQUIRE(other.Load(stored, "test").ok());
+    CHECK(other.Find("j")->kept.empty());
+    writes.clear();
+    other.Writes(&writes);
+    CHECK(writes.at(KeptRecord("j", 3, 0)) == std::nullopt);
+    CHECK(writes.at(KeptRecord("j", 3, 2)) == std::nullopt);
+  }
+  SECTION("a record under another job's key is not taken") {
+    stored[KeptRecord("k", 3, 0)] = stored.at(KeptRecord("j", 3, 0));
+    JobTable other;
+    REQUIRE(other.Load(stored, "test").ok());
+    writes.clear();
+    other.Writes(&writes);
+    CHECK(writes.at(KeptRecord("k", 3, 0)) == std::nullopt);
+    CHECK(other.Find("j")->kept.at(3)->size() == 40);
+  }
+}
+
 TEST_CASE("a forgotten job's plan epochs are retired, and undone with it") {
   JobTable jobs;
   JobTable::Job& j = jobs.Add(NewJob("j"));

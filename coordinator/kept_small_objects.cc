@@ -1,5 +1,8 @@
 #include "coordinator/kept_small_objects.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -36,6 +39,55 @@ absl::StatusOr<KeepPlan> MakeKeepPlan(
   return plan;
 }
 
+uint64_t KeptSmallObjects::NewStamp() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+std::vector<proto::KeptCopies> KeptSmallObjects::ToRecords(
+    const std::string& job, int64_t version) const {
+  // In a stable order: the same copies make the same records.
+  std::vector<
+      const std::pair<const std::pair<std::string, int32_t>, std::string>*>
+      sorted;
+  sorted.reserve(copies_.size());
+  for (const auto& copy : copies_) sorted.push_back(&copy);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto* a, const auto* b) { return a->first < b->first; });
+  std::vector<proto::KeptCopies> parts;
+  int64_t part_bytes = kKeptPartBytes;
+  for (const auto* copy : sorted) {
+    if (part_bytes >= kKeptPartBytes) {
+      parts.emplace_back();
+      parts.back().set_job(job);
+      parts.back().set_version(version);
+      parts.back().set_part(static_cast<int32_t>(parts.size() - 1));
+      parts.back().set_objects(plan_->objects);
+      part_bytes = 0;
+    }
+    proto::KeptCopies::Copy* c = parts.back().add_copies();
+    c->set_name(copy->first.first);
+    c->set_rank(copy->first.second);
+    c->set_bytes(copy->second);
+    part_bytes += static_cast<int64_t>(copy->second.size() + c->name().size());
+  }
+  for (proto::KeptCopies& p : parts)
+    p.set_parts(static_cast<int32_t>(parts.size()));
+  return parts;
+}
+
+std::shared_ptr<KeptSmallObjects> KeptSmallObjects::FromRecords(
+    const std::vector<proto::KeptCopies>& parts) {
+  auto plan = std::make_shared<KeepPlan>();
+  if (!parts.empty()) plan->objects = parts[0].objects();
+  auto kept = std::make_shared<KeptSmallObjects>(std::move(plan));
+  for (const proto::KeptCopies& p : parts) {
+    for (const proto::KeptCopies::Copy& c : p.copies())
+      kept->Add(c.name(), c.rank(), c.bytes());
+  }
+  return kept;
+}
+
 bool KeptSmallObjects::Add(const std::string& name, int32_t rank,
                            std::string bytes) {
   auto it = copies_.find(std::make_pair(name, rank));
@@ -44,6 +96,7 @@ bool KeptSmallObjects::Add(const std::string& name, int32_t rank,
   if (after > kMaxKeptBytesPerVersion) return false;
   bytes_ = after;
   copies_[std::make_pair(name, rank)] = std::move(bytes);
+  stamp_ = NewStamp();
   return true;
 }
 

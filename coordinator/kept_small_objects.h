@@ -5,13 +5,14 @@
 // class is all on it: a per-rank step counter, a data loader's position
 // per data-parallel rank whose replica is on one host. For such a class,
 // BeginSave asks its first rank to send the object with its report too,
-// and the coordinator keeps it with the version, in memory, for as long as
-// the job owns the version. A change whose source host died takes it from
-// there (plan source kFromCoordinator), or as the last resort when every
-// copy's host fails during the change. Objects that derive a fresh value
-// (an RNG state) need no copy; objects over kMaxKeptSmallObjectBytes, or
-// beyond kMaxKeptBytesPerVersion, are not kept, and the job's survival
-// line then counts them as lost with their host.
+// and the coordinator keeps it with the version for as long as the job
+// owns the version: in memory, and the committed version's in its records
+// too, so that a coordinator that takes over has them. A change whose source
+// host died takes it from there (plan source kFromCoordinator), or as the last
+// resort when every copy's host fails during the change. Objects that derive a
+// fresh value (an RNG state) need no copy; objects over
+// kMaxKeptSmallObjectBytes, or beyond kMaxKeptBytesPerVersion, are not kept,
+// and the job's survival line then counts them as lost with their host.
 //
 //   std::shared_ptr<const KeepPlan> plan =
 //       MakeKeepPlan(spec, config, rank_hosts);
@@ -31,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "proto/coordinator.pb.h"
 #include "ptc/model_spec.h"
 
 namespace ptc {
@@ -62,7 +64,7 @@ absl::StatusOr<KeepPlan> MakeKeepPlan(
 class KeptSmallObjects {
  public:
   explicit KeptSmallObjects(std::shared_ptr<const KeepPlan> plan)
-      : plan_(std::move(plan)) {}
+      : plan_(std::move(plan)), stamp_(NewStamp()) {}
   // What the version's ranks were asked to send.
   const KeepPlan& plan() const { return *plan_; }
   // Keeps rank `rank`'s copy of `name`; false if the version's budget
@@ -75,12 +77,31 @@ class KeptSmallObjects {
   // Every copy the plan asks for is kept: no host's loss loses a small
   // object of this version.
   bool Complete() const { return size() >= plan_->objects; }
+  // Differs from every other object's, and changes with each Add: the
+  // coordinator writes the copies to its records when it changed.
+  uint64_t stamp() const { return stamp_; }
+
+  // The copies as the records "kept/JOB/VERSION/PART" hold them (parts of
+  // about kKeptPartBytes), and back. A version loaded from its records has
+  // a plan of its object count only (names empty: no rank is asked for a
+  // committed version's objects).
+  std::vector<proto::KeptCopies> ToRecords(const std::string& job,
+                                           int64_t version) const;
+  static std::shared_ptr<KeptSmallObjects> FromRecords(
+      const std::vector<proto::KeptCopies>& parts);
 
  private:
+  static uint64_t NewStamp();
+
   std::shared_ptr<const KeepPlan> plan_;
   absl::flat_hash_map<std::pair<std::string, int32_t>, std::string> copies_;
   int64_t bytes_ = 0;
+  uint64_t stamp_;
 };
+
+// The size a record of kept copies grows to before the next begins (each
+// copy is at most kMaxKeptSmallObjectBytes more).
+inline constexpr int64_t kKeptPartBytes = 256 << 10;
 
 }  // namespace ptc
 

@@ -817,6 +817,13 @@ void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
             "save",
             job, objects.size() - read, version);
   }
+  // Into the records as well (those of the version's copies that changed).
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = PersistLocked(); !s.ok()) {
+    Log("coordinator")
+        ->warn("job {}: writing the small objects kept of version {}: {}", job,
+               version, s.ToString());
+  }
 }
 
 void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {

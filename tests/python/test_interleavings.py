@@ -323,14 +323,16 @@ def test_a_source_that_dies_takes_its_small_objects_from_other_copies_or_fresh_v
     verify(c)
 
 
+@pytest.mark.parametrize("coordinator_restarts", [False, True])
 def test_a_dead_hosts_only_small_objects_come_from_the_copy_the_coordinator_keeps(
-        cluster):
+        cluster, coordinator_restarts):
     """Each host holds a whole replica (tp=2,dp=2), so each replica's data
     loader position is on one host only. Each save sends those to the
     coordinator too; host0 dies, and the change to host1 and host2 takes
     dp 0's loader from the coordinator's copy instead of refusing ("no
     surviving source"). The survival line counts the copies once they are
-    kept."""
+    kept. The copies are in the coordinator's records too: a coordinator
+    killed and started again after the save has them."""
     c = cluster
     register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
     job = c.ptcctl_json("jobs")[1]["jobs"][0]
@@ -350,6 +352,13 @@ def test_a_dead_hosts_only_small_objects_come_from_the_copy_the_coordinator_keep
     text = c.ptcctl("jobs").stdout
     assert ("small objects with every copy on one host: 2, of which the coordinator "
             "keeps a copy of 2") in text, text
+    if coordinator_restarts:
+        c.restart_coordinator()
+        c.wait_alive(3)
+        job = c.ptcctl_json("jobs")[1]["jobs"][0]
+        assert (job["kept_small_objects"], job["small_objects_to_keep"],
+                job["kept_small_object_bytes"]) == (2, 2, 2 * 96), job
+        assert job["survives_host_loss"], job["survival"]
     dead = hosts[0]
     c.kill(dead)
     c.wait_dead(dead)
