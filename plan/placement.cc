@@ -166,6 +166,96 @@ std::vector<int> InterleaveByDomain(const std::vector<int>& items,
   return out;
 }
 
+// Per class of items (a block class), how many of its items each failure
+// domain holds (a host's domain path and each of its prefixes), and the
+// choice of a host for the next: the one whose domains hold the fewest,
+// the outermost first ("dc1" before "dc1/rack2").
+class DomainSpread {
+ public:
+  explicit DomainSpread(int classes) : held_(classes) {}
+
+  // Hosts (items of the caller's) by domain, each domain's in the order
+  // given.
+  class Hosts {
+   public:
+    // The first host left in the order given.
+    int TakeFirst() {
+      int best = -1;
+      for (size_t d = 0; d < groups_.size(); ++d) {
+        const Group& g = groups_[d];
+        if (g.next < g.hosts.size() &&
+            (best < 0 || g.first_rank[g.next] < Rank(best)))
+          best = static_cast<int>(d);
+      }
+      return Pop(best);
+    }
+
+   private:
+    friend class DomainSpread;
+    struct Group {
+      std::vector<std::string> prefixes;  // of the domain, outermost first
+      std::vector<int> hosts;
+      std::vector<size_t> first_rank;  // each host's place in the order given
+      size_t next = 0;
+    };
+    size_t Rank(int d) const { return groups_[d].first_rank[groups_[d].next]; }
+    int Pop(int d) { return groups_[d].hosts[groups_[d].next++]; }
+    std::vector<Group> groups_;
+  };
+
+  template <typename DomainOf>
+  Hosts Of(const std::vector<int>& hosts, DomainOf domain_of) const {
+    Hosts out;
+    std::map<std::string, int> group;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const std::string& d = domain_of(hosts[i]);
+      auto [it, fresh] =
+          group.try_emplace(d, static_cast<int>(out.groups_.size()));
+      if (fresh) {
+        out.groups_.emplace_back();
+        for (size_t slash = d.find('/'); !d.empty();
+             slash = d.find('/', slash + 1)) {
+          out.groups_.back().prefixes.push_back(d.substr(0, slash));
+          if (slash == std::string::npos) break;
+        }
+      }
+      out.groups_[it->second].hosts.push_back(hosts[i]);
+      out.groups_[it->second].first_rank.push_back(i);
+    }
+    return out;
+  }
+
+  // Takes for an item of class `c` the host of `hosts` whose domains hold
+  // the fewest of the class (outermost domain first; then the host given
+  // first), and counts it there.
+  int Take(int c, Hosts* hosts) {
+    std::map<std::string, int>& held = held_[c];
+    auto count = [&](const std::string& d) {
+      auto it = held.find(d);
+      return it == held.end() ? 0 : it->second;
+    };
+    int best = -1;
+    std::vector<int> best_key;
+    for (size_t d = 0; d < hosts->groups_.size(); ++d) {
+      const Hosts::Group& g = hosts->groups_[d];
+      if (g.next >= g.hosts.size()) continue;
+      std::vector<int> key;
+      for (const std::string& p : g.prefixes) key.push_back(count(p));
+      if (best < 0 || key < best_key ||
+          (key == best_key &&
+           hosts->Rank(static_cast<int>(d)) < hosts->Rank(best))) {
+        best = static_cast<int>(d);
+        best_key = std::move(key);
+      }
+    }
+    for (const std::string& p : hosts->groups_[best].prefixes) ++held[p];
+    return hosts->Pop(best);
+  }
+
+ private:
+  std::vector<std::map<std::string, int>> held_;  // per class: per domain
+};
+
 int64_t Bytes(const ModelSpec& spec, const Regions& regions) {
   int64_t n = 0;
   for (uint64_t k : regions.keys)
@@ -1261,14 +1351,48 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     out.host_old_bytes.assign(cluster.hosts.size(), 0);
     for (const HostClass& hc : hclass)
       for (int c : hc.members) out.host_old_bytes[cands[c].host] = hc.old_bytes;
-    std::vector<size_t> next_block(B, 0), next_host(H, 0);
+    // Which member of a host class takes which block is free (they cost
+    // the same): each block goes to the member whose failure domains hold
+    // the fewest blocks of its class so far (a stage's new replica to the
+    // rack that lacks one), the domain's first member in preference order;
+    // the members left are released.
+    // With failure domains, host classes that take one kind of block and
+    // release none first: their domains' counts are what they are
+    // whatever the order.
+    DomainSpread spread(B);
+    std::vector<int> host_order(H), kinds(H, 0);
     for (int h = 0; h < H; ++h) {
+      host_order[h] = h;
       for (int b = 0; b < B; ++b) {
+        const int e = pair_edge[static_cast<size_t>(b) * H + h];
+        if (e >= 0 && mcf.Flow(e) > 0) kinds[h] += bclass[b].units > 0 ? 1 : 2;
+      }
+    }
+    if (std::any_of(cands.begin(), cands.end(), [&](const Candidate& c) {
+          return !cluster.hosts[c.host].domain.empty();
+        })) {
+      std::stable_sort(host_order.begin(), host_order.end(),
+                       [&](int a, int b) { return kinds[a] < kinds[b]; });
+    }
+    std::vector<size_t> next_block(B, 0);
+    for (int h : host_order) {
+      DomainSpread::Hosts members =
+          spread.Of(hclass[h].members, [&](int c) -> const std::string& {
+            return cluster.hosts[cands[c].host].domain;
+          });
+      // Blocks first, then the hosts they leave (the empty class's flow).
+      std::vector<int> order;
+      for (int b = 0; b < B; ++b)
+        if (bclass[b].units > 0) order.push_back(b);
+      for (int b = 0; b < B; ++b)
+        if (bclass[b].units == 0) order.push_back(b);
+      for (int b : order) {
         const int e = pair_edge[static_cast<size_t>(b) * H + h];
         if (e < 0) continue;
         for (int64_t f = mcf.Flow(e); f > 0; --f) {
           const int block = bclass[b].members[next_block[b]++];
-          const Candidate& c = cands[hclass[h].members[next_host[h]++]];
+          const Candidate& c =
+              cands[block < 0 ? members.TakeFirst() : spread.Take(b, &members)];
           if (block < 0) {
             out.released.push_back(c.host);
             continue;

@@ -1,5 +1,6 @@
 #include "plan/placement.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <functional>
@@ -135,6 +136,57 @@ TEST_CASE("placement: a change moves a replica out of a rack that holds both",
   REQUIRE(still.ok());
   CHECK(still->cross_host_bytes == 0);
   CHECK(still->survival.domains_lost.size() == 1);
+}
+
+TEST_CASE(
+    "placement: a large job's new replica goes to the rack its stage "
+    "lost",
+    "[coordinator][placement]") {
+  // tp=1,pp=4,dp=9 (36 units: the large job's path) on hosts of one GPU;
+  // rackA is hosts 0-21, rackB 22-39. Stage 0 has 8 replicas in rackA and
+  // one in rackB (host22), which dies. Its new replica costs the same on
+  // any spare (rackA's 20 and 21, rackB's 38 and 39): on rackB's, stage 0
+  // survives either rack's loss again.
+  Cluster cluster = Cluster::Uniform(40, 1);
+  for (int h = 0; h < 40; ++h)
+    cluster.hosts[h].domain = h < 22 ? "rackA" : "rackB";
+  // Stages 1-3 take rackA's 8-19 and rackB's 23-37 in turns: each is in
+  // both racks.
+  std::vector<int> source = {0, 1, 2, 3, 4, 5, 6, 7, 22};
+  for (int i = 0; i < 15; ++i) {
+    if (i < 12) source.push_back(8 + i);
+    source.push_back(23 + i);
+  }
+  std::vector<bool> alive(40, true);
+  alive[22] = false;
+  // The spares last, or first (the hosts that hold stages are placed
+  // first either way).
+  std::vector<int> candidates;
+  for (int h = 0; h < 40; ++h)
+    if (alive[h]) candidates.push_back(h);
+  if (GENERATE(false, true)) {
+    std::stable_partition(candidates.begin(), candidates.end(), [](int h) {
+      return h == 20 || h == 21 || h == 38 || h == 39;
+    });
+  }
+  auto s = MakePlanScenario(Gpt(), "tp=1,pp=4,dp=9", source, "tp=1,pp=4,dp=9",
+                            candidates, cluster, alive);
+  REQUIRE(s.ok());
+  auto chosen = ChoosePlacement(Request(*s, candidates));
+  REQUIRE(chosen.ok());
+  INFO(chosen->survival.Describe());
+  CHECK(chosen->survival.SurvivesAnyHost());
+  CHECK(chosen->survival.domains_lost.empty());
+  CHECK(chosen->released.size() == 3);
+  CHECK(PlannedCrossBytes(*s, chosen->placement) == chosen->cross_host_bytes);
+  int on_spare = 0;
+  for (int r = 0; r < 9; ++r) {
+    const int h = chosen->placement.host[r];
+    if (h == 38 || h == 39) ++on_spare;
+    CHECK(h != 20);
+    CHECK(h != 21);
+  }
+  CHECK(on_spare == 1);
 }
 
 TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
