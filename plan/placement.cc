@@ -256,6 +256,98 @@ class DomainSpread {
   std::vector<std::map<std::string, int>> held_;  // per class: per domain
 };
 
+// Whether domain path `d` is `p` or inside it ("r1/h3" is inside "r1").
+bool Within(const std::string& d, const std::string& p) {
+  return d.size() >= p.size() && d.compare(0, p.size(), p) == 0 &&
+         (d.size() == p.size() || d[p.size()] == '/');
+}
+
+// Recoverability first, between failure domains: where every block of a
+// class (two or more: a stage's replicas) lies in one domain (a domain
+// path or a prefix of it) while a candidate host lies outside it, one of
+// them is exchanged with the block on a host outside (or moved to a free
+// one) by the exchange that adds the fewest bytes, whatever it adds. An
+// exchange must fit both hosts and must not leave the other block's class
+// in one domain. `cost` and `fits` are per block class x host class (the
+// assignment's), `host_class(c)` and `domain_of(c)` a candidate's;
+// `cand_of_block` is changed.
+template <typename HostClass, typename DomainOf>
+void SpreadOverDomains(int block_classes, int host_classes,
+                       const std::vector<int64_t>& cost,
+                       const std::vector<char>& fits, int candidates,
+                       HostClass host_class, DomainOf domain_of,
+                       const std::vector<int>& class_of_block,
+                       std::vector<int>* cand_of_block) {
+  const int H = host_classes;
+  std::vector<int>& on = *cand_of_block;
+  std::vector<int> block_on(candidates, -1);
+  std::vector<std::vector<int>> blocks_of(block_classes);
+  for (size_t block = 0; block < on.size(); ++block) {
+    block_on[on[block]] = static_cast<int>(block);
+    blocks_of[class_of_block[block]].push_back(static_cast<int>(block));
+  }
+  // The outermost domain that holds every block of class `b` and that a
+  // candidate lies outside ("" if none).
+  auto confined = [&](int b) -> std::string {
+    const std::vector<int>& mine = blocks_of[b];
+    if (mine.size() < 2) return "";
+    const std::string& first = domain_of(on[mine[0]]);
+    for (size_t slash = first.find('/'); !first.empty();
+         slash = first.find('/', slash + 1)) {
+      const std::string p = first.substr(0, slash);
+      for (int block : mine)
+        if (!Within(domain_of(on[block]), p)) return "";
+      for (int c = 0; c < candidates; ++c)
+        if (!Within(domain_of(c), p)) return p;
+      if (slash == std::string::npos) break;
+    }
+    return "";
+  };
+  auto exchange = [&](int y_block, int x) {
+    const int y = on[y_block], x_block = block_on[x];
+    on[y_block] = x;
+    block_on[x] = y_block;
+    block_on[y] = x_block;
+    if (x_block >= 0) on[x_block] = y;
+  };
+  for (int b = 0; b < block_classes; ++b) {
+    const std::string p = confined(b);
+    if (p.empty()) continue;
+    int64_t least = std::numeric_limits<int64_t>::max();
+    int best_y = -1, best_x = -1;
+    std::set<int> tried;  // host classes of the blocks' hosts
+    for (int y_block : blocks_of[b]) {
+      const int y = on[y_block], hy = host_class(y);
+      if (!tried.insert(hy).second) continue;
+      for (int x = 0; x < candidates; ++x) {
+        if (Within(domain_of(x), p)) continue;
+        const int hx = host_class(x), x_block = block_on[x];
+        const int bx = x_block < 0 ? -1 : class_of_block[x_block];
+        if (!fits[static_cast<size_t>(b) * H + hx] ||
+            (bx >= 0 && !fits[static_cast<size_t>(bx) * H + hy]))
+          continue;
+        int64_t extra = cost[static_cast<size_t>(b) * H + hx] -
+                        cost[static_cast<size_t>(b) * H + hy];
+        if (bx >= 0) {
+          extra += cost[static_cast<size_t>(bx) * H + hy] -
+                   cost[static_cast<size_t>(bx) * H + hx];
+        }
+        if (extra >= least) continue;
+        if (bx >= 0 && bx != b && confined(bx).empty()) {
+          exchange(y_block, x);
+          const bool breaks = !confined(bx).empty();
+          exchange(y_block, y);  // back
+          if (breaks) continue;
+        }
+        least = extra;
+        best_y = y_block;
+        best_x = x;
+      }
+    }
+    if (best_y >= 0) exchange(best_y, best_x);
+  }
+}
+
 int64_t Bytes(const ModelSpec& spec, const Regions& regions) {
   int64_t n = 0;
   for (uint64_t k : regions.keys)
@@ -1355,10 +1447,13 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
     // the same): each block goes to the member whose failure domains hold
     // the fewest blocks of its class so far (a stage's new replica to the
     // rack that lacks one), the domain's first member in preference order;
-    // the members left are released.
-    // With failure domains, host classes that take one kind of block and
-    // release none first: their domains' counts are what they are
-    // whatever the order.
+    // the members left are released. With failure domains, host classes
+    // that take one kind of block and release none go first: their
+    // domains' counts are what they are whatever the order.
+    const bool any_domain =
+        std::any_of(cands.begin(), cands.end(), [&](const Candidate& c) {
+          return !cluster.hosts[c.host].domain.empty();
+        });
     DomainSpread spread(B);
     std::vector<int> host_order(H), kinds(H, 0);
     for (int h = 0; h < H; ++h) {
@@ -1368,14 +1463,15 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
         if (e >= 0 && mcf.Flow(e) > 0) kinds[h] += bclass[b].units > 0 ? 1 : 2;
       }
     }
-    if (std::any_of(cands.begin(), cands.end(), [&](const Candidate& c) {
-          return !cluster.hosts[c.host].domain.empty();
-        })) {
+    if (any_domain) {
       std::stable_sort(host_order.begin(), host_order.end(),
                        [&](int a, int b) { return kinds[a] < kinds[b]; });
     }
+    std::vector<int> cand_of_block(nblocks, -1), class_of_block(nblocks, -1);
+    std::vector<int> class_of_cand(cands.size(), -1);
     std::vector<size_t> next_block(B, 0);
     for (int h : host_order) {
+      for (int c : hclass[h].members) class_of_cand[c] = h;
       DomainSpread::Hosts members =
           spread.Of(hclass[h].members, [&](int c) -> const std::string& {
             return cluster.hosts[cands[c].host].domain;
@@ -1391,27 +1487,48 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
         if (e < 0) continue;
         for (int64_t f = mcf.Flow(e); f > 0; --f) {
           const int block = bclass[b].members[next_block[b]++];
-          const Candidate& c =
-              cands[block < 0 ? members.TakeFirst() : spread.Take(b, &members)];
           if (block < 0) {
-            out.released.push_back(c.host);
+            members.TakeFirst();  // released
             continue;
           }
-          const size_t k = static_cast<size_t>(b) * H + h;
-          out.cross_host_bytes += cost[k];
-          out.max_receive_seconds = std::max(out.max_receive_seconds, seconds[k]);
-          out.host_bytes[c.host] = bclass[b].bytes;
-          std::vector<int> ranks;
-          for (int u : blocks[block])
-            ranks.insert(ranks.end(), unit_ranks[u].begin(), unit_ranks[u].end());
-          std::sort(ranks.begin(), ranks.end());
-          for (size_t i = 0; i < ranks.size(); ++i) {
-            out.placement.host[ranks[i]] = c.host;
-            out.placement.device[ranks[i]] = c.free[i];
-          }
+          cand_of_block[block] = spread.Take(b, &members);
+          class_of_block[block] = b;
         }
       }
     }
+    // Recoverability first: a class of blocks (a stage's replicas) whose
+    // every block is in one domain while candidates lie outside it gets
+    // one moved out, by the exchange that adds the fewest bytes.
+    if (any_domain && req.survive) {
+      SpreadOverDomains(
+          B, H, cost, fits, static_cast<int>(cands.size()),
+          [&](int c) { return class_of_cand[c]; },
+          [&](int c) -> const std::string& {
+            return cluster.hosts[cands[c].host].domain;
+          },
+          class_of_block, &cand_of_block);
+    }
+    std::vector<char> used(cands.size(), 0);
+    for (int block = 0; block < nblocks; ++block) {
+      const int c = cand_of_block[block];
+      used[c] = 1;
+      const Candidate& cand = cands[c];
+      const size_t k =
+          static_cast<size_t>(class_of_block[block]) * H + class_of_cand[c];
+      out.cross_host_bytes += cost[k];
+      out.max_receive_seconds = std::max(out.max_receive_seconds, seconds[k]);
+      out.host_bytes[cand.host] = bclass[class_of_block[block]].bytes;
+      std::vector<int> ranks;
+      for (int u : blocks[block])
+        ranks.insert(ranks.end(), unit_ranks[u].begin(), unit_ranks[u].end());
+      std::sort(ranks.begin(), ranks.end());
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        out.placement.host[ranks[i]] = cand.host;
+        out.placement.device[ranks[i]] = cand.free[i];
+      }
+    }
+    for (size_t c = 0; c < cands.size(); ++c)
+      if (!used[c]) out.released.push_back(cands[c].host);
     std::sort(out.released.begin(), out.released.end(), [&](int a, int b) {
       return std::find(req.hosts.begin(), req.hosts.end(), a) <
              std::find(req.hosts.begin(), req.hosts.end(), b);

@@ -189,6 +189,46 @@ TEST_CASE(
   CHECK(on_spare == 1);
 }
 
+TEST_CASE(
+    "placement: a large job moves a replica out of a rack that holds "
+    "all of its stage's",
+    "[coordinator][placement]") {
+  // tp=1,pp=4,dp=9 on hosts of one GPU, rackA hosts 0-21, rackB 22-39.
+  // Stage 0's nine replicas are all in rackA (hosts 0-8); stages 1-3 take
+  // both racks in turns; hosts 36-39 are free. Recoverability first moves
+  // one of stage 0's replicas to a free rackB host: one replica's bytes.
+  Cluster cluster = Cluster::Uniform(40, 1);
+  for (int h = 0; h < 40; ++h)
+    cluster.hosts[h].domain = h < 22 ? "rackA" : "rackB";
+  std::vector<int> source = Range(9);
+  for (int i = 0; i < 14; ++i) {
+    if (i < 13) source.push_back(9 + i);
+    source.push_back(22 + i);
+  }
+  auto s = MakePlanScenario(Gpt(), "tp=1,pp=4,dp=9", source, "tp=1,pp=4,dp=9",
+                            Range(40), cluster, std::vector<bool>(40, true));
+  REQUIRE(s.ok());
+  PlacementRequest req = Request(*s, Range(40));
+  auto chosen = ChoosePlacement(req);
+  REQUIRE(chosen.ok());
+  INFO(chosen->survival.Describe());
+  CHECK(chosen->survival.domains_lost.empty());
+  CHECK(chosen->cross_host_bytes > 0);
+  CHECK(PlannedCrossBytes(*s, chosen->placement) == chosen->cross_host_bytes);
+  int in_b = 0;
+  for (int r = 0; r < 9; ++r) in_b += chosen->placement.host[r] >= 22;
+  CHECK(in_b == 1);
+  // Movement first keeps them.
+  req.survive = false;
+  auto still = ChoosePlacement(req);
+  REQUIRE(still.ok());
+  CHECK(still->cross_host_bytes == 0);
+  REQUIRE(still->survival.domains_lost.size() == 1);
+  CHECK(still->survival.domains_lost[0].domain == "rackA");
+  // What it adds: one host's share of stage 0, sent to the free host.
+  CHECK(chosen->cross_host_bytes == still->host_bytes[0]);
+}
+
 TEST_CASE("placement: a scale-up keeps each stage on the hosts that hold it",
           "[coordinator][placement]") {
   // pp=2 stages on hosts 0,1 (tp=4 each, 4 GPUs) -> dp=4 on 8 hosts.
