@@ -258,22 +258,35 @@ class CoordinatorService final
   // ranks send (kept_small_objects.h).
   KeptSmallObjects& KeptForSaveLocked(Job& job, int64_t version, bool hot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After `flight` committed: the copies kept of its source version's
-  // small objects, as the plan moved them, are the new version's. Returns
-  // the objects the new version needs kept that no kept copy covered (they
-  // had copies on several hosts before): each as its rank, name and the
-  // address of the host that holds it now, for KeepFromHosts.
+  // A small object for the coordinator to read and keep: target rank
+  // `rank`'s `name`, read as rank `read_rank`'s copy (the source's during
+  // a change, the rank's own after it) from the ptcd at `address`.
   struct ToKeep {
     int32_t rank = 0;
     std::string name;
     std::string address;
+    int32_t read_rank = 0;
   };
-  std::vector<ToKeep> CarryKeptLocked(Job& job, const Flight& flight)
+  using ReadCopies = std::map<std::pair<std::string, int32_t>, std::string>;
+  // Reads `objects` of `version` of `job`, by (name, target rank): at most
+  // 256, 2 s each, 10 s in all; a host that fails once is not asked
+  // again. What was not read is in `not_read` (one line each).
+  static ReadCopies ReadSmallObjects(const std::string& job, int64_t version,
+                                     const std::vector<ToKeep>& objects,
+                                     std::vector<std::string>* not_read);
+  // Once `flight` is decided: the copies kept of its source version's
+  // small objects, as the plan moved them, are the new version's, and so
+  // are those read from their sources during the change (`read`).
+  // Returns the objects the new version needs kept that neither covered:
+  // each as its rank, name and the address of the host that holds it
+  // now, for KeepFromHosts.
+  std::vector<ToKeep> CarryKeptLocked(Job& job, const Flight& flight,
+                                      const ReadCopies& read)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `objects` of version `version` from their hosts and keeps them
-  // (while the version is the job's committed one): at most 256, 2 s
-  // each, 10 s in all, since the job's next change waits for this. One
-  // that is not read is kept from the next save.
+  // (while the version is the job's committed one), bounded as
+  // ReadSmallObjects since the job's next change waits for this. One that
+  // is not read is kept from the next save.
   void KeepFromHosts(const std::string& job, int64_t version,
                      const std::vector<ToKeep>& objects)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -63,6 +63,12 @@ struct CoordinatorService::Flight {
   // The copies the coordinator keeps of the source version's small
   // objects (the plan's kept_rank), or null.
   std::shared_ptr<const KeptSmallObjects> kept;
+  // The target's version and what its ranks keep at the coordinator (null:
+  // nothing), and those of its objects to keep that the plan copies from
+  // a live source rank, read from there during the change (RunFlight).
+  int64_t source_version = 0, target_version = 0;
+  std::shared_ptr<const KeepPlan> keep;
+  std::vector<ToKeep> to_read;
 };
 
 namespace {
@@ -647,6 +653,27 @@ absl::Status CoordinatorService::StartChange(
       p->set_host(name_of(flight->plan.fragments[i].host));
       p->set_bytes_total(shares[i]);
     }
+    // The objects the target keeps (every copy on one host) that the plan
+    // copies from a live source rank: read from there during the change.
+    flight->source_version = committed;
+    flight->target_version = target.version;
+    if (absl::StatusOr<KeepPlan> keep =
+            MakeKeepPlan(*job.spec, target.config, target.rank_hosts);
+        keep.ok() && keep->objects > 0) {
+      flight->keep = std::make_shared<const KeepPlan>(*keep);
+      for (const SmallObjectMove& m : flight->plan.small_objects) {
+        const auto address = r.addresses.find(m.source_host);
+        if (m.source_host < 0 || address == r.addresses.end() ||
+            m.target_rank < 0 ||
+            m.target_rank >= static_cast<int32_t>(keep->names.size()))
+          continue;
+        const std::vector<std::string>& names = keep->names[m.target_rank];
+        if (std::find(names.begin(), names.end(), m.name) != names.end()) {
+          flight->to_read.push_back(
+              {m.target_rank, m.name, address->second, m.source_rank});
+        }
+      }
+    }
     r.cancel = &job.cancel;
     r.before_commit = [this, name = req.job()] { return DecideChange(name); };
     job.running = true;
@@ -745,21 +772,31 @@ absl::Status CoordinatorService::PrepareTargets(
 }
 
 std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
-    Job& job, const Flight& flight) {
+    Job& job, const Flight& flight, const ReadCopies& read) {
   // The new version's objects are the source's, moved by the plan: a copy
   // kept of the source is the copy of each target rank that takes it.
-  KeptSmallObjects& kept = KeptForSaveLocked(
-      job, job.state.committed_version(), /*hot=*/false);
-  const KeepPlan& plan = kept.plan();
+  if (flight.keep == nullptr) return {};
+  std::shared_ptr<KeptSmallObjects>& slot = job.kept[flight.target_version];
+  if (!slot) slot = std::make_shared<KeptSmallObjects>(flight.keep);
+  KeptSmallObjects& kept = *slot;
+  const KeepPlan& plan = *flight.keep;
+  auto asked = [&](const std::string& name, int32_t rank) {
+    if (rank < 0 || rank >= static_cast<int32_t>(plan.names.size()))
+      return false;
+    const std::vector<std::string>& names = plan.names[rank];
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   for (const SmallObjectMove& m : flight.plan.small_objects) {
-    if (m.kept_rank < 0 || m.target_rank < 0 ||
-        m.target_rank >= static_cast<int32_t>(plan.names.size()) ||
-        flight.kept == nullptr)
+    if (m.kept_rank < 0 || flight.kept == nullptr ||
+        !asked(m.name, m.target_rank))
       continue;
-    const std::vector<std::string>& names = plan.names[m.target_rank];
-    if (std::find(names.begin(), names.end(), m.name) == names.end()) continue;
     if (const std::string* copy = flight.kept->Find(m.name, m.kept_rank))
       kept.Add(m.name, m.target_rank, *copy);
+  }
+  for (const auto& [object, bytes] : read) {
+    if (asked(object.first, object.second) &&
+        kept.Find(object.first, object.second) == nullptr)
+      kept.Add(object.first, object.second, bytes);
   }
   std::vector<ToKeep> missing;
   for (size_t r = 0; r < plan.names.size(); ++r) {
@@ -767,58 +804,69 @@ std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
       const int32_t rank = static_cast<int32_t>(r);
       if (kept.Find(name, rank) != nullptr) continue;
       const HostRegistry::Host* h = hosts_.Find(plan.rank_hosts[r]);
-      if (h != nullptr) missing.push_back({rank, name, h->status.address()});
+      if (h != nullptr)
+        missing.push_back({rank, name, h->status.address(), rank});
     }
   }
   return missing;
 }
 
-void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
-                                       const std::vector<ToKeep>& objects) {
-  // Bounded: the next change of the job waits for this worker. Each read
-  // has 2 s, all of them 10 s; a host that fails once is not asked again.
+CoordinatorService::ReadCopies CoordinatorService::ReadSmallObjects(
+    const std::string& job, int64_t version, const std::vector<ToKeep>& objects,
+    std::vector<std::string>* not_read) {
   constexpr size_t kMostRead = 256;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   std::map<std::string, std::unique_ptr<StoreClient>> stores;
   std::set<std::string> failed;
+  ReadCopies out;
   size_t read = 0;
   for (; read < objects.size() && read < kMostRead && absl::Now() < until;
        ++read) {
     const ToKeep& o = objects[read];
-    if (failed.count(o.address)) continue;
-    std::unique_ptr<StoreClient>& store = stores[o.address];
-    if (!store) store = StoreClient::Connect(o.address);
-    absl::StatusOr<std::string> bytes =
-        store->GetSmallObject(job, version, o.name, o.rank, absl::Seconds(2));
-    if (!bytes.ok()) failed.insert(o.address);
-    if (bytes.ok() &&
-        static_cast<int64_t>(bytes->size()) > kMaxKeptSmallObjectBytes) {
-      continue;  // too large to keep: the survival line says so
-    }
-    absl::MutexLock lock(&mu_);
-    Job* found = jobs_.Find(job);
-    if (found == nullptr || found->state.committed_version() != version) return;
-    auto kept = found->kept.find(version);
-    if (kept == found->kept.end()) return;
-    if (!bytes.ok()) {
-      Log("coordinator")
-          ->warn(
-              "job {}: small object '{}' of rank {} could not be read from "
-              "its host to keep ({}); it is kept from the next save",
-              job, o.name, o.rank, bytes.status().ToString());
+    if (failed.count(o.address)) {
+      not_read->push_back(absl::StrCat("'", o.name, "' of rank ", o.rank,
+                                       ": its host failed before"));
       continue;
     }
-    kept->second->Add(o.name, o.rank, *std::move(bytes));
+    std::unique_ptr<StoreClient>& store = stores[o.address];
+    if (!store) store = StoreClient::Connect(o.address);
+    absl::StatusOr<std::string> bytes = store->GetSmallObject(
+        job, version, o.name, o.read_rank, absl::Seconds(2));
+    if (!bytes.ok()) {
+      failed.insert(o.address);
+      not_read->push_back(absl::StrCat("'", o.name, "' of rank ", o.rank, ": ",
+                                       bytes.status().ToString()));
+    } else if (static_cast<int64_t>(bytes->size()) <=
+               kMaxKeptSmallObjectBytes) {
+      out[{o.name, o.rank}] = *std::move(bytes);
+    }  // else too large to keep: the survival line says so
   }
   if (read < objects.size()) {
-    Log("coordinator")
-        ->info(
-            "job {}: {} small objects of version {} are kept from the next "
-            "save",
-            job, objects.size() - read, version);
+    not_read->push_back(absl::StrCat(objects.size() - read,
+                                     " more: past the bound of the reads"));
   }
-  // Into the records as well (those of the version's copies that changed).
+  return out;
+}
+
+void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
+                                       const std::vector<ToKeep>& objects) {
+  std::vector<std::string> not_read;
+  const ReadCopies read = ReadSmallObjects(job, version, objects, &not_read);
+  for (const std::string& line : not_read) {
+    Log("coordinator")
+        ->warn(
+            "job {}: small object {} could not be read from its host to "
+            "keep; it is kept from the next save",
+            job, line);
+  }
   absl::MutexLock lock(&mu_);
+  Job* found = jobs_.Find(job);
+  if (found == nullptr || found->state.committed_version() != version) return;
+  auto kept = found->kept.find(version);
+  if (kept == found->kept.end()) return;
+  for (const auto& [object, bytes] : read)
+    kept->second->Add(object.first, object.second, bytes);
+  // Into the records as well (those of the version's copies that changed).
   if (absl::Status s = PersistLocked(); !s.ok()) {
     Log("coordinator")
         ->warn("job {}: writing the small objects kept of version {}: {}", job,
@@ -828,6 +876,25 @@ void CoordinatorService::KeepFromHosts(const std::string& job, int64_t version,
 
 void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   const std::string& name = flight->job;
+  // The small objects the new version needs kept, read from their sources
+  // while the change stages, so that the version has its copies when it
+  // commits (a host lost right after the commit loses none).
+  ReadCopies read;
+  std::thread reading;
+  if (!flight->to_read.empty()) {
+    reading = std::thread([&] {
+      std::vector<std::string> not_read;
+      read = ReadSmallObjects(name, flight->source_version, flight->to_read,
+                              &not_read);
+      for (const std::string& line : not_read) {
+        Log("coordinator")
+            ->info(
+                "job {}: small object {} was not read from its source to "
+                "keep; it is read from its new host after the commit",
+                name, line);
+      }
+    });
+  }
   auto report =
       RunReconfiguration(flight->request, [&](const ReconfigureProgress& p) {
         absl::MutexLock lock(&mu_);
@@ -845,12 +912,16 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         if (p.hosts_done == p.hosts_total && e.phase() == proto::PHASE_STAGING)
           e.set_phase(proto::PHASE_VERIFYING);
       });
+  if (reading.joinable()) reading.join();
   std::vector<ToKeep> to_keep;
   int64_t committed = 0;
   absl::ReleasableMutexLock lock(&mu_);
   Job& job = *jobs_.Find(name);
   job.running = false;
   proto::ReconfigureEvent& e = job.event;
+  // A decided change's version keeps its copies from now on, whether it
+  // commits here or the monitor finishes its commit.
+  if (job.state.commit_decided()) to_keep = CarryKeptLocked(job, *flight, read);
   if (report.ok()) {
     if (absl::StatusOr<std::vector<std::string>> lost = CommitFlightLocked(job);
         !lost.ok()) {
@@ -858,8 +929,8 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
       Log("coordinator")
           ->critical("job {} epoch {}: {}", name, e.plan_epoch(),
                      lost.status().ToString());
+      to_keep.clear();
     } else {
-      to_keep = CarryKeptLocked(job, *flight);
       committed = job.state.committed_version();
     }
     e.set_path("store");

@@ -430,6 +430,60 @@ def test_any_single_host_killed_in_steady_state_or_mid_change_recovers_from_memo
         c.stop()
 
 
+@pytest.mark.parametrize("moment", ["steady", "during a change", "after its decision"])
+def test_a_whole_rack_killed_the_job_recovers_from_the_other_rack(bin_dir, tmp_path,
+                                                                   moment):
+    """Two racks of two hosts; the job (tp=2,dp=2, with a data loader
+    position per replica) has a replica in each rack, and says it survives
+    either rack's loss. Rack r1 (host0 and host2) is killed at once: in
+    steady state, at a random moment (seed printed; PTC_FAULT_SEED) of a
+    change to host2 and host3 (which commits, or aborts for its dead
+    target), or right after that change's decision (its commit finishes on
+    host3 alone). The change to rack r2's two hosts then commits, every
+    element exact, a loader that only rack r1 held from the copy the
+    coordinator keeps: a decided version has its copies from its decision
+    (read from the source during the change), not only once its new hosts
+    are read after the commit."""
+    env = {"PTC_TEST_PAUSE": "after_decision:2"} if moment == "after its decision" else None
+    c = LocalCluster(bin_dir, tmp_path, hosts=4, domains=["r1", "r2", "r1", "r2"],
+                     coordinator_env=env)
+    try:
+        register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
+        c.save("j", "host0", 1)
+        c.save("j", "host1", 1)
+        job = c.ptcctl_json("jobs")[1]["jobs"][0]
+        assert job["survival"] == ("survives the loss of any one host; survives the "
+                                   "loss of any one domain (r1, r2)"), job["survival"]
+        change = None
+        if moment != "steady":
+            seed = int(os.environ.get("PTC_FAULT_SEED", random.randrange(1 << 30)))
+            print(f"PTC_FAULT_SEED={seed}")
+            change = c.ptcctl_async("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                    "--hosts", "host2,host3", "--json")
+            if env:
+                c.wait_phase("j", "committing")
+            else:
+                time.sleep(random.Random(seed).uniform(0, 0.4))
+        for h in ("host0", "host2"):
+            c.kill(h)
+        if change is not None:
+            out, err = change.communicate(timeout=240)
+            print(f"the change during which rack r1 died: {out or err}")
+        for h in ("host0", "host2"):
+            c.wait_dead(h)
+        code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
+                                     "--hosts", "host1,host3")
+        assert code == 0 and report["phase"] == "committed", report
+        verify(c)
+        log = (c.dir / "host1.log").read_text() + (c.dir / "host3.log").read_text()
+        assert "taken from the copy the coordinator keeps" in log, log
+        # Both replicas in r2 now: the job says what rack r2's loss would do.
+        job = c.ptcctl_json("jobs")[1]["jobs"][0]
+        assert "of domain r2" in job["survival"], job["survival"]
+    finally:
+        c.stop()
+
+
 def test_a_source_killed_at_a_random_moment_of_a_change_never_aborts_it(bin_dir, tmp_path):
     """The fault that used to abort most changes: one of two replicas' hosts
     killed while the job moves to two other hosts, at a random moment
