@@ -33,6 +33,10 @@ absl::Status TooManyRecords(size_t records) {
                    ", etcd's default --max-txn-ops); nothing was written"));
 }
 
+std::string LayoutRecord(const std::string& job) {
+  return absl::StrCat("layouts/", job);
+}
+
 std::string KeptRecord(const std::string& job, int64_t version, int32_t part) {
   return absl::StrCat("kept/", job, "/", version, "/", part);
 }
@@ -40,7 +44,7 @@ std::string KeptRecord(const std::string& job, int64_t version, int32_t part) {
 namespace {
 
 // The folders of named records (each NAME.pb in a directory of its own).
-constexpr const char* kFolders[] = {"jobs", "hosts", "kept"};
+constexpr const char* kFolders[] = {"jobs", "layouts", "hosts", "kept"};
 
 // Whether `name` can be a file's name as it is: what job and host names
 // may hold (letters, digits, '.', '_', '-', not starting with '.' or '-'),

@@ -1,11 +1,12 @@
 // The coordinator's durable control state: records (a key, its bytes)
 // that must outlive the coordinator's process, and with etcd its machine.
 // The coordinator keeps one record per host ("hosts/NAME": its
-// registration), one per job ("jobs/NAME": its registration, versions,
-// placement and the change in flight), the copies it keeps of jobs' small
-// objects ("kept/JOB/VERSION/PART") and one for the rest ("cluster":
-// retired plan epochs), and writes every decision that must survive as
-// one transaction of the records it changed.
+// registration), two per job ("jobs/NAME": its registration, versions and
+// the change in flight; "layouts/NAME": its placements, host lists and
+// layout spec, which saves do not change), the copies it keeps of jobs'
+// small objects ("kept/JOB/VERSION/PART") and one for the rest
+// ("cluster": retired plan epochs), and writes every decision that must survive
+// as one transaction of the records it changed.
 //
 //   std::unique_ptr<ControlStore> store = OpenLocalControlStore(dir).value();
 //   PTC_RETURN_IF_ERROR(store->Commit({{"jobs/j", bytes}, {"cluster", c}}));
@@ -33,6 +34,10 @@ namespace ptc {
 inline constexpr char kClusterRecord[] = "cluster";
 std::string JobRecord(const std::string& job);    // "jobs/" + job
 std::string HostRecord(const std::string& host);  // "hosts/" + host
+// "layouts/" + job: the part of a job's record that grows with its ranks
+// and hosts (placements, host lists, layout spec, pending change), which
+// saves do not change.
+std::string LayoutRecord(const std::string& job);
 // "kept/JOB/VERSION/PART": a part of the small objects the coordinator
 // keeps of a job's committed version.
 std::string KeptRecord(const std::string& job, int64_t version, int32_t part);
@@ -73,9 +78,9 @@ class ControlStore {
 absl::Status TooManyRecords(size_t records);
 
 // The records as files of `dir` (created if missing; it must be
-// writable): "cluster" is state.pb, "jobs/NAME" is jobs/NAME.pb,
-// "hosts/NAME" hosts/NAME.pb and "kept/NAME" kept/NAME.pb (a name that is
-// not a safe file name is hex-encoded). A transaction of several
+// writable): "cluster" is state.pb, and "FOLDER/NAME" (jobs, layouts,
+// hosts, kept) is FOLDER/NAME.pb (a name that is not a safe file name is
+// hex-encoded). A transaction of several
 // records is journaled first (commit.pb, written atomically, applied,
 // removed; a journal left by a crash is applied by the next ReadAll).
 absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(

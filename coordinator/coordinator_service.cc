@@ -110,7 +110,8 @@ absl::Status CoordinatorService::PersistLocked() {
   // (useless until their job's record names the version), each host's
   // registration (a rack declared dead, a coordinator's first write after
   // an older one's state file), then where there are still too many, each
-  // job's new or changed record (each holds its job's decisions whole).
+  // job's new or changed records (its two together: they hold its
+  // decisions whole).
   // The next holds the rest (the deletes and the cluster record: a
   // forgotten job's removal and its retired epoch together); the kept
   // copies of versions no longer committed are deleted after it where
@@ -121,40 +122,62 @@ absl::Status CoordinatorService::PersistLocked() {
   };
   size_t bytes = 0;
   for (const auto& write : writes) bytes += bytes_of(write);
-  auto commit_first = [&](auto picked) -> absl::Status {
-    ControlStore::Writes batch;
-    size_t batch_bytes = 0;
+  // Commits the writes `picked` takes, in batches; those of one unit
+  // (`unit_of` their key: a job's two records) in the same one.
+  auto commit_first = [&](auto picked, auto unit_of) -> absl::Status {
+    std::map<std::string, ControlStore::Writes> units;
+    std::vector<std::string> order;
     for (auto it = writes.begin(); it != writes.end();) {
       if (!picked(*it)) {
         ++it;
         continue;
       }
-      if (!batch.empty() && (batch_bytes + bytes_of(*it) > kBatchBytes ||
-                             batch.size() == kMaxRecordsPerCommit)) {
+      auto [unit, fresh] = units.try_emplace(unit_of(it->first));
+      if (fresh) order.push_back(unit->first);
+      unit->second.insert(writes.extract(it++));
+    }
+    ControlStore::Writes batch;
+    size_t batch_bytes = 0;
+    for (const std::string& u : order) {
+      ControlStore::Writes& unit = units[u];
+      size_t unit_bytes = 0;
+      for (const auto& write : unit) unit_bytes += bytes_of(write);
+      if (!batch.empty() &&
+          (batch_bytes + unit_bytes > kBatchBytes ||
+           batch.size() + unit.size() > kMaxRecordsPerCommit)) {
         PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
         batch.clear();
         batch_bytes = 0;
       }
-      batch_bytes += bytes_of(*it);
-      batch.insert(writes.extract(it++));
+      batch_bytes += unit_bytes;
+      batch.merge(unit);
     }
     return batch.empty() ? absl::OkStatus() : options_.store->Commit(batch);
   };
+  auto itself = [](const std::string& key) { return key; };
   auto kept = [](const auto& write) {
     return absl::StartsWith(write.first, "kept/");
   };
   if (writes.size() > kMaxRecordsPerCommit || bytes > kBatchBytes) {
-    PTC_RETURN_IF_ERROR(commit_first([&](const auto& write) {
-      return kept(write) && write.second.has_value();
-    }));
-    PTC_RETURN_IF_ERROR(commit_first([](const auto& write) {
-      return absl::StartsWith(write.first, "hosts/");
-    }));
+    PTC_RETURN_IF_ERROR(commit_first(
+        [&](const auto& write) {
+          return kept(write) && write.second.has_value();
+        },
+        itself));
+    PTC_RETURN_IF_ERROR(commit_first(
+        [](const auto& write) {
+          return absl::StartsWith(write.first, "hosts/");
+        },
+        itself));
   }
   if (writes.size() > kMaxRecordsPerCommit) {
-    PTC_RETURN_IF_ERROR(commit_first([](const auto& write) {
-      return absl::StartsWith(write.first, "jobs/") && write.second.has_value();
-    }));
+    PTC_RETURN_IF_ERROR(commit_first(
+        [](const auto& write) {
+          return (absl::StartsWith(write.first, "jobs/") ||
+                  absl::StartsWith(write.first, "layouts/")) &&
+                 write.second.has_value();
+        },
+        [](const std::string& key) { return key.substr(key.find('/') + 1); }));
   }
   ControlStore::Writes after;
   if (writes.size() > kMaxRecordsPerCommit) {
@@ -168,7 +191,7 @@ absl::Status CoordinatorService::PersistLocked() {
   }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
   writes = std::move(after);
-  PTC_RETURN_IF_ERROR(commit_first([](const auto&) { return true; }));
+  PTC_RETURN_IF_ERROR(commit_first([](const auto&) { return true; }, itself));
   jobs_.Persisted(std::move(jobs));
   hosts_.Persisted(std::move(hosts));
   return absl::OkStatus();

@@ -239,6 +239,39 @@ void JobTable::Put(std::unique_ptr<Job> job) {
   jobs_[name] = std::move(job);
 }
 
+namespace {
+
+// Exchanges the fields of a job's record that grow with its hosts and
+// ranks, or with its layout spec (its layout, placements, host lists and
+// pending change), between `a` and `b`: what a save does not change,
+// written as a record of its own ("layouts/NAME").
+void SwapPlacement(proto::CoordinatorState::Job* a,
+                   proto::CoordinatorState::Job* b) {
+  a->mutable_hosts()->Swap(b->mutable_hosts());
+  a->mutable_target_hosts()->Swap(b->mutable_target_hosts());
+  a->mutable_release_hosts()->Swap(b->mutable_release_hosts());
+  a->mutable_lost_hosts()->Swap(b->mutable_lost_hosts());
+  a->mutable_acked_hosts()->Swap(b->mutable_acked_hosts());
+  a->mutable_rank_hosts()->Swap(b->mutable_rank_hosts());
+  a->mutable_rank_devices()->Swap(b->mutable_rank_devices());
+  a->mutable_target_rank_hosts()->Swap(b->mutable_target_rank_hosts());
+  a->mutable_target_rank_devices()->Swap(b->mutable_target_rank_devices());
+  a->mutable_pool()->Swap(b->mutable_pool());
+  a->mutable_left_pool_dead()->Swap(b->mutable_left_pool_dead());
+  proto::LayoutSpec* layout_a = a->has_layout() ? a->release_layout() : nullptr;
+  proto::LayoutSpec* layout_b = b->has_layout() ? b->release_layout() : nullptr;
+  if (layout_b != nullptr) a->set_allocated_layout(layout_b);
+  if (layout_a != nullptr) b->set_allocated_layout(layout_a);
+  proto::ReconfigureRequest* pending_a =
+      a->has_pending() ? a->release_pending() : nullptr;
+  proto::ReconfigureRequest* pending_b =
+      b->has_pending() ? b->release_pending() : nullptr;
+  if (pending_b != nullptr) a->set_allocated_pending(pending_b);
+  if (pending_a != nullptr) b->set_allocated_pending(pending_a);
+}
+
+}  // namespace
+
 absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
                             const std::string& where) {
   proto::CoordinatorState cluster;
@@ -266,6 +299,24 @@ absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
     }
     persisted_.jobs[js.job()] = bytes;
     loaded[js.job()] = std::move(js);
+  }
+  // Each job's placement record: its fields replace the job record's (a
+  // record written before the split holds them itself). One of no job
+  // is deleted by the next write.
+  for (auto it = records.lower_bound("layouts/");
+       it != records.end() && absl::StartsWith(it->first, "layouts/"); ++it) {
+    proto::CoordinatorState::Job placement;
+    if (!placement.ParseFromString(it->second) ||
+        it->first != LayoutRecord(placement.job())) {
+      return absl::DataLossError(absl::StrCat(
+          "record '", it->first, "' in ", where, " is not a job's placement"));
+    }
+    persisted_.layouts[placement.job()] = it->second;
+    auto job = loaded.find(placement.job());
+    if (job == loaded.end()) continue;
+    proto::CoordinatorState::Job old;
+    SwapPlacement(&job->second, &old);
+    SwapPlacement(&job->second, &placement);
   }
   for (auto& [name, js] : loaded) {
     auto job = std::make_unique<Job>();
@@ -340,12 +391,29 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
   for (const auto& [name, bytes] : persisted_.jobs) {
     if (!jobs_.count(name)) (*writes)[JobRecord(name)] = std::nullopt;
   }
+  for (const auto& [name, bytes] : persisted_.layouts) {
+    if (!jobs_.count(name)) (*writes)[LayoutRecord(name)] = std::nullopt;
+  }
   for (const auto& [name, job] : jobs_) {
+    // Two records: "jobs/NAME" (versions, saves, the change's progress:
+    // what every save rewrites, a few hundred bytes) and "layouts/NAME"
+    // (what grows with the job, rewritten only when a placement or the
+    // host lists change). The placement's fields are lent to `placement`
+    // while the two are serialized, and given back.
+    proto::CoordinatorState::Job placement;
+    SwapPlacement(&job->state, &placement);
+    placement.set_job(name);
     std::string bytes = job->state.SerializeAsString();
+    std::string layout = placement.SerializeAsString();
+    SwapPlacement(&job->state, &placement);
     auto it = persisted_.jobs.find(name);
     if (it == persisted_.jobs.end() || it->second != bytes)
       (*writes)[JobRecord(name)] = bytes;
+    auto lt = persisted_.layouts.find(name);
+    if (lt == persisted_.layouts.end() || lt->second != layout)
+      (*writes)[LayoutRecord(name)] = layout;
     records.jobs[name] = std::move(bytes);
+    records.layouts[name] = std::move(layout);
   }
   // Each job's committed version's kept copies, where they changed; the
   // records they replace are deleted.

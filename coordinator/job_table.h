@@ -161,7 +161,9 @@ class JobTable {
   absl::Status Load(const std::map<std::string, std::string>& records,
                     const std::string& where);
   struct Records {
-    std::map<std::string, std::string> jobs;
+    // Per job, its record ("jobs/NAME") and its placement's
+    // ("layouts/NAME").
+    std::map<std::string, std::string> jobs, layouts;
     std::string cluster;
     // Per job, the records of its committed version's kept copies and
     // the copies' stamp (KeptSmallObjects::stamp) they hold.

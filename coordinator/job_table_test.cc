@@ -69,11 +69,20 @@ TEST_CASE("a write holds the job records that changed, and loads back") {
   jobs.Persisted(jobs.Writes(&writes));
   CHECK(writes.empty());
 
+  // A save changes the job's small record only; a placement its other.
   jobs.Find("j")->state.set_committed_version(3);
   writes.clear();
   records = jobs.Writes(&writes);
   REQUIRE(writes.size() == 1);
   CHECK(writes.count(JobRecord("j")));
+  CHECK(writes.at(JobRecord("j"))->size() < 200);
+  Apply(writes, &stored);
+  jobs.Persisted(records);
+  jobs.Find("j")->state.set_rank_hosts(1, "c");
+  writes.clear();
+  records = jobs.Writes(&writes);
+  REQUIRE(writes.size() == 1);
+  CHECK(writes.count(LayoutRecord("j")));
   Apply(writes, &stored);
   jobs.Persisted(records);
 
@@ -86,7 +95,38 @@ TEST_CASE("a write holds the job records that changed, and loads back") {
   CHECK(j->ranks == 2);  // derived from the record
   CHECK(j->host_bytes.size() == 2);
   CHECK(j->state.pool_size() == 2);  // a record from before pools: its hosts
+  CHECK(j->state.rank_hosts(1) == "c");
+  CHECK(j->state.has_layout() == jobs.Find("j")->state.has_layout());
   CHECK(loaded.Known("nope").status().code() == absl::StatusCode::kNotFound);
+
+  // A record from before the split holds the placement itself: it loads,
+  // and the next write splits it.
+  std::map<std::string, std::string> old_format = {
+      {JobRecord("j"), jobs.Find("j")->state.SerializeAsString()}};
+  JobTable from_old;
+  REQUIRE(from_old.Load(old_format, "test").ok());
+  CHECK(from_old.Find("j")->state.rank_hosts(1) == "c");
+  writes.clear();
+  from_old.Writes(&writes);
+  CHECK(writes.count(JobRecord("j")));
+  CHECK(writes.count(LayoutRecord("j")));
+  // Both: the placement's fields come from the placement's record.
+  old_format[LayoutRecord("j")] = stored.at(LayoutRecord("j"));
+  JobTable both;
+  REQUIRE(both.Load(old_format, "test").ok());
+  CHECK(both.Find("j")->state.rank_hosts_size() == 2);
+  // A placement record of no job is deleted; an unreadable one stops the
+  // coordinator (it holds the job's placement).
+  stored[LayoutRecord("gone")] = stored.at(LayoutRecord("k"));
+  JobTable stray;
+  CHECK_FALSE(stray.Load(stored, "test").ok());  // named k, keyed gone
+  proto::CoordinatorState::Job gone;
+  gone.set_job("gone");
+  stored[LayoutRecord("gone")] = gone.SerializeAsString();
+  REQUIRE(stray.Load(stored, "test").ok());
+  writes.clear();
+  stray.Writes(&writes);
+  CHECK(writes.at(LayoutRecord("gone")) == std::nullopt);
 }
 
 // Copies kept of `version` of `job`: `n` objects of `bytes` bytes each.
@@ -112,7 +152,7 @@ TEST_CASE(
   std::map<std::string, std::string> stored;
   ControlStore::Writes writes;
   auto records = jobs.Writes(&writes);
-  CHECK(writes.size() == 1);  // the job's record
+  CHECK(writes.size() == 2);  // the job's two records
   Apply(writes, &stored);
   jobs.Persisted(records);
 
