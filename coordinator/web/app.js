@@ -201,6 +201,13 @@ function renderJobs(jobs, hostIndex, dead) {
       el("span", {}, el("span", { class: "swatch", style: { background: hue(hostIndex.get(h)) } }),
          h, dead.has(h) ? " (dead)" : ""))));
     if (j.survival) parts.push(el("div", { class: "survival" }, j.survival));
+    // Small objects only one host holds: the copies the coordinator keeps.
+    if (j.small_objects_to_keep) {
+      parts.push(el("div", { class: "survival kept" },
+        `small objects with every copy on one host: ${j.small_objects_to_keep}, ` +
+        `of which the coordinator keeps a copy of ${j.kept_small_objects} ` +
+        `(${bytes(j.kept_small_object_bytes)})`));
+    }
     const card = el("div", { class: "job", "data-job": j.job }, ...parts);
     updateLayout(j, hostIndex).then((box) => card.append(box));
     return card;

@@ -188,6 +188,21 @@ def test_the_web_view_follows_hosts_jobs_and_a_change_in_a_browser(bin_dir, tmp_
         browser.screenshot(shots / "web-view-changed.png")
         assert "tp=2,pp=2 → tp=1,pp=2,dp=2, committed" in browser.text(f"{job} .change")
 
+        # A job on one host (freed by the change) with a data loader's
+        # position: each of its small objects has every copy there, and the
+        # page says how many the coordinator keeps a copy of, once saved.
+        cluster.register_with_loader(MODEL, "tp=2", ("host0",), job="solo")
+        solo = '[data-job="solo"]'
+        cluster.save("solo", "host0", 1)
+        browser.wait(lambda: "committed version 1" in browser.text(solo))
+        _, status = cluster.ptcctl_json("status", "solo")
+        kept = status["jobs"][0]
+        assert kept["kept_small_objects"] == kept["small_objects_to_keep"] > 0, kept
+        browser.wait(lambda: (f"small objects with every copy on one host: "
+                              f"{kept['small_objects_to_keep']}, of which the coordinator "
+                              f"keeps a copy of {kept['kept_small_objects']}")
+                     in browser.text(f"{solo} .kept"))
+
         # Another change: the first one goes to the job's earlier changes.
         r = cluster.ptcctl("reconfigure", "--job", "gpt", "--to", "tp=2,pp=2",
                            "--hosts", "host2,host3")
