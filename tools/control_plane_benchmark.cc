@@ -9,7 +9,10 @@
 //   the coordinator keeps the committed one, LayoutCache);
 // - a training process's look at its new layout after a change (the
 //   client's Refresh): its own rank's regions, against the whole layout it
-//   built before 2026-11-28.
+//   built before 2026-11-28;
+// - a save's writes to the coordinator's records (JobTable::Writes): the
+//   job's small record, against its whole record, which every save
+//   rewrote before 2026-11-29, and the time to find what changed.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
 //   bazel-bin/tools/control_plane_benchmark [--runs N]
@@ -26,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "common/mutex_checks.h"
 #include "common/status_macros.h"
+#include "coordinator/job_table.h"
 #include "coordinator/save_proof.h"
 #include "ptc/families.h"
 #include "ptc/layout.h"
@@ -41,8 +45,56 @@ struct Case {
   int gpus_per_host;
 };
 
-// The second table's rows, printed after the first.
-std::string process_rows_;
+// The second and third tables' rows, printed after the first.
+std::string process_rows_, record_rows_;
+
+// What a save writes to the coordinator's records: the job placed as
+// `rank_hosts`, its committed version moved on `runs` times.
+absl::Status MeasureRecords(const Case& c, const ModelSpec& spec,
+                            const std::vector<std::string>& rank_hosts,
+                            int runs) {
+  auto job = std::make_unique<JobTable::Job>();
+  proto::CoordinatorState::Job& s = job->state;
+  s.set_job("job");
+  s.set_model(c.model);
+  s.set_config(c.config);
+  s.set_layout_epoch(1);
+  s.set_next_version(1);
+  for (size_t r = 0; r < rank_hosts.size(); ++r) {
+    s.add_rank_hosts(rank_hosts[r]);
+    s.add_rank_devices(static_cast<int32_t>(r % c.gpus_per_host));
+    if (r % c.gpus_per_host == 0) {
+      s.add_hosts(rank_hosts[r]);
+      s.add_pool(rank_hosts[r]);
+    }
+  }
+  job->spec = std::make_shared<const ModelSpec>(spec);
+  JobTable table;
+  JobTable::Job& added = table.Add(std::move(job));
+  ControlStore::Writes first;
+  table.Persisted(table.Writes(&first));
+  std::vector<double> write_s;
+  int64_t written = 0;
+  for (int i = 0; i < runs; ++i) {
+    added.state.set_committed_version(added.NewVersion());
+    added.state.set_committed_step(i + 1);
+    ControlStore::Writes writes;
+    const absl::Time t = absl::Now();
+    JobTable::Records records = table.Writes(&writes);
+    write_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    written = 0;
+    for (const auto& [key, bytes] : writes)
+      written += static_cast<int64_t>(key.size() + (bytes ? bytes->size() : 0));
+    table.Persisted(std::move(records));
+  }
+  const Stats w = Summarize(write_s);
+  record_rows_ +=
+      absl::StrFormat("| %s | %d | %d B | %d B | %.2f / %.2f / %.2f |\n",
+                      c.what, static_cast<int>(rank_hosts.size()),
+                      static_cast<int64_t>(added.state.ByteSizeLong()), written,
+                      w.min * 1e3, w.median * 1e3, w.max * 1e3);
+  return absl::OkStatus();
+}
 
 absl::Status RunCase(const Case& c, int runs) {
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecForModel(c.model));
@@ -112,6 +164,7 @@ absl::Status RunCase(const Case& c, int runs) {
     PTC_ASSIGN_OR_RETURN(const Layout whole, BuildLayout(spec, config));
     whole_layout_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
   }
+  PTC_RETURN_IF_ERROR(MeasureRecords(c, spec, rank_hosts, runs));
   const Stats b = Summarize(build_s), k = Summarize(check_s);
   const Stats wh = Summarize(whole_s), id = Summarize(by_id_s);
   const Stats m = Summarize(rank_s), w = Summarize(whole_layout_s);
@@ -155,7 +208,13 @@ int Run(int runs) {
                "seconds min / median / max\n\n"
             << "| job | ranks | its rank's regions | the whole layout |\n"
             << "|---|---|---|---|\n"
-            << process_rows_;
+            << process_rows_
+            << "\na save's writes to the coordinator's records, finding them: "
+               "milliseconds min / median / max\n\n"
+            << "| job | ranks | the job's whole record (every save wrote it "
+               "before 2026-11-29) | a save writes | finding what changed |\n"
+            << "|---|---|---|---|---|\n"
+            << record_rows_;
   return 0;
 }
 
