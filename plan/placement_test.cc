@@ -138,6 +138,14 @@ TEST_CASE("placement: a change moves a replica out of a rack that holds both",
   CHECK(still->survival.domains_lost.size() == 1);
 }
 
+// 40 hosts of one GPU: rackA is hosts 0-21, rackB 22-39.
+Cluster TwoRacks() {
+  Cluster cluster = Cluster::Uniform(40, 1);
+  for (int h = 0; h < 40; ++h)
+    cluster.hosts[h].domain = h < 22 ? "rackA" : "rackB";
+  return cluster;
+}
+
 TEST_CASE(
     "placement: a large job's new replica goes to the rack its stage "
     "lost",
@@ -147,9 +155,7 @@ TEST_CASE(
   // one in rackB (host22), which dies. Its new replica costs the same on
   // any spare (rackA's 20 and 21, rackB's 38 and 39): on rackB's, stage 0
   // survives either rack's loss again.
-  Cluster cluster = Cluster::Uniform(40, 1);
-  for (int h = 0; h < 40; ++h)
-    cluster.hosts[h].domain = h < 22 ? "rackA" : "rackB";
+  const Cluster cluster = TwoRacks();
   // Stages 1-3 take rackA's 8-19 and rackB's 23-37 in turns: each is in
   // both racks.
   std::vector<int> source = {0, 1, 2, 3, 4, 5, 6, 7, 22};
@@ -197,9 +203,7 @@ TEST_CASE(
   // Stage 0's nine replicas are all in rackA (hosts 0-8); stages 1-3 take
   // both racks in turns; hosts 36-39 are free. Recoverability first moves
   // one of stage 0's replicas to a free rackB host: one replica's bytes.
-  Cluster cluster = Cluster::Uniform(40, 1);
-  for (int h = 0; h < 40; ++h)
-    cluster.hosts[h].domain = h < 22 ? "rackA" : "rackB";
+  const Cluster cluster = TwoRacks();
   std::vector<int> source = Range(9);
   for (int i = 0; i < 14; ++i) {
     if (i < 13) source.push_back(9 + i);

@@ -154,6 +154,15 @@ std::map<std::string, bool> Alive(int port) {
   return out;
 }
 
+// Waits (at most a minute) until the coordinator at `port` says `host`
+// is dead; whether it did.
+bool DeclaredDead(int port, const std::string& host) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Alive(port)[host] && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(50));
+  return !Alive(port)[host];
+}
+
 TEST_CASE(
     "coordinator: a host whose heartbeats stop but that answers directly "
     "stays alive (a busy machine, or a coordinator that just restarted); "
@@ -179,10 +188,7 @@ TEST_CASE(
   auto coordinator = CoordinatorServer::Start(options);
   REQUIRE(coordinator.ok());
   const int port = (*coordinator)->port();
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (Alive(port)["host1"] && absl::Now() < deadline)
-    absl::SleepFor(absl::Milliseconds(50));
-  CHECK_FALSE(Alive(port)["host1"]);
+  CHECK(DeclaredDead(port, "host1"));
   // Many host timeouts without a heartbeat: host0 is alive all along.
   for (int i = 0; i < 8; ++i) {
     CHECK(Alive(port)["host0"]);
@@ -215,11 +221,7 @@ TEST_CASE(
   {
     auto coordinator = CoordinatorServer::Start(options);
     REQUIRE(coordinator.ok());
-    const int port = (*coordinator)->port();
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (Alive(port)["host0"] && absl::Now() < deadline)
-      absl::SleepFor(absl::Milliseconds(50));
-    REQUIRE_FALSE(Alive(port)["host0"]);
+    REQUIRE(DeclaredDead((*coordinator)->port(), "host0"));
   }
   // Every host is in a record of its own, and host0's death with it.
   int records = 0;
