@@ -38,7 +38,9 @@ std::string LayoutRecord(const std::string& job) {
 }
 
 std::string KeptRecord(const std::string& job, int64_t version, int32_t part) {
-  return absl::StrCat("kept/", job, "/", version, "/", part);
+  // A safe file name where the job's is (a state directory's file name
+  // is the record's name, hex-encoded where it is not safe).
+  return absl::StrCat("kept/", job, ".", version, ".", part);
 }
 
 namespace {

@@ -4,7 +4,7 @@
 // registration), two per job ("jobs/NAME": its registration, versions and
 // the change in flight; "layouts/NAME": its placements, host lists and
 // layout spec, which saves do not change), the copies it keeps of jobs'
-// small objects ("kept/JOB/VERSION/PART") and one for the rest
+// small objects ("kept/JOB.VERSION.PART") and one for the rest
 // ("cluster": retired plan epochs), and writes every decision that must survive
 // as one transaction of the records it changed.
 //
@@ -38,7 +38,7 @@ std::string HostRecord(const std::string& host);  // "hosts/" + host
 // and hosts (placements, host lists, layout spec, pending change), which
 // saves do not change.
 std::string LayoutRecord(const std::string& job);
-// "kept/JOB/VERSION/PART": a part of the small objects the coordinator
+// "kept/JOB.VERSION.PART": a part of the small objects the coordinator
 // keeps of a job's committed version.
 std::string KeptRecord(const std::string& job, int64_t version, int32_t part);
 

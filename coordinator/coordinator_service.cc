@@ -170,7 +170,9 @@ absl::Status CoordinatorService::PersistLocked() {
         },
         itself));
   }
-  if (writes.size() > kMaxRecordsPerCommit) {
+  bytes = 0;
+  for (const auto& write : writes) bytes += bytes_of(write);
+  if (writes.size() > kMaxRecordsPerCommit || bytes > kBatchBytes) {
     PTC_RETURN_IF_ERROR(commit_first(
         [](const auto& write) {
           return (absl::StartsWith(write.first, "jobs/") ||
@@ -190,8 +192,21 @@ absl::Status CoordinatorService::PersistLocked() {
     }
   }
   PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
+  // Written: what is left are deletes of copies no version needs. One that
+  // fails is deleted by a later write, not reported as this one's failure
+  // (its callers would undo what the store now holds).
   writes = std::move(after);
-  PTC_RETURN_IF_ERROR(commit_first([](const auto&) { return true; }, itself));
+  std::vector<std::string> undeleted;
+  for (const auto& write : writes) undeleted.push_back(write.first);
+  if (absl::Status s = commit_first([](const auto&) { return true; }, itself);
+      !s.ok()) {
+    Log("coordinator")
+        ->warn(
+            "deleting {} records of kept copies no version needs: {}; "
+            "retried by the next write",
+            undeleted.size(), s.ToString());
+    jobs.stale_kept = std::move(undeleted);
+  }
   jobs_.Persisted(std::move(jobs));
   hosts_.Persisted(std::move(hosts));
   return absl::OkStatus();

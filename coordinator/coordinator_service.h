@@ -269,11 +269,13 @@ class CoordinatorService final
   };
   using ReadCopies = std::map<std::pair<std::string, int32_t>, std::string>;
   // Reads `objects` of `version` of `job`, by (name, target rank): at most
-  // 256, 2 s each, 10 s in all; a host that fails once is not asked
-  // again. What was not read is in `not_read` (one line each).
+  // 256, 2 s each, 10 s in all, none once `stop` (if given) is true; a
+  // host that fails once is not asked again. What was not read is in
+  // `not_read` (one line each).
   static ReadCopies ReadSmallObjects(const std::string& job, int64_t version,
                                      const std::vector<ToKeep>& objects,
-                                     std::vector<std::string>* not_read);
+                                     std::vector<std::string>* not_read,
+                                     const std::atomic<bool>* stop = nullptr);
   // Once `flight` is decided: the copies kept of its source version's
   // small objects, as the plan moved them, are the new version's, and so
   // are those read from their sources during the change (`read`).

@@ -442,6 +442,7 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
   etcdserverpb::TxnResponse resp;
   grpc::Status s(grpc::StatusCode::DEADLINE_EXCEEDED,
                  "no answer before the lease could have ended");
+  bool unanswered = false;  // a try got no answer: it may have been applied
   while (true) {
     absl::Time until;
     {
@@ -457,7 +458,10 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
     s = member.kv->Txn(&ctx, txn, &resp);
     Answered(member, s);
     if (s.ok()) break;
-    if (RefusedByEtcd(s)) {
+    // A refusal says nothing was written only if no earlier try may have
+    // been applied (one that got no answer); else the outcome is unknown,
+    // as when no answer comes at all (below).
+    if (RefusedByEtcd(s) && !unanswered) {
       const absl::Status refused =
           EtcdError("writing the coordinator's records", s);
       return absl::Status(
@@ -472,6 +476,8 @@ absl::Status EtcdControlStore::Commit(const Writes& writes) {
                              "defragment etcd, then disarm its NOSPACE alarm)"
                            : ""));
     }
+    if (RefusedByEtcd(s)) break;
+    unanswered = true;
     absl::SleepFor(absl::Milliseconds(100));
   }
   if (!s.ok()) {

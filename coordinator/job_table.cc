@@ -318,6 +318,13 @@ absl::Status JobTable::Load(const std::map<std::string, std::string>& records,
     SwapPlacement(&job->second, &old);
     SwapPlacement(&job->second, &placement);
   }
+  for (const auto& [name, js] : loaded) {
+    if (js.placement_apart() && !persisted_.layouts.count(name)) {
+      return absl::DataLossError(absl::StrCat(
+          "job '", name, "' in ", where, " has no record of its placement ('",
+          LayoutRecord(name), "'); restore it, or forget the job"));
+    }
+  }
   for (auto& [name, js] : loaded) {
     auto job = std::make_unique<Job>();
     // A record from before layout epochs, ptc-chosen versions and pools.
@@ -400,6 +407,7 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
     // (what grows with the job, rewritten only when a placement or the
     // host lists change). The placement's fields are lent to `placement`
     // while the two are serialized, and given back.
+    job->state.set_placement_apart(true);
     proto::CoordinatorState::Job placement;
     SwapPlacement(&job->state, &placement);
     placement.set_job(name);
@@ -420,7 +428,9 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
   for (const auto& [name, job] : jobs_) {
     const int64_t version = job->state.committed_version();
     auto kept = job->kept.find(version);
-    if (kept == job->kept.end() || kept->second->size() == 0) continue;
+    if (kept == job->kept.end() || kept->second->size() == 0 ||
+        kept->second->bytes() > kMaxPersistedKeptBytes)
+      continue;
     auto before = persisted_.kept.find(name);
     if (before != persisted_.kept.end() &&
         before->second.stamp == kept->second->stamp()) {
@@ -445,7 +455,7 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
     }
   }
   for (const std::string& key : persisted_.stale_kept)
-    (*writes)[key] = std::nullopt;
+    writes->try_emplace(key, std::nullopt);  // a put of it now stands
 
   proto::CoordinatorState cluster;
   cluster.mutable_retired_epochs()->insert(retired_epochs_.begin(),

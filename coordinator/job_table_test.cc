@@ -101,8 +101,11 @@ TEST_CASE("a write holds the job records that changed, and loads back") {
 
   // A record from before the split holds the placement itself: it loads,
   // and the next write splits it.
+  proto::CoordinatorState::Job whole = jobs.Find("j")->state;
+  CHECK(whole.placement_apart());  // written split
+  whole.clear_placement_apart();
   std::map<std::string, std::string> old_format = {
-      {JobRecord("j"), jobs.Find("j")->state.SerializeAsString()}};
+      {JobRecord("j"), whole.SerializeAsString()}};
   JobTable from_old;
   REQUIRE(from_old.Load(old_format, "test").ok());
   CHECK(from_old.Find("j")->state.rank_hosts(1) == "c");
@@ -115,6 +118,14 @@ TEST_CASE("a write holds the job records that changed, and loads back") {
   JobTable both;
   REQUIRE(both.Load(old_format, "test").ok());
   CHECK(both.Find("j")->state.rank_hosts_size() == 2);
+  // A split job record whose placement record is missing stops the
+  // coordinator rather than load the job without its placement.
+  std::map<std::string, std::string> no_placement = stored;
+  no_placement.erase(LayoutRecord("j"));
+  JobTable missing;
+  const absl::Status lost = missing.Load(no_placement, "test");
+  CHECK(lost.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(lost.message()).find("layouts/j") != std::string::npos);
   // A placement record of no job is deleted; an unreadable one stops the
   // coordinator (it holds the job's placement).
   stored[LayoutRecord("gone")] = stored.at(LayoutRecord("k"));
@@ -208,6 +219,27 @@ TEST_CASE(
     other.Writes(&writes);
     CHECK(writes.count(KeptRecord("j", 3, 0)));
     CHECK(writes.at(KeptRecord("j", 3, 1)) == std::nullopt);
+  }
+  SECTION(
+      "a stale record that the next write puts again is put, not "
+      "deleted") {
+    // Written, but the job's record still names version 2 (a crash
+    // between the copies' transaction and the job's); version 3 then
+    // commits again with its copies.
+    proto::CoordinatorState::Job js;
+    REQUIRE(js.ParseFromString(stored.at(JobRecord("j"))));
+    js.set_committed_version(2);
+    stored[JobRecord("j")] = js.SerializeAsString();
+    JobTable other;
+    REQUIRE(other.Load(stored, "test").ok());
+    JobTable::Job& again = *other.Find("j");
+    CHECK(again.kept.empty());
+    again.state.set_committed_version(3);
+    again.kept[3] = Kept(40, 16 << 10);
+    writes.clear();
+    other.Writes(&writes);
+    for (int part = 0; part < 3; ++part)
+      CHECK(writes.at(KeptRecord("j", 3, part)).has_value());
   }
   SECTION("an incomplete set (a part missing) is not loaded, and deleted") {
     stored.erase(KeptRecord("j", 3, 1));

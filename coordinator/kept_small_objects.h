@@ -81,7 +81,7 @@ class KeptSmallObjects {
   // coordinator writes the copies to its records when it changed.
   uint64_t stamp() const { return stamp_; }
 
-  // The copies as the records "kept/JOB/VERSION/PART" hold them (parts of
+  // The copies as the records "kept/JOB.VERSION.PART" hold them (parts of
   // about kKeptPartBytes), and back. A version loaded from its records has
   // a plan of its object count only (names empty: no rank is asked for a
   // committed version's objects).
@@ -102,6 +102,10 @@ class KeptSmallObjects {
 // The size a record of kept copies grows to before the next begins (each
 // copy is at most kMaxKeptSmallObjectBytes more).
 inline constexpr int64_t kKeptPartBytes = 256 << 10;
+// The most bytes of one version's copies written to the coordinator's
+// records (at every save, under its lock): a version with more keeps them
+// in memory only.
+inline constexpr int64_t kMaxPersistedKeptBytes = 4 << 20;
 
 }  // namespace ptc
 

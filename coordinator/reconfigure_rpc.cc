@@ -813,14 +813,15 @@ std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
 
 CoordinatorService::ReadCopies CoordinatorService::ReadSmallObjects(
     const std::string& job, int64_t version, const std::vector<ToKeep>& objects,
-    std::vector<std::string>* not_read) {
+    std::vector<std::string>* not_read, const std::atomic<bool>* stop) {
   constexpr size_t kMostRead = 256;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   std::map<std::string, std::unique_ptr<StoreClient>> stores;
   std::set<std::string> failed;
   ReadCopies out;
   size_t read = 0;
-  for (; read < objects.size() && read < kMostRead && absl::Now() < until;
+  for (; read < objects.size() && read < kMostRead && absl::Now() < until &&
+         (stop == nullptr || !*stop);
        ++read) {
     const ToKeep& o = objects[read];
     if (failed.count(o.address)) {
@@ -880,12 +881,18 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
   // while the change stages, so that the version has its copies when it
   // commits (a host lost right after the commit loses none).
   ReadCopies read;
-  std::thread reading;
+  std::atomic<bool> stop_reading{false};
+  struct Joined {
+    std::thread thread;
+    ~Joined() {
+      if (thread.joinable()) thread.join();
+    }
+  } reading;
   if (!flight->to_read.empty()) {
-    reading = std::thread([&] {
+    reading.thread = std::thread([&] {
       std::vector<std::string> not_read;
       read = ReadSmallObjects(name, flight->source_version, flight->to_read,
-                              &not_read);
+                              &not_read, &stop_reading);
       for (const std::string& line : not_read) {
         Log("coordinator")
             ->info(
@@ -912,7 +919,13 @@ void CoordinatorService::RunFlight(std::shared_ptr<Flight> flight) {
         if (p.hosts_done == p.hosts_total && e.phase() == proto::PHASE_STAGING)
           e.set_phase(proto::PHASE_VERIFYING);
       });
-  if (reading.joinable()) reading.join();
+  {
+    // A change that ended undecided needs no copies: the reads stop.
+    absl::MutexLock lock(&mu_);
+    const Job* job = jobs_.Find(name);
+    if (job == nullptr || !job->state.commit_decided()) stop_reading = true;
+  }
+  if (reading.thread.joinable()) reading.thread.join();
   std::vector<ToKeep> to_keep;
   int64_t committed = 0;
   absl::ReleasableMutexLock lock(&mu_);
