@@ -49,11 +49,15 @@ struct Case {
   // The Tenplex-style plan searches every source rank for every target
   // rank: quadratic, minutes at 16,384 ranks; skipped there.
   bool baseline = true;
+  // > 0: the hosts are in this many racks (failure domains "rackK"), host
+  // h in rack h % racks, or with `racks_in_order` h / (hosts / racks).
+  int racks = 0;
+  bool racks_in_order = false;
 };
 
-std::vector<int> Range(int lo, int hi) {
+std::vector<int> Range(int lo, int hi, int step = 1) {
   std::vector<int> v;
-  for (int i = lo; i < hi; ++i) v.push_back(i);
+  for (int i = lo; i < hi; i += step) v.push_back(i);
   return v;
 }
 
@@ -67,37 +71,141 @@ std::vector<Case> Cases() {
   // of stage 0's 128 replicas.
   return {
       {"GPT-3 175B: pp 16 -> 8, dp 8 -> 16 on the same 128 hosts",
-       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=8,dp=16", 128, {}, {}},
+       "gpt3-175b",
+       "tp=8,pp=16,dp=8",
+       128,
+       "tp=8,pp=8,dp=16",
+       128,
+       {},
+       {}},
       {"GPT-3 175B: scale-down to 64 hosts, ptc picks which of the 128",
-       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=4", 128, {}, {}},
+       "gpt3-175b",
+       "tp=8,pp=16,dp=8",
+       128,
+       "tp=8,pp=16,dp=4",
+       128,
+       {},
+       {}},
       {"GPT-3 175B: 16 hosts die (one per stage) -> dp=7 on 112",
-       "gpt3-175b", "tp=8,pp=16,dp=8", 128, "tp=8,pp=16,dp=7", 128, {},
+       "gpt3-175b",
+       "tp=8,pp=16,dp=8",
+       128,
+       "tp=8,pp=16,dp=7",
+       128,
+       {},
        one_per_stage},
       {"GPT-3 175B zero=1: pp 16 -> 8, dp 8 -> 16 on the same hosts",
-       "gpt3-175b", "tp=8,pp=16,dp=8,zero=1", 128, "tp=8,pp=8,dp=16,zero=1",
-       128, {}, {}},
+       "gpt3-175b",
+       "tp=8,pp=16,dp=8,zero=1",
+       128,
+       "tp=8,pp=8,dp=16,zero=1",
+       128,
+       {},
+       {}},
       {"GPT-3 2.7B: 4x4 GPUs -> tp=2,pp=2,dp=8 on 8x4",
-       "gpt3-2.7b", "tp=4,pp=2,dp=2", 4, "tp=2,pp=2,dp=8", 8, {}, {}, 4},
+       "gpt3-2.7b",
+       "tp=4,pp=2,dp=2",
+       4,
+       "tp=2,pp=2,dp=8",
+       8,
+       {},
+       {},
+       4},
       {"LLaMA-2 70B: host1 of 8 dies -> dp=1 on the 7 left",
-       "llama2-70b", "tp=8,pp=4,dp=2", 8, "tp=8,pp=4,dp=1", 8, {}, {1}},
+       "llama2-70b",
+       "tp=8,pp=4,dp=2",
+       8,
+       "tp=8,pp=4,dp=1",
+       8,
+       {},
+       {1}},
       {"LLaMA-3 70B: 3 of 32 hosts die -> dp=3 on 24 of the 29 left",
-       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=3", 32, {},
+       "llama3-70b",
+       "tp=8,pp=8,dp=4",
+       32,
+       "tp=8,pp=8,dp=3",
+       32,
+       {},
        {3, 12, 21}},
       {"LLaMA-3 70B: redeploy 32 hosts to 16 old + 16 new ones",
-       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=8,pp=8,dp=4", 48,
-       Range(16, 48), {}},
+       "llama3-70b",
+       "tp=8,pp=8,dp=4",
+       32,
+       "tp=8,pp=8,dp=4",
+       48,
+       Range(16, 48),
+       {}},
       {"LLaMA-3 70B: tp 8 -> 4, pp 8 -> 16 on the same 32 hosts",
-       "llama3-70b", "tp=8,pp=8,dp=4", 32, "tp=4,pp=16,dp=4", 32, {}, {}},
+       "llama3-70b",
+       "tp=8,pp=8,dp=4",
+       32,
+       "tp=4,pp=16,dp=4",
+       32,
+       {},
+       {}},
       {"Mixtral 8x7B: ep 4 -> 8 on 2 -> 4 hosts",
-       "mixtral-8x7b", "tp=2,ep=4,pp=2", 2, "tp=2,ep=8,pp=2", 4, {}, {}},
+       "mixtral-8x7b",
+       "tp=2,ep=4,pp=2",
+       2,
+       "tp=2,ep=8,pp=2",
+       4,
+       {},
+       {}},
       {"MoE 64x 136B: ep 8 -> 16 on 8 -> 16 hosts",
-       "moe-64x-136b", "tp=2,ep=8,pp=4", 8, "tp=2,ep=16,pp=4", 16, {}, {}},
+       "moe-64x-136b",
+       "tp=2,ep=8,pp=4",
+       8,
+       "tp=2,ep=16,pp=4",
+       16,
+       {},
+       {}},
       {"LLaMA 405B: 16 of 2,048 hosts die -> dp=120 on 1,920",
-       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=120", 2048,
-       {}, Range(0, 16), 8, false},
+       "llama3-405b",
+       "tp=8,pp=16,dp=128",
+       2048,
+       "tp=8,pp=16,dp=120",
+       2048,
+       {},
+       Range(0, 16),
+       8,
+       false},
       {"LLaMA 405B: scale-up to 2,304 hosts, dp=144",
-       "llama3-405b", "tp=8,pp=16,dp=128", 2048, "tp=8,pp=16,dp=144", 2304,
-       {}, {}, 8, false},
+       "llama3-405b",
+       "tp=8,pp=16,dp=128",
+       2048,
+       "tp=8,pp=16,dp=144",
+       2304,
+       {},
+       {},
+       8,
+       false},
+      // Racks: hosts taken in turns (each stage's replicas in every rack),
+      // rack 0's 128 hosts die: 8 replicas of every stage.
+      {"LLaMA 405B on 16 racks (hosts in turns): rack 0 dies -> dp=120",
+       "llama3-405b",
+       "tp=8,pp=16,dp=128",
+       2048,
+       "tp=8,pp=16,dp=120",
+       2048,
+       {},
+       Range(0, 2048, 16),
+       8,
+       false,
+       16},
+      // Racks in order: each stage's 128 replicas in one rack of 128 hosts,
+      // as a job placed before ptc knew the racks; the same config.
+      {"LLaMA 405B on 16 racks (a stage per rack): the same config",
+       "llama3-405b",
+       "tp=8,pp=16,dp=128",
+       2048,
+       "tp=8,pp=16,dp=128",
+       2048,
+       {},
+       {},
+       8,
+       false,
+       16,
+       true},
   };
 }
 
@@ -119,10 +227,18 @@ struct Result {
   // (PlacementOptions.prefer_movement): what survivability costs.
   bool survives = false;
   int64_t movement_first_bytes = -1;
+  // With racks: the racks whose loss the ptc placement, and the one that
+  // puts movement first, does not survive (-1: no racks).
+  int64_t racks_lost = -1, movement_first_racks_lost = -1;
 };
 
 absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   Cluster cluster = Cluster::Uniform(c.cluster_hosts, c.gpus);
+  for (int h = 0; c.racks > 0 && h < c.cluster_hosts; ++h) {
+    const int rack =
+        c.racks_in_order ? h / (c.cluster_hosts / c.racks) : h % c.racks;
+    cluster.hosts[h].domain = absl::StrCat("rack", rack);
+  }
   std::vector<bool> alive(c.cluster_hosts, true);
   for (int h : c.dead) alive[h] = false;
   std::vector<int> candidates;
@@ -168,12 +284,15 @@ absl::StatusOr<Result> RunCase(const Case& c, int runs) {
   r.peak = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   r.valid = ValidatePlan(s.input(), plan).ok();
   r.survives = s.placement.survival.SurvivesAnyHost();
+  if (c.racks > 0) r.racks_lost = s.placement.survival.domains_lost.size();
   plan = Plan();
   proto::PlacementOptions movement_first;
   movement_first.set_prefer_movement(true);
   PTC_RETURN_IF_ERROR(PlaceScenarioTarget(&s, movement_first, candidates));
   PTC_ASSIGN_OR_RETURN(plan, PlanReconfiguration(s.input()));
   r.movement_first_bytes = plan.summary.cross_host_bytes;
+  if (c.racks > 0)
+    r.movement_first_racks_lost = s.placement.survival.domains_lost.size();
   plan = Plan();
   proto::PlacementOptions contiguous;
   contiguous.set_strategy(proto::PLACEMENT_CONTIGUOUS);
@@ -193,27 +312,31 @@ std::string Encode(const Result& r) {
   return absl::StrFormat(
       "%d %d %d %d %d %d %d %d %d %d %.9f %.9f %.9f %.9f %.9f %.9f %.9f %d %d "
       "%d "
-      "%.9f %.9f %.9f",
+      "%.9f %.9f %.9f %d %d",
       r.contiguous_bytes, r.contiguous_send, r.ptc_bytes, r.ptc_send, r.bound,
       r.tenplex_bytes, r.tenplex_send, r.pieces, r.released, r.peak,
       r.place_min, r.place_median, r.place_max, r.plan_min, r.plan_median,
       r.plan_max, r.total_median, r.valid ? 1 : 0, r.survives ? 1 : 0,
-      r.movement_first_bytes, r.layout_min, r.layout_median, r.layout_max);
+      r.movement_first_bytes, r.layout_min, r.layout_median, r.layout_max,
+      r.racks_lost, r.movement_first_racks_lost);
 }
 
 bool Decode(const std::string& line, Result* r) {
   int valid = 0, survives = 0;
-  long long v[10], movement_first = -1;
+  long long v[10], movement_first = -1, racks_lost = -1, first_racks_lost = -1;
   const int n = std::sscanf(
       line.c_str(),
       "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lf %lf %lf %lf %lf "
       "%lf %lf %d %d %lld "
-      "%lf %lf %lf",
+      "%lf %lf %lf %lld %lld",
       &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9],
       &r->place_min, &r->place_median, &r->place_max, &r->plan_min,
       &r->plan_median, &r->plan_max, &r->total_median, &valid, &survives,
-      &movement_first, &r->layout_min, &r->layout_median, &r->layout_max);
-  if (n != 23) return false;
+      &movement_first, &r->layout_min, &r->layout_median, &r->layout_max,
+      &racks_lost, &first_racks_lost);
+  if (n != 25) return false;
+  r->racks_lost = racks_lost;
+  r->movement_first_racks_lost = first_racks_lost;
   r->survives = survives;
   r->movement_first_bytes = movement_first;
   r->contiguous_bytes = v[0], r->contiguous_send = v[1], r->ptc_bytes = v[2];
@@ -256,6 +379,13 @@ bool RunInChild(const Case& c, int runs, Result* r, int64_t* peak_bytes,
 }
 
 std::string Bytes(int64_t b) { return b < 0 ? "-" : HumanBytes(b); }
+
+// ", racks whose loss is not survived: N" (empty without racks).
+std::string Racks(int64_t lost) {
+  if (lost < 0) return "";
+  return lost == 0 ? std::string(", any one rack's too")
+                   : absl::StrCat(", not ", lost, " of the racks'");
+}
 
 std::string Times(double median, double min, double max) {
   return absl::StrCat(HumanSeconds(median), " (", HumanSeconds(min), "-",
@@ -308,8 +438,9 @@ int Run(int runs, int only, bool markdown) {
           "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, pair_c,
           pair_p, pair_t, layout, place, plan,
           absl::StrCat(HumanBytes(r.peak), " / ", HumanBytes(peak)),
-          absl::StrCat(r.survives ? "yes" : "no", " / ",
-                       Bytes(r.movement_first_bytes)));
+          absl::StrCat(r.survives ? "yes" : "no", Racks(r.racks_lost), " / ",
+                       Bytes(r.movement_first_bytes),
+                       Racks(r.movement_first_racks_lost)));
     } else {
       std::cout << c.name << "\n"
                 << absl::StrFormat("  %s %s -> %s\n", c.model, c.from, c.to)
@@ -318,9 +449,11 @@ int Run(int runs, int only, bool markdown) {
                        "ptc %s (bound %s); tenplex-style %s\n",
                        pair_c, pair_p, Bytes(r.bound), pair_t)
                 << absl::StrFormat(
-                       "  survives any one host's loss: %s; across "
-                       "hosts with movement first: %s\n",
-                       r.survives ? "yes" : "no", Bytes(r.movement_first_bytes))
+                       "  survives any one host's loss: %s%s; across "
+                       "hosts with movement first: %s%s\n",
+                       r.survives ? "yes" : "no", Racks(r.racks_lost),
+                       Bytes(r.movement_first_bytes),
+                       Racks(r.movement_first_racks_lost))
                 << absl::StrFormat(
                        "  target layout %s, place %s, plan %s; %d "
                        "pieces, %d hosts released; peak memory %s "
