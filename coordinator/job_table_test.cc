@@ -207,11 +207,15 @@ TEST_CASE(
     CHECK(writes.at(KeptRecord("j", 3, 1)) == std::nullopt);
     CHECK(writes.at(KeptRecord("j", 3, 2)) == std::nullopt);
   }
-  SECTION("copies of a version the job no longer commits are deleted") {
+  // The stored job record, as if it named `version` as committed.
+  auto commit_in_record = [&](int64_t version) {
     proto::CoordinatorState::Job js;
     REQUIRE(js.ParseFromString(stored.at(JobRecord("j"))));
-    js.set_committed_version(5);
+    js.set_committed_version(version);
     stored[JobRecord("j")] = js.SerializeAsString();
+  };
+  SECTION("copies of a version the job no longer commits are deleted") {
+    commit_in_record(5);
     JobTable other;
     REQUIRE(other.Load(stored, "test").ok());
     CHECK(other.Find("j")->kept.empty());
@@ -226,10 +230,7 @@ TEST_CASE(
     // Written, but the job's record still names version 2 (a crash
     // between the copies' transaction and the job's); version 3 then
     // commits again with its copies.
-    proto::CoordinatorState::Job js;
-    REQUIRE(js.ParseFromString(stored.at(JobRecord("j"))));
-    js.set_committed_version(2);
-    stored[JobRecord("j")] = js.SerializeAsString();
+    commit_in_record(2);
     JobTable other;
     REQUIRE(other.Load(stored, "test").ok());
     JobTable::Job& again = *other.Find("j");

@@ -776,6 +776,9 @@ std::vector<CoordinatorService::ToKeep> CoordinatorService::CarryKeptLocked(
   // The new version's objects are the source's, moved by the plan: a copy
   // kept of the source is the copy of each target rank that takes it.
   if (flight.keep == nullptr) return {};
+  // The plan of the job's next saves too (KeptForSaveLocked checks it is
+  // for the layout they save).
+  job.keep_plan = flight.keep;
   std::shared_ptr<KeptSmallObjects>& slot = job.kept[flight.target_version];
   if (!slot) slot = std::make_shared<KeptSmallObjects>(flight.keep);
   KeptSmallObjects& kept = *slot;
