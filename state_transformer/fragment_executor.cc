@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/parallel_for.h"
 #include "common/status_macros.h"
+#include "ptc/fingerprint.h"
 #include "ptc/small_object.h"
 #include "state_transformer/part_plan.h"
 
@@ -26,6 +27,15 @@ Counter& bytes_received_total =
     GetCounter("ptc_transformer_bytes_received_total");
 Counter& bytes_copied_local_total =
     GetCounter("ptc_transformer_bytes_copied_local_total");
+// Staged bytes whose fingerprint was added up while they were written, and
+// those that the proof of the version reads again.
+Counter& fingerprinted_while_staging_total =
+    GetCounter("ptc_transformer_bytes_fingerprinted_while_staging_total");
+Counter& fingerprinted_after_staging_total =
+    GetCounter("ptc_transformer_bytes_fingerprinted_after_staging_total");
+
+// How much of a local copy is copied and fingerprinted at a time.
+constexpr int64_t kBlockBytes = int64_t{512} << 10;
 
 // A source host that failed (died, stalled, went away) rather than a piece
 // that is wrong: its pieces may come from another holder.
@@ -86,6 +96,7 @@ class FragmentRun {
           store_->BeginPut(job_.job, job_.target_version, job_.tensors[t].key,
                            region, std::nullopt, mapped[st], job_.plan_epoch));
       puts_.push_back(std::move(put));
+      sums_.push_back(std::make_unique<StagedSums>());
     }
     return absl::OkStatus();
   }
@@ -119,8 +130,16 @@ class FragmentRun {
   // Seals and publishes the staged buffers, links the regions kept in
   // place and puts the small objects: the target version is complete.
   absl::Status Publish() {
-    for (std::unique_ptr<PendingPut>& put : puts_) {
-      PTC_RETURN_IF_ERROR(store_->FinishPut(std::move(put)).status());
+    for (size_t st = 0; st < puts_.size(); ++st) {
+      const int64_t volume = StagedRegion(st).volume();
+      puts_[st]->fingerprint = sums_[st]->Whole(volume);
+      (puts_[st]->fingerprint ? fingerprinted_while_staging_total
+                              : fingerprinted_after_staging_total)
+          .Add(puts_[st]->bytes);
+      PTC_RETURN_IF_ERROR(store_
+                              ->FinishPut(std::move(puts_[st]),
+                                          sums_[st]->WholeChecksum(volume))
+                              .status());
     }
     for (const int32_t h : plan_.linked) {
       const auto& [t, region] = job_.holds[h];
@@ -172,13 +191,27 @@ class FragmentRun {
           for (const int32_t st : lands_in) {
             const Region part = sub.Intersect(StagedRegion(st));
             if (part.empty()) continue;
-            if (Buffer(st) != nullptr) {
-              CopyRegion(src, s.region, Buffer(st), StagedRegion(st), part,
-                         elem);
-            } else if (written.ok()) {
-              written = WriteRuns(src, s.region, *puts_[st]->buffer,
-                                  StagedRegion(st), part, elem);
+            // A few hundred KiB at a time: each block is fingerprinted
+            // from the source right after it is copied, while in cache.
+            const int64_t volume = part.volume();
+            const int64_t block = std::max<int64_t>(1, kBlockBytes / elem);
+            uint64_t fingerprint = 0;
+            for (int64_t first = 0; first < volume && written.ok();
+                 first += block) {
+              for (const Region& box : FlatRangeOfRegion(
+                       part, first, std::min(volume, first + block))) {
+                if (Buffer(st) != nullptr) {
+                  CopyRegion(src, s.region, Buffer(st), StagedRegion(st), box,
+                             elem);
+                } else {
+                  written = WriteRuns(src, s.region, *puts_[st]->buffer,
+                                      StagedRegion(st), box, elem);
+                }
+                fingerprint +=
+                    FingerprintRegion(src, s.region, box, decl.shape, elem);
+              }
             }
+            sums_[st]->Add(fingerprint, volume);
           }
         }));
     return written;
@@ -223,8 +256,11 @@ class FragmentRun {
       const FragmentPiece& p = job_.pieces[indexes[i]];
       const std::vector<int32_t>& lands_in = plan_.lands_in[indexes[i]];
       const int64_t elem = ElementSize(job_.tensors[p.tensor].dtype);
-      for (const int32_t st : lands_in)
-        targets[i].push_back({StagedRegion(st), Buffer(st)});
+      const TensorDecl& decl = job_.tensors[p.tensor];
+      for (const int32_t st : lands_in) {
+        targets[i].push_back(
+            {StagedRegion(st), Buffer(st), sums_[st].get(), decl.shape});
+      }
       consumers[i] = [&, i, elem](int64_t offset, const char* data,
                                   int64_t bytes) {
         const FragmentPiece& piece = job_.pieces[indexes[i]];
@@ -240,8 +276,9 @@ class FragmentRun {
              FlatRangeOfRegion(piece.region, first, first + bytes / elem)) {
           for (const PieceTarget& t : targets[i]) {
             const Region part = box.Intersect(t.region);
-            if (!part.empty())
-              CopyRegion(data, box, t.data, t.region, part, elem);
+            if (part.empty()) continue;
+            CopyRegion(data, box, t.data, t.region, part, elem);
+            t.sums->incomplete = true;  // fingerprinted when proven
           }
           data += box.volume() * elem;
         }
@@ -393,6 +430,8 @@ class FragmentRun {
   PieceTransport* const transport_;
   // One per plan_.staged, until Publish hands them to the store.
   std::vector<std::unique_ptr<PendingPut>> puts_;
+  // One per plan_.staged: what the writes into it added up.
+  std::vector<std::unique_ptr<StagedSums>> sums_;
   bool published_ = false;
   absl::Mutex mu_;
   // Sources that failed in this fragment: their later parts go straight to

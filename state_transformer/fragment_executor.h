@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,10 +49,47 @@ inline absl::Duration TransferDeadline(absl::Duration peer_timeout,
   return peer_timeout + absl::Seconds(static_cast<double>(bytes) / 1e6);
 }
 
-// A staged buffer a piece lands in: the dense row-major bytes of `region`.
+// What the writers of a staged buffer add up while they write it, so that
+// the change's proof needs no second read of its bytes: the fingerprint
+// (ptc/fingerprint.h) of the elements written and their count, computed
+// from the written bytes while they are in cache. The pieces a host
+// receives do not overlap, so where every write added itself and the
+// count is the buffer's volume, the sum is the whole buffer's fingerprint
+// (Whole). A write that cannot add itself (a streamed chunk) marks the
+// buffer incomplete: it is then fingerprinted by reading it, as before.
+// `checksum` is the buffer's xxh3 where one verified part filled all of it
+// in order (the part's checksum is then the buffer's). Thread-safe.
+struct StagedSums {
+  std::atomic<uint64_t> fingerprint{0};  // mod 2^64, as fingerprints add
+  std::atomic<int64_t> elements{0};
+  std::atomic<bool> incomplete{false};
+  std::atomic<bool> has_checksum{false};
+  std::atomic<uint64_t> checksum{0};
+
+  void Add(uint64_t f, int64_t n) {
+    fingerprint.fetch_add(f, std::memory_order_relaxed);
+    elements.fetch_add(n, std::memory_order_relaxed);
+  }
+  // The buffer's fingerprint if its writes added up to exactly `volume`.
+  std::optional<uint64_t> Whole(int64_t volume) const {
+    if (incomplete.load() || elements.load() != volume) return std::nullopt;
+    return fingerprint.load();
+  }
+  // Its xxh3 if one part filled it whole (and nothing else wrote it).
+  std::optional<uint64_t> WholeChecksum(int64_t volume) const {
+    if (!has_checksum.load() || !Whole(volume)) return std::nullopt;
+    return checksum.load();
+  }
+};
+
+// A staged buffer a piece lands in: the dense row-major bytes of `region`
+// of a tensor of `shape`; a transport that writes into `data` adds what it
+// wrote to `sums` (null: nothing is added up).
 struct PieceTarget {
   Region region;
   uint8_t* data = nullptr;
+  StagedSums* sums = nullptr;
+  absl::Span<const int64_t> shape;
 };
 
 // Where remote pieces come from.

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "common/metrics.h"
+#include "ptc/fingerprint.h"
+
 namespace ptc {
 namespace {
 
@@ -76,6 +79,56 @@ TEST_CASE(
   CHECK(got == std::vector<int32_t>{102, 103, 104, 105});
 }
 
+int64_t FingerprintedBytes() {
+  return GetCounter("ptc_store_fingerprinted_bytes_total").value();
+}
+
+TEST_CASE(
+    "fragment executor: local copies add up the staged version's "
+    "fingerprints as they copy; proving it reads none of its bytes again",
+    "[transformer]") {
+  // Version 1 holds two column halves of a 2-D tensor; version 2 holds its
+  // two row halves: every copy is strided.
+  Store store({1 << 20});
+  const TensorDecl decl{"m", DType::kInt32, {64, 48}};
+  REQUIRE(store.DeclareTensors("job", {decl}).ok());
+  std::vector<int32_t> values(64 * 48);
+  std::iota(values.begin(), values.end(), 7);
+  const Region all{{0, 64}, {0, 48}};
+  for (const Region& half :
+       {Region{{0, 64}, {0, 24}}, Region{{0, 64}, {24, 48}}}) {
+    auto put = store.BeginPut("job", 1, "m", half);
+    REQUIRE(put.ok());
+    CopyRegion(values.data(), all, (*put)->buffer->mutable_data(), half, half,
+               4);
+    REQUIRE(store.FinishPut(std::move(*put)).ok());
+  }
+  FragmentJob job;
+  job.job = "job";
+  job.source_version = 1;
+  job.target_version = 2;
+  job.host = 0;
+  job.tensors = {decl};
+  const Region top{{0, 32}, {0, 48}}, bottom{{32, 64}, {0, 48}};
+  job.holds = {{0, top}, {0, bottom}};
+  job.pieces = {{0, top, 0}, {0, bottom, 0}};
+  NoPeers transport;
+  REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+
+  const int64_t before = FingerprintedBytes();
+  auto staged = store.Fingerprint("job", 2, "m", {});
+  REQUIRE(staged.ok());
+  CHECK(FingerprintedBytes() == before);  // remembered from the copies
+  CHECK(staged->first ==
+        FingerprintRegion(values.data(), all, all, decl.shape, 4));
+  CHECK(staged->second == all.volume());
+  // The same values as the source version's, which are read to prove it.
+  auto source = store.Fingerprint("job", 1, "m", {});
+  REQUIRE(source.ok());
+  CHECK(FingerprintedBytes() > before);
+  CHECK(source->first == staged->first);
+}
+
 // Peers 1 and 2 hold the source version in stores of their own; peer 1
 // dies midway through its first batch (after streaming part of a piece).
 class Replicas : public PieceTransport {
@@ -137,6 +190,15 @@ TEST_CASE(
           std::vector<int32_t>{100, 101, 102, 103, 104, 105, 106, 107});
     // Host 1 once (it died), then every piece from host 2.
     CHECK(transport.asked == std::vector<int32_t>{1, 2, 2});
+    // Streamed pieces are not added up: the staged version's fingerprint
+    // is read from its bytes, and is the source's.
+    const int64_t before = FingerprintedBytes();
+    auto staged = store.Fingerprint("job", 2, "w", {});
+    REQUIRE(staged.ok());
+    CHECK(FingerprintedBytes() == before + 8 * 4);
+    auto source = transport.two.Fingerprint("job", 1, "w", {});
+    REQUIRE(source.ok());
+    CHECK(staged->first == source->first);
   }
   SECTION("no other holder: the change fails naming the piece") {
     job.pieces = {{0, Region{{0, 4}}, 1, {}}, {0, Region{{4, 8}}, 1, {2}}};

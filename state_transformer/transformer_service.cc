@@ -16,6 +16,7 @@
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/scratch_buffers.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
 #include "snapshot/snapshot_dir.h"
@@ -451,9 +452,8 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
   }
   // Short runs (a column slice) are packed into one message per part,
   // checksummed a few hundred KiB at a time while in cache.
-  thread_local std::vector<char> buffer;
-  if (buffer.size() < static_cast<size_t>(packed)) buffer.resize(packed);
-  char* dst = buffer.data();
+  ScratchBuffers::Lease pack = TransferScratch().Take(packed);
+  char* dst = pack.data();
   std::vector<UcxWorker::SendOp> sends;
   for (int i = 0; i < req.parts_size(); ++i) {
     const Part& part = parts[i];
@@ -497,8 +497,12 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
       ctx->deadline() != std::chrono::system_clock::time_point::max()) {
     timeout = absl::FromChrono(ctx->deadline()) - absl::Now();
   }
-  return ucx_->Send(req.ucx_address(), sends, timeout,
-                    [ctx] { return ctx != nullptr && ctx->IsCancelled(); });
+  absl::Status sent = ucx_->Send(req.ucx_address(), sends, timeout, [ctx] {
+    return ctx != nullptr && ctx->IsCancelled();
+  });
+  // A peer that gave up may still read the packed bytes: not reused.
+  if (!sent.ok()) pack.Discard();
+  return sent;
 }
 
 grpc::Status TransformerService::ExposePieces(

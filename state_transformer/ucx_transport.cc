@@ -17,7 +17,9 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/scratch_buffers.h"
 #include "common/status_macros.h"
+#include "ptc/fingerprint.h"
 #include "ptc/region.h"
 #include "ptc/region_proto.h"
 
@@ -89,17 +91,34 @@ void ScatterInto(const PieceTarget& into, const Region& region, int64_t first,
 }
 
 // A piece that landed in `into` also goes to the other staged buffers it
-// touches (the regions a host holds may overlap).
+// touches (the regions a host holds may overlap), each adding what it got.
 void CopyToOtherTargets(const PieceTarget& into,
                         absl::Span<const PieceTarget> targets,
                         const Region& region, int64_t element_size) {
   for (const PieceTarget& t : targets) {
     if (&t == &into) continue;
     const Region both = t.region.Intersect(region);
-    if (!both.empty()) {
-      CopyRegion(into.data, into.region, t.data, t.region, both, element_size);
+    if (both.empty()) continue;
+    CopyRegion(into.data, into.region, t.data, t.region, both, element_size);
+    if (t.sums != nullptr) {
+      t.sums->Add(
+          FingerprintRegion(t.data, t.region, both, t.shape, element_size),
+          both.volume());
     }
   }
+}
+
+// The fingerprint of `count` elements of `region` from element `first` of
+// its row-major order, dense at `data`.
+uint64_t FingerprintFlat(const char* data, const Region& region, int64_t first,
+                         int64_t count, absl::Span<const int64_t> shape,
+                         int64_t element_size) {
+  uint64_t sum = 0;
+  for (const Region& box : FlatRangeOfRegion(region, first, first + count)) {
+    sum += FingerprintRegion(data, box, box, shape, element_size);
+    data += box.volume() * element_size;
+  }
+  return sum;
 }
 
 }  // namespace
@@ -198,6 +217,9 @@ absl::Status UcxPieceTransport::FetchBatch(
       shares.insert(shares.end(), own.begin(), own.end());
     }
   }
+  // Declared before the worker: a broken worker is destroyed (ending any
+  // transfer into the bounce buffer) before the buffer goes back.
+  ScratchBuffers::Lease bounce = TransferScratch().Empty();
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, TakeWorker());
   absl::Cleanup give_back = [&] { ReturnWorker(std::move(worker)); };
 
@@ -208,7 +230,8 @@ absl::Status UcxPieceTransport::FetchBatch(
     AddTransfers(*sh.piece->tensor, sh.region, sh.piece->element_size,
                  sh.into, nullptr, &sends);
   }
-  PTC_RETURN_IF_ERROR(SendAll(host, job, version, worker.get(), sends));
+  PTC_RETURN_IF_ERROR(
+      SendAll(host, job, version, worker.get(), &bounce, sends));
   for (const Share& sh : shares) {
     CopyToOtherTargets(*sh.into, sh.piece->targets, sh.region,
                        sh.piece->element_size);
@@ -243,6 +266,7 @@ void UcxPieceTransport::AddTransfers(const std::string& tensor,
 
 absl::Status UcxPieceTransport::SendAll(int32_t host, const std::string& job,
                                         int64_t version, UcxWorker* worker,
+                                        ScratchBuffers::Lease* bounce,
                                         absl::Span<const Transfer> transfers) {
   // One call per kMaxSendPartsBytes: what the source may pack, and what
   // lands in this thread's bounce buffer, at most.
@@ -252,7 +276,7 @@ absl::Status UcxPieceTransport::SendAll(int32_t host, const std::string& job,
     const int64_t n = transfers[i].count * transfers[i].element_size;
     if (i > begin && (bytes + n > kMaxSendPartsBytes ||
                       i - begin >= static_cast<size_t>(kMaxPartsPerCall))) {
-      PTC_RETURN_IF_ERROR(SendOnce(host, job, version, worker,
+      PTC_RETURN_IF_ERROR(SendOnce(host, job, version, worker, bounce,
                                    transfers.subspan(begin, i - begin)));
       begin = i;
       bytes = 0;
@@ -261,13 +285,14 @@ absl::Status UcxPieceTransport::SendAll(int32_t host, const std::string& job,
   }
   if (begin < transfers.size()) {
     PTC_RETURN_IF_ERROR(
-        SendOnce(host, job, version, worker, transfers.subspan(begin)));
+        SendOnce(host, job, version, worker, bounce, transfers.subspan(begin)));
   }
   return absl::OkStatus();
 }
 
 absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
                                          int64_t version, UcxWorker* worker,
+                                         ScratchBuffers::Lease* bounce_buffer,
                                          absl::Span<const Transfer> transfers) {
   auto stub = stubs_.find(host);
   const std::string peer = PeerLabel(host);
@@ -285,9 +310,8 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
     }
     if (land[i] == nullptr) bounce += t.count * t.element_size;
   }
-  thread_local std::vector<char> buffer;
-  if (buffer.size() < static_cast<size_t>(bounce)) buffer.resize(bounce);
-  char* next = buffer.data();
+  bounce_buffer->Reserve(bounce);
+  char* next = bounce_buffer->data();
   proto::SendPartsRequest req;
   req.set_job(job);
   req.set_version(version);
@@ -383,27 +407,47 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
                        "' from ", peer, " arrived with ", got[i],
                        " bytes instead of ", capacity, " over UCX"));
     }
-    // Checksum (and scatter into `into`) a few hundred KiB at a time, while
-    // in cache. What is scattered before the checksum fails is in staged
-    // memory that nobody sees and the failure discards; a consumer gets
-    // only verified bytes.
+    // Checksum, fingerprint (for the proof of the staged version) and
+    // scatter into `into` a few hundred KiB at a time, while in cache.
+    // What is scattered before the checksum fails is in staged memory that
+    // nobody sees and the failure discards; a consumer gets only verified
+    // bytes.
     constexpr int64_t kChunk = int64_t{256} << 10;
     const int64_t chunk =
         std::max<int64_t>(1, kChunk / t.element_size) * t.element_size;
+    const bool add_up = t.into != nullptr && t.into->sums != nullptr;
     StreamingChecksum sum;
+    uint64_t fingerprint = 0;
     for (int64_t done = 0; done < capacity;) {
       const int64_t n = std::min<int64_t>(chunk, capacity - done);
+      const int64_t at = t.first + done / t.element_size;
       sum.Update(land[i] + done, n);
+      if (add_up) {
+        fingerprint +=
+            FingerprintFlat(land[i] + done, t.region, at, n / t.element_size,
+                            t.into->shape, t.element_size);
+      }
       if (bounced[i] && t.into != nullptr) {
-        ScatterInto(*t.into, t.region, t.first + done / t.element_size,
-                    land[i] + done, n / t.element_size, t.element_size);
+        ScatterInto(*t.into, t.region, at, land[i] + done, n / t.element_size,
+                    t.element_size);
       }
       done += n;
     }
-    if (sum.Digest() != resp.parts(i).checksum()) {
+    const uint64_t digest = sum.Digest();
+    if (digest != resp.parts(i).checksum()) {
       return absl::DataLossError(
           absl::StrCat("a part of ", t.region.ToString(), " of '", *t.tensor,
                        "' from ", peer, " arrived damaged over UCX"));
+    }
+    if (add_up) {
+      t.into->sums->Add(fingerprint, t.count);
+      // The whole staged buffer in its own order: the part's checksum is
+      // the buffer's.
+      if (t.region == t.into->region && t.first == 0 &&
+          t.count == t.region.volume()) {
+        t.into->sums->checksum = digest;
+        t.into->sums->has_checksum = true;
+      }
     }
     if (t.into == nullptr) (*t.consume)(t.offset, land[i], capacity);
     ucx_bytes_received_total.Add(capacity);

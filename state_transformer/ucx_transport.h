@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/scratch_buffers.h"
 #include "proto/transformer.grpc.pb.h"
 #include "state_transformer/fragment_executor.h"
 #include "state_transformer/ucx_worker.h"
@@ -91,11 +92,14 @@ class UcxPieceTransport : public PieceTransport {
                            std::vector<Transfer>* out);
   // Has the source send every transfer (SendParts calls of at most
   // kMaxSendPartsBytes each), verifies each one's checksum and places it.
+  // Parts that cannot land in place are received into `bounce` (grown as
+  // needed) and scattered from there.
   absl::Status SendAll(int32_t host, const std::string& job, int64_t version,
-                       UcxWorker* worker, absl::Span<const Transfer> transfers);
+                       UcxWorker* worker, ScratchBuffers::Lease* bounce,
+                       absl::Span<const Transfer> transfers);
   // One SendParts call for `transfers`.
   absl::Status SendOnce(int32_t host, const std::string& job, int64_t version,
-                        UcxWorker* worker,
+                        UcxWorker* worker, ScratchBuffers::Lease* bounce,
                         absl::Span<const Transfer> transfers);
   std::string PeerLabel(int32_t host);
   // A worker for the calling thread alone, and its return to the pool.

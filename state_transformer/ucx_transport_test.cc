@@ -12,8 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "ptc/fingerprint.h"
 #include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
 #include "tests/testing.h"
@@ -239,6 +241,66 @@ TEST_CASE(
         0, "job", 9, "w", Region{{0, 8}, {0, kCols}}, 4, targets, refuse);
     CHECK(s.code() == absl::StatusCode::kNotFound);
     CHECK_THAT(std::string(s.message()), Catch::Contains("host 0"));
+  }
+}
+
+TEST_CASE(
+    "ucx transport: what lands in a staged buffer is added up as it lands: "
+    "its fingerprint (and its checksum, from one whole part) need no second "
+    "read",
+    "[transformer]") {
+  auto cluster = ClusterWithHalves();
+  UcxPieceTransport transport(1, cluster->addresses);
+  const Region whole{{0, kRows}, {0, kCols}};
+  const std::vector<int64_t> shape = {kRows, kCols};
+  const std::vector<char> all = Want(whole);
+  std::vector<uint8_t> a(whole.volume() * 4, 0);
+  const Region block{{100, 200}, {0, 512}};
+  std::vector<uint8_t> b(block.volume() * 4, 0);
+  StagedSums sa, sb;
+  const PieceTarget targets[] = {{whole, a.data(), &sa, shape},
+                                 {block, b.data(), &sb, shape}};
+  const StoreClient::Consumer refuse = [](int64_t, const char*, int64_t) {
+    FAIL("a piece inside staged buffers must be placed, not streamed");
+  };
+  const std::string w = "w";
+
+  SECTION("four pieces that tile it: in place, packed and scattered") {
+    const Region pieces[] = {
+        Region{{0, 40}, {0, kCols}}, Region{{40, 200}, {0, 256}},
+        Region{{40, 200}, {256, kCols}}, Region{{200, kRows}, {0, kCols}}};
+    for (const Region& piece : pieces) {
+      const PieceTransport::BatchPiece batch[] = {
+          {&w, piece, 4, targets, &refuse}};
+      REQUIRE(transport.FetchBatch(0, "job", 1, batch).ok());
+    }
+    REQUIRE(sa.Whole(whole.volume()).has_value());
+    CHECK(*sa.Whole(whole.volume()) ==
+          FingerprintRegion(all.data(), whole, whole, shape, 4));
+    // No part was the whole buffer: its checksum is taken when it is sealed.
+    CHECK(!sa.WholeChecksum(whole.volume()).has_value());
+    // The overlapping block got its share by copies from the whole one.
+    CHECK(sb.Whole(block.volume()) ==
+          FingerprintRegion(all.data(), whole, block, shape, 4));
+  }
+
+  SECTION("one piece, the whole buffer: its part's checksum is the buffer's") {
+    const PieceTransport::BatchPiece batch[] = {
+        {&w, whole, 4, targets, &refuse}};
+    REQUIRE(transport.FetchBatch(0, "job", 1, batch).ok());
+    CHECK(sa.Whole(whole.volume()) ==
+          FingerprintRegion(all.data(), whole, whole, shape, 4));
+    CHECK(sa.WholeChecksum(whole.volume()) == Checksum(all.data(), all.size()));
+  }
+
+  SECTION("a piece fetched twice is not a whole buffer's fingerprint") {
+    const Region top{{0, 128}, {0, kCols}}, bottom{{128, kRows}, {0, kCols}};
+    for (const Region& piece : {top, top, bottom}) {
+      const PieceTransport::BatchPiece batch[] = {
+          {&w, piece, 4, targets, &refuse}};
+      REQUIRE(transport.FetchBatch(0, "job", 1, batch).ok());
+    }
+    CHECK(!sa.Whole(whole.volume()).has_value());
   }
 }
 

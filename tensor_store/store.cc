@@ -33,22 +33,26 @@ const uint8_t* SealedBytes(const RegionBuffer& buffer) {
   return buffer.ReadableBytes(&scratch);
 }
 
+// What a buffer remembers its whole region's fingerprint under.
+std::string WholeFingerprintKey(const TensorDecl& decl, const Region& region) {
+  return absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
+                      region.ToString(), " ", ElementSize(decl.dtype));
+}
+
 // A whole sealed region's fingerprint, computed once and kept with its
-// buffer: a version built by a reconfiguration is fingerprinted to commit
-// it and again as the source of the next one; a version clients saved is
-// fingerprinted in the background after its commit.
+// buffer: a version built by a reconfiguration has it from its staging
+// (PendingPut::fingerprint) or computes it to commit, and uses it again as
+// the source of the next change; a version clients saved is fingerprinted
+// in the background after its commit.
 uint64_t WholeFingerprint(const TensorDecl& decl, const Region& region,
                           RegionBuffer& buffer) {
   const int64_t elem = ElementSize(decl.dtype);
   if (buffer.hollow()) return HollowFingerprint(region, decl.shape, elem);
-  return buffer.Memoize(
-      absl::StrCat("fingerprint ", absl::StrJoin(decl.shape, "x"), " ",
-                   region.ToString(), " ", elem),
-      [&] {
-        fingerprinted_bytes_total.Add(region.volume() * elem);
-        return FingerprintRegion(SealedBytes(buffer), region, region,
-                                 decl.shape, elem);
-      });
+  return buffer.Memoize(WholeFingerprintKey(decl, region), [&] {
+    fingerprinted_bytes_total.Add(region.volume() * elem);
+    return FingerprintRegion(SealedBytes(buffer), region, region, decl.shape,
+                             elem);
+  });
 }
 
 // Extents and totals beyond these are certainly mistakes (and would
@@ -296,6 +300,10 @@ absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,
     return absl::DataLossError(absl::StrCat(
         where, ": the bytes of ", put->region.ToString(), " have checksum ",
         checksum, " but the writer sent ", expected, "; nothing was stored"));
+  }
+  if (put->fingerprint && !put->buffer->hollow()) {
+    put->buffer->Memoize(WholeFingerprintKey(put->decl, put->region),
+                         [&] { return *put->fingerprint; });
   }
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(put->job));
   if (j->id != put->job_id) {
@@ -636,7 +644,10 @@ absl::Status Store::PutSmallObject(const std::string& job, int64_t version,
   const int64_t cost = SmallObjectMemoryBytes(name, bytes);
   auto reserved = budget_.Reserve(cost, what);
   if (!reserved.ok()) {
-    WaitReleased();  // a version deleted just before may still be freeing
+    // A version deleted just before may still be freeing; spares give way
+    // to real data, as for a region's put.
+    WaitReleased();
+    if (spares_.ready_bytes() > 0) spares_.EvictAll();
     reserved = budget_.Reserve(cost, what);
   }
   PTC_ASSIGN_OR_RETURN(MemoryBudget::Reservation memory, std::move(reserved));

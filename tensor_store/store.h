@@ -90,6 +90,10 @@ struct PendingPut {
   uint64_t job_id = 0;
   // The plan epoch of the staging that writes (0: a save).
   int64_t stage_epoch = 0;
+  // The whole region's fingerprint, where the writer added it up while it
+  // wrote (StagedSums): FinishPut remembers it with the buffer, so that
+  // proving the version reads none of its bytes again.
+  std::optional<uint64_t> fingerprint;
 };
 
 // What a version must hold before it may commit (a save's: the regions and
