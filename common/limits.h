@@ -25,6 +25,9 @@ inline constexpr int kMaxRpcThreads = 256;
 // each; more are refused with a message.
 inline constexpr int kMaxLocalConnections = 1024;
 
+// Tensors one Fingerprints call may ask for.
+inline constexpr int kMaxFingerprintsPerCall = 4096;
+
 // Largest request the coordinator takes (a job's layout spec is the
 // largest); a larger one gets RESOURCE_EXHAUSTED from gRPC.
 inline constexpr int kMaxCoordinatorRequestBytes = 64 << 20;

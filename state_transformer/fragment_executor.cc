@@ -200,15 +200,20 @@ class FragmentRun {
                  first += block) {
               for (const Region& box : FlatRangeOfRegion(
                        part, first, std::min(volume, first + block))) {
+                // Read back where it lies in the staged buffer (by the
+                // buffer's own geometry); one written through its memfd,
+                // from the source.
                 if (Buffer(st) != nullptr) {
                   CopyRegion(src, s.region, Buffer(st), StagedRegion(st), box,
                              elem);
+                  fingerprint += FingerprintRegion(Buffer(st), StagedRegion(st),
+                                                   box, decl.shape, elem);
                 } else {
                   written = WriteRuns(src, s.region, *puts_[st]->buffer,
                                       StagedRegion(st), box, elem);
+                  fingerprint +=
+                      FingerprintRegion(src, s.region, box, decl.shape, elem);
                 }
-                fingerprint +=
-                    FingerprintRegion(src, s.region, box, decl.shape, elem);
               }
             }
             sums_[st]->Add(fingerprint, volume);

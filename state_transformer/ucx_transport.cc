@@ -109,15 +109,14 @@ void CopyToOtherTargets(const PieceTarget& into,
 }
 
 // The fingerprint of `count` elements of `region` from element `first` of
-// its row-major order, dense at `data`.
-uint64_t FingerprintFlat(const char* data, const Region& region, int64_t first,
-                         int64_t count, absl::Span<const int64_t> shape,
-                         int64_t element_size) {
+// its row-major order, read where they lie in the staged buffer `in` (by
+// its own geometry, not the offsets the bytes were written at: a part
+// placed wrongly does not add up to the right sum).
+uint64_t FingerprintStaged(const PieceTarget& in, const Region& region,
+                           int64_t first, int64_t count, int64_t element_size) {
   uint64_t sum = 0;
-  for (const Region& box : FlatRangeOfRegion(region, first, first + count)) {
-    sum += FingerprintRegion(data, box, box, shape, element_size);
-    data += box.volume() * element_size;
-  }
+  for (const Region& box : FlatRangeOfRegion(region, first, first + count))
+    sum += FingerprintRegion(in.data, in.region, box, in.shape, element_size);
   return sum;
 }
 
@@ -407,8 +406,8 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
                        "' from ", peer, " arrived with ", got[i],
                        " bytes instead of ", capacity, " over UCX"));
     }
-    // Checksum, fingerprint (for the proof of the staged version) and
-    // scatter into `into` a few hundred KiB at a time, while in cache.
+    // Checksum, scatter into `into` and fingerprint there (for the proof
+    // of the staged version) a few hundred KiB at a time, while in cache.
     // What is scattered before the checksum fails is in staged memory that
     // nobody sees and the failure discards; a consumer gets only verified
     // bytes.
@@ -422,14 +421,13 @@ absl::Status UcxPieceTransport::SendOnce(int32_t host, const std::string& job,
       const int64_t n = std::min<int64_t>(chunk, capacity - done);
       const int64_t at = t.first + done / t.element_size;
       sum.Update(land[i] + done, n);
-      if (add_up) {
-        fingerprint +=
-            FingerprintFlat(land[i] + done, t.region, at, n / t.element_size,
-                            t.into->shape, t.element_size);
-      }
       if (bounced[i] && t.into != nullptr) {
         ScatterInto(*t.into, t.region, at, land[i] + done, n / t.element_size,
                     t.element_size);
+      }
+      if (add_up) {
+        fingerprint += FingerprintStaged(*t.into, t.region, at,
+                                         n / t.element_size, t.element_size);
       }
       done += n;
     }

@@ -100,6 +100,41 @@ UcxWorker::~UcxWorker() {
   if (context_) ucp_cleanup(Ctx(context_));
 }
 
+namespace {
+
+// How a thread waits on a worker: it spins on progress for a while, then
+// naps between idle polls, each nap twice the last up to kMaxNap, and
+// back to spinning as soon as a poll makes progress. A waiting thread must
+// neither starve the threads (or the peer daemon) that produce what it
+// waits for, nor wake 50,000 times a second: with a fixed 20 us nap, a
+// receiving ptcd spent 12% of its samples in the scheduler during a
+// change, while its sources packed the next parts.
+class Backoff {
+ public:
+  // After a poll: `progressed` is what ucp_worker_progress returned.
+  void After(unsigned progressed) {
+    if (progressed != 0) {
+      idle_ = 0;
+      nap_ = kFirstNap;
+      return;
+    }
+    if (++idle_ <= kSpins) return;
+    absl::SleepFor(nap_);
+    nap_ = std::min(nap_ * 2, kMaxNap);
+  }
+  // Whether the last poll ended in a nap.
+  bool napped() const { return idle_ > kSpins; }
+
+ private:
+  static constexpr int kSpins = 256;
+  static constexpr absl::Duration kFirstNap = absl::Microseconds(20);
+  static constexpr absl::Duration kMaxNap = absl::Microseconds(320);
+  int idle_ = 0;
+  absl::Duration nap_ = kFirstNap;
+};
+
+}  // namespace
+
 absl::Status UcxWorker::Progress(void* request, absl::Time deadline,
                                  const char* what,
                                  const std::function<bool()>& give_up) {
@@ -109,19 +144,13 @@ absl::Status UcxWorker::Progress(void* request, absl::Time deadline,
   // while it waited for its sends to complete (both cores are busy during
   // a change, so that CPU was the change's time).
   constexpr absl::Duration kLookEvery = absl::Milliseconds(1);
-  int idle = 0;
+  Backoff backoff;
   uint32_t polls = 0;
   absl::Time next_look = absl::Now() + kLookEvery;
   while (ucp_request_check_status(request) == UCS_INPROGRESS) {
-    if (ucp_worker_progress(Wkr(worker_)) != 0) {
-      idle = 0;
-    } else if (++idle > 256) {
-      // Spin briefly, then back off: a waiting thread must not starve the
-      // threads (or the peer daemon) that produce what it waits for.
-      absl::SleepFor(absl::Microseconds(20));
-    }
-    // The clock after every back-off, and every 256 polls otherwise.
-    if (idle <= 256 && ++polls % 256 != 0) continue;
+    backoff.After(ucp_worker_progress(Wkr(worker_)));
+    // The clock after every nap, and every 256 polls otherwise.
+    if (!backoff.napped() && ++polls % 256 != 0) continue;
     const absl::Time now = absl::Now();
     if (now < next_look) continue;
     next_look = now + kLookEvery;
@@ -166,14 +195,9 @@ absl::StatusOr<size_t> UcxWorker::Wait(Receive* receive, absl::Duration timeout,
 
 void UcxWorker::ProgressUntil(const std::function<bool()>& done,
                               absl::Time deadline) {
-  int idle = 0;
-  while (!done() && absl::Now() < deadline) {
-    if (ucp_worker_progress(Wkr(worker_)) != 0) {
-      idle = 0;
-    } else if (++idle > 256) {
-      absl::SleepFor(absl::Microseconds(20));
-    }
-  }
+  Backoff backoff;
+  while (!done() && absl::Now() < deadline)
+    backoff.After(ucp_worker_progress(Wkr(worker_)));
 }
 
 void UcxWorker::Cancel(Receive* receive) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/limits.h"
 #include "common/metrics.h"
 #include "ptc/fingerprint.h"
 #include "ptc/region_proto.h"
@@ -197,6 +198,55 @@ TEST_CASE(
       "job", 1, "w", {Region{{0, 16}, {0, 3}}, Region{{0, 16}, {3, 10}}});
   REQUIRE(cols.ok());
   CHECK(cols->fingerprint() == want);
+}
+
+TEST_CASE(
+    "tensor store: several tensors' fingerprints in one call, each as its "
+    "own call would answer; bad asks get clear errors",
+    "[tensor_store][service]") {
+  auto d = StartDaemon();
+  const Shape shape = {16, 10};
+  const Region full = Region::Full(shape);
+  REQUIRE(d->client
+              ->Declare("job", {{"a", DType::kFloat32, shape},
+                                {"b", DType::kInt8, shape}})
+              .ok());
+  for (const char* t : {"a", "b"}) {
+    const std::vector<char> data =
+        RandomBytes(full.volume() * (t[0] == 'a' ? 4 : 1), t[0]);
+    REQUIRE(d->client->Put("job", 1, t, full, data.data(), data.size()).ok());
+  }
+  const Region left{{0, 16}, {0, 4}};
+  auto many = d->client->Fingerprints(
+      "job", 1, {{"a", {}}, {"b", {left}}, {"a", {left}}});
+  REQUIRE(many.ok());
+  REQUIRE(many->tensors_size() == 3);
+  const std::pair<std::string, std::vector<Region>> asks[] = {
+      {"a", {}}, {"b", {left}}, {"a", {left}}};
+  for (int i = 0; i < 3; ++i) {
+    auto one = d->client->Fingerprint("job", 1, asks[i].first, asks[i].second);
+    REQUIRE(one.ok());
+    CHECK(many->tensors(i).fingerprint() == one->fingerprint());
+    CHECK(many->tensors(i).elements() == one->elements());
+  }
+  SECTION("a tensor the job does not declare names it") {
+    auto bad = d->client->Fingerprints("job", 1, {{"a", {}}, {"c", {}}});
+    CHECK(bad.status().code() == absl::StatusCode::kNotFound);
+    CHECK_THAT(std::string(bad.status().message()), Catch::Contains("'c'"));
+  }
+  SECTION("more tensors than one call takes") {
+    std::vector<std::pair<std::string, std::vector<Region>>> lots(
+        kMaxFingerprintsPerCall + 1, {"a", {}});
+    auto bad = d->client->Fingerprints("job", 1, lots);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(bad.status().message()),
+               Catch::Contains("at most 4096"));
+  }
+  SECTION("a region outside the tensor") {
+    auto bad =
+        d->client->Fingerprints("job", 1, {{"b", {Region{{0, 17}, {0, 10}}}}});
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST_CASE("tensor store: commit, stat, stats and delete",

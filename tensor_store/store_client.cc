@@ -228,6 +228,28 @@ absl::StatusOr<proto::FingerprintResponse> StoreClient::Fingerprint(
                context);
 }
 
+absl::StatusOr<proto::FingerprintsResponse> StoreClient::Fingerprints(
+    const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, std::vector<Region>>>& tensors,
+    grpc::ClientContext* context) {
+  proto::FingerprintsRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  for (const auto& [tensor, regions] : tensors) {
+    proto::TensorRegions* t = req.add_tensors();
+    t->set_tensor(tensor);
+    for (const Region& r : regions) RegionToProto(r, t->add_regions());
+  }
+  auto got = Unary(&proto::TensorStore::Stub::Fingerprints, req,
+                   int64_t{8} << 30, context);
+  if (got.ok() && got->tensors_size() != req.tensors_size()) {
+    return absl::DataLossError(absl::StrCat("asked for ", req.tensors_size(),
+                                            " fingerprints, got ",
+                                            got->tensors_size()));
+  }
+  return got;
+}
+
 absl::StatusOr<int64_t> StoreClient::Commit(const std::string& job,
                                             int64_t version) {
   proto::CommitVersionRequest req;

@@ -78,6 +78,13 @@ class StoreClient {
       const std::string& job, int64_t version, const std::string& tensor,
       const std::vector<Region>& regions = {},
       grpc::ClientContext* context = nullptr);
+  // Several tensors' fingerprints in one call (at most
+  // kMaxFingerprintsPerCall): (tensor, regions) each, answered in order.
+  // UNIMPLEMENTED from a ptcd older than the call.
+  absl::StatusOr<proto::FingerprintsResponse> Fingerprints(
+      const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, std::vector<Region>>>& tensors,
+      grpc::ClientContext* context = nullptr);
   absl::StatusOr<int64_t> Commit(const std::string& job, int64_t version);
   // A commit (or, with check_only, a check) with expectations.
   absl::StatusOr<proto::CommitVersionResponse> CommitChecked(

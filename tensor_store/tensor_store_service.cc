@@ -5,6 +5,7 @@
 #include "common/authz.h"
 #include "common/channel.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -230,6 +231,45 @@ grpc::Status TensorStoreService::Fingerprint(
     resp->set_elements(fp->second);
   }
   return call.Done(fp.status());
+}
+
+grpc::Status TensorStoreService::Fingerprints(
+    grpc::ServerContext* ctx, const proto::FingerprintsRequest* req,
+    proto::FingerprintsResponse* resp) {
+  if (grpc::Status denied =
+          Admit<proto::TensorStore>(*ctx, "Fingerprints", req);
+      !denied.ok())
+    return denied;
+  Call call(this, "Fingerprints");
+  if (req->tensors_size() > kMaxFingerprintsPerCall) {
+    return call.Done(absl::InvalidArgumentError(absl::StrCat(
+        req->tensors_size(), " tensors in one Fingerprints call; at most ",
+        kMaxFingerprintsPerCall, " (split the request)")));
+  }
+  auto slot = EnterClientCall(*ctx, "Fingerprints", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
+  for (const proto::TensorRegions& t : req->tensors()) {
+    // A caller that left (or a daemon that drains) stops the hashing.
+    if (ctx->IsCancelled()) {
+      return call.Done(absl::CancelledError("the caller cancelled the call"));
+    }
+    std::vector<Region> regions;
+    for (const proto::Region& r : t.regions()) {
+      auto region = RegionFromProto(r);
+      if (!region.ok()) {
+        return call.Done(Annotate(region.status(),
+                                  absl::StrCat("tensor '", t.tensor(), "'")));
+      }
+      regions.push_back(std::move(*region));
+    }
+    auto fp =
+        store_->Fingerprint(req->job(), req->version(), t.tensor(), regions);
+    if (!fp.ok()) return call.Done(fp.status());
+    proto::FingerprintResponse* out = resp->add_tensors();
+    out->set_fingerprint(fp->first);
+    out->set_elements(fp->second);
+  }
+  return call.Done(absl::OkStatus());
 }
 
 grpc::Status TensorStoreService::CommitVersion(

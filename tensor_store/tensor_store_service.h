@@ -55,6 +55,9 @@ class TensorStoreService final : public proto::TensorStore::Service {
   grpc::Status Fingerprint(grpc::ServerContext* ctx,
                            const proto::FingerprintRequest* req,
                            proto::FingerprintResponse* resp) override;
+  grpc::Status Fingerprints(grpc::ServerContext* ctx,
+                            const proto::FingerprintsRequest* req,
+                            proto::FingerprintsResponse* resp) override;
   grpc::Status CommitVersion(grpc::ServerContext* ctx,
                              const proto::CommitVersionRequest* req,
                              proto::CommitVersionResponse* resp) override;

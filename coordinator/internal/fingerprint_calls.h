@@ -1,12 +1,13 @@
 // The fingerprint calls of a reconfiguration's proof: each host is asked
 // for the partition-invariant fingerprints (ptc/fingerprint.h) of its
-// share of a version, a few calls per host at once, and the answers are
-// added up per tensor. A call that cannot finish is not waited for: all
-// of them end when the change is cancelled or the caller stops them (its
-// staging failed), and a call to a host that stops heartbeating ends as
-// UNAVAILABLE naming it, so that the caller can ask another holder. A
-// stopped host (SIGSTOP, a hung kernel) otherwise answers nothing until
-// the call's deadline, minutes for a large share.
+// share of a version, a few calls per host at once (each up to 256 tensors
+// in one Fingerprints call, or a call per tensor where the host's ptcd
+// predates it), and the answers are added up per tensor. A call that cannot
+// finish is not waited for: all of them end when the change is cancelled or the
+// caller stops them (its staging failed), and a call to a host that stops
+// heartbeating ends as UNAVAILABLE naming it, so that the caller can ask
+// another holder. A stopped host (SIGSTOP, a hung kernel) otherwise answers
+// nothing until the call's deadline, minutes for a large share.
 //
 //   std::map<int32_t, std::vector<FingerprintAsk>> asks = {
 //       {0, {{0, {Region{{0, 512}}}}}}, {1, {{0, {Region{{512, 1024}}}}}}};

@@ -8,8 +8,11 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 #include "ptc/fingerprint.h"
+#include "ptc/region_proto.h"
 #include "tensor_store/internal/testing.h"
 
 namespace ptc::coordinator_internal {
@@ -71,6 +74,92 @@ TEST_CASE(
     asks[2] = {{0, {Region{{0, 1}}}}};
     CHECK(AskFingerprints(asks, calls, &failed).status().code() ==
           absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// A ptcd from before the Fingerprints call: it answers a call per tensor
+// only (from a real daemon behind it), and counts them.
+class OlderStore final : public proto::TensorStore::Service {
+ public:
+  explicit OlderStore(StoreClient* real) : real_(real) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+  }
+  ~OlderStore() override { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  grpc::Status Fingerprint(grpc::ServerContext*,
+                           const proto::FingerprintRequest* req,
+                           proto::FingerprintResponse* resp) override {
+    ++calls;
+    std::vector<Region> regions;
+    for (const proto::Region& r : req->regions())
+      regions.push_back(*RegionFromProto(r));
+    auto fp =
+        real_->Fingerprint(req->job(), req->version(), req->tensor(), regions);
+    if (!fp.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "failed");
+    *resp = *fp;
+    return grpc::Status::OK;
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  StoreClient* real_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_CASE(
+    "fingerprint calls: a host's asks go in few calls; a ptcd from before "
+    "the batched call is asked tensor by tensor",
+    "[coordinator][fingerprint]") {
+  auto a = testing::StartDaemon(int64_t{64} << 20);
+  const std::vector<float> w = StoreVersion(*a);
+  const Shape shape = {kElements};
+  const Region full = Region::Full(shape);
+  const uint64_t want = FingerprintRegion(w.data(), full, full, shape, 4);
+  const std::vector<std::string> keys = {"w"};
+  // 600 asks of one tensor: the first 600 elements, one each, and the
+  // rest in one more.
+  std::map<int32_t, std::vector<FingerprintAsk>> asks;
+  for (int64_t i = 0; i < 600; ++i)
+    asks[0].push_back({0, {Region{{i, i + 1}}}});
+  asks[0].push_back({0, {Region{{600, kElements}}}});
+  FingerprintCalls calls;
+  calls.job = "j";
+  calls.version = 1;
+  calls.tensor_keys = &keys;
+  int32_t failed = 7;
+
+  SECTION("a ptcd of today: in batches") {
+    Counter& single =
+        GetCounter("ptc_rpc_calls_total{method=\"TensorStore.Fingerprint\"}");
+    Counter& batched =
+        GetCounter("ptc_rpc_calls_total{method=\"TensorStore.Fingerprints\"}");
+    const int64_t single_before = single.value();
+    const int64_t batched_before = batched.value();
+    const std::map<int32_t, std::string> addresses = {{0, a->address()}};
+    calls.addresses = &addresses;
+    auto sums = AskFingerprints(asks, calls, &failed);
+    REQUIRE(sums.ok());
+    CHECK((*sums)[0] == std::make_pair(want, kElements));
+    CHECK(single.value() == single_before);  // no call per tensor
+    // 601 asks in 4 lanes (calls_per_host), up to 256 asks a call: 151,
+    // 150, 150 and 150 asks, a call each.
+    CHECK(batched.value() - batched_before == 4);
+  }
+  SECTION("an older ptcd: one call per ask, the same sums") {
+    OlderStore older(a->client.get());
+    const std::map<int32_t, std::string> addresses = {{0, older.address()}};
+    calls.addresses = &addresses;
+    auto sums = AskFingerprints(asks, calls, &failed);
+    REQUIRE(sums.ok());
+    CHECK((*sums)[0] == std::make_pair(want, kElements));
+    CHECK(older.calls == 601);
   }
 }
 
