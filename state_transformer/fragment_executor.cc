@@ -515,6 +515,8 @@ absl::Status ExecuteFragment(
     const std::function<void(const FragmentProgress&)>& progress,
     const std::atomic<bool>* cancel) {
   PTC_RETURN_IF_ERROR(ValidateFragment(job));
+  // No spare is prepared while this stages (SparePool::RefillHold).
+  const SparePool::RefillHold no_refill = store->spares().HoldRefill();
   PTC_RETURN_IF_ERROR(store->DeclareTensors(job.job, job.tensors).status());
   // Which held regions the source version here stores as they are (the
   // plan links those it keeps in place instead of copying them).

@@ -233,6 +233,9 @@ absl::Status TransformerService::DoExecute(
   }
   fragments_running_.fetch_add(1);
   absl::Cleanup running = [this] { fragments_running_.fetch_sub(1); };
+  // Spares wait while this stages, from before CreateStaged gives back the
+  // job's (ExecuteFragment holds them too).
+  const SparePool::RefillHold no_spares = store_->spares().HoldRefill();
   // The tensors must be declared before the version can be created.
   PTC_RETURN_IF_ERROR(store_->DeclareTensors(job.job, job.tensors).status());
   PTC_RETURN_IF_ERROR(Annotate(
@@ -388,6 +391,10 @@ absl::Status TransformerService::DoSendParts(grpc::ServerContext* ctx,
     return absl::InvalidArgumentError(
         "SendParts needs the caller's UCX worker address to send to");
   }
+  // The job's layout is changing: the spares its saves asked for here are
+  // of the old layout's sizes, and preparing them would take CPU from the
+  // change (a source that is no target had no fragment to drop them).
+  store_->spares().ForgetSaves(req.job());
   // A run of a part's bytes in stored memory.
   struct Run {
     const uint8_t* data;

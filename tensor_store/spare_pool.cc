@@ -281,6 +281,7 @@ void SparePool::Loop() {
               "bytes of spare save buffers",
               memory_floor_.load(), ready);
     }
+    if (refill_holds_.load() > 0) continue;  // a change stages here
     {
       absl::MutexLock lock(&mu_);
       if (!Next(&next)) continue;
@@ -306,6 +307,11 @@ void SparePool::RefillLoop(int64_t seen) {
       if (stop_) return;
     }
     const int64_t released = budget_->released();
+    if (refill_holds_.load() > 0) {  // a change stages: what it gives back
+      seen = released;               // is for the change's buffers
+      credit = 0;
+      continue;
+    }
     if (released > seen) {
       const absl::Time now = absl::Now();
       if (now >= warm_until) credit = 0;  // what was freed before is cold
@@ -313,7 +319,8 @@ void SparePool::RefillLoop(int64_t seen) {
       warm_until = now + kWarmFor;
     }
     seen = released;
-    while (credit > 0 && absl::Now() < warm_until) {
+    while (credit > 0 && absl::Now() < warm_until &&
+           refill_holds_.load() == 0) {
       InFlightList::iterator next;
       {
         absl::MutexLock lock(&mu_);

@@ -459,6 +459,31 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "spare pool: what the store gives back while a change stages is not "
+    "refilled; what it gives back after is",
+    "[tensor_store]") {
+  MemoryBudget budget(256 << 20);
+  SparePool pool(&budget, 64 << 20);
+  pool.SetMemoryFloor(0);
+  pool.SetColdStep(absl::Seconds(1));
+  Counter& refilled = GetCounter("ptc_store_spares_refilled_total");
+  const int64_t refilled_before = refilled.value();
+  BusyCpus busy;  // the idle thread waits (50 ms per huge page at least)
+  for (int i = 0; i < 3; ++i) CHECK(!pool.Take(16 << 20, {"job", 1}));
+  {
+    const SparePool::RefillHold staging = pool.HoldRefill();
+    UseAndFree(&budget, 48 << 20);
+    // Many of the refill thread's polls (every 10 ms) see the release.
+    absl::SleepFor(absl::Milliseconds(300));
+    CHECK(refilled.value() == refilled_before);
+  }
+  // The change is done; the old version is deleted.
+  UseAndFree(&budget, 48 << 20);
+  WaitReady(&pool, 16 << 20, refilled, refilled_before + 1, absl::Seconds(10));
+  CHECK(refilled.value() - refilled_before >= 1);
+}
+
+TEST_CASE(
     "spare pool: a refill that meets cold memory stops and leaves the spare "
     "to the idle thread",
     "[tensor_store]") {
