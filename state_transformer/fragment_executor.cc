@@ -192,7 +192,7 @@ class FragmentRun {
             const Region part = sub.Intersect(StagedRegion(st));
             if (part.empty()) continue;
             // A few hundred KiB at a time: each block is fingerprinted
-            // from the source right after it is copied, while in cache.
+            // right after it is copied, while in cache.
             const int64_t volume = part.volume();
             const int64_t block = std::max<int64_t>(1, kBlockBytes / elem);
             uint64_t fingerprint = 0;
@@ -216,7 +216,7 @@ class FragmentRun {
                 }
               }
             }
-            sums_[st]->Add(fingerprint, volume);
+            if (written.ok()) sums_[st]->Add(fingerprint, volume);
           }
         }));
     return written;
