@@ -209,6 +209,31 @@ grpc::Status TensorStoreService::Stat(grpc::ServerContext* ctx,
   return call.Done(stat.status());
 }
 
+namespace {
+
+// One tensor's answer of a Fingerprint or Fingerprints call: the
+// fingerprint of `regions` (all stored elements if none) into `out`.
+absl::Status FingerprintInto(
+    Store* store, const std::string& job, int64_t version,
+    const std::string& tensor,
+    const google::protobuf::RepeatedPtrField<proto::Region>& regions,
+    proto::FingerprintResponse* out) {
+  std::vector<Region> parsed;
+  for (const proto::Region& r : regions) {
+    auto region = RegionFromProto(r);
+    if (!region.ok())
+      return Annotate(region.status(), absl::StrCat("tensor '", tensor, "'"));
+    parsed.push_back(std::move(*region));
+  }
+  PTC_ASSIGN_OR_RETURN(auto fp,
+                       store->Fingerprint(job, version, tensor, parsed));
+  out->set_fingerprint(fp.first);
+  out->set_elements(fp.second);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 grpc::Status TensorStoreService::Fingerprint(
     grpc::ServerContext* ctx, const proto::FingerprintRequest* req,
     proto::FingerprintResponse* resp) {
@@ -218,19 +243,8 @@ grpc::Status TensorStoreService::Fingerprint(
   Call call(this, "Fingerprint");
   auto slot = EnterClientCall(*ctx, "Fingerprint", /*writes=*/false);
   if (!slot.ok()) return call.Done(slot.status());
-  std::vector<Region> regions;
-  for (const proto::Region& r : req->regions()) {
-    auto region = RegionFromProto(r);
-    if (!region.ok()) return call.Done(region.status());
-    regions.push_back(std::move(*region));
-  }
-  auto fp =
-      store_->Fingerprint(req->job(), req->version(), req->tensor(), regions);
-  if (fp.ok()) {
-    resp->set_fingerprint(fp->first);
-    resp->set_elements(fp->second);
-  }
-  return call.Done(fp.status());
+  return call.Done(FingerprintInto(store_, req->job(), req->version(),
+                                   req->tensor(), req->regions(), resp));
 }
 
 grpc::Status TensorStoreService::Fingerprints(
@@ -253,21 +267,11 @@ grpc::Status TensorStoreService::Fingerprints(
     if (ctx->IsCancelled()) {
       return call.Done(absl::CancelledError("the caller cancelled the call"));
     }
-    std::vector<Region> regions;
-    for (const proto::Region& r : t.regions()) {
-      auto region = RegionFromProto(r);
-      if (!region.ok()) {
-        return call.Done(Annotate(region.status(),
-                                  absl::StrCat("tensor '", t.tensor(), "'")));
-      }
-      regions.push_back(std::move(*region));
-    }
-    auto fp =
-        store_->Fingerprint(req->job(), req->version(), t.tensor(), regions);
-    if (!fp.ok()) return call.Done(fp.status());
-    proto::FingerprintResponse* out = resp->add_tensors();
-    out->set_fingerprint(fp->first);
-    out->set_elements(fp->second);
+    if (absl::Status s =
+            FingerprintInto(store_, req->job(), req->version(), t.tensor(),
+                            t.regions(), resp->add_tensors());
+        !s.ok())
+      return call.Done(s);
   }
   return call.Done(absl::OkStatus());
 }
