@@ -107,8 +107,8 @@ class SparePool {
   // back earns no refill: a change staging on this host takes that memory
   // for its own buffers, and preparing spares took CPU from it (their page
   // zeroing was 0.49 of a target ptcd's 3.1 CPU-seconds in a 5 GB change
-  // on two cores, and 0.6 of a source's at idle priority). Held by a
-  // fragment for its life (from before it creates its version).
+  // on two cores; a source's idle thread was zeroing pages around it too).
+  // Held by a fragment for its life (from before it creates its version).
   class RefillHold {
    public:
     explicit RefillHold(SparePool* pool) : pool_(pool) {
