@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -207,6 +208,123 @@ class LocalControlStore final : public ControlStore {
 };
 
 }  // namespace
+
+namespace {
+
+size_t BytesOf(const ControlStore::Writes::value_type& write) {
+  return write.first.size() + (write.second ? write.second->size() : 0);
+}
+
+size_t BytesOf(const ControlStore::Writes& writes) {
+  size_t bytes = 0;
+  for (const auto& write : writes) bytes += BytesOf(write);
+  return bytes;
+}
+
+bool IsKept(const std::string& key) { return absl::StartsWith(key, "kept/"); }
+
+// Commits `batch` and adds it to `done->written` once it committed.
+absl::Status CommitBatch(ControlStore& store, const ControlStore::Writes& batch,
+                         CommittedRecords* done) {
+  PTC_RETURN_IF_ERROR(store.Commit(batch));
+  for (const auto& [key, bytes] : batch) done->written[key] = bytes;
+  return absl::OkStatus();
+}
+
+// Takes out of `writes` those `picked` takes and commits them in
+// transactions of at most `batch_bytes` and kMaxRecordsPerCommit records;
+// the records of one unit (`unit_of` their key: a job's two records) in the
+// same one.
+template <typename Picked, typename UnitOf>
+absl::Status CommitFirst(ControlStore& store, ControlStore::Writes* writes,
+                         size_t batch_bytes, Picked picked, UnitOf unit_of,
+                         CommittedRecords* done) {
+  std::map<std::string, ControlStore::Writes> units;
+  std::vector<std::string> order;
+  for (auto it = writes->begin(); it != writes->end();) {
+    if (!picked(*it)) {
+      ++it;
+      continue;
+    }
+    auto [unit, fresh] = units.try_emplace(unit_of(it->first));
+    if (fresh) order.push_back(unit->first);
+    unit->second.insert(writes->extract(it++));
+  }
+  ControlStore::Writes batch;
+  size_t bytes = 0;
+  for (const std::string& u : order) {
+    ControlStore::Writes& unit = units[u];
+    const size_t unit_bytes = BytesOf(unit);
+    if (!batch.empty() && (bytes + unit_bytes > batch_bytes ||
+                           batch.size() + unit.size() > kMaxRecordsPerCommit)) {
+      PTC_RETURN_IF_ERROR(CommitBatch(store, batch, done));
+      batch.clear();
+      bytes = 0;
+    }
+    bytes += unit_bytes;
+    batch.merge(unit);
+  }
+  return batch.empty() ? absl::OkStatus() : CommitBatch(store, batch, done);
+}
+
+}  // namespace
+
+CommittedRecords CommitRecords(ControlStore& store, ControlStore::Writes writes,
+                               size_t batch_bytes) {
+  CommittedRecords done;
+  auto fits = [&] {
+    return writes.size() <= kMaxRecordsPerCommit &&
+           BytesOf(writes) <= batch_bytes;
+  };
+  auto itself = [](const std::string& key) { return key; };
+  if (!fits()) {
+    done.status = CommitFirst(
+        store, &writes, batch_bytes,
+        [](const auto& write) {
+          return IsKept(write.first) && write.second.has_value();
+        },
+        itself, &done);
+    if (!done.status.ok()) return done;
+    done.status = CommitFirst(
+        store, &writes, batch_bytes,
+        [](const auto& write) {
+          return absl::StartsWith(write.first, "hosts/");
+        },
+        itself, &done);
+    if (!done.status.ok()) return done;
+  }
+  if (!fits()) {
+    done.status = CommitFirst(
+        store, &writes, batch_bytes,
+        [](const auto& write) {
+          return (absl::StartsWith(write.first, "jobs/") ||
+                  absl::StartsWith(write.first, "layouts/")) &&
+                 write.second.has_value();
+        },
+        [](const std::string& key) { return key.substr(key.find('/') + 1); },
+        &done);
+    if (!done.status.ok()) return done;
+  }
+  ControlStore::Writes after;
+  if (writes.size() > kMaxRecordsPerCommit) {
+    for (auto it = writes.begin(); it != writes.end();) {
+      if (IsKept(it->first)) {
+        after.insert(writes.extract(it++));
+      } else {
+        ++it;
+      }
+    }
+  }
+  done.status = CommitBatch(store, writes, &done);
+  if (!done.status.ok() || after.empty()) return done;
+  // Written: what is left are deletes of copies no version needs.
+  for (const auto& write : after) done.undeleted.push_back(write.first);
+  done.undeleted_status = CommitFirst(
+      store, &after, batch_bytes, [](const auto&) { return true; }, itself,
+      &done);
+  if (done.undeleted_status.ok()) done.undeleted.clear();
+  return done;
+}
 
 absl::StatusOr<std::unique_ptr<ControlStore>> OpenLocalControlStore(
     const std::string& dir) {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,6 +77,36 @@ class ControlStore {
 // The refusal of a transaction of `records` records, more than
 // kMaxRecordsPerCommit.
 absl::Status TooManyRecords(size_t records);
+
+// What CommitRecords did: `status` is the first transaction's failure (OK
+// when every record but a trailing delete was written); `written` holds
+// every record of the transactions that committed, as they now stand in
+// the store (before a failure too: a change too large for one transaction
+// is written as several, and a later one can be refused after earlier ones
+// committed); `undeleted` names the deletes of kept copies that were left
+// for last and failed with `undeleted_status` (`status` is OK then: a
+// later write deletes them).
+struct CommittedRecords {
+  absl::Status status;
+  ControlStore::Writes written;
+  std::vector<std::string> undeleted;
+  absl::Status undeleted_status;
+};
+
+// Commits the coordinator's `writes` through `store`: one transaction where
+// it fits (kMaxRecordsPerCommit records and `batch_bytes`). Else the records
+// that are facts of their own go first, in transactions of at most
+// `batch_bytes` and kMaxRecordsPerCommit records: the kept copies of jobs'
+// new versions (useless until their job's record names the version), each
+// host's registration (a rack declared dead, a coordinator's first write
+// after an older one's state file), then where there are still too many,
+// each job's new or changed records (its "jobs/" and "layouts/" together:
+// they hold its decisions whole). The last transaction holds the rest (the
+// deletes and the cluster record: a forgotten job's removal and its retired
+// epoch together); the deletes of kept copies are left after it where they
+// do not fit. Stops at the first transaction that fails.
+CommittedRecords CommitRecords(ControlStore& store, ControlStore::Writes writes,
+                               size_t batch_bytes = 512 << 10);
 
 // The records as files of `dir` (created if missing; it must be
 // writable): "cluster" is state.pb, and "FOLDER/NAME" (jobs, layouts,

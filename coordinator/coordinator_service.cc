@@ -104,108 +104,27 @@ absl::Status CoordinatorService::PersistLocked() {
   // thousands of hosts rewrites only those that changed).
   HostRegistry::Records hosts = hosts_.Writes(&writes);
   if (writes.empty()) return absl::OkStatus();
-  // One transaction where it fits. Else the records that are facts of
-  // their own go first, in transactions of at most kBatchBytes and
-  // kMaxRecordsPerCommit records: the kept copies of jobs' new versions
-  // (useless until their job's record names the version), each host's
-  // registration (a rack declared dead, a coordinator's first write after
-  // an older one's state file), then where there are still too many, each
-  // job's new or changed records (its two together: they hold its
-  // decisions whole).
-  // The next holds the rest (the deletes and the cluster record: a
-  // forgotten job's removal and its retired epoch together); the kept
-  // copies of versions no longer committed are deleted after it where
-  // they do not fit.
-  constexpr size_t kBatchBytes = 512 << 10;
-  auto bytes_of = [](const auto& write) {
-    return write.first.size() + (write.second ? write.second->size() : 0);
-  };
-  size_t bytes = 0;
-  for (const auto& write : writes) bytes += bytes_of(write);
-  // Commits the writes `picked` takes, in batches; those of one unit
-  // (`unit_of` their key: a job's two records) in the same one.
-  auto commit_first = [&](auto picked, auto unit_of) -> absl::Status {
-    std::map<std::string, ControlStore::Writes> units;
-    std::vector<std::string> order;
-    for (auto it = writes.begin(); it != writes.end();) {
-      if (!picked(*it)) {
-        ++it;
-        continue;
-      }
-      auto [unit, fresh] = units.try_emplace(unit_of(it->first));
-      if (fresh) order.push_back(unit->first);
-      unit->second.insert(writes.extract(it++));
-    }
-    ControlStore::Writes batch;
-    size_t batch_bytes = 0;
-    for (const std::string& u : order) {
-      ControlStore::Writes& unit = units[u];
-      size_t unit_bytes = 0;
-      for (const auto& write : unit) unit_bytes += bytes_of(write);
-      if (!batch.empty() &&
-          (batch_bytes + unit_bytes > kBatchBytes ||
-           batch.size() + unit.size() > kMaxRecordsPerCommit)) {
-        PTC_RETURN_IF_ERROR(options_.store->Commit(batch));
-        batch.clear();
-        batch_bytes = 0;
-      }
-      batch_bytes += unit_bytes;
-      batch.merge(unit);
-    }
-    return batch.empty() ? absl::OkStatus() : options_.store->Commit(batch);
-  };
-  auto itself = [](const std::string& key) { return key; };
-  auto kept = [](const auto& write) {
-    return absl::StartsWith(write.first, "kept/");
-  };
-  if (writes.size() > kMaxRecordsPerCommit || bytes > kBatchBytes) {
-    PTC_RETURN_IF_ERROR(commit_first(
-        [&](const auto& write) {
-          return kept(write) && write.second.has_value();
-        },
-        itself));
-    PTC_RETURN_IF_ERROR(commit_first(
-        [](const auto& write) {
-          return absl::StartsWith(write.first, "hosts/");
-        },
-        itself));
+  CommittedRecords done = CommitRecords(*options_.store, std::move(writes));
+  if (!done.status.ok()) {
+    // A change written as several transactions can fail after some of
+    // them committed: the tables learn what the store holds now, so that
+    // the next write compares with it (a caller that undoes its change in
+    // memory then writes those records back; one that keeps it writes the
+    // rest).
+    jobs_.PartlyPersisted(done.written);
+    hosts_.PartlyPersisted(done.written);
+    return done.status;
   }
-  bytes = 0;
-  for (const auto& write : writes) bytes += bytes_of(write);
-  if (writes.size() > kMaxRecordsPerCommit || bytes > kBatchBytes) {
-    PTC_RETURN_IF_ERROR(commit_first(
-        [](const auto& write) {
-          return (absl::StartsWith(write.first, "jobs/") ||
-                  absl::StartsWith(write.first, "layouts/")) &&
-                 write.second.has_value();
-        },
-        [](const std::string& key) { return key.substr(key.find('/') + 1); }));
-  }
-  ControlStore::Writes after;
-  if (writes.size() > kMaxRecordsPerCommit) {
-    for (auto it = writes.begin(); it != writes.end();) {
-      if (kept(*it)) {
-        after.insert(writes.extract(it++));
-      } else {
-        ++it;
-      }
-    }
-  }
-  PTC_RETURN_IF_ERROR(options_.store->Commit(writes));
-  // Written: what is left are deletes of copies no version needs. One that
-  // fails is deleted by a later write, not reported as this one's failure
-  // (its callers would undo what the store now holds).
-  writes = std::move(after);
-  std::vector<std::string> undeleted;
-  for (const auto& write : writes) undeleted.push_back(write.first);
-  if (absl::Status s = commit_first([](const auto&) { return true; }, itself);
-      !s.ok()) {
+  if (!done.undeleted.empty()) {
+    // Deletes of copies no version needs: one that fails is deleted by a
+    // later write, not reported as this one's failure (its callers would
+    // undo what the store now holds).
     Log("coordinator")
         ->warn(
             "deleting {} records of kept copies no version needs: {}; "
             "retried by the next write",
-            undeleted.size(), s.ToString());
-    jobs.stale_kept = std::move(undeleted);
+            done.undeleted.size(), done.undeleted_status.ToString());
+    jobs.stale_kept = std::move(done.undeleted);
   }
   jobs_.Persisted(std::move(jobs));
   hosts_.Persisted(std::move(hosts));

@@ -226,4 +226,18 @@ void HostRegistry::Persisted(Records records) {
   }
 }
 
+void HostRegistry::PartlyPersisted(const ControlStore::Writes& written) {
+  const std::string prefix = HostRecord("");
+  for (const auto& [key, bytes] : written) {
+    if (!absl::StartsWith(key, prefix)) continue;
+    const std::string name = key.substr(prefix.size());
+    if (bytes.has_value()) {
+      persisted_[name] = *bytes;
+    } else {
+      persisted_.erase(name);
+    }
+    dirty_.insert(name);
+  }
+}
+
 }  // namespace ptc

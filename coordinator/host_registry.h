@@ -172,6 +172,10 @@ class HostRegistry {
   using Records = std::map<std::string, std::optional<std::string>>;
   Records Writes(ControlStore::Writes* writes) const;
   void Persisted(Records records);
+  // After a write that failed part way: `written` holds the records that
+  // did commit (of hosts and others). The hosts stay to be looked at by
+  // the next Writes, which compares with what they now hold.
+  void PartlyPersisted(const ControlStore::Writes& written);
 
  private:
   std::map<std::string, Host> hosts_;

@@ -205,5 +205,44 @@ TEST_CASE("a write holds only the host records that changed") {
         absl::StatusCode::kDataLoss);
 }
 
+TEST_CASE(
+    "after a write that failed part way, the next one compares with what "
+    "was written") {
+  HostRegistry hosts;
+  for (const char* name : {"a", "b", "c"}) hosts.Register(Status(name, 1), kT0);
+  ControlStore::Writes writes;
+  hosts.Persisted(hosts.Writes(&writes));
+  const std::string a_before = *writes.at(HostRecord("a"));
+
+  // Draining a and b, and forgetting c: a's record and c's delete commit
+  // in an earlier transaction, b's is refused with a later one.
+  REQUIRE(hosts.SetDraining({"a", "b"}, true).ok());
+  hosts.MarkDead("c");
+  hosts.Expire(kT0 + absl::Hours(25), absl::Hours(24),
+               [](const std::string&) { return false; });
+  writes.clear();
+  hosts.Writes(&writes);
+  REQUIRE(writes.size() == 3);
+  ControlStore::Writes written = {{HostRecord("a"), writes.at(HostRecord("a"))},
+                                  {HostRecord("c"), std::nullopt}};
+  hosts.PartlyPersisted(written);
+  writes.clear();
+  SECTION("kept in memory: the rest is written") {
+    hosts.Persisted(hosts.Writes(&writes));
+    CHECK(writes.size() == 1);  // b's alone
+    CHECK(writes.count(HostRecord("b")));
+  }
+  SECTION("a's drain undone in memory: its record is written back") {
+    REQUIRE(hosts.SetDraining({"a"}, false).ok());
+    hosts.Persisted(hosts.Writes(&writes));
+    REQUIRE(writes.size() == 2);
+    CHECK(*writes.at(HostRecord("a")) == a_before);
+    CHECK(writes.count(HostRecord("b")));
+  }
+  writes.clear();
+  hosts.Writes(&writes);
+  CHECK(writes.empty());
+}
+
 }  // namespace
 }  // namespace ptc

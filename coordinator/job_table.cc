@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -464,6 +465,67 @@ JobTable::Records JobTable::Writes(ControlStore::Writes* writes) const {
   if (records.cluster != persisted_.cluster)
     (*writes)[kClusterRecord] = records.cluster;
   return records;
+}
+
+void JobTable::PartlyPersisted(const ControlStore::Writes& written) {
+  auto note = [](std::map<std::string, std::string>& records,
+                 const std::string& name,
+                 const std::optional<std::string>& bytes) {
+    if (bytes.has_value()) {
+      records[name] = *bytes;
+    } else {
+      records.erase(name);
+    }
+  };
+  const std::string jobs = JobRecord(""), layouts = LayoutRecord("");
+  // Per job, its kept copies' records written: put (true) or deleted.
+  std::map<std::string, std::map<std::string, bool>> kept;
+  for (const auto& [key, bytes] : written) {
+    if (absl::StartsWith(key, jobs)) {
+      note(persisted_.jobs, key.substr(jobs.size()), bytes);
+    } else if (absl::StartsWith(key, layouts)) {
+      note(persisted_.layouts, key.substr(layouts.size()), bytes);
+    } else if (key == kClusterRecord && bytes.has_value()) {
+      persisted_.cluster = *bytes;
+    } else if (absl::StartsWith(key, "kept/")) {
+      // "kept/JOB.VERSION.PART": the job is the name before the last two
+      // dots.
+      const size_t part = key.rfind('.');
+      const size_t version = part == std::string::npos || part == 0
+                                 ? std::string::npos
+                                 : key.rfind('.', part - 1);
+      if (version == std::string::npos || version < 5) continue;
+      kept[key.substr(5, version - 5)][key] = bytes.has_value();
+    }
+  }
+  // A job's kept copies written in part: the store holds those of before
+  // not deleted and those put. Stamp 0 (no copies' stamp) has the next
+  // write put every record of the job's copies and delete the others the
+  // store holds.
+  for (const auto& [name, keys] : kept) {
+    Records::Kept& now = persisted_.kept[name];
+    std::set<std::string> held(now.keys.begin(), now.keys.end());
+    for (const auto& [key, put] : keys) {
+      if (put) {
+        held.insert(key);
+      } else {
+        held.erase(key);
+      }
+    }
+    if (held.empty()) {
+      persisted_.kept.erase(name);
+      continue;
+    }
+    now.stamp = 0;
+    now.keys.assign(held.begin(), held.end());
+  }
+  std::vector<std::string>& stale = persisted_.stale_kept;
+  stale.erase(std::remove_if(stale.begin(), stale.end(),
+                             [&](const std::string& key) {
+                               auto w = written.find(key);
+                               return w != written.end() && !w->second;
+                             }),
+              stale.end());
 }
 
 }  // namespace ptc

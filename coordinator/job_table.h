@@ -182,6 +182,11 @@ class JobTable {
   // records hold after them, for Persisted.
   Records Writes(ControlStore::Writes* writes) const;
   void Persisted(Records records) { persisted_ = std::move(records); }
+  // After a write that failed part way (CommitRecords): `written` holds the
+  // records that did commit, as the store holds them now. The next Writes
+  // compares with them, so that it writes back what the store holds and
+  // the table does not (a change undone in memory), and the rest.
+  void PartlyPersisted(const ControlStore::Writes& written);
 
  private:
   // Load's part for the records "kept/...".

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+
 namespace ptc {
 namespace {
 
@@ -261,6 +263,105 @@ TEST_CASE(
     CHECK(writes.at(KeptRecord("k", 3, 0)) == std::nullopt);
     CHECK(other.Find("j")->kept.at(3)->size() == 40);
   }
+}
+
+// The control store in memory, whose `refuse_at`th transaction (from 1)
+// is refused as etcd refuses one past its space quota.
+class MemoryStore final : public ControlStore {
+ public:
+  std::map<std::string, std::string> records;
+  int commits = 0;
+  int refuse_at = 0;
+
+  absl::StatusOr<std::map<std::string, std::string>> ReadAll() override {
+    return records;
+  }
+  absl::Status Commit(const Writes& writes) override {
+    if (writes.size() > kMaxRecordsPerCommit)
+      return TooManyRecords(writes.size());
+    if (++commits == refuse_at)
+      return absl::ResourceExhaustedError("space quota used up");
+    Apply(writes, &records);
+    return absl::OkStatus();
+  }
+  std::string Describe() const override { return "memory"; }
+};
+
+TEST_CASE(
+    "a write refused after some of its transactions committed leaves the "
+    "table knowing what the store holds") {
+  // 200 jobs; job7 has version 3 committed and kept copies of it (three
+  // records).
+  JobTable jobs;
+  for (int i = 0; i < 200; ++i) jobs.Add(NewJob(absl::StrCat("job", i)));
+  JobTable::Job& j7 = *jobs.Find("job7");
+  j7.state.set_committed_version(3);
+  j7.kept[3] = Kept(40, 16 << 10);
+  MemoryStore store;
+  ControlStore::Writes writes;
+  JobTable::Records records = jobs.Writes(&writes);
+  REQUIRE(CommitRecords(store, std::move(writes)).status.ok());
+  jobs.Persisted(std::move(records));
+  const std::map<std::string, std::string> before = store.records;
+
+  // Every job commits version 4: 200 job records, job7's copies of 4 put
+  // and those of 3 deleted. Written as: the copies' puts (two
+  // transactions: at most 512 KiB each), 128 jobs, 72 jobs, the deletes;
+  // the fourth transaction is refused.
+  for (int i = 0; i < 200; ++i)
+    jobs.Find(absl::StrCat("job", i))->state.set_committed_version(4);
+  j7.kept[4] = Kept(40, 16 << 10);
+  j7.kept.erase(3);
+  writes.clear();
+  records = jobs.Writes(&writes);
+  REQUIRE(writes.size() == 200 + 3 + 3);
+  store.refuse_at = 4;
+  store.commits = 0;
+  CommittedRecords done = CommitRecords(store, std::move(writes));
+  REQUIRE(done.status.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(done.written.size() == 3 + 128);
+  CHECK(store.records.count(KeptRecord("job7", 4, 0)));
+  CHECK(store.records.count(KeptRecord("job7", 3, 0)));
+  jobs.PartlyPersisted(done.written);
+  store.refuse_at = 0;
+
+  SECTION("undone in memory, the next write puts back what was written") {
+    for (int i = 0; i < 200; ++i)
+      jobs.Find(absl::StrCat("job", i))->state.set_committed_version(0);
+    j7.state.set_committed_version(3);
+    j7.kept.erase(4);
+    j7.kept[3] = Kept(40, 16 << 10);
+    writes.clear();
+    records = jobs.Writes(&writes);
+    // The 128 jobs' records written, job7's copies of 3 put again and
+    // those of 4 deleted.
+    CHECK(writes.size() == 128 + 3 + 3);
+    REQUIRE(CommitRecords(store, std::move(writes)).status.ok());
+    jobs.Persisted(std::move(records));
+    CHECK(store.records == before);
+  }
+  SECTION("kept in memory, the next write puts the rest") {
+    writes.clear();
+    records = jobs.Writes(&writes);
+    // The 72 jobs refused, job7's copies of 4 put again and those of 3
+    // deleted.
+    CHECK(writes.size() == 72 + 3 + 3);
+    REQUIRE(CommitRecords(store, std::move(writes)).status.ok());
+    jobs.Persisted(std::move(records));
+    CHECK_FALSE(store.records.count(KeptRecord("job7", 3, 0)));
+    JobTable loaded;
+    REQUIRE(loaded.Load(store.records, "test").ok());
+    for (int i = 0; i < 200; ++i) {
+      const JobTable::Job* j = loaded.Find(absl::StrCat("job", i));
+      REQUIRE(j != nullptr);
+      CHECK(j->state.committed_version() == 4);
+    }
+    CHECK(loaded.Find("job7")->kept.at(4)->size() == 40);
+  }
+  // The table is told the store holds it all now: nothing to write.
+  writes.clear();
+  jobs.Writes(&writes);
+  CHECK(writes.empty());
 }
 
 TEST_CASE("a forgotten job's plan epochs are retired, and undone with it") {
