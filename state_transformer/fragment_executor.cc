@@ -78,10 +78,13 @@ class FragmentRun {
   }
 
   // Reserves a buffer for every staged hold, invisible until Publish. A
-  // buffer that only local copies fill is not mapped: they write through
-  // its memfd (mapping a small buffer page by page costs more than the
-  // copy on a VM); one that a transport fills is mapped, as transports
-  // write into memory.
+  // small buffer that only local copies fill is not mapped: they write
+  // through its memfd (mapping a small buffer page by page costs more than
+  // the copy on a VM). One of a huge page or more is mapped in huge pages
+  // (shared memory's writes through the memfd take 4 KiB pages, each
+  // allocated, charged and put on the page cache's lists by the kernel:
+  // most of a local change's CPU), and one that a transport fills is
+  // mapped, as transports write into memory.
   absl::Status Stage() {
     std::vector<bool> mapped(plan_.staged.size(), false);
     for (const FragmentPart& part : plan_.parts) {
@@ -91,6 +94,9 @@ class FragmentRun {
     }
     for (size_t st = 0; st < plan_.staged.size(); ++st) {
       const auto& [t, region] = job_.holds[plan_.staged[st]];
+      if (region.volume() * ElementSize(job_.tensors[t].dtype) >=
+          kHugePageBytes)
+        mapped[st] = true;
       PTC_ASSIGN_OR_RETURN(
           std::unique_ptr<PendingPut> put,
           store_->BeginPut(job_.job, job_.target_version, job_.tensors[t].key,

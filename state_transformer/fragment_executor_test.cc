@@ -88,15 +88,18 @@ TEST_CASE(
     "fingerprints as they copy; proving it reads none of its bytes again",
     "[transformer]") {
   // Version 1 holds two column halves of a 2-D tensor; version 2 holds its
-  // two row halves: every copy is strided.
-  Store store({1 << 20});
-  const TensorDecl decl{"m", DType::kInt32, {64, 48}};
+  // two row halves: every copy is strided. Small staged buffers are
+  // written through their memfds, those of 2 MiB and more are mapped.
+  const int64_t rows = GENERATE(64, 1024);
+  const int64_t cols = rows == 64 ? 48 : 1024;
+  Store store({int64_t{64} << 20});
+  const TensorDecl decl{"m", DType::kInt32, {rows, cols}};
   REQUIRE(store.DeclareTensors("job", {decl}).ok());
-  std::vector<int32_t> values(64 * 48);
+  std::vector<int32_t> values(rows * cols);
   std::iota(values.begin(), values.end(), 7);
-  const Region all{{0, 64}, {0, 48}};
-  for (const Region& half :
-       {Region{{0, 64}, {0, 24}}, Region{{0, 64}, {24, 48}}}) {
+  const Region all{{0, rows}, {0, cols}};
+  for (const Region& half : {Region{{0, rows}, {0, cols / 2}},
+                             Region{{0, rows}, {cols / 2, cols}}}) {
     auto put = store.BeginPut("job", 1, "m", half);
     REQUIRE(put.ok());
     CopyRegion(values.data(), all, (*put)->buffer->mutable_data(), half, half,
@@ -109,11 +112,21 @@ TEST_CASE(
   job.target_version = 2;
   job.host = 0;
   job.tensors = {decl};
-  const Region top{{0, 32}, {0, 48}}, bottom{{32, 64}, {0, 48}};
+  const Region top{{0, rows / 2}, {0, cols}},
+      bottom{{rows / 2, rows}, {0, cols}};
   job.holds = {{0, top}, {0, bottom}};
   job.pieces = {{0, top, 0}, {0, bottom, 0}};
   NoPeers transport;
   REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+  for (const Region& half : {top, bottom}) {
+    auto view = store.OpenRead("job", 2, "m", half);
+    REQUIRE(view.ok());
+    REQUIRE(view->exact);
+    std::vector<int32_t> want(half.volume());
+    CopyRegion(values.data(), all, want.data(), half, half, 4);
+    CHECK(std::memcmp(view->sources[0].buffer->data(), want.data(),
+                      want.size() * 4) == 0);
+  }
 
   const int64_t before = FingerprintedBytes();
   auto staged = store.Fingerprint("job", 2, "m", {});
