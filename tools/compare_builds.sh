@@ -11,6 +11,7 @@
 #   bash tools/compare_builds.sh BASE [HEAD] [ROUNDS]
 #       HEAD: default HEAD; ROUNDS: default 3 (each: one invocation of
 #       tools/reconfigure_benchmark.sh per build, RUNS changes each)
+#   PARTS=local ...   its local change instead (default: transports)
 #   RUNS=2 PREPARE=1 ...   passed on to reconfigure_benchmark.sh (WARMUP=1
 #                   by default: one untimed change first, so that no build is
 #                   measured into memory the VM has not backed yet)
@@ -19,7 +20,7 @@
 # build's binaries (BIN=), so both builds are measured the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 1 ]] || { sed -n 2,17p "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n 2,18p "$0"; exit 2; }
 base=$(git rev-parse --verify "$1^{commit}")
 head=$(git rev-parse --verify "${2:-HEAD}^{commit}")
 rounds=${3:-3}
@@ -46,7 +47,7 @@ for round in $(seq 1 "$rounds"); do
   for side in base head; do
     if [[ $side == base ]]; then bin=$base_bin; else bin=$head_bin; fi
     echo "round $round/$rounds: $side" >&2
-    BIN=$bin TRANSPORTS=ucx PARTS=transports WARMUP=${WARMUP:-1} \
+    BIN=$bin TRANSPORTS=ucx PARTS=${PARTS:-transports} WARMUP=${WARMUP:-1} \
       RESULTS=$results.$side bash tools/reconfigure_benchmark.sh "${RUNS:-1}" >&2
   done
 done

@@ -11,6 +11,9 @@
 #
 #   bash tools/reconfigure_benchmark.sh [RUNS]
 #   PARTS=strategies bash tools/reconfigure_benchmark.sh   (only the second)
+#   PARTS=local bash tools/reconfigure_benchmark.sh   tp=4 -> tp=2,pp=2 within
+#                   host0 (local copies only; both versions on one host: each
+#                   ptcd may hold ${HOST_MEMORY:-12GiB} then, else 8GiB)
 #   TRANSPORTS=ucx PARTS=transports bash tools/reconfigure_benchmark.sh 1
 #   PREPARE=1 ...   before each measured change, `ptcctl prepare --wait` has
 #                   the target host prepare the memory it will stage (each
@@ -70,7 +73,10 @@ PY
 echo "memcpy of 1 GiB into freshly allocated memory (median of 3): ${fresh} MB/s"
 
 [[ -n "${PREPARE:-}" ]] && export SPARE_POOL=${SPARE_POOL:-6GiB}
-tools/local_cluster.sh up "$dir" 4 4 8GiB >/dev/null
+parts=${PARTS:-transports,strategies}
+memory=8GiB
+[[ $parts == *local* ]] && memory=${HOST_MEMORY:-12GiB}
+tools/local_cluster.sh up "$dir" 4 4 $memory >/dev/null
 set -a; source "$dir/env"; set +a
 c="--coordinator $COORDINATOR"
 model=gpt3-350m
@@ -95,7 +101,9 @@ measure() {  # $1 name, $2 config, $3 hosts, $4 transport, [$5 strategy]
       --strategy "${5:-ptc}" --json)
     read -r secs stage verify cross < <(echo "$out" | /usr/bin/python3 -c 'import json,sys
 r = json.load(sys.stdin)
-print(r["seconds"], r["staging_seconds"], r["verifying_seconds"], r["bytes_from_peers"])')
+# The bytes moved: from peers, and copied within a host (a local change).
+print(r["seconds"], r["staging_seconds"], r["verifying_seconds"],
+      r["bytes_from_peers"] + r["plan"]["copied_within_host_bytes"])')
     times+=("$secs"); stage_times+=("$stage"); verify_times+=("$verify")
     if [[ -n "${RESULTS:-}" ]]; then
       echo "{\"case\": \"$1\", \"seconds\": $secs, \"staging_seconds\": $stage," \
@@ -117,7 +125,8 @@ t, _ = mmm(times, "{:.2f}"); r, rmed = mmm(rates, "{:.0f}")
 st, _ = mmm(stimes, "{:.2f}"); sr, smed = mmm(srates, "{:.0f}")
 vt, vmed = mmm(vtimes, "{:.2f}")
 prepared = " (target memory prepared beforehand)" if os.environ.get("PREPARE") else ""
-print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
+where = "within one host" if "[local]" in name else "across hosts"
+print(f"{name}: {int(cross)/1e9:.2f} GB {where}{prepared}\n"
       f"    end to end (staging + fingerprints of both versions + commit): time min/median/max "
       f"{t} s, throughput {r} MB/s\n"
       f"    staging (the bytes moving): time {st} s, throughput {sr} MB/s = "
@@ -127,7 +136,6 @@ print(f"{name}: {int(cross)/1e9:.2f} GB across hosts{prepared}\n"
       f"    verifying (fingerprints of both versions): time {vt} s")
 PY
 }
-parts=${PARTS:-transports,strategies}
 if [[ $parts == *transports* ]]; then
   for transport in ${TRANSPORTS:-ucx grpc}; do
     measure "[$transport] tp=4 on host0 -> tp=2,pp=2 on host1" tp=2,pp=2,dp=1,zero=1 host1 $transport
@@ -143,4 +151,7 @@ if [[ $parts == *strategies* ]]; then
         host1 $t $strategy
     done
   done
+fi
+if [[ $parts == *local* ]]; then
+  measure "[local] tp=4 on host0 -> tp=2,pp=2 on host0" tp=2,pp=2,dp=1,zero=1 host0 ucx
 fi
