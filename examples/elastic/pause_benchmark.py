@@ -103,6 +103,17 @@ def phase(args, cluster, run_dir, config, hosts, extra, job):
     return t0, events(run_dir)
 
 
+def reform_parts(c):
+    """Where the slowest process's time after the commit went: leaving the
+    old process groups, meeting and forming the new ones, rebuilding the
+    model, loading (empty if its record predates these marks)."""
+    if "left" not in c or "met" not in c:
+        return ""
+    return (f" (leaving the old groups {c['left'] - c['committed']:.2f}, meeting and forming "
+            f"{c['formed'] - c['left']:.2f}, rebuilding {c['built'] - c['formed']:.2f}, "
+            f"loading {c['resumed'] - c['built']:.2f})")
+
+
 def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
     """The change src -> dst of a live job (with `hot`, asked as a hot
     switch): seconds from the request to the first step in the new config,
@@ -174,6 +185,7 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
                 "change": max(c["committed"] for c in changes) -
                 max(c.get("saved", first) for c in changes),
                 "reform_and_load": resumed - max(c["committed"] for c in changes),
+                "reform_parts": reform_parts(max(changes, key=lambda c: c["resumed"])),
                 "processes": len(changes)}
     finally:
         for a in agents:
@@ -351,7 +363,8 @@ def main():
                     f"(2) restart + ptc store {w['ptc_restart']:.2f} s, (3) live + ptc store "
                     f"{w['ptc_live']:.2f} s [waiting for the step in progress "
                     f"{lv['step_in_progress']:.2f}, save {lv['save']:.2f}, change "
-                    f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}; "
+                    f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}"
+                    f"{lv['reform_parts']}; "
                     f"{lv['from_boundary']:.2f} s from the step boundary; the job's puts: "
                     f"{lv['spares_used']} into ready memory ({lv['spares_refilled']} "
                     f"refilled as memory was freed), {lv['spares_missed']} not]; (3) is "
@@ -363,7 +376,8 @@ def main():
                     f"progress {h['step_in_progress']:.2f}, plan + exchange "
                     f"{h['hot_exchange']:.2f} ({h['bytes_between_processes'] / 2**20:.0f} MiB "
                     f"between processes), save + commit {h['save']:.2f}, re-form + rebuild + "
-                    f"load {h['reform_and_load']:.2f}; {h['from_boundary']:.2f} s from the step "
+                    f"load {h['reform_and_load']:.2f}{h['reform_parts']}; "
+                    f"{h['from_boundary']:.2f} s from the step "
                     f"boundary]; (4) is {row['hot_speedup']:.2f}x shorter than (1) from the "
                     f"request, {row['hot_speedup_from_boundary']:.2f}x from the step boundary")
         finally:

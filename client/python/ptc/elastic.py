@@ -701,7 +701,9 @@ class Live:
             self._leave_groups()
             return False
         self._leave_groups()
+        self._change["left"] = time.time()
         self.client.rebind(rank)
+        self._change["rebound"] = time.time()
         try:
             self._form_and_load()
         except RuntimeError as e:  # ptc.Error too
@@ -741,6 +743,7 @@ class Live:
             address = self.client.rendezvous(epoch, timeout=self.timeout)
             where, _, port = address.rpartition(":")
             store = dist.TCPStore(where.strip("[]"), int(port), world, False, timeout=wait)
+        met = time.time()
         _tell_agent(epoch)
         if _dies_after_meeting_in_test(self.config, self.device, self._change):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -770,7 +773,7 @@ class Live:
         if self._change is not None:
             c = self._change
             c.pop("marker", None)
-            c.update(formed=formed, built=built, resumed=time.time(), to=str(self.config),
+            c.update(met=met, formed=formed, built=built, resumed=time.time(), to=str(self.config),
                      rank=self.rank, layout_epoch=epoch, resumed_iteration=self.iteration,
                      pid=os.getpid())
             c["pause_seconds"] = c["resumed"] - c["noticed"]
