@@ -207,10 +207,6 @@ class LocalControlStore final : public ControlStore {
   const std::string dir_;
 };
 
-}  // namespace
-
-namespace {
-
 size_t BytesOf(const ControlStore::Writes::value_type& write) {
   return write.first.size() + (write.second ? write.second->size() : 0);
 }
