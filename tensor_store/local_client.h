@@ -26,17 +26,9 @@
 #include "ptc/region.h"
 #include "ptc/small_object.h"
 #include "ptc/tensor_decl.h"
+#include "tensor_store/region_buffer.h"
 
 namespace ptc {
-
-// Regions smaller than this are copied in and out through their memfd
-// (pwrite / pread), larger ones through a mapping. Mapping costs per page:
-// a region under 2 MiB gets no huge pages, and on a VM each 4 KiB page
-// mapped costs about as much as copying it many times over. Measured by
-// store_benchmark on the CI VM: 1 MiB saves at 1.2 GB/s through the
-// descriptor vs 0.3 mapped, 4 MiB at 5.1 vs 2.3; from 16 MiB on the
-// mapping was as fast or faster (huge pages: a few entries per region).
-inline constexpr int64_t kCopyThroughDescriptorBelow = int64_t{8} << 20;
 
 class LocalClient {
  public:

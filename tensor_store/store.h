@@ -166,7 +166,8 @@ class Store {
   // Starts a put of `region` of `tensor` into `version` (created if new
   // and `stage_epoch` is 0). `dtype`, if given, must match the declaration.
   // With `map` false the buffer is not mapped here (a local client fills it
-  // through its fd).
+  // through its fd), except fresh memory from kHugePageBytes up to
+  // kCopyThroughDescriptorBelow, mapped in huge pages and populated.
   absl::StatusOr<std::unique_ptr<PendingPut>> BeginPut(
       const std::string& job, int64_t version, const std::string& tensor,
       const Region& region, std::optional<DType> dtype = std::nullopt,

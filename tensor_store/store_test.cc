@@ -1,13 +1,14 @@
 // Unit tests of Store itself, without gRPC.
 #include "tensor_store/store.h"
 
-#include <catch2/catch.hpp>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -95,6 +96,55 @@ TEST_CASE("store: a put is invisible until finished and gone if dropped",
   CHECK(*sum == FilledChecksum(s, r, 7));
   CHECK(s.List("job").jobs(0).versions(0).tensors(0).regions(0).checksum() ==
         *sum);
+}
+
+TEST_CASE(
+    "store: fresh memory a local client fills through the descriptor is "
+    "populated at BeginPut from a huge page on; less, or what the client "
+    "maps itself, is not",
+    "[tensor_store]") {
+  Store s(Options(64 << 20, false));
+  // 4 MiB, 1 MiB and 16 MiB of float32.
+  REQUIRE(s.DeclareTensors("job", {{"big", DType::kFloat32, {1024, 1024}},
+                                   {"small", DType::kFloat32, {256, 1024}},
+                                   {"large", DType::kFloat32, {4096, 1024}}})
+              .ok());
+  static_assert(4 << 20 >= kHugePageBytes &&
+                4 << 20 < kCopyThroughDescriptorBelow &&
+                16 << 20 >= kCopyThroughDescriptorBelow);
+  // The memory a memfd holds now (shared memory allocates on first write).
+  auto held = [](const PendingPut& put) {
+    struct stat st {};
+    REQUIRE(fstat(put.buffer->fd(), &st) == 0);
+    return int64_t{st.st_blocks} * 512;
+  };
+  auto begin = [&](const char* tensor, int64_t rows) {
+    auto put = s.BeginPut("job", 1, tensor, Region{{0, rows}, {0, 1024}},
+                          std::nullopt, /*map=*/false);
+    REQUIRE(put.ok());
+    return std::move(*put);
+  };
+  auto big = begin("big", 1024);
+  // Written through its descriptor, it would take 4 KiB pages one by one
+  // (and give back, once deleted, memory no huge page can take).
+  CHECK(held(*big) == big->bytes);
+  CHECK(big->buffer->data() != nullptr);
+  auto small = begin("small", 256);
+  CHECK(held(*small) == 0);  // mapping it page by page costs more
+  CHECK(small->buffer->data() == nullptr);
+  auto large = begin("large", 4096);
+  CHECK(held(*large) == 0);  // the client maps it, in huge pages
+  CHECK(large->buffer->data() == nullptr);
+  // Each is written through the descriptor and stores those bytes.
+  for (auto* put : {&big, &small, &large}) {
+    std::vector<char> bytes((*put)->bytes, 5);
+    REQUIRE(WriteAt((*put)->buffer->fd(), 0, bytes.data(),
+                    static_cast<int64_t>(bytes.size()))
+                .ok());
+    auto sum = s.FinishPut(std::move(*put));
+    REQUIRE(sum.ok());
+    CHECK(*sum == Checksum(bytes.data(), bytes.size()));
+  }
 }
 
 TEST_CASE("store: a version deleted while a put runs aborts the put",
