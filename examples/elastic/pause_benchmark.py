@@ -34,6 +34,9 @@ a step boundary (their save); (3) and (4) are compared with (1) both from
 the request (which adds the rest of the step in progress) and from the
 step boundary at which the processes saw it (like for like).
 
+With --live-only, each run measures (3) alone (no restarts, no baseline):
+what two builds of ptc are compared by, alternating them.
+
 With --prepare, the benchmark acts as a scheduler that knows the new
 allocation as the job starts: it runs `ptcctl prepare --wait` then, while
 the job trains, so that the target hosts (new ones included) have the
@@ -114,6 +117,14 @@ def reform_parts(c):
             f"loading {c['resumed'] - c['built']:.2f})")
 
 
+def staging_parts(lv):
+    """The live change's staging and verifying, as the coordinator timed
+    them (empty if it recorded none)."""
+    if lv.get("staging") is None:
+        return ""
+    return f" [staging {lv['staging']:.2f}, verifying {lv['verifying']:.2f}]"
+
+
 def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
     """The change src -> dst of a live job (with `hot`, asked as a hot
     switch): seconds from the request to the first step in the new config,
@@ -175,6 +186,12 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
             raise RuntimeError(f"the change asked as a hot switch went {how} (logs in {run_dir})")
         moved = max(c.get("moved", first) for c in changes)
         spares = [b - a for a, b in zip(spares_before, spare_counts(cluster))]
+        # The store's change as the coordinator timed it (none for a hot
+        # switch, whose state moved between the processes).
+        status = json.loads(cluster.ptcctl("status", job, "--json", capture=True))["jobs"][0]
+        stored = [c for c in [status["reconfiguration"], *status.get("recent_changes", [])]
+                  if c.get("phase") == "committed" and c.get("staging_seconds", 0) > 0]
+        last = max(stored, key=lambda c: c["plan_epoch"]) if stored else {}
         return {"spares_used": spares[0], "spares_missed": spares[1],
                 "spares_refilled": spares[2],"pause": resumed - asked, "from_boundary": resumed - first, "how": how,
                 "hot_exchange": moved - first if hot else None,
@@ -184,6 +201,8 @@ def live_pause(args, cluster, work, run, layout, src, dst, hot=False):
                 "save": max(c.get("saved", first) for c in changes) - (moved if hot else first),
                 "change": max(c["committed"] for c in changes) -
                 max(c.get("saved", first) for c in changes),
+                "staging": last.get("staging_seconds"),
+                "verifying": last.get("verifying_seconds"),
                 "reform_and_load": resumed - max(c["committed"] for c in changes),
                 "reform_parts": reform_parts(max(changes, key=lambda c: c["resumed"])),
                 "processes": len(changes)}
@@ -228,6 +247,9 @@ def main():
     ap.add_argument("--live", action="store_true",
                     help="also the same change of a live job (no restarts), and every pause "
                     "with its restarts")
+    ap.add_argument("--live-only", action="store_true",
+                    help="only (3), the live job's change through the store (no restarts, no "
+                    "baseline): to compare two builds of ptc side by side")
     ap.add_argument("--prepare", action="store_true",
                     help="as a scheduler that knows the new allocation: ptcctl prepare --wait "
                     "while the job trains, before the save request")
@@ -256,6 +278,19 @@ def main():
         # A fresh cluster per run: nothing of the previous run stays in memory.
         cluster = elastic.Cluster(args.bin, work / f"cluster-{run}", memory="8GiB",
                                   spare_pool=args.spare_pool)
+        if args.live_only:
+            try:
+                lv = live_pause(args, cluster, work, run, layout, (src_config, src_hosts),
+                                (dst_config, dst_hosts))
+            finally:
+                cluster.down()
+            rows.append({"run": run, "live": lv})
+            say(f"run {run + 1}: (3) live + ptc store {lv['pause']:.2f} s [waiting for the step "
+                f"in progress {lv['step_in_progress']:.2f}, save {lv['save']:.2f}, change "
+                f"{lv['change']:.2f}{staging_parts(lv)}, re-form + rebuild + load "
+                f"{lv['reform_and_load']:.2f}{lv['reform_parts']}; {lv['from_boundary']:.2f} s "
+                f"from the step boundary]")
+            continue
         try:
             job = f"pause-{run}"
             out = cluster.ptcctl("register", "--job", job, "--layout", str(layout), "--config",
@@ -363,7 +398,8 @@ def main():
                     f"(2) restart + ptc store {w['ptc_restart']:.2f} s, (3) live + ptc store "
                     f"{w['ptc_live']:.2f} s [waiting for the step in progress "
                     f"{lv['step_in_progress']:.2f}, save {lv['save']:.2f}, change "
-                    f"{lv['change']:.2f}, re-form + rebuild + load {lv['reform_and_load']:.2f}"
+                    f"{lv['change']:.2f}{staging_parts(lv)}, re-form + rebuild + load "
+                    f"{lv['reform_and_load']:.2f}"
                     f"{lv['reform_parts']}; "
                     f"{lv['from_boundary']:.2f} s from the step boundary; the job's puts: "
                     f"{lv['spares_used']} into ready memory ({lv['spares_refilled']} "
@@ -383,6 +419,17 @@ def main():
         finally:
             cluster.down()
             shutil.rmtree(work / f"ckpt-{run}", ignore_errors=True)
+    if args.live_only:
+        summary = {"job": args.job, "model": args.model, "from": args.source, "to": args.to,
+                   "runs": rows,
+                   "live_from_boundary": stats([r["live"]["from_boundary"] for r in rows])}
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            x = summary["live_from_boundary"]
+            print(f"\n{args.source} -> {args.to}: (3) live + ptc store median {x['median']:.2f} s "
+                  f"(min {x['min']:.2f}, max {x['max']:.2f}) from the step boundary")
+        return
     summary = {"job": args.job, "model": args.model, "from": args.source, "to": args.to,
                "periodic": args.periodic, "prepare": args.prepare, "runs": rows,
                "ptc_pause": stats([r["ptc"]["pause"] for r in rows]),
