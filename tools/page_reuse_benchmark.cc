@@ -2,9 +2,9 @@
 // huge pages right after the store freed a version, when that version was
 // held in 4 KiB pages (written through a memfd's descriptor) and when it
 // was held in huge pages (mapped with MADV_HUGEPAGE and populated). Each
-// round writes a "version" of --version_mib into shared memory, keeps it
-// --keep_seconds (a training step), frees it, and at once populates a new
-// buffer of --next_mib in huge pages, as a change's staged buffers and the
+// round writes a "version" of --version bytes into shared memory, keeps it
+// --keep-seconds (a training step), frees it, and at once populates a new
+// buffer of --next bytes in huge pages, as a change's staged buffers and the
 // spare pool's refill do; the rates are that populate's, min / median /
 // max GB/s, the rounds of 4 KiB pages first, then those of huge pages.
 //
@@ -16,8 +16,8 @@
 // memory (shmem_enabled "advise"; tools/setup.sh sets it).
 //
 //   bazel build -c opt //tools:page_reuse_benchmark &&
-//   bazel-bin/tools/page_reuse_benchmark [--rounds 4] [--version_mib 1024]
-//       [--next_mib 614] [--keep_seconds 3]
+//   bazel-bin/tools/page_reuse_benchmark [--rounds 4] [--version 1GiB]
+//       [--next 614MiB] [--keep-seconds 3]
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -27,11 +27,13 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/args.h"
 #include "tools/internal/stats.h"
 
 namespace ptc {
@@ -130,36 +132,32 @@ int Run(int rounds, int64_t version_bytes, int64_t next_bytes,
 }  // namespace ptc
 
 int main(int argc, char** argv) {
-  int rounds = 4;
-  int64_t version_mib = 1024, next_mib = 614, keep_seconds = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(argv[i + 1], &v) || v <= 0 ||
-        v > (int64_t{1} << 20)) {
-      std::cerr << "page_reuse_benchmark: " << flag
-                << " takes a positive number, not '" << argv[i + 1] << "'\n";
-      return 2;
-    }
-    if (flag == "--rounds") {
-      rounds = static_cast<int>(std::min<int64_t>(v, 1000));
-    } else if (flag == "--version_mib") {
-      version_mib = v;
-    } else if (flag == "--next_mib") {
-      next_mib = v;
-    } else if (flag == "--keep_seconds") {
-      keep_seconds = std::min<int64_t>(v, 3600);
-    } else {
-      std::cerr << "page_reuse_benchmark: unknown flag " << flag
-                << " (--rounds, --version_mib, --next_mib, --keep_seconds)\n";
-      return 2;
-    }
-  }
-  if (argc % 2 == 0) {
-    std::cerr << "page_reuse_benchmark: " << argv[argc - 1]
-              << " needs a value\n";
+  auto fail = [](const std::string& why) {
+    std::cerr << "page_reuse_benchmark: " << why << "\n";
     return 2;
+  };
+  auto args = ptc::Args::Parse(
+      argc, argv, 1, {"rounds", "version", "next", "keep-seconds"}, {});
+  if (!args.ok()) return fail(std::string(args.status().message()));
+  if (!args->positional().empty())
+    return fail("takes no arguments, only options: " + args->positional()[0]);
+  int64_t rounds = 4, keep_seconds = 3;
+  if (!absl::SimpleAtoi(args->Get("rounds", "4"), &rounds) || rounds < 1 ||
+      rounds > 1000) {
+    return fail("--rounds takes a count from 1 to 1000");
   }
-  return ptc::Run(rounds, version_mib * ptc::kMiB, next_mib * ptc::kMiB,
+  if (!absl::SimpleAtoi(args->Get("keep-seconds", "3"), &keep_seconds) ||
+      keep_seconds < 0 || keep_seconds > 3600) {
+    return fail("--keep-seconds takes seconds from 0 to 3600");
+  }
+  auto version = ptc::ParseBytes(args->Get("version", "1GiB"));
+  auto next = ptc::ParseBytes(args->Get("next", "614MiB"));
+  for (const auto* bytes : {&version, &next}) {
+    if (!bytes->ok()) return fail(std::string(bytes->status().message()));
+    if (**bytes < ptc::kMiB || **bytes > (int64_t{64} << 30)) {
+      return fail("--version and --next take 1MiB to 64GiB");
+    }
+  }
+  return ptc::Run(static_cast<int>(rounds), *version, *next,
                   absl::Seconds(keep_seconds));
 }

@@ -256,6 +256,9 @@ def main():
     args = ap.parse_args()
     args.bin = pathlib.Path(args.bin)
     bench = BENCHMARKS[args.job]
+    if args.live_only and (args.hot or args.live or args.prepare or args.periodic):
+        ap.error("--live-only measures (3) alone: without --hot, --live, --prepare or "
+                 "--periodic")
     if args.hot and not args.live:
         ap.error("--hot measures a live job's hot switch: add --live")
     args.model = args.model or bench["model"]
