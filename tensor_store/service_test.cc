@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -564,31 +565,63 @@ TEST_CASE(
       "ptc_store_errors_by_code_total{code=\"RESOURCE_EXHAUSTED\"}");
   const int64_t refused_before = refused.value();
   // 400 Put streams on one connection that send nothing (as a client that
-  // opens streams and stalls); each held call holds a server thread.
+  // opens streams and stalls); each held call holds a server thread. They
+  // run on a completion queue, so that every stream's end is awaited at
+  // once and the held ones hold until all the others have been answered:
+  // only then are they closed (closing one earlier would free its place for
+  // a stream the server has not reached yet, on a busy machine).
   auto channel = grpc::CreateChannel(d->address(),
                                      grpc::InsecureChannelCredentials());
   auto stub = proto::TensorStore::NewStub(channel);
   constexpr int kStreams = 400;
   constexpr int kHeld = ClientCalls::Bounds{}.per_connection;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<proto::PutResponse> responses(kStreams);
-  std::vector<std::unique_ptr<grpc::ClientWriter<proto::PutRequest>>> writers;
+  struct Stream {
+    grpc::ClientContext context;
+    proto::PutResponse response;
+    std::unique_ptr<grpc::ClientAsyncWriter<proto::PutRequest>> writer;
+    grpc::Status status;
+    bool ended = false;
+  };
+  // Tags: 3i started, 3i+1 ended (its status arrived), 3i+2 closed.
+  auto tag = [](int i, int what) {
+    return reinterpret_cast<void*>(static_cast<intptr_t>(3 * i + what));
+  };
+  grpc::CompletionQueue cq;
+  std::vector<Stream> streams(kStreams);
   for (int i = 0; i < kStreams; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    writers.push_back(stub->Put(contexts.back().get(), &responses[i]));
+    Stream& s = streams[i];
+    s.writer = stub->AsyncPut(&s.context, &s.response, &cq, tag(i, 0));
+    s.writer->Finish(&s.status, tag(i, 1));
   }
+  int ended = 0;
+  // Takes events until `enough` streams have ended (or 120 s have passed,
+  // which only a server holding more than its bound lets happen).
+  auto await_ends = [&](int enough) {
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::seconds(120);
+    while (ended < enough) {
+      void* got = nullptr;
+      bool ok = false;
+      if (cq.AsyncNext(&got, &ok, deadline) !=
+          grpc::CompletionQueue::GOT_EVENT) {
+        return;
+      }
+      const intptr_t t = reinterpret_cast<intptr_t>(got);
+      if (t % 3 == 1) {
+        streams[t / 3].ended = true;
+        ++ended;
+      }
+    }
+  };
   // Every stream beyond the connection's bound is refused at once: by
   // ptc's bound, or, while the burst of 400 arrives faster than a busy
   // machine's handler threads refuse them, by gRPC's own "Server
-  // Threadpool Exhausted" (also RESOURCE_EXHAUSTED). Wait until the bound
-  // refused some; afterwards only 32 are held.
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (refused.value() == refused_before && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  // Threadpool Exhausted" (also RESOURCE_EXHAUSTED). The bound's 32 hold.
+  await_ends(kStreams - kHeld);
+  CHECK(ended == kStreams - kHeld);
   CHECK(refused.value() > refused_before);
   // The coordinator's and peers' calls (another connection) are served, and
-  // so is another client's save.
+  // so is another client's save, while the 32 hold.
   auto other = StoreClient::Connect(d->address());
   auto stats = other->Stats();
   REQUIRE(stats.ok());
@@ -596,27 +629,45 @@ TEST_CASE(
   const std::vector<char> bytes(16, 1);
   CHECK(other->Put("job", 1, "w", Region{{0, 4}}, bytes.data(), bytes.size())
             .ok());
-  // The refused streams end with a message that names the bound; the held
+  // The refused streams ended with a message that names the bound; the held
   // ones end when their client closes them.
   int held = 0, exhausted = 0, by_bound = 0;
-  for (int i = 0; i < kStreams; ++i) writers[i]->WritesDone();
   for (int i = 0; i < kStreams; ++i) {
-    const grpc::Status s = writers[i]->Finish();
-    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++exhausted;
-      if (absl::StrContains(s.error_message(),
-                            "this connection holds 32 calls")) {
-        ++by_bound;
-      } else {
-        CHECK_THAT(s.error_message(),
-                   Catch::Contains("Server Threadpool Exhausted"));
-      }
-    } else {
+    const Stream& s = streams[i];
+    if (!s.ended) {
       ++held;
+      continue;
+    }
+    CHECK(s.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    ++exhausted;
+    if (absl::StrContains(s.status.error_message(),
+                          "this connection holds 32 calls")) {
+      ++by_bound;
+    } else {
+      CHECK_THAT(s.status.error_message(),
+                 Catch::Contains("Server Threadpool Exhausted"));
     }
   }
   CHECK(exhausted == kStreams - kHeld);
   CHECK(held == kHeld);
+  std::vector<int> holding;
+  for (int i = 0; i < kStreams; ++i) {
+    if (!streams[i].ended) holding.push_back(i);
+  }
+  for (int i : holding) streams[i].writer->WritesDone(tag(i, 2));
+  await_ends(kStreams);
+  CHECK(ended == kStreams);
+  for (int i : holding) {
+    INFO(streams[i].status.error_message());
+    CHECK(streams[i].ended);
+    CHECK(streams[i].status.error_code() !=
+          grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  cq.Shutdown();
+  void* got = nullptr;
+  bool ok = false;
+  while (cq.Next(&got, &ok)) {
+  }
   CHECK(by_bound == refused.value() - refused_before);
   CHECK(by_bound > 0);
 }
