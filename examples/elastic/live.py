@@ -312,6 +312,7 @@ def hot_switches(args, cluster, job, results, say):
     for axis, to, kill in steps:
         epoch = max(r["epoch"] for r in job.losses().values())
         victim = job.running("host1").get(1) if kill else None
+        plan_epoch = job.status()["reconfiguration"]["plan_epoch"]
         asked = time.time()
         # A hot switch waits for every process's next step boundary: on a
         # machine running two test suites a step can take a minute.
@@ -323,7 +324,13 @@ def hot_switches(args, cluster, job, results, say):
         elif kill == "met":  # PTC_TEST_DIE_AFTER_MEETING: it kills itself
             job.wait(f"the {axis} change to commit",
                      lambda: job.status()["layout_epoch"] > epoch, timeout=120)
-            switched = job.status()["reconfiguration"]
+            # The first change committed since it was asked, from the
+            # job's recent changes: by now the kill may have started (or
+            # ended) the next one, on a busy machine.
+            status = job.status()
+            switched = min((c for c in [status["reconfiguration"], *status["recent_changes"]]
+                            if c["plan_epoch"] > plan_epoch and c["phase"] == "committed"),
+                           key=lambda c: c["plan_epoch"])
         if kill == "during":
             os.kill(victim, signal.SIGKILL)
         say(f"\n== a {axis} change to {to} (hot switch)" +
