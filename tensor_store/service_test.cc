@@ -524,7 +524,9 @@ TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",
   testing::TempDir dir;
   TensorStoreServerOptions options;
   options.memory_limit_bytes = int64_t{64} << 20;
-  options.put_timeout = absl::Milliseconds(300);
+  // Long enough that the reservation is seen before the timeout frees it,
+  // however busy the machine.
+  options.put_timeout = absl::Seconds(3);
   auto server = TensorStoreServer::Start(options);
   REQUIRE(server.ok());
   const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
@@ -543,10 +545,16 @@ TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",
                 header.mutable_header()->mutable_region());
   REQUIRE(writer->Write(header));
   // 4 MiB reserved; the client sends nothing more and never closes.
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK((*server)->store()->data_bytes_used() == int64_t{4} << 20);
-  absl::SleepFor(absl::Seconds(1));
-  CHECK((*server)->store()->data_bytes_used() == 0);
+  auto used_becomes = [&](int64_t bytes) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while ((*server)->store()->data_bytes_used() != bytes &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return (*server)->store()->data_bytes_used();
+  };
+  CHECK(used_becomes(int64_t{4} << 20) == int64_t{4} << 20);
+  CHECK(used_becomes(0) == 0);
   // The server cancelled the call (gRPC tells the client only that; the
   // daemon logs the reason), and the next save has the memory.
   CHECK(writer->Finish().error_code() == grpc::StatusCode::CANCELLED);

@@ -5,10 +5,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "ptc/fingerprint.h"
@@ -176,21 +178,26 @@ TEST_CASE(
   std::map<int32_t, std::vector<FingerprintAsk>> asks;
   asks[0] = {{0, {Region{{0, 1000}}}}};
   asks[1] = {{0, {Region{{1000, kElements}}}}};
-  const absl::Time start = absl::Now();
   FingerprintCalls calls;
   calls.job = "j";
   calls.version = 1;
   calls.tensor_keys = &keys;
   calls.addresses = &addresses;
   calls.label = [](int32_t host) { return "host" + std::to_string(host); };
-  // Host 1 misses its heartbeats from 300 ms on.
+  // Host 1 misses its heartbeats from 300 ms after its call arrived (on a
+  // busy machine the call can take longer than that to reach it).
+  absl::Mutex mu;
+  std::optional<absl::Time> arrived;
   calls.is_alive = [&](int32_t host) {
-    return host != 1 || absl::Now() - start < absl::Milliseconds(300);
+    if (host != 1) return true;
+    absl::MutexLock lock(&mu);
+    if (!arrived && silent.calls() > 0) arrived = absl::Now();
+    return !arrived || absl::Now() - *arrived < absl::Milliseconds(300);
   };
   calls.liveness_poll = absl::Milliseconds(50);
   int32_t failed = -1;
   auto sums = AskFingerprints(asks, calls, &failed);
-  const absl::Duration took = absl::Now() - start;
+  const absl::Time ended = absl::Now();
   REQUIRE_FALSE(sums.ok());
   CHECK(sums.status().code() == absl::StatusCode::kUnavailable);
   CHECK_THAT(std::string(sums.status().message()),
@@ -198,7 +205,9 @@ TEST_CASE(
   CHECK(failed == 1);
   CHECK(silent.calls() == 1);
   // The call's own deadline is 30 s and more.
-  CHECK(took < absl::Seconds(5));
+  absl::MutexLock lock(&mu);
+  REQUIRE(arrived.has_value());
+  CHECK(ended - *arrived < absl::Seconds(5));
 }
 
 TEST_CASE(
@@ -221,15 +230,22 @@ TEST_CASE(
   calls.stop = &stop;
   calls.cancel = &cancel;
   const bool by_cancel = GENERATE(false, true);
+  // Set once every lane's call reached its host (a fixed wait could end
+  // before they do on a busy machine).
+  absl::Time set_at = absl::InfiniteFuture();
   std::thread trigger([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (x.calls() + y.calls() < 3 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    set_at = absl::Now();
     (by_cancel ? cancel : stop) = true;
   });
-  const absl::Time start = absl::Now();
   int32_t failed = 7;
   auto sums = AskFingerprints(asks, calls, &failed);
-  const absl::Duration took = absl::Now() - start;
+  const absl::Time ended = absl::Now();
   trigger.join();
+  const absl::Duration took = ended - set_at;
   REQUIRE_FALSE(sums.ok());
   CHECK(sums.status().code() == absl::StatusCode::kCancelled);
   CHECK_THAT(std::string(sums.status().message()),

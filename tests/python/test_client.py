@@ -358,8 +358,11 @@ def test_a_rank_that_reports_while_another_save_commits_reports_again(ptc_module
         later_done = []
         later = threading.Thread(target=save, args=(on1[0], 3, later_done))
         later.start()
+        # Asked to report again while the commit waits for host0. Not
+        # asserted by time: on a busy machine the commit can end first, by
+        # giving host0 up once its connection's keepalive pings go
+        # unanswered (about 4 s); either way both saves must succeed.
         time.sleep(2)
-        assert later.is_alive(), later_done
         c.resume_process("host0")
         committing.join(120)
         later.join(120)
