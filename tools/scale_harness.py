@@ -431,14 +431,16 @@ class Harness:
                         break
                     time.sleep(0.1)
                 declared = time.time()  # the first of them
-                while self.status()["layout_epoch"] < 2:
+                while (st := self.status())["layout_epoch"] < 2:
                     if time.time() > declared + o.timeout:
                         raise SystemExit("the automatic change did not commit")
                     time.sleep(0.1)
                 committed = time.time()
+                # The change that committed, as the status that saw it
+                # said (read later, it may be a newer one).
+                change = st["reconfiguration"]
                 after = self.world(o.after_kill)
                 resumed = self.wait_resumed(2, after, o.timeout)
-                change = self.status()["reconfiguration"]
                 return {"first declared dead after kill": f"{declared - killed:.2f} s",
                         "declared dead -> the change committed": f"{committed - declared:.2f} s",
                         "declared dead -> every process resumed": f"{resumed - declared:.2f} s",
