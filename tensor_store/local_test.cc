@@ -437,8 +437,11 @@ TEST_CASE("local: a client that disconnects mid-save leaves nothing behind",
     std::memset(buf->data(), 1, buf->size() / 2);
     CHECK(d->server->store()->data_bytes_used() == kRows * kCols * 4);
   }  // disconnect without commit
-  for (int i = 0; i < 200 && d->server->store()->data_bytes_used() != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The daemon's thread for that client notices and aborts the put (a
+  // moment, or seconds on a busy machine).
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (d->server->store()->data_bytes_used() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
   }
   CHECK(d->server->store()->data_bytes_used() == 0);
   CHECK(d->server->store()->List("job").jobs(0).versions_size() == 0);
@@ -695,8 +698,12 @@ TEST_CASE("local: a put never committed is aborted after put_timeout",
   auto put = (*c)->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
   REQUIRE(put.ok());
   CHECK(store.data_bytes_used() >= kRows * kCols * 4);
-  // The client hangs on to it and never commits.
-  absl::SleepFor(absl::Milliseconds(1500));
+  // The client hangs on to it and never commits: aborted 200 ms after its
+  // allocation (waited for, for a busy machine).
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (store.data_bytes_used() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   CHECK(store.data_bytes_used() == 0);
   auto late = (*c)->CommitPut(&*put, 0);
   CHECK(late.status().code() == absl::StatusCode::kNotFound);
