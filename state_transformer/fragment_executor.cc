@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -23,6 +22,8 @@ namespace {
 Counter& pieces_total = GetCounter("ptc_transformer_pieces_total");
 Counter& replica_fetches_total =
     GetCounter("ptc_transformer_pieces_from_other_replicas_total");
+Counter& slow_source_retries_total =
+    GetCounter("ptc_transformer_pieces_from_slow_sources_total");
 Counter& bytes_received_total =
     GetCounter("ptc_transformer_bytes_received_total");
 Counter& bytes_copied_local_total =
@@ -123,7 +124,7 @@ class FragmentRun {
             !s.ok()) {
           if (part.method == PartMethod::kSnapshot || !IsPeerFailure(s))
             return s;
-          MarkFailed(part.source_host);
+          MarkFailed(part.source_host, s);
           return FromAlternates(part, s);
         }
         return absl::OkStatus();
@@ -304,7 +305,8 @@ class FragmentRun {
   }
 
   // A part whose source failed: each piece from its other holders in
-  // turn; an error names the piece and every source tried.
+  // turn, then once more from a holder that was only slow (see Failure);
+  // an error names the piece and every source tried.
   absl::Status FromAlternates(const FragmentPart& part,
                               const absl::Status& first) {
     for (const int32_t index : part.pieces) {
@@ -328,8 +330,9 @@ class FragmentRun {
           break;
         }
         tried.push_back(absl::StrCat("host ", alt, ": ", s.message()));
-        if (IsPeerFailure(s)) MarkFailed(alt);
+        if (IsPeerFailure(s)) MarkFailed(alt, s);
       }
+      if (!done) done = FromSlowHolder(index, &tried);
       if (!done) {
         absl::Status none = absl::UnavailableError(absl::StrCat(
             "no live source left for piece ", p.region.ToString(),
@@ -340,6 +343,32 @@ class FragmentRun {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Piece `index` once more from a holder that only missed a deadline, with
+  // a fresh one: true if one gave it. A holder slow again is then taken
+  // for dead by this fragment, so a peer that stalls for good costs each
+  // of its pieces in flight one more deadline, not one per piece.
+  bool FromSlowHolder(int32_t index, std::vector<std::string>* tried) {
+    const FragmentPiece& p = job_.pieces[index];
+    std::vector<int32_t> holders = {p.source_host};
+    holders.insert(holders.end(), p.alternates.begin(), p.alternates.end());
+    for (const int32_t h : holders) {
+      if (h == job_.host || !SourceOnlySlow(h)) continue;
+      const absl::Status s = Fetch({index}, h);
+      if (s.ok()) {
+        slow_source_retries_total.Add();
+        Log("transformer")
+            ->warn(
+                "job {}: piece {} of '{}' taken from host {} on a second "
+                "try: it had missed a transfer's deadline, alive but slow",
+                job_.job, p.region.ToString(), job_.tensors[p.tensor].key, h);
+        return true;
+      }
+      tried->push_back(absl::StrCat("host ", h, " again: ", s.message()));
+      if (IsPeerFailure(s)) MarkFailed(h, absl::UnavailableError("slow twice"));
+    }
+    return false;
   }
 
   // Source rank `rank`'s copy of `o`, from this host's store or its host.
@@ -395,7 +424,7 @@ class FragmentRun {
                                      bytes.status().message()));
         if (c.host != job_.host && (absl::IsUnavailable(bytes.status()) ||
                                     absl::IsDeadlineExceeded(bytes.status())))
-          MarkFailed(c.host);
+          MarkFailed(c.host, bytes.status());
       }
       if (!bytes.ok() && o.kept.has_value()) {
         Log("transformer")
@@ -430,9 +459,18 @@ class FragmentRun {
     absl::MutexLock lock(&mu_);
     return failed_sources_.count(host) > 0;
   }
-  void MarkFailed(int32_t host) {
+  bool SourceOnlySlow(int32_t host) {
     absl::MutexLock lock(&mu_);
-    failed_sources_.insert(host);
+    auto it = failed_sources_.find(host);
+    return it != failed_sources_.end() && it->second == Failure::kSlow;
+  }
+  // A deadline missed marks `host` slow, anything else dead; dead stays.
+  void MarkFailed(int32_t host, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    const Failure f =
+        absl::IsDeadlineExceeded(why) ? Failure::kSlow : Failure::kDead;
+    auto [it, added] = failed_sources_.emplace(host, f);
+    if (!added && f == Failure::kDead) it->second = f;
   }
 
   Store* const store_;
@@ -445,9 +483,18 @@ class FragmentRun {
   std::vector<std::unique_ptr<StagedSums>> sums_;
   bool published_ = false;
   absl::Mutex mu_;
-  // Sources that failed in this fragment: their later parts go straight to
-  // the pieces' other holders.
-  std::set<int32_t> failed_sources_ ABSL_GUARDED_BY(mu_);
+  // How a source failed in this fragment. kSlow: a transfer from it missed
+  // its deadline, which a peer that died seldom reaches first (its
+  // connection resets, or its keepalive pings go unanswered for 4 s and the
+  // call fails UNAVAILABLE; the deadline is at least the peer timeout,
+  // twice the coordinator's host timeout): most likely it is alive and
+  // slow, starved of CPU or setting up a connection on a busy host. kDead:
+  // anything else.
+  enum class Failure { kSlow, kDead };
+  // Sources that failed: their later parts go straight to the pieces'
+  // other holders; a slow one is asked again where no other holder gave
+  // a piece (FromSlowHolder).
+  std::map<int32_t, Failure> failed_sources_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

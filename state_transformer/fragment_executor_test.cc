@@ -226,5 +226,94 @@ TEST_CASE(
   }
 }
 
+// Host 1 holds every piece and misses its first `misses` deadlines (or
+// is refused, with `dead`); host 2 holds them too where a test names it.
+class SlowHolder : public PieceTransport {
+ public:
+  SlowHolder() {
+    REQUIRE(one.DeclareTensors("job", {{"w", DType::kInt32, {8}}}).ok());
+    Put(one, 1, Region{{0, 8}});
+  }
+  absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
+                     const std::string& tensor, const Region& region,
+                     int64_t element_size,
+                     const StoreClient::Consumer& consume) override {
+    asked.push_back(host);
+    if (host != 1) return absl::UnavailableError("connection refused");
+    if (dead) return absl::UnavailableError("keepalive watchdog timeout");
+    if (misses > 0) {
+      --misses;
+      return absl::DeadlineExceededError("Deadline Exceeded");
+    }
+    const std::vector<int32_t> v = Read(one, version, region);
+    consume(0, reinterpret_cast<const char*>(v.data()),
+            static_cast<int64_t>(v.size()) * element_size);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> FetchSmallObject(int32_t, const std::string&,
+                                               int64_t, const std::string&,
+                                               int32_t) override {
+    return absl::InternalError("no small objects here");
+  }
+
+  Store one{{1 << 20}};
+  int misses = 0;
+  bool dead = false;
+  std::vector<int32_t> asked;
+};
+
+TEST_CASE(
+    "fragment executor: a holder that missed a deadline (alive, slow) is "
+    "asked once more for a piece no other holder gives; slow twice or "
+    "refused, it is not",
+    "[transformer]") {
+  Store store({1 << 20});
+  FragmentJob job;
+  job.job = "job";
+  job.source_version = 1;
+  job.target_version = 2;
+  job.host = 0;
+  job.tensors = {{"w", DType::kInt32, {8}}};
+  job.holds = {{0, Region{{0, 8}}}};
+  job.parallel_pulls = 1;
+  // Host 1 the only holder of [0:4]; host 2 (refusing) also named for
+  // [4:8], so both ways through the alternates are taken.
+  job.pieces = {{0, Region{{0, 4}}, 1, {}}, {0, Region{{4, 8}}, 1, {2}}};
+  SlowHolder transport;
+  const std::vector<int32_t> all = {100, 101, 102, 103, 104, 105, 106, 107};
+
+  SECTION("slow once: every piece comes from it, each after one retry") {
+    transport.misses = 1;
+    const Counter& retries =
+        GetCounter("ptc_transformer_pieces_from_slow_sources_total");
+    const int64_t before = retries.value();
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(Read(store, 2, Region{{0, 8}}) == all);
+    // The part's batch missed; [0:4] again from host 1; [4:8] from host 2
+    // (refused), then again from host 1.
+    CHECK(transport.asked == std::vector<int32_t>{1, 1, 2, 1});
+    CHECK(retries.value() == before + 2);
+  }
+  SECTION("slow twice: the change fails naming both tries") {
+    transport.misses = 2;
+    const absl::Status s = ExecuteFragment(&store, job, &transport, nullptr);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("no live source left for piece [0:4] of tensor "
+                               "'w' (host 1: Deadline Exceeded; host 1 again: "
+                               "Deadline Exceeded)"));
+    CHECK(transport.asked == std::vector<int32_t>{1, 1});
+    CHECK(!store.OpenRead("job", 2, "w", Region{{0, 8}}).ok());
+  }
+  SECTION("refused (dead): no second try") {
+    transport.dead = true;
+    const absl::Status s = ExecuteFragment(&store, job, &transport, nullptr);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("(host 1: keepalive watchdog timeout)"));
+    CHECK(transport.asked == std::vector<int32_t>{1});
+  }
+}
+
 }  // namespace
 }  // namespace ptc
