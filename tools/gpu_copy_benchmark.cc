@@ -11,7 +11,13 @@
 //   gpu_copy_benchmark [RUNS] [MiB ...]     (default: 5 runs; 64 256 1024)
 //
 // Prints, per size, min/median/max GB/s of host-to-device (load) and
-// device-to-host (save) copies for each kind of host memory.
+// device-to-host (save) copies for each kind of host memory. Then, for a
+// save's many regions (1 GiB as 8 and as 208 memfds whose pages exist, as
+// the spare pool keeps them, each mapped afresh and unpopulated, as a
+// saving client maps them), how long pinning them takes four ways: one
+// cudaHostRegister after another (what DeviceCopies does), the mappings
+// populated first (MADV_POPULATE_WRITE) on one thread or on 8, then
+// registered, and the registrations spread over 8 threads.
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -22,7 +28,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
 
 namespace {
 
@@ -97,6 +108,91 @@ void Print(const char* what, Stats s) {
               s.max);
 }
 
+// Runs fn(i) for i in [0, n) on `threads` threads (each a stride of i).
+template <typename Fn>
+void OnThreads(int threads, int n, Fn fn) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < n; i += threads) fn(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
+
+// `regions` memfds of `bytes` each whose pages exist (written once through
+// a mapping since unmapped), mapped afresh for every try.
+struct SaveRegions {
+  std::vector<int> fds;
+  std::vector<void*> maps;
+  size_t bytes;
+  SaveRegions(int regions, size_t n) : bytes(n) {
+    for (int i = 0; i < regions; ++i) {
+      const int fd = memfd_create("ptc-gpu-bench-save", MFD_CLOEXEC);
+      if (fd < 0 || ftruncate(fd, n) != 0) {
+        std::perror("memfd");
+        std::exit(1);
+      }
+      void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m == MAP_FAILED) {
+        std::perror("mmap");
+        std::exit(1);
+      }
+      std::memset(m, 1, n);
+      munmap(m, n);
+      fds.push_back(fd);
+    }
+  }
+  ~SaveRegions() {
+    for (int fd : fds) close(fd);
+  }
+  void Map() {
+    maps.clear();
+    for (int fd : fds) {
+      void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m == MAP_FAILED) {
+        std::perror("mmap");
+        std::exit(1);
+      }
+      maps.push_back(m);
+    }
+  }
+  void UnregisterAndUnmap() {
+    for (void* m : maps) {
+      Check(cudaHostUnregister(m), "unregister");
+      munmap(m, bytes);
+    }
+    maps.clear();
+  }
+};
+
+// Milliseconds to pin every region's fresh mapping: populated first on
+// `populate_threads` threads (0: not populated), then registered on
+// `register_threads` threads; min / median / max of `runs`.
+Stats PinTime(SaveRegions& r, int populate_threads, int register_threads,
+              int runs) {
+  std::vector<double> ms;
+  const int n = static_cast<int>(r.fds.size());
+  for (int run = 0; run < runs; ++run) {
+    r.Map();
+    const double t = Now();
+    if (populate_threads > 0) {
+      OnThreads(populate_threads, n, [&](int i) {
+        if (madvise(r.maps[i], r.bytes, MADV_POPULATE_WRITE) != 0) {
+          std::perror("madvise(MADV_POPULATE_WRITE)");
+          std::exit(1);
+        }
+      });
+    }
+    OnThreads(register_threads, n, [&](int i) {
+      Check(cudaHostRegister(r.maps[i], r.bytes, cudaHostRegisterPortable),
+            "cudaHostRegister");
+    });
+    ms.push_back((Now() - t) * 1e3);
+    r.UnregisterAndUnmap();
+  }
+  return Summarize(ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,5 +246,25 @@ int main(int argc, char** argv) {
     Check(cudaFree(dev), "cudaFree");
   }
   Check(cudaStreamDestroy(stream), "stream");
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = static_cast<int>(std::min(8u, cpus));
+  std::printf(
+      "pinning a save's regions, 1 GiB as fresh unpopulated mappings "
+      "of memfds whose pages exist (ms, min / median / max; %d "
+      "threads where several)\n",
+      threads);
+  for (const int regions : {8, 208}) {
+    SaveRegions r(regions, (size_t{1} << 30) / regions / 4096 * 4096);
+    auto row = [&](const char* what, Stats s) {
+      std::printf("  %3d regions: %-40s %7.1f / %7.1f / %7.1f ms  %5.2f GB/s\n",
+                  regions, what, s.min, s.median, s.max,
+                  r.bytes * double(regions) / (s.median / 1e3) / 1e9);
+    };
+    row("register, one after another", PinTime(r, 0, 1, runs));
+    row("populate, then register", PinTime(r, 1, 1, runs));
+    row("populate on threads, then register", PinTime(r, threads, 1, runs));
+    row("register on threads", PinTime(r, 0, threads, runs));
+    row("populate and register on threads", PinTime(r, threads, threads, runs));
+  }
   return 0;
 }
