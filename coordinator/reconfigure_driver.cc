@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/channel.h"
@@ -669,6 +672,22 @@ std::vector<std::string> TargetAddresses(const ReconfigureRequest& r,
 
 }  // namespace
 
+void PauseAtFailpoint(absl::string_view point) {
+  static const std::pair<std::string, double> armed = [] {
+    const char* v = std::getenv("PTC_TEST_PAUSE");
+    std::pair<std::string, double> out;
+    if (v == nullptr) return out;
+    std::pair<std::string, std::string> kv = absl::StrSplit(v, ':');
+    if (absl::SimpleAtod(kv.second, &out.second)) out.first = kv.first;
+    return out;
+  }();
+  if (armed.first != point || armed.second <= 0) return;
+  Log("coordinator")
+      ->warn("test fault point {}: pausing {} s (PTC_TEST_PAUSE)",
+             std::string(point), armed.second);
+  absl::SleepFor(absl::Seconds(armed.second));
+}
+
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
     const ReconfigureRequest& request,
     const std::function<void(const ReconfigureProgress&)>& progress) {
@@ -702,6 +721,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     }
     AdmitPeersOnSources(r, *holding, absl::Seconds(10));
   }
+  PauseAtFailpoint("after_admission");
   const SourceHolders& holders = *holding;
   // The source version's fingerprints are taken while the target stages:
   // that version is committed and immutable, so they hold whenever they

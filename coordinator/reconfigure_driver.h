@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "plan/plan.h"
 #include "proto/snapshot.pb.h"
@@ -101,6 +102,15 @@ struct ReconfigureReport {
 };
 
 // `progress` is called from the driver's threads, serialized.
+// Fault injection for the process tests (tests/python): with the
+// environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
+// sleeps that long at that point of every change, so that a test can kill
+// or stop a host there, and logs "test fault point <point>". Points:
+// after_admission (planned, the sources told who may pull, nothing staged
+// yet), before_decision (fingerprints proven, not yet decided),
+// after_decision (decided and durable, no host committed).
+void PauseAtFailpoint(absl::string_view point);
+
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
     const ReconfigureRequest& request,
     const std::function<void(const ReconfigureProgress&)>& progress = nullptr);

@@ -1,6 +1,5 @@
 // Reconfigure, Watch, Abort and restart recovery of CoordinatorService.
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -8,10 +7,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/authz.h"
 #include "common/grpc_status.h"
@@ -72,27 +69,6 @@ struct CoordinatorService::Flight {
 };
 
 namespace {
-
-// Fault injection for the process tests (tests/python): with the
-// environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
-// sleeps that long at that point of every change, so that a test can kill
-// or stop a host there. Points: before_decision (fingerprints proven, not
-// yet decided), after_decision (decided and durable, no host committed).
-void PauseAtFailpoint(absl::string_view point) {
-  static const std::pair<std::string, double> armed = [] {
-    const char* v = std::getenv("PTC_TEST_PAUSE");
-    std::pair<std::string, double> out;
-    if (v == nullptr) return out;
-    std::pair<std::string, std::string> kv = absl::StrSplit(v, ':');
-    if (absl::SimpleAtod(kv.second, &out.second)) out.first = kv.first;
-    return out;
-  }();
-  if (armed.first != point || armed.second <= 0) return;
-  Log("coordinator")
-      ->warn("test fault point {}: pausing {} s (PTC_TEST_PAUSE)",
-             std::string(point), armed.second);
-  absl::SleepFor(absl::Seconds(armed.second));
-}
 
 bool Final(const proto::ReconfigureEvent& e) {
   return PhaseEnded(e.phase());

@@ -54,6 +54,41 @@ def cluster(bin_dir, tmp_path):
     c.stop()
 
 
+@pytest.fixture
+def cluster_paused(bin_dir, tmp_path):
+    """A cluster whose coordinator pauses 2 s in every change once the
+    change is planned and its sources were told who may pull from them,
+    before anything stages (kill_as_the_change_starts)."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=3,
+                     coordinator_env={"PTC_TEST_PAUSE": "after_admission:2"})
+    yield c
+    c.stop()
+
+
+def kill_as_the_change_starts(c, host, *reconfigure):
+    """Runs `ptcctl reconfigure RECONFIGURE...` on a cluster_paused and
+    kills `host` (SIGKILL) in the coordinator's pause: planned with `host`
+    as a source and admitted by it, so the targets find it gone when they
+    pull, however long the machine's load delays anything before. (Killed
+    before `ptcctl reconfigure`, a host the coordinator heard from too long
+    ago is planned around instead.) Returns ptcctl's code and report."""
+    log = c.dir / "coordinator.log"
+    mark = "test fault point after_admission"
+    before = log.read_text().count(mark)
+    change = c.ptcctl_async("reconfigure", *reconfigure, "--json")
+    deadline = time.time() + 60
+    while log.read_text().count(mark) == before:
+        assert change.poll() is None, change.communicate()
+        assert time.time() < deadline, "the change never reached its pause"
+        time.sleep(0.01)
+    c.kill(host)
+    out, err = change.communicate(timeout=240)
+    try:
+        return change.returncode, json.loads(out)
+    except json.JSONDecodeError:
+        raise AssertionError(f"ptcctl reconfigure printed no report: {out!r} {err}")
+
+
 def test_a_change_during_a_half_done_save_commits_and_the_save_goes_stale(cluster):
     c = cluster
     register(c)
@@ -262,20 +297,19 @@ def test_a_client_sees_its_own_commit_without_refreshing(ptc_module, cluster):
     assert client.load().version == s.version
 
 
-def test_a_source_that_dies_during_the_change_is_replaced_by_its_replica(cluster):
+def test_a_source_that_dies_during_the_change_is_replaced_by_its_replica(cluster_paused):
     """host0 and host1 each hold a whole replica (dp=2); host1 is killed just
-    as the change to host2 starts (the coordinator still plans with it as a
+    as the change to host2 starts (the coordinator planned with it as a
     sender of half the bytes): host2 takes host1's share from host0, the
     source fingerprints come from host0, and the change commits with every
     element exact. (The new ranks' small objects come from their own old
     ranks, on host0: a rank's RNG state has no replica.)"""
-    c = cluster
+    c = cluster_paused
     register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
     c.save("j", "host0", 1)
     c.save("j", "host1", 1)
-    c.kill("host1")  # SIGKILL: its store is gone, not yet marked dead
-    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
-                                 "--hosts", "host2")
+    code, report = kill_as_the_change_starts(c, "host1", "--job", "j", "--to", "tp=2,dp=1",
+                                             "--hosts", "host2")
     assert code == 0 and report["phase"] == "committed", report
     assert report["bytes_from_peers"] > 0
     log = (c.dir / "host2.log").read_text()
@@ -312,20 +346,19 @@ def test_a_silent_source_with_a_replica_does_not_hold_the_change(cluster):
 
 
 def test_a_source_that_dies_takes_its_small_objects_from_other_copies_or_fresh_values(
-        cluster):
+        cluster_paused):
     """host0 holds a whole replica (dp=2 with host1) and the planned copies
     of the new ranks' small objects; it is killed as the change starts.
     The step counter and the model-parallel RNG states come from their
     copies on host1, each rank's own RNG state (no copy anywhere else)
     takes a fresh value, and the change commits instead of aborting over a
     few KiB while every tensor has a replica."""
-    c = cluster
+    c = cluster_paused
     register(c, config="tp=2,dp=2", hosts=("host0", "host1"))
     c.save("j", "host0", 1)
     c.save("j", "host1", 1)
-    c.kill("host0")
-    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=1",
-                                 "--hosts", "host2")
+    code, report = kill_as_the_change_starts(c, "host0", "--job", "j", "--to", "tp=2,dp=1",
+                                             "--hosts", "host2")
     assert code == 0 and report["phase"] == "committed", report
     log = (c.dir / "host2.log").read_text()
     assert "small object 'iteration' for rank 0 taken from rank" in log, log
@@ -536,20 +569,20 @@ def test_a_small_object_a_change_leaves_on_one_host_is_kept_from_that_host(bin_d
         c.stop()
 
 
-def test_a_source_with_the_only_copy_of_a_small_object_killed_as_the_change_starts(cluster):
+def test_a_source_with_the_only_copy_of_a_small_object_killed_as_the_change_starts(
+        cluster_paused):
     """host0 holds a whole replica and the only copy of its replica's data
     loader position; it is killed as the change starts, before the
     coordinator sees it die, so the plan reads the loader from it. The
     target finds it gone and takes the copy the coordinator keeps: the
     change commits instead of aborting over 64 bytes."""
-    c = cluster
+    c = cluster_paused
     register_with_loader(c, "tp=2,dp=2", ("host0", "host1"))
     hosts = c.ptcctl_json("jobs")[1]["jobs"][0]["rank_hosts"]
     for h in ("host0", "host1"):
         c.save("j", h, 1)
-    c.kill(hosts[0])
-    code, report = c.ptcctl_json("reconfigure", "--job", "j", "--to", "tp=2,dp=2",
-                                 "--hosts", f"{hosts[2]},host2")
+    code, report = kill_as_the_change_starts(c, hosts[0], "--job", "j", "--to", "tp=2,dp=2",
+                                             "--hosts", f"{hosts[2]},host2")
     assert code == 0 and report["phase"] == "committed", report
     log = (c.dir / f"{hosts[2]}.log").read_text() + (c.dir / "host2.log").read_text()
     assert "it takes the copy the coordinator keeps of rank 0's" in log, log
