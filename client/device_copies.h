@@ -41,7 +41,9 @@ class DeviceCopies {
     // and the first reason.
     int pageable_regions = 0;
     std::string pageable_reason;
-    double register_seconds = 0;  // spent in cudaHostRegister
+    // Spent pinning: mapping a save's regions with their pages faulted in,
+    // and cudaHostRegister.
+    double register_seconds = 0;
     double seconds = 0;           // from the first copy queued to Finish
   };
 
@@ -82,6 +84,8 @@ class DeviceCopies {
   void* stream_;  // cudaStream_t
   void* event_;   // cudaEvent_t, marks the caller's stream
   std::vector<const void*> registered_;
+  // The save whose regions are mapped (Save), until Finish.
+  const Client::Save* prepared_ = nullptr;
   Stats stats_;
   double started_ = 0;
 };
