@@ -76,8 +76,9 @@ DeviceCopies::~DeviceCopies() {
 
 absl::Status DeviceCopies::Save(Client::Save& save, int i, uintptr_t src,
                                 uint64_t bytes, uintptr_t after) {
-  // The first region of a save maps all of them, faulting their pages in
-  // on up to 8 threads: pinning 1 GiB of fresh mappings of 208 regions
+  // The first region of a save maps all of them (those it saves from the
+  // CPU too, whose pages are written anyway), faulting their pages in on
+  // up to 8 threads: pinning 1 GiB of fresh mappings of 208 regions
   // took 0.20 s one cudaHostRegister after another, 0.13 s after such a
   // populate (an H200 host; tools/gpu_copy_benchmark). Registering on
   // several threads gained nothing: the driver serializes it.

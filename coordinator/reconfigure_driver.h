@@ -101,7 +101,6 @@ struct ReconfigureReport {
   int64_t snapshot_bytes_read = 0;  // read from the snapshot's files
 };
 
-// `progress` is called from the driver's threads, serialized.
 // Fault injection for the process tests (tests/python): with the
 // environment variable PTC_TEST_PAUSE=<point>:<seconds>, the coordinator
 // sleeps that long at that point of every change, so that a test can kill
@@ -111,6 +110,7 @@ struct ReconfigureReport {
 // after_decision (decided and durable, no host committed).
 void PauseAtFailpoint(absl::string_view point);
 
+// `progress` is called from the driver's threads, serialized.
 absl::StatusOr<ReconfigureReport> RunReconfiguration(
     const ReconfigureRequest& request,
     const std::function<void(const ReconfigureProgress&)>& progress = nullptr);
