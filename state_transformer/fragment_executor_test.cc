@@ -250,16 +250,22 @@ class SlowHolder : public PieceTransport {
             static_cast<int64_t>(v.size()) * element_size);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> FetchSmallObject(int32_t, const std::string&,
-                                               int64_t, const std::string&,
-                                               int32_t) override {
-    return absl::InternalError("no small objects here");
+  absl::StatusOr<std::string> FetchSmallObject(int32_t host, const std::string&,
+                                               int64_t, const std::string& name,
+                                               int32_t rank) override {
+    asked_small.push_back(host);
+    if (host != 1) return absl::UnavailableError("connection refused");
+    if (small_misses > 0) {
+      --small_misses;
+      return absl::DeadlineExceededError("Deadline Exceeded");
+    }
+    return absl::StrCat(name, " of rank ", rank);
   }
 
   Store one{{1 << 20}};
-  int misses = 0;
+  int misses = 0, small_misses = 0;
   bool dead = false;
-  std::vector<int32_t> asked;
+  std::vector<int32_t> asked, asked_small;
 };
 
 TEST_CASE(
@@ -304,6 +310,32 @@ TEST_CASE(
                                "Deadline Exceeded)"));
     CHECK(transport.asked == std::vector<int32_t>{1, 1});
     CHECK(!store.OpenRead("job", 2, "w", Region{{0, 8}}).ok());
+  }
+  SECTION("a small object's copy slow once: taken on a second try") {
+    // Rank 0's step counter from host 1, another copy named on host 2.
+    SmallObjectMove o;
+    o.name = "iteration";
+    o.source_host = 1;
+    o.alternates = {{0, 2}};
+    job.small_objects = {o};
+    transport.small_misses = 1;
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(transport.asked_small == std::vector<int32_t>{1, 2, 1});
+    auto got = store.GetSmallObject("job", 2, "iteration", 0);
+    REQUIRE(got.ok());
+    CHECK(*got->bytes == "iteration of rank 0");
+    SECTION("slow twice, with no copy kept and no fresh value: it fails") {
+      transport.small_misses = 2;
+      transport.asked_small.clear();
+      job.target_version = 3;
+      const absl::Status s = ExecuteFragment(&store, job, &transport, nullptr);
+      CHECK(s.code() == absl::StatusCode::kUnavailable);
+      CHECK_THAT(std::string(s.message()),
+                 Catch::Contains("host 1: Deadline Exceeded; host 2: "
+                                 "connection refused; host 1 again: Deadline "
+                                 "Exceeded"));
+      CHECK(transport.asked_small == std::vector<int32_t>{1, 2, 1});
+    }
   }
   SECTION("refused (dead): no second try") {
     transport.dead = true;
