@@ -19,11 +19,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 
 extern char** environ;
 
 namespace ptc {
 namespace {
+
+Counter& address_checks_total =
+    GetCounter("ptc_transformer_ucx_address_checks_total");
 
 constexpr char kCheckVariable[] = "PTC_UCX_ADDRESS_CHECK";
 constexpr int kUnparsed = 3;  // the child's exit code: UCX refused it
@@ -114,6 +118,7 @@ absl::StatusOr<int> SpawnCheck(const std::string& address) {
     return absl::UnavailableError(absl::StrCat(
         "starting the UCX address check: ", std::strerror(spawned)));
   }
+  address_checks_total.Add();
   // The pipe holds 64 KiB, and the address is at most that: no blocking.
   const ssize_t wrote = write(in[1], address.data(), address.size());
   close(in[1]);
