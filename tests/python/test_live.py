@@ -221,7 +221,10 @@ try:
                                 timeout=datetime.timedelta(seconds=120))
     sys.exit("formed a group without rank 2")
 except RuntimeError as e:
-    assert "layout epoch ended" in str(e) or "Connection refused" in str(e), e
+    # Rank 1 may instead find rank 0's store gone (rank 0 left first):
+    # refused, or its connection broken or reset mid-call.
+    assert any(m in str(e) for m in ("layout epoch ended", "Connection refused",
+                                     "Broken pipe", "Connection reset")), e
     print(f"left after {time.time() - began:.1f} s")
 """
 
