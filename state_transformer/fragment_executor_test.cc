@@ -142,6 +142,20 @@ TEST_CASE(
   CHECK(source->first == staged->first);
 }
 
+// Host 0 stages version 2 of tensor 'w' (8 int32s) whole, from version
+// 1's pieces that the test names, one pull at a time.
+FragmentJob WholeTensorOnHost0() {
+  FragmentJob job;
+  job.job = "job";
+  job.source_version = 1;
+  job.target_version = 2;
+  job.host = 0;
+  job.tensors = {{"w", DType::kInt32, {8}}};
+  job.holds = {{0, Region{{0, 8}}}};
+  job.parallel_pulls = 1;
+  return job;
+}
+
 // Peers 1 and 2 hold the source version in stores of their own; peer 1
 // dies midway through its first batch (after streaming part of a piece).
 class Replicas : public PieceTransport {
@@ -186,14 +200,7 @@ TEST_CASE(
     "holder of its pieces; with none left the error names the piece",
     "[transformer]") {
   Store store({1 << 20});
-  FragmentJob job;
-  job.job = "job";
-  job.source_version = 1;
-  job.target_version = 2;
-  job.host = 0;
-  job.tensors = {{"w", DType::kInt32, {8}}};
-  job.holds = {{0, Region{{0, 8}}}};
-  job.parallel_pulls = 1;
+  FragmentJob job = WholeTensorOnHost0();
 
   SECTION("another replica holds them") {
     job.pieces = {{0, Region{{0, 4}}, 1, {2}}, {0, Region{{4, 8}}, 1, {2}}};
@@ -274,14 +281,7 @@ TEST_CASE(
     "refused, it is not",
     "[transformer]") {
   Store store({1 << 20});
-  FragmentJob job;
-  job.job = "job";
-  job.source_version = 1;
-  job.target_version = 2;
-  job.host = 0;
-  job.tensors = {{"w", DType::kInt32, {8}}};
-  job.holds = {{0, Region{{0, 8}}}};
-  job.parallel_pulls = 1;
+  FragmentJob job = WholeTensorOnHost0();
   // Host 1 the only holder of [0:4]; host 2 (refusing) also named for
   // [4:8], so both ways through the alternates are taken.
   job.pieces = {{0, Region{{0, 4}}, 1, {}}, {0, Region{{4, 8}}, 1, {2}}};
