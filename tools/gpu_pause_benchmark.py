@@ -139,20 +139,28 @@ class Cluster:
                            capture_output=True, text=True, env=self.env, check=True)
         return json.loads(r.stdout)
 
-    def ready_for(self, host, nbytes, timeout=30.0):
-        """Waits (up to `timeout` s) until `host`'s spare pool holds
-        `nbytes` of prepared memory, as a training job's next save finds it
-        in its steady state (the pool prepares a job's first save when it
-        registers, and refills after each save); returns (spares used,
-        missed) so far, to count the next save's."""
-        deadline = time.time() + timeout
-        while True:
-            stats = self.store_stats(host)
-            if stats["spare_bytes"] >= 0.95 * nbytes or time.time() > deadline:
-                break
-            time.sleep(0.1)
-        c = stats["counters"]
+    def spare_counts(self, host):
+        """(puts into prepared memory, puts not) on `host` so far."""
+        c = self.store_stats(host)["counters"]
         return c.get("ptc_store_spares_used_total", 0), c.get("ptc_store_spares_missed_total", 0)
+
+    def counted_save(self, host, nbytes, counts, save, *args, **kwargs):
+        """Runs save(*args, **kwargs) once `host`'s spare pool holds `nbytes` of prepared
+        memory (up to 30 s), as a training job's next save finds it in its
+        steady state (the pool prepares a job's first save when it
+        registers, and refills after each save); adds its puts into
+        prepared memory and not to `counts`; returns its seconds."""
+        deadline = time.time() + 30
+        while (self.store_stats(host)["spare_bytes"] < 0.95 * nbytes and
+               time.time() < deadline):
+            time.sleep(0.1)
+        before = self.spare_counts(host)
+        t0 = synced()
+        save(*args, **kwargs)
+        seconds = synced() - t0
+        for i, (b, a) in enumerate(zip(before, self.spare_counts(host))):
+            counts[i] += a - b
+        return seconds
 
     def client(self, job, rank, host):
         import ptc
@@ -173,6 +181,13 @@ def synced():
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()
+
+
+def save_ranks(pt, ranks):
+    """Saves each (model, optimizer, client) of `ranks` in turn, the last
+    waiting for the version to commit."""
+    for rank, (local, lopt, c) in enumerate(ranks):
+        pt.save(c, local, lopt, step=1, wait=rank == len(ranks) - 1)
 
 
 def local_model(pt, full_state, layout, config, rank, layers):
@@ -343,19 +358,14 @@ def main():
             cluster.ptcctl("register", "--job", job, "--layout", str(spec), "--config", "tp=1",
                            "--hosts", "host0")
             client = cluster.client(job, 0, "host0")
-            before = cluster.ready_for("host0", nbytes)
-            t0 = synced()
-            pt.save(client, model, opt, step=1)
-            t1 = synced()
-            after = cluster.ready_for("host0", 0)
-            for i in range(2):
-                ready["ptc restart: save"][i] += after[i] - before[i]
+            saved = cluster.counted_save("host0", nbytes, ready["ptc restart: save"], pt.save,
+                                         client, model, opt, step=1)
             fresh = gpt(args.layers).to(DEVICE)
             fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-4)
             t2 = synced()
             pt.load(client, fresh, fresh_opt)
             t3 = synced()
-            times["ptc restart: save"].append(t1 - t0)
+            times["ptc restart: save"].append(saved)
             times["ptc restart: load"].append(t3 - t2)
             if run == 0:
                 for a, b in zip(model.parameters(), fresh.parameters()):
@@ -411,14 +421,9 @@ def main():
             for rank in range(2):
                 local = local_model(pt, full_state, layout, "tp=2", rank, args.layers)
                 ranks.append((local, trained(local), cluster.client(job, rank, "host0")))
-            before = cluster.ready_for("host0", nbytes)
-            t0 = synced()
-            for rank, (local, lopt, c) in enumerate(ranks):
-                pt.save(c, local, lopt, step=1, wait=rank == 1)
+            saved = cluster.counted_save("host0", nbytes, ready["ptc change: save (2 ranks)"],
+                                         save_ranks, pt, ranks)
             t1 = synced()
-            after = cluster.ready_for("host0", 0)
-            for i in range(2):
-                ready["ptc change: save (2 ranks)"][i] += after[i] - before[i]
             cluster.ptcctl("reconfigure", "--job", job, "--to", "tp=1", "--hosts", "host1")
             t2 = synced()
             fresh = gpt(args.layers).to(DEVICE)
@@ -426,7 +431,7 @@ def main():
             t3 = synced()
             pt.load(cluster.client(job, 0, "host1"), fresh, fresh_opt)
             t4 = synced()
-            times["ptc change: save (2 ranks)"].append(t1 - t0)
+            times["ptc change: save (2 ranks)"].append(saved)
             times["ptc change: store"].append(t2 - t1)
             times["ptc change: load"].append(t4 - t3)
             del ranks, fresh, fresh_opt
