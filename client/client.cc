@@ -15,7 +15,6 @@
 #include "common/checksum.h"
 #include "common/grpc_status.h"
 #include "common/job_token.h"
-#include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "ptc/families.h"
 #include "ptc/fingerprint.h"
@@ -491,20 +490,6 @@ absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i, bool populate) {
   // The caller may change the bytes: ptcd checksums what it stores at Commit.
   written_checksums_[i].reset();
   return absl::Span<uint8_t>(b->data(), static_cast<size_t>(b->size()));
-}
-
-absl::Status Client::Save::MapRemaining(int threads) {
-  std::vector<LocalClient::PutBuffer*> fresh;
-  for (int i = 0; i < static_cast<int>(buffers_.size()); ++i) {
-    if (buffers_[i]) continue;
-    PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b,
-                         Slot(i));  // one ptcd call each
-    fresh.push_back(b);
-  }
-  // Each mapping its own: they map and fault in side by side.
-  return ParallelFor(fresh.size(), threads, [&](size_t k) {
-    return fresh[k]->Map(/*populate=*/true);
-  });
 }
 
 absl::StatusOr<LocalClient::PutBuffer*> Client::Save::Slot(int i) {

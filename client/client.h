@@ -249,12 +249,6 @@ class Client {
     // whoever touches them first (cudaHostRegister pins, and so faults in,
     // every page itself: populating them before would do it twice).
     absl::StatusOr<absl::Span<uint8_t>> Buffer(int i, bool populate = true);
-    // Allocates and maps every region's buffer that nothing asked for yet,
-    // their pages faulted in on up to `threads` threads at once, for a
-    // caller about to fill them all in place (DeviceCopies: CUDA pins a
-    // mapping whose pages are there faster, and faulting runs in parallel
-    // where pinning does not). Buffer(i) then returns the mapping.
-    absl::Status MapRemaining(int threads);
     // Copies `bytes` (exactly regions()[i].bytes, row-major) into region i
     // and takes their checksum during the copy, while each chunk is in
     // cache; at Commit ptcd compares it with its own checksum of what it

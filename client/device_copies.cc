@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -76,20 +75,12 @@ DeviceCopies::~DeviceCopies() {
 
 absl::Status DeviceCopies::Save(Client::Save& save, int i, uintptr_t src,
                                 uint64_t bytes, uintptr_t after) {
-  // The first region of a save maps all of them (those it saves from the
-  // CPU too, whose pages are written anyway), faulting their pages in on
-  // up to 8 threads: pinning 1 GiB of fresh mappings of 208 regions
-  // took 0.20 s one cudaHostRegister after another, 0.13 s after such a
-  // populate (an H200 host; tools/gpu_copy_benchmark). Registering on
-  // several threads gained nothing: the driver serializes it.
-  if (prepared_ != &save) {
-    const double t = Now();
-    const int threads = static_cast<int>(
-        std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-    PTC_RETURN_IF_ERROR(save.MapRemaining(threads));
-    prepared_ = &save;
-    stats_.register_seconds += Now() - t;
-  }
+  // Not populated first: registering pins every page, faulting it in.
+  // Mapping all of a save's regions at its first region and faulting their
+  // pages in on 8 threads before registering them was tried (on an H200
+  // host, 2026-11-29) and made the save slower, not faster: 0.454-0.460 s
+  // against 0.435 s with the spare pool's memory ready, 0.779 s against
+  // 0.715 s without it (tools/gpu_store_compare.sh, the builds alternated).
   PTC_ASSIGN_OR_RETURN(absl::Span<uint8_t> dst,
                        save.Buffer(i, /*populate=*/false));
   return Copy(dst.data(), reinterpret_cast<const void*>(src), bytes,
@@ -188,7 +179,6 @@ absl::StatusOr<DeviceCopies::Stats> DeviceCopies::Finish() {
       status = CudaError(e, "unregistering a mapping");
   }
   registered_.clear();
-  prepared_ = nullptr;
   Stats out = stats_;
   if (out.regions > 0) out.seconds = Now() - started_;
   stats_ = Stats{};

@@ -41,9 +41,7 @@ class DeviceCopies {
     // and the first reason.
     int pageable_regions = 0;
     std::string pageable_reason;
-    // Spent pinning: mapping a save's regions with their pages faulted in,
-    // and cudaHostRegister.
-    double register_seconds = 0;
+    double register_seconds = 0;  // spent in cudaHostRegister
     double seconds = 0;           // from the first copy queued to Finish
   };
 
@@ -84,8 +82,6 @@ class DeviceCopies {
   void* stream_;  // cudaStream_t
   void* event_;   // cudaEvent_t, marks the caller's stream
   std::vector<const void*> registered_;
-  // The save whose regions are mapped (Save), until Finish.
-  const Client::Save* prepared_ = nullptr;
   Stats stats_;
   double started_ = 0;
 };
