@@ -91,10 +91,12 @@ class SparePool {
   // allows (ready spares are not given up for them). Returns the bytes of
   // `sizes` covered (ready, or queued now or before).
   int64_t Queue(const std::vector<int64_t>& sizes, const Wave& wave);
-  // A change of `job`'s layout begins: the spares its saves asked for (of
-  // the old layout's sizes) are dropped, and the ready ones give their
-  // memory back now, while it is warm, for the change's own buffers; spares
-  // Queue'd for the change stay. Returns the bytes given back.
+  // A change of `job`'s layout begins, or the job is deleted: the spares
+  // its saves asked for (of the old layout's sizes) are dropped, and the
+  // ready ones give their memory back now, while it is warm, for the
+  // change's own buffers or the next job's; spares Queue'd for a change or
+  // a registration stay (any put of their size takes them). Returns the
+  // bytes given back.
   int64_t ForgetSaves(const std::string& job);
   // Frees every ready spare (their memory returns to the budget).
   void EvictAll();

@@ -826,8 +826,15 @@ absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
     metadata_bytes_ -= j->decl_bytes;
     j->decl_bytes = 0;
   }
+  // Its next save will not come: the spares its saves asked for give their
+  // memory back, and the pool's capacity to the next job registered here
+  // (a job of the same name starts from version 1 and may not take them).
+  const int64_t spares = spares_.ForgetSaves(job);
   Log("tensor_store")
-      ->info("job {} deleted ({} versions, {} bytes)", job, gone.size(), bytes);
+      ->info(
+          "job {} deleted ({} versions, {} bytes; {} bytes of spare save "
+          "buffers given back)",
+          job, gone.size(), bytes, spares);
   absl::MutexLock lock(&release_mu_);
   for (Version& v : gone) releasing_.push_back(std::move(v));
   return std::make_pair(static_cast<int>(gone.size()), bytes);

@@ -667,6 +667,35 @@ TEST_CASE(
   CHECK(used.value() - used_before == 2);
 }
 
+TEST_CASE(
+    "spare pool: a deleted job's save spares give their memory and the "
+    "pool's capacity to the next job registered",
+    "[tensor_store]") {
+  Store s({/*memory_limit_bytes=*/64 << 20, /*spare_pool_bytes=*/8 << 20});
+  s.spares().SetMemoryFloor(0);
+  // Job "a" saves 4 MiB as 4 rows of 1 MiB: the pool's spares for its next
+  // save fill half the pool.
+  REQUIRE(s.DeclareTensors("a", {{"w", DType::kUInt8, {4, 1 << 20}}}).ok());
+  for (int64_t row = 0; row < 4; ++row) {
+    auto put = s.BeginPut("a", 1, "w", Region{{row, row + 1}, {0, 1 << 20}},
+                          std::nullopt, /*map=*/false);
+    REQUIRE(put.ok());
+  }
+  s.spares().WaitIdle();
+  REQUIRE(s.spares().ready_bytes() == (4 << 20));
+  // A job registered beside it with 2 rows of 3 MiB finds room for one.
+  CHECK(s.PrepareMemory("b", 0, {3 << 20, 3 << 20}).value() == (3 << 20));
+  s.spares().WaitIdle();
+  // Job "a" is deleted: its save spares go, and job "c", registered next
+  // with the same rows, gets its memory ready whole.
+  REQUIRE(s.DeleteJob("a").ok());
+  CHECK(s.spares().ready_bytes() == (3 << 20));
+  CHECK(s.PrepareMemory("c", 0, {1 << 20, 1 << 20, 1 << 20, 1 << 20}).value() ==
+        (4 << 20));
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (7 << 20));
+}
+
 TEST_CASE("spare pool: spares give way when the machine's memory is short",
           "[tensor_store]") {
   MemoryBudget budget(64 << 20);

@@ -145,14 +145,17 @@ class Cluster:
         return c.get("ptc_store_spares_used_total", 0), c.get("ptc_store_spares_missed_total", 0)
 
     def counted_save(self, host, nbytes, counts, save, *args, **kwargs):
-        """Runs save(*args, **kwargs) once `host`'s spare pool holds `nbytes` of prepared
-        memory (up to 30 s), as a training job's next save finds it in its
-        steady state (the pool prepares a job's first save when it
-        registers, and refills after each save); adds its puts into
-        prepared memory and not to `counts`; returns its seconds."""
+        """Runs save(*args, **kwargs) once `host`'s spare pool has prepared what it
+        was asked for and holds `nbytes` (up to 30 s), as a training job's
+        next save finds it in its steady state (the pool prepares a job's
+        first save when it registers, and refills after each save); adds
+        its puts into prepared memory and not to `counts`; returns its
+        seconds."""
         deadline = time.time() + 30
-        while (self.store_stats(host)["spare_bytes"] < 0.95 * nbytes and
-               time.time() < deadline):
+        while time.time() < deadline:
+            stats = self.store_stats(host)
+            if stats["spare_queued_bytes"] == 0 and stats["spare_bytes"] >= 0.95 * nbytes:
+                break
             time.sleep(0.1)
         before = self.spare_counts(host)
         t0 = synced()

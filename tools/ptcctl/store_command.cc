@@ -169,6 +169,8 @@ absl::Status Stats(StoreClient& c, bool json) {
     w.Key("memory_limit_bytes").Int(s.memory_limit_bytes());
     w.Key("metadata_bytes").Int(s.metadata_bytes());
     w.Key("spare_bytes").Int(s.spare_bytes());
+    w.Key("spare_queued_bytes").Int(s.spare_queued_bytes());
+    w.Key("spare_capacity_bytes").Int(s.spare_capacity_bytes());
     w.Key("local_clients")
         .Int(s.local_clients())
         .Key("active_calls")
@@ -203,6 +205,12 @@ absl::Status Stats(StoreClient& c, bool json) {
     std::cout << absl::StrFormat(
         "        of which %s kept ready for the next local saves\n",
         HumanBytes(s.spare_bytes()));
+  }
+  if (s.spare_queued_bytes() > 0) {
+    std::cout << absl::StrFormat(
+        "        and %s being prepared for them (the pool holds at most %s)\n",
+        HumanBytes(s.spare_queued_bytes()),
+        HumanBytes(s.spare_capacity_bytes()));
   }
   std::cout << absl::StrFormat(
       "clients: %d local, %d calls in progress; up %s\n", s.local_clients(),
