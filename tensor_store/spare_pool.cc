@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -156,29 +157,78 @@ std::optional<SparePool::Spare> SparePool::Take(int64_t size,
 int64_t SparePool::Queue(const std::vector<int64_t>& sizes, const Wave& wave) {
   if (capacity_ <= 0) return 0;
   int64_t covered = 0;
-  absl::MutexLock lock(&mu_);
-  // Spares ready or queued for changes, by size; not those saves asked
-  // for: they are a job's next save's (or its change drops them:
-  // ForgetSaves).
-  std::map<int64_t, int64_t> have;
-  for (const auto& [size, spares] : ready_) {
-    for (const Ready& r : spares)
-      if (!r.for_save) ++have[size];
-  }
-  for (const Queued& q : queue_)
-    if (!q.for_save) ++have[q.size];
-  for (int64_t size : sizes) {
-    if (size <= 0 || size > capacity_) continue;
-    if (have[size] > 0) {
-      --have[size];
-      covered += size;
-    } else if (ready_bytes_ + queued_bytes_ + size <= capacity_) {
-      queue_.push_back({size, wave, /*for_save=*/false});
-      queued_bytes_ += size;
-      covered += size;
+  std::vector<Spare> stale;  // closed after the lock is released
+  {
+    absl::MutexLock lock(&mu_);
+    // Spares ready or queued for changes, and deleted jobs', by size; not
+    // those saves asked for: they are a job's next save's (or its change
+    // drops them: ForgetSaves).
+    std::map<int64_t, int64_t> have;
+    for (const auto& [size, spares] : ready_) {
+      for (const Ready& r : spares)
+        if (!r.for_save) ++have[size];
+    }
+    for (const Queued& q : queue_)
+      if (!q.for_save) ++have[q.size];
+    const std::set<int64_t> wanted(sizes.begin(), sizes.end());
+    // Frees a deleted job's ready spare of a size not wanted, if any.
+    auto evict_orphan = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (auto& [size, spares] : ready_) {
+        if (wanted.count(size)) continue;
+        for (size_t i = spares.size(); i-- > 0;) {
+          if (!spares[i].orphan) continue;
+          stale.push_back(std::move(spares[i].spare));
+          spares.erase(spares.begin() + i);
+          ready_bytes_ -= size;
+          return true;
+        }
+      }
+      return false;
+    };
+    for (int64_t size : sizes) {
+      if (size <= 0 || size > capacity_) continue;
+      if (have[size] > 0) {
+        --have[size];
+        covered += size;
+        continue;
+      }
+      while (ready_bytes_ + queued_bytes_ + size > capacity_ &&
+             evict_orphan()) {
+      }
+      if (ready_bytes_ + queued_bytes_ + size <= capacity_) {
+        queue_.push_back({size, wave, /*for_save=*/false});
+        queued_bytes_ += size;
+        covered += size;
+      }
     }
   }
+  for (Spare& s : stale) close(s.fd);
   return covered;
+}
+
+int64_t SparePool::Orphan(const std::string& job) {
+  int64_t kept = 0;
+  absl::MutexLock lock(&mu_);
+  for (auto& [size, spares] : ready_) {
+    for (Ready& r : spares) {
+      if (!r.for_save || r.wave.job != job) continue;
+      r.for_save = false;
+      r.orphan = true;
+      r.wave = Wave{};  // no job's: any put of its size may take it
+      kept += size;
+    }
+  }
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->for_save && it->wave.job == job) {
+      queued_bytes_ -= it->size;
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (InFlight& f : in_flight_)
+    if (f.q.for_save && f.q.wave.job == job) f.dropped = true;
+  return kept;
 }
 
 int64_t SparePool::ForgetSaves(const std::string& job) {

@@ -85,19 +85,26 @@ class SparePool {
   std::optional<Spare> Take(int64_t size, const Wave& wave);
   // Makes spares of `sizes` ready for puts after `wave` (a change of
   // layout about to stage buffers of these sizes): a spare of a size that
-  // an earlier Queue made ready or queued already counts (not one a save
-  // asked for: that is for the job's next save, or a change of its layout
-  // drops it: ForgetSaves); others are queued as far as the free capacity
-  // allows (ready spares are not given up for them). Returns the bytes of
-  // `sizes` covered (ready, or queued now or before).
+  // an earlier Queue made ready or queued already counts, and so does a
+  // deleted job's (Orphan); not one a save asked for: that is for the
+  // job's next save, or a change of its layout drops it (ForgetSaves).
+  // Others are queued as far as the free capacity allows, where a deleted
+  // job's ready spares of sizes not in `sizes` give theirs; other ready
+  // spares are not given up for them. Returns the bytes of `sizes`
+  // covered (ready, or queued now or before).
   int64_t Queue(const std::vector<int64_t>& sizes, const Wave& wave);
-  // A change of `job`'s layout begins, or the job is deleted: the spares
-  // its saves asked for (of the old layout's sizes) are dropped, and the
-  // ready ones give their memory back now, while it is warm, for the
-  // change's own buffers or the next job's; spares Queue'd for a change or
-  // a registration stay (any put of their size takes them). Returns the
-  // bytes given back.
+  // A change of `job`'s layout begins: the spares its saves asked for (of
+  // the old layout's sizes) are dropped, and the ready ones give their
+  // memory back now, while it is warm, for the change's own buffers; spares
+  // Queue'd for the change stay. Returns the bytes given back.
   int64_t ForgetSaves(const std::string& job);
+  // `job` was deleted: its next save will not come. The spares its saves
+  // asked for that are ready stay, as anyone's (a put of their size takes
+  // them, and a Queue counts them), until a Queue needs their capacity for
+  // sizes they are not: a job of the same sizes registered next finds
+  // them ready, another job's registration is not kept from preparing its
+  // own. The ones not ready yet are dropped. Returns the bytes kept.
+  int64_t Orphan(const std::string& job);
   // Frees every ready spare (their memory returns to the budget).
   void EvictAll();
   // Blocks until no spare is being prepared or queued; for benchmarks.
@@ -143,6 +150,7 @@ class SparePool {
     Spare spare;
     Wave wave;             // asked for by
     bool for_save = true;  // asked for by a save (Take), not Queue
+    bool orphan = false;   // its job was deleted (Orphan)
   };
   struct Queued {
     int64_t size = 0;

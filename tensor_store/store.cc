@@ -826,14 +826,14 @@ absl::StatusOr<std::pair<int, int64_t>> Store::DeleteJob(
     metadata_bytes_ -= j->decl_bytes;
     j->decl_bytes = 0;
   }
-  // Its next save will not come: the spares its saves asked for give their
-  // memory back, and the pool's capacity to the next job registered here
-  // (a job of the same name starts from version 1 and may not take them).
-  const int64_t spares = spares_.ForgetSaves(job);
+  // Its next save will not come: the spares its saves asked for become
+  // anyone's, and give way to the next job's registration (a job of the
+  // same name starts from version 1 and could not take them as its own).
+  const int64_t spares = spares_.Orphan(job);
   Log("tensor_store")
       ->info(
-          "job {} deleted ({} versions, {} bytes; {} bytes of spare save "
-          "buffers given back)",
+          "job {} deleted ({} versions, {} bytes; its {} bytes of spare "
+          "save buffers are anyone's now)",
           job, gone.size(), bytes, spares);
   absl::MutexLock lock(&release_mu_);
   for (Version& v : gone) releasing_.push_back(std::move(v));

@@ -668,11 +668,12 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "spare pool: a deleted job's save spares give their memory and the "
-    "pool's capacity to the next job registered",
+    "spare pool: a deleted job's save spares are anyone's, and give way to "
+    "the next job's registration",
     "[tensor_store]") {
   Store s({/*memory_limit_bytes=*/64 << 20, /*spare_pool_bytes=*/8 << 20});
   s.spares().SetMemoryFloor(0);
+  Counter& used = GetCounter("ptc_store_spares_used_total");
   // Job "a" saves 4 MiB as 4 rows of 1 MiB: the pool's spares for its next
   // save fill half the pool.
   REQUIRE(s.DeclareTensors("a", {{"w", DType::kUInt8, {4, 1 << 20}}}).ok());
@@ -683,17 +684,32 @@ TEST_CASE(
   }
   s.spares().WaitIdle();
   REQUIRE(s.spares().ready_bytes() == (4 << 20));
-  // A job registered beside it with 2 rows of 3 MiB finds room for one.
+  // A job registered beside it with 2 rows of 3 MiB finds room for one:
+  // a live job's spares are its next save's.
   CHECK(s.PrepareMemory("b", 0, {3 << 20, 3 << 20}).value() == (3 << 20));
   s.spares().WaitIdle();
-  // Job "a" is deleted: its save spares go, and job "c", registered next
-  // with the same rows, gets its memory ready whole.
+  REQUIRE(s.spares().ready_bytes() == (7 << 20));
+  // Job "a" is deleted: its spares stay, as anyone's. Job "c", registered
+  // next with a's rows, finds them ready, and its first save takes them.
   REQUIRE(s.DeleteJob("a").ok());
-  CHECK(s.spares().ready_bytes() == (3 << 20));
-  CHECK(s.PrepareMemory("c", 0, {1 << 20, 1 << 20, 1 << 20, 1 << 20}).value() ==
-        (4 << 20));
-  s.spares().WaitIdle();
   CHECK(s.spares().ready_bytes() == (7 << 20));
+  CHECK(s.PrepareMemory("c", 0, {1 << 20, 1 << 20}).value() == (2 << 20));
+  CHECK(s.spares().queued_bytes() == 0);
+  REQUIRE(s.DeclareTensors("c", {{"w", DType::kUInt8, {4, 1 << 20}}}).ok());
+  const int64_t used_before = used.value();
+  {
+    auto put = s.BeginPut("c", 1, "w", Region{{0, 1}, {0, 1 << 20}},
+                          std::nullopt, /*map=*/false);
+    REQUIRE(put.ok());
+  }
+  CHECK(used.value() - used_before == 1);
+  s.spares().WaitIdle();  // c's put asked for one of 1 MiB for its next save
+  REQUIRE(s.spares().ready_bytes() == (7 << 20));
+  // Job "d", registered with rows of 2 MiB: a's three left give way for
+  // them; b's and c's do not.
+  CHECK(s.PrepareMemory("d", 0, {2 << 20, 2 << 20}).value() == (4 << 20));
+  s.spares().WaitIdle();
+  CHECK(s.spares().ready_bytes() == (8 << 20));
 }
 
 TEST_CASE("spare pool: spares give way when the machine's memory is short",
