@@ -4,6 +4,7 @@
 #include <memory>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -694,11 +695,22 @@ absl::Status CoordinatorService::PrepareTargets(
   const Plan& plan = planned.flight->plan;
   const ModelSpec& spec = *planned.flight->input.spec;
   // What each target host will stage: its held regions, except those it
-  // already stores as they are (linked into the new version, not copied;
-  // before the job's first save nothing is stored); with `all`, every
-  // held region (the processes save the new layout whole).
+  // already stores as they are (linked into the new version, not copied).
+  // Before the job's first save, or with `all` (a hot switch), the
+  // processes save the new layout whole instead: every rank puts each of
+  // its shards, so a region that several ranks on a host share (a
+  // tp-replicated norm, a data-parallel replica) is put once by each of
+  // them (the store keeps one) and needs that many buffers.
   const bool stored = planned.committed > 0 && !all;
   const PlanInput& input = planned.flight->input;
+  // Per target host, (tensor, region) of every rank's shard on it.
+  std::map<int32_t, std::vector<std::pair<int32_t, Region>>> puts;
+  if (!stored) {
+    for (int t = 0; t < input.target->num_tensors(); ++t) {
+      for (const Shard& s : input.target->shards(t))
+        puts[input.target_placement->host[s.rank]].emplace_back(t, s.region);
+    }
+  }
   // (host, tensor, region) of every region a host stores now.
   std::set<std::tuple<int32_t, int32_t, Region>> kept;
   if (stored) {
@@ -714,11 +726,21 @@ absl::Status CoordinatorService::PrepareTargets(
     proto::PrepareResponse::Host* h = resp->add_hosts();
     h->set_name(planned.names[f.host]);
     std::vector<int64_t>& s = sizes.emplace_back();
-    for (const HeldRegion& held : f.holds) {
-      if (kept.count({f.host, held.tensor, held.region})) continue;
-      s.push_back(held.region.volume() *
-                  ElementSize(spec.tensors[held.tensor].dtype));
+    auto need = [&](int32_t tensor, const Region& region) {
+      s.push_back(region.volume() * ElementSize(spec.tensors[tensor].dtype));
       h->set_bytes_needed(h->bytes_needed() + s.back());
+    };
+    // The ranks' puts, then any region held here that no rank here puts.
+    std::set<std::pair<int32_t, Region>> put;
+    for (const auto& [tensor, region] : puts[f.host]) {
+      put.emplace(tensor, region);
+      need(tensor, region);
+    }
+    for (const HeldRegion& held : f.holds) {
+      if (kept.count({f.host, held.tensor, held.region}) ||
+          put.count({held.tensor, held.region}))
+        continue;
+      need(held.tensor, held.region);
     }
     addresses.push_back(planned.addresses.at(f.host));
   }

@@ -168,8 +168,19 @@ TEST_CASE(
            absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(10));
     }
-    CHECK(c.daemons[1]->client->Stats()->spare_bytes() ==
-          registered.state_bytes());
+    // Both ranks put their own copy of each region they share (the norms,
+    // replicated across tp): a buffer is ready for every put.
+    auto layout =
+        MakePlanScenario(kModel, "tp=2,pp=1,dp=1", {1}, "tp=2,pp=1,dp=1", {1},
+                         ptc::Cluster::Uniform(4, 2));
+    REQUIRE(layout.ok());
+    int64_t puts = 0;
+    for (int t = 0; t < layout->source().num_tensors(); ++t) {
+      for (const Shard& sh : layout->source().shards(t))
+        puts += sh.region.volume() * ElementSize(layout->spec.tensors[t].dtype);
+    }
+    CHECK(puts > registered.state_bytes());
+    CHECK(c.daemons[1]->client->Stats()->spare_bytes() == puts);
   }
 
   SECTION("bad requests get clear errors and change nothing") {
