@@ -218,6 +218,11 @@ int64_t SparePool::Orphan(const std::string& job) {
       kept += size;
     }
   }
+  DropQueuedSaves(job);
+  return kept;
+}
+
+void SparePool::DropQueuedSaves(const std::string& job) {
   for (auto it = queue_.begin(); it != queue_.end();) {
     if (it->for_save && it->wave.job == job) {
       queued_bytes_ -= it->size;
@@ -226,9 +231,10 @@ int64_t SparePool::Orphan(const std::string& job) {
       ++it;
     }
   }
+  // A spare a thread is preparing for one of the job's saves is freed
+  // when it is done.
   for (InFlight& f : in_flight_)
     if (f.q.for_save && f.q.wave.job == job) f.dropped = true;
-  return kept;
 }
 
 int64_t SparePool::ForgetSaves(const std::string& job) {
@@ -245,18 +251,7 @@ int64_t SparePool::ForgetSaves(const std::string& job) {
         bytes += size;
       }
     }
-    for (auto it = queue_.begin(); it != queue_.end();) {
-      if (it->for_save && it->wave.job == job) {
-        queued_bytes_ -= it->size;
-        it = queue_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    // A spare a thread is preparing for one of the job's saves is freed
-    // when it is done.
-    for (InFlight& f : in_flight_)
-      if (f.q.for_save && f.q.wave.job == job) f.dropped = true;
+    DropQueuedSaves(job);
   }
   for (Spare& s : gone) close(s.fd);
   return bytes;

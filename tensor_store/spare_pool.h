@@ -173,6 +173,10 @@ class SparePool {
   // Prepares the spare `f` asks for; `refill`: without waiting for idle
   // CPUs, giving up (kCold) once its pages take longer than cold_step each.
   Prepared Prepare(const InFlight& f, bool refill);
+  // Drops the spares `job`'s saves asked for that are not ready yet
+  // (queued, or being prepared: freed when done).
+  void DropQueuedSaves(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the next queued spare to in_flight_ (false if none).
   bool Next(InFlightList::iterator* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
