@@ -94,7 +94,7 @@ class Cluster:
     """A coordinator and two ptcds from BIN_DIR, plaintext on loopback."""
 
     def __init__(self, bin_dir, work):
-        self.bin, self.dir, self.procs = bin_dir, work, []
+        self.bin, self.dir, self.procs, self.names = bin_dir, work, [], []
         env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
         env["PTC_INSECURE"] = "1"
         self.env = env
@@ -119,6 +119,7 @@ class Cluster:
         log = open(self.dir / f"{name}.log", "w")
         self.procs.append(subprocess.Popen([str(c) for c in cmd] + ["--port-file", str(port_file)],
                                            stdout=log, stderr=log, env=self.env))
+        self.names.append(name)
         for _ in range(400):
             if port_file.exists() and port_file.read_text().strip():
                 return port_file.read_text().strip()
@@ -169,6 +170,18 @@ class Cluster:
         import ptc
         return ptc.Client(socket=str(self.dir / f"{host}.sock"), coordinator=self.coordinator,
                           job=job, rank=rank)
+
+    def cpu_seconds(self):
+        """{daemon: CPU seconds (user + system) it has used so far}."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, p in zip(self.names, self.procs):
+            try:
+                fields = pathlib.Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
 
     def stop(self):
         for p in self.procs:
@@ -464,6 +477,7 @@ def main():
             dcp_failed = str(e)
             print(f"DCP change failed: {e}", flush=True)
     finally:
+        cpu = cluster.cpu_seconds()
         cluster.stop()
         shutil.rmtree(disk, ignore_errors=True)
     print(f"{'phase':32} {'min':>8} {'median':>8} {'max':>8}   GB/s (median)")
@@ -484,6 +498,8 @@ def main():
     print("ptc's saves began once host0's spare pool held their memory (as in a job's steady "
           "state), up to 30 s: puts into prepared memory / not, all runs: " +
           ", ".join(f"{k} {u} / {m}" for k, (u, m) in ready.items()))
+    print("the daemons' CPU over the whole benchmark (user + system): " +
+          ", ".join(f"{k} {v:.2f} s" for k, v in cpu.items()))
     if dcp_failed:
         raise SystemExit(f"the DCP change did not run: {dcp_failed}")
 
