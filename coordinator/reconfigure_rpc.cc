@@ -703,12 +703,16 @@ absl::Status CoordinatorService::PrepareTargets(
   // them (the store keeps one) and needs that many buffers.
   const bool stored = planned.committed > 0 && !all;
   const PlanInput& input = planned.flight->input;
-  // Per target host, (tensor, region) of every rank's shard on it.
-  std::map<int32_t, std::vector<std::pair<int32_t, Region>>> puts;
+  // Per target host, the bytes of every put of its ranks (a host's held
+  // regions are the union of its ranks' shards).
+  std::map<int32_t, std::vector<int64_t>> puts;
   if (!stored) {
     for (int t = 0; t < input.target->num_tensors(); ++t) {
-      for (const Shard& s : input.target->shards(t))
-        puts[input.target_placement->host[s.rank]].emplace_back(t, s.region);
+      const int64_t element = ElementSize(spec.tensors[t].dtype);
+      for (const Shard& s : input.target->shards(t)) {
+        puts[input.target_placement->host[s.rank]].push_back(s.region.volume() *
+                                                             element);
+      }
     }
   }
   // (host, tensor, region) of every region a host stores now.
@@ -726,22 +730,16 @@ absl::Status CoordinatorService::PrepareTargets(
     proto::PrepareResponse::Host* h = resp->add_hosts();
     h->set_name(planned.names[f.host]);
     std::vector<int64_t>& s = sizes.emplace_back();
-    auto need = [&](int32_t tensor, const Region& region) {
-      s.push_back(region.volume() * ElementSize(spec.tensors[tensor].dtype));
-      h->set_bytes_needed(h->bytes_needed() + s.back());
-    };
-    // The ranks' puts, then any region held here that no rank here puts.
-    std::set<std::pair<int32_t, Region>> put;
-    for (const auto& [tensor, region] : puts[f.host]) {
-      put.emplace(tensor, region);
-      need(tensor, region);
+    if (!stored) {
+      s = std::move(puts[f.host]);
+    } else {
+      for (const HeldRegion& held : f.holds) {
+        if (kept.count({f.host, held.tensor, held.region})) continue;
+        s.push_back(held.region.volume() *
+                    ElementSize(spec.tensors[held.tensor].dtype));
+      }
     }
-    for (const HeldRegion& held : f.holds) {
-      if (kept.count({f.host, held.tensor, held.region}) ||
-          put.count({held.tensor, held.region}))
-        continue;
-      need(held.tensor, held.region);
-    }
+    for (int64_t bytes : s) h->set_bytes_needed(h->bytes_needed() + bytes);
     addresses.push_back(planned.addresses.at(f.host));
   }
   absl::Mutex mu;
