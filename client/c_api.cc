@@ -636,6 +636,7 @@ int ptc_client_describe(const ptc_client* c, ptc_bytes* json) {
     w.BeginObject();
     w.Key("job").String(x.job());
     w.Key("host").String(x.host());
+    w.Key("relayed").Bool(x.relayed());
     w.Key("config").String(x.config().ToString());
     w.Key("mesh");
     ptc::WriteStrings(w, x.config().mesh);

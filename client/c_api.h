@@ -124,7 +124,8 @@ PTC_API void ptc_client_free(ptc_client* c);
 // layout_epoch, num_layers: 7 values (zeros for a NULL client). The
 // accessors below that return a value give 0 (-1 for a device) for NULL.
 PTC_API void ptc_client_numbers(const ptc_client* c, int64_t* out7);
-// {job, host, config, mesh, coord, small_object_names, regions: [...]}
+// {job, host, relayed, config, mesh, coord, small_object_names,
+//  regions: [...]}
 PTC_API int ptc_client_describe(const ptc_client* c, ptc_bytes* json);
 PTC_API int ptc_client_config(const ptc_client* c, ptc_config** out);
 // The job's layout spec as JSON.

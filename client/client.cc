@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -37,9 +38,27 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   PTC_ASSIGN_OR_RETURN(LocalClient::Hello hello,
                        c->local_->SayHello(c->options_.job, c->options_.token));
   c->host_ = hello.host;
-  c->coordinator_ = proto::Coordinator::NewStub(
-      OpenChannel(c->options_.coordinator, grpc::ChannelArguments(),
-                  "coordinator", c->options_.token));
+  // Through the host's ptcd where it relays to this coordinator: the
+  // coordinator then holds one connection per host, not per process. A
+  // relayed call acts with the job's token only, so without TLS or with a
+  // token (a `client:JOB` certificate has none to relay).
+  const char* relay_env = std::getenv("PTC_COORDINATOR_RELAY");
+  c->relayed_ = c->options_.coordinator_relay &&
+                !(relay_env != nullptr && std::string(relay_env) == "0") &&
+                !hello.coordinator_relay.empty() &&
+                hello.coordinator == c->options_.coordinator &&
+                (!TlsEnabled() || !c->options_.token.empty());
+  if (c->relayed_) {
+    c->coordinator_ = proto::Coordinator::NewStub(
+        OpenLocalChannel(hello.coordinator_relay, c->options_.token));
+  } else {
+    // Its own connection, as each process has (several clients in one
+    // process, as the scale harness's hollow ranks, would share one).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    c->coordinator_ = proto::Coordinator::NewStub(OpenChannel(
+        c->options_.coordinator, args, "coordinator", c->options_.token));
+  }
   PTC_RETURN_IF_ERROR(c->Refresh());
   c->reached_coordinator_ = true;
   return c;

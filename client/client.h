@@ -70,6 +70,11 @@ struct ClientOptions {
   // the target the job's layout. FAILED_PRECONDITION once the switch is no
   // longer pending.
   int64_t pending_serial = 0;
+  // Reach the coordinator through the host's ptcd (its coordinator relay)
+  // when it relays to `coordinator`, over one connection per host instead
+  // of one per process; false, or PTC_COORDINATOR_RELAY=0: directly. With
+  // TLS a relayed call needs the job's token.
+  bool coordinator_relay = true;
 };
 
 // One region this rank holds: a hyper-rectangle of a tensor of the model
@@ -219,6 +224,8 @@ class Client {
   int rank() const { return options_.rank; }
   // This ptcd's host name, as the coordinator knows it.
   const std::string& host() const { return host_; }
+  // Whether this client reaches the coordinator through its ptcd's relay.
+  bool relayed() const { return relayed_; }
   // The GPU the job's placement gives this rank on host() (-1: the
   // coordinator placed no device), as of the last Refresh.
   int device() const { return device_; }
@@ -370,6 +377,7 @@ class Client {
   // lost connection, asked again until the call's deadline; before, three
   // attempts (where no coordinator listens, Connect fails within a second).
   bool reached_coordinator_ = false;
+  bool relayed_ = false;
   int UnavailableAttempts() const { return reached_coordinator_ ? INT_MAX : 3; }
   std::string host_;
   int device_ = -1;

@@ -127,7 +127,7 @@ void LogRefusal(const char* rpc, const std::string& what) {
 absl::Status Authorize(const grpc::ServerContextBase& ctx, unsigned allowed,
                        const char* rpc) {
   if (!TlsEnabled()) return absl::OkStatus();
-  const std::string name = PeerName(ctx);
+  const std::string name = CallerName(ctx);
   if (!name.empty() && (CallerKind(name) & allowed) != 0)
     return absl::OkStatus();
   std::vector<std::string> who;
@@ -136,9 +136,14 @@ absl::Status Authorize(const grpc::ServerContextBase& ctx, unsigned allowed,
   if (allowed & kAdmin) who.push_back("an admin");
   if (allowed & kClient) who.push_back("a job's client");
   LogRefusal(rpc, absl::StrCat(" from '", name, "' (", ctx.peer(), ")"));
-  return absl::PermissionDeniedError(
-      absl::StrCat(rpc, " may be called by ", absl::StrJoin(who, " or "),
-                   "; this caller's certificate names '", name, "'"));
+  const std::string peer = PeerName(ctx);
+  return absl::PermissionDeniedError(absl::StrCat(
+      rpc, " may be called by ", absl::StrJoin(who, " or "),
+      peer == name
+          ? absl::StrCat("; this caller's certificate names '", name, "'")
+          : absl::StrCat("; this call came through host '", peer,
+                         "''s coordinator relay, which acts as a job's "
+                         "client only")));
 }
 
 // Authorize, and a client caller must act on `job`: its certificate names
@@ -150,7 +155,7 @@ absl::Status AuthorizeJob(const grpc::ServerContextBase& ctx, unsigned allowed,
   PTC_RETURN_IF_ERROR(Authorize(ctx, allowed, rpc));
   absl::StatusOr<std::optional<std::string>> own = ClientJob(ctx);
   if (!own.ok()) {
-    LogRefusal(rpc, absl::StrCat(" from '", PeerName(ctx), "' (", ctx.peer(),
+    LogRefusal(rpc, absl::StrCat(" from '", CallerName(ctx), "' (", ctx.peer(),
                                  "): ", own.status().message()));
     return own.status();
   }
@@ -162,6 +167,15 @@ absl::Status AuthorizeJob(const grpc::ServerContextBase& ctx, unsigned allowed,
 }
 
 }  // namespace
+
+std::string CallerName(const grpc::ServerContextBase& ctx) {
+  std::string name = PeerName(ctx);
+  if (!name.empty() && CallerKind(name) == kHost &&
+      ctx.client_metadata().count(kRelayedMetadata) != 0) {
+    return "client";
+  }
+  return name;
+}
 
 Caller CallerKind(const std::string& name) {
   if (name == "coordinator") return kCoordinator;
@@ -213,7 +227,7 @@ absl::Status AuthorizeCall(const grpc::ServerContextBase& ctx,
   }
   if (!TlsEnabled() || req == nullptr || p->host_path.empty())
     return absl::OkStatus();
-  const std::string caller = PeerName(ctx);
+  const std::string caller = CallerName(ctx);
   const std::string host = ReadPath(*req, p->host_path);
   if (CallerKind(caller) != kHost || caller == host) return absl::OkStatus();
   LogRefusal(rpc.c_str(),
@@ -242,7 +256,7 @@ absl::Status CheckCallerPolicies(absl::string_view service) {
 absl::StatusOr<std::optional<std::string>> ClientJob(
     const grpc::ServerContextBase& ctx) {
   if (!TlsEnabled()) return std::nullopt;
-  const std::string name = PeerName(ctx);
+  const std::string name = CallerName(ctx);
   if (CallerKind(name) != kClient) return std::nullopt;
   if (name != "client") return name.substr(sizeof("client:") - 1);
   const auto& metadata = ctx.client_metadata();

@@ -43,6 +43,17 @@ enum Caller : unsigned {
 // What a certificate name is.
 Caller CallerKind(const std::string& name);
 
+// Metadata a ptcd's coordinator relay (ptcd/coordinator_relay.h) puts on
+// the calls it relays for its host's processes.
+inline constexpr char kRelayedMetadata[] = "ptc-relayed";
+
+// The name a call is authorized as: its certificate's (PeerName), except
+// that a host's call marked relayed (kRelayedMetadata) is a job's client
+// ("client": it acts for the job of the token it carries, and needs one),
+// never the host: a process reaching the coordinator through its host's
+// ptcd gains no right of the host's.
+std::string CallerName(const grpc::ServerContextBase& ctx);
+
 // The one authorization path: a call of `method` of the service named
 // `service` (its full proto name), with request `req`, against what the
 // method declares (proto/callers.proto). PERMISSION_DENIED names the RPC,

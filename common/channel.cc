@@ -1,21 +1,23 @@
 #include "common/channel.h"
 
+#include <arpa/inet.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/address.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/address.h"
 #include "common/job_token.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -212,6 +214,50 @@ std::string ChannelTarget(const std::string& addresses) {
   return addresses;
 }
 
+// A coordinator whose RPC threads are all busy (thousands of a job's
+// processes asking at once) refuses a call before running it
+// (RESOURCE_EXHAUSTED): it is sent again after a jittered backoff (gRPC
+// retries: 5 attempts, about 0.1 to 2 s apart), so a burst spreads out
+// instead of failing processes.
+constexpr char kCoordinatorRetries[] =
+    R"("methodConfig": [{"name": [{"service": "ptc.proto.Coordinator"}],)"
+    R"( "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s",)"
+    R"( "maxBackoff": "2s", "backoffMultiplier": 3,)"
+    R"( "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}])";
+
+// Puts a job's token on every call of a plaintext channel (call
+// credentials need a secure one).
+class TokenInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(std::string token) : token_(std::move(token)) {}
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::
+                PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({kJobTokenMetadata, token_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string token_;
+};
+
+class TokenInterceptorFactory
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(std::string token)
+      : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
 void SetKeepalive(grpc::ChannelArguments& args) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
@@ -231,18 +277,11 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // its peer every kKeepaliveTime and drops the connection when a ping is
   // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
   // the next one connects afresh. Idle channels do not ping.
+  if (absl::StartsWith(address, "unix:"))
+    return OpenLocalChannel(address.substr(5), job_token);
   SetKeepalive(args);
   const std::string target = ChannelTarget(address);
-  // A coordinator whose RPC threads are all busy (thousands of a job's
-  // processes asking at once) refuses a call before running it
-  // (RESOURCE_EXHAUSTED): it is sent again after a jittered backoff (gRPC
-  // retries: 5 attempts, about 0.1 to 2 s apart), so a burst spreads out
-  // instead of failing processes.
-  std::string config =
-      R"("methodConfig": [{"name": [{"service": "ptc.proto.Coordinator"}],)"
-      R"( "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s",)"
-      R"( "maxBackoff": "2s", "backoffMultiplier": 3,)"
-      R"( "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}])";
+  std::string config = kCoordinatorRetries;
   if (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:")) {
     // Several peers, of which one serves (the coordinators: one leads):
     // the channel connects to all of them, asks each one's gRPC health
@@ -273,6 +312,21 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                          std::make_unique<TokenCredentials>(job_token)));
   }
   return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+std::shared_ptr<grpc::Channel> OpenLocalChannel(const std::string& socket_path,
+                                                const std::string& job_token) {
+  grpc::ChannelArguments args;
+  args.SetServiceConfigJSON(absl::StrCat("{", kCoordinatorRetries, "}"));
+  std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+      interceptors;
+  if (!job_token.empty())
+    interceptors.push_back(
+        std::make_unique<TokenInterceptorFactory>(job_token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      absl::StrCat("unix:", socket_path), grpc::InsecureChannelCredentials(),
+      args, std::move(interceptors));
 }
 
 void AllowKeepalivePings(grpc::ServerBuilder& builder) {

@@ -63,11 +63,20 @@ bool TlsEnabled();
 // TLS the peer's certificate must be signed by the cluster CA and name the
 // address's host (or `expected_name`, when given: a peer known by name).
 // A training job's client passes its `job_token` (common/job_token.h):
-// with TLS every call on the channel carries it.
+// with TLS every call on the channel carries it. "unix:PATH": a ptcd's
+// coordinator relay, as OpenLocalChannel.
 std::shared_ptr<grpc::Channel> OpenChannel(
     const std::string& address,
     grpc::ChannelArguments args = grpc::ChannelArguments(),
     const std::string& expected_name = "", const std::string& job_token = "");
+
+// A channel to a Unix socket of this host's ptcd (its coordinator relay,
+// ptcd/coordinator_relay.h), for the coordinator's calls: plaintext (the
+// socket admits only the users allowed on the daemon's local socket), with
+// the job's token, when given, on every call, and the coordinator's
+// retries of calls refused for busy threads.
+std::shared_ptr<grpc::Channel> OpenLocalChannel(const std::string& socket_path,
+                                                const std::string& job_token);
 
 // While a call is open, a channel made by OpenChannel pings its peer
 // after this long without a frame, and drops a connection whose ping is

@@ -32,6 +32,7 @@
 #include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "ptcd/coordinator_agent.h"
+#include "ptcd/coordinator_relay.h"
 #include "snapshot/snapshot_dir.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
@@ -46,7 +47,7 @@ constexpr char kUsage[] =
             [--spare-pool BYTES] [--background-fingerprints on|off]
             [--drain-seconds N] [--put-timeout SECONDS] [--port-file FILE]
             [--coordinator HOST:PORT --name NAME --gpus N [--advertise HOST:PORT]
-             [--bandwidth BYTES_PER_S] [--domain PATH]]
+             [--bandwidth BYTES_PER_S] [--domain PATH] [--coordinator-socket PATH]]
             [--snapshot-root DIR]
             (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 
@@ -79,6 +80,12 @@ constexpr char kUsage[] =
   --port-file      write the bound gRPC port here once serving
   --coordinator    register with this ptc-coordinator and heartbeat to it
                    (several, comma-separated: the one that leads)
+  --coordinator-socket
+                   Unix socket through which this host's training processes
+                   reach the coordinator over ptcd's one connection (a
+                   relayed call acts with its job's token only; default:
+                   the --socket path with "-coordinator" before ".sock";
+                   "none": processes connect directly)
   --name           this host's name in the cluster (default: the hostname)
   --gpus           GPUs of this host (default 8)
   --gpu-memory     memory of each GPU, e.g. 80GiB (the advisor fits configs
@@ -110,15 +117,20 @@ constexpr char kUsage[] =
 
 absl::Status Run(int argc, char** argv) {
   const std::vector<std::string> kOptions = {
-      "config",         "listen",        "socket",
-      "memory-limit",   "spare-pool",    "background-fingerprints",
-      "log-level",      "allowed-uids",  "allowed-group",
-      "drain-seconds",  "port-file",     "coordinator",
-      "name",           "gpus",          "advertise",      "gpu-memory",
-      "bandwidth",      "ucx-gets",      "tls-ca",
-      "tls-cert",       "tls-key",       "token-key",
-      "metrics-listen", "ucx-transports", "snapshot-root",  "put-timeout",
-      "domain"};
+      "config",         "listen",
+      "socket",         "memory-limit",
+      "spare-pool",     "background-fingerprints",
+      "log-level",      "allowed-uids",
+      "allowed-group",  "drain-seconds",
+      "port-file",      "coordinator",
+      "name",           "gpus",
+      "advertise",      "gpu-memory",
+      "bandwidth",      "ucx-gets",
+      "tls-ca",         "tls-cert",
+      "tls-key",        "token-key",
+      "metrics-listen", "ucx-transports",
+      "snapshot-root",  "put-timeout",
+      "domain",         "coordinator-socket"};
   const std::vector<std::string> kFlags = {"help", "insecure"};
   PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1, kOptions, kFlags));
   if (args.Flag("help")) {
@@ -232,6 +244,24 @@ absl::Status Run(int argc, char** argv) {
         return std::make_unique<TransformerService>(store, transformer,
                                                     admissions);
       });
+  // Started before the local socket, which tells processes where it is.
+  std::unique_ptr<CoordinatorRelay> relay;
+  if (const std::string coordinator = settings.Get("coordinator", "");
+      !coordinator.empty() && !options.socket_path.empty()) {
+    const std::string path =
+        settings.Get("coordinator-socket", RelaySocketFor(options.socket_path));
+    if (path != "none") {
+      auto started = CoordinatorRelay::Start(
+          {.socket_path = path,
+           .coordinator = coordinator,
+           .access = {.allowed_uids = options.allowed_uids,
+                      .allowed_gid = options.allowed_gid}});
+      PTC_RETURN_IF_ERROR(Annotate(started.status(), "--coordinator-socket"));
+      relay = std::move(*started);
+      options.coordinator_relay = path;
+      options.coordinator = coordinator;
+    }
+  }
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<TensorStoreServer> server,
                        TensorStoreServer::Start(options));
   if (const std::string path = settings.Get("port-file", ""); !path.empty()) {

@@ -417,6 +417,8 @@ absl::StatusOr<LocalClient::Hello> LocalClient::SayHello(
   PTC_RETURN_IF_ERROR(StatusOf(resp));
   Hello h;
   h.host = resp.host();
+  h.coordinator_relay = resp.coordinator_relay();
+  h.coordinator = resp.coordinator();
   h.committed_versions.assign(resp.versions().begin(), resp.versions().end());
   return h;
 }

@@ -158,6 +158,10 @@ class LocalClient {
   struct Hello {
     std::string host;
     std::vector<int64_t> committed_versions;
+    // The daemon's coordinator relay (a gRPC Unix socket) and the
+    // coordinator it relays to; empty: it relays nothing.
+    std::string coordinator_relay;
+    std::string coordinator;
   };
   absl::StatusOr<Hello> SayHello(const std::string& job,
                                  const std::string& token = "");

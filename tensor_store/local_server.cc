@@ -1,8 +1,6 @@
 #include "tensor_store/local_server.h"
 
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_token.h"
 #include "common/limits.h"
+#include "common/local_peer.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -28,27 +27,6 @@ using store_internal::SendPacket;
 Counter& local_puts_total = GetCounter("ptc_store_local_puts_total");
 Counter& local_maps_total = GetCounter("ptc_store_local_maps_total");
 Counter& local_bytes_in_total = GetCounter("ptc_store_local_bytes_in_total");
-
-absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-// Whether a peer is in `gid`: its primary group, or one of its
-// supplementary groups as the kernel recorded them at connect.
-bool PeerInGroup(int fd, gid_t primary, gid_t gid) {
-  if (primary == gid) return true;
-  std::vector<gid_t> groups(64);
-  socklen_t len = groups.size() * sizeof(gid_t);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0) {
-    if (errno != ERANGE) return false;
-    groups.resize(len / sizeof(gid_t) + 1);
-    len = groups.size() * sizeof(gid_t);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) != 0)
-      return false;
-  }
-  groups.resize(len / sizeof(gid_t));
-  return std::find(groups.begin(), groups.end(), gid) != groups.end();
-}
 
 }  // namespace
 
@@ -72,41 +50,10 @@ struct LocalServer::Connection {
 
 absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(
     Store* store, LocalServerOptions options) {
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (options.socket_path.empty() ||
-      options.socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local socket path '", options.socket_path,
-                     "' must be non-empty and shorter than ",
-                     sizeof(addr.sun_path), " characters"));
-  }
-  std::strncpy(addr.sun_path, options.socket_path.c_str(),
-               sizeof(addr.sun_path) - 1);
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("creating the local socket");
-  unlink(options.socket_path.c_str());  // a stale socket of a previous run
-  if (bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const absl::Status s = Errno(absl::StrCat("binding ", options.socket_path));
-    close(fd);
-    return s;
-  }
-  chmod(options.socket_path.c_str(), 0660);
-  // The group's members reach the socket only if it is the group's (the
-  // daemon's own group needs nothing).
-  if (options.allowed_gid &&
-      chown(options.socket_path.c_str(), -1, *options.allowed_gid) != 0) {
-    const absl::Status s = Errno(absl::StrCat(
-        "giving ", options.socket_path, " to group ", *options.allowed_gid,
-        " (allowed_group)"));
-    close(fd);
-    return s;
-  }
-  if (listen(fd, 128) != 0) {
-    const absl::Status s = Errno("listening on the local socket");
-    close(fd);
-    return s;
-  }
+  PTC_ASSIGN_OR_RETURN(const int fd,
+                       ListenLocal(options.socket_path, SOCK_SEQPACKET,
+                                   {.allowed_uids = options.allowed_uids,
+                                    .allowed_gid = options.allowed_gid}));
   std::unique_ptr<LocalServer> server(
       new LocalServer(store, std::move(options), fd));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
@@ -172,32 +119,20 @@ void LocalServer::AcceptLoop() {
     auto conn = std::make_shared<Connection>();
     conn->id = next_id_++;
     conn->fd = fd;
-    struct ucred cred;
-    socklen_t len = sizeof(cred);
-    bool known = false;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      conn->uid = cred.uid;
-      conn->pid = cred.pid;
-      known = true;
-    }
-    const gid_t group = options_.allowed_gid.value_or(getegid());
-    const bool allowed =
-        known &&
-        (conn->uid == geteuid() || conn->uid == 0 ||
-         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(),
-                   conn->uid) != options_.allowed_uids.end() ||
-         PeerInGroup(fd, cred.gid, group));
+    const LocalPeer peer = IdentifyLocalPeer(fd);
+    conn->uid = peer.uid;
+    conn->pid = peer.pid;
+    std::string refusal = RefusalOf(peer, fd,
+                                    {.allowed_uids = options_.allowed_uids,
+                                     .allowed_gid = options_.allowed_gid});
+    const bool allowed = refusal.empty();
     if (allowed && clients_.load() >= options_.max_clients) {
       conn->refusal_code = absl::StatusCode::kResourceExhausted;
       conn->refusal = absl::StrCat(
           "this ptcd serves ", options_.max_clients,
           " local clients at once; connect again when some have left");
     } else if (!allowed) {
-      conn->refusal = absl::StrCat(
-          "user ", conn->uid,
-          " may not use this ptcd; ask the admin to add it to the daemon's "
-          "group (gid ",
-          group, ") or to allowed_uids");
+      conn->refusal = std::move(refusal);
       Log("tensor_store")
           ->warn("refused local client pid {} uid {}", conn->pid, conn->uid);
     }
@@ -624,6 +559,8 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
     }
     case proto::LocalRequest::kHello: {
       resp.set_host(options_.host_name);
+      resp.set_coordinator_relay(options_.coordinator_relay);
+      resp.set_coordinator(options_.coordinator);
       const proto::ListResponse list = store_->List(req.hello().job());
       for (const proto::JobInfo& j : list.jobs()) {
         if (j.job() != req.hello().job()) continue;

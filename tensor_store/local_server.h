@@ -52,6 +52,11 @@ struct LocalServerOptions {
   absl::Duration put_timeout = absl::Minutes(10);
   // Clients served at once; more are refused with RESOURCE_EXHAUSTED.
   int max_clients = kMaxLocalConnections;
+  // Told to clients in Hello: the socket through which the daemon relays
+  // their coordinator calls, and the coordinator it relays to (empty:
+  // none; ptcd/coordinator_relay.h).
+  std::string coordinator_relay;
+  std::string coordinator;
 };
 
 class LocalServer {

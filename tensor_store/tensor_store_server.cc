@@ -19,11 +19,13 @@ absl::StatusOr<std::unique_ptr<TensorStoreServer>> TensorStoreServer::Start(
   }
   std::unique_ptr<TensorStoreServer> s(new TensorStoreServer(options));
   if (!options.socket_path.empty()) {
-    PTC_ASSIGN_OR_RETURN(
-        s->local_, LocalServer::Start(
-                       &s->store_, {options.socket_path, options.allowed_uids,
-                                    options.host_name, options.allowed_gid,
-                                    JobTokensEnabled(), options.put_timeout}));
+    LocalServerOptions local{options.socket_path, options.allowed_uids,
+                             options.host_name,   options.allowed_gid,
+                             JobTokensEnabled(),  options.put_timeout};
+    local.coordinator_relay = options.coordinator_relay;
+    local.coordinator = options.coordinator;
+    PTC_ASSIGN_OR_RETURN(s->local_,
+                         LocalServer::Start(&s->store_, std::move(local)));
   }
   LocalServer* local = s->local_.get();
   Store* store = &s->store_;

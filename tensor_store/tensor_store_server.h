@@ -51,6 +51,10 @@ struct TensorStoreServerOptions {
   std::optional<gid_t> allowed_gid;
   // This host's name in the cluster (ptcd --name), for local clients.
   std::string host_name;
+  // Told to local clients (Hello): the socket of the daemon's coordinator
+  // relay and the coordinator it relays to; empty: none.
+  std::string coordinator_relay;
+  std::string coordinator;
   // The hosts admitted to read each job here (the transformer's AdmitPeers
   // fills it; the store's reads by hosts check it). Shared with the
   // services below that need it.

@@ -107,7 +107,7 @@ void TensorStoreService::WatchPuts() {
 absl::Status TensorStoreService::CheckHostAdmitted(
     const grpc::ServerContext& ctx, const char* rpc, const std::string& job) {
   if (!TlsEnabled()) return absl::OkStatus();
-  const std::string caller = PeerName(ctx);
+  const std::string caller = CallerName(ctx);
   if (CallerKind(caller) != kHost) return absl::OkStatus();
   if (admissions_ == nullptr) {
     return absl::PermissionDeniedError(
@@ -119,7 +119,7 @@ absl::Status TensorStoreService::CheckHostAdmitted(
 absl::StatusOr<ClientCalls::Slot> TensorStoreService::EnterClientCall(
     const grpc::ServerContext& ctx, const char* rpc, bool writes) {
   if (TlsEnabled()) {
-    if (CallerKind(PeerName(ctx)) != kClient) return ClientCalls::Slot();
+    if (CallerKind(CallerName(ctx)) != kClient) return ClientCalls::Slot();
     PTC_ASSIGN_OR_RETURN(std::optional<std::string> job, ClientJob(ctx));
     return client_calls_.Enter(ctx.peer(), job.value_or(""), rpc);
   }

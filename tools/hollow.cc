@@ -6,10 +6,11 @@
 //       runs N ptcds in this process, named hollow-00000, hollow-00001, ...
 //       from I: each the real daemon (its store, gRPC services, local
 //       socket DIR/NAME.sock, state transformer, coordinator agent with
-//       its heartbeats and reclaims) over a hollow store, which keeps every
-//       region's metadata and none of its bytes (StoreOptions::hollow).
-//       Writes "NAME SOCKET PORT" per host to DIR/hosts-I.txt once all
-//       registered, then runs until SIGTERM.
+//       its heartbeats and reclaims, coordinator relay
+//       DIR/NAME-coordinator.sock unless --relay off) over a hollow store,
+//       which keeps every region's metadata and none of its bytes
+//       (StoreOptions::hollow). Writes "NAME SOCKET PORT" per host to
+//       DIR/hosts-I.txt once all registered, then runs until SIGTERM.
 //   ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
 //       runs a process per GPU of every host in FILE (lines "NAME SOCKET"),
 //       each a thread with its own client (client/client.h), following
@@ -62,6 +63,7 @@
 #include "common/status_macros.h"
 #include "proto/enum_names.h"
 #include "ptcd/coordinator_agent.h"
+#include "ptcd/coordinator_relay.h"
 #include "state_transformer/transformer_service.h"
 #include "tensor_store/tensor_store_server.h"
 
@@ -70,7 +72,8 @@ namespace {
 
 constexpr char kUsage[] =
     R"(usage: ptc-hollow hosts --coordinator ADDR --count N [--first I] [--dir DIR]
-                        [--gpus G] [--memory-limit BYTES] [--rack-size K] --insecure
+                        [--gpus G] [--memory-limit BYTES] [--rack-size K]
+                        [--relay on|off] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
                         [--rpc-timeout-s S] [--wait-for-rank] [--poll]
@@ -108,6 +111,7 @@ sigset_t BlockStopSignals() {
 struct HollowHost {
   std::string name;
   std::string socket;
+  std::unique_ptr<CoordinatorRelay> relay;
   std::unique_ptr<TensorStoreServer> server;
   std::unique_ptr<CoordinatorAgent> agent;
 };
@@ -122,6 +126,7 @@ absl::Status RunHosts(const Args& args) {
   PTC_ASSIGN_OR_RETURN(const int64_t memory,
                        ParseBytes(args.Get("memory-limit", "4TiB")));
   const std::string dir = args.Get("dir", ".");
+  const bool relay = args.Get("relay", "on") != "off";
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every
   // hollow rank a local socket and a channel.
@@ -138,6 +143,14 @@ absl::Status RunHosts(const Args& args) {
     options.spare_pool_bytes = 0;
     options.hollow = true;
     options.host_name = h.name;
+    if (relay) {
+      PTC_ASSIGN_OR_RETURN(
+          h.relay,
+          CoordinatorRelay::Start({.socket_path = RelaySocketFor(h.socket),
+                                   .coordinator = coordinator}));
+      options.coordinator_relay = h.relay->socket_path();
+      options.coordinator = coordinator;
+    }
     options.services.push_back(
         [admissions = options.peer_admissions](Store* store) {
           return std::make_unique<TransformerService>(
@@ -171,6 +184,7 @@ absl::Status RunHosts(const Args& args) {
   sigwait(&signals, &sig);
   for (HollowHost& h : hosts) h.agent.reset();
   for (HollowHost& h : hosts) h.server->Shutdown(absl::Seconds(1));
+  for (HollowHost& h : hosts) h.relay.reset();
   return absl::OkStatus();
 }
 
@@ -444,7 +458,7 @@ absl::Status Run(int argc, char** argv) {
       Args::Parse(argc, argv, 2,
                   {"coordinator", "count", "first", "dir", "gpus",
                    "memory-limit", "rack-size", "job", "hosts", "step-ms",
-                   "poll-ms", "saves", "rpc-timeout-s", "log-level"},
+                   "poll-ms", "saves", "rpc-timeout-s", "log-level", "relay"},
                   {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(

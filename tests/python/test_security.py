@@ -208,3 +208,32 @@ def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
         assert not probe("host1", "--read").startswith("PERMISSION_DENIED")
     finally:
         c.stop()
+
+
+def test_a_process_reaches_the_coordinator_through_its_ptcd_as_its_job_only(cluster):
+    """A job's processes call the coordinator through their host's ptcd (one
+    connection per host). A relayed call acts with its job's token and
+    nothing else: the host's certificate on ptcd's connection lends it no
+    right, and neither does the certificate of whoever used the socket."""
+    token = cluster.ptcctl("token", "j", check=True).stdout.strip()
+    relay = cluster.dir / "host0-coordinator.sock"
+    assert relay.exists()
+    connect = "c = ptc.Client(sock, coord, 'j', 0); print(c.relayed, c.config)"
+    assert as_job_process(cluster, "client", token, connect) == "True tp=2,pp=1,dp=2"
+    ranks = f"print(ptc.ranks_on_host('unix:{relay}', {{job!r}}, 'host0')['config'])"
+    assert as_job_process(cluster, "client", token, ranks.format(job="j")) == "tp=2,dp=2"
+    assert "acts for job 'j' only" in as_job_process(cluster, "client", token,
+                                                     ranks.format(job="k"))
+    assert "no job token" in as_job_process(cluster, "client", None, ranks.format(job="j"))
+    # An admin's certificate does not pass through the socket: ptcctl there
+    # is a job's client, and may not forget the job or add hosts.
+    env = dict(os.environ, PTC_TLS_CA=str(cluster.certs / "ca.pem"),
+               PTC_TLS_CERT=str(cluster.certs / "admin.pem"),
+               PTC_TLS_KEY=str(cluster.certs / "admin.key"), PTC_JOB_TOKEN=token)
+    for args in (["forget", "j"], ["hosts", "add", "host1", "--job", "j"]):
+        r = subprocess.run([str(cluster.bin / "tools/ptcctl"), *args,
+                            "--coordinator", f"unix:{relay}"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode != 0, r.stdout
+        assert "came through host 'host0''s coordinator relay" in r.stderr, r.stderr
+    assert jobs(cluster) == ["j"]

@@ -640,6 +640,9 @@ class Client(_Handle):
     job = property(lambda self: self._describe()["job"])
     rank = property(lambda self: self._numbers()[0])
     host = property(lambda self: self._describe()["host"])
+    relayed = property(lambda self: self._describe()["relayed"],
+                       doc="whether this process reaches the coordinator through its "
+                           "host's ptcd (one connection per host), not directly")
     device = property(lambda self: self._numbers()[1],
                       doc="this rank's GPU on its host, from the job's placement (-1: none "
                           "placed)")

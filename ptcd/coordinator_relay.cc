@@ -1,0 +1,265 @@
+#include "ptcd/coordinator_relay.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/server_posix.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/authz.h"
+#include "common/channel.h"
+#include "common/job_token.h"
+#include "common/limits.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+
+namespace ptc {
+namespace {
+
+Counter& relayed_calls_total = GetCounter("ptc_relay_calls_total");
+Counter& refused_calls_total = GetCounter("ptc_relay_refused_calls_total");
+
+constexpr char kCoordinatorPrefix[] = "/ptc.proto.Coordinator/";
+
+}  // namespace
+
+// One relayed call: the process's side (a generic server reactor, "down")
+// and the coordinator's (a generic client reactor, "up"), each message
+// passed on before the next is read, in both directions. The call ends
+// with the coordinator's status; it is deleted once both sides are done.
+//
+// The up side's operations started from the down side's reactions need
+// the up reactor alive: two holds keep it so. Hold A covers the process's
+// messages going up (released once the process half-closes, or the
+// coordinator's side stops taking them); hold B covers each answer being
+// written down (the next up read is started when it is written). So the
+// up side ends, and the down side is finished with its status, only once
+// nothing of the down side can touch it again.
+class CoordinatorRelay::Call {
+ public:
+  Call(CoordinatorRelay* relay, grpc::GenericCallbackServerContext* ctx)
+      : relay_(relay), down_(this), up_(this) {
+    const std::string& method = ctx->method();
+    if (!absl::StartsWith(method, kCoordinatorPrefix)) {
+      Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          absl::StrCat("this socket relays ptc's coordinator "
+                                       "calls only, not ",
+                                       method)));
+      return;
+    }
+    if (relay->active_.fetch_add(1) >= relay->options_.max_calls) {
+      relay->active_.fetch_sub(1);
+      Refuse(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this ptcd relays ", relay->options_.max_calls,
+                       " coordinator calls at once; ask again shortly")));
+      return;
+    }
+    relayed_ = true;
+    relayed_calls_total.Add();
+    if (ctx->deadline() != std::chrono::system_clock::time_point::max())
+      up_ctx_.set_deadline(ctx->deadline());
+    const auto& metadata = ctx->client_metadata();
+    if (auto it = metadata.find(kJobTokenMetadata); it != metadata.end())
+      up_ctx_.AddMetadata(kJobTokenMetadata,
+                          std::string(it->second.data(), it->second.size()));
+    up_ctx_.AddMetadata(kRelayedMetadata, "1");
+    relay->upstream_->PrepareBidiStreamingCall(&up_ctx_, method, {}, &up_);
+    up_.AddHold();  // A
+    up_.StartRead(&from_up_);
+    up_.StartCall();
+    down_.StartRead(&from_down_);
+  }
+
+  grpc::ServerGenericBidiReactor* reactor() { return &down_; }
+
+ private:
+  struct Down : grpc::ServerGenericBidiReactor {
+    explicit Down(Call* c) : call(c) {}
+    void OnReadDone(bool ok) override { call->DownRead(ok); }
+    void OnWriteDone(bool ok) override { call->DownWritten(ok); }
+    void OnCancel() override { call->up_ctx_.TryCancel(); }
+    void OnDone() override { call->SideDone(/*down=*/true); }
+    Call* call;
+  };
+  struct Up : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    explicit Up(Call* c) : call(c) {}
+    void OnReadDone(bool ok) override { call->UpRead(ok); }
+    void OnWriteDone(bool ok) override { call->UpWritten(ok); }
+    void OnDone(const grpc::Status& s) override { call->UpDone(s); }
+    Call* call;
+  };
+
+  // Refused before anything went upstream: the call has one side.
+  void Refuse(const grpc::Status& status) {
+    refused_calls_total.Add();
+    down_.Finish(status);
+  }
+
+  // The process sent a message, or half-closed or went away (!ok).
+  void DownRead(bool ok) {
+    if (ok) {
+      up_.StartWrite(&from_down_);
+      return;
+    }
+    up_.StartWritesDone();
+    up_.RemoveHold();  // A
+  }
+  void UpWritten(bool ok) {
+    if (ok) {
+      down_.StartRead(&from_down_);
+    } else {
+      up_.RemoveHold();  // A: the coordinator's side ended; UpDone says how
+    }
+  }
+  // The coordinator answered a message, or has no more (!ok: its status
+  // follows in UpDone).
+  void UpRead(bool ok) {
+    if (!ok) return;
+    up_.AddHold();  // B
+    down_.StartWrite(&from_up_);
+  }
+  void DownWritten(bool ok) {
+    if (ok) {
+      up_.StartRead(&from_up_);
+    } else {
+      up_ctx_.TryCancel();  // the process went away
+    }
+    up_.RemoveHold();  // B
+  }
+  void UpDone(const grpc::Status& s) {
+    down_.Finish(s);
+    SideDone(/*down=*/false);
+  }
+  void SideDone(bool down) {
+    {
+      absl::MutexLock lock(&mu_);
+      (down ? down_done_ : up_done_) = true;
+      if (!down_done_ || (relayed_ && !up_done_)) return;
+    }
+    if (relayed_) relay_->active_.fetch_sub(1);
+    delete this;
+  }
+
+  CoordinatorRelay* relay_;
+  Down down_;
+  Up up_;
+  grpc::ClientContext up_ctx_;
+  grpc::ByteBuffer from_down_;
+  grpc::ByteBuffer from_up_;
+  // Set in the constructor, before either side runs.
+  bool relayed_ = false;
+  absl::Mutex mu_;
+  bool down_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool up_done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class CoordinatorRelay::Service : public grpc::CallbackGenericService {
+ public:
+  explicit Service(CoordinatorRelay* relay) : relay_(relay) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override {
+    return (new Call(relay_, ctx))->reactor();
+  }
+
+ private:
+  CoordinatorRelay* relay_;
+};
+
+std::string RelaySocketFor(const std::string& local_socket) {
+  if (absl::EndsWith(local_socket, ".sock")) {
+    return absl::StrCat(local_socket.substr(0, local_socket.size() - 5),
+                        "-coordinator.sock");
+  }
+  return absl::StrCat(local_socket, ".coordinator");
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorRelay>> CoordinatorRelay::Start(
+    CoordinatorRelayOptions options) {
+  if (options.coordinator.empty())
+    return absl::InvalidArgumentError("the relay needs a coordinator address");
+  std::unique_ptr<CoordinatorRelay> r(new CoordinatorRelay(std::move(options)));
+  grpc::ChannelArguments args;
+  // The process's own client retries what the coordinator refuses for
+  // busy threads; a second layer of retries here would multiply them.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // The process's client enforces its own limit on answers.
+  args.SetMaxReceiveMessageSize(-1);
+  // Its own connection, even where one process hosts many relays (the
+  // scale harness's hollow hosts): one per host, as on a cluster.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  r->upstream_ = std::make_unique<grpc::GenericStub>(
+      OpenChannel(r->options_.coordinator, args, "coordinator"));
+  r->service_ = std::make_unique<Service>(r.get());
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(kMaxCoordinatorRequestBytes);
+  builder.RegisterCallbackGenericService(r->service_.get());
+  r->server_ = builder.BuildAndStart();
+  if (r->server_ == nullptr)
+    return absl::InternalError("the coordinator relay's server did not start");
+  PTC_ASSIGN_OR_RETURN(
+      r->listen_fd_,
+      ListenLocal(r->options_.socket_path, SOCK_STREAM, r->options_.access));
+  r->accept_thread_ = std::thread([relay = r.get()] { relay->AcceptLoop(); });
+  Log("tensor_store")
+      ->info("coordinator relay {} ready (to {})", r->options_.socket_path,
+             r->options_.coordinator);
+  return r;
+}
+
+CoordinatorRelay::CoordinatorRelay(CoordinatorRelayOptions options)
+    : options_(std::move(options)) {}
+
+CoordinatorRelay::~CoordinatorRelay() { Stop(); }
+
+void CoordinatorRelay::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    unlink(options_.socket_path.c_str());
+  }
+  // Cancels the calls in flight (a Watch stream never ends by itself) and
+  // waits for their reactors.
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+}
+
+void CoordinatorRelay::AcceptLoop() {
+  while (!stopping_) {
+    // Non-blocking: gRPC's poller serves the connection.
+    const int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (stopping_) return;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors or memory for now: keep serving.
+      Log("tensor_store")
+          ->warn("accept on the coordinator relay: {}; retrying in 100 ms",
+                 std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    const LocalPeer peer = IdentifyLocalPeer(fd);
+    if (std::string why = RefusalOf(peer, fd, options_.access); !why.empty()) {
+      // gRPC's client sees the connection closed (UNAVAILABLE); the same
+      // user was already told why by the local socket.
+      Log("security")
+          ->warn("coordinator relay refused pid {} uid {}: {}", peer.pid,
+                 peer.uid, why);
+      close(fd);
+      continue;
+    }
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  }
+}
+
+}  // namespace ptc

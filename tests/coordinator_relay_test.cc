@@ -1,0 +1,214 @@
+// A host's processes reach the coordinator through their ptcd's relay
+// (ptcd/coordinator_relay.h): unary calls and Watch streams pass through
+// unchanged, errors too; the relay relays the Coordinator service only,
+// bounds its calls, and ends the streams in flight when it stops.
+#include "ptcd/coordinator_relay.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/atomic_file.h"
+#include "common/channel.h"
+#include "coordinator/coordinator_server.h"
+#include "proto/coordinator.grpc.pb.h"
+#include "tests/testing.h"
+
+namespace ptc {
+namespace {
+
+constexpr char kModel[] =
+    "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=64,positions=8,pad=8";
+
+// A coordinator (its state: one job, "gpt", on host0) and a relay to it.
+struct Relayed {
+  explicit Relayed(int max_calls = 1024) {
+    proto::CoordinatorState state = testing::KnownHosts(c, 2);
+    auto* j = state.add_jobs();
+    j->set_job("gpt");
+    j->set_model(kModel);
+    j->set_config("tp=1,pp=1,dp=1");
+    j->add_hosts("host0");
+    REQUIRE(
+        WriteFileAtomically(dir.path() + "/state.pb", state.SerializeAsString())
+            .ok());
+    CoordinatorServerOptions options;
+    options.service.state_dir = dir.path();
+    options.service.host_timeout = absl::Hours(1);
+    auto started = CoordinatorServer::Start(options);
+    REQUIRE(started.ok());
+    coordinator = std::move(*started);
+    address = absl::StrCat("127.0.0.1:", coordinator->port());
+    auto r = CoordinatorRelay::Start({.socket_path = dir.path() + "/relay.sock",
+                                      .coordinator = address,
+                                      .max_calls = max_calls});
+    REQUIRE(r.ok());
+    relay = std::move(*r);
+    channel = OpenLocalChannel(relay->socket_path(), "");
+    stub = proto::Coordinator::NewStub(channel);
+  }
+
+  testing::DaemonCluster c{1};
+  testing::TempDir dir;
+  std::unique_ptr<CoordinatorServer> coordinator;
+  std::string address;
+  std::unique_ptr<CoordinatorRelay> relay;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<proto::Coordinator::Stub> stub;
+};
+
+// Waits (up to a minute, for a loaded machine) until `relay` has `calls`
+// calls in flight.
+bool WaitActive(const CoordinatorRelay& relay, int calls) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (relay.active_calls() != calls && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(10));
+  return relay.active_calls() == calls;
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+TEST_CASE(
+    "coordinator relay: a process's calls and Watch stream reach the "
+    "coordinator through its ptcd, errors unchanged",
+    "[ptcd]") {
+  Relayed r;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(30));
+    proto::ListJobsRequest req;
+    req.set_job("gpt");
+    proto::ListJobsResponse resp;
+    const grpc::Status s = r.stub->ListJobs(&ctx, req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    REQUIRE(resp.jobs_size() == 1);
+    CHECK(resp.jobs(0).job() == "gpt");
+    CHECK(resp.jobs(0).config() == "tp=1,pp=1,dp=1");
+  }
+  // A coordinator's error comes back as the coordinator said it.
+  {
+    auto direct = proto::Coordinator::NewStub(
+        grpc::CreateChannel(r.address, grpc::InsecureChannelCredentials()));
+    proto::ListJobsRequest req;
+    req.set_job("no-such-job");
+    proto::ListJobsResponse resp;
+    grpc::ClientContext a, b;
+    SetDeadline(&a, absl::Seconds(30));
+    SetDeadline(&b, absl::Seconds(30));
+    const grpc::Status relayed = r.stub->ListJobs(&a, req, &resp);
+    const grpc::Status straight = direct->ListJobs(&b, req, &resp);
+    REQUIRE(!straight.ok());
+    CHECK(relayed.error_code() == straight.error_code());
+    CHECK(relayed.error_message() == straight.error_message());
+  }
+  // A Watch stream: the job's state at once, then held until cancelled.
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(120));
+    proto::WatchRequest req;
+    req.set_job("gpt");
+    req.set_follow(true);
+    auto reader = r.stub->Watch(&ctx, req);
+    proto::ReconfigureEvent e;
+    REQUIRE(reader->Read(&e));
+    CHECK(e.layout_epoch() >= 1);
+    CHECK(r.relay->active_calls() == 1);
+    ctx.TryCancel();
+    while (reader->Read(&e)) {
+    }
+    CHECK(reader->Finish().error_code() == grpc::StatusCode::CANCELLED);
+    // The relay's call ends with the process's.
+    CHECK(WaitActive(*r.relay, 0));
+  }
+  // Only the coordinator's service is relayed.
+  {
+    grpc::GenericStub generic(r.channel);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(30));
+    grpc::ByteBuffer request, response;
+    grpc::Slice empty("");
+    request = grpc::ByteBuffer(&empty, 1);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, "/ptc.proto.TensorStore/List", {}, &request,
+                      &response, [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    CHECK(status.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+    CHECK(status.error_message().find("coordinator calls only") !=
+          std::string::npos);
+  }
+  CHECK(WaitActive(*r.relay, 0));
+}
+
+TEST_CASE(
+    "coordinator relay: calls beyond its bound are refused "
+    "RESOURCE_EXHAUSTED, and stopping it ends the streams in flight",
+    "[ptcd]") {
+  Relayed r(/*max_calls=*/2);
+  proto::WatchRequest req;
+  req.set_job("gpt");
+  req.set_follow(true);
+  grpc::ClientContext a, b;
+  SetDeadline(&a, absl::Seconds(120));
+  SetDeadline(&b, absl::Seconds(120));
+  auto first = r.stub->Watch(&a, req);
+  auto second = r.stub->Watch(&b, req);
+  proto::ReconfigureEvent e;
+  REQUIRE(first->Read(&e));
+  REQUIRE(second->Read(&e));
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(30));
+    proto::ListJobsRequest list;
+    proto::ListJobsResponse resp;
+    const grpc::Status s = r.stub->ListJobs(&ctx, list, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(s.error_message().find("relays 2 coordinator calls at once") !=
+          std::string::npos);
+  }
+  r.relay->Stop();
+  while (first->Read(&e)) {
+  }
+  while (second->Read(&e)) {
+  }
+  CHECK(!first->Finish().ok());
+  CHECK(!second->Finish().ok());
+  CHECK(WaitActive(*r.relay, 0));
+}
+
+TEST_CASE(
+    "coordinator relay: with no coordinator listening a call fails "
+    "UNAVAILABLE within its deadline",
+    "[ptcd]") {
+  testing::TempDir dir;
+  // Port 1: nothing listens there.
+  auto gone =
+      CoordinatorRelay::Start({.socket_path = dir.path() + "/relay.sock",
+                               .coordinator = "127.0.0.1:1"});
+  REQUIRE(gone.ok());
+  auto stub =
+      proto::Coordinator::NewStub(OpenLocalChannel((*gone)->socket_path(), ""));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(60));
+  proto::ListJobsRequest req;
+  proto::ListJobsResponse resp;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(absl::Now() - start < absl::Seconds(60));
+  CHECK(WaitActive(**gone, 0));
+}
+
+}  // namespace
+}  // namespace ptc
