@@ -68,6 +68,10 @@ std::string RefusalOf(const LocalPeer& peer, int fd,
       group, ") or to allowed_uids");
 }
 
+bool FitsSocketAddress(const std::string& path) {
+  return path.size() < sizeof(sockaddr_un::sun_path);
+}
+
 absl::StatusOr<int> ListenLocal(const std::string& path, int type,
                                 const LocalAccess& access) {
   struct sockaddr_un addr = {};

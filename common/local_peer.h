@@ -43,6 +43,9 @@ LocalPeer IdentifyLocalPeer(int fd);
 // to tell it (which user, and what the admin can do).
 std::string RefusalOf(const LocalPeer& peer, int fd, const LocalAccess& access);
 
+// Whether `path` fits a Unix socket's address (107 bytes at most).
+bool FitsSocketAddress(const std::string& path);
+
 // A listening Unix socket at `path` (a stale one is replaced), of `type`
 // (SOCK_STREAM, SOCK_SEQPACKET), close-on-exec, mode 0660 and given to
 // `access.allowed_gid`. INVALID_ARGUMENT for a path that does not fit a

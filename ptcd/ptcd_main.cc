@@ -27,6 +27,7 @@
 #include "common/crash.h"
 #include "common/job_token.h"
 #include "common/limits.h"
+#include "common/local_peer.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/mutex_checks.h"
@@ -248,9 +249,17 @@ absl::Status Run(int argc, char** argv) {
   std::unique_ptr<CoordinatorRelay> relay;
   if (const std::string coordinator = settings.Get("coordinator", "");
       !coordinator.empty() && !options.socket_path.empty()) {
+    const bool given = settings.Has("coordinator-socket");
     const std::string path =
         settings.Get("coordinator-socket", RelaySocketFor(options.socket_path));
-    if (path != "none") {
+    if (!given && !FitsSocketAddress(path)) {
+      Log("tensor_store")
+          ->warn(
+              "no coordinator relay: {} is too long for a socket's "
+              "address (give --coordinator-socket); this host's "
+              "processes connect to the coordinator directly",
+              path);
+    } else if (path != "none") {
       auto started = CoordinatorRelay::Start(
           {.socket_path = path,
            .coordinator = coordinator,

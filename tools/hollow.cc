@@ -36,6 +36,7 @@
 // control plane, not its handshakes.
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -57,6 +58,7 @@
 #include "common/args.h"
 #include "common/channel.h"
 #include "common/crash.h"
+#include "common/local_peer.h"
 #include "common/logging.h"
 #include "common/mutex_checks.h"
 #include "common/open_files.h"
@@ -127,6 +129,7 @@ absl::Status RunHosts(const Args& args) {
                        ParseBytes(args.Get("memory-limit", "4TiB")));
   const std::string dir = args.Get("dir", ".");
   const bool relay = args.Get("relay", "on") != "off";
+  std::string short_dir;  // relays' sockets whose path is too long in DIR
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every
   // hollow rank a local socket and a channel.
@@ -144,10 +147,20 @@ absl::Status RunHosts(const Args& args) {
     options.hollow = true;
     options.host_name = h.name;
     if (relay) {
+      // Next to the host's socket, or where a path fits (a deep --dir).
+      std::string path = RelaySocketFor(h.socket);
+      if (!FitsSocketAddress(path)) {
+        if (short_dir.empty()) {
+          char name[] = "/tmp/ptc-relays-XXXXXX";
+          if (mkdtemp(name) == nullptr)
+            return absl::InternalError("cannot make a directory in /tmp");
+          short_dir = name;
+        }
+        path = absl::StrCat(short_dir, "/", h.name, ".sock");
+      }
       PTC_ASSIGN_OR_RETURN(
-          h.relay,
-          CoordinatorRelay::Start({.socket_path = RelaySocketFor(h.socket),
-                                   .coordinator = coordinator}));
+          h.relay, CoordinatorRelay::Start(
+                       {.socket_path = path, .coordinator = coordinator}));
       options.coordinator_relay = h.relay->socket_path();
       options.coordinator = coordinator;
     }
@@ -185,6 +198,7 @@ absl::Status RunHosts(const Args& args) {
   for (HollowHost& h : hosts) h.agent.reset();
   for (HollowHost& h : hosts) h.server->Shutdown(absl::Seconds(1));
   for (HollowHost& h : hosts) h.relay.reset();
+  if (!short_dir.empty()) rmdir(short_dir.c_str());
   return absl::OkStatus();
 }
 

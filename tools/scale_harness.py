@@ -88,13 +88,17 @@ class Coordinator:
                 raise SystemExit("the coordinator did not start; see "
                                  f"{work / 'coordinator.log'}")
             time.sleep(0.05)
-        self.address = f"127.0.0.1:{port_file.read_text().strip()}"
-        # The most threads seen since the last sample (every 0.1 s).
+        self.port = int(port_file.read_text().strip())
+        self.address = f"127.0.0.1:{self.port}"
+        # The most threads and connections seen since the last sample
+        # (every 0.1 s and 1 s).
         self.peak_threads = 0
+        self.peak_connections = 0
         self._sampling = threading.Thread(target=self._sample_threads, daemon=True)
         self._sampling.start()
 
     def _sample_threads(self):
+        tick = 0
         while self.proc.poll() is None:
             try:
                 status = self.proc_file("status")
@@ -103,7 +107,25 @@ class Coordinator:
             for line in status.splitlines():
                 if line.startswith("Threads:"):
                     self.peak_threads = max(self.peak_threads, int(line.split()[1]))
+            tick += 1
+            if tick % 10 == 0:
+                self.peak_connections = max(self.peak_connections, self.connections())
             time.sleep(0.1)
+
+    def connections(self):
+        """TCP connections established to the coordinator's port (the
+        hosts' and the processes' channels; /proc/net/tcp)."""
+        count = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = pathlib.Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                f = line.split()
+                if int(f[1].rsplit(":", 1)[1], 16) == self.port and f[3] == "01":
+                    count += 1
+        return count
 
     def proc_file(self, name):
         return pathlib.Path(f"/proc/{self.proc.pid}/{name}").read_text()
@@ -135,7 +157,11 @@ class Coordinator:
                 if m:
                     proofs[m.group(1)] = float(m.group(2))
         peak, self.peak_threads = self.peak_threads, 0
+        connections = self.connections()
+        peak_connections, self.peak_connections = self.peak_connections, 0
         return {
+            "connections": connections,
+            "peak_connections": max(peak_connections, connections),
             "time": time.time(),
             "peak_threads": max(peak, int(status["Threads"])),
             "cpu": (int(fields[11]) + int(fields[12])) / TICK,
@@ -193,7 +219,8 @@ class Group:
             time.sleep(0.1)
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
-    def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, wait_for_rank=False):
+    def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, wait_for_rank=False,
+                    direct=False):
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
@@ -202,8 +229,12 @@ class Group:
             args.append("--wait-for-rank")
         if poll:
             args.append("--poll")
+        # --direct: each process its own connection to the coordinator, not
+        # through its host's ptcd.
+        env = dict(os.environ, PTC_COORDINATOR_RELAY="0" if direct else "1")
         self.ranks = subprocess.Popen(args, stdout=open(self.ranks_out, "w"),
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env)
 
     def lines(self):
         try:
@@ -280,6 +311,8 @@ class Harness:
         row = {"phase": name, "wall_s": wall, "cpu_s": after["cpu"] - before["cpu"],
                "rss": after["rss"], "peak": after["peak"], "threads": after["threads"],
                "peak_threads": after["peak_threads"],
+               "connections": after["connections"],
+               "peak_connections": after["peak_connections"],
                "written": after["written"] - before["written"],
                "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
                "watch_events": after["watch"]["events"] - before["watch"]["events"],
@@ -293,7 +326,8 @@ class Harness:
         print(f"  {wall:.2f} s, coordinator {row['cpu_s']:.2f} CPU-s "
               f"({100 * row['cpu_s'] / wall:.0f}% of a core), rss {row['rss'] / 2**20:.0f} MiB "
               f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads "
-              f"(at most {row['peak_threads']}), "
+              f"(at most {row['peak_threads']}), {row['connections']} connections "
+              f"(at most {row['peak_connections']}), "
               f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}; Watch streams "
               f"written {row['watch_events']:.0f} events, "
               f"{row['watch_bytes'] / 2**20:.2f} MiB; save proofs sent whole "
@@ -395,13 +429,23 @@ class Harness:
 
         def meet():
             for g in self.groups:
-                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout)
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
+                              direct=o.direct)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
                 self.wait_saved(o.saves, o.timeout)
             return {"processes": world}
 
         self.phase("meet", meet)
+        if not o.direct:
+            # Processes reach the coordinator through their host's ptcd: a
+            # connection per host (the relay's; the hollow hosts of one
+            # process share their agents'), not one per process.
+            bound = len(self.names) + 2 * len(self.groups) + 16
+            most = self.phases[-1]["peak_connections"]
+            self.check(most <= bound,
+                       f"the coordinator's connections stayed within one per host and a "
+                       f"few ({most} <= {bound}) for {world} processes")
         self.check(self.status()["committed_version"] >= o.saves,
                    f"{o.saves} saves of {world} processes committed")
         self.phase("steady", lambda: time.sleep(o.steady))
@@ -462,7 +506,7 @@ class Harness:
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
                 g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
-                              wait_for_rank=True)
+                              wait_for_rank=True, direct=o.direct)
                 started = time.time()
                 self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
                 self.pin(o.after_add)
@@ -516,6 +560,9 @@ def main():
                    help="rank 0 follows the Watch stream and the others poll, as "
                    "ptc.elastic's processes did before 2026-11-28 (default: every "
                    "process follows its stream, as they do now)")
+    p.add_argument("--direct", action="store_true",
+                   help="every process connects to the coordinator itself, as before "
+                   "2026-11-30 (default: through its host's ptcd, one connection per host)")
     p.add_argument("--steady", type=float, default=10)
     p.add_argument("--host-timeout", type=float, default=5)
     p.add_argument("--heartbeats-per-second", type=float, default=None,

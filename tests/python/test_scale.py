@@ -37,6 +37,9 @@ def test_a_live_job_of_512_hollow_processes_survives_4_hosts_and_grows(bin_dir, 
     phases = {p["phase"]: p for p in result["phases"]}
     assert list(phases) == ["start", "meet", "steady", "failure", "scale-up"]
     assert phases["meet"]["processes"] == 512
+    # Its processes reach the coordinator through their hosts' ptcds: about
+    # a connection per host, not one per process.
+    assert phases["meet"]["peak_connections"] <= 64 + 2 * 3 + 16, phases["meet"]
     # The processes on the dead hosts never save: only the change that
     # their deaths start moves the job.
     assert "died (automatic)" in phases["failure"]["change"]
