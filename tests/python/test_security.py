@@ -237,3 +237,43 @@ def test_a_process_reaches_the_coordinator_through_its_ptcd_as_its_job_only(clus
         assert r.returncode != 0, r.stdout
         assert "came through host 'host0''s coordinator relay" in r.stderr, r.stderr
     assert jobs(cluster) == ["j"]
+
+
+def test_a_ptcd_relays_unless_told_not_to_or_its_socket_path_is_too_long(cluster, tmp_path):
+    """--coordinator-socket none, or a local socket whose relay path would not
+    fit a socket's address: ptcd serves without the relay (a warning says
+    why), and its processes connect to the coordinator directly."""
+    deep = tmp_path / ("d" * max(1, 100 - len(str(tmp_path)) - len("/h.sock") - 1))
+    deep.mkdir()
+    cases = {"none": (tmp_path / "n.sock", ["--coordinator-socket", "none"]),
+             "long": (deep / "h.sock", [])}
+    assert 96 <= len(str(cases["long"][0])) <= 107
+    for what, (sock, flags) in cases.items():
+        log = tmp_path / f"{what}.log"
+        port = tmp_path / f"{what}.port"
+        p = subprocess.Popen(
+            [str(cluster.bin / "ptcd/ptcd"), "--listen", "127.0.0.1:0", "--socket", str(sock),
+             "--port-file", str(port), "--memory-limit", "256MiB",
+             "--coordinator", cluster.coordinator, "--name", "host2", "--gpus", "1",
+             *tls_flags("host2"), *cluster.token_flags, *flags],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 60
+            while not port.exists() and p.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert port.exists(), log.read_text()
+            assert not list(sock.parent.glob("*-coordinator.sock"))
+            if what == "none":
+                cluster.ptcctl("register", "--job", "r", "--model", MODEL, "--config",
+                               "tp=1", "--hosts", "host2", check=True)
+            token = cluster.ptcctl("token", "r", check=True).stdout.strip()
+            code = (f"sock = {str(sock)!r}\n"
+                    "c = ptc.Client(sock, coord, 'r', 0); print(c.relayed, c.host)")
+            assert as_job_process(cluster, "client", token, code) == "False host2"
+            if what == "long":
+                assert "no coordinator relay" in log.read_text()
+        finally:
+            p.terminate()
+            p.wait(30)
+    # host2 is gone: the job is forgotten, its store on host2 not cleared.
+    assert "job r forgotten" in cluster.ptcctl("forget", "r").stdout
