@@ -48,18 +48,32 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
                 !hello.coordinator_relay.empty() &&
                 hello.coordinator == c->options_.coordinator &&
                 (!TlsEnabled() || !c->options_.token.empty());
-  if (c->relayed_) {
-    c->coordinator_ = proto::Coordinator::NewStub(
-        OpenLocalChannel(hello.coordinator_relay, c->options_.token));
-  } else {
-    // Its own connection, as each process has (several clients in one
-    // process, as the scale harness's hollow ranks, would share one).
+  // Its own connection, as each process has (several clients in one
+  // process, as the scale harness's hollow ranks, would share one).
+  auto direct = [&c] {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     c->coordinator_ = proto::Coordinator::NewStub(OpenChannel(
         c->options_.coordinator, args, "coordinator", c->options_.token));
+  };
+  if (c->relayed_) {
+    c->coordinator_ = proto::Coordinator::NewStub(
+        OpenLocalChannel(hello.coordinator_relay, c->options_.token));
+  } else {
+    direct();
   }
-  PTC_RETURN_IF_ERROR(c->Refresh());
+  absl::Status refreshed = c->Refresh();
+  // A relay this process cannot reach (another mount namespace), or that
+  // refuses what the coordinator would take (a client:JOB certificate
+  // with a stale token): the coordinator directly.
+  if (c->relayed_ &&
+      (absl::IsUnavailable(refreshed) || absl::IsUnauthenticated(refreshed) ||
+       absl::IsPermissionDenied(refreshed))) {
+    c->relayed_ = false;
+    direct();
+    refreshed = c->Refresh();
+  }
+  PTC_RETURN_IF_ERROR(refreshed);
   c->reached_coordinator_ = true;
   return c;
 }

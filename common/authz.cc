@@ -170,9 +170,11 @@ absl::Status AuthorizeJob(const grpc::ServerContextBase& ctx, unsigned allowed,
 
 std::string CallerName(const grpc::ServerContextBase& ctx) {
   std::string name = PeerName(ctx);
+  const auto& metadata = ctx.client_metadata();
   if (!name.empty() && CallerKind(name) == kHost &&
-      ctx.client_metadata().count(kRelayedMetadata) != 0) {
-    return "client";
+      metadata.count(kRelayedMetadata) != 0) {
+    // Without a token it is no one's (ptcd's relay does not send those).
+    return metadata.count(kJobTokenMetadata) != 0 ? "client" : "";
   }
   return name;
 }

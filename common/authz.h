@@ -49,9 +49,9 @@ inline constexpr char kRelayedMetadata[] = "ptc-relayed";
 
 // The name a call is authorized as: its certificate's (PeerName), except
 // that a host's call marked relayed (kRelayedMetadata) is a job's client
-// ("client": it acts for the job of the token it carries, and needs one),
-// never the host: a process reaching the coordinator through its host's
-// ptcd gains no right of the host's.
+// ("client": it acts for the job of the token it carries; without one it
+// is no one), never the host: a process reaching the coordinator through
+// its host's ptcd gains no right of the host's.
 std::string CallerName(const grpc::ServerContextBase& ctx);
 
 // The one authorization path: a call of `method` of the service named

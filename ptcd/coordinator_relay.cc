@@ -36,12 +36,18 @@ constexpr char kCoordinatorPrefix[] = "/ptc.proto.Coordinator/";
 // passed on before the next is read, in both directions. The call ends
 // with the coordinator's status; it is deleted once both sides are done.
 //
+// Every Coordinator method takes one request (unary, or a server stream
+// such as Watch): the relay reads the process's first message, sends it
+// up as the last, and reads nothing more (a process cannot park messages
+// in the relay).
+//
 // The up side's operations started from the down side's reactions need
-// the up reactor alive: two holds keep it so. Hold A covers the process's
-// messages going up (released once the process half-closes, or the
-// coordinator's side stops taking them); hold B covers each answer being
-// written down (the next up read is started when it is written). So the
-// up side ends, and the down side is finished with its status, only once
+// the up reactor alive: two holds keep it so. Hold A covers the request
+// going up (released once it is written, or the process half-closed or
+// left without one); hold B covers each answer being written down (the
+// next up read is started when it is written; B is added in the up
+// side's own reaction, which keeps the call alive meanwhile). So the up
+// side ends, and the down side is finished with its status, only once
 // nothing of the down side can touch it again.
 class CoordinatorRelay::Call {
  public:
@@ -53,6 +59,15 @@ class CoordinatorRelay::Call {
                           absl::StrCat("this socket relays ptc's coordinator "
                                        "calls only, not ",
                                        method)));
+      return;
+    }
+    if (TlsEnabled() && ctx->client_metadata().count(kJobTokenMetadata) == 0) {
+      // A call without a token must not reach the coordinator on the
+      // host's connection at all (not even ListHosts, which a job's client
+      // may call without naming a job).
+      Refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "a call through ptcd's coordinator relay needs its "
+                          "job's token (PTC_JOB_TOKEN; ptcctl token JOB)"));
       return;
     }
     if (relay->active_.fetch_add(1) >= relay->options_.max_calls) {
@@ -68,9 +83,10 @@ class CoordinatorRelay::Call {
     if (ctx->deadline() != std::chrono::system_clock::time_point::max())
       up_ctx_.set_deadline(ctx->deadline());
     const auto& metadata = ctx->client_metadata();
-    if (auto it = metadata.find(kJobTokenMetadata); it != metadata.end())
+    if (auto it = metadata.find(kJobTokenMetadata); it != metadata.end()) {
       up_ctx_.AddMetadata(kJobTokenMetadata,
                           std::string(it->second.data(), it->second.size()));
+    }
     up_ctx_.AddMetadata(kRelayedMetadata, "1");
     relay->upstream_->PrepareBidiStreamingCall(&up_ctx_, method, {}, &up_);
     up_.AddHold();  // A
@@ -104,21 +120,18 @@ class CoordinatorRelay::Call {
     down_.Finish(status);
   }
 
-  // The process sent a message, or half-closed or went away (!ok).
+  // The process's request, or none (!ok: it half-closed or went away).
   void DownRead(bool ok) {
     if (ok) {
-      up_.StartWrite(&from_down_);
+      up_.StartWriteLast(&from_down_, grpc::WriteOptions());
       return;
     }
     up_.StartWritesDone();
     up_.RemoveHold();  // A
   }
-  void UpWritten(bool ok) {
-    if (ok) {
-      down_.StartRead(&from_down_);
-    } else {
-      up_.RemoveHold();  // A: the coordinator's side ended; UpDone says how
-    }
+  void UpWritten(bool /*ok*/) {
+    // Sent, or the coordinator's side ended (UpDone says how).
+    up_.RemoveHold();  // A
   }
   // The coordinator answered a message, or has no more (!ok: its status
   // follows in UpDone).
@@ -136,6 +149,8 @@ class CoordinatorRelay::Call {
     up_.RemoveHold();  // B
   }
   void UpDone(const grpc::Status& s) {
+    // Before Finish: once the down side is done the relay may stop and go.
+    relay_->active_.fetch_sub(1);
     down_.Finish(s);
     SideDone(/*down=*/false);
   }
@@ -145,7 +160,6 @@ class CoordinatorRelay::Call {
       (down ? down_done_ : up_done_) = true;
       if (!down_done_ || (relayed_ && !up_done_)) return;
     }
-    if (relayed_) relay_->active_.fetch_sub(1);
     delete this;
   }
 
@@ -196,11 +210,18 @@ absl::StatusOr<std::unique_ptr<CoordinatorRelay>> CoordinatorRelay::Start(
   // Its own connection, even where one process hosts many relays (the
   // scale harness's hollow hosts): one per host, as on a cluster.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // A coordinator that restarted is tried again within seconds (gRPC's
+  // default backoff grows to two minutes, failing every relayed call
+  // meanwhile).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   r->upstream_ = std::make_unique<grpc::GenericStub>(
       OpenChannel(r->options_.coordinator, args, "coordinator"));
   r->service_ = std::make_unique<Service>(r.get());
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxCoordinatorRequestBytes);
+  // A process's connection with no call for five minutes is closed (its
+  // channel connects again when it next calls).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
   builder.RegisterCallbackGenericService(r->service_.get());
   r->server_ = builder.BuildAndStart();
   if (r->server_ == nullptr)

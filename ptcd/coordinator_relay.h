@@ -6,9 +6,12 @@
 //
 // What is relayed, and as whom:
 // - Only methods of ptc.proto.Coordinator (others: UNIMPLEMENTED). Each
-//   call is forwarded as it comes, message by message (unary calls and
-//   the Watch stream alike), with its deadline and cancellation; the
-//   coordinator's answer and status come back unchanged.
+//   call's one request is forwarded (every Coordinator method takes one;
+//   nothing after it is read), and the answers come back message by
+//   message (unary calls and the Watch stream alike), with the call's
+//   deadline and cancellation and the coordinator's status unchanged.
+//   With TLS a call without a job token is refused here
+//   (UNAUTHENTICATED).
 // - From the caller's metadata only its job token (`ptc-job-token`) goes
 //   on, and the relay marks the call relayed (`ptc-relayed`). The
 //   coordinator treats a relayed call from a host's certificate as a job's
@@ -17,7 +20,8 @@
 // - Who may connect is who may use the daemon's local socket
 //   (common/local_peer.h), checked at accept. At most `max_calls` calls at
 //   once (RESOURCE_EXHAUSTED beyond); requests above the coordinator's own
-//   size limit are refused here.
+//   size limit are refused here; a connection idle for five minutes is
+//   closed.
 //
 // Threads: one accepting connections; calls run on gRPC's callback
 // threads, never blocking them. Stop() (or the destructor) cancels calls

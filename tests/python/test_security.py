@@ -224,18 +224,20 @@ def test_a_process_reaches_the_coordinator_through_its_ptcd_as_its_job_only(clus
     assert as_job_process(cluster, "client", token, ranks.format(job="j")) == "tp=2,dp=2"
     assert "acts for job 'j' only" in as_job_process(cluster, "client", token,
                                                      ranks.format(job="k"))
-    assert "no job token" in as_job_process(cluster, "client", None, ranks.format(job="j"))
+    # Without a token nothing passes, not even a list of the hosts.
+    assert "needs its job's token" in as_job_process(cluster, "client", None,
+                                                     ranks.format(job="j"))
     # An admin's certificate does not pass through the socket: ptcctl there
-    # is a job's client, and may not forget the job or add hosts.
+    # (which sends no token) may not forget the job, add hosts or list them.
     env = dict(os.environ, PTC_TLS_CA=str(cluster.certs / "ca.pem"),
                PTC_TLS_CERT=str(cluster.certs / "admin.pem"),
-               PTC_TLS_KEY=str(cluster.certs / "admin.key"), PTC_JOB_TOKEN=token)
-    for args in (["forget", "j"], ["hosts", "add", "host1", "--job", "j"]):
+               PTC_TLS_KEY=str(cluster.certs / "admin.key"))
+    for args in (["forget", "j"], ["hosts", "add", "host1", "--job", "j"], ["hosts"]):
         r = subprocess.run([str(cluster.bin / "tools/ptcctl"), *args,
                             "--coordinator", f"unix:{relay}"],
                            capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode != 0, r.stdout
-        assert "came through host 'host0''s coordinator relay" in r.stderr, r.stderr
+        assert "needs its job's token" in r.stderr, r.stderr
     assert jobs(cluster) == ["j"]
 
 
