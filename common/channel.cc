@@ -271,14 +271,14 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            grpc::ChannelArguments args,
                                            const std::string& expected_name,
                                            const std::string& job_token) {
+  if (absl::StartsWith(address, "unix:"))
+    return OpenLocalChannel(address.substr(5), job_token);
   // A connection whose peer vanished without closing it (a link cut, a
   // machine powered off) would keep the channel READY, and every call on
   // it would wait out its deadline. While a call is open the channel pings
   // its peer every kKeepaliveTime and drops the connection when a ping is
   // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
   // the next one connects afresh. Idle channels do not ping.
-  if (absl::StartsWith(address, "unix:"))
-    return OpenLocalChannel(address.substr(5), job_token);
   SetKeepalive(args);
   const std::string target = ChannelTarget(address);
   std::string config = kCoordinatorRetries;

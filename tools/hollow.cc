@@ -128,7 +128,12 @@ absl::Status RunHosts(const Args& args) {
   PTC_ASSIGN_OR_RETURN(const int64_t memory,
                        ParseBytes(args.Get("memory-limit", "4TiB")));
   const std::string dir = args.Get("dir", ".");
-  const bool relay = args.Get("relay", "on") != "off";
+  const std::string relay_flag = args.Get("relay", "on");
+  if (relay_flag != "on" && relay_flag != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--relay is 'on' or 'off', not '", relay_flag, "'"));
+  }
+  const bool relay = relay_flag == "on";
   std::string short_dir;  // relays' sockets whose path is too long in DIR
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every

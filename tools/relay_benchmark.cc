@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -95,12 +96,15 @@ absl::Status Run(int argc, char** argv) {
   PTC_ASSIGN_OR_RETURN(
       Args args,
       Args::Parse(argc, argv, 1, {"rounds", "calls", "threads"}, {}));
-  const int rounds = std::stoi(args.Get("rounds", "5"));
-  const int calls = std::stoi(args.Get("calls", "500"));
-  const int threads = std::stoi(args.Get("threads", "32"));
-  if (rounds < 1 || calls < 1 || threads < 1 || threads > 1024)
+  int rounds = 0, calls = 0, threads = 0;
+  if (!absl::SimpleAtoi(args.Get("rounds", "5"), &rounds) ||
+      !absl::SimpleAtoi(args.Get("calls", "500"), &calls) ||
+      !absl::SimpleAtoi(args.Get("threads", "32"), &threads) || rounds < 1 ||
+      rounds > 1000 || calls < 1 || calls > 1000000 || threads < 1 ||
+      threads > 1024)
     return absl::InvalidArgumentError(
-        "--rounds, --calls need 1 or more, --threads 1 to 1024");
+        "--rounds (1 to 1000), --calls (1 to 1,000,000) and --threads (1 to "
+        "1024) need numbers");
   PTC_RETURN_IF_ERROR(SetLogLevel("warn"));
   PTC_RETURN_IF_ERROR(ConfigureSecurity({.insecure = true}, "relay_benchmark"));
   char dir[] = "/tmp/ptc-relay-bench-XXXXXX";
