@@ -163,6 +163,7 @@ std::string EventJson(const JobEvent& e) {
   w.Key("phase").String(PhaseName(e.phase));
   w.Key("reason").String(e.reason);
   w.Key("error").String(e.error);
+  w.Key("received").Int(e.received);
   w.EndObject();
   return w.str();
 }
@@ -699,6 +700,20 @@ int ptc_client_event(const ptc_client* c, ptc_bytes* json) {
   return Call([&]() -> absl::Status {
     if (c == nullptr || json == nullptr) return Null("client or out");
     Give(ptc::EventJson(c->client->LatestEvent()), json);
+    return absl::OkStatus();
+  });
+}
+
+int ptc_client_wait_event(const ptc_client* c, int64_t after, double timeout_s,
+                          ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (c == nullptr || json == nullptr) return Null("client or out");
+    if (!(timeout_s >= 0 && timeout_s <= 3600)) {
+      return absl::InvalidArgumentError(
+          "the timeout must be from 0 to 3600 seconds");
+    }
+    Give(ptc::EventJson(c->client->WaitEvent(after, absl::Seconds(timeout_s))),
+         json);
     return absl::OkStatus();
   });
 }

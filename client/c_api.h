@@ -135,6 +135,10 @@ PTC_API int ptc_client_rebind(ptc_client* c, int rank);
 PTC_API int ptc_client_follow(ptc_client* c);
 PTC_API int ptc_client_unfollow(ptc_client* c);
 PTC_API int ptc_client_event(const ptc_client* c, ptc_bytes* json);
+// The newest event once the stream has told more than `after` events
+// (the event's "received"), or after timeout_s seconds (0 to 3600).
+PTC_API int ptc_client_wait_event(const ptc_client* c, int64_t after,
+                                  double timeout_s, ptc_bytes* json);
 PTC_API int ptc_client_fetch_event(ptc_client* c, ptc_bytes* json);
 // ptc_ranks_on_host over the client's own connection.
 PTC_API int ptc_client_ranks_on_host(ptc_client* c, const char* host,

@@ -385,6 +385,7 @@ void JobWatch::Start(proto::Coordinator::Stub* stub, const std::string& job) {
       while (reader->Read(&e)) {
         JobEvent j = EventOf(e);
         absl::MutexLock lock(&mu_);
+        j.received = latest_.received + 1;
         latest_ = std::move(j);
       }
       reader->Finish().ok();
@@ -413,6 +414,15 @@ JobEvent JobWatch::Latest() const {
   return latest_;
 }
 
+JobEvent JobWatch::Wait(int64_t after, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  const auto told = [this, after]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return latest_.received > after;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&told), timeout);
+  return latest_;
+}
+
 JobFollower::JobFollower(const std::string& coordinator, const std::string& job)
     : coordinator_(coordinator),
       job_(job),
@@ -431,6 +441,10 @@ absl::StatusOr<HostRanks> JobFollower::RanksOn(const std::string& host,
 void Client::Follow() { watch_.Start(coordinator_.get(), options_.job); }
 
 JobEvent Client::LatestEvent() const { return watch_.Latest(); }
+
+JobEvent Client::WaitEvent(int64_t after, absl::Duration timeout) const {
+  return watch_.Wait(after, timeout);
+}
 
 absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
                                                absl::Duration timeout) {

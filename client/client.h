@@ -138,6 +138,10 @@ struct JobEvent {
   proto::ReconfigurePhase phase = proto::PHASE_NONE;
   std::string reason;
   std::string error;
+  // How many events this process's stream has told it, this one included
+  // (0: none, or an event asked for, FetchEvent): a waiter passes the
+  // count it has seen to Client::WaitEvent.
+  int64_t received = 0;
 };
 
 // Follows a job's Watch stream (WatchRequest.follow) in a thread of its
@@ -152,6 +156,9 @@ class JobWatch {
   // Stops following; Latest() keeps the last event, Start follows again.
   void Stop();
   JobEvent Latest() const;
+  // The newest event once the stream has told more than `after` events,
+  // or when `timeout` passes (the newest event then, told or not).
+  JobEvent Wait(int64_t after, absl::Duration timeout) const;
 
  private:
   mutable absl::Mutex mu_;
@@ -205,6 +212,10 @@ class Client {
   // Stops following (LatestEvent keeps the last event).
   void Unfollow();
   JobEvent LatestEvent() const;
+  // Sleeps until the stream tells something new (an event whose
+  // `received` is beyond `after`), at most `timeout`, and returns the
+  // newest event: a waiting process is woken by the news, not by a clock.
+  JobEvent WaitEvent(int64_t after, absl::Duration timeout) const;
   // The job's state now, as an event (one ListJobs call).
   absl::StatusOr<JobEvent> FetchEvent();
   // Meets the job's other processes under `layout_epoch`: rank 0 offers

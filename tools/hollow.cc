@@ -270,6 +270,17 @@ class HollowRank {
     return polled_;
   }
 
+  // The job once it may have moved on from `ev`: told by the Watch
+  // stream (woken by its news, at most `most` later), or with --poll
+  // asked again after the poll interval.
+  absl::StatusOr<JobEvent> Next(const JobEvent& ev, absl::Duration most) {
+    if (client_->rank() == 0 || o_.watch) {
+      return client_->WaitEvent(ev.received, most);
+    }
+    absl::SleepFor(std::min(most, o_.poll));
+    return Event();
+  }
+
   static bool Running(const JobEvent& ev) {
     return ev.phase != proto::PHASE_NONE && !PhaseEnded(ev.phase);
   }
@@ -280,11 +291,11 @@ class HollowRank {
       // layout it ended in.
       int64_t now_epoch = 0;
       if (client_ != nullptr) {
+        PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
         while (!Stopping()) {
-          PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
           now_epoch = ev.layout_epoch;
           if (!Running(ev) && ev.pending_config.empty()) break;
-          absl::SleepFor(o_.poll);
+          PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
         }
       }
       PTC_ASSIGN_OR_RETURN(int rank, MyRank());
@@ -357,15 +368,13 @@ class HollowRank {
       PTC_ASSIGN_OR_RETURN(const int64_t version, Save(step));
       if (version == 0) return absl::OkStatus();  // the layout changed
       // Until the version commits (every rank saved it), or a change
-      // starts (a peer died and will never save it).
+      // starts (a peer died and will never save it): asleep until the
+      // stream tells something new, as ptc.elastic's processes wait.
+      PTC_ASSIGN_OR_RETURN(ev, Event());
       while (!Stopping()) {
-        PTC_ASSIGN_OR_RETURN(ev, Event());
         if (ev.committed_version >= version) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
-        // ptc.elastic looks every 2 ms; a thousand hollow processes doing
-        // so on two cores starve the hosts and the coordinator they share
-        // them with (keepalive timeouts), so these look every 20 ms.
-        absl::SleepFor(absl::Milliseconds(20));
+        PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
       }
       if (!asked) ++saves_done_;
       if (client_->rank() == 0) Say(absl::StrCat("saved ", version));
@@ -393,6 +402,10 @@ class HollowRank {
     PTC_RETURN_IF_ERROR(committed.status());
     return (*save)->version();
   }
+
+  // The longest a waiting rank sleeps without news (its stream went quiet
+  // while followed again, or the harness stops it).
+  static constexpr absl::Duration kQuiet = absl::Milliseconds(500);
 
   const Options o_;
   std::unique_ptr<Client> client_;

@@ -209,9 +209,26 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
     rank0.follow()
     ev = wait_for("the first event", lambda: rank0.event if rank0.event["known"] else None)
     assert ev["layout_epoch"] == epoch and ev["committed_version"] == 1
-    r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
-                       "host0,host1", "--after-save", check=True)
-    assert "starts when its processes have saved their next step" in r.stdout
+    assert ev["received"] >= 1
+    # A process waits for news asleep: with none, the wait ends at its
+    # timeout with the event it had; told something, it wakes with it.
+    same = rank0.wait_event(ev["received"], 0.2)
+    assert same["received"] == ev["received"] and same["layout_epoch"] == epoch
+    with pytest.raises(ptc.Error, match="the timeout must be from 0 to 3600 seconds"):
+        rank0.wait_event(ev["received"], -1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        def told():
+            seen = ev
+            while not seen["pending_config"]:
+                news = rank0.wait_event(seen["received"], 120)
+                assert news["received"] > seen["received"], "woken without news"
+                seen = news
+            return seen
+        waiting = pool.submit(told)
+        r = cluster.ptcctl("reconfigure", "--job", "j", "--to", "tp=1,dp=4", "--hosts",
+                           "host0,host1", "--after-save", check=True)
+        assert "starts when its processes have saved their next step" in r.stdout
+        assert waiting.result(timeout=120)["pending_config"] == "tp=1,pp=1,dp=4"
     assert wait_for("the pending change", lambda: rank0.event["pending_config"]) == \
         "tp=1,pp=1,dp=4"
     assert cluster.job("j")["pending_config"] == "tp=1,pp=1,dp=4"

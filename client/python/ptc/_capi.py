@@ -121,6 +121,7 @@ _SIGNATURES = {
     "ptc_client_follow": ([_P], _I),
     "ptc_client_unfollow": ([_P], _I),
     "ptc_client_event": ([_P, _B], _I),
+    "ptc_client_wait_event": ([_P, _I64, _D, _B], _I),
     "ptc_client_fetch_event": ([_P, _B], _I),
     "ptc_client_ranks_on_host": ([_P, _S, _B], _I),
     "ptc_client_rendezvous": ([_P, _I64, _I, _D, _B], _I),
@@ -615,8 +616,16 @@ class Client(_Handle):
     @property
     def event(self):
         """the job as Follow last saw it: {known, layout_epoch,
-        committed_version, pending_config, plan_epoch, phase, reason, error}"""
+        committed_version, pending_config, plan_epoch, phase, reason, error,
+        received (how many events the stream has told)}"""
         return _json(_lib.ptc_client_event, self._h)
+
+    def wait_event(self, after, timeout):
+        """`event` once the stream has told more than `after` events (an
+        event's "received"), or after `timeout` seconds: a process that
+        waits for the job sleeps until it is told something new"""
+        return _json(_lib.ptc_client_wait_event, self._h, int(after),
+                     float(timeout))
 
     def fetch_event(self):
         """the job's state now, as `event` has it (one call to the

@@ -413,16 +413,28 @@ class Live:
         told, and asks nothing while the job trains."""
         return self.client.event
 
+    # The longest a waiting process sleeps without news: its Watch stream
+    # wakes it when it tells something new; this bounds only a wait whose
+    # stream went quiet (followed again after the coordinator restarted).
+    _QUIET = 0.5
+
+    def _until(self, ready, deadline):
+        """The first event for which ready(event) holds, or None once the
+        deadline passed. The process sleeps until its stream tells it
+        something new: four processes looking every 2-5 ms took CPU from
+        the daemons changing the store on the same cores."""
+        ev = self._ev()
+        while not ready(ev):
+            left = deadline - time.time()
+            if left < 0:
+                return None
+            ev = self.client.wait_event(ev["received"], min(left, self._QUIET))
+        return ev
+
     def _soon(self, ready, patience=2.0):
         """Whether ready(event) holds within `patience` seconds (the Watch
         stream may lag the coordinator's answer a little)."""
-        deadline = time.time() + patience
-        while True:
-            if ready(self._ev()):
-                return True
-            if time.time() > deadline:
-                return False
-            time.sleep(0.005)
+        return self._until(ready, time.time() + patience) is not None
 
     def _changing(self):
         """Whether the job is changing (or a change waits for a save)."""
@@ -480,7 +492,7 @@ class Live:
                                   job=self.job, rank=rank)
         self.rank = rank
         self.client.follow()
-        self._wait(lambda: self._ev()["known"], "the coordinator's Watch stream")
+        self._wait(lambda ev: ev["known"], "the coordinator's Watch stream")
         ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
         if ev["phase"] in _RUNNING or ev["pending_config"]:
@@ -507,8 +519,8 @@ class Live:
     def _rebind_after_change(self):
         """Waits for the change in flight to end and takes this GPU's rank
         in the layout it ends in; False if that layout has none here."""
-        self._wait(lambda: self._ev()["phase"] not in _RUNNING and
-                   not self._ev()["pending_config"], "the change in flight")
+        self._wait(lambda ev: ev["phase"] not in _RUNNING and not ev["pending_config"],
+                   "the change in flight")
         rank = self._my_rank()
         if rank is None:
             return False
@@ -526,12 +538,10 @@ class Live:
                 return r["rank"]
         return None
 
-    def _wait(self, ready, what, deadline=None):
-        deadline = deadline or time.time() + self.timeout
-        while not ready():
-            if time.time() > deadline:
-                raise TimeoutError(f"waited {self.timeout:.0f} s for {what}")
-            time.sleep(0.005)
+    def _wait(self, ready, what):
+        """Until ready(event) holds, at most the client's timeout."""
+        if self._until(ready, time.time() + self.timeout) is None:
+            raise TimeoutError(f"waited {self.timeout:.0f} s for {what}")
 
     def _save(self, change_serial=0):
         from . import torch as pt
@@ -636,18 +646,19 @@ class Live:
         meanwhile never saves, and the change its death starts ends the
         wait (_Broken). A hot switch's version commits with the change."""
         deadline = time.time() + self.timeout
+        ev = self._ev()
         while True:
-            ev = self._ev()
             if ev["committed_version"] >= version:
                 return
             started = ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
             if ev["layout_epoch"] > start_epoch or (started and (hot or not ev["pending_config"])):
                 raise _Broken(RuntimeError(f"a change started before version {version} "
                                            "committed"))
-            if time.time() > deadline:
+            left = deadline - time.time()
+            if left < 0:
                 raise TimeoutError(f"version {version} did not commit in "
                                    f"{self.timeout:.0f} s")
-            time.sleep(0.002)
+            ev = self.client.wait_event(ev["received"], min(left, self._QUIET))
 
     def _recover(self):
         """After a failed step: drop the broken groups, wait for the change
@@ -666,8 +677,7 @@ class Live:
         marker = self._change["marker"]
         known = max(self.layout_epoch, self._abandoned_epoch)
 
-        def settled():
-            ev = self._ev()
+        def settled(ev):
             if ev["layout_epoch"] > known:
                 return True
             ended = ev["phase"] not in _RUNNING and not ev["pending_config"]
