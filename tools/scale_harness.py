@@ -300,11 +300,29 @@ class Harness:
         if not ok:
             self.failures.append(what)
 
+    def hollow_cpu(self):
+        """CPU seconds so far of each hollow process alive ((kind, pid) ->
+        s; kind "hosts" or "ranks")."""
+        cpu = {}
+        for g in self.groups:
+            for kind, p in (("hosts", g.hosts), ("ranks", g.ranks)):
+                if p is None or p.poll() is not None:
+                    continue
+                try:
+                    fields = pathlib.Path(f"/proc/{p.pid}/stat").read_text() \
+                        .rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                cpu[kind, p.pid] = (int(fields[11]) + int(fields[12])) / TICK
+        return cpu
+
     def phase(self, name, body):
         print(f"phase {name} ...", flush=True)
         before = self.coordinator.sample()
+        hollow_before = self.hollow_cpu()
         extra = body() or {}
         after = self.coordinator.sample()
+        hollow_after = self.hollow_cpu()
         wall = after["time"] - before["time"]
         calls = {m: (after["calls"].get(m, 0) - before["calls"].get(m, 0)) / wall
                  for m in after["calls"]}
@@ -319,12 +337,19 @@ class Harness:
                "watch_bytes": after["watch"]["bytes"] - before["watch"]["bytes"],
                "proofs_whole": after["proofs"]["whole"] - before["proofs"]["whole"],
                "proofs_by_id": after["proofs"]["by_id"] - before["proofs"]["by_id"],
+               # The hollow hosts' and processes' own (those alive at the
+               # phase's end): what the harness costs the cores it shares.
+               **{f"hollow_{kind}_cpu_s": sum(
+                   hollow_after[p] - hollow_before.get(p, 0) for p in hollow_after
+                   if p[0] == kind) for kind in ("hosts", "ranks")},
                **extra}
         self.phases.append(row)
         busy = ", ".join(f"{m.split('.')[-1]} {v:.0f}/s" for m, v in
                          sorted(row["calls_per_s"].items(), key=lambda kv: -kv[1])[:5])
         print(f"  {wall:.2f} s, coordinator {row['cpu_s']:.2f} CPU-s "
-              f"({100 * row['cpu_s'] / wall:.0f}% of a core), rss {row['rss'] / 2**20:.0f} MiB "
+              f"({100 * row['cpu_s'] / wall:.0f}% of a core; hollow hosts "
+              f"{row['hollow_hosts_cpu_s']:.1f}, processes {row['hollow_ranks_cpu_s']:.1f} "
+              f"CPU-s), rss {row['rss'] / 2**20:.0f} MiB "
               f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads "
               f"(at most {row['peak_threads']}), {row['connections']} connections "
               f"(at most {row['peak_connections']}), "

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,10 +38,14 @@ absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
 
 absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   *fd = -1;
-  std::string buf(kMaxPacket, '\0');
+  // Received into this thread's buffer, allocated once and never zeroed,
+  // and copied out at the packet's size: a fresh zeroed 64 KiB for every
+  // packet (both ends of every local call) was a tenth of a hollow host's
+  // CPU.
+  thread_local const std::unique_ptr<char[]> buf(new char[kMaxPacket]);
   struct iovec iov;
-  iov.iov_base = buf.data();
-  iov.iov_len = buf.size();
+  iov.iov_base = buf.get();
+  iov.iov_len = kMaxPacket;
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -86,8 +91,7 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
     return absl::InvalidArgumentError(
         absl::StrCat("a local message is larger than ", kMaxPacket, " bytes"));
   }
-  buf.resize(n);
-  return buf;
+  return std::string(buf.get(), static_cast<size_t>(n));
 }
 
 }  // namespace ptc::store_internal
