@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/authz.h"
@@ -39,7 +40,10 @@ constexpr char kCoordinatorPrefix[] = "/ptc.proto.Coordinator/";
 // Every Coordinator method takes one request (unary, or a server stream
 // such as Watch): the relay reads the process's first message, sends it
 // up as the last, and reads nothing more (a process cannot park messages
-// in the relay).
+// in the relay). Only then does the call count against the relay's bounds
+// and go upstream: a call that never sends its request holds no slot and
+// no call at the coordinator (a connection's streams are bounded, see
+// Start).
 //
 // The up side's operations started from the down side's reactions need
 // the up reactor alive: two holds keep it so. Hold A covers the request
@@ -52,7 +56,11 @@ constexpr char kCoordinatorPrefix[] = "/ptc.proto.Coordinator/";
 class CoordinatorRelay::Call {
  public:
   Call(CoordinatorRelay* relay, grpc::GenericCallbackServerContext* ctx)
-      : relay_(relay), down_(this), up_(this) {
+      : relay_(relay),
+        ctx_(ctx),
+        user_(relay->UserOf(ctx->peer())),
+        down_(this),
+        up_(this) {
     const std::string& method = ctx->method();
     if (!absl::StartsWith(method, kCoordinatorPrefix)) {
       Refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
@@ -70,28 +78,6 @@ class CoordinatorRelay::Call {
                           "job's token (PTC_JOB_TOKEN; ptcctl token JOB)"));
       return;
     }
-    if (relay->active_.fetch_add(1) >= relay->options_.max_calls) {
-      relay->active_.fetch_sub(1);
-      Refuse(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("this ptcd relays ", relay->options_.max_calls,
-                       " coordinator calls at once; ask again shortly")));
-      return;
-    }
-    relayed_ = true;
-    relayed_calls_total.Add();
-    if (ctx->deadline() != std::chrono::system_clock::time_point::max())
-      up_ctx_.set_deadline(ctx->deadline());
-    const auto& metadata = ctx->client_metadata();
-    if (auto it = metadata.find(kJobTokenMetadata); it != metadata.end()) {
-      up_ctx_.AddMetadata(kJobTokenMetadata,
-                          std::string(it->second.data(), it->second.size()));
-    }
-    up_ctx_.AddMetadata(kRelayedMetadata, "1");
-    relay->upstream_->PrepareBidiStreamingCall(&up_ctx_, method, {}, &up_);
-    up_.AddHold();  // A
-    up_.StartRead(&from_up_);
-    up_.StartCall();
     down_.StartRead(&from_down_);
   }
 
@@ -122,12 +108,35 @@ class CoordinatorRelay::Call {
 
   // The process's request, or none (!ok: it half-closed or went away).
   void DownRead(bool ok) {
-    if (ok) {
-      up_.StartWriteLast(&from_down_, grpc::WriteOptions());
+    if (!ok) {
+      down_.Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                                "the call ended before its request came"));
       return;
     }
-    up_.StartWritesDone();
-    up_.RemoveHold();  // A
+    if (absl::Status taken = relay_->TakeSlot(user_); !taken.ok()) {
+      Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          std::string(taken.message())));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      relayed_ = true;
+    }
+    relayed_calls_total.Add();
+    if (ctx_->deadline() != std::chrono::system_clock::time_point::max())
+      up_ctx_.set_deadline(ctx_->deadline());
+    const auto& metadata = ctx_->client_metadata();
+    if (auto it = metadata.find(kJobTokenMetadata); it != metadata.end()) {
+      up_ctx_.AddMetadata(kJobTokenMetadata,
+                          std::string(it->second.data(), it->second.size()));
+    }
+    up_ctx_.AddMetadata(kRelayedMetadata, "1");
+    relay_->upstream_->PrepareBidiStreamingCall(&up_ctx_, ctx_->method(), {},
+                                                &up_);
+    up_.AddHold();  // A
+    up_.StartRead(&from_up_);
+    up_.StartWriteLast(&from_down_, grpc::WriteOptions());
+    up_.StartCall();
   }
   void UpWritten(bool /*ok*/) {
     // Sent, or the coordinator's side ended (UpDone says how).
@@ -150,7 +159,7 @@ class CoordinatorRelay::Call {
   }
   void UpDone(const grpc::Status& s) {
     // Before Finish: once the down side is done the relay may stop and go.
-    relay_->active_.fetch_sub(1);
+    relay_->GiveSlot(user_);
     down_.Finish(s);
     SideDone(/*down=*/false);
   }
@@ -164,14 +173,18 @@ class CoordinatorRelay::Call {
   }
 
   CoordinatorRelay* relay_;
+  // Lives until the down side is done.
+  grpc::GenericCallbackServerContext* ctx_;
+  // Who called: the user the relay's accept identified on the connection.
+  const int64_t user_ = -1;
   Down down_;
   Up up_;
   grpc::ClientContext up_ctx_;
   grpc::ByteBuffer from_down_;
   grpc::ByteBuffer from_up_;
-  // Set in the constructor, before either side runs.
-  bool relayed_ = false;
   absl::Mutex mu_;
+  // The call went upstream (it has two sides).
+  bool relayed_ ABSL_GUARDED_BY(mu_) = false;
   bool down_done_ ABSL_GUARDED_BY(mu_) = false;
   bool up_done_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -187,6 +200,43 @@ class CoordinatorRelay::Service : public grpc::CallbackGenericService {
  private:
   CoordinatorRelay* relay_;
 };
+
+int64_t CoordinatorRelay::UserOf(const std::string& peer) const {
+  int fd = -1;
+  if (!absl::StartsWith(peer, "fd:") ||
+      !absl::SimpleAtoi(absl::string_view(peer).substr(3), &fd)) {
+    return -1;
+  }
+  absl::MutexLock lock(&slots_mu_);
+  auto it = user_of_fd_.find(fd);
+  return it == user_of_fd_.end() ? -1 : it->second;
+}
+
+absl::Status CoordinatorRelay::TakeSlot(int64_t user) {
+  absl::MutexLock lock(&slots_mu_);
+  if (active_.load() >= options_.max_calls) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this ptcd relays ", options_.max_calls,
+                     " coordinator calls at once; ask again shortly"));
+  }
+  int& mine = calls_of_user_[user];
+  if (mine >= options_.max_calls_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", user, " has ", mine,
+        " coordinator calls through this ptcd at once, the most one user may "
+        "(the rest are kept for others); ask again shortly"));
+  }
+  ++mine;
+  active_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void CoordinatorRelay::GiveSlot(int64_t user) {
+  absl::MutexLock lock(&slots_mu_);
+  auto it = calls_of_user_.find(user);
+  if (it != calls_of_user_.end() && --it->second <= 0) calls_of_user_.erase(it);
+  active_.fetch_sub(1);
+}
 
 std::string RelaySocketFor(const std::string& local_socket) {
   if (absl::EndsWith(local_socket, ".sock")) {
@@ -222,6 +272,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorRelay>> CoordinatorRelay::Start(
   // A process's connection with no call for five minutes is closed (its
   // channel connects again when it next calls).
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  // Calls waiting for their request hold no slot (Call): a connection may
+  // have twice as many streams open as the relay has slots, no more (a
+  // client queues the rest; below it, calls beyond the slots are refused,
+  // not queued).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             2 * r->options_.max_calls);
   builder.RegisterCallbackGenericService(r->service_.get());
   r->server_ = builder.BuildAndStart();
   if (r->server_ == nullptr)
@@ -278,6 +334,12 @@ void CoordinatorRelay::AcceptLoop() {
                  peer.uid, why);
       close(fd);
       continue;
+    }
+    {
+      // A descriptor's number is reused only after gRPC closed its last
+      // connection, whose calls were done with it.
+      absl::MutexLock lock(&slots_mu_);
+      user_of_fd_[fd] = peer.known ? int64_t{peer.uid} : -1;
     }
     grpc::AddInsecureChannelFromFd(server_.get(), fd);
   }

@@ -19,7 +19,11 @@
 //   the host's, and needs its job's token as it would calling directly.
 // - Who may connect is who may use the daemon's local socket
 //   (common/local_peer.h), checked at accept. At most `max_calls` calls at
-//   once (RESOURCE_EXHAUSTED beyond); requests above the coordinator's own
+//   once, and `max_calls_per_user` of one user's (the uid the connection
+//   was accepted from): RESOURCE_EXHAUSTED beyond, so that one local user
+//   cannot take every slot from another's job. A call counts from its
+//   request on (one that never sends it holds no slot, and a connection
+//   at most 2 x max_calls streams); requests above the coordinator's own
 //   size limit are refused here; a connection idle for five minutes is
 //   closed.
 //
@@ -37,11 +41,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/local_peer.h"
 
 namespace ptc {
@@ -54,6 +60,8 @@ struct CoordinatorRelayOptions {
   // Calls relayed at once (a process's Watch stream and its one call in
   // flight: 8 GPUs need 16).
   int max_calls = 1024;
+  // Of those, one user's at most.
+  int max_calls_per_user = 512;
 };
 
 // The relay's socket next to a ptcd's local socket: "-coordinator" before
@@ -81,11 +89,21 @@ class CoordinatorRelay {
 
   explicit CoordinatorRelay(CoordinatorRelayOptions options);
   void AcceptLoop();
+  // The uid of the connection gRPC names `peer` ("fd:N" for one added
+  // from a descriptor); -1 if not known.
+  int64_t UserOf(const std::string& peer) const;
+  // Counts a call of `user` against the bounds (RESOURCE_EXHAUSTED with
+  // the reason beyond them); GiveSlot when it ends.
+  absl::Status TakeSlot(int64_t user);
+  void GiveSlot(int64_t user);
 
   CoordinatorRelayOptions options_;
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
   std::atomic<int> active_{0};
+  mutable absl::Mutex slots_mu_;
+  std::map<int, int64_t> user_of_fd_ ABSL_GUARDED_BY(slots_mu_);
+  std::map<int64_t, int> calls_of_user_ ABSL_GUARDED_BY(slots_mu_);
   std::unique_ptr<grpc::GenericStub> upstream_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;

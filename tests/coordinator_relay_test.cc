@@ -6,6 +6,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <memory>
@@ -27,7 +28,7 @@ constexpr char kModel[] =
 
 // A coordinator (its state: one job, "gpt", on host0) and a relay to it.
 struct Relayed {
-  explicit Relayed(int max_calls = 1024) {
+  explicit Relayed(int max_calls = 1024, int max_calls_per_user = 512) {
     proto::CoordinatorState state = testing::KnownHosts(c, 2);
     auto* j = state.add_jobs();
     j->set_job("gpt");
@@ -44,9 +45,11 @@ struct Relayed {
     REQUIRE(started.ok());
     coordinator = std::move(*started);
     address = absl::StrCat("127.0.0.1:", coordinator->port());
-    auto r = CoordinatorRelay::Start({.socket_path = dir.path() + "/relay.sock",
-                                      .coordinator = address,
-                                      .max_calls = max_calls});
+    auto r =
+        CoordinatorRelay::Start({.socket_path = dir.path() + "/relay.sock",
+                                 .coordinator = address,
+                                 .max_calls = max_calls,
+                                 .max_calls_per_user = max_calls_per_user});
     REQUIRE(r.ok());
     relay = std::move(*r);
     channel = OpenLocalChannel(relay->socket_path(), "");
@@ -184,6 +187,78 @@ TEST_CASE(
   }
   CHECK(!first->Finish().ok());
   CHECK(!second->Finish().ok());
+  CHECK(WaitActive(*r.relay, 0));
+}
+
+// A call held open without its request (the test never writes on it).
+struct Silent : grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+  void OnDone(const grpc::Status& s) override {
+    status = s;
+    done.Notify();
+  }
+  grpc::Status status;
+  absl::Notification done;
+};
+
+grpc::Status ListJobs(proto::Coordinator::Stub* stub) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(30));
+  proto::ListJobsRequest req;
+  proto::ListJobsResponse resp;
+  return stub->ListJobs(&ctx, req, &resp);
+}
+
+TEST_CASE(
+    "coordinator relay: a call counts from its request on, and one user's "
+    "calls are bounded apart from the relay's",
+    "[ptcd][hostile]") {
+  Relayed r(/*max_calls=*/3, /*max_calls_per_user=*/2);
+  grpc::GenericStub generic(r.channel);
+  grpc::ClientContext silent_ctx;
+  SetDeadline(&silent_ctx, absl::Seconds(120));
+  Silent silent;
+  generic.PrepareBidiStreamingCall(&silent_ctx, "/ptc.proto.Coordinator/Watch",
+                                   {}, &silent);
+  silent.StartCall();
+  // Answered on the same connection after it: the relay has the silent
+  // call, which holds no slot.
+  REQUIRE(ListJobs(r.stub.get()).ok());
+  CHECK(r.relay->active_calls() == 0);
+  proto::WatchRequest req;
+  req.set_job("gpt");
+  req.set_follow(true);
+  grpc::ClientContext a, b;
+  SetDeadline(&a, absl::Seconds(120));
+  SetDeadline(&b, absl::Seconds(120));
+  auto first = r.stub->Watch(&a, req);
+  auto second = r.stub->Watch(&b, req);
+  proto::ReconfigureEvent e;
+  REQUIRE(first->Read(&e));
+  REQUIRE(second->Read(&e));
+  CHECK(r.relay->active_calls() == 2);
+  // The relay has a third slot, but not for this user.
+  const grpc::Status third = ListJobs(r.stub.get());
+  CHECK(third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  INFO(third.error_message());
+  CHECK(third.error_message().find(absl::StrCat(
+            "uid ", getuid(),
+            " has 2 coordinator calls through this ptcd at once")) !=
+        std::string::npos);
+  // Ended, the silent call never reached the coordinator; the streams'
+  // slots come back as they end.
+  silent_ctx.TryCancel();
+  silent.done.WaitForNotification();
+  CHECK(!silent.status.ok());
+  a.TryCancel();
+  while (first->Read(&e)) {
+  }
+  first->Finish().ok();
+  CHECK(WaitActive(*r.relay, 1));
+  CHECK(ListJobs(r.stub.get()).ok());
+  b.TryCancel();
+  while (second->Read(&e)) {
+  }
+  second->Finish().ok();
   CHECK(WaitActive(*r.relay, 0));
 }
 
