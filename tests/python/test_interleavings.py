@@ -548,7 +548,10 @@ def test_a_small_object_a_change_leaves_on_one_host_is_kept_from_that_host(bin_d
     replica is one rank on one host: after the change the coordinator reads
     each loader from its new host to keep it, and the job survives either
     host's loss at once, not only from its next save."""
-    c = LocalCluster(bin_dir, tmp_path, hosts=4, gpus=1)
+    # Nothing dies here: a host timeout of 10 s, not the 2 s that a busy
+    # machine once broke ("host0 went silent (no heartbeat for 2s)" during
+    # the change, in a CI run beside another suite).
+    c = LocalCluster(bin_dir, tmp_path, hosts=4, gpus=1, host_timeout=10)
     try:
         register_with_loader(c, "tp=2,dp=2", ("host0", "host1", "host2", "host3"))
         for h in ("host0", "host1", "host2", "host3"):
