@@ -8,9 +8,13 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
+#include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -259,6 +263,62 @@ TEST_CASE(
   while (second->Read(&e)) {
   }
   second->Finish().ok();
+  CHECK(WaitActive(*r.relay, 0));
+}
+
+TEST_CASE(
+    "coordinator relay: calls ended at any moment (deadlines, cancels, "
+    "the relay stopping) leave no call behind and the relay whole",
+    "[ptcd][hostile]") {
+  Relayed r(/*max_calls=*/8, /*max_calls_per_user=*/6);
+  std::atomic<int> answered{0}, refused{0};
+  auto caller = [&](int seed) {
+    std::mt19937 rng(seed);
+    // Connections of their own, as processes have.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto stub = proto::Coordinator::NewStub(
+        grpc::CreateCustomChannel("unix:" + r.relay->socket_path(),
+                                  grpc::InsecureChannelCredentials(), args));
+    for (int i = 0; i < 40; ++i) {
+      grpc::ClientContext ctx;
+      const int ms = std::uniform_int_distribution<int>(0, 20)(rng);
+      SetDeadline(&ctx, absl::Milliseconds(1 + ms));
+      if (rng() % 2 == 0) {
+        proto::WatchRequest req;
+        req.set_job("gpt");
+        req.set_follow(true);
+        auto reader = stub->Watch(&ctx, req);
+        proto::ReconfigureEvent e;
+        if (rng() % 3 == 0) ctx.TryCancel();
+        while (reader->Read(&e)) {
+        }
+        const grpc::Status s = reader->Finish();
+        (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? refused
+                                                                : answered)
+            .fetch_add(1);
+      } else {
+        proto::ListJobsRequest req;
+        proto::ListJobsResponse resp;
+        const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
+        (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? refused
+                                                                : answered)
+            .fetch_add(1);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) threads.emplace_back(caller, t);
+  for (std::thread& t : threads) t.join();
+  CHECK(answered + refused == 16 * 40);
+  CHECK(WaitActive(*r.relay, 0));
+  // Still relays, and stops with streams in flight.
+  REQUIRE(ListJobs(r.stub.get()).ok());
+  threads.clear();
+  for (int t = 0; t < 8; ++t) threads.emplace_back(caller, 100 + t);
+  absl::SleepFor(absl::Milliseconds(20));
+  r.relay->Stop();
+  for (std::thread& t : threads) t.join();
   CHECK(WaitActive(*r.relay, 0));
 }
 
