@@ -48,12 +48,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(
     s->auto_changes_.WaitForLateHosts(true);
   }
   s->watchers_ = std::make_unique<Watchers>(
-      [p = s.get()](const std::set<std::string>& jobs) {
+      [p = s.get()](const std::map<std::string, bool>& jobs) {
         std::map<std::string, Watchers::Events> out;
         absl::MutexLock lock(&p->mu_);
-        for (const std::string& name : jobs) {
+        for (const auto& [name, change] : jobs) {
           if (const Job* job = p->jobs_.Find(name))
-            out[name] = p->EventsLocked(*job);
+            out[name] = p->EventsLocked(*job, change);
         }
         return out;
       });

@@ -374,8 +374,9 @@ class CoordinatorService final
     bool survives_host_loss = false;
   };
   absl::StatusOr<Outline> OutlineOf(const proto::ReconfigureRequest& req);
-  // What the watchers of the job see now (mu_ held).
-  Watchers::Events EventsLocked(const Job& job) const
+  // What the watchers of the job see now (mu_ held); the change's whole
+  // event only if `change` (a watcher that is not a follower needs it).
+  Watchers::Events EventsLocked(const Job& job, bool change) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PlanChange, then StartChange.
   absl::Status PlanAndStart(const proto::ReconfigureRequest& req,

@@ -1097,9 +1097,14 @@ void CoordinatorService::Recover() {
   }
 }
 
-Watchers::Events CoordinatorService::EventsLocked(const Job& job) const {
+Watchers::Events CoordinatorService::EventsLocked(const Job& job,
+                                                  bool change) const {
   Watchers::Events out;
-  out.change = job.event;
+  // Copied (under the coordinator's lock) only for a watcher that is told
+  // all of it: at 512 hosts its plan's matrix and hosts' progress made
+  // every follower's Watch call, thousands in a change, copy and
+  // serialize them.
+  if (change) out.change = job.event;
   // A follower (a process of the job) is told what it acts on: the
   // change's phase and outcome, not its plan or its progress, which
   // change many times a second during a change and would be written to
@@ -1140,7 +1145,7 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* CoordinatorService::Watch(
       return Watchers::Refuse(ToGrpcStatus(absl::NotFoundError(absl::StrCat(
           "job '", req->job(), "' has not been reconfigured yet"))));
     }
-    now = EventsLocked(*job);
+    now = EventsLocked(*job, /*change=*/!req->follow());
   }
   return watchers_->Watch(*req, now);
 }

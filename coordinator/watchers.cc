@@ -48,6 +48,7 @@ class Watchers::Stream
       : owner_(owner), job_(std::move(job)), follow_(follow) {}
 
   const std::string& job() const { return job_; }
+  bool follows() const { return follow_; }
   // The publisher's round when the stream was added.
   uint64_t born = 0;
 
@@ -213,12 +214,16 @@ int Watchers::count() const {
 }
 
 void Watchers::Publish() {
-  std::set<std::string> jobs;
+  // Each watched job, and whether a stream of it is not a follower.
+  std::map<std::string, bool> jobs;
   uint64_t round = 0;
   {
     absl::MutexLock lock(&mu_);
     round = ++round_;
-    for (const auto& [job, streams] : streams_) jobs.insert(job);
+    for (const auto& [job, streams] : streams_) {
+      bool& whole = jobs[job];
+      for (const Stream* s : streams) whole = whole || !s->follows();
+    }
   }
   if (jobs.empty()) return;
   std::map<std::string, Events> read = source_(jobs);

@@ -35,13 +35,18 @@ class Watchers {
   // What a job's watchers see now: its change's event, and the same with
   // the job's layout epoch, committed version and pending change (what a
   // follower, WatchRequest.follow, sees).
+  // `change` is empty where no watcher of the job needs it (every one
+  // follows: the job's processes): the change's whole event, with its
+  // plan's host-to-host matrix and each target host's progress, is then
+  // neither copied nor serialized.
   struct Events {
     proto::ReconfigureEvent change;
     proto::ReconfigureEvent follow;
   };
-  // The events of each of `jobs`; a job missing from the answer is gone.
+  // The events of each job of `jobs` (job -> whether a watcher needs the
+  // change's whole event); a job missing from the answer is gone.
   using Source = std::function<std::map<std::string, Events>(
-      const std::set<std::string>& jobs)>;
+      const std::map<std::string, bool>& jobs)>;
 
   explicit Watchers(Source source);
   // Stops the publisher; the server has finished every stream by then.
@@ -50,7 +55,8 @@ class Watchers {
   Watchers& operator=(const Watchers&) = delete;
 
   // A new watcher of `req.job()` whose job holds `now` (checked by the
-  // caller): written `now` at once, then every change. A follower watches
+  // caller; `now.change` may be empty for a follower): written `now` at
+  // once, then every change. A follower watches
   // until it goes; another watcher until the change ends (its final
   // event), or NOT_FOUND when the job is forgotten.
   grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watch(
