@@ -158,22 +158,34 @@ TEST_CASE(
   CHECK(WaitActive(*r.relay, 0));
 }
 
+// Two processes' Watch streams through the relay, each told its first
+// event.
+struct TwoWatches {
+  explicit TwoWatches(proto::Coordinator::Stub* stub) {
+    proto::WatchRequest req;
+    req.set_job("gpt");
+    req.set_follow(true);
+    SetDeadline(&a, absl::Seconds(120));
+    SetDeadline(&b, absl::Seconds(120));
+    first = stub->Watch(&a, req);
+    second = stub->Watch(&b, req);
+    proto::ReconfigureEvent e;
+    REQUIRE(first->Read(&e));
+    REQUIRE(second->Read(&e));
+  }
+  grpc::ClientContext a, b;
+  std::unique_ptr<grpc::ClientReader<proto::ReconfigureEvent>> first, second;
+};
+
 TEST_CASE(
     "coordinator relay: calls beyond its bound are refused "
     "RESOURCE_EXHAUSTED, and stopping it ends the streams in flight",
     "[ptcd]") {
   Relayed r(/*max_calls=*/2);
-  proto::WatchRequest req;
-  req.set_job("gpt");
-  req.set_follow(true);
-  grpc::ClientContext a, b;
-  SetDeadline(&a, absl::Seconds(120));
-  SetDeadline(&b, absl::Seconds(120));
-  auto first = r.stub->Watch(&a, req);
-  auto second = r.stub->Watch(&b, req);
+  TwoWatches w(r.stub.get());
+  auto& first = w.first;
+  auto& second = w.second;
   proto::ReconfigureEvent e;
-  REQUIRE(first->Read(&e));
-  REQUIRE(second->Read(&e));
   {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(30));
@@ -228,17 +240,7 @@ TEST_CASE(
   // call, which holds no slot.
   REQUIRE(ListJobs(r.stub.get()).ok());
   CHECK(r.relay->active_calls() == 0);
-  proto::WatchRequest req;
-  req.set_job("gpt");
-  req.set_follow(true);
-  grpc::ClientContext a, b;
-  SetDeadline(&a, absl::Seconds(120));
-  SetDeadline(&b, absl::Seconds(120));
-  auto first = r.stub->Watch(&a, req);
-  auto second = r.stub->Watch(&b, req);
-  proto::ReconfigureEvent e;
-  REQUIRE(first->Read(&e));
-  REQUIRE(second->Read(&e));
+  TwoWatches w(r.stub.get());
   CHECK(r.relay->active_calls() == 2);
   // The relay has a third slot, but not for this user.
   const grpc::Status third = ListJobs(r.stub.get());
@@ -253,16 +255,17 @@ TEST_CASE(
   silent_ctx.TryCancel();
   silent.done.WaitForNotification();
   CHECK(!silent.status.ok());
-  a.TryCancel();
-  while (first->Read(&e)) {
+  proto::ReconfigureEvent e;
+  w.a.TryCancel();
+  while (w.first->Read(&e)) {
   }
-  first->Finish().ok();
+  w.first->Finish().ok();
   CHECK(WaitActive(*r.relay, 1));
   CHECK(ListJobs(r.stub.get()).ok());
-  b.TryCancel();
-  while (second->Read(&e)) {
+  w.b.TryCancel();
+  while (w.second->Read(&e)) {
   }
-  second->Finish().ok();
+  w.second->Finish().ok();
   CHECK(WaitActive(*r.relay, 0));
 }
 
