@@ -275,7 +275,9 @@ class HollowRank {
   // asked again after the poll interval.
   absl::StatusOr<JobEvent> Next(const JobEvent& ev, absl::Duration most) {
     if (client_->rank() == 0 || o_.watch) {
-      return client_->WaitEvent(ev.received, most);
+      JobEvent next = client_->WaitEvent(ev.received, most);
+      if (next.known) return next;
+      return Event();  // the stream has told nothing yet: asked
     }
     absl::SleepFor(std::min(most, o_.poll));
     return Event();
