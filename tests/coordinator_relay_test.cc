@@ -8,7 +8,6 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <random>
@@ -16,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/atomic_file.h"
@@ -274,7 +275,25 @@ TEST_CASE(
     "the relay stopping) leave no call behind and the relay whole",
     "[ptcd][hostile]") {
   Relayed r(/*max_calls=*/8, /*max_calls_per_user=*/6);
-  std::atomic<int> answered{0}, refused{0};
+  // Every call ends as its caller or the relay ended it; any other code
+  // (UNKNOWN, INTERNAL, ...) is kept to be shown.
+  absl::Mutex mu;
+  std::vector<std::string> unexpected;
+  auto ended = [&](const grpc::Status& s) {
+    switch (s.error_code()) {
+      case grpc::StatusCode::OK:
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+      case grpc::StatusCode::CANCELLED:
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      case grpc::StatusCode::UNAVAILABLE:  // the relay stopping
+        return;
+      default: {
+        absl::MutexLock lock(&mu);
+        unexpected.push_back(
+            absl::StrCat(s.error_code(), ": ", s.error_message()));
+      }
+    }
+  };
   auto caller = [&](int seed) {
     std::mt19937 rng(seed);
     // Connections of their own, as processes have.
@@ -296,24 +315,17 @@ TEST_CASE(
         if (rng() % 3 == 0) ctx.TryCancel();
         while (reader->Read(&e)) {
         }
-        const grpc::Status s = reader->Finish();
-        (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? refused
-                                                                : answered)
-            .fetch_add(1);
+        ended(reader->Finish());
       } else {
         proto::ListJobsRequest req;
         proto::ListJobsResponse resp;
-        const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
-        (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? refused
-                                                                : answered)
-            .fetch_add(1);
+        ended(stub->ListJobs(&ctx, req, &resp));
       }
     }
   };
   std::vector<std::thread> threads;
   for (int t = 0; t < 16; ++t) threads.emplace_back(caller, t);
   for (std::thread& t : threads) t.join();
-  CHECK(answered + refused == 16 * 40);
   CHECK(WaitActive(*r.relay, 0));
   // Still relays, and stops with streams in flight.
   REQUIRE(ListJobs(r.stub.get()).ok());
@@ -323,6 +335,8 @@ TEST_CASE(
   r.relay->Stop();
   for (std::thread& t : threads) t.join();
   CHECK(WaitActive(*r.relay, 0));
+  INFO(absl::StrJoin(unexpected, "; "));
+  CHECK(unexpected.empty());
 }
 
 TEST_CASE(

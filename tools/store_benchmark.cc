@@ -31,9 +31,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/args.h"
 #include "common/checksum.h"
 #include "common/mutex_checks.h"
 #include "tensor_store/internal/testing.h"
@@ -231,19 +233,31 @@ int RunRegions(int count, int kib) {
 int main(int argc, char** argv) {
   ptc::ConfigureMutexChecks();  // as in the daemons: off unless
                                 // PTC_MUTEX_CHECKS=1
-  int max_mib = 1024;
-  if (argc == 3 && std::string(argv[1]) == "--max-mib")
-    max_mib = std::atoi(argv[2]);
-  if (argc == 5 && std::string(argv[1]) == "--regions" &&
-      std::string(argv[3]) == "--region-kib") {
-    const int count = std::atoi(argv[2]), kib = std::atoi(argv[4]);
-    if (count < 1 || count > 100000 || kib < 1 || kib > (1 << 20) ||
-        int64_t{count} * kib > (int64_t{4} << 20)) {
-      std::cerr << "--regions 1-100000 of --region-kib 1-1048576, at most "
-                   "4 GiB in all\n";
-      return 2;
+  auto fail = [](const std::string& why) {
+    std::cerr << "store_benchmark: " << why << "\n";
+    return 2;
+  };
+  auto args =
+      ptc::Args::Parse(argc, argv, 1, {"max-mib", "regions", "region-kib"}, {});
+  if (!args.ok()) return fail(std::string(args.status().message()));
+  if (!args->positional().empty())
+    return fail("takes no arguments, only options: " + args->positional()[0]);
+  if (args->Has("regions") || args->Has("region-kib")) {
+    int64_t count = 0, kib = 0;
+    if (!absl::SimpleAtoi(args->Get("regions"), &count) ||
+        !absl::SimpleAtoi(args->Get("region-kib"), &kib) || count < 1 ||
+        count > 100000 || kib < 1 || kib > (1 << 20) ||
+        count * kib > (int64_t{4} << 20)) {
+      return fail(
+          "--regions takes 1 to 100000 and --region-kib 1 to 1048576, both "
+          "given, at most 4 GiB in all");
     }
-    return ptc::RunRegions(count, kib);
+    return ptc::RunRegions(static_cast<int>(count), static_cast<int>(kib));
   }
-  return ptc::Run(max_mib);
+  int64_t max_mib = 1024;
+  if (!absl::SimpleAtoi(args->Get("max-mib", "1024"), &max_mib) ||
+      max_mib < 1 || max_mib > 4096) {
+    return fail("--max-mib takes 1 to 4096");
+  }
+  return ptc::Run(static_cast<int>(max_mib));
 }
