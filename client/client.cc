@@ -522,6 +522,7 @@ Client::Save::Save(Client* client, int64_t version, int64_t step)
       version_(version),
       step_(step),
       buffers_(client->regions_.size()),
+      filled_(client->regions_.size()),
       written_checksums_(client->regions_.size()) {}
 
 Client::Save::~Save() {
@@ -536,6 +537,7 @@ absl::StatusOr<absl::Span<uint8_t>> Client::Save::Buffer(int i, bool populate) {
   PTC_RETURN_IF_ERROR(b->Map(populate));
   // The caller may change the bytes: ptcd checksums what it stores at Commit.
   written_checksums_[i].reset();
+  filled_[i] = true;
   return absl::Span<uint8_t>(b->data(), static_cast<size_t>(b->size()));
 }
 
@@ -558,7 +560,49 @@ absl::StatusOr<LocalClient::PutBuffer*> Client::Save::Slot(int i) {
   return &*buffers_[i];
 }
 
+absl::Status Client::Save::AllocatePack(int i) {
+  const std::vector<RankRegion>& regions = client_->regions_;
+  auto packable = [&](size_t j) {
+    return !buffers_[j] && regions[j].bytes < kCopyThroughDescriptorBelow;
+  };
+  if (i < 0 || i >= static_cast<int>(regions.size()) || committed_ ||
+      !packable(i)) {
+    return absl::OkStatus();  // Slot says what is wrong, or allocates alone
+  }
+  // Region i first, then those after it, then those before: a rank writes
+  // its regions in order. The request stays well within a packet.
+  constexpr int64_t kMaxRequestBytes = 32 << 10;
+  std::vector<size_t> members;
+  std::vector<std::pair<std::string, Region>> items;
+  int64_t bytes = 0, request = 0;
+  for (size_t k = 0; k < regions.size(); ++k) {
+    const size_t j = (static_cast<size_t>(i) + k) % regions.size();
+    if (!packable(j)) continue;
+    const RankRegion& r = regions[j];
+    const int64_t aligned =
+        (r.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+    const int64_t asks = static_cast<int64_t>(r.key.size()) +
+                         24 * static_cast<int64_t>(r.region.rank()) + 32;
+    if (!members.empty() &&
+        (static_cast<int>(members.size()) == kMaxPackRegions ||
+         bytes + r.bytes > kMaxPackBytes || request + asks > kMaxRequestBytes))
+      break;
+    members.push_back(j);
+    items.emplace_back(r.key, r.region);
+    bytes += aligned;
+    request += asks;
+  }
+  if (members.size() < 2) return absl::OkStatus();  // alone, as before
+  PTC_ASSIGN_OR_RETURN(
+      std::vector<LocalClient::PutBuffer> puts,
+      client_->local_->AllocatePuts(client_->job(), version_, items));
+  for (size_t m = 0; m < members.size(); ++m)
+    buffers_[members[m]] = std::move(puts[m]);
+  return absl::OkStatus();
+}
+
 absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
+  PTC_RETURN_IF_ERROR(AllocatePack(i));
   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
   if (static_cast<int64_t>(bytes.size()) != b->size()) {
     const RankRegion& r = client_->regions_[i];
@@ -585,6 +629,7 @@ absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
     }
   }
   written_checksums_[i] = sum.Digest();
+  filled_[i] = true;
   return absl::OkStatus();
 }
 
@@ -599,6 +644,7 @@ absl::Status Client::Save::WriteHollow(int i) {
   // What the hollow daemon stores as the region's checksum.
   written_checksums_[i] =
       HollowFingerprint(r.region, r.shape, ElementSize(r.dtype));
+  filled_[i] = true;
   return absl::OkStatus();
 }
 
@@ -629,7 +675,7 @@ absl::StatusOr<bool> Client::Save::Commit() {
     return absl::FailedPreconditionError("this save is already committed");
   const std::vector<RankRegion>& regions = client_->regions_;
   for (size_t i = 0; i < regions.size(); ++i) {
-    if (!buffers_[i]) {
+    if (!filled_[i]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "region ", regions[i].region.ToString(), " of '", regions[i].key,
           "' was not written; fill every region of the rank before Commit"));

@@ -299,10 +299,17 @@ class Client {
     Save(Client* client, int64_t version, int64_t step);
     // Region i's put buffer, allocated (unmapped) on first use.
     absl::StatusOr<LocalClient::PutBuffer*> Slot(int i);
+    // Allocates region i, if it is small, in one pack with the other small
+    // regions not yet allocated (those after it first): one request and
+    // one memfd for up to kMaxPackRegions of them.
+    absl::Status AllocatePack(int i);
     Client* client_;
     int64_t version_;
     int64_t step_;
     std::vector<std::optional<LocalClient::PutBuffer>> buffers_;
+    // Region i was handed out or written (a pack allocates regions before
+    // they are written).
+    std::vector<bool> filled_;
     // xxh3 of region i taken by Write (unset once Buffer(i) hands it out).
     std::vector<std::optional<uint64_t>> written_checksums_;
     std::map<std::string, std::string> small_;

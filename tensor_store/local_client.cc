@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -26,8 +27,8 @@ namespace {
 // and maps its pages at once (unless `populate` is false): a put's buffer
 // is written whole, a load's region read whole.
 absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot,
-                                bool populate = true) {
-  void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
+                                bool populate = true, int64_t offset = 0) {
+  void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, offset);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "mapping ", size, " bytes of shared memory: ", std::strerror(errno)));
@@ -54,22 +55,52 @@ void NameRegion(const std::string& job, int64_t version,
 
 }  // namespace
 
+LocalClient::Pack::~Pack() {
+  Unmap();
+  if (fd >= 0) close(fd);
+}
+
+absl::Status LocalClient::Pack::Map(bool populate) {
+  if (data != nullptr) return absl::OkStatus();
+  PTC_ASSIGN_OR_RETURN(void* p,
+                       MapShared(fd, size, PROT_READ | PROT_WRITE, populate));
+  data = static_cast<uint8_t*>(p);
+  return absl::OkStatus();
+}
+
+void LocalClient::Pack::Unmap() {
+  if (data != nullptr) munmap(data, static_cast<size_t>(size));
+  data = nullptr;
+}
+
 LocalClient::PutBuffer& LocalClient::PutBuffer::operator=(
     PutBuffer&& o) noexcept {
   if (this != &o) {
-    Unmap();
+    Drop();
     handle_ = o.handle_;
     data_ = o.data_;
     size_ = o.size_;
     fd_ = o.fd_;
     hollow_ = o.hollow_;
+    pack_ = std::move(o.pack_);
+    offset_ = o.offset_;
     o.data_ = nullptr;
     o.fd_ = -1;
+    o.pack_.reset();
   }
   return *this;
 }
 
 void LocalClient::PutBuffer::Unmap() {
+  if (pack_) {
+    pack_->Unmap();
+    return;
+  }
+  Drop();
+}
+
+void LocalClient::PutBuffer::Drop() {
+  pack_.reset();
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
   data_ = nullptr;
@@ -85,8 +116,9 @@ absl::Status HollowError() {
 }  // namespace
 
 absl::Status LocalClient::PutBuffer::Map(bool populate) {
-  if (data_ != nullptr) return absl::OkStatus();
   if (hollow_) return HollowError();
+  if (pack_) return pack_->Map(populate);
+  if (data_ != nullptr) return absl::OkStatus();
   if (fd_ < 0)
     return absl::FailedPreconditionError("the put buffer is already unmapped");
   PTC_ASSIGN_OR_RETURN(void* p,
@@ -98,20 +130,33 @@ absl::Status LocalClient::PutBuffer::Map(bool populate) {
 absl::Status LocalClient::PutBuffer::Write(int64_t offset, const void* src,
                                            int64_t n) {
   if (hollow_) return HollowError();
-  if (fd_ < 0)
+  if (fd_ < 0 && !pack_)
     return absl::FailedPreconditionError("the put buffer is already unmapped");
   if (offset < 0 || n < 0 || offset > size_ - n) {
     return absl::OutOfRangeError(absl::StrCat(
         "bytes [", offset, ", +", n, ") are outside the buffer's ", size_));
   }
-  return WriteAt(fd_, offset, src, n);
+  if (!pack_) return WriteAt(fd_, offset, src, n);
+  // A pack in huge pages maps in a few entries, and copying into the
+  // mapping runs at memory speed; in 4 KiB pages the descriptor is faster
+  // (each page mapped costs more than copying it, on a VM).
+  if (pack_->data == nullptr && pack_->size >= kHugePageBytes &&
+      SharedMemoryHugePages()) {
+    PTC_RETURN_IF_ERROR(pack_->Map(/*populate=*/true));
+  }
+  if (pack_->data != nullptr) {
+    std::memcpy(pack_->data + offset_ + offset, src, static_cast<size_t>(n));
+    return absl::OkStatus();
+  }
+  return WriteAt(pack_->fd, offset_ + offset, src, n);
 }
 
 absl::Status LocalClient::Mapping::MapNow() {
   if (data_ != nullptr) return absl::OkStatus();
   if (hollow_) return HollowError();
   if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
-  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ));
+  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ,
+                                          /*populate=*/true, offset_));
   data_ = static_cast<const uint8_t*>(p);
   return absl::OkStatus();
 }
@@ -124,7 +169,7 @@ absl::Status LocalClient::Mapping::Read(int64_t offset, void* dst,
     return absl::OutOfRangeError(absl::StrCat(
         "bytes [", offset, ", +", n, ") are outside the region's ", size_));
   }
-  return ReadAt(fd_, offset, dst, n);
+  return ReadAt(fd_, offset_ + offset, dst, n);
 }
 
 LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
@@ -134,6 +179,7 @@ LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
     lease_ = o.lease_;
     data_ = o.data_;
     size_ = o.size_;
+    offset_ = o.offset_;
     checksum_ = o.checksum_;
     fd_ = o.fd_;
     hollow_ = o.hollow_;
@@ -238,6 +284,67 @@ absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
   return buf;
 }
 
+absl::StatusOr<std::vector<LocalClient::PutBuffer>> LocalClient::AllocatePuts(
+    const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, Region>>& items) {
+  std::vector<PutBuffer> out;
+  if (!pack_unknown_) {
+    proto::LocalRequest req;
+    proto::AllocatePutsOp* op = req.mutable_allocate_puts();
+    op->set_job(job);
+    op->set_version(version);
+    for (const auto& [tensor, region] : items) {
+      proto::AllocatePutsOp::Item* item = op->add_items();
+      item->set_tensor(tensor);
+      RegionToProto(region, item->mutable_region());
+    }
+    int fd = -1;
+    PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
+    auto pack = std::make_shared<Pack>();
+    pack->fd = fd;  // closed with the pack, whatever happens next
+    pack_unknown_ =
+        resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+        resp.message() == "local request names no operation";
+    if (!pack_unknown_) {
+      PTC_RETURN_IF_ERROR(StatusOf(resp));
+      const int n = static_cast<int>(items.size());
+      bool fits = resp.handles_size() == n && resp.offsets_size() == n &&
+                  resp.sizes_size() == n && (resp.hollow() || fd >= 0);
+      for (int i = 0; fits && i < n && !resp.hollow(); ++i) {
+        fits = resp.offsets(i) >= 0 && resp.sizes(i) > 0 &&
+               resp.offsets(i) <= resp.bytes() - resp.sizes(i);
+      }
+      if (!fits) {
+        return absl::InternalError(absl::StrCat(
+            "ptcd answered a pack of ", n, " regions with ",
+            resp.handles_size(), " handles, ", resp.offsets_size(),
+            " offsets and ", resp.sizes_size(), " sizes within ", resp.bytes(),
+            " bytes", fd < 0 ? " and no memory" : ""));
+      }
+      pack->size = resp.bytes();
+      for (int i = 0; i < n; ++i) {
+        PutBuffer buf;
+        buf.handle_ = resp.handles(i);
+        buf.hollow_ = resp.hollow();
+        buf.size_ = resp.sizes(i);
+        if (!buf.hollow_) {
+          buf.pack_ = pack;
+          buf.offset_ = resp.offsets(i);
+        }
+        out.push_back(std::move(buf));
+      }
+      return out;
+    }
+  }
+  for (const auto& [tensor, region] : items) {
+    PTC_ASSIGN_OR_RETURN(PutBuffer buf,
+                         AllocatePut(job, version, tensor, region,
+                                     /*map=*/false));
+    out.push_back(std::move(buf));
+  }
+  return out;
+}
+
 absl::StatusOr<uint64_t> LocalClient::CommitPut(PutBuffer* buffer,
                                                 uint64_t checksum) {
   buffer->Unmap();
@@ -261,21 +368,49 @@ absl::StatusOr<std::vector<LocalClient::PutResult>> LocalClient::CommitPuts(
   auto expected = [&](size_t i) {
     return checksums.empty() ? 0 : checksums[i];
   };
+  // The requests: the buffers in order, a pack's together (its first
+  // buffer brings the others), and no pack split between two requests.
+  std::vector<size_t> order;
+  std::vector<size_t> starts = {0};
+  {
+    std::map<const Pack*, std::vector<size_t>> of_pack;
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (buffers[i]->pack_) of_pack[buffers[i]->pack_.get()].push_back(i);
+    std::vector<bool> placed(buffers.size());
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (placed[i]) continue;
+      std::vector<size_t> group = {i};
+      if (buffers[i]->pack_) group = of_pack[buffers[i]->pack_.get()];
+      const size_t open = order.size() - starts.back();
+      if (open > 0 && open + group.size() >
+                          static_cast<size_t>(store_internal::kMaxCommitPuts))
+        starts.push_back(order.size());
+      // (A pack has at most kMaxCommitPuts buffers.)
+      for (size_t g : group) {
+        placed[g] = true;
+        order.push_back(g);
+      }
+    }
+  }
   std::vector<PutResult> out(buffers.size());
-  for (size_t first = 0; first < buffers.size();) {
-    const size_t end =
-        std::min(buffers.size(), first + store_internal::kMaxCommitPuts);
+  for (size_t c = 0; c < starts.size() && starts[c] < order.size(); ++c) {
+    const size_t first = starts[c];
+    const size_t end = c + 1 < starts.size() ? starts[c + 1] : order.size();
     if (!batch_unknown_) {
       proto::LocalRequest req;
       proto::CommitPutsOp* op = req.mutable_commit_puts();
-      for (size_t i = first; i < end; ++i) {
+      for (size_t k = first; k < end; ++k) {
         // Unmapped so that the daemon can seal it; its descriptor is kept
         // until the answer (an older daemon's refusal needs it mapped again).
-        PutBuffer& b = *buffers[i];
-        if (b.data_ != nullptr) munmap(b.data_, static_cast<size_t>(b.size_));
+        PutBuffer& b = *buffers[order[k]];
+        if (b.pack_) {
+          b.pack_->Unmap();
+        } else if (b.data_ != nullptr) {
+          munmap(b.data_, static_cast<size_t>(b.size_));
+        }
         b.data_ = nullptr;
         op->add_handles(b.handle_);
-        if (!checksums.empty()) op->add_checksums(checksums[i]);
+        if (!checksums.empty()) op->add_checksums(checksums[order[k]]);
       }
       PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
                            Call(std::move(req), nullptr));
@@ -290,19 +425,20 @@ absl::StatusOr<std::vector<LocalClient::PutResult>> LocalClient::CommitPuts(
               absl::StrCat("ptcd answered ", resp.put_results_size(), " of ",
                            end - first, " commits"));
         }
-        for (size_t i = first; i < end; ++i) {
+        for (size_t k = first; k < end; ++k) {
+          const size_t i = order[k];
           const proto::PutResult& r =
-              resp.put_results(static_cast<int>(i - first));
+              resp.put_results(static_cast<int>(k - first));
           out[i].status = absl::Status(static_cast<absl::StatusCode>(r.code()),
                                        r.message());
           out[i].checksum = r.checksum();
           buffers[i]->Unmap();
         }
-        first = end;
         continue;
       }
     }
-    for (size_t i = first; i < end; ++i) {
+    for (size_t k = first; k < end; ++k) {
+      const size_t i = order[k];
       PutBuffer& b = *buffers[i];
       uint64_t sum = expected(i);
       if (sum == 0 && !b.hollow() && b.size() > 0) {
@@ -313,13 +449,12 @@ absl::StatusOr<std::vector<LocalClient::PutResult>> LocalClient::CommitPuts(
       out[i].status = stored.status();
       out[i].checksum = stored.ok() ? *stored : sum;
     }
-    first = end;
   }
   return out;
 }
 
 absl::Status LocalClient::AbortPut(PutBuffer* buffer) {
-  buffer->Unmap();
+  buffer->Drop();  // a pack's mapping stays for its other buffers
   proto::LocalRequest req;
   req.mutable_abort_put()->set_handle(buffer->handle_);
   PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
@@ -341,6 +476,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   m.client_ = this;
   m.lease_ = resp.handle();
   m.size_ = resp.bytes();
+  m.offset_ = resp.offset();
   m.checksum_ = resp.checksum();
   m.fd_ = fd;
   m.hollow_ = resp.hollow();

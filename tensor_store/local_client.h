@@ -32,38 +32,67 @@ namespace ptc {
 
 class LocalClient {
  public:
-  // A writable shared buffer for one region, from AllocatePut. Move-only;
-  // unmapped when destroyed (the put stays pending until committed or
-  // aborted, or until the client disconnects, which aborts it).
+  // The memfd of a pack (AllocatePuts), and its one writable mapping,
+  // shared by the pack's put buffers; closed when the last goes.
+  struct Pack {
+    int fd = -1;
+    int64_t size = 0;
+    uint8_t* data = nullptr;
+    Pack() = default;
+    Pack(const Pack&) = delete;
+    Pack& operator=(const Pack&) = delete;
+    ~Pack();
+    absl::Status Map(bool populate);
+    void Unmap();
+  };
+
+  // A writable shared buffer for one region, from AllocatePut or
+  // AllocatePuts. Move-only; unmapped when destroyed (the put stays
+  // pending until committed or aborted, or until the client disconnects,
+  // which aborts it).
   class PutBuffer {
    public:
     PutBuffer() = default;
     PutBuffer(PutBuffer&& o) noexcept { *this = std::move(o); }
     PutBuffer& operator=(PutBuffer&& o) noexcept;
-    ~PutBuffer() { Unmap(); }
+    ~PutBuffer() { Drop(); }
     // The mapping; null for a buffer allocated without one until Map().
-    uint8_t* data() { return data_; }
+    uint8_t* data() {
+      if (!pack_) return data_;
+      return pack_->data == nullptr ? nullptr : pack_->data + offset_;
+    }
     int64_t size() const { return size_; }
     uint64_t handle() const { return handle_; }
     // A hollow daemon's buffer (a scale test's ptcd): no memory; Map and
     // Write fail, and it is committed with nothing written.
     bool hollow() const { return hollow_; }
+    // Whether the buffer is one of a pack's (AllocatePuts).
+    bool packed() const { return pack_ != nullptr; }
     // Maps the buffer writable (if AllocatePut did not), its pages at once
-    // unless `populate` is false.
+    // unless `populate` is false. A pack's buffer maps the whole pack,
+    // which its other buffers then share.
     absl::Status Map(bool populate = true);
     // Copies `n` bytes into the buffer at `offset` through its descriptor,
     // mapping nothing (see WriteAt in region_buffer.h: several times
     // faster than filling a fresh mapping where page faults are costly).
+    // A pack of a huge page or more, where the host gives shared memory
+    // huge pages, is mapped instead (once: a few entries) and copied into.
     absl::Status Write(int64_t offset, const void* src, int64_t n);
+    // Unmaps the buffer (a pack's: the pack's mapping, which all its
+    // buffers share) so that the daemon can seal it.
     void Unmap();
 
    private:
     friend class LocalClient;
+    // Unmaps and closes a buffer of its own; lets go of a pack.
+    void Drop();
     uint64_t handle_ = 0;
     uint8_t* data_ = nullptr;
     int64_t size_ = 0;
     int fd_ = -1;
     bool hollow_ = false;
+    std::shared_ptr<Pack> pack_;
+    int64_t offset_ = 0;
   };
 
   // A read-only mapping of one stored region, from Map. Move-only; on
@@ -97,6 +126,7 @@ class LocalClient {
     uint64_t lease_ = 0;
     const uint8_t* data_ = nullptr;
     int64_t size_ = 0;
+    int64_t offset_ = 0;  // of the region in fd_ (a pack's)
     uint64_t checksum_ = 0;
     int fd_ = -1;
     bool hollow_ = false;
@@ -112,6 +142,14 @@ class LocalClient {
   absl::StatusOr<PutBuffer> AllocatePut(const std::string& job, int64_t version,
                                         const std::string& tensor,
                                         const Region& region, bool map = true);
+  // Buffers for several regions of one version in one pack: one memfd,
+  // one request (at most kMaxPackRegions regions of at most
+  // kMaxPackBytes in all; the request must fit a packet). Unmapped;
+  // the buffers must be committed together, in one CommitPuts. With a
+  // ptcd older than this request, one AllocatePut per region.
+  absl::StatusOr<std::vector<PutBuffer>> AllocatePuts(
+      const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, Region>>& items);
   // Unmaps the buffer and commits it; `checksum` (0: none) is the xxh3-64
   // of the bytes written. Returns the checksum the daemon stored.
   absl::StatusOr<uint64_t> CommitPut(PutBuffer* buffer, uint64_t checksum = 0);
@@ -124,8 +162,9 @@ class LocalClient {
     absl::Status status;
     uint64_t checksum = 0;
   };
-  // Unmaps and commits the buffers, up to kMaxCommitPuts per request: the
-  // daemon checksums each request's buffers on several threads.
+  // Unmaps and commits the buffers, up to kMaxCommitPuts per request (a
+  // pack's in the same request): the daemon checksums each request's
+  // buffers on several threads.
   // `checksums` is empty or one per buffer, as CommitPut's. One result per
   // buffer; an error status only if a request failed as a whole. With a
   // ptcd older than this request, one CommitPut per buffer, each mapped
@@ -179,6 +218,8 @@ class LocalClient {
   uint64_t next_request_ = 1;
   // The daemon answered CommitPuts as an unknown request (it is older).
   std::atomic<bool> batch_unknown_{false};
+  // The daemon answered AllocatePuts as an unknown request.
+  std::atomic<bool> pack_unknown_{false};
 };
 
 }  // namespace ptc

@@ -68,6 +68,9 @@ class PutDeadlines {
 
 }  // namespace
 
+// A pack's puts are committed in one CommitPuts.
+static_assert(kMaxPackRegions <= store_internal::kMaxCommitPuts);
+
 struct LocalServer::Connection {
   uint64_t id = 0;
   int fd = -1;
@@ -84,6 +87,42 @@ struct LocalServer::Connection {
   std::map<uint64_t, std::unique_ptr<PendingPut>> puts;
   PutDeadlines put_deadlines;
   std::map<uint64_t, std::shared_ptr<RegionBuffer>> leases;
+  // Puts allocated together (AllocatePuts) share a pack, sealed whole by
+  // the first commit of any of them: handle -> pack, pack -> its puts
+  // still pending.
+  std::map<uint64_t, uint64_t> pack_of;
+  std::map<uint64_t, int> pack_pending;
+
+  // Forgets a put that is pending no more (committed, aborted, expired).
+  void ErasePut(uint64_t handle) {
+    puts.erase(handle);
+    put_deadlines.Erase(handle);
+    auto p = pack_of.find(handle);
+    if (p == pack_of.end()) return;
+    if (--pack_pending[p->second] == 0) pack_pending.erase(p->second);
+    pack_of.erase(p);
+  }
+  // FAILED_PRECONDITION unless every pending put of each pack among
+  // `handles` (pending puts of this connection) is among them: a pack is
+  // sealed whole, so none of its puts may be left to be written after.
+  absl::Status CheckWholePacks(const std::vector<uint64_t>& handles) const {
+    std::map<uint64_t, int> named;
+    for (uint64_t h : handles) {
+      auto p = pack_of.find(h);
+      if (p != pack_of.end()) ++named[p->second];
+    }
+    for (const auto& [pack, n] : named) {
+      const int pending = pack_pending.at(pack);
+      if (n != pending) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a pack of regions allocated together (AllocatePuts) is sealed "
+            "whole at its first commit; commit all ",
+            pending, " of its pending puts in one CommitPuts (", n,
+            " were named)"));
+      }
+    }
+    return absl::OkStatus();
+  }
 };
 
 absl::StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(
@@ -271,7 +310,7 @@ void LocalServer::AbortExpiredPuts(Connection* conn) {
             "aborted, its memory freed",
             conn->id, conn->pid, handle,
             absl::FormatDuration(options_.put_timeout));
-    conn->puts.erase(handle);
+    conn->ErasePut(handle);
     absl::MutexLock lock(&mu_);
     owners_.erase(handle);
   }
@@ -408,16 +447,60 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       owners_[handle] = conn->id;
       return resp;
     }
+    case proto::LocalRequest::kAllocatePuts: {
+      const proto::AllocatePutsOp& op = req.allocate_puts();
+      if (op.items_size() == 0 || op.items_size() > kMaxPackRegions) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("AllocatePuts takes 1 to ", kMaxPackRegions,
+                         " regions, not ", op.items_size())));
+      }
+      std::vector<std::pair<std::string, Region>> items;
+      for (int i = 0; i < op.items_size(); ++i) {
+        auto region = RegionFromProto(op.items(i).region());
+        if (!region.ok()) {
+          return fail(Annotate(region.status(),
+                               absl::StrCat("item ", i, " of the pack")));
+        }
+        items.emplace_back(op.items(i).tensor(), *std::move(region));
+      }
+      auto puts = store_->BeginPuts(op.job(), op.version(), items);
+      if (!puts.ok()) return fail(puts.status());
+      const RegionBuffer& first = *puts->front()->buffer;
+      if (first.hollow()) {
+        resp.set_hollow(true);
+      } else {
+        *fd_out = first.fd();
+        resp.set_bytes(first.memfd_size());
+      }
+      const uint64_t pack = next_id_++;
+      const absl::Time deadline = absl::Now() + options_.put_timeout;
+      std::vector<uint64_t> handles;
+      for (std::unique_ptr<PendingPut>& put : *puts) {
+        const uint64_t handle = next_id_++;
+        handles.push_back(handle);
+        resp.add_handles(handle);
+        resp.add_offsets(put->buffer->offset());
+        resp.add_sizes(put->bytes);
+        conn->puts[handle] = std::move(put);
+        conn->put_deadlines.Set(handle, deadline);
+        conn->pack_of[handle] = pack;
+      }
+      conn->pack_pending[pack] = static_cast<int>(handles.size());
+      absl::MutexLock lock(&mu_);
+      for (uint64_t handle : handles) owners_[handle] = conn->id;
+      return resp;
+    }
     case proto::LocalRequest::kCommitPut: {
       const uint64_t handle = req.commit_put().handle();
       if (absl::Status s = CheckPut(handle, conn); !s.ok()) return fail(s);
+      if (absl::Status s = conn->CheckWholePacks({handle}); !s.ok())
+        return fail(s);
       auto it = conn->puts.find(handle);
       // Seal first: if the client still maps the buffer writable, the put
       // stays pending and the client may unmap and commit again.
       if (absl::Status s = it->second->buffer->Seal(); !s.ok()) return fail(s);
       std::unique_ptr<PendingPut> put = std::move(it->second);
-      conn->puts.erase(it);
-      conn->put_deadlines.Erase(handle);
+      conn->ErasePut(handle);
       {
         absl::MutexLock lock(&mu_);
         owners_.erase(handle);
@@ -456,6 +539,11 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
           }
         }
       }
+      if (absl::Status s =
+              conn->CheckWholePacks({op.handles().begin(), op.handles().end()});
+          !s.ok()) {
+        return fail(s);
+      }
       // Sealed first, as CommitPut does: a put whose buffer is still mapped
       // writable stays pending and answers why.
       std::vector<int> taken;
@@ -469,8 +557,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
         taken.push_back(k);
         puts.push_back(std::move(it->second));
         expected.push_back(op.checksums_size() == 0 ? 0 : op.checksums(k));
-        conn->puts.erase(it);
-        conn->put_deadlines.Erase(op.handles(k));
+        conn->ErasePut(op.handles(k));
         absl::MutexLock lock(&mu_);
         owners_.erase(op.handles(k));
       }
@@ -512,8 +599,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
     case proto::LocalRequest::kAbortPut: {
       const uint64_t handle = req.abort_put().handle();
       if (absl::Status s = CheckPut(handle, conn); !s.ok()) return fail(s);
-      conn->puts.erase(handle);
-      conn->put_deadlines.Erase(handle);
+      conn->ErasePut(handle);
       absl::MutexLock lock(&mu_);
       owners_.erase(handle);
       return resp;
@@ -541,6 +627,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
         resp.set_hollow(true);
       } else {
         *fd_out = s.buffer->fd();
+        resp.set_offset(s.buffer->offset());
       }
       conn->leases[lease] = s.buffer;
       local_maps_total.Add();

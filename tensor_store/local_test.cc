@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "common/checksum.h"
 #include "common/job_token.h"
 #include "ptc/region_proto.h"
@@ -324,6 +325,166 @@ TEST_CASE("local: CommitPuts commits a batch, one answer per put",
   auto last = c->CommitPuts({&*pending}, {});
   REQUIRE(last.ok());
   CHECK((*last)[0].status.ok());
+}
+
+TEST_CASE(
+    "local: a pack of small regions is one memfd, written, committed and "
+    "loaded region by region",
+    "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  // "big": 4 MiB in regions of 512 KiB, a pack of a huge page and more
+  // (copied into a mapping where the host gives huge pages); "w" and "b":
+  // a pack of 64 KiB (through the descriptor), with a 30-byte region.
+  REQUIRE(d->client
+              ->Declare("job", {{"big", DType::kFloat32, {1024, 1024}},
+                                {"b", DType::kFloat16, {3, 5}}})
+              .ok());
+  auto c = Connect(*d);
+  const int64_t before = d->server->store()->data_bytes_used();
+  for (const bool large : {false, true}) {
+    std::vector<std::pair<std::string, Region>> items;
+    if (large) {
+      for (int64_t k = 0; k < 8; ++k)
+        items.push_back({"big", Region{{128 * k, 128 * k + 128}, {0, 1024}}});
+    } else {
+      items = {{"w", Region{{0, 8}, {0, kCols}}},
+               {"b", Region{{0, 3}, {0, 5}}},
+               {"w", Region{{8, 16}, {0, kCols}}}};
+    }
+    const int64_t version = large ? 2 : 1;
+    auto bufs = c->AllocatePuts("job", version, items);
+    REQUIRE(bufs.ok());
+    REQUIRE(bufs->size() == items.size());
+    std::vector<std::vector<char>> bytes;
+    std::vector<LocalClient::PutBuffer*> ptrs;
+    std::vector<uint64_t> sums;
+    for (size_t i = 0; i < items.size(); ++i) {
+      LocalClient::PutBuffer& b = (*bufs)[i];
+      CHECK(b.packed());
+      bytes.emplace_back(b.size());
+      testing::FillPattern(10 * version + i, 0, bytes.back().data(), b.size());
+      CHECK(b.Write(1, bytes.back().data(), b.size()).code() ==
+            absl::StatusCode::kOutOfRange);  // past its region
+      REQUIRE(b.Write(0, bytes.back().data(), b.size()).ok());
+      sums.push_back(Checksum(bytes.back().data(), b.size()));
+      ptrs.push_back(&b);
+    }
+    CHECK((*bufs)[1].size() == (large ? 512 << 10 : 30));
+    // Sealed whole at its first commit: a commit of part of the pack is
+    // refused and seals nothing.
+    std::vector<LocalClient::PutBuffer*> some = ptrs;
+    std::vector<uint64_t> some_sums = sums;
+    some.erase(some.begin() + 1);
+    some_sums.erase(some_sums.begin() + 1);
+    auto part = c->CommitPuts(some, some_sums);
+    REQUIRE_FALSE(part.ok());
+    CHECK(part.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(part.status().message(), "in one CommitPuts"));
+    CHECK(c->CommitPut(ptrs[1], sums[1]).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+    REQUIRE((*bufs)[1].Write(0, bytes[1].data(), (*bufs)[1].size()).ok());
+    // Given in another order, with a put that is not in the pack between
+    // them: one request, the pack whole.
+    auto alone = c->AllocatePut("job", version, "w",
+                                Region{{56, 64}, {0, kCols}}, /*map=*/false);
+    REQUIRE(alone.ok());
+    std::vector<char> alone_bytes(alone->size(), 5);
+    REQUIRE(alone->Write(0, alone_bytes.data(), alone->size()).ok());
+    std::vector<LocalClient::PutBuffer*> all = {ptrs.back(), &*alone};
+    std::vector<uint64_t> all_sums = {sums.back(), 0};
+    all.insert(all.end(), ptrs.begin(), ptrs.end() - 1);
+    all_sums.insert(all_sums.end(), sums.begin(), sums.end() - 1);
+    auto done = c->CommitPuts(all, all_sums);
+    INFO(done.status().ToString());
+    REQUIRE(done.ok());
+    for (const auto& r : *done) CHECK(r.status.ok());
+    CHECK((*done)[0].checksum == sums.back());
+    CHECK((*done)[3].checksum == sums[1]);
+    // Loaded alone, each from its offset: read through the descriptor,
+    // mapped, and over gRPC.
+    ino_t inode = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      auto m = c->Map("job", version, items[i].first, items[i].second,
+                      /*map=*/false);
+      REQUIRE(m.ok());
+      CHECK(m->checksum() == sums[i]);
+      if (i == 0) inode = m->inode();
+      CHECK(m->inode() == inode);  // one memfd
+      std::vector<char> back(m->size());
+      REQUIRE(m->Read(0, back.data(), m->size()).ok());
+      CHECK(back == bytes[i]);
+      REQUIRE(m->MapNow().ok());
+      CHECK(std::memcmp(m->data(), bytes[i].data(), bytes[i].size()) == 0);
+      std::vector<char> rpc(bytes[i].size());
+      REQUIRE(d->client
+                  ->Read("job", version, items[i].first, items[i].second,
+                         rpc.data(), rpc.size())
+                  .ok());
+      CHECK(rpc == bytes[i]);
+    }
+  }
+  // Deleted, every pack's memory comes back.
+  REQUIRE(d->client->DeleteVersion("job", 1).ok());
+  REQUIRE(d->client->DeleteVersion("job", 2).ok());
+  d->server->store()->WaitReleased();
+  CHECK(d->server->store()->data_bytes_used() == before);
+}
+
+TEST_CASE(
+    "local: a pack's puts abort one by one; hostile packs get clear errors",
+    "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  const int64_t before = d->server->store()->data_bytes_used();
+  const Region top{{0, 8}, {0, kCols}}, next{{8, 16}, {0, kCols}};
+  auto bufs = c->AllocatePuts("job", 1, {{"w", top}, {"w", next}});
+  REQUIRE(bufs.ok());
+  REQUIRE(c->AbortPut(&(*bufs)[0]).ok());
+  // The rest of the pack commits without it.
+  std::vector<char> bytes((*bufs)[1].size(), 9);
+  REQUIRE((*bufs)[1].Write(0, bytes.data(), bytes.size()).ok());
+  auto done = c->CommitPuts({&(*bufs)[1]}, {});
+  REQUIRE(done.ok());
+  CHECK((*done)[0].status.ok());
+  CHECK(c->Map("job", 1, "w", top).status().code() ==
+        absl::StatusCode::kNotFound);
+
+  auto code = [&](const proto::LocalRequest& req) {
+    int fd = -1;
+    auto r = c->Call(req, &fd);
+    REQUIRE(r.ok());
+    CHECK(fd < 0);  // no memory handed out
+    CHECK(r->handles_size() == 0);
+    return absl::Status(static_cast<absl::StatusCode>(r->code()), r->message());
+  };
+  auto item = [](proto::AllocatePutsOp* op, const std::string& tensor,
+                 const Region& r) {
+    auto* it = op->add_items();
+    it->set_tensor(tensor);
+    RegionToProto(r, it->mutable_region());
+  };
+  proto::LocalRequest empty;
+  empty.mutable_allocate_puts()->set_job("job");
+  CHECK(code(empty).code() == absl::StatusCode::kInvalidArgument);
+  proto::LocalRequest too_many;
+  too_many.mutable_allocate_puts()->set_job("job");
+  for (int k = 0; k <= kMaxPackRegions; ++k)
+    item(too_many.mutable_allocate_puts(), "w", top);
+  CHECK(code(too_many).code() == absl::StatusCode::kInvalidArgument);
+  proto::LocalRequest wrong;
+  wrong.mutable_allocate_puts()->set_job("job");
+  wrong.mutable_allocate_puts()->set_version(2);
+  item(wrong.mutable_allocate_puts(), "w", top);
+  item(wrong.mutable_allocate_puts(), "w", Region{{0, 8}, {0, kCols + 1}});
+  const absl::Status outside = code(wrong);
+  CHECK(outside.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(outside.message(), "item 1"));
+  proto::LocalRequest no_rank;
+  no_rank.mutable_allocate_puts()->set_job("job");
+  no_rank.mutable_allocate_puts()->add_items()->set_tensor("w");
+  CHECK(code(no_rank).code() == absl::StatusCode::kInvalidArgument);
+  // The aborted region's part of the pack stays until the pack goes.
+  CHECK(d->server->store()->data_bytes_used() - before == 2 * 8 * kCols * 4);
 }
 
 TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",

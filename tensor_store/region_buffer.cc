@@ -7,8 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ptc {
 namespace {
@@ -21,6 +25,21 @@ absl::Status Errno(const std::string& what) {
 }
 
 }  // namespace
+
+bool SharedMemoryHugePages() {
+  static const bool huge = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+    std::string setting((std::istreambuf_iterator<char>(f)),
+                        std::istreambuf_iterator<char>());
+    // The chosen setting is in brackets: "always within_size [advise] ...".
+    const size_t open = setting.find('[');
+    const size_t close = setting.find(']', open);
+    if (open == std::string::npos || close == std::string::npos) return false;
+    const std::string chosen = setting.substr(open + 1, close - open - 1);
+    return chosen != "never" && chosen != "deny";
+  }();
+  return huge;
+}
 
 void AdviseHugePages(void* addr, int64_t size) {
   // Huge pages for shared memory cut page faults 512-fold where the host
@@ -125,26 +144,52 @@ std::shared_ptr<RegionBuffer> RegionBuffer::CreateHollow(
   return buf;
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<RegionBuffer>>> RegionBuffer::Slice(
+    const std::shared_ptr<RegionBuffer>& pack,
+    const std::vector<std::pair<int64_t, int64_t>>& parts) {
+  if (pack == nullptr || pack->pack_ || pack->hollow_ || pack->sealed_) {
+    return absl::InvalidArgumentError(
+        "only an unsealed buffer that is not itself a view can be sliced");
+  }
+  std::vector<std::shared_ptr<RegionBuffer>> views;
+  views.reserve(parts.size());
+  for (const auto& [offset, size] : parts) {
+    if (offset < 0 || size <= 0 || offset % kPackAlignment != 0 ||
+        offset > pack->size_ - size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "part [", offset, ", +", size, ") is not a page-aligned part of a ",
+          pack->size_, "-byte pack"));
+    }
+    std::shared_ptr<RegionBuffer> view(
+        new RegionBuffer(-1, size, MemoryBudget::Reservation()));
+    view->pack_ = pack;
+    view->offset_ = offset;
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
 const uint8_t* RegionBuffer::ReadableBytes(
     std::vector<uint8_t>* scratch) const {
-  if (hollow_ || !sealed_ || populated_ || size_ >= kHugePageBytes)
-    return data_;
+  const RegionBuffer& whole = pack_ ? *pack_ : *this;
+  if (hollow_ || !whole.sealed_ || whole.populated_ || size_ >= kHugePageBytes)
+    return data();
   scratch->resize(static_cast<size_t>(size_));
-  if (!ReadAt(fd_, 0, scratch->data(), size_).ok())
-    return data_;  // the mapping reads the same bytes
+  if (!ReadAt(whole.fd_, offset_, scratch->data(), size_).ok())
+    return data();  // the mapping reads the same bytes
   return scratch->data();
 }
 
 absl::Status RegionBuffer::WriteFrom(int64_t offset, const void* src,
                                      int64_t n) {
-  if (sealed_)
+  if (sealed())
     return absl::FailedPreconditionError("the region's buffer is sealed");
   if (offset < 0 || n < 0 || offset > size_ - n) {
     return absl::OutOfRangeError(absl::StrCat(
         "bytes [", offset, ", +", n, ") are outside the region's ", size_));
   }
   if (hollow_) return absl::OkStatus();
-  return WriteAt(fd_, offset, src, n);
+  return WriteAt(fd(), offset_ + offset, src, n);
 }
 
 uint64_t RegionBuffer::Memoize(const std::string& key,
@@ -169,6 +214,12 @@ RegionBuffer::~RegionBuffer() {
 
 absl::Status RegionBuffer::Seal() {
   if (sealed_) return absl::OkStatus();
+  if (pack_) {
+    // The whole pack at once; the view reads through the pack's mapping.
+    PTC_RETURN_IF_ERROR(pack_->Seal());
+    sealed_ = true;
+    return absl::OkStatus();
+  }
   if (hollow_) {
     sealed_ = true;
     return absl::OkStatus();

@@ -6,6 +6,13 @@
 // reservation that pays for it; the memory returns to the budget when the
 // last reference (the store's or a local client's lease) goes away.
 //
+// A pack is one buffer that holds several regions (a rank's small regions
+// of one save: one memfd, written and sealed once, in huge pages where the
+// host allows them, instead of hundreds of 4 KiB-paged ones). Slice makes
+// each region's buffer, a view at its own page-aligned offset; a view is
+// used like any other buffer, and the pack's memory returns when the pack
+// and every view are gone.
+//
 //   PTC_ASSIGN_OR_RETURN(auto buf, RegionBuffer::Create(n, std::move(r),
 //   "job/v1/w")); std::memcpy(buf->mutable_data(), src, n);
 //   PTC_RETURN_IF_ERROR(buf->Seal());
@@ -49,6 +56,14 @@ class RegionBuffer {
   static std::shared_ptr<RegionBuffer> CreateHollow(
       int64_t size, MemoryBudget::Reservation reservation);
 
+  // The views of `pack` (unsealed, not itself a view) at `parts`, each
+  // (offset, size) with offset a multiple of kPackAlignment and the part
+  // within the pack (INVALID_ARGUMENT otherwise). Sealing any view seals
+  // the whole pack: no part of it can be written after that.
+  static absl::StatusOr<std::vector<std::shared_ptr<RegionBuffer>>> Slice(
+      const std::shared_ptr<RegionBuffer>& pack,
+      const std::vector<std::pair<int64_t, int64_t>>& parts);
+
   ~RegionBuffer();
   RegionBuffer(const RegionBuffer&) = delete;
   RegionBuffer& operator=(const RegionBuffer&) = delete;
@@ -58,15 +73,24 @@ class RegionBuffer {
   absl::Status Seal();
 
   int64_t size() const { return size_; }
-  bool sealed() const { return sealed_; }
+  bool sealed() const { return pack_ ? pack_->sealed_ : sealed_; }
   bool hollow() const { return hollow_; }
   // Readable after Seal(), or writable before it if created mapped.
-  const uint8_t* data() const { return data_; }
-  uint8_t* mutable_data() { return sealed_ ? nullptr : data_; }
-  // The memfd (-1 if hollow); stays owned by the buffer.
-  int fd() const { return fd_; }
+  const uint8_t* data() const {
+    if (!pack_) return data_;
+    return pack_->data_ == nullptr ? nullptr : pack_->data_ + offset_;
+  }
+  uint8_t* mutable_data() {
+    return sealed() ? nullptr : const_cast<uint8_t*>(data());
+  }
+  // The memfd (-1 if hollow), the pack's for a view; stays owned by the
+  // buffer. The region's bytes start at offset() in it.
+  int fd() const { return pack_ ? pack_->fd_ : fd_; }
+  int64_t offset() const { return offset_; }
+  // The size of the memfd: the pack's for a view.
+  int64_t memfd_size() const { return pack_ ? pack_->size_ : size_; }
   // The memfd's inode: two fds with the same inode share the same memory.
-  ino_t inode() const { return inode_; }
+  ino_t inode() const { return pack_ ? pack_->inode_ : inode_; }
   // The sealed bytes to read whole: data() where the mapping is populated
   // (a region in huge pages, whose mapping Seal fills; a smaller one's
   // pages are mapped by its first reader through data()), else a copy
@@ -96,6 +120,9 @@ class RegionBuffer {
   bool populated_ = false;  // every page of data_ mapped
   bool hollow_ = false;
   ino_t inode_ = 0;
+  // A view's pack, and where in it the view's bytes start.
+  std::shared_ptr<RegionBuffer> pack_;
+  int64_t offset_ = 0;
   absl::Mutex memo_mu_;
   std::map<std::string, uint64_t> memo_ ABSL_GUARDED_BY(memo_mu_);
 };
@@ -103,6 +130,15 @@ class RegionBuffer {
 // The huge page of transparent huge pages: mappings at least this large
 // are advised to use them.
 inline constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+
+// Where a pack's regions may start: page boundaries, so that a client can
+// map one region of it alone.
+inline constexpr int64_t kPackAlignment = 4096;
+// A pack holds at most this many regions and bytes: a pack's memory
+// returns only once all its regions are gone (a region a later version
+// keeps holds its whole pack), so packs stay small beside a save.
+inline constexpr int kMaxPackRegions = 128;
+inline constexpr int64_t kMaxPackBytes = int64_t{64} << 20;
 
 // Regions smaller than this are copied in and out through their memfd
 // (pwrite / pread) by ptc's client, larger ones through a mapping. Mapping
@@ -114,6 +150,11 @@ inline constexpr int64_t kHugePageBytes = int64_t{2} << 20;
 // region). The store populates fresh memory from kHugePageBytes up to this
 // in huge pages itself (Store::BeginPut).
 inline constexpr int64_t kCopyThroughDescriptorBelow = int64_t{8} << 20;
+
+// Whether this host gives shared memory transparent huge pages where a
+// mapping asks (/sys/kernel/mm/transparent_hugepage/shmem_enabled is not
+// "never" or "deny"); read once.
+bool SharedMemoryHugePages();
 
 // madvise(MADV_HUGEPAGE) for mappings of at least kHugePageBytes: fewer
 // page faults where the host enables transparent huge pages for shared

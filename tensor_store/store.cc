@@ -206,32 +206,27 @@ absl::StatusOr<int> Store::DeclareTensors(
   return fresh;
 }
 
-absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
-    const std::string& job, int64_t version, const std::string& tensor,
-    const Region& region, std::optional<DType> dtype, bool map,
+absl::StatusOr<std::unique_ptr<PendingPut>> Store::PreparePut(
+    const Job& j, const std::string& job, int64_t version,
+    const std::string& tensor, const Region& region, std::optional<DType> dtype,
     int64_t stage_epoch) {
-  if (version < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("version ", version, " is negative"));
-  }
-  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
   auto put = std::make_unique<PendingPut>();
   put->job = job;
   put->version = version;
   put->region = region;
   put->stage_epoch = stage_epoch;
   {
-    absl::MutexLock lock(&j->mu);
-    auto d = j->decls.find(tensor);
-    if (d == j->decls.end()) {
+    absl::MutexLock lock(&j.mu);
+    auto d = j.decls.find(tensor);
+    if (d == j.decls.end()) {
       return absl::NotFoundError(absl::StrCat(
           "tensor '", tensor, "' is not declared for job '", job, "'"));
     }
     put->decl = d->second;
-    auto v = j->versions.find(version);
-    PTC_RETURN_IF_ERROR(CheckWriterLocked(
-        v == j->versions.end() ? nullptr : &v->second, job, version,
-        stage_epoch));
+    auto v = j.versions.find(version);
+    PTC_RETURN_IF_ERROR(
+        CheckWriterLocked(v == j.versions.end() ? nullptr : &v->second, job,
+                          version, stage_epoch));
   }
   const std::string where = Where(job, version, tensor);
   PTC_RETURN_IF_ERROR(Annotate(ValidateRegion(region, put->decl.shape), where));
@@ -245,55 +240,129 @@ absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
                      " but the put sends ", DTypeName(*dtype)));
   }
   put->bytes = region.volume() * ElementSize(put->decl.dtype);
+  return put;
+}
+
+absl::StatusOr<std::shared_ptr<RegionBuffer>> Store::AllocateBuffer(
+    int64_t bytes, const std::string& job, int64_t version,
+    const std::string& what, const std::string& name, bool map) {
   // Take ready memory if there is some (saves repeat their sizes; a
   // hollow store has no spare pool).
-  std::optional<SparePool::Spare> spare =
-      spares_.Take(put->bytes, {job, version});
+  std::optional<SparePool::Spare> spare = spares_.Take(bytes, {job, version});
   if (spare) {
-    PTC_ASSIGN_OR_RETURN(
-        put->buffer, RegionBuffer::Adopt(spare->fd, put->bytes,
-                                         std::move(spare->reservation), map));
-  } else {
-    const std::string what =
-        absl::StrCat("a put of ", region.ToString(), " of ", where);
-    auto r = budget_.Reserve(put->bytes, what);
-    if (!r.ok()) {
-      // Deleted versions being freed, then spares, give way to real data.
-      WaitReleased();
-      if (spares_.ready_bytes() > 0) spares_.EvictAll();
-      r = budget_.Reserve(put->bytes, what);
-    }
-    if (!r.ok()) return r.status();
-    if (hollow_) {
-      put->buffer = RegionBuffer::CreateHollow(put->bytes, std::move(*r));
-    } else {
-      // Fresh memory that a local client will fill through the descriptor
-      // is mapped in huge pages and populated here when it is a huge page
-      // or more (a client maps a region of kCopyThroughDescriptorBelow or
-      // more itself, in huge pages). Written through the descriptor, shared
-      // memory takes 4 KiB pages, each allocated and charged on its own;
-      // and a version held in 4 KiB pages, once deleted, frees memory that
-      // no huge page can take, so the spare pool's refill and a change's
-      // staged buffers after it fault in memory the hypervisor must back
-      // again (0.8 GB/s on the CI VM, against 10 GB/s just after huge
-      // pages were freed).
-      const bool huge = put->bytes >= kHugePageBytes &&
-                        put->bytes < kCopyThroughDescriptorBelow;
-      PTC_ASSIGN_OR_RETURN(
-          put->buffer,
-          RegionBuffer::Create(put->bytes, std::move(*r),
-                               absl::StrCat(job, "/", version, "/", tensor),
-                               map || huge));
-    }
+    return RegionBuffer::Adopt(spare->fd, bytes, std::move(spare->reservation),
+                               map);
   }
+  auto r = budget_.Reserve(bytes, what);
+  if (!r.ok()) {
+    // Deleted versions being freed, then spares, give way to real data.
+    WaitReleased();
+    if (spares_.ready_bytes() > 0) spares_.EvictAll();
+    r = budget_.Reserve(bytes, what);
+  }
+  if (!r.ok()) return r.status();
+  if (hollow_) return RegionBuffer::CreateHollow(bytes, std::move(*r));
+  // Fresh memory that a local client will fill through the descriptor is
+  // mapped in huge pages and populated here when it is a huge page or more
+  // (a client maps a region of kCopyThroughDescriptorBelow or more itself,
+  // in huge pages). Written through the descriptor, shared memory takes 4
+  // KiB pages, each allocated and charged on its own; and a version held
+  // in 4 KiB pages, once deleted, frees memory that no huge page can take,
+  // so the spare pool's refill and a change's staged buffers after it
+  // fault in memory the hypervisor must back again (0.8 GB/s on the CI VM,
+  // against 10 GB/s just after huge pages were freed).
+  const bool huge =
+      bytes >= kHugePageBytes && bytes < kCopyThroughDescriptorBelow;
+  return RegionBuffer::Create(bytes, std::move(*r), name, map || huge);
+}
+
+absl::StatusOr<std::unique_ptr<PendingPut>> Store::BeginPut(
+    const std::string& job, int64_t version, const std::string& tensor,
+    const Region& region, std::optional<DType> dtype, bool map,
+    int64_t stage_epoch) {
+  if (version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version ", version, " is negative"));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  PTC_ASSIGN_OR_RETURN(
+      std::unique_ptr<PendingPut> put,
+      PreparePut(*j, job, version, tensor, region, dtype, stage_epoch));
+  PTC_ASSIGN_OR_RETURN(
+      put->buffer,
+      AllocateBuffer(put->bytes, job, version,
+                     absl::StrCat("a put of ", region.ToString(), " of ",
+                                  Where(job, version, tensor)),
+                     absl::StrCat(job, "/", version, "/", tensor), map));
+  StampIncarnation(*j, put.get());
+  return put;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<PendingPut>>> Store::BeginPuts(
+    const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, Region>>& items) {
+  if (version < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version ", version, " is negative"));
+  }
+  if (items.empty() || static_cast<int64_t>(items.size()) > kMaxPackRegions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a pack holds 1 to ", kMaxPackRegions, " regions, not ", items.size()));
+  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Job> j, FindJob(job));
+  std::vector<std::unique_ptr<PendingPut>> puts;
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  int64_t total = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& [tensor, region] = items[i];
+    auto put = PreparePut(*j, job, version, tensor, region, std::nullopt,
+                          /*stage_epoch=*/0);
+    if (!put.ok()) {
+      return Annotate(put.status(), absl::StrCat("item ", i, " of the pack"));
+    }
+    // Each region from a page boundary. A region's bytes are within the
+    // store's limit (its tensor was accepted); their sum is checked so that
+    // it cannot overflow.
+    const int64_t bytes = (*put)->bytes;
+    if (bytes > kMaxPackBytes || total > kMaxPackBytes - bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a pack holds at most ", kMaxPackBytes, " bytes; item ",
+                       i, " brings it past that (save larger regions alone)"));
+    }
+    parts.emplace_back(total, bytes);
+    total += (bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+    puts.push_back(std::move(*put));
+  }
+  if (hollow_) {
+    // A hollow store keeps each region's size and reservation alone.
+    for (auto& put : puts) {
+      PTC_ASSIGN_OR_RETURN(
+          put->buffer, AllocateBuffer(put->bytes, job, version,
+                                      "a hollow region", "", /*map=*/false));
+    }
+  } else {
+    PTC_ASSIGN_OR_RETURN(
+        std::shared_ptr<RegionBuffer> pack,
+        AllocateBuffer(total, job, version,
+                       absl::StrCat("a pack of ", items.size(), " regions of ",
+                                    Where(job, version, items[0].first)),
+                       absl::StrCat(job, "/", version, "/pack"),
+                       /*map=*/false));
+    PTC_ASSIGN_OR_RETURN(auto views, RegionBuffer::Slice(pack, parts));
+    for (size_t i = 0; i < puts.size(); ++i) puts[i]->buffer = views[i];
+  }
+  for (auto& put : puts) StampIncarnation(*j, put.get());
+  return puts;
+}
+
+void Store::StampIncarnation(const Job& j, PendingPut* put) {
   // Remember which incarnation of the version the put writes into, so that
   // a delete (and re-creation) while it runs is detected. A version is
   // created by its first successful put, never by one that fails.
-  put->job_id = j->id;
-  absl::MutexLock lock(&j->mu);
-  auto v = j->versions.find(version);
-  put->version_id = v == j->versions.end() ? 0 : v->second.id;
-  return put;
+  put->job_id = j.id;
+  absl::MutexLock lock(&j.mu);
+  auto v = j.versions.find(put->version);
+  put->version_id = v == j.versions.end() ? 0 : v->second.id;
 }
 
 absl::StatusOr<uint64_t> Store::FinishPut(std::unique_ptr<PendingPut> put,

@@ -173,6 +173,16 @@ class Store {
       const Region& region, std::optional<DType> dtype = std::nullopt,
       bool map = true, int64_t stage_epoch = 0);
 
+  // BeginPut of several regions of a save's `version` into one pack
+  // (RegionBuffer::Slice): one memfd, each region from a kPackAlignment
+  // boundary, unmapped here (fresh memory of a huge page or more is mapped
+  // in huge pages and populated, as BeginPut's). Every item is checked
+  // first: an error names the item, and nothing is allocated. The first
+  // FinishPut(s) of any of the puts seals the whole pack. At most
+  // kMaxPackRegions items and kMaxPackBytes bytes.
+  absl::StatusOr<std::vector<std::unique_ptr<PendingPut>>> BeginPuts(
+      const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, Region>>& items);
   // Seals the buffer, checksums it (or takes `computed`, the checksum the
   // caller took while writing), compares with `expected` (0: no check) and
   // publishes the region. Returns the checksum.
@@ -307,6 +317,19 @@ class Store {
   };
 
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job) const;
+  // BeginPut's checks of one region and its PendingPut, without a buffer.
+  absl::StatusOr<std::unique_ptr<PendingPut>> PreparePut(
+      const Job& j, const std::string& job, int64_t version,
+      const std::string& tensor, const Region& region,
+      std::optional<DType> dtype, int64_t stage_epoch);
+  // Memory for a put of `bytes`: a spare of that size, else reserved (what
+  // names it in the error when it does not fit) and created (`name`: the
+  // memfd's).
+  absl::StatusOr<std::shared_ptr<RegionBuffer>> AllocateBuffer(
+      int64_t bytes, const std::string& job, int64_t version,
+      const std::string& what, const std::string& name, bool map);
+  // Notes in `put` the incarnations of its job and version it writes into.
+  static void StampIncarnation(const Job& j, PendingPut* put);
   // Deletes `version` if `pred` holds for it (checked under the job's
   // lock); FAILED_PRECONDITION if not, NOT_FOUND if absent.
   absl::StatusOr<int64_t> DeleteVersionIf(

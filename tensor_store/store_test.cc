@@ -147,6 +147,100 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "store: a pack holds several regions in one memfd, sealed whole, and its "
+    "memory returns with the last region that holds it",
+    "[tensor_store]") {
+  const bool hollow = GENERATE(false, true);
+  Store s(Options(1 << 20, hollow));
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}},
+                                   {"b", DType::kUInt8, {3}}})
+              .ok());
+  const Region top{{0, 4}, {0, 8}}, bottom{{4, 8}, {0, 8}}, b{{0, 3}};
+  auto puts = s.BeginPuts("job", 1, {{"w", top}, {"b", b}, {"w", bottom}});
+  REQUIRE(puts.ok());
+  REQUIRE(puts->size() == 3);
+  // Each region from a page boundary, in one memfd of three pages; a
+  // hollow store keeps each region alone, as it keeps any put.
+  CHECK(s.data_bytes_used() == (hollow ? 128 + 3 + 128 : 3 * 4096));
+  if (!hollow) {
+    for (size_t i = 0; i < 3; ++i) {
+      RegionBuffer& buf = *(*puts)[i]->buffer;
+      CHECK(buf.offset() == static_cast<int64_t>(i) * 4096);
+      CHECK(buf.inode() == (*puts)[0]->buffer->inode());
+      CHECK(buf.memfd_size() == 3 * 4096);
+      REQUIRE(
+          buf.WriteFrom(0, std::string(buf.size(), '0' + i).data(), buf.size())
+              .ok());
+    }
+    CHECK((*puts)[1]->buffer->WriteFrom(1, "xyz", 3).code() ==
+          absl::StatusCode::kOutOfRange);  // past the region, inside the pack
+  }
+  const std::vector<uint64_t> sums = {
+      FilledChecksum(s, top, '0'),
+      hollow ? HollowFingerprint(b, {3}, 1) : Checksum("111", 3),
+      FilledChecksum(s, bottom, '2')};
+  // The first region sealed seals them all.
+  REQUIRE((*puts)[0]->buffer->Seal().ok());
+  if (!hollow) {
+    CHECK((*puts)[2]->buffer->sealed());
+    CHECK((*puts)[2]->buffer->WriteFrom(0, "x", 1).code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+  const auto outcomes = s.FinishPuts(std::move(*puts), sums);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(outcomes[i].status.ok());
+    CHECK(outcomes[i].checksum == sums[i]);
+  }
+  if (!hollow) {
+    auto view = s.OpenRead("job", 1, "b", b);
+    REQUIRE(view.ok());
+    CHECK(std::string(
+              reinterpret_cast<const char*>(view->sources[0].buffer->data()),
+              3) == "111");
+  }
+  // Version 2 keeps one region of the pack: the pack's memory stays, all of
+  // it, until that region goes too.
+  auto kept = s.OpenRead("job", 1, "b", b);
+  REQUIRE(kept.ok());
+  REQUIRE(s.Link("job", 2, "b", kept->sources[0]).ok());
+  kept = absl::NotFoundError("dropped");
+  REQUIRE(s.DeleteVersion("job", 1).ok());
+  s.WaitReleased();
+  CHECK(s.data_bytes_used() == (hollow ? 3 : 3 * 4096));
+  REQUIRE(s.DeleteVersion("job", 2).ok());
+  s.WaitReleased();
+  CHECK(s.data_bytes_used() == 0);
+}
+
+TEST_CASE("store: a pack is checked whole before any memory is taken",
+          "[tensor_store]") {
+  Store s(Options(1 << 20, false));
+  REQUIRE(s.DeclareTensors("job", {{"w", DType::kFloat32, {8, 8}}}).ok());
+  const Region r{{0, 4}, {0, 8}};
+  auto code = [&](const std::vector<std::pair<std::string, Region>>& items,
+                  int64_t version = 1) {
+    auto puts = s.BeginPuts("job", version, items);
+    CHECK(s.data_bytes_used() == 0);
+    return puts.status();
+  };
+  CHECK(code({}).code() == absl::StatusCode::kInvalidArgument);
+  const absl::Status undeclared = code({{"w", r}, {"v", r}});
+  CHECK(undeclared.code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(undeclared.message(), "item 1"));
+  CHECK(code({{"w", r}, {"w", Region{{4, 9}, {0, 8}}}}).code() ==
+        absl::StatusCode::kInvalidArgument);  // out of the tensor
+  CHECK(code({{"w", r}}, -1).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(code(std::vector<std::pair<std::string, Region>>(kMaxPackRegions + 1,
+                                                         {"w", r}))
+            .code() == absl::StatusCode::kInvalidArgument);
+  // More than the memory limit: refused as a put would be.
+  REQUIRE(s.DeclareTensors("job", {{"big", DType::kUInt8, {1200 << 10}}}).ok());
+  const Region half{{0, 600 << 10}}, other{{600 << 10, 1200 << 10}};
+  CHECK(code({{"big", half}, {"big", other}, {"w", r}}).code() ==
+        absl::StatusCode::kResourceExhausted);
+}
+
 TEST_CASE("store: a version deleted while a put runs aborts the put",
           "[tensor_store]") {
   Store s(Options(1 << 20, GENERATE(false, true)));

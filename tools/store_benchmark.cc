@@ -21,10 +21,11 @@
 //
 //   bazel-bin/tools/store_benchmark --regions N --region-kib K
 //
-// instead saves a model's worth of small regions: N regions of K KiB, one
-// put each, written through its descriptor, then committed in batches
-// (CommitPuts), as ptc's client saves a rank's shards; against memcpy of
-// the same bytes, and per put.
+// instead saves a model's worth of small regions: N regions of K KiB,
+// written, then committed in batches (CommitPuts), as ptc's client saves a
+// rank's shards; one put per region (through its descriptor) and in packs
+// (AllocatePuts), alternated, against memcpy of the same bytes, and per
+// region.
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -162,7 +163,11 @@ int Run(int max_mib) {
 }
 
 // A save of `count` regions of `kib` KiB each, as the client saves a
-// rank's shards: every put allocated and written, then all committed.
+// rank's shards: every put allocated and written, then all committed. Two
+// ways, alternating (which goes first changes every run): one put per
+// region, and packs (AllocatePuts: up to kMaxPackRegions regions of at
+// most kMaxPackBytes in one memfd), as ptc's client saves regions under
+// kCopyThroughDescriptorBelow.
 int RunRegions(int count, int kib) {
   const int64_t bytes = int64_t{kib} << 10;
   const int64_t total = bytes * count;
@@ -178,52 +183,95 @@ int RunRegions(int count, int kib) {
   std::vector<char> src(total), dst(total);
   for (int64_t i = 0; i < total; i += 4096) src[i] = static_cast<char>(i);
   std::memset(dst.data(), 1, total);
-  std::vector<double> copy, save;
-  std::vector<double> per_put_us;
+  // Which regions go together: one each, or packs as the client makes.
+  std::vector<std::vector<int>> alone, packs;
+  for (int i = 0; i < count; ++i) {
+    alone.push_back({i});
+    if (bytes >= kCopyThroughDescriptorBelow) {
+      packs.push_back({i});
+      continue;
+    }
+    if (packs.empty() ||
+        static_cast<int>(packs.back().size()) == kMaxPackRegions ||
+        static_cast<int64_t>(packs.back().size() + 1) * bytes > kMaxPackBytes)
+      packs.emplace_back();
+    packs.back().push_back(i);
+  }
+  struct Way {
+    const char* name;
+    const std::vector<std::vector<int>>* groups;
+    std::vector<double> save, per_put_us;
+  };
+  Way ways[2] = {{"one put each", &alone, {}, {}}, {"packs", &packs, {}, {}}};
+  std::vector<double> copy;
+  int64_t version = 0;
   for (int run = 0; run < 8; ++run) {
     copy.push_back(
         Measure(total, [&] { std::memcpy(dst.data(), src.data(), total); }));
-    const int64_t version = run + 1;
-    d->server->store()->spares().WaitIdle();
-    const absl::Time t = absl::Now();
-    std::vector<LocalClient::PutBuffer> bufs;
-    bufs.reserve(count);
-    for (int i = 0; i < count; ++i) {
-      auto buf = (*local)->AllocatePut("bench", version, absl::StrCat("t", i),
-                                       r, /*map=*/false);
-      if (!buf.ok()) Die(buf.status());
-      if (auto w = buf->Write(0, src.data() + i * bytes, bytes); !w.ok())
-        Die(w);
-      bufs.push_back(std::move(*buf));
-    }
-    std::vector<LocalClient::PutBuffer*> ptrs;
-    for (auto& b : bufs) ptrs.push_back(&b);
-    auto done = (*local)->CommitPuts(ptrs, {});
-    if (!done.ok()) Die(done.status());
-    for (const auto& one : *done)
-      if (!one.status.ok()) Die(one.status);
-    const double secs = absl::ToDoubleSeconds(absl::Now() - t);
-    // The first run saves into fresh memory; the others into spares.
-    if (run > 0) {
-      save.push_back(total / secs / 1e9);
-      per_put_us.push_back(secs / count * 1e6);
-    }
-    if (run > 1) {
-      if (auto s = d->client->DeleteVersion("bench", version - 1); !s.ok())
-        Die(s.status());
+    for (int k = 0; k < 2; ++k) {
+      Way& way = ways[(run + k) % 2];
+      ++version;
+      d->server->store()->spares().WaitIdle();
+      const absl::Time t = absl::Now();
+      std::vector<LocalClient::PutBuffer> bufs;
+      bufs.reserve(count);
+      for (const std::vector<int>& group : *way.groups) {
+        std::vector<std::pair<std::string, Region>> items;
+        for (int i : group) items.emplace_back(absl::StrCat("t", i), r);
+        absl::StatusOr<std::vector<LocalClient::PutBuffer>> got;
+        if (group.size() == 1) {
+          auto one = (*local)->AllocatePut("bench", version, items[0].first, r,
+                                           /*map=*/false);
+          if (!one.ok()) Die(one.status());
+          got.emplace().push_back(std::move(*one));
+        } else {
+          got = (*local)->AllocatePuts("bench", version, items);
+        }
+        if (!got.ok()) Die(got.status());
+        for (size_t g = 0; g < group.size(); ++g) {
+          LocalClient::PutBuffer& buf = (*got)[g];
+          if (auto w = buf.Write(0, src.data() + group[g] * bytes, bytes);
+              !w.ok())
+            Die(w);
+          bufs.push_back(std::move(buf));
+        }
+      }
+      std::vector<LocalClient::PutBuffer*> ptrs;
+      for (auto& b : bufs) ptrs.push_back(&b);
+      auto done = (*local)->CommitPuts(ptrs, {});
+      if (!done.ok()) Die(done.status());
+      for (const auto& one : *done)
+        if (!one.status.ok()) Die(one.status);
+      const double secs = absl::ToDoubleSeconds(absl::Now() - t);
+      // Each way's first save writes into fresh memory; later ones into
+      // spares.
+      if (run > 0) {
+        way.save.push_back(total / secs / 1e9);
+        way.per_put_us.push_back(secs / count * 1e6);
+      }
+      if (version > 1) {
+        if (auto s = d->client->DeleteVersion("bench", version - 1); !s.ok())
+          Die(s.status());
+      }
     }
   }
   copy.erase(copy.begin());
-  const Stats base = Summarize(copy), s = Summarize(save),
-              us = Summarize(per_put_us);
+  const Stats base = Summarize(copy);
   std::cout << absl::StrFormat(
-      "%d regions of %d KiB (%.1f MiB), %zu runs, GB/s = 1e9 bytes/s\n"
-      "  memcpy      %7.2f %7.2f %7.2f\n"
-      "  shm save    %7.2f %7.2f %7.2f  (%.0f%% of memcpy)\n"
-      "  per put, us %7.1f %7.1f %7.1f\n",
-      count, kib, total / 1048576.0, save.size(), base.min, base.median,
-      base.max, s.min, s.median, s.max, 100 * s.median / base.median, us.min,
-      us.median, us.max);
+      "%d regions of %d KiB (%.1f MiB), %zu runs each way, alternated, "
+      "GB/s = 1e9 bytes/s\n"
+      "  memcpy                 %7.2f %7.2f %7.2f\n",
+      count, kib, total / 1048576.0, ways[0].save.size(), base.min, base.median,
+      base.max);
+  for (const Way& way : ways) {
+    const Stats s = Summarize(way.save), us = Summarize(way.per_put_us);
+    std::cout << absl::StrFormat(
+        "  save, %-16s %7.2f %7.2f %7.2f  (%.0f%% of memcpy)\n"
+        "    per region, us       %7.1f %7.1f %7.1f\n",
+        way.name, s.min, s.median, s.max, 100 * s.median / base.median, us.min,
+        us.median, us.max);
+  }
+  std::cout << absl::StrFormat("  (%zu packs)\n", packs.size());
   return 0;
 }
 
