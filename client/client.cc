@@ -315,6 +315,11 @@ absl::Status Client::Refresh() {
   device_ = device;
   layout_epoch_ = job.layout_epoch();
   regions_ = std::move(regions);
+  pack_candidates_.clear();
+  for (const RankRegion& r : regions_) {
+    pack_candidates_.push_back(
+        {r.bytes, PackRequestBytes(r.key, r.region.rank())});
+  }
   return absl::OkStatus();
 }
 
@@ -561,38 +566,21 @@ absl::StatusOr<LocalClient::PutBuffer*> Client::Save::Slot(int i) {
 }
 
 absl::Status Client::Save::AllocatePack(int i) {
-  const std::vector<RankRegion>& regions = client_->regions_;
-  auto packable = [&](size_t j) {
-    return !buffers_[j] && regions[j].bytes < kCopyThroughDescriptorBelow;
-  };
-  if (i < 0 || i >= static_cast<int>(regions.size()) || committed_ ||
-      !packable(i)) {
-    return absl::OkStatus();  // Slot says what is wrong, or allocates alone
+  if (i < 0 || i >= static_cast<int>(buffers_.size()) || committed_ ||
+      buffers_[i]) {
+    return absl::OkStatus();  // Slot says what is wrong, or has it already
   }
-  // Region i first, then those after it, then those before: a rank writes
-  // its regions in order. The request stays well within a packet.
-  constexpr int64_t kMaxRequestBytes = 32 << 10;
-  std::vector<size_t> members;
+  // As the coordinator expects it (ptc/packs.h), so that the memory ptcd
+  // prepared for the save fits.
+  std::vector<bool> taken(buffers_.size());
+  for (size_t j = 0; j < buffers_.size(); ++j)
+    taken[j] = buffers_[j].has_value();
+  const std::vector<size_t> members =
+      NextPack(client_->pack_candidates_, static_cast<size_t>(i), taken);
+  if (members.empty()) return absl::OkStatus();  // alone
   std::vector<std::pair<std::string, Region>> items;
-  int64_t bytes = 0, request = 0;
-  for (size_t k = 0; k < regions.size(); ++k) {
-    const size_t j = (static_cast<size_t>(i) + k) % regions.size();
-    if (!packable(j)) continue;
-    const RankRegion& r = regions[j];
-    const int64_t aligned =
-        (r.bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
-    const int64_t asks = static_cast<int64_t>(r.key.size()) +
-                         24 * static_cast<int64_t>(r.region.rank()) + 32;
-    if (!members.empty() &&
-        (static_cast<int>(members.size()) == kMaxPackRegions ||
-         bytes + r.bytes > kMaxPackBytes || request + asks > kMaxRequestBytes))
-      break;
-    members.push_back(j);
-    items.emplace_back(r.key, r.region);
-    bytes += aligned;
-    request += asks;
-  }
-  if (members.size() < 2) return absl::OkStatus();  // alone, as before
+  for (size_t j : members)
+    items.emplace_back(client_->regions_[j].key, client_->regions_[j].region);
   PTC_ASSIGN_OR_RETURN(
       std::vector<LocalClient::PutBuffer> puts,
       client_->local_->AllocatePuts(client_->job(), version_, items));

@@ -42,6 +42,7 @@
 #include "proto/coordinator.grpc.pb.h"
 #include "ptc/layout.h"
 #include "ptc/model_spec.h"
+#include "ptc/packs.h"
 #include "ptc/parallel_config.h"
 #include "ptc/small_object.h"
 #include "ptc/tensor_decl.h"
@@ -405,6 +406,8 @@ class Client {
   int64_t committed_step_ = 0;
   int64_t layout_epoch_ = 0;
   std::vector<RankRegion> regions_;
+  // regions_ as a save packs them (ptc/packs.h).
+  std::vector<PackCandidate> pack_candidates_;
   // Follow()'s stream (declared last: it stops before coordinator_ goes).
   JobWatch watch_;
 };

@@ -258,9 +258,10 @@ class TokenInterceptorFactory
   const std::string token_;
 };
 
-void SetKeepalive(grpc::ChannelArguments& args) {
+void SetKeepalive(grpc::ChannelArguments& args, bool patient) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              patient ? kPatientKeepaliveTimeoutMs : kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   // Keep pinging through a long wait with no data (a Watch stream, a
   // change's staging call): gRPC's default stops after two pings.
@@ -279,7 +280,7 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // its peer every kKeepaliveTime and drops the connection when a ping is
   // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
   // the next one connects afresh. Idle channels do not ping.
-  SetKeepalive(args);
+  SetKeepalive(args, /*patient=*/expected_name == "coordinator");
   const std::string target = ChannelTarget(address);
   std::string config = kCoordinatorRetries;
   if (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:")) {
@@ -337,10 +338,11 @@ void AllowKeepalivePings(grpc::ServerBuilder& builder) {
                              kKeepaliveTimeMs / 2);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // The server also pings its clients, so that a stream to a client that
-  // vanished (a Watch, a Put) is closed instead of held.
+  // vanished (a Watch, a Put) is closed instead of held; nothing waits on
+  // that, so a client slow to answer is given time.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs * 5);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             kKeepaliveTimeoutMs);
+                             kPatientKeepaliveTimeoutMs);
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {

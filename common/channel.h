@@ -65,6 +65,8 @@ bool TlsEnabled();
 // A training job's client passes its `job_token` (common/job_token.h):
 // with TLS every call on the channel carries it. "unix:PATH": a ptcd's
 // coordinator relay, as OpenLocalChannel.
+// A channel to the coordinator ("coordinator" as `expected_name`) uses
+// the patient keepalive (kPatientKeepaliveTimeoutMs).
 std::shared_ptr<grpc::Channel> OpenChannel(
     const std::string& address,
     grpc::ChannelArguments args = grpc::ChannelArguments(),
@@ -86,9 +88,20 @@ std::shared_ptr<grpc::Channel> OpenLocalChannel(const std::string& socket_path,
 inline constexpr int kKeepaliveTimeMs = 2000;
 inline constexpr int kKeepaliveTimeoutMs = 2000;
 
+// Channels to the coordinator (a ptcd's heartbeats and its relay of the
+// host's processes' calls, a job's client, ptcctl), and a server's pings
+// of its clients, wait this long for a ping's answer instead. A ptcd's
+// relay carries every Watch stream of its host's processes: a coordinator
+// busy for a few seconds (at 512 hosts on two cores, 4,000 processes
+// asking at once after a failure) must not have every stream of a host
+// broken and opened again at once, which only adds to its load. A
+// coordinator that vanishes is noticed by the heartbeats' deadlines
+// first; its link cut, a relay's calls fail within 12 s.
+inline constexpr int kPatientKeepaliveTimeoutMs = 10000;
+
 // Sets the keepalive above on `args` (OpenChannel does; for channels made
-// with other credentials).
-void SetKeepalive(grpc::ChannelArguments& args);
+// with other credentials). `patient`: kPatientKeepaliveTimeoutMs.
+void SetKeepalive(grpc::ChannelArguments& args, bool patient = false);
 
 // gRPC's target for "A:P" (itself) or "A:P,B:P,...": the addresses
 // resolved now, as one ipv4: (or ipv6:) list that gRPC connects to in

@@ -27,6 +27,7 @@
 #include "plan/planner.h"
 #include "plan/snapshot_plan.h"
 #include "proto/enum_names.h"
+#include "ptc/packs.h"
 #include "tensor_store/store_client.h"
 
 namespace ptc {
@@ -703,16 +704,26 @@ absl::Status CoordinatorService::PrepareTargets(
   // them (the store keeps one) and needs that many buffers.
   const bool stored = planned.committed > 0 && !all;
   const PlanInput& input = planned.flight->input;
-  // Per target host, the bytes of every put of its ranks (a host's held
-  // regions are the union of its ranks' shards).
+  // Per target host, the bytes of every buffer its ranks' saves ask for
+  // (a host's held regions are the union of its ranks' shards): each
+  // rank's regions in the order its client has them (by tensor, then as
+  // the layout lists them), its small ones packed as the client packs
+  // them (ptc/packs.h).
   std::map<int32_t, std::vector<int64_t>> puts;
   if (!stored) {
+    std::map<int32_t, std::vector<PackCandidate>> of_rank;
     for (int t = 0; t < input.target->num_tensors(); ++t) {
-      const int64_t element = ElementSize(spec.tensors[t].dtype);
+      const TensorSpec& ts = spec.tensors[t];
+      const int64_t element = ElementSize(ts.dtype);
       for (const Shard& s : input.target->shards(t)) {
-        puts[input.target_placement->host[s.rank]].push_back(s.region.volume() *
-                                                             element);
+        if (s.region.empty()) continue;
+        of_rank[s.rank].push_back({s.region.volume() * element,
+                                   PackRequestBytes(ts.key, s.region.rank())});
       }
+    }
+    for (const auto& [rank, regions] : of_rank) {
+      std::vector<int64_t>& host = puts[input.target_placement->host[rank]];
+      for (int64_t bytes : SaveBufferSizes(regions)) host.push_back(bytes);
     }
   }
   // (host, tensor, region) of every region a host stores now.

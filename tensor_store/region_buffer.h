@@ -32,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "ptc/packs.h"
 #include "tensor_store/memory_budget.h"
 
 namespace ptc {
@@ -130,15 +131,6 @@ class RegionBuffer {
 // The huge page of transparent huge pages: mappings at least this large
 // are advised to use them.
 inline constexpr int64_t kHugePageBytes = int64_t{2} << 20;
-
-// Where a pack's regions may start: page boundaries, so that a client can
-// map one region of it alone.
-inline constexpr int64_t kPackAlignment = 4096;
-// A pack holds at most this many regions and bytes: a pack's memory
-// returns only once all its regions are gone (a region a later version
-// keeps holds its whole pack), so packs stay small beside a save.
-inline constexpr int kMaxPackRegions = 128;
-inline constexpr int64_t kMaxPackBytes = int64_t{64} << 20;
 
 // Regions smaller than this are copied in and out through their memfd
 // (pwrite / pread) by ptc's client, larger ones through a mapping. Mapping

@@ -330,7 +330,7 @@ absl::StatusOr<std::vector<std::unique_ptr<PendingPut>>> Store::BeginPuts(
                        i, " brings it past that (save larger regions alone)"));
     }
     parts.emplace_back(total, bytes);
-    total += (bytes + kPackAlignment - 1) / kPackAlignment * kPackAlignment;
+    total += PackAligned(bytes);
     puts.push_back(std::move(*put));
   }
   if (hollow_) {

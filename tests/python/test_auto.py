@@ -428,3 +428,38 @@ def test_an_agent_is_told_of_changes_by_the_jobs_stream_and_asks_only_then(
     finally:
         agent.terminate()
         agent.wait(60)
+
+
+def test_processes_keep_their_streams_while_the_coordinator_stalls_for_seconds(
+        bin_dir, tmp_path, ptc_module):
+    """The coordinator stops for 6 s (SIGSTOP: as a machine overloaded for
+    seconds): the channels to it wait up to 10 s for a ping's answer
+    (common/channel.h), so no process's Watch stream breaks and is opened
+    again, which would add every host's streams at once to a coordinator
+    that is slow already. Its pings went unanswered after 2 s before, and
+    every stream broke within 4 s."""
+    c = LocalCluster(bin_dir, tmp_path, hosts=2, gpus=2, host_timeout=60)
+    try:
+        register(c, "--live")
+        j = c.job("j")
+        ranks = [rank_client(c, ptc_module, j, r) for r in (0, 3)]  # one on each host
+        for r in ranks:
+            r.follow()
+        seen = [wait_for("the first event", lambda r=r: r.event if r.event["known"] else None)
+                for r in ranks]
+        c.stop_process("coordinator")
+        time.sleep(6)
+        c.resume_process("coordinator")
+        # Nothing changed: the streams are the same, and tell nothing.
+        for r, ev in zip(ranks, seen):
+            assert r.wait_event(ev["received"], 3)["received"] == ev["received"], \
+                "the stream was opened again"
+        # And they still tell what changes.
+        c.save("j", "host0", 2)
+        c.save("j", "host1", 2)
+        for r, ev in zip(ranks, seen):
+            news = r.wait_event(ev["received"], 60)
+            assert news["received"] > ev["received"]
+            assert wait_for("version 2", lambda r=r: r.event["committed_version"] == 2)
+    finally:
+        c.stop()
