@@ -11,6 +11,8 @@
 #include "common/metrics.h"
 #include "coordinator/coordinator_server.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "ptc/layout.h"
+#include "ptc/packs.h"
 #include "tests/testing.h"
 
 namespace ptc {
@@ -169,17 +171,37 @@ TEST_CASE(
       absl::SleepFor(absl::Milliseconds(10));
     }
     // Both ranks put their own copy of each region they share (the norms,
-    // replicated across tp): a buffer is ready for every put.
+    // replicated across tp): a buffer is ready for every buffer a rank's
+    // save asks for, its small regions in packs, as its client makes them
+    // from the regions it holds (ptc/packs.h).
     auto layout =
         MakePlanScenario(kModel, "tp=2,pp=1,dp=1", {1}, "tp=2,pp=1,dp=1", {1},
                          ptc::Cluster::Uniform(4, 2));
     REQUIRE(layout.ok());
-    int64_t puts = 0;
-    for (int t = 0; t < layout->source().num_tensors(); ++t) {
-      for (const Shard& sh : layout->source().shards(t))
-        puts += sh.region.volume() * ElementSize(layout->spec.tensors[t].dtype);
+    auto config = ParallelConfig::Parse("tp=2,pp=1,dp=1");
+    REQUIRE(config.ok());
+    int64_t puts = 0, region_bytes = 0, buffers = 0;
+    for (int rank = 0; rank < 2; ++rank) {
+      auto mine = BuildRankRegions(layout->spec, *config, rank);
+      REQUIRE(mine.ok());
+      std::vector<PackCandidate> regions;
+      for (size_t t = 0; t < mine->size(); ++t) {
+        const TensorSpec& ts = layout->spec.tensors[t];
+        for (const Region& r : (*mine)[t]) {
+          if (r.empty()) continue;
+          regions.push_back({r.volume() * ElementSize(ts.dtype),
+                             PackRequestBytes(ts.key, r.rank())});
+          region_bytes += regions.back().bytes;
+        }
+      }
+      for (int64_t bytes : SaveBufferSizes(regions)) {
+        puts += bytes;
+        ++buffers;
+      }
+      CHECK(static_cast<size_t>(buffers) < regions.size());  // packed
     }
-    CHECK(puts > registered.state_bytes());
+    CHECK(region_bytes > registered.state_bytes());
+    CHECK(puts >= region_bytes);  // each region from a page boundary
     CHECK(c.daemons[1]->client->Stats()->spare_bytes() == puts);
   }
 
