@@ -272,7 +272,9 @@ class Client {
     // and takes their checksum during the copy, while each chunk is in
     // cache; at Commit ptcd compares it with its own checksum of what it
     // stores (DATA_LOSS if they differ). The fastest way to save a region
-    // that is already contiguous in memory.
+    // that is already contiguous in memory. The first Write of a region
+    // under 8 MiB allocates it in a pack with the rank's other small
+    // regions not yet allocated (ptc/packs.h: one memfd, one request).
     absl::Status Write(int i, absl::Span<const uint8_t> bytes);
     // Marks region i saved without bytes, on a hollow ptcd only (a scale
     // test's, which keeps every region's metadata and none of its bytes:
