@@ -544,6 +544,24 @@ TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",
     REQUIRE(committed.size() == 1);
     CHECK(committed[0] ==
           want);  // checksummed by the client for the old daemon
+    // AllocatePuts is an empty request to it too: one AllocatePut per
+    // region, no pack.
+    auto two = (*c)->AllocatePuts(
+        "job", 1,
+        {{"w", Region{{1, 2}, {0, 1024}}}, {"w", Region{{2, 3}, {0, 1024}}}});
+    REQUIRE(two.ok());
+    REQUIRE(two->size() == 2);
+    std::vector<char> bytes(4096, 3);
+    for (LocalClient::PutBuffer& p : *two) {
+      CHECK_FALSE(p.packed());
+      REQUIRE(p.Write(0, bytes.data(), p.size()).ok());
+    }
+    auto done = (*c)->CommitPuts({&(*two)[0], &(*two)[1]}, {});
+    REQUIRE(done.ok());
+    for (const auto& r : *done) CHECK(r.status.ok());
+    REQUIRE(committed.size() == 3);
+    CHECK(committed[1] == Checksum(bytes.data(), bytes.size()));
+    CHECK(committed[2] == committed[1]);
   }
   old_ptcd.join();
   close(listener);
