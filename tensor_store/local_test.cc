@@ -756,6 +756,16 @@ TEST_CASE("local: with a token key a connection acts on its token's job only",
   CHECK(
       c->AllocatePut("other", 1, "w", Region{{0, 4}, {0, 4}}).status().code() ==
       absl::StatusCode::kPermissionDenied);
+  CHECK(c->AllocatePuts(
+             "other", 1,
+             {{"w", Region{{0, 2}, {0, 4}}}, {"w", Region{{2, 4}, {0, 4}}}})
+            .status()
+            .code() == absl::StatusCode::kPermissionDenied);
+  auto own = c->AllocatePuts(
+      "job", 2,
+      {{"w", Region{{0, 1}, {0, kCols}}}, {"w", Region{{1, 2}, {0, kCols}}}});
+  REQUIRE(own.ok());
+  for (LocalClient::PutBuffer& b : *own) REQUIRE(c->AbortPut(&b).ok());
   CHECK(c->Declare("other", {{"v", DType::kFloat32, {2}}}).code() ==
         absl::StatusCode::kPermissionDenied);
   CHECK(c->SayHello("other", IssueJobToken("other")).status().code() ==

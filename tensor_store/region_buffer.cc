@@ -171,11 +171,10 @@ absl::StatusOr<std::vector<std::shared_ptr<RegionBuffer>>> RegionBuffer::Slice(
 
 const uint8_t* RegionBuffer::ReadableBytes(
     std::vector<uint8_t>* scratch) const {
-  const RegionBuffer& whole = pack_ ? *pack_ : *this;
-  if (hollow_ || !whole.sealed_ || whole.populated_ || size_ >= kHugePageBytes)
+  if (hollow_ || !sealed() || whole().populated_ || size_ >= kHugePageBytes)
     return data();
   scratch->resize(static_cast<size_t>(size_));
-  if (!ReadAt(whole.fd_, offset_, scratch->data(), size_).ok())
+  if (!ReadAt(fd(), offset_, scratch->data(), size_).ok())
     return data();  // the mapping reads the same bytes
   return scratch->data();
 }

@@ -74,7 +74,7 @@ class RegionBuffer {
   absl::Status Seal();
 
   int64_t size() const { return size_; }
-  bool sealed() const { return pack_ ? pack_->sealed_ : sealed_; }
+  bool sealed() const { return whole().sealed_; }
   bool hollow() const { return hollow_; }
   // Readable after Seal(), or writable before it if created mapped.
   const uint8_t* data() const {
@@ -86,12 +86,12 @@ class RegionBuffer {
   }
   // The memfd (-1 if hollow), the pack's for a view; stays owned by the
   // buffer. The region's bytes start at offset() in it.
-  int fd() const { return pack_ ? pack_->fd_ : fd_; }
+  int fd() const { return whole().fd_; }
   int64_t offset() const { return offset_; }
   // The size of the memfd: the pack's for a view.
-  int64_t memfd_size() const { return pack_ ? pack_->size_ : size_; }
+  int64_t memfd_size() const { return whole().size_; }
   // The memfd's inode: two fds with the same inode share the same memory.
-  ino_t inode() const { return pack_ ? pack_->inode_ : inode_; }
+  ino_t inode() const { return whole().inode_; }
   // The sealed bytes to read whole: data() where the mapping is populated
   // (a region in huge pages, whose mapping Seal fills; a smaller one's
   // pages are mapped by its first reader through data()), else a copy
@@ -112,6 +112,8 @@ class RegionBuffer {
  private:
   RegionBuffer(int fd, int64_t size, MemoryBudget::Reservation r)
       : fd_(fd), size_(size), reservation_(std::move(r)) {}
+  // The buffer that owns the memfd: the pack for a view, else this one.
+  const RegionBuffer& whole() const { return pack_ ? *pack_ : *this; }
 
   int fd_;
   int64_t size_;

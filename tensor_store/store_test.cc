@@ -234,6 +234,12 @@ TEST_CASE("store: a pack is checked whole before any memory is taken",
   CHECK(code(std::vector<std::pair<std::string, Region>>(kMaxPackRegions + 1,
                                                          {"w", r}))
             .code() == absl::StatusCode::kInvalidArgument);
+  // Past a pack's bytes: refused before any memory is asked for.
+  REQUIRE(s.DeclareTensors("job", {{"huge", DType::kUInt8, {80 << 20}}}).ok());
+  const absl::Status past = code({{"huge", Region{{0, 40 << 20}}},
+                                  {"huge", Region{{40 << 20, 80 << 20}}}});
+  CHECK(past.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(past.message(), "item 1"));
   // More than the memory limit: refused as a put would be.
   REQUIRE(s.DeclareTensors("job", {{"big", DType::kUInt8, {1200 << 10}}}).ok());
   const Region half{{0, 600 << 10}}, other{{600 << 10, 1200 << 10}};

@@ -180,7 +180,7 @@ TEST_CASE(
     REQUIRE(layout.ok());
     auto config = ParallelConfig::Parse("tp=2,pp=1,dp=1");
     REQUIRE(config.ok());
-    int64_t puts = 0, region_bytes = 0, buffers = 0;
+    int64_t puts = 0, region_bytes = 0;
     for (int rank = 0; rank < 2; ++rank) {
       auto mine = BuildRankRegions(layout->spec, *config, rank);
       REQUIRE(mine.ok());
@@ -194,11 +194,9 @@ TEST_CASE(
           region_bytes += regions.back().bytes;
         }
       }
-      for (int64_t bytes : SaveBufferSizes(regions)) {
-        puts += bytes;
-        ++buffers;
-      }
-      CHECK(static_cast<size_t>(buffers) < regions.size());  // packed
+      const std::vector<int64_t> buffers = SaveBufferSizes(regions);
+      for (int64_t bytes : buffers) puts += bytes;
+      CHECK(buffers.size() < regions.size());  // packed
     }
     CHECK(region_bytes > registered.state_bytes());
     CHECK(puts >= region_bytes);  // each region from a page boundary

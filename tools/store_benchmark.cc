@@ -39,6 +39,7 @@
 #include "common/args.h"
 #include "common/checksum.h"
 #include "common/mutex_checks.h"
+#include "ptc/packs.h"
 #include "tensor_store/internal/testing.h"
 #include "tensor_store/local_client.h"
 #include "tools/internal/stats.h"
@@ -183,19 +184,22 @@ int RunRegions(int count, int kib) {
   std::vector<char> src(total), dst(total);
   for (int64_t i = 0; i < total; i += 4096) src[i] = static_cast<char>(i);
   std::memset(dst.data(), 1, total);
-  // Which regions go together: one each, or packs as the client makes.
+  // Which regions go together: one each, or packs as the client makes
+  // them, writing in order (ptc/packs.h).
   std::vector<std::vector<int>> alone, packs;
+  std::vector<PackCandidate> candidates;
   for (int i = 0; i < count; ++i) {
     alone.push_back({i});
-    if (bytes >= kCopyThroughDescriptorBelow) {
-      packs.push_back({i});
-      continue;
-    }
-    if (packs.empty() ||
-        static_cast<int>(packs.back().size()) == kMaxPackRegions ||
-        static_cast<int64_t>(packs.back().size() + 1) * bytes > kMaxPackBytes)
-      packs.emplace_back();
-    packs.back().push_back(i);
+    candidates.push_back(
+        {bytes, PackRequestBytes(absl::StrCat("t", i), /*rank=*/1)});
+  }
+  std::vector<bool> taken(count);
+  for (int i = 0; i < count; ++i) {
+    if (taken[i]) continue;
+    std::vector<size_t> members = NextPack(candidates, i, taken);
+    if (members.empty()) members = {static_cast<size_t>(i)};  // alone
+    for (size_t j : members) taken[j] = true;
+    packs.emplace_back(members.begin(), members.end());
   }
   struct Way {
     const char* name;
