@@ -798,6 +798,10 @@ absl::Status Client::State::Read(int i, absl::Span<uint8_t> dst) const {
                                regions_[i].region.ToString()));
 }
 
+Client::State::~State() {
+  if (local_ != nullptr) local_->Release(&mappings_).IgnoreError();
+}
+
 absl::Status Client::State::CheckIndex(int i) const {
   if (i < 0 || i >= static_cast<int>(mappings_.size())) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -850,18 +854,19 @@ absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
   auto state = std::unique_ptr<State>(new State());
   state->version_ = version;
   state->regions_ = regions_;
-  for (const RankRegion& r : regions_) {
-    // Leased, not mapped: State::Read copies through the descriptor, and
-    // State::Region maps on first use.
-    auto m = local_->Map(job(), version, r.key, r.region, /*map=*/false);
-    if (!m.ok()) {
-      return Annotate(m.status(),
-                      absl::StrCat("rank ", rank(), " loading ", r.key, " ",
-                                   r.region.ToString(), " of version ", version,
-                                   " (layout mismatch?)"));
-    }
-    state->mappings_.push_back(std::move(*m));
+  // Leased together (a request per 128 regions), not mapped: State::Read
+  // copies through the descriptor, and State::Region maps on first use.
+  std::vector<std::pair<std::string, ptc::Region>> items;
+  for (const RankRegion& r : regions_) items.emplace_back(r.key, r.region);
+  auto mappings = local_->MapMany(job(), version, items);
+  if (!mappings.ok()) {
+    return Annotate(
+        mappings.status(),
+        absl::StrCat("rank ", rank(), " loading ", items.size(),
+                     " regions of version ", version, " (layout mismatch?)"));
   }
+  state->local_ = local_.get();
+  state->mappings_ = *std::move(mappings);
   for (const SmallObjectSpec& o : spec_.small_objects) {
     PTC_ASSIGN_OR_RETURN(
         state->small_[o.name],

@@ -352,9 +352,13 @@ class Client {
     ino_t Inode(int i) const { return mappings_[i].inode(); }
     absl::StatusOr<std::string> SmallObject(const std::string& name) const;
 
+    // Releases the regions' leases together.
+    ~State();
+
    private:
     friend class Client;
     absl::Status CheckIndex(int i) const;
+    LocalClient* local_ = nullptr;
     int64_t version_ = 0;
     std::vector<RankRegion> regions_;
     mutable absl::Mutex mu_;  // maps one region at a time

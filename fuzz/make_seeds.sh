@@ -43,6 +43,12 @@ seed local put -1 LocalRequest proto/local.proto '
 request_id: 3 allocate_put { job: "job" version: 2 tensor: "w" region { dims { begin: 0 end: 8 } dims { begin: 0 end: 16 } } }'
 seed local declare -1 LocalRequest proto/local.proto '
 request_id: 4 declare { job: "job" tensors { key: "v" dtype: "fp16" shape: [3] } }'
+seed local map-many -1 LocalRequest proto/local.proto '
+request_id: 5 map_many { job: "job" version: 1
+  items { tensor: "w" region { dims { begin: 0 end: 16 } dims { begin: 0 end: 16 } } }
+  items { tensor: "w" region { dims { begin: 0 end: 16 } dims { begin: 0 end: 16 } } } }'
+seed local release-many -1 LocalRequest proto/local.proto '
+request_id: 6 release { leases: [1, 2, 3] }'
 seed coordinator host 0 RegisterHostRequest proto/coordinator.proto '
 host { name: "host2" address: "127.0.0.1:3" gpus: 8 bandwidth: 25e9 memory_bytes: 1073741824 }'
 seed coordinator job 2 RegisterJobRequest proto/coordinator.proto '

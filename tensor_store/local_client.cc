@@ -151,11 +151,15 @@ absl::Status LocalClient::PutBuffer::Write(int64_t offset, const void* src,
   return WriteAt(pack_->fd, offset_ + offset, src, n);
 }
 
+LocalClient::SharedFd::~SharedFd() {
+  if (fd >= 0) close(fd);
+}
+
 absl::Status LocalClient::Mapping::MapNow() {
   if (data_ != nullptr) return absl::OkStatus();
   if (hollow_) return HollowError();
-  if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
-  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_, size_, PROT_READ,
+  if (!fd_) return absl::FailedPreconditionError("the mapping is released");
+  PTC_ASSIGN_OR_RETURN(void* p, MapShared(fd_->fd, size_, PROT_READ,
                                           /*populate=*/true, offset_));
   data_ = static_cast<const uint8_t*>(p);
   return absl::OkStatus();
@@ -164,12 +168,12 @@ absl::Status LocalClient::Mapping::MapNow() {
 absl::Status LocalClient::Mapping::Read(int64_t offset, void* dst,
                                         int64_t n) const {
   if (hollow_) return HollowError();
-  if (fd_ < 0) return absl::FailedPreconditionError("the mapping is released");
+  if (!fd_) return absl::FailedPreconditionError("the mapping is released");
   if (offset < 0 || n < 0 || offset > size_ - n) {
     return absl::OutOfRangeError(absl::StrCat(
         "bytes [", offset, ", +", n, ") are outside the region's ", size_));
   }
-  return ReadAt(fd_, offset_ + offset, dst, n);
+  return ReadAt(fd_->fd, offset_ + offset, dst, n);
 }
 
 LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
@@ -181,27 +185,26 @@ LocalClient::Mapping& LocalClient::Mapping::operator=(Mapping&& o) noexcept {
     size_ = o.size_;
     offset_ = o.offset_;
     checksum_ = o.checksum_;
-    fd_ = o.fd_;
+    fd_ = std::move(o.fd_);
     hollow_ = o.hollow_;
     o.client_ = nullptr;
     o.data_ = nullptr;
-    o.fd_ = -1;
+    o.fd_.reset();
   }
   return *this;
 }
 
 LocalClient::Mapping::~Mapping() {
   if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
-  if (fd_ >= 0) close(fd_);
+  fd_.reset();
   if (client_ != nullptr) client_->Release(lease_).IgnoreError();
   client_ = nullptr;
   data_ = nullptr;
-  fd_ = -1;
 }
 
 ino_t LocalClient::Mapping::inode() const {
   struct stat st;
-  return fd_ >= 0 && fstat(fd_, &st) == 0 ? st.st_ino : 0;
+  return fd_ && fstat(fd_->fd, &st) == 0 ? st.st_ino : 0;
 }
 
 absl::StatusOr<std::unique_ptr<LocalClient>> LocalClient::Connect(
@@ -230,6 +233,21 @@ LocalClient::~LocalClient() { close(fd_); }
 
 absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req,
                                                        int* fd_out) {
+  std::vector<int> fds;
+  absl::StatusOr<proto::LocalResponse> resp = CallWithFds(std::move(req), &fds);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (i == 0 && fd_out != nullptr) {
+      *fd_out = fds[0];
+    } else {
+      close(fds[i]);
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<proto::LocalResponse> LocalClient::CallWithFds(
+    proto::LocalRequest req, std::vector<int>* fds_out) {
+  fds_out->clear();
   absl::MutexLock lock(&mu_);
   req.set_request_id(next_request_++);
   if (absl::Status sent =
@@ -250,22 +268,16 @@ absl::StatusOr<proto::LocalResponse> LocalClient::Call(proto::LocalRequest req,
     }
     return sent;
   }
-  int fd = -1;
   PTC_ASSIGN_OR_RETURN(std::string packet,
-                       store_internal::ReceivePacket(fd_, &fd));
+                       store_internal::ReceivePacket(fd_, fds_out));
   proto::LocalResponse resp;
   if (!resp.ParseFromString(packet)) {
-    if (fd >= 0) close(fd);
+    for (int fd : *fds_out) close(fd);
+    fds_out->clear();
     return absl::InternalError("ptcd sent a malformed local response");
-  }
-  if (fd_out != nullptr) {
-    *fd_out = fd;
-  } else if (fd >= 0) {
-    close(fd);
   }
   return resp;
 }
-
 
 absl::StatusOr<LocalClient::PutBuffer> LocalClient::AllocatePut(
     const std::string& job, int64_t version, const std::string& tensor,
@@ -478,7 +490,7 @@ absl::StatusOr<LocalClient::Mapping> LocalClient::Map(const std::string& job,
   m.size_ = resp.bytes();
   m.offset_ = resp.offset();
   m.checksum_ = resp.checksum();
-  m.fd_ = fd;
+  if (fd >= 0) m.fd_ = std::make_shared<SharedFd>(fd);
   m.hollow_ = resp.hollow();
   if (map && !m.hollow_) PTC_RETURN_IF_ERROR(m.MapNow());
   return m;
@@ -557,6 +569,106 @@ absl::StatusOr<LocalClient::Hello> LocalClient::SayHello(
   h.coordinator = resp.coordinator();
   h.committed_versions.assign(resp.versions().begin(), resp.versions().end());
   return h;
+}
+
+absl::StatusOr<std::vector<LocalClient::Mapping>> LocalClient::MapMany(
+    const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, Region>>& items) {
+  std::vector<Mapping> out;
+  out.reserve(items.size());
+  size_t i = 0;
+  while (i < items.size() && !many_unknown_) {
+    proto::LocalRequest req;
+    proto::MapManyOp* op = req.mutable_map_many();
+    op->set_job(job);
+    op->set_version(version);
+    // Names are short; stop well below the packet size.
+    const size_t first = i;
+    for (; i < items.size() &&
+           op->items_size() < store_internal::kMaxMapRegions &&
+           op->ByteSizeLong() < 48 * 1024;
+         ++i) {
+      proto::AllocatePutsOp::Item* item = op->add_items();
+      item->set_tensor(items[i].first);
+      RegionToProto(items[i].second, item->mutable_region());
+    }
+    std::vector<int> fds;
+    PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
+                         CallWithFds(std::move(req), &fds));
+    std::vector<std::shared_ptr<SharedFd>> shared;
+    for (int fd : fds) shared.push_back(std::make_shared<SharedFd>(fd));
+    if (resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+        resp.message() == "local request names no operation") {
+      many_unknown_ = true;  // an older ptcd: one Map each, below
+      i = first;
+      break;
+    }
+    PTC_RETURN_IF_ERROR(StatusOf(resp));
+    many_known_ = true;
+    const int n = static_cast<int>(i - first);
+    bool fits = resp.handles_size() == n && resp.sizes_size() == n &&
+                resp.offsets_size() == n && resp.checksums_size() == n &&
+                resp.fd_indices_size() == n;
+    for (int k = 0; fits && k < n && !resp.hollow(); ++k) {
+      fits = resp.fd_indices(k) >= 0 &&
+             resp.fd_indices(k) < static_cast<int>(shared.size()) &&
+             resp.offsets(k) >= 0 && resp.sizes(k) >= 0;
+    }
+    // Leases taken before the answer is judged, so that none is kept.
+    for (int k = 0; k < n && k < resp.handles_size(); ++k) {
+      Mapping m;
+      m.client_ = this;
+      m.lease_ = resp.handles(k);
+      m.hollow_ = resp.hollow();
+      if (fits) {
+        m.size_ = resp.sizes(k);
+        m.offset_ = resp.offsets(k);
+        m.checksum_ = resp.checksums(k);
+        if (!m.hollow_) m.fd_ = shared[resp.fd_indices(k)];
+      }
+      out.push_back(std::move(m));
+    }
+    if (!fits) {
+      Release(&out).IgnoreError();
+      return absl::InternalError(absl::StrCat(
+          "ptcd answered a map of ", n, " regions with ", resp.handles_size(),
+          " leases, ", resp.sizes_size(), " sizes, ", resp.offsets_size(),
+          " offsets, ", resp.checksums_size(), " checksums and ",
+          resp.fd_indices_size(), " descriptor indices (", fds.size(),
+          " descriptors)"));
+    }
+  }
+  for (; i < items.size(); ++i) {
+    PTC_ASSIGN_OR_RETURN(Mapping m, Map(job, version, items[i].first,
+                                        items[i].second, /*map=*/false));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+absl::Status LocalClient::Release(std::vector<Mapping>* mappings) {
+  std::vector<uint64_t> leases;
+  for (Mapping& m : *mappings) {
+    if (m.client_ != this) continue;
+    leases.push_back(m.lease_);
+    m.client_ = nullptr;
+  }
+  absl::Status first;
+  if (!many_known_) {
+    // A ptcd that may predate Release of several leases.
+    for (uint64_t lease : leases) first.Update(Release(lease));
+    return first;
+  }
+  for (size_t i = 0; i < leases.size();) {
+    proto::LocalRequest req;
+    const size_t end =
+        std::min(leases.size(),
+                 i + static_cast<size_t>(store_internal::kMaxReleaseLeases));
+    for (; i < end; ++i) req.mutable_release()->add_leases(leases[i]);
+    auto resp = Call(std::move(req), nullptr);
+    first.Update(resp.ok() ? StatusOf(*resp) : resp.status());
+  }
+  return first;
 }
 
 absl::Status LocalClient::Release(uint64_t lease) {

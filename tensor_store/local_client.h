@@ -95,9 +95,20 @@ class LocalClient {
     int64_t offset_ = 0;
   };
 
-  // A read-only mapping of one stored region, from Map. Move-only; on
-  // destruction it unmaps and releases the lease. Must not outlive the
-  // client that made it.
+  // A descriptor that several mappings share (the regions of one pack);
+  // closed with the last of them.
+  struct SharedFd {
+    int fd = -1;
+    explicit SharedFd(int f) : fd(f) {}
+    SharedFd(const SharedFd&) = delete;
+    SharedFd& operator=(const SharedFd&) = delete;
+    ~SharedFd();
+  };
+
+  // A read-only mapping of one stored region, from Map or MapMany.
+  // Move-only; on destruction it unmaps and releases the lease (unless
+  // Release took it with others). Must not outlive the client that made
+  // it.
   class Mapping {
    public:
     Mapping() = default;
@@ -119,6 +130,8 @@ class LocalClient {
     bool hollow() const { return hollow_; }
     // The shared memory's inode (equal to the daemon's buffer: no copy).
     ino_t inode() const;
+    // The lease by which the daemon keeps the region for this mapping.
+    uint64_t lease() const { return lease_; }
 
    private:
     friend class LocalClient;
@@ -128,7 +141,7 @@ class LocalClient {
     int64_t size_ = 0;
     int64_t offset_ = 0;  // of the region in fd_ (a pack's)
     uint64_t checksum_ = 0;
-    int fd_ = -1;
+    std::shared_ptr<SharedFd> fd_;  // null: released, or hollow
     bool hollow_ = false;
   };
 
@@ -177,6 +190,17 @@ class LocalClient {
   absl::StatusOr<Mapping> Map(const std::string& job, int64_t version,
                               const std::string& tensor, const Region& region,
                               bool map = true);
+  // Leases several stored regions of one version, in order, in as few
+  // requests as fit (MapMany: up to kMaxMapRegions each); regions saved in
+  // one pack share one descriptor. Nothing is mapped (Mapping::Read, or
+  // MapNow). With a ptcd older than MapMany, one Map per region.
+  absl::StatusOr<std::vector<Mapping>> MapMany(
+      const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, Region>>& items);
+  // Releases the leases of `mappings` (this client's) in as few requests
+  // as fit; each stays readable until it is destroyed. The first failure
+  // is returned, and every lease is let go of here either way.
+  absl::Status Release(std::vector<Mapping>* mappings);
 
   // Small objects (at most kMaxSmallObjectBytes, sent inline).
   absl::Status PutSmallObject(const std::string& job, int64_t version,
@@ -208,6 +232,9 @@ class LocalClient {
   // Sends a raw request; for tests of the daemon's error handling.
   absl::StatusOr<proto::LocalResponse> Call(proto::LocalRequest req,
                                             int* fd_out);
+  // As Call, with every descriptor passed (the caller owns them).
+  absl::StatusOr<proto::LocalResponse> CallWithFds(proto::LocalRequest req,
+                                                   std::vector<int>* fds_out);
 
  private:
   explicit LocalClient(int fd) : fd_(fd) {}
@@ -220,6 +247,10 @@ class LocalClient {
   std::atomic<bool> batch_unknown_{false};
   // The daemon answered AllocatePuts as an unknown request.
   std::atomic<bool> pack_unknown_{false};
+  // The daemon answered MapMany as an unknown request; or it answered one
+  // (it releases several leases at once).
+  std::atomic<bool> many_unknown_{false};
+  std::atomic<bool> many_known_{false};
 };
 
 }  // namespace ptc

@@ -268,7 +268,7 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
       continue;  // the wake-up, not a request
     }
     proto::LocalResponse resp;
-    int fd_out = -1;
+    std::vector<int> fds_out;
     if (!packet.ok()) {
       if (packet.status().code() == absl::StatusCode::kUnavailable) break;
       resp.set_code(static_cast<int>(packet.status().code()));
@@ -279,11 +279,11 @@ void LocalServer::Serve(std::shared_ptr<Connection> conn) {
         resp.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
         resp.set_message("malformed local request: not a LocalRequest message");
       } else {
-        resp = Handle(conn.get(), req, &fd_out);
+        resp = Handle(conn.get(), req, &fds_out);
       }
     }
     resp.set_answered(true);
-    if (!SendPacket(conn->fd, resp.SerializeAsString(), fd_out).ok()) break;
+    if (!SendPacket(conn->fd, resp.SerializeAsString(), fds_out).ok()) break;
   }
   const size_t aborted = conn->puts.size(), released = conn->leases.size();
   {
@@ -387,6 +387,9 @@ absl::Status LocalServer::CheckJob(Connection* conn,
     case proto::LocalRequest::kMap:
       job = &req.map().job();
       break;
+    case proto::LocalRequest::kMapMany:
+      job = &req.map_many().job();
+      break;
     case proto::LocalRequest::kPutSmallObject:
       job = &req.put_small_object().job();
       break;
@@ -427,9 +430,68 @@ absl::Status LocalServer::CheckJob(Connection* conn,
   return absl::OkStatus();
 }
 
+absl::Status LocalServer::MapRegions(
+    Connection* conn, const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, Region>>& items,
+    proto::LocalResponse* resp, std::vector<int>* fds_out) {
+  if (conn->leases.size() + items.size() >
+      static_cast<size_t>(store_internal::kMaxLeasesPerConnection)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this connection holds ", conn->leases.size(), " leases; at most ",
+        store_internal::kMaxLeasesPerConnection,
+        " at once: release regions no longer used"));
+  }
+  std::vector<std::shared_ptr<RegionBuffer>> buffers;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& [tensor, region] = items[i];
+    auto view = store_->OpenRead(job, version, tensor, region);
+    const std::string which = items.size() == 1
+                                  ? std::string()
+                                  : absl::StrCat(" (item ", i, " to map)");
+    if (!view.ok()) {
+      if (items.size() == 1) return view.status();
+      return Annotate(view.status(), absl::StrCat("item ", i, " to map"));
+    }
+    if (!view->exact) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", region.ToString(), " of tensor '", tensor,
+          "' is not one stored region", which,
+          "; Map maps stored regions as they are (zero-copy), read other "
+          "regions with the gRPC Read"));
+    }
+    const StoredRegionRef& stored = view->sources[0];
+    resp->add_sizes(stored.buffer->size());
+    resp->add_checksums(stored.checksum);
+    if (stored.buffer->hollow()) {
+      resp->set_hollow(true);
+      resp->add_offsets(0);
+      resp->add_fd_indices(-1);
+    } else {
+      // Regions of one pack share its descriptor.
+      const int fd = stored.buffer->fd();
+      auto at = std::find(fds_out->begin(), fds_out->end(), fd);
+      if (at == fds_out->end()) at = fds_out->insert(fds_out->end(), fd);
+      resp->add_offsets(stored.buffer->offset());
+      resp->add_fd_indices(static_cast<int>(at - fds_out->begin()));
+    }
+    buffers.push_back(stored.buffer);
+  }
+  std::vector<uint64_t> leases;
+  for (std::shared_ptr<RegionBuffer>& buffer : buffers) {
+    const uint64_t lease = next_id_++;
+    leases.push_back(lease);
+    resp->add_handles(lease);
+    conn->leases[lease] = std::move(buffer);
+  }
+  local_maps_total.Add(static_cast<int64_t>(leases.size()));
+  absl::MutexLock lock(&mu_);
+  for (uint64_t lease : leases) owners_[lease] = conn->id;
+  return absl::OkStatus();
+}
+
 proto::LocalResponse LocalServer::Handle(Connection* conn,
                                          const proto::LocalRequest& req,
-                                         int* fd_out) {
+                                         std::vector<int>* fds_out) {
   proto::LocalResponse resp;
   resp.set_request_id(req.request_id());
   auto fail = [&](const absl::Status& s) {
@@ -453,7 +515,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       if ((*put)->buffer->hollow()) {
         resp.set_hollow(true);
       } else {
-        *fd_out = (*put)->buffer->fd();
+        fds_out->push_back((*put)->buffer->fd());
       }
       conn->puts[handle] = std::move(*put);
       conn->put_deadlines.Set(handle, absl::Now() + options_.put_timeout);
@@ -483,7 +545,7 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       if (first.hollow()) {
         resp.set_hollow(true);
       } else {
-        *fd_out = first.fd();
+        fds_out->push_back(first.fd());
         resp.set_bytes(first.memfd_size());
       }
       const uint64_t pack = next_id_++;
@@ -622,39 +684,64 @@ proto::LocalResponse LocalServer::Handle(Connection* conn,
       const proto::MapOp& op = req.map();
       auto region = RegionFromProto(op.region());
       if (!region.ok()) return fail(region.status());
-      auto view =
-          store_->OpenRead(op.job(), op.version(), op.tensor(), *region);
-      if (!view.ok()) return fail(view.status());
-      if (!view->exact) {
-        return fail(absl::FailedPreconditionError(absl::StrCat(
-            "region ", region->ToString(), " of tensor '", op.tensor(),
-            "' is not one stored region; Map maps stored regions as they are "
-            "(zero-copy), "
-            "read other regions with the gRPC Read")));
+      proto::LocalResponse many;
+      if (absl::Status s =
+              MapRegions(conn, op.job(), op.version(),
+                         {{op.tensor(), *std::move(region)}}, &many, fds_out);
+          !s.ok())
+        return fail(s);
+      resp.set_handle(many.handles(0));
+      resp.set_bytes(many.sizes(0));
+      resp.set_checksum(many.checksums(0));
+      resp.set_hollow(many.hollow());
+      if (!many.hollow()) resp.set_offset(many.offsets(0));
+      return resp;
+    }
+    case proto::LocalRequest::kMapMany: {
+      const proto::MapManyOp& op = req.map_many();
+      if (op.items_size() == 0 ||
+          op.items_size() > store_internal::kMaxMapRegions) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("MapMany takes 1 to ", store_internal::kMaxMapRegions,
+                         " regions, not ", op.items_size())));
       }
-      const StoredRegionRef& s = view->sources[0];
-      const uint64_t lease = next_id_++;
-      resp.set_handle(lease);
-      resp.set_bytes(s.buffer->size());
-      resp.set_checksum(s.checksum);
-      if (s.buffer->hollow()) {
-        resp.set_hollow(true);
-      } else {
-        *fd_out = s.buffer->fd();
-        resp.set_offset(s.buffer->offset());
+      std::vector<std::pair<std::string, Region>> items;
+      for (int i = 0; i < op.items_size(); ++i) {
+        auto region = RegionFromProto(op.items(i).region());
+        if (!region.ok()) {
+          return fail(
+              Annotate(region.status(), absl::StrCat("item ", i, " to map")));
+        }
+        items.emplace_back(op.items(i).tensor(), *std::move(region));
       }
-      conn->leases[lease] = s.buffer;
-      local_maps_total.Add();
-      absl::MutexLock lock(&mu_);
-      owners_[lease] = conn->id;
+      if (absl::Status s =
+              MapRegions(conn, op.job(), op.version(), items, &resp, fds_out);
+          !s.ok())
+        return fail(s);
       return resp;
     }
     case proto::LocalRequest::kRelease: {
-      const uint64_t lease = req.release().lease();
-      if (absl::Status s = CheckLease(lease, conn); !s.ok()) return fail(s);
-      conn->leases.erase(lease);
+      const proto::ReleaseOp& op = req.release();
+      std::vector<uint64_t> leases(op.leases().begin(), op.leases().end());
+      if (op.lease() != 0 || leases.empty()) leases.push_back(op.lease());
+      if (leases.size() >
+          static_cast<size_t>(store_internal::kMaxReleaseLeases)) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "Release takes at most ", store_internal::kMaxReleaseLeases,
+            " leases, not ", leases.size())));
+      }
+      // All or none: each is checked before any is released.
+      std::set<uint64_t> seen;
+      for (uint64_t lease : leases) {
+        if (!seen.insert(lease).second) {
+          return fail(absl::InvalidArgumentError(absl::StrCat(
+              "lease ", lease, " is named twice; nothing released")));
+        }
+        if (absl::Status s = CheckLease(lease, conn); !s.ok()) return fail(s);
+      }
+      for (uint64_t lease : leases) conn->leases.erase(lease);
       absl::MutexLock lock(&mu_);
-      owners_.erase(lease);
+      for (uint64_t lease : leases) owners_.erase(lease);
       return resp;
     }
     case proto::LocalRequest::kPutSmallObject: {

@@ -82,8 +82,17 @@ class LocalServer {
   // Joins the threads of connections that have ended.
   void ReapFinished();
   void Serve(std::shared_ptr<Connection> conn);
+  // The answer to `req`, and in *fds_out the descriptors to pass with it
+  // (the daemon's own: SendPacket copies them).
   proto::LocalResponse Handle(Connection* conn, const proto::LocalRequest& req,
-                              int* fd_out);
+                              std::vector<int>* fds_out);
+  // The leases of one Map or MapMany (`items` of one version): each item's
+  // lease, bytes, offset, checksum and descriptor into `resp`, all or
+  // none.
+  absl::Status MapRegions(
+      Connection* conn, const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, Region>>& items,
+      proto::LocalResponse* resp, std::vector<int>* fds_out);
   // With require_job_token: a Hello's token sets the connection's job;
   // every request naming a job must name that one.
   absl::Status CheckJob(Connection* conn, const proto::LocalRequest& req);

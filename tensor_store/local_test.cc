@@ -431,6 +431,157 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "local: MapMany leases many regions in one request, a pack's sharing one "
+    "descriptor, and Release lets go of them together",
+    "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  // Rows 0-16 in a pack of two regions, rows 16-64 alone.
+  const std::vector<std::pair<std::string, Region>> packed = {
+      {"w", Region{{0, 8}, {0, kCols}}}, {"w", Region{{8, 16}, {0, kCols}}}};
+  auto bufs = c->AllocatePuts("job", 1, packed);
+  REQUIRE(bufs.ok());
+  std::vector<LocalClient::PutBuffer*> ptrs;
+  std::vector<std::vector<char>> bytes;
+  for (size_t i = 0; i < bufs->size(); ++i) {
+    bytes.emplace_back((*bufs)[i].size());
+    testing::FillPattern(40 + i, 0, bytes.back().data(), bytes.back().size());
+    REQUIRE((*bufs)[i].Write(0, bytes.back().data(), bytes.back().size()).ok());
+    ptrs.push_back(&(*bufs)[i]);
+  }
+  auto done = c->CommitPuts(ptrs, {});
+  REQUIRE(done.ok());
+  for (const auto& r : *done) REQUIRE(r.status.ok());
+  const uint64_t alone_sum = SaveRows(*c, 1, 16, kRows, 42);
+  const int64_t stored = d->server->store()->data_bytes_used();
+
+  std::vector<std::pair<std::string, Region>> items = packed;
+  items.push_back({"w", Region{{16, kRows}, {0, kCols}}});
+  items.push_back(packed[0]);  // twice: two leases of one region
+  auto ms = c->MapMany("job", 1, items);
+  INFO(ms.status().ToString());
+  REQUIRE(ms.ok());
+  REQUIRE(ms->size() == items.size());
+  CHECK((*ms)[0].inode() == (*ms)[1].inode());  // the pack's one memfd
+  CHECK((*ms)[0].inode() != (*ms)[2].inode());
+  CHECK((*ms)[2].checksum() == alone_sum);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK((*ms)[i].checksum() == (*done)[i].checksum);
+    std::vector<char> back((*ms)[i].size());
+    REQUIRE((*ms)[i].Read(0, back.data(), back.size()).ok());
+    CHECK(back == bytes[i]);
+  }
+  std::vector<char> back3((*ms)[3].size());
+  REQUIRE((*ms)[3].Read(0, back3.data(), back3.size()).ok());
+  CHECK(back3 == bytes[0]);
+  REQUIRE((*ms)[2].MapNow().ok());
+  CHECK(testing::CheckPattern(
+      42, 0, reinterpret_cast<const char*>((*ms)[2].data()), (*ms)[2].size()));
+
+  // Deleted while leased: still readable, still paid for.
+  REQUIRE(d->client->DeleteVersion("job", 1).ok());
+  CHECK(d->server->store()->data_bytes_used() == stored);
+  REQUIRE(c->Release(&*ms).ok());
+  // Released (each lease once), and readable until destroyed.
+  REQUIRE((*ms)[0].Read(0, back3.data(), back3.size()).ok());
+  CHECK(back3 == bytes[0]);
+  ms->clear();
+  d->server->store()->WaitReleased();
+  CHECK(d->server->store()->data_bytes_used() == 0);
+}
+
+TEST_CASE("local: hostile MapMany and Release requests get clear errors",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  SaveRows(*c, 1, 0, 32, 1);
+  SaveRows(*c, 1, 32, kRows, 2);
+  const Region top{{0, 32}, {0, kCols}}, bottom{{32, kRows}, {0, kCols}};
+  auto code = [&](const proto::LocalRequest& req) {
+    auto resp = c->Call(req, nullptr);
+    REQUIRE(resp.ok());
+    return absl::Status(static_cast<absl::StatusCode>(resp->code()),
+                        resp->message());
+  };
+  proto::LocalRequest none;
+  none.mutable_map_many()->set_job("job");
+  none.mutable_map_many()->set_version(1);
+  CHECK(code(none).code() == absl::StatusCode::kInvalidArgument);
+  proto::LocalRequest many = none;
+  for (int i = 0; i <= store_internal::kMaxMapRegions; ++i) {
+    proto::AllocatePutsOp::Item* item = many.mutable_map_many()->add_items();
+    item->set_tensor("w");
+    RegionToProto(top, item->mutable_region());
+  }
+  const absl::Status too_many = code(many);
+  CHECK(too_many.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(too_many.message(), "1 to 128"));
+  // One item that is no stored region fails the request, naming it, and
+  // leases nothing.
+  auto wrong = c->MapMany(
+      "job", 1, {{"w", top}, {"w", bottom}, {"w", Region{{0, 8}, {0, kCols}}}});
+  CHECK(wrong.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(wrong.status().message(), "item 2"));
+  auto gone = c->MapMany("job", 9, {{"w", top}});
+  CHECK(gone.status().code() == absl::StatusCode::kNotFound);
+  proto::LocalRequest no_rank = none;
+  no_rank.mutable_map_many()->add_items()->set_tensor("w");
+  CHECK(code(no_rank).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(d->client->DeleteVersion("job", 1).ok());
+  d->server->store()->WaitReleased();
+  CHECK(d->server->store()->data_bytes_used() == 0);  // nothing leased
+
+  SaveRows(*c, 2, 0, 32, 1);
+  auto ms = c->MapMany("job", 2, {{"w", top}, {"w", top}});
+  REQUIRE(ms.ok());
+  const uint64_t a = (*ms)[0].lease(), b = (*ms)[1].lease();
+  // Release: all or none.
+  proto::LocalRequest twice;
+  twice.mutable_release()->add_leases(a);
+  twice.mutable_release()->add_leases(a);
+  CHECK(code(twice).code() == absl::StatusCode::kInvalidArgument);
+  proto::LocalRequest bogus;
+  bogus.mutable_release()->add_leases(a);
+  bogus.mutable_release()->add_leases(987654);
+  CHECK(code(bogus).code() == absl::StatusCode::kNotFound);
+  proto::LocalRequest huge;
+  for (int i = 0; i <= store_internal::kMaxReleaseLeases; ++i)
+    huge.mutable_release()->add_leases(a);
+  CHECK(code(huge).code() == absl::StatusCode::kInvalidArgument);
+  proto::LocalRequest both;
+  both.mutable_release()->add_leases(a);
+  both.mutable_release()->add_leases(b);
+  CHECK(code(both).ok());  // both were still held
+  CHECK(code(both).code() == absl::StatusCode::kNotFound);  // and are no more
+  ms->clear();  // their own releases are refused and ignored
+  CHECK(d->server->local()->num_clients() == 1);
+}
+
+TEST_CASE("local: a connection holds a bounded number of leases",
+          "[tensor_store][local]") {
+  auto d = StartWithTensor();
+  auto c = Connect(*d);
+  SaveRows(*c, 1, 0, kRows, 1);
+  std::vector<std::pair<std::string, Region>> items(
+      store_internal::kMaxMapRegions, {"w", Region{{0, kRows}, {0, kCols}}});
+  std::vector<std::vector<LocalClient::Mapping>> held;
+  for (int i = 0; i < store_internal::kMaxLeasesPerConnection /
+                          store_internal::kMaxMapRegions;
+       ++i) {
+    auto ms = c->MapMany("job", 1, items);
+    REQUIRE(ms.ok());
+    held.push_back(*std::move(ms));
+  }
+  auto more = c->Map("job", 1, "w", Region{{0, kRows}, {0, kCols}});
+  CHECK(more.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(more.status().message(), "release regions"));
+  REQUIRE(c->Release(&held.back()).ok());
+  held.pop_back();
+  CHECK(c->Map("job", 1, "w", Region{{0, kRows}, {0, kCols}}).ok());
+  for (auto& h : held) REQUIRE(c->Release(&h).ok());
+}
+
+TEST_CASE(
     "local: a pack's puts abort one by one; hostile packs get clear errors",
     "[tensor_store][local]") {
   auto d = StartWithTensor();
@@ -499,7 +650,8 @@ TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",
   REQUIRE(bind(listener, reinterpret_cast<struct sockaddr*>(&addr),
                sizeof(addr)) == 0);
   REQUIRE(listen(listener, 1) == 0);
-  std::vector<uint64_t> committed;
+  std::vector<uint64_t> committed, released;
+  int maps = 0;
   std::thread old_ptcd([&] {
     const int conn = accept(listener, nullptr, nullptr);
     for (;;) {
@@ -519,6 +671,13 @@ TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",
       } else if (req.has_commit_put()) {
         committed.push_back(req.commit_put().checksum());
         resp.set_checksum(req.commit_put().checksum());
+      } else if (req.has_map()) {
+        fd = memfd_create("old", 0);
+        if (ftruncate(fd, 4096) != 0) break;
+        resp.set_handle(100 + maps++);
+        resp.set_bytes(4096);
+      } else if (req.has_release() && req.release().leases_size() == 0) {
+        released.push_back(req.release().lease());
       } else {
         resp.set_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
         resp.set_message("local request names no operation");
@@ -562,6 +721,16 @@ TEST_CASE("local: against a ptcd that predates CommitPuts, puts one by one",
     REQUIRE(committed.size() == 3);
     CHECK(committed[1] == Checksum(bytes.data(), bytes.size()));
     CHECK(committed[2] == committed[1]);
+    // MapMany too: one Map per region, and one Release per lease.
+    auto ms = (*c)->MapMany(
+        "job", 1,
+        {{"w", Region{{1, 2}, {0, 1024}}}, {"w", Region{{2, 3}, {0, 1024}}}});
+    REQUIRE(ms.ok());
+    REQUIRE(ms->size() == 2);
+    CHECK(maps == 2);
+    CHECK((*ms)[1].size() == 4096);
+    REQUIRE((*c)->Release(&*ms).ok());
+    CHECK(released == std::vector<uint64_t>{100, 101});
   }
   old_ptcd.join();
   close(listener);
@@ -761,6 +930,9 @@ TEST_CASE("local: with a token key a connection acts on its token's job only",
              {{"w", Region{{0, 2}, {0, 4}}}, {"w", Region{{2, 4}, {0, 4}}}})
             .status()
             .code() == absl::StatusCode::kPermissionDenied);
+  CHECK(
+      c->MapMany("other", 1, {{"w", Region{{0, 4}, {0, 4}}}}).status().code() ==
+      absl::StatusCode::kPermissionDenied);
   auto own = c->AllocatePuts(
       "job", 2,
       {{"w", Region{{0, 1}, {0, kCols}}}, {"w", Region{{1, 2}, {0, kCols}}}});

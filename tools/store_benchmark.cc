@@ -25,7 +25,9 @@
 // written, then committed in batches (CommitPuts), as ptc's client saves a
 // rank's shards; one put per region (through its descriptor) and in packs
 // (AllocatePuts), alternated, against memcpy of the same bytes, and per
-// region.
+// region. Each save is then loaded as the client loads: one Map per region
+// (the save of one put each) or MapMany (the save in packs), each region
+// copied out through its descriptor, the leases released.
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -168,7 +170,8 @@ int Run(int max_mib) {
 // ways, alternating (which goes first changes every run): one put per
 // region, and packs (AllocatePuts: up to kMaxPackRegions regions of at
 // most kMaxPackBytes in one memfd), as ptc's client saves regions under
-// kCopyThroughDescriptorBelow.
+// kPackRegionsBelow; and its load, by one Map per region (as the client
+// did) or by MapMany (as it does).
 int RunRegions(int count, int kib) {
   const int64_t bytes = int64_t{kib} << 10;
   const int64_t total = bytes * count;
@@ -204,9 +207,12 @@ int RunRegions(int count, int kib) {
   struct Way {
     const char* name;
     const std::vector<std::vector<int>>* groups;
-    std::vector<double> save, per_put_us;
+    const char* load_name;
+    bool map_many;
+    std::vector<double> save, per_put_us, load, per_map_us;
   };
-  Way ways[2] = {{"one put each", &alone, {}, {}}, {"packs", &packs, {}, {}}};
+  Way ways[2] = {{"one put each", &alone, "one map each", false},
+                 {"packs", &packs, "map many", true}};
   std::vector<double> copy;
   int64_t version = 0;
   for (int run = 0; run < 8; ++run) {
@@ -247,11 +253,46 @@ int RunRegions(int count, int kib) {
       for (const auto& one : *done)
         if (!one.status.ok()) Die(one.status);
       const double secs = absl::ToDoubleSeconds(absl::Now() - t);
+      bufs.clear();
+      // The load, as the client loads a rank's regions into its tensors:
+      // leased, copied out through the descriptors, released.
+      const absl::Time l = absl::Now();
+      {
+        std::vector<LocalClient::Mapping> maps;
+        if (way.map_many) {
+          std::vector<std::pair<std::string, Region>> items;
+          for (int i = 0; i < count; ++i)
+            items.emplace_back(absl::StrCat("t", i), r);
+          auto got = (*local)->MapMany("bench", version, items);
+          if (!got.ok()) Die(got.status());
+          maps = *std::move(got);
+        } else {
+          for (int i = 0; i < count; ++i) {
+            auto m = (*local)->Map("bench", version, absl::StrCat("t", i), r,
+                                   /*map=*/false);
+            if (!m.ok()) Die(m.status());
+            maps.push_back(std::move(*m));
+          }
+        }
+        for (int i = 0; i < count; ++i) {
+          if (auto s = maps[i].Read(0, dst.data() + i * bytes, bytes); !s.ok())
+            Die(s);
+        }
+        if (way.map_many) {
+          if (auto s = (*local)->Release(&maps); !s.ok()) Die(s);
+        }
+      }  // (one map each: each released as it goes)
+      const double load_secs = absl::ToDoubleSeconds(absl::Now() - l);
+      if (std::memcmp(src.data(), dst.data(), total) != 0)
+        Die(absl::DataLossError("a load read other bytes than were saved"));
+      std::memset(dst.data(), 1, total);
       // Each way's first save writes into fresh memory; later ones into
       // spares.
       if (run > 0) {
         way.save.push_back(total / secs / 1e9);
         way.per_put_us.push_back(secs / count * 1e6);
+        way.load.push_back(total / load_secs / 1e9);
+        way.per_map_us.push_back(load_secs / count * 1e6);
       }
       if (version > 1) {
         if (auto s = d->client->DeleteVersion("bench", version - 1); !s.ok())
@@ -274,6 +315,15 @@ int RunRegions(int count, int kib) {
         "    per region, us       %7.1f %7.1f %7.1f\n",
         way.name, s.min, s.median, s.max, 100 * s.median / base.median, us.min,
         us.median, us.max);
+  }
+  for (const Way& way : ways) {
+    const Stats s = Summarize(way.load), us = Summarize(way.per_map_us);
+    std::cout << absl::StrFormat(
+        "  load, %-16s %7.2f %7.2f %7.2f  (%.0f%% of memcpy; of the save "
+        "with %s)\n"
+        "    per region, us       %7.1f %7.1f %7.1f\n",
+        way.load_name, s.min, s.median, s.max, 100 * s.median / base.median,
+        way.name, us.min, us.median, us.max);
   }
   std::cout << absl::StrFormat("  (%zu packs)\n", packs.size());
   return 0;

@@ -11,22 +11,28 @@
 
 namespace ptc::store_internal {
 
-absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
+absl::Status SendPacket(int socket, const std::string& bytes,
+                        const std::vector<int>& fds) {
+  if (fds.size() > static_cast<size_t>(kMaxPacketFds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fds.size(), " descriptors in one packet; at most ", kMaxPacketFds));
+  }
   struct iovec iov;
   iov.iov_base = const_cast<char*>(bytes.data());
   iov.iov_len = bytes.size();
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
+  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxPacketFds * sizeof(int))];
+  if (!fds.empty()) {
+    const size_t n = fds.size() * sizeof(int);
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(n);
     struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(n);
+    std::memcpy(CMSG_DATA(c), fds.data(), n);
   }
   while (sendmsg(socket, &msg, MSG_NOSIGNAL) < 0) {
     if (errno == EINTR) continue;
@@ -36,8 +42,28 @@ absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
   return absl::OkStatus();
 }
 
+absl::Status SendPacket(int socket, const std::string& bytes, int fd) {
+  if (fd < 0) return SendPacket(socket, bytes, std::vector<int>());
+  return SendPacket(socket, bytes, std::vector<int>{fd});
+}
+
 absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   *fd = -1;
+  std::vector<int> fds;
+  absl::StatusOr<std::string> packet = ReceivePacket(socket, &fds);
+  // The first is the caller's; a peer that sends more leaks none.
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (i == 0 && packet.ok()) {
+      *fd = fds[0];
+    } else {
+      close(fds[i]);
+    }
+  }
+  return packet;
+}
+
+absl::StatusOr<std::string> ReceivePacket(int socket, std::vector<int>* fds) {
+  fds->clear();
   // Received into this thread's buffer, allocated once and never zeroed,
   // and copied out at the packet's size: a fresh zeroed 64 KiB for every
   // packet (both ends of every local call) was a tenth of a hollow host's
@@ -49,11 +75,9 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  // Room for several descriptors: all that arrive are taken (the first is
-  // returned, the others closed), so a peer that sends many leaks none. The
-  // kernel closes those that do not fit.
-  constexpr int kMaxFds = 16;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  // All descriptors that arrive are taken; the kernel closes those that do
+  // not fit.
+  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxPacketFds * sizeof(int))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
@@ -73,21 +97,19 @@ absl::StatusOr<std::string> ReceivePacket(int socket, int* fd) {
     for (size_t i = 0; i < count; ++i) {
       int got;
       std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (*fd < 0) {
-        *fd = got;
-      } else {
-        close(got);
-      }
+      fds->push_back(got);
     }
   }
+  auto drop = [&] {
+    for (int got : *fds) close(got);
+    fds->clear();
+  };
   if (n == 0) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
+    drop();
     return absl::UnavailableError("the peer closed the local connection");
   }
   if (msg.msg_flags & MSG_TRUNC) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
+    drop();
     return absl::InvalidArgumentError(
         absl::StrCat("a local message is larger than ", kMaxPacket, " bytes"));
   }
