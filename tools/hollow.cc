@@ -244,11 +244,15 @@ class HollowRank {
 
   // The rank the job's layout places on this GPU (-1: none).
   absl::StatusOr<int> MyRank() {
-    // Over the client's connection once it has one (after a change).
-    PTC_ASSIGN_OR_RETURN(HostRanks placed,
-                         client_ != nullptr
-                             ? client_->RanksOn(o_.host)
-                             : RanksOnHost(o_.coordinator, o_.job, o_.host));
+    // Over the client's connection once it has one (after a change);
+    // before, on a channel of its own, with the deadline every call of
+    // this process has (RanksOnHost's default, 30 s, is too short where
+    // 16,384 processes start at once on two cores).
+    PTC_ASSIGN_OR_RETURN(
+        HostRanks placed,
+        client_ != nullptr
+            ? client_->RanksOn(o_.host)
+            : RanksOnHost(o_.coordinator, o_.job, o_.host, o_.rpc_timeout));
     for (const auto& [rank, gpu] : placed.ranks)
       if (gpu == o_.gpu) return rank;
     return -1;

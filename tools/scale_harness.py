@@ -249,17 +249,8 @@ class Group:
                 p.kill()
                 p.wait()
 
-    def stop(self):
-        for p in (self.ranks, self.hosts):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in (self.ranks, self.hosts):
-            if p is None:
-                continue
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    def processes(self):
+        return [p for p in (self.ranks, self.hosts) if p is not None]
 
 
 class Harness:
@@ -560,8 +551,19 @@ class Harness:
                    f"threads and 64 more)")
 
     def close(self):
-        for g in self.groups:
-            g.stop()
+        """Stops every hollow process (SIGTERM to all at once, then SIGKILL
+        to those still running a minute later), then the coordinator."""
+        procs = [p for g in self.groups for p in g.processes()]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 60
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         if self.coordinator:
             self.coordinator.stop()
 
@@ -610,6 +612,10 @@ def main():
     h = Harness(o)
     try:
         h.run()
+    except BaseException as e:
+        # Said before the processes are stopped, which can take a minute.
+        print(f"stopping: {e!r}", flush=True)
+        raise
     finally:
         h.close()
     if o.json:
