@@ -535,6 +535,21 @@ int ptc_ranks_on_host(const char* coordinator, const char* job,
   });
 }
 
+int ptc_ranks_on_host_local(const char* socket, const char* coordinator,
+                            const char* job, const char* host,
+                            ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (socket == nullptr || coordinator == nullptr || job == nullptr ||
+        host == nullptr || json == nullptr)
+      return Null("socket, coordinator, job, host or out");
+    PTC_ASSIGN_OR_RETURN(
+        ptc::HostRanks r,
+        ptc::RanksOnHost(coordinator, job, host, absl::Seconds(30), socket));
+    Give(ptc::HostRanksJson(r), json);
+    return absl::OkStatus();
+  });
+}
+
 int ptc_client_ranks_on_host(ptc_client* c, const char* host, ptc_bytes* json) {
   return Call([&]() -> absl::Status {
     if (c == nullptr || host == nullptr || json == nullptr)

@@ -102,6 +102,11 @@ PTC_API int ptc_cursor_decode(const char* bytes, size_t size, ptc_cursor* out);
 // A host's launcher and agent.
 PTC_API int ptc_ranks_on_host(const char* coordinator, const char* job,
                               const char* host, ptc_bytes* json);
+// ptc_ranks_on_host through the relay of the host's ptcd at `socket`
+// where it relays to `coordinator` (else directly).
+PTC_API int ptc_ranks_on_host_local(const char* socket, const char* coordinator,
+                                    const char* job, const char* host,
+                                    ptc_bytes* json);
 PTC_API int ptc_report_process_exit(const char* coordinator, const char* job,
                                     const char* host, int gpu, int exit_code,
                                     int64_t layout_epoch, int* changes);

@@ -23,6 +23,33 @@
 
 namespace ptc {
 
+namespace {
+
+// The socket of the host's ptcd relay to `coordinator`, for a job's calls
+// with `token`; empty where the daemon relays nothing, relays to another
+// coordinator, or the relay is turned off (PTC_COORDINATOR_RELAY=0). A
+// relayed call acts with the job's token only, so without TLS or with a
+// token (a `client:JOB` certificate has none to relay).
+std::string RelayTo(const LocalClient::Hello& hello,
+                    const std::string& coordinator, const std::string& token) {
+  const char* relay_env = std::getenv("PTC_COORDINATOR_RELAY");
+  if (relay_env != nullptr && std::string(relay_env) == "0") return "";
+  if (hello.coordinator_relay.empty() || hello.coordinator != coordinator)
+    return "";
+  if (TlsEnabled() && token.empty()) return "";
+  return hello.coordinator_relay;
+}
+
+// What makes a relayed call worth asking directly: a relay this process
+// cannot reach (another mount namespace), or that refuses what the
+// coordinator would take (a client:JOB certificate with a stale token).
+bool RelayFailed(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsUnauthenticated(s) ||
+         absl::IsPermissionDenied(s);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.job.empty())
     return absl::InvalidArgumentError("the client needs a job name");
@@ -39,15 +66,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
                        c->local_->SayHello(c->options_.job, c->options_.token));
   c->host_ = hello.host;
   // Through the host's ptcd where it relays to this coordinator: the
-  // coordinator then holds one connection per host, not per process. A
-  // relayed call acts with the job's token only, so without TLS or with a
-  // token (a `client:JOB` certificate has none to relay).
-  const char* relay_env = std::getenv("PTC_COORDINATOR_RELAY");
-  c->relayed_ = c->options_.coordinator_relay &&
-                !(relay_env != nullptr && std::string(relay_env) == "0") &&
-                !hello.coordinator_relay.empty() &&
-                hello.coordinator == c->options_.coordinator &&
-                (!TlsEnabled() || !c->options_.token.empty());
+  // coordinator then holds one connection per host, not per process.
+  const std::string relay =
+      RelayTo(hello, c->options_.coordinator, c->options_.token);
+  c->relayed_ = c->options_.coordinator_relay && !relay.empty();
   // Its own connection, as each process has (several clients in one
   // process, as the scale harness's hollow ranks, would share one).
   auto direct = [&c] {
@@ -57,18 +79,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
         c->options_.coordinator, args, "coordinator", c->options_.token));
   };
   if (c->relayed_) {
-    c->coordinator_ = proto::Coordinator::NewStub(
-        OpenLocalChannel(hello.coordinator_relay, c->options_.token));
+    c->coordinator_ =
+        proto::Coordinator::NewStub(OpenLocalChannel(relay, c->options_.token));
   } else {
     direct();
   }
   absl::Status refreshed = c->Refresh();
-  // A relay this process cannot reach (another mount namespace), or that
-  // refuses what the coordinator would take (a client:JOB certificate
-  // with a stale token): the coordinator directly.
-  if (c->relayed_ &&
-      (absl::IsUnavailable(refreshed) || absl::IsUnauthenticated(refreshed) ||
-       absl::IsPermissionDenied(refreshed))) {
+  if (c->relayed_ && RelayFailed(refreshed)) {
     c->relayed_ = false;
     direct();
     refreshed = c->Refresh();
@@ -180,12 +197,29 @@ absl::StatusOr<HostRanks> AskRanksOn(proto::Coordinator::Stub* stub,
 absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
                                       const std::string& job,
                                       const std::string& host,
-                                      absl::Duration timeout) {
+                                      absl::Duration timeout,
+                                      const std::string& socket_path) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (!socket_path.empty()) {
+    // Through the host's ptcd where it relays to this coordinator: a
+    // host's processes starting at once are not a connection each.
+    const std::string token = JobTokenFromEnvironment();
+    auto local = LocalClient::Connect(socket_path);
+    absl::StatusOr<LocalClient::Hello> hello =
+        local.ok() ? (*local)->SayHello(job, token) : local.status();
+    const std::string relay =
+        hello.ok() ? RelayTo(*hello, coordinator, token) : "";
+    if (!relay.empty()) {
+      auto stub = proto::Coordinator::NewStub(OpenLocalChannel(relay, token));
+      absl::StatusOr<HostRanks> r =
+          AskRanksOn(stub.get(), coordinator, job, host, deadline, 10);
+      if (!RelayFailed(r.status())) return r;
+    }
+  }
   auto stub = CoordinatorStub(coordinator);
   // A fresh channel: ten attempts (about 7 s where no coordinator
   // listens), for connections a busy coordinator resets.
-  return AskRanksOn(stub.get(), coordinator, job, host, absl::Now() + timeout,
-                    10);
+  return AskRanksOn(stub.get(), coordinator, job, host, deadline, 10);
 }
 
 absl::StatusOr<HostRanks> Client::RanksOn(const std::string& host) {

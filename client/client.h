@@ -106,10 +106,14 @@ struct HostRanks {
   std::string rank0_host_address;
 };
 // NOT_FOUND for an unknown job; an empty list for a host with no rank.
-absl::StatusOr<HostRanks> RanksOnHost(const std::string& coordinator,
-                                      const std::string& job,
-                                      const std::string& host,
-                                      absl::Duration timeout = absl::Seconds(30));
+// With `socket_path` (the host's ptcd, its --socket), asked through the
+// daemon's coordinator relay where it relays to this coordinator (as
+// Client does: the coordinator holds one connection per host, however
+// many of its processes ask at once), else on a channel of its own.
+absl::StatusOr<HostRanks> RanksOnHost(
+    const std::string& coordinator, const std::string& job,
+    const std::string& host, absl::Duration timeout = absl::Seconds(30),
+    const std::string& socket_path = "");
 
 // A host's agent: the process on `gpu` of `host` exited with `exit_code`
 // under `layout_epoch` while its GPU had a rank. Returns whether the

@@ -259,7 +259,8 @@ class TokenInterceptorFactory
 };
 
 void SetKeepalive(grpc::ChannelArguments& args, bool patient) {
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              patient ? kPatientKeepaliveTimeMs : kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
               patient ? kPatientKeepaliveTimeoutMs : kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
@@ -340,7 +341,8 @@ void AllowKeepalivePings(grpc::ServerBuilder& builder) {
   // The server also pings its clients, so that a stream to a client that
   // vanished (a Watch, a Put) is closed instead of held; nothing waits on
   // that, so a client slow to answer is given time.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs * 5);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             kPatientKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              kPatientKeepaliveTimeoutMs);
 }

@@ -90,13 +90,18 @@ inline constexpr int kKeepaliveTimeoutMs = 2000;
 
 // Channels to the coordinator (a ptcd's heartbeats and its relay of the
 // host's processes' calls, a job's client, ptcctl), and a server's pings
-// of its clients, wait this long for a ping's answer instead. A ptcd's
-// relay carries every Watch stream of its host's processes: a coordinator
-// busy for a few seconds (at 512 hosts on two cores, 4,000 processes
-// asking at once after a failure) must not have every stream of a host
-// broken and opened again at once, which only adds to its load. A
-// coordinator that vanishes is noticed by the heartbeats' deadlines
-// first; its link cut, a relay's calls fail within 12 s.
+// of its clients, ping after this long without a frame and wait this long
+// for a ping's answer instead. A ptcd's relay carries every Watch stream
+// of its host's processes: a coordinator busy for a few seconds (at 512
+// hosts on two cores, 4,000 processes asking at once after a failure)
+// must not have every stream of a host broken and opened again at once,
+// which only adds to its load. A coordinator that vanishes is noticed by
+// the heartbeats' deadlines first; its link cut, a relay's calls fail
+// within 20 s. Fewer pings also narrow gRPC 1.51's race between a ping's
+// answer and its watchdog (grpc/grpc#32085), which crashed overloaded
+// processes holding hundreds of such channels (the scale harness's
+// hollow hosts).
+inline constexpr int kPatientKeepaliveTimeMs = 10000;
 inline constexpr int kPatientKeepaliveTimeoutMs = 10000;
 
 // Sets the keepalive above on `args` (OpenChannel does; for channels made

@@ -19,10 +19,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "common/atomic_file.h"
 #include "common/channel.h"
+#include "common/metrics.h"
 #include "coordinator/coordinator_server.h"
 #include "proto/coordinator.grpc.pb.h"
+#include "tensor_store/local_server.h"
+#include "tensor_store/store.h"
 #include "tests/testing.h"
 
 namespace ptc {
@@ -360,6 +364,64 @@ TEST_CASE(
   CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK(absl::Now() - start < absl::Seconds(60));
   CHECK(WaitActive(**gone, 0));
+}
+
+TEST_CASE(
+    "coordinator relay: a process asks which ranks run on its host through "
+    "its ptcd's relay, or directly where there is none",
+    "[ptcd]") {
+  Relayed r;
+  // The host's ptcd, as a process finds it: its Hello names the relay and
+  // the coordinator the relay leads to.
+  Store store(StoreOptions{64 << 20, 0, false});
+  LocalServerOptions options;
+  options.socket_path = r.dir.path() + "/ptcd.sock";
+  options.host_name = "host0";
+  options.coordinator_relay = r.relay->socket_path();
+  options.coordinator = r.address;
+  auto local = LocalServer::Start(&store, options);
+  REQUIRE(local.ok());
+  Counter& relayed = GetCounter("ptc_relay_calls_total");
+
+  const int64_t before = relayed.value();
+  auto direct = RanksOnHost(r.address, "gpt", "host0");
+  REQUIRE(direct.ok());
+  CHECK(relayed.value() == before);
+  CHECK(direct->config == "tp=1,pp=1,dp=1");
+
+  auto via = RanksOnHost(r.address, "gpt", "host0", absl::Seconds(30),
+                         options.socket_path);
+  INFO(via.status().ToString());
+  REQUIRE(via.ok());
+  CHECK(relayed.value() > before);
+  CHECK(via->config == direct->config);
+  CHECK(via->world_size == direct->world_size);
+  REQUIRE(via->ranks.size() == direct->ranks.size());
+  for (size_t i = 0; i < via->ranks.size(); ++i) {
+    CHECK(via->ranks[i] == direct->ranks[i]);
+  }
+  // An unknown job's error is the coordinator's, relayed.
+  CHECK(RanksOnHost(r.address, "nope", "host0", absl::Seconds(30),
+                    options.socket_path)
+            .status()
+            .code() == absl::StatusCode::kNotFound);
+
+  // No ptcd at the socket, or one that relays to another coordinator:
+  // asked directly, the same answer.
+  const int64_t after = relayed.value();
+  auto nobody = RanksOnHost(r.address, "gpt", "host0", absl::Seconds(30),
+                            r.dir.path() + "/nobody.sock");
+  REQUIRE(nobody.ok());
+  CHECK(nobody->config == direct->config);
+  (*local)->Stop();
+  options.coordinator = "127.0.0.1:1";
+  auto elsewhere = LocalServer::Start(&store, options);
+  REQUIRE(elsewhere.ok());
+  auto other = RanksOnHost(r.address, "gpt", "host0", absl::Seconds(30),
+                           options.socket_path);
+  REQUIRE(other.ok());
+  CHECK(other->config == direct->config);
+  CHECK(relayed.value() == after);
 }
 
 }  // namespace

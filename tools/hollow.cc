@@ -248,11 +248,11 @@ class HollowRank {
     // before, on a channel of its own, with the deadline every call of
     // this process has (RanksOnHost's default, 30 s, is too short where
     // 16,384 processes start at once on two cores).
-    PTC_ASSIGN_OR_RETURN(
-        HostRanks placed,
-        client_ != nullptr
-            ? client_->RanksOn(o_.host)
-            : RanksOnHost(o_.coordinator, o_.job, o_.host, o_.rpc_timeout));
+    PTC_ASSIGN_OR_RETURN(HostRanks placed,
+                         client_ != nullptr
+                             ? client_->RanksOn(o_.host)
+                             : RanksOnHost(o_.coordinator, o_.job, o_.host,
+                                           o_.rpc_timeout, o_.socket));
     for (const auto& [rank, gpu] : placed.ranks)
       if (gpu == o_.gpu) return rank;
     return -1;

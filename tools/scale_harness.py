@@ -261,6 +261,7 @@ class Harness:
         self.groups = []
         self.phases = []
         self.failures = []
+        self.slow_reads = 0  # ptcctl reads asked again (read())
 
     def ptcctl(self, *args, check=True):
         r = subprocess.run([str(bin_dir() / "tools/ptcctl"), args[0], "--coordinator",
@@ -274,8 +275,25 @@ class Harness:
         self.ptcctl("auto", self.o.job, "on", "--live", "--no-hot", "--pin", config,
                     "--save-timeout", str(self.o.timeout))
 
+    def read(self, *args):
+        """ptcctl ARGS --json, a read the harness makes while it watches the
+        job: asked again (and said so) while the coordinator, busy with
+        thousands of processes, leaves it unanswered within ptcctl's 30 s,
+        for at most --timeout."""
+        deadline = time.time() + self.o.timeout
+        while True:
+            r = self.ptcctl(*args, "--json", check=False)
+            if r.returncode == 0:
+                return json.loads(r.stdout)
+            why = (r.stderr.strip().splitlines() or ["(nothing)"])[-1][:300]
+            if ("Deadline Exceeded" not in why and "UNAVAILABLE" not in why.upper()) \
+                    or time.time() > deadline:
+                raise SystemExit(f"ptcctl {' '.join(args)} failed: {why}")
+            self.slow_reads += 1
+            print(f"  (ptcctl {' '.join(args)}: {why}; asking again)", flush=True)
+
     def status(self):
-        return json.loads(self.ptcctl("status", self.o.job, "--json").stdout)["jobs"][0]
+        return self.read("status", self.o.job)["jobs"][0]
 
     @staticmethod
     def same_config(a, b):
@@ -478,14 +496,14 @@ class Harness:
                 # coordinator holds every change back: the change that
                 # follows is the one for their deaths.
                 while True:
-                    rows = json.loads(self.ptcctl("hosts", "--json").stdout)["hosts"]
+                    rows = self.read("hosts")["hosts"]
                     if all(h["seconds_since_heartbeat"] > 2.5 or not h["alive"]
                            for h in rows if h["name"] in names):
                         break
                     time.sleep(0.1)
                 self.pin(o.after_kill)
                 while True:
-                    rows = json.loads(self.ptcctl("hosts", "--json").stdout)["hosts"]
+                    rows = self.read("hosts")["hosts"]
                     dead = [h for h in rows if h["name"] in names and not h["alive"]]
                     if dead:
                         break
@@ -620,7 +638,8 @@ def main():
         h.close()
     if o.json:
         pathlib.Path(o.json).write_text(json.dumps(
-            {"options": vars(o), "phases": h.phases, "failures": h.failures}, indent=1))
+            {"options": vars(o), "phases": h.phases, "failures": h.failures,
+             "slow_reads": h.slow_reads}, indent=1))
     if not o.keep:
         shutil.rmtree(h.work, ignore_errors=True)
     if h.failures:

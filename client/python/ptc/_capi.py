@@ -105,6 +105,7 @@ _SIGNATURES = {
     "ptc_cursor_encode": ([ctypes.POINTER(_Cursor), _B], _I),
     "ptc_cursor_decode": ([_S, _SZ, ctypes.POINTER(_Cursor)], _I),
     "ptc_ranks_on_host": ([_S, _S, _S, _B], _I),
+    "ptc_ranks_on_host_local": ([_S, _S, _S, _S, _B], _I),
     "ptc_report_process_exit": ([_S, _S, _S, _I, _I, _I64, ctypes.POINTER(_I)], _I),
     "ptc_follower_open": ([_S, _S, _PP], _I),
     "ptc_follower_free": ([_P], None),
@@ -301,10 +302,15 @@ class ParallelConfig(_Handle):
         return f"ParallelConfig({self._d['text']!r})"
 
 
-def ranks_on_host(coordinator, job, host):
+def ranks_on_host(coordinator, job, host, socket=None):
     """the ranks of `job` that its placement puts on `host`, and their GPUs:
     {config, world_size, layout_epoch, ranks: [{rank, gpu}]}; what a host's
-    launcher starts there (ptcctl ranks)"""
+    launcher starts there (ptcctl ranks). With `socket` (the host's ptcd),
+    asked through the daemon's relay where it relays to this coordinator:
+    one connection per host, however many of its processes ask at once"""
+    if socket:
+        return _json(_lib.ptc_ranks_on_host_local, _s(socket), _s(coordinator), _s(job),
+                     _s(host))
     return _json(_lib.ptc_ranks_on_host, _s(coordinator), _s(job), _s(host))
 
 

@@ -532,7 +532,8 @@ class Live:
         # a connection per call, from every process at every change, is
         # what a busy coordinator resets.
         placed = (self.client.ranks_on_host(self.host) if self.client is not None
-                  else _capi.ranks_on_host(self.coordinator, self.job, self.host))
+                  else _capi.ranks_on_host(self.coordinator, self.job, self.host,
+                                           socket=self.socket))
         for r in placed["ranks"]:
             if r["gpu"] == self.device:
                 return r["rank"]
