@@ -278,16 +278,17 @@ class Harness:
     def read(self, *args):
         """ptcctl ARGS --json, a read the harness makes while it watches the
         job: asked again (and said so) while the coordinator, busy with
-        thousands of processes, leaves it unanswered within ptcctl's 30 s,
-        for at most --timeout."""
+        thousands of processes, leaves it unanswered within ptcctl's 30 s
+        or refuses it for busy threads, for at most --timeout."""
         deadline = time.time() + self.o.timeout
         while True:
             r = self.ptcctl(*args, "--json", check=False)
             if r.returncode == 0:
                 return json.loads(r.stdout)
             why = (r.stderr.strip().splitlines() or ["(nothing)"])[-1][:300]
-            if ("Deadline Exceeded" not in why and "UNAVAILABLE" not in why.upper()) \
-                    or time.time() > deadline:
+            busy = ("Deadline Exceeded", "UNAVAILABLE", "Threadpool Exhausted",
+                    "RESOURCE_EXHAUSTED")
+            if not any(b.upper() in why.upper() for b in busy) or time.time() > deadline:
                 raise SystemExit(f"ptcctl {' '.join(args)} failed: {why}")
             self.slow_reads += 1
             print(f"  (ptcctl {' '.join(args)}: {why}; asking again)", flush=True)
@@ -628,20 +629,23 @@ def main():
     if o.add and not o.after_add:
         p.error("--add needs --after-add")
     h = Harness(o)
+    stopped = None
     try:
         h.run()
     except BaseException as e:
         # Said before the processes are stopped, which can take a minute.
-        print(f"stopping: {e!r}", flush=True)
+        stopped = repr(e)
+        print(f"stopping: {stopped}", flush=True)
         raise
     finally:
         h.close()
-    if o.json:
-        pathlib.Path(o.json).write_text(json.dumps(
-            {"options": vars(o), "phases": h.phases, "failures": h.failures,
-             "slow_reads": h.slow_reads}, indent=1))
-    if not o.keep:
-        shutil.rmtree(h.work, ignore_errors=True)
+        # The phases measured, also those of a run that stopped.
+        if o.json:
+            pathlib.Path(o.json).write_text(json.dumps(
+                {"options": vars(o), "phases": h.phases, "failures": h.failures,
+                 "slow_reads": h.slow_reads, "stopped": stopped}, indent=1))
+        if not o.keep:
+            shutil.rmtree(h.work, ignore_errors=True)
     if h.failures:
         print(f"{len(h.failures)} checks failed", flush=True)
         sys.exit(1)

@@ -238,6 +238,10 @@ def test_a_client_asks_which_ranks_run_on_a_host_over_its_own_connection(ptc_mod
         assert clients[0].ranks_on_host(host) == fresh
         assert sorted(r["rank"] for r in fresh["ranks"]) == [
             r for r, h in enumerate(rank_hosts) if h == host]
+        # Before it has a client, through its host's ptcd (the relay
+        # there), the same answer.
+        sock = str(cluster.dir / f"{host}.sock")
+        assert ptc.ranks_on_host(cluster.coordinator, "mine", host, socket=sock) == fresh
     # A host the job does not use: no rank there.
     assert clients[0].ranks_on_host("nowhere")["ranks"] == []
 
