@@ -38,6 +38,13 @@ absl::StatusOr<void*> MapShared(int fd, int64_t size, int prot,
   return p;
 }
 
+// A ptcd older than a request reads it as naming no operation (its oneof
+// case is unknown to it): the caller falls back to the older requests.
+bool UnknownToDaemon(const proto::LocalResponse& resp) {
+  return resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+         resp.message() == "local request names no operation";
+}
+
 absl::Status StatusOf(const proto::LocalResponse& resp) {
   return absl::Status(static_cast<absl::StatusCode>(resp.code()),
                       resp.message());
@@ -314,9 +321,7 @@ absl::StatusOr<std::vector<LocalClient::PutBuffer>> LocalClient::AllocatePuts(
     PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp, Call(std::move(req), &fd));
     auto pack = std::make_shared<Pack>();
     pack->fd = fd;  // closed with the pack, whatever happens next
-    pack_unknown_ =
-        resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
-        resp.message() == "local request names no operation";
+    pack_unknown_ = UnknownToDaemon(resp);
     if (!pack_unknown_) {
       PTC_RETURN_IF_ERROR(StatusOf(resp));
       const int n = static_cast<int>(items.size());
@@ -427,9 +432,7 @@ absl::StatusOr<std::vector<LocalClient::PutResult>> LocalClient::CommitPuts(
       PTC_ASSIGN_OR_RETURN(proto::LocalResponse resp,
                            Call(std::move(req), nullptr));
       // A ptcd that predates CommitPuts reads an empty request.
-      batch_unknown_ =
-          resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
-          resp.message() == "local request names no operation";
+      batch_unknown_ = UnknownToDaemon(resp);
       if (!batch_unknown_) {
         PTC_RETURN_IF_ERROR(StatusOf(resp));
         if (resp.put_results_size() != static_cast<int>(end - first)) {
@@ -597,8 +600,7 @@ absl::StatusOr<std::vector<LocalClient::Mapping>> LocalClient::MapMany(
                          CallWithFds(std::move(req), &fds));
     std::vector<std::shared_ptr<SharedFd>> shared;
     for (int fd : fds) shared.push_back(std::make_shared<SharedFd>(fd));
-    if (resp.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
-        resp.message() == "local request names no operation") {
+    if (UnknownToDaemon(resp)) {
       many_unknown_ = true;  // an older ptcd: one Map each, below
       i = first;
       break;

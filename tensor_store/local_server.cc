@@ -444,18 +444,17 @@ absl::Status LocalServer::MapRegions(
   std::vector<std::shared_ptr<RegionBuffer>> buffers;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [tensor, region] = items[i];
+    // Which item failed, where there are several.
+    const std::string item =
+        items.size() == 1 ? "" : absl::StrCat("item ", i, " to map");
     auto view = store_->OpenRead(job, version, tensor, region);
-    const std::string which = items.size() == 1
-                                  ? std::string()
-                                  : absl::StrCat(" (item ", i, " to map)");
-    if (!view.ok()) {
-      if (items.size() == 1) return view.status();
-      return Annotate(view.status(), absl::StrCat("item ", i, " to map"));
-    }
+    if (!view.ok())
+      return item.empty() ? view.status() : Annotate(view.status(), item);
     if (!view->exact) {
       return absl::FailedPreconditionError(absl::StrCat(
           "region ", region.ToString(), " of tensor '", tensor,
-          "' is not one stored region", which,
+          "' is not one stored region",
+          item.empty() ? std::string() : " (" + item + ")",
           "; Map maps stored regions as they are (zero-copy), read other "
           "regions with the gRPC Read"));
     }
