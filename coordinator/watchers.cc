@@ -192,9 +192,11 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
   {
     absl::MutexLock lock(&mu_);
     stream->born = round_;
-    streams_[req.job()].insert(stream);
-    // The next round looks at every stream of the job.
-    unsettled_.insert(req.job());
+    Watched& w = streams_[req.job()];
+    w.all.insert(stream);
+    w.fresh.insert(stream);  // the next round looks at it
+    if (!stream->follows()) ++w.wholes;
+    ++count_;
     act = stream->Offer(&shared);
   }
   stream->Run(act);
@@ -208,9 +210,7 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Refuse(
 
 int Watchers::count() const {
   absl::MutexLock lock(&mu_);
-  int n = 0;
-  for (const auto& [job, streams] : streams_) n += streams.size();
-  return n;
+  return count_;
 }
 
 void Watchers::Publish() {
@@ -220,10 +220,7 @@ void Watchers::Publish() {
   {
     absl::MutexLock lock(&mu_);
     round = ++round_;
-    for (const auto& [job, streams] : streams_) {
-      bool& whole = jobs[job];
-      for (const Stream* s : streams) whole = whole || !s->follows();
-    }
+    for (const auto& [job, w] : streams_) jobs[job] = w.wholes > 0;
   }
   if (jobs.empty()) return;
   std::map<std::string, Events> read = source_(jobs);
@@ -233,30 +230,28 @@ void Watchers::Publish() {
   std::vector<std::pair<Stream*, Stream::Act>> acts;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [job, streams] : streams_) {
+    for (auto& [job, w] : streams_) {
       auto it = now.find(job);
       const Shared* b = it == now.end() ? nullptr : &it->second;
       if (b == nullptr && !jobs.count(job)) continue;  // watched since
-      // Nothing changed since the last round and every stream has seen
-      // it: the job's streams are not looked at (the steady state of a
-      // job with thousands of followers).
-      auto last = published_.find(job);
-      if (b != nullptr && last != published_.end() && last->second == *b &&
-          !unsettled_.count(job))
-        continue;
-      bool skipped = false;
-      for (Stream* s : streams) {
+      // Quiet (what every stream but the fresh ones was offered last
+      // round): only the fresh ones are looked at, the steady state of a
+      // job with thousands of followers.
+      const bool quiet =
+          b != nullptr && w.published.has_value() && *w.published == *b;
+      std::set<Stream*> skipped;
+      for (Stream* s : quiet ? w.fresh : w.all) {
         // Added after this round read the events: it was written newer
         // ones (an older event would go back in time, or end it).
         if (s->born == round) {
-          skipped = true;
+          skipped.insert(s);
           continue;
         }
         Stream::Act act = s->Offer(b);
         if (act.write || act.finish) acts.push_back({s, std::move(act)});
       }
-      if (b != nullptr) published_[job] = *b;
-      if (!skipped) unsettled_.erase(job);
+      w.fresh = std::move(skipped);
+      if (b != nullptr) w.published = *b;
     }
   }
   // A stream is not deleted before its Finish has run, and only this
@@ -268,12 +263,12 @@ void Watchers::Remove(Stream* stream) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(stream->job());
   if (it == streams_.end()) return;
-  it->second.erase(stream);
-  if (it->second.empty()) {
-    published_.erase(it->first);
-    unsettled_.erase(it->first);
-    streams_.erase(it);
-  }
+  Watched& w = it->second;
+  if (w.all.erase(stream) == 0) return;
+  w.fresh.erase(stream);
+  if (!stream->follows()) --w.wholes;
+  --count_;
+  if (w.all.empty()) streams_.erase(it);
 }
 
 }  // namespace ptc

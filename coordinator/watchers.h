@@ -1,7 +1,8 @@
 // The watchers of jobs' events (Coordinator.Watch): each job's event is
 // read once per round (every 20 ms) for all of its watchers, and written
-// to a watcher only when it changed. A watcher is a gRPC callback stream:
-// no thread waits per watcher, so 16,384 processes following their job
+// to a watcher only when it changed; a round in which it did not change
+// looks at no stream but those added since. A watcher is a gRPC callback
+// stream: no thread waits per watcher, so 16,384 processes following their job
 // cost the coordinator one read of the job per round and a write per
 // change, not a thread and a poll each.
 //
@@ -88,17 +89,27 @@ class Watchers {
   // Called by a stream when it is done (gRPC will not touch it again).
   void Remove(Stream* stream);
 
+  // A watched job's streams. A quiet round (the job's events as the last
+  // round offered them) looks at its fresh streams only and counts
+  // nothing: 16,384 followers of a job walked every 20 ms were 70% of a
+  // 512-host coordinator's steady-state CPU.
+  struct Watched {
+    std::set<Stream*> all;
+    // Streams to look at even in a quiet round: added since the last
+    // round (written events read before it, maybe older), or skipped by
+    // it (added while it ran).
+    std::set<Stream*> fresh;
+    int wholes = 0;  // streams that are not followers (need `change`)
+    std::optional<Shared> published;  // the events last offered to `all`
+  };
+
   const Source source_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::set<Stream*>> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Watched> streams_ ABSL_GUARDED_BY(mu_);
   // The publisher's rounds: a stream added during a round has been
   // written newer events than the round read, and is skipped by it.
   uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
-  // Per watched job: the events its streams were last offered, and the
-  // jobs whose streams must all be looked at next round (a stream was
-  // added, or skipped by a round).
-  std::map<std::string, Shared> published_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> unsettled_ ABSL_GUARDED_BY(mu_);
+  int count_ ABSL_GUARDED_BY(mu_) = 0;  // streams open
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread publisher_;
 };
