@@ -8,7 +8,6 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -96,33 +95,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 }
 
 namespace {
-
-// A call to the coordinator (`call(&ctx)`), asked again after a jittered
-// pause that grows to a second, until `deadline`:
-// - while it is refused for busy RPC threads (RESOURCE_EXHAUSTED: thousands
-//   of a job's processes asking at once; a refused call never ran). The
-//   channel's own retries (common/channel.h) give up after five attempts;
-// - up to `max_unavailable` times while it fails UNAVAILABLE: a connection
-//   reset or a ping left unanswered by a coordinator under load, one
-//   failing over, or a coordinator asking to report again.
-// `*unavailable` counts the attempts that failed UNAVAILABLE; the last
-// status is returned.
-template <typename Call>
-absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
-                          int* unavailable) {
-  absl::BitGen random;
-  absl::Duration pause = absl::Milliseconds(50);
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    const absl::Status s = FromGrpcStatus(call(&ctx));
-    bool again = absl::IsResourceExhausted(s);
-    if (absl::IsUnavailable(s)) again = ++*unavailable <= max_unavailable;
-    if (!again || absl::Now() + pause > deadline) return s;
-    absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
-    pause = std::min(pause * 2, absl::Seconds(1));
-  }
-}
 
 // ListJobs, a read, asked patiently, with `max_unavailable` attempts that
 // fail UNAVAILABLE at most: three (a caller that never reached the

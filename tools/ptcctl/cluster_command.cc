@@ -162,14 +162,20 @@ namespace {
 
 using Stub = proto::Coordinator::Stub;
 
+// A call to the coordinator, asked again within `timeout` while it is
+// refused for busy RPC threads (it never ran): at 2,048 hosts a change's
+// burst of calls took every thread for longer than the channel's own five
+// retries. UNAVAILABLE fails at once (where no coordinator listens).
 template <typename Req, typename Resp>
 absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
                                                Resp*),
                   Stub* stub, const Req& req, Resp* resp,
                   absl::Duration timeout = absl::Seconds(30)) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return FromGrpcStatus((stub->*method)(&ctx, req, resp));
+  int unavailable = 0;
+  return AskPatiently(
+      absl::Now() + timeout, 0,
+      [&](grpc::ClientContext* ctx) { return (stub->*method)(ctx, req, resp); },
+      &unavailable);
 }
 
 // A change's request (or an advice), asked again for up to a minute while
