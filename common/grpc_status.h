@@ -44,8 +44,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 //   reset or a ping left unanswered by a server under load, one failing
 //   over, or a coordinator asking to report again.
 // `*unavailable` counts the attempts that failed UNAVAILABLE; the last
-// status is returned. Only for servers that answer RESOURCE_EXHAUSTED for
-// nothing but busy threads (ptc's coordinator).
+// status is returned. A RESOURCE_EXHAUSTED for another reason (a quota
+// that etcd or a host's memory budget refused, passed on by the
+// coordinator) is asked again too, and comes back at the deadline: such a
+// refusal changed nothing, so asking again is safe, only slower.
 template <typename Call>
 absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
                           int* unavailable) {

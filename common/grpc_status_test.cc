@@ -51,64 +51,53 @@ TEST_CASE(
     "AskPatiently: asks again while refused for busy threads, a few times "
     "while unavailable, never after another error or past its deadline",
     "[common]") {
-  // The statuses the server answers, in order; then OK.
-  auto server = [](std::vector<grpc::StatusCode> answers, int* calls) {
-    return [answers = std::move(answers), calls](grpc::ClientContext* ctx) {
-      REQUIRE(ctx != nullptr);
-      const int i = (*calls)++;
-      if (i >= static_cast<int>(answers.size())) return grpc::Status::OK;
-      return grpc::Status(answers[i], "answer " + std::to_string(i));
-    };
-  };
-  const absl::Time later = absl::Now() + absl::Seconds(60);
+  // Asks a server that answers `answers` in order, then OK; `calls` and
+  // `unavailable` count what it was asked and what failed UNAVAILABLE.
   int calls = 0, unavailable = 0;
-  CHECK(AskPatiently(later, 0,
-                     server({grpc::StatusCode::RESOURCE_EXHAUSTED,
-                             grpc::StatusCode::RESOURCE_EXHAUSTED,
-                             grpc::StatusCode::RESOURCE_EXHAUSTED},
-                            &calls),
-                     &unavailable)
+  auto ask = [&](absl::Time deadline, int max_unavailable,
+                 std::vector<grpc::StatusCode> answers) {
+    calls = unavailable = 0;
+    return AskPatiently(
+        deadline, max_unavailable,
+        [&](grpc::ClientContext* ctx) {
+          REQUIRE(ctx != nullptr);
+          const int i = calls++;
+          if (i >= static_cast<int>(answers.size())) return grpc::Status::OK;
+          return grpc::Status(answers[i], "answer " + std::to_string(i));
+        },
+        &unavailable);
+  };
+  using grpc::StatusCode;
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  CHECK(ask(later, 0,
+            {StatusCode::RESOURCE_EXHAUSTED, StatusCode::RESOURCE_EXHAUSTED,
+             StatusCode::RESOURCE_EXHAUSTED})
             .ok());
   CHECK(calls == 4);
   CHECK(unavailable == 0);
 
-  calls = unavailable = 0;
-  const absl::Status down = AskPatiently(
-      later, 0, server({grpc::StatusCode::UNAVAILABLE}, &calls), &unavailable);
+  const absl::Status down = ask(later, 0, {StatusCode::UNAVAILABLE});
   CHECK(absl::IsUnavailable(down));
   CHECK(down.message() == "answer 0");
   CHECK(calls == 1);
 
-  calls = unavailable = 0;
-  CHECK(AskPatiently(later, 2,
-                     server({grpc::StatusCode::UNAVAILABLE,
-                             grpc::StatusCode::RESOURCE_EXHAUSTED,
-                             grpc::StatusCode::UNAVAILABLE},
-                            &calls),
-                     &unavailable)
+  CHECK(ask(later, 2,
+            {StatusCode::UNAVAILABLE, StatusCode::RESOURCE_EXHAUSTED,
+             StatusCode::UNAVAILABLE})
             .ok());
   CHECK(calls == 4);
   CHECK(unavailable == 2);
 
-  calls = unavailable = 0;
-  const absl::Status refused = AskPatiently(
-      later, 5,
-      server({grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::OK},
-             &calls),
-      &unavailable);
+  const absl::Status refused =
+      ask(later, 5, {StatusCode::INVALID_ARGUMENT, StatusCode::OK});
   CHECK(absl::IsInvalidArgument(refused));
   CHECK(calls == 1);
 
   // Refused for as long as it asks: it stops once the next pause would
   // pass the deadline, with the last answer.
-  calls = unavailable = 0;
-  const absl::Time start = absl::Now();
   const absl::Status busy =
-      AskPatiently(start + absl::Milliseconds(300), 0,
-                   server(std::vector<grpc::StatusCode>(
-                              1000, grpc::StatusCode::RESOURCE_EXHAUSTED),
-                          &calls),
-                   &unavailable);
+      ask(absl::Now() + absl::Milliseconds(300), 0,
+          std::vector<StatusCode>(1000, StatusCode::RESOURCE_EXHAUSTED));
   CHECK(absl::IsResourceExhausted(busy));
   CHECK(calls >= 2);
   CHECK(calls < 1000);

@@ -196,7 +196,6 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Watch(
     w.all.insert(stream);
     w.fresh.insert(stream);  // the next round looks at it
     if (!stream->follows()) ++w.wholes;
-    ++count_;
     act = stream->Offer(&shared);
   }
   stream->Run(act);
@@ -210,7 +209,9 @@ grpc::ServerWriteReactor<proto::ReconfigureEvent>* Watchers::Refuse(
 
 int Watchers::count() const {
   absl::MutexLock lock(&mu_);
-  return count_;
+  int n = 0;
+  for (const auto& [job, w] : streams_) n += w.all.size();
+  return n;
 }
 
 void Watchers::Publish() {
@@ -267,7 +268,6 @@ void Watchers::Remove(Stream* stream) {
   if (w.all.erase(stream) == 0) return;
   w.fresh.erase(stream);
   if (!stream->follows()) --w.wholes;
-  --count_;
   if (w.all.empty()) streams_.erase(it);
 }
 
