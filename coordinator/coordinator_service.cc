@@ -392,7 +392,10 @@ StoreClient* CoordinatorService::ProbeClient(const std::string& name,
                                              const std::string& address) {
   std::unique_ptr<StoreClient>& client = probes_[name];
   if (client == nullptr || probe_addresses_[name] != address) {
-    client = StoreClient::Connect(address, name);
+    // Apart: while the host is unreachable, this client's connection
+    // attempts fail seconds each; a change's clients, once the host is
+    // back, must not wait on them (see StoreClient::ConnectApart).
+    client = StoreClient::ConnectApart(address, name);
     probe_addresses_[name] = address;
   }
   return client.get();
@@ -470,6 +473,10 @@ void CoordinatorService::MonitorLoop() {
           continue;
         }
         hosts_.MarkDead(name);
+        // Its client would keep trying to connect to the dead host; one
+        // is made afresh if the host comes back and goes quiet again.
+        probes_.erase(name);
+        probe_addresses_.erase(name);
         changed = true;
         Log("coordinator")
             ->warn("host {} missed its heartbeats for {} and did not answer "

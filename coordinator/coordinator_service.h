@@ -473,7 +473,8 @@ class CoordinatorService final
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
   // The monitor thread's own (no lock): a client per host it probed, and
-  // the address it was made for; dropped when the host is forgotten.
+  // the address it was made for; dropped when the host is marked dead or
+  // forgotten.
   std::map<std::string, std::unique_ptr<StoreClient>> probes_;
   std::map<std::string, std::string> probe_addresses_;
   std::thread snapshotter_;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
@@ -517,6 +518,58 @@ TEST_CASE("tensor store: the put that crosses the memory limit fails cleanly",
             ->Put("job", 2, "w", Region{{1, 2}, {0, 600 << 10}}, row.data(),
                   row.size())
             .ok());
+}
+
+// Answers Stats with nothing, and keeps each caller's address and port.
+class PeerRecorder final : public proto::TensorStore::Service {
+ public:
+  grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest*,
+                     proto::StatsResponse*) override {
+    absl::MutexLock lock(&mu_);
+    peers_.push_back(ctx->peer());
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> peers() {
+    absl::MutexLock lock(&mu_);
+    return peers_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE(
+    "service: a client made apart connects on its own; the others share one "
+    "connection",
+    "[service]") {
+  // The coordinator keeps one client per host to ask a silent host
+  // directly. While the host is unreachable, that client's connection
+  // attempts fail, each after seconds (a cut link drops the packets).
+  // gRPC shares a connection between a process's channels to one address
+  // with the same arguments: a change's fresh clients, once the host is
+  // back, would wait on the probe's last doomed attempt and fail with its
+  // error ("Connection timed out"). So the probe's client is made apart.
+  PeerRecorder recorder;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&recorder);
+  auto server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto probe = StoreClient::ConnectApart(address);
+  auto first = StoreClient::Connect(address);
+  auto second = StoreClient::Connect(address);
+  REQUIRE(probe->Stats().ok());
+  REQUIRE(first->Stats().ok());
+  REQUIRE(second->Stats().ok());
+  const std::vector<std::string> peers = recorder.peers();
+  REQUIRE(peers.size() == 3);
+  CHECK(peers[0] != peers[1]);  // the probe's connection is its own
+  CHECK(peers[1] == peers[2]);  // two clients made by Connect share one
+  server->Shutdown();
 }
 
 TEST_CASE("service: a Put stream that stalls is cancelled and its memory freed",

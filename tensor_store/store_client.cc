@@ -21,6 +21,14 @@ void SetDeadline(grpc::ClientContext* ctx, int64_t bytes) {
       absl::ToChronoTime(absl::Now() + StoreClient::DeadlineFor(bytes)));
 }
 
+// ptcd's message size.
+grpc::ChannelArguments ClientArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(16 << 20);
+  return args;
+}
+
 }  // namespace
 
 template <typename Request, typename Response>
@@ -48,9 +56,14 @@ StoreClient::StoreClient(std::shared_ptr<grpc::Channel> channel)
 
 std::unique_ptr<StoreClient> StoreClient::Connect(
     const std::string& address, const std::string& expected_name) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  args.SetMaxSendMessageSize(16 << 20);
+  return std::make_unique<StoreClient>(
+      OpenChannel(address, ClientArgs(), expected_name));
+}
+
+std::unique_ptr<StoreClient> StoreClient::ConnectApart(
+    const std::string& address, const std::string& expected_name) {
+  grpc::ChannelArguments args = ClientArgs();
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return std::make_unique<StoreClient>(
       OpenChannel(address, args, expected_name));
 }

@@ -31,6 +31,14 @@ class StoreClient {
   // name), or the address's host when that is empty.
   static std::unique_ptr<StoreClient> Connect(
       const std::string& address, const std::string& expected_name = "");
+  // As Connect, on a connection of its own. A process's channels to one
+  // address with the same arguments share their connection, and with it
+  // its state: while the peer is unreachable, its failures and the backoff
+  // between attempts (up to 5 s). A client kept to ask peers that may be
+  // unreachable (the coordinator's probes) takes its own, so that the
+  // clients made once the peer is back connect at once.
+  static std::unique_ptr<StoreClient> ConnectApart(
+      const std::string& address, const std::string& expected_name = "");
 
   absl::Status Declare(const std::string& job,
                        const std::vector<TensorDecl>& tensors);
