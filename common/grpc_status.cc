@@ -48,4 +48,19 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return out;
 }
 
+absl::Status BusyError(absl::string_view message) {
+  absl::Status s = absl::ResourceExhaustedError(message);
+  s.SetPayload(kBusyUrl, absl::Cord("1"));
+  return s;
+}
+
+bool IsBusy(const absl::Status& status) {
+  if (!absl::IsResourceExhausted(status)) return false;
+  // gRPC's sync server, when no RPC thread is free (grpc 1.51,
+  // src/cpp/server/server_cc.cc).
+  constexpr absl::string_view kThreadsBusy = "Server Threadpool Exhausted";
+  return status.GetPayload(kBusyUrl).has_value() ||
+         status.message() == kThreadsBusy;
+}
+
 }  // namespace ptc

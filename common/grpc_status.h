@@ -23,6 +23,7 @@
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -35,19 +36,28 @@ inline constexpr int kMaxWirePayloadBytes = 1024;
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// A refusal for load: the server (or a ptcd relaying to it) was too busy
+// to take the call and ran none of it, so asking again later may be
+// answered. RESOURCE_EXHAUSTED marked so (kBusyUrl), or gRPC's own
+// refusal when all of a sync server's RPC threads are busy. A
+// RESOURCE_EXHAUSTED without either is a quota (etcd's space, a host's
+// memory budget, a message too large): asked again, it is refused again.
+inline constexpr char kBusyUrl[] = "ptc/busy";
+absl::Status BusyError(absl::string_view message);
+bool IsBusy(const absl::Status& status);
+
 // A call (`call(&ctx)`, returning a grpc::Status), asked again after a
 // jittered pause that grows to a second, until `deadline`:
-// - while it is refused for busy RPC threads (RESOURCE_EXHAUSTED: thousands
-//   of a job's processes asking at once; a refused call never ran). A
-//   channel's own retries (common/channel.h) give up after five attempts;
+// - while it is refused for load (IsBusy: thousands of a job's processes
+//   asking at once; a refused call never ran). A channel's own retries
+//   (common/channel.h) give up after five attempts;
 // - up to `max_unavailable` times while it fails UNAVAILABLE: a connection
 //   reset or a ping left unanswered by a server under load, one failing
 //   over, or a coordinator asking to report again.
 // `*unavailable` counts the attempts that failed UNAVAILABLE; the last
-// status is returned. A RESOURCE_EXHAUSTED for another reason (a quota
-// that etcd or a host's memory budget refused, passed on by the
-// coordinator) is asked again too, and comes back at the deadline: such a
-// refusal changed nothing, so asking again is safe, only slower.
+// status is returned. Any other error returns at once, a quota's
+// RESOURCE_EXHAUSTED too (etcd's space, passed on by the coordinator):
+// asked again, it would be refused until the deadline.
 template <typename Call>
 absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
                           int* unavailable) {
@@ -57,7 +67,7 @@ absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpcStatus(call(&ctx));
-    bool again = absl::IsResourceExhausted(s);
+    bool again = IsBusy(s);
     if (absl::IsUnavailable(s)) again = ++*unavailable <= max_unavailable;
     if (!again || absl::Now() + pause > deadline) return s;
     absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));

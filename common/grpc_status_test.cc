@@ -51,7 +51,8 @@ TEST_CASE(
     "AskPatiently: asks again while refused for busy threads, a few times "
     "while unavailable, never after another error or past its deadline",
     "[common]") {
-  // Asks a server that answers `answers` in order, then OK; `calls` and
+  // Asks a server that answers `answers` in order (RESOURCE_EXHAUSTED as
+  // gRPC refuses for busy threads), then OK; `calls` and
   // `unavailable` count what it was asked and what failed UNAVAILABLE.
   int calls = 0, unavailable = 0;
   auto ask = [&](absl::Time deadline, int max_unavailable,
@@ -63,6 +64,8 @@ TEST_CASE(
           REQUIRE(ctx != nullptr);
           const int i = calls++;
           if (i >= static_cast<int>(answers.size())) return grpc::Status::OK;
+          if (answers[i] == grpc::StatusCode::RESOURCE_EXHAUSTED)
+            return grpc::Status(answers[i], "Server Threadpool Exhausted");
           return grpc::Status(answers[i], "answer " + std::to_string(i));
         },
         &unavailable);
@@ -75,6 +78,37 @@ TEST_CASE(
             .ok());
   CHECK(calls == 4);
   CHECK(unavailable == 0);
+
+  // gRPC's refusal for busy threads, and a ptcd relay's (marked busy).
+  calls = unavailable = 0;
+  std::vector<grpc::Status> busy_answers = {
+      grpc::Status(StatusCode::RESOURCE_EXHAUSTED,
+                   "Server Threadpool Exhausted"),
+      ToGrpcStatus(BusyError("this ptcd relays 64 coordinator calls at once; "
+                             "ask again shortly"))};
+  CHECK(AskPatiently(
+            later, 0,
+            [&](grpc::ClientContext*) {
+              const int i = calls++;
+              return i < 2 ? busy_answers[i] : grpc::Status::OK;
+            },
+            &unavailable)
+            .ok());
+  CHECK(calls == 3);
+  // A quota (etcd's space, passed on by the coordinator) returns at once:
+  // asked again, it would be refused again.
+  calls = 0;
+  const absl::Status quota = AskPatiently(
+      later, 0,
+      [&](grpc::ClientContext*) {
+        ++calls;
+        return grpc::Status(StatusCode::RESOURCE_EXHAUSTED,
+                            "etcdserver: mvcc: database space exceeded");
+      },
+      &unavailable);
+  CHECK(absl::IsResourceExhausted(quota));
+  CHECK_FALSE(IsBusy(quota));
+  CHECK(calls == 1);
 
   const absl::Status down = ask(later, 0, {StatusCode::UNAVAILABLE});
   CHECK(absl::IsUnavailable(down));

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/authz.h"
 #include "common/channel.h"
+#include "common/grpc_status.h"
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
@@ -114,8 +115,7 @@ class CoordinatorRelay::Call {
       return;
     }
     if (absl::Status taken = relay_->TakeSlot(user_); !taken.ok()) {
-      Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          std::string(taken.message())));
+      Refuse(ToGrpcStatus(taken));
       return;
     }
     {
@@ -215,13 +215,13 @@ int64_t CoordinatorRelay::UserOf(const std::string& peer) const {
 absl::Status CoordinatorRelay::TakeSlot(int64_t user) {
   absl::MutexLock lock(&slots_mu_);
   if (active_.load() >= options_.max_calls) {
-    return absl::ResourceExhaustedError(
+    return BusyError(
         absl::StrCat("this ptcd relays ", options_.max_calls,
                      " coordinator calls at once; ask again shortly"));
   }
   int& mine = calls_of_user_[user];
   if (mine >= options_.max_calls_per_user) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return BusyError(absl::StrCat(
         "uid ", user, " has ", mine,
         " coordinator calls through this ptcd at once, the most one user may "
         "(the rest are kept for others); ask again shortly"));
