@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -258,11 +259,24 @@ class TokenInterceptorFactory
   const std::string token_;
 };
 
+namespace {
+// SlowKeepalivesForProcess's, or 0: the times in channel.h.
+std::atomic<int> slow_keepalive_ms{0};
+}  // namespace
+
+void SlowKeepalivesForProcess(int every_ms) {
+  slow_keepalive_ms.store(every_ms);
+}
+
 void SetKeepalive(grpc::ChannelArguments& args, bool patient) {
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
-              patient ? kPatientKeepaliveTimeMs : kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-              patient ? kPatientKeepaliveTimeoutMs : kKeepaliveTimeoutMs);
+  const int slow = slow_keepalive_ms.load();
+  args.SetInt(
+      GRPC_ARG_KEEPALIVE_TIME_MS,
+      slow > 0 ? slow : (patient ? kPatientKeepaliveTimeMs : kKeepaliveTimeMs));
+  args.SetInt(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      slow > 0 ? slow
+               : (patient ? kPatientKeepaliveTimeoutMs : kKeepaliveTimeoutMs));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   // Keep pinging through a long wait with no data (a Watch stream, a
   // change's staging call): gRPC's default stops after two pings.
@@ -341,10 +355,11 @@ void AllowKeepalivePings(grpc::ServerBuilder& builder) {
   // The server also pings its clients, so that a stream to a client that
   // vanished (a Watch, a Put) is closed instead of held; nothing waits on
   // that, so a client slow to answer is given time.
+  const int slow = slow_keepalive_ms.load();
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             kPatientKeepaliveTimeMs);
+                             slow > 0 ? slow : kPatientKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             kPatientKeepaliveTimeoutMs);
+                             slow > 0 ? slow : kPatientKeepaliveTimeoutMs);
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials() {

@@ -109,6 +109,15 @@ inline constexpr int kPatientKeepaliveTimeoutMs = 10000;
 // with other credentials). `patient`: kPatientKeepaliveTimeoutMs.
 void SetKeepalive(grpc::ChannelArguments& args, bool patient = false);
 
+// For an instrument that runs hundreds of hosts in one process
+// (ptc-hollow) on an overloaded machine: every channel and server this
+// process makes afterwards pings every `every_ms` and waits as long for
+// the answer, instead of the times above. gRPC 1.51 can crash when a
+// ping's answer and its watchdog race (grpc/grpc#32085); answers that come
+// long before the watchdog do not race. Not for a ptcd or a coordinator:
+// it slows their noticing a peer behind a cut link.
+void SlowKeepalivesForProcess(int every_ms);
+
 // gRPC's target for "A:P" (itself) or "A:P,B:P,...": the addresses
 // resolved now, as one ipv4: (or ipv6:) list that gRPC connects to in
 // order, staying with the first that accepts. An entry that does not

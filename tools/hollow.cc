@@ -75,11 +75,16 @@ namespace {
 constexpr char kUsage[] =
     R"(usage: ptc-hollow hosts --coordinator ADDR --count N [--first I] [--dir DIR]
                         [--gpus G] [--memory-limit BYTES] [--rack-size K]
-                        [--relay on|off] --insecure
+                        [--relay on|off] [--keepalive-s S] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
                         [--rpc-timeout-s S] [--wait-for-rank] [--poll]
-                        --insecure
+                        [--keepalive-s S] --insecure
+--keepalive-s S: every channel and server of this process pings every S
+seconds and waits S for the answer (0, the default: as ptcd's do). gRPC
+1.51 can crash in a process holding hundreds of channels when a ping's
+answer and its watchdog race at a load average in the thousands; this
+instrument then differs from the daemons in that alone.
 )";
 
 // Every line printed by a thread is whole.
@@ -495,18 +500,21 @@ absl::Status Run(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   PTC_ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argc, argv, 2,
-                  {"coordinator", "count", "first", "dir", "gpus",
-                   "memory-limit", "rack-size", "job", "hosts", "step-ms",
-                   "poll-ms", "saves", "rpc-timeout-s", "log-level", "relay"},
-                  {"insecure", "wait-for-rank", "poll"}));
+      Args args, Args::Parse(argc, argv, 2,
+                             {"coordinator", "count", "first", "dir", "gpus",
+                              "memory-limit", "rack-size", "job", "hosts",
+                              "step-ms", "poll-ms", "saves", "rpc-timeout-s",
+                              "log-level", "relay", "keepalive-s"},
+                             {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "
         "process has one TLS identity)");
   }
   PTC_RETURN_IF_ERROR(SetLogLevel(args.Get("log-level", "warn")));
+  PTC_ASSIGN_OR_RETURN(const int keepalive_s,
+                       IntArg(args, "keepalive-s", 0, 0, 3600));
+  if (keepalive_s > 0) SlowKeepalivesForProcess(keepalive_s * 1000);
   SecurityOptions security;
   security.insecure = true;
   PTC_RETURN_IF_ERROR(ConfigureProcessSecurity(security, "ptc-hollow"));

@@ -196,16 +196,18 @@ class Coordinator:
 class Group:
     """One process of hollow hosts, and one of the processes on their GPUs."""
 
-    def __init__(self, work, coordinator, first, count, gpus, rack):
+    def __init__(self, work, coordinator, first, count, gpus, rack, keepalive):
         self.work, self.first, self.count, self.gpus = work, first, count, gpus
         self.coordinator = coordinator
+        # --keepalive: ptc-hollow's --keepalive-s (0: the daemons' own).
+        self.keepalive = ["--keepalive-s", str(keepalive)] if keepalive else []
         self.hosts_file = work / f"hosts-{first}.txt"
         self.log = open(work / f"hosts-{first}.log", "w")
         self.hosts = subprocess.Popen(
             [*NICE, str(bin_dir() / "tools/ptc-hollow"), "hosts", "--coordinator",
              coordinator, "--count", str(count), "--first", str(first),
              "--dir", str(work), "--gpus", str(gpus), "--rack-size", str(rack),
-             "--insecure"],
+             *self.keepalive, "--insecure"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.ranks = None
         self.ranks_out = work / f"ranks-{first}.out"
@@ -224,7 +226,8 @@ class Group:
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
-                str(step_ms), "--rpc-timeout-s", str(rpc_timeout), "--insecure"]
+                str(step_ms), "--rpc-timeout-s", str(rpc_timeout), *self.keepalive,
+                "--insecure"]
         if wait_for_rank:
             args.append("--wait-for-rank")
         if poll:
@@ -440,12 +443,12 @@ class Harness:
             first = 0
             if o.kill and not o.hosts_only:
                 self.groups.append(Group(self.work, self.coordinator.address, 0, o.kill,
-                                         o.gpus, o.rack))
+                                         o.gpus, o.rack, o.keepalive))
                 first = o.kill
             while first < o.hosts:
                 n = min(o.group, o.hosts - first)
                 self.groups.append(Group(self.work, self.coordinator.address, first, n,
-                                         o.gpus, o.rack))
+                                         o.gpus, o.rack, o.keepalive))
                 first += n
             self.names = [n for g in self.groups for n in g.wait_ready(deadline)]
             return {"hosts": len(self.names)}
@@ -537,7 +540,8 @@ class Harness:
         if o.add:
             def scale_up():
                 first = o.hosts
-                g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack)
+                g = Group(self.work, self.coordinator.address, first, o.add, o.gpus, o.rack,
+                          o.keepalive)
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
                 g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
@@ -620,6 +624,11 @@ def main():
                    help="each hollow process's deadline for a call, in seconds (ptc's "
                         "default: 30; longer where thousands of them share this "
                         "machine's cores with the coordinator)")
+    p.add_argument("--keepalive", type=int, default=0,
+                   help="the hollow processes' channels and servers ping every this many "
+                        "seconds and wait as long (0: as ptcd's do). Longer at 2,048 hosts: "
+                        "gRPC 1.51 can crash when a ping's answer and its watchdog race "
+                        "(grpc/grpc#32085) at a load average in the thousands")
     p.add_argument("--work", default=None)
     p.add_argument("--json", default=None, help="write the phases here")
     p.add_argument("--hosts-only", action="store_true",
