@@ -259,6 +259,8 @@ class Group:
 class Harness:
     def __init__(self, opts):
         self.o = opts
+        if opts.work:
+            os.makedirs(opts.work, exist_ok=True)
         self.work = pathlib.Path(tempfile.mkdtemp(prefix="ptc-scale-", dir=opts.work))
         self.coordinator = None
         self.groups = []
