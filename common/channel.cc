@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -295,7 +296,15 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
   // its peer every kKeepaliveTime and drops the connection when a ping is
   // not answered within kKeepaliveTimeout: the call fails UNAVAILABLE and
   // the next one connects afresh. Idle channels do not ping.
-  SetKeepalive(args, /*patient=*/expected_name == "coordinator");
+  const grpc_channel_args set = args.c_channel_args();
+  bool keepalive_set = false;
+  for (size_t i = 0; i < set.num_args; ++i) {
+    keepalive_set =
+        keepalive_set ||
+        std::strcmp(set.args[i].key, GRPC_ARG_KEEPALIVE_TIME_MS) == 0;
+  }
+  if (!keepalive_set)
+    SetKeepalive(args, /*patient=*/expected_name == "coordinator");
   const std::string target = ChannelTarget(address);
   std::string config = kCoordinatorRetries;
   if (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:")) {

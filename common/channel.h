@@ -66,7 +66,8 @@ bool TlsEnabled();
 // with TLS every call on the channel carries it. "unix:PATH": a ptcd's
 // coordinator relay, as OpenLocalChannel.
 // A channel to the coordinator ("coordinator" as `expected_name`) uses
-// the patient keepalive (kPatientKeepaliveTimeoutMs).
+// the patient keepalive (kPatientKeepaliveTimeoutMs); `args` that set a
+// keepalive (SetKeepalive) keep theirs.
 std::shared_ptr<grpc::Channel> OpenChannel(
     const std::string& address,
     grpc::ChannelArguments args = grpc::ChannelArguments(),

@@ -38,10 +38,12 @@ std::string HostLabel(const ReconfigureRequest& r, int32_t host) {
                       it == r.addresses.end() ? "no address" : it->second, ")");
 }
 
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> Channel(const std::string& address,
+                                       bool patient = false) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  if (patient) SetKeepalive(args, /*patient=*/true);
   return OpenChannel(address, args);
 }
 
@@ -418,9 +420,15 @@ class FragmentStream : public grpc::ClientReadReactor<proto::FragmentProgress> {
   // Called once, when the stream ended, with how it ended.
   using OnEnd = std::function<void(absl::Status)>;
 
-  FragmentStream(const std::string& address, proto::ExecuteFragmentRequest request,
-                 OnProgress on_progress, OnEnd on_end)
-      : stub_(proto::Transformer::NewStub(Channel(address))),
+  FragmentStream(const std::string& address,
+                 proto::ExecuteFragmentRequest request, OnProgress on_progress,
+                 OnEnd on_end)
+      // A target is asked with the patient keepalive: one too busy to
+      // answer a ping within 2 s (its CPUs taken by training; at 2,048
+      // hollow hosts on two cores every change aborted so) must not abort
+      // a change it would finish. A target that goes silent stops the
+      // change by its heartbeats (CoordinatorService::CancelFlightsOnLocked).
+      : stub_(proto::Transformer::NewStub(Channel(address, /*patient=*/true))),
         request_(std::move(request)),
         on_progress_(std::move(on_progress)),
         on_end_(std::move(on_end)) {

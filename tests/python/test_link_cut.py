@@ -20,6 +20,7 @@ host1, the link comes back, and the job changes onto host1 again."""
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -178,4 +179,91 @@ def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_pat
         assert report["bytes_from_peers"] > 0
         synthetic("verify")
     finally:
+        stop_processes(procs)
+
+
+def test_a_target_too_busy_to_answer_pings_for_seconds_still_commits(bin_dir, tmp_path,
+                                                                      network_namespaces):
+    """The change's target stops answering anything for 5 s mid-staging
+    (SIGSTOP, as a host whose CPUs its training takes), well within the
+    host timeout. Its bytes come in through a link shaped to 100 Mbit/s, so
+    the staging lasts seconds. The coordinator's staging stream to it pings
+    with the patient keepalive: the change waits and commits. Before, its
+    2 s keepalive aborted it ("keepalive watchdog timeout"), as every
+    change at 2,048 hollow hosts on two cores was."""
+    net, _, hosts = network_namespaces(["h0", "h1"])
+    coordinator = f"{net}.1:7000"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
+    env["PTC_INSECURE"] = "1"
+    procs, logs = [], {}
+
+    def start(name, cmd):
+        logs[name] = tmp_path / f"{name}.log"
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=open(logs[name], "w"),
+                                      stderr=subprocess.STDOUT, env=env))
+        return procs[-1]
+
+    def run(tool, *args):
+        r = subprocess.run([str(bin_dir / tool), *[str(a) for a in args], "--coordinator",
+                            coordinator], capture_output=True, text=True, timeout=300,
+                           env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    try:
+        start("coordinator", [bin_dir / "coordinator/ptc-coordinator", "--listen", coordinator,
+                              "--state-dir", tmp_path / "coordinator", "--host-timeout", 30,
+                              "--insecure"])
+        daemons = [start(f"host{i}", ["ip", "netns", "exec", ns, bin_dir / "ptcd/ptcd",
+                                      "--listen", f"{address}:7070", "--coordinator",
+                                      coordinator, "--name", f"host{i}", "--gpus", 1,
+                                      "--socket", tmp_path / f"host{i}.sock",
+                                      "--memory-limit", "2GiB", "--ucx-transports", "^cma",
+                                      "--insecure"])
+                   for i, (ns, address, _) in enumerate(hosts)]
+        deadline = time.time() + 60
+        while True:
+            try:
+                listed = json.loads(run("tools/ptcctl", "hosts", "--json"))["hosts"]
+                if sum(h["alive"] for h in listed) == 2:
+                    break
+            except AssertionError:
+                pass
+            assert time.time() < deadline, "\n".join(p.read_text() for p in logs.values())
+            time.sleep(0.2)
+        # About 60 MB of parameters and optimizer state on host0.
+        run("tools/ptcctl", "register", "--job", "busy", "--model",
+            "gpt:layers=4,hidden=256,heads=4,ffn=1024,vocab=4096,positions=64",
+            "--config", "tp=1", "--hosts", "host0")
+        run("tools/synthetic_job", "save", "--job", "busy", "--host", "host0", "--socket",
+            tmp_path / "host0.sock", "--step", "1")
+        # host1's bytes arrive at 100 Mbit/s: seconds of staging.
+        subprocess.run(["tc", "qdisc", "add", "dev", hosts[1][2], "root", "tbf", "rate",
+                        "100mbit", "burst", "64kb", "latency", "400ms"], check=True)
+        change = subprocess.Popen([str(bin_dir / "tools/ptcctl"), "reconfigure", "--job",
+                                   "busy", "--to", "tp=1", "--hosts", "host1",
+                                   "--coordinator", coordinator, "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)
+        # Once host1 stages (its pulls under way), it stops for 5 s.
+        deadline = time.time() + 60
+        while json.loads(run("tools/ptcctl", "status", "busy", "--json"))["jobs"][0].get(
+                "reconfiguration", {}).get("phase", "").lower() != "staging":
+            assert change.poll() is None, change.communicate()
+            assert time.time() < deadline, logs["coordinator"].read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        daemons[1].send_signal(signal.SIGSTOP)
+        time.sleep(5)
+        daemons[1].send_signal(signal.SIGCONT)
+        out, err = change.communicate(timeout=300)
+        assert change.returncode == 0, out + err + logs["coordinator"].read_text()
+        report = json.loads(out)
+        assert report["phase"] == "committed", report
+        assert report["bytes_from_peers"] > 0
+        assert "keepalive watchdog" not in logs["coordinator"].read_text()
+        run("tools/synthetic_job", "verify", "--job", "busy")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
         stop_processes(procs)
