@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -47,8 +48,12 @@ void AutoChanges::Forget(const std::string& job) {
 bool MayPlaceOn(const HostRegistry& hosts,
                 const proto::CoordinatorState::Job& job,
                 const std::string& host, absl::Time now) {
+  // The job's hosts are scanned only for a host held back (rare): the
+  // automatic changes' look asks this of every host of a job's pool five
+  // times a second under the coordinator's lock, and scanning first took
+  // pool x hosts string compares (4 million at 2,048 hosts).
   return hosts.Usable(host) &&
-         (Contains(job.hosts(), host) || !hosts.HeldBack(host, now));
+         (!hosts.HeldBack(host, now) || Contains(job.hosts(), host));
 }
 
 std::optional<AutoChanges::Action> AutoChanges::Judge(
@@ -196,9 +201,10 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
     a.save_first = policy.live();
   } else if (seen_[name] != seen) {
     std::vector<std::string> joined;
+    const absl::flat_hash_set<absl::string_view> on(s.hosts().begin(),
+                                                    s.hosts().end());
     for (const std::string& h : s.pool()) {
-      if (MayPlaceOn(hosts, s, h, now) && !Contains(s.hosts(), h))
-        joined.push_back(h);
+      if (MayPlaceOn(hosts, s, h, now) && !on.contains(h)) joined.push_back(h);
     }
     a.reason = joined.empty() ? "its hosts changed"
                               : absl::StrCat(Hosts(joined), " can take it");

@@ -12,10 +12,15 @@
 //   built before 2026-11-28;
 // - a save's writes to the coordinator's records (JobTable::Writes): the
 //   job's small record, against its whole record, which every save
-//   rewrote before 2026-11-29, and the time to find what changed.
+//   rewrote before 2026-11-29, and the time to find what changed;
+// - the automatic changes' look at a quiet job (AutoChanges::Judge), which
+//   the coordinator takes five times a second under its lock: against the
+//   same look scanning the job's hosts for every host of its pool first,
+//   as it did before 2026-11-30.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
 //   bazel-bin/tools/control_plane_benchmark [--runs N]
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +34,8 @@
 #include "absl/time/clock.h"
 #include "common/mutex_checks.h"
 #include "common/status_macros.h"
+#include "coordinator/auto_changes.h"
+#include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
 #include "coordinator/save_proof.h"
 #include "ptc/families.h"
@@ -45,8 +52,8 @@ struct Case {
   int gpus_per_host;
 };
 
-// The second and third tables' rows, printed after the first.
-std::string process_rows_, record_rows_;
+// The second, third and fourth tables' rows, printed after the first.
+std::string process_rows_, record_rows_, look_rows_;
 
 // What a save writes to the coordinator's records: the job placed as
 // `rank_hosts`, its committed version moved on `runs` times.
@@ -94,6 +101,54 @@ absl::Status MeasureRecords(const Case& c, const ModelSpec& spec,
                       static_cast<int64_t>(added.state.ByteSizeLong()), written,
                       w.min * 1e3, w.median * 1e3, w.max * 1e3);
   return absl::OkStatus();
+}
+
+// The automatic changes' look at a quiet job on `hosts` hosts (its pool),
+// `runs` times; and the pool's check as it was (the job's hosts scanned
+// for each pool host before asking whether the host is held back).
+void MeasureQuietLook(int hosts, int runs) {
+  HostRegistry registry;
+  const absl::Time now = absl::Now();
+  auto job = std::make_unique<JobTable::Job>();
+  proto::CoordinatorState::Job& s = job->state;
+  s.set_job("job");
+  s.set_committed_version(4);
+  s.mutable_auto_policy()->set_enabled(true);
+  for (int i = 0; i < hosts; ++i) {
+    proto::HostStatus h;
+    h.set_name(absl::StrFormat("hollow-%05d", i));
+    h.set_address(absl::StrCat(h.name(), ":7070"));
+    h.set_gpus(8);
+    h.set_incarnation(1);
+    registry.Register(h, now);
+    s.add_hosts(h.name());
+    s.add_pool(h.name());
+  }
+  AutoChanges changes;
+  changes.Judge("job", *job, registry, now);  // the first look remembers
+  std::vector<double> look, before;
+  size_t placeable = 0;
+  for (int r = 0; r < runs; ++r) {
+    absl::Time t = absl::Now();
+    if (changes.Judge("job", *job, registry, now).has_value()) {
+      std::cerr << "a quiet job was judged to change\n";
+      std::exit(1);
+    }
+    look.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    for (const std::string& h : s.pool()) {
+      placeable += registry.Usable(h) &&
+                   (std::find(s.hosts().begin(), s.hosts().end(), h) !=
+                        s.hosts().end() ||
+                    !registry.HeldBack(h, now));
+    }
+    before.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
+  if (placeable != static_cast<size_t>(hosts) * runs) std::exit(1);
+  const Stats l = Summarize(look), b = Summarize(before);
+  look_rows_ += absl::StrFormat(
+      "| %d | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f |\n", hosts, l.min * 1e3,
+      l.median * 1e3, l.max * 1e3, b.min * 1e3, b.median * 1e3, b.max * 1e3);
 }
 
 absl::Status RunCase(const Case& c, int runs) {
@@ -215,6 +270,15 @@ int Run(int runs) {
                "before 2026-11-29) | a save writes | finding what changed |\n"
             << "|---|---|---|---|---|\n"
             << record_rows_;
+  for (int hosts : {256, 2048}) MeasureQuietLook(hosts, runs);
+  std::cout << "\nthe automatic changes' look at a quiet job, five times a "
+               "second under the coordinator's lock: milliseconds min / "
+               "median / max\n\n"
+            << "| hosts (the job's pool) | the look (AutoChanges::Judge) | "
+               "before 2026-11-30: its pool's check alone, scanning the "
+               "job's hosts first |\n"
+            << "|---|---|---|\n"
+            << look_rows_;
   return 0;
 }
 
