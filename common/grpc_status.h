@@ -46,6 +46,23 @@ inline constexpr char kBusyUrl[] = "ptc/busy";
 absl::Status BusyError(absl::string_view message);
 bool IsBusy(const absl::Status& status);
 
+// The pauses between askings of a call refused for load: jittered, from
+// 50 ms growing to a second. Wait() sleeps the next one, or returns false
+// at once when it would end past `deadline`.
+class Backoff {
+ public:
+  bool Wait(absl::Time deadline) {
+    if (absl::Now() + pause_ > deadline) return false;
+    absl::SleepFor(pause_ * absl::Uniform(random_, 0.5, 1.5));
+    pause_ = std::min(pause_ * 2, absl::Seconds(1));
+    return true;
+  }
+
+ private:
+  absl::BitGen random_;
+  absl::Duration pause_ = absl::Milliseconds(50);
+};
+
 // A call (`call(&ctx)`, returning a grpc::Status), asked again after a
 // jittered pause that grows to a second, until `deadline`:
 // - while it is refused for load (IsBusy: thousands of a job's processes
@@ -61,17 +78,14 @@ bool IsBusy(const absl::Status& status);
 template <typename Call>
 absl::Status AskPatiently(absl::Time deadline, int max_unavailable, Call call,
                           int* unavailable) {
-  absl::BitGen random;
-  absl::Duration pause = absl::Milliseconds(50);
+  Backoff backoff;
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     const absl::Status s = FromGrpcStatus(call(&ctx));
     bool again = IsBusy(s);
     if (absl::IsUnavailable(s)) again = ++*unavailable <= max_unavailable;
-    if (!again || absl::Now() + pause > deadline) return s;
-    absl::SleepFor(pause * absl::Uniform(random, 0.5, 1.5));
-    pause = std::min(pause * 2, absl::Seconds(1));
+    if (!again || !backoff.Wait(deadline)) return s;
   }
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/parallel_for.h"
@@ -41,6 +42,9 @@ constexpr int64_t kBlockBytes = int64_t{512} << 10;
 // A source host that failed (died, stalled, went away) rather than a piece
 // that is wrong: its pieces may come from another holder.
 bool IsPeerFailure(const absl::Status& s) {
+  // Still refused for its busy threads once its transfer's time was spent
+  // asking again (GrpcPieceTransport): as slow.
+  if (IsBusy(s)) return true;
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
@@ -490,8 +494,9 @@ class FragmentRun {
   // A deadline missed marks `host` slow, anything else dead; dead stays.
   void MarkFailed(int32_t host, const absl::Status& why) {
     absl::MutexLock lock(&mu_);
-    const Failure f =
-        absl::IsDeadlineExceeded(why) ? Failure::kSlow : Failure::kDead;
+    const Failure f = absl::IsDeadlineExceeded(why) || IsBusy(why)
+                          ? Failure::kSlow
+                          : Failure::kDead;
     auto [it, added] = failed_sources_.emplace(host, f);
     if (!added && f == Failure::kDead) it->second = f;
   }
@@ -554,9 +559,18 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
                                        int64_t element_size,
                                        const StoreClient::Consumer& consume) {
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
-  auto got = client->ReadWith(
-      job, version, tensor, region, consume, 0,
-      TransferDeadline(peer_timeout_, region.volume() * element_size), hollow_);
+  // A source whose RPC threads are all taken (thousands of targets pulling
+  // at once) refuses the read before running it: asked again, within the
+  // transfer's time.
+  const absl::Time deadline =
+      absl::Now() +
+      TransferDeadline(peer_timeout_, region.volume() * element_size);
+  Backoff backoff;
+  absl::StatusOr<int64_t> got;
+  do {
+    got = client->ReadWith(job, version, tensor, region, consume, 0,
+                           deadline - absl::Now(), hollow_);
+  } while (!got.ok() && IsBusy(got.status()) && backoff.Wait(deadline));
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(
@@ -573,7 +587,12 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
     int32_t host, const std::string& job, int64_t version,
     const std::string& name, int32_t rank) {
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
-  auto got = client->GetSmallObject(job, version, name, rank);
+  const absl::Time deadline = absl::Now() + TransferDeadline(peer_timeout_, 0);
+  Backoff backoff;
+  absl::StatusOr<std::string> got;
+  do {
+    got = client->GetSmallObject(job, version, name, rank);
+  } while (!got.ok() && IsBusy(got.status()) && backoff.Wait(deadline));
   if (!got.ok()) {
     const auto n = names_.find(host);
     return Annotate(
