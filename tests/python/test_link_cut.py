@@ -30,18 +30,29 @@ MODEL = "gpt:layers=2,hidden=64,heads=4,ffn=128,vocab=256,positions=16,pad=8"
 HOST_TIMEOUT = 8.0
 
 
+class Daemons:
+    """Processes started without this one's PTC_* settings, on plaintext
+    gRPC, each logging to tmp_path/NAME.log."""
+
+    def __init__(self, tmp_path):
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
+        self.env["PTC_INSECURE"] = "1"
+        self.tmp_path, self.procs, self.logs = tmp_path, [], {}
+
+    def start(self, name, cmd):
+        self.logs[name] = self.tmp_path / f"{name}.log"
+        self.procs.append(subprocess.Popen([str(c) for c in cmd],
+                                           stdout=open(self.logs[name], "w"),
+                                           stderr=subprocess.STDOUT, env=self.env))
+        return self.procs[-1]
+
+
 def test_a_change_after_a_link_cut_ends_within_the_host_timeout(bin_dir, tmp_path,
                                                                 network_namespaces):
     net, bridge, hosts = network_namespaces(["h0", "h1", "h2"])
     coordinator = f"{net}.1:7000"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
-    env["PTC_INSECURE"] = "1"
-    procs, logs = [], {}
-
-    def start(name, cmd):
-        logs[name] = tmp_path / f"{name}.log"
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=open(logs[name], "w"),
-                                      stderr=subprocess.STDOUT, env=env))
+    daemons = Daemons(tmp_path)
+    env, procs, logs, start = daemons.env, daemons.procs, daemons.logs, daemons.start
 
     def ptcctl(*args, check=True):
         r = subprocess.run([str(bin_dir / "tools/ptcctl"), *args, "--coordinator", coordinator,
@@ -193,15 +204,8 @@ def test_a_target_too_busy_to_answer_pings_for_seconds_still_commits(bin_dir, tm
     change at 2,048 hollow hosts on two cores was."""
     net, _, hosts = network_namespaces(["h0", "h1"])
     coordinator = f"{net}.1:7000"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PTC_")}
-    env["PTC_INSECURE"] = "1"
-    procs, logs = [], {}
-
-    def start(name, cmd):
-        logs[name] = tmp_path / f"{name}.log"
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=open(logs[name], "w"),
-                                      stderr=subprocess.STDOUT, env=env))
-        return procs[-1]
+    started = Daemons(tmp_path)
+    env, procs, logs, start = started.env, started.procs, started.logs, started.start
 
     def run(tool, *args):
         r = subprocess.run([str(bin_dir / tool), *[str(a) for a in args], "--coordinator",
