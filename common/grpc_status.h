@@ -63,6 +63,19 @@ class Backoff {
   absl::Duration pause_ = absl::Milliseconds(50);
 };
 
+// `call()` (returning an absl::StatusOr), asked again after Backoff's
+// pauses while it is refused for load (IsBusy), until `deadline`; its last
+// answer.
+template <typename Call>
+auto AskWhileBusy(absl::Time deadline, Call call) -> decltype(call()) {
+  Backoff backoff;
+  while (true) {
+    auto got = call();
+    if (got.ok() || !IsBusy(got.status()) || !backoff.Wait(deadline))
+      return got;
+  }
+}
+
 // A call (`call(&ctx)`, returning a grpc::Status), asked again after a
 // jittered pause that grows to a second, until `deadline`:
 // - while it is refused for load (IsBusy: thousands of a job's processes

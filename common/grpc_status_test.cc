@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "catch2/catch.hpp"
 
 namespace ptc {
@@ -135,6 +136,25 @@ TEST_CASE(
   CHECK(absl::IsResourceExhausted(busy));
   CHECK(calls >= 2);
   CHECK(calls < 1000);
+}
+
+TEST_CASE("AskWhileBusy: asks again only while refused for load", "[common]") {
+  const absl::Time later = absl::Now() + absl::Seconds(60);
+  int calls = 0;
+  absl::StatusOr<int> got = AskWhileBusy(later, [&]() -> absl::StatusOr<int> {
+    if (++calls <= 2) return BusyError("busy");
+    return 7;
+  });
+  REQUIRE(got.ok());
+  CHECK(*got == 7);
+  CHECK(calls == 3);
+  calls = 0;
+  got = AskWhileBusy(later, [&]() -> absl::StatusOr<int> {
+    ++calls;
+    return absl::ResourceExhaustedError("a host's memory budget");
+  });
+  CHECK(absl::IsResourceExhausted(got.status()));
+  CHECK(calls == 1);
 }
 
 }  // namespace

@@ -565,12 +565,10 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
   const absl::Time deadline =
       absl::Now() +
       TransferDeadline(peer_timeout_, region.volume() * element_size);
-  Backoff backoff;
-  absl::StatusOr<int64_t> got;
-  do {
-    got = client->ReadWith(job, version, tensor, region, consume, 0,
-                           deadline - absl::Now(), hollow_);
-  } while (!got.ok() && IsBusy(got.status()) && backoff.Wait(deadline));
+  const absl::StatusOr<int64_t> got = AskWhileBusy(deadline, [&] {
+    return client->ReadWith(job, version, tensor, region, consume, 0,
+                            deadline - absl::Now(), hollow_);
+  });
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(
@@ -588,11 +586,9 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
     const std::string& name, int32_t rank) {
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
   const absl::Time deadline = absl::Now() + TransferDeadline(peer_timeout_, 0);
-  Backoff backoff;
-  absl::StatusOr<std::string> got;
-  do {
-    got = client->GetSmallObject(job, version, name, rank);
-  } while (!got.ok() && IsBusy(got.status()) && backoff.Wait(deadline));
+  absl::StatusOr<std::string> got = AskWhileBusy(deadline, [&] {
+    return client->GetSmallObject(job, version, name, rank);
+  });
   if (!got.ok()) {
     const auto n = names_.find(host);
     return Annotate(

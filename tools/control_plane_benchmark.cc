@@ -144,7 +144,10 @@ void MeasureQuietLook(int hosts, int runs) {
     }
     before.push_back(absl::ToDoubleSeconds(absl::Now() - t));
   }
-  if (placeable != static_cast<size_t>(hosts) * runs) std::exit(1);
+  if (placeable != static_cast<size_t>(hosts) * runs) {
+    std::cerr << "the old pool check found a host it could not place on\n";
+    std::exit(1);
+  }
   const Stats l = Summarize(look), b = Summarize(before);
   look_rows_ += absl::StrFormat(
       "| %d | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f |\n", hosts, l.min * 1e3,

@@ -162,24 +162,13 @@ namespace {
 
 using Stub = proto::Coordinator::Stub;
 
+// A call to the coordinator, asked again within `timeout` while the
+// coordinator refuses it for load (IsBusy: it never ran): at 2,048 hosts a
+// change's burst of calls took every thread for longer than the channel's
+// own five retries. Any other error returns at once: UNAVAILABLE (where no
+// coordinator listens), a quota's refusal (etcd's space).
 template <typename Req, typename Resp>
 absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
-                                               Resp*),
-                  Stub* stub, const Req& req, Resp* resp,
-                  absl::Duration timeout = absl::Seconds(30)) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return FromGrpcStatus((stub->*method)(&ctx, req, resp));
-}
-
-// A read (ListJobs, ListHosts), asked again within `timeout` while the
-// coordinator refuses it for busy RPC threads: at 2,048 hosts a change's
-// burst of calls took every thread for longer than the channel's own five
-// retries. A change is asked once (Call): a refusal of another kind (an
-// etcd quota) should reach its user at once. UNAVAILABLE fails at once
-// (where no coordinator listens).
-template <typename Req, typename Resp>
-absl::Status Read(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&,
                                                Resp*),
                   Stub* stub, const Req& req, Resp* resp,
                   absl::Duration timeout = absl::Seconds(30)) {
@@ -380,7 +369,7 @@ absl::Status AutoJob(Stub* stub, const std::string& job, const Args& args,
   proto::ListJobsRequest list;
   list.set_job(job);
   proto::ListJobsResponse jobs;
-  PTC_RETURN_IF_ERROR(Read(&Stub::ListJobs, stub, list, &jobs));
+  PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, list, &jobs));
   proto::SetAutoPolicyRequest req;
   req.set_job(job);
   *req.mutable_policy() = jobs.jobs(0).auto_policy();
@@ -707,7 +696,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
     std::map<std::string, std::string> addresses;
     proto::ListHostsResponse hosts;
     PTC_RETURN_IF_ERROR(
-        Read(&Stub::ListHosts, stub, proto::ListHostsRequest(), &hosts));
+        Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &hosts));
     for (const auto& h : hosts.hosts()) addresses[h.name()] = h.address();
     std::vector<std::unique_ptr<proto::TensorStore::Stub>> stores;
     for (const auto& h : resp.hosts()) {
@@ -784,7 +773,7 @@ absl::Status Prepare(Stub* stub, const Args& args, bool json) {
 absl::Status Hosts(Stub* stub, bool json) {
   proto::ListHostsResponse resp;
   PTC_RETURN_IF_ERROR(
-      Read(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
+      Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
   if (json) {
     std::cout << HostsJson(resp) << "\n";
     return absl::OkStatus();
@@ -809,7 +798,7 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
   proto::ListJobsRequest req;
   req.set_job(job);
   proto::ListJobsResponse resp;
-  PTC_RETURN_IF_ERROR(Read(&Stub::ListJobs, stub, req, &resp));
+  PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, req, &resp));
   if (json) {
     std::cout << JobsJson(resp) << "\n";
     return absl::OkStatus();
@@ -873,7 +862,7 @@ absl::Status Ranks(Stub* stub, const Args& args, bool json) {
   proto::ListJobsRequest req;
   req.set_job(job);
   proto::ListJobsResponse resp;
-  PTC_RETURN_IF_ERROR(Read(&Stub::ListJobs, stub, req, &resp));
+  PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, req, &resp));
   const proto::JobStatus& j = resp.jobs(0);
   std::vector<std::pair<int, int>> mine;  // (rank, gpu)
   for (int r = 0; r < j.rank_hosts_size(); ++r) {
@@ -1075,7 +1064,7 @@ absl::Status ExportJob(Stub* stub, const Args& args, bool json) {
     proto::ListJobsRequest list;
     list.set_job(job);
     proto::ListJobsResponse jobs;
-    PTC_RETURN_IF_ERROR(Read(&Stub::ListJobs, stub, list, &jobs));
+    PTC_RETURN_IF_ERROR(Call(&Stub::ListJobs, stub, list, &jobs));
     if (jobs.jobs_size() == 0 || jobs.jobs(0).snapshot_root().empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", job, "' has no snapshots; take one with ptcctl snapshot "
@@ -1189,7 +1178,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LocalHosts(
     Stub* stub) {
   proto::ListHostsResponse resp;
   PTC_RETURN_IF_ERROR(
-      Read(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
+      Call(&Stub::ListHosts, stub, proto::ListHostsRequest(), &resp));
   std::vector<std::pair<std::string, std::string>> local;
   for (const proto::HostStatus& h : resp.hosts()) {
     struct stat st = {};
