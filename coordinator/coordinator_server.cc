@@ -48,6 +48,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   gauge("ptc_coordinator_jobs", &CoordinatorService::Counts::jobs);
   gauge("ptc_coordinator_reconfigurations_in_flight",
         &CoordinatorService::Counts::changes_in_flight);
+  gauge("ptc_coordinator_host_probes",
+        &CoordinatorService::Counts::probes_open);
   return s;
 }
 

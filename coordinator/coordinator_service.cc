@@ -397,8 +397,15 @@ StoreClient* CoordinatorService::ProbeClient(const std::string& name,
     // back, must not wait on them (see StoreClient::ConnectApart).
     client = StoreClient::ConnectApart(address, name);
     probe_addresses_[name] = address;
+    probes_open_ = static_cast<int>(probes_.size());
   }
   return client.get();
+}
+
+void CoordinatorService::DropProbe(const std::string& name) {
+  probes_.erase(name);
+  probe_addresses_.erase(name);
+  probes_open_ = static_cast<int>(probes_.size());
 }
 
 void CoordinatorService::MonitorLoop() {
@@ -452,7 +459,12 @@ void CoordinatorService::MonitorLoop() {
         if (h == nullptr || !h->status.alive()) continue;
         const absl::Duration silent = now - std::max(h->last_heartbeat, started);
         const absl::Duration timeout = hosts_.TimeoutOf(*h);
-        if (silent <= timeout / 2) continue;  // a heartbeat came
+        if (silent <= timeout / 2) {
+          // A heartbeat came: the probe's connection is not kept (one per
+          // host that was ever late would stay open, pinging it).
+          DropProbe(name);
+          continue;
+        }
         // A ptcd that started after this host registered is another
         // process under its name: the memory of the registered one is gone.
         if (probed[i].ok() && h->registered_at != absl::InfinitePast() &&
@@ -470,13 +482,13 @@ void CoordinatorService::MonitorLoop() {
                     "directly: alive (a busy machine?)",
                     name, absl::FormatDuration(silent));
           hosts_.HeardFrom(name, now);
+          DropProbe(name);
           continue;
         }
         hosts_.MarkDead(name);
         // Its client would keep trying to connect to the dead host; one
         // is made afresh if the host comes back and goes quiet again.
-        probes_.erase(name);
-        probe_addresses_.erase(name);
+        DropProbe(name);
         changed = true;
         Log("coordinator")
             ->warn("host {} missed its heartbeats for {} and did not answer "
@@ -493,8 +505,7 @@ void CoordinatorService::MonitorLoop() {
         Log("coordinator")
             ->info("host {} dead for over {} and used by no job; forgotten",
                    name, absl::FormatDuration(options_.host_expiry));
-        probes_.erase(name);
-        probe_addresses_.erase(name);
+        DropProbe(name);
         changed = true;
       }
       if (changed) PersistLocked().IgnoreError();
@@ -989,6 +1000,7 @@ CoordinatorService::Counts CoordinatorService::GetCounts() {
   c.jobs = static_cast<int>(jobs_.size());
   for (const auto& [name, j] : jobs_)
     if (j->state.target_version() != 0) c.changes_in_flight++;
+  c.probes_open = probes_open_;
   return c;
 }
 

@@ -162,6 +162,8 @@ class CoordinatorService final
     int hosts_dead = 0;
     int jobs = 0;
     int changes_in_flight = 0;
+    // Clients open to ask hosts with late heartbeats directly.
+    int probes_open = 0;
   };
   Counts GetCounts();
 
@@ -334,9 +336,13 @@ class CoordinatorService final
   void Recover();
   void MonitorLoop();
   // The client that asks host `name` at `address` directly (the store's
-  // Stats, within half of host_timeout) when its heartbeats are late; made once.
+  // Stats, within half of host_timeout) while its heartbeats are late.
   // Monitor thread only.
   StoreClient* ProbeClient(const std::string& name, const std::string& address);
+  // Closes host `name`'s probe client, if any: once it answered, its
+  // heartbeats came back, it was marked dead or forgotten. Monitor thread
+  // only.
+  void DropProbe(const std::string& name);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
   // Records a new job (its hosts must be registered and have a GPU per
@@ -472,11 +478,13 @@ class CoordinatorService final
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
-  // The monitor thread's own (no lock): a client per host it probed, and
-  // the address it was made for; dropped when the host is marked dead or
-  // forgotten.
+  // The monitor thread's own (no lock): a client per host being probed
+  // (its heartbeats late), and the address it was made for; dropped once
+  // the host answers or is marked dead (at most the overdue hosts' count,
+  // not one per host that was ever late).
   std::map<std::string, std::unique_ptr<StoreClient>> probes_;
   std::map<std::string, std::string> probe_addresses_;
+  std::atomic<int> probes_open_{0};  // probes_.size(), for GetCounts
   std::thread snapshotter_;
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);
