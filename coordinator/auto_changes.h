@@ -45,6 +45,10 @@ inline constexpr double kDefaultSaveTimeout = 60;
 bool MayPlaceOn(const HostRegistry& hosts,
                 const proto::CoordinatorState::Job& job,
                 const std::string& host, absl::Time now);
+// The same for a host the caller found (HostRegistry::Find): one lookup
+// where a look asks it of every host of a pool.
+bool MayPlaceOn(const HostRegistry::Host& host,
+                const proto::CoordinatorState::Job& job, absl::Time now);
 
 class AutoChanges {
  public:

@@ -442,7 +442,9 @@ void CoordinatorService::MonitorLoop() {
       clients.push_back(ProbeClient(name, address));
     std::vector<absl::StatusOr<absl::Duration>> probed(
         overdue.size(), absl::UnknownError("not probed"));
+    std::vector<absl::Time> asked(overdue.size());
     ParallelFor(overdue.size(), 16, [&](size_t i) {
+      asked[i] = absl::Now();
       auto stats = clients[i]->Stats(timeouts[i] / 2);
       probed[i] = stats.ok() ? absl::StatusOr<absl::Duration>(
                                    absl::Seconds(stats->uptime_seconds()))
@@ -467,8 +469,8 @@ void CoordinatorService::MonitorLoop() {
         }
         // A ptcd that started after this host registered is another
         // process under its name: the memory of the registered one is gone.
-        if (probed[i].ok() && h->registered_at != absl::InfinitePast() &&
-            *probed[i] + absl::Seconds(1) < now - h->registered_at) {
+        if (probed[i].ok() && HostRegistry::StartedAfter(*probed[i], asked[i],
+                                                         h->registered_at)) {
           probed[i] = absl::UnavailableError(absl::StrCat(
               "a ptcd started ", absl::FormatDuration(*probed[i]),
               " ago answered, after this host registered"));

@@ -70,7 +70,11 @@ absl::Duration HostRegistry::IntervalOf(const Host& h) const {
 }
 
 absl::Duration HostRegistry::TimeoutOf(const Host& h) const {
-  return cadence_.timeout * (IntervalOf(h) / cadence_.interval);
+  return TimeoutFor(IntervalOf(h));
+}
+
+absl::Duration HostRegistry::TimeoutFor(absl::Duration interval) const {
+  return cadence_.timeout * (interval / cadence_.interval);
 }
 
 bool HostRegistry::Late(const Host& h, absl::Time now) const {
@@ -129,9 +133,16 @@ absl::Status HostRegistry::SetDraining(const std::vector<std::string>& names,
 std::vector<std::pair<std::string, std::string>> HostRegistry::Overdue(
     absl::Time now, absl::Time started) const {
   std::vector<std::pair<std::string, std::string>> out;
+  // Asked five times a second of every host: the interval and timeout
+  // that most hosts share are computed once (absl's duration divisions
+  // are not free), a host told a longer interval gets its own.
+  const absl::Duration interval = Interval();
+  const absl::Duration half = TimeoutFor(interval) / 2;
   for (const auto& [name, h] : hosts_) {
-    if (h.status.alive() &&
-        now - std::max(h.last_heartbeat, started) > TimeoutOf(h) / 2)
+    if (!h.status.alive()) continue;
+    const absl::Duration limit =
+        h.told > interval ? TimeoutFor(h.told) / 2 : half;
+    if (now - std::max(h.last_heartbeat, started) > limit)
       out.push_back({name, h.status.address()});
   }
   return out;

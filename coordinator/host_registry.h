@@ -93,8 +93,22 @@ class HostRegistry {
   absl::Duration IntervalOf(const Host& h) const;
   // Silent this long, the host is dead (its interval's share of it).
   absl::Duration TimeoutOf(const Host& h) const;
+  // The timeout of a host told to heartbeat every `interval`.
+  absl::Duration TimeoutFor(absl::Duration interval) const;
   // Alive, and silent for more than two of its intervals: in doubt.
   bool Late(const Host& h, absl::Time now) const;
+  // Whether a ptcd that answered a call sent at `asked` with its `uptime`
+  // surely started after `registered_at` (another process under the
+  // host's name), allowing a second for clocks. Judged by when the call
+  // was sent, the earliest it could have been answered: not by when the
+  // answer was read, which on a loaded coordinator (or after waiting for
+  // slower probes) can be long after, and would make an old process look
+  // young.
+  static bool StartedAfter(absl::Duration uptime, absl::Time asked,
+                           absl::Time registered_at) {
+    return registered_at != absl::InfinitePast() &&
+           uptime + absl::Seconds(1) < asked - registered_at;
+  }
 
   // What a registration found.
   struct Registered {

@@ -129,8 +129,35 @@ TEST_CASE("the heartbeat interval and timeout stretch as the cluster grows") {
   hosts.SetCadence({absl::Seconds(1), absl::Seconds(5), 16});
   CHECK(hosts.Interval() == absl::Seconds(1));
   CHECK(hosts.TimeoutOf(*hosts.Find("h")) == absl::Seconds(20));
+  // Each host is overdue at half of its own timeout: a and b were told
+  // 1 s (5 s), c 1.5 s (7.5 s), d 2 s (10 s), ... h 4 s (20 s).
+  std::vector<std::string> overdue;
+  for (const auto& [name, address] : hosts.Overdue(kT0 + absl::Seconds(4), kT0))
+    overdue.push_back(name);
+  CHECK(overdue == std::vector<std::string>{"a", "b", "c"});
+  CHECK(hosts.Overdue(kT0 + absl::Seconds(9), kT0).size() == 7);
   REQUIRE(hosts.Heartbeat("h", 1, kT0 + absl::Seconds(3)));
   CHECK(hosts.TimeoutOf(*hosts.Find("h")) == absl::Seconds(5));
+}
+
+TEST_CASE(
+    "a ptcd younger than its host's registration is another process, judged "
+    "by when it was asked, not when its answer was read") {
+  const absl::Time registered = kT0;
+  // Asked 60 s after the host registered, it answered "up for 61 s": the
+  // registered process, also if the answer is read minutes later (a
+  // probe's batch waits for its slowest host).
+  CHECK_FALSE(HostRegistry::StartedAfter(absl::Seconds(61),
+                                         kT0 + absl::Seconds(60), registered));
+  // Up for 30 s when asked 60 s after the registration: started after it.
+  CHECK(HostRegistry::StartedAfter(absl::Seconds(30), kT0 + absl::Seconds(60),
+                                   registered));
+  // Within a second: clocks, not another process.
+  CHECK_FALSE(HostRegistry::StartedAfter(absl::Seconds(59.5),
+                                         kT0 + absl::Seconds(60), registered));
+  // A host known from the control store has no registration to compare.
+  CHECK_FALSE(
+      HostRegistry::StartedAfter(absl::Seconds(1), kT0, absl::InfinitePast()));
 }
 
 TEST_CASE("overdue hosts, and expiry of dead ones no job uses") {

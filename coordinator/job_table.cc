@@ -140,7 +140,35 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   s->set_pending_serial(state.pending_serial());
   *s->mutable_auto_policy() = state.auto_policy();
   if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
-  *s->mutable_reconfiguration() = event;
+  // The change without its plan and its hosts' progress, which grow with
+  // the job (a 1,008-host change's plan names every rank's host): each of
+  // a job's processes asks this after every change.
+  const proto::ReconfigureEvent& e = event;
+  proto::ReconfigureEvent& r = *s->mutable_reconfiguration();
+  r.set_plan_epoch(e.plan_epoch());
+  r.set_phase(e.phase());
+  r.set_bytes_done(e.bytes_done());
+  r.set_bytes_total(e.bytes_total());
+  r.set_hosts_done(e.hosts_done());
+  r.set_hosts_total(e.hosts_total());
+  r.set_seconds(e.seconds());
+  r.set_bytes_from_peers(e.bytes_from_peers());
+  r.set_tensors_verified(e.tensors_verified());
+  r.set_error(e.error());
+  r.set_staging_seconds(e.staging_seconds());
+  r.set_verifying_seconds(e.verifying_seconds());
+  r.set_snapshot_bytes_read(e.snapshot_bytes_read());
+  r.set_snapshot_dir(e.snapshot_dir());
+  r.set_reason(e.reason());
+  r.set_layout_epoch(e.layout_epoch());
+  r.set_pending_config(e.pending_config());
+  r.set_committed_version(e.committed_version());
+  r.set_path(e.path());
+  r.set_pending_hot(e.pending_hot());
+  r.set_pending_serial(e.pending_serial());
+  r.set_replanned(e.replanned());
+  r.set_from_config(e.from_config());
+  r.set_to_config(e.to_config());
 }
 
 void JobTable::Job::ArchiveEvent() {
@@ -164,6 +192,7 @@ void JobTable::Job::ArchiveEvent() {
 
 void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   Brief(include_layout, s);
+  *s->mutable_reconfiguration() = event;  // with its plan and progress
   for (const proto::ReconfigureEvent& e : history) *s->add_recent_changes() = e;
   for (const std::string& h : state.hosts()) s->add_hosts(h);
   for (const auto& o : state.open_saves()) s->add_open_saves(o.version());

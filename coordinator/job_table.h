@@ -103,7 +103,8 @@ class JobTable {
     // survival aside, which need the hosts), with its layout spec if
     // `include_layout`.
     void Describe(bool include_layout, proto::JobStatus* status) const;
-    // Of Describe, what does not grow with the job (ListJobsRequest.brief).
+    // Of Describe, what does not grow with the job (ListJobsRequest.brief):
+    // the change in flight without its plan and its hosts' progress.
     void Brief(bool include_layout, proto::JobStatus* status) const;
     // Before `event` is replaced by a new change's: keeps it in `history`
     // (at most kHistory, without its plan's flows and placement) if it

@@ -1,5 +1,7 @@
 #include "coordinator/job_table.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +54,60 @@ TEST_CASE("versions: one counter, and what a job owns") {
   CHECK(job->OwnsVersion(8));
   CHECK(job->Names("b"));
   CHECK_FALSE(job->Names("c"));
+}
+
+TEST_CASE(
+    "the brief status carries the change but not its plan or hosts' "
+    "progress; the whole status carries all of it") {
+  auto job = NewJob("j");
+  // Every field of the event set (by reflection: a field added later
+  // that Brief leaves out fails here), the plan and progress long.
+  proto::ReconfigureEvent& e = job->event;
+  const auto* d = proto::ReconfigureEvent::descriptor();
+  const auto* refl = e.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const auto* f = d->field(i);
+    if (f->is_repeated()) continue;
+    using T = google::protobuf::FieldDescriptor;
+    switch (f->cpp_type()) {
+      case T::CPPTYPE_INT32:
+        refl->SetInt32(&e, f, 3 + i);
+        break;
+      case T::CPPTYPE_INT64:
+        refl->SetInt64(&e, f, 5 + i);
+        break;
+      case T::CPPTYPE_DOUBLE:
+        refl->SetDouble(&e, f, 0.5 + i);
+        break;
+      case T::CPPTYPE_BOOL:
+        refl->SetBool(&e, f, true);
+        break;
+      case T::CPPTYPE_STRING:
+        refl->SetString(&e, f, f->name());
+        break;
+      case T::CPPTYPE_ENUM:
+        refl->SetEnumValue(&e, f, f->enum_type()->value_count() - 1);
+        break;
+      default:
+        break;  // the plan, below
+    }
+  }
+  for (int r = 0; r < 1000; ++r) e.mutable_plan()->add_rank_hosts("a");
+  e.mutable_plan()->set_cross_host_bytes(7);
+  for (int h = 0; h < 100; ++h) e.add_host_progress()->set_host("a");
+
+  proto::JobStatus brief;
+  job->Brief(false, &brief);
+  proto::ReconfigureEvent expected = e;
+  expected.clear_plan();
+  expected.clear_host_progress();
+  CHECK(brief.reconfiguration().SerializeAsString() ==
+        expected.SerializeAsString());
+  CHECK(brief.ByteSizeLong() < 1000);
+
+  proto::JobStatus whole;
+  job->Describe(false, &whole);
+  CHECK(whole.reconfiguration().SerializeAsString() == e.SerializeAsString());
 }
 
 TEST_CASE("a write holds the job records that changed, and loads back") {
