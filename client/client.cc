@@ -470,8 +470,9 @@ absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
                    "' meeting under layout epoch ", layout_epoch);
   while (true) {
     grpc::ClientContext ctx;
-    // The coordinator holds the call until every rank is there (about a
-    // second at most), then answers UNAVAILABLE: ask again at once.
+    // The coordinator holds the call until every rank is there, or for
+    // what the deadline leaves less room for the answer (20 s at most),
+    // then answers UNAVAILABLE: ask again at once.
     const absl::Time asked = absl::Now();
     ctx.set_deadline(absl::ToChronoTime(
         asked + std::max(options_.rpc_timeout, absl::Seconds(5))));

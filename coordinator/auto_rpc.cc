@@ -24,6 +24,17 @@ namespace {
 // Rendezvous calls held at once, at most (16,384 ranks of a job wait at
 // once; the bound keeps a flood of calls from growing without limit).
 constexpr size_t kMaxHeld = size_t{1} << 17;
+// How long a Rendezvous call may be held: what its deadline leaves, less
+// room for the answer to travel back (a fifth of it, at least 2 s), within
+// kMeetingHoldLeast..kMeetingHoldMost. Its process asks again at once.
+absl::Duration HoldFor(const grpc::CallbackServerContext& ctx, absl::Time now) {
+  if (ctx.deadline() == std::chrono::system_clock::time_point::max())
+    return kMeetingHoldMost;
+  const absl::Duration left = absl::FromChrono(ctx.deadline()) - now;
+  return std::clamp(left - std::max(absl::Seconds(2), left / 5),
+                    kMeetingHoldLeast, kMeetingHoldMost);
+}
+
 // Advised configs planned to compare the bytes they move (the fastest
 // within the margin); each plan takes a few milliseconds to a second.
 constexpr int kMaxPlannedCandidates = 8;
@@ -382,10 +393,21 @@ absl::StatusOr<std::string> CoordinatorService::RendezvousLocked(
                          req.rank(), offered, absl::Now());
 }
 
+class CoordinatorService::RendezvousReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit RendezvousReactor(CoordinatorService* service) : service_(service) {}
+  void OnCancel() override { service_->HeldCancelled(this); }
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorService* const service_;
+};
+
 grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
     grpc::CallbackServerContext* ctx, const proto::RendezvousRequest* req,
     proto::RendezvousResponse* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Deletes itself once the call is done.
+  grpc::ServerUnaryReactor* reactor = new RendezvousReactor(this);
   if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Rendezvous", req);
       !denied.ok()) {
     reactor->Finish(denied);
@@ -396,11 +418,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
   {
     absl::MutexLock lock(&mu_);
     address = RendezvousLocked(*req);
-    if (absl::IsUnavailable(address.status()) && held_.size() < kMaxHeld) {
+    if (absl::IsUnavailable(address.status()) && held_.size() < kMaxHeld &&
+        !ctx->IsCancelled()) {
       // Not met yet: the answer waits (the rank counts as here meanwhile)
-      // until every rank is, or kMeetingHold passes. Beyond kMaxHeld calls
-      // it comes at once (and the caller asks again a little later).
-      held_.push_back({reactor, *req, resp, absl::Now() + kMeetingHold});
+      // until every rank is, or HoldFor passes. Beyond kMaxHeld calls it
+      // comes at once (and the caller asks again a little later).
+      const absl::Time now = absl::Now();
+      meetings_.Hold(req->job(), req->layout_epoch(), req->rank());
+      held_.push_back({reactor, *req, resp, now + HoldFor(*ctx, now)});
       return reactor;
     }
     if (address.ok()) told = TakeHeldLocked(req->job(), req->layout_epoch());
@@ -422,7 +447,28 @@ std::vector<CoordinatorService::Held> CoordinatorService::TakeHeldLocked(
   std::vector<Held> out(std::make_move_iterator(taken),
                         std::make_move_iterator(held_.end()));
   held_.erase(taken, held_.end());
+  const absl::Time now = absl::Now();
+  for (const Held& h : out) {
+    meetings_.Release(job, epoch, h.req.rank(), now, /*gone=*/false);
+  }
   return out;
+}
+
+void CoordinatorService::HeldCancelled(grpc::ServerUnaryReactor* reactor) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(held_.begin(), held_.end(),
+                           [&](const Held& h) { return h.reactor == reactor; });
+    // Not held: answered already, or never held. (Cancelled just after
+    // the handler's IsCancelled, a call is held until HoldFor passes.)
+    if (it == held_.end()) return;
+    meetings_.Release(it->req.job(), it->req.layout_epoch(), it->req.rank(),
+                      absl::Now(), /*gone=*/true);
+    held_.erase(it);
+  }
+  reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                               "the call was cancelled while it waited for "
+                               "its job's meeting"));
 }
 
 void CoordinatorService::Tell(const std::vector<Held>& held,
@@ -454,6 +500,8 @@ void CoordinatorService::HoldLoop() {
                                   [&](const Held& h) { return h.until > now; });
         for (auto it = due; it != held_.end(); ++it) {
           // Asked again for it: still here, and the meeting as it is now.
+          meetings_.Release(it->req.job(), it->req.layout_epoch(),
+                            it->req.rank(), now, /*gone=*/false);
           absl::StatusOr<std::string> a = RendezvousLocked(it->req);
           answers.push_back({std::move(*it), std::move(a)});
         }

@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         &CoordinatorService::Counts::changes_in_flight);
   gauge("ptc_coordinator_host_probes",
         &CoordinatorService::Counts::probes_open);
+  gauge("ptc_coordinator_meeting_calls_held",
+        &CoordinatorService::Counts::meeting_calls_held);
   return s;
 }
 

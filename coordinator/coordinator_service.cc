@@ -1003,6 +1003,7 @@ CoordinatorService::Counts CoordinatorService::GetCounts() {
   for (const auto& [name, j] : jobs_)
     if (j->state.target_version() != 0) c.changes_in_flight++;
   c.probes_open = probes_open_;
+  c.meeting_calls_held = static_cast<int>(held_.size());
   return c;
 }
 

@@ -164,6 +164,8 @@ class CoordinatorService final
     int changes_in_flight = 0;
     // Clients open to ask hosts with late heartbeats directly.
     int probes_open = 0;
+    // Rendezvous calls waiting at the coordinator for their job's meeting.
+    int meeting_calls_held = 0;
   };
   Counts GetCounts();
 
@@ -191,7 +193,8 @@ class CoordinatorService final
                            const proto::ChangeHostsRequest* req,
                            proto::ChangeHostsResponse* resp) override;
   // A rank's call waits at the coordinator until its job's meeting is
-  // met, for up to kMeetingHold (then UNAVAILABLE: ask again at once).
+  // met, as long as its deadline allows (meetings.h: kMeetingHoldLeast to
+  // kMeetingHoldMost; then UNAVAILABLE: ask again at once).
   grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
                                        const proto::RendezvousRequest* req,
                                        proto::RendezvousResponse* resp) override;
@@ -204,6 +207,9 @@ class CoordinatorService final
 
  private:
   using Job = JobTable::Job;
+  // A Rendezvous call's reactor: told when the call is cancelled while
+  // held (its process or connection went away).
+  class RendezvousReactor;
   // Rendezvous calls waiting for their meeting (answered when it is met,
   // or at `until`).
   struct Held {
@@ -439,6 +445,10 @@ class CoordinatorService final
   // The held calls of the job's meeting under `epoch`, taken from held_.
   std::vector<Held> TakeHeldLocked(const std::string& job, int64_t epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A held call was cancelled: its rank is absent from now, and the call
+  // is finished (if no answer took it first).
+  void HeldCancelled(grpc::ServerUnaryReactor* reactor)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Answers held calls (no lock held: a reaction may run here).
   static void Tell(const std::vector<Held>& held,
                    const absl::StatusOr<std::string>& address);

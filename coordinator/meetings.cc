@@ -18,9 +18,20 @@ absl::StatusOr<std::string> Meetings::Arrive(const std::string& job,
     meet = Meeting{};
     meet.epoch = epoch;
     meet.seen.assign(ranks, absl::InfinitePast());
+    meet.held.assign(ranks, 0);
+    meet.here.assign(ranks, false);
   }
   if (rank == 0) meet.address = offered;
-  if (meet.seen[rank] == absl::InfinitePast()) ++meet.arrived;
+  // A rank back after it was absent (its call went away, or it was silent
+  // too long): the last look counted it absent, and a held call is not
+  // asked again until its hold ends, so look again now.
+  if (meet.here[rank] && meet.held[rank] == 0 &&
+      now - meet.seen[rank] > kMeetingPresence)
+    meet.scanned = absl::InfinitePast();
+  if (!meet.here[rank]) {
+    meet.here[rank] = true;
+    ++meet.arrived;
+  }
   meet.seen[rank] = now;
   if (meet.met) return meet.address;
   if (meet.address.empty()) {
@@ -36,7 +47,7 @@ absl::StatusOr<std::string> Meetings::Arrive(const std::string& job,
     meet.absent_count = 0;
     meet.absent_shown.clear();
     for (int r = 0; r < ranks; ++r) {
-      if (now - meet.seen[r] <= kMeetingPresence) continue;
+      if (meet.held[r] > 0 || now - meet.seen[r] <= kMeetingPresence) continue;
       ++meet.absent_count;
       if (meet.absent_shown.size() < kMeetingAbsentShown)
         meet.absent_shown.push_back(r);
@@ -54,6 +65,31 @@ absl::StatusOr<std::string> Meetings::Arrive(const std::string& job,
   }
   meet.met = true;
   return meet.address;
+}
+
+Meetings::Meeting* Meetings::Find(const std::string& job, int64_t epoch,
+                                  int32_t rank) {
+  auto it = meetings_.find(job);
+  if (it == meetings_.end() || it->second.epoch != epoch || rank < 0 ||
+      static_cast<size_t>(rank) >= it->second.seen.size())
+    return nullptr;
+  return &it->second;
+}
+
+void Meetings::Hold(const std::string& job, int64_t epoch, int32_t rank) {
+  if (Meeting* meet = Find(job, epoch, rank); meet != nullptr)
+    ++meet->held[rank];
+}
+
+void Meetings::Release(const std::string& job, int64_t epoch, int32_t rank,
+                       absl::Time now, bool gone) {
+  Meeting* meet = Find(job, epoch, rank);
+  if (meet == nullptr || meet->held[rank] == 0) return;
+  // Another call of the rank still held keeps it present.
+  if (--meet->held[rank] > 0) return;
+  meet->seen[rank] = gone ? absl::InfinitePast() : now;
+  // Counted absent at the next look, not up to kMeetingScan later.
+  if (gone) meet->scanned = absl::InfinitePast();
 }
 
 }  // namespace ptc

@@ -1,7 +1,8 @@
 // The meeting of a job's processes under a layout epoch (Rendezvous):
 // nobody forms process groups before every rank is there at once. Rank 0
 // offers its process-group store's address; each rank asks until every
-// rank has been seen within kMeetingPresence, and then gets the address.
+// rank is there at once (its call held at the coordinator, or asked within
+// kMeetingPresence), and then gets the address.
 // A process that died (or never started) would otherwise hold the others
 // in their groups' connect until its timeout, unable to see the change
 // its death starts; here they wait answering UNAVAILABLE, and the change
@@ -27,15 +28,20 @@
 
 namespace ptc {
 
-// A rank not heard from for this long is absent (ranks ask every 50 ms).
+// A rank whose call is not held, not heard from for this long, is absent.
 inline constexpr absl::Duration kMeetingPresence = absl::Seconds(5);
 // Who is absent is looked up over every rank at most this often (a look
 // is O(ranks)), and at once when the last rank first arrives.
 inline constexpr absl::Duration kMeetingScan = absl::Milliseconds(100);
 // How long a rank's call waits at the coordinator for the meeting before
-// it is answered UNAVAILABLE (and asks again at once): well within
-// kMeetingPresence, so that a waiting rank stays present.
-inline constexpr absl::Duration kMeetingHold = absl::Seconds(1);
+// it is answered UNAVAILABLE (and asks again at once): as long as its
+// deadline leaves room for the answer, within these bounds. While held the
+// rank is present; a call that ends without its answer (the process went
+// away, its connection was lost) leaves it absent at once. So a waiting
+// rank asks about once per kMeetingHoldMost, not once a second: 16,384
+// waiting processes are 16,384 calls held, not 16,384 calls a second.
+inline constexpr absl::Duration kMeetingHoldLeast = absl::Seconds(1);
+inline constexpr absl::Duration kMeetingHoldMost = absl::Seconds(20);
 // How many absent ranks an answer names.
 inline constexpr size_t kMeetingAbsentShown = 8;
 
@@ -51,6 +57,14 @@ class Meetings {
                                      int32_t ranks, int32_t rank,
                                      const std::string& offered,
                                      absl::Time now);
+  // Rank `rank`'s call under `epoch` is held (Arrive answered UNAVAILABLE
+  // and the call waits): present until Release.
+  void Hold(const std::string& job, int64_t epoch, int32_t rank);
+  // Its held call ended at `now`: answered (present as of `now`, as any
+  // ask) or `gone` (cancelled: the process or its connection went away;
+  // absent at once). Nothing if the meeting moved on to another epoch.
+  void Release(const std::string& job, int64_t epoch, int32_t rank,
+               absl::Time now, bool gone);
   // Drops the job's meeting (the job was forgotten).
   void Forget(const std::string& job) { meetings_.erase(job); }
 
@@ -58,7 +72,11 @@ class Meetings {
   struct Meeting {
     int64_t epoch = 0;
     std::string address;  // rank 0's process group store; empty until offered
-    std::vector<absl::Time> seen;  // per rank: when it last asked
+    // Per rank: when it last asked (InfinitePast before it did, or once
+    // its held call went away), and its calls held now (present).
+    std::vector<absl::Time> seen;
+    std::vector<int> held;
+    std::vector<bool> here;        // per rank: asked at least once
     int arrived = 0;               // ranks that asked at least once
     bool met = false;              // every rank was there at once
     // Who was absent at the last look over every rank.
@@ -67,6 +85,8 @@ class Meetings {
     int absent_count = 0;
     std::vector<int> absent_shown;  // the first few absent ranks
   };
+  // The job's meeting under `epoch` with a rank `rank`, or null.
+  Meeting* Find(const std::string& job, int64_t epoch, int32_t rank);
   std::map<std::string, Meeting> meetings_;
 };
 

@@ -11,8 +11,11 @@
 #include <limits>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/meetings.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ptc/small_object.h"
 #include "tensor_store/internal/testing.h"
@@ -479,16 +482,25 @@ TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
     return s.error_code();
   };
   std::string address;
-  // Alone, rank 1 is held (the coordinator answers within a second, later
-  // than this call waits), not answered at once.
+  // Alone, rank 1 is held (for a second at least, later than this call
+  // waits), not answered at once.
   CHECK(meet(1, absl::Milliseconds(300), &address) ==
         grpc::StatusCode::DEADLINE_EXCEEDED);
-  // Held again; rank 0's arrival meets both.
+  // Its cancellation reaches the coordinator (which may take a while on a
+  // busy machine).
+  CoordinatorService* service = started.server->service();
+  while (service->GetCounts().meeting_calls_held != 0)
+    absl::SleepFor(absl::Milliseconds(10));
+  // That call went away: rank 1 is absent at once (it asked well within
+  // kMeetingPresence), and rank 0, held for what its deadline leaves (2 s),
+  // is not met.
+  CHECK(meet(0, absl::Seconds(4), &address) != grpc::StatusCode::OK);
+  // Held again, past kMeetingPresence; rank 0's arrival meets both.
   grpc::StatusCode held_code;
   std::string held_address;
-  std::thread rank1([&] {
-    held_code = meet(1, absl::Seconds(30), &held_address);
-  });
+  std::thread rank1(
+      [&] { held_code = meet(1, absl::Seconds(60), &held_address); });
+  absl::SleepFor(kMeetingPresence + absl::Seconds(1));
   CHECK(meet(0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
   rank1.join();
   CHECK(address == "127.0.0.1:29500");
@@ -517,18 +529,29 @@ TEST_CASE("coordinator: a meeting tells its own ranks, not another job's",
     return s.error_code();
   };
   std::string address;
-  // Rank 1 of j, then of k, are held (their callers stop waiting first).
-  CHECK(meet("j", 1, absl::Milliseconds(200), &address) ==
-        grpc::StatusCode::DEADLINE_EXCEEDED);
-  CHECK(meet("k", 1, absl::Milliseconds(200), &address) ==
-        grpc::StatusCode::DEADLINE_EXCEEDED);
-  // j meets; k's held call is left held, and answered for its own meeting.
+  // Rank 1 of j, then of k, are held.
+  grpc::StatusCode j1_code, k1_code;
+  std::string j1_address, k1_address;
+  absl::Notification k1_done;
+  std::thread j1(
+      [&] { j1_code = meet("j", 1, absl::Seconds(60), &j1_address); });
+  std::thread k1([&] {
+    k1_code = meet("k", 1, absl::Seconds(60), &k1_address);
+    k1_done.Notify();
+  });
+  // j meets (rank 1 asks first or is told); k's held call is left held,
+  // and answered for its own meeting.
   CHECK(meet("j", 0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
   CHECK(address == "127.0.0.1:29500");
+  j1.join();
+  CHECK(j1_code == grpc::StatusCode::OK);
+  CHECK(j1_address == "127.0.0.1:29500");
+  CHECK(!k1_done.HasBeenNotified());
   CHECK(meet("k", 0, absl::Seconds(30), &address) == grpc::StatusCode::OK);
   CHECK(address == "127.0.0.1:29501");
-  CHECK(meet("k", 1, absl::Seconds(30), &address) == grpc::StatusCode::OK);
-  CHECK(address == "127.0.0.1:29501");
+  k1.join();
+  CHECK(k1_code == grpc::StatusCode::OK);
+  CHECK(k1_address == "127.0.0.1:29501");
 }
 
 }  // namespace
