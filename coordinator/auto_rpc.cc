@@ -496,8 +496,24 @@ void CoordinatorService::HoldLoop() {
         held_.clear();
       } else {
         const absl::Time now = absl::Now();
-        auto due = std::partition(held_.begin(), held_.end(),
-                                  [&](const Held& h) { return h.until > now; });
+        // A job whose epoch moved on (a change committed, the job was
+        // forgotten): its calls held under the old epoch are answered now
+        // (refresh and meet under the new one), not when their hold ends.
+        // A job's calls are mostly next to each other: its epoch is looked
+        // up once per run of them.
+        std::string last_job;
+        int64_t last_epoch = -1;  // last_job's; -1: none, or it is gone
+        auto current = [&](const Held& h) {
+          if (last_epoch == -1 || last_job != h.req.job()) {
+            const Job* job = jobs_.Find(h.req.job());
+            last_job = h.req.job();
+            last_epoch = job != nullptr ? job->state.layout_epoch() : -1;
+          }
+          return last_epoch == h.req.layout_epoch();
+        };
+        auto due = std::partition(
+            held_.begin(), held_.end(),
+            [&](const Held& h) { return h.until > now && current(h); });
         for (auto it = due; it != held_.end(); ++it) {
           // Asked again for it: still here, and the meeting as it is now.
           meetings_.Release(it->req.job(), it->req.layout_epoch(),

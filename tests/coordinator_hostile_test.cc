@@ -508,6 +508,48 @@ TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
   CHECK(held_address == address);
 }
 
+TEST_CASE(
+    "coordinator: a call held for a meeting whose epoch the job left is "
+    "answered then, not when its hold ends",
+    "[coordinator]") {
+  testing::TempDir dir;
+  Started started = StartWithJob(dir);
+  CoordinatorService* service = started.server->service();
+  grpc::Status status;
+  absl::Time answered;
+  std::thread rank1([&] {
+    grpc::ClientContext ctx;
+    // Held for 20 s at most (kMeetingHoldMost).
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+    proto::RendezvousRequest req;
+    req.set_job("j");
+    req.set_layout_epoch(1);
+    req.set_rank(1);
+    proto::RendezvousResponse resp;
+    status = started.stub->Rendezvous(&ctx, req, &resp);
+    answered = absl::Now();
+  });
+  while (service->GetCounts().meeting_calls_held != 1)
+    absl::SleepFor(absl::Milliseconds(10));
+  // The job's epoch ends: here it is forgotten (a committed change moves
+  // it on the same way).
+  const absl::Time asked = absl::Now();
+  {
+    grpc::ClientContext ctx;
+    proto::ForgetJobRequest forget;
+    forget.set_job("j");
+    proto::ForgetJobResponse resp;
+    REQUIRE(started.stub->ForgetJob(&ctx, forget, &resp).ok());
+  }
+  const absl::Time forgotten = absl::Now();
+  rank1.join();
+  INFO(status.error_message());
+  INFO("ForgetJob took " << absl::FormatDuration(forgotten - asked));
+  CHECK(status.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(answered - forgotten < kMeetingHoldMost / 2);
+  CHECK(service->GetCounts().meeting_calls_held == 0);
+}
+
 TEST_CASE("coordinator: a meeting tells its own ranks, not another job's",
           "[coordinator]") {
   testing::TempDir dir;
