@@ -418,13 +418,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
   {
     absl::MutexLock lock(&mu_);
     address = RendezvousLocked(*req);
+    // Not met yet: the answer waits (the rank counts as here meanwhile)
+    // until every rank is, or HoldFor passes. Beyond kMaxHeld calls, or
+    // kMeetingHeldPerRank of its rank, it comes at once (and the caller
+    // asks again a little later).
     if (absl::IsUnavailable(address.status()) && held_.size() < kMaxHeld &&
-        !ctx->IsCancelled()) {
-      // Not met yet: the answer waits (the rank counts as here meanwhile)
-      // until every rank is, or HoldFor passes. Beyond kMaxHeld calls it
-      // comes at once (and the caller asks again a little later).
+        !ctx->IsCancelled() &&
+        meetings_.Hold(req->job(), req->layout_epoch(), req->rank())) {
       const absl::Time now = absl::Now();
-      meetings_.Hold(req->job(), req->layout_epoch(), req->rank());
       held_.push_back({reactor, *req, resp, now + HoldFor(*ctx, now)});
       return reactor;
     }

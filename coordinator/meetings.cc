@@ -76,9 +76,11 @@ Meetings::Meeting* Meetings::Find(const std::string& job, int64_t epoch,
   return &it->second;
 }
 
-void Meetings::Hold(const std::string& job, int64_t epoch, int32_t rank) {
-  if (Meeting* meet = Find(job, epoch, rank); meet != nullptr)
-    ++meet->held[rank];
+bool Meetings::Hold(const std::string& job, int64_t epoch, int32_t rank) {
+  Meeting* meet = Find(job, epoch, rank);
+  if (meet == nullptr || meet->held[rank] >= kMeetingHeldPerRank) return false;
+  ++meet->held[rank];
+  return true;
 }
 
 void Meetings::Release(const std::string& job, int64_t epoch, int32_t rank,

@@ -42,6 +42,11 @@ inline constexpr absl::Duration kMeetingScan = absl::Milliseconds(100);
 // waiting processes are 16,384 calls held, not 16,384 calls a second.
 inline constexpr absl::Duration kMeetingHoldLeast = absl::Seconds(1);
 inline constexpr absl::Duration kMeetingHoldMost = absl::Seconds(20);
+// Calls of one rank held at once, at most: its process's, and one it gave
+// up on whose end the coordinator has not seen yet. Beyond, a call is
+// answered at once, so that one client cannot fill the coordinator with
+// held calls of a rank.
+inline constexpr int kMeetingHeldPerRank = 4;
 // How many absent ranks an answer names.
 inline constexpr size_t kMeetingAbsentShown = 8;
 
@@ -58,8 +63,10 @@ class Meetings {
                                      const std::string& offered,
                                      absl::Time now);
   // Rank `rank`'s call under `epoch` is held (Arrive answered UNAVAILABLE
-  // and the call waits): present until Release.
-  void Hold(const std::string& job, int64_t epoch, int32_t rank);
+  // and the call waits): present until Release. False (nothing held) if
+  // the rank has kMeetingHeldPerRank calls held already, or the meeting is
+  // not under `epoch`.
+  bool Hold(const std::string& job, int64_t epoch, int32_t rank);
   // Its held call ended at `now`: answered (present as of `now`, as any
   // ask) or `gone` (cancelled: the process or its connection went away;
   // absent at once). Nothing if the meeting moved on to another epoch.

@@ -69,7 +69,7 @@ TEST_CASE("a new epoch is a new meeting; the wait names a few ranks") {
 TEST_CASE("a rank whose call is held is present however long it waits") {
   Meetings m;
   REQUIRE(!m.Arrive("j", 1, 2, 1, "", kT0).ok());
-  m.Hold("j", 1, 1);
+  REQUIRE(m.Hold("j", 1, 1));
   // Long past kMeetingPresence, rank 1 is still waiting at the coordinator.
   const absl::Time later = kT0 + kMeetingPresence + absl::Seconds(10);
   auto r0 = m.Arrive("j", 1, 2, 0, "h:1", later);
@@ -81,35 +81,46 @@ TEST_CASE("a rank whose call is held is present however long it waits") {
 TEST_CASE("a rank whose held call went away is absent at once") {
   Meetings m;
   REQUIRE(!m.Arrive("j", 1, 2, 1, "", kT0).ok());
-  m.Hold("j", 1, 1);
+  REQUIRE(m.Hold("j", 1, 1));
   // Twice (a call its process gave up on, not yet seen to end, and the one
   // it asked again): one gone leaves the rank present.
   REQUIRE(!m.Arrive("j", 1, 2, 1, "", kT0).ok());
-  m.Hold("j", 1, 1);
+  REQUIRE(m.Hold("j", 1, 1));
   m.Release("j", 1, 1, kT0, /*gone=*/true);
   REQUIRE(m.Arrive("j", 1, 2, 0, "h:1", kT0).ok());
 
   // Epoch 2: rank 1's only call goes away within kMeetingPresence of its
   // ask; rank 0 then waits for it.
   REQUIRE(!m.Arrive("j", 2, 2, 1, "", kT0).ok());
-  m.Hold("j", 2, 1);
+  REQUIRE(m.Hold("j", 2, 1));
   m.Release("j", 2, 1, kT0 + absl::Milliseconds(10), /*gone=*/true);
   auto r0 = m.Arrive("j", 2, 2, 0, "h:2", kT0 + absl::Milliseconds(20));
   CHECK(absl::IsUnavailable(r0.status()));
   CHECK(Message(r0).find("waiting for rank 1") != std::string::npos);
   // Rank 0 is held; rank 1 asks again within kMeetingScan of that look:
   // looked at again, met.
-  m.Hold("j", 2, 0);
+  REQUIRE(m.Hold("j", 2, 0));
   auto r1 = m.Arrive("j", 2, 2, 1, "", kT0 + absl::Milliseconds(30));
   REQUIRE(r1.ok());
   CHECK(*r1 == "h:2");
   // A release for a meeting gone to another epoch, or a rank it does not
   // have, changes nothing.
   m.Release("j", 1, 1, kT0, /*gone=*/true);
-  m.Hold("j", 2, 7);
+  CHECK_FALSE(m.Hold("j", 2, 7));
+  CHECK_FALSE(m.Hold("j", 1, 0));
   m.Release("j", 2, -1, kT0, /*gone=*/true);
   m.Release("j", 2, 0, kT0, /*gone=*/false);
   CHECK(m.Arrive("j", 2, 2, 0, "h:2", kT0 + absl::Seconds(1)).ok());
+}
+
+TEST_CASE("a rank holds a few calls at once, no more") {
+  Meetings m;
+  REQUIRE(!m.Arrive("j", 1, 2, 1, "", kT0).ok());
+  for (int i = 0; i < kMeetingHeldPerRank; ++i) CHECK(m.Hold("j", 1, 1));
+  CHECK_FALSE(m.Hold("j", 1, 1));
+  // One ends: one more may be held.
+  m.Release("j", 1, 1, kT0, /*gone=*/false);
+  CHECK(m.Hold("j", 1, 1));
 }
 
 }  // namespace

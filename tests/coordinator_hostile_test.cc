@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -548,6 +550,46 @@ TEST_CASE(
   CHECK(status.error_code() == grpc::StatusCode::NOT_FOUND);
   CHECK(answered - forgotten < kMeetingHoldMost / 2);
   CHECK(service->GetCounts().meeting_calls_held == 0);
+}
+
+TEST_CASE(
+    "coordinator: one rank's calls held at once are bounded; the one beyond "
+    "is answered at once",
+    "[coordinator][hostile]") {
+  testing::TempDir dir;
+  Started started = StartWithJob(dir);
+  CoordinatorService* service = started.server->service();
+  auto ask = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
+    proto::RendezvousRequest req;
+    req.set_job("j");
+    req.set_layout_epoch(1);
+    req.set_rank(1);
+    proto::RendezvousResponse resp;
+    return started.stub->Rendezvous(ctx, req, &resp).error_code();
+  };
+  // A client asking for rank 1 many times at once, each call patient.
+  std::vector<std::unique_ptr<grpc::ClientContext>> held(kMeetingHeldPerRank);
+  std::vector<grpc::StatusCode> codes(kMeetingHeldPerRank);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kMeetingHeldPerRank; ++i) {
+    held[i] = std::make_unique<grpc::ClientContext>();
+    threads.emplace_back([&, i] { codes[i] = ask(held[i].get()); });
+  }
+  while (service->GetCounts().meeting_calls_held != kMeetingHeldPerRank)
+    absl::SleepFor(absl::Milliseconds(10));
+  // One more: not held (answered well before its hold of 20 s would end).
+  grpc::ClientContext beyond;
+  const absl::Time asked = absl::Now();
+  CHECK(ask(&beyond) == grpc::StatusCode::UNAVAILABLE);
+  CHECK(absl::Now() - asked < kMeetingHoldMost / 2);
+  CHECK(service->GetCounts().meeting_calls_held == kMeetingHeldPerRank);
+  for (auto& ctx : held) ctx->TryCancel();
+  for (std::thread& t : threads) t.join();
+  for (grpc::StatusCode code : codes)
+    CHECK(code == grpc::StatusCode::CANCELLED);
+  while (service->GetCounts().meeting_calls_held != 0)
+    absl::SleepFor(absl::Milliseconds(10));
 }
 
 TEST_CASE("coordinator: a meeting tells its own ranks, not another job's",
