@@ -40,12 +40,22 @@ std::string RelayTo(const LocalClient::Hello& hello,
 }
 
 // What makes a relayed call worth asking directly: a relay this process
-// cannot reach (another mount namespace), or that refuses what the
-// coordinator would take (a client:JOB certificate with a stale token).
+// cannot reach (another mount namespace), that refuses what the
+// coordinator would take (a client:JOB certificate with a stale token), or
+// that could not reach the coordinator (IsRelayUpstream) in as many
+// attempts as the caller allowed.
 bool RelayFailed(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsUnauthenticated(s) ||
          absl::IsPermissionDenied(s);
 }
+
+// How long a process that reached its host's relay asks again through it
+// while the relay cannot reach the coordinator, before it makes a
+// connection of its own: three times the relay's longest pause between
+// attempts to connect (ptcd/coordinator_relay.cc). Leaving sooner would
+// turn a reset of the host's connection, on a coordinator under load, into
+// a connection per process for the rest of the process's life.
+constexpr absl::Duration kRelayReconnectPatience = absl::Seconds(15);
 
 }  // namespace
 
@@ -84,6 +94,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     direct();
   }
   absl::Status refreshed = c->Refresh();
+  if (c->relayed_ && IsRelayUpstream(refreshed)) {
+    Backoff backoff;
+    const absl::Time until = absl::Now() + kRelayReconnectPatience;
+    while (IsRelayUpstream(refreshed) && backoff.Wait(until))
+      refreshed = c->Refresh();
+  }
   if (c->relayed_ && RelayFailed(refreshed)) {
     c->relayed_ = false;
     direct();

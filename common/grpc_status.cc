@@ -54,6 +54,18 @@ absl::Status BusyError(absl::string_view message) {
   return s;
 }
 
+grpc::Status MarkRelayUpstream(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return status;
+  absl::Status marked = FromGrpcStatus(status);
+  marked.SetPayload(kRelayUpstreamUrl, absl::Cord("1"));
+  return ToGrpcStatus(marked);
+}
+
+bool IsRelayUpstream(const absl::Status& status) {
+  return absl::IsUnavailable(status) &&
+         status.GetPayload(kRelayUpstreamUrl).has_value();
+}
+
 bool IsBusy(const absl::Status& status) {
   if (!absl::IsResourceExhausted(status)) return false;
   // gRPC's sync server, when no RPC thread is free (grpc 1.51,

@@ -46,6 +46,15 @@ inline constexpr char kBusyUrl[] = "ptc/busy";
 absl::Status BusyError(absl::string_view message);
 bool IsBusy(const absl::Status& status);
 
+// An UNAVAILABLE that a host's ptcd relay (ptcd/coordinator_relay.h)
+// answered for its coordinator: the process reached the relay, the relay
+// did not reach the coordinator (its connection being made again after a
+// reset, or the coordinator down). Unmarked, an UNAVAILABLE through the
+// relay means the relay itself was not reached.
+inline constexpr char kRelayUpstreamUrl[] = "ptc/relay-upstream";
+grpc::Status MarkRelayUpstream(const grpc::Status& status);
+bool IsRelayUpstream(const absl::Status& status);
+
 // The pauses between askings of a call refused for load: jittered, from
 // 50 ms growing to a second. Wait() sleeps the next one, or returns false
 // at once when it would end past `deadline`.

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "catch2/catch.hpp"
+#include "common/status_macros.h"
 
 namespace ptc {
 namespace {
@@ -23,6 +24,27 @@ TEST_CASE("grpc status: code, message and ptc payloads cross, nothing else",
   CHECK_FALSE(back.GetPayload("other/key").has_value());
   CHECK_FALSE(back.GetPayload("ptc/too-big").has_value());
   CHECK(FromGrpcStatus(ToGrpcStatus(absl::OkStatus())).ok());
+}
+
+TEST_CASE(
+    "grpc status: a relay's mark crosses, on UNAVAILABLE only, and an "
+    "annotated status keeps it",
+    "[common]") {
+  const grpc::Status unavailable(grpc::StatusCode::UNAVAILABLE, "reset");
+  const absl::Status marked = FromGrpcStatus(MarkRelayUpstream(unavailable));
+  CHECK(IsRelayUpstream(marked));
+  CHECK(marked.message() == "reset");
+  CHECK_FALSE(IsRelayUpstream(FromGrpcStatus(unavailable)));
+  // Another code is passed on as it is.
+  const grpc::Status missing(grpc::StatusCode::NOT_FOUND, "no such job");
+  const grpc::Status passed = MarkRelayUpstream(missing);
+  CHECK(passed.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(passed.error_details().empty());
+  // Annotated on its way up, a status says what its payloads said.
+  const absl::Status annotated = Annotate(marked, "asking the coordinator");
+  CHECK(annotated.message() == "asking the coordinator: reset");
+  CHECK(IsRelayUpstream(annotated));
+  CHECK(IsBusy(Annotate(BusyError("busy"), "saving")));
 }
 
 TEST_CASE("grpc status: hostile details from a peer are bounded or dropped",

@@ -34,13 +34,20 @@
 
 namespace ptc {
 
-// Returns `status` with `context` prepended to its message, keeping its code:
+// Returns `status` with `context` prepended to its message, keeping its code
+// and payloads:
 // "planning tensor 'x': region ... has no surviving copy".
 inline absl::Status Annotate(const absl::Status& status,
                              absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), std::string(context) + ": " +
-                                         std::string(status.message()));
+  absl::Status annotated(status.code(), std::string(context) + ": " +
+                                            std::string(status.message()));
+  // What the payloads say (busy, through a relay, ...) holds for the
+  // annotated status too.
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& value) {
+    annotated.SetPayload(url, value);
+  });
+  return annotated;
 }
 
 }  // namespace ptc

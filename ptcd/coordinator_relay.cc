@@ -160,7 +160,10 @@ class CoordinatorRelay::Call {
   void UpDone(const grpc::Status& s) {
     // Before Finish: once the down side is done the relay may stop and go.
     relay_->GiveSlot(user_);
-    down_.Finish(s);
+    // An UNAVAILABLE is marked as the coordinator's: the process reached
+    // this relay, and asks again through it rather than on a connection
+    // of its own.
+    down_.Finish(MarkRelayUpstream(s));
     SideDone(/*down=*/false);
   }
   void SideDone(bool down) {

@@ -22,6 +22,7 @@
 #include "client/client.h"
 #include "common/atomic_file.h"
 #include "common/channel.h"
+#include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "coordinator/coordinator_server.h"
 #include "proto/coordinator.grpc.pb.h"
@@ -363,7 +364,49 @@ TEST_CASE(
   const grpc::Status s = stub->ListJobs(&ctx, req, &resp);
   CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK(absl::Now() - start < absl::Seconds(60));
+  // Marked as the coordinator's: the process did reach the relay.
+  CHECK(IsRelayUpstream(FromGrpcStatus(s)));
   CHECK(WaitActive(**gone, 0));
+}
+
+TEST_CASE(
+    "coordinator relay: a process that starts while its host's relay cannot "
+    "reach the coordinator waits on the relay, not on a connection of its "
+    "own",
+    "[ptcd]") {
+  Relayed r;
+  Store store(StoreOptions{64 << 20, 0, false});
+  LocalServerOptions local;
+  local.socket_path = r.dir.path() + "/ptcd.sock";
+  local.host_name = "host0";
+  local.coordinator_relay = r.relay->socket_path();
+  local.coordinator = r.address;
+  auto ptcd = LocalServer::Start(&store, local);
+  REQUIRE(ptcd.ok());
+  // The coordinator goes away (a restart), and the relay's connection to
+  // it with it; a process starts meanwhile.
+  r.coordinator.reset();
+  ClientOptions options;
+  options.socket_path = local.socket_path;
+  options.coordinator = r.address;
+  options.job = "gpt";
+  options.rank = 0;
+  absl::StatusOr<std::unique_ptr<Client>> connected;
+  std::thread process([&] { connected = Client::Connect(options); });
+  // Longer than a process asks before it decides (three attempts, about
+  // 0.35 s): without the relay's mark it went direct, found no coordinator
+  // there either, and failed.
+  absl::SleepFor(absl::Seconds(2));
+  CoordinatorServerOptions back;
+  back.service.state_dir = r.dir.path();
+  back.service.host_timeout = absl::Hours(1);
+  back.listen_address = r.address;
+  auto restarted = CoordinatorServer::Start(back);
+  REQUIRE(restarted.ok());
+  process.join();
+  INFO(connected.status().ToString());
+  REQUIRE(connected.ok());
+  CHECK((*connected)->relayed());
 }
 
 TEST_CASE(

@@ -334,6 +334,10 @@ class HollowRank {
         options.rank = rank;
         options.rpc_timeout = o_.rpc_timeout;
         PTC_ASSIGN_OR_RETURN(client_, Client::Connect(options));
+        // Not through its host's relay: a connection of its own at the
+        // coordinator, for the process's life (the harness counts them).
+        if (!client_->relayed())
+          Say(absl::StrCat("direct ", o_.host, " gpu ", o_.gpu));
       } else {
         PTC_RETURN_IF_ERROR(client_->Rebind(rank));
       }

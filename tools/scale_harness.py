@@ -486,6 +486,11 @@ class Harness:
             self.check(most <= bound,
                        f"the coordinator's connections stayed within one per host and a "
                        f"few ({most} <= {bound}) for {world} processes")
+            direct = sum(1 for g in self.groups for line in g.lines()
+                         if line.startswith("direct "))
+            self.check(direct == 0,
+                       f"every process reached the coordinator through its host's relay "
+                       f"({direct} on a connection of their own)")
         self.check(self.status()["committed_version"] >= o.saves,
                    f"{o.saves} saves of {world} processes committed")
         self.phase("steady", lambda: time.sleep(o.steady))
