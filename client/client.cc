@@ -495,7 +495,11 @@ absl::StatusOr<std::string> Client::Rendezvous(int64_t layout_epoch, int port,
     proto::RendezvousResponse resp;
     const absl::Status s =
         FromGrpcStatus(coordinator_->Rendezvous(&ctx, req, &resp));
-    if (s.ok()) return resp.address();
+    if (s.ok()) {
+      // What Load needs when every rank was there (Met).
+      met_ = Met{layout_epoch, resp.committed_version(), resp.committed_step()};
+      return resp.address();
+    }
     // UNAVAILABLE: not every rank is here yet, or the coordinator is
     // briefly away (DEADLINE_EXCEEDED: busy): ask again until the deadline.
     if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s))
@@ -520,6 +524,8 @@ std::vector<int> Client::RegionsOf(const std::string& key) const {
 
 absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
     int64_t step, int64_t change_serial) {
+  // A save may commit a version after the meeting's: Load asks again.
+  met_ = Met{};
   proto::BeginSaveRequest req;
   req.set_job(options_.job);
   req.set_rank(options_.rank);
@@ -844,17 +850,28 @@ absl::StatusOr<std::string> Client::State::SmallObject(
 }
 
 absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
-  // What is committed now, not when this client last looked.
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus now, FetchJob());
-  if (now.layout_epoch() != layout_epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", options_.job, "' changed its layout (epoch ", layout_epoch_,
-        " -> ", now.layout_epoch(), ", now ", now.config(),
-        ") since this client read it; Refresh() and rebuild the local shards "
-        "before loading"));
+  if (met_.layout_epoch == layout_epoch_ && met_.committed_version > 0) {
+    // Just met every rank of this layout: what was committed then is what
+    // is committed now (no save of the epoch commits before these ranks
+    // save again; a later layout is found by following the job, as after
+    // any load). One question fewer per process and change. Once: a later
+    // Load asks.
+    committed_version_ = met_.committed_version;
+    committed_step_ = met_.committed_step;
+    met_ = Met{};
+  } else {
+    // What is committed now, not when this client last looked.
+    PTC_ASSIGN_OR_RETURN(proto::JobStatus now, FetchJob());
+    if (now.layout_epoch() != layout_epoch_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", options_.job, "' changed its layout (epoch ", layout_epoch_,
+          " -> ", now.layout_epoch(), ", now ", now.config(),
+          ") since this client read it; Refresh() and rebuild the local "
+          "shards before loading"));
+    }
+    committed_version_ = now.committed_version();
+    committed_step_ = now.committed_step();
   }
-  committed_version_ = now.committed_version();
-  committed_step_ = now.committed_step();
   const int64_t version = committed_version_;
   if (version == 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -370,7 +370,9 @@ class Client {
     std::map<std::string, std::string> small_;
   };
   // Loads this rank's regions and small objects of the job's committed
-  // version, as the coordinator knows it now. FAILED_PRECONDITION if the
+  // version, as the coordinator knows it now (right after a Rendezvous
+  // under this client's layout, as the meeting's answer said, without
+  // asking again). FAILED_PRECONDITION if the
   // job has no committed version, if its layout changed since this client
   // read it (Refresh first after a reconfiguration), or if this host's
   // ptcd no longer holds it.
@@ -414,6 +416,14 @@ class Client {
   ParallelConfig config_;
   int64_t committed_version_ = 0;
   int64_t committed_step_ = 0;
+  // The last meeting's answer (Rendezvous): the version committed when
+  // every rank of `layout_epoch` was there; Load takes it once.
+  struct Met {
+    int64_t layout_epoch = -1;
+    int64_t committed_version = 0;
+    int64_t committed_step = 0;
+  };
+  Met met_;
   int64_t layout_epoch_ = 0;
   std::vector<RankRegion> regions_;
   // regions_ as a save packs them (ptc/packs.h).

@@ -8,12 +8,14 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/internal/testing.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tools/internal/synthetic.h"
 
@@ -168,6 +170,53 @@ TEST_CASE("client: every dtype round-trips through save and load, zero-copy",
     clients.clear();
     cluster.ForgetJob(job);
   }
+}
+
+// Every rank meets under its layout epoch (each call waits for all).
+void MeetAll(std::vector<std::unique_ptr<Client>>& clients) {
+  std::vector<absl::StatusOr<std::string>> met(clients.size());
+  std::vector<std::thread> meeting;
+  for (size_t r = 0; r < clients.size(); ++r) {
+    meeting.emplace_back([&, r] {
+      met[r] = clients[r]->Rendezvous(clients[r]->layout_epoch(),
+                                      r == 0 ? 29500 : 0, absl::Minutes(2));
+    });
+  }
+  for (std::thread& t : meeting) t.join();
+  for (const auto& m : met) REQUIRE(m.ok());
+}
+
+TEST_CASE(
+    "client: ranks that just met under their layout load the version the "
+    "meeting named, without asking the coordinator again",
+    "[client]") {
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto clients = ConnectAll(cluster, "j", 4);
+  const int64_t version = SaveAll(clients, 7);
+  MeetAll(clients);
+  Counter& lists =
+      GetCounter(R"(ptc_rpc_calls_total{method="Coordinator.ListJobs"})");
+  const int64_t before = lists.value();
+  for (auto& c : clients) {
+    auto s = c->Load();
+    INFO(s.status().ToString());
+    REQUIRE(s.ok());
+    CHECK((*s)->version() == version);
+    CHECK(c->committed_step() == 7);
+    CheckLoaded(*c, **s);
+  }
+  CHECK(lists.value() == before);
+  // The meeting's answer serves one load; the next asks.
+  REQUIRE(clients[0]->Load().ok());
+  CHECK(lists.value() == before + 1);
+  // A save after a meeting: the load after it asks, and finds the save.
+  MeetAll(clients);
+  const int64_t next = SaveAll(clients, 8);
+  REQUIRE(next > version);
+  auto later = clients[1]->Load();
+  REQUIRE(later.ok());
+  CHECK((*later)->version() == next);
 }
 
 TEST_CASE("client: after a reconfiguration each new rank loads its new shards",

@@ -355,7 +355,7 @@ grpc::Status CoordinatorService::ChangeHosts(
   return ToGrpcStatus(PersistLocked());
 }
 
-absl::StatusOr<std::string> CoordinatorService::RendezvousLocked(
+absl::StatusOr<proto::RendezvousResponse> CoordinatorService::RendezvousLocked(
     const proto::RendezvousRequest& req) {
   auto known = jobs_.Known(req.job());
   if (!known.ok()) return known.status();
@@ -389,8 +389,15 @@ absl::StatusOr<std::string> CoordinatorService::RendezvousLocked(
     offered = absl::StrCat(v6 ? "[" : "", addr->host, v6 ? "]" : "", ":",
                            req.port());
   }
-  return meetings_.Arrive(req.job(), req.layout_epoch(), job.ranks,
-                         req.rank(), offered, absl::Now());
+  PTC_ASSIGN_OR_RETURN(
+      std::string address,
+      meetings_.Arrive(req.job(), req.layout_epoch(), job.ranks, req.rank(),
+                       offered, absl::Now()));
+  proto::RendezvousResponse met;
+  met.set_address(std::move(address));
+  met.set_committed_version(job.state.committed_version());
+  met.set_committed_step(job.state.committed_step());
+  return met;
 }
 
 class CoordinatorService::RendezvousReactor : public grpc::ServerUnaryReactor {
@@ -414,26 +421,26 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
     return reactor;
   }
   std::vector<Held> told;
-  absl::StatusOr<std::string> address;
+  absl::StatusOr<proto::RendezvousResponse> answer;
   {
     absl::MutexLock lock(&mu_);
-    address = RendezvousLocked(*req);
+    answer = RendezvousLocked(*req);
     // Not met yet: the answer waits (the rank counts as here meanwhile)
     // until every rank is, or HoldFor passes. Beyond kMaxHeld calls, or
     // kMeetingHeldPerRank of its rank, it comes at once (and the caller
     // asks again a little later).
-    if (absl::IsUnavailable(address.status()) && held_.size() < kMaxHeld &&
+    if (absl::IsUnavailable(answer.status()) && held_.size() < kMaxHeld &&
         !ctx->IsCancelled() &&
         meetings_.Hold(req->job(), req->layout_epoch(), req->rank())) {
       const absl::Time now = absl::Now();
       held_.push_back({reactor, *req, resp, now + HoldFor(*ctx, now)});
       return reactor;
     }
-    if (address.ok()) told = TakeHeldLocked(req->job(), req->layout_epoch());
+    if (answer.ok()) told = TakeHeldLocked(req->job(), req->layout_epoch());
   }
-  Tell(told, address);
-  if (address.ok()) resp->set_address(*address);
-  reactor->Finish(ToGrpcStatus(address.status()));
+  Tell(told, answer);
+  if (answer.ok()) *resp = *answer;
+  reactor->Finish(ToGrpcStatus(answer.status()));
   return reactor;
 }
 
@@ -472,18 +479,20 @@ void CoordinatorService::HeldCancelled(grpc::ServerUnaryReactor* reactor) {
                                "its job's meeting"));
 }
 
-void CoordinatorService::Tell(const std::vector<Held>& held,
-                              const absl::StatusOr<std::string>& address) {
+void CoordinatorService::Tell(
+    const std::vector<Held>& held,
+    const absl::StatusOr<proto::RendezvousResponse>& answer) {
   for (const Held& h : held) {
-    if (address.ok()) h.resp->set_address(*address);
-    h.reactor->Finish(ToGrpcStatus(address.status()));
+    if (answer.ok()) *h.resp = *answer;
+    h.reactor->Finish(ToGrpcStatus(answer.status()));
   }
 }
 
 void CoordinatorService::HoldLoop() {
   while (true) {
     // (held call, its answer now)
-    std::vector<std::pair<Held, absl::StatusOr<std::string>>> answers;
+    std::vector<std::pair<Held, absl::StatusOr<proto::RendezvousResponse>>>
+        answers;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
@@ -519,7 +528,8 @@ void CoordinatorService::HoldLoop() {
           // Asked again for it: still here, and the meeting as it is now.
           meetings_.Release(it->req.job(), it->req.layout_epoch(),
                             it->req.rank(), now, /*gone=*/false);
-          absl::StatusOr<std::string> a = RendezvousLocked(it->req);
+          absl::StatusOr<proto::RendezvousResponse> a =
+              RendezvousLocked(it->req);
           answers.push_back({std::move(*it), std::move(a)});
         }
         held_.erase(due, held_.end());

@@ -440,7 +440,7 @@ class CoordinatorService final
                                 const std::vector<int32_t>& rank_devices = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rendezvous's answer for `req` now (it counts the rank as here).
-  absl::StatusOr<std::string> RendezvousLocked(
+  absl::StatusOr<proto::RendezvousResponse> RendezvousLocked(
       const proto::RendezvousRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The held calls of the job's meeting under `epoch`, taken from held_.
   std::vector<Held> TakeHeldLocked(const std::string& job, int64_t epoch)
@@ -451,7 +451,7 @@ class CoordinatorService final
       ABSL_LOCKS_EXCLUDED(mu_);
   // Answers held calls (no lock held: a reaction may run here).
   static void Tell(const std::vector<Held>& held,
-                   const absl::StatusOr<std::string>& address);
+                   const absl::StatusOr<proto::RendezvousResponse>& answer);
   // Answers held calls whose time is up, every 100 ms.
   void HoldLoop();
   // The advisor's candidates for the job, planned and chosen.
