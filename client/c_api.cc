@@ -695,6 +695,14 @@ int ptc_client_rebind(ptc_client* c, int rank) {
   return Call([&] { return c ? c->client->Rebind(rank) : Null("client"); });
 }
 
+int ptc_client_rebind_device(ptc_client* c, int device, int* rank) {
+  return Call([&]() -> absl::Status {
+    if (c == nullptr || rank == nullptr) return Null("client or out");
+    PTC_ASSIGN_OR_RETURN(*rank, c->client->RebindToDevice(device));
+    return absl::OkStatus();
+  });
+}
+
 int ptc_client_follow(ptc_client* c) {
   return Call([&]() -> absl::Status {
     if (c == nullptr) return Null("client");

@@ -137,6 +137,10 @@ PTC_API int ptc_client_config(const ptc_client* c, ptc_config** out);
 PTC_API int ptc_client_layout(const ptc_client* c, ptc_bytes* json);
 PTC_API int ptc_client_refresh(ptc_client* c);
 PTC_API int ptc_client_rebind(ptc_client* c, int rank);
+// Takes the rank the job's placement now puts on this host's GPU `device`
+// and reads the job, from one answer (Client::RebindToDevice); *rank is -1
+// where the placement puts none there.
+PTC_API int ptc_client_rebind_device(ptc_client* c, int device, int* rank);
 PTC_API int ptc_client_follow(ptc_client* c);
 PTC_API int ptc_client_unfollow(ptc_client* c);
 PTC_API int ptc_client_event(const ptc_client* c, ptc_bytes* json);

@@ -264,6 +264,43 @@ absl::Status Client::Refresh() {
   const bool hot = options_.pending_serial != 0;
   PTC_ASSIGN_OR_RETURN(proto::JobStatus job,
                        FetchJob(/*include_layout=*/true, /*brief=*/!hot));
+  return Adopt(std::move(job));
+}
+
+absl::StatusOr<int> Client::RebindToDevice(int device) {
+  if (device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device, " is negative"));
+  }
+  if (options_.pending_serial != 0) {
+    return absl::FailedPreconditionError(
+        "a client bound to a hot switch takes its rank with RanksOn and "
+        "Rebind");
+  }
+  PTC_ASSIGN_OR_RETURN(proto::JobStatus job,
+                       FetchJob(/*include_layout=*/true, /*brief=*/true));
+  // The rank on `device`, and the layout it is a rank of, from the same
+  // answer: two questions could straddle a change.
+  int rank = -1;
+  for (int i = 0; i < job.host_ranks_size() && i < job.host_rank_devices_size();
+       ++i) {
+    if (job.host_rank_devices(i) == device) {
+      rank = job.host_ranks(i);
+      break;
+    }
+  }
+  if (rank < 0) return -1;
+  const int old = options_.rank;
+  options_.rank = rank;
+  if (absl::Status s = Adopt(std::move(job)); !s.ok()) {
+    options_.rank = old;
+    return s;
+  }
+  return rank;
+}
+
+absl::Status Client::Adopt(proto::JobStatus job) {
+  const bool hot = options_.pending_serial != 0;
   if (const int64_t serial = options_.pending_serial; serial != 0) {
     // Bound to a hot switch: its target is this client's layout.
     if (!job.pending_hot() || job.pending_serial() != serial) {

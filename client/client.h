@@ -205,6 +205,12 @@ class Client {
   // Re-reads the job (config, hosts, committed version) from the
   // coordinator, e.g. after a reconfiguration; the rank stays the same.
   absl::Status Refresh();
+  // Becomes the rank the job's placement now puts on this host's GPU
+  // `device` (a live process after a change) and reads the job, from one
+  // answer of the coordinator; returns the rank, or -1 where the placement
+  // puts none there (the client stays as it was, as on error). A client
+  // bound to a hot switch (pending_serial) takes RanksOn and Rebind.
+  absl::StatusOr<int> RebindToDevice(int device);
   // Becomes `rank` of the job's current config (a live process after a
   // change) and re-reads the job; on error the client stays as it was.
   absl::Status Rebind(int rank);
@@ -395,6 +401,9 @@ class Client {
 
  private:
   explicit Client(ClientOptions options) : options_(std::move(options)) {}
+  // Takes `job` (FetchJob's answer with the layout) as this rank's view:
+  // config, regions, placement, committed version.
+  absl::Status Adopt(proto::JobStatus job);
   // The job as the coordinator has it; with its layout spec if asked.
   // Brief (the default): without the lists that grow with the job, and
   // with the ranks on this client's host (ListJobsRequest.brief).

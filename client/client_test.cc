@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -217,6 +218,52 @@ TEST_CASE(
   auto later = clients[1]->Load();
   REQUIRE(later.ok());
   CHECK((*later)->version() == next);
+}
+
+TEST_CASE(
+    "client: after a change a live process takes the rank on its GPU and "
+    "the new layout from one answer",
+    "[client]") {
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto clients = ConnectAll(cluster, "j", 4);
+  const int64_t saved = SaveAll(clients, 1);
+  // The job shrinks onto host1's two GPUs.
+  REQUIRE(cluster.Reconfigure("j", "tp=2,dp=1", {"host1"}).ok());
+  Counter& lists =
+      GetCounter(R"(ptc_rpc_calls_total{method="Coordinator.ListJobs"})");
+  std::set<int> taken;
+  for (auto& c : clients) {
+    const int old = c->rank();
+    const int device = c->device();
+    REQUIRE(device >= 0);
+    const int64_t before = lists.value();
+    auto rank = c->RebindToDevice(device);
+    INFO(c->host() << " gpu " << device << ": " << rank.status().ToString());
+    REQUIRE(rank.ok());
+    CHECK(lists.value() == before + 1);
+    if (c->host() == "host1") {
+      REQUIRE(*rank >= 0);
+      taken.insert(*rank);
+      CHECK(c->rank() == *rank);
+      CHECK(c->device() == device);
+      CHECK(c->config().world_size() == 2);
+      CHECK(c->layout_epoch() == 2);
+      CHECK(c->committed_version() > saved);
+      auto s = c->Load();
+      INFO(s.status().ToString());
+      REQUIRE(s.ok());
+      CheckLoaded(*c, **s);
+    } else {
+      // No rank on host0 now: the client stays as it was.
+      CHECK(*rank == -1);
+      CHECK(c->rank() == old);
+      CHECK(c->layout_epoch() == 1);
+    }
+  }
+  CHECK(taken == std::set<int>{0, 1});
+  CHECK(clients[0]->RebindToDevice(-1).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("client: after a reconfiguration each new rank loads its new shards",

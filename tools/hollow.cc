@@ -247,17 +247,17 @@ class HollowRank {
  private:
   bool Stopping() const { return o_.stop->load(); }
 
-  // The rank the job's layout places on this GPU (-1: none).
+  // The rank the job's layout places on this GPU (-1: none). With a
+  // client (after a change), the client becomes that rank from the same
+  // answer, as a live process does (Client::RebindToDevice); before, asked
+  // through the host's relay with the deadline every call of this process
+  // has (RanksOnHost's default, 30 s, is too short where 16,384 processes
+  // start at once on two cores).
   absl::StatusOr<int> MyRank() {
-    // Over the client's connection once it has one (after a change);
-    // before, on a channel of its own, with the deadline every call of
-    // this process has (RanksOnHost's default, 30 s, is too short where
-    // 16,384 processes start at once on two cores).
+    if (client_ != nullptr) return client_->RebindToDevice(o_.gpu);
     PTC_ASSIGN_OR_RETURN(HostRanks placed,
-                         client_ != nullptr
-                             ? client_->RanksOn(o_.host)
-                             : RanksOnHost(o_.coordinator, o_.job, o_.host,
-                                           o_.rpc_timeout, o_.socket));
+                         RanksOnHost(o_.coordinator, o_.job, o_.host,
+                                     o_.rpc_timeout, o_.socket));
     for (const auto& [rank, gpu] : placed.ranks)
       if (gpu == o_.gpu) return rank;
     return -1;
@@ -309,9 +309,10 @@ class HollowRank {
           PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
         }
       }
+      const int was = client_ != nullptr ? client_->rank() : -1;
       PTC_ASSIGN_OR_RETURN(int rank, MyRank());
-      if (client_ != nullptr && now_epoch == met_epoch_ &&
-          rank == client_->rank()) {
+      if (client_ != nullptr && now_epoch == met_epoch_ && rank == was &&
+          client_->layout_epoch() == met_epoch_) {
         // The change aborted: go on in the layout this process met in.
         PTC_RETURN_IF_ERROR(Train(met_epoch_));
         continue;
@@ -338,8 +339,6 @@ class HollowRank {
         // coordinator, for the process's life (the harness counts them).
         if (!client_->relayed())
           Say(absl::StrCat("direct ", o_.host, " gpu ", o_.gpu));
-      } else {
-        PTC_RETURN_IF_ERROR(client_->Rebind(rank));
       }
       if (rank == 0 || o_.watch) {
         client_->Follow();

@@ -119,6 +119,7 @@ _SIGNATURES = {
     "ptc_client_layout": ([_P, _B], _I),
     "ptc_client_refresh": ([_P], _I),
     "ptc_client_rebind": ([_P, _I], _I),
+    "ptc_client_rebind_device": ([_P, _I, ctypes.POINTER(_I)], _I),
     "ptc_client_follow": ([_P], _I),
     "ptc_client_unfollow": ([_P], _I),
     "ptc_client_event": ([_P, _B], _I),
@@ -609,6 +610,15 @@ class Client(_Handle):
         """becomes `rank` of the job's current config (a live process after a
         change) and re-reads the job"""
         _check(_lib.ptc_client_rebind(self._h, int(rank)))
+
+    def rebind_device(self, device):
+        """becomes the rank the job's placement now puts on this host's GPU
+        `device` and re-reads the job, from one answer of the coordinator;
+        returns the rank, or None where the placement puts none there (the
+        client stays as it was)"""
+        rank = ctypes.c_int()
+        _check(_lib.ptc_client_rebind_device(self._h, int(device), ctypes.byref(rank)))
+        return rank.value if rank.value >= 0 else None
 
     def follow(self):
         """follows the job in the background (the coordinator's Watch

@@ -521,11 +521,9 @@ class Live:
         in the layout it ends in; False if that layout has none here."""
         self._wait(lambda ev: ev["phase"] not in _RUNNING and not ev["pending_config"],
                    "the change in flight")
-        rank = self._my_rank()
-        if rank is None:
-            return False
-        self.client.rebind(rank)
-        return True
+        # The rank on this GPU and the layout it is a rank of, from one
+        # answer of the coordinator.
+        return self.client.rebind_device(self.device) is not None
 
     def _my_rank(self):
         # Over the client's connection once it has one (after a change):
@@ -706,11 +704,6 @@ class Live:
             return True
         self._change["committed"] = time.time()
         self._change["reason"] = ev["reason"]
-        rank = self._my_rank()
-        if rank is None:
-            self._log(f"layout epoch {ev['layout_epoch']} runs no rank on this GPU; leaving")
-            self._leave_groups()
-            return False
         # No automatic collection in the pause: building the model and
         # loading make many objects, and a full collection they set off
         # traverses every object of the process (0.1-0.2 s with four
@@ -720,7 +713,12 @@ class Live:
         try:
             self._leave_groups()
             self._change["left"] = time.time()
-            self.client.rebind(rank)
+            # The rank on this GPU and the layout it is a rank of, from one
+            # answer of the coordinator.
+            if self.client.rebind_device(self.device) is None:
+                self._log(f"layout epoch {ev['layout_epoch']} runs no rank on this GPU; "
+                          f"leaving")
+                return False
             self._change["rebound"] = time.time()
             try:
                 self._form_and_load()
