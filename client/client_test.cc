@@ -173,6 +173,11 @@ TEST_CASE("client: every dtype round-trips through save and load, zero-copy",
   }
 }
 
+// The ListJobs calls the (in-process) coordinator has taken.
+Counter& ListJobsCalls() {
+  return GetCounter(R"(ptc_rpc_calls_total{method="Coordinator.ListJobs"})");
+}
+
 // Every rank meets under its layout epoch (each call waits for all).
 void MeetAll(std::vector<std::unique_ptr<Client>>& clients) {
   std::vector<absl::StatusOr<std::string>> met(clients.size());
@@ -196,8 +201,7 @@ TEST_CASE(
   auto clients = ConnectAll(cluster, "j", 4);
   const int64_t version = SaveAll(clients, 7);
   MeetAll(clients);
-  Counter& lists =
-      GetCounter(R"(ptc_rpc_calls_total{method="Coordinator.ListJobs"})");
+  Counter& lists = ListJobsCalls();
   const int64_t before = lists.value();
   for (auto& c : clients) {
     auto s = c->Load();
@@ -230,8 +234,7 @@ TEST_CASE(
   const int64_t saved = SaveAll(clients, 1);
   // The job shrinks onto host1's two GPUs.
   REQUIRE(cluster.Reconfigure("j", "tp=2,dp=1", {"host1"}).ok());
-  Counter& lists =
-      GetCounter(R"(ptc_rpc_calls_total{method="Coordinator.ListJobs"})");
+  Counter& lists = ListJobsCalls();
   std::set<int> taken;
   for (auto& c : clients) {
     const int old = c->rank();
