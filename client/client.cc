@@ -96,7 +96,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   absl::Status refreshed = c->Refresh();
   if (c->relayed_ && IsRelayUpstream(refreshed)) {
     Backoff backoff;
-    const absl::Time until = absl::Now() + kRelayReconnectPatience;
+    const absl::Time until = absl::Now() + std::min(kRelayReconnectPatience,
+                                                    c->options_.rpc_timeout);
     while (IsRelayUpstream(refreshed) && backoff.Wait(until))
       refreshed = c->Refresh();
   }
@@ -379,6 +380,8 @@ absl::Status Client::Adopt(proto::JobStatus job) {
     pack_candidates_.push_back(
         {r.bytes, PackRequestBytes(r.key, r.region.rank())});
   }
+  // A meeting before this view is not this view's: Load asks.
+  met_ = Met{};
   return absl::OkStatus();
 }
 
@@ -887,12 +890,17 @@ absl::StatusOr<std::string> Client::State::SmallObject(
 }
 
 absl::StatusOr<std::unique_ptr<Client::State>> Client::Load() {
-  if (met_.layout_epoch == layout_epoch_ && met_.committed_version > 0) {
-    // Just met every rank of this layout: what was committed then is what
-    // is committed now (no save of the epoch commits before these ranks
-    // save again; a later layout is found by following the job, as after
-    // any load). One question fewer per process and change. Once: a later
-    // Load asks.
+  // What this client's Watch stream said last (nothing where it does not
+  // follow): a newer layout is known without asking.
+  const JobEvent seen = watch_.Latest();
+  if (met_.layout_epoch == layout_epoch_ && met_.committed_version > 0 &&
+      met_.committed_version >= committed_version_ &&
+      !(seen.known && seen.layout_epoch > layout_epoch_)) {
+    // Just met every rank of this layout, with no save open: what was
+    // committed then is what is committed now (no save of the epoch
+    // commits before these ranks save again; a later layout is found by
+    // following the job, as after any load). One question fewer per
+    // process and change. Once: a later Load asks.
     committed_version_ = met_.committed_version;
     committed_step_ = met_.committed_step;
     met_ = Met{};

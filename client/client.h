@@ -376,12 +376,13 @@ class Client {
     std::map<std::string, std::string> small_;
   };
   // Loads this rank's regions and small objects of the job's committed
-  // version, as the coordinator knows it now (right after a Rendezvous
-  // under this client's layout, as the meeting's answer said, without
-  // asking again). FAILED_PRECONDITION if the
-  // job has no committed version, if its layout changed since this client
-  // read it (Refresh first after a reconfiguration), or if this host's
-  // ptcd no longer holds it.
+  // version, as the coordinator knows it now. The first Load after a
+  // Rendezvous under this client's layout (with no save open then) takes
+  // the version the meeting's answer named, without asking: a layout that
+  // changed since is then seen only where this client follows the job.
+  // FAILED_PRECONDITION if the job has no committed version, if its layout
+  // changed since this client read it (Refresh first after a
+  // reconfiguration), or if this host's ptcd no longer holds it.
   absl::StatusOr<std::unique_ptr<State>> Load();
 
   // Waits until the coordinator has committed `version` (every rank saved).

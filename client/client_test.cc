@@ -222,6 +222,14 @@ TEST_CASE(
   auto later = clients[1]->Load();
   REQUIRE(later.ok());
   CHECK((*later)->version() == next);
+  // A save open at the meeting could commit before the ranks load: the
+  // meeting's answer names no version then, and Load asks.
+  auto open = clients[0]->BeginSave(9);
+  REQUIRE(open.ok());
+  MeetAll(clients);
+  const int64_t asked = lists.value();
+  REQUIRE(clients[3]->Load().ok());
+  CHECK(lists.value() == asked + 1);
 }
 
 TEST_CASE(

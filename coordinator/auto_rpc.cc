@@ -395,8 +395,12 @@ absl::StatusOr<proto::RendezvousResponse> CoordinatorService::RendezvousLocked(
                        offered, absl::Now()));
   proto::RendezvousResponse met;
   met.set_address(std::move(address));
-  met.set_committed_version(job.state.committed_version());
-  met.set_committed_step(job.state.committed_step());
+  // The version to load, unless a save is open: it could commit before the
+  // ranks load (they then ask).
+  if (job.state.open_saves_size() == 0) {
+    met.set_committed_version(job.state.committed_version());
+    met.set_committed_step(job.state.committed_step());
+  }
   return met;
 }
 

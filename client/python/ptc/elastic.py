@@ -716,8 +716,7 @@ class Live:
             # The rank on this GPU and the layout it is a rank of, from one
             # answer of the coordinator.
             if self.client.rebind_device(self.device) is None:
-                self._log(f"layout epoch {ev['layout_epoch']} runs no rank on this GPU; "
-                          f"leaving")
+                self._log("the new layout runs no rank on this GPU; leaving")
                 return False
             self._change["rebound"] = time.time()
             try:
