@@ -78,6 +78,22 @@ void EnrollJob(proto::Coordinator::Stub& stub, const std::string& job,
   REQUIRE(stub.RegisterJob(&ctx, req, &resp).ok());
 }
 
+// Rank `rank` of `job` asks to meet under layout epoch 1 (rank 0 offers
+// `port`) on `ctx`, whose deadline the caller sets; the address met at.
+grpc::Status Meet(proto::Coordinator::Stub& stub, grpc::ClientContext* ctx,
+                  const std::string& job, int32_t rank, int32_t port = 0,
+                  std::string* address = nullptr) {
+  proto::RendezvousRequest req;
+  req.set_job(job);
+  req.set_layout_epoch(1);
+  req.set_rank(rank);
+  req.set_port(port);
+  proto::RendezvousResponse resp;
+  const grpc::Status s = stub.Rendezvous(ctx, req, &resp);
+  if (address != nullptr) *address = resp.address();
+  return s;
+}
+
 // A coordinator with host0 and job "j" (tp=2, two ranks) on it.
 Started StartWithJob(const testing::TempDir& dir) {
   Started started = StartCoordinator(dir);
@@ -473,15 +489,8 @@ TEST_CASE("coordinator: a rank waiting for its meeting is told, not polling",
                   std::string* address) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-    proto::RendezvousRequest req;
-    req.set_job("j");
-    req.set_layout_epoch(1);
-    req.set_rank(rank);
-    req.set_port(rank == 0 ? 29500 : 0);
-    proto::RendezvousResponse resp;
-    const grpc::Status s = stub->Rendezvous(&ctx, req, &resp);
-    *address = resp.address();
-    return s.error_code();
+    return Meet(*stub, &ctx, "j", rank, rank == 0 ? 29500 : 0, address)
+        .error_code();
   };
   std::string address;
   // Alone, rank 1 is held (for a second at least, later than this call
@@ -523,12 +532,7 @@ TEST_CASE(
     grpc::ClientContext ctx;
     // Held for 20 s at most (kMeetingHoldMost).
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
-    proto::RendezvousRequest req;
-    req.set_job("j");
-    req.set_layout_epoch(1);
-    req.set_rank(1);
-    proto::RendezvousResponse resp;
-    status = started.stub->Rendezvous(&ctx, req, &resp);
+    status = Meet(*started.stub, &ctx, "j", 1);
     answered = absl::Now();
   });
   while (service->GetCounts().meeting_calls_held != 1)
@@ -561,12 +565,7 @@ TEST_CASE(
   CoordinatorService* service = started.server->service();
   auto ask = [&](grpc::ClientContext* ctx) {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(2)));
-    proto::RendezvousRequest req;
-    req.set_job("j");
-    req.set_layout_epoch(1);
-    req.set_rank(1);
-    proto::RendezvousResponse resp;
-    return started.stub->Rendezvous(ctx, req, &resp).error_code();
+    return Meet(*started.stub, ctx, "j", 1).error_code();
   };
   // A client asking for rank 1 many times at once, each call patient.
   std::vector<std::unique_ptr<grpc::ClientContext>> held(kMeetingHeldPerRank);
@@ -602,15 +601,9 @@ TEST_CASE("coordinator: a meeting tells its own ranks, not another job's",
                   absl::Duration deadline, std::string* address) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-    proto::RendezvousRequest req;
-    req.set_job(job);
-    req.set_layout_epoch(1);
-    req.set_rank(rank);
-    req.set_port(rank == 0 ? (job == "j" ? 29500 : 29501) : 0);
-    proto::RendezvousResponse resp;
-    const grpc::Status s = stub->Rendezvous(&ctx, req, &resp);
-    *address = resp.address();
-    return s.error_code();
+    return Meet(*stub, &ctx, job, rank,
+                rank == 0 ? (job == "j" ? 29500 : 29501) : 0, address)
+        .error_code();
   };
   std::string address;
   // Rank 1 of j, then of k, are held.

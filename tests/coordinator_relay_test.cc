@@ -66,6 +66,17 @@ struct Relayed {
     stub = proto::Coordinator::NewStub(channel);
   }
 
+  // host0's ptcd as a process finds it: its Hello names this relay and
+  // the coordinator the relay leads to.
+  LocalServerOptions HostPtcd() const {
+    LocalServerOptions options;
+    options.socket_path = dir.path() + "/ptcd.sock";
+    options.host_name = "host0";
+    options.coordinator_relay = relay->socket_path();
+    options.coordinator = address;
+    return options;
+  }
+
   testing::DaemonCluster c{1};
   testing::TempDir dir;
   std::unique_ptr<CoordinatorServer> coordinator;
@@ -376,11 +387,7 @@ TEST_CASE(
     "[ptcd]") {
   Relayed r;
   Store store(StoreOptions{64 << 20, 0, false});
-  LocalServerOptions local;
-  local.socket_path = r.dir.path() + "/ptcd.sock";
-  local.host_name = "host0";
-  local.coordinator_relay = r.relay->socket_path();
-  local.coordinator = r.address;
+  const LocalServerOptions local = r.HostPtcd();
   auto ptcd = LocalServer::Start(&store, local);
   REQUIRE(ptcd.ok());
   // The coordinator goes away (a restart), and the relay's connection to
@@ -414,14 +421,8 @@ TEST_CASE(
     "its ptcd's relay, or directly where there is none",
     "[ptcd]") {
   Relayed r;
-  // The host's ptcd, as a process finds it: its Hello names the relay and
-  // the coordinator the relay leads to.
   Store store(StoreOptions{64 << 20, 0, false});
-  LocalServerOptions options;
-  options.socket_path = r.dir.path() + "/ptcd.sock";
-  options.host_name = "host0";
-  options.coordinator_relay = r.relay->socket_path();
-  options.coordinator = r.address;
+  LocalServerOptions options = r.HostPtcd();
   auto local = LocalServer::Start(&store, options);
   REQUIRE(local.ok());
   Counter& relayed = GetCounter("ptc_relay_calls_total");
