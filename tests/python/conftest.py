@@ -1,4 +1,5 @@
 """Shared fixtures: where the Bazel-built binaries are."""
+import itertools
 import os
 import pathlib
 import subprocess
@@ -6,6 +7,11 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Numbers the network "hosts" made in this process: a name is never used
+# twice in one suite, since a namespace's teardown in the kernel ends after
+# `ip netns del` returns (a veth it held can still exist for a moment).
+_network_serial = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -38,10 +44,12 @@ def network_namespaces():
     the bridge's name and [(namespace, address, veth)] per label, on a /24
     of its own (from this process's id, so
     that two suites at once do not share one); the bridge is the subnet's
-    .1, the i-th namespace its .(10+i). Everything is removed afterwards."""
+    .1, the i-th namespace its .(10+i). Names are new for every call in
+    the suite. Everything is removed afterwards, each veth pair explicitly
+    (deleting its root end removes both ends at once)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create network namespaces")
-    made, bridges = [], []
+    made, veths, bridges = [], [], []
 
     def run(*cmd):
         r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60)
@@ -49,7 +57,7 @@ def network_namespaces():
 
     def make(labels):
         pid = os.getpid()
-        tag = f"{pid % 10000}{chr(ord('a') + len(bridges))}"
+        tag = f"{pid % 10000}x{next(_network_serial)}"
         net = f"10.{100 + pid % 100}.{(pid // 100) % 250 + len(bridges)}"
         bridge = f"ptc{tag}br"
         run("ip", "link", "add", bridge, "type", "bridge")
@@ -62,6 +70,7 @@ def network_namespaces():
             run("ip", "netns", "add", ns)
             made.append(ns)
             run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            veths.append(veth)
             run("ip", "link", "set", veth, "master", bridge, "up")
             run("ip", "-n", ns, "addr", "add", f"{net}.{10 + i}/24", "dev", "eth0")
             run("ip", "-n", ns, "link", "set", "eth0", "up")
@@ -72,6 +81,8 @@ def network_namespaces():
     try:
         yield make
     finally:
+        for veth in veths:
+            subprocess.run(["ip", "link", "del", veth], capture_output=True)
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for bridge in bridges:
