@@ -28,6 +28,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   absl::Status out(static_cast<absl::StatusCode>(status.error_code()),
                    status.error_message());
+  // gRPC's own busy refusal is known only by its message, which any
+  // Annotate (status_macros.h) changes: mark it here, where it is first
+  // seen, so that it is still busy once annotated.
+  if (IsBusy(out)) out.SetPayload(kBusyUrl, absl::Cord("1"));
   proto::StatusPayloads payloads;
   const std::string& details = status.error_details();
   if (details.empty() ||

@@ -45,6 +45,16 @@ TEST_CASE(
   CHECK(annotated.message() == "asking the coordinator: reset");
   CHECK(IsRelayUpstream(annotated));
   CHECK(IsBusy(Annotate(BusyError("busy"), "saving")));
+  // gRPC's own refusal (no RPC thread free) is busy once annotated too;
+  // another RESOURCE_EXHAUSTED is not.
+  CHECK(IsBusy(
+      Annotate(FromGrpcStatus(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                           "Server Threadpool Exhausted")),
+               "pulling a piece")));
+  CHECK_FALSE(IsBusy(Annotate(
+      FromGrpcStatus(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                  "etcdserver: mvcc: database space exceeded")),
+      "saving")));
 }
 
 TEST_CASE("grpc status: hostile details from a peer are bounded or dropped",
