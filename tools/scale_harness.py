@@ -94,6 +94,10 @@ class Coordinator:
         # (every 0.1 s and 1 s).
         self.peak_threads = 0
         self.peak_connections = 0
+        # Past this many connections, the sampler names the processes that
+        # hold their other ends (connection_owners); the most seen so far.
+        self.connection_alarm = None
+        self.over_alarm = None
         self._sampling = threading.Thread(target=self._sample_threads, daemon=True)
         self._sampling.start()
 
@@ -109,13 +113,18 @@ class Coordinator:
                     self.peak_threads = max(self.peak_threads, int(line.split()[1]))
             tick += 1
             if tick % 10 == 0:
-                self.peak_connections = max(self.peak_connections, self.connections())
+                peers = self.connection_peers()
+                self.peak_connections = max(self.peak_connections, len(peers))
+                alarm = self.connection_alarm
+                if alarm is not None and len(peers) > alarm and (
+                        self.over_alarm is None or len(peers) > self.over_alarm[0]):
+                    self.over_alarm = (len(peers), self.connection_owners(peers))
             time.sleep(0.1)
 
-    def connections(self):
-        """TCP connections established to the coordinator's port (the
-        hosts' and the processes' channels; /proc/net/tcp)."""
-        count = 0
+    @staticmethod
+    def _tcp_sockets():
+        """(local port, remote port, state, inode) of every TCP socket of
+        this network namespace (/proc/net/tcp and tcp6)."""
         for table in ("/proc/net/tcp", "/proc/net/tcp6"):
             try:
                 lines = pathlib.Path(table).read_text().splitlines()[1:]
@@ -123,9 +132,50 @@ class Coordinator:
                 continue
             for line in lines:
                 f = line.split()
-                if int(f[1].rsplit(":", 1)[1], 16) == self.port and f[3] == "01":
-                    count += 1
-        return count
+                yield (int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16),
+                       f[3], f[9])
+
+    def connection_peers(self):
+        """The client-side ports of the TCP connections established to the
+        coordinator's port (the hosts' and the processes' channels)."""
+        return [remote for local, remote, state, _ in self._tcp_sockets()
+                if local == self.port and state == "01"]
+
+    def connections(self):
+        return len(self.connection_peers())
+
+    def connection_owners(self, peers):
+        """Which processes hold the client ends of connections from
+        `peers` (ports): {"PID COMMAND ARGS...": count}, by the sockets'
+        inodes in /proc/PID/fd. A connection closed meanwhile is counted
+        as "gone"."""
+        wanted = set(peers)
+        inodes = {inode: local for local, remote, state, inode in self._tcp_sockets()
+                  if local in wanted and remote == self.port}
+        owners = {}
+        found = 0
+        for pid_dir in pathlib.Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                fds = list((pid_dir / "fd").iterdir())
+                held = 0
+                for fd in fds:
+                    try:
+                        target = os.readlink(fd)
+                    except OSError:
+                        continue
+                    if target.startswith("socket:[") and target[8:-1] in inodes:
+                        held += 1
+                if held:
+                    cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ")
+                    owners[f"{pid_dir.name} {cmd.decode(errors='replace')[:160]}"] = held
+                    found += held
+            except OSError:
+                continue
+        if len(peers) > found:
+            owners["gone"] = len(peers) - found
+        return owners
 
     def proc_file(self, name):
         return pathlib.Path(f"/proc/{self.proc.pid}/{name}").read_text()
@@ -476,16 +526,20 @@ class Harness:
                 self.wait_saved(o.saves, o.timeout)
             return {"processes": world}
 
+        # Processes reach the coordinator through their host's ptcd: a
+        # connection per host (the relay's; the hollow hosts of one process
+        # share their agents'), not one per process.
+        bound = len(self.names) + 2 * len(self.groups) + 16
+        if not o.direct:
+            self.coordinator.connection_alarm = bound
         self.phase("meet", meet)
         if not o.direct:
-            # Processes reach the coordinator through their host's ptcd: a
-            # connection per host (the relay's; the hollow hosts of one
-            # process share their agents'), not one per process.
-            bound = len(self.names) + 2 * len(self.groups) + 16
             most = self.phases[-1]["peak_connections"]
+            over = self.coordinator.over_alarm
             self.check(most <= bound,
                        f"the coordinator's connections stayed within one per host and a "
-                       f"few ({most} <= {bound}) for {world} processes")
+                       f"few ({most} <= {bound}) for {world} processes"
+                       + (f"; at {over[0]}, held by: {over[1]}" if over else ""))
             direct = sum(1 for g in self.groups for line in g.lines()
                          if line.startswith("direct "))
             self.check(direct == 0,
