@@ -334,21 +334,98 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
   if (grpc::Status denied = Admit<proto::Coordinator>(*ctx, "Heartbeat", req);
       !denied.ok())
     return denied;
+  Beat(*req, resp);
+  return grpc::Status::OK;
+}
+
+// One read or one write in flight at a time: a message is read, answered,
+// and the next one read once the answer is written. The stream ends when
+// the host closes its side, the connection goes, a message is refused, or
+// the server shuts down; gRPC's OnDone, the last reaction, deletes it.
+class CoordinatorService::HeartbeatStream final
+    : public grpc::ServerBidiReactor<proto::HeartbeatRequest,
+                                     proto::HeartbeatResponse> {
+ public:
+  HeartbeatStream(CoordinatorService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {}
+
+  void Start() {
+    if (grpc::Status denied =
+            Admit<proto::Coordinator>(*ctx_, "Heartbeats", nullptr);
+        !denied.ok()) {
+      Finish(denied);
+      return;
+    }
+    if (service_->heartbeat_streams_.load() > kMaxHeartbeatStreams) {
+      Finish(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("the coordinator has ", kMaxHeartbeatStreams,
+                       " heartbeat streams open; send Heartbeat calls"))));
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the host closed its side, or the call ended
+      Finish(grpc::Status::OK);
+      return;
+    }
+    resp_.Clear();
+    if (grpc::Status denied =
+            Admit<proto::Coordinator>(*ctx_, "Heartbeats", &req_);
+        !denied.ok()) {
+      Finish(denied);
+      return;
+    }
+    service_->Beat(req_, &resp_);
+    StartWrite(&resp_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::CANCELLED);
+      return;
+    }
+    StartRead(&req_);
+  }
+
+  void OnDone() override {
+    service_->heartbeat_streams_.fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  CoordinatorService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  proto::HeartbeatRequest req_;
+  proto::HeartbeatResponse resp_;
+};
+
+grpc::ServerBidiReactor<proto::HeartbeatRequest, proto::HeartbeatResponse>*
+CoordinatorService::Heartbeats(grpc::CallbackServerContext* ctx) {
+  heartbeat_streams_.fetch_add(1);
+  auto* stream = new HeartbeatStream(this, ctx);
+  stream->Start();
+  return stream;
+}
+
+void CoordinatorService::Beat(const proto::HeartbeatRequest& req,
+                              proto::HeartbeatResponse* resp) {
   absl::MutexLock lock(&mu_);
-  if (!hosts_.Heartbeat(req->name(), req->incarnation(), absl::Now())) {
+  if (!hosts_.Heartbeat(req.name(), req.incarnation(), absl::Now())) {
     // Unknown, declared dead, or another process under the name: it must
     // register again (its state is no longer trusted as a source).
     resp->set_known(false);
-    return grpc::Status::OK;
+    return;
   }
   resp->set_known(true);
-  hosts_.NoteMemoryUsed(req->name(), req->memory_used_bytes());
+  hosts_.NoteMemoryUsed(req.name(), req.memory_used_bytes());
   resp->set_heartbeat_interval_seconds(
-      absl::ToDoubleSeconds(hosts_.Find(req->name())->told));
+      absl::ToDoubleSeconds(hosts_.Find(req.name())->told));
   // Rule 6: what nothing owns any more is reclaimed. A host that is still
   // to be proven keeps everything until it is.
-  if (hosts_.NeedsProof(req->name())) return grpc::Status::OK;
-  for (const proto::HeldVersion& v : req->versions()) {
+  if (hosts_.NeedsProof(req.name())) return;
+  for (const proto::HeldVersion& v : req.versions()) {
     Job* j = jobs_.Find(v.job());
     if (j == nullptr || j->OwnsVersion(v.version()))
       continue;
@@ -357,10 +434,9 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
         ->info(
             "job {}: host {} holds version {} ({}) that nothing owns; "
             "reclaiming it",
-            v.job(), req->name(), v.version(),
+            v.job(), req.name(), v.version(),
             v.committed() ? "committed" : "uncommitted");
   }
-  return grpc::Status::OK;
 }
 
 void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {

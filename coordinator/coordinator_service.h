@@ -116,14 +116,16 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
 
-// Watch and Rendezvous are callback methods: no thread waits per watcher
-// (watchers.h) or per rank waiting for its job's meeting. (Heartbeat is
-// not: as a callback method it cost the coordinator more CPU per call
-// than in the pool, with gRPC 1.51 and 512 hosts.)
+// Watch, Rendezvous and Heartbeats are callback methods: no thread waits
+// per watcher (watchers.h), per rank waiting for its job's meeting or per
+// host's heartbeat stream. (The unary Heartbeat is not: as a callback
+// method it cost the coordinator more CPU per call than in the pool, with
+// gRPC 1.51 and 512 hosts.)
 class CoordinatorService final
-    : public proto::Coordinator::WithCallbackMethod_Rendezvous<
-          proto::Coordinator::WithCallbackMethod_Watch<
-              proto::Coordinator::Service>> {
+    : public proto::Coordinator::WithCallbackMethod_Heartbeats<
+          proto::Coordinator::WithCallbackMethod_Rendezvous<
+              proto::Coordinator::WithCallbackMethod_Watch<
+                  proto::Coordinator::Service>>> {
  public:
   // Loads the state (if any) and settles reconfigurations that were in
   // flight when the previous coordinator stopped.
@@ -136,6 +138,12 @@ class CoordinatorService final
                             proto::RegisterHostResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
                          proto::HeartbeatResponse*) override;
+  // A host's heartbeats on one stream, each message answered as Heartbeat
+  // answers it. At most kMaxHeartbeatStreams at once; beyond them a stream
+  // is refused RESOURCE_EXHAUSTED (the host sends Heartbeat calls instead).
+  grpc::ServerBidiReactor<proto::HeartbeatRequest, proto::HeartbeatResponse>*
+  Heartbeats(grpc::CallbackServerContext* ctx) override;
+  static constexpr int kMaxHeartbeatStreams = 1 << 16;
   grpc::Status RegisterJob(grpc::ServerContext*,
                            const proto::RegisterJobRequest*,
                            proto::RegisterJobResponse*) override;
@@ -210,6 +218,11 @@ class CoordinatorService final
   // A Rendezvous call's reactor: told when the call is cancelled while
   // held (its process or connection went away).
   class RendezvousReactor;
+  // A host's stream of heartbeats (Heartbeats).
+  class HeartbeatStream;
+  // A heartbeat, by call or on a stream, once admitted: the host is alive
+  // (or told to register again), and told what to reclaim.
+  void Beat(const proto::HeartbeatRequest& req, proto::HeartbeatResponse* resp);
   // Rendezvous calls waiting for their meeting (answered when it is met,
   // or at `until`).
   struct Held {
@@ -495,6 +508,7 @@ class CoordinatorService final
   std::map<std::string, std::unique_ptr<StoreClient>> probes_;
   std::map<std::string, std::string> probe_addresses_;
   std::atomic<int> probes_open_{0};  // probes_.size(), for GetCounts
+  std::atomic<int> heartbeat_streams_{0};  // open Heartbeats streams
   std::thread snapshotter_;
   // Jobs with a snapshot being written (one at a time per job).
   std::set<std::string> snapshotting_ ABSL_GUARDED_BY(mu_);

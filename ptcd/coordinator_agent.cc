@@ -4,8 +4,11 @@
 
 #include <algorithm>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/channel.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 
 namespace ptc {
@@ -37,6 +40,117 @@ absl::Duration ToldInterval(double seconds) {
                     absl::Minutes(5));
 }
 
+// How long a heartbeat waits for its answer.
+constexpr absl::Duration kAnswerWithin = absl::Seconds(5);
+// How often a host whose coordinator had no heartbeat stream tries one
+// again (the coordinator may have been upgraded since).
+constexpr absl::Duration kStreamRetry = absl::Minutes(5);
+
+// The host's heartbeats on one stream (Coordinator.Heartbeats): a message
+// and its answer per beat, on one HTTP/2 stream rather than a call each
+// (the coordinator's cost per heartbeat). gRPC's reactions run on its own
+// threads; Beat waits for them. An error ends the stream for good: the
+// agent opens another. Destroying it cancels the stream and waits for
+// gRPC's last reaction.
+class HeartbeatStream final
+    : public grpc::ClientBidiReactor<proto::HeartbeatRequest,
+                                     proto::HeartbeatResponse> {
+ public:
+  explicit HeartbeatStream(proto::Coordinator::Stub* stub) {
+    stub->async()->Heartbeats(&ctx_, this);
+    StartRead(&in_);
+    StartCall();
+  }
+
+  ~HeartbeatStream() override {
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+
+  // Sends `req` and waits up to `timeout` for its answer. The stream's
+  // end, as an error: the coordinator's status (UNIMPLEMENTED: it has no
+  // such stream), or DEADLINE_EXCEEDED where no answer came in time (the
+  // stream is then cancelled).
+  absl::StatusOr<proto::HeartbeatResponse> Beat(
+      const proto::HeartbeatRequest& req, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    // The last beat's write is over (its answer came, so it was sent, but
+    // gRPC may say so later).
+    if (!WaitFor(&HeartbeatStream::WriteOverLocked, deadline))
+      return TimedOut(timeout);
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return EndedLocked();
+      out_ = req;
+      writing_ = true;
+      answered_ = false;
+    }
+    StartWrite(&out_);
+    if (!WaitFor(&HeartbeatStream::AnsweredLocked, deadline))
+      return TimedOut(timeout);
+    absl::MutexLock lock(&mu_);
+    if (!answered_) return EndedLocked();
+    return answer_;
+  }
+
+  void OnWriteDone(bool) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    {
+      absl::MutexLock lock(&mu_);
+      answer_ = in_;
+      answered_ = true;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
+  }
+
+ private:
+  bool WriteOverLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_ || done_;
+  }
+  bool AnsweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return answered_ || done_;
+  }
+
+  bool WaitFor(bool (HeartbeatStream::*ready)() const, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(absl::Condition(this, ready), deadline);
+  }
+
+  absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!status_.ok()) return FromGrpcStatus(status_);
+    return absl::UnavailableError("the coordinator ended the heartbeat stream");
+  }
+
+  // Cancels the stream (not under the lock: gRPC may react at once).
+  absl::Status TimedOut(absl::Duration timeout) {
+    ctx_.TryCancel();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no answer to a heartbeat within ", absl::FormatDuration(timeout)));
+  }
+
+  grpc::ClientContext ctx_;
+  proto::HeartbeatRequest out_;  // the beat being written
+  proto::HeartbeatResponse in_;  // the answer being read
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  proto::HeartbeatResponse answer_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 void CoordinatorAgent::Loop() {
@@ -52,6 +166,10 @@ void CoordinatorAgent::Loop() {
   absl::Duration interval = absl::Seconds(1);
   bool registered = false;
   std::string refused;  // the last reason the coordinator gave
+  // Heartbeats go on a stream; by call where the coordinator has none,
+  // until kStreamRetry passes.
+  std::unique_ptr<HeartbeatStream> stream;
+  absl::Time calls_until = absl::InfinitePast();
   do {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -87,11 +205,44 @@ void CoordinatorAgent::Loop() {
         for (const auto& v : store_->Versions()) *req.add_versions() = v;
         req.set_memory_used_bytes(store_->memory_used());
       }
-      proto::HeartbeatResponse resp;
-      const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
-      if (s.ok() && resp.heartbeat_interval_seconds() > 0)
+      absl::StatusOr<proto::HeartbeatResponse> answer =
+          absl::UnavailableError("not sent");
+      if (absl::Now() >= calls_until) {
+        if (stream == nullptr)
+          stream = std::make_unique<HeartbeatStream>(stub.get());
+        answer = stream->Beat(req, kAnswerWithin);
+        if (!answer.ok()) stream.reset();  // the next beat opens another
+        if (absl::IsUnimplemented(answer.status()) ||
+            absl::IsResourceExhausted(answer.status())) {
+          Log("transformer")
+              ->info(
+                  "the coordinator at {} takes no heartbeat stream ({}); "
+                  "heartbeats are calls for {}",
+                  coordinator_, answer.status().ToString(),
+                  absl::FormatDuration(kStreamRetry));
+          calls_until = absl::Now() + kStreamRetry;
+        }
+      }
+      if (!answer.ok()) {
+        // By call: the coordinator takes no stream, or the stream just
+        // ended (the beat is not skipped).
+        grpc::ClientContext call;
+        call.set_deadline(absl::ToChronoTime(absl::Now() + kAnswerWithin));
+        proto::HeartbeatResponse resp;
+        const grpc::Status s = stub->Heartbeat(&call, req, &resp);
+        answer = s.ok() ? absl::StatusOr<proto::HeartbeatResponse>(resp)
+                        : FromGrpcStatus(s);
+      }
+      if (!answer.ok()) {
+        Log("transformer")
+            ->debug("heartbeat to {}: {}", coordinator_,
+                    answer.status().ToString());
+        continue;
+      }
+      const proto::HeartbeatResponse& resp = *answer;
+      if (resp.heartbeat_interval_seconds() > 0)
         interval = ToldInterval(resp.heartbeat_interval_seconds());
-      if (s.ok() && !resp.known()) {
+      if (!resp.known()) {
         Log("transformer")
             ->warn(
                 "the coordinator does not know {} any more; registering again",
