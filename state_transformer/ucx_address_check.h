@@ -10,7 +10,9 @@
 //
 // Addresses that passed are remembered (up to kMaxCheckedAddresses, then
 // the record starts over), so a peer's address costs one check (about
-// 50 ms) per process; at most kMaxChecksAtOnce children run at once.
+// 50 ms) per process; at most kMaxChecksAtOnce children run at once. A
+// check that does not finish in 30 s is DEADLINE_EXCEEDED: the address is
+// neither taken nor refused, and the caller may ask again.
 //
 //   PTC_RETURN_IF_ERROR(CheckUcxAddress(peer_address));
 #ifndef PTC_STATE_TRANSFORMER_UCX_ADDRESS_CHECK_H_
