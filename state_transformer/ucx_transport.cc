@@ -138,12 +138,36 @@ UcxPieceTransport::UcxPieceTransport(
   }
 }
 
+namespace {
+
+// The pulling workers of every transport in this process, idle between
+// transfers. They outlive the transports (one per staged fragment), so a
+// source sees the same few addresses change after change: its check of a
+// new address (a child process, ucx_address_check.h) and its endpoint are
+// paid once per worker, not once per pulling thread and change. Under
+// load, checks queued behind each other at a source delayed its sends past
+// the targets' deadlines. A worker comes back only after transfers that
+// all completed (one that failed is abandoned and destroyed), so nothing
+// of an earlier transfer is in flight to it.
+struct IdleWorkers {
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<UcxWorker>> workers ABSL_GUARDED_BY(mu);
+};
+
+IdleWorkers& PullingWorkers() {
+  static auto* idle = new IdleWorkers;  // never destroyed: used at exit
+  return *idle;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxPieceTransport::TakeWorker() {
+  IdleWorkers& idle = PullingWorkers();
   {
-    absl::MutexLock lock(&mu_);
-    if (!idle_.empty()) {
-      std::unique_ptr<UcxWorker> w = std::move(idle_.back());
-      idle_.pop_back();
+    absl::MutexLock lock(&idle.mu);
+    if (!idle.workers.empty()) {
+      std::unique_ptr<UcxWorker> w = std::move(idle.workers.back());
+      idle.workers.pop_back();
       return w;
     }
   }
@@ -152,8 +176,12 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxPieceTransport::TakeWorker() {
 
 void UcxPieceTransport::ReturnWorker(std::unique_ptr<UcxWorker> worker) {
   if (worker->broken()) return;  // destroyed here, before the buffers go
-  absl::MutexLock lock(&mu_);
-  idle_.push_back(std::move(worker));
+  IdleWorkers& idle = PullingWorkers();
+  absl::MutexLock lock(&idle.mu);
+  if (static_cast<int>(idle.workers.size()) >= kMaxIdlePullingWorkers) {
+    return;  // more than usually pull at once: this one is destroyed
+  }
+  idle.workers.push_back(std::move(worker));
 }
 
 std::string UcxPieceTransport::PeerLabel(int32_t host) {

@@ -41,11 +41,17 @@ bool IsNoUcxWorker(const absl::Status& s);
 // source may pack them all).
 inline constexpr int kMaxPartsPerCall = 4096;
 inline constexpr int64_t kMaxSendPartsBytes = int64_t{64} << 20;
+// How many idle pulling workers a process keeps between transfers: two
+// fragments' pulling threads at the default 4 each. An idle worker holds
+// about 4 MiB (its UCX context's shared-memory queues; measured), so at
+// most about 34 MiB a ptcd.
+inline constexpr int kMaxIdlePullingWorkers = 8;
 
 class UcxPieceTransport : public PieceTransport {
  public:
-  // Each pulling thread uses a worker of its own from a pool (created on
-  // first use, kept for the transport's life).
+  // Each pulling thread uses a worker of its own from the process's pool
+  // (created on first use; up to kMaxIdlePullingWorkers are kept for the
+  // next transfers, of this transport or a later one).
   // A call or a wait on a peer gives up after TransferDeadline(
   // `peer_timeout`, its bytes).
   UcxPieceTransport(int64_t plan_epoch,
@@ -106,8 +112,6 @@ class UcxPieceTransport : public PieceTransport {
   absl::StatusOr<std::unique_ptr<UcxWorker>> TakeWorker();
   void ReturnWorker(std::unique_ptr<UcxWorker> worker);
 
-  absl::Mutex mu_;
-  std::vector<std::unique_ptr<UcxWorker>> idle_ ABSL_GUARDED_BY(mu_);
   const int64_t epoch_;
   const absl::Duration peer_timeout_;
   std::map<int32_t, std::unique_ptr<proto::Transformer::Stub>> stubs_;

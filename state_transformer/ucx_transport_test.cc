@@ -245,6 +245,35 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "ucx transport: a later transport pulls with the workers an earlier one "
+    "left idle, so its source checks no new address",
+    "[transformer]") {
+  auto cluster = ClusterWithHalves();
+  const Region whole{{0, kRows}, {0, kCols}};
+  std::vector<uint8_t> a(whole.volume() * 4, 0);
+  const PieceTarget targets[] = {{whole, a.data()}};
+  const StoreClient::Consumer refuse = [](int64_t, const char*, int64_t) {
+    FAIL("a piece inside the staged buffer must be placed, not streamed");
+  };
+  Counter& checks = GetCounter("ptc_transformer_ucx_address_checks_total");
+  const Region piece{{0, 64}, {0, kCols}};
+  {
+    UcxPieceTransport first(1, cluster->addresses);
+    REQUIRE(first.FetchInto(0, "job", 1, "w", piece, 4, targets, refuse).ok());
+  }
+  const int64_t before = checks.value();
+  // The next change's fragment: a transport of its own (a later epoch).
+  SeeEpoch(cluster->addresses.at(0), 2);
+  UcxPieceTransport second(2, cluster->addresses);
+  const Region next{{64, kRows}, {0, kCols}};
+  REQUIRE(second.FetchInto(0, "job", 1, "w", next, 4, targets, refuse).ok());
+  CHECK(checks.value() == before);  // a new worker's address is one more
+  std::vector<char> got(whole.volume() * 4);
+  std::memcpy(got.data(), a.data(), got.size());
+  CHECK(got == Want(whole));
+}
+
+TEST_CASE(
     "ucx transport: what lands in a staged buffer is added up as it lands: "
     "its fingerprint (and its checksum, from one whole part) need no second "
     "read",
