@@ -24,8 +24,10 @@ absl::Status UcxError(const char* what, ucs_status_t s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(bool serve) {
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(
+    bool serve, int max_endpoints) {
   std::unique_ptr<UcxWorker> w(new UcxWorker);
+  w->max_endpoints_ = std::max(1, max_endpoints);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return UcxError("reading its configuration", s);
@@ -82,19 +84,12 @@ UcxWorker::~UcxWorker() {
   if (progress_thread_.joinable()) progress_thread_.join();
   {
     absl::MutexLock lock(&mu_);
-    if (abandoned_) endpoints_.clear();  // no graceful close: see Abandon
-    for (auto& [peer, ep] : endpoints_) {
-      ucp_request_param_t p = {};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* r = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
-      if (UCS_PTR_IS_PTR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS)
-          ucp_worker_progress(Wkr(worker_));
-        ucp_request_free(r);
-      }
+    if (!abandoned_) {  // no graceful close after Abandon: see there
+      for (auto& [peer, p] : endpoints_) CloseEndpoint(p->ep);
+      for (auto& p : broken_endpoints_) CloseEndpoint(p->ep);
     }
     endpoints_.clear();
+    broken_endpoints_.clear();
   }
   if (worker_) ucp_worker_destroy(Wkr(worker_));
   if (context_) ucp_cleanup(Ctx(context_));
@@ -214,7 +209,21 @@ void UcxWorker::Cancel(Receive* receive) {
   receive->request = nullptr;
 }
 
-absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
+void UcxWorker::CloseEndpoint(void* ep) {
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* r = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS)
+      ucp_worker_progress(Wkr(worker_));
+    ucp_request_free(r);
+  }
+  ++closed_;
+}
+
+absl::StatusOr<UcxWorker::Peer*> UcxWorker::TakeEndpoint(
+    const std::string& peer) {
   // UCX parses a peer's address without its length and aborts the process
   // on one it cannot parse. An address that cannot be one of this UCX's
   // (another header byte: format version and flags; shorter than the
@@ -228,12 +237,32 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(peer);
-    if (it != endpoints_.end()) return it->second;
+    if (it != endpoints_.end()) {
+      ++it->second->users;
+      it->second->last_taken = ++taken_;
+      return it->second.get();
+    }
   }
   PTC_RETURN_IF_ERROR(CheckUcxAddress(peer));
   absl::MutexLock lock(&mu_);
   auto it = endpoints_.find(peer);
   if (it == endpoints_.end()) {
+    // Room first: the least recently used endpoints no send is using are
+    // closed (one in use stays, past the bound, until it is given back
+    // and another is needed).
+    while (static_cast<int>(endpoints_.size()) >= max_endpoints_) {
+      auto oldest = endpoints_.end();
+      for (auto e = endpoints_.begin(); e != endpoints_.end(); ++e) {
+        if (e->second->users == 0 &&
+            (oldest == endpoints_.end() ||
+             e->second->last_taken < oldest->second->last_taken)) {
+          oldest = e;
+        }
+      }
+      if (oldest == endpoints_.end()) break;
+      CloseEndpoint(oldest->second->ep);
+      endpoints_.erase(oldest);
+    }
     ucp_ep_params_t ep_params = {};
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -247,24 +276,52 @@ absl::StatusOr<void*> UcxWorker::Endpoint(const std::string& peer) {
     ucp_ep_h created;
     const ucs_status_t s = ucp_ep_create(Wkr(worker_), &ep_params, &created);
     if (s != UCS_OK) return UcxError("connecting to a peer", s);
-    it = endpoints_.emplace(peer, created).first;
+    auto p = std::make_unique<Peer>();
+    p->ep = created;
+    it = endpoints_.emplace(peer, std::move(p)).first;
   }
-  return it->second;
+  ++it->second->users;
+  it->second->last_taken = ++taken_;
+  return it->second.get();
 }
 
-void UcxWorker::DropEndpoint(const std::string& peer) {
+void UcxWorker::GiveBack(Peer* peer, bool broken) {
   absl::MutexLock lock(&mu_);
-  // The endpoint itself is left to the worker's teardown: a thread may
-  // still be using it; a fresh one is created for the next request.
-  endpoints_.erase(peer);
+  --peer->users;
+  if (broken && !peer->broken) {
+    // Not reused: the next send to that address gets a fresh endpoint.
+    peer->broken = true;
+    for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
+      if (it->second.get() != peer) continue;
+      broken_endpoints_.push_back(std::move(it->second));
+      endpoints_.erase(it);
+      break;
+    }
+  }
+  if (!peer->broken || peer->users > 0 || abandoned_) return;
+  // The last send using a broken endpoint is done with it.
+  CloseEndpoint(peer->ep);
+  broken_endpoints_.erase(
+      std::find_if(broken_endpoints_.begin(), broken_endpoints_.end(),
+                   [&](const auto& p) { return p.get() == peer; }));
+}
+
+int UcxWorker::open_endpoints() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(endpoints_.size() + broken_endpoints_.size());
+}
+
+int64_t UcxWorker::closed_endpoints() {
+  absl::MutexLock lock(&mu_);
+  return closed_;
 }
 
 absl::Status UcxWorker::Send(const std::string& peer,
                              absl::Span<const SendOp> ops,
                              absl::Duration timeout,
                              const std::function<bool()>& give_up) {
-  PTC_ASSIGN_OR_RETURN(void* endpoint, Endpoint(peer));
-  ucp_ep_h ep = static_cast<ucp_ep_h>(endpoint);
+  PTC_ASSIGN_OR_RETURN(Peer * taken, TakeEndpoint(peer));
+  ucp_ep_h ep = static_cast<ucp_ep_h>(taken->ep);
   // One send at a time. With several in flight, a sender killed while its
   // receiver reads one leaves the others' rendezvous requests queued at
   // the receiver; UCX 1.13 discards the endpoint when the read fails and
@@ -287,7 +344,7 @@ absl::Status UcxWorker::Send(const std::string& peer,
     ucp_request_free(r);
     if (!failure.ok()) break;
   }
-  if (!failure.ok()) DropEndpoint(peer);  // a broken endpoint is not reused
+  GiveBack(taken, /*broken=*/!failure.ok());  // a broken one is not reused
   return failure;
 }
 

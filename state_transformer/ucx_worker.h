@@ -17,7 +17,10 @@
 // send, receive and progress it, and a background thread progresses it,
 // so peers' sends complete. A non-serving worker belongs to one thread at
 // a time: UCX's multi-thread lock costs more than the copy when several
-// threads pull at once. Endpoints to peers are cached.
+// threads pull at once. Endpoints to peers are cached, up to a bound: past
+// it, the one least recently used that no send is using is closed (each
+// holds a mapping of the peer's shared-memory queue, which outlives the
+// peer; a daemon's peers' workers come and go over months of changes).
 //
 //   PTC_ASSIGN_OR_RETURN(auto w, UcxWorker::Create());
 //   PTC_ASSIGN_OR_RETURN(auto r, w->PostReceive(tag, buf, n));
@@ -54,13 +57,20 @@ class UcxWorker {
   // background so peers' sends complete. Otherwise a worker for
   // one thread at a time (no locks, no background thread), such as each
   // pulling thread's: the owner progresses it while waiting.
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(bool serve = true);
+  // `max_endpoints`: how many endpoints to peers it keeps open.
+  static constexpr int kMaxEndpoints = 1024;
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(
+      bool serve = true, int max_endpoints = kMaxEndpoints);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
 
   // This worker's address, for peers to send to.
   const std::string& address() const { return address_; }
+  // Endpoints to peers open now, and ever closed while the worker lives
+  // (the least recently used beyond the bound, and broken ones).
+  int open_endpoints();
+  int64_t closed_endpoints();
 
   absl::StatusOr<std::unique_ptr<Receive>> PostReceive(uint64_t tag,
                                                        void* buffer,
@@ -106,11 +116,21 @@ class UcxWorker {
                     const std::function<bool()>& give_up = nullptr);
 
  private:
+  // An endpoint to a peer and the sends using it now.
+  struct Peer {
+    void* ep = nullptr;  // ucp_ep_h
+    int users = 0;
+    uint64_t last_taken = 0;  // of taken_: the least recent goes first
+    bool broken = false;      // forgotten; closed when no send uses it
+  };
+
   UcxWorker() = default;
-  // The endpoint to `peer`, created on first use.
-  absl::StatusOr<void*> Endpoint(const std::string& peer);
-  // Forgets a broken endpoint.
-  void DropEndpoint(const std::string& peer);
+  // The endpoint to `peer` for one Send (created on first use), and its
+  // return; a `broken` one is forgotten, and closed once no send uses it.
+  absl::StatusOr<Peer*> TakeEndpoint(const std::string& peer);
+  void GiveBack(Peer* peer, bool broken);
+  // Closes `ep` (forced: no send uses it) and waits until UCX is done.
+  void CloseEndpoint(void* ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs in progress_thread_ until stop_.
   void ProgressLoop();
   // Drives the worker until `request` completes, `deadline`, or `give_up`.
@@ -121,7 +141,12 @@ class UcxWorker {
   void* worker_ = nullptr;   // ucp_worker_h
   std::string address_;
   absl::Mutex mu_;
-  std::map<std::string, void*> endpoints_ ABSL_GUARDED_BY(mu_);  // ucp_ep_h
+  int max_endpoints_ = kMaxEndpoints;
+  std::map<std::string, std::unique_ptr<Peer>> endpoints_ ABSL_GUARDED_BY(mu_);
+  // Broken endpoints that sends still used when they broke.
+  std::vector<std::unique_ptr<Peer>> broken_endpoints_ ABSL_GUARDED_BY(mu_);
+  uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t closed_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> stop_{false};
   bool broken_ = false;
   bool abandoned_ = false;
