@@ -48,7 +48,8 @@ for round in $(seq 1 "$rounds"); do
     if [[ $side == base ]]; then bin=$base_bin; else bin=$head_bin; fi
     echo "round $round/$rounds: $side" >&2
     BIN=$bin TRANSPORTS=ucx PARTS=${PARTS:-transports} WARMUP=${WARMUP:-1} \
-      RESULTS=$results.$side bash tools/reconfigure_benchmark.sh "${RUNS:-1}" >&2
+      RESULTS=$results.$side LOGS=$results.logs/$round-$side \
+      bash tools/reconfigure_benchmark.sh "${RUNS:-1}" >&2
   done
 done
 
@@ -90,5 +91,5 @@ for case in b:
         print(f"  {side}: staging {rate:.0f} MB/s = {100 * rate / bound:.0f}% of {limit} "
               f"({bound:.0f} MB/s, measured in the same invocations)")
 PY
-echo "per-change records: $results.base, $results.head; worktrees in $work" \
+echo "per-change records: $results.base, $results.head; daemon logs in $results.logs; worktrees in $work" \
   "(git worktree remove them when done)"

@@ -22,6 +22,8 @@
 #   BIN=DIR ...   the binaries of another build (a bazel-bin), not built here
 #   RESULTS=FILE ...   also appends a JSON line per measured change to FILE
 #                   (tools/compare_builds.sh reads them)
+#   LOGS=DIR ...   keeps the daemons' logs (copied into DIR at the end), to
+#                   look into a run far from the others
 #   WARMUP=1 ...   one change to host1 and back before the measured ones, not
 #                   timed: the first change into a ptcd's fresh memory on a VM
 #                   waits for the hypervisor to back it (measured: 15.9 s
@@ -37,7 +39,11 @@ fi
 export BIN=${BIN:-$PWD/bazel-bin}
 ptcctl=$BIN/tools/ptcctl
 dir=$(mktemp -d /tmp/ptc-bench-XXXXXX)
-trap 'tools/local_cluster.sh down "$dir" >/dev/null; rm -rf "$dir"' EXIT
+keep_logs() {
+  [[ -n "${LOGS:-}" ]] || return 0
+  mkdir -p "$LOGS" && cp -r "$dir/logs/." "$LOGS/" && echo "logs kept in $LOGS" >&2
+}
+trap 'tools/local_cluster.sh down "$dir" >/dev/null; keep_logs; rm -rf "$dir"' EXIT
 
 perftest() {  # $1: UCX_TLS, $2: port, $3: test, $4: bytes, $5: iterations -> MB/s
   UCX_TLS=$1 ucx_perftest -t "$3" -s "$4" -n "$5" -p "$2" >/dev/null 2>&1 &
