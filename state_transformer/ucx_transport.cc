@@ -156,6 +156,12 @@ struct IdleWorkers {
 
 IdleWorkers& PullingWorkers() {
   static auto* idle = new IdleWorkers;  // never destroyed: used at exit
+  static auto* gauge =
+      new Gauge("ptc_transformer_ucx_idle_pulling_workers", [] {
+        absl::MutexLock lock(&idle->mu);
+        return static_cast<double>(idle->workers.size());
+      });
+  (void)gauge;
   return *idle;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "state_transformer/ucx_address_check.h"
 
@@ -16,6 +17,9 @@ namespace {
 
 ucp_context_h Ctx(void* p) { return static_cast<ucp_context_h>(p); }
 ucp_worker_h Wkr(void* p) { return static_cast<ucp_worker_h>(p); }
+
+Counter& endpoints_closed_total =
+    GetCounter("ptc_transformer_ucx_endpoints_closed_total");
 
 absl::Status UcxError(const char* what, ucs_status_t s) {
   return absl::UnavailableError(
@@ -58,6 +62,9 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(
   ucp_worker_release_address(worker, address);
   if (serve) {
     w->progress_thread_ = std::thread([p = w.get()] { p->ProgressLoop(); });
+    w->endpoints_gauge_ =
+        std::make_unique<Gauge>("ptc_transformer_ucx_endpoints",
+                                [p = w.get()] { return p->open_endpoints(); });
   }
   return w;
 }
@@ -80,6 +87,7 @@ void UcxWorker::ProgressLoop() {
 }
 
 UcxWorker::~UcxWorker() {
+  endpoints_gauge_.reset();  // reads endpoints_
   stop_ = true;
   if (progress_thread_.joinable()) progress_thread_.join();
   {
@@ -220,6 +228,7 @@ void UcxWorker::CloseEndpoint(void* ep) {
     ucp_request_free(r);
   }
   ++closed_;
+  endpoints_closed_total.Add();
 }
 
 absl::StatusOr<UcxWorker::Peer*> UcxWorker::TakeEndpoint(

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/metrics.h"
 
 namespace ptc {
 
@@ -147,6 +148,7 @@ class UcxWorker {
   std::vector<std::unique_ptr<Peer>> broken_endpoints_ ABSL_GUARDED_BY(mu_);
   uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t closed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<Gauge> endpoints_gauge_;  // a serving worker's
   std::atomic<bool> stop_{false};
   bool broken_ = false;
   bool abandoned_ = false;

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics.h"
+
 namespace ptc {
 namespace {
 
@@ -64,6 +66,9 @@ TEST_CASE(
   CHECK(s.closed_endpoints() == 2);
   SendTo(s, c, 6, bytes);  // still open
   CHECK(s.closed_endpoints() == 2);
+  // What an operator sees (this test's only serving worker).
+  CHECK_THAT(PrometheusText(),
+             Catch::Contains("\nptc_transformer_ucx_endpoints 2\n"));
 }
 
 TEST_CASE("ucx worker: an endpoint whose send failed is closed",
