@@ -144,9 +144,9 @@ namespace {
 // transfers. They outlive the transports (one per staged fragment), so a
 // source sees the same few addresses change after change: its check of a
 // new address (a child process, ucx_address_check.h) and its endpoint are
-// paid once per worker, not once per pulling thread and change. Under
-// load, checks queued behind each other at a source delayed its sends past
-// the targets' deadlines. A worker comes back only after transfers that
+// paid once per worker, not once per pulling thread and change (under
+// load, checks queued at a source, 4 at once, can hold its sends past the
+// targets' deadlines). A worker comes back only after transfers that
 // all completed (one that failed is abandoned and destroyed), so nothing
 // of an earlier transfer is in flight to it.
 struct IdleWorkers {
