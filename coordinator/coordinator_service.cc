@@ -18,7 +18,6 @@
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
-#include "common/parallel_for.h"
 #include "common/status_macros.h"
 #include "coordinator/reconfigure_driver.h"
 #include "plan/job_placement.h"
@@ -464,24 +463,58 @@ void CoordinatorService::CancelFlightsOnLocked(const std::string& host) {
   }
 }
 
-StoreClient* CoordinatorService::ProbeClient(const std::string& name,
-                                             const std::string& address) {
-  std::unique_ptr<StoreClient>& client = probes_[name];
-  if (client == nullptr || probe_addresses_[name] != address) {
-    // Apart: while the host is unreachable, this client's connection
-    // attempts fail seconds each; a change's clients, once the host is
-    // back, must not wait on them (see StoreClient::ConnectApart).
-    client = StoreClient::ConnectApart(address, name);
-    probe_addresses_[name] = address;
-    probes_open_ = static_cast<int>(probes_.size());
+bool CoordinatorService::JudgeProbesLocked(
+    std::vector<HostProbes::Answer> answers, absl::Time started) {
+  const absl::Time now = absl::Now();
+  bool changed = false;
+  for (HostProbes::Answer& a : answers) {
+    const std::string& name = a.host;
+    const HostRegistry::Host* h = hosts_.Find(name);
+    if (h == nullptr || !h->status.alive()) {
+      probes_.Drop(name);
+      continue;
+    }
+    const absl::Duration silent = now - std::max(h->last_heartbeat, started);
+    const absl::Duration timeout = hosts_.TimeoutOf(*h);
+    if (silent <= timeout / 2) {
+      // A heartbeat came: the probe's connection is not kept (one per
+      // host that was ever late would stay open, pinging it).
+      probes_.Drop(name);
+      continue;
+    }
+    // A ptcd that started after this host registered is another process
+    // under its name: the memory of the registered one is gone.
+    if (a.uptime.ok() &&
+        HostRegistry::StartedAfter(*a.uptime, a.asked, h->registered_at)) {
+      a.uptime = absl::UnavailableError(absl::StrCat(
+          "a ptcd started ", absl::FormatDuration(*a.uptime),
+          " ago answered, after this host registered"));
+    }
+    // Not answered, but not yet silent for its whole timeout: asked again.
+    if (!a.uptime.ok() && silent <= timeout) continue;
+    if (a.uptime.ok()) {
+      Log("coordinator")
+          ->log(silent > timeout ? spdlog::level::warn : spdlog::level::info,
+                "host {}'s heartbeats are {} late, but it answered directly: "
+                "alive (a busy machine?)",
+                name, absl::FormatDuration(silent));
+      hosts_.HeardFrom(name, now);
+      probes_.Drop(name);
+      continue;
+    }
+    hosts_.MarkDead(name);
+    // Its connection would keep trying to reach the dead host; one is
+    // made afresh if the host comes back and goes quiet again.
+    probes_.Drop(name);
+    changed = true;
+    Log("coordinator")
+        ->warn("host {} missed its heartbeats for {} and did not answer "
+               "directly ({}); marked dead",
+               name, absl::FormatDuration(silent),
+               a.uptime.status().ToString());
+    CancelFlightsOnLocked(name);
   }
-  return client.get();
-}
-
-void CoordinatorService::DropProbe(const std::string& name) {
-  probes_.erase(name);
-  probe_addresses_.erase(name);
-  probes_open_ = static_cast<int>(probes_.size());
+  return changed;
 }
 
 void CoordinatorService::MonitorLoop() {
@@ -499,98 +532,40 @@ void CoordinatorService::MonitorLoop() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                absl::Milliseconds(200)))
         return;
-      overdue = hosts_.Overdue(absl::Now(), started);
-      for (const auto& [name, address] : overdue)
-        timeouts.push_back(hosts_.TimeoutOf(*hosts_.Find(name)));
-    }
-    // Late heartbeats alone do not make a host dead: on a busy machine
-    // (or a busy coordinator) they arrive late while the host is fine. A
-    // host silent for half the timeout is asked directly, within the other
-    // half; one silent for the whole timeout that also left that call
-    // unanswered (or refused it) is dead, so that the verdict on a host
-    // behind a cut link comes after its timeout, not twice that. At most
-    // 16 probes at once; a host that answers is not asked again before
-    // another half timeout passes.
-    // Each probe's client is made here, on this thread; the calls run in
-    // parallel, each on its own client. The answer: the ptcd's uptime.
-    std::vector<StoreClient*> clients;
-    for (const auto& [name, address] : overdue)
-      clients.push_back(ProbeClient(name, address));
-    std::vector<absl::StatusOr<absl::Duration>> probed(
-        overdue.size(), absl::UnknownError("not probed"));
-    std::vector<absl::Time> asked(overdue.size());
-    ParallelFor(overdue.size(), 16, [&](size_t i) {
-      asked[i] = absl::Now();
-      auto stats = clients[i]->Stats(timeouts[i] / 2);
-      probed[i] = stats.ok() ? absl::StatusOr<absl::Duration>(
-                                   absl::Seconds(stats->uptime_seconds()))
-                             : stats.status();
-      return absl::OkStatus();
-    }).IgnoreError();
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
-      bool changed = false;
-      for (size_t i = 0; i < overdue.size(); ++i) {
-        const std::string& name = overdue[i].first;
-        const HostRegistry::Host* h = hosts_.Find(name);
-        if (h == nullptr || !h->status.alive()) continue;
-        const absl::Duration silent = now - std::max(h->last_heartbeat, started);
-        const absl::Duration timeout = hosts_.TimeoutOf(*h);
-        if (silent <= timeout / 2) {
-          // A heartbeat came: the probe's connection is not kept (one per
-          // host that was ever late would stay open, pinging it).
-          DropProbe(name);
-          continue;
-        }
-        // A ptcd that started after this host registered is another
-        // process under its name: the memory of the registered one is gone.
-        if (probed[i].ok() && HostRegistry::StartedAfter(*probed[i], asked[i],
-                                                         h->registered_at)) {
-          probed[i] = absl::UnavailableError(absl::StrCat(
-              "a ptcd started ", absl::FormatDuration(*probed[i]),
-              " ago answered, after this host registered"));
-        }
-        if (!probed[i].ok() && silent <= timeout) continue;
-        if (probed[i].ok()) {
-          Log("coordinator")
-              ->log(silent > timeout ? spdlog::level::warn
-                                                   : spdlog::level::info,
-                    "host {}'s heartbeats are {} late, but it answered "
-                    "directly: alive (a busy machine?)",
-                    name, absl::FormatDuration(silent));
-          hosts_.HeardFrom(name, now);
-          DropProbe(name);
-          continue;
-        }
-        hosts_.MarkDead(name);
-        // Its client would keep trying to connect to the dead host; one
-        // is made afresh if the host comes back and goes quiet again.
-        DropProbe(name);
-        changed = true;
-        Log("coordinator")
-            ->warn("host {} missed its heartbeats for {} and did not answer "
-                   "directly ({}); marked dead",
-                   name, absl::FormatDuration(silent),
-                   probed[i].status().ToString());
-        CancelFlightsOnLocked(name);
-      }
+      // Late heartbeats alone do not make a host dead: on a busy machine
+      // (or a busy coordinator) they arrive late while the host is fine.
+      // A host silent for half the timeout is asked directly, within the
+      // other half; one silent for the whole timeout that also left that
+      // call unanswered (or refused it) is dead, so that the verdict on a
+      // host behind a cut link comes after its timeout, not twice that.
+      // The calls are asked in one round and their answers judged in a
+      // later one (HostProbes): a host that does not answer holds up no
+      // other host's verdict and no decided commit's retry below.
+      bool changed = JudgeProbesLocked(probes_.Take(), started);
       // Hosts dead for host_expiry that no job names are forgotten: the
       // registry does not grow with every machine that ever came by.
+      const absl::Time now = absl::Now();
       for (const std::string& name : hosts_.Expire(
                now, options_.host_expiry,
                [&](const std::string& h) { return jobs_.NameHost(h); })) {
         Log("coordinator")
             ->info("host {} dead for over {} and used by no job; forgotten",
                    name, absl::FormatDuration(options_.host_expiry));
-        DropProbe(name);
+        probes_.Drop(name);
         changed = true;
       }
       if (changed) PersistLocked().IgnoreError();
       for (auto& [name, j] : jobs_) {
         if (j->state.commit_decided() && !j->running) retry.push_back(name);
       }
+      overdue = hosts_.Overdue(now, started);
+      for (const auto& [name, address] : overdue)
+        timeouts.push_back(hosts_.TimeoutOf(*hosts_.Find(name)));
     }
+    // A host already being asked is not asked twice; an answer is judged
+    // in the next round (its heartbeat may have come meanwhile).
+    for (size_t i = 0; i < overdue.size(); ++i)
+      probes_.Ask(overdue[i].first, overdue[i].second, timeouts[i] / 2);
     for (const std::string& job : retry) FinishDecidedCommit(job);
   }
 }
@@ -1078,7 +1053,7 @@ CoordinatorService::Counts CoordinatorService::GetCounts() {
   c.jobs = static_cast<int>(jobs_.size());
   for (const auto& [name, j] : jobs_)
     if (j->state.target_version() != 0) c.changes_in_flight++;
-  c.probes_open = probes_open_;
+  c.probes_open = probes_.open();
   c.meeting_calls_held = static_cast<int>(held_.size());
   return c;
 }

@@ -70,6 +70,7 @@
 #include "coordinator/auto_changes.h"
 #include "coordinator/control_store.h"
 #include "coordinator/flight.h"
+#include "coordinator/host_probes.h"
 #include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
 #include "coordinator/kept_small_objects.h"
@@ -354,14 +355,10 @@ class CoordinatorService final
   absl::Status Load();
   void Recover();
   void MonitorLoop();
-  // The client that asks host `name` at `address` directly (the store's
-  // Stats, within half of host_timeout) while its heartbeats are late.
-  // Monitor thread only.
-  StoreClient* ProbeClient(const std::string& name, const std::string& address);
-  // Closes host `name`'s probe client, if any: once it answered, its
-  // heartbeats came back, it was marked dead or forgotten. Monitor thread
-  // only.
-  void DropProbe(const std::string& name);
+  // Judges the answers of the hosts asked directly (their heartbeats
+  // late): alive, dead, or asked again; true if a host was marked dead.
+  bool JudgeProbesLocked(std::vector<HostProbes::Answer> answers,
+                         absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a decided commit; true if done.
   bool FinishDecidedCommit(const std::string& job);
   // Records a new job (its hosts must be registered and have a GPU per
@@ -501,13 +498,11 @@ class CoordinatorService final
   std::vector<std::string> recovery_log_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
-  // The monitor thread's own (no lock): a client per host being probed
-  // (its heartbeats late), and the address it was made for; dropped once
-  // the host answers or is marked dead (at most the overdue hosts' count,
-  // not one per host that was ever late).
-  std::map<std::string, std::unique_ptr<StoreClient>> probes_;
-  std::map<std::string, std::string> probe_addresses_;
-  std::atomic<int> probes_open_{0};  // probes_.size(), for GetCounts
+  // The monitor thread's questions to hosts whose heartbeats are late: a
+  // connection per host being asked, closed once the host answers or is
+  // marked dead (at most the overdue hosts' count, not one per host that
+  // was ever late).
+  HostProbes probes_;
   std::atomic<int> heartbeat_streams_{0};  // open Heartbeats streams
   std::thread snapshotter_;
   // Jobs with a snapshot being written (one at a time per job).

@@ -1,8 +1,12 @@
 // OnEachAddress: every address is called once, at most `max_at_once` at a
 // time, and the first error comes back. ReleaseOn, built on it, does not
-// wait long for a host that does not answer.
+// wait long for a host that does not answer. CallEachWithin gives each
+// call its whole deadline and cancels the calls of hosts gone.
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -75,6 +79,96 @@ TEST_CASE(
   REQUIRE(list.ok());
   for (const proto::JobInfo& j : list->jobs())
     for (const proto::VersionInfo& v : j.versions()) CHECK(v.version() != 1);
+}
+
+TEST_CASE(
+    "CallEachWithin gives every call its whole deadline from when it "
+    "starts, however many rounds of calls come before it",
+    "[coordinator]") {
+  // Every call waits out its deadline (the host answers nothing): 130
+  // calls, 64 at a time, take three rounds. A deadline counted from the
+  // fan-out's start left the second and third rounds' calls nothing.
+  testing::SilentStore silent;
+  auto stub = proto::TensorStore::NewStub(grpc::CreateChannel(
+      silent.address(), grpc::InsecureChannelCredentials()));
+  std::vector<std::string> hosts;
+  for (int i = 0; i < 130; ++i) hosts.push_back("host" + std::to_string(i));
+  std::mutex mu;
+  std::map<std::string, std::pair<absl::Duration, grpc::StatusCode>> ended;
+  CallEachWithin(
+      hosts, absl::Milliseconds(500),
+      [&](const std::string& host, grpc::ClientContext* ctx) {
+        const absl::Time start = absl::Now();
+        proto::StatsResponse resp;
+        const grpc::Status s = stub->Stats(ctx, proto::StatsRequest(), &resp);
+        std::lock_guard<std::mutex> lock(mu);
+        ended[host] = {absl::Now() - start, s.error_code()};
+      },
+      nullptr, nullptr, /*max_at_once=*/64);
+  REQUIRE(ended.size() == hosts.size());
+  int full = 0;
+  for (const auto& [host, e] : ended) {
+    INFO(host << " ended with code " << e.second << " after " << e.first);
+    CHECK(e.second == grpc::StatusCode::DEADLINE_EXCEEDED);
+    full += e.first >= absl::Milliseconds(450);
+  }
+  CHECK(full == 130);
+}
+
+TEST_CASE(
+    "CallEachWithin cancels a host's call once it is gone, and every call, "
+    "made or not yet, once the change is cancelled",
+    "[coordinator]") {
+  testing::SilentStore silent;
+  auto stub = proto::TensorStore::NewStub(grpc::CreateChannel(
+      silent.address(), grpc::InsecureChannelCredentials()));
+  std::vector<std::string> hosts;
+  for (int i = 0; i < 20; ++i) hosts.push_back("host" + std::to_string(i));
+  auto run = [&](const std::atomic<bool>* cancel,
+                 const std::function<bool(const std::string&)>& gone) {
+    std::mutex mu;
+    std::map<std::string, grpc::StatusCode> codes;
+    CallEachWithin(
+        hosts, absl::Seconds(60),
+        [&](const std::string& host, grpc::ClientContext* ctx) {
+          proto::StatsResponse resp;
+          const grpc::Status s =
+              stub->Stats(ctx, proto::StatsRequest(), &resp);
+          std::lock_guard<std::mutex> lock(mu);
+          codes[host] = s.error_code();
+        },
+        cancel, gone, /*max_at_once=*/4);
+    return codes;
+  };
+  const absl::Time start = absl::Now();
+  SECTION("gone") {
+    // Every host is gone a moment after the calls start: none waits out
+    // its minute.
+    const absl::Time after = absl::Now() + absl::Milliseconds(300);
+    auto codes = run(nullptr, [&](const std::string&) {
+      return absl::Now() > after;
+    });
+    REQUIRE(codes.size() == hosts.size());
+    for (const auto& [host, code] : codes) {
+      INFO(host);
+      CHECK(code == grpc::StatusCode::CANCELLED);
+    }
+  }
+  SECTION("cancelled") {
+    std::atomic<bool> cancel{false};
+    std::thread later([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      cancel = true;
+    });
+    auto codes = run(&cancel, nullptr);
+    later.join();
+    REQUIRE(codes.size() == hosts.size());
+    for (const auto& [host, code] : codes) {
+      INFO(host);
+      CHECK(code == grpc::StatusCode::CANCELLED);
+    }
+  }
+  CHECK(absl::Now() - start < absl::Seconds(30));
 }
 
 }  // namespace

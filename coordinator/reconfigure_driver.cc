@@ -314,58 +314,37 @@ std::set<int32_t> AdmitPeersOnSources(const ReconfigureRequest& r,
     of[it->second] = &targets;
     host_of[it->second] = source;
   }
-  // One context per source, all cancelled together (as StageAll does).
-  std::map<std::string, grpc::ClientContext> contexts;
-  for (const std::string& a : addresses) {
-    contexts[a].set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  }
-  std::atomic<bool> finished{false};
-  std::thread watch([&] {
-    std::set<std::string> given_up;
-    for (int tick = 0; !finished.load(); ++tick) {
-      if (r.cancel != nullptr && r.cancel->load()) {
-        for (auto& [a, ctx] : contexts) ctx.TryCancel();
-        return;
-      }
-      // A source that went silent is not waited for.
-      if (r.is_alive && tick % 10 == 0) {
-        for (auto& [a, ctx] : contexts) {
-          if (!given_up.count(a) && !r.is_alive(host_of.at(a))) {
-            given_up.insert(a);
-            ctx.TryCancel();
-          }
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  });
   absl::Mutex mu;
   std::set<int32_t> unreachable;
-  OnEachAddress(addresses, [&](const std::string& address) {
-    proto::AdmitPeersRequest req;
-    req.set_job(r.job);
-    req.set_plan_epoch(r.plan_epoch);
-    for (const std::string& h : *of.at(address)) req.add_hosts(h);
-    proto::AdmitPeersResponse resp;
-    const absl::Status s =
-        FromGrpcStatus(proto::Transformer::NewStub(Channel(address))
-                           ->AdmitPeers(&contexts.at(address), req, &resp));
-    if (!s.ok() && s.code() != absl::StatusCode::kUnimplemented) {
-      Log("coordinator")
-          ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
-                 r.plan_epoch, address, s.ToString());
-    }
-    if (s.code() == absl::StatusCode::kUnavailable ||
-        s.code() == absl::StatusCode::kDeadlineExceeded ||
-        (s.code() == absl::StatusCode::kCancelled &&
-         !(r.cancel != nullptr && r.cancel->load()))) {
-      absl::MutexLock lock(&mu);
-      unreachable.insert(host_of.at(address));
-    }
-    return absl::OkStatus();
-  }).IgnoreError();
-  finished = true;
-  watch.join();
+  CallEachWithin(
+      addresses, deadline,
+      [&](const std::string& address, grpc::ClientContext* ctx) {
+        proto::AdmitPeersRequest req;
+        req.set_job(r.job);
+        req.set_plan_epoch(r.plan_epoch);
+        for (const std::string& h : *of.at(address)) req.add_hosts(h);
+        proto::AdmitPeersResponse resp;
+        const absl::Status s = FromGrpcStatus(
+            proto::Transformer::NewStub(Channel(address))
+                ->AdmitPeers(ctx, req, &resp));
+        if (!s.ok() && s.code() != absl::StatusCode::kUnimplemented) {
+          Log("coordinator")
+              ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
+                     r.plan_epoch, address, s.ToString());
+        }
+        if (s.code() == absl::StatusCode::kUnavailable ||
+            s.code() == absl::StatusCode::kDeadlineExceeded ||
+            (s.code() == absl::StatusCode::kCancelled &&
+             !(r.cancel != nullptr && r.cancel->load()))) {
+          absl::MutexLock lock(&mu);
+          unreachable.insert(host_of.at(address));
+        }
+      },
+      r.cancel,
+      // A source that went silent is not waited for.
+      [&](const std::string& address) {
+        return r.is_alive && !r.is_alive(host_of.at(address));
+      });
   return unreachable;
 }
 
@@ -847,6 +826,47 @@ absl::Status OnEachAddress(
               })
       .IgnoreError();
   return first;
+}
+
+void CallEachWithin(
+    const std::vector<std::string>& addresses, absl::Duration deadline,
+    const std::function<void(const std::string&, grpc::ClientContext*)>& call,
+    const std::atomic<bool>* cancel,
+    const std::function<bool(const std::string&)>& gone,
+    size_t max_at_once) {
+  // A context per address, made before any call starts, so that the
+  // watcher below can cancel one whose call has not started yet.
+  std::vector<grpc::ClientContext> contexts(addresses.size());
+  std::atomic<bool> finished{false};
+  std::thread watch([&] {
+    std::vector<bool> given_up(addresses.size(), false);
+    for (int tick = 0; !finished.load(); ++tick) {
+      if (cancel != nullptr && cancel->load()) {
+        for (grpc::ClientContext& ctx : contexts) ctx.TryCancel();
+        return;
+      }
+      if (gone && tick % 10 == 0) {
+        for (size_t i = 0; i < addresses.size(); ++i) {
+          if (!given_up[i] && gone(addresses[i])) {
+            given_up[i] = true;
+            contexts[i].TryCancel();
+          }
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  ParallelFor(addresses.size(),
+              static_cast<int>(std::min<size_t>(max_at_once, kMaxRpcThreads)),
+              [&](size_t i) {
+                contexts[i].set_deadline(
+                    absl::ToChronoTime(absl::Now() + deadline));
+                call(addresses[i], &contexts[i]);
+                return absl::OkStatus();
+              })
+      .IgnoreError();
+  finished = true;
+  watch.join();
 }
 
 absl::Status CommitStagedOn(const std::vector<std::string>& addresses,

@@ -207,6 +207,56 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "coordinator: a rack of hosts behind a cut link (their ptcds keep their "
+    "connections and answer nothing) is declared dead in one host timeout, "
+    "not in waves of probes",
+    "[coordinator][failure]") {
+  // 48 hosts of a rack go quiet at once, as behind a switch that failed:
+  // each is asked directly for the second half of its timeout. With the
+  // questions asked 16 at a time and awaited by the monitor loop, the
+  // verdicts took three waves (twice the timeout), and every other host's
+  // verdict and every decided commit's retry waited with them.
+  testing::SilentStore rack;
+  proto::CoordinatorState state;
+  for (int i = 0; i < 48; ++i) {
+    proto::HostStatus* h = state.add_hosts();
+    h->set_name(absl::StrCat("rack0-host", i));
+    h->set_address(rack.address());
+    h->set_gpus(8);
+    h->set_alive(true);
+  }
+  testing::TempDir dir;
+  REQUIRE(
+      WriteFileAtomically(dir.path() + "/state.pb", state.SerializeAsString())
+          .ok());
+  CoordinatorServerOptions options{"127.0.0.1:0", {dir.path()}};
+  options.service.host_timeout = absl::Seconds(8);
+  const absl::Time started = absl::Now();
+  auto coordinator = CoordinatorServer::Start(options);
+  REQUIRE(coordinator.ok());
+  const int port = (*coordinator)->port();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  int alive = 48;
+  while (alive > 0 && absl::Now() < deadline) {
+    alive = 0;
+    for (const auto& [name, up] : Alive(port)) alive += up;
+    if (alive > 0) absl::SleepFor(absl::Milliseconds(50));
+  }
+  const absl::Duration took = absl::Now() - started;
+  INFO("every host of the rack declared dead after " << took);
+  REQUIRE(alive == 0);
+  // One timeout and the monitor's rounds (three waves: 16 s).
+  CHECK(took < absl::Seconds(12));
+  CHECK(rack.calls() >= 48);  // every host was asked
+  // Their connections closed with the verdicts.
+  const absl::Time closing = absl::Now() + absl::Seconds(30);
+  while ((*coordinator)->service()->GetCounts().probes_open > 0 &&
+         absl::Now() < closing)
+    absl::SleepFor(absl::Milliseconds(20));
+  CHECK((*coordinator)->service()->GetCounts().probes_open == 0);
+}
+
+TEST_CASE(
     "coordinator: a write of more records than one transaction takes (300 "
     "hosts moved into records of their own) is written in several",
     "[coordinator][failure]") {

@@ -10,7 +10,9 @@ over stores that keep no bytes), through a live job's life:
             --saves steps, each until it commits
   steady    --steady seconds of training with no change: heartbeats, and
             every process looking at the job at each step's boundary
-  failure   --kill hosts die (SIGKILL, their processes too); the
+  failure   --kill hosts die (SIGKILL, their processes too; with --stop
+            they stop instead, SIGSTOP, as behind a cut link: their
+            connections stay open and answer nothing); the
             coordinator declares them dead and changes the job by itself
             to --after-kill; every surviving process follows into the new
             layout (rank, meeting, load) or leaves
@@ -295,10 +297,14 @@ class Group:
         except FileNotFoundError:
             return []
 
-    def kill(self):
+    def kill(self, stop=False):
+        """SIGKILL, or with `stop` SIGSTOP (killed later, at close)."""
         self.killed = True
         for p in (self.ranks, self.hosts):
             if p is not None and p.poll() is None:
+                if stop:
+                    p.send_signal(signal.SIGSTOP)
+                    continue
                 p.kill()
                 p.wait()
 
@@ -553,7 +559,7 @@ class Harness:
         if o.kill:
             def failure():
                 victims = self.groups[0]
-                victims.kill()
+                victims.kill(stop=o.stop)
                 killed = time.time()
                 names = set(self.names[:o.kill])
                 # The config to change to is pinned once they are in doubt
@@ -574,17 +580,25 @@ class Harness:
                         break
                     time.sleep(0.1)
                 declared = time.time()  # the first of them
+                every = None  # the last of them
                 while (st := self.status())["layout_epoch"] < 2:
                     if time.time() > declared + o.timeout:
                         raise SystemExit("the automatic change did not commit")
+                    if every is None and not any(
+                            h["alive"] for h in self.read("hosts")["hosts"]
+                            if h["name"] in names):
+                        every = time.time()
                     time.sleep(0.1)
                 committed = time.time()
+                if every is None:
+                    every = committed  # (no later than the commit: it left them out)
                 # The change that committed, as the status that saw it
                 # said (read later, it may be a newer one).
                 change = st["reconfiguration"]
                 after = self.world(o.after_kill)
                 resumed = self.wait_resumed(2, after, o.timeout)
                 return {"first declared dead after kill": f"{declared - killed:.2f} s",
+                        "last declared dead after kill": f"{every - killed:.2f} s",
                         "declared dead -> the change committed": f"{committed - declared:.2f} s",
                         "declared dead -> every process resumed": f"{resumed - declared:.2f} s",
                         "change": f"{change['phase']}, {change['reason']}"}
@@ -638,6 +652,11 @@ class Harness:
         """Stops every hollow process (SIGTERM to all at once, then SIGKILL
         to those still running a minute later), then the coordinator."""
         procs = [p for g in self.groups for p in g.processes()]
+        for g in self.groups:
+            if g.killed:  # stopped (--stop): a stopped process waits out SIGTERM
+                for p in g.processes():
+                    if p.poll() is None:
+                        p.kill()
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -657,6 +676,10 @@ def main():
     p.add_argument("--hosts", type=int, default=64)
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--kill", type=int, default=4)
+    p.add_argument("--stop", action="store_true",
+                   help="the --kill hosts stop (SIGSTOP) instead of dying, as hosts "
+                   "behind a cut link: the coordinator's questions to them wait out "
+                   "their deadlines")
     p.add_argument("--add", type=int, default=0)
     p.add_argument("--group", type=int, default=128, help="hosts per process")
     p.add_argument("--rack", type=int, default=0, help="hosts per failure domain")

@@ -65,6 +65,12 @@ grpc::Status SilentStore::DeleteVersion(grpc::ServerContext* ctx,
   return Hold(ctx);
 }
 
+grpc::Status SilentStore::Stats(grpc::ServerContext* ctx,
+                                const proto::StatsRequest*,
+                                proto::StatsResponse*) {
+  return Hold(ctx);
+}
+
 std::string Daemon::address() const {
   return absl::StrCat("127.0.0.1:", server->port());
 }

@@ -40,9 +40,10 @@ struct Daemon {
 std::unique_ptr<Daemon> StartDaemon(int64_t memory_limit = int64_t{8} << 30,
                                     int64_t spare_pool = 0);
 
-// A host that accepts connections and calls but answers no Fingerprint or
-// DeleteVersion until the call is cancelled or its deadline passes, as a
-// stopped ptcd (SIGSTOP) does; on localhost:0.
+// A host that accepts connections and calls but answers no Fingerprint,
+// DeleteVersion or Stats until the call is cancelled or its deadline
+// passes, as a stopped ptcd (SIGSTOP) or one behind a cut link does; on
+// localhost:0.
 class SilentStore final : public proto::TensorStore::Service {
  public:
   SilentStore();
@@ -57,6 +58,8 @@ class SilentStore final : public proto::TensorStore::Service {
   grpc::Status DeleteVersion(grpc::ServerContext* ctx,
                              const proto::DeleteVersionRequest*,
                              proto::DeleteVersionResponse*) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const proto::StatsRequest*,
+                     proto::StatsResponse*) override;
 
  private:
   grpc::Status Hold(grpc::ServerContext* ctx);
