@@ -20,6 +20,7 @@
 #include <grpcpp/support/status.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -73,14 +74,18 @@ class Backoff {
 };
 
 // `call()` (returning an absl::StatusOr), asked again after Backoff's
-// pauses while it is refused for load (IsBusy), until `deadline`; its last
-// answer.
+// pauses while it is refused for load (IsBusy), until `deadline` or, when
+// given, until `stop()` says so (the change it serves was cancelled: a
+// busy source is not asked again for minutes after); its last answer.
 template <typename Call>
-auto AskWhileBusy(absl::Time deadline, Call call) -> decltype(call()) {
+auto AskWhileBusy(absl::Time deadline, Call call,
+                  const std::function<bool()>& stop = nullptr)
+    -> decltype(call()) {
   Backoff backoff;
   while (true) {
     auto got = call();
-    if (got.ok() || !IsBusy(got.status()) || !backoff.Wait(deadline))
+    if (got.ok() || !IsBusy(got.status()) || (stop && stop()) ||
+        !backoff.Wait(deadline) || (stop && stop()))
       return got;
   }
 }

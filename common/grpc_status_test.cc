@@ -189,5 +189,22 @@ TEST_CASE("AskWhileBusy: asks again only while refused for load", "[common]") {
   CHECK(calls == 1);
 }
 
+TEST_CASE("AskWhileBusy: stops asking once stop() says so", "[common]") {
+  // Refused for load until a minute passes; the change it serves is
+  // cancelled after the third answer.
+  const absl::Time start = absl::Now();
+  int calls = 0;
+  absl::StatusOr<int> got = AskWhileBusy(
+      start + absl::Seconds(60),
+      [&]() -> absl::StatusOr<int> {
+        ++calls;
+        return BusyError("busy");
+      },
+      [&] { return calls >= 3; });
+  CHECK(IsBusy(got.status()));
+  CHECK(calls == 3);
+  CHECK(absl::Now() - start < absl::Seconds(30));
+}
+
 }  // namespace
 }  // namespace ptc

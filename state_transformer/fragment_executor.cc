@@ -530,11 +530,12 @@ class FragmentRun {
 GrpcPieceTransport::GrpcPieceTransport(
     const std::map<int32_t, std::string>& peers,
     std::map<int32_t, std::string> names, absl::Duration peer_timeout,
-    bool hollow)
+    bool hollow, std::function<bool()> cancelled)
     : addresses_(peers),
       names_(std::move(names)),
       peer_timeout_(peer_timeout),
-      hollow_(hollow) {
+      hollow_(hollow),
+      cancelled_(std::move(cancelled)) {
   for (const auto& [host, address] : peers) {
     auto name = names_.find(host);
     clients_[host] =
@@ -561,14 +562,14 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
   PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
   // A source whose RPC threads are all taken (thousands of targets pulling
   // at once) refuses the read before running it: asked again, within the
-  // transfer's time.
+  // transfer's time, unless the change was cancelled meanwhile.
   const absl::Time deadline =
       absl::Now() +
       TransferDeadline(peer_timeout_, region.volume() * element_size);
   const absl::StatusOr<int64_t> got = AskWhileBusy(deadline, [&] {
     return client->ReadWith(job, version, tensor, region, consume, 0,
                             deadline - absl::Now(), hollow_);
-  });
+  }, cancelled_);
   if (!got.ok()) {
     const auto name = names_.find(host);
     return Annotate(
@@ -588,7 +589,7 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
   const absl::Time deadline = absl::Now() + TransferDeadline(peer_timeout_, 0);
   absl::StatusOr<std::string> got = AskWhileBusy(deadline, [&] {
     return client->GetSmallObject(job, version, name, rank);
-  });
+  }, cancelled_);
   if (!got.ok()) {
     const auto n = names_.find(host);
     return Annotate(

@@ -151,11 +151,14 @@ class GrpcPieceTransport : public PieceTransport {
   // host id -> "host:port", and host id -> name (for messages; optional).
   // A read gives up after TransferDeadline(`peer_timeout`, its bytes).
   // With `hollow`, reads from hollow peers are taken (StoreClient::
-  // ReadWith): the transport of a hollow store.
+  // ReadWith): the transport of a hollow store. `cancelled`, when given,
+  // says that the change was cancelled: a read refused for load is not
+  // asked again then.
   explicit GrpcPieceTransport(const std::map<int32_t, std::string>& peers,
                               std::map<int32_t, std::string> names = {},
                               absl::Duration peer_timeout = absl::Seconds(60),
-                              bool hollow = false);
+                              bool hollow = false,
+                              std::function<bool()> cancelled = nullptr);
   absl::Status Fetch(int32_t host, const std::string& job, int64_t version,
                      const std::string& tensor, const Region& region,
                      int64_t element_size,
@@ -174,6 +177,7 @@ class GrpcPieceTransport : public PieceTransport {
   std::map<int32_t, std::string> names_;
   const absl::Duration peer_timeout_;
   const bool hollow_;
+  const std::function<bool()> cancelled_;
 };
 
 // Runs `job` to completion (ValidateFragment first): plans its parts

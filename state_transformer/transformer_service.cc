@@ -185,11 +185,13 @@ absl::Status TransformerService::DoExecute(
     return std::make_unique<UcxPieceTransport>(req.plan_epoch(), peers, names,
                                                peer_timeout);
   };
+  // The coordinator cancels the call when the change aborts.
+  auto cancelled_call = [ctx] { return ctx->IsCancelled(); };
   std::unique_ptr<PieceTransport> transport;
   switch (req.transport()) {
     case proto::TRANSPORT_GRPC:
       transport = std::make_unique<GrpcPieceTransport>(
-          peers, names, peer_timeout, store_->hollow());
+          peers, names, peer_timeout, store_->hollow(), cancelled_call);
       break;
     case proto::TRANSPORT_UCX:
       if (!ucx_) {
@@ -203,7 +205,8 @@ absl::Status TransformerService::DoExecute(
       transport = std::make_unique<AutoTransport>(
           ucx_ ? ucx_transport() : nullptr,
           std::make_unique<GrpcPieceTransport>(peers, names, peer_timeout,
-                                               store_->hollow()));
+                                               store_->hollow(),
+                                               cancelled_call));
       break;
     default:
       return absl::InvalidArgumentError(
