@@ -16,13 +16,18 @@ bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list,
   return std::find(list.begin(), list.end(), x) != list.end();
 }
 
-// "host a" / "hosts a, b"
-std::string Hosts(const std::vector<std::string>& hosts) {
-  return absl::StrCat(hosts.size() > 1 ? "hosts " : "host ",
-                      absl::StrJoin(hosts, ", "));
-}
-
 }  // namespace
+
+std::string NameHosts(const std::vector<std::string>& hosts) {
+  if (hosts.size() <= kHostsNamed) {
+    return absl::StrCat(hosts.size() > 1 ? "hosts " : "host ",
+                        absl::StrJoin(hosts, ", "));
+  }
+  return absl::StrCat(
+      "hosts ",
+      absl::StrJoin(hosts.begin(), hosts.begin() + kHostsNamed, ", "),
+      " and ", hosts.size() - kHostsNamed, " more");
+}
 
 void AutoChanges::ProcessExited(const std::string& job, int64_t epoch,
                                 std::string why) {
@@ -113,7 +118,7 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
           ->warn(
               "job {}: {} of the pending change to {} died before it "
               "started; the change is planned again",
-              name, Hosts(gone), s.pending().to());
+              name, NameHosts(gone), s.pending().to());
       job.ClearPending();
       wake_ = true;
       return std::nullopt;
@@ -203,7 +208,7 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
     for (const std::string& h : dead) {
       if (!Contains(s.left_pool_dead(), h)) s.add_left_pool_dead(h);
     }
-    a.reason = absl::StrCat(Hosts(dead), " died");
+    a.reason = absl::StrCat(NameHosts(dead), " died");
   } else if (!draining.empty()) {
     a.reason = absl::StrCat("host ", absl::StrJoin(draining, ", "), " drained");
     a.save_first = policy.live();
@@ -218,7 +223,7 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
       if (MayPlaceOn(hosts, s, h, now) && !on.contains(h)) joined.push_back(h);
     }
     a.reason = joined.empty() ? "its hosts changed"
-                              : absl::StrCat(Hosts(joined), " can take it");
+                              : absl::StrCat(NameHosts(joined), " can take it");
     a.save_first = policy.live();
   } else {
     act = false;

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "coordinator/host_registry.h"
@@ -29,6 +30,13 @@
 #include "proto/coordinator.pb.h"
 
 namespace ptc {
+
+// "host a", "hosts a, b", and for more than kHostsNamed "hosts a, b, ...,
+// h and 120 more": the reason an automatic change gives, which its event
+// carries to every process of the job and the log repeats while no change
+// can start (a rack of 128 hosts named in full would be 2 KiB a message).
+inline constexpr size_t kHostsNamed = 8;
+std::string NameHosts(const std::vector<std::string>& hosts);
 
 // An automatic change that failed to start is not tried again for this long.
 inline constexpr absl::Duration kAutoRetry = absl::Seconds(10);

@@ -268,5 +268,16 @@ TEST_CASE("a change for a death waits while another host of the job is late") {
   }
 }
 
+TEST_CASE("a change's reason names at most kHostsNamed hosts") {
+  CHECK(NameHosts({"a"}) == "host a");
+  CHECK(NameHosts({"a", "b"}) == "hosts a, b");
+  std::vector<std::string> rack;
+  for (int i = 0; i < 128; ++i) rack.push_back("h" + std::to_string(i));
+  CHECK(NameHosts(rack) ==
+        "hosts h0, h1, h2, h3, h4, h5, h6, h7 and 120 more");
+  rack.resize(kHostsNamed);
+  CHECK(NameHosts(rack) == "hosts h0, h1, h2, h3, h4, h5, h6, h7");
+}
+
 }  // namespace
 }  // namespace ptc
