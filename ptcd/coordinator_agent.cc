@@ -51,19 +51,25 @@ constexpr absl::Duration kStreamRetry = absl::Minutes(5);
 // (the coordinator's cost per heartbeat). gRPC's reactions run on its own
 // threads; Beat waits for them. An error ends the stream for good: the
 // agent opens another. Destroying it cancels the stream and waits for
-// gRPC's last reaction.
+// gRPC's last reaction. Beat starts writes from outside gRPC's reactions,
+// so the stream is held (AddHold) until Beat will start no more: without
+// the hold, a stream the coordinator ended between Beat's look and its
+// StartWrite was already freed by gRPC (OnDone), and the write corrupted
+// ptcd's heap.
 class HeartbeatStream final
     : public grpc::ClientBidiReactor<proto::HeartbeatRequest,
                                      proto::HeartbeatResponse> {
  public:
   explicit HeartbeatStream(proto::Coordinator::Stub* stub) {
     stub->async()->Heartbeats(&ctx_, this);
+    AddHold();
     StartRead(&in_);
     StartCall();
   }
 
   ~HeartbeatStream() override {
     ctx_.TryCancel();
+    Release();
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&done_));
   }
@@ -81,17 +87,24 @@ class HeartbeatStream final
       return TimedOut(timeout);
     {
       absl::MutexLock lock(&mu_);
-      if (done_) return EndedLocked();
-      out_ = req;
-      writing_ = true;
-      answered_ = false;
+      if (!ended_) {
+        out_ = req;
+        writing_ = true;
+        answered_ = false;
+      }
     }
-    StartWrite(&out_);
-    if (!WaitFor(&HeartbeatStream::AnsweredLocked, deadline))
-      return TimedOut(timeout);
+    if (!Ended()) {
+      StartWrite(&out_);  // held: the stream is alive, ended or not
+      if (!WaitFor(&HeartbeatStream::AnsweredLocked, deadline))
+        return TimedOut(timeout);
+      absl::MutexLock lock(&mu_);
+      if (answered_) return answer_;
+    }
+    // The stream ended: no more writes; its status once gRPC is done.
+    Release();
     absl::MutexLock lock(&mu_);
-    if (!answered_) return EndedLocked();
-    return answer_;
+    mu_.Await(absl::Condition(&done_));
+    return EndedLocked();
   }
 
   void OnWriteDone(bool) override {
@@ -100,7 +113,11 @@ class HeartbeatStream final
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended: OnDone follows
+    if (!ok) {  // the stream ended: OnDone follows once it is released
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       answer_ = in_;
@@ -112,15 +129,26 @@ class HeartbeatStream final
   void OnDone(const grpc::Status& status) override {
     absl::MutexLock lock(&mu_);
     status_ = status;
+    ended_ = true;
     done_ = true;
   }
 
  private:
   bool WriteOverLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !writing_ || done_;
+    return !writing_ || ended_;
   }
   bool AnsweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return answered_ || done_;
+    return answered_ || ended_;
+  }
+  bool Ended() {
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
+  // Lets gRPC end the stream (OnDone); once, on the agent's thread.
+  void Release() {
+    if (!held_) return;
+    held_ = false;
+    RemoveHold();
   }
 
   bool WaitFor(bool (HeartbeatStream::*ready)() const, absl::Time deadline) {
@@ -147,8 +175,10 @@ class HeartbeatStream final
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
   proto::HeartbeatResponse answer_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // its read side ended
+  bool done_ ABSL_GUARDED_BY(mu_) = false;   // OnDone ran
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  bool held_ = true;  // the agent's thread only
 };
 
 }  // namespace
