@@ -954,24 +954,30 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx,
       proto::JobStatus* s = resp->add_jobs();
       j->Brief(req->include_layout(), s);
       if (req->host().empty()) continue;
-      auto add = [&](const auto& hosts, const auto& devices) {
-        for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
-          if (hosts[r] != req->host()) continue;
+      // The host's ranks from the job's index; a record that does not
+      // place every rank (from an older coordinator) is derived and
+      // scanned.
+      std::string first;
+      if (const std::vector<int32_t>* mine = j->RanksOn(req->host());
+          mine != nullptr) {
+        for (int32_t r : *mine) {
           s->add_host_ranks(r);
-          s->add_host_rank_devices(
-              r < static_cast<int>(devices.size()) ? devices[r] : -1);
+          s->add_host_rank_devices(j->state.rank_devices(r));
         }
-        if (hosts.empty()) return;
-        if (const HostRegistry::Host* h = hosts_.Find(hosts[0]); h != nullptr)
-          s->set_rank0_host_address(h->status.address());
-      };
-      if (j->state.rank_hosts_size() == j->ranks &&
-          j->state.rank_devices_size() == j->ranks) {
-        add(j->state.rank_hosts(), j->state.rank_devices());  // no copy
+        first = j->state.rank_hosts(0);
       } else {
         const auto [rank_hosts, rank_devices] = RankPlacementLocked(*j);
-        add(rank_hosts, rank_devices);
+        for (int r = 0; r < static_cast<int>(rank_hosts.size()); ++r) {
+          if (rank_hosts[r] != req->host()) continue;
+          s->add_host_ranks(r);
+          s->add_host_rank_devices(
+              r < static_cast<int>(rank_devices.size()) ? rank_devices[r] : -1);
+        }
+        if (!rank_hosts.empty()) first = rank_hosts[0];
       }
+      if (const HostRegistry::Host* h = first.empty() ? nullptr : hosts_.Find(first);
+          h != nullptr)
+        s->set_rank0_host_address(h->status.address());
       continue;
     }
     Placed& p = placed.emplace_back();

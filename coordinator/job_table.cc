@@ -73,6 +73,8 @@ void JobTable::Job::Derive() {
   host_bytes = HostBytesOf(spec, nullptr, state.config(), state.rank_hosts());
   target_host_bytes = HostBytesOf(spec, nullptr, state.target_config(),
                                   state.target_rank_hosts());
+  ranks_on_.clear();
+  indexed_epoch_ = -1;
 }
 
 int64_t JobTable::Job::NewVersion() {
@@ -121,6 +123,31 @@ void JobTable::Job::ClearPending() {
 void JobTable::Job::PruneKept() {
   for (auto it = kept.begin(); it != kept.end();)
     it = OwnsVersion(it->first) ? std::next(it) : kept.erase(it);
+}
+
+const std::vector<int32_t>* JobTable::Job::RanksOn(const std::string& host) {
+  static const std::vector<int32_t> kNone;
+  const auto& hosts = state.rank_hosts();
+  if (ranks <= 0 || hosts.size() != ranks ||
+      state.rank_devices_size() != ranks)
+    return nullptr;
+  auto answer = [&]() -> const std::vector<int32_t>* {
+    auto it = ranks_on_.find(host);
+    return it == ranks_on_.end() ? &kNone : &it->second;
+  };
+  if (indexed_epoch_ == state.layout_epoch() && indexed_ranks_ == ranks) {
+    // Each answered rank is still on `host`: a placement changed without
+    // its epoch would be indexed again, not answered wrong.
+    const std::vector<int32_t>* found = answer();
+    if (std::all_of(found->begin(), found->end(),
+                    [&](int32_t r) { return hosts[r] == host; }))
+      return found;
+  }
+  ranks_on_.clear();
+  for (int32_t r = 0; r < hosts.size(); ++r) ranks_on_[hosts[r]].push_back(r);
+  indexed_epoch_ = state.layout_epoch();
+  indexed_ranks_ = ranks;
+  return answer();
 }
 
 void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {

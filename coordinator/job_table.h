@@ -116,6 +116,25 @@ class JobTable {
     void ClearPending();
     // Forgets the kept copies of versions the job no longer owns.
     void PruneKept();
+    // The ranks its record places on `host`, in rank order (what each of
+    // its processes asks: ListJobsRequest.brief with a host), or null if
+    // the record does not place every rank (RankPlacementLocked derives
+    // them then). From an index built once per placement, not a scan of
+    // every rank per question: 16,384 processes asking after a change of
+    // a 16,384-rank job were 16,384 scans of 16,384 host names under the
+    // coordinator's lock.
+    const std::vector<int32_t>* RanksOn(const std::string& host);
+
+   private:
+    // RanksOn's index, of the record's rank_hosts when the layout epoch
+    // and the number of ranks were `indexed_epoch_` and `indexed_ranks_`:
+    // a record's placement changes only with its epoch (a registration
+    // starts at 1, a commit adds 1; Derive, after a load, drops the
+    // index). An answer whose ranks are no longer all on its host is
+    // indexed again as well.
+    std::map<std::string, std::vector<int32_t>, std::less<>> ranks_on_;
+    int64_t indexed_epoch_ = -1;
+    int indexed_ranks_ = -1;
   };
   using Jobs = std::map<std::string, std::unique_ptr<Job>>;
 

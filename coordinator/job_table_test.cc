@@ -41,6 +41,34 @@ void Apply(const ControlStore::Writes& writes,
   }
 }
 
+TEST_CASE("a host's ranks come from an index that follows the placement") {
+  auto job = NewJob("j");
+  job->Derive();
+  REQUIRE(job->ranks == 2);
+  REQUIRE(job->RanksOn("a") != nullptr);
+  CHECK(*job->RanksOn("a") == std::vector<int32_t>{0});
+  CHECK(*job->RanksOn("b") == std::vector<int32_t>{1});
+  CHECK(job->RanksOn("c")->empty());
+
+  // A commit moves the ranks with a new layout epoch.
+  job->state.set_rank_hosts(0, "c");
+  job->state.set_rank_hosts(1, "c");
+  job->state.set_layout_epoch(2);
+  CHECK(*job->RanksOn("c") == std::vector<int32_t>{0, 1});
+  CHECK(job->RanksOn("a")->empty());
+
+  // A placement changed without its epoch (no coordinator path does): an
+  // answer naming a rank that moved away is indexed again.
+  job->state.set_rank_hosts(1, "b");
+  CHECK(*job->RanksOn("c") == std::vector<int32_t>{0});
+  CHECK(*job->RanksOn("b") == std::vector<int32_t>{1});
+
+  // A record that does not place every rank has no index (the coordinator
+  // derives the placement then).
+  job->state.mutable_rank_devices()->RemoveLast();
+  CHECK(job->RanksOn("b") == nullptr);
+}
+
 TEST_CASE("versions: one counter, and what a job owns") {
   auto job = NewJob("j");
   CHECK(job->NewVersion() == 1);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -301,10 +302,14 @@ absl::Status CoordinatorService::DoReportSaved(
       config = s.config();
       rank_hosts = RankHostsLocked(job);
     }
+    // The job's hosts, then any other host of a rank. Looked up in a set
+    // (of views of the record's and rank_hosts' strings, which stay put
+    // while `hosts` grows): a linear look per rank was 16,384 x 2,048
+    // name comparisons per save at 2,048 hosts, under the lock.
     hosts.assign(s.hosts().begin(), s.hosts().end());
+    std::set<std::string_view> named(s.hosts().begin(), s.hosts().end());
     for (const std::string& h : rank_hosts) {
-      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end())
-        hosts.push_back(h);
+      if (named.insert(h).second) hosts.push_back(h);
     }
     previous = s.committed_version();
     job.committing_save = true;  // no change starts until this ends

@@ -16,7 +16,10 @@
 // - the automatic changes' look at a quiet job (AutoChanges::Judge), which
 //   the coordinator takes five times a second under its lock: against the
 //   same look scanning the job's hosts for every host of its pool first,
-//   as it did before 2026-11-30.
+//   as it did before 2026-11-30;
+// - every process's question after a change, which ranks run on its host
+//   (from the job's index, against scanning every rank's host per
+//   question as before 2026-12-02), and a save's list of hosts to prove.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
 //   bazel-bin/tools/control_plane_benchmark [--runs N]
@@ -26,7 +29,9 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -152,6 +157,77 @@ void MeasureQuietLook(int hosts, int runs) {
   look_rows_ += absl::StrFormat(
       "| %d | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f |\n", hosts, l.min * 1e3,
       l.median * 1e3, l.max * 1e3, b.min * 1e3, b.median * 1e3, b.max * 1e3);
+}
+
+// Every process of a job on `hosts` hosts of 8 GPUs asking which ranks
+// run on its host (ListJobs brief, after every change), `runs` times: from
+// the job's index (JobTable::Job::RanksOn), and scanning every rank's host
+// per question as the coordinator did before 2026-12-02. And a save's
+// list of hosts to prove (the job's hosts, then any other rank's): in a
+// set, and looked up linearly per rank as before.
+std::string question_rows_;
+void MeasureHostQuestions(int hosts, int runs) {
+  constexpr int kGpus = 8;
+  auto job = std::make_unique<JobTable::Job>();
+  proto::CoordinatorState::Job& s = job->state;
+  s.set_job("job");
+  s.set_layout_epoch(2);
+  for (int h = 0; h < hosts; ++h) {
+    s.add_hosts(absl::StrFormat("hollow-%05d", h));
+    for (int g = 0; g < kGpus; ++g) {
+      s.add_rank_hosts(s.hosts(h));
+      s.add_rank_devices(g);
+    }
+  }
+  job->ranks = hosts * kGpus;
+  std::vector<double> index_s, scan_s, set_s, linear_s;
+  size_t found = 0, scanned = 0, listed = 0, listed_before = 0;
+  for (int i = 0; i < runs; ++i) {
+    s.set_layout_epoch(2 + i);  // a change: the index is built again
+    absl::Time t = absl::Now();
+    for (int r = 0; r < job->ranks; ++r)
+      found += job->RanksOn(s.rank_hosts(r))->size();
+    index_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    for (int r = 0; r < job->ranks; ++r) {
+      const std::string& host = s.rank_hosts(r);
+      for (int q = 0; q < s.rank_hosts_size(); ++q)
+        scanned += s.rank_hosts(q) == host;
+    }
+    scan_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    {
+      std::vector<std::string> list(s.hosts().begin(), s.hosts().end());
+      std::set<std::string_view> named(s.hosts().begin(), s.hosts().end());
+      for (const std::string& h : s.rank_hosts())
+        if (named.insert(h).second) list.push_back(h);
+      listed += list.size();
+    }
+    set_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    {
+      std::vector<std::string> list(s.hosts().begin(), s.hosts().end());
+      for (const std::string& h : s.rank_hosts())
+        if (std::find(list.begin(), list.end(), h) == list.end())
+          list.push_back(h);
+      listed_before += list.size();
+    }
+    linear_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
+  const size_t expected = static_cast<size_t>(runs) * job->ranks * kGpus;
+  if (found != expected || scanned != expected ||
+      listed != static_cast<size_t>(runs) * hosts || listed_before != listed) {
+    std::cerr << "the host questions' answers differ\n";
+    std::exit(1);
+  }
+  const Stats a = Summarize(index_s), b = Summarize(scan_s);
+  const Stats c = Summarize(set_s), d = Summarize(linear_s);
+  question_rows_ += absl::StrFormat(
+      "| %d | %d | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
+      "%.2f / %.2f / %.2f | %.2f / %.2f / %.2f |\n",
+      hosts, job->ranks, a.min * 1e3, a.median * 1e3, a.max * 1e3,
+      b.min * 1e3, b.median * 1e3, b.max * 1e3, c.min * 1e3, c.median * 1e3,
+      c.max * 1e3, d.min * 1e3, d.median * 1e3, d.max * 1e3);
 }
 
 absl::Status RunCase(const Case& c, int runs) {
@@ -282,6 +358,16 @@ int Run(int runs) {
                "job's hosts first |\n"
             << "|---|---|---|\n"
             << look_rows_;
+  for (int hosts : {128, 512, 2048}) MeasureHostQuestions(hosts, runs);
+  std::cout << "\nevery process asking which ranks run on its host (after "
+               "every change), and a save's list of hosts to prove, under "
+               "the coordinator's lock: milliseconds min / median / max\n\n"
+            << "| hosts | processes | every process's question, from the "
+               "job's index | the same, each scanning every rank's host "
+               "(before 2026-12-02) | a save's hosts, in a set | the same, "
+               "looked up linearly per rank (before) |\n"
+            << "|---|---|---|---|---|---|\n"
+            << question_rows_;
   return 0;
 }
 
