@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/address.h"
@@ -161,7 +163,8 @@ grpc::Status CoordinatorService::Advise(grpc::ServerContext* ctx,
 }
 
 absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
-                                          proto::AdviseResponse* resp) {
+                                          proto::AdviseResponse* resp,
+                                          std::shared_ptr<Planned>* single) {
   if (req.gpus() < 0 || req.gpus() > (1 << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat(req.gpus(), " GPUs: give 1 to 1048576 (0: all free)"));
@@ -193,6 +196,12 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     in.gpus_per_host = 1 << 20;
     in.gpu_memory_bytes = 0;
     in.link_bandwidth = 0;
+    // Host ids by name, and the hosts asked so far: a lookup each, not a
+    // scan of every host per host (2,048^2 comparisons under the lock).
+    absl::flat_hash_map<std::string_view, int> id_of;
+    for (size_t i = 0; i < res.names.size(); ++i)
+      id_of.emplace(res.names[i], static_cast<int>(i));
+    absl::flat_hash_set<std::string_view> seen;
     for (const std::string& h : asked) {
       const HostRegistry::Host* hit = hosts_.Find(h);
       if (hit == nullptr)
@@ -200,12 +209,13 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
       if (!hit->status.alive())
         return absl::FailedPreconditionError(
             absl::StrCat("host '", h, "' is dead; choose live hosts"));
-      if (std::find(hosts.begin(), hosts.end(), h) != hosts.end())
+      if (!seen.insert(h).second)
         return absl::InvalidArgumentError(absl::StrCat("host '", h, "' is named twice"));
-      const int id = static_cast<int>(
-          std::find(res.names.begin(), res.names.end(), h) - res.names.begin());
+      const auto id = id_of.find(h);
+      if (id == id_of.end())
+        return absl::NotFoundError(absl::StrCat("host '", h, "' is not registered"));
       const int gpus = hit->status.gpus() -
-                       static_cast<int>(res.taken[id].size());
+                       static_cast<int>(res.taken[id->second].size());
       if (gpus <= 0) continue;
       hosts.push_back(h);
       free += gpus;
@@ -247,7 +257,7 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     r.set_job(req.job());
     r.set_to(c.config);
     for (const std::string& h : hosts) r.add_hosts(h);
-    auto planned = OutlineOf(r);
+    auto planned = OutlineOf(r, near.size() == 1 ? single : nullptr);
     // ABORTED: the job is committing a save (or changed meanwhile); every
     // candidate would fail alike, and the advice is asked again after it.
     if (absl::IsAborted(planned.status())) return planned.status();
@@ -261,6 +271,9 @@ absl::Status CoordinatorService::DoAdvise(const proto::AdviseRequest& req,
     c.survives_host_loss = planned->survives_host_loss;
   }
   auto choice = ChooseConfig(candidates, policy);
+  if (single != nullptr && (!choice.ok() || near.size() != 1 ||
+                            choice->index != near.front()))
+    single->reset();  // not the plan of the chosen config
   resp->set_chosen(choice.ok() ? choice->index : -1);
   resp->set_explanation(choice.ok() ? choice->explanation
                                     : std::string(choice.status().message()));
@@ -656,7 +669,11 @@ void CoordinatorService::RunAutoChange(const std::string& name,
   proto::AdviseRequest ask;
   ask.set_job(name);
   proto::AdviseResponse advice;
-  absl::Status s = DoAdvise(ask, &advice);
+  // After a death (no save first) the change starts from the committed
+  // version: the advisor's plan of the chosen config, if it made one
+  // alone, is the change's (the request below is the one it planned).
+  std::shared_ptr<Planned> planned;
+  absl::Status s = DoAdvise(ask, &advice, save_first ? nullptr : &planned);
   std::string current;
   int current_ranks = 0;
   bool pinned = false;
@@ -695,8 +712,10 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     if (!must_move && chosen.config() == current) return;
     if (!must_move && !pinned && chosen.gpus() == current_ranks) return;
     Log("coordinator")
-        ->info("job {}: {}; the advisor chooses {}", name, reason,
-               advice.explanation());
+        ->info("job {}: {}; the advisor chooses {}{}", name, reason,
+               advice.explanation(),
+               planned != nullptr ? " (its plan starts as the advisor made it)"
+                                  : "");
     proto::ReconfigureRequest req;
     req.set_job(name);
     req.set_to(chosen.config());
@@ -704,7 +723,8 @@ void CoordinatorService::RunAutoChange(const std::string& name,
     req.set_after_save(save_first);
     req.set_hot(save_first && hot);
     proto::ReconfigureResponse resp;
-    s = DoReconfigure(req, &resp, absl::StrCat(reason, " (automatic)"));
+    s = DoReconfigure(req, &resp, absl::StrCat(reason, " (automatic)"),
+                      std::move(planned));
     if (s.ok()) return;
   }
   if (absl::IsAborted(s)) {

@@ -395,7 +395,9 @@ class CoordinatorService final
     PlanSummary summary;
     bool survives_host_loss = false;
   };
-  absl::StatusOr<Outline> OutlineOf(const proto::ReconfigureRequest& req);
+  // With `keep`, the plan itself is kept there too (to start it).
+  absl::StatusOr<Outline> OutlineOf(const proto::ReconfigureRequest& req,
+                                    std::shared_ptr<Planned>* keep = nullptr);
   // What the watchers of the job see now (mu_ held); the change's whole
   // event only if `change` (a watcher that is not a follower needs it).
   Watchers::Events EventsLocked(const Job& job, bool change) const
@@ -436,9 +438,13 @@ class CoordinatorService final
                                               const std::vector<std::string>& hosts);
   // Takes periodic snapshots (jobs with a snapshot policy), one at a time.
   void SnapshotLoop();
+  // `advised`: the plan of `req` the advisor made (DoAdvise's `single`),
+  // started instead of planning it again; only for a change that starts
+  // now (not after_save), whose request is the one the advisor planned.
   absl::Status DoReconfigure(const proto::ReconfigureRequest& req,
                              proto::ReconfigureResponse* resp,
-                             const std::string& reason = "requested");
+                             const std::string& reason = "requested",
+                             std::shared_ptr<Planned> advised = nullptr);
   // Records `req` as the job's pending change: its processes save at their
   // next step, and the auto loop starts it from that save.
   // `placement` (host and GPU per target rank) is where it was planned:
@@ -464,9 +470,16 @@ class CoordinatorService final
                    const absl::StatusOr<proto::RendezvousResponse>& answer);
   // Answers held calls whose time is up, every 100 ms.
   void HoldLoop();
-  // The advisor's candidates for the job, planned and chosen.
+  // The advisor's candidates for the job, planned and chosen. With
+  // `single`, the plan of the chosen candidate is kept there when it was
+  // the only one planned (a pinned config, or one alone within the
+  // margin): an automatic change after a death starts that plan rather
+  // than planning the same change twice (each plan of a 16,384-GPU job
+  // takes most of a second). Planned candidates are not all kept: each
+  // plan of such a job holds a gigabyte or more.
   absl::Status DoAdvise(const proto::AdviseRequest& req,
-                        proto::AdviseResponse* resp);
+                        proto::AdviseResponse* resp,
+                        std::shared_ptr<Planned>* single = nullptr);
   // Changes jobs with automatic changes whose hosts died, were drained or
   // grew, and starts pending changes once their save committed.
   void AutoLoop();

@@ -1,6 +1,8 @@
 #include "coordinator/flight.h"
 
 #include <algorithm>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -90,14 +92,18 @@ absl::Status StartFlight(const FlightTarget& target, JobRecord& job,
         "' is not above its last epoch ", job.last_epoch(),
         ": the job changed while this change was planned; try again"));
   }
+  // The target hosts, each once, in order, and every rank's host among
+  // them; looked up in a set of views of `target`'s names (a linear look
+  // per rank was 16,384 x 2,048 name comparisons at 2,048 hosts, under
+  // the coordinator's lock).
   std::vector<std::string> hosts;
+  std::set<std::string_view> named;
   for (const std::string& h :
        target.hosts.empty() ? target.rank_hosts : target.hosts) {
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end())
-      hosts.push_back(h);
+    if (named.insert(h).second) hosts.push_back(h);
   }
   for (const std::string& h : target.rank_hosts) {
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) {
+    if (named.count(h) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a rank of job '", job.job(), "''s change is placed on host '", h,
           "', which is not one of its target hosts"));

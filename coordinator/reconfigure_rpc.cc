@@ -337,7 +337,7 @@ absl::StatusOr<CoordinatorService::Planned> CoordinatorService::PlanChange(
 
 absl::Status CoordinatorService::DoReconfigure(
     const proto::ReconfigureRequest& req, proto::ReconfigureResponse* resp,
-    const std::string& reason) {
+    const std::string& reason, std::shared_ptr<Planned> advised) {
   if (req.parallel_pulls() < 0 || req.parallel_pulls() > kMaxParallelPulls) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel pulls ", req.parallel_pulls(), " is out of range; use 1 to ",
@@ -349,7 +349,14 @@ absl::Status CoordinatorService::DoReconfigure(
                      " is unknown; use auto (0), ucx (1) or grpc (2)"));
   }
   // A change after the processes' save may be asked before any save.
-  absl::StatusOr<Planned> planned = PlanChange(req, !req.after_save());
+  // The advisor's plan of this request is started as it is: what it read
+  // of the job is checked again as the change starts (StartChange: the
+  // committed version, no change or save's commit under way; StartFlight:
+  // its plan epoch still unused), as for a plan made here.
+  absl::StatusOr<Planned> planned =
+      advised != nullptr && !req.after_save()
+          ? absl::StatusOr<Planned>(std::move(*advised))
+          : PlanChange(req, !req.after_save());
   if (!planned.ok() &&
       HasPlanFailure(planned.status(), PlanFailure::kNoSurvivingCopy)) {
     // Some region lives on no host: from the job's snapshot, if it has one
@@ -428,10 +435,12 @@ absl::Status CoordinatorService::DoReconfigure(
 }
 
 absl::StatusOr<CoordinatorService::Outline> CoordinatorService::OutlineOf(
-    const proto::ReconfigureRequest& req) {
+    const proto::ReconfigureRequest& req, std::shared_ptr<Planned>* keep) {
   PTC_ASSIGN_OR_RETURN(Planned planned, PlanChange(req, false));
-  return Outline{planned.flight->plan.summary,
-                 planned.placement.survival.SurvivesAnyHost()};
+  Outline outline{planned.flight->plan.summary,
+                  planned.placement.survival.SurvivesAnyHost()};
+  if (keep != nullptr) *keep = std::make_shared<Planned>(std::move(planned));
+  return outline;
 }
 
 absl::Status CoordinatorService::PlanAndStart(

@@ -138,6 +138,12 @@ def test_a_pinned_config_is_taken_and_kept_when_a_host_is_drained(cluster):
                  and x["reconfiguration"]["phase"] == "committed" else None)(cluster.job("j")))
     assert j["config"] == "tp=2,pp=1,dp=1" and j["hosts"] == [other], j
     assert f"host {on} drained (automatic)" in j["reconfiguration"]["reason"]
+    # One config to choose from (the pin): the advisor's plan of it is the
+    # change's, not planned a second time.
+    log = (cluster.dir / "coordinator.log").read_text()
+    chose = [line for line in log.splitlines()
+             if f"host {on} drained; the advisor chooses" in line]
+    assert chose and "(its plan starts as the advisor made it)" in chose[-1], chose
     v = cluster.job_tool("verify", "--job", "j")
     assert v.returncode == 0, v.stdout + v.stderr
     # Another pinned config on as many GPUs: the job moves to it too.
