@@ -136,8 +136,9 @@ const std::vector<int32_t>* JobTable::Job::RanksOn(const std::string& host) {
     return it == ranks_on_.end() ? &kNone : &it->second;
   };
   if (indexed_epoch_ == state.layout_epoch() && indexed_ranks_ == ranks) {
-    // Each answered rank is still on `host`: a placement changed without
-    // its epoch would be indexed again, not answered wrong.
+    // The placement changes only with the epoch; as a guard, an answer
+    // naming a rank no longer on `host` is indexed again (a host that
+    // gained ranks without a new epoch would not be seen: no path does).
     const std::vector<int32_t>* found = answer();
     if (std::all_of(found->begin(), found->end(),
                     [&](int32_t r) { return hosts[r] == host; }))
