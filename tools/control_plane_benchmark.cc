@@ -57,8 +57,8 @@ struct Case {
   int gpus_per_host;
 };
 
-// The second, third and fourth tables' rows, printed after the first.
-std::string process_rows_, record_rows_, look_rows_;
+// The second to fifth tables' rows, printed after the first.
+std::string process_rows_, record_rows_, look_rows_, question_rows_;
 
 // What a save writes to the coordinator's records: the job placed as
 // `rank_hosts`, its committed version moved on `runs` times.
@@ -165,7 +165,6 @@ void MeasureQuietLook(int hosts, int runs) {
 // per question as the coordinator did before 2026-12-02. And a save's
 // list of hosts to prove (the job's hosts, then any other rank's): in a
 // set, and looked up linearly per rank as before.
-std::string question_rows_;
 void MeasureHostQuestions(int hosts, int runs) {
   constexpr int kGpus = 8;
   auto job = std::make_unique<JobTable::Job>();
