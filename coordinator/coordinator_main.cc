@@ -78,10 +78,12 @@ constexpr char kUsage[] =
                    all hosts together (default 500, about 8% of a core;
                    each host sends two per interval, the interval being a
                    quarter of the host timeout, at most 1 s). Beyond it
-                   the interval and the timeout stretch in proportion to
-                   the hosts: at the defaults, up to 250 hosts are
-                   declared dead after 5 s, 512 after 10 s, 2,048 after
-                   41 s (they heartbeat every 4.1 s)
+                   the interval stretches in proportion to the hosts,
+                   and the timeout with it to at most five intervals:
+                   at the defaults, up to 250 hosts are declared dead
+                   after 5 s, 512 after 10 s, 2,048 after 41 s (they
+                   heartbeat every 4.1 s); a --host-timeout of 30 holds
+                   up to 1,500 hosts, and 2,048 also after 41 s
   --log-level      trace, debug, info, warn, error (default info)
   --port-file      write the bound port here once serving
   --tls-ca, --tls-cert, --tls-key

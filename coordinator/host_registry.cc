@@ -74,7 +74,15 @@ absl::Duration HostRegistry::TimeoutOf(const Host& h) const {
 }
 
 absl::Duration HostRegistry::TimeoutFor(absl::Duration interval) const {
-  return cadence_.timeout * (interval / cadence_.interval);
+  // The operator's timeout spans `ratio` of their intervals; a stretched
+  // interval keeps as many of them, up to kIntervalsPerTimeout: beyond
+  // that the operator's timeout already spans enough of the longer ones
+  // (30 s at 1 s, stretched to 2 s, still waits 15 intervals), and
+  // multiplying it would double the time to notice a death.
+  const double ratio =
+      std::min(absl::FDivDuration(cadence_.timeout, cadence_.interval),
+               static_cast<double>(kIntervalsPerTimeout));
+  return std::max(cadence_.timeout, interval * ratio);
 }
 
 bool HostRegistry::Late(const Host& h, absl::Time now) const {

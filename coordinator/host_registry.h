@@ -70,11 +70,15 @@ class HostRegistry {
   // How often hosts heartbeat, and how long a silent one has before it is
   // declared dead. A host sends two heartbeats per interval. The
   // operator's interval and timeout hold while the hosts' heartbeats come
-  // at most `max_rate` a second all together; beyond that both stretch in
-  // proportion to the hosts registered, so that the coordinator's
-  // heartbeat load stays bounded as the cluster grows (2,048 hosts at 500
-  // a second: an interval of 8.2 s, declared dead after 41 s; a host
-  // silent for half its timeout is asked directly before that).
+  // at most `max_rate` a second all together; beyond that the interval
+  // stretches in proportion to the hosts registered, so that the
+  // coordinator's heartbeat load stays bounded as the cluster grows, and
+  // the timeout is the longer of the operator's and as many stretched
+  // intervals as the operator's spans, at most kIntervalsPerTimeout
+  // (2,048 hosts at 500 a second: an interval of 8.2 s, declared dead
+  // after 41 s with the default 5 s, and also with 30 s; a host silent
+  // for half its timeout is asked directly before that).
+  static constexpr int kIntervalsPerTimeout = 5;
   struct Cadence {
     absl::Duration interval = absl::Seconds(1);
     absl::Duration timeout = absl::Seconds(5);
@@ -84,9 +88,7 @@ class HostRegistry {
   const Cadence& cadence() const { return cadence_; }
   // The interval to tell a host now, and the timeout that goes with it.
   absl::Duration Interval() const;
-  absl::Duration Timeout() const {
-    return cadence_.timeout * (Interval() / cadence_.interval);
-  }
+  absl::Duration Timeout() const { return TimeoutFor(Interval()); }
   // The host's own interval: the longer of what it was last told and
   // what it would be told now (a host told a longer one before the
   // cluster shrank is judged by that until its next heartbeat).

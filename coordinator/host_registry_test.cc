@@ -141,6 +141,29 @@ TEST_CASE("the heartbeat interval and timeout stretch as the cluster grows") {
 }
 
 TEST_CASE(
+    "a stretched interval keeps the operator's timeout when it already spans "
+    "enough intervals, and never multiplies it") {
+  HostRegistry hosts;
+  // A 30 s timeout at 1 s: 30 intervals. Stretched to 4 s it still spans
+  // 7.5 of them, so it holds (it was 120 s: 30 s times the stretch).
+  hosts.SetCadence({absl::Seconds(1), absl::Seconds(30), 4});
+  for (const char* h : {"a", "b", "c", "d", "e", "f", "g", "h"})
+    hosts.Register(Status(h, 1), kT0);
+  CHECK(hosts.Interval() == absl::Seconds(4));
+  CHECK(hosts.Timeout() == absl::Seconds(30));
+  CHECK(hosts.TimeoutOf(*hosts.Find("a")) == absl::Seconds(30));
+  // Sixteen hosts: every 8 s; five intervals (40 s) outlast the 30 s.
+  for (const char* h : {"i", "j", "k", "l", "m", "n", "o", "p"})
+    hosts.Register(Status(h, 1), kT0);
+  CHECK(hosts.Interval() == absl::Seconds(8));
+  CHECK(hosts.Timeout() == absl::Seconds(40));
+  // An operator's timeout of 3 intervals stays 3 stretched ones.
+  hosts.SetCadence({absl::Seconds(1), absl::Seconds(3), 8});
+  CHECK(hosts.Interval() == absl::Seconds(4));
+  CHECK(hosts.Timeout() == absl::Seconds(12));
+}
+
+TEST_CASE(
     "a ptcd younger than its host's registration is another process, judged "
     "by when it was asked, not when its answer was read") {
   const absl::Time registered = kT0;

@@ -412,7 +412,7 @@ absl::Status CoordinatorService::DoReconfigure(
           SetPendingLocked(*job, req, reason, rank_hosts, rank_devices));
       hot = job->state.pending().hot();
       resp->set_source_version(job->state.committed_version());
-      *resp->mutable_plan() = PlanToProto(planned->flight->plan).summary();
+      *resp->mutable_plan() = SummaryToProto(planned->flight->plan.summary);
       SetPlacementSummary(planned->placement, planned->placement_strategy,
                           planned->names, resp->mutable_plan());
     }
@@ -491,7 +491,7 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
           Plan plan,
           PlanFor(input, proto::PLAN_STRATEGY_PTC,
                   snapshot != nullptr ? &snapshot->manifest : nullptr));
-      proto::PlanSummary summary = PlanToProto(plan).summary();
+      proto::PlanSummary summary = SummaryToProto(plan.summary);
       SetPlacementSummary(placement, strategy, names, &summary);
       absl::MutexLock lock(&mu_);
       Job* found = jobs_.Find(name);
@@ -618,7 +618,7 @@ absl::Status CoordinatorService::StartChange(
     if (flight->snapshot) job.event.set_snapshot_dir(flight->snapshot->dir);
     job.event.set_hosts_total(
         static_cast<int32_t>(flight->plan.fragments.size()));
-    *job.event.mutable_plan() = PlanToProto(flight->plan).summary();
+    *job.event.mutable_plan() = SummaryToProto(flight->plan.summary);
     SetPlacementSummary(planned.placement, planned.placement_strategy, names,
                         job.event.mutable_plan());
     // For pictures of the change: the bytes between hosts, and each target
@@ -669,7 +669,7 @@ absl::Status CoordinatorService::StartChange(
   resp->set_plan_epoch(epoch);
   resp->set_source_version(committed);
   resp->set_target_version(r.target_version);
-  *resp->mutable_plan() = PlanToProto(flight->plan).summary();
+  *resp->mutable_plan() = SummaryToProto(flight->plan.summary);
   SetPlacementSummary(planned.placement, planned.placement_strategy, names,
                       resp->mutable_plan());
   Log("coordinator")
@@ -778,7 +778,7 @@ absl::Status CoordinatorService::PrepareTargets(
     resp->mutable_hosts(i)->set_capacity_bytes(r->capacity_bytes());
     return absl::OkStatus();
   }));
-  *resp->mutable_plan() = PlanToProto(plan).summary();
+  *resp->mutable_plan() = SummaryToProto(plan.summary);
   SetPlacementSummary(planned.placement, planned.placement_strategy,
                       planned.names, resp->mutable_plan());
   Log("coordinator")

@@ -5,6 +5,29 @@
 
 namespace ptc {
 
+proto::PlanSummary SummaryToProto(const PlanSummary& s) {
+  proto::PlanSummary out;
+  out.set_target_bytes(s.target_bytes);
+  out.set_kept_in_place_bytes(s.kept_in_place_bytes);
+  out.set_copied_within_host_bytes(s.copied_within_host_bytes);
+  out.set_cross_host_bytes(s.cross_host_bytes);
+  out.set_cross_host_bytes_lower_bound(s.cross_host_bytes_lower_bound);
+  out.set_dedup_saved_bytes(s.dedup_saved_bytes);
+  out.set_max_host_send_bytes(s.max_host_send_bytes);
+  out.set_max_host_send_bytes_lower_bound(s.max_host_send_bytes_lower_bound);
+  out.set_max_host_send_host(s.max_host_send_host);
+  out.set_max_host_send_seconds(s.max_host_send_seconds);
+  out.set_max_host_send_seconds_lower_bound(
+      s.max_host_send_seconds_lower_bound);
+  out.set_transfers(s.transfers);
+  out.set_small_object_moves(s.small_object_moves);
+  out.set_snapshot_bytes(s.snapshot_bytes);
+  out.set_plan_seconds(s.plan_seconds);
+  for (int64_t b : s.host_send_bytes) out.add_host_send_bytes(b);
+  for (int64_t b : s.host_receive_bytes) out.add_host_receive_bytes(b);
+  return out;
+}
+
 proto::Plan PlanToProto(const Plan& plan) {
   proto::Plan wire;
   wire.set_strategy(plan.strategy);
@@ -42,26 +65,7 @@ proto::Plan PlanToProto(const Plan& plan) {
     pm->set_has_kept(m.kept_rank >= 0);
     pm->set_kept_rank(m.kept_rank);
   }
-  const PlanSummary& s = plan.summary;
-  proto::PlanSummary* ps = wire.mutable_summary();
-  ps->set_target_bytes(s.target_bytes);
-  ps->set_kept_in_place_bytes(s.kept_in_place_bytes);
-  ps->set_copied_within_host_bytes(s.copied_within_host_bytes);
-  ps->set_cross_host_bytes(s.cross_host_bytes);
-  ps->set_cross_host_bytes_lower_bound(s.cross_host_bytes_lower_bound);
-  ps->set_dedup_saved_bytes(s.dedup_saved_bytes);
-  ps->set_max_host_send_bytes(s.max_host_send_bytes);
-  ps->set_max_host_send_bytes_lower_bound(s.max_host_send_bytes_lower_bound);
-  ps->set_max_host_send_host(s.max_host_send_host);
-  ps->set_max_host_send_seconds(s.max_host_send_seconds);
-  ps->set_max_host_send_seconds_lower_bound(
-      s.max_host_send_seconds_lower_bound);
-  ps->set_transfers(s.transfers);
-  ps->set_small_object_moves(s.small_object_moves);
-  ps->set_snapshot_bytes(s.snapshot_bytes);
-  ps->set_plan_seconds(s.plan_seconds);
-  for (int64_t b : s.host_send_bytes) ps->add_host_send_bytes(b);
-  for (int64_t b : s.host_receive_bytes) ps->add_host_receive_bytes(b);
+  *wire.mutable_summary() = SummaryToProto(plan.summary);
   return wire;
 }
 
@@ -87,7 +91,8 @@ absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire) {
     SmallObjectMove& m = plan.small_objects.emplace_back(
         SmallObjectMove{pm.name(), pm.target_rank(), pm.source_rank(),
                         pm.source_host(), pm.target_host(), pm.derive_from()});
-    for (int i = 0; i < pm.alternate_ranks_size() && i < pm.alternate_hosts_size(); ++i)
+    for (int i = 0;
+         i < pm.alternate_ranks_size() && i < pm.alternate_hosts_size(); ++i)
       m.alternates.push_back({pm.alternate_ranks(i), pm.alternate_hosts(i)});
     m.derive_fallback = pm.derive_fallback();
     if (pm.has_kept()) m.kept_rank = pm.kept_rank();

@@ -13,6 +13,9 @@
 namespace ptc {
 
 proto::Plan PlanToProto(const Plan& plan);
+// The summary alone, as PlanToProto(plan).summary() without converting
+// every held region and transfer of the plan first.
+proto::PlanSummary SummaryToProto(const PlanSummary& summary);
 // INVALID_ARGUMENT if a region has begin > end; ids are checked against a
 // job by ValidatePlan, not here.
 absl::StatusOr<Plan> PlanFromProto(const proto::Plan& wire);

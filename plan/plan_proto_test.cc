@@ -40,6 +40,22 @@ TEST_CASE("plan proto: a plan survives the wire and still validates",
   }
 }
 
+TEST_CASE("plan proto: the summary alone is the whole plan's summary",
+          "[coordinator][proto]") {
+  auto job = testing::MakeJob(
+      "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
+      {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
+  REQUIRE(job.ok());
+  auto plan = PlanReconfiguration(job->input());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->summary.cross_host_bytes > 0);
+  REQUIRE(!plan->summary.host_send_bytes.empty());
+  std::string whole, alone;
+  REQUIRE(PlanToProto(*plan).summary().SerializeToString(&whole));
+  REQUIRE(SummaryToProto(plan->summary).SerializeToString(&alone));
+  CHECK(alone == whole);
+}
+
 TEST_CASE("plan proto: a malformed region is INVALID_ARGUMENT",
           "[coordinator][proto]") {
   proto::Plan wire;

@@ -19,7 +19,12 @@
 //   as it did before 2026-11-30;
 // - every process's question after a change, which ranks run on its host
 //   (from the job's index, against scanning every rank's host per
-//   question as before 2026-12-02), and a save's list of hosts to prove.
+//   question as before 2026-12-02), and a save's list of hosts to prove;
+// - what a change's start computes under the coordinator's lock from its
+//   plan (StartChange): the event's plan summary (from the summary alone,
+//   against converting the whole plan to its wire form first as before
+//   2026-12-02), the bytes between hosts, each target host's share, and
+//   the small objects the target keeps.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
 //   bazel-bin/tools/control_plane_benchmark [--runs N]
@@ -42,7 +47,12 @@
 #include "coordinator/auto_changes.h"
 #include "coordinator/host_registry.h"
 #include "coordinator/job_table.h"
+#include "coordinator/kept_small_objects.h"
 #include "coordinator/save_proof.h"
+#include "plan/plan_flows.h"
+#include "plan/plan_proto.h"
+#include "plan/plan_scenario.h"
+#include "plan/planner.h"
 #include "ptc/families.h"
 #include "ptc/layout.h"
 #include "tools/internal/stats.h"
@@ -57,8 +67,9 @@ struct Case {
   int gpus_per_host;
 };
 
-// The second to fifth tables' rows, printed after the first.
-std::string process_rows_, record_rows_, look_rows_, question_rows_;
+// The second to sixth tables' rows, printed after the first.
+std::string process_rows_, record_rows_, look_rows_, question_rows_,
+    start_rows_;
 
 // What a save writes to the coordinator's records: the job placed as
 // `rank_hosts`, its committed version moved on `runs` times.
@@ -224,9 +235,75 @@ void MeasureHostQuestions(int hosts, int runs) {
   question_rows_ += absl::StrFormat(
       "| %d | %d | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
       "%.2f / %.2f / %.2f | %.2f / %.2f / %.2f |\n",
-      hosts, job->ranks, a.min * 1e3, a.median * 1e3, a.max * 1e3,
-      b.min * 1e3, b.median * 1e3, b.max * 1e3, c.min * 1e3, c.median * 1e3,
-      c.max * 1e3, d.min * 1e3, d.median * 1e3, d.max * 1e3);
+      hosts, job->ranks, a.min * 1e3, a.median * 1e3, a.max * 1e3, b.min * 1e3,
+      b.median * 1e3, b.max * 1e3, c.min * 1e3, c.median * 1e3, c.max * 1e3,
+      d.min * 1e3, d.median * 1e3, d.max * 1e3);
+}
+
+// A change after `dead` of `hosts` hosts (every hosts/dead-th) died: the
+// job `from` on all of them, `to` on the live ones. The plan is made once
+// (the planner's own table is plan_benchmark's); what StartChange then
+// computes from it under the coordinator's lock is measured `runs` times.
+absl::Status MeasureChangeStart(const char* what, const char* model,
+                                const char* from, const char* to, int hosts,
+                                int dead, int runs) {
+  std::vector<bool> alive(hosts, true);
+  std::vector<int> from_hosts, to_hosts;
+  for (int h = 0; h < hosts; ++h) {
+    from_hosts.push_back(h);
+    if (dead > 0 && h % (hosts / dead) == 0) {
+      alive[h] = false;
+    } else {
+      to_hosts.push_back(h);
+    }
+  }
+  PTC_ASSIGN_OR_RETURN(PlanScenario scenario,
+                       MakePlanScenario(model, from, from_hosts, to, to_hosts,
+                                        Cluster::Uniform(hosts, 8), alive));
+  const PlanInput input = scenario.input();
+  PTC_ASSIGN_OR_RETURN(const Plan plan, PlanReconfiguration(input));
+  std::vector<std::string> rank_hosts;
+  for (int h : scenario.target_placement.host)
+    rank_hosts.push_back(scenario.cluster.hosts[h].name);
+  int64_t entries = 0;
+  for (const HostFragment& f : plan.fragments) {
+    entries += static_cast<int64_t>(f.holds.size());
+    ForEachPiece(f, [&](const Transfer&) { ++entries; });
+  }
+  std::vector<double> whole_s, alone_s, flows_s, shares_s, keep_s;
+  size_t sink = 0;
+  for (int i = 0; i < runs; ++i) {
+    absl::Time t = absl::Now();
+    sink += PlanToProto(plan).summary().ByteSizeLong();
+    whole_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    sink += SummaryToProto(plan.summary).ByteSizeLong();
+    alone_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    sink += HostFlows(input, plan).size();
+    flows_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    sink += FragmentBytes(input, plan).size();
+    shares_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+    t = absl::Now();
+    PTC_ASSIGN_OR_RETURN(KeepPlan keep,
+                         MakeKeepPlan(scenario.spec, to, rank_hosts));
+    sink += static_cast<size_t>(keep.objects);
+    keep_s.push_back(absl::ToDoubleSeconds(absl::Now() - t));
+  }
+  if (sink == 0) return absl::InternalError("nothing was computed");
+  const Stats a = Summarize(whole_s), b = Summarize(alone_s),
+              c = Summarize(flows_s), d = Summarize(shares_s),
+              e = Summarize(keep_s);
+  auto ms = [](const Stats& x) {
+    return absl::StrFormat("%.2f / %.2f / %.2f", x.min * 1e3, x.median * 1e3,
+                           x.max * 1e3);
+  };
+  start_rows_ +=
+      absl::StrFormat("| %s | %d | %.2fM | %s | %s | %s | %s | %s |\n", what,
+                      static_cast<int>(rank_hosts.size()), entries / 1e6, ms(b),
+                      ms(a), ms(c), ms(d), ms(e));
+  return absl::OkStatus();
 }
 
 absl::Status RunCase(const Case& c, int runs) {
@@ -320,8 +397,7 @@ int Run(int runs) {
       {"LLaMA-3 70B, tp=8,pp=8,dp=4", "llama3-70b", "tp=8,pp=8,dp=4", 8},
       {"LLaMA-3 70B, tp=8,pp=8,dp=32", "llama3-70b", "tp=8,pp=8,dp=32", 8},
       {"LLaMA 405B, tp=8,pp=16,dp=16", "llama3-405b", "tp=8,pp=16,dp=16", 8},
-      {"LLaMA 405B, tp=8,pp=16,dp=128", "llama3-405b", "tp=8,pp=16,dp=128",
-       8},
+      {"LLaMA 405B, tp=8,pp=16,dp=128", "llama3-405b", "tp=8,pp=16,dp=128", 8},
   };
   std::cout << "save's proof, seconds min / median / max of " << runs
             << " runs\n\n"
@@ -367,6 +443,33 @@ int Run(int runs) {
                "looked up linearly per rank (before) |\n"
             << "|---|---|---|---|---|---|\n"
             << question_rows_;
+  struct Change {
+    const char *what, *model, *from, *to;
+    int hosts, dead;
+  };
+  const Change changes[] = {
+      {"GPT (400 tensors), dp 512 -> 480 on 512 hosts, 32 dead",
+       "gpt:layers=8,hidden=64,heads=4,vocab=512,positions=64",
+       "tp=2,pp=4,dp=512", "tp=2,pp=4,dp=480", 512, 32},
+      {"LLaMA 405B, dp 128 -> 120 on 2,048 hosts, 16 dead", "llama3-405b",
+       "tp=8,pp=16,dp=128", "tp=8,pp=16,dp=120", 2048, 16},
+  };
+  for (const Change& c : changes) {
+    const absl::Status s = MeasureChangeStart(c.what, c.model, c.from, c.to,
+                                              c.hosts, c.dead, runs);
+    if (!s.ok()) {
+      std::cerr << c.what << ": " << s << "\n";
+      return 1;
+    }
+  }
+  std::cout << "\nwhat a change's start computes from its plan under the "
+               "coordinator's lock: milliseconds min / median / max\n\n"
+            << "| change | target ranks | the plan's held regions and "
+               "transfers | the event's plan summary | the same, converting "
+               "the whole plan first (before 2026-12-02) | bytes between "
+               "hosts | each target host's share | the small objects kept |\n"
+            << "|---|---|---|---|---|---|---|---|\n"
+            << start_rows_;
   return 0;
 }
 
