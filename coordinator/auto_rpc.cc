@@ -583,10 +583,18 @@ grpc::Status CoordinatorService::ReportProcessExit(
     resp->set_changing(false);
     return grpc::Status::OK;
   }
-  const auto [rank_hosts, devices] = RankPlacementLocked(job);
+  // From the job's index of its host's ranks (a host's agent reports each
+  // of its processes that exits: when a job crashes, every process of it);
+  // a record that does not place every rank is derived and scanned.
   bool placed = false;
-  for (size_t r = 0; r < rank_hosts.size() && r < devices.size(); ++r)
-    placed |= rank_hosts[r] == req->host() && devices[r] == req->gpu();
+  if (const std::vector<int32_t>* mine = job.RanksOn(req->host());
+      mine != nullptr) {
+    for (int32_t r : *mine) placed |= job.state.rank_devices(r) == req->gpu();
+  } else {
+    const auto [rank_hosts, devices] = RankPlacementLocked(job);
+    for (size_t r = 0; r < rank_hosts.size() && r < devices.size(); ++r)
+      placed |= rank_hosts[r] == req->host() && devices[r] == req->gpu();
+  }
   if (!placed) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "job '", req->job(), "' runs no rank on GPU ", req->gpu(), " of host '",
