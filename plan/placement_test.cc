@@ -762,5 +762,21 @@ TEST_CASE("placement: equal to brute force over every grouping of tp groups",
                           80) >= 20);
 }
 
+TEST_CASE("placement: the hosts a placement uses, in the candidates' order",
+          "[placement]") {
+  const std::vector<std::string> names = {"h0", "h1", "h2", "h3", "h4"};
+  PlacementResult result;
+  // Ranks on h3, h1, h1, h4; h4 was not a candidate (an explicit
+  // placement may name it), h0 and h2 were and get no rank.
+  result.placement.host = {3, 1, 1, 4};
+  result.placement.device = {0, 0, 1, 0};
+  CHECK(UsedHosts(result, {0, 1, 2, 3}, names) ==
+        std::vector<std::string>{"h1", "h3", "h4"});
+  CHECK(UsedHosts(result, {3, 2, 1}, names) ==
+        std::vector<std::string>{"h3", "h1", "h4"});
+  CHECK(UsedHosts(result, {}, names) ==
+        std::vector<std::string>{"h3", "h1", "h4"});
+}
+
 }  // namespace
 }  // namespace ptc
