@@ -9,11 +9,16 @@
 namespace ptc {
 namespace {
 
-TEST_CASE("plan proto: a plan survives the wire and still validates",
-          "[coordinator][proto]") {
-  auto job = testing::MakeJob(
+// A GPT job from tp=2 on two hosts to tp=4 on four.
+absl::StatusOr<testing::TestJob> SmallJob() {
+  return testing::MakeJob(
       "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
       {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
+}
+
+TEST_CASE("plan proto: a plan survives the wire and still validates",
+          "[coordinator][proto]") {
+  auto job = SmallJob();
   REQUIRE(job.ok());
   auto plan = PlanReconfiguration(job->input());
   REQUIRE(plan.ok());
@@ -42,9 +47,7 @@ TEST_CASE("plan proto: a plan survives the wire and still validates",
 
 TEST_CASE("plan proto: the summary alone is the whole plan's summary",
           "[coordinator][proto]") {
-  auto job = testing::MakeJob(
-      "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
-      {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
+  auto job = SmallJob();
   REQUIRE(job.ok());
   auto plan = PlanReconfiguration(job->input());
   REQUIRE(plan.ok());
