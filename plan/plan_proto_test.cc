@@ -11,9 +11,9 @@ namespace {
 
 // A GPT job from tp=2 on two hosts to tp=4 on four.
 absl::StatusOr<testing::TestJob> SmallJob() {
-  return testing::MakeJob(
-      "gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4", "tp=2,dp=2",
-      {0, 1}, "tp=4,dp=2", {1, 2, 3, 0}, Cluster::Uniform(4, 2));
+  return testing::MakeJob("gpt:layers=2,hidden=16,heads=4,vocab=30,positions=4",
+                          "tp=2,dp=2", {0, 1}, "tp=4,dp=2", {1, 2, 3, 0},
+                          Cluster::Uniform(4, 2));
 }
 
 TEST_CASE("plan proto: a plan survives the wire and still validates",
@@ -45,18 +45,54 @@ TEST_CASE("plan proto: a plan survives the wire and still validates",
   }
 }
 
-TEST_CASE("plan proto: the summary alone is the whole plan's summary",
+TEST_CASE("plan proto: every field of a plan's summary reaches the wire",
           "[coordinator][proto]") {
-  auto job = SmallJob();
-  REQUIRE(job.ok());
-  auto plan = PlanReconfiguration(job->input());
-  REQUIRE(plan.ok());
-  REQUIRE(plan->summary.cross_host_bytes > 0);
-  REQUIRE(!plan->summary.host_send_bytes.empty());
-  std::string whole, alone;
-  REQUIRE(PlanToProto(*plan).summary().SerializeToString(&whole));
-  REQUIRE(SummaryToProto(plan->summary).SerializeToString(&alone));
-  CHECK(alone == whole);
+  // Each field a value of its own, so that one left out or swapped shows.
+  PlanSummary s;
+  s.target_bytes = 1;
+  s.kept_in_place_bytes = 2;
+  s.copied_within_host_bytes = 3;
+  s.cross_host_bytes = 4;
+  s.cross_host_bytes_lower_bound = 5;
+  s.dedup_saved_bytes = 6;
+  s.max_host_send_bytes = 7;
+  s.max_host_send_bytes_lower_bound = 8;
+  s.max_host_send_host = 9;
+  s.max_host_send_seconds = 10.5;
+  s.max_host_send_seconds_lower_bound = 11.5;
+  s.transfers = 12;
+  s.small_object_moves = 13;
+  s.plan_seconds = 14.5;
+  s.snapshot_bytes = 15;
+  s.host_send_bytes = {16, 17};
+  s.host_receive_bytes = {18, 19, 20};
+  const proto::PlanSummary w = SummaryToProto(s);
+  CHECK(w.target_bytes() == 1);
+  CHECK(w.kept_in_place_bytes() == 2);
+  CHECK(w.copied_within_host_bytes() == 3);
+  CHECK(w.cross_host_bytes() == 4);
+  CHECK(w.cross_host_bytes_lower_bound() == 5);
+  CHECK(w.dedup_saved_bytes() == 6);
+  CHECK(w.max_host_send_bytes() == 7);
+  CHECK(w.max_host_send_bytes_lower_bound() == 8);
+  CHECK(w.max_host_send_host() == 9);
+  CHECK(w.max_host_send_seconds() == 10.5);
+  CHECK(w.max_host_send_seconds_lower_bound() == 11.5);
+  CHECK(w.transfers() == 12);
+  CHECK(w.small_object_moves() == 13);
+  CHECK(w.plan_seconds() == 14.5);
+  CHECK(w.snapshot_bytes() == 15);
+  CHECK(std::vector<int64_t>(w.host_send_bytes().begin(),
+                             w.host_send_bytes().end()) ==
+        std::vector<int64_t>{16, 17});
+  CHECK(std::vector<int64_t>(w.host_receive_bytes().begin(),
+                             w.host_receive_bytes().end()) ==
+        std::vector<int64_t>{18, 19, 20});
+  // The whole plan's wire form carries the same summary.
+  Plan plan;
+  plan.summary = s;
+  CHECK(PlanToProto(plan).summary().SerializeAsString() ==
+        w.SerializeAsString());
 }
 
 TEST_CASE("plan proto: a malformed region is INVALID_ARGUMENT",

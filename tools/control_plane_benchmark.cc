@@ -20,11 +20,11 @@
 // - every process's question after a change, which ranks run on its host
 //   (from the job's index, against scanning every rank's host per
 //   question as before 2026-12-02), and a save's list of hosts to prove;
-// - what a change's start computes under the coordinator's lock from its
-//   plan (StartChange): the event's plan summary (from the summary alone,
-//   against converting the whole plan to its wire form first as before
-//   2026-12-02), the bytes between hosts, each target host's share, and
-//   the small objects the target keeps.
+// - the computations a change's start makes from its plan under the
+//   coordinator's lock (StartChange): the event's plan summary (from the
+//   summary alone, against converting the whole plan to its wire form
+//   first as before 2026-12-02), the bytes between hosts, each target
+//   host's share, and the small objects the target keeps.
 //
 //   bazel build -c opt //tools:control_plane_benchmark
 //   bazel-bin/tools/control_plane_benchmark [--runs N]
@@ -240,18 +240,25 @@ void MeasureHostQuestions(int hosts, int runs) {
       d.min * 1e3, d.median * 1e3, d.max * 1e3);
 }
 
-// A change after `dead` of `hosts` hosts (every hosts/dead-th) died: the
-// job `from` on all of them, `to` on the live ones. The plan is made once
-// (the planner's own table is plan_benchmark's); what StartChange then
-// computes from it under the coordinator's lock is measured `runs` times.
+// A change after `dead` of `hosts` hosts (every hosts/dead-th; `dead`
+// divides `hosts`) died: the job `from` on all of them, `to` on the live
+// ones, placed contiguously. The plan is made once (the planner's own
+// table is plan_benchmark's); the computations StartChange makes from it
+// under the coordinator's lock are measured `runs` times (not the event's
+// flows and progress entries built from them, the placement's summary or
+// writing the change's record).
 absl::Status MeasureChangeStart(const char* what, const char* model,
                                 const char* from, const char* to, int hosts,
                                 int dead, int runs) {
+  if (dead <= 0 || dead > hosts || hosts % dead != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dead, " dead hosts do not divide ", hosts, " hosts evenly"));
+  }
   std::vector<bool> alive(hosts, true);
   std::vector<int> from_hosts, to_hosts;
   for (int h = 0; h < hosts; ++h) {
     from_hosts.push_back(h);
-    if (dead > 0 && h % (hosts / dead) == 0) {
+    if (h % (hosts / dead) == 0) {
       alive[h] = false;
     } else {
       to_hosts.push_back(h);
@@ -462,8 +469,9 @@ int Run(int runs) {
       return 1;
     }
   }
-  std::cout << "\nwhat a change's start computes from its plan under the "
-               "coordinator's lock: milliseconds min / median / max\n\n"
+  std::cout << "\nthe computations a change's start makes from its plan "
+               "under the coordinator's lock: milliseconds min / median / "
+               "max\n\n"
             << "| change | target ranks | the plan's held regions and "
                "transfers | the event's plan summary | the same, converting "
                "the whole plan first (before 2026-12-02) | bytes between "
