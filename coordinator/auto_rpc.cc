@@ -450,7 +450,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
         !ctx->IsCancelled() &&
         meetings_.Hold(req->job(), req->layout_epoch(), req->rank())) {
       const absl::Time now = absl::Now();
-      held_.push_back({reactor, *req, resp, now + HoldFor(*ctx, now)});
+      held_.emplace(reactor,
+                    Held{reactor, *req, resp, now + HoldFor(*ctx, now)});
       return reactor;
     }
     if (answer.ok()) told = TakeHeldLocked(req->job(), req->layout_epoch());
@@ -463,15 +464,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(
 
 std::vector<CoordinatorService::Held> CoordinatorService::TakeHeldLocked(
     const std::string& job, int64_t epoch) {
-  // The job's calls go to the end, intact (remove_if would leave them
-  // moved-from), and are taken from there.
-  auto taken =
-      std::stable_partition(held_.begin(), held_.end(), [&](const Held& h) {
-        return h.req.job() != job || h.req.layout_epoch() != epoch;
-      });
-  std::vector<Held> out(std::make_move_iterator(taken),
-                        std::make_move_iterator(held_.end()));
-  held_.erase(taken, held_.end());
+  std::vector<Held> out;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.req.job() == job && it->second.req.layout_epoch() == epoch) {
+      out.push_back(std::move(it->second));
+      held_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   const absl::Time now = absl::Now();
   for (const Held& h : out) {
     meetings_.Release(job, epoch, h.req.rank(), now, /*gone=*/false);
@@ -482,13 +483,13 @@ std::vector<CoordinatorService::Held> CoordinatorService::TakeHeldLocked(
 void CoordinatorService::HeldCancelled(grpc::ServerUnaryReactor* reactor) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = std::find_if(held_.begin(), held_.end(),
-                           [&](const Held& h) { return h.reactor == reactor; });
+    auto it = held_.find(reactor);
     // Not held: answered already, or never held. (Cancelled just after
     // the handler's IsCancelled, a call is held until HoldFor passes.)
     if (it == held_.end()) return;
-    meetings_.Release(it->req.job(), it->req.layout_epoch(), it->req.rank(),
-                      absl::Now(), /*gone=*/true);
+    const proto::RendezvousRequest& req = it->second.req;
+    meetings_.Release(req.job(), req.layout_epoch(), req.rank(), absl::Now(),
+                      /*gone=*/true);
     held_.erase(it);
   }
   reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED,
@@ -515,7 +516,7 @@ void CoordinatorService::HoldLoop() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_),
                                absl::Milliseconds(100))) {
         // Stopping: every held call is answered (the server waits for it).
-        for (Held& h : held_) {
+        for (auto& [reactor, h] : held_) {
           answers.push_back({std::move(h), absl::UnavailableError(
                                                "the coordinator is stopping; "
                                                "meet again")});
@@ -526,30 +527,29 @@ void CoordinatorService::HoldLoop() {
         // A job whose epoch moved on (a change committed, the job was
         // forgotten): its calls held under the old epoch are answered now
         // (refresh and meet under the new one), not when their hold ends.
-        // A job's calls are mostly next to each other: its epoch is looked
-        // up once per run of them.
-        std::string last_job;
-        int64_t last_epoch = -1;  // last_job's; -1: none, or it is gone
+        // Each job's epoch is looked up once per pass.
+        absl::flat_hash_map<std::string, int64_t> epochs;  // -1: job gone
         auto current = [&](const Held& h) {
-          if (last_epoch == -1 || last_job != h.req.job()) {
+          auto [e, added] = epochs.try_emplace(h.req.job(), -1);
+          if (added) {
             const Job* job = jobs_.Find(h.req.job());
-            last_job = h.req.job();
-            last_epoch = job != nullptr ? job->state.layout_epoch() : -1;
+            if (job != nullptr) e->second = job->state.layout_epoch();
           }
-          return last_epoch == h.req.layout_epoch();
+          return e->second == h.req.layout_epoch();
         };
-        auto due = std::partition(
-            held_.begin(), held_.end(),
-            [&](const Held& h) { return h.until > now && current(h); });
-        for (auto it = due; it != held_.end(); ++it) {
+        for (auto it = held_.begin(); it != held_.end();) {
+          Held& h = it->second;
+          if (h.until > now && current(h)) {
+            ++it;
+            continue;
+          }
           // Asked again for it: still here, and the meeting as it is now.
-          meetings_.Release(it->req.job(), it->req.layout_epoch(),
-                            it->req.rank(), now, /*gone=*/false);
-          absl::StatusOr<proto::RendezvousResponse> a =
-              RendezvousLocked(it->req);
-          answers.push_back({std::move(*it), std::move(a)});
+          meetings_.Release(h.req.job(), h.req.layout_epoch(), h.req.rank(),
+                            now, /*gone=*/false);
+          absl::StatusOr<proto::RendezvousResponse> a = RendezvousLocked(h.req);
+          answers.push_back({std::move(h), std::move(a)});
+          held_.erase(it++);
         }
-        held_.erase(due, held_.end());
       }
       // A held rank whose look met the meeting tells the others.
       const size_t looked = answers.size();

@@ -64,6 +64,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -526,8 +527,11 @@ class CoordinatorService final
   AutoChanges auto_changes_ ABSL_GUARDED_BY(mu_);
   // Per job: the meeting of its processes under its layout epoch.
   Meetings meetings_ ABSL_GUARDED_BY(mu_);
-  // Rendezvous calls waiting for their meeting.
-  std::vector<Held> held_ ABSL_GUARDED_BY(mu_);
+  // Rendezvous calls waiting for their meeting, by their reactor (a
+  // cancelled call finds its own at once: 16,384 processes cancel
+  // together when a meeting is abandoned).
+  absl::flat_hash_map<grpc::ServerUnaryReactor*, Held> held_
+      ABSL_GUARDED_BY(mu_);
   std::thread holder_;
   // What ListJobs says of each job's survival, for the placement it was
   // judged on (config, every rank's host and each host's domain): worked

@@ -469,13 +469,21 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
   r.addresses = planned.addresses;
   r.parallel_pulls = req.parallel_pulls() > 0 ? req.parallel_pulls() : 4;
   r.transport = req.transport();
-  // A source silent past the host timeout is dead to the coordinator;
+  // A source silent past its own timeout is dead to the coordinator;
   // its targets wait a little longer (its death cancels the change or
-  // moves them to other holders), up to an hour.
+  // moves them to other holders), up to an hour. Each source keeps the
+  // interval it was last told until its next heartbeat: right after a
+  // cluster shrinks that is longer than today's, so the sources' own
+  // timeouts bound the wait, not the registry's current one.
   absl::Duration host_timeout;
   {
     absl::MutexLock lock(&mu_);
     host_timeout = hosts_.Timeout();
+    for (int id : planned.from_ids) {
+      const HostRegistry::Host* h = hosts_.Find(names[id]);
+      if (h != nullptr)
+        host_timeout = std::max(host_timeout, hosts_.TimeoutOf(*h));
+    }
   }
   r.peer_timeout = std::min(std::max(2 * host_timeout, absl::Seconds(1)),
                             absl::Hours(1));

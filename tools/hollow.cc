@@ -26,7 +26,9 @@
 //       Watch stream; with --poll only rank 0 does and the others ask
 //       (ListJobs) at most every --poll-ms, as ptc.elastic's did before
 //       (for comparison). --rpc-timeout-s is each client's deadline for
-//       a call (30 s, as ptc's default). Saves
+//       a call (30 s, as ptc's default); --commit-timeout-s the longest
+//       a saved version may wait to commit with no change starting (600
+//       s, as ptc.elastic's timeout), after which the process fails. Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -78,7 +80,8 @@ constexpr char kUsage[] =
                         [--relay on|off] [--keepalive-s S] --insecure
        ptc-hollow ranks --coordinator ADDR --job J --hosts FILE [--gpus G]
                         [--step-ms MS] [--poll-ms MS] [--saves N]
-                        [--rpc-timeout-s S] [--wait-for-rank] [--poll]
+                        [--rpc-timeout-s S] [--commit-timeout-s S]
+                        [--wait-for-rank] [--poll]
                         [--keepalive-s S] --insecure
 --keepalive-s S: every channel and server of this process pings every S
 seconds and waits S for the answer (0, the default: as ptcd's do). gRPC
@@ -227,6 +230,11 @@ class HollowRank {
     int saves = 1 << 30;
     // The client's deadline for a call (ClientOptions::rpc_timeout).
     absl::Duration rpc_timeout = absl::Seconds(30);
+    // The longest a saved version may take to commit with no change
+    // starting (ptc.elastic's timeout): a peer's save lost with no change
+    // to follow (its host declared dead and back) ends the process with an
+    // error instead of a wait that never ends.
+    absl::Duration commit_timeout = absl::Minutes(10);
     // With no rank on this GPU: wait for one (a host added to the job;
     // its launcher would start the process) instead of leaving.
     bool wait_for_rank = false;
@@ -387,9 +395,17 @@ class HollowRank {
       // starts (a peer died and will never save it): asleep until the
       // stream tells something new, as ptc.elastic's processes wait.
       PTC_ASSIGN_OR_RETURN(ev, Event());
+      const absl::Time deadline = absl::Now() + o_.commit_timeout;
       while (!Stopping()) {
         if (ev.committed_version >= version) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "version ", version, " did not commit in ",
+              absl::FormatDuration(o_.commit_timeout),
+              " and no change started (the job's committed version is ",
+              ev.committed_version, ")"));
+        }
         PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
       }
       if (!asked) ++saves_done_;
@@ -445,6 +461,8 @@ absl::Status RunRanks(const Args& args) {
                        IntArg(args, "saves", 1 << 30, 0, 1 << 30));
   PTC_ASSIGN_OR_RETURN(const int rpc_timeout_s,
                        IntArg(args, "rpc-timeout-s", 30, 1, 3600));
+  PTC_ASSIGN_OR_RETURN(const int commit_timeout_s,
+                       IntArg(args, "commit-timeout-s", 600, 1, 24 * 3600));
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every
   // hollow rank a local socket and a channel.
@@ -482,6 +500,7 @@ absl::Status RunRanks(const Args& args) {
       o.poll = absl::Milliseconds(poll_ms);
       o.saves = saves;
       o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+      o.commit_timeout = absl::Seconds(commit_timeout_s);
       o.wait_for_rank = args.Flag("wait-for-rank");
       o.watch = !args.Flag("poll");
       o.stop = &stop;
@@ -505,12 +524,13 @@ absl::Status Run(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   PTC_ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argc, argv, 2,
-                             {"coordinator", "count", "first", "dir", "gpus",
-                              "memory-limit", "rack-size", "job", "hosts",
-                              "step-ms", "poll-ms", "saves", "rpc-timeout-s",
-                              "log-level", "relay", "keepalive-s"},
-                             {"insecure", "wait-for-rank", "poll"}));
+      Args args,
+      Args::Parse(argc, argv, 2,
+                  {"coordinator", "count", "first", "dir", "gpus",
+                   "memory-limit", "rack-size", "job", "hosts", "step-ms",
+                   "poll-ms", "saves", "rpc-timeout-s", "commit-timeout-s",
+                   "log-level", "relay", "keepalive-s"},
+                  {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(
         "ptc-hollow runs with --insecure only (one process is many hosts; a "

@@ -273,12 +273,13 @@ class Group:
             time.sleep(0.1)
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
-    def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, wait_for_rank=False,
-                    direct=False):
+    def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, commit_timeout,
+                    wait_for_rank=False, direct=False):
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
-                str(step_ms), "--rpc-timeout-s", str(rpc_timeout), *self.keepalive,
+                str(step_ms), "--rpc-timeout-s", str(rpc_timeout),
+                "--commit-timeout-s", str(max(1, int(commit_timeout))), *self.keepalive,
                 "--insecure"]
         if wait_for_rank:
             args.append("--wait-for-rank")
@@ -469,10 +470,13 @@ class Harness:
     def wait_saved(self, count, timeout):
         deadline = time.time() + timeout
         while True:
-            saved = sum(1 for g in self.groups for line in g.lines()
-                        if line.startswith("saved "))
+            lines = [line for g in self.groups for line in g.lines()]
+            saved = sum(1 for line in lines if line.startswith("saved "))
             if saved >= count:
                 return
+            errors = [line for line in lines if line.startswith("error ")]
+            if errors:
+                raise SystemExit(f"a hollow process failed: {errors[0]}")
             self.check_ranks_running()
             if time.time() > deadline:
                 raise SystemExit(f"{saved} of {count} saves committed in {timeout} s")
@@ -525,7 +529,7 @@ class Harness:
 
         def meet():
             for g in self.groups:
-                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout, o.timeout,
                               direct=o.direct)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
@@ -619,7 +623,7 @@ class Harness:
                           o.keepalive)
                 self.groups.append(g)
                 added = g.wait_ready(time.time() + o.timeout)
-                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout,
+                g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout, o.timeout,
                               wait_for_rank=True, direct=o.direct)
                 started = time.time()
                 self.ptcctl("hosts", "add", ",".join(added), "--job", o.job)
