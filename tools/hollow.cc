@@ -28,7 +28,8 @@
 //       (for comparison). --rpc-timeout-s is each client's deadline for
 //       a call (30 s, as ptc's default); --commit-timeout-s the longest
 //       a saved version may wait to commit with no change starting (600
-//       s, as ptc.elastic's timeout), after which the process fails. Saves
+//       s; ptc.elastic raises TimeoutError after its timeout, 300 s by
+//       default), after which the process fails. Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -231,9 +232,9 @@ class HollowRank {
     // The client's deadline for a call (ClientOptions::rpc_timeout).
     absl::Duration rpc_timeout = absl::Seconds(30);
     // The longest a saved version may take to commit with no change
-    // starting (ptc.elastic's timeout): a peer's save lost with no change
-    // to follow (its host declared dead and back) ends the process with an
-    // error instead of a wait that never ends.
+    // starting (as ptc.elastic's timeout does): a peer's save lost with no
+    // change to follow (its host declared dead and back) ends the process with
+    // an error instead of a wait that never ends.
     absl::Duration commit_timeout = absl::Minutes(10);
     // With no rank on this GPU: wait for one (a host added to the job;
     // its launcher would start the process) instead of leaving.
