@@ -85,6 +85,16 @@ absl::Duration HostRegistry::TimeoutFor(absl::Duration interval) const {
   return std::max(cadence_.timeout, interval * ratio);
 }
 
+absl::Duration HostRegistry::LongestTimeoutOf(
+    const std::vector<std::string>& names) const {
+  absl::Duration longest = Timeout();
+  for (const std::string& name : names) {
+    const Host* h = Find(name);
+    if (h != nullptr) longest = std::max(longest, TimeoutOf(*h));
+  }
+  return longest;
+}
+
 bool HostRegistry::Late(const Host& h, absl::Time now) const {
   return h.status.alive() && now - h.last_heartbeat > 2 * IntervalOf(h);
 }

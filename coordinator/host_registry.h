@@ -97,6 +97,9 @@ class HostRegistry {
   absl::Duration TimeoutOf(const Host& h) const;
   // The timeout of a host told to heartbeat every `interval`.
   absl::Duration TimeoutFor(absl::Duration interval) const;
+  // The longest TimeoutOf the named hosts (unknown names skipped), and
+  // never less than Timeout(): how long a change waits on a silent source.
+  absl::Duration LongestTimeoutOf(const std::vector<std::string>& names) const;
   // Alive, and silent for more than two of its intervals: in doubt.
   bool Late(const Host& h, absl::Time now) const;
   // Whether a ptcd that answered a call sent at `asked` with its `uptime`

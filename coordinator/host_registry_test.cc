@@ -136,8 +136,14 @@ TEST_CASE("the heartbeat interval and timeout stretch as the cluster grows") {
     overdue.push_back(name);
   CHECK(overdue == std::vector<std::string>{"a", "b", "c"});
   CHECK(hosts.Overdue(kT0 + absl::Seconds(9), kT0).size() == 7);
+  // A change from a, b and h waits on a silent source as long as h's
+  // timeout, not today's 5 s; unknown names count for nothing.
+  CHECK(hosts.LongestTimeoutOf({"a", "b"}) == absl::Seconds(5));
+  CHECK(hosts.LongestTimeoutOf({"a", "h", "nope"}) == absl::Seconds(20));
+  CHECK(hosts.LongestTimeoutOf({}) == absl::Seconds(5));
   REQUIRE(hosts.Heartbeat("h", 1, kT0 + absl::Seconds(3)));
   CHECK(hosts.TimeoutOf(*hosts.Find("h")) == absl::Seconds(5));
+  CHECK(hosts.LongestTimeoutOf({"a", "h"}) == absl::Seconds(5));
 }
 
 TEST_CASE(

@@ -475,15 +475,12 @@ void CoordinatorService::ConnectDriver(const proto::ReconfigureRequest& req,
   // interval it was last told until its next heartbeat: right after a
   // cluster shrinks that is longer than today's, so the sources' own
   // timeouts bound the wait, not the registry's current one.
+  std::vector<std::string> sources;
+  for (int id : planned.from_ids) sources.push_back(names[id]);
   absl::Duration host_timeout;
   {
     absl::MutexLock lock(&mu_);
-    host_timeout = hosts_.Timeout();
-    for (int id : planned.from_ids) {
-      const HostRegistry::Host* h = hosts_.Find(names[id]);
-      if (h != nullptr)
-        host_timeout = std::max(host_timeout, hosts_.TimeoutOf(*h));
-    }
+    host_timeout = hosts_.LongestTimeoutOf(sources);
   }
   r.peer_timeout = std::min(std::max(2 * host_timeout, absl::Seconds(1)),
                             absl::Hours(1));
