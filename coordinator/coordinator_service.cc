@@ -18,6 +18,7 @@
 #include "common/job_token.h"
 #include "common/limits.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 #include "coordinator/reconfigure_driver.h"
 #include "plan/job_placement.h"
@@ -337,8 +338,26 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-// One read or one write in flight at a time: a message is read, answered,
-// and the next one read once the answer is written. The stream ends when
+namespace {
+Counter& heartbeat_answers =
+    GetCounter("ptc_coordinator_heartbeat_stream_answers_total");
+}  // namespace
+
+bool HeartbeatNeedsAnswer(const proto::HeartbeatRequest& req,
+                          const proto::HeartbeatResponse& resp,
+                          double told_seconds, absl::Duration since_answer) {
+  return !req.answer_when_needed() || !resp.known() ||
+         resp.reclaim_size() > 0 ||
+         (resp.heartbeat_interval_seconds() > 0 &&
+          resp.heartbeat_interval_seconds() != told_seconds) ||
+         since_answer >= kHeartbeatAnswerEvery;
+}
+
+// One read or one write in flight at a time: a message is read, answered
+// (or not: HeartbeatNeedsAnswer), and the next one read once the answer
+// is written. A beat left unanswered costs one of gRPC's reactions
+// instead of three (read, write, write done), most of it the threads'
+// hand-offs: at 2,048 hosts, 500 beats a second. The stream ends when
 // the host closes its side, the connection goes, a message is refused, or
 // the server shuts down; gRPC's OnDone, the last reaction, deletes it.
 class CoordinatorService::HeartbeatStream final
@@ -377,6 +396,16 @@ class CoordinatorService::HeartbeatStream final
       return;
     }
     service_->Beat(req_, &resp_);
+    const absl::Time now = absl::Now();
+    if (!HeartbeatNeedsAnswer(req_, resp_, told_seconds_, now - answered_at_)) {
+      StartRead(&req_);
+      return;
+    }
+    // (An answer to a stranger tells no interval; the host keeps its own.)
+    if (resp_.heartbeat_interval_seconds() > 0)
+      told_seconds_ = resp_.heartbeat_interval_seconds();
+    answered_at_ = now;
+    heartbeat_answers.Add();
     StartWrite(&resp_);
   }
 
@@ -398,6 +427,9 @@ class CoordinatorService::HeartbeatStream final
   grpc::CallbackServerContext* const ctx_;
   proto::HeartbeatRequest req_;
   proto::HeartbeatResponse resp_;
+  // The interval last written on the stream (0: none), and when.
+  double told_seconds_ = 0;
+  absl::Time answered_at_ = absl::InfinitePast();
 };
 
 grpc::ServerBidiReactor<proto::HeartbeatRequest, proto::HeartbeatResponse>*

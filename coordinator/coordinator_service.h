@@ -118,6 +118,20 @@ absl::Status ValidateHost(const proto::HostStatus& h);
 absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
 
+// A stream's heartbeats marked answer_when_needed are answered at least
+// this often (and whenever the answer says something).
+inline constexpr absl::Duration kHeartbeatAnswerEvery = absl::Seconds(20);
+
+// Whether a heartbeat that came on a stream is answered with `resp`: it
+// asks for an answer to every beat, or `resp` says something the host
+// does not know (known = false, versions to reclaim, an interval other
+// than `told_seconds`, the last one written on the stream; 0: none yet),
+// or the stream's last answer was written `since_answer` ago, at least
+// kHeartbeatAnswerEvery.
+bool HeartbeatNeedsAnswer(const proto::HeartbeatRequest& req,
+                          const proto::HeartbeatResponse& resp,
+                          double told_seconds, absl::Duration since_answer);
+
 // Watch, Rendezvous and Heartbeats are callback methods: no thread waits
 // per watcher (watchers.h), per rank waiting for its job's meeting or per
 // host's heartbeat stream. (The unary Heartbeat is not: as a callback
@@ -141,7 +155,8 @@ class CoordinatorService final
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
                          proto::HeartbeatResponse*) override;
   // A host's heartbeats on one stream, each message answered as Heartbeat
-  // answers it. At most kMaxHeartbeatStreams at once; beyond them a stream
+  // answers it (those marked answer_when_needed when HeartbeatNeedsAnswer
+  // says). At most kMaxHeartbeatStreams at once; beyond them a stream
   // is refused RESOURCE_EXHAUSTED (the host sends Heartbeat calls instead).
   grpc::ServerBidiReactor<proto::HeartbeatRequest, proto::HeartbeatResponse>*
   Heartbeats(grpc::CallbackServerContext* ctx) override;

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "tensor_store/store.h"
 
@@ -33,12 +33,24 @@ class CoordinatorAgent {
 
  private:
   void Loop();
+  // Registers the host; true once it is. `interval` takes the one told;
+  // `refused` is the last refusal said (each is said once).
+  bool Register(proto::Coordinator::Stub& stub, absl::Duration* interval,
+                std::string* refused);
+  // An answer came: the loop looks now.
+  void Wake();
+  // Waits until `deadline`, a Wake or the agent's end; true at the end.
+  bool WaitUntil(absl::Time deadline);
+  bool DueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || woken_;
+  }
 
   const std::string coordinator_;
   const proto::HostStatus host_;
   Store* const store_;
-  absl::Notification stop_;
   mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

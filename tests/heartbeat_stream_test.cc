@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/coordinator_service.h"
 #include "proto/coordinator.grpc.pb.h"
 #include "ptcd/coordinator_agent.h"
 #include "tensor_store/internal/testing.h"
@@ -111,16 +112,104 @@ TEST_CASE(
   CHECK(stream->Finish().ok());
 }
 
+TEST_CASE(
+    "heartbeat stream: a beat marked answer_when_needed is answered only "
+    "with something to say",
+    "[coordinator]") {
+  Coordinator c;
+  {
+    grpc::ClientContext ctx;
+    proto::RegisterHostRequest req;
+    *req.mutable_host() = Host("host0");
+    proto::RegisterHostResponse resp;
+    REQUIRE(c.stub->RegisterHost(&ctx, req, &resp).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = c.stub->Heartbeats(&ctx);
+  proto::HeartbeatRequest beat;
+  beat.set_name("host0");
+  beat.set_incarnation(1);
+  beat.set_answer_when_needed(true);
+  // The first is answered (the stream has not been told an interval),
+  // the next two not: answers come in order, so the next one read is the
+  // stranger's.
+  for (int i = 0; i < 3; ++i) REQUIRE(stream->Write(beat));
+  proto::HeartbeatRequest stranger = beat;
+  stranger.set_name("host9");
+  REQUIRE(stream->Write(stranger));
+  // A version of a job the coordinator does not know is never reclaimed
+  // (nothing to say); so the one after is answered for its stranger.
+  proto::HeartbeatRequest holding = beat;
+  proto::HeldVersion* v = holding.add_versions();
+  v->set_job("unknown-job");
+  v->set_version(3);
+  REQUIRE(stream->Write(holding));
+  REQUIRE(stream->Write(stranger));
+  proto::HeartbeatResponse resp;
+  REQUIRE(stream->Read(&resp));
+  CHECK(resp.known());
+  CHECK(resp.heartbeat_interval_seconds() > 0);
+  REQUIRE(stream->Read(&resp));
+  CHECK_FALSE(resp.known());
+  REQUIRE(stream->Read(&resp));
+  CHECK_FALSE(resp.known());
+  // The coordinator heard every one of them.
+  grpc::ClientContext list_ctx;
+  proto::ListHostsResponse hosts;
+  REQUIRE(c.stub->ListHosts(&list_ctx, {}, &hosts).ok());
+  REQUIRE(hosts.hosts_size() == 1);
+  CHECK(hosts.hosts(0).alive());
+  REQUIRE(stream->WritesDone());
+  CHECK_FALSE(stream->Read(&resp));  // nothing more was answered
+  CHECK(stream->Finish().ok());
+}
+
+TEST_CASE("heartbeat stream: when a quiet beat is answered", "[coordinator]") {
+  proto::HeartbeatRequest quiet;
+  quiet.set_answer_when_needed(true);
+  proto::HeartbeatResponse resp;
+  resp.set_known(true);
+  resp.set_heartbeat_interval_seconds(2);
+  const absl::Duration recent = absl::Seconds(1);
+  CHECK_FALSE(HeartbeatNeedsAnswer(quiet, resp, 2, recent));
+  // Every beat of a host that asks for answers.
+  CHECK(HeartbeatNeedsAnswer(proto::HeartbeatRequest(), resp, 2, recent));
+  // Something to say: a new interval, register again, reclaim.
+  CHECK(HeartbeatNeedsAnswer(quiet, resp, 0, recent));
+  CHECK(HeartbeatNeedsAnswer(quiet, resp, 4, recent));
+  proto::HeartbeatResponse untold = resp;  // tells no interval: keep yours
+  untold.set_heartbeat_interval_seconds(0);
+  CHECK_FALSE(HeartbeatNeedsAnswer(quiet, untold, 2, recent));
+  proto::HeartbeatResponse unknown = resp;
+  unknown.set_known(false);
+  CHECK(HeartbeatNeedsAnswer(quiet, unknown, 2, recent));
+  proto::HeartbeatResponse reclaim = resp;
+  reclaim.add_reclaim()->set_job("j");
+  CHECK(HeartbeatNeedsAnswer(quiet, reclaim, 2, recent));
+  // A sign of life at least every kHeartbeatAnswerEvery.
+  CHECK_FALSE(HeartbeatNeedsAnswer(
+      quiet, resp, 2, kHeartbeatAnswerEvery - absl::Milliseconds(1)));
+  CHECK(HeartbeatNeedsAnswer(quiet, resp, 2, kHeartbeatAnswerEvery));
+  CHECK(HeartbeatNeedsAnswer(quiet, resp, 2, absl::InfiniteDuration()));
+}
+
 TEST_CASE("heartbeat stream: ptcd's agent heartbeats on the stream",
           "[coordinator][ptcd]") {
   Coordinator c;
   const int64_t calls = Calls("Heartbeat");
   const int64_t streamed = Calls("Heartbeats");
+  Counter& answers =
+      GetCounter("ptc_coordinator_heartbeat_stream_answers_total");
+  const int64_t answered = answers.value();
   CoordinatorAgent agent(c.address, Host("host0"));
   REQUIRE(Eventually([&] { return agent.registered(); }));
-  // A stream's open and each of its messages count; three beats at least.
-  CHECK(Eventually([&] { return Calls("Heartbeats") - streamed >= 4; }));
+  // A stream's open and each of its messages count; six beats at least.
+  CHECK(Eventually([&] { return Calls("Heartbeats") - streamed >= 7; }));
   CHECK(Calls("Heartbeat") == calls);
+  // Nothing to say after the first: the interval stays (the registry's
+  // interval grows only past 500 hosts' beats a second), nothing to
+  // reclaim, the host known. At most one more within 20 s.
+  CHECK(answers.value() - answered <= 2);
 }
 
 // A coordinator from before the stream: RegisterHost and Heartbeat, every
@@ -161,6 +250,58 @@ TEST_CASE(
     // Every beat arrives: the one the stream was refused for, and the
     // calls after it.
     CHECK(Eventually([&] { return older.beats.load() >= 3; }));
+  }
+  server->Shutdown();
+}
+
+// A coordinator from before answer_when_needed: it answers every message
+// of the stream.
+class AnswersEveryBeat final : public proto::Coordinator::Service {
+ public:
+  grpc::Status RegisterHost(grpc::ServerContext*,
+                            const proto::RegisterHostRequest*,
+                            proto::RegisterHostResponse* resp) override {
+    resp->set_heartbeat_interval_seconds(0.2);
+    ++registrations;
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeats(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<proto::HeartbeatResponse,
+                               proto::HeartbeatRequest>* stream) override {
+    proto::HeartbeatRequest req;
+    while (stream->Read(&req)) {
+      ++beats;
+      proto::HeartbeatResponse resp;
+      resp.set_known(true);
+      resp.set_heartbeat_interval_seconds(0.2);
+      if (!stream->Write(resp)) break;
+    }
+    return grpc::Status::OK;
+  }
+  std::atomic<int> registrations{0};
+  std::atomic<int> beats{0};
+};
+
+TEST_CASE(
+    "heartbeat stream: against a coordinator that answers every beat, "
+    "ptcd's agent stays on the stream",
+    "[coordinator][ptcd]") {
+  AnswersEveryBeat older;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&older);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  {
+    CoordinatorAgent agent(absl::StrCat("127.0.0.1:", port), Host("host0"));
+    REQUIRE(Eventually([&] { return agent.registered(); }));
+    CHECK(Eventually([&] { return older.beats.load() >= 5; }));
+    // Registered once: every answer said it is known.
+    CHECK(older.registrations.load() == 1);
+    CHECK(agent.registered());
   }
   server->Shutdown();
 }
