@@ -136,13 +136,59 @@ Security Get() {
 
 }  // namespace
 
+namespace {
+
+// KeptChannel's channels, by kind, expected name and address.
+constexpr size_t kMaxKeptChannels = 16384;
+absl::Mutex kept_mu;
+std::map<std::string, std::shared_ptr<grpc::Channel>>& Kept()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(kept_mu) {
+  static auto* kept = new std::map<std::string, std::shared_ptr<grpc::Channel>>;
+  return *kept;
+}
+
+}  // namespace
+
 absl::Status ConfigureSecurity(const SecurityOptions& options,
                                const std::string& program) {
   Security next;
   if (absl::Status s = Apply(options, program, &next); !s.ok()) return s;
-  absl::MutexLock lock(&mu);
-  Current() = std::move(next);
+  {
+    absl::MutexLock lock(&mu);
+    Current() = std::move(next);
+  }
+  // Channels kept with the security before are not used again.
+  absl::MutexLock lock(&kept_mu);
+  Kept().clear();
   return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> KeptChannel(const std::string& address,
+                                           const std::string& kind,
+                                           grpc::ChannelArguments args,
+                                           const std::string& expected_name) {
+  const std::string key = absl::StrCat(kind, "|", expected_name, "|", address);
+  {
+    absl::MutexLock lock(&kept_mu);
+    auto it = Kept().find(key);
+    if (it != Kept().end()) {
+      const grpc_connectivity_state state = it->second->GetState(false);
+      if (state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+          state != GRPC_CHANNEL_SHUTDOWN)
+        return it->second;
+    }
+  }
+  // A connection of its own: one made anew never shares a connection
+  // that another channel's backoff holds down.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel =
+      OpenChannel(address, std::move(args), expected_name);
+  absl::MutexLock lock(&kept_mu);
+  auto& kept = Kept();
+  if (kept.size() >= kMaxKeptChannels && kept.count(key) == 0)
+    kept.erase(kept.begin());
+  kept[key] = channel;
+  return channel;
 }
 
 absl::Status ConfigureProcessSecurity(SecurityOptions given,

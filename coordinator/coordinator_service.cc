@@ -802,7 +802,7 @@ absl::Status CoordinatorService::DoForgetJob(const proto::ForgetJobRequest& req,
   absl::Mutex mu;
   int knew = 0;  // live hosts that knew the job (if only its declarations)
   OnEachAddress(addresses, [&](const std::string& address) {
-    auto deleted = StoreClient::Connect(address)->DeleteJob(req.job());
+    auto deleted = StoreClient::ConnectKept(address)->DeleteJob(req.job());
     absl::MutexLock lock(&mu);
     if (deleted.ok()) ++knew;
     if (deleted.ok() && deleted->versions() > 0) {

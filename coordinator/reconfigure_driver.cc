@@ -38,13 +38,17 @@ std::string HostLabel(const ReconfigureRequest& r, int32_t host) {
                       it == r.addresses.end() ? "no address" : it->second, ")");
 }
 
+// The coordinator's channel to a host's Transformer, kept between calls
+// (a connection and handshakes per call and host cost a fan-out more than
+// its calls: KeptChannel).
 std::shared_ptr<grpc::Channel> Channel(const std::string& address,
                                        bool patient = false) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   if (patient) SetKeepalive(args, /*patient=*/true);
-  return OpenChannel(address, args);
+  return KeptChannel(address, patient ? "transformer, patient" : "transformer",
+                     args);
 }
 
 // Which live hosts hold each distinct source region of each tensor: the
@@ -928,8 +932,8 @@ void ReleaseOn(const std::vector<std::string>& addresses,
                const std::string& job, int64_t version,
                absl::Duration deadline) {
   OnEachAddress(addresses, [&](const std::string& address) {
-    auto deleted =
-        StoreClient::Connect(address)->DeleteVersion(job, version, deadline);
+    auto deleted = StoreClient::ConnectKept(address)->DeleteVersion(
+        job, version, deadline);
     if (!deleted.ok() &&
         deleted.status().code() != absl::StatusCode::kNotFound) {
       Log("coordinator")

@@ -771,7 +771,7 @@ absl::Status CoordinatorService::PrepareTargets(
   PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
     const size_t i =
         std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
-    auto r = StoreClient::Connect(a)->PrepareMemory(
+    auto r = StoreClient::ConnectKept(a)->PrepareMemory(
         req.job(), planned.committed, sizes[i], timeout);
     if (!r.ok()) {
       return Annotate(r.status(),
@@ -854,7 +854,7 @@ CoordinatorService::ReadCopies CoordinatorService::ReadSmallObjects(
       continue;
     }
     std::unique_ptr<StoreClient>& store = stores[o.address];
-    if (!store) store = StoreClient::Connect(o.address);
+    if (!store) store = StoreClient::ConnectKept(o.address);
     absl::StatusOr<std::string> bytes = store->GetSmallObject(
         job, version, o.name, o.read_rank, absl::Seconds(2));
     if (!bytes.ok()) {

@@ -412,7 +412,7 @@ absl::Status CoordinatorService::CommitSaveOnHosts(
     // By id where the host was sent its expectations under this placement;
     // whole where not, or where it no longer keeps them (it restarted).
     bool whole = !shares_.Sent(job, names[i], share.id);
-    auto store = StoreClient::Connect(a);
+    auto store = StoreClient::ConnectKept(a);
     auto r = store->CommitChecked(
         ShareRequest(job, version, *spec, *layout, share, whole));
     if (r.ok() && r->expectations_unknown() && !whole) {
@@ -480,7 +480,7 @@ void CoordinatorService::VerifyReturnedHosts() {
       // Sealing is right: the coordinator committed this version. Whole:
       // the host is back, and keeps nothing it was sent before.
       const HostShare& share = (*shares)->at(p.host);
-      s = StoreClient::Connect(p.address)
+      s = StoreClient::ConnectKept(p.address)
               ->CommitChecked(ShareRequest(p.job, p.version, *p.spec, **layout,
                                            share, /*whole=*/true))
               .status();

@@ -108,7 +108,7 @@ struct SnapshotRun {
     // (object, rank) -> its bytes, from the live hosts.
     std::map<std::pair<int, int32_t>, std::string> got;
     PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
-      auto client = StoreClient::Connect(a);
+      auto client = StoreClient::ConnectKept(a);
       for (int32_t r : ranks_on[host_at[a]]) {
         for (size_t o = 0; o < spec->small_objects.size(); ++o) {
           const std::string& name = spec->small_objects[o].name;

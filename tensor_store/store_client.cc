@@ -60,6 +60,12 @@ std::unique_ptr<StoreClient> StoreClient::Connect(
       OpenChannel(address, ClientArgs(), expected_name));
 }
 
+std::unique_ptr<StoreClient> StoreClient::ConnectKept(
+    const std::string& address, const std::string& expected_name) {
+  return std::make_unique<StoreClient>(
+      KeptChannel(address, "store", ClientArgs(), expected_name));
+}
+
 std::unique_ptr<StoreClient> StoreClient::ConnectApart(
     const std::string& address, const std::string& expected_name) {
   grpc::ChannelArguments args = ClientArgs();

@@ -31,6 +31,12 @@ class StoreClient {
   // name), or the address's host when that is empty.
   static std::unique_ptr<StoreClient> Connect(
       const std::string& address, const std::string& expected_name = "");
+  // As Connect, on the process's kept channel to `address` (KeptChannel
+  // in common/channel.h): for a caller that asks the same peers again and
+  // again (the coordinator's calls to its hosts), without a connection
+  // and handshakes per call.
+  static std::unique_ptr<StoreClient> ConnectKept(
+      const std::string& address, const std::string& expected_name = "");
   // As Connect, on a connection of its own. A process's channels to one
   // address with the same arguments share their connection, and with it
   // its state: while the peer is unreachable, its failures and the backoff

@@ -131,7 +131,7 @@ absl::StatusOr<std::vector<std::pair<uint64_t, int64_t>>> AskFingerprints(
   });
   ParallelFor(lanes.size(), kMaxFingerprintCalls, [&](size_t k) {
     const Lane& l = lanes[k];
-    auto client = StoreClient::Connect(calls.addresses->at(l.host));
+    auto client = StoreClient::ConnectKept(calls.addresses->at(l.host));
     // The lane's asks: lane, lane + per_host, ...
     std::vector<const FingerprintAsk*> mine;
     for (size_t i = l.lane; i < l.asks->size(); i += per_host)
