@@ -146,6 +146,24 @@ class Coordinator:
     def connections(self):
         return len(self.connection_peers())
 
+    def outgoing(self):
+        """The coordinator's own connections to other ports (its kept
+        channels to the hosts' ptcds, etcd): established sockets it holds
+        whose local port is not its serving port."""
+        inodes = set()
+        try:
+            for fd in pathlib.Path(f"/proc/{self.proc.pid}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            return 0
+        return sum(1 for local, _, state, inode in self._tcp_sockets()
+                   if state == "01" and local != self.port and inode in inodes)
+
     def connection_owners(self, peers):
         """Which processes hold the client ends of connections from
         `peers` (ports): {"PID COMMAND ARGS...": count}, by the sockets'
@@ -214,6 +232,7 @@ class Coordinator:
         return {
             "connections": connections,
             "peak_connections": max(peak_connections, connections),
+            "outgoing": self.outgoing(),
             "time": time.time(),
             "peak_threads": max(peak, int(status["Threads"])),
             "cpu": (int(fields[11]) + int(fields[12])) / TICK,
@@ -403,6 +422,7 @@ class Harness:
                "peak_threads": after["peak_threads"],
                "connections": after["connections"],
                "peak_connections": after["peak_connections"],
+               "outgoing": after["outgoing"],
                "written": after["written"] - before["written"],
                "calls_per_s": {m: round(v, 1) for m, v in sorted(calls.items()) if v > 0},
                "watch_events": after["watch"]["events"] - before["watch"]["events"],
@@ -424,7 +444,7 @@ class Harness:
               f"CPU-s), rss {row['rss'] / 2**20:.0f} MiB "
               f"(peak {row['peak'] / 2**20:.0f}), {row['threads']} threads "
               f"(at most {row['peak_threads']}), {row['connections']} connections "
-              f"(at most {row['peak_connections']}), "
+              f"(at most {row['peak_connections']}) and {row['outgoing']} of its own, "
               f"wrote {row['written'] / 2**20:.1f} MiB; calls: {busy}; Watch streams "
               f"written {row['watch_events']:.0f} events, "
               f"{row['watch_bytes'] / 2**20:.2f} MiB; save proofs sent whole "
@@ -651,6 +671,12 @@ class Harness:
         self.check(most <= KMAX_RPC_THREADS + 64,
                    f"coordinator threads at most {most} (bound: {KMAX_RPC_THREADS} RPC "
                    f"threads and 64 more)")
+        # The coordinator's kept channels: at most one per host for each
+        # kind of call (a store's, a change's, a change's staging stream).
+        outgoing = max(p["outgoing"] for p in self.phases)
+        self.check(outgoing <= 3 * len(self.names) + 8,
+                   f"the coordinator's own connections at most {outgoing} at a phase's "
+                   f"end (bound: 3 per host and 8 more)")
 
     def close(self):
         """Stops every hollow process (SIGTERM to all at once, then SIGKILL
