@@ -43,6 +43,13 @@ struct Coordinator {
     stub = proto::Coordinator::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
+  void Register(const std::string& name) {
+    grpc::ClientContext ctx;
+    proto::RegisterHostRequest req;
+    *req.mutable_host() = Host(name);
+    proto::RegisterHostResponse resp;
+    REQUIRE(stub->RegisterHost(&ctx, req, &resp).ok());
+  }
   testing::TempDir dir;
   std::unique_ptr<CoordinatorServer> server;
   std::string address;
@@ -69,13 +76,7 @@ TEST_CASE(
     "one stream",
     "[coordinator]") {
   Coordinator c;
-  {
-    grpc::ClientContext ctx;
-    proto::RegisterHostRequest req;
-    *req.mutable_host() = Host("host0");
-    proto::RegisterHostResponse resp;
-    REQUIRE(c.stub->RegisterHost(&ctx, req, &resp).ok());
-  }
+  c.Register("host0");
   grpc::ClientContext ctx;
   auto stream = c.stub->Heartbeats(&ctx);
   proto::HeartbeatResponse resp;
@@ -117,13 +118,7 @@ TEST_CASE(
     "with something to say",
     "[coordinator]") {
   Coordinator c;
-  {
-    grpc::ClientContext ctx;
-    proto::RegisterHostRequest req;
-    *req.mutable_host() = Host("host0");
-    proto::RegisterHostResponse resp;
-    REQUIRE(c.stub->RegisterHost(&ctx, req, &resp).ok());
-  }
+  c.Register("host0");
   grpc::ClientContext ctx;
   auto stream = c.stub->Heartbeats(&ctx);
   proto::HeartbeatRequest beat;
@@ -212,6 +207,15 @@ TEST_CASE("heartbeat stream: ptcd's agent heartbeats on the stream",
   CHECK(answers.value() - answered <= 2);
 }
 
+// `service` on a port it picks (put in `port`), plaintext.
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
 // A coordinator from before the stream: RegisterHost and Heartbeat, every
 // other method UNIMPLEMENTED (gRPC's answer for a method a server lacks).
 class OlderCoordinator final : public proto::Coordinator::Service {
@@ -238,11 +242,7 @@ TEST_CASE(
     "[coordinator][ptcd]") {
   OlderCoordinator older;
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&older);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(&older, &port);
   REQUIRE(server != nullptr);
   {
     CoordinatorAgent agent(absl::StrCat("127.0.0.1:", port), Host("host0"));
@@ -289,11 +289,7 @@ TEST_CASE(
     "[coordinator][ptcd]") {
   AnswersEveryBeat older;
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&older);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(&older, &port);
   REQUIRE(server != nullptr);
   {
     CoordinatorAgent agent(absl::StrCat("127.0.0.1:", port), Host("host0"));
