@@ -150,12 +150,16 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
     return a;
   }
   std::vector<std::string> dead, draining;
+  // The last the dead were heard of (the infinite past: none known).
+  absl::Time dead_heard = absl::InfinitePast();
   // One lookup per host here and below (the look runs five times a
   // second over every host of the job and its pool).
   for (const std::string& h : s.hosts()) {
     const HostRegistry::Host* host = hosts.Find(h);
     if (host == nullptr || !host->status.alive()) {
       dead.push_back(h);
+      if (host != nullptr)
+        dead_heard = std::max(dead_heard, host->last_heartbeat);
     } else if (host->status.draining()) {
       draining.push_back(h);
     }
@@ -177,12 +181,16 @@ std::optional<AutoChanges::Action> AutoChanges::Judge(
   if ((!dead.empty() || !draining.empty() || policy_changed ||
        seen_[name] != seen) &&
       wait_for_late_) {
-    // A change is due; it waits while a host of the pool is in doubt.
+    // A change is due; it waits while a host of the pool is in doubt:
+    // for a death, one that went silent with the dead (kSilentTogether).
     absl::Duration max_wait = absl::ZeroDuration();  // zero: none is late
     for (const auto* names : {&s.pool(), &s.hosts()}) {
       for (const std::string& h : *names) {
         const HostRegistry::Host* host = hosts.Find(h);
-        if (host != nullptr && hosts.Late(*host, now)) {
+        if (host != nullptr && hosts.Late(*host, now) &&
+            (dead_heard == absl::InfinitePast() ||
+             host->last_heartbeat <=
+                 dead_heard + kSilentTogether + 2 * hosts.IntervalOf(*host))) {
           max_wait = std::max(max_wait, hosts.TimeoutOf(*host) +
                                             2 * hosts.IntervalOf(*host));
         }

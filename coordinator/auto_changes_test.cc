@@ -268,6 +268,31 @@ TEST_CASE("a change for a death waits while another host of the job is late") {
   }
 }
 
+TEST_CASE(
+    "a change for a death waits only for hosts that went silent with the "
+    "dead") {
+  World w;
+  w.auto_changes.WaitForLateHosts(true);
+  REQUIRE(w.Look().has_value());  // the first look: host c can take it
+  // b went silent at kT0 and is declared dead; c heartbeats. Hosts are
+  // late after two 1 s intervals; the window is kSilentTogether and two
+  // intervals: 7 s.
+  REQUIRE(w.hosts.Heartbeat("c", 1, kT0 + absl::Seconds(10.5)));
+  SECTION("a, heard until 8 s after b, stalled on its own: not waited for") {
+    REQUIRE(w.hosts.Heartbeat("a", 1, kT0 + absl::Seconds(8)));
+    w.hosts.MarkDead("b");
+    REQUIRE(w.hosts.Late(*w.hosts.Find("a"), kT0 + absl::Seconds(11)));
+    auto a = w.Look(absl::Seconds(11));
+    REQUIRE(a.has_value());
+    CHECK(a->reason == "host b died");
+  }
+  SECTION("a, heard until 6.5 s after b, may have died with it: waited for") {
+    REQUIRE(w.hosts.Heartbeat("a", 1, kT0 + absl::Seconds(6.5)));
+    w.hosts.MarkDead("b");
+    CHECK_FALSE(w.Look(absl::Seconds(11)).has_value());
+  }
+}
+
 TEST_CASE("a change's reason names at most kHostsNamed hosts") {
   CHECK(NameHosts({"a"}) == "host a");
   CHECK(NameHosts({"a", "b"}) == "hosts a, b");
