@@ -96,7 +96,8 @@ class AutoChanges {
   // lag). A host late for another reason (a stall under load seconds
   // later) does not hold up every job's recovery for its timeout: at 512
   // hollow hosts one process's 128 hosts, silent 13 s after the killed
-  // ones, held the change 20 s. Off by default: no wait.
+  // ones, were late through the 20 s the change waited. Off by default:
+  // no wait.
   void WaitForLateHosts(bool wait) { wait_for_late_ = wait; }
   static constexpr absl::Duration kSilentTogether = absl::Seconds(5);
 
