@@ -767,10 +767,11 @@ absl::Status CoordinatorService::PrepareTargets(
     for (int64_t bytes : s) h->set_bytes_needed(h->bytes_needed() + bytes);
     addresses.push_back(planned.addresses.at(f.host));
   }
+  absl::flat_hash_map<std::string, size_t> index;  // a target's place
+  for (size_t i = 0; i < addresses.size(); ++i) index.emplace(addresses[i], i);
   absl::Mutex mu;
   PTC_RETURN_IF_ERROR(OnEachAddress(addresses, [&](const std::string& a) {
-    const size_t i =
-        std::find(addresses.begin(), addresses.end(), a) - addresses.begin();
+    const size_t i = index.at(a);
     auto r = StoreClient::ConnectKept(a)->PrepareMemory(
         req.job(), planned.committed, sizes[i], timeout);
     if (!r.ok()) {
