@@ -343,6 +343,10 @@ Counter& heartbeat_answers =
     GetCounter("ptc_coordinator_heartbeat_stream_answers_total");
 }  // namespace
 
+static_assert(kHeartbeatAnswerEvery <
+                  absl::Milliseconds(kPatientKeepaliveTimeMs),
+              "a host's channel would ping between the answers");
+
 bool HeartbeatNeedsAnswer(const proto::HeartbeatRequest& req,
                           const proto::HeartbeatResponse& resp,
                           double told_seconds, absl::Duration since_answer) {

@@ -119,8 +119,12 @@ absl::Status ValidateAutoPolicy(const proto::AutoPolicy& policy,
                                 const ModelSpec& spec);
 
 // A stream's heartbeats marked answer_when_needed are answered at least
-// this often (and whenever the answer says something).
-inline constexpr absl::Duration kHeartbeatAnswerEvery = absl::Seconds(20);
+// this often (and whenever the answer says something): within the 10 s
+// after which a host's channel to the coordinator, having read nothing,
+// pings it (kPatientKeepaliveTimeMs; any frame read puts the ping off).
+// Answered less often, every host's connection would cost the coordinator
+// a ping and its answer every 10 s instead.
+inline constexpr absl::Duration kHeartbeatAnswerEvery = absl::Seconds(8);
 
 // Whether a heartbeat that came on a stream is answered with `resp`: it
 // asks for an answer to every beat, or `resp` says something the host

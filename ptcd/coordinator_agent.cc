@@ -50,7 +50,7 @@ absl::Duration ToldInterval(double seconds) {
 constexpr absl::Duration kAnswerWithin = absl::Seconds(5);
 // A stream with no answer for this long and a beat's period is given up
 // (and another opened): the coordinator answers every message that says
-// something, and one at least every 20 s (HeartbeatRequest's
+// something, and one at least every 8 s (HeartbeatRequest's
 // answer_when_needed); older ones answer every message.
 constexpr absl::Duration kSilentStream = absl::Seconds(60);
 // How often a host whose coordinator had no heartbeat stream tries one

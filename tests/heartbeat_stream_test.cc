@@ -196,6 +196,7 @@ TEST_CASE("heartbeat stream: ptcd's agent heartbeats on the stream",
   Counter& answers =
       GetCounter("ptc_coordinator_heartbeat_stream_answers_total");
   const int64_t answered = answers.value();
+  const absl::Time start = absl::Now();
   CoordinatorAgent agent(c.address, Host("host0"));
   REQUIRE(Eventually([&] { return agent.registered(); }));
   // A stream's open and each of its messages count; six beats at least.
@@ -203,8 +204,10 @@ TEST_CASE("heartbeat stream: ptcd's agent heartbeats on the stream",
   CHECK(Calls("Heartbeat") == calls);
   // Nothing to say after the first: the interval stays (the registry's
   // interval grows only past 500 hosts' beats a second), nothing to
-  // reclaim, the host known. At most one more within 20 s.
-  CHECK(answers.value() - answered <= 2);
+  // reclaim, the host known. One more every kHeartbeatAnswerEvery at most
+  // (a loaded machine may take that long over the beats).
+  const int64_t due = (absl::Now() - start) / kHeartbeatAnswerEvery;
+  CHECK(answers.value() - answered <= 2 + due);
 }
 
 // `service` on a port it picks (put in `port`), plaintext.

@@ -29,7 +29,9 @@
 //       a call (30 s, as ptc's default); --commit-timeout-s the longest
 //       a saved version may wait to commit with no change starting (600
 //       s; ptc.elastic raises TimeoutError after its timeout, 300 s by
-//       default), after which the process fails. Saves
+//       default), after which the process fails; a save that fails
+//       UNAVAILABLE (a host died as the job saved) waits as long for the
+//       change its death starts, as ptc.elastic's processes do. Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
 //       EPOCH", "error MESSAGE".
@@ -390,7 +392,15 @@ class HollowRank {
       if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
       const bool asked = !ev.pending_config.empty();
       if (!asked && saves_done_ >= o_.saves) continue;
-      PTC_ASSIGN_OR_RETURN(const int64_t version, Save(step));
+      absl::StatusOr<int64_t> saved = Save(step);
+      // UNAVAILABLE: a host of the job could not take its share (it died
+      // as the job saved, or the report's connection broke and the save
+      // was dropped meanwhile): the version is deleted, and the change
+      // that the death starts follows. As ptc.elastic does, the process
+      // waits for that change (below, as for a save that never commits).
+      if (!saved.ok() && !absl::IsUnavailable(saved.status()))
+        return saved.status();
+      const int64_t version = saved.ok() ? *saved : -1;
       if (version == 0) return absl::OkStatus();  // the layout changed
       // Until the version commits (every rank saved it), or a change
       // starts (a peer died and will never save it): asleep until the
@@ -398,8 +408,15 @@ class HollowRank {
       PTC_ASSIGN_OR_RETURN(ev, Event());
       const absl::Time deadline = absl::Now() + o_.commit_timeout;
       while (!Stopping()) {
-        if (ev.committed_version >= version) break;
+        if (version > 0 && ev.committed_version >= version) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+        if (absl::Now() > deadline && version < 0) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("no change started within ",
+                           absl::FormatDuration(o_.commit_timeout),
+                           " after the save of step ", step,
+                           " failed: ", saved.status().ToString()));
+        }
         if (absl::Now() > deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               "version ", version, " did not commit in ",
@@ -409,6 +426,7 @@ class HollowRank {
         }
         PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
       }
+      if (version < 0) return absl::OkStatus();  // stopping
       if (!asked) ++saves_done_;
       if (client_->rank() == 0) Say(absl::StrCat("saved ", version));
       if (asked) return absl::OkStatus();  // the change starts from it
