@@ -841,7 +841,6 @@ CoordinatorService::ReadCopies CoordinatorService::ReadSmallObjects(
     std::vector<std::string>* not_read, const std::atomic<bool>* stop) {
   constexpr size_t kMostRead = 256;
   const absl::Time until = absl::Now() + absl::Seconds(10);
-  std::map<std::string, std::unique_ptr<StoreClient>> stores;
   std::set<std::string> failed;
   ReadCopies out;
   size_t read = 0;
@@ -854,10 +853,9 @@ CoordinatorService::ReadCopies CoordinatorService::ReadSmallObjects(
                                        ": its host failed before"));
       continue;
     }
-    std::unique_ptr<StoreClient>& store = stores[o.address];
-    if (!store) store = StoreClient::ConnectKept(o.address);
-    absl::StatusOr<std::string> bytes = store->GetSmallObject(
-        job, version, o.name, o.read_rank, absl::Seconds(2));
+    absl::StatusOr<std::string> bytes =
+        StoreClient::ConnectKept(o.address)->GetSmallObject(
+            job, version, o.name, o.read_rank, absl::Seconds(2));
     if (!bytes.ok()) {
       failed.insert(o.address);
       not_read->push_back(absl::StrCat("'", o.name, "' of rank ", o.rank, ": ",

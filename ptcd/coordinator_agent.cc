@@ -46,8 +46,9 @@ absl::Duration ToldInterval(double seconds) {
                     absl::Minutes(5));
 }
 
-// How long a heartbeat waits for the beat before it to be written.
-constexpr absl::Duration kAnswerWithin = absl::Seconds(5);
+// How long a heartbeat may take: a call's deadline; on the stream, the
+// wait for the beat before it to be written.
+constexpr absl::Duration kBeatWithin = absl::Seconds(5);
 // A stream with no answer for this long and a beat's period is given up
 // (and another opened): the coordinator answers every message that says
 // something, and one at least every 8 s (HeartbeatRequest's
@@ -251,7 +252,7 @@ void CoordinatorAgent::Loop() {
             stream = std::make_unique<HeartbeatStream>(stub.get(),
                                                        [this] { Wake(); });
           }
-          sent = stream->Send(req, kAnswerWithin, kSilentStream + interval);
+          sent = stream->Send(req, kBeatWithin, kSilentStream + interval);
           if (!sent.ok()) {  // the next beat opens another
             answers = stream->TakeAnswers();
             stream.reset();
@@ -270,7 +271,7 @@ void CoordinatorAgent::Loop() {
           // By call: the coordinator takes no stream, or the stream just
           // ended (the beat is not skipped). A call is always answered.
           grpc::ClientContext call;
-          call.set_deadline(absl::ToChronoTime(absl::Now() + kAnswerWithin));
+          call.set_deadline(absl::ToChronoTime(absl::Now() + kBeatWithin));
           proto::HeartbeatResponse resp;
           const grpc::Status s = stub->Heartbeat(&call, req, &resp);
           if (s.ok()) {

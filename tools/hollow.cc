@@ -410,19 +410,18 @@ class HollowRank {
       while (!Stopping()) {
         if (version > 0 && ev.committed_version >= version) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
-        if (absl::Now() > deadline && version < 0) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("no change started within ",
-                           absl::FormatDuration(o_.commit_timeout),
-                           " after the save of step ", step,
-                           " failed: ", saved.status().ToString()));
-        }
         if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "version ", version, " did not commit in ",
-              absl::FormatDuration(o_.commit_timeout),
-              " and no change started (the job's committed version is ",
-              ev.committed_version, ")"));
+          const std::string within = absl::FormatDuration(o_.commit_timeout);
+          return absl::DeadlineExceededError(
+              version < 0
+                  ? absl::StrCat("no change started within ", within,
+                                 " after the save of step ", step,
+                                 " failed: ", saved.status().ToString())
+                  : absl::StrCat("version ", version, " did not commit in ",
+                                 within,
+                                 " and no change started (the job's committed "
+                                 "version is ",
+                                 ev.committed_version, ")"));
         }
         PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
       }
