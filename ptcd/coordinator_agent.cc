@@ -296,6 +296,11 @@ void CoordinatorAgent::Loop() {
                 "the coordinator does not know {} any more; registering again",
                 host_.name());
         registered = false;
+        // The stream's later answers are for beats sent before the host
+        // registers again: a late "not known" among them would make it
+        // register once more. Beats after the registration go on a new
+        // stream, whose answers are theirs.
+        stream.reset();
         break;
       }
       for (const proto::HeldVersion& v : resp.reclaim()) {

@@ -305,5 +305,68 @@ TEST_CASE(
   server->Shutdown();
 }
 
+// A coordinator that forgets the host at its `forget_at`th beat and, busy,
+// answers late: "not known" for that beat only once two more have come,
+// and for those two only after the host has registered again, just before
+// the answer to the first beat it reads since. Ordered on one stream, as
+// a loaded coordinator's answers are.
+class LateToForget final : public proto::Coordinator::Service {
+ public:
+  grpc::Status RegisterHost(grpc::ServerContext*,
+                            const proto::RegisterHostRequest*,
+                            proto::RegisterHostResponse* resp) override {
+    resp->set_heartbeat_interval_seconds(0.2);
+    ++registrations;
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeats(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<proto::HeartbeatResponse,
+                               proto::HeartbeatRequest>* stream) override {
+    proto::HeartbeatRequest req;
+    proto::HeartbeatResponse known, unknown;
+    known.set_known(true);
+    unknown.set_known(false);
+    int held = 0;  // "not known" answers not yet written
+    while (stream->Read(&req)) {
+      const int beat = ++beats;
+      if (beat >= kForgetAt && registrations.load() == 1) {
+        if (++held == 3 && !stream->Write(unknown)) break;
+        continue;
+      }
+      for (--held; held > 0; --held) {
+        if (!stream->Write(unknown)) return grpc::Status::OK;
+      }
+      held = 0;
+      if (!stream->Write(known)) break;
+    }
+    return grpc::Status::OK;
+  }
+  static constexpr int kForgetAt = 4;
+  std::atomic<int> registrations{0};
+  std::atomic<int> beats{0};
+};
+
+TEST_CASE(
+    "heartbeat stream: a late 'not known' for a beat from before the host "
+    "registered again does not make it register once more",
+    "[coordinator][ptcd]") {
+  LateToForget late;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(&late, &port);
+  REQUIRE(server != nullptr);
+  {
+    CoordinatorAgent agent(absl::StrCat("127.0.0.1:", port), Host("host0"));
+    REQUIRE(Eventually([&] { return late.registrations.load() == 2; }));
+    // Beats after the second registration: had the agent kept the stream,
+    // the two held answers came before the first of them was answered.
+    const int beats = late.beats.load();
+    REQUIRE(Eventually([&] { return late.beats.load() >= beats + 5; }));
+    CHECK(late.registrations.load() == 2);
+    CHECK(agent.registered());
+  }
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace ptc

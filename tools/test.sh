@@ -32,7 +32,9 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
   summary=$(grep -E "^(All tests passed|test cases:)" "$file" 2>/dev/null | tail -1)
   if [[ "$summary" =~ All\ tests\ passed\ \(.*\ in\ ([0-9]+)\ test\ case ]]; then
     passed=$((passed + BASH_REMATCH[1]))
-  elif [[ "$summary" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
+    continue
+  fi
+  if [[ "$summary" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
     passed=$((passed + BASH_REMATCH[2]))
     failed=$((failed + BASH_REMATCH[3]))
   elif [[ "$summary" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
@@ -41,6 +43,11 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
     echo "   $target ended without a Catch2 summary (crash or timeout); see $file"
     failed=$((failed + 1))
   fi
+  # A failure's own words (its expressions, INFO lines, a property test's
+  # seed) are in the test's log, which CI does not keep: show them.
+  echo "   --- $target, its failures:"
+  { grep -E -B3 -A14 "FAILED:|due to a fatal error" "$file" 2>/dev/null || tail -30 "$file"; } |
+    head -120 | sed 's/^/   | /'
 done
 
 echo "== fuzzing (libFuzzer, 15 s per target; tools/fuzz.sh for longer)"
