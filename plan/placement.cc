@@ -1741,8 +1741,12 @@ absl::StatusOr<PlacementResult> ChoosePlacement(const PlacementRequest& req) {
       }
     }
     if (chosen != nullptr && chosen->host_of != host_of) {
-      return EvaluatePlacement(req, placement_of(chosen->host_of));
+      absl::StatusOr<PlacementResult> result =
+          EvaluatePlacement(req, placement_of(chosen->host_of));
+      if (result.ok()) result->proven_best = whole;
+      return result;
     }
+    best->proven_best = whole;
   }
   if (best.ok()) {
     // The hosts' part from the blocks (each used host holds what its

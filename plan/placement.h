@@ -119,6 +119,12 @@ struct PlacementResult {
   std::vector<int64_t> host_old_bytes;
   // Which single host's or domain's loss it survives from memory.
   SurvivalReport survival;
+  // ChoosePlacement tried every assignment of the target's tp groups to
+  // the candidates (a small change within the search's budget), or its
+  // choice moves nothing and survives every loss it can: no placement is
+  // better by its order. False where it searched by descents from its
+  // groupings' placements (their local best), or did not search.
+  bool proven_best = false;
 };
 
 // The placement described above. INVALID_ARGUMENT: a layout without a
