@@ -823,9 +823,19 @@ absl::StatusOr<bool> Client::Save::Commit() {
     // No longer a save in progress after a report that failed: either
     // that report completed it (its answer was lost), or its hosts could
     // not prove it and it was dropped (the first failure says why).
+    // Still UNAVAILABLE for the latter (ptc.elastic then waits for the
+    // change that a host lost during the save brings), saying so.
     PTC_ASSIGN_OR_RETURN(JobEvent now, client_->FetchEvent());
-    reported = now.committed_version >= version_ ? absl::OkStatus()
-                                                 : first_unavailable;
+    reported =
+        now.committed_version >= version_
+            ? absl::OkStatus()
+            : absl::UnavailableError(absl::StrCat(
+                  "version ", version_,
+                  " was dropped, not committed, after this rank's report "
+                  "was cut off (",
+                  first_unavailable.message(),
+                  "): a host of the job likely died as it saved; the "
+                  "coordinator changes the job around it if it can"));
   }
   PTC_RETURN_IF_ERROR(
       Annotate(reported, "reporting the save to the coordinator"));

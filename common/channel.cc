@@ -31,6 +31,7 @@ struct Security {
   bool configured = false;
   bool tls = false;
   std::string ca_pem, cert_pem, key_pem;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 absl::Mutex mu;
@@ -85,6 +86,11 @@ absl::Status Apply(const SecurityOptions& o, const std::string& program,
   PTC_RETURN_IF_ERROR(
       ReadPem(o.cert, "certificate", "CERTIFICATE", &next.cert_pem));
   PTC_RETURN_IF_ERROR(ReadPem(o.key, "key", "PRIVATE KEY", &next.key_pem));
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = next.ca_pem;
+  ssl.pem_cert_chain = next.cert_pem;
+  ssl.pem_private_key = next.key_pem;
+  next.credentials = grpc::SslCredentials(ssl);
   *s = std::move(next);
   return absl::OkStatus();
 }
@@ -189,6 +195,17 @@ std::shared_ptr<grpc::Channel> KeptChannel(const std::string& address,
     kept.erase(kept.begin());
   kept[key] = channel;
   return channel;
+}
+
+std::shared_ptr<grpc::Channel> HostChannel(const std::string& address,
+                                           bool patient,
+                                           const std::string& expected_name) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  if (patient) SetKeepalive(args, /*patient=*/true);
+  return KeptChannel(address, patient ? "host, patient" : "host", args,
+                     expected_name);
 }
 
 absl::Status ConfigureProcessSecurity(SecurityOptions given,
@@ -370,13 +387,8 @@ std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
     return grpc::CreateCustomChannel(target,
                                      grpc::InsecureChannelCredentials(), args);
   }
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = s.ca_pem;
-  ssl.pem_cert_chain = s.cert_pem;
-  ssl.pem_private_key = s.key_pem;
   if (!expected_name.empty()) args.SetSslTargetNameOverride(expected_name);
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      grpc::SslCredentials(ssl);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = s.credentials;
   if (!job_token.empty()) {
     credentials = grpc::CompositeChannelCredentials(
         credentials, grpc::MetadataCredentialsFromPlugin(

@@ -90,6 +90,19 @@ std::shared_ptr<grpc::Channel> KeptChannel(
     grpc::ChannelArguments args = grpc::ChannelArguments(),
     const std::string& expected_name = "");
 
+// The process's kept channel (KeptChannel) to the ptcd at `address`, for
+// its TensorStore and Transformer calls alike (messages up to 16 MiB
+// received, 64 MiB sent): one connection per host for the short calls,
+// whose keepalive fails a call to a cut link within seconds, and one more,
+// `patient` (kPatientKeepaliveTimeoutMs), for a change's staging streams,
+// which a host too busy to answer a ping must not abort. Two connections
+// per host, not one per service and keepalive: a kept TLS connection
+// costs its caller about 170 KiB (tools/fanout_benchmark), 1 GiB for
+// three per host at 2,048 hosts.
+std::shared_ptr<grpc::Channel> HostChannel(
+    const std::string& address, bool patient = false,
+    const std::string& expected_name = "");
+
 // A channel to a Unix socket of this host's ptcd (its coordinator relay,
 // ptcd/coordinator_relay.h), for the coordinator's calls: plaintext (the
 // socket admits only the users allowed on the daemon's local socket), with

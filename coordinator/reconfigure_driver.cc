@@ -38,19 +38,6 @@ std::string HostLabel(const ReconfigureRequest& r, int32_t host) {
                       it == r.addresses.end() ? "no address" : it->second, ")");
 }
 
-// The coordinator's channel to a host's Transformer, kept between calls
-// (a connection and handshakes per call and host cost a fan-out more than
-// its calls: KeptChannel).
-std::shared_ptr<grpc::Channel> Channel(const std::string& address,
-                                       bool patient = false) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  if (patient) SetKeepalive(args, /*patient=*/true);
-  return KeptChannel(address, patient ? "transformer, patient" : "transformer",
-                     args);
-}
-
 // Which live hosts hold each distinct source region of each tensor: the
 // other holders a target may take a piece from if its planned source fails
 // mid-transfer. Layouts repeat few distinct regions over many ranks, so a
@@ -328,9 +315,9 @@ std::set<int32_t> AdmitPeersOnSources(const ReconfigureRequest& r,
         req.set_plan_epoch(r.plan_epoch);
         for (const std::string& h : *of.at(address)) req.add_hosts(h);
         proto::AdmitPeersResponse resp;
-        const absl::Status s = FromGrpcStatus(
-            proto::Transformer::NewStub(Channel(address))
-                ->AdmitPeers(ctx, req, &resp));
+        const absl::Status s =
+            FromGrpcStatus(proto::Transformer::NewStub(HostChannel(address))
+                               ->AdmitPeers(ctx, req, &resp));
         if (!s.ok() && s.code() != absl::StatusCode::kUnimplemented) {
           Log("coordinator")
               ->warn("job {} epoch {}: admitting peers on {}: {}", r.job,
@@ -411,7 +398,8 @@ class FragmentStream : public grpc::ClientReadReactor<proto::FragmentProgress> {
       // hollow hosts on two cores every change aborted so) must not abort
       // a change it would finish. A target that goes silent stops the
       // change by its heartbeats (CoordinatorService::CancelFlightsOnLocked).
-      : stub_(proto::Transformer::NewStub(Channel(address, /*patient=*/true))),
+      : stub_(proto::Transformer::NewStub(
+            HostChannel(address, /*patient=*/true))),
         request_(std::move(request)),
         on_progress_(std::move(on_progress)),
         on_end_(std::move(on_end)) {
@@ -882,7 +870,7 @@ absl::Status CommitStagedOn(const std::vector<std::string>& addresses,
   return OnEachAddress(addresses, [&](const std::string& address) {
     absl::Status s;
     for (int attempt = 0; attempt < attempts; ++attempt) {
-      auto stub = proto::Transformer::NewStub(Channel(address));
+      auto stub = proto::Transformer::NewStub(HostChannel(address));
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
       proto::CommitStagedRequest req;
@@ -910,7 +898,7 @@ void AbortStagedOn(const std::vector<std::string>& addresses,
                    const std::string& job, int64_t version, int64_t epoch,
                    absl::Duration deadline) {
   OnEachAddress(addresses, [&](const std::string& address) {
-    auto stub = proto::Transformer::NewStub(Channel(address));
+    auto stub = proto::Transformer::NewStub(HostChannel(address));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     proto::AbortStagedRequest req;

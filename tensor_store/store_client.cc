@@ -63,7 +63,7 @@ std::unique_ptr<StoreClient> StoreClient::Connect(
 std::unique_ptr<StoreClient> StoreClient::ConnectKept(
     const std::string& address, const std::string& expected_name) {
   return std::make_unique<StoreClient>(
-      KeptChannel(address, "store", ClientArgs(), expected_name));
+      HostChannel(address, /*patient=*/false, expected_name));
 }
 
 std::unique_ptr<StoreClient> StoreClient::ConnectApart(

@@ -57,6 +57,14 @@ TEST_CASE("kept channels: one per peer and kind, made anew after a failure",
   // Another kind (other arguments) or expected name: another channel.
   CHECK(KeptChannel(address, "other") != kept);
   CHECK(KeptChannel(address, "test", {}, "host0") != kept);
+  // A host's channel: one for its short calls, whichever service, and
+  // one apart for the patient keepalive of a change's staging streams.
+  std::shared_ptr<grpc::Channel> host = HostChannel(address);
+  CHECK(Ask(host).ok());
+  CHECK(HostChannel(address) == host);
+  CHECK(HostChannel(address, /*patient=*/true) != host);
+  CHECK(HostChannel(address, /*patient=*/true) ==
+        HostChannel(address, /*patient=*/true));
 
   // The peer goes away: a call fails, and the channel waits out a backoff
   // in which it would fail every call at once.

@@ -8,7 +8,12 @@
 // process shows the coordinator's), or plaintext with --insecure. Prints
 // the CPU each way costs this process (the coordinator's side) and the
 // ptcds, per call, and the wall time of a round's calls (one after the
-// other).
+// other). Then, with --memory-channels N (default 1,024), what a kept
+// channel costs this process's memory: N channels kept to the ptcds (each
+// its own connection, as KeptChannel keeps one per host and kind), one
+// call on each, and the growth of this process's resident memory per
+// channel, measured as they are opened (the coordinator's side at a
+// cluster of N hosts' kept channels).
 //
 //   bazel build -c opt //tools:fanout_benchmark //ptcd:ptcd
 //   d=$(mktemp -d) && tools/ptc-certs $d ca && tools/ptc-certs $d host host0 &&
@@ -51,6 +56,14 @@ double OwnCpuSeconds() {
   getrusage(RUSAGE_SELF, &u);
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
          (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// This process's resident memory, bytes (/proc/self/statm).
+int64_t OwnResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
 }
 
 // A child's CPU time so far, seconds (/proc/PID/stat: utime, stime).
@@ -128,16 +141,20 @@ absl::StatusOr<Daemon> StartPtcd(const std::string& binary,
 }
 
 absl::Status Run(int argc, char** argv) {
-  PTC_ASSIGN_OR_RETURN(
-      Args args, Args::Parse(argc, argv, 1, {"ptcd", "certs", "hosts", "rounds"},
-                             {"insecure"}));
+  PTC_ASSIGN_OR_RETURN(Args args, Args::Parse(argc, argv, 1,
+                                              {"ptcd", "certs", "hosts",
+                                               "rounds", "memory-channels"},
+                                              {"insecure"}));
   PTC_ASSIGN_OR_RETURN(const std::string binary, args.Required("ptcd"));
-  int hosts = 0, rounds = 0;
+  int hosts = 0, rounds = 0, channels = 0;
   if (!absl::SimpleAtoi(args.Get("hosts", "16"), &hosts) || hosts < 1 ||
       hosts > 256 || !absl::SimpleAtoi(args.Get("rounds", "20"), &rounds) ||
-      rounds < 1 || rounds > 10000) {
+      rounds < 1 || rounds > 10000 ||
+      !absl::SimpleAtoi(args.Get("memory-channels", "1024"), &channels) ||
+      channels < 0 || channels > 16384) {
     return absl::InvalidArgumentError(
-        "--hosts (1 to 256) and --rounds (1 to 10,000) need numbers");
+        "--hosts (1 to 256), --rounds (1 to 10,000) and --memory-channels "
+        "(0 to 16,384) need numbers");
   }
   const bool insecure = args.Flag("insecure");
   const std::string certs = insecure ? "" : args.Get("certs", "");
@@ -205,6 +222,24 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   kept.clear();
+  // Memory: the channels opened in steps of a quarter, resident memory
+  // read after each step's calls (the growth per channel of the last
+  // three quarters: the first pays for gRPC's own start-up as well).
+  std::vector<std::unique_ptr<StoreClient>> held;
+  std::vector<std::pair<int, int64_t>> resident;
+  for (int step = 0; step <= 4 && status.ok() && channels > 0; ++step) {
+    const int upto = channels * step / 4;
+    for (int c = static_cast<int>(held.size()); c < upto && status.ok(); ++c) {
+      held.push_back(std::make_unique<StoreClient>(
+          KeptChannel(daemons[c % daemons.size()].address,
+                      absl::StrCat("memory ", c / daemons.size()),
+                      grpc::ChannelArguments(), "host0")));
+      status.Update(held.back()->Stats(absl::Seconds(30)).status());
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+    resident.push_back({upto, OwnResidentBytes()});
+  }
+  held.clear();
   for (const Daemon& d : daemons) kill(d.pid, SIGTERM);
   for (const Daemon& d : daemons) waitpid(d.pid, nullptr, 0);
   std::filesystem::remove_all(dir);
@@ -220,6 +255,18 @@ absl::Status Run(int argc, char** argv) {
                 way == 0 ? "a channel per call" : "a channel kept per host",
                 own[way] / calls * 1e6, theirs[way] / calls * 1e6, w.min,
                 w.median, w.max);
+  }
+  if (resident.size() == 5) {
+    std::printf(
+        "\n%d kept channels, each with a call made (this process's "
+        "resident memory):\n",
+        channels);
+    for (const auto& [n, bytes] : resident)
+      std::printf("  %6d channels: %8.1f MiB\n", n, bytes / 1048576.0);
+    const double per =
+        static_cast<double>(resident[4].second - resident[1].second) /
+        (resident[4].first - resident[1].first);
+    std::printf("  per channel: %.1f KiB\n", per / 1024);
   }
   return absl::OkStatus();
 }
