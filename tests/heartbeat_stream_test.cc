@@ -219,16 +219,25 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
   return builder.BuildAndStart();
 }
 
-// A coordinator from before the stream: RegisterHost and Heartbeat, every
-// other method UNIMPLEMENTED (gRPC's answer for a method a server lacks).
-class OlderCoordinator final : public proto::Coordinator::Service {
+// A test coordinator that registers every host, telling it to beat
+// every 0.2 s, and counts the registrations and the beats it reads.
+class Registers : public proto::Coordinator::Service {
  public:
   grpc::Status RegisterHost(grpc::ServerContext*,
                             const proto::RegisterHostRequest*,
                             proto::RegisterHostResponse* resp) override {
     resp->set_heartbeat_interval_seconds(0.2);
+    ++registrations;
     return grpc::Status::OK;
   }
+  std::atomic<int> registrations{0};
+  std::atomic<int> beats{0};
+};
+
+// A coordinator from before the stream: RegisterHost and Heartbeat, every
+// other method UNIMPLEMENTED (gRPC's answer for a method a server lacks).
+class OlderCoordinator final : public Registers {
+ public:
   grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
                          proto::HeartbeatResponse* resp) override {
     resp->set_known(true);
@@ -236,7 +245,6 @@ class OlderCoordinator final : public proto::Coordinator::Service {
     ++beats;
     return grpc::Status::OK;
   }
-  std::atomic<int> beats{0};
 };
 
 TEST_CASE(
@@ -259,15 +267,8 @@ TEST_CASE(
 
 // A coordinator from before answer_when_needed: it answers every message
 // of the stream.
-class AnswersEveryBeat final : public proto::Coordinator::Service {
+class AnswersEveryBeat final : public Registers {
  public:
-  grpc::Status RegisterHost(grpc::ServerContext*,
-                            const proto::RegisterHostRequest*,
-                            proto::RegisterHostResponse* resp) override {
-    resp->set_heartbeat_interval_seconds(0.2);
-    ++registrations;
-    return grpc::Status::OK;
-  }
   grpc::Status Heartbeats(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<proto::HeartbeatResponse,
@@ -282,8 +283,6 @@ class AnswersEveryBeat final : public proto::Coordinator::Service {
     }
     return grpc::Status::OK;
   }
-  std::atomic<int> registrations{0};
-  std::atomic<int> beats{0};
 };
 
 TEST_CASE(
@@ -310,15 +309,8 @@ TEST_CASE(
 // and for those two only after the host has registered again, just before
 // the answer to the first beat it reads since. Ordered on one stream, as
 // a loaded coordinator's answers are.
-class LateToForget final : public proto::Coordinator::Service {
+class LateToForget final : public Registers {
  public:
-  grpc::Status RegisterHost(grpc::ServerContext*,
-                            const proto::RegisterHostRequest*,
-                            proto::RegisterHostResponse* resp) override {
-    resp->set_heartbeat_interval_seconds(0.2);
-    ++registrations;
-    return grpc::Status::OK;
-  }
   grpc::Status Heartbeats(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<proto::HeartbeatResponse,
@@ -343,8 +335,6 @@ class LateToForget final : public proto::Coordinator::Service {
     return grpc::Status::OK;
   }
   static constexpr int kForgetAt = 4;
-  std::atomic<int> registrations{0};
-  std::atomic<int> beats{0};
 };
 
 TEST_CASE(
