@@ -31,10 +31,11 @@ class StoreClient {
   // name), or the address's host when that is empty.
   static std::unique_ptr<StoreClient> Connect(
       const std::string& address, const std::string& expected_name = "");
-  // As Connect, on the process's kept channel to `address` (KeptChannel
-  // in common/channel.h): for a caller that asks the same peers again and
-  // again (the coordinator's calls to its hosts), without a connection
-  // and handshakes per call.
+  // As Connect, on the process's kept channel to `address` (HostChannel
+  // in common/channel.h, shared with its Transformer calls to that host):
+  // for a caller that asks the same peers again and again (the
+  // coordinator's calls to its hosts), without a connection and
+  // handshakes per call.
   static std::unique_ptr<StoreClient> ConnectKept(
       const std::string& address, const std::string& expected_name = "");
   // As Connect, on a connection of its own. A process's channels to one
