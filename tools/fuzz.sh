@@ -34,13 +34,17 @@ exec 9>"$cache/bazel.lock"
 # --symlink_prefix=/: no convenience links, so the checkout's bazel-bin
 # keeps pointing at the user's own (gcc) build.
 flock 9
+# Bazel runs with the lock's descriptor closed (9>&-): its server, which
+# outlives the command, must not hold the lock, or a run killed while
+# holding it (a CI run stopped) would leave it held until the server's idle
+# end, hours on, and every later run's flock would wait that long.
 if ! CC=clang CXX=clang++ bazel --output_base="$cache/bazel" build --config=fuzz \
-    --symlink_prefix=/ "${labels[@]}" >"$logs/build.log" 2>&1; then
+    --symlink_prefix=/ "${labels[@]}" >"$logs/build.log" 2>&1 9>&-; then
   tail -30 "$logs/build.log"
   echo "fuzz: the fuzz targets did not build (log: $logs/build.log)"
   exit 1
 fi
-bin=$(CC=clang CXX=clang++ bazel --output_base="$cache/bazel" info --config=fuzz bazel-bin 2>/dev/null)
+bin=$(CC=clang CXX=clang++ bazel --output_base="$cache/bazel" info --config=fuzz bazel-bin 2>/dev/null 9>&-)
 flock -u 9
 
 failed=0
@@ -68,7 +72,7 @@ for t in "${targets[@]}"; do
   fi
 done
 flock 9
-CC=clang CXX=clang++ bazel --output_base="$cache/bazel" shutdown >/dev/null 2>&1
+CC=clang CXX=clang++ bazel --output_base="$cache/bazel" shutdown >/dev/null 2>&1 9>&-
 flock -u 9
 [[ $failed -eq 0 ]] && rm -rf "$logs"
 echo "fuzz: ${#targets[@]} targets, $failed crashed"
