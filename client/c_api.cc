@@ -155,6 +155,7 @@ std::string EventJson(const JobEvent& e) {
   w.Key("known").Bool(e.known);
   w.Key("layout_epoch").Int(e.layout_epoch);
   w.Key("committed_version").Int(e.committed_version);
+  w.Key("dropped_save").Int(e.dropped_save);
   w.Key("pending_config").String(e.pending_config);
   w.Key("pending_hot").Bool(e.pending_hot);
   w.Key("pending_serial").Int(e.pending_serial);
@@ -875,6 +876,13 @@ int ptc_save_commit(ptc_save* s, int* committed) {
     PTC_ASSIGN_OR_RETURN(bool c, s->save->Commit());
     *committed = c;
     return absl::OkStatus();
+  });
+}
+
+int ptc_save_give_up(ptc_save* s, const char* why) {
+  return Call([&]() -> absl::Status {
+    if (s == nullptr || why == nullptr) return Null("save or why");
+    return s->save->GiveUp(why);
   });
 }
 

@@ -177,6 +177,9 @@ PTC_API int ptc_save_put_small_object(ptc_save* s, const char* name,
                                       const char* data, size_t size);
 // *committed = 1 if this commit was the version's last rank.
 PTC_API int ptc_save_commit(ptc_save* s, int* committed);
+// This rank will not save this version (Client::Save::GiveUp): the
+// coordinator deletes it and the job's ranks save again.
+PTC_API int ptc_save_give_up(ptc_save* s, const char* why);
 
 PTC_API void ptc_state_free(ptc_state* s);
 PTC_API int64_t ptc_state_version(const ptc_state* s);

@@ -409,6 +409,7 @@ JobEvent EventOf(const proto::ReconfigureEvent& e) {
   j.known = true;
   j.layout_epoch = e.layout_epoch();
   j.committed_version = e.committed_version();
+  j.dropped_save = e.dropped_save();
   j.pending_config = e.pending_config();
   j.pending_hot = e.pending_hot();
   j.pending_serial = e.pending_serial();
@@ -428,6 +429,7 @@ absl::StatusOr<JobEvent> Client::FetchEvent() {
   proto::ReconfigureEvent e = job.reconfiguration();
   e.set_layout_epoch(job.layout_epoch());
   e.set_committed_version(job.committed_version());
+  e.set_dropped_save(job.dropped_save());
   e.set_pending_config(job.pending_config());
   e.set_pending_hot(job.pending_hot());
   e.set_pending_serial(job.pending_serial());
@@ -727,25 +729,8 @@ absl::Status Client::Save::PutSmallObject(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Client::Save::Commit() {
-  if (committed_)
-    return absl::FailedPreconditionError("this save is already committed");
+absl::Status Client::Save::Publish() {
   const std::vector<RankRegion>& regions = client_->regions_;
-  for (size_t i = 0; i < regions.size(); ++i) {
-    if (!filled_[i]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "region ", regions[i].region.ToString(), " of '", regions[i].key,
-          "' was not written; fill every region of the rank before Commit"));
-    }
-  }
-  std::vector<std::string> missing;
-  for (const SmallObjectSpec& o : client_->spec_.small_objects)
-    if (!small_.count(o.name)) missing.push_back(o.name);
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "small objects missing: ", absl::StrJoin(missing, ", "),
-        "; a reconfiguration gives each new rank these, so save them all"));
-  }
   LocalClient& local = *client_->local_;
   const std::string& job = client_->job();
   // The daemon checksums what it stores, on several threads; the checksum
@@ -785,6 +770,70 @@ absl::StatusOr<bool> Client::Save::Commit() {
     PTC_RETURN_IF_ERROR(
         local.PutSmallObject(job, version_, name, client_->rank(), bytes));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Save::GiveUp(const std::string& why) {
+  if (committed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version_,
+        " was reported saved; the coordinator commits or deletes it"));
+  }
+  if (given_up_ || client_->options_.pending_serial != 0)
+    return absl::OkStatus();
+  given_up_ = true;
+  proto::ReportSavedRequest req;
+  req.set_job(client_->job());
+  req.set_rank(client_->rank());
+  req.set_version(version_);
+  req.set_layout_epoch(client_->layout_epoch_);
+  req.set_failed(why.empty() ? "no reason given" : why);
+  proto::ReportSavedResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(
+      absl::Now() + std::min(client_->options_.rpc_timeout, absl::Seconds(5))));
+  return Annotate(
+      FromGrpcStatus(client_->coordinator_->ReportSaved(&ctx, req, &resp)),
+      absl::StrCat("giving version ", version_, " up at the coordinator"));
+}
+
+absl::StatusOr<bool> Client::Save::Commit() {
+  if (committed_)
+    return absl::FailedPreconditionError("this save is already committed");
+  if (given_up_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", version_, " was given up; begin a new save"));
+  }
+  const std::vector<RankRegion>& regions = client_->regions_;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (!filled_[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", regions[i].region.ToString(), " of '", regions[i].key,
+          "' was not written; fill every region of the rank before Commit"));
+    }
+  }
+  std::vector<std::string> missing;
+  for (const SmallObjectSpec& o : client_->spec_.small_objects)
+    if (!small_.count(o.name)) missing.push_back(o.name);
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "small objects missing: ", absl::StrJoin(missing, ", "),
+        "; a reconfiguration gives each new rank these, so save them all"));
+  }
+  if (absl::Status published = Publish(); !published.ok()) {
+    // The version can no longer commit: the ranks that reported it are
+    // told, instead of waiting for a commit that never comes.
+    const absl::Status given_up = GiveUp(std::string(published.message()));
+    return Annotate(published,
+                    given_up.ok()
+                        ? absl::StrCat("version ", version_,
+                                       " was given up (the job's ranks save "
+                                       "again)")
+                        : absl::StrCat("giving version ", version_,
+                                       " up failed too (",
+                                       given_up.message(), ")"));
+  }
+  const std::string& job = client_->job();
   committed_ = true;
   proto::ReportSavedRequest req;
   req.set_job(job);
@@ -979,6 +1028,14 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
       committed_version_ = job.committed_version();
       committed_step_ = job.committed_step();
       return absl::OkStatus();
+    }
+    if (job.dropped_save() >= version) {
+      return absl::AbortedError(absl::StrCat(
+          "version ", version, " of job '", options_.job,
+          "' could not commit and was deleted (a host of its placement was "
+          "dead or could not prove its share, or a rank gave its save up); "
+          "version ",
+          job.committed_version(), " stays: save again"));
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(

@@ -130,6 +130,10 @@ struct JobEvent {
   bool known = false;  // false until the first event arrives
   int64_t layout_epoch = 0;
   int64_t committed_version = 0;
+  // The newest save that could not commit and was deleted (0: none): a
+  // process waiting for version V to commit stops once this is >= V, and
+  // saves again.
+  int64_t dropped_save = 0;
   // A change the processes are asked to save for (empty: none).
   std::string pending_config;
   // It is a hot switch (its processes move the state), and its serial.
@@ -302,7 +306,16 @@ class Client {
     // on this host already saved is kept once, after checking that both
     // copies are equal. FAILED_PRECONDITION if the job changed its layout
     // since this client read it (the save is stale).
+    // Where this rank's part cannot be published (its ptcd failed it),
+    // Commit gives the version up (GiveUp) before it returns the error.
     absl::StatusOr<bool> Commit();
+    // This rank will not save this version (`why`: its error, for the
+    // coordinator's log): the coordinator deletes it, and the job's ranks
+    // that reported it stop waiting for its commit (JobEvent.dropped_save)
+    // and save again. One call, within 5 s; OK if already given up,
+    // FAILED_PRECONDITION once Commit reported it. A hot switch's save is
+    // not given up (its switch fails on every process instead): OK.
+    absl::Status GiveUp(const std::string& why);
     // The version the coordinator gave this save, and its training step.
     int64_t version() const { return version_; }
     int64_t step() const { return step_; }
@@ -312,6 +325,8 @@ class Client {
     Save(Client* client, int64_t version, int64_t step);
     // Region i's put buffer, allocated (unmapped) on first use.
     absl::StatusOr<LocalClient::PutBuffer*> Slot(int i);
+    // Commit's first part: every region and small object stored in ptcd.
+    absl::Status Publish();
     // Allocates region i, if it is small, in one pack with the other small
     // regions not yet allocated (those after it first): one request and
     // one memfd for up to kMaxPackRegions of them.
@@ -328,7 +343,8 @@ class Client {
     std::map<std::string, std::string> small_;
     // Small objects the coordinator keeps a copy of (BeginSave's answer).
     std::vector<std::string> keep_;
-    bool committed_ = false;
+    bool committed_ = false;  // published, and reported or reporting
+    bool given_up_ = false;
   };
   // Starts saving this rank's state at training step `step` (>= 0): the
   // coordinator gives the save its version (every rank saving the same
@@ -386,6 +402,8 @@ class Client {
   absl::StatusOr<std::unique_ptr<State>> Load();
 
   // Waits until the coordinator has committed `version` (every rank saved).
+  // ABORTED once it never will (it was deleted: a host of its placement
+  // was dead as it committed, or a rank gave its save up): save again.
   absl::Status WaitCommitted(int64_t version, absl::Duration timeout);
 
   // The job's pending hot switch with `serial`: its target config, and,

@@ -63,9 +63,32 @@ std::string SmallFor(const std::string& name, int rank) {
   return tools::SyntheticSmallObject(name, rank);
 }
 
-// Every rank saves its regions (synthetic values) and small objects: odd
+// Rank c's regions (synthetic values) and small objects into `save`: odd
 // regions by copy (Write, checksummed during the copy), even ones filled
-// in place (Buffer, checksummed at Commit). Returns the version the
+// in place (Buffer, checksummed at Commit).
+void FillRank(Client& c, Client::Save& save) {
+  for (int i = 0; i < static_cast<int>(c.regions().size()); ++i) {
+    const RankRegion& r = c.regions()[i];
+    if (i % 2 == 1) {
+      const std::vector<char> bytes =
+          tools::Synthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype));
+      REQUIRE(save.Write(i, absl::MakeConstSpan(
+                                reinterpret_cast<const uint8_t*>(bytes.data()),
+                                bytes.size()))
+                  .ok());
+      continue;
+    }
+    auto dst = save.Buffer(i);
+    REQUIRE(dst.ok());
+    REQUIRE(static_cast<int64_t>(dst->size()) == r.bytes);
+    tools::FillSynthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype),
+                         reinterpret_cast<char*>(dst->data()));
+  }
+  for (const SmallObjectSpec& o : c.spec().small_objects)
+    REQUIRE(save.PutSmallObject(o.name, SmallFor(o.name, c.rank())).ok());
+}
+
+// Every rank saves (FillRank) and commits. Returns the version the
 // coordinator gave the save of `step`.
 int64_t SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t step) {
   bool committed = false;
@@ -77,28 +100,7 @@ int64_t SaveAll(std::vector<std::unique_ptr<Client>>& clients, int64_t step) {
     if (version == 0) version = (*save)->version();
     CHECK((*save)->version() == version);
     CHECK((*save)->step() == step);
-    for (int i = 0; i < static_cast<int>(c->regions().size()); ++i) {
-      const RankRegion& r = c->regions()[i];
-      if (i % 2 == 1) {
-        const std::vector<char> bytes =
-            tools::Synthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype));
-        REQUIRE(
-            (*save)
-                ->Write(i, absl::MakeConstSpan(
-                               reinterpret_cast<const uint8_t*>(bytes.data()),
-                               bytes.size()))
-                .ok());
-        continue;
-      }
-      auto dst = (*save)->Buffer(i);
-      REQUIRE(dst.ok());
-      REQUIRE(static_cast<int64_t>(dst->size()) == r.bytes);
-      tools::FillSynthetic(r.tensor, r.shape, r.region, ElementSize(r.dtype),
-                           reinterpret_cast<char*>(dst->data()));
-    }
-    for (const SmallObjectSpec& o : c->spec().small_objects)
-      REQUIRE(
-          (*save)->PutSmallObject(o.name, SmallFor(o.name, c->rank())).ok());
+    FillRank(*c, **save);
     auto done = (*save)->Commit();
     INFO(done.status().ToString());
     REQUIRE(done.ok());
@@ -456,6 +458,13 @@ TEST_CASE("client: reports of a save no rank wrote commit nothing",
   INFO(last.ToString());
   CHECK(!last.ok());
   CHECK(absl::StrContains(last.message(), "cannot commit and was deleted"));
+  // The job's processes are told, and a wait for it ends at once.
+  auto told = clients[1]->FetchEvent();
+  REQUIRE(told.ok());
+  CHECK(told->dropped_save == fake);
+  const absl::Status waited = clients[1]->WaitCommitted(fake, absl::Minutes(5));
+  CHECK(waited.code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(waited.message(), "could not commit and was deleted"));
   REQUIRE(clients[0]->Refresh().ok());
   CHECK(clients[0]->committed_version() == real);
   // The committed state is still whole.
@@ -464,6 +473,88 @@ TEST_CASE("client: reports of a save no rank wrote commit nothing",
     REQUIRE(state.ok());
     CheckLoaded(*c, **state);
   }
+}
+
+TEST_CASE(
+    "client: a rank that gives its save up ends its peers' wait, and the "
+    "step saves again",
+    "[client]") {
+  ClientCluster cluster(2, 2);
+  cluster.RegisterJob("j", kModel, "tp=2,dp=2", {"host0", "host1"});
+  auto clients = ConnectAll(cluster, "j", 4);
+  SaveAll(clients, 1);
+  // Ranks 0-2 save step 2; rank 3 begins it and cannot finish.
+  auto given = clients[3]->BeginSave(2);
+  REQUIRE(given.ok());
+  const int64_t lost = (*given)->version();
+  for (int r = 0; r < 3; ++r) {
+    auto save = clients[r]->BeginSave(2);
+    REQUIRE(save.ok());
+    REQUIRE((*save)->version() == lost);
+    FillRank(*clients[r], **save);
+    auto done = (*save)->Commit();
+    REQUIRE(done.ok());
+    CHECK_FALSE(*done);
+  }
+  absl::Status waited;
+  std::thread waiter(
+      [&] { waited = clients[0]->WaitCommitted(lost, absl::Minutes(5)); });
+  const absl::Time gave_up = absl::Now();
+  REQUIRE((*given)->GiveUp("rank 3's ptcd failed (a test)").ok());
+  waiter.join();
+  // Told, not waiting out its timeout.
+  CHECK(absl::Now() - gave_up < absl::Minutes(1));
+  CHECK(waited.code() == absl::StatusCode::kAborted);
+  auto told = clients[2]->FetchEvent();
+  REQUIRE(told.ok());
+  CHECK(told->dropped_save == lost);
+  CHECK(told->committed_version < lost);
+  // Once is enough; the given-up save cannot be committed after.
+  CHECK((*given)->GiveUp("again").ok());
+  auto late = (*given)->Commit();
+  CHECK(late.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(late.status().message(), "was given up"));
+  given->reset();
+
+  // A hostile give-up: a rank outside the job, a stale layout epoch.
+  auto stub = proto::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.address, grpc::InsecureChannelCredentials()));
+  auto give_up = [&](int rank, int64_t version, int64_t epoch) {
+    grpc::ClientContext ctx;
+    proto::ReportSavedRequest req;
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_version(version);
+    req.set_layout_epoch(epoch);
+    req.set_failed(std::string(1 << 20, 'x'));
+    proto::ReportSavedResponse resp;
+    return FromGrpcStatus(stub->ReportSaved(&ctx, req, &resp));
+  };
+  const int64_t epoch = clients[0]->layout_epoch();
+  CHECK(give_up(4, lost, epoch).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(give_up(-1, lost, epoch).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(give_up(0, lost, epoch + 5).code() ==
+        absl::StatusCode::kInvalidArgument);
+  // Giving up what is no save in progress changes nothing.
+  CHECK(give_up(0, lost + 100, epoch).ok());
+  CHECK(clients[2]->FetchEvent()->dropped_save == lost);
+
+  // Every rank saves the step again: a new version, and it commits whole.
+  const int64_t again = SaveAll(clients, 2);
+  CHECK(again > lost);
+  for (auto& c : clients) {
+    auto state = c->Load();
+    REQUIRE(state.ok());
+    CHECK((*state)->version() == again);
+    CheckLoaded(*c, **state);
+  }
+  // A reported save is not given up.
+  auto reported = clients[0]->BeginSave(3);
+  REQUIRE(reported.ok());
+  FillRank(*clients[0], **reported);
+  REQUIRE((*reported)->Commit().ok());
+  CHECK((*reported)->GiveUp("too late").code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -520,6 +520,9 @@ class CoordinatorService final
                            proto::BeginSaveResponse* resp);
   absl::Status DoReportSaved(const proto::ReportSavedRequest& req,
                              proto::ReportSavedResponse* resp);
+  // A rank gives its save up (ReportSavedRequest.failed): the version is
+  // deleted and the job's processes are told.
+  absl::Status GiveUpSave(const proto::ReportSavedRequest& req);
   absl::Status DoForgetJob(const proto::ForgetJobRequest& req,
                            proto::ForgetJobResponse* resp);
   void RunFlight(std::shared_ptr<Flight> flight);

@@ -166,6 +166,7 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   s->set_pending_reason(state.pending_reason());
   s->set_pending_hot(state.pending().hot());
   s->set_pending_serial(state.pending_serial());
+  s->set_dropped_save(state.dropped_save());
   *s->mutable_auto_policy() = state.auto_policy();
   if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
   // The change without its plan and its hosts' progress, which grow with

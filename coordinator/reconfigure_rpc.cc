@@ -1149,6 +1149,7 @@ Watchers::Events CoordinatorService::EventsLocked(const Job& job,
   f.set_pending_config(job.state.pending().to());
   f.set_pending_hot(job.state.pending().hot());
   f.set_pending_serial(job.state.pending_serial());
+  f.set_dropped_save(job.state.dropped_save());
   return out;
 }
 

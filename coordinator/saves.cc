@@ -253,8 +253,59 @@ grpc::Status CoordinatorService::ReportSaved(
   return ToGrpcStatus(DoReportSaved(*req, resp));
 }
 
+absl::Status CoordinatorService::GiveUpSave(
+    const proto::ReportSavedRequest& req) {
+  // What a log line keeps of the rank's reason (a request field: any size).
+  constexpr size_t kMaxReason = 1024;
+  std::vector<std::string> addresses;
+  std::vector<int64_t> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    const Job* known = jobs_.Find(req.job());
+    if (known != nullptr && known->state.hot_version() != 0 &&
+        req.version() == known->state.hot_version()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "version ", req.version(),
+          " is a hot switch's save: a process that cannot take part in the "
+          "switch says so before it starts (the change then goes through "
+          "the store), it does not give the save up"));
+    }
+    PTC_ASSIGN_OR_RETURN(
+        Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+    Job& job = *saving;
+    const proto::CoordinatorState::Job& s = job.state;
+    const bool open = std::any_of(
+        s.open_saves().begin(), s.open_saves().end(),
+        [&](const auto& o) { return o.version() == req.version(); });
+    // Committed, dropped or superseded already: nothing waits for it.
+    if (!open) return absl::OkStatus();
+    if (job.committing_save) {
+      // Every rank reported some version, which is being proven now: the
+      // answer to this rank comes after it (it may be this one).
+      return absl::UnavailableError(absl::StrCat(
+          "job '", req.job(), "' is committing a save; give it up again"));
+    }
+    dropped = DropSave(job, req.version());
+    PTC_RETURN_IF_ERROR(PersistLocked());
+    std::set<std::string> hosts(s.hosts().begin(), s.hosts().end());
+    for (const std::string& h : RankHostsLocked(job)) hosts.insert(h);
+    for (const std::string& h : hosts) {
+      if (const auto* host = hosts_.Find(h)) addresses.push_back(host->status.address());
+    }
+  }
+  Log("coordinator")
+      ->warn("job {}: rank {} gave up its save of version {} ({}); the "
+             "version is deleted and the job's processes save again",
+             req.job(), req.rank(), req.version(),
+             req.failed().substr(0, kMaxReason));
+  // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
+  for (int64_t v : dropped) ReleaseOn(addresses, req.job(), v);
+  return absl::OkStatus();
+}
+
 absl::Status CoordinatorService::DoReportSaved(
     const proto::ReportSavedRequest& req, proto::ReportSavedResponse* resp) {
+  if (!req.failed().empty()) return GiveUpSave(req);
   std::shared_ptr<const ModelSpec> spec;
   std::string config;
   std::vector<std::string> rank_hosts, hosts;

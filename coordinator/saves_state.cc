@@ -124,6 +124,8 @@ std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
 }
 
 std::vector<int64_t> DropSave(JobTable::Job& job, int64_t version) {
+  // Its ranks that reported it wait for it to commit: told it never will.
+  job.state.set_dropped_save(std::max(job.state.dropped_save(), version));
   auto* open = job.state.mutable_open_saves();
   job.saved.erase(version);
   open->erase(

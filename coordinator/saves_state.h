@@ -65,8 +65,9 @@ absl::StatusOr<SaveReport> ReportSave(JobTable::Job& job, int64_t version,
 std::vector<int64_t> CommitSave(JobTable::Job& job, int64_t version,
                                 int64_t step);
 
-// The save of `version` failed: it is no longer open, and its version goes
-// (returned, to release).
+// The save of `version` failed (its hosts could not prove it, or a rank
+// gave it up): it is no longer open, its version goes (returned, to
+// release), and the job's dropped_save says so to its processes.
 std::vector<int64_t> DropSave(JobTable::Job& job, int64_t version);
 
 }  // namespace ptc

@@ -76,9 +76,18 @@ TEST_CASE(
         absl::StatusCode::kUnavailable);
   job.committing_save = false;
 
+  CHECK(job.state.dropped_save() == 0);
   CHECK(DropSave(job, b) == std::vector<int64_t>{b});
   REQUIRE(job.state.open_saves_size() == 1);
   CHECK(job.state.committed_version() == 3);  // untouched
+  // The job's processes are told, and the newest dropped one stays told.
+  CHECK(job.state.dropped_save() == b);
+  CHECK(DropSave(job, a) == std::vector<int64_t>{a});
+  CHECK(job.state.dropped_save() == b);
+  // Saving the step again opens a new version (the dropped one is gone).
+  const int64_t again = OpenSave(job, 2, 2, &opened);
+  CHECK(opened);
+  CHECK(again > c);
 }
 
 TEST_CASE("a hot switch's save: one version for the target's ranks") {

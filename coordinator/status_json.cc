@@ -46,6 +46,7 @@ std::string JobsJson(const proto::ListJobsResponse& resp) {
     w.EndArray();
     w.Key("layout_epoch").Int(j.layout_epoch());
     w.Key("committed_step").Int(j.committed_step());
+    w.Key("dropped_save").Int(j.dropped_save());
     w.Key("open_saves").BeginArray();
     for (int64_t v : j.open_saves()) w.Int(v);
     w.EndArray().Key("lost_hosts").BeginArray();

@@ -386,30 +386,49 @@ class HollowRank {
   // a save), and it saves the first --saves steps, each until it commits.
   absl::Status Train(int64_t epoch) {
     int64_t step = client_->committed_step() + 1;
+    // Saves lost in a row (deleted by the coordinator: a host of the
+    // placement declared dead as it committed), and when the first was.
+    int lost = 0;
+    absl::Time lost_since = absl::InfiniteFuture();
     while (!Stopping()) {
       absl::SleepFor(o_.step);
       PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
       if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
       const bool asked = !ev.pending_config.empty();
       if (!asked && saves_done_ >= o_.saves) continue;
-      absl::StatusOr<int64_t> saved = Save(step);
-      // UNAVAILABLE: a host of the job could not take its share (it died
-      // as the job saved, or the report's connection broke and the save
-      // was dropped meanwhile): the version is deleted, and the change
-      // that the death starts follows. As ptc.elastic does, the process
-      // waits for that change (below, as for a save that never commits).
-      if (!saved.ok() && !absl::IsUnavailable(saved.status()))
-        return saved.status();
+      int64_t begun = 0;
+      absl::StatusOr<int64_t> saved = Save(step, &begun);
+      bool deleted = false;
+      if (!saved.ok() && begun > 0) {
+        // Deleted (this rank's report came after, or completed it and its
+        // hosts could not prove it, or this rank gave it up)? Asked: the
+        // stream may lag, and every rank must conclude the same.
+        PTC_ASSIGN_OR_RETURN(const JobEvent now, client_->FetchEvent());
+        deleted = now.dropped_save >= begun;
+      }
+      // UNAVAILABLE otherwise: cut off from the coordinator. As ptc.elastic
+      // does, the process waits for a change (below, as for a save that
+      // never commits).
+      if (!saved.ok() && !deleted) {
+        if (absl::IsFailedPrecondition(saved.status()))
+          return absl::OkStatus();  // the layout changed
+        if (!absl::IsUnavailable(saved.status())) return saved.status();
+      }
       const int64_t version = saved.ok() ? *saved : -1;
       if (version == 0) return absl::OkStatus();  // the layout changed
       // Until the version commits (every rank saved it), or a change
-      // starts (a peer died and will never save it): asleep until the
-      // stream tells something new, as ptc.elastic's processes wait.
+      // starts (a peer died and will never save it), or it is deleted
+      // (its ranks save the step again): asleep until the stream tells
+      // something new, as ptc.elastic's processes wait.
       PTC_ASSIGN_OR_RETURN(ev, Event());
       const absl::Time deadline = absl::Now() + o_.commit_timeout;
-      while (!Stopping()) {
+      while (!Stopping() && !deleted) {
         if (version > 0 && ev.committed_version >= version) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+        if (version > 0 && ev.dropped_save >= version) {
+          deleted = true;
+          break;
+        }
         if (absl::Now() > deadline) {
           const std::string within = absl::FormatDuration(o_.commit_timeout);
           return absl::DeadlineExceededError(
@@ -425,6 +444,29 @@ class HollowRank {
         }
         PTC_ASSIGN_OR_RETURN(ev, Next(ev, kQuiet));
       }
+      if (deleted) {
+        // Every rank of the job learns it: they save this step again
+        // after a pause (doubled each time in a row, at most 16 s) unless
+        // a change comes first, and give up after --commit-timeout-s.
+        const absl::Time now = absl::Now();
+        if (lost++ == 0) lost_since = now;
+        if (now - lost_since > o_.commit_timeout) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "saves of step ", step, " were deleted for ",
+              absl::FormatDuration(o_.commit_timeout),
+              " and no change started (the last: version ", begun, ")"));
+        }
+        const absl::Time until =
+            now + std::min(absl::Seconds(1) * (1 << std::min(lost - 1, 4)),
+                           absl::Seconds(16));
+        if (client_->rank() == 0) Say(absl::StrCat("lost ", begun));
+        while (!Stopping() && absl::Now() < until) {
+          if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+          PTC_ASSIGN_OR_RETURN(ev, Next(ev, std::min(kQuiet, until - absl::Now())));
+        }
+        continue;  // the same step again
+      }
+      lost = 0;
       if (version < 0) return absl::OkStatus();  // stopping
       if (!asked) ++saves_done_;
       if (client_->rank() == 0) Say(absl::StrCat("saved ", version));
@@ -434,12 +476,14 @@ class HollowRank {
     return absl::OkStatus();
   }
 
-  // Saves `step` with no bytes; 0 if the job's layout changed.
-  absl::StatusOr<int64_t> Save(int64_t step) {
+  // Saves `step` with no bytes; 0 if the job's layout changed. `begun`:
+  // the version the coordinator gave it (0: not begun).
+  absl::StatusOr<int64_t> Save(int64_t step, int64_t* begun) {
     absl::StatusOr<std::unique_ptr<Client::Save>> save =
         client_->BeginSave(step);
     if (absl::IsFailedPrecondition(save.status())) return 0;
     PTC_RETURN_IF_ERROR(save.status());
+    *begun = (*save)->version();
     for (size_t i = 0; i < client_->regions().size(); ++i)
       PTC_RETURN_IF_ERROR((*save)->WriteHollow(static_cast<int>(i)));
     for (const SmallObjectSpec& o : client_->spec().small_objects) {
@@ -447,8 +491,9 @@ class HollowRank {
           o.name, absl::StrCat(o.name, " of rank ", client_->rank(),
                                " at step ", step)));
     }
+    // FAILED_PRECONDITION: refused as stale (the layout changed), or the
+    // version was deleted (the caller asks which).
     absl::StatusOr<bool> committed = (*save)->Commit();
-    if (absl::IsFailedPrecondition(committed.status())) return 0;
     PTC_RETURN_IF_ERROR(committed.status());
     return (*save)->version();
   }

@@ -34,13 +34,22 @@ pp one; then a hot switch that one process fails to start
 (PTC_TEST_HOT_REFUSE, a test fault): the processes save instead and the
 change goes through the store at once.
 
+With --scenario stall: host1's ptcd stops (SIGSTOP) as the job saves,
+after host1's processes reported the save and before host0's do, with the
+job's config pinned to both hosts' 4 GPUs: the coordinator declares host1
+dead, the save cannot commit and is deleted, and no change can follow.
+host1's ptcd goes on (SIGCONT) as the same process, alive again: every
+process learns the save was lost and saves again (no change, no restart),
+and the job goes on; then two changes (pinned configs) load the state of
+those saves.
+
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
 rollbacks) equal to an uninterrupted run's within the tolerance; the
 samples of every iteration the uninterrupted run's, so every sample once;
 host0's processes never restarted.
 
-    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests|hot] [--json]
+    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests|hot|stall] [--json]
 """
 
 import argparse
@@ -116,9 +125,9 @@ class LiveJob:
                "--step-seconds", str(self.args.step_seconds)]
         if getattr(self.args, "check", True):  # every reload compared bit for bit
             cmd.append("--check")
-        if self.args.scenario == "host":
+        if self.args.scenario in ("host", "stall"):
             # host0's processes hold their save of this iteration until
-            # host1 is dead (host_dies_and_returns).
+            # host1 is dead (host_dies_and_returns, host_stalls).
             cmd += ["--hold-save", f"{self.kill_at()}:host0"]
         log = open(self.work / f"agent-{host}.log", "a")
         # Its own process group: killing the "host" kills the agent and its
@@ -131,6 +140,17 @@ class LiveJob:
         quarter in (the first one for a short run)."""
         every = self.args.save_every
         return max(every, self.args.iterations // 4 // every * every)
+
+    def ptcd_pid(self, index):
+        for line in (self.cluster.dir / "pids").read_text().splitlines():
+            name, pid = line.split()[:2]
+            if name == f"host{index}":
+                last = int(pid)
+        return last
+
+    def alive(self, host):
+        hosts = json.loads(self.cluster.ptcctl("hosts", "--json", capture=True))["hosts"]
+        return any(h["name"] == host and h["alive"] for h in hosts)
 
     def kill_host(self, host, index):
         subprocess.run(["bash", str(ROOT / "tools/local_cluster.sh"), "kill-host",
@@ -238,6 +258,65 @@ def host_dies_and_returns(args, cluster, job, results, say):
     results["events"].append({"what": "host1 added", "config": grown["config"],
                               "reason": status["reason"],
                               "seconds_to_resume": resumed - t_add})
+    return before, during
+
+
+def host_stalls(args, cluster, job, results, say):
+    """host1's ptcd stops as the job saves (host1's processes have saved,
+    host0's hold their save until host1 is declared dead), so that the
+    save cannot commit and is deleted; the config is pinned to the two
+    hosts' 4 GPUs, so no change follows. Then host1's ptcd goes on: the job
+    must go on by itself, its processes saving again. Then two changes
+    (pinned configs) load what they saved. Returns host0's processes
+    before the stall and after it."""
+    at = job.kill_at()
+    held = job.run / "held"
+    job.wait(f"the save of iteration {at}", lambda: len(list(held.glob("rank*"))) == 4)
+    time.sleep(1.0)  # host1's processes write and report their shares
+    before, before1 = job.running("host0"), job.running("host1")
+    epoch0 = job.status()["layout_epoch"]
+    pid = job.ptcd_pid(1)
+    say(f"\n== host1's ptcd (pid {pid}) stops (SIGSTOP) as the job saves iteration {at}; "
+        f"the job is pinned to {FIRST} on both hosts")
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        job.wait("the coordinator to declare host1 dead", lambda: not job.alive("host1"))
+        (held / "release").touch()  # host0's processes save: it cannot commit
+        job.wait("the save to be deleted", lambda: job.status()["dropped_save"] > 0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    dropped = job.status()["dropped_save"]
+    say(f"   version {dropped} could not commit and was deleted; host1's ptcd goes on "
+        f"(SIGCONT) after {resumed - stopped:.1f} s")
+    job.wait("host1 to be alive again", lambda: job.alive("host1"))
+    job.wait("a save made again to commit", lambda: job.status()["committed_version"] > dropped)
+    trained = max(job.losses())
+    job.wait("the job to train on", lambda: max(job.losses()) > trained)
+    status = job.status()
+    say(f"   version {status['committed_version']} committed {time.time() - resumed:.1f} s "
+        f"later; the job trains on at layout epoch {status['layout_epoch']} (it was "
+        f"{epoch0}), no process restarted")
+    results["events"].append({
+        "what": "host1 stalled", "dropped_save": dropped,
+        "committed_after": status["committed_version"],
+        "layout_epoch_before": epoch0, "layout_epoch_after": status["layout_epoch"],
+        "host1_kept": job.running("host1") == before1,
+        "saves_lost": sum(f.read_text(errors="replace").count("save lost")
+                          for f in (job.work / "logs").glob("*.log"))})
+    during = job.running("host0")
+    # Two changes: the processes load the state they saved again (the
+    # configs as the processes write them).
+    for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
+        epoch = max(r["epoch"] for r in job.losses().values())
+        cluster.ptcctl("auto", JOB, "on", "--live", "--pin", to, capture=True)
+        job.wait(f"the change to {to}", lambda: any(
+            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
+            and job.pending() == "")
+        say(f"   changed to {to} (pinned)")
+        at = max(job.losses()) + 2
+        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
     return before, during
 
 
@@ -377,7 +456,8 @@ def reference(args, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=("host", "requests", "hot"), default="host")
+    ap.add_argument("--scenario", choices=("host", "requests", "hot", "stall"),
+                    default="host")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--global-batch", type=int, default=16)
@@ -407,9 +487,10 @@ def main():
         subprocess.run([sys.executable, str(HERE.parent / "elastic_gpt/train.py"), "--config",
                         FIRST, "--model", args.model, "--layout-out", str(layout)], check=True,
                        env=dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
+        pin = ["--pin", FIRST] if args.scenario == "stall" else []
         cluster.ptcctl("register", "--job", JOB, "--layout", str(layout), "--config", FIRST,
-                       "--hosts", "host0,host1", "--auto", "on", "--live", "--global-batch",
-                       str(args.global_batch), capture=True)
+                       "--hosts", "host0,host1", "--auto", "on", "--live", *pin,
+                       "--global-batch", str(args.global_batch), capture=True)
         say(f"\n== job {JOB} registered at {FIRST} on host0,host1 with automatic, live "
             "changes; an agent per host starts its processes")
         for h in ("host0", "host1"):
@@ -418,6 +499,8 @@ def main():
             before, during = host_dies_and_returns(args, cluster, job, results, say)
         elif args.scenario == "hot":
             before, during = hot_switches(args, cluster, job, results, say)
+        elif args.scenario == "stall":
+            before, during = host_stalls(args, cluster, job, results, say)
         else:
             before, during = requests_and_a_kill(args, cluster, job, results, say)
         job.wait(f"iteration {args.iterations}",
@@ -452,7 +535,9 @@ def main():
                 "requests": "changes asked in a row and a process killed during one",
                 "hot": "hot switches for a tp, a pp and a dp change, a process killed "
                        "after one committed and during another, one that a process "
-                       "failed to start"}[args.scenario]
+                       "failed to start",
+                "stall": "a host stalled as the job saved, with no change to follow: "
+                         "the processes saved again and went on"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")

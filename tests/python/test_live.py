@@ -5,7 +5,9 @@ cannot commit) and return, through changes asked in a row and a process
 killed during one, and through hot switches (the processes move the
 state between themselves) for a tp, a pp and a dp change with a process
 killed after one commits and during another, and a hot switch a process
-fails to start, without any process of the surviving host restarting;
+fails to start, and through a host that stalls as the job saves (declared
+dead, the save deleted) with no change to follow, without any process of
+the surviving host restarting;
 every reload is bit-identical, and the loss and the samples of every
 iteration are those of an uninterrupted run."""
 import json
@@ -44,6 +46,22 @@ def test_a_host_dies_and_returns_and_the_job_follows_by_itself(bin_dir, tmp_path
     assert out["host0_kept"] and out["bit_identical"] and out["loss_ok"]
     assert out["samples_exactly_once"]
     assert out["loads_checked"] >= 4  # host0's 2 after the death, 4 after the return
+
+
+def test_a_save_lost_to_a_stalled_host_is_made_again_and_the_job_goes_on(bin_dir, tmp_path):
+    # The job is pinned to both hosts' GPUs: no change can follow host1's
+    # (false) death, so only saving again keeps the job alive.
+    out = run_live(bin_dir, tmp_path, "stall")
+    assert out["ok"], out
+    stalled = out["events"][0]
+    assert stalled["what"] == "host1 stalled"
+    assert 0 < stalled["dropped_save"] < stalled["committed_after"]
+    # Saved again in the same layout, by the same processes.
+    assert stalled["layout_epoch_after"] == stalled["layout_epoch_before"]
+    assert stalled["host1_kept"] and out["host0_kept"]
+    # Every process learned it, from its error or its Watch stream.
+    assert stalled["saves_lost"] >= 4
+    assert out["bit_identical"] and out["loss_ok"] and out["samples_exactly_once"]
 
 
 def test_changes_in_a_row_and_a_process_killed_during_one(bin_dir, tmp_path):

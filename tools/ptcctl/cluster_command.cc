@@ -818,6 +818,12 @@ absl::Status Jobs(Stub* stub, const std::string& job, bool json) {
           j.small_objects_to_keep(), j.kept_small_objects(),
           HumanBytes(j.kept_small_object_bytes()));
     }
+    if (j.dropped_save() > j.committed_version()) {
+      std::cout << absl::StrFormat(
+          "  version %d could not commit and was deleted (a host of its "
+          "placement was dead, or a rank gave it up); its ranks save again\n",
+          j.dropped_save());
+    }
     if (j.lost_hosts_size() > 0) {
       std::cout << absl::StrFormat(
           "  no longer holding their share: %s (restarted, or not proven "

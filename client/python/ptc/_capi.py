@@ -138,6 +138,7 @@ _SIGNATURES = {
     "ptc_save_write": ([_P, _I, _P, _SZ], _I),
     "ptc_save_put_small_object": ([_P, _S, _S, _SZ], _I),
     "ptc_save_commit": ([_P, ctypes.POINTER(_I)], _I),
+    "ptc_save_give_up": ([_P, _S], _I),
     "ptc_state_free": ([_P], None),
     "ptc_state_version": ([_P], _I64),
     "ptc_state_describe": ([_P, _B], _I),
@@ -473,6 +474,12 @@ class Save(_Handle):
         committed = ctypes.c_int()
         _check(_lib.ptc_save_commit(self._h, ctypes.byref(committed)))
         return bool(committed.value)
+
+    def give_up(self, why):
+        """this rank will not save this version: the coordinator deletes
+        it, and the job's ranks that reported it stop waiting for it (their
+        event's dropped_save) and save again"""
+        _check(_lib.ptc_save_give_up(self._h, _s(str(why))))
 
 
 class _Mapped:

@@ -63,6 +63,16 @@ class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
 
 
+class _SaveLost(Exception):
+    """A save that will never commit: the coordinator deleted it (a host
+    of its placement was dead, or could not prove its share, as it
+    committed; or a rank gave it up). Every process learns it (from its
+    save's error or its Watch stream), and they may all be well: a host
+    declared dead only because it was silent comes back, and no change
+    follows. They meet at the step boundary again and save again, unless
+    a change comes first."""
+
+
 def _init_process_group(backend, **kwargs):
     """dist.init_process_group, after which a failure (a peer that died
     while the group formed) leaves this process able to form another.
@@ -270,6 +280,8 @@ class Live:
         self._started = False
         self._broken = None  # the error of a step that failed
         self._saved_at = -1
+        # Saves lost in a row (_SaveLost) and when the first was.
+        self._lost_saves, self._lost_since = 0, None
         self._change = None  # timings of the change being followed
         self._plan_epoch_seen = 0  # the newest change this process knows of
         self._own = set(self.__dict__) | {"_own"}
@@ -309,15 +321,16 @@ class Live:
                         self._note_change("pending")
                     try:
                         self._save(serial if decision == _SAVE_FOR_CHANGE else 0)
+                    except _SaveLost as e:
+                        self._after_lost_save(e)
+                        continue  # rank 0 decides again: the change, or the save
                     except _capi.Error as e:
                         if getattr(e, "code", "") == "UNAVAILABLE":
-                            # A host of the job could not take its share
-                            # (it died as the job saved): the version is
-                            # deleted, and the change that its death starts
-                            # follows, even if the coordinator has not
-                            # marked it dead yet. The loop waits for that
-                            # change, as after a failed step, and raises
-                            # this if none comes within the timeout.
+                            # Cut off from the coordinator (a report that
+                            # got no answer within its patience) or a save
+                            # not begun: the loop waits for a change, as
+                            # after a failed step, and raises this if none
+                            # comes within the timeout.
                             self._log(f"save failed ({e}); waiting for the change")
                             raise _Broken(e)
                         # Refused because a change started meanwhile (from
@@ -363,8 +376,16 @@ class Live:
 
     def save(self):
         """Saves this process's state now (every rank must call it at the
-        same step), and waits for the version's commit."""
-        self._save()
+        same step), and waits for the version's commit. A save that cannot
+        commit (a host of the job declared dead as it committed) is made
+        again, after a pause, by every rank; TimeoutError once saves have
+        failed for the timeout."""
+        while True:
+            try:
+                self._save()
+                return
+            except _SaveLost as e:
+                self._after_lost_save(e)
 
     def step(self):
         """Wraps one training step: a step that fails because a peer died
@@ -546,11 +567,23 @@ class Live:
         from . import torch as pt
         if self._on_save:
             self._on_save(self)
-        saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
-                        extra=self.extra, step=self.iteration, wait=False,
-                        change_serial=change_serial)
+        try:
+            saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
+                            extra=self.extra, step=self.iteration, wait=False,
+                            change_serial=change_serial)
+        except _capi.Error as e:
+            # Deleted: this rank's report came after, or completed it and
+            # its hosts could not prove it, or this rank gave it up (its
+            # ptcd failed its part). Asked, not read from the Watch
+            # stream: every rank must conclude the same (the others learn
+            # it waiting for the commit), and the stream may lag.
+            version = getattr(e, "version", 0)
+            if version and self.client.fetch_event()["dropped_save"] >= version:
+                raise _SaveLost(e)
+            raise
         self._wait_committed(saved.version, self.layout_epoch)
         self._saved_at = self.iteration
+        self._lost_saves, self._lost_since = 0, None
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
 
@@ -643,12 +676,17 @@ class Live:
     def _wait_committed(self, version, start_epoch, hot=False):
         """Until `version` commits (every rank saved it). A peer that died
         meanwhile never saves, and the change its death starts ends the
-        wait (_Broken). A hot switch's version commits with the change."""
+        wait (_Broken). A version the coordinator deleted ends it too
+        (_SaveLost; a hot switch's: _Broken, its change follows). A hot
+        switch's version commits with the change."""
         deadline = time.time() + self.timeout
         ev = self._ev()
         while True:
             if ev["committed_version"] >= version:
                 return
+            if ev["dropped_save"] >= version:
+                error = RuntimeError(f"version {version} could not commit and was deleted")
+                raise _Broken(error) if hot else _SaveLost(error)
             started = ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
             if ev["layout_epoch"] > start_epoch or (started and (hot or not ev["pending_config"])):
                 raise _Broken(RuntimeError(f"a change started before version {version} "
@@ -658,6 +696,34 @@ class Live:
                 raise TimeoutError(f"version {version} did not commit in "
                                    f"{self.timeout:.0f} s")
             ev = self.client.wait_event(ev["received"], min(left, self._QUIET))
+
+    # The pause after the first lost save in a row, doubled after each
+    # next, at most _LOST_PAUSE_MOST (and a quarter of the collective
+    # timeout: the first process back at the step boundary waits there for
+    # the others).
+    _LOST_PAUSE = 1.0
+    _LOST_PAUSE_MOST = 16.0
+
+    def _after_lost_save(self, error):
+        """After a save that will never commit: waits a little for a change
+        (a host of the job died: the change its death starts is followed
+        from the step boundary) and returns, for rank 0 to decide there
+        again (that change, or the save again). Raises TimeoutError once
+        saves have been lost for the timeout with no change."""
+        now = time.time()
+        if self._lost_since is None:
+            self._lost_since = now
+        self._lost_saves += 1
+        if now - self._lost_since > self.timeout:
+            raise TimeoutError(f"saves failed for {self.timeout:.0f} s and no change "
+                               f"came: {error}") from error
+        pause = min(self._LOST_PAUSE * 2 ** (self._lost_saves - 1), self._LOST_PAUSE_MOST,
+                    self.collective_timeout / 4)
+        self._log(f"save lost ({str(error)[:300]}); saving again in {pause:.1f} s unless "
+                  "the job changes first")
+        epoch = self.layout_epoch
+        self._until(lambda ev: self._away_from(ev, epoch) or bool(ev["pending_config"]),
+                    time.time() + pause)
 
     def _recover(self):
         """After a failed step: drop the broken groups, wait for the change
@@ -803,6 +869,7 @@ class Live:
         self.scheduler = parts.get("scheduler")
         self.extra = dict(parts.get("extra") or {})
         self.layout_epoch = epoch
+        self._lost_saves, self._lost_since = 0, None
         built = time.time()
         if self.client.committed_version > 0:
             restored = pt.load(self.client, self.model, self.optimizer, self.scheduler)

@@ -1259,13 +1259,30 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     # Encode everything before the save starts: a bad object fails early.
     objects = small_objects(optimizer, scheduler, extra)
     s = client.begin_save(int(step), change_serial)
-    copies = torch_state.RegionCopies()
-    for r in rank.regions:
-        copies.save(s, r["index"], rank.view(r["key"], r["region"], tensors[r["key"]].detach()))
-    copies.finish()
-    for name, data in objects:
-        s.put_small_object(name, data)
-    s.commit()
+    try:
+        copies = torch_state.RegionCopies()
+        for r in rank.regions:
+            copies.save(s, r["index"], rank.view(r["key"], r["region"],
+                                                 tensors[r["key"]].detach()))
+        copies.finish()
+        for name, data in objects:
+            s.put_small_object(name, data)
+    except BaseException as e:
+        # This rank cannot save the version: its peers that reported it
+        # are told (they would otherwise wait for its commit), and save
+        # again. Best effort: the coordinator may be unreachable too.
+        try:
+            s.give_up(f"rank {client.rank}: {type(e).__name__}: {e}"[:1000])
+        except _capi.Error:
+            pass
+        if isinstance(e, _capi.Error):
+            e.version = s.version  # the save's (ptc.elastic asks if it was deleted)
+        raise
+    try:
+        s.commit()  # gives the version up itself if ptcd fails its part
+    except _capi.Error as e:
+        e.version = s.version
+        raise
     if wait:
         client.wait_committed(s.version, timeout=timeout)
     return Saved(int(step), s.version)
