@@ -801,8 +801,8 @@ absl::StatusOr<bool> Client::Save::Commit() {
   if (committed_)
     return absl::FailedPreconditionError("this save is already committed");
   if (given_up_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "version ", version_, " was given up; begin a new save"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", version_, " was given up; begin a new save"));
   }
   const std::vector<RankRegion>& regions = client_->regions_;
   for (size_t i = 0; i < regions.size(); ++i) {
@@ -824,14 +824,13 @@ absl::StatusOr<bool> Client::Save::Commit() {
     // The version can no longer commit: the ranks that reported it are
     // told, instead of waiting for a commit that never comes.
     const absl::Status given_up = GiveUp(std::string(published.message()));
-    return Annotate(published,
-                    given_up.ok()
-                        ? absl::StrCat("version ", version_,
-                                       " was given up (the job's ranks save "
-                                       "again)")
-                        : absl::StrCat("giving version ", version_,
-                                       " up failed too (",
-                                       given_up.message(), ")"));
+    return Annotate(
+        published,
+        given_up.ok()
+            ? absl::StrCat("version ", version_,
+                           " was given up (the job's ranks save again)")
+            : absl::StrCat("giving version ", version_, " up failed too (",
+                           given_up.message(), ")"));
   }
   const std::string& job = client_->job();
   committed_ = true;

@@ -464,7 +464,8 @@ TEST_CASE("client: reports of a save no rank wrote commit nothing",
   CHECK(told->dropped_save == fake);
   const absl::Status waited = clients[1]->WaitCommitted(fake, absl::Minutes(5));
   CHECK(waited.code() == absl::StatusCode::kAborted);
-  CHECK(absl::StrContains(waited.message(), "could not commit and was deleted"));
+  CHECK(
+      absl::StrContains(waited.message(), "could not commit and was deleted"));
   REQUIRE(clients[0]->Refresh().ok());
   CHECK(clients[0]->committed_version() == real);
   // The committed state is still whole.

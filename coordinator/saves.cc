@@ -270,8 +270,8 @@ absl::Status CoordinatorService::GiveUpSave(
           "switch says so before it starts (the change then goes through "
           "the store), it does not give the save up"));
     }
-    PTC_ASSIGN_OR_RETURN(
-        Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+    PTC_ASSIGN_OR_RETURN(Job * saving, SavingJobLocked(req.job(), req.rank(),
+                                                       req.layout_epoch()));
     Job& job = *saving;
     const proto::CoordinatorState::Job& s = job.state;
     const bool open = std::any_of(
@@ -290,14 +290,16 @@ absl::Status CoordinatorService::GiveUpSave(
     std::set<std::string> hosts(s.hosts().begin(), s.hosts().end());
     for (const std::string& h : RankHostsLocked(job)) hosts.insert(h);
     for (const std::string& h : hosts) {
-      if (const auto* host = hosts_.Find(h)) addresses.push_back(host->status.address());
+      if (const auto* host = hosts_.Find(h))
+        addresses.push_back(host->status.address());
     }
   }
   Log("coordinator")
-      ->warn("job {}: rank {} gave up its save of version {} ({}); the "
-             "version is deleted and the job's processes save again",
-             req.job(), req.rank(), req.version(),
-             req.failed().substr(0, kMaxReason));
+      ->warn(
+          "job {}: rank {} gave up its save of version {} ({}); the "
+          "version is deleted and the job's processes save again",
+          req.job(), req.rank(), req.version(),
+          req.failed().substr(0, kMaxReason));
   // Best effort: what a host misses here, the heartbeats reclaim (rule 6).
   for (int64_t v : dropped) ReleaseOn(addresses, req.job(), v);
   return absl::OkStatus();

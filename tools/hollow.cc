@@ -462,7 +462,8 @@ class HollowRank {
         if (client_->rank() == 0) Say(absl::StrCat("lost ", begun));
         while (!Stopping() && absl::Now() < until) {
           if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
-          PTC_ASSIGN_OR_RETURN(ev, Next(ev, std::min(kQuiet, until - absl::Now())));
+          PTC_ASSIGN_OR_RETURN(ev,
+                               Next(ev, std::min(kQuiet, until - absl::Now())));
         }
         continue;  // the same step again
       }
