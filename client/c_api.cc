@@ -822,6 +822,19 @@ int ptc_client_begin_save_for_change(ptc_client* c, int64_t step,
   });
 }
 
+int ptc_client_begin_save_known_dropped(ptc_client* c, int64_t step,
+                                        int64_t change_serial,
+                                        int64_t known_dropped, ptc_save** out) {
+  return Call([&]() -> absl::Status {
+    if (c == nullptr || out == nullptr) return Null("client or out");
+    PTC_ASSIGN_OR_RETURN(
+        std::unique_ptr<ptc::Client::Save> s,
+        c->client->BeginSave(step, change_serial, known_dropped));
+    *out = new ptc_save{ptc::KeepingClient(std::move(s), c->client)};
+    return absl::OkStatus();
+  });
+}
+
 int ptc_client_load(ptc_client* c, ptc_state** out) {
   return Call([&]() -> absl::Status {
     if (c == nullptr || out == nullptr) return Null("client or out");

@@ -164,6 +164,13 @@ PTC_API int ptc_client_begin_save(ptc_client* c, int64_t step,
 PTC_API int ptc_client_begin_save_for_change(ptc_client* c, int64_t step,
                                              int64_t change_serial,
                                              ptc_save** out);
+// The same, refused (ABORTED) if the job deleted a save newer than
+// `known_dropped` (the newest this rank has acted on): its peers make that
+// save again together (Client::BeginSave).
+PTC_API int ptc_client_begin_save_known_dropped(ptc_client* c, int64_t step,
+                                                int64_t change_serial,
+                                                int64_t known_dropped,
+                                                ptc_save** out);
 PTC_API int ptc_client_load(ptc_client* c, ptc_state** out);
 PTC_API int ptc_client_wait_committed(ptc_client* c, int64_t version,
                                       double timeout_s);

@@ -565,7 +565,7 @@ std::vector<int> Client::RegionsOf(const std::string& key) const {
 }
 
 absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
-    int64_t step, int64_t change_serial) {
+    int64_t step, int64_t change_serial, std::optional<int64_t> known_dropped) {
   // A save may commit a version after the meeting's: Load asks again.
   met_ = Met{};
   proto::BeginSaveRequest req;
@@ -575,6 +575,10 @@ absl::StatusOr<std::unique_ptr<Client::Save>> Client::BeginSave(
   req.set_step(step);
   req.set_pending_serial(options_.pending_serial);
   req.set_change_serial(change_serial);
+  if (known_dropped.has_value()) {
+    req.set_check_dropped(true);
+    req.set_known_dropped(*known_dropped);
+  }
   proto::BeginSaveResponse resp;
   // Asked again if refused or the connection failed: every rank's
   // BeginSave of one step gets the same version, however often it asks.
@@ -779,9 +783,12 @@ absl::Status Client::Save::GiveUp(const std::string& why) {
         "version ", version_,
         " was reported saved; the coordinator commits or deletes it"));
   }
-  if (given_up_ || client_->options_.pending_serial != 0)
-    return absl::OkStatus();
-  given_up_ = true;
+  if (given_up_) return absl::OkStatus();
+  if (client_->options_.pending_serial != 0) {
+    return absl::FailedPreconditionError(
+        "a hot switch's save is not given up: the switch fails on every "
+        "process instead, and the change goes through the store");
+  }
   proto::ReportSavedRequest req;
   req.set_job(client_->job());
   req.set_rank(client_->rank());
@@ -789,12 +796,19 @@ absl::Status Client::Save::GiveUp(const std::string& why) {
   req.set_layout_epoch(client_->layout_epoch_);
   req.set_failed(why.empty() ? "no reason given" : why);
   proto::ReportSavedResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(
-      absl::Now() + std::min(client_->options_.rpc_timeout, absl::Seconds(5))));
+  // Asked again while the coordinator is busy (committing another save)
+  // or its connection fails, until the call's deadline, as a report is.
+  int unavailable = 0;
+  const absl::Status s = AskPatiently(
+      absl::Now() + client_->options_.rpc_timeout,
+      client_->UnavailableAttempts(),
+      [&](grpc::ClientContext* ctx) {
+        return client_->coordinator_->ReportSaved(ctx, req, &resp);
+      },
+      &unavailable);
+  if (s.ok()) given_up_ = true;
   return Annotate(
-      FromGrpcStatus(client_->coordinator_->ReportSaved(&ctx, req, &resp)),
-      absl::StrCat("giving version ", version_, " up at the coordinator"));
+      s, absl::StrCat("giving version ", version_, " up at the coordinator"));
 }
 
 absl::StatusOr<bool> Client::Save::Commit() {
@@ -1028,7 +1042,11 @@ absl::Status Client::WaitCommitted(int64_t version, absl::Duration timeout) {
       committed_step_ = job.committed_step();
       return absl::OkStatus();
     }
-    if (job.dropped_save() >= version) {
+    // Deleted: not committed, not open, and a save at least as new was
+    // deleted (a save is never reopened).
+    if (job.dropped_save() >= version &&
+        std::find(job.open_saves().begin(), job.open_saves().end(), version) ==
+            job.open_saves().end()) {
       return absl::AbortedError(absl::StrCat(
           "version ", version, " of job '", options_.job,
           "' could not commit and was deleted (a host of its placement was "

@@ -312,9 +312,10 @@ class Client {
     // This rank will not save this version (`why`: its error, for the
     // coordinator's log): the coordinator deletes it, and the job's ranks
     // that reported it stop waiting for its commit (JobEvent.dropped_save)
-    // and save again. One call, within 5 s; OK if already given up,
-    // FAILED_PRECONDITION once Commit reported it. A hot switch's save is
-    // not given up (its switch fails on every process instead): OK.
+    // and save again. Asked patiently (within the client's rpc_timeout);
+    // OK if already given up; FAILED_PRECONDITION once Commit reported it,
+    // and for a hot switch's save (its switch fails on every process
+    // instead, and the change goes through the store).
     absl::Status GiveUp(const std::string& why);
     // The version the coordinator gave this save, and its training step.
     int64_t version() const { return version_; }
@@ -354,8 +355,13 @@ class Client {
   // change this save is made for (JobStatus.pending_serial), when its ranks
   // save for it instead of switching hot: the change then goes through the
   // store from this save (0: a save of the job's own schedule).
-  absl::StatusOr<std::unique_ptr<Save>> BeginSave(int64_t step,
-                                                  int64_t change_serial = 0);
+  // `known_dropped`: the newest deleted save (JobEvent.dropped_save) this
+  // rank has acted on; ABORTED if a newer one was deleted (its peers make
+  // that save again together), instead of a version only this rank would
+  // write (BeginSaveRequest.known_dropped). Unset: not checked.
+  absl::StatusOr<std::unique_ptr<Save>> BeginSave(
+      int64_t step, int64_t change_serial = 0,
+      std::optional<int64_t> known_dropped = std::nullopt);
 
   // This rank's state in one committed version: read-only mappings of the
   // daemon's buffers (no copy) and the rank's small objects. Valid while

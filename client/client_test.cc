@@ -540,6 +540,16 @@ TEST_CASE(
   CHECK(give_up(0, lost + 100, epoch).ok());
   CHECK(clients[2]->FetchEvent()->dropped_save == lost);
 
+  // A rank that has not acted on the deletion yet is refused, rather than
+  // given a version only it would write; one that has, is not.
+  auto unaware = clients[1]->BeginSave(2, 0, /*known_dropped=*/lost - 1);
+  CHECK(unaware.status().code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(unaware.status().message(), "was deleted before"));
+  {
+    auto aware = clients[1]->BeginSave(2, 0, /*known_dropped=*/lost);
+    REQUIRE(aware.ok());
+    CHECK((*aware)->version() > lost);
+  }
   // Every rank saves the step again: a new version, and it commits whole.
   const int64_t again = SaveAll(clients, 2);
   CHECK(again > lost);
@@ -556,6 +566,25 @@ TEST_CASE(
   REQUIRE((*reported)->Commit().ok());
   CHECK((*reported)->GiveUp("too late").code() ==
         absl::StatusCode::kFailedPrecondition);
+  // A newer save deleted while an older one is still open: a wait for the
+  // older one goes on (it can still commit).
+  auto newer = clients[1]->BeginSave(4);
+  REQUIRE(newer.ok());
+  REQUIRE((*newer)->version() > (*reported)->version());
+  REQUIRE((*newer)->GiveUp("a test").ok());
+  CHECK(clients[2]->FetchEvent()->dropped_save == (*newer)->version());
+  CHECK(clients[0]
+            ->WaitCommitted((*reported)->version(), absl::Seconds(1))
+            .code() == absl::StatusCode::kDeadlineExceeded);
+  for (int r = 1; r < 4; ++r) {
+    auto save = clients[r]->BeginSave(3);
+    REQUIRE(save.ok());
+    FillRank(*clients[r], **save);
+    REQUIRE((*save)->Commit().ok());
+  }
+  CHECK(clients[0]
+            ->WaitCommitted((*reported)->version(), absl::Seconds(30))
+            .ok());
 }
 
 }  // namespace

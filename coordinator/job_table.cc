@@ -167,6 +167,9 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   s->set_pending_hot(state.pending().hot());
   s->set_pending_serial(state.pending_serial());
   s->set_dropped_save(state.dropped_save());
+  // A few (at most --max-open-saves): a waiting rank tells a deleted
+  // version from an open one.
+  for (const auto& o : state.open_saves()) s->add_open_saves(o.version());
   *s->mutable_auto_policy() = state.auto_policy();
   if (include_layout) *s->mutable_layout() = SpecToProto(*spec);
   // The change without its plan and its hosts' progress, which grow with
@@ -224,7 +227,6 @@ void JobTable::Job::Describe(bool include_layout, proto::JobStatus* s) const {
   *s->mutable_reconfiguration() = event;  // with its plan and progress
   for (const proto::ReconfigureEvent& e : history) *s->add_recent_changes() = e;
   for (const std::string& h : state.hosts()) s->add_hosts(h);
-  for (const auto& o : state.open_saves()) s->add_open_saves(o.version());
   for (const std::string& h : state.lost_hosts()) s->add_lost_hosts(h);
   s->set_snapshot_version(state.snapshot_version());
   s->set_snapshot_root(state.snapshot_root());

@@ -221,6 +221,15 @@ absl::Status CoordinatorService::DoBeginSave(const proto::BeginSaveRequest& req,
   }
   PTC_ASSIGN_OR_RETURN(
       Job * saving, SavingJobLocked(req.job(), req.rank(), req.layout_epoch()));
+  if (req.check_dropped() &&
+      saving->state.dropped_save() > req.known_dropped()) {
+    return absl::AbortedError(absl::StrCat(
+        "version ", saving->state.dropped_save(), " of job '", req.job(),
+        "' was deleted before rank ", req.rank(),
+        " began its save (it knows of deletions up to version ",
+        req.known_dropped(),
+        "): the job's processes save again together; follow dropped_save"));
+  }
   bool opened = false;
   const int64_t version =
       OpenSave(*saving, req.step(), options_.max_open_saves, &opened);

@@ -399,23 +399,21 @@ class HollowRank {
       int64_t begun = 0;
       absl::StatusOr<int64_t> saved = Save(step, &begun);
       bool deleted = false;
-      if (!saved.ok() && begun > 0) {
+      if ((!saved.ok() || *saved == 0) && begun > 0) {
         // Deleted (this rank's report came after, or completed it and its
-        // hosts could not prove it, or this rank gave it up)? Asked: the
-        // stream may lag, and every rank must conclude the same.
-        PTC_ASSIGN_OR_RETURN(const JobEvent now, client_->FetchEvent());
-        deleted = now.dropped_save >= begun;
+        // hosts could not prove it, or this rank gave it up)? Asked (the
+        // stream may lag); not known if the question fails.
+        const absl::StatusOr<JobEvent> now = client_->FetchEvent();
+        deleted = now.ok() && now->dropped_save >= begun;
       }
       // UNAVAILABLE otherwise: cut off from the coordinator. As ptc.elastic
-      // does, the process waits for a change (below, as for a save that
-      // never commits).
-      if (!saved.ok() && !deleted) {
-        if (absl::IsFailedPrecondition(saved.status()))
-          return absl::OkStatus();  // the layout changed
-        if (!absl::IsUnavailable(saved.status())) return saved.status();
-      }
+      // does, the process waits for a change, or the version's commit or
+      // deletion (below).
+      if (!saved.ok() && !deleted && !absl::IsUnavailable(saved.status()))
+        return saved.status();
       const int64_t version = saved.ok() ? *saved : -1;
-      if (version == 0) return absl::OkStatus();  // the layout changed
+      if (version == 0 && !deleted)
+        return absl::OkStatus();  // the layout changed
       // Until the version commits (every rank saved it), or a change
       // starts (a peer died and will never save it), or it is deleted
       // (its ranks save the step again): asleep until the stream tells
@@ -423,9 +421,9 @@ class HollowRank {
       PTC_ASSIGN_OR_RETURN(ev, Event());
       const absl::Time deadline = absl::Now() + o_.commit_timeout;
       while (!Stopping() && !deleted) {
-        if (version > 0 && ev.committed_version >= version) break;
+        if (begun > 0 && ev.committed_version >= begun) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
-        if (version > 0 && ev.dropped_save >= version) {
+        if (begun > 0 && ev.dropped_save >= begun) {
           deleted = true;
           break;
         }
@@ -468,17 +466,19 @@ class HollowRank {
         continue;  // the same step again
       }
       lost = 0;
-      if (version < 0) return absl::OkStatus();  // stopping
+      if (Stopping()) return absl::OkStatus();
       if (!asked) ++saves_done_;
-      if (client_->rank() == 0) Say(absl::StrCat("saved ", version));
+      if (client_->rank() == 0) Say(absl::StrCat("saved ", begun));
       if (asked) return absl::OkStatus();  // the change starts from it
       ++step;
     }
     return absl::OkStatus();
   }
 
-  // Saves `step` with no bytes; 0 if the job's layout changed. `begun`:
-  // the version the coordinator gave it (0: not begun).
+  // Saves `step` with no bytes; 0 if refused as stale (the job's layout
+  // changed, or, where `begun` is set, the version was deleted: the
+  // caller asks). `begun`: the version the coordinator gave it (0: not
+  // begun).
   absl::StatusOr<int64_t> Save(int64_t step, int64_t* begun) {
     absl::StatusOr<std::unique_ptr<Client::Save>> save =
         client_->BeginSave(step);
@@ -492,9 +492,8 @@ class HollowRank {
           o.name, absl::StrCat(o.name, " of rank ", client_->rank(),
                                " at step ", step)));
     }
-    // FAILED_PRECONDITION: refused as stale (the layout changed), or the
-    // version was deleted (the caller asks which).
     absl::StatusOr<bool> committed = (*save)->Commit();
+    if (absl::IsFailedPrecondition(committed.status())) return 0;
     PTC_RETURN_IF_ERROR(committed.status());
     return (*save)->version();
   }

@@ -129,6 +129,12 @@ class LiveJob:
             # host0's processes hold their save of this iteration until
             # host1 is dead (host_dies_and_returns, host_stalls).
             cmd += ["--hold-save", f"{self.kill_at()}:host0"]
+        if self.args.scenario == "stall":
+            # Rank 2 (on host1) gives its save of this iteration up right
+            # after it began it, and host0's processes begin theirs only
+            # after the deletion (host_stalls).
+            env["PTC_TEST_GIVE_UP_SAVE"] = f"{self.give_up_at()}:2"
+            cmd += ["--hold-save", f"{self.give_up_at()}:host0"]
         log = open(self.work / f"agent-{host}.log", "a")
         # Its own process group: killing the "host" kills the agent and its
         # processes at once.
@@ -141,12 +147,18 @@ class LiveJob:
         every = self.args.save_every
         return max(every, self.args.iterations // 4 // every * every)
 
+    def give_up_at(self):
+        """The stall scenario's second lost save: two saves after the first."""
+        return self.kill_at() + 2 * self.args.save_every
+
     def ptcd_pid(self, index):
-        for line in (self.cluster.dir / "pids").read_text().splitlines():
-            name, pid = line.split()[:2]
-            if name == f"host{index}":
-                last = int(pid)
-        return last
+        """host{index}'s ptcd now (the newest started)."""
+        pids = [int(line.split()[1]) for line in
+                (self.cluster.dir / "pids").read_text().splitlines()
+                if line.split()[:1] == [f"host{index}"]]
+        if not pids:
+            raise SystemExit(f"host{index} has no ptcd in {self.cluster.dir / 'pids'}")
+        return pids[-1]
 
     def alive(self, host):
         hosts = json.loads(self.cluster.ptcctl("hosts", "--json", capture=True))["hosts"]
@@ -203,7 +215,7 @@ def host_dies_and_returns(args, cluster, job, results, say):
     joins the job's pool. Returns host0's processes before and after the
     death."""
     kill_at = job.kill_at()
-    held = job.run / "held"
+    held = job.run / f"held-{kill_at}"
     job.wait(f"the save of iteration {kill_at}",
              lambda: len(list(held.glob("rank*"))) == 4)
     time.sleep(1.0)  # host1's processes write and report their shares
@@ -270,7 +282,7 @@ def host_stalls(args, cluster, job, results, say):
     (pinned configs) load what they saved. Returns host0's processes
     before the stall and after it."""
     at = job.kill_at()
-    held = job.run / "held"
+    held = job.run / f"held-{at}"
     job.wait(f"the save of iteration {at}", lambda: len(list(held.glob("rank*"))) == 4)
     time.sleep(1.0)  # host1's processes write and report their shares
     before, before1 = job.running("host0"), job.running("host1")
@@ -305,6 +317,24 @@ def host_stalls(args, cluster, job, results, say):
         "host1_kept": job.running("host1") == before1,
         "saves_lost": sum(f.read_text(errors="replace").count("save lost")
                           for f in (job.work / "logs").glob("*.log"))})
+    # A rank gives its save up as it begins (PTC_TEST_GIVE_UP_SAVE); host0's
+    # processes begin theirs after the deletion, each getting a version
+    # the others never save: they too must learn the save was lost.
+    at = job.give_up_at()
+    held = job.run / f"held-{at}"
+    job.wait(f"the save of iteration {at}", lambda: len(list(held.glob("rank*"))) == 4)
+    committed = job.status()["committed_version"]
+    job.wait("rank 2 to give its save up", lambda: job.status()["dropped_save"] > committed)
+    given_up = job.status()["dropped_save"]
+    (held / "release").touch()
+    job.wait("a save made again to commit",
+             lambda: job.status()["committed_version"] > given_up)
+    say(f"   rank 2 gave its save of iteration {at} up (version {given_up}); host0's "
+        f"processes began theirs after; version {job.status()['committed_version']} "
+        "committed when they all saved again")
+    results["events"].append({"what": "a save given up", "dropped_save": given_up,
+                              "committed_after": job.status()["committed_version"],
+                              "layout_epoch": job.status()["layout_epoch"]})
     during = job.running("host0")
     # Two changes: the processes load the state they saved again (the
     # configs as the processes write them).
@@ -317,6 +347,8 @@ def host_stalls(args, cluster, job, results, say):
         say(f"   changed to {to} (pinned)")
         at = max(job.losses()) + 2
         job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
+    results["saves_lost"] = sum(f.read_text(errors="replace").count("save lost")
+                                for f in (job.work / "logs").glob("*.log"))
     return before, during
 
 

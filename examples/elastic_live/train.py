@@ -45,9 +45,10 @@ def parse():
                     help="write every save's values aside and compare every load with them")
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="sleep this long in every step (a slower job, for tests)")
-    ap.add_argument("--hold-save", metavar="ITERATION:HOST",
+    ap.add_argument("--hold-save", metavar="ITERATION:HOST", action="append", default=[],
                     help="a test fault: the processes on HOST hold their save of ITERATION "
-                         "until RUN_DIR/held/release exists (the others save meanwhile)")
+                         "until RUN_DIR/held-ITERATION/release exists (the others save "
+                         "meanwhile); once per iteration, and it may be given again")
     return ap.parse_args()
 
 
@@ -79,19 +80,19 @@ def main():
         return {"model": stage, "optimizer": opt, "scheduler": sched,
                 "extra": {"cursor": cursor}}
 
-    hold = dict(zip(("iteration", "host"), args.hold_save.split(":"))) if args.hold_save else None
+    holds = {int(it): host for it, _, host in (h.partition(":") for h in args.hold_save)}
 
     def hold_save(live):
-        """Announces this save under RUN_DIR/held; on the held host, waits
-        for the release (once)."""
-        if not hold or live.iteration != int(hold["iteration"]):
+        """Announces this save under RUN_DIR/held-ITERATION; on the held
+        host, waits for the release (once)."""
+        if live.iteration not in holds:
             return
-        held = run / "held"
+        held = run / f"held-{live.iteration}"
         held.mkdir(parents=True, exist_ok=True)
         (held / f"rank{live.rank}").write_text(live.host)
-        if live.host != hold["host"]:
+        if live.host != holds[live.iteration]:
             return
-        hold.clear()
+        del holds[live.iteration]
         deadline = time.time() + 120
         while not (held / "release").exists() and time.time() < deadline:
             time.sleep(0.01)

@@ -59,8 +59,13 @@ def test_a_save_lost_to_a_stalled_host_is_made_again_and_the_job_goes_on(bin_dir
     # Saved again in the same layout, by the same processes.
     assert stalled["layout_epoch_after"] == stalled["layout_epoch_before"]
     assert stalled["host1_kept"] and out["host0_kept"]
-    # Every process learned it, from its error or its Watch stream.
-    assert stalled["saves_lost"] >= 4
+    # Every process learned it, from its error or its Watch stream, and
+    # again when a rank gave a save up before host0's processes began it.
+    assert stalled["saves_lost"] >= 4 and out["saves_lost"] >= 8
+    given = out["events"][1]
+    assert given["what"] == "a save given up"
+    assert 0 < given["dropped_save"] < given["committed_after"]
+    assert given["layout_epoch"] == stalled["layout_epoch_after"]
     assert out["bit_identical"] and out["loss_ok"] and out["samples_exactly_once"]
 
 

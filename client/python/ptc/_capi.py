@@ -130,6 +130,7 @@ _SIGNATURES = {
     "ptc_client_hot_plan": ([_P, _I64, _B], _I),
     "ptc_client_begin_save": ([_P, _I64, _PP], _I),
     "ptc_client_begin_save_for_change": ([_P, _I64, _I64, _PP], _I),
+    "ptc_client_begin_save_known_dropped": ([_P, _I64, _I64, _I64, _PP], _I),
     "ptc_client_load": ([_P, _PP], _I),
     "ptc_client_wait_committed": ([_P, _I64, _D], _I),
     "ptc_save_free": ([_P], None),
@@ -698,12 +699,18 @@ class Client(_Handle):
         model name)"""
         return _bytes(_lib.ptc_client_layout, self._h).decode()
 
-    def begin_save(self, step, change_serial=0):
+    def begin_save(self, step, change_serial=0, known_dropped=None):
         """Starts saving `step`. `change_serial`: the pending change this
         save is made for (its hot switch did not start on every process),
-        which then goes through the store from it."""
-        return Save(_handle(_lib.ptc_client_begin_save_for_change, self._h, int(step),
-                            int(change_serial)), self)
+        which then goes through the store from it. `known_dropped`: the
+        newest deleted save (the event's dropped_save) this rank has acted
+        on; refused (ABORTED) if a newer one was deleted, which the job's
+        ranks make again together (None: not checked)."""
+        if known_dropped is None:
+            return Save(_handle(_lib.ptc_client_begin_save_for_change, self._h, int(step),
+                                int(change_serial)), self)
+        return Save(_handle(_lib.ptc_client_begin_save_known_dropped, self._h, int(step),
+                            int(change_serial), int(known_dropped)), self)
 
     def load(self):
         return State(_handle(_lib.ptc_client_load, self._h), self)

@@ -190,6 +190,22 @@ def _refused_in_test(config, rank):
     return bool(armed) and armed.rpartition(":") == (config, ":", str(rank))
 
 
+# Saves this process gave up for PTC_TEST_GIVE_UP_SAVE (once each).
+_GIVEN_UP_IN_TEST = set()
+
+
+def _gives_up_save_in_test(iteration, rank):
+    """Fault injection for the process tests: with PTC_TEST_GIVE_UP_SAVE
+    set to ITERATION:RANK, that rank gives its save of that iteration up
+    right after it began it (as a rank whose ptcd failed its part would),
+    once."""
+    armed = os.environ.get("PTC_TEST_GIVE_UP_SAVE")
+    if not armed or armed != f"{iteration}:{rank}" or armed in _GIVEN_UP_IN_TEST:
+        return False
+    _GIVEN_UP_IN_TEST.add(armed)
+    return True
+
+
 def _tell_agent(epoch):
     """Tells the host's agent (ptc.agent) the layout epoch this process now
     runs under, so that if it dies, its exit is reported under that epoch
@@ -282,6 +298,10 @@ class Live:
         self._saved_at = -1
         # Saves lost in a row (_SaveLost) and when the first was.
         self._lost_saves, self._lost_since = 0, None
+        # The newest deleted save (the job's dropped_save) this process has
+        # acted on: a newer one is a loss it has yet to follow, even if it
+        # began its save after the deletion (and got a version of its own).
+        self._dropped_seen = 0
         self._change = None  # timings of the change being followed
         self._plan_epoch_seen = 0  # the newest change this process knows of
         self._own = set(self.__dict__) | {"_own"}
@@ -516,6 +536,7 @@ class Live:
         self._wait(lambda ev: ev["known"], "the coordinator's Watch stream")
         ev = self._ev()
         self._plan_epoch_seen = ev["plan_epoch"]
+        self._dropped_seen = ev["dropped_save"]
         if ev["phase"] in _RUNNING or ev["pending_config"]:
             # Started during a change: join the layout it ends in.
             if not self._rebind_after_change():
@@ -565,25 +586,58 @@ class Live:
 
     def _save(self, change_serial=0):
         from . import torch as pt
+        if self._ev()["dropped_save"] > self._dropped_seen:
+            # A rank gave this save up before this one began it: the
+            # others go back to the step boundary, and so does this one.
+            raise _SaveLost(RuntimeError("a save of the job was deleted before this rank "
+                                         "began it"))
         if self._on_save:
             self._on_save(self)
         try:
+            if _gives_up_save_in_test(self.iteration, self.rank):
+                s = self.client.begin_save(int(self.iteration), change_serial,
+                                           self._dropped_seen)
+                s.give_up("PTC_TEST_GIVE_UP_SAVE (a test fault)")
+                e = _capi.Error(f"ABORTED: rank {self.rank} gave version {s.version} up "
+                                "(PTC_TEST_GIVE_UP_SAVE)", "ABORTED")
+                e.version = s.version
+                raise e
             saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
                             extra=self.extra, step=self.iteration, wait=False,
-                            change_serial=change_serial)
+                            change_serial=change_serial, known_dropped=self._dropped_seen)
+            version = saved.version
         except _capi.Error as e:
+            if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
+                # Refused: a save was deleted before this rank began it
+                # (known_dropped), and the others make it again together.
+                seen, epoch = self._dropped_seen, self.layout_epoch
+                if self._until(lambda ev: ev["dropped_save"] > seen or
+                               self._away_from(ev, epoch), time.time() + self.timeout):
+                    if self._ev()["dropped_save"] > seen:
+                        raise _SaveLost(e)
+                raise
             # Deleted: this rank's report came after, or completed it and
-            # its hosts could not prove it, or this rank gave it up (its
-            # ptcd failed its part). Asked, not read from the Watch
-            # stream: every rank must conclude the same (the others learn
-            # it waiting for the commit), and the stream may lag.
+            # its hosts could not prove it, or this rank gave it up. Or
+            # committed after all (the report's answer was lost), or the
+            # job changed. Every rank must conclude the same: this one
+            # waits until its Watch stream says which, as the others,
+            # waiting for the commit, learn it.
             version = getattr(e, "version", 0)
-            if version and self.client.fetch_event()["dropped_save"] >= version:
-                raise _SaveLost(e)
-            raise
-        self._wait_committed(saved.version, self.layout_epoch)
+            if not version:
+                raise
+            epoch, seen = self.layout_epoch, self._dropped_seen
+            ev = self._until(lambda ev: ev["committed_version"] >= version or
+                             ev["dropped_save"] >= version or ev["dropped_save"] > seen or
+                             self._away_from(ev, epoch), time.time() + self.timeout)
+            if ev is None or ev["committed_version"] < version:
+                if ev is not None and (ev["dropped_save"] >= version or
+                                       ev["dropped_save"] > seen):
+                    raise _SaveLost(e)
+                raise
+        self._wait_committed(version, self.layout_epoch)
         self._saved_at = self.iteration
         self._lost_saves, self._lost_since = 0, None
+        self._dropped_seen = max(self._dropped_seen, self._ev()["dropped_save"])
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
 
@@ -684,8 +738,12 @@ class Live:
         while True:
             if ev["committed_version"] >= version:
                 return
-            if ev["dropped_save"] >= version:
-                error = RuntimeError(f"version {version} could not commit and was deleted")
+            if ev["dropped_save"] >= version or (not hot and
+                                                  ev["dropped_save"] > self._dropped_seen):
+                # This version, or (begun after it) the one the others
+                # saved: it can never commit.
+                error = RuntimeError(f"version {ev['dropped_save']} could not commit and was "
+                                     "deleted")
                 raise _Broken(error) if hot else _SaveLost(error)
             started = ev["phase"] in _RUNNING and ev["plan_epoch"] > self._plan_epoch_seen
             if ev["layout_epoch"] > start_epoch or (started and (hot or not ev["pending_config"])):
@@ -711,6 +769,7 @@ class Live:
         again (that change, or the save again). Raises TimeoutError once
         saves have been lost for the timeout with no change."""
         now = time.time()
+        self._dropped_seen = max(self._dropped_seen, self._ev()["dropped_save"])
         if self._lost_since is None:
             self._lost_since = now
         self._lost_saves += 1
@@ -722,8 +781,7 @@ class Live:
         self._log(f"save lost ({str(error)[:300]}); saving again in {pause:.1f} s unless "
                   "the job changes first")
         epoch = self.layout_epoch
-        self._until(lambda ev: self._away_from(ev, epoch) or bool(ev["pending_config"]),
-                    time.time() + pause)
+        self._until(lambda ev: self._away_from(ev, epoch), time.time() + pause)
 
     def _recover(self):
         """After a failed step: drop the broken groups, wait for the change
@@ -870,6 +928,7 @@ class Live:
         self.extra = dict(parts.get("extra") or {})
         self.layout_epoch = epoch
         self._lost_saves, self._lost_since = 0, None
+        self._dropped_seen = max(self._dropped_seen, self._ev()["dropped_save"])
         built = time.time()
         if self.client.committed_version > 0:
             restored = pt.load(self.client, self.model, self.optimizer, self.scheduler)

@@ -1242,7 +1242,7 @@ def small_objects(optimizer=None, scheduler=None, extra=None):
 
 
 def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
-         wait=True, timeout=300.0, change_serial=0):
+         wait=True, timeout=300.0, change_serial=0, known_dropped=None):
     """Saves this rank's parameters, persistent buffers, optimizer state
     (with its param_groups), scheduler, RNG states and `extra` (plain data:
     a dict of numbers, strings, tensors, ptc.DataCursor ...) as one version
@@ -1252,13 +1252,17 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     the optimizer's step, or the scheduler's last_epoch) is what a load
     returns. With `wait`, returns once every rank saved and the version
     committed. `change_serial`: the pending change the save is made for
-    (ptc.elastic passes it when a hot switch does not start)."""
+    (ptc.elastic passes it when a hot switch does not start).
+    `known_dropped`: see Client.begin_save (ptc.elastic passes it). If
+    anything fails once the save began, this rank gives the version up (the
+    ranks that reported it are told); the error raised carries the version
+    as `e.version`."""
     if step is None:
         step = _infer_step(optimizer, scheduler)
     rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
     # Encode everything before the save starts: a bad object fails early.
     objects = small_objects(optimizer, scheduler, extra)
-    s = client.begin_save(int(step), change_serial)
+    s = client.begin_save(int(step), change_serial, known_dropped)
     try:
         copies = torch_state.RegionCopies()
         for r in rank.regions:
