@@ -201,6 +201,7 @@ void JobTable::Job::Brief(bool include_layout, proto::JobStatus* s) const {
   r.set_replanned(e.replanned());
   r.set_from_config(e.from_config());
   r.set_to_config(e.to_config());
+  r.set_dropped_save(e.dropped_save());
 }
 
 void JobTable::Job::ArchiveEvent() {

@@ -13,7 +13,7 @@ trap 'rm -f "$log"' EXIT
 echo "== bazel test //... (build and unit/integration tests)"
 bazel test --keep_going //... >"$log" 2>&1
 bazel_rc=$?
-grep -E "^(//|FAIL|ERROR|Executed|INFO: Build)|error:" "$log"
+grep -a -E "^(//|FAIL|ERROR|Executed|INFO: Build)|error:" "$log"
 testlogs=$(bazel info bazel-testlogs 2>/dev/null)
 
 passed=0
@@ -24,12 +24,12 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
   path=${target#//}
   path=${path/://}
   file="$testlogs/$path/test.log"
-  if grep -q -E "FAILED TO BUILD|NO STATUS" <(grep -F "$target " "$log"); then
+  if grep -q -E "FAILED TO BUILD|NO STATUS" <(grep -a -F "$target " "$log"); then
     echo "   $target did not build or run"
     failed=$((failed + 1))
     continue
   fi
-  summary=$(grep -E "^(All tests passed|test cases:)" "$file" 2>/dev/null | tail -1)
+  summary=$(grep -a -E "^(All tests passed|test cases:)" "$file" 2>/dev/null | tail -1)
   if [[ "$summary" =~ All\ tests\ passed\ \(.*\ in\ ([0-9]+)\ test\ case ]]; then
     passed=$((passed + BASH_REMATCH[1]))
     continue
@@ -46,7 +46,7 @@ for target in $(bazel query 'tests(//...)' 2>/dev/null); do
   # A failure's own words (its expressions, INFO lines, a property test's
   # seed) are in the test's log, which CI does not keep: show them.
   echo "   --- $target, its failures:"
-  { grep -E -B3 -A14 "FAILED:|due to a fatal error" "$file" 2>/dev/null || tail -30 "$file"; } |
+  { grep -a -E -B3 -A14 "FAILED:|due to a fatal error" "$file" 2>/dev/null || tail -30 "$file"; } |
     head -120 | sed 's/^/   | /'
 done
 
