@@ -764,11 +764,18 @@ def main():
         raise
     finally:
         h.close()
+        # Saves deleted as they committed (a host of the placement declared
+        # dead, and back, with no change to follow): the ranks saved again.
+        lost = [line.split()[1] for g in h.groups for line in g.lines()
+                if line.startswith("lost ")]
+        if lost:
+            print(f"saves lost and made again: versions {', '.join(lost)}", flush=True)
         # The phases measured, also those of a run that stopped.
         if o.json:
             pathlib.Path(o.json).write_text(json.dumps(
                 {"options": vars(o), "phases": h.phases, "failures": h.failures,
-                 "slow_reads": h.slow_reads, "stopped": stopped}, indent=1))
+                 "saves_lost": len(lost), "slow_reads": h.slow_reads,
+                 "stopped": stopped}, indent=1))
         if not o.keep:
             shutil.rmtree(h.work, ignore_errors=True)
     if h.failures:
