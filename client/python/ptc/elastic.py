@@ -586,11 +586,6 @@ class Live:
 
     def _save(self, change_serial=0):
         from . import torch as pt
-        if self._ev()["dropped_save"] > self._dropped_seen:
-            # A rank gave this save up before this one began it: the
-            # others go back to the step boundary, and so does this one.
-            raise _SaveLost(RuntimeError("a save of the job was deleted before this rank "
-                                         "began it"))
         if self._on_save:
             self._on_save(self)
         try:
