@@ -34,7 +34,11 @@
 //       change its death starts, as ptc.elastic's processes do. Saves
 //       write no bytes (Save::WriteHollow). Prints one line per event:
 //       "resumed EPOCH RANK VERSION REGIONS", "saved VERSION", "left
-//       EPOCH", "error MESSAGE".
+//       EPOCH", "error MESSAGE", and on rank 0 "lost VERSION" for a save
+//       deleted before it committed, which the job's ranks then make again
+//       (--give-up-save SAVE:RANK, a test fault: the process on rank RANK
+//       gives up the SAVE-th save it begins, as a process that failed to
+//       write its part does).
 //
 // Both take --insecure only: one process is many hosts, and a process has
 // one TLS identity (ConfigureProcessSecurity); the harness measures the
@@ -43,6 +47,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -85,6 +90,7 @@ constexpr char kUsage[] =
                         [--step-ms MS] [--poll-ms MS] [--saves N]
                         [--rpc-timeout-s S] [--commit-timeout-s S]
                         [--wait-for-rank] [--poll]
+                        [--give-up-save SAVE:RANK]
                         [--keepalive-s S] --insecure
 --keepalive-s S: every channel and server of this process pings every S
 seconds and waits S for the answer (0, the default: as ptcd's do). gRPC
@@ -244,6 +250,10 @@ class HollowRank {
     // Every process follows the Watch stream (told, not polling); false:
     // rank 0 only, the others poll.
     bool watch = true;
+    // A test fault: the process on this rank gives up the
+    // give_up_save-th save it begins (0: none), once.
+    int give_up_save = 0;
+    int give_up_rank = -1;
     const std::atomic<bool>* stop = nullptr;
   };
   explicit HollowRank(Options o) : o_(std::move(o)) {}
@@ -394,11 +404,18 @@ class HollowRank {
       absl::SleepFor(o_.step);
       PTC_ASSIGN_OR_RETURN(JobEvent ev, Event());
       if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
+      // The deletions before this process first looked are none of its
+      // business; the later ones it acts on, with its peers.
+      if (dropped_seen_ < 0) dropped_seen_ = ev.dropped_save;
       const bool asked = !ev.pending_config.empty();
       if (!asked && saves_done_ >= o_.saves) continue;
       int64_t begun = 0;
       absl::StatusOr<int64_t> saved = Save(step, &begun);
       bool deleted = false;
+      // Refused: a save was deleted that this rank has not acted on (its
+      // peers learned it first and make it again): the same as a loss.
+      const bool refused = absl::IsAborted(saved.status()) && begun == 0;
+      if (refused) saved = int64_t{0};
       if ((!saved.ok() || *saved == 0) && begun > 0) {
         // Deleted (this rank's report came after, or completed it and its
         // hosts could not prove it, or this rank gave it up)? Asked (the
@@ -412,7 +429,7 @@ class HollowRank {
       if (!saved.ok() && !deleted && !absl::IsUnavailable(saved.status()))
         return saved.status();
       const int64_t version = saved.ok() ? *saved : -1;
-      if (version == 0 && !deleted)
+      if (version == 0 && !deleted && !refused)
         return absl::OkStatus();  // the layout changed
       // Until the version commits (every rank saved it), or a change
       // starts (a peer died and will never save it), or it is deleted
@@ -423,17 +440,23 @@ class HollowRank {
       while (!Stopping() && !deleted) {
         if (begun > 0 && ev.committed_version >= begun) break;
         if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
-        if (begun > 0 && ev.dropped_save >= begun) {
+        if ((begun > 0 && ev.dropped_save >= begun) ||
+            (refused && ev.dropped_save > dropped_seen_)) {
           deleted = true;
           break;
         }
         if (absl::Now() > deadline) {
           const std::string within = absl::FormatDuration(o_.commit_timeout);
           return absl::DeadlineExceededError(
-              version < 0
-                  ? absl::StrCat("no change started within ", within,
-                                 " after the save of step ", step,
-                                 " failed: ", saved.status().ToString())
+              version < 0 ? absl::StrCat("no change started within ", within,
+                                         " after the save of step ", step,
+                                         " failed: ", saved.status().ToString())
+              : refused
+                  ? absl::StrCat("the save of step ", step,
+                                 " was refused (a save deleted after version ",
+                                 dropped_seen_,
+                                 ") and no deletion or change was told within ",
+                                 within)
                   : absl::StrCat("version ", version, " did not commit in ",
                                  within,
                                  " and no change started (the job's committed "
@@ -457,7 +480,9 @@ class HollowRank {
         const absl::Time until =
             now + std::min(absl::Seconds(1) * (1 << std::min(lost - 1, 4)),
                            absl::Seconds(16));
-        if (client_->rank() == 0) Say(absl::StrCat("lost ", begun));
+        if (client_->rank() == 0)
+          Say(absl::StrCat("lost ", begun > 0 ? begun : ev.dropped_save));
+        dropped_seen_ = std::max({dropped_seen_, ev.dropped_save, begun});
         while (!Stopping() && absl::Now() < until) {
           if (ev.layout_epoch > epoch || Running(ev)) return absl::OkStatus();
           PTC_ASSIGN_OR_RETURN(ev,
@@ -466,6 +491,7 @@ class HollowRank {
         continue;  // the same step again
       }
       lost = 0;
+      dropped_seen_ = std::max(dropped_seen_, ev.dropped_save);
       if (Stopping()) return absl::OkStatus();
       if (!asked) ++saves_done_;
       if (client_->rank() == 0) Say(absl::StrCat("saved ", begun));
@@ -480,11 +506,22 @@ class HollowRank {
   // caller asks). `begun`: the version the coordinator gave it (0: not
   // begun).
   absl::StatusOr<int64_t> Save(int64_t step, int64_t* begun) {
+    // ABORTED (not begun) if a save newer than dropped_seen_ was deleted.
     absl::StatusOr<std::unique_ptr<Client::Save>> save =
-        client_->BeginSave(step);
+        client_->BeginSave(step, 0, dropped_seen_);
     if (absl::IsFailedPrecondition(save.status())) return 0;
     PTC_RETURN_IF_ERROR(save.status());
     *begun = (*save)->version();
+    if (++saves_begun_ == o_.give_up_save &&
+        client_->rank() == o_.give_up_rank) {
+      const std::string why =
+          absl::StrCat("--give-up-save ", o_.give_up_save, ":", o_.give_up_rank,
+                       " (a test fault)");
+      PTC_RETURN_IF_ERROR((*save)->GiveUp(why));
+      return absl::AbortedError(absl::StrCat("rank ", client_->rank(),
+                                             " gave version ", *begun, " up (",
+                                             why, ")"));
+    }
     for (size_t i = 0; i < client_->regions().size(); ++i)
       PTC_RETURN_IF_ERROR((*save)->WriteHollow(static_cast<int>(i)));
     for (const SmallObjectSpec& o : client_->spec().small_objects) {
@@ -506,6 +543,9 @@ class HollowRank {
   std::unique_ptr<Client> client_;
   JobEvent polled_;
   int saves_done_ = 0;
+  int saves_begun_ = 0;  // by this process, in every layout
+  // The newest deleted save this process acted on (-1: not yet looked).
+  int64_t dropped_seen_ = -1;
   int64_t met_epoch_ = -1;  // the layout epoch this process last met in
   absl::Time polled_at_ = absl::InfinitePast();
 };
@@ -526,6 +566,18 @@ absl::Status RunRanks(const Args& args) {
                        IntArg(args, "rpc-timeout-s", 30, 1, 3600));
   PTC_ASSIGN_OR_RETURN(const int commit_timeout_s,
                        IntArg(args, "commit-timeout-s", 600, 1, 24 * 3600));
+  std::pair<int, int> give_up = {0, -1};
+  if (args.Has("give-up-save")) {
+    const std::vector<std::string> f =
+        absl::StrSplit(args.Get("give-up-save", ""), ':');
+    if (f.size() != 2 || !absl::SimpleAtoi(f[0], &give_up.first) ||
+        !absl::SimpleAtoi(f[1], &give_up.second) || give_up.first < 1 ||
+        give_up.second < 0) {
+      return absl::InvalidArgumentError(
+          "--give-up-save needs SAVE:RANK (the SAVE-th save, from 1, that the "
+          "process on rank RANK begins)");
+    }
+  }
   const sigset_t signals = BlockStopSignals();
   // Every hollow host has a listening socket and connections; every
   // hollow rank a local socket and a channel.
@@ -566,6 +618,8 @@ absl::Status RunRanks(const Args& args) {
       o.commit_timeout = absl::Seconds(commit_timeout_s);
       o.wait_for_rank = args.Flag("wait-for-rank");
       o.watch = !args.Flag("poll");
+      o.give_up_save = give_up.first;
+      o.give_up_rank = give_up.second;
       o.stop = &stop;
       ranks.push_back(std::make_unique<HollowRank>(std::move(o)));
     }
@@ -592,7 +646,7 @@ absl::Status Run(int argc, char** argv) {
                   {"coordinator", "count", "first", "dir", "gpus",
                    "memory-limit", "rack-size", "job", "hosts", "step-ms",
                    "poll-ms", "saves", "rpc-timeout-s", "commit-timeout-s",
-                   "log-level", "relay", "keepalive-s"},
+                   "log-level", "relay", "keepalive-s", "give-up-save"},
                   {"insecure", "wait-for-rank", "poll"}));
   if (!args.Flag("insecure")) {
     return absl::InvalidArgumentError(

@@ -293,7 +293,7 @@ class Group:
         return [line.split()[0] for line in self.hosts_file.read_text().splitlines()]
 
     def start_ranks(self, job, saves, step_ms, poll, rpc_timeout, commit_timeout,
-                    wait_for_rank=False, direct=False):
+                    wait_for_rank=False, direct=False, give_up_save=None):
         args = [*NICE, str(bin_dir() / "tools/ptc-hollow"), "ranks", "--coordinator",
                 self.coordinator, "--job", job, "--hosts", str(self.hosts_file),
                 "--gpus", str(self.gpus), "--saves", str(saves), "--step-ms",
@@ -304,6 +304,8 @@ class Group:
             args.append("--wait-for-rank")
         if poll:
             args.append("--poll")
+        if give_up_save:
+            args += ["--give-up-save", give_up_save]
         # --direct: each process its own connection to the coordinator, not
         # through its host's ptcd.
         env = dict(os.environ, PTC_COORDINATOR_RELAY="0" if direct else "1")
@@ -550,10 +552,17 @@ class Harness:
         def meet():
             for g in self.groups:
                 g.start_ranks(o.job, o.saves, o.step_ms, o.poll, o.rpc_timeout, o.timeout,
-                              direct=o.direct)
+                              direct=o.direct, give_up_save=o.give_up_save)
             self.wait_resumed(1, world, o.timeout)
             if o.saves:
                 self.wait_saved(o.saves, o.timeout)
+            if o.give_up_save:
+                # The save given up was deleted, every rank learned it and
+                # they made the step again (the saves counted above).
+                lost = [line for g in self.groups for line in g.lines()
+                        if line.startswith("lost ")]
+                self.check(len(lost) >= 1, "the save given up (--give-up-save) was deleted "
+                           "and made again")
             return {"processes": world}
 
         # Processes reach the coordinator through their host's ptcd: a
@@ -729,6 +738,10 @@ def main():
     p.add_argument("--direct", action="store_true",
                    help="every process connects to the coordinator itself, as before "
                    "2026-11-30 (default: through its host's ptcd, one connection per host)")
+    p.add_argument("--give-up-save", default=None, metavar="SAVE:RANK",
+                   help="a test fault: the process on rank RANK gives up the SAVE-th "
+                        "save it begins; its peers learn the loss and the step is "
+                        "saved again")
     p.add_argument("--steady", type=float, default=10)
     p.add_argument("--host-timeout", type=float, default=5)
     p.add_argument("--heartbeats-per-second", type=float, default=None,

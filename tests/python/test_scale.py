@@ -76,3 +76,17 @@ def test_processes_that_poll_follow_a_change(bin_dir, tmp_path):
     steady = next(p for p in result["phases"] if p["phase"] == "steady")
     # Each process but rank 0 asks at every step's boundary.
     assert steady["calls_per_s"]["Coordinator.ListJobs"] > 100
+
+
+def test_a_save_a_hollow_rank_gives_up_is_made_again(bin_dir, tmp_path):
+    # Rank 3 gives up the first save it begins (as a process whose part
+    # failed to write does): the coordinator deletes the version, every
+    # rank learns it (those that began it from their reports or streams,
+    # those that had not from the refusal of a save begun unaware), and
+    # together they save the step again; then the change after 2 hosts die.
+    result, out = run_harness(
+        bin_dir, tmp_path, "--hosts", "16", "--kill", "2", "--config", "tp=2,pp=4,dp=16",
+        "--after-kill", "tp=2,pp=4,dp=14", "--saves", "2", "--give-up-save", "1:3")
+    assert result["failures"] == []
+    assert result["saves_lost"] >= 1, out[-3000:]
+    assert "saves lost and made again" in out
