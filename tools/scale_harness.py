@@ -592,6 +592,7 @@ class Harness:
         if o.kill:
             def failure():
                 victims = self.groups[0]
+                epoch_before = self.status()["reconfiguration"]["plan_epoch"]
                 victims.kill(stop=o.stop)
                 killed = time.time()
                 names = set(self.names[:o.kill])
@@ -630,9 +631,24 @@ class Harness:
                 change = st["reconfiguration"]
                 after = self.world(o.after_kill)
                 resumed = self.wait_resumed(2, after, o.timeout)
+                # Of "declared dead -> committed": the change's own run (its
+                # start to its commit, as the coordinator timed it) and what
+                # came before it (the deaths' wait for late hosts, changes
+                # planned or started and aborted).
+                took = change.get("seconds", 0.0)
+                staging = change.get("staging_seconds", 0.0)
+                verifying = change.get("verifying_seconds", 0.0)
+                aborted = sum(1 for c in st.get("recent_changes", [])
+                              if c["plan_epoch"] > epoch_before and c["phase"] == "aborted")
                 return {"first declared dead after kill": f"{declared - killed:.2f} s",
                         "last declared dead after kill": f"{every - killed:.2f} s",
                         "declared dead -> the change committed": f"{committed - declared:.2f} s",
+                        "of it, before the change started":
+                            f"{max(0.0, committed - declared - took):.2f} s "
+                            f"({aborted} changes aborted)",
+                        "of it, the change (staging, verifying, the rest)":
+                            f"{took:.2f} s ({staging:.2f}, {verifying:.2f}, "
+                            f"{max(0.0, took - staging - verifying):.2f})",
                         "declared dead -> every process resumed": f"{resumed - declared:.2f} s",
                         "change": f"{change['phase']}, {change['reason']}"}
 
