@@ -697,6 +697,9 @@ absl::Status Client::Save::Write(int i, absl::Span<const uint8_t> bytes) {
 }
 
 absl::Status Client::Save::WriteHollow(int i) {
+  // In the packs a real save allocates (one call for a pack's regions):
+  // a hollow rank asks its ptcd what a real one would.
+  PTC_RETURN_IF_ERROR(AllocatePack(i));
   PTC_ASSIGN_OR_RETURN(LocalClient::PutBuffer * b, Slot(i));
   if (!b->hollow()) {
     return absl::FailedPreconditionError(
