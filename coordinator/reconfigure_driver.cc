@@ -452,6 +452,8 @@ absl::Status StageAll(
   total.hosts_total = n;
   std::vector<int64_t> done(n, 0), remote(n, 0), disk(n, 0);
   std::vector<absl::Status> status(n);
+  const absl::Time started = absl::Now();
+  std::vector<double> ended(n, 0);  // seconds after `started`
   for (const HostFragment& f : r.plan->fragments) {
     ForEachPiece(f, [&](const Transfer& x) {
       total.bytes_total += x.region.volume() *
@@ -486,6 +488,7 @@ absl::Status StageAll(
           {
             absl::MutexLock lock(&mu);
             status[i] = std::move(s);
+            ended[i] = absl::ToDoubleSeconds(absl::Now() - started);
           }
           running.fetch_sub(1);
         });
@@ -514,6 +517,12 @@ absl::Status StageAll(
   if (cancelled)
     return absl::CancelledError("the reconfiguration was aborted by request");
   if (!lost.ok()) return lost;
+  if (n > 0) {
+    std::sort(ended.begin(), ended.end());
+    report->hosts_staged_seconds[0] = ended.front();
+    report->hosts_staged_seconds[1] = ended[ended.size() / 2];
+    report->hosts_staged_seconds[2] = ended.back();
+  }
   for (int i = 0; i < n; ++i) {
     report->bytes_moved += done[i];
     report->bytes_from_peers += remote[i];
@@ -700,6 +709,7 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
     }
     AdmitPeersOnSources(r, *holding, absl::Seconds(10));
   }
+  report.admitting_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   PauseAtFailpoint("after_admission");
   const SourceHolders& holders = *holding;
   // The source version's fingerprints are taken while the target stages:
@@ -717,6 +727,16 @@ absl::StatusOr<ReconfigureReport> RunReconfiguration(
   });
   absl::Status staged = StageAll(r, holders, progress, &report);
   report.staging_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (staged.ok()) {
+    const double* h = report.hosts_staged_seconds;
+    Log("coordinator")
+        ->info(
+            "job {} epoch {}: staged on {} hosts in {:.2f} s: sources told "
+            "their pullers in {:.2f} s, then the hosts' fragments ended "
+            "after {:.2f} / {:.2f} / {:.2f} s (first / median / last)",
+            r.job, r.plan_epoch, r.plan->fragments.size(),
+            report.staging_seconds, report.admitting_seconds, h[0], h[1], h[2]);
+  }
   if (!staged.ok()) staging_failed = true;
   if (staged.ok()) {
     auto after = Fingerprints(r, *r.input->target, *r.input->target_placement,

@@ -97,6 +97,11 @@ struct ReconfigureReport {
   // they took longer than staging).
   double staging_seconds = 0;
   double verifying_seconds = 0;
+  // Of staging: telling the sources which targets pull from them, and
+  // when the target hosts' fragments ended, from the first to the last
+  // (min / median / max, seconds after staging's start; logged).
+  double admitting_seconds = 0;
+  double hosts_staged_seconds[3] = {0, 0, 0};
   int64_t bytes_moved = 0;          // all pieces, local and remote
   int64_t bytes_from_peers = 0;     // pieces that crossed hosts
   int tensors_verified = 0;         // fingerprints equal before and after
