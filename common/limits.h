@@ -28,6 +28,12 @@ inline constexpr int kMaxLocalConnections = 1024;
 // Tensors one Fingerprints call may ask for.
 inline constexpr int kMaxFingerprintsPerCall = 4096;
 
+// Small objects one GetSmallObjects call may ask for, and the bytes its
+// answer carries (it answers the first that fit, at least one; the caller
+// asks again for the rest).
+inline constexpr int kMaxSmallObjectsPerCall = 1024;
+inline constexpr int64_t kSmallObjectsAnswerBytes = int64_t{4} << 20;
+
 // Largest request the coordinator takes (a job's layout spec is the
 // largest); a larger one gets RESOURCE_EXHAUSTED from gRPC.
 inline constexpr int kMaxCoordinatorRequestBytes = 64 << 20;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -161,11 +162,14 @@ class FragmentRun {
       PTC_RETURN_IF_ERROR(store_->Link(job_.job, job_.target_version, key,
                                        view.sources[0], job_.plan_epoch));
     }
-    for (const SmallObjectMove& o : job_.small_objects) {
-      PTC_RETURN_IF_ERROR(Annotate(PutSmallObject(o),
-                                   absl::StrCat("small object '", o.name,
-                                                "' for target rank ",
-                                                o.target_rank)));
+    const std::vector<std::optional<std::string>> fetched =
+        FetchSmallObjectsByHost();
+    for (size_t i = 0; i < job_.small_objects.size(); ++i) {
+      const SmallObjectMove& o = job_.small_objects[i];
+      PTC_RETURN_IF_ERROR(
+          Annotate(PutSmallObject(o, fetched[i]),
+                   absl::StrCat("small object '", o.name, "' for target rank ",
+                                o.target_rank)));
     }
     published_ = true;
     return absl::OkStatus();
@@ -388,9 +392,55 @@ class FragmentRun {
                                         o.name, rank);
   }
 
-  absl::Status PutSmallObject(const SmallObjectMove& o) {
+  // The small objects to copy from other hosts, fetched from each planned
+  // source host in one call (a call per object was most of a change's
+  // staging on busy hosts: 40 per host of 8 ranks). Where a host's call
+  // fails, its objects are absent here and PutSmallObject fetches each
+  // from its copies as before (a source that did not answer is marked,
+  // so they go to the other copies at once).
+  std::vector<std::optional<std::string>> FetchSmallObjectsByHost() {
+    std::vector<std::optional<std::string>> fetched(job_.small_objects.size());
+    std::map<int32_t, std::vector<size_t>> by_host;
+    for (size_t i = 0; i < job_.small_objects.size(); ++i) {
+      const SmallObjectMove& o = job_.small_objects[i];
+      if (o.derive_from.empty() && o.source_host >= 0 &&
+          o.source_host != job_.host)
+        by_host[o.source_host].push_back(i);
+    }
+    std::vector<std::pair<int32_t, std::vector<size_t>>> hosts;
+    for (auto& [host, objects] : by_host)
+      if (objects.size() > 1) hosts.emplace_back(host, std::move(objects));
+    ParallelFor(hosts.size(), job_.parallel_pulls, [&](size_t h) {
+      const auto& [host, objects] = hosts[h];
+      if (SourceFailed(host)) return absl::OkStatus();
+      PieceTransport::SmallObjectKeys keys;
+      for (size_t i : objects) {
+        const SmallObjectMove& o = job_.small_objects[i];
+        keys.emplace_back(o.name, o.source_rank);
+      }
+      absl::StatusOr<std::vector<std::string>> got =
+          transport_->FetchSmallObjects(host, job_.job, job_.source_version,
+                                        keys);
+      if (!got.ok()) {
+        if (absl::IsUnavailable(got.status()) ||
+            absl::IsDeadlineExceeded(got.status()))
+          MarkFailed(host, got.status());
+        return absl::OkStatus();  // each fetched alone below
+      }
+      for (size_t k = 0; k < objects.size(); ++k)
+        fetched[objects[k]] = std::move((*got)[k]);
+      return absl::OkStatus();
+    }).IgnoreError();
+    return fetched;
+  }
+
+  // `fetched`: the object from its planned copy, already fetched.
+  absl::Status PutSmallObject(const SmallObjectMove& o,
+                              std::optional<std::string> fetched) {
     absl::StatusOr<std::string> bytes;
-    if (!o.derive_from.empty()) {
+    if (fetched.has_value()) {
+      bytes = *std::move(fetched);
+    } else if (!o.derive_from.empty()) {
       bytes = DerivedSmallObject(job_.job, o.name, o.derive_from,
                                  job_.target_version);
     } else if (o.source_host == kFromCoordinator) {
@@ -596,6 +646,30 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
         got.status(),
         absl::StrCat(
             "pulling small object '", name, "' of rank ", rank, " from ",
+            n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
+            addresses_[host], ")"));
+  }
+  return got;
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcPieceTransport::FetchSmallObjects(
+    int32_t host, const std::string& job, int64_t version,
+    const SmallObjectKeys& keys) {
+  PTC_ASSIGN_OR_RETURN(StoreClient * client, ClientFor(host));
+  const absl::Time deadline =
+      absl::Now() +
+      TransferDeadline(peer_timeout_, static_cast<int64_t>(keys.size()) *
+                                          kMaxSmallObjectBytes);
+  absl::StatusOr<std::vector<std::string>> got = AskWhileBusy(
+      deadline,
+      [&] { return client->GetSmallObjects(job, version, keys, deadline); },
+      cancelled_);
+  if (!got.ok()) {
+    const auto n = names_.find(host);
+    return Annotate(
+        got.status(),
+        absl::StrCat(
+            "pulling ", keys.size(), " small objects from ",
             n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
             addresses_[host], ")"));
   }

@@ -143,6 +143,22 @@ class PieceTransport {
                                                        int64_t version,
                                                        const std::string& name,
                                                        int32_t rank) = 0;
+  // Several small objects of `version` on `host` ((name, rank) each), in
+  // their order, each checked: all or an error. By default one
+  // FetchSmallObject each; over gRPC one call for them all.
+  using SmallObjectKeys = std::vector<std::pair<std::string, int32_t>>;
+  virtual absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string& job, int64_t version,
+      const SmallObjectKeys& keys) {
+    std::vector<std::string> got;
+    for (const auto& [name, rank] : keys) {
+      absl::StatusOr<std::string> one =
+          FetchSmallObject(host, job, version, name, rank);
+      if (!one.ok()) return one.status();
+      got.push_back(*std::move(one));
+    }
+    return got;
+  }
 };
 
 // The transport that always works: the peers' TensorStore Read streams.
@@ -168,6 +184,9 @@ class GrpcPieceTransport : public PieceTransport {
                                                int64_t version,
                                                const std::string& name,
                                                int32_t rank) override;
+  absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string& job, int64_t version,
+      const SmallObjectKeys& keys) override;
 
  private:
   absl::StatusOr<StoreClient*> ClientFor(int32_t host);

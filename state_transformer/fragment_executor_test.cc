@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 #include "ptc/fingerprint.h"
 
@@ -344,6 +345,79 @@ TEST_CASE(
     CHECK_THAT(std::string(s.message()),
                Catch::Contains("(host 1: keepalive watchdog timeout)"));
     CHECK(transport.asked == std::vector<int32_t>{1});
+  }
+}
+
+// Small objects from peers: host 1 answers those it holds in one call
+// (FetchSmallObjects), unless `batch_fails` (a host that died); host 2
+// answers one at a time.
+class SmallObjectPeers : public SlowHolder {
+ public:
+  absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string&, int64_t,
+      const SmallObjectKeys& keys) override {
+    batches.emplace_back(host, keys.size());
+    if (batch_fails)
+      return absl::UnavailableError("keepalive watchdog timeout");
+    std::vector<std::string> got;
+    for (const auto& [name, rank] : keys)
+      got.push_back(absl::StrCat(name, " of rank ", rank, " from host ", host));
+    return got;
+  }
+  absl::StatusOr<std::string> FetchSmallObject(int32_t host, const std::string&,
+                                               int64_t, const std::string& name,
+                                               int32_t rank) override {
+    asked_small.push_back(host);
+    if (host != 2) return absl::UnavailableError("connection refused");
+    return absl::StrCat(name, " of rank ", rank, " from host ", host);
+  }
+
+  std::vector<std::pair<int32_t, size_t>> batches;
+  bool batch_fails = false;
+};
+
+TEST_CASE(
+    "fragment executor: a source host's small objects come in one call; "
+    "where it fails, each comes from its other copies",
+    "[transformer]") {
+  Store store({1 << 20});
+  FragmentJob job = WholeTensorOnHost0();
+  job.pieces = {{0, Region{{0, 8}}, 1, {}}};
+  // Ranks 0-2's RNG state planned from host 1 (copies on host 2 too), rank
+  // 3's from host 2 alone: one object, asked as before.
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    SmallObjectMove o;
+    o.name = "rng";
+    o.target_rank = rank;
+    o.source_rank = rank;
+    o.source_host = rank < 3 ? 1 : 2;
+    if (rank < 3) o.alternates = {{rank, 2}};
+    job.small_objects.push_back(o);
+  }
+  SmallObjectPeers transport;
+  auto rng_of = [&](int32_t rank) {
+    auto got = store.GetSmallObject("job", 2, "rng", rank);
+    REQUIRE(got.ok());
+    return *got->bytes;
+  };
+
+  SECTION("one call for host 1's three, one for host 2's") {
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(transport.batches == std::vector<std::pair<int32_t, size_t>>{{1, 3}});
+    CHECK(transport.asked_small == std::vector<int32_t>{2});
+    CHECK(rng_of(0) == "rng of rank 0 from host 1");
+    CHECK(rng_of(2) == "rng of rank 2 from host 1");
+    CHECK(rng_of(3) == "rng of rank 3 from host 2");
+  }
+  SECTION(
+      "host 1's call fails: its objects come from host 2, host 1 is not "
+      "asked again") {
+    transport.batch_fails = true;
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(transport.batches == std::vector<std::pair<int32_t, size_t>>{{1, 3}});
+    CHECK(transport.asked_small == std::vector<int32_t>{2, 2, 2, 2});
+    CHECK(rng_of(0) == "rng of rank 0 from host 2");
+    CHECK(rng_of(3) == "rng of rank 3 from host 2");
   }
 }
 

@@ -41,6 +41,13 @@ class SnapshotPieceTransport : public PieceTransport {
                                                int64_t version,
                                                const std::string& name,
                                                int32_t rank) override;
+  absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string& job, int64_t version,
+      const SmallObjectKeys& keys) override {
+    if (host == kFromSnapshot)
+      return PieceTransport::FetchSmallObjects(host, job, version, keys);
+    return peers_->FetchSmallObjects(host, job, version, keys);
+  }
 
   // Bytes read from the snapshot's files so far.
   int64_t bytes_read() const { return bytes_read_.load(); }

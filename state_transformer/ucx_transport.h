@@ -76,6 +76,11 @@ class UcxPieceTransport : public PieceTransport {
                                                int32_t rank) override {
     return control_.FetchSmallObject(host, job, version, name, rank);
   }
+  absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string& job, int64_t version,
+      const SmallObjectKeys& keys) override {
+    return control_.FetchSmallObjects(host, job, version, keys);
+  }
 
  private:
   // Elements [first, first + count) of `region` of `tensor` (at most
@@ -148,6 +153,11 @@ class AutoTransport : public PieceTransport {
                                                const std::string& name,
                                                int32_t rank) override {
     return grpc_->FetchSmallObject(host, job, version, name, rank);
+  }
+  absl::StatusOr<std::vector<std::string>> FetchSmallObjects(
+      int32_t host, const std::string& job, int64_t version,
+      const SmallObjectKeys& keys) override {
+    return grpc_->FetchSmallObjects(host, job, version, keys);
   }
 
  private:

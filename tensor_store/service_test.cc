@@ -15,10 +15,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checksum.h"
+#include "common/grpc_status.h"
 #include "common/limits.h"
 #include "common/metrics.h"
 #include "ptc/fingerprint.h"
 #include "ptc/region_proto.h"
+#include "ptc/small_object.h"
 #include "tensor_store/internal/client_calls.h"
 #include "tensor_store/internal/testing.h"
 
@@ -282,6 +284,86 @@ TEST_CASE("tensor store: commit, stat, stats and delete",
   CHECK(testing::DataBytesUsed(*d->client->Stats()) == 0);
   CHECK(d->client->Stat("job", 1, "w").status().code() ==
         absl::StatusCode::kNotFound);
+}
+
+TEST_CASE(
+    "service: GetSmallObjects answers many objects in order, within its "
+    "answer's budget, and refuses hostile asks",
+    "[tensor_store][service]") {
+  auto d = StartDaemon();
+  REQUIRE(d->client->Declare("job", {{"w", DType::kInt64, {4}}}).ok());
+  const std::vector<char> w = RandomBytes(32, 7);
+  REQUIRE(d->client->Put("job", 1, "w", Region{{0, 4}}, w.data(), 32).ok());
+  // 80 objects of 60 KiB: 4.8 MB, more than one answer carries.
+  constexpr int kObjects = 80;
+  std::vector<std::pair<std::string, int32_t>> keys;
+  std::vector<std::string> want;
+  for (int r = 0; r < kObjects; ++r) {
+    const std::vector<char> b = RandomBytes(kMaxSmallObjectBytes, 100 + r);
+    want.emplace_back(b.begin(), b.end());
+    // Asked in an order of their own: the answer keeps it.
+    keys.emplace_back(r % 2 ? "odd" : "even", kObjects - 1 - r);
+    REQUIRE(d->client
+                ->PutSmallObject("job", 1, keys.back().first,
+                                 keys.back().second, want.back())
+                .ok());
+  }
+  REQUIRE(d->client->Commit("job", 1).ok());
+
+  auto got = d->client->GetSmallObjects("job", 1, keys);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK((*got)[i] == want[i]);
+
+  // One call answers what fits in its budget, in order; the client asked
+  // again for the rest.
+  auto ask = [&](int from, int n, proto::GetSmallObjectsResponse* resp) {
+    proto::GetSmallObjectsRequest req;
+    req.set_job("job");
+    req.set_version(1);
+    for (int i = from; i < from + n; ++i) {
+      proto::SmallObjectKey* k = req.add_objects();
+      k->set_name(i < kObjects ? keys[i].first : "odd");
+      k->set_rank(i < kObjects ? keys[i].second : 1000 + i);
+    }
+    grpc::ClientContext ctx;
+    return FromGrpcStatus(d->client->stub()->GetSmallObjects(&ctx, req, resp));
+  };
+  proto::GetSmallObjectsResponse one;
+  REQUIRE(ask(0, kObjects, &one).ok());
+  CHECK(one.objects_size() > 1);
+  CHECK(one.objects_size() < kObjects);
+  CHECK(one.objects(1).data() == want[1]);
+  CHECK(one.objects(1).checksum() == Checksum(want[1].data(), want[1].size()));
+
+  proto::GetSmallObjectsResponse none;
+  const absl::Status empty = ask(0, 0, &none);
+  CHECK(empty.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(empty.message()), Catch::Contains("ask for 1 to"));
+  // More than a call may ask (the client splits them; a hostile caller
+  // does not).
+  proto::GetSmallObjectsRequest many;
+  many.set_job("job");
+  many.set_version(1);
+  for (int i = 0; i <= kMaxSmallObjectsPerCall; ++i) {
+    proto::SmallObjectKey* k = many.add_objects();
+    k->set_name("odd");
+    k->set_rank(1);
+  }
+  {
+    grpc::ClientContext ctx;
+    proto::GetSmallObjectsResponse resp;
+    CHECK(d->client->stub()->GetSmallObjects(&ctx, many, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // One object missing fails the call, with nothing answered.
+  proto::GetSmallObjectsResponse missing;
+  const absl::Status gone = ask(kObjects - 2, 3, &missing);
+  CHECK(gone.code() == absl::StatusCode::kNotFound);
+  CHECK(missing.objects_size() == 0);
+  CHECK(d->client->GetSmallObjects("job", 1, {{"odd", 1}, {"odd", 4242}})
+            .status()
+            .code() == absl::StatusCode::kNotFound);
 }
 
 // A Put built by hand: the header, then data chunks, optionally cancelled

@@ -10,6 +10,7 @@
 #include "common/channel.h"
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "ptc/region_proto.h"
 
@@ -318,6 +319,48 @@ absl::StatusOr<std::string> StoreClient::GetSmallObject(
                      " arrived damaged (checksum mismatch)"));
   }
   return std::move(*resp.mutable_data());
+}
+
+absl::StatusOr<std::vector<std::string>> StoreClient::GetSmallObjects(
+    const std::string& job, int64_t version,
+    const std::vector<std::pair<std::string, int32_t>>& objects,
+    absl::Time deadline) {
+  std::vector<std::string> got;
+  got.reserve(objects.size());
+  while (got.size() < objects.size()) {
+    proto::GetSmallObjectsRequest req;
+    req.set_job(job);
+    req.set_version(version);
+    const size_t end =
+        std::min(objects.size(), got.size() + kMaxSmallObjectsPerCall);
+    for (size_t i = got.size(); i < end; ++i) {
+      proto::SmallObjectKey* key = req.add_objects();
+      key->set_name(objects[i].first);
+      key->set_rank(objects[i].second);
+    }
+    grpc::ClientContext ctx;
+    if (deadline != absl::InfiniteFuture())
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+    PTC_ASSIGN_OR_RETURN(
+        auto resp,
+        Unary(&proto::TensorStore::Stub::GetSmallObjects, req, 0, &ctx));
+    if (resp.objects_size() == 0 ||
+        resp.objects_size() > static_cast<int>(end - got.size())) {
+      return absl::InternalError(
+          absl::StrCat("the daemon answered ", resp.objects_size(),
+                       " small objects for ", end - got.size(), " asked"));
+    }
+    for (proto::GetSmallObjectResponse& o : *resp.mutable_objects()) {
+      const auto& [name, rank] = objects[got.size()];
+      if (Checksum(o.data().data(), o.data().size()) != o.checksum()) {
+        return absl::DataLossError(
+            absl::StrCat("small object '", name, "' of rank ", rank,
+                         " arrived damaged (checksum mismatch)"));
+      }
+      got.push_back(std::move(*o.mutable_data()));
+    }
+  }
+  return got;
 }
 
 absl::StatusOr<int64_t> StoreClient::DeleteVersion(const std::string& job,

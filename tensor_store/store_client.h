@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -128,6 +129,14 @@ class StoreClient {
   absl::StatusOr<std::string> GetSmallObject(
       const std::string& job, int64_t version, const std::string& name,
       int32_t rank, absl::Duration timeout = absl::ZeroDuration());
+  // Several objects of one version (name, rank each), in their order, each
+  // checked against its checksum: one GetSmallObjects call per up to
+  // kMaxSmallObjectsPerCall objects and about 4 MiB of answer. `deadline`
+  // bounds all the calls (InfiniteFuture: each its default deadline).
+  absl::StatusOr<std::vector<std::string>> GetSmallObjects(
+      const std::string& job, int64_t version,
+      const std::vector<std::pair<std::string, int32_t>>& objects,
+      absl::Time deadline = absl::InfiniteFuture());
 
   proto::TensorStore::Stub* stub() { return stub_.get(); }
 

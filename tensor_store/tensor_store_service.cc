@@ -373,6 +373,45 @@ grpc::Status TensorStoreService::GetSmallObject(
   return call.Done(ref.status());
 }
 
+grpc::Status TensorStoreService::GetSmallObjects(
+    grpc::ServerContext* ctx, const proto::GetSmallObjectsRequest* req,
+    proto::GetSmallObjectsResponse* resp) {
+  if (grpc::Status denied =
+          Admit<proto::TensorStore>(*ctx, "GetSmallObjects", req);
+      !denied.ok())
+    return denied;
+  if (absl::Status denied =
+          CheckHostAdmitted(*ctx, "GetSmallObjects", req->job());
+      !denied.ok())
+    return ToGrpcStatus(denied);
+  Call call(this, "GetSmallObjects");
+  if (req->objects_size() == 0 ||
+      req->objects_size() > kMaxSmallObjectsPerCall) {
+    return call.Done(absl::InvalidArgumentError(absl::StrCat(
+        "asked for ", req->objects_size(), " small objects; ask for 1 to ",
+        kMaxSmallObjectsPerCall, " a call")));
+  }
+  auto slot = EnterClientCall(*ctx, "GetSmallObjects", /*writes=*/false);
+  if (!slot.ok()) return call.Done(slot.status());
+  int64_t bytes = 0;
+  for (const proto::SmallObjectKey& key : req->objects()) {
+    auto ref = store_->GetSmallObject(req->job(), req->version(), key.name(),
+                                      key.rank());
+    if (!ref.ok()) {
+      resp->Clear();
+      return call.Done(ref.status());
+    }
+    // The first always; the rest while the answer stays within its
+    // budget (the caller asks again for what did not fit).
+    bytes += static_cast<int64_t>(ref->bytes->size()) + 16;
+    if (resp->objects_size() > 0 && bytes > kSmallObjectsAnswerBytes) break;
+    proto::GetSmallObjectResponse* o = resp->add_objects();
+    o->set_data(*ref->bytes);
+    o->set_checksum(ref->checksum);
+  }
+  return call.Done(absl::OkStatus());
+}
+
 grpc::Status TensorStoreService::DeleteVersion(
     grpc::ServerContext* ctx, const proto::DeleteVersionRequest* req,
     proto::DeleteVersionResponse* resp) {

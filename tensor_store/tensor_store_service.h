@@ -78,6 +78,9 @@ class TensorStoreService final : public proto::TensorStore::Service {
   grpc::Status GetSmallObject(grpc::ServerContext* ctx,
                               const proto::GetSmallObjectRequest* req,
                               proto::GetSmallObjectResponse* resp) override;
+  grpc::Status GetSmallObjects(grpc::ServerContext* ctx,
+                               const proto::GetSmallObjectsRequest* req,
+                               proto::GetSmallObjectsResponse* resp) override;
 
  private:
   // Counts the call in active_calls_ and the request counters while alive;
