@@ -1,7 +1,7 @@
 // Which hosts may read a job's state from this ptcd. For each plan epoch
 // the coordinator admits the target hosts that pull from this one
 // (Transformer.AdmitPeers); the transfer RPCs (SendParts, ExposePieces)
-// and the store's reads by hosts (Read, GetSmallObject) check here, so a
+// and the store's reads by hosts (Read, GetSmallObject[s]) check here, so a
 // host certificate alone reads nothing. One object per ptcd, shared by
 // its tensor store and transformer services. Thread-safe.
 //

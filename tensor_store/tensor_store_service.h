@@ -32,7 +32,7 @@ class TensorStoreService final : public proto::TensorStore::Service {
   // Unix-socket clients are connected (for Stats). A Put stream that has not
   // ended `put_timeout` after its header is cancelled, and the memory it
   // reserved freed (a client that stalls must not hold it for good). With
-  // TLS, a host reads (Read, GetSmallObject) only a job whose current plan
+  // TLS, a host reads (Read, GetSmallObject[s]) only a job whose current plan
   // admitted it (`admissions`, shared with the transformer); null: hosts
   // read nothing.
   TensorStoreService(Store* store, std::function<int()> local_clients,
