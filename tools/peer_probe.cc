@@ -4,10 +4,11 @@
 // admit for the job's plan epoch must be refused both the UCX transfer
 // call (SendParts, the default: asked for the first element with no worker
 // address to send to, so nothing moves; an admitted host hears
-// INVALID_ARGUMENT) and the store's Read (--read, which the gRPC transport
-// uses).
+// INVALID_ARGUMENT), the store's Read (--read, which the gRPC transport
+// uses) and its GetSmallObjects (--small-objects: TENSOR names the small
+// object, of ranks 0 and 1).
 //
-//   peer_probe [--read] ADDRESS JOB VERSION PLAN_EPOCH TENSOR
+//   peer_probe [--read|--small-objects] ADDRESS JOB VERSION PLAN_EPOCH TENSOR
 #include <cstring>
 #include <iostream>
 
@@ -57,24 +58,43 @@ absl::Status Read(const char* address, const char* job, int64_t version,
   return ptc::FromGrpcStatus(reader->Finish());
 }
 
+absl::Status SmallObjects(const char* address, const char* job, int64_t version,
+                          const char* name) {
+  auto stub = ptc::proto::TensorStore::NewStub(ptc::OpenChannel(address));
+  ptc::proto::GetSmallObjectsRequest req;
+  req.set_job(job);
+  req.set_version(version);
+  for (int rank : {0, 1}) {
+    ptc::proto::SmallObjectKey* key = req.add_objects();
+    key->set_name(name);
+    key->set_rank(rank);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ptc::proto::GetSmallObjectsResponse resp;
+  return ptc::FromGrpcStatus(stub->GetSmallObjects(&ctx, req, &resp));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool read = argc > 1 && std::strcmp(argv[1], "--read") == 0;
-  if (read) {
+  const bool small = argc > 1 && std::strcmp(argv[1], "--small-objects") == 0;
+  if (read || small) {
     --argc;
     ++argv;
   }
   int64_t version = 0, epoch = 0;
   if (argc != 6 || !absl::SimpleAtoi(argv[3], &version) ||
       !absl::SimpleAtoi(argv[4], &epoch)) {
-    std::cerr << "usage: peer_probe [--read] ADDRESS JOB VERSION PLAN_EPOCH "
-                 "TENSOR\n";
+    std::cerr << "usage: peer_probe [--read|--small-objects] ADDRESS JOB "
+                 "VERSION PLAN_EPOCH TENSOR\n";
     return 2;
   }
-  const absl::Status s = read ? Read(argv[1], argv[2], version, argv[5])
-                              : SendParts(argv[1], argv[2], version, epoch,
-                                          argv[5]);
+  const absl::Status s =
+      read    ? Read(argv[1], argv[2], version, argv[5])
+      : small ? SmallObjects(argv[1], argv[2], version, argv[5])
+              : SendParts(argv[1], argv[2], version, epoch, argv[5]);
   std::cout << absl::StatusCodeToString(s.code()) << ": " << s.message()
             << "\n";
   return 0;

@@ -206,6 +206,11 @@ def test_only_the_hosts_of_a_plan_epoch_read_from_a_source(bin_dir, tmp_path):
         assert refused.startswith("PERMISSION_DENIED"), refused
         assert "host 'host2' is not a peer of the current plan epoch" in refused
         assert not probe("host1", "--read").startswith("PERMISSION_DENIED")
+        # Its small objects, many a call (GetSmallObjects), the same.
+        refused = probe("host2", "--small-objects")
+        assert refused.startswith("PERMISSION_DENIED"), refused
+        assert "host 'host2' is not a peer of the current plan epoch" in refused
+        assert not probe("host1", "--small-objects").startswith("PERMISSION_DENIED")
     finally:
         c.stop()
 
