@@ -162,12 +162,11 @@ class FragmentRun {
       PTC_RETURN_IF_ERROR(store_->Link(job_.job, job_.target_version, key,
                                        view.sources[0], job_.plan_epoch));
     }
-    const std::vector<std::optional<std::string>> fetched =
-        FetchSmallObjectsByHost();
+    std::vector<std::optional<std::string>> fetched = FetchSmallObjectsByHost();
     for (size_t i = 0; i < job_.small_objects.size(); ++i) {
       const SmallObjectMove& o = job_.small_objects[i];
       PTC_RETURN_IF_ERROR(
-          Annotate(PutSmallObject(o, fetched[i]),
+          Annotate(PutSmallObject(o, std::move(fetched[i])),
                    absl::StrCat("small object '", o.name, "' for target rank ",
                                 o.target_rank)));
     }
@@ -421,11 +420,22 @@ class FragmentRun {
       absl::StatusOr<std::vector<std::string>> got =
           transport_->FetchSmallObjects(host, job_.job, job_.source_version,
                                         keys);
+      if (got.ok() && got->size() != objects.size()) {
+        got = absl::InternalError(
+            absl::StrCat("the transport answered ", got->size(),
+                         " small objects for ", objects.size()));
+      }
       if (!got.ok()) {
+        // As a single object's fetch would (busy past its time: slow).
         if (absl::IsUnavailable(got.status()) ||
-            absl::IsDeadlineExceeded(got.status()))
+            absl::IsDeadlineExceeded(got.status()) || IsBusy(got.status()))
           MarkFailed(host, got.status());
-        return absl::OkStatus();  // each fetched alone below
+        Log("transformer")
+            ->warn(
+                "job {}: {} small objects from host {} in one call: {}; "
+                "each is fetched from its copies",
+                job_.job, objects.size(), host, got.status().ToString());
+        return absl::OkStatus();
       }
       for (size_t k = 0; k < objects.size(); ++k)
         fetched[objects[k]] = std::move((*got)[k]);
@@ -627,7 +637,7 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
         absl::StrCat(
             "pulling ", region.ToString(), " of '", tensor, "' from ",
             name != names_.end() ? name->second : absl::StrCat("host ", host),
-            " (", addresses_[host], ")"));
+            " (", addresses_.at(host), ")"));
   }
   return absl::OkStatus();
 }
@@ -647,7 +657,7 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
         absl::StrCat(
             "pulling small object '", name, "' of rank ", rank, " from ",
             n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
-            addresses_[host], ")"));
+            addresses_.at(host), ")"));
   }
   return got;
 }
@@ -671,7 +681,7 @@ absl::StatusOr<std::vector<std::string>> GrpcPieceTransport::FetchSmallObjects(
         absl::StrCat(
             "pulling ", keys.size(), " small objects from ",
             n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
-            addresses_[host], ")"));
+            addresses_.at(host), ")"));
   }
   return got;
 }

@@ -359,6 +359,7 @@ class SmallObjectPeers : public SlowHolder {
     batches.emplace_back(host, keys.size());
     if (batch_fails)
       return absl::UnavailableError("keepalive watchdog timeout");
+    if (old_peer) return absl::UnimplementedError("unknown method");
     std::vector<std::string> got;
     for (const auto& [name, rank] : keys)
       got.push_back(absl::StrCat(name, " of rank ", rank, " from host ", host));
@@ -368,12 +369,14 @@ class SmallObjectPeers : public SlowHolder {
                                                int64_t, const std::string& name,
                                                int32_t rank) override {
     asked_small.push_back(host);
-    if (host != 2) return absl::UnavailableError("connection refused");
+    if (host != 2 && !old_peer)
+      return absl::UnavailableError("connection refused");
     return absl::StrCat(name, " of rank ", rank, " from host ", host);
   }
 
   std::vector<std::pair<int32_t, size_t>> batches;
   bool batch_fails = false;
+  bool old_peer = false;  // host 1 knows no GetSmallObjects: one at a time
 };
 
 TEST_CASE(
@@ -418,6 +421,14 @@ TEST_CASE(
     CHECK(transport.asked_small == std::vector<int32_t>{2, 2, 2, 2});
     CHECK(rng_of(0) == "rng of rank 0 from host 2");
     CHECK(rng_of(3) == "rng of rank 3 from host 2");
+  }
+  SECTION(
+      "host 1 knows no such call (an older ptcd): asked one at a time, "
+      "not taken for dead") {
+    transport.old_peer = true;
+    REQUIRE(ExecuteFragment(&store, job, &transport, nullptr).ok());
+    CHECK(transport.asked_small == std::vector<int32_t>{1, 1, 1, 2});
+    CHECK(rng_of(1) == "rng of rank 1 from host 1");
   }
 }
 

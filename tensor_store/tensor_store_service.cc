@@ -403,7 +403,7 @@ grpc::Status TensorStoreService::GetSmallObjects(
     }
     // The first always; the rest while the answer stays within its
     // budget (the caller asks again for what did not fit).
-    bytes += static_cast<int64_t>(ref->bytes->size()) + 16;
+    bytes += static_cast<int64_t>(ref->bytes->size()) + 32;  // and framing
     if (resp->objects_size() > 0 && bytes > kSmallObjectsAnswerBytes) break;
     proto::GetSmallObjectResponse* o = resp->add_objects();
     o->set_data(*ref->bytes);
