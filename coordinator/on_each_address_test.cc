@@ -125,10 +125,11 @@ TEST_CASE(
     // what the test asks is that something was, however late the call.
     CHECK(e.left > absl::ZeroDuration());
     CHECK(e.left <= absl::Milliseconds(500));
-    // And each waited it out (gRPC's timer ends a call a few ms early by
-    // the wall clock, 7 ms seen beside a build: a call that began with
-    // nothing left, the fault this guards against, ends at once).
-    CHECK(e.took >= e.left - absl::Milliseconds(50));
+    // And each waited a good part of it. gRPC's timer ends a call early
+    // by the wall clock: 7 ms seen beside a build, 94 ms of 500 in a CI
+    // run on a busy machine. A call that began with nothing left, the
+    // fault this guards against, ends at once.
+    CHECK(e.took >= e.left / 2);
   }
 }
 
