@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Daemon* d = new Daemon;
   const FuzzRequest in = SplitInput(data, size);
   TensorStoreService* s = &d->service;
-  switch (in.selector % 8) {
+  switch (in.selector % 9) {
     case 0:
       Call(&TensorStoreService::DeclareTensors, s, in);
       break;
@@ -70,6 +70,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 7:
       Call(&TensorStoreService::DeleteVersion, s, in);
+      break;
+    case 8:
+      Call(&TensorStoreService::GetSmallObjects, s, in);
       break;
   }
   return 0;
