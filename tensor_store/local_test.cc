@@ -1051,7 +1051,9 @@ TEST_CASE("local: a put never committed is aborted after put_timeout",
               .ok());
   LocalServerOptions options;
   options.socket_path = dir.path() + "/ptcd.sock";
-  options.put_timeout = absl::Milliseconds(200);
+  // Long enough that a thread the machine's load holds back still sees
+  // the allocation before the abort.
+  options.put_timeout = absl::Seconds(3);
   auto server = LocalServer::Start(&store, options);
   REQUIRE(server.ok());
   auto c = LocalClient::Connect(options.socket_path);
@@ -1059,7 +1061,7 @@ TEST_CASE("local: a put never committed is aborted after put_timeout",
   auto put = (*c)->AllocatePut("job", 1, "w", Region{{0, kRows}, {0, kCols}});
   REQUIRE(put.ok());
   CHECK(store.data_bytes_used() >= kRows * kCols * 4);
-  // The client hangs on to it and never commits: aborted 200 ms after its
+  // The client hangs on to it and never commits: aborted 3 s after its
   // allocation (waited for, for a busy machine).
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (store.data_bytes_used() != 0 && absl::Now() < deadline) {

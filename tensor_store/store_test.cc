@@ -596,15 +596,18 @@ TEST_CASE(
   // (memory freed longer ago may be cold): on a loaded machine (tests
   // running beside this one) its first spare may take that long, and the
   // idle thread then prepares the rest, as it did in 1 of about 10 runs of
-  // the whole test suite.
+  // the whole test suite. Under outside load (two suites at once) beside
+  // the busy CPUs here, the idle thread may get no CPU at all: what is
+  // asked is one spare from the refill thread, which runs at normal
+  // priority (16 MiB; the idle thread alone never gets one here).
   UseAndFree(&budget, 48 << 20);
-  const int64_t ready = WaitReady(&pool, 32 << 20, refilled,
-                                  refilled_before + 1, absl::Seconds(10));
+  const int64_t ready = WaitReady(&pool, 16 << 20, refilled,
+                                  refilled_before + 1, absl::Seconds(60));
   INFO("refills that met cold memory: "
        << GetCounter("ptc_store_spares_refill_cold_total").value()
        << "; refilled " << refilled.value() - refilled_before << ", queued "
        << pool.queued_bytes() << " bytes, budget used " << budget.used());
-  CHECK(ready >= (32 << 20));
+  CHECK(ready >= (16 << 20));
   CHECK(refilled.value() - refilled_before >= 1);
 }
 
@@ -828,7 +831,9 @@ TEST_CASE("spare pool: spares give way when the machine's memory is short",
   pool.WaitIdle();
   REQUIRE(pool.ready_bytes() == (1 << 20));
   pool.SetMemoryFloor(int64_t{1} << 50);  // 1 PiB: more than any machine has
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  // The idle thread gives them back; under outside load it may wait long
+  // for a CPU (the bound only catches a spare never given back).
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   // (The count drops before the memory returns to the budget.)
   while ((pool.ready_bytes() > 0 || budget.used() > 0) &&
          absl::Now() < deadline)

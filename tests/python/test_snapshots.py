@@ -49,6 +49,22 @@ def complete(root):
                   if os.path.exists(os.path.join(root, d, "manifest.json")))
 
 
+def wait_writing(root, host, limit=120):
+    """Once `host` has written some bytes of its file of a new snapshot
+    (a fixed sleep may end before a loaded machine starts the file)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            for d in set(os.listdir(root)) - set(complete(root)):
+                for f in os.listdir(os.path.join(root, d)):
+                    if host in f and os.path.getsize(os.path.join(root, d, f)) > 0:
+                        return
+        except OSError:  # no folder yet, or a file renamed as it was read
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{host} wrote nothing of the snapshot within {limit} s")
+
+
 def test_a_region_on_no_live_host_comes_from_the_snapshot(cluster, tmp_path):
     """tp=2, dp=1 on host0: each tensor's shards have one holder. host0
     dies; the change to host1 reads them from the snapshot of the committed
@@ -145,7 +161,7 @@ def test_a_killed_snapshot_never_replaces_the_last_complete_one(cluster, tmp_pat
     # Throttled to 200 kB/s, so that the kill lands mid-file.
     p = c.ptcctl_async("snapshot", "--job", "j", "--to", str(root),
                        "--rate", "200000", "--json")
-    time.sleep(1.5)
+    wait_writing(root, "host1")
     c.kill("host1")
     out, err = p.communicate(timeout=60)
     assert p.returncode != 0, out
@@ -181,7 +197,7 @@ def test_a_snapshot_whose_writer_dies_completes_from_a_replica(cluster, tmp_path
     # Throttled to 200 kB/s, so that the kill lands mid-file.
     p = c.ptcctl_async("snapshot", "--job", "j", "--to", str(root),
                        "--rate", "200000", "--json")
-    time.sleep(1.5)
+    wait_writing(root, "host1")
     c.kill("host1")
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, out + err
