@@ -43,13 +43,20 @@ process learns the save was lost and saves again (no change, no restart),
 and the job goes on; then two changes (pinned configs) load the state of
 those saves.
 
+With --scenario outage: the coordinator stops (SIGSTOP) for longer than
+the processes' patience with it (30 s), with the job's config pinned:
+the periodic saves that find it out of reach are skipped on every rank
+(the ranks agree on it before anything is written), the job trains on,
+and the first save once it goes on (SIGCONT) commits; then two changes
+(pinned configs) load what the processes saved.
+
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
 rollbacks) equal to an uninterrupted run's within the tolerance; the
 samples of every iteration the uninterrupted run's, so every sample once;
 host0's processes never restarted.
 
-    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests|hot|stall] [--json]
+    /usr/bin/python3 examples/elastic/live.py [--scenario host|requests|hot|stall|outage] [--json]
 """
 
 import argparse
@@ -131,7 +138,7 @@ class LiveJob:
             cmd += ["--hold-save", f"{self.kill_at()}:host0"]
         if self.args.scenario == "stall":
             # Rank 2 (on host1) gives its save of this iteration up right
-            # after it began it, and host0's processes begin theirs only
+            # after it began it, and host0's processes write theirs only
             # after the deletion (host_stalls).
             env["PTC_TEST_GIVE_UP_SAVE"] = f"{self.give_up_at()}:2"
             cmd += ["--hold-save", f"{self.give_up_at()}:host0"]
@@ -159,6 +166,19 @@ class LiveJob:
         if not pids:
             raise SystemExit(f"host{index} has no ptcd in {self.cluster.dir / 'pids'}")
         return pids[-1]
+
+    def coordinator_pid(self):
+        pids = [int(line.split()[1]) for line in
+                (self.cluster.dir / "pids").read_text().splitlines()
+                if line.split()[:1] == ["coordinator"]]
+        if not pids:
+            raise SystemExit(f"no coordinator in {self.cluster.dir / 'pids'}")
+        return pids[-1]
+
+    def logged(self, text):
+        """How often the processes' logs say `text`."""
+        return sum(f.read_text(errors="replace").count(text)
+                   for f in (self.work / "logs").glob("*.log"))
 
     def alive(self, host):
         hosts = json.loads(self.cluster.ptcctl("hosts", "--json", capture=True))["hosts"]
@@ -318,8 +338,9 @@ def host_stalls(args, cluster, job, results, say):
         "saves_lost": sum(f.read_text(errors="replace").count("save lost")
                           for f in (job.work / "logs").glob("*.log"))})
     # A rank gives its save up as it begins (PTC_TEST_GIVE_UP_SAVE); host0's
-    # processes begin theirs after the deletion, each getting a version
-    # the others never save: they too must learn the save was lost.
+    # processes write theirs after the deletion (a periodic save begins on
+    # every process before any writes): their reports are refused, and
+    # they too must learn the save was lost.
     at = job.give_up_at()
     held = job.run / f"held-{at}"
     job.wait(f"the save of iteration {at}", lambda: len(list(held.glob("rank*"))) == 4)
@@ -330,7 +351,7 @@ def host_stalls(args, cluster, job, results, say):
     job.wait("a save made again to commit",
              lambda: job.status()["committed_version"] > given_up)
     say(f"   rank 2 gave its save of iteration {at} up (version {given_up}); host0's "
-        f"processes began theirs after; version {job.status()['committed_version']} "
+        f"processes wrote theirs after; version {job.status()['committed_version']} "
         "committed when they all saved again")
     results["events"].append({"what": "a save given up", "dropped_save": given_up,
                               "committed_after": job.status()["committed_version"],
@@ -349,6 +370,66 @@ def host_stalls(args, cluster, job, results, say):
         job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
     results["saves_lost"] = sum(f.read_text(errors="replace").count("save lost")
                                 for f in (job.work / "logs").glob("*.log"))
+    return before, during
+
+
+def coordinator_out(args, cluster, job, results, say):
+    """The coordinator stops once the job committed a save, until every
+    process skipped a periodic save (it could not be begun within the
+    client's patience), then goes on: the job trains on meanwhile, no
+    process restarts, and the next save commits. Then two changes (pinned
+    configs) load what was saved. Returns host0's processes before and
+    after the outage."""
+    job.wait("a save to commit", lambda: job.status()["committed_version"] > 0)
+    status = job.status()
+    committed, epoch0 = status["committed_version"], status["layout_epoch"]
+    before, before1 = job.running("host0"), job.running("host1")
+    trained = max(job.losses())
+    pid = job.coordinator_pid()
+    say(f"\n== the coordinator (pid {pid}) stops (SIGSTOP) at iteration {trained}, "
+        f"version {committed} committed")
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        # Nothing here asks the coordinator while it is stopped.
+        deadline = time.time() + 300
+        while job.logged("save skipped") < 4 and time.time() < deadline:
+            time.sleep(0.2)
+        # And trains on while it is still stopped.
+        at_skip = max(job.losses())
+        deadline = time.time() + 120
+        while max(job.losses()) <= at_skip and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.time()
+    skipped = job.logged("save skipped")
+    trained_out = max(job.losses())
+    say(f"   {skipped} process saves skipped; the job trained to iteration {trained_out} "
+        f"while the coordinator was stopped for {resumed - stopped:.1f} s (SIGCONT)")
+    job.wait("a save to commit after the coordinator went on",
+             lambda: job.status()["committed_version"] > committed)
+    status = job.status()
+    say(f"   version {status['committed_version']} (step {status['committed_step']}) "
+        f"committed {time.time() - resumed:.1f} s later, at layout epoch "
+        f"{status['layout_epoch']} (it was {epoch0}); no process restarted")
+    results["events"].append({
+        "what": "the coordinator stopped", "stopped_seconds": resumed - stopped,
+        "saves_skipped": skipped, "iterations_while_stopped": trained_out - trained,
+        "committed_before": committed, "committed_after": status["committed_version"],
+        "layout_epoch_before": epoch0, "layout_epoch_after": status["layout_epoch"],
+        "host1_kept": job.running("host1") == before1})
+    during = job.running("host0")
+    # Two changes: the processes load what they saved once it was back.
+    for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
+        epoch = max(r["epoch"] for r in job.losses().values())
+        cluster.ptcctl("auto", JOB, "on", "--live", "--pin", to, capture=True)
+        job.wait(f"the change to {to}", lambda: any(
+            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
+            and job.pending() == "")
+        say(f"   changed to {to} (pinned)")
+        at = max(job.losses()) + 2
+        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
     return before, during
 
 
@@ -488,7 +569,7 @@ def reference(args, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=("host", "requests", "hot", "stall"),
+    ap.add_argument("--scenario", choices=("host", "requests", "hot", "stall", "outage"),
                     default="host")
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--save-every", type=int, default=4)
@@ -519,7 +600,7 @@ def main():
         subprocess.run([sys.executable, str(HERE.parent / "elastic_gpt/train.py"), "--config",
                         FIRST, "--model", args.model, "--layout-out", str(layout)], check=True,
                        env=dict(os.environ, PYTHONPATH=f"{args.bin}/client/python/pkg"))
-        pin = ["--pin", FIRST] if args.scenario == "stall" else []
+        pin = ["--pin", FIRST] if args.scenario in ("stall", "outage") else []
         cluster.ptcctl("register", "--job", JOB, "--layout", str(layout), "--config", FIRST,
                        "--hosts", "host0,host1", "--auto", "on", "--live", *pin,
                        "--global-batch", str(args.global_batch), capture=True)
@@ -533,6 +614,8 @@ def main():
             before, during = hot_switches(args, cluster, job, results, say)
         elif args.scenario == "stall":
             before, during = host_stalls(args, cluster, job, results, say)
+        elif args.scenario == "outage":
+            before, during = coordinator_out(args, cluster, job, results, say)
         else:
             before, during = requests_and_a_kill(args, cluster, job, results, say)
         job.wait(f"iteration {args.iterations}",
@@ -569,7 +652,10 @@ def main():
                        "after one committed and during another, one that a process "
                        "failed to start",
                 "stall": "a host stalled as the job saved, with no change to follow: "
-                         "the processes saved again and went on"}[args.scenario]
+                         "the processes saved again and went on",
+                "outage": "the coordinator stopped for longer than the processes' "
+                          "patience: their saves were skipped, the job trained on, "
+                          "and saved once it was back"}[args.scenario]
         print(f"\nPASS: {what}; host0's processes never restarted; every reload "
               "bit-identical, loss and samples as uninterrupted" if ok else
               f"\nFAIL (work dir {work})")

@@ -7,7 +7,9 @@ state between themselves) for a tp, a pp and a dp change with a process
 killed after one commits and during another, and a hot switch a process
 fails to start, and through a host that stalls as the job saves (declared
 dead, the save deleted) with no change to follow, without any process of
-the surviving host restarting;
+the surviving host restarting, and through the coordinator stopped for
+longer than the processes' patience (their saves skipped, the job
+training on);
 every reload is bit-identical, and the loss and the samples of every
 iteration are those of an uninterrupted run."""
 import json
@@ -66,6 +68,23 @@ def test_a_save_lost_to_a_stalled_host_is_made_again_and_the_job_goes_on(bin_dir
     assert given["what"] == "a save given up"
     assert 0 < given["dropped_save"] < given["committed_after"]
     assert given["layout_epoch"] == stalled["layout_epoch_after"]
+    assert out["bit_identical"] and out["loss_ok"] and out["samples_exactly_once"]
+
+
+def test_a_coordinator_out_for_longer_than_the_patience_skips_saves_and_the_job_goes_on(
+        bin_dir, tmp_path):
+    # The coordinator stops (SIGSTOP) until every process skipped a save:
+    # before, a save that could not begin broke the step, and with nothing
+    # changing the job ended after its timeout.
+    out = run_live(bin_dir, tmp_path, "outage")
+    assert out["ok"], out
+    stopped = out["events"][0]
+    assert stopped["what"] == "the coordinator stopped"
+    assert stopped["saves_skipped"] >= 4  # every process, the same save
+    assert stopped["iterations_while_stopped"] > 0  # the job trained on
+    assert stopped["committed_after"] > stopped["committed_before"]
+    assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"]
+    assert stopped["host1_kept"] and out["host0_kept"]
     assert out["bit_identical"] and out["loss_ok"] and out["samples_exactly_once"]
 
 

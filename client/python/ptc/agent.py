@@ -202,6 +202,13 @@ class Agent:
                                 "layout_epoch": self.covered.get(gpu, 0),
                                 "seconds": round(time.time() - started, 3)})
             self.say(f"pid {p.pid} on GPU {gpu} exited with {code}")
+            if look is None or self.live(look):
+                # A live process follows changes itself: it ran as far as
+                # the layout epoch it last met its peers under, even if this
+                # agent did not look while it did (its stream was cut off
+                # by a coordinator outage): its GPU is not started again
+                # under that layout.
+                self.covered[gpu] = max(self.covered.get(gpu, 0), self.ran_under(gpu))
             # A restart-style process that ends while the job changes, or in
             # a layout the job has left, ended by the change (a save
             # refused, a peer stopped): not a failure to report.

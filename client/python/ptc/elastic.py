@@ -63,6 +63,12 @@ class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
 
 
+class _SaveSkipped(Exception):
+    """A periodic save not begun on every rank: one could not reach the
+    coordinator. No rank wrote it; every rank trains on and saves at the
+    next period."""
+
+
 class _SaveLost(Exception):
     """A save that will never commit: the coordinator deleted it (a host
     of its placement was dead, or could not prove its share, as it
@@ -247,7 +253,8 @@ class Live:
     Defaults come from the environment the agent gives: PTC_JOB,
     PTC_COORDINATOR, PTC_SOCKET, PTC_HOST, PTC_DEVICE.
     save_every: also save every N steps (what a rollback returns to);
-    on_save(live) / on_load(live): called before each save / after each
+    on_save(live) / on_load(live): called before each save writes anything
+    (a periodic save has begun on every process by then) / after each
     load; backend: "nccl" with a GPU, else "gloo"; timeout: seconds any
     one wait may take (a change, a rendezvous, a save's commit);
     collective_timeout: seconds a collective may wait for a peer (one
@@ -340,7 +347,18 @@ class Live:
                     if decision == _SAVE_FOR_CHANGE:
                         self._note_change("pending")
                     try:
-                        self._save(serial if decision == _SAVE_FOR_CHANGE else 0)
+                        if decision == _SAVE_FOR_CHANGE:
+                            self._save(serial)
+                        else:
+                            self._save(periodic=True)
+                    except _SaveSkipped as e:
+                        # The coordinator is out of reach (an outage longer
+                        # than the client's patience): the job trains on
+                        # from what it holds, and saves at the next period.
+                        # What is committed stays as it was.
+                        self._log(f"save skipped ({e}); training goes on")
+                        self._saved_at = self.iteration
+                        continue
                     except _SaveLost as e:
                         self._after_lost_save(e)
                         continue  # rank 0 decides again: the change, or the save
@@ -433,7 +451,14 @@ class Live:
                 # taken now, not after this save (the coordinator would
                 # take the save as the change's, and change through the
                 # store).
-                fresh = self.client.fetch_event()
+                try:
+                    fresh = self.client.fetch_event()
+                except _capi.Error as e:
+                    # The coordinator out of reach: the save finds out too,
+                    # and every rank learns of it there (a change asked
+                    # meanwhile is taken at a later boundary).
+                    self._log(f"the job's news could not be fetched ({e})")
+                    fresh = self._ev()
                 if (fresh["pending_config"] and fresh["pending_hot"] and
                         fresh["layout_epoch"] == self.layout_epoch and
                         fresh["phase"] not in _RUNNING):
@@ -584,14 +609,20 @@ class Live:
         if self._until(ready, time.time() + self.timeout) is None:
             raise TimeoutError(f"waited {self.timeout:.0f} s for {what}")
 
-    def _save(self, change_serial=0):
+    def _save(self, change_serial=0, periodic=False):
+        """Saves this step (for the pending change `change_serial`, if any)
+        and waits for its commit. A `periodic` save is begun on every rank
+        first, and skipped on all of them (_SaveSkipped) where one could
+        not reach the coordinator to begin it: they agree on that (one
+        all-reduce) before on_save and before anything is written."""
         from . import torch as pt
-        if self._on_save:
-            self._on_save(self)
         try:
+            began = self._begin_agreed() if periodic else None
+            if self._on_save:
+                self._on_save(self)
             if _gives_up_save_in_test(self.iteration, self.rank):
-                s = self.client.begin_save(int(self.iteration), change_serial,
-                                           self._dropped_seen)
+                s = began or self.client.begin_save(int(self.iteration), change_serial,
+                                                    self._dropped_seen)
                 s.give_up("PTC_TEST_GIVE_UP_SAVE (a test fault)")
                 e = _capi.Error(f"ABORTED: rank {self.rank} gave version {s.version} up "
                                 "(PTC_TEST_GIVE_UP_SAVE)", "ABORTED")
@@ -599,7 +630,8 @@ class Live:
                 raise e
             saved = pt.save(self.client, self.model, self.optimizer, self.scheduler,
                             extra=self.extra, step=self.iteration, wait=False,
-                            change_serial=change_serial, known_dropped=self._dropped_seen)
+                            change_serial=change_serial, known_dropped=self._dropped_seen,
+                            began=began)
             version = saved.version
         except _capi.Error as e:
             if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
@@ -635,6 +667,46 @@ class Live:
         self._dropped_seen = max(self._dropped_seen, self._ev()["dropped_save"])
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
+
+    # What a process tells the others of beginning a periodic save; the
+    # worst of every process's decides what each does.
+    _BEGAN, _UNREACHABLE, _REFUSED = 0, 1, 2
+
+    def _begin_agreed(self):
+        """Begins this step's periodic save, and agrees with every other
+        process on going on (one all-reduce of the worst outcome). Where a
+        process could not reach the coordinator (no answer within the
+        client's patience), every one gives up what it began and raises
+        _SaveSkipped: nothing is written, and the job trains on. Where one
+        was refused, each goes on as it would alone (its own error)."""
+        s = error = None
+        try:
+            s = self.client.begin_save(int(self.iteration), 0, self._dropped_seen)
+            mine = self._BEGAN
+        except _capi.Error as e:
+            error = e
+            # Out of reach: refused for its connection, or no answer in time.
+            mine = (self._UNREACHABLE if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+                    else self._REFUSED)
+        flag = torch.tensor([mine], dtype=torch.int64, device=self._collective_device())
+        try:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        except RuntimeError as e:
+            raise _Broken(e)
+        if int(flag.item()) == self._UNREACHABLE:
+            if s is not None:
+                # Best effort: the coordinator may be out of this process's
+                # reach too (the version is then deleted once superseded).
+                try:
+                    s.give_up(f"rank {self.rank}: a rank could not reach the coordinator")
+                except _capi.Error:
+                    pass
+            raise _SaveSkipped(f"not every rank could begin the save of step "
+                               f"{self.iteration}: "
+                               f"{error or 'another rank could not reach the coordinator'}")
+        if error is not None:
+            raise error
+        return s
 
     def _all_ok(self, ok):
         """Whether every process is ok (one all-reduce)."""

@@ -1242,7 +1242,7 @@ def small_objects(optimizer=None, scheduler=None, extra=None):
 
 
 def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None,
-         wait=True, timeout=300.0, change_serial=0, known_dropped=None):
+         wait=True, timeout=300.0, change_serial=0, known_dropped=None, began=None):
     """Saves this rank's parameters, persistent buffers, optimizer state
     (with its param_groups), scheduler, RNG states and `extra` (plain data:
     a dict of numbers, strings, tensors, ptc.DataCursor ...) as one version
@@ -1253,17 +1253,22 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     returns. With `wait`, returns once every rank saved and the version
     committed. `change_serial`: the pending change the save is made for
     (ptc.elastic passes it when a hot switch does not start).
-    `known_dropped`: see Client.begin_save (ptc.elastic passes it). If
-    anything fails once the save began, this rank gives the version up (the
-    ranks that reported it are told); the error raised carries the version
-    as `e.version`."""
+    `known_dropped`: see Client.begin_save (ptc.elastic passes it).
+    `began`: the save, if this rank already began it (Client.begin_save;
+    ptc.elastic does, to agree with the other ranks that every one could
+    before anything is written); `step`, `change_serial` and
+    `known_dropped` are then the begin's. If anything fails once the save
+    began, this rank gives the version up (the ranks that reported it are
+    told); the error raised carries the version as `e.version`."""
     if step is None:
-        step = _infer_step(optimizer, scheduler)
-    rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
-    # Encode everything before the save starts: a bad object fails early.
-    objects = small_objects(optimizer, scheduler, extra)
-    s = client.begin_save(int(step), change_serial, known_dropped)
+        step = began.step if began is not None else _infer_step(optimizer, scheduler)
+    s = began
     try:
+        rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
+        # Encode everything before the save starts: a bad object fails early.
+        objects = small_objects(optimizer, scheduler, extra)
+        if s is None:
+            s = client.begin_save(int(step), change_serial, known_dropped)
         copies = torch_state.RegionCopies()
         for r in rank.regions:
             copies.save(s, r["index"], rank.view(r["key"], r["region"],
@@ -1272,6 +1277,8 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         for name, data in objects:
             s.put_small_object(name, data)
     except BaseException as e:
+        if s is None:
+            raise  # nothing began
         # This rank cannot save the version: its peers that reported it
         # are told (they would otherwise wait for its commit), and save
         # again. Best effort: the coordinator may be unreachable too.
