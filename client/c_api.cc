@@ -751,6 +751,21 @@ int ptc_client_fetch_event(ptc_client* c, ptc_bytes* json) {
   });
 }
 
+int ptc_client_fetch_event_within(ptc_client* c, double timeout_s,
+                                  ptc_bytes* json) {
+  return Call([&]() -> absl::Status {
+    if (c == nullptr || json == nullptr) return Null("client or out");
+    if (!(timeout_s > 0 && timeout_s <= 3600)) {
+      return absl::InvalidArgumentError(
+          "the timeout must be more than 0 and at most 3600 seconds");
+    }
+    PTC_ASSIGN_OR_RETURN(ptc::JobEvent e,
+                         c->client->FetchEvent(absl::Seconds(timeout_s)));
+    Give(ptc::EventJson(e), json);
+    return absl::OkStatus();
+  });
+}
+
 int ptc_client_rendezvous(ptc_client* c, int64_t layout_epoch, int port,
                           double timeout_s, ptc_bytes* address) {
   return Call([&]() -> absl::Status {

@@ -149,6 +149,12 @@ PTC_API int ptc_client_event(const ptc_client* c, ptc_bytes* json);
 PTC_API int ptc_client_wait_event(const ptc_client* c, int64_t after,
                                   double timeout_s, ptc_bytes* json);
 PTC_API int ptc_client_fetch_event(ptc_client* c, ptc_bytes* json);
+// The same, waiting at most timeout_s seconds (more than 0, at most 3600)
+// for an answer:
+// a caller that can do without it (ptc.elastic's look for a hot switch
+// asked just now) does not wait out the client's patience.
+PTC_API int ptc_client_fetch_event_within(ptc_client* c, double timeout_s,
+                                          ptc_bytes* json);
 // ptc_ranks_on_host over the client's own connection.
 PTC_API int ptc_client_ranks_on_host(ptc_client* c, const char* host,
                                      ptc_bytes* json);

@@ -239,16 +239,18 @@ absl::StatusOr<bool> ReportProcessExit(const std::string& coordinator,
 }
 
 absl::StatusOr<proto::JobStatus> Client::FetchJob(bool include_layout,
-                                                  bool brief) {
+                                                  bool brief,
+                                                  absl::Duration patience) {
   proto::ListJobsRequest req;
   req.set_job(options_.job);
   req.set_include_layout(include_layout);
   req.set_brief(brief);
   if (brief) req.set_host(host_);
   proto::ListJobsResponse resp;
-  const absl::Status s = ListJobsPatiently(coordinator_.get(), req, &resp,
-                                           absl::Now() + options_.rpc_timeout,
-                                           UnavailableAttempts());
+  if (patience <= absl::ZeroDuration()) patience = options_.rpc_timeout;
+  const absl::Status s =
+      ListJobsPatiently(coordinator_.get(), req, &resp, absl::Now() + patience,
+                        UnavailableAttempts());
   if (s.code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat(
         "job '", options_.job, "' is unknown to the coordinator at ",
@@ -423,8 +425,10 @@ JobEvent EventOf(const proto::ReconfigureEvent& e) {
 
 }  // namespace
 
-absl::StatusOr<JobEvent> Client::FetchEvent() {
-  PTC_ASSIGN_OR_RETURN(proto::JobStatus job, FetchJob());
+absl::StatusOr<JobEvent> Client::FetchEvent(absl::Duration patience) {
+  PTC_ASSIGN_OR_RETURN(
+      proto::JobStatus job,
+      FetchJob(/*include_layout=*/false, /*brief=*/true, patience));
   // The event a followed Watch stream would send now.
   proto::ReconfigureEvent e = job.reconfiguration();
   e.set_layout_epoch(job.layout_epoch());

@@ -231,8 +231,10 @@ class Client {
   // `received` is beyond `after`), at most `timeout`, and returns the
   // newest event: a waiting process is woken by the news, not by a clock.
   JobEvent WaitEvent(int64_t after, absl::Duration timeout) const;
-  // The job's state now, as an event (one ListJobs call).
-  absl::StatusOr<JobEvent> FetchEvent();
+  // The job's state now, as an event (one ListJobs call, asked again
+  // within `patience`; the client's rpc_timeout if zero).
+  absl::StatusOr<JobEvent> FetchEvent(
+      absl::Duration patience = absl::ZeroDuration());
   // Meets the job's other processes under `layout_epoch`: rank 0 offers
   // the port of its process group's store; every rank waits (up to
   // `timeout`) until all of the epoch's ranks are there at once. Returns
@@ -432,8 +434,10 @@ class Client {
   // The job as the coordinator has it; with its layout spec if asked.
   // Brief (the default): without the lists that grow with the job, and
   // with the ranks on this client's host (ListJobsRequest.brief).
-  absl::StatusOr<proto::JobStatus> FetchJob(bool include_layout = false,
-                                            bool brief = true);
+  // Asked again within `patience` (the client's rpc_timeout if zero).
+  absl::StatusOr<proto::JobStatus> FetchJob(
+      bool include_layout = false, bool brief = true,
+      absl::Duration patience = absl::ZeroDuration());
 
   ClientOptions options_;
   std::unique_ptr<LocalClient> local_;

@@ -47,8 +47,10 @@ With --scenario outage: the coordinator stops (SIGSTOP) for longer than
 the processes' patience with it (30 s), with the job's config pinned:
 the periodic saves that find it out of reach are skipped on every rank
 (the ranks agree on it before anything is written), the job trains on,
-and the first save once it goes on (SIGCONT) commits; then two changes
-(pinned configs) load what the processes saved.
+and the first save once it goes on (SIGCONT) commits. Then it stops
+again and a process is SIGKILLed meanwhile: its agent reports the exit
+once the coordinator is back, and the job changes and goes on. Then two
+changes (pinned configs) load what the processes saved.
 
 Checked at the end: every reload bit-identical to the values its version
 was saved from; the loss of every iteration (the last time it ran, after
@@ -377,9 +379,11 @@ def coordinator_out(args, cluster, job, results, say):
     """The coordinator stops once the job committed a save, until every
     process skipped a periodic save (it could not be begun within the
     client's patience), then goes on: the job trains on meanwhile, no
-    process restarts, and the next save commits. Then two changes (pinned
-    configs) load what was saved. Returns host0's processes before and
-    after the outage."""
+    process restarts, and the next save commits. Then it stops again and
+    a process of host1 is killed meanwhile: its agent reports the exit
+    once the coordinator is back, the job changes and the agent starts
+    the process again. Then two changes (pinned configs) load what was
+    saved. Returns host0's processes before and after the first outage."""
     job.wait("a save to commit", lambda: job.status()["committed_version"] > 0)
     status = job.status()
     committed, epoch0 = status["committed_version"], status["layout_epoch"]
@@ -420,6 +424,34 @@ def coordinator_out(args, cluster, job, results, say):
         "layout_epoch_before": epoch0, "layout_epoch_after": status["layout_epoch"],
         "host1_kept": job.running("host1") == before1})
     during = job.running("host0")
+    # Stopped again, and a process dies meanwhile: its agent cannot report
+    # it until the coordinator is back, and reports it then.
+    epoch1 = status["layout_epoch"]
+    victim = job.running("host1")[1]
+    say(f"\n== the coordinator stops again, and host1's process on GPU 1 (pid {victim}) "
+        "is killed meanwhile")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.time() + 300
+        while ("could not report the exit" not in
+               (job.work / "agent-host1.log").read_text(errors="replace") and
+               time.time() < deadline):
+            time.sleep(0.2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    again = time.time()
+    job.wait("the change the exit starts", lambda: job.status()["layout_epoch"] > epoch1)
+    job.wait("host1's GPU 1 to run a process again",
+             lambda: job.running("host1").get(1) not in (None, victim))
+    status = job.status()
+    say(f"   reported once the coordinator went on: layout epoch {status['layout_epoch']} "
+        f"{time.time() - again:.1f} s later, a new process on host1's GPU 1")
+    results["events"].append({
+        "what": "a process killed while the coordinator was stopped",
+        "layout_epoch_before": epoch1, "layout_epoch_after": status["layout_epoch"],
+        "reason": status.get("reconfiguration", {}).get("reason", ""),
+        "host0_kept": job.running("host0") == during})
     # Two changes: the processes load what they saved once it was back.
     for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
         epoch = max(r["epoch"] for r in job.losses().values())

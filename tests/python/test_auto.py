@@ -222,6 +222,13 @@ def test_rendezvous_and_exit_reports_refuse_hostile_requests(cluster, ptc_module
     assert same["received"] == ev["received"] and same["layout_epoch"] == epoch
     with pytest.raises(ptc.Error, match="the timeout must be from 0 to 3600 seconds"):
         rank0.wait_event(ev["received"], -1)
+    # Asked now, within a bound of its own (ptc.elastic's look before a
+    # periodic save), or the client's patience.
+    assert rank0.fetch_event(timeout=5)["layout_epoch"] == epoch
+    assert rank0.fetch_event()["committed_version"] == 1
+    for hostile in (0, -1, float("nan"), 1e9):
+        with pytest.raises(ptc.Error, match="more than 0 and at most 3600 seconds"):
+            rank0.fetch_event(timeout=hostile)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         def told():
             seen = ev

@@ -25,9 +25,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def run_live(bin_dir, tmp_path, scenario):
+def run_live(bin_dir, tmp_path, scenario, iterations=32):
     r = subprocess.run(["/usr/bin/python3", str(ROOT / "examples/elastic/live.py"),
-                        "--scenario", scenario, "--iterations", "32", "--bin", str(bin_dir),
+                        "--scenario", scenario, "--iterations", str(iterations),
+                        "--bin", str(bin_dir),
                         "--work-dir", str(tmp_path / "work"), "--json"],
                        capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -75,8 +76,10 @@ def test_a_coordinator_out_for_longer_than_the_patience_skips_saves_and_the_job_
         bin_dir, tmp_path):
     # The coordinator stops (SIGSTOP) until every process skipped a save:
     # before, a save that could not begin broke the step, and with nothing
-    # changing the job ended after its timeout.
-    out = run_live(bin_dir, tmp_path, "outage")
+    # changing the job ended after its timeout. Then it stops again while
+    # a process is killed, whose exit its agent reports once it is back
+    # (iterations to spare for the processes to be alive then).
+    out = run_live(bin_dir, tmp_path, "outage", iterations=48)
     assert out["ok"], out
     stopped = out["events"][0]
     assert stopped["what"] == "the coordinator stopped"
@@ -85,6 +88,10 @@ def test_a_coordinator_out_for_longer_than_the_patience_skips_saves_and_the_job_
     assert stopped["committed_after"] > stopped["committed_before"]
     assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"]
     assert stopped["host1_kept"] and out["host0_kept"]
+    killed = out["events"][1]
+    assert killed["layout_epoch_after"] > killed["layout_epoch_before"]
+    assert "killed by signal 9" in killed["reason"], killed
+    assert killed["host0_kept"]
     assert out["bit_identical"] and out["loss_ok"] and out["samples_exactly_once"]
 
 

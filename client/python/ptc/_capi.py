@@ -125,6 +125,7 @@ _SIGNATURES = {
     "ptc_client_event": ([_P, _B], _I),
     "ptc_client_wait_event": ([_P, _I64, _D, _B], _I),
     "ptc_client_fetch_event": ([_P, _B], _I),
+    "ptc_client_fetch_event_within": ([_P, _D, _B], _I),
     "ptc_client_ranks_on_host": ([_P, _S, _B], _I),
     "ptc_client_rendezvous": ([_P, _I64, _I, _D, _B], _I),
     "ptc_client_hot_plan": ([_P, _I64, _B], _I),
@@ -651,10 +652,13 @@ class Client(_Handle):
         return _json(_lib.ptc_client_wait_event, self._h, int(after),
                      float(timeout))
 
-    def fetch_event(self):
+    def fetch_event(self, timeout=None):
         """the job's state now, as `event` has it (one call to the
-        coordinator)"""
-        return _json(_lib.ptc_client_fetch_event, self._h)
+        coordinator; asked again within `timeout` seconds if given, else
+        within the client's patience)"""
+        if timeout is None:
+            return _json(_lib.ptc_client_fetch_event, self._h)
+        return _json(_lib.ptc_client_fetch_event_within, self._h, float(timeout))
 
     def ranks_on_host(self, host):
         """ranks_on_host(coordinator, job, host) over this client's

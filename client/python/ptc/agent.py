@@ -105,6 +105,9 @@ class Agent:
         self.stopping = False
         self.look = None  # the job as last seen (ranks_on_host's answer)
         self.failed = None  # (GPU, exit code) of a process the job cannot go on without
+        # Exits the coordinator could not be told of (it was out of reach):
+        # (GPU, exit code, layout epoch), told at the next looks.
+        self.unreported = []
         self._warned = False
         # The job's Watch stream (opened on the first look), and the last
         # answer about this host with the stream's event it answered.
@@ -215,10 +218,14 @@ class Agent:
             if (code != 0 and not self.stopping and look and gpu in look["ranks"] and
                     (self.live(look) or (look["phase"] not in _RUNNING and
                                          self.covered.get(gpu) == look["layout_epoch"]))):
-                changing = self.report_exit(gpu, code, max(look["layout_epoch"],
-                                                           self.ran_under(gpu)))
-                if changing is False and self.failed is None:
-                    self.failed = (gpu, code)
+                self.tell_exit(gpu, code, max(look["layout_epoch"], self.ran_under(gpu)))
+
+    def tell_exit(self, gpu, code, epoch):
+        """Reports an exit (one the coordinator could not be told of for
+        want of it is told again at the next looks: its peers wait for the
+        change it starts)."""
+        if self.report_exit(gpu, code, epoch) is False and self.failed is None:
+            self.failed = (gpu, code)
 
     def ran_under(self, gpu):
         """The newest layout epoch the process on `gpu` said it met its
@@ -232,12 +239,16 @@ class Agent:
         """A process died while its GPU had a rank: the job's others cannot
         go on without it; the coordinator changes the job (automatic
         changes on) and the new layout starts it again here. Returns
-        whether it does (None: it could not be asked)."""
+        whether it does (None: it could not be asked; where the coordinator
+        was out of reach, it is asked again at the next looks)."""
         try:
             changing = _capi.report_process_exit(self.args.coordinator, self.args.job,
                                                 self.host, gpu, code, epoch)
         except _capi.Error as e:
             self.say(f"could not report the exit to the coordinator: {e}")
+            if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                # Out of reach: told again at the next looks.
+                self.unreported.append((gpu, code, epoch))
             return None
         self.say("the coordinator " + ("changes the job" if changing else
                                        "has automatic changes off for the job"))
@@ -258,6 +269,11 @@ class Agent:
             self.reap(look)
         if look is None:
             return
+        # The coordinator answers again: what it missed is told now (a
+        # report under a layout the job has left changes nothing).
+        unreported, self.unreported = self.unreported, []
+        for gpu, code, epoch in unreported:
+            self.tell_exit(gpu, code, epoch)
         self.look = look
         epoch, ranks = look["layout_epoch"], look["ranks"]
         if self.live(look):

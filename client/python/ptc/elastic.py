@@ -63,6 +63,12 @@ class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
 
 
+def _unreachable(error):
+    """Whether a call failed for want of the coordinator: refused for its
+    connection, or no answer within the client's patience."""
+    return getattr(error, "code", "") in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
 class _SaveSkipped(Exception):
     """A periodic save not begun on every rank: one could not reach the
     coordinator. No rank wrote it; every rank trains on and saves at the
@@ -363,7 +369,7 @@ class Live:
                         self._after_lost_save(e)
                         continue  # rank 0 decides again: the change, or the save
                     except _capi.Error as e:
-                        if getattr(e, "code", "") == "UNAVAILABLE":
+                        if _unreachable(e):
                             # Cut off from the coordinator (a report that
                             # got no answer within its patience) or a save
                             # not begun: the loop waits for a change, as
@@ -452,7 +458,9 @@ class Live:
                 # take the save as the change's, and change through the
                 # store).
                 try:
-                    fresh = self.client.fetch_event()
+                    # Within seconds: the other processes wait for this
+                    # look at the boundary's broadcast.
+                    fresh = self.client.fetch_event(timeout=self._FRESH_PATIENCE)
                 except _capi.Error as e:
                     # The coordinator out of reach: the save finds out too,
                     # and every rank learns of it there (a change asked
@@ -483,6 +491,9 @@ class Live:
     # wakes it when it tells something new; this bounds only a wait whose
     # stream went quiet (followed again after the coordinator restarted).
     _QUIET = 0.5
+    # How long rank 0's look for a hot switch asked just now may take
+    # before a periodic save (without an answer: the Watch's news).
+    _FRESH_PATIENCE = 5.0
 
     def _until(self, ready, deadline):
         """The first event for which ready(event) holds, or None once the
@@ -617,9 +628,19 @@ class Live:
         all-reduce) before on_save and before anything is written."""
         from . import torch as pt
         try:
-            began = self._begin_agreed() if periodic else None
+            began, refused = self._begin_agreed() if periodic else (None, None)
             if self._on_save:
-                self._on_save(self)
+                try:
+                    self._on_save(self)
+                except BaseException as e:
+                    if began is not None:
+                        try:
+                            began.give_up(f"rank {self.rank}: on_save failed: {e}"[:1000])
+                        except _capi.Error:
+                            pass
+                    raise
+            if refused is not None:
+                raise refused
             if _gives_up_save_in_test(self.iteration, self.rank):
                 s = began or self.client.begin_save(int(self.iteration), change_serial,
                                                     self._dropped_seen)
@@ -669,31 +690,35 @@ class Live:
             self._change["saved"] = time.time()
 
     # What a process tells the others of beginning a periodic save; the
-    # worst of every process's decides what each does.
-    _BEGAN, _UNREACHABLE, _REFUSED = 0, 1, 2
+    # worst of every process's decides what each does. One that could not
+    # reach the coordinator is the worst: the save is skipped on every
+    # process whatever refused the others (a change that started, a save
+    # lost meanwhile: the next boundary follows it).
+    _BEGAN, _REFUSED, _UNREACHABLE = 0, 1, 2
 
     def _begin_agreed(self):
         """Begins this step's periodic save, and agrees with every other
-        process on going on (one all-reduce of the worst outcome). Where a
-        process could not reach the coordinator (no answer within the
-        client's patience), every one gives up what it began and raises
-        _SaveSkipped: nothing is written, and the job trains on. Where one
-        was refused, each goes on as it would alone (its own error)."""
+        process on going on (one all-reduce of the worst outcome and the
+        newest version begun). Where a process could not reach the
+        coordinator (no answer within the client's patience), every one
+        gives up what it began and raises _SaveSkipped: nothing is written,
+        and the job trains on. Otherwise returns the save this process
+        began, or the error it was refused with (raised once on_save ran,
+        on every process)."""
         s = error = None
         try:
             s = self.client.begin_save(int(self.iteration), 0, self._dropped_seen)
             mine = self._BEGAN
         except _capi.Error as e:
             error = e
-            # Out of reach: refused for its connection, or no answer in time.
-            mine = (self._UNREACHABLE if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-                    else self._REFUSED)
-        flag = torch.tensor([mine], dtype=torch.int64, device=self._collective_device())
+            mine = self._UNREACHABLE if _unreachable(e) else self._REFUSED
+        flag = torch.tensor([mine, s.version if s is not None else 0], dtype=torch.int64,
+                            device=self._collective_device())
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         except RuntimeError as e:
             raise _Broken(e)
-        if int(flag.item()) == self._UNREACHABLE:
+        if int(flag[0]) == self._UNREACHABLE:
             if s is not None:
                 # Best effort: the coordinator may be out of this process's
                 # reach too (the version is then deleted once superseded).
@@ -701,12 +726,13 @@ class Live:
                     s.give_up(f"rank {self.rank}: a rank could not reach the coordinator")
                 except _capi.Error:
                     pass
+            # The version begun is given up, or will be deleted: not a
+            # loss the next save must learn of (known_dropped).
+            self._dropped_seen = max(self._dropped_seen, int(flag[1]))
             raise _SaveSkipped(f"not every rank could begin the save of step "
                                f"{self.iteration}: "
                                f"{error or 'another rank could not reach the coordinator'}")
-        if error is not None:
-            raise error
-        return s
+        return s, error
 
     def _all_ok(self, ok):
         """Whether every process is ok (one all-reduce)."""

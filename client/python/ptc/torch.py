@@ -1260,8 +1260,10 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
     `known_dropped` are then the begin's. If anything fails once the save
     began, this rank gives the version up (the ranks that reported it are
     told); the error raised carries the version as `e.version`."""
-    if step is None:
-        step = began.step if began is not None else _infer_step(optimizer, scheduler)
+    if began is not None:
+        step = began.step
+    elif step is None:
+        step = _infer_step(optimizer, scheduler)
     s = began
     try:
         rank, tensors = _local_tensors(client, model, optimizer, create_state=False)
