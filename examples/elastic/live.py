@@ -295,6 +295,20 @@ def host_dies_and_returns(args, cluster, job, results, say):
     return before, during
 
 
+def pinned_changes(cluster, job, say):
+    """Two changes, to pinned configs (as the processes write them), each
+    followed by two iterations in it."""
+    for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
+        epoch = max(r["epoch"] for r in job.losses().values())
+        cluster.ptcctl("auto", JOB, "on", "--live", "--pin", to, capture=True)
+        job.wait(f"the change to {to}", lambda: any(
+            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
+            and job.pending() == "")
+        say(f"   changed to {to} (pinned)")
+        at = max(job.losses()) + 2
+        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
+
+
 def host_stalls(args, cluster, job, results, say):
     """host1's ptcd stops as the job saves (host1's processes have saved,
     host0's hold their save until host1 is declared dead), so that the
@@ -359,17 +373,8 @@ def host_stalls(args, cluster, job, results, say):
                               "committed_after": job.status()["committed_version"],
                               "layout_epoch": job.status()["layout_epoch"]})
     during = job.running("host0")
-    # Two changes: the processes load the state they saved again (the
-    # configs as the processes write them).
-    for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
-        epoch = max(r["epoch"] for r in job.losses().values())
-        cluster.ptcctl("auto", JOB, "on", "--live", "--pin", to, capture=True)
-        job.wait(f"the change to {to}", lambda: any(
-            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
-            and job.pending() == "")
-        say(f"   changed to {to} (pinned)")
-        at = max(job.losses()) + 2
-        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
+    # Two changes: the processes load the state they saved again.
+    pinned_changes(cluster, job, say)
     results["saves_lost"] = sum(f.read_text(errors="replace").count("save lost")
                                 for f in (job.work / "logs").glob("*.log"))
     return before, during
@@ -453,15 +458,7 @@ def coordinator_out(args, cluster, job, results, say):
         "reason": status.get("reconfiguration", {}).get("reason", ""),
         "host0_kept": job.running("host0") == during})
     # Two changes: the processes load what they saved once it was back.
-    for to in (TP_TARGET, "tp=2,pp=1,dp=2"):
-        epoch = max(r["epoch"] for r in job.losses().values())
-        cluster.ptcctl("auto", JOB, "on", "--live", "--pin", to, capture=True)
-        job.wait(f"the change to {to}", lambda: any(
-            r["epoch"] > epoch and r["config"] == to for r in job.losses().values())
-            and job.pending() == "")
-        say(f"   changed to {to} (pinned)")
-        at = max(job.losses()) + 2
-        job.wait(f"iteration {at}", lambda: max(job.losses()) >= at)
+    pinned_changes(cluster, job, say)
     return before, during
 
 
