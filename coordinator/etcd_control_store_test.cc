@@ -82,14 +82,15 @@ class Etcd {
   pid_t pid_ = 0;
 };
 
-std::unique_ptr<EtcdControlStore> Store(const Etcd& etcd,
-                                        const std::string& identity) {
+// `lease` long enough that a renewal held back by a loaded machine (etcd
+// and the renewing thread both share it) does not lose the lead.
+std::unique_ptr<EtcdControlStore> Store(
+    const Etcd& etcd, const std::string& identity,
+    absl::Duration lease = absl::Seconds(4)) {
   EtcdOptions o;
   o.endpoints = {etcd.endpoint()};
   o.identity = identity;
-  // Long enough that a renewal held back by a loaded machine (etcd and
-  // the renewing thread both share it) does not lose the lead.
-  o.lease = absl::Seconds(4);
+  o.lease = lease;
   auto store = EtcdControlStore::Connect(o);
   REQUIRE(store.ok());
   return *std::move(store);
@@ -183,10 +184,13 @@ TEST_CASE("a deposed leader writes nothing; the new one reads and writes") {
 
 TEST_CASE("a leader keeps its lease past its TTL by renewing it") {
   Etcd etcd;
-  auto a = Store(etcd, "10.0.0.1:7000");
+  // 6 s: a write is given what is left of the lease less a margin. Beside
+  // a build (a CI run), a 4 s lease's leader got no answer to this test's
+  // write within that (1.5 s) and stepped down, as it must.
+  auto a = Store(etcd, "10.0.0.1:7000", absl::Seconds(6));
   std::atomic<bool> lost{false};
   REQUIRE(Lead(*a, [&](const std::string&) { lost = true; }).ok());
-  absl::SleepFor(absl::Seconds(10));  // 2.5 TTLs
+  absl::SleepFor(absl::Seconds(15));  // 2.5 TTLs
   CHECK_FALSE(lost.load());
   CHECK(*a->Leader() == "10.0.0.1:7000");
   CHECK(a->Commit({{JobRecord("j"), "still leading"}}).ok());
