@@ -631,15 +631,18 @@ absl::Status GrpcPieceTransport::Fetch(int32_t host, const std::string& job,
                             deadline - absl::Now(), hollow_);
   }, cancelled_);
   if (!got.ok()) {
-    const auto name = names_.find(host);
-    return Annotate(
-        got.status(),
-        absl::StrCat(
-            "pulling ", region.ToString(), " of '", tensor, "' from ",
-            name != names_.end() ? name->second : absl::StrCat("host ", host),
-            " (", addresses_.at(host), ")"));
+    return Annotate(got.status(),
+                    absl::StrCat("pulling ", region.ToString(), " of '", tensor,
+                                 "' from ", PeerName(host)));
   }
   return absl::OkStatus();
+}
+
+std::string GrpcPieceTransport::PeerName(int32_t host) const {
+  const auto n = names_.find(host);
+  return absl::StrCat(
+      n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
+      addresses_.at(host), ")");
 }
 
 absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
@@ -651,13 +654,9 @@ absl::StatusOr<std::string> GrpcPieceTransport::FetchSmallObject(
     return client->GetSmallObject(job, version, name, rank);
   }, cancelled_);
   if (!got.ok()) {
-    const auto n = names_.find(host);
-    return Annotate(
-        got.status(),
-        absl::StrCat(
-            "pulling small object '", name, "' of rank ", rank, " from ",
-            n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
-            addresses_.at(host), ")"));
+    return Annotate(got.status(),
+                    absl::StrCat("pulling small object '", name, "' of rank ",
+                                 rank, " from ", PeerName(host)));
   }
   return got;
 }
@@ -675,13 +674,9 @@ absl::StatusOr<std::vector<std::string>> GrpcPieceTransport::FetchSmallObjects(
       [&] { return client->GetSmallObjects(job, version, keys, deadline); },
       cancelled_);
   if (!got.ok()) {
-    const auto n = names_.find(host);
-    return Annotate(
-        got.status(),
-        absl::StrCat(
-            "pulling ", keys.size(), " small objects from ",
-            n != names_.end() ? n->second : absl::StrCat("host ", host), " (",
-            addresses_.at(host), ")"));
+    return Annotate(got.status(),
+                    absl::StrCat("pulling ", keys.size(),
+                                 " small objects from ", PeerName(host)));
   }
   return got;
 }

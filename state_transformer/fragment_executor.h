@@ -190,6 +190,8 @@ class GrpcPieceTransport : public PieceTransport {
 
  private:
   absl::StatusOr<StoreClient*> ClientFor(int32_t host);
+  // "NAME (ADDRESS)" of a peer ClientFor knows, for errors.
+  std::string PeerName(int32_t host) const;
 
   std::map<int32_t, std::unique_ptr<StoreClient>> clients_;
   std::map<int32_t, std::string> addresses_;

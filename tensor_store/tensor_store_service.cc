@@ -397,10 +397,7 @@ grpc::Status TensorStoreService::GetSmallObjects(
   for (const proto::SmallObjectKey& key : req->objects()) {
     auto ref = store_->GetSmallObject(req->job(), req->version(), key.name(),
                                       key.rank());
-    if (!ref.ok()) {
-      resp->Clear();
-      return call.Done(ref.status());
-    }
+    if (!ref.ok()) return call.Done(ref.status());  // all or an error
     // The first always; the rest while the answer stays within its
     // budget (the caller asks again for what did not fit).
     bytes += static_cast<int64_t>(ref->bytes->size()) + 32;  // and framing

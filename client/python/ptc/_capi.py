@@ -44,6 +44,12 @@ class Error(RuntimeError):
         super().__init__(message)
         self.code = code
 
+    @property
+    def unreachable(self):
+        """whether the call failed for want of its server: refused for its
+        connection, or no answer within the client's patience"""
+        return self.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
 
 def _load():
     path = os.environ.get("PTC_LIBRARY") or os.path.join(os.path.dirname(__file__), "libptc.so")
@@ -482,6 +488,15 @@ class Save(_Handle):
         it, and the job's ranks that reported it stop waiting for it (their
         event's dropped_save) and save again"""
         _check(_lib.ptc_save_give_up(self._h, _s(str(why))))
+
+    def abandon(self, why):
+        """give_up, best effort: where the coordinator cannot be told (out
+        of reach too), it deletes the version once a newer save supersedes
+        it"""
+        try:
+            self.give_up(str(why)[:1000])
+        except Error:
+            pass
 
 
 class _Mapped:

@@ -246,7 +246,7 @@ class Agent:
                                                 self.host, gpu, code, epoch)
         except _capi.Error as e:
             self.say(f"could not report the exit to the coordinator: {e}")
-            if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            if e.unreachable:
                 # Out of reach: told again at the next looks.
                 self.unreported.append((gpu, code, epoch))
             return None

@@ -63,12 +63,6 @@ class _Broken(Exception):
     """A collective failed or a save could not finish: a peer is gone."""
 
 
-def _unreachable(error):
-    """Whether a call failed for want of the coordinator: refused for its
-    connection, or no answer within the client's patience."""
-    return getattr(error, "code", "") in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-
-
 class _SaveSkipped(Exception):
     """A periodic save not begun on every rank: one could not reach the
     coordinator. No rank wrote it; every rank trains on and saves at the
@@ -369,7 +363,7 @@ class Live:
                         self._after_lost_save(e)
                         continue  # rank 0 decides again: the change, or the save
                     except _capi.Error as e:
-                        if _unreachable(e):
+                        if e.unreachable:
                             # Cut off from the coordinator (a report that
                             # got no answer within its patience) or a save
                             # not begun: the loop waits for a change, as
@@ -634,16 +628,13 @@ class Live:
                     self._on_save(self)
                 except BaseException as e:
                     if began is not None:
-                        try:
-                            began.give_up(f"rank {self.rank}: on_save failed: {e}"[:1000])
-                        except _capi.Error:
-                            pass
+                        began.abandon(f"rank {self.rank}: on_save failed: {e}")
                     raise
             if refused is not None:
                 raise refused
             if _gives_up_save_in_test(self.iteration, self.rank):
-                s = began or self.client.begin_save(int(self.iteration), change_serial,
-                                                    self._dropped_seen)
+                s = began if began is not None else self.client.begin_save(
+                    int(self.iteration), change_serial, self._dropped_seen)
                 s.give_up("PTC_TEST_GIVE_UP_SAVE (a test fault)")
                 e = _capi.Error(f"ABORTED: rank {self.rank} gave version {s.version} up "
                                 "(PTC_TEST_GIVE_UP_SAVE)", "ABORTED")
@@ -711,7 +702,7 @@ class Live:
             mine = self._BEGAN
         except _capi.Error as e:
             error = e
-            mine = self._UNREACHABLE if _unreachable(e) else self._REFUSED
+            mine = self._UNREACHABLE if e.unreachable else self._REFUSED
         flag = torch.tensor([mine, s.version if s is not None else 0], dtype=torch.int64,
                             device=self._collective_device())
         try:
@@ -720,12 +711,7 @@ class Live:
             raise _Broken(e)
         if int(flag[0]) == self._UNREACHABLE:
             if s is not None:
-                # Best effort: the coordinator may be out of this process's
-                # reach too (the version is then deleted once superseded).
-                try:
-                    s.give_up(f"rank {self.rank}: a rank could not reach the coordinator")
-                except _capi.Error:
-                    pass
+                s.abandon(f"rank {self.rank}: a rank could not reach the coordinator")
             # The version begun is given up, or will be deleted: not a
             # loss the next save must learn of (known_dropped).
             self._dropped_seen = max(self._dropped_seen, int(flag[1]))

@@ -1284,10 +1284,7 @@ def save(client, model, optimizer=None, scheduler=None, extra=None, *, step=None
         # This rank cannot save the version: its peers that reported it
         # are told (they would otherwise wait for its commit), and save
         # again. Best effort: the coordinator may be unreachable too.
-        try:
-            s.give_up(f"rank {client.rank}: {type(e).__name__}: {e}"[:1000])
-        except _capi.Error:
-            pass
+        s.abandon(f"rank {client.rank}: {type(e).__name__}: {e}")
         if isinstance(e, _capi.Error):
             e.version = s.version  # the save's (ptc.elastic asks if it was deleted)
         raise
