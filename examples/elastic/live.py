@@ -217,7 +217,22 @@ class LiveJob:
                 if agent.poll() is not None and agent.returncode not in (0, -9):
                     raise SystemExit(f"the agent of {host} exited with {agent.returncode}")
             time.sleep(0.05)
-        raise SystemExit(f"waited {timeout} s for {what} (work dir {self.work})")
+        raise SystemExit(f"waited {timeout} s for {what} (work dir {self.work}); "
+                         f"the last of what the agents and processes said:\n"
+                         + "\n".join(self.timeline()[-60:]))
+
+    def timeline(self):
+        """What the agents and the processes said (their ptc lines, not the
+        training's), in the order they said it: where a failed run's
+        story is told when its work dir is gone (a CI machine)."""
+        said = []
+        for path in [*self.work.glob("agent-*.log"), *(self.work / "logs").glob("*.log")]:
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("[ptc"):
+                    # "[ptc host0:1 12:00:01.234] ..." / "[ptc-agent host1 12:00:01] ..."
+                    stamp = line.split("]", 1)[0].rsplit(" ", 1)[-1]
+                    said.append((stamp.ljust(12, "0"), line))
+        return [line for _, line in sorted(said, key=lambda s: s[0])]
 
     def stop(self):
         for agent in self.agents.values():

@@ -33,7 +33,8 @@ def run_live(bin_dir, tmp_path, scenario, iterations=32):
                        capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if r.returncode != 0:
-        sys.stderr.write(r.stdout[-5000:] + r.stderr[-5000:])
+        # (a failed wait ends with the agents' and processes' timeline)
+        sys.stderr.write(r.stdout[-5000:] + r.stderr[-12000:])
     assert r.returncode == 0
     return json.loads(r.stdout)
 

@@ -60,7 +60,26 @@ _GO, _SAVE_FOR_CHANGE, _FOLLOW, _PERIODIC_SAVE, _HOT = 0, 1, 2, 3, 4
 
 
 class _Broken(Exception):
-    """A collective failed or a save could not finish: a peer is gone."""
+    """A collective failed or a save could not finish: a peer is gone.
+    Its one argument is the error."""
+
+
+def _without_frames(error):
+    """`error`, and the errors it chains, without their tracebacks. The
+    frames of a failed step or hot switch hold its process groups (and
+    their pending sends and receives), whose connections must close when
+    this process leaves them: its peers then fail at once instead of
+    waiting for the collective timeout (a peer's receive from a process
+    that kept them open waited the whole 60 s)."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.with_traceback(None)
+        todo += [e.__cause__, e.__context__]
+    return error
 
 
 class _SaveSkipped(Exception):
@@ -382,7 +401,9 @@ class Live:
                 if not self._follow():
                     raise StopIteration
             except _Broken as e:
-                self._broken = e
+                # The error itself (raised again if no change follows
+                # within the timeout), without the frames that failed.
+                self._broken = _without_frames(e.args[0])
 
     class _Step:
         def __init__(self, live):
@@ -400,11 +421,7 @@ class Live:
                 # for the change that follows (and re-raises this if none
                 # comes within the timeout).
                 self.live._log(f"step {self.live.iteration + 1} failed: {str(error)[:200]}")
-                # Without its traceback: its frames hold the step's process
-                # groups, whose connections must close when this process
-                # leaves them (its peers then fail at once instead of
-                # waiting for the collective timeout).
-                self.live._broken = error.with_traceback(None)
+                self.live._broken = _without_frames(error)
                 return True
             return False
 
@@ -791,6 +808,7 @@ class Live:
         except RuntimeError as e:
             # A peer died (the collective failed), or the save was refused
             # because a change from the committed version started: follow it.
+            self._log(f"hot switch {serial} failed: {str(e)[:200]}")
             raise _Broken(e)
         version = save.version if save is not None else None
         if version is not None:
