@@ -75,26 +75,21 @@ def test_a_save_lost_to_a_stalled_host_is_made_again_and_the_job_goes_on(bin_dir
 
 def test_a_coordinator_out_for_longer_than_the_patience_skips_saves_and_the_job_goes_on(
         bin_dir, tmp_path):
-    # The coordinator stops (SIGSTOP) until every process skipped a save,
-    # first once every process began one and before any reported it, then
-    # between saves: before, a save that could not begin, or whose report
-    # got no answer, broke the step, and with nothing changing the job
-    # ended after its timeout. Then it stops again while a process is
-    # killed, whose exit its agent reports once it is back (iterations to
-    # spare for the processes to be alive then).
-    out = run_live(bin_dir, tmp_path, "outage", iterations=64)
+    # The coordinator stops (SIGSTOP) until every process skipped a save:
+    # before, a save that could not begin broke the step, and with nothing
+    # changing the job ended after its timeout. Then it stops again while
+    # a process is killed, whose exit its agent reports once it is back
+    # (iterations to spare for the processes to be alive then).
+    out = run_live(bin_dir, tmp_path, "outage", iterations=48)
     assert out["ok"], out
-    mid_save, between = out["events"][:2]
-    assert mid_save["what"] == "the coordinator stopped mid-save"
-    assert between["what"] == "the coordinator stopped"
-    for stopped in (mid_save, between):
-        assert stopped["saves_skipped"] >= 4, stopped  # every process, the same save
-        assert stopped["iterations_while_stopped"] > 0, stopped  # the job trained on
-        assert stopped["committed_after"] > stopped["committed_before"], stopped
-        assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"], stopped
-        assert stopped["processes_kept"], stopped
-    assert out["host0_kept"]
-    killed = out["events"][2]
+    stopped = out["events"][0]
+    assert stopped["what"] == "the coordinator stopped"
+    assert stopped["saves_skipped"] >= 4  # every process, the same save
+    assert stopped["iterations_while_stopped"] > 0  # the job trained on
+    assert stopped["committed_after"] > stopped["committed_before"]
+    assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"]
+    assert stopped["host1_kept"] and out["host0_kept"]
+    killed = out["events"][1]
     assert killed["layout_epoch_after"] > killed["layout_epoch_before"]
     assert "killed by signal 9" in killed["reason"], killed
     assert killed["host0_kept"]

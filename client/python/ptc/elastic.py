@@ -636,14 +636,10 @@ class Live:
         and waits for its commit. A `periodic` save is begun on every rank
         first, and skipped on all of them (_SaveSkipped) where one could
         not reach the coordinator to begin it: they agree on that (one
-        all-reduce) before on_save and before anything is written. They
-        agree again once each wrote and reported its share: where a report
-        got no answer (the coordinator lost after the save began), every
-        rank gives the version up and skips it too."""
+        all-reduce) before on_save and before anything is written."""
         from . import torch as pt
-        began, refused = self._begin_agreed() if periodic else (None, None)
-        version, error = 0, None
         try:
+            began, refused = self._begin_agreed() if periodic else (None, None)
             if self._on_save:
                 try:
                     self._on_save(self)
@@ -667,11 +663,33 @@ class Live:
                             began=began)
             version = saved.version
         except _capi.Error as e:
-            error = e
-        if periodic:
-            self._reported_agreed(began, error)
-        if error is not None:
-            version = self._after_failed_save(error)
+            if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
+                # Refused: a save was deleted before this rank began it
+                # (known_dropped), and the others make it again together.
+                seen, epoch = self._dropped_seen, self.layout_epoch
+                if self._until(lambda ev: ev["dropped_save"] > seen or
+                               self._away_from(ev, epoch), time.time() + self.timeout):
+                    if self._ev()["dropped_save"] > seen:
+                        raise _SaveLost(e)
+                raise
+            # Deleted: this rank's report came after, or completed it and
+            # its hosts could not prove it, or this rank gave it up. Or
+            # committed after all (the report's answer was lost), or the
+            # job changed. Every rank must conclude the same: this one
+            # waits until its Watch stream says which, as the others,
+            # waiting for the commit, learn it.
+            version = getattr(e, "version", 0)
+            if not version:
+                raise
+            epoch, seen = self.layout_epoch, self._dropped_seen
+            ev = self._until(lambda ev: ev["committed_version"] >= version or
+                             ev["dropped_save"] >= version or ev["dropped_save"] > seen or
+                             self._away_from(ev, epoch), time.time() + self.timeout)
+            if ev is None or ev["committed_version"] < version:
+                if ev is not None and (ev["dropped_save"] >= version or
+                                       ev["dropped_save"] > seen):
+                    raise _SaveLost(e)
+                raise
         self._wait_committed(version, self.layout_epoch)
         self._saved_at = self.iteration
         self._lost_saves, self._lost_since = 0, None
@@ -679,40 +697,8 @@ class Live:
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
 
-    def _after_failed_save(self, e):
-        """After a save that raised `e`: raises _SaveLost where its
-        version (or the one the others saved) was deleted, else `e`;
-        returns the version if it committed after all."""
-        if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
-            # Refused: a save was deleted before this rank began it
-            # (known_dropped), and the others make it again together.
-            seen, epoch = self._dropped_seen, self.layout_epoch
-            if self._until(lambda ev: ev["dropped_save"] > seen or
-                           self._away_from(ev, epoch), time.time() + self.timeout):
-                if self._ev()["dropped_save"] > seen:
-                    raise _SaveLost(e)
-            raise e
-        # Deleted: this rank's report came after, or completed it and its
-        # hosts could not prove it, or this rank gave it up. Or committed
-        # after all (the report's answer was lost), or the job changed.
-        # Every rank must conclude the same: this one waits until its Watch
-        # stream says which, as the others, waiting for the commit, learn it.
-        version = getattr(e, "version", 0)
-        if not version:
-            raise e
-        epoch, seen = self.layout_epoch, self._dropped_seen
-        ev = self._until(lambda ev: ev["committed_version"] >= version or
-                         ev["dropped_save"] >= version or ev["dropped_save"] > seen or
-                         self._away_from(ev, epoch), time.time() + self.timeout)
-        if ev is not None and ev["committed_version"] >= version:
-            return version
-        if ev is not None and (ev["dropped_save"] >= version or ev["dropped_save"] > seen):
-            raise _SaveLost(e)
-        raise e
-
-    # What a process tells the others of beginning a periodic save, and
-    # then of reporting its share; the worst of every process's decides
-    # what each does. One that could not
+    # What a process tells the others of beginning a periodic save; the
+    # worst of every process's decides what each does. One that could not
     # reach the coordinator is the worst: the save is skipped on every
     # process whatever refused the others (a change that started, a save
     # lost meanwhile: the next boundary follows it).
@@ -734,51 +720,22 @@ class Live:
         except _capi.Error as e:
             error = e
             mine = self._UNREACHABLE if e.unreachable else self._REFUSED
-        worst, newest = self._worst(mine, s.version if s is not None else 0)
-        if worst == self._UNREACHABLE:
-            self._skip(s, newest, f"not every rank could begin the save of step "
-                                  f"{self.iteration}: "
-                                  f"{error or 'another rank could not reach the coordinator'}")
-        return s, error
-
-    def _reported_agreed(self, began, error):
-        """After a periodic save's share is written and reported, or not
-        (`error`): agrees with every other process again (one all-reduce).
-        Where a process's report got no answer (the coordinator lost after
-        the save began), every one gives the version up and raises
-        _SaveSkipped: the job trains on, and saves at the next period.
-        Otherwise each goes on with its own outcome."""
-        mine = (self._BEGAN if error is None else
-                self._UNREACHABLE if error.unreachable else self._REFUSED)
-        worst, newest = self._worst(mine, began.version if began is not None else 0)
-        if worst == self._UNREACHABLE:
-            # (A rank whose report got no answer does not ask again to give
-            # the version up: that would wait the client's patience again.)
-            self._skip(began if mine != self._UNREACHABLE else None, newest, f"not every rank could report its share of version "
-                                      f"{newest} (step {self.iteration}): "
-                                      f"{error or 'another rank got no answer from the coordinator'}")
-
-    def _worst(self, mine, version):
-        """The worst outcome of every process's, and the newest version any
-        began (one all-reduce)."""
-        flag = torch.tensor([mine, version], dtype=torch.int64, device=self._collective_device())
+        flag = torch.tensor([mine, s.version if s is not None else 0], dtype=torch.int64,
+                            device=self._collective_device())
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         except RuntimeError as e:
             raise _Broken(e)
-        return int(flag[0]), int(flag[1])
-
-    def _skip(self, began, newest, why):
-        """Skips a periodic save on every process: gives up the version this
-        one began (best effort: a coordinator out of reach deletes it once a
-        newer save supersedes it; one that got every report may have
-        committed it, a whole save all the same) and raises _SaveSkipped."""
-        if began is not None:
-            began.abandon(f"rank {self.rank}: the save is skipped: {why}")
-        # Given up, or deleted later: not a loss the next save must learn
-        # of (known_dropped).
-        self._dropped_seen = max(self._dropped_seen, newest)
-        raise _SaveSkipped(why)
+        if int(flag[0]) == self._UNREACHABLE:
+            if s is not None:
+                s.abandon(f"rank {self.rank}: a rank could not reach the coordinator")
+            # The version begun is given up, or will be deleted: not a
+            # loss the next save must learn of (known_dropped).
+            self._dropped_seen = max(self._dropped_seen, int(flag[1]))
+            raise _SaveSkipped(f"not every rank could begin the save of step "
+                               f"{self.iteration}: "
+                               f"{error or 'another rank could not reach the coordinator'}")
+        return s, error
 
     def _all_ok(self, ok):
         """Whether every process is ok (one all-reduce)."""
