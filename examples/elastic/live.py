@@ -231,7 +231,7 @@ class LiveJob:
                 if line.startswith("[ptc"):
                     # "[ptc host0:1 12:00:01.234] ..." / "[ptc-agent host1 12:00:01] ..."
                     stamp = line.split("]", 1)[0].rsplit(" ", 1)[-1]
-                    said.append((stamp.ljust(12, "0"), line))
+                    said.append((stamp if "." in stamp else stamp + ".000", line))
         return [line for _, line in sorted(said, key=lambda s: s[0])]
 
     def stop(self):
