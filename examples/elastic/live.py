@@ -44,10 +44,12 @@ and the job goes on; then two changes (pinned configs) load the state of
 those saves.
 
 With --scenario outage: the coordinator stops (SIGSTOP) for longer than
-the processes' patience with it (30 s), with the job's config pinned:
-the periodic saves that find it out of reach are skipped on every rank
-(the ranks agree on it before anything is written), the job trains on,
-and the first save once it goes on (SIGCONT) commits. Then it stops
+the processes' patience with it (30 s), with the job's config pinned,
+first once every process began a save and before any reported its share,
+then between saves: the save whose reports get no answer, and the
+periodic saves that cannot begin, are skipped on every rank (the ranks
+agree on it), the job trains on, and the first save once it goes on
+(SIGCONT) commits. Then it stops
 again and a process is SIGKILLed meanwhile: its agent reports the exit
 once the coordinator is back, and the job changes and goes on. Then two
 changes (pinned configs) load what the processes saved.
@@ -138,6 +140,10 @@ class LiveJob:
             # host0's processes hold their save of this iteration until
             # host1 is dead (host_dies_and_returns, host_stalls).
             cmd += ["--hold-save", f"{self.kill_at()}:host0"]
+        if self.args.scenario == "outage":
+            # Every process holds its save of this iteration once begun,
+            # until the coordinator is stopped (coordinator_out).
+            cmd += ["--hold-save", f"{self.kill_at()}:*"]
         if self.args.scenario == "stall":
             # Rank 2 (on host1) gives its save of this iteration up right
             # after it began it, and host0's processes write theirs only
@@ -395,29 +401,23 @@ def host_stalls(args, cluster, job, results, say):
     return before, during
 
 
-def coordinator_out(args, cluster, job, results, say):
-    """The coordinator stops once the job committed a save, until every
-    process skipped a periodic save (it could not be begun within the
-    client's patience), then goes on: the job trains on meanwhile, no
-    process restarts, and the next save commits. Then it stops again and
-    a process of host1 is killed meanwhile: its agent reports the exit
-    once the coordinator is back, the job changes and the agent starts
-    the process again. Then two changes (pinned configs) load what was
-    saved. Returns host0's processes before and after the first outage."""
-    job.wait("a save to commit", lambda: job.status()["committed_version"] > 0)
+def skipped_while_stopped(job, pid, results, say, what, text, then=None):
+    """Stops the coordinator (SIGSTOP; then calls `then`) until the
+    processes' logs say `text` once more for each of the 4 processes
+    (nothing here asks the coordinator meanwhile) and the job trained on
+    after that; then SIGCONT, and waits for the next save's commit, with
+    no process restarted."""
     status = job.status()
     committed, epoch0 = status["committed_version"], status["layout_epoch"]
-    before, before1 = job.running("host0"), job.running("host1")
-    trained = max(job.losses())
-    pid = job.coordinator_pid()
-    say(f"\n== the coordinator (pid {pid}) stops (SIGSTOP) at iteration {trained}, "
-        f"version {committed} committed")
-    os.kill(pid, signal.SIGSTOP)
+    before = {h: job.running(h) for h in ("host0", "host1")}
+    base, trained = job.logged(text), max(job.losses())
     stopped = time.time()
+    os.kill(pid, signal.SIGSTOP)
     try:
-        # Nothing here asks the coordinator while it is stopped.
+        if then:
+            then()
         deadline = time.time() + 300
-        while job.logged("save skipped") < 4 and time.time() < deadline:
+        while job.logged(text) < base + 4 and time.time() < deadline:
             time.sleep(0.2)
         # And trains on while it is still stopped.
         at_skip = max(job.losses())
@@ -427,9 +427,8 @@ def coordinator_out(args, cluster, job, results, say):
     finally:
         os.kill(pid, signal.SIGCONT)
     resumed = time.time()
-    skipped = job.logged("save skipped")
-    trained_out = max(job.losses())
-    say(f"   {skipped} process saves skipped; the job trained to iteration {trained_out} "
+    skipped, trained = job.logged(text) - base, max(job.losses()) - trained
+    say(f"   {skipped} process saves skipped ({text}); the job trained {trained} iterations "
         f"while the coordinator was stopped for {resumed - stopped:.1f} s (SIGCONT)")
     job.wait("a save to commit after the coordinator went on",
              lambda: job.status()["committed_version"] > committed)
@@ -438,15 +437,46 @@ def coordinator_out(args, cluster, job, results, say):
         f"committed {time.time() - resumed:.1f} s later, at layout epoch "
         f"{status['layout_epoch']} (it was {epoch0}); no process restarted")
     results["events"].append({
-        "what": "the coordinator stopped", "stopped_seconds": resumed - stopped,
-        "saves_skipped": skipped, "iterations_while_stopped": trained_out - trained,
+        "what": what, "stopped_seconds": resumed - stopped,
+        "saves_skipped": skipped, "iterations_while_stopped": trained,
         "committed_before": committed, "committed_after": status["committed_version"],
         "layout_epoch_before": epoch0, "layout_epoch_after": status["layout_epoch"],
-        "host1_kept": job.running("host1") == before1})
+        # What became of the skipped save's version at the coordinator.
+        "dropped_save_after": int(status.get("dropped_save", 0)),
+        "open_saves_after": [int(v) for v in status.get("open_saves", [])],
+        "processes_kept": all(job.running(h) == before[h] for h in before)})
+
+
+def coordinator_out(args, cluster, job, results, say):
+    """The coordinator stops once every process began the save of an
+    iteration and before any reported its share, until every process
+    skipped that save (its report got no answer within the client's
+    patience), then goes on: the job trains on meanwhile, no process
+    restarts, and the next save commits. Then it stops between saves
+    until every process skipped a periodic save (it could not be begun),
+    with the same outcome. Then it stops again and a process of host1 is
+    killed meanwhile: its agent reports the exit once the coordinator is
+    back, the job changes and the agent starts the process again. Then
+    two changes (pinned configs) load what was saved. Returns host0's
+    processes before and after the first two outages."""
+    pid = job.coordinator_pid()
+    at = job.kill_at()
+    held = job.run / f"held-{at}"
+    job.wait(f"every process to begin the save of iteration {at}",
+             lambda: len(list(held.glob("rank*"))) == 4)
+    before = job.running("host0")
+    say(f"\n== the coordinator (pid {pid}) stops (SIGSTOP) once every process began the save "
+        f"of iteration {at}, before they write and report it")
+    skipped_while_stopped(job, pid, results, say, "the coordinator stopped mid-save",
+                          "could report its share", then=(held / "release").touch)
+    say(f"\n== the coordinator (pid {pid}) stops (SIGSTOP) between saves, at iteration "
+        f"{max(job.losses())}")
+    skipped_while_stopped(job, pid, results, say, "the coordinator stopped",
+                          "could begin the save")
     during = job.running("host0")
     # Stopped again, and a process dies meanwhile: its agent cannot report
     # it until the coordinator is back, and reports it then.
-    epoch1 = status["layout_epoch"]
+    epoch1 = job.status()["layout_epoch"]
     victim = job.running("host1")[1]
     say(f"\n== the coordinator stops again, and host1's process on GPU 1 (pid {victim}) "
         "is killed meanwhile")

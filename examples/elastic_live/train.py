@@ -46,9 +46,10 @@ def parse():
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="sleep this long in every step (a slower job, for tests)")
     ap.add_argument("--hold-save", metavar="ITERATION:HOST", action="append", default=[],
-                    help="a test fault: the processes on HOST hold their save of ITERATION "
-                         "until RUN_DIR/held-ITERATION/release exists (the others save "
-                         "meanwhile); once per iteration, and it may be given again")
+                    help="a test fault: the processes on HOST (*: every host) hold their "
+                         "save of ITERATION, once begun, until RUN_DIR/held-ITERATION/release "
+                         "exists (the others save meanwhile); once per iteration, and it may "
+                         "be given again")
     return ap.parse_args()
 
 
@@ -90,7 +91,7 @@ def main():
         held = run / f"held-{live.iteration}"
         held.mkdir(parents=True, exist_ok=True)
         (held / f"rank{live.rank}").write_text(live.host)
-        if live.host != holds[live.iteration]:
+        if holds[live.iteration] not in (live.host, "*"):
             return
         del holds[live.iteration]
         deadline = time.time() + 120

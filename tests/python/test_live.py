@@ -75,21 +75,26 @@ def test_a_save_lost_to_a_stalled_host_is_made_again_and_the_job_goes_on(bin_dir
 
 def test_a_coordinator_out_for_longer_than_the_patience_skips_saves_and_the_job_goes_on(
         bin_dir, tmp_path):
-    # The coordinator stops (SIGSTOP) until every process skipped a save:
-    # before, a save that could not begin broke the step, and with nothing
-    # changing the job ended after its timeout. Then it stops again while
-    # a process is killed, whose exit its agent reports once it is back
-    # (iterations to spare for the processes to be alive then).
-    out = run_live(bin_dir, tmp_path, "outage", iterations=48)
+    # The coordinator stops (SIGSTOP) until every process skipped a save,
+    # first once every process began one and before any reported it, then
+    # between saves: before, a save that could not begin, or whose report
+    # got no answer, broke the step, and with nothing changing the job
+    # ended after its timeout. Then it stops again while a process is
+    # killed, whose exit its agent reports once it is back (iterations to
+    # spare for the processes to be alive then).
+    out = run_live(bin_dir, tmp_path, "outage", iterations=64)
     assert out["ok"], out
-    stopped = out["events"][0]
-    assert stopped["what"] == "the coordinator stopped"
-    assert stopped["saves_skipped"] >= 4  # every process, the same save
-    assert stopped["iterations_while_stopped"] > 0  # the job trained on
-    assert stopped["committed_after"] > stopped["committed_before"]
-    assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"]
-    assert stopped["host1_kept"] and out["host0_kept"]
-    killed = out["events"][1]
+    mid_save, between = out["events"][:2]
+    assert mid_save["what"] == "the coordinator stopped mid-save"
+    assert between["what"] == "the coordinator stopped"
+    for stopped in (mid_save, between):
+        assert stopped["saves_skipped"] >= 4, stopped  # every process, the same save
+        assert stopped["iterations_while_stopped"] > 0, stopped  # the job trained on
+        assert stopped["committed_after"] > stopped["committed_before"], stopped
+        assert stopped["layout_epoch_after"] == stopped["layout_epoch_before"], stopped
+        assert stopped["processes_kept"], stopped
+    assert out["host0_kept"]
+    killed = out["events"][2]
     assert killed["layout_epoch_after"] > killed["layout_epoch_before"]
     assert "killed by signal 9" in killed["reason"], killed
     assert killed["host0_kept"]
@@ -250,6 +255,63 @@ def test_a_process_whose_group_failed_to_form_forms_the_next_with_fresh_peers(pt
     r = subprocess.run([sys.executable, "-c", FORM_AGAIN], env=env, capture_output=True,
                        text=True, timeout=400)
     assert r.returncode == 0 and "formed again" in r.stdout, r.stdout + r.stderr
+
+
+TALLY = r"""
+import datetime, subprocess, sys, threading, time
+import torch.distributed as dist
+from ptc import elastic
+
+wait = datetime.timedelta(seconds=60)
+server = subprocess.Popen([sys.executable, "-c", (
+    "import datetime, sys, time, torch.distributed as dist\n"
+    "s = dist.TCPStore('127.0.0.1', 0, 4, True, timeout=datetime.timedelta(seconds=60),"
+    " wait_for_workers=False)\n"
+    "print(s.port, flush=True)\n"
+    "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+port = int(server.stdout.readline())
+stores = [dist.TCPStore("127.0.0.1", port, 4, False, timeout=wait) for _ in range(3)]
+
+def tallying():
+    return [t for t in threading.enumerate() if t.name == "ptc-save-tally"]
+
+# Every process counts; one's report got no answer: each learns it.
+tallies = [elastic._Tally(s, "reported-5", 3, unreachable=(i == 1))
+           for i, s in enumerate(stores)]
+for t in tallies:
+    assert t.done.wait(30) and t.error is None and t.unreachable == 1, vars(t)
+# All answered.
+tallies = [elastic._Tally(s, "reported-6", 3, unreachable=False) for s in stores]
+for t in tallies:
+    assert t.done.wait(30) and t.error is None and t.unreachable == 0, vars(t)
+# One never counts (it died): the others wait, until they stop looking.
+waiting = [elastic._Tally(s, "reported-7", 3, unreachable=False) for s in stores[:2]]
+assert not any(t.done.wait(1.0) for t in waiting)
+for t in waiting:
+    t.stop()
+deadline = time.time() + 10
+while tallying() and time.time() < deadline:
+    time.sleep(0.05)
+assert not tallying(), "a stopped tally's thread is still looking"
+# The store's process dies (rank 0 with it): the tally ends with its error.
+waiting = elastic._Tally(stores[0], "reported-8", 3, unreachable=False)
+assert not waiting.done.wait(0.5)
+server.kill()
+assert waiting.done.wait(30) and waiting.error is not None, vars(waiting)
+print("tallied", flush=True)
+"""
+
+
+def test_a_save_tally_counts_every_process_once_and_ends_with_its_store(ptc_module, bin_dir):
+    # The processes of a periodic save agree on its reports through the
+    # epoch's store (one counter), each from a thread of its own: a report
+    # that got no answer is counted by all, a process that never counts
+    # keeps the others waiting only until they stop looking, and a store
+    # that dies ends the tally with an error rather than a hang.
+    env = dict(os.environ, PYTHONPATH=str(bin_dir / "client" / "python" / "pkg"))
+    r = subprocess.run([sys.executable, "-c", TALLY], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "tallied" in r.stdout, r.stdout + r.stderr
 
 
 LEAVE_AT_EPOCH_END = r"""

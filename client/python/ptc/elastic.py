@@ -46,7 +46,9 @@ import datetime
 import gc
 import os
 import signal
+import threading
 import time
+import traceback
 import weakref
 
 import torch
@@ -70,7 +72,13 @@ def _without_frames(error):
     their pending sends and receives), whose connections must close when
     this process leaves them: its peers then fail at once instead of
     waiting for the collective timeout (a peer's receive from a process
-    that kept them open waited the whole 60 s)."""
+    that kept them open waited the whole 60 s). The stack is kept as
+    text (`_stack_of`), for the log where the error is raised again."""
+    try:
+        error.ptc_stack = "".join(traceback.format_exception(
+            type(error), error, error.__traceback__))
+    except AttributeError:
+        pass  # an error that takes no attribute: its message tells enough
     todo, seen = [error], set()
     while todo:
         e = todo.pop()
@@ -80,6 +88,11 @@ def _without_frames(error):
         e.with_traceback(None)
         todo += [e.__cause__, e.__context__]
     return error
+
+
+def _stack_of(error):
+    """The stack `error` was raised with, as _without_frames kept it."""
+    return getattr(error, "ptc_stack", "") or f"{type(error).__name__}: {error}\n"
 
 
 class _SaveSkipped(Exception):
@@ -199,6 +212,48 @@ class _EpochStore(dist.Store):
 
     def set_timeout(self, timeout):
         self._timeout = timeout
+
+
+class _Tally:
+    """Every process's outcome of one periodic save, counted in the layout
+    epoch's store (rank 0's TCPStore): each adds 1 to one counter, plus
+    _UNREACHABLE where its report got no answer, and reads the counter
+    until every process added. One add per process and its looks, not a
+    key per process that every process reads.
+
+    A thread of its own does the store's calls: a call to a rank 0 whose
+    host vanished blocks until the store's timeout, while the process,
+    following its Watch stream, leaves as soon as the job changes away
+    from the epoch (stop() ends the looks; a blocked call ends with the
+    store)."""
+
+    _UNREACHABLE = 1 << 32
+    _POLL_FIRST, _POLL_MOST = 0.005, 0.1
+
+    def __init__(self, store, key, world, unreachable):
+        self.done = threading.Event()
+        self.unreachable = 0  # how many processes' reports got no answer
+        self.error = None  # the store's, where a call failed
+        self._stopped = threading.Event()
+        threading.Thread(target=self._count, args=(store, key, world, unreachable),
+                         name="ptc-save-tally", daemon=True).start()
+
+    def _count(self, store, key, world, unreachable):
+        try:
+            total = store.add(key, 1 + (self._UNREACHABLE if unreachable else 0))
+            pause = self._POLL_FIRST
+            while total % self._UNREACHABLE < world:
+                if self._stopped.wait(pause):
+                    return
+                pause = min(pause * 1.5, self._POLL_MOST)
+                total = store.add(key, 0)
+            self.unreachable = total // self._UNREACHABLE
+        except Exception as e:  # RuntimeError: the store is gone
+            self.error = e
+        self.done.set()
+
+    def stop(self):
+        self._stopped.set()
 
 
 def _close_at_exit(ref):
@@ -636,10 +691,15 @@ class Live:
         and waits for its commit. A `periodic` save is begun on every rank
         first, and skipped on all of them (_SaveSkipped) where one could
         not reach the coordinator to begin it: they agree on that (one
-        all-reduce) before on_save and before anything is written."""
+        all-reduce) before on_save and before anything is written. They
+        agree again once each wrote and reported its share, through the
+        epoch's store: where a report got no answer (the coordinator lost
+        after the save began), every rank gives the version up and skips
+        it too."""
         from . import torch as pt
+        began, refused, newest = self._begin_agreed() if periodic else (None, None, 0)
+        version, error = 0, None
         try:
-            began, refused = self._begin_agreed() if periodic else (None, None)
             if self._on_save:
                 try:
                     self._on_save(self)
@@ -663,33 +723,11 @@ class Live:
                             began=began)
             version = saved.version
         except _capi.Error as e:
-            if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
-                # Refused: a save was deleted before this rank began it
-                # (known_dropped), and the others make it again together.
-                seen, epoch = self._dropped_seen, self.layout_epoch
-                if self._until(lambda ev: ev["dropped_save"] > seen or
-                               self._away_from(ev, epoch), time.time() + self.timeout):
-                    if self._ev()["dropped_save"] > seen:
-                        raise _SaveLost(e)
-                raise
-            # Deleted: this rank's report came after, or completed it and
-            # its hosts could not prove it, or this rank gave it up. Or
-            # committed after all (the report's answer was lost), or the
-            # job changed. Every rank must conclude the same: this one
-            # waits until its Watch stream says which, as the others,
-            # waiting for the commit, learn it.
-            version = getattr(e, "version", 0)
-            if not version:
-                raise
-            epoch, seen = self.layout_epoch, self._dropped_seen
-            ev = self._until(lambda ev: ev["committed_version"] >= version or
-                             ev["dropped_save"] >= version or ev["dropped_save"] > seen or
-                             self._away_from(ev, epoch), time.time() + self.timeout)
-            if ev is None or ev["committed_version"] < version:
-                if ev is not None and (ev["dropped_save"] >= version or
-                                       ev["dropped_save"] > seen):
-                    raise _SaveLost(e)
-                raise
+            error = e
+        if periodic and self._reported_agreed(began, newest, error):
+            version, error = newest, None  # committed after all
+        if error is not None:
+            version = self._after_failed_save(error)
         self._wait_committed(version, self.layout_epoch)
         self._saved_at = self.iteration
         self._lost_saves, self._lost_since = 0, None
@@ -697,8 +735,40 @@ class Live:
         if self._change is not None and "saved" not in self._change:
             self._change["saved"] = time.time()
 
-    # What a process tells the others of beginning a periodic save; the
-    # worst of every process's decides what each does. One that could not
+    def _after_failed_save(self, e):
+        """After a save that raised `e`: raises _SaveLost where its
+        version (or the one the others saved) was deleted, else `e`;
+        returns the version if it committed after all."""
+        if getattr(e, "code", "") == "ABORTED" and not getattr(e, "version", 0):
+            # Refused: a save was deleted before this rank began it
+            # (known_dropped), and the others make it again together.
+            seen, epoch = self._dropped_seen, self.layout_epoch
+            if self._until(lambda ev: ev["dropped_save"] > seen or
+                           self._away_from(ev, epoch), time.time() + self.timeout):
+                if self._ev()["dropped_save"] > seen:
+                    raise _SaveLost(e)
+            raise e
+        # Deleted: this rank's report came after, or completed it and its
+        # hosts could not prove it, or this rank gave it up. Or committed
+        # after all (the report's answer was lost), or the job changed.
+        # Every rank must conclude the same: this one waits until its Watch
+        # stream says which, as the others, waiting for the commit, learn it.
+        version = getattr(e, "version", 0)
+        if not version:
+            raise e
+        epoch, seen = self.layout_epoch, self._dropped_seen
+        ev = self._until(lambda ev: ev["committed_version"] >= version or
+                         ev["dropped_save"] >= version or ev["dropped_save"] > seen or
+                         self._away_from(ev, epoch), time.time() + self.timeout)
+        if ev is not None and ev["committed_version"] >= version:
+            return version
+        if ev is not None and (ev["dropped_save"] >= version or ev["dropped_save"] > seen):
+            raise _SaveLost(e)
+        raise e
+
+    # What a process tells the others of beginning a periodic save, and
+    # then of reporting its share; the worst of every process's decides
+    # what each does. One that could not
     # reach the coordinator is the worst: the save is skipped on every
     # process whatever refused the others (a change that started, a save
     # lost meanwhile: the next boundary follows it).
@@ -712,7 +782,7 @@ class Live:
         gives up what it began and raises _SaveSkipped: nothing is written,
         and the job trains on. Otherwise returns the save this process
         began, or the error it was refused with (raised once on_save ran,
-        on every process)."""
+        on every process), and the newest version any process began."""
         s = error = None
         try:
             s = self.client.begin_save(int(self.iteration), 0, self._dropped_seen)
@@ -720,22 +790,88 @@ class Live:
         except _capi.Error as e:
             error = e
             mine = self._UNREACHABLE if e.unreachable else self._REFUSED
-        flag = torch.tensor([mine, s.version if s is not None else 0], dtype=torch.int64,
-                            device=self._collective_device())
+        worst, newest = self._worst(mine, s.version if s is not None else 0)
+        if worst == self._UNREACHABLE:
+            self._skip(s, newest, f"not every rank could begin the save of step "
+                                  f"{self.iteration}: "
+                                  f"{error or 'another rank could not reach the coordinator'}")
+        return s, error, newest
+
+    # How often a process waiting for the others' reports looks at its
+    # Watch stream and at the tally (which its own thread keeps).
+    _TALLY_POLL = 0.05
+
+    def _reported_agreed(self, began, newest, error):
+        """After a periodic save's share is written and reported, or not
+        (`error`): agrees with every other process again, through the
+        layout epoch's store (_Tally), not a collective. Where a process's
+        report got no answer (the coordinator lost after the save began),
+        every one gives the version up and raises _SaveSkipped: the job
+        trains on, and saves at the next period. Returns True where the
+        version committed (the Watch stream told it first), else False:
+        each goes on with its own outcome.
+
+        The wait ends as the Watch stream tells the save's end (committed
+        or deleted) or the epoch's (a peer died: the change follows), and
+        after `timeout` (TimeoutError, as a commit that never comes).
+        Ranks that finish early wait here, not in a collective: a host that
+        vanishes, a slow rank, an error that is not ptc's leave no one in
+        a collective whose timeout does not see the epoch end."""
+        if not newest:
+            return False  # no process began it: nothing was written
+        unreachable = error is not None and error.unreachable
+        tally = _Tally(self._store, f"ptc-reported-{newest}", dist.get_world_size(),
+                       unreachable)
+        epoch, seen = self.layout_epoch, self._dropped_seen
+        deadline = time.time() + self.timeout
+        try:
+            ev = self._ev()
+            while not tally.done.is_set():
+                if ev["committed_version"] >= newest:
+                    return True
+                if (ev["dropped_save"] >= newest or ev["dropped_save"] > seen or
+                        self._away_from(ev, epoch)):
+                    return False  # what follows learns it again from the stream
+                if time.time() > deadline:
+                    raise TimeoutError(f"not every rank reported its share of version "
+                                       f"{newest} within {self.timeout:.0f} s")
+                ev = self.client.wait_event(ev["received"], self._TALLY_POLL)
+        finally:
+            tally.stop()
+        if tally.error is not None:
+            # Rank 0's store is gone with it: the change its death starts
+            # follows.
+            raise _Broken(tally.error)
+        if tally.unreachable:
+            # (A rank whose report got no answer does not ask again to give
+            # the version up: that would wait the client's patience again.)
+            self._skip(None if unreachable else began, newest,
+                       f"not every rank could report its share of version {newest} (step "
+                       f"{self.iteration}): "
+                       f"{error or f'{tally.unreachable} got no answer from the coordinator'}")
+        return False
+
+    def _worst(self, mine, version):
+        """The worst outcome of every process's, and the newest version any
+        began (one all-reduce)."""
+        flag = torch.tensor([mine, version], dtype=torch.int64, device=self._collective_device())
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         except RuntimeError as e:
             raise _Broken(e)
-        if int(flag[0]) == self._UNREACHABLE:
-            if s is not None:
-                s.abandon(f"rank {self.rank}: a rank could not reach the coordinator")
-            # The version begun is given up, or will be deleted: not a
-            # loss the next save must learn of (known_dropped).
-            self._dropped_seen = max(self._dropped_seen, int(flag[1]))
-            raise _SaveSkipped(f"not every rank could begin the save of step "
-                               f"{self.iteration}: "
-                               f"{error or 'another rank could not reach the coordinator'}")
-        return s, error
+        return int(flag[0]), int(flag[1])
+
+    def _skip(self, began, newest, why):
+        """Skips a periodic save on every process: gives up the version this
+        one began (best effort: a coordinator out of reach deletes it once a
+        newer save supersedes it; one that got every report may have
+        committed it, a whole save all the same) and raises _SaveSkipped."""
+        if began is not None:
+            began.abandon(f"rank {self.rank}: the save is skipped: {why}")
+        # Given up, or deleted later: not a loss the next save must learn
+        # of (known_dropped).
+        self._dropped_seen = max(self._dropped_seen, newest)
+        raise _SaveSkipped(why)
 
     def _all_ok(self, ok):
         """Whether every process is ok (one all-reduce)."""
@@ -908,6 +1044,8 @@ class Live:
             self._wait(settled, "the job's change")
         except TimeoutError:
             if error is not None:
+                self._log(f"no change followed the failure within {self.timeout:.0f} s; it "
+                          f"failed here:\n{_stack_of(error).rstrip()}")
                 raise error
             raise
         ev = self._ev()
